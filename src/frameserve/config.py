@@ -1,0 +1,65 @@
+"""Frozen settings, built once by the CLI (or a caller) and passed down; nothing reads the
+environment at import time.
+
+``FRAMESERVE_HOME`` (default: the user data directory from ``platformdirs``,
+``~/.local/share/frameserve`` on Linux) holds durable state: ``assets/``, ``models/``,
+``storage/`` and the embedded job database.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Settings", "cpu_count"]
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (the affinity mask where the OS has one), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Process-wide settings.
+
+    Attributes:
+        home: root of durable state (``$FRAMESERVE_HOME``).
+        model_repository: the served model repository (default ``home/models``); built-in
+            pipelines look for their model here first, then in the assets.
+        threads: default inference thread budget per session (default: all CPUs).
+    """
+
+    home: Path
+    model_repository: Path
+    threads: int
+
+    @property
+    def assets_dir(self) -> Path:
+        """Where fetched assets are kept: ``home/assets``."""
+        return self.home / "assets"
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        model_repository: str | os.PathLike[str] | None = None,
+        threads: int | None = None,
+    ) -> Settings:
+        """Build settings from ``FRAMESERVE_HOME`` (or the platform default) and explicit overrides."""
+        env = os.environ if environ is None else environ
+        home_s = env.get("FRAMESERVE_HOME")
+        if home_s:
+            home = Path(home_s).expanduser()
+        else:
+            import platformdirs
+
+            home = Path(platformdirs.user_data_dir("frameserve", appauthor=False))
+        repo = Path(model_repository) if model_repository else home / "models"
+        return cls(home=home, model_repository=repo, threads=threads or cpu_count())

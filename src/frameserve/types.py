@@ -1,0 +1,185 @@
+"""Tensor value types shared by every layer: :class:`DataType` and :class:`TensorSpec`.
+
+Datatype names are the KServe v2 / Open Inference Protocol names ("Tensor Data Types" in
+``specification/protocol/inference_rest.md``): BOOL, UINT8…UINT64, INT8…INT64, FP16, FP32, FP64,
+BYTES, and Triton's BF16. Triton's model configuration spells them ``TYPE_FP32`` etc.;
+:meth:`DataType.parse` accepts both spellings.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from frameserve.errors import TensorError
+
+__all__ = ["DataType", "TensorSpec"]
+
+
+class DataType(str, enum.Enum):
+    """A tensor element type, by its KServe v2 name.
+
+    ``BYTES`` elements are variable-length byte strings (numpy ``object`` arrays of ``bytes``).
+    ``BF16`` maps to ``ml_dtypes.bfloat16`` when that package is installed (it comes with
+    onnx/openvino); numpy itself has no bfloat16.
+    """
+
+    BOOL = "BOOL"
+    UINT8 = "UINT8"
+    UINT16 = "UINT16"
+    UINT32 = "UINT32"
+    UINT64 = "UINT64"
+    INT8 = "INT8"
+    INT16 = "INT16"
+    INT32 = "INT32"
+    INT64 = "INT64"
+    FP16 = "FP16"
+    FP32 = "FP32"
+    FP64 = "FP64"
+    BYTES = "BYTES"
+    BF16 = "BF16"
+
+    @classmethod
+    def parse(cls, value: str | DataType) -> DataType:
+        """Parse a v2 name (``FP32``) or a Triton config name (``TYPE_FP32``; ``TYPE_STRING`` is BYTES).
+
+        Raises:
+            TensorError: the name is not a known datatype; the message lists the accepted names.
+        """
+        if isinstance(value, DataType):
+            return value
+        name = str(value).strip().upper()
+        if name.startswith("TYPE_"):
+            name = name[5:]
+        if name == "STRING":
+            name = "BYTES"
+        try:
+            return cls(name)
+        except ValueError:
+            accepted = ", ".join(m.value for m in cls)
+            raise TensorError(f"unknown datatype {value!r}; accepted: {accepted}") from None
+
+    def to_numpy(self) -> np.dtype[Any]:
+        """The numpy dtype for this datatype (``object`` for BYTES).
+
+        Raises:
+            TensorError: BF16 asked for without ``ml_dtypes`` installed.
+        """
+        if self is DataType.BF16:
+            try:
+                import ml_dtypes
+            except ImportError:  # pragma: no cover - ml_dtypes comes with onnx and openvino
+                raise TensorError("BF16 tensors need the ml_dtypes package") from None
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(_TO_NUMPY[self])
+
+    @classmethod
+    def from_numpy(cls, dtype: np.dtype[Any] | type) -> DataType:
+        """The datatype for a numpy dtype (``object``, ``bytes_`` and ``str_`` give BYTES).
+
+        Raises:
+            TensorError: the dtype has no v2 datatype (complex, datetime, ...).
+        """
+        dt = np.dtype(dtype)
+        if dt.kind in ("O", "S", "U"):
+            return cls.BYTES
+        if dt.name == "bfloat16":
+            return cls.BF16
+        for member, np_name in _TO_NUMPY.items():
+            if np_name == dt.name:
+                return member
+        raise TensorError(f"numpy dtype {dt} has no v2 datatype")
+
+    @property
+    def size_bytes(self) -> int | None:
+        """Bytes per element, or ``None`` for BYTES (variable length)."""
+        if self is DataType.BYTES:
+            return None
+        if self is DataType.BF16:
+            return 2
+        return int(np.dtype(_TO_NUMPY[self]).itemsize)
+
+
+_TO_NUMPY: dict[DataType, str] = {
+    DataType.BOOL: "bool",
+    DataType.UINT8: "uint8",
+    DataType.UINT16: "uint16",
+    DataType.UINT32: "uint32",
+    DataType.UINT64: "uint64",
+    DataType.INT8: "int8",
+    DataType.INT16: "int16",
+    DataType.INT32: "int32",
+    DataType.INT64: "int64",
+    DataType.FP16: "float16",
+    DataType.FP32: "float32",
+    DataType.FP64: "float64",
+    DataType.BYTES: "object",
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, datatype and shape of one model input or output.
+
+    Attributes:
+        name: the tensor's name in the model.
+        datatype: element type.
+        dims: shape *without* the batch dimension when the model batches (Triton's meaning of
+            ``dims`` for ``max_batch_size > 0``); ``-1`` marks a variable dimension.
+        layout: optional layout tag for image inputs (``"NCHW"`` / ``"NHWC"``; ``None`` if unknown).
+    """
+
+    name: str
+    datatype: DataType
+    dims: tuple[int, ...]
+    layout: str | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise TensorError("a tensor spec needs a non-empty name")
+        object.__setattr__(self, "datatype", DataType.parse(self.datatype))
+        dims = tuple(int(d) for d in self.dims)
+        if any(d < -1 or d == 0 for d in dims):
+            raise TensorError(
+                f"tensor {self.name!r}: dims {list(dims)} invalid; each must be a positive size or -1"
+            )
+        object.__setattr__(self, "dims", dims)
+
+    def shape_with_batch(self, max_batch_size: int) -> tuple[int, ...]:
+        """The full shape: ``(-1, *dims)`` when the model batches, else ``dims``."""
+        return ((-1,) + self.dims) if max_batch_size > 0 else self.dims
+
+    def matches(self, shape: Sequence[int], max_batch_size: int) -> bool:
+        """Whether a concrete array shape fits this spec (batch dim included when batching)."""
+        want = self.shape_with_batch(max_batch_size)
+        if len(shape) != len(want):
+            return False
+        return all(w == -1 or w == s for w, s in zip(want, shape, strict=True))
+
+    def check(self, array: np.ndarray[Any, Any], max_batch_size: int) -> None:
+        """Raise :class:`TensorError` unless ``array`` has this spec's datatype and a fitting shape."""
+        got = DataType.from_numpy(array.dtype)
+        if got is not self.datatype:
+            raise TensorError(
+                f"input {self.name!r}: datatype {got.value} given, the model expects {self.datatype.value}"
+            )
+        if not self.matches(array.shape, max_batch_size):
+            raise TensorError(
+                f"input {self.name!r}: shape {list(array.shape)} given, the model expects "
+                f"{list(self.shape_with_batch(max_batch_size))} (-1 = any size)"
+            )
+
+    def to_dict(self, max_batch_size: int = 0) -> dict[str, Any]:
+        """The v2 metadata form ``{"name", "datatype", "shape"}``; shape leads with -1 when batching."""
+        return {
+            "name": self.name,
+            "datatype": self.datatype.value,
+            "shape": list(self.shape_with_batch(max_batch_size)),
+        }
+
+    def __repr__(self) -> str:
+        return f"TensorSpec({self.name!r}, {self.datatype.value}, {list(self.dims)})"
