@@ -1,0 +1,5 @@
+"""``python -m frameserve`` runs the command line."""
+
+from frameserve.cli import main
+
+main()

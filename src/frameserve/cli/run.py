@@ -1,0 +1,84 @@
+"""``frameserve run``: run a pipeline over a video, with a progress bar and a timing table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from frameserve.cli._common import exit_on_error
+from frameserve.pipeline.timing import STAGES
+
+__all__ = ["print_timing", "run_command"]
+
+console = Console(stderr=True)
+
+
+def run_command(
+    video: Annotated[str, typer.Argument(help="Video path or URI (asset://NAME for a sample video).")],
+    pipeline: Annotated[str, typer.Option("--pipeline", "-p", help="Built-in pipeline name or pipeline YAML path.")] = "nudenet",
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the results JSON here.")] = None,
+    video_out: Annotated[Path | None, typer.Option("--video-out", help="Write an annotated H.264 video here.")] = None,
+    sampling: Annotated[str | None, typer.Option(help="all | every:N | fps:R | keyframes (default: the pipeline's).")] = None,
+    batch: Annotated[int | None, typer.Option(min=1, help="Frames per inference batch.")] = None,
+    backend: Annotated[str | None, typer.Option(help="onnxruntime | openvino (default: the model's).")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="Inference threads (default: all CPUs).")] = None,
+    model_repository: Annotated[Path | None, typer.Option("--model-repository", help="Model repository (default: $FRAMESERVE_HOME/models).")] = None,
+) -> None:
+    """Run a pipeline over VIDEO: per-frame results, a summary, and where the time went."""
+    from frameserve.config import Settings
+    from frameserve.pipeline.runner import run
+
+    with exit_on_error():
+        settings = Settings.from_env(model_repository=model_repository, threads=threads)
+        with Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as bar:
+            task = bar.add_task("frames", total=None)
+
+            def progress(done: int, expected: int | None) -> None:
+                bar.update(task, completed=done, total=expected)
+
+            result = run(
+                video, pipeline, out=out, video_out=video_out, sampling=sampling, batch=batch,
+                backend=backend, threads=threads, settings=settings, progress=progress,
+            )
+        print_timing(result, Console())
+        if out is not None:
+            Console().print(f"results: {out}")
+        if video_out is not None:
+            Console().print(f"video: {video_out}")
+
+
+def print_timing(result: dict[str, Any], out: Console) -> None:
+    """Print the summary line, warnings and the per-stage timing table of a run result."""
+    frames = result["frames_processed"]
+    wall = result["wall_s"]
+    model = result["model"]
+    out.print(
+        f"{result['pipeline']}: {frames} frames in {wall:.2f} s ({frames / wall if wall else 0:.1f} frames/s), "
+        f"model {model.get('name')} on {model.get('backend')} {model.get('precision', '')}",
+        highlight=False,
+    )
+    for label, st in result["summary"]["labels"].items():
+        out.print(f"  {label}: {st['frames']} frames, max score {st['max_score']:.3f}", highlight=False)
+    for w in result.get("warnings", []):
+        out.print(f"[yellow]warning:[/] {w}")
+    table = Table(title="time per stage")
+    for col in ("stage", "total s", "ms/frame", "share"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    for stage in STAGES:
+        st = result["timing"].get(stage)
+        if st is None:
+            continue
+        table.add_row(stage, f"{st['total_s']:.3f}", f"{st['per_frame_ms']:.2f}", f"{100 * st['share']:.1f}%")
+    out.print(table)

