@@ -1,0 +1,32 @@
+"""Video decode, sampling, orientation and encode (PyAV / FFmpeg).
+
+A leaf layer: imports only :mod:`frameserve.errors` and :mod:`frameserve.types`.
+
+* :class:`VideoSource` opens a file or URI and yields :class:`Frame` objects (uint8 ``(H, W, 3)``
+  RGB, upright, with the stream's exact ``pts_s`` and display ``index``) chosen by a
+  :class:`Sampling` policy; :class:`StreamInfo` describes the stream; :class:`DecodeStats` says
+  where the time went.
+* :class:`VideoWriter` encodes RGB frames back to a file, keeping their timestamps.
+"""
+
+from __future__ import annotations
+
+from ._frame import DecodeStats, Frame
+from ._info import StreamInfo
+from ._orientation import Orientation, orientation_from_matrix
+from ._sampling import FrameSelector, Sampling, select_indices
+from ._source import VideoSource
+from ._writer import VideoWriter
+
+__all__ = [
+    "DecodeStats",
+    "Frame",
+    "FrameSelector",
+    "Orientation",
+    "Sampling",
+    "StreamInfo",
+    "VideoSource",
+    "VideoWriter",
+    "orientation_from_matrix",
+    "select_indices",
+]

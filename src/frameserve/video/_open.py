@@ -1,0 +1,69 @@
+"""Opening an input: URI resolution and FFmpeg errors turned into one-line :class:`VideoError`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import av
+import av.container
+
+from frameserve.errors import VideoError
+
+__all__ = ["describe_streams", "open_input", "resolve_uri"]
+
+_ACCEPTED = "a path or file:// URI of a video FFmpeg can read (mp4, mkv, webm, mov, avi, ...)"
+
+
+def resolve_uri(uri: str | os.PathLike[str]) -> tuple[str, Path | None]:
+    """Return ``(target for av.open, local path or None)``.
+
+    A plain path or a ``file://`` URI is a local file; any other ``scheme://`` URI (http, rtsp,
+    ...) is passed to FFmpeg unchanged.
+    """
+    text = os.fspath(uri)
+    if "://" not in text:
+        return text, Path(text)
+    parsed = urlparse(text)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise VideoError(f"file URI with a host is not supported: {text!r}; accepted: {_ACCEPTED}")
+        path = unquote(parsed.path)
+        return path, Path(path)
+    return text, None
+
+
+def open_input(uri: str | os.PathLike[str]) -> av.container.InputContainer:
+    """Open ``uri`` for reading.
+
+    Raises:
+        VideoError: the file is missing, a directory, empty (0 bytes), or not a format FFmpeg
+            can read; FFmpeg's own reason is quoted.
+    """
+    target, path = resolve_uri(uri)
+    if path is not None:
+        if not path.exists():
+            raise VideoError(f"video not found: {str(path)!r} does not exist; expected {_ACCEPTED}")
+        if path.is_dir():
+            raise VideoError(f"video path is a directory: {str(path)!r}; expected {_ACCEPTED}")
+        if path.stat().st_size == 0:
+            raise VideoError(f"video file is empty (0 bytes): {str(path)!r}; expected {_ACCEPTED}")
+    try:
+        return av.open(target, mode="r")
+    except av.error.FFmpegError as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise VideoError(
+            f"not a readable video: {target!r} (FFmpeg: {reason}); expected {_ACCEPTED}"
+        ) from exc
+    except OSError as exc:  # permission denied and the like
+        raise VideoError(f"cannot open video {target!r}: {exc}") from exc
+
+
+def describe_streams(container: av.container.InputContainer) -> str:
+    """A short list of a container's streams, e.g. ``"#0 audio (aac), #1 data"``; ``"none"`` if empty."""
+    parts = []
+    for s in container.streams:
+        codec = s.codec_context.name if s.codec_context is not None else None
+        parts.append(f"#{s.index} {s.type}" + (f" ({codec})" if codec else ""))
+    return ", ".join(parts) or "none"

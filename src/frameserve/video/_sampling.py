@@ -1,0 +1,152 @@
+"""Sampling policies: which decoded frames a :class:`~frameserve.video.VideoSource` returns.
+
+The selection logic is a pure function of (display index, exact presentation time), kept apart
+from decoding so it can be tested on hand-written timestamp lists.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+from frameserve.errors import PipelineSpecError
+
+__all__ = ["FrameSelector", "Sampling", "select_indices"]
+
+SamplingKind = Literal["all", "every", "fps", "keyframes"]
+
+_ACCEPTED = (
+    '"all" (every frame), "every:N" (frames with index % N == 0, N >= 1), '
+    '"fps:R" (R frames per second of stream time, R > 0, e.g. "fps:2.5"), '
+    '"keyframes" (key frames only; non-key frames are not decoded)'
+)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Which frames to return.
+
+    Attributes:
+        kind: ``"all"``; ``"every"`` (index % n == 0); ``"fps"`` (``rate`` frames per second on the
+            stream's pts timeline: ticks at ``t0 + k / rate``, ``t0`` the first frame's pts; for each
+            tick the first frame at or after it is returned, once even if it covers several ticks);
+            ``"keyframes"`` (only key frames are decoded and returned).
+        n: the step for ``"every"`` (>= 1), else ``None``.
+        rate: frames per second for ``"fps"`` (> 0, finite), else ``None``.
+
+    Raises:
+        PipelineSpecError: an unknown kind or a missing / out-of-range parameter; the message lists
+            the accepted forms.
+    """
+
+    kind: SamplingKind
+    n: int | None = None
+    rate: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("all", "every", "fps", "keyframes"):
+            raise PipelineSpecError(f"unknown sampling kind {self.kind!r}; accepted: {_ACCEPTED}")
+        if self.kind == "every":
+            if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+                raise PipelineSpecError(f"sampling 'every' needs an integer n >= 1, got {self.n!r}")
+        elif self.n is not None:
+            raise PipelineSpecError(f"sampling {self.kind!r} takes no n (got {self.n!r})")
+        if self.kind == "fps":
+            if (
+                isinstance(self.rate, bool)
+                or not isinstance(self.rate, (int, float))
+                or not math.isfinite(self.rate)
+                or self.rate <= 0
+            ):
+                raise PipelineSpecError(
+                    f"sampling 'fps' needs a finite rate > 0 frames per second, got {self.rate!r}"
+                )
+            object.__setattr__(self, "rate", float(self.rate))
+        elif self.rate is not None:
+            raise PipelineSpecError(f"sampling {self.kind!r} takes no rate (got {self.rate!r})")
+
+    @classmethod
+    def parse(cls, text: str) -> Sampling:
+        """Parse ``"all"``, ``"every:N"``, ``"fps:R"`` or ``"keyframes"`` (case and spaces ignored).
+
+        Raises:
+            PipelineSpecError: anything else; the message lists the accepted forms.
+        """
+        if not isinstance(text, str):
+            raise PipelineSpecError(f"sampling must be a string, got {text!r}; accepted: {_ACCEPTED}")
+        s = text.strip().lower()
+        head, sep, arg = s.partition(":")
+        head, arg = head.strip(), arg.strip()
+        if not sep and head in ("all", "keyframes"):
+            return cls(head)  # type: ignore[arg-type]
+        if sep and head == "every":
+            try:
+                n = int(arg)
+            except ValueError:
+                n = None
+            if n is not None and n >= 1:
+                return cls("every", n=n)
+        if sep and head == "fps":
+            try:
+                rate = float(arg)
+            except ValueError:
+                rate = math.nan
+            if math.isfinite(rate) and rate > 0:
+                return cls("fps", rate=rate)
+        raise PipelineSpecError(f"bad sampling {text!r}; accepted: {_ACCEPTED}")
+
+    def __str__(self) -> str:
+        if self.kind == "every":
+            return f"every:{self.n}"
+        if self.kind == "fps":
+            return f"fps:{self.rate:g}"
+        return self.kind
+
+
+class FrameSelector:
+    """Decides, frame by frame in display order, whether a frame is returned.
+
+    Call :meth:`select` once per decoded frame, in display order, with the frame's 0-based display
+    index and its exact presentation time in seconds (``Fraction(pts) * time_base``). Exact
+    arithmetic keeps ``fps:R`` from drifting on rates such as 30000/1001.
+
+    For ``"keyframes"`` every frame offered is selected: the decoder already skips non-key frames.
+    """
+
+    def __init__(self, sampling: Sampling) -> None:
+        self.sampling = sampling
+        # "fps:29.97" means exactly 2997/100, not the nearest binary float.
+        self._rate = Fraction(repr(sampling.rate)) if sampling.rate is not None else None
+        self._t0: Fraction | None = None
+        self._next_tick = 0  # index k of the next tick t0 + k / rate not yet served
+
+    def select(self, index: int, pts_s: Fraction) -> bool:
+        """Whether the frame at display ``index`` with time ``pts_s`` (seconds) is returned."""
+        kind = self.sampling.kind
+        if kind in ("all", "keyframes"):
+            return True
+        if kind == "every":
+            assert self.sampling.n is not None
+            return index % self.sampling.n == 0
+        assert self._rate is not None
+        if self._t0 is None:
+            self._t0 = pts_s
+        elapsed = pts_s - self._t0
+        if elapsed < self._next_tick / self._rate:
+            return False
+        # this frame serves every tick up to its own time; the next one is strictly after it
+        self._next_tick = math.floor(elapsed * self._rate) + 1
+        return True
+
+
+def select_indices(sampling: Sampling, pts_s: Iterable[Fraction | int | float]) -> list[int]:
+    """The display indices selected from a sequence of presentation times (display order).
+
+    A convenience over :class:`FrameSelector` for planning and tests; ``pts_s`` in seconds
+    (floats are converted exactly with ``Fraction``).
+    """
+    selector = FrameSelector(sampling)
+    return [i for i, t in enumerate(pts_s) if selector.select(i, Fraction(t))]

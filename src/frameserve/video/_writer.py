@@ -1,0 +1,173 @@
+"""VideoWriter: encode RGB frames to a file, keeping the timestamps given."""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+from typing import Any
+
+import av
+import av.container
+import numpy as np
+
+from frameserve.errors import VideoError
+
+__all__ = ["VideoWriter"]
+
+_DEFAULT_TIME_BASE = Fraction(1, 90000)
+# MPEG-4 part 2 / H.263 store the time base in 16 bits: 1/30000 fits, and is exact for
+# 30000/1001, 24, 25, 30, 50 and 60 fps.
+_SHORT_TIME_BASE = Fraction(1, 30000)
+_SHORT_TIME_BASE_CODECS = ("mpeg4", "h263", "h263p", "msmpeg4", "msmpeg4v2", "msmpeg4v3")
+
+
+class VideoWriter:
+    """Encode uint8 RGB frames into a video file with PyAV (FFmpeg), keeping each frame's time.
+
+    Frames are converted RGB → ``yuv420p`` with BT.601 limited range (swscale's default), and the
+    stream is tagged ``smpte170m`` / ``tv`` so readers convert back the same way.
+
+    ``yuv420p`` stores chroma at half resolution, so its width and height must be even. An odd
+    ``width`` / ``height`` is rounded *up* to the next even number and each frame is padded by
+    repeating its last column / row: no source pixel is lost, and the file is at most one pixel
+    wider / taller than asked (:attr:`coded_size` says what was written).
+
+    Timing: each frame's pts is ``round(pts_s / time_base)``; ``time_base`` defaults to 1/90000 s
+    (the MPEG clock), fine enough for any real frame rate and for variable frame rate (1/30000 s
+    for ``mpeg4`` / H.263, whose headers hold at most 65535 ticks per second). The muxer
+    may store another time base (mp4 picks its own timescale); times in seconds are kept.
+    ``fps`` is only a hint for the encoder's rate control and the header's frame rate.
+
+    Args:
+        path: output file; the container format follows the extension (``.mp4``, ``.mkv``...).
+        width, height: frame size in pixels (of the arrays passed to :meth:`write`).
+        fps: nominal frame rate (frames per second); default 25 for the encoder's rate control.
+        time_base: seconds per pts tick (default 1/90000; 1/30000 for mpeg4 / H.263).
+        codec: FFmpeg encoder name (``"libx264"``, ``"mpeg4"``, ``"libvpx-vp9"``...).
+        crf: constant rate factor for encoders that take one (libx264/libx265/vpx; lower is
+            better, 23 is x264's default); ignored by others.
+
+    Raises:
+        VideoError: unknown encoder, output that cannot be opened, a frame of the wrong shape or
+            dtype, or pts that do not increase.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        width: int,
+        height: int,
+        *,
+        fps: float | Fraction | None = None,
+        time_base: Fraction | None = None,
+        codec: str = "libx264",
+        crf: int = 23,
+    ) -> None:
+        if width < 1 or height < 1:
+            raise VideoError(f"video size must be positive, got {width}x{height}")
+        self.path = os.fspath(path)
+        self.width, self.height = int(width), int(height)
+        self.coded_size = (self.width + self.width % 2, self.height + self.height % 2)
+        if time_base is not None:
+            self.time_base = Fraction(time_base)
+        elif codec in _SHORT_TIME_BASE_CODECS:
+            self.time_base = _SHORT_TIME_BASE
+        else:
+            self.time_base = _DEFAULT_TIME_BASE
+        if self.time_base <= 0:
+            raise VideoError(f"time_base must be > 0, got {time_base}")
+        rate = Fraction(fps).limit_denominator(1001 * 1000) if fps is not None else Fraction(25)
+        self._last_pts: int | None = None
+        self.frames_written = 0
+        try:
+            self._container: av.container.OutputContainer | None = av.open(self.path, mode="w")
+        except (av.error.FFmpegError, OSError, ValueError) as exc:
+            raise VideoError(f"cannot open output video {self.path!r}: {exc}") from exc
+        try:
+            self._stream = self._container.add_stream(codec, rate=rate)
+        except (av.error.FFmpegError, ValueError) as exc:
+            self._container.close()
+            self._container = None
+            raise VideoError(
+                f"cannot encode with codec {codec!r}: {exc}; try 'libx264' or 'mpeg4'"
+            ) from exc
+        stream = self._stream
+        stream.width, stream.height = self.coded_size
+        stream.pix_fmt = "yuv420p"
+        stream.time_base = self.time_base
+        cc = stream.codec_context
+        cc.time_base = self.time_base
+        cc.colorspace = 6  # AVCOL_SPC_SMPTE170M: BT.601, what swscale converts with by default
+        cc.color_range = 1  # AVCOL_RANGE_MPEG ("tv", limited)
+        if codec in ("libx264", "libx265", "libvpx", "libvpx-vp9", "libaom-av1", "libsvtav1"):
+            cc.options = {"crf": str(crf)}
+
+    def write(self, rgb: np.ndarray[Any, Any], pts_s: float | Fraction) -> None:
+        """Encode one frame shown at ``pts_s`` seconds.
+
+        Args:
+            rgb: uint8 ``(height, width, 3)`` RGB array (any strides).
+            pts_s: presentation time in seconds; must increase from frame to frame once rounded
+                to ``time_base``.
+
+        Raises:
+            VideoError: wrong shape / dtype, non-increasing pts, writer closed, or an encode error.
+        """
+        if self._container is None:
+            raise VideoError(f"VideoWriter for {self.path!r} is closed")
+        if not isinstance(rgb, np.ndarray) or rgb.dtype != np.uint8 or rgb.shape != (self.height, self.width, 3):
+            got = f"{rgb.dtype} {tuple(rgb.shape)}" if isinstance(rgb, np.ndarray) else type(rgb).__name__
+            raise VideoError(f"frame must be uint8 ({self.height}, {self.width}, 3) RGB; got {got}")
+        pts = round(Fraction(pts_s) / self.time_base)
+        if self._last_pts is not None and pts <= self._last_pts:
+            raise VideoError(
+                f"pts must increase: {float(pts_s):.6f} s is not after the previous frame "
+                f"({float(self._last_pts * self.time_base):.6f} s) at time base {self.time_base}"
+            )
+        pad_w, pad_h = self.coded_size[0] - self.width, self.coded_size[1] - self.height
+        if pad_w or pad_h:
+            rgb = np.pad(rgb, ((0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+        frame = frame.reformat(format="yuv420p", threads=1)
+        frame.pts = pts
+        frame.time_base = self.time_base
+        self._mux(self._encode(frame))
+        self._last_pts = pts
+        self.frames_written += 1
+
+    def _encode(self, frame: av.VideoFrame | None) -> list[av.Packet]:
+        try:
+            return self._stream.encode(frame)
+        except av.error.FFmpegError as exc:
+            raise VideoError(
+                f"encoding {self.path!r} with {self._stream.codec_context.name} failed: {exc}"
+            ) from exc
+
+    def _mux(self, packets: list[av.Packet]) -> None:
+        assert self._container is not None
+        try:
+            self._container.mux(packets)
+        except av.error.FFmpegError as exc:
+            raise VideoError(f"writing {self.path!r} failed: {exc}") from exc
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
+        return self._container is None
+
+    def close(self) -> None:
+        """Flush the encoder and finish the file (idempotent)."""
+        container = self._container
+        if container is None:
+            return
+        try:
+            self._mux(self._encode(None))
+        finally:
+            self._container = None
+            container.close()
+
+    def __enter__(self) -> VideoWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

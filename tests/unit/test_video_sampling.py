@@ -1,0 +1,124 @@
+"""Sampling parsing and frame selection on hand-written timestamp lists."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from frameserve.errors import PipelineSpecError
+from frameserve.video import FrameSelector, Sampling, select_indices
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("all", Sampling("all")),
+        ("keyframes", Sampling("keyframes")),
+        (" Every:3 ", Sampling("every", n=3)),
+        ("every:1", Sampling("every", n=1)),
+        ("fps:2.5", Sampling("fps", rate=2.5)),
+        ("fps:10", Sampling("fps", rate=10.0)),
+    ],
+)
+def test_parse_accepted_forms(text: str, expected: Sampling) -> None:
+    assert Sampling.parse(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["", "some", "every", "every:0", "every:-2", "every:1.5", "fps:0", "fps:-1", "fps:nan", "fps:inf", "fps:x", "all:3", "keyframes:2"]
+)
+def test_parse_rejects_and_lists_accepted_forms(text: str) -> None:
+    with pytest.raises(PipelineSpecError) as info:
+        Sampling.parse(text)
+    message = str(info.value)
+    for form in ('"all"', '"every:N"', '"fps:R"', '"keyframes"'):
+        assert form in message
+
+
+def test_constructor_checks_parameters() -> None:
+    with pytest.raises(PipelineSpecError):
+        Sampling("every")
+    with pytest.raises(PipelineSpecError):
+        Sampling("fps", rate=0.0)
+    with pytest.raises(PipelineSpecError):
+        Sampling("all", n=2)
+    with pytest.raises(PipelineSpecError):
+        Sampling("sometimes")  # type: ignore[arg-type]
+
+
+def test_str_round_trips() -> None:
+    for text in ["all", "keyframes", "every:4", "fps:2.5"]:
+        assert str(Sampling.parse(text)) == text
+
+
+def _cfr(n: int, fps: Fraction) -> list[Fraction]:
+    return [k / fps for k in range(n)]
+
+
+def test_all_and_every() -> None:
+    pts = _cfr(10, Fraction(25))
+    assert select_indices(Sampling.parse("all"), pts) == list(range(10))
+    assert select_indices(Sampling.parse("every:3"), pts) == [0, 3, 6, 9]
+    assert select_indices(Sampling.parse("every:1"), pts) == list(range(10))
+
+
+def test_fps_on_cfr_integer_ratio() -> None:
+    # 25 fps sampled at 5 fps: every 5th frame exactly
+    assert select_indices(Sampling.parse("fps:5"), _cfr(26, Fraction(25))) == [0, 5, 10, 15, 20, 25]
+
+
+def test_fps_rate_above_stream_rate_returns_every_frame_once() -> None:
+    assert select_indices(Sampling.parse("fps:100"), _cfr(8, Fraction(25))) == list(range(8))
+
+
+def test_fps_ntsc_does_not_drift() -> None:
+    # 29.97 (30000/1001) fps, one hour, sampled at 10 fps with the stream's own tick time base.
+    tb = Fraction(1, 30000)
+    n = 30 * 60 * 60  # one minute short of 108k frames; plenty to show drift
+    pts = [Fraction(k * 1001) * tb for k in range(n)]
+    picked = select_indices(Sampling.parse("fps:10"), pts)
+    # Reference: for tick j at j/10 s, the first frame k with k*1001/30000 >= j/10,
+    # i.e. k = ceil(j * 3000 / 1001), over all ticks up to the last frame.
+    last = pts[-1]
+    expected = []
+    j = 0
+    while Fraction(j, 10) <= last:
+        k = -((-j * 3000) // 1001)
+        if not expected or expected[-1] != k:
+            expected.append(k)
+        j += 1
+    assert picked == expected
+    assert abs(len(picked) - float(last) * 10) <= 1
+
+
+def test_fps_on_vfr_gap_selects_the_covering_frame_once() -> None:
+    # frames at 0, 0.033, 0.04, 0.2 (gap covers ticks 0.1 and 0.2), 0.21, 0.5 (covers 0.3..0.5)
+    pts = [Fraction(x, 1000) for x in (0, 33, 40, 200, 210, 500)]
+    assert select_indices(Sampling.parse("fps:10"), pts) == [0, 3, 5]
+
+
+def test_fps_ticks_start_at_first_frame_not_zero() -> None:
+    pts = [Fraction(3, 2) + Fraction(k, 4) for k in range(9)]  # 4 fps from 1.5 s
+    assert select_indices(Sampling.parse("fps:1"), pts) == [0, 4, 8]
+
+
+def test_fps_decimal_rate_is_exact() -> None:
+    # "fps:0.1" is exactly one frame every 10 s (a binary float of 0.1 would miss tick 3 at 30 s).
+    pts = [Fraction(k) for k in range(0, 41)]
+    assert select_indices(Sampling.parse("fps:0.1"), pts) == [0, 10, 20, 30, 40]
+
+
+def test_selector_is_stateful_per_instance() -> None:
+    sel = FrameSelector(Sampling.parse("fps:1"))
+    assert sel.select(0, Fraction(0))
+    assert not sel.select(1, Fraction(1, 2))
+    assert sel.select(2, Fraction(1))
+    fresh = FrameSelector(Sampling.parse("fps:1"))
+    assert fresh.select(0, Fraction(7))
+
+
+def test_keyframes_selects_everything_offered() -> None:
+    assert select_indices(Sampling.parse("keyframes"), [0, 1, 2]) == [0, 1, 2]
