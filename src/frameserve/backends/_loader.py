@@ -1,0 +1,53 @@
+"""Open a session for a model file with the backend its config names."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from frameserve.backends.base import Session
+from frameserve.errors import BackendUnavailableError, ModelConfigError
+from frameserve.repository import BACKENDS, ModelConfig
+
+__all__ = ["load_session"]
+
+AVAILABLE_BACKENDS: tuple[str, ...] = ("onnxruntime", "openvino")
+"""Backends this build can run; ``torch`` and ``python`` are accepted in configs but not yet run."""
+
+
+def load_session(config: ModelConfig, model_path: Path, *, threads: int) -> Session:
+    """Open ``model_path`` with ``config.backend`` and complete the config from the model.
+
+    Args:
+        config: the model's (possibly partial) config; the session's ``config`` is it completed.
+        model_path: the model file (``.onnx``; ``.xml`` IR for openvino).
+        threads: the session's inference thread budget (>= 1), set through the runtime's own
+            options (the OMP/KMP environment variables do not reach the pip builds).
+
+    Raises:
+        BackendUnavailableError: unknown backend (lists the accepted ones), a backend not built
+            yet, or its package not installed (names the extra to install).
+        ModelConfigError: the file is missing or unreadable, a bad parameter or precision, or a
+            config that contradicts the model.
+    """
+    if threads < 1:
+        raise ModelConfigError(f"model {config.name!r}: threads must be >= 1, got {threads}")
+    backend = str(config.backend)
+    if backend not in BACKENDS:
+        raise BackendUnavailableError(f"backend {backend!r} unknown; accepted: {', '.join(BACKENDS)}")
+    path = Path(model_path)
+    if not path.is_file():
+        raise ModelConfigError(f"model {config.name!r}: model file {path} does not exist")
+    if backend == "onnxruntime":
+        from frameserve.backends._onnxruntime import OrtSession
+
+        return OrtSession(config, path, threads=threads)
+    if backend == "openvino":
+        from frameserve.backends._openvino import OpenVinoSession
+
+        return OpenVinoSession(config, path, threads=threads)
+    if backend == "torch" and importlib.util.find_spec("torch") is None:
+        raise BackendUnavailableError("backend 'torch' needs the torch package: pip install 'frameserve[torch]'")
+    raise BackendUnavailableError(
+        f"backend {backend!r} is not available in this version; available: {', '.join(AVAILABLE_BACKENDS)}"
+    )

@@ -1,0 +1,134 @@
+"""The onnxruntime backend: one ``InferenceSession`` on the CPU execution provider with an
+explicit thread budget (onnxruntime's own pool; the OMP/KMP variables do not affect the pip build)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from frameserve.backends._complete import RawTensor, complete_config, detect_signature
+from frameserve.errors import InferenceError, ModelConfigError
+from frameserve.repository import ModelConfig
+from frameserve.types import DataType, TensorSpec
+
+__all__ = ["OrtSession"]
+
+# onnxruntime's NodeArg.type strings.
+_ORT_TYPES = {
+    "tensor(float)": DataType.FP32,
+    "tensor(float16)": DataType.FP16,
+    "tensor(bfloat16)": DataType.BF16,
+    "tensor(double)": DataType.FP64,
+    "tensor(int8)": DataType.INT8,
+    "tensor(int16)": DataType.INT16,
+    "tensor(int32)": DataType.INT32,
+    "tensor(int64)": DataType.INT64,
+    "tensor(uint8)": DataType.UINT8,
+    "tensor(uint16)": DataType.UINT16,
+    "tensor(uint32)": DataType.UINT32,
+    "tensor(uint64)": DataType.UINT64,
+    "tensor(bool)": DataType.BOOL,
+    "tensor(string)": DataType.BYTES,
+}
+
+
+def _raw(args: list[Any], path: Path) -> list[RawTensor]:
+    out: list[RawTensor] = []
+    for arg in args:
+        dtype = _ORT_TYPES.get(arg.type)
+        if dtype is None:
+            raise ModelConfigError(f"{path}: tensor {arg.name!r} has type {arg.type}, which frameserve cannot serve")
+        shape = [d if isinstance(d, int) and d > 0 else -1 for d in (arg.shape or [])]
+        out.append((arg.name, dtype, shape))
+    return out
+
+
+class OrtSession:
+    """An onnxruntime session (see :class:`frameserve.backends.Session`).
+
+    Args:
+        config: the model's config (completed here from the model file).
+        model_path: an ``.onnx`` file.
+        threads: intra-op threads (``SessionOptions.intra_op_num_threads``); inter-op is 1 and
+            execution sequential.
+
+    Config used: ``parameters.ort_allow_spinning`` ``"0"``/``"1"`` (onnxruntime's default is
+    ``"1"``: idle pool threads spin, which costs CPU when several sessions share the cores).
+    ``precision`` must be ``fp32`` (or ``fp16`` for a model whose tensors are FP16): this backend
+    runs the model file as it is.
+
+    Raises:
+        ModelConfigError: bad parameter, unsupported precision, a file onnxruntime cannot load,
+            or a config that contradicts the model.
+    """
+
+    def __init__(self, config: ModelConfig, model_path: Path, *, threads: int) -> None:
+        import onnxruntime as ort
+
+        spinning = config.parameters.get("ort_allow_spinning")
+        if spinning not in (None, "0", "1"):
+            raise ModelConfigError(
+                f"model {config.name!r}: parameters.ort_allow_spinning is {spinning!r}; accepted: \"0\", \"1\""
+            )
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if spinning is not None:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+            opts.add_session_config_entry("session.inter_op.allow_spinning", spinning)
+        try:
+            self._sess = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
+            raise ModelConfigError(f"model {config.name!r}: onnxruntime cannot load {model_path}: {exc}") from None
+        sig = detect_signature(_raw(self._sess.get_inputs(), model_path), _raw(self._sess.get_outputs(), model_path))
+        float_types = {s.datatype for s in (*sig.inputs, *sig.outputs)} & {DataType.FP32, DataType.FP16}
+        model_precision = "fp16" if float_types == {DataType.FP16} else "fp32"
+        if config.precision != model_precision and config.precision != "fp32":
+            raise ModelConfigError(
+                f"model {config.name!r}: precision {config.precision!r} is not supported by backend "
+                f"onnxruntime, which runs the model file as it is; supported: fp32 (fp16 for a model "
+                f"whose tensors are FP16). A quantized (QDQ) model runs int8 with precision fp32; "
+                f"for bf16 or fp16 on an FP32 model use backend openvino"
+            )
+        self.inputs: tuple[TensorSpec, ...] = sig.inputs
+        self.outputs: tuple[TensorSpec, ...] = sig.outputs
+        self.max_batch_size: int = sig.max_batch_size
+        self.config: ModelConfig = complete_config(config, sig)
+        self._output_names = [s.name for s in self.outputs]
+        self.info: dict[str, Any] = {
+            "backend": "onnxruntime",
+            "version": ort.__version__,
+            "precision": model_precision,
+            "threads": threads,
+            "inter_op_threads": 1,
+            "device": "CPU",
+            "providers": self._sess.get_providers(),
+            "performance_hint": None,
+            "execution_mode": "sequential",
+            "allow_spinning": spinning != "0",
+            "model_path": str(model_path),
+        }
+
+    def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+        """Run one batch; see :meth:`frameserve.backends.Session.run`.
+
+        Raises:
+            InferenceError: onnxruntime failed (its message is kept).
+        """
+        try:
+            results = self._sess.run(self._output_names, dict(inputs))
+        except Exception as exc:
+            raise InferenceError(f"model {self.config.name!r}: onnxruntime failed: {exc}") from exc
+        return dict(zip(self._output_names, results, strict=True))
+
+    def close(self) -> None:
+        """Drop the onnxruntime session."""
+        self.__dict__.pop("_sess", None)
+
+    def __repr__(self) -> str:
+        return f"OrtSession({self.config.name!r}, threads={self.info['threads']})"

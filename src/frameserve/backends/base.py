@@ -1,0 +1,69 @@
+"""The :class:`Session` protocol every backend implements, and what a backend reports about
+the model file it opened (:class:`ModelSignature`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from frameserve.repository import ModelConfig
+from frameserve.types import TensorSpec
+
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "ModelSignature", "Session"]
+
+DEFAULT_MAX_BATCH_SIZE = 8
+"""``max_batch_size`` given to a model whose config leaves it out and whose inputs and outputs
+all have a variable first dimension. (Triton's own default, ``--backend-config
+default-max-batch-size``, is 4; 8 suits CPU batching of small image models better.)"""
+
+
+@dataclass(frozen=True)
+class ModelSignature:
+    """Inputs and outputs as the model file declares them.
+
+    Attributes:
+        inputs: input specs; ``dims`` exclude the batch dim when ``max_batch_size > 0``.
+        outputs: output specs, same convention.
+        max_batch_size: :data:`DEFAULT_MAX_BATCH_SIZE` when every input and output has a
+            variable first dimension (the model batches), else 0.
+    """
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int
+
+
+@runtime_checkable
+class Session(Protocol):
+    """One loaded model version, ready to run batches.
+
+    Attributes:
+        inputs: the model file's inputs as detected (see :class:`ModelSignature`).
+        outputs: the model file's outputs as detected.
+        max_batch_size: as detected: > 0 when the first dimension is variable, else 0.
+        config: the model config completed from the model file (what callers check against).
+        info: what actually runs: ``backend``, ``precision`` (as the runtime reports it),
+            ``threads``, ``device``, ``performance_hint`` and backend-specific keys.
+    """
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int
+    config: ModelConfig
+    info: dict[str, Any]
+
+    def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+        """Run one batch: every model input by name (batch dim first when batching) in, every
+        model output by name out (numpy arrays the caller owns).
+
+        Raises:
+            InferenceError: the runtime failed; the message carries the runtime's own.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the runtime's resources; the session must not be run afterwards."""
+        ...

@@ -1,0 +1,298 @@
+"""The model configuration: what Triton's ``config.pbtxt`` holds, as a frozen value.
+
+Source of every field and its meaning: ``ModelConfig`` in triton-inference-server/common
+``protobuf/model_config.proto``. In particular ``dims`` exclude the batch dimension when
+``max_batch_size > 0``, and ``-1`` marks a variable dimension. frameserve keeps the precision
+under ``parameters.precision`` (``fp32`` default, ``bf16``, ``fp16``, ``int8``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from frameserve.errors import ModelConfigError, TensorError
+from frameserve.repository._policy import VersionPolicy
+from frameserve.repository._schema import validate_config
+from frameserve.types import DataType, TensorSpec
+
+__all__ = ["BACKENDS", "PRECISIONS", "InstanceGroup", "ModelConfig", "parse_config"]
+
+BACKENDS: tuple[str, ...] = ("onnxruntime", "openvino", "torch", "python")
+"""Backend names a config may give (Triton's ``pytorch`` is read as ``torch``)."""
+
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8")
+"""Values of ``parameters.precision``."""
+
+# Triton platform strings -> frameserve backend, and each backend's platform for v2 metadata.
+_PLATFORM_BACKEND = {
+    "onnxruntime_onnx": "onnxruntime",
+    "openvino": "openvino",
+    "pytorch_libtorch": "torch",
+    "torch": "torch",
+    "python": "python",
+}
+_BACKEND_PLATFORM = {
+    "onnxruntime": "onnxruntime_onnx",
+    "openvino": "openvino",
+    "torch": "pytorch_libtorch",
+    "python": "python",
+}
+
+Backend = Literal["onnxruntime", "openvino", "torch", "python"]
+Precision = Literal["fp32", "bf16", "fp16", "int8"]
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    """One of Triton's ``ModelInstanceGroup`` entries: ``count`` instances of ``kind``.
+
+    Attributes:
+        count: number of model instances (>= 1).
+        kind: ``KIND_CPU``, ``KIND_GPU`` or ``KIND_AUTO``.
+        name: optional group name.
+        gpus: GPU indices for ``KIND_GPU``.
+    """
+
+    count: int = 1
+    kind: str = "KIND_CPU"
+    name: str | None = None
+    gpus: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ModelConfigError(f"instance_group.count must be >= 1, got {self.count}")
+        if self.kind not in ("KIND_AUTO", "KIND_CPU", "KIND_GPU"):
+            raise ModelConfigError(f"instance_group.kind {self.kind!r}; accepted: KIND_AUTO, KIND_CPU, KIND_GPU")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Triton's JSON form."""
+        out: dict[str, Any] = {"count": self.count, "kind": self.kind}
+        if self.name:
+            out["name"] = self.name
+        if self.gpus:
+            out["gpus"] = list(self.gpus)
+        return out
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A model's configuration (Triton's ``ModelConfig``); fields left unset are completed from
+    the model file when it is loaded (:func:`frameserve.backends.complete_config`).
+
+    Attributes:
+        name: the model's name (its folder name in a repository).
+        backend: ``onnxruntime`` (default), ``openvino``, ``torch`` or ``python``.
+        platform: Triton's platform string, if given (``onnxruntime_onnx`` ...).
+        max_batch_size: largest batch the model takes; ``0`` = no batching (then ``dims`` are
+            the full shape); ``None`` = not given, to be completed from the model.
+        inputs: input specs (``dims`` without the batch dim when ``max_batch_size > 0``); empty
+            = not given, to be completed from the model.
+        outputs: output specs; may name a subset of the model's outputs; empty = all of them.
+        version_policy: which version folders are served (default: the latest one).
+        precision: ``fp32`` (default), ``bf16``, ``fp16`` or ``int8`` (``parameters.precision``).
+        instance_group: instance groups (empty = one CPU instance).
+        dynamic_batching: Triton's ``dynamic_batching`` fields as a dict
+            (``preferred_batch_size: list[int]``, ``max_queue_delay_microseconds: int`` ...),
+            or ``None`` when dynamic batching is off.
+        parameters: free ``key -> string`` parameters (without ``precision``), e.g.
+            ``ort_allow_spinning: "0"``, ``performance_hint: "THROUGHPUT"``.
+        default_model_filename: the model file's name in a version folder, if not the backend's
+            default (``model.onnx`` ...).
+
+    A frozen value; it holds dicts, so it is not hashable.
+    """
+
+    name: str
+    backend: Backend = "onnxruntime"
+    platform: str | None = None
+    max_batch_size: int | None = None
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    version_policy: VersionPolicy = field(default_factory=VersionPolicy)
+    precision: Precision = "fp32"
+    instance_group: tuple[InstanceGroup, ...] = ()
+    dynamic_batching: dict[str, Any] | None = None
+    parameters: dict[str, str] = field(default_factory=dict)
+    default_model_filename: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ModelConfigError("a model config needs a non-empty name")
+        if self.backend not in BACKENDS:
+            raise ModelConfigError(f"backend {self.backend!r} unknown; accepted: {', '.join(BACKENDS)}")
+        if self.precision not in PRECISIONS:
+            raise ModelConfigError(f"precision {self.precision!r} unknown; accepted: {', '.join(PRECISIONS)}")
+        if self.max_batch_size is not None and self.max_batch_size < 0:
+            raise ModelConfigError(f"max_batch_size must be >= 0, got {self.max_batch_size}")
+        if "precision" in self.parameters:
+            raise ModelConfigError("give the precision as ModelConfig.precision, not in parameters")
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        object.__setattr__(self, "instance_group", tuple(self.instance_group))
+
+    @property
+    def is_complete(self) -> bool:
+        """Whether ``max_batch_size``, ``inputs`` and ``outputs`` are all known."""
+        return self.max_batch_size is not None and bool(self.inputs) and bool(self.outputs)
+
+    @property
+    def batching(self) -> bool:
+        """Whether the model takes a leading batch dimension (``max_batch_size > 0``)."""
+        return bool(self.max_batch_size)
+
+    @property
+    def v2_platform(self) -> str:
+        """The platform string reported in v2 metadata: ``platform`` or the backend's default."""
+        return self.platform or _BACKEND_PLATFORM[self.backend]
+
+    def input(self, name: str) -> TensorSpec:
+        """The input spec called ``name``.
+
+        Raises:
+            TensorError: no such input; the message lists the model's inputs.
+        """
+        return _find(self.inputs, name, "input", self.name)
+
+    def output(self, name: str) -> TensorSpec:
+        """The output spec called ``name``.
+
+        Raises:
+            TensorError: no such output; the message lists the model's outputs.
+        """
+        return _find(self.outputs, name, "output", self.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Triton's JSON form of the config (the body of ``GET /v2/models/{name}/config``).
+
+        ``data_type`` is spelled ``TYPE_FP32``; ``parameters`` map to ``{"string_value": ...}``;
+        ``max_batch_size`` is 0 while not yet completed.
+        """
+        params = {"precision": self.precision, **self.parameters}
+        out: dict[str, Any] = {
+            "name": self.name,
+            "platform": self.v2_platform,
+            "backend": self.backend,
+            "version_policy": self.version_policy.to_dict(),
+            "max_batch_size": self.max_batch_size or 0,
+            "input": [_tensor_dict(s, with_format=True) for s in self.inputs],
+            "output": [_tensor_dict(s, with_format=False) for s in self.outputs],
+            "instance_group": [g.to_dict() for g in self.instance_group] or [{"count": 1, "kind": "KIND_CPU"}],
+            "parameters": {k: {"string_value": v} for k, v in sorted(params.items())},
+        }
+        if self.dynamic_batching is not None:
+            out["dynamic_batching"] = dict(self.dynamic_batching)
+        if self.default_model_filename:
+            out["default_model_filename"] = self.default_model_filename
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"ModelConfig({self.name!r}, backend={self.backend!r}, max_batch_size={self.max_batch_size}, "
+            f"inputs={list(self.inputs)}, outputs={list(self.outputs)}, precision={self.precision!r})"
+        )
+
+
+def _find(specs: tuple[TensorSpec, ...], name: str, kind: str, model: str) -> TensorSpec:
+    for spec in specs:
+        if spec.name == name:
+            return spec
+    names = ", ".join(s.name for s in specs) or "(none)"
+    raise TensorError(f"model {model!r} has no {kind} {name!r}; its {kind}s: {names}")
+
+
+def _tensor_dict(spec: TensorSpec, *, with_format: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": spec.name, "data_type": "TYPE_" + _triton_type(spec.datatype)}
+    if with_format:
+        out["format"] = f"FORMAT_{spec.layout}" if spec.layout else "FORMAT_NONE"
+    out["dims"] = list(spec.dims)
+    return out
+
+
+def _triton_type(dt: DataType) -> str:
+    return "STRING" if dt is DataType.BYTES else dt.value
+
+
+def _string(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return str(value["string_value"])
+    return str(value)
+
+
+def _spec(item: Mapping[str, Any], where: str) -> TensorSpec:
+    layout = str(item.get("format") or "FORMAT_NONE").removeprefix("FORMAT_")
+    try:
+        return TensorSpec(
+            name=item["name"],
+            datatype=DataType.parse(item["data_type"]),
+            dims=tuple(item["dims"]),
+            layout=None if layout == "NONE" else layout,
+        )
+    except TensorError as exc:
+        raise ModelConfigError(f"{where}: {exc}") from None
+
+
+def parse_config(
+    data: Mapping[str, Any] | None,
+    *,
+    default_name: str,
+    source: str = "config",
+    default_backend: str | None = None,
+) -> ModelConfig:
+    """Build a :class:`ModelConfig` from config.yaml's mapping (Triton field names).
+
+    Args:
+        data: the parsed YAML (``None`` or ``{}`` for an absent/empty file).
+        default_name: the name when ``data`` gives none (the model's folder name).
+        source: what error messages name (the file's path).
+        default_backend: the backend when neither ``backend`` nor ``platform`` is given
+            (a repository guesses it from the model file); ``onnxruntime`` if ``None``.
+
+    Raises:
+        ModelConfigError: the mapping fails the schema (field path and what is accepted), a
+            name differs from ``default_name``, or a listed tensor lacks ``data_type``.
+    """
+    data = {} if data is None else data
+    validate_config(data, source=source)
+    data = dict(data)
+    name = data.get("name", default_name)
+    if name != default_name:
+        raise ModelConfigError(f"{source}: name {name!r} differs from the model's name {default_name!r}")
+    backend = data.get("backend")
+    if backend == "pytorch":
+        backend = "torch"
+    platform = data.get("platform")
+    if backend is None and platform is not None:
+        backend = _PLATFORM_BACKEND.get(platform)
+        if backend is None:
+            raise ModelConfigError(
+                f"{source}: platform {platform!r} has no frameserve backend; accepted platforms: "
+                f"{', '.join(sorted(_PLATFORM_BACKEND))} (or give backend)"
+            )
+    params = {str(k): _string(v) for k, v in (data.get("parameters") or {}).items()}
+    precision = params.pop("precision", "fp32")
+    groups = tuple(
+        InstanceGroup(
+            count=int(g.get("count", 1)),
+            kind=str(g.get("kind", "KIND_CPU")),
+            name=g.get("name"),
+            gpus=tuple(g.get("gpus", ())),
+        )
+        for g in data.get("instance_group") or ()
+    )
+    batching = data.get("dynamic_batching")
+    return ModelConfig(
+        name=name,
+        backend=backend or default_backend or "onnxruntime",
+        platform=platform,
+        max_batch_size=data.get("max_batch_size"),
+        inputs=tuple(_spec(t, f"{source}: input[{i}]") for i, t in enumerate(data.get("input") or ())),
+        outputs=tuple(_spec(t, f"{source}: output[{i}]") for i, t in enumerate(data.get("output") or ())),
+        version_policy=VersionPolicy.from_dict(data.get("version_policy")),
+        precision=precision,  # type: ignore[arg-type]  # checked by the schema
+        instance_group=groups,
+        dynamic_batching=dict(batching) if batching is not None else None,
+        parameters=params,
+        default_model_filename=data.get("default_model_filename"),
+    )

@@ -1,0 +1,161 @@
+"""The model repository on disk: one folder per model, one numbered folder per version.
+
+Layout (Triton's, with ``config.yaml`` in place of ``config.pbtxt``)::
+
+    <root>/<model>/config.yaml          optional; completed from the model file where absent
+    <root>/<model>/<version>/model.onnx (or model.xml, model.pt, model.py, default_model_filename)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from frameserve.errors import ModelConfigError, ModelNotFoundError
+from frameserve.repository._config import ModelConfig, parse_config
+
+__all__ = ["MODEL_FILENAMES", "ModelRepository"]
+
+MODEL_FILENAMES: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("model.onnx",),
+    "openvino": ("model.xml", "model.onnx"),
+    "torch": ("model.pt", "model.pt2"),
+    "python": ("model.py",),
+}
+"""The file names each backend looks for in a version folder, in order of preference."""
+
+CONFIG_FILENAME = "config.yaml"
+
+
+class ModelRepository:
+    """A model repository rooted at ``root``.
+
+    Args:
+        root: the repository folder.
+
+    Raises:
+        ModelConfigError: ``root`` is not a folder.
+    """
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise ModelConfigError(f"model repository {self.root} is not a folder")
+
+    def __repr__(self) -> str:
+        return f"ModelRepository({str(self.root)!r})"
+
+    def models(self) -> list[str]:
+        """Names of the model folders, sorted (hidden folders and ``__pycache__`` left out)."""
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir() and not p.name.startswith((".", "_"))
+        )
+
+    def model_dir(self, name: str) -> Path:
+        """The folder of model ``name``.
+
+        Raises:
+            ModelNotFoundError: no such folder; the message lists the available models.
+        """
+        path = self.root / name
+        if not name or "/" in name or name.startswith(".") or not path.is_dir():
+            available = ", ".join(self.models()) or "(none)"
+            raise ModelNotFoundError(f"no model {name!r} in repository {self.root}; available: {available}")
+        return path
+
+    def all_versions(self, name: str) -> list[int]:
+        """Every numbered version folder of ``name``, ascending, whatever the version policy."""
+        return sorted(int(p.name) for p in self.model_dir(name).iterdir() if p.is_dir() and p.name.isdigit())
+
+    def versions(self, name: str) -> list[int]:
+        """The versions served under the model's version policy, ascending (may be empty).
+
+        Raises:
+            ModelNotFoundError: no such model.
+            ModelConfigError: its config.yaml is invalid.
+        """
+        return self.config(name).version_policy.select(self.all_versions(name))
+
+    def raw_config(self, name: str) -> dict[str, Any]:
+        """config.yaml of ``name`` as parsed YAML (``{}`` when the file is absent or empty).
+
+        Raises:
+            ModelNotFoundError: no such model.
+            ModelConfigError: the file is not valid YAML or not a mapping.
+        """
+        path = self.model_dir(name) / CONFIG_FILENAME
+        if not path.is_file():
+            if (path.parent / "config.pbtxt").is_file():
+                raise ModelConfigError(
+                    f"{path.parent / 'config.pbtxt'}: Triton config.pbtxt is not read yet; "
+                    f"write the same fields as {CONFIG_FILENAME}"
+                )
+            return {}
+        try:
+            data = yaml.safe_load(path.read_text("utf-8"))
+        except yaml.YAMLError as exc:
+            raise ModelConfigError(f"{path}: not valid YAML: {exc}") from None
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise ModelConfigError(f"{path}: a model config must be a mapping of fields, got {type(data).__name__}")
+        return data
+
+    def config(self, name: str, *, override: dict[str, Any] | None = None) -> ModelConfig:
+        """The model's config from config.yaml (absent or partial is fine: ``name`` defaults to the
+        folder; ``backend``, when neither it nor ``platform`` is given, follows the model file
+        found in the newest version folder, else ``onnxruntime``).
+
+        Args:
+            name: the model.
+            override: top-level fields that replace config.yaml's (e.g. from a load request).
+
+        Raises:
+            ModelNotFoundError: no such model.
+            ModelConfigError: config.yaml fails the schema (file, field path, accepted values).
+        """
+        data = self.raw_config(name)
+        source = str(self.model_dir(name) / CONFIG_FILENAME)
+        if override:
+            data = {**data, **override}
+            source += " (with override)"
+        return parse_config(data, default_name=name, source=source, default_backend=self._guess_backend(name))
+
+    def _guess_backend(self, name: str) -> str | None:
+        versions = self.all_versions(name)
+        if not versions:
+            return None
+        folder = self.model_dir(name) / str(versions[-1])
+        for backend, filenames in MODEL_FILENAMES.items():
+            if backend != "openvino" and any((folder / f).is_file() for f in filenames):
+                return backend
+        return "openvino" if (folder / "model.xml").is_file() else None
+
+    def model_file(self, name: str, version: int, *, config: ModelConfig | None = None) -> Path:
+        """The model file of ``name`` version ``version``.
+
+        ``default_model_filename`` when the config gives one, else the first of the backend's
+        :data:`MODEL_FILENAMES` present in the version folder.
+
+        Raises:
+            ModelNotFoundError: no such model, or no folder for that version (lists the versions).
+            ModelConfigError: no model file; names the expected path and the accepted names.
+        """
+        config = config or self.config(name)
+        folder = self.model_dir(name) / str(int(version))
+        if not folder.is_dir():
+            raise ModelNotFoundError(
+                f"model {name!r} has no version {version}; versions present: {self.all_versions(name)}"
+            )
+        names = (config.default_model_filename,) if config.default_model_filename else MODEL_FILENAMES[config.backend]
+        for filename in names:
+            if (folder / filename).is_file():
+                return folder / filename
+        raise ModelConfigError(
+            f"model {name!r} version {version}: no model file at {folder / names[0]}; backend "
+            f"{config.backend!r} accepts {', '.join(names)} (or set default_model_filename)"
+        )

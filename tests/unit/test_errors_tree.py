@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+from frameserve import errors
+
+pytestmark = pytest.mark.unit
+
+
+def _error_classes() -> list[type[errors.FrameserveError]]:
+    return [
+        obj
+        for _, obj in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(obj, errors.FrameserveError)
+    ]
+
+
+def test_every_code_has_a_status_row_and_codes_are_unique() -> None:
+    classes = _error_classes()
+    codes = [cls.code for cls in classes]
+    assert len(classes) == len(errors.STATUS) == 15
+    assert len(set(codes)) == len(codes)
+    assert set(codes) == set(errors.STATUS)
+
+
+def test_status_mapping() -> None:
+    assert errors.ModelNotFoundError("x").http_status == 404
+    assert errors.ModelNotReadyError("x").grpc_status == "UNAVAILABLE"
+    assert errors.TensorError("x").http_status == 400
+    assert errors.status_for("no-such-code") == (500, "INTERNAL")
+    assert issubclass(errors.TensorError, errors.InvalidInputError)
+    assert errors.ModelConfigError("x").user_error and not errors.InferenceError("x").user_error
+
+
+@pytest.mark.parametrize(
+    "module", ["frameserve.errors", "frameserve.types", "frameserve.repository", "frameserve.backends", "frameserve.service"]
+)
+def test_all_is_sorted_and_importable(module: str) -> None:
+    # isort-style order (ruff RUF022): CONSTANTS, then Classes, then functions, each alphabetical.
+    def key(name: str) -> tuple[int, str]:
+        return (0 if name.isupper() else 1 if name[:1].isupper() else 2, name)
+
+    mod = importlib.import_module(module)
+    assert list(mod.__all__) == sorted(mod.__all__, key=key)
+    for name in mod.__all__:
+        assert hasattr(mod, name), name
+
+
+def test_backends_do_not_import_openvino_eagerly() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = "import sys, frameserve.backends, frameserve.service; print('openvino' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "False"
