@@ -47,7 +47,7 @@ def _colour_model(path: Path, size: int = 32) -> None:
         helper.make_tensor("r_s", TensorProto.INT64, [1], [0]), helper.make_tensor("r_e", TensorProto.INT64, [1], [1]),
         helper.make_tensor("g_s", TensorProto.INT64, [1], [1]), helper.make_tensor("g_e", TensorProto.INT64, [1], [2]),
         helper.make_tensor("ax1", TensorProto.INT64, [1], [1]),
-        helper.make_tensor("axes", TensorProto.INT64, [3], [1, 2, 3]),
+        helper.make_tensor("axes", TensorProto.INT64, [2], [2, 3]),
         helper.make_tensor("ax2", TensorProto.INT64, [1], [2]),
         helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]),
         helper.make_tensor("box", TensorProto.FLOAT, [1, 4], [16.0, 8.0, 8.0, 4.0]),
@@ -58,7 +58,7 @@ def _colour_model(path: Path, size: int = 32) -> None:
         [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", 6, 1])],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
@@ -116,8 +116,8 @@ def test_runner_detects_colours_frame_by_frame(setup, tmp_path: Path) -> None:  
     labels = [[d["label"] for d in f["detections"]] for f in result["frames"]]
     assert labels == [["RED"]] * 5 + [["GREEN"]] * 4 + [[]] * 3 + [["RED"]] * 8
     assert [f["pts_s"] for f in result["frames"]] == pytest.approx([i / 10 for i in range(20)])
-    # box (cx=16, cy=8, w=8, h=4) on a 32x32 stretch of a 64x64 frame -> (24, 8, 40, 24)
-    assert result["frames"][0]["detections"][0]["box"] == pytest.approx([24, 8, 40, 24])
+    # box (cx=16, cy=8, w=8, h=4) on a 32x32 stretch of a 64x64 frame -> (24, 12, 40, 20)
+    assert result["frames"][0]["detections"][0]["box"] == pytest.approx([24, 12, 40, 20])
     summary = result["summary"]
     assert summary["frames_total"] == 20
     assert summary["labels"]["RED"]["frames"] == 13
