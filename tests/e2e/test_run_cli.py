@@ -145,3 +145,32 @@ def test_bad_input_exits_2_with_one_line(cli, tmp_path, carphone, case: str) -> 
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert lines and lines[-1].startswith("error:")
     assert expect.lower() in proc.stderr.lower()
+
+
+def test_builtin_pipeline_uses_the_repository_model_of_its_name(cli, carphone, nudenet_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    repo = tmp_path / "models"
+    (repo / "nudenet" / "3").mkdir(parents=True)
+    (repo / "nudenet" / "3" / "model.onnx").symlink_to(nudenet_model)
+    # the repository's copy says openvino: seeing openvino in the result proves it was used
+    (repo / "nudenet" / "config.yaml").write_text("backend: openvino\nmax_batch_size: 4\n")
+    out = tmp_path / "r.json"
+    proc = cli("run", str(carphone), "--model-repository", str(repo), "--out", str(out), "--sampling", "every:10")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["model"]["name"] == "nudenet" and result["model"]["backend"] == "openvino"
+    assert result["batch"] == 4
+    assert all(any(d["label"] in FACES for d in f["detections"]) for f in result["frames"])
+
+
+def test_unknown_model_exits_2_naming_it(cli, carphone, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pipe = tmp_path / "p.yaml"
+    pipe.write_text("name: p\nmodel: nosuchmodel\npreprocess: {size: [64, 64]}\npostprocess: {labels: [a]}\n")
+    proc = cli("run", str(carphone), "--pipeline", str(pipe), "--model-repository", str(tmp_path / "empty"))
+    assert proc.returncode == 2, proc.stderr
+    assert "nosuchmodel" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_unknown_backend_exits_2_listing_backends(cli, carphone, nudenet_model) -> None:  # type: ignore[no-untyped-def]
+    proc = cli("run", str(carphone), "--backend", "tensorrt")
+    assert proc.returncode == 2
+    assert "onnxruntime" in proc.stderr and "Traceback" not in proc.stderr

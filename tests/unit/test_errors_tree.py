@@ -36,7 +36,11 @@ def test_status_mapping() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["frameserve.errors", "frameserve.types", "frameserve.repository", "frameserve.backends", "frameserve.service"]
+    "module",
+    [
+        "frameserve.errors", "frameserve.types", "frameserve.repository", "frameserve.backends",
+        "frameserve.service", "frameserve.video", "frameserve.pipeline", "frameserve.assets",
+    ],
 )
 def test_all_is_sorted_and_importable(module: str) -> None:
     # isort-style order (ruff RUF022): CONSTANTS, then Classes, then functions, each alphabetical.

@@ -1,0 +1,66 @@
+"""DESIGN.md "Layers": lower layers never import higher ones; video is a leaf."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "frameserve"
+
+RANK = {
+    "types": 0, "errors": 0, "config": 0,
+    "repository": 1, "backends": 1, "assets": 1,
+    "scheduler": 2,
+    "service": 3,
+    "video": 4,
+    "pipeline": 5,
+    "tuning": 6, "jobs": 6,
+    "protocol": 7,
+    "server": 8,
+    "cli": 9, "__main__": 9,
+}
+LEAF_ALLOWED = {"video": {"types", "errors"}}
+
+
+def _layer(path: Path) -> str:
+    rel = path.relative_to(SRC)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("frameserve"):
+            parts = node.module.split(".")
+            if len(parts) > 1:
+                found.add(parts[1])
+            else:  # from frameserve import x
+                found.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] == "frameserve" and len(parts) > 1:
+                    found.add(parts[1])
+    return found
+
+
+FILES = sorted(p for p in SRC.rglob("*.py") if p.name != "__init__.py" or p.parent != SRC)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(SRC)))
+def test_no_upward_imports(path: Path) -> None:
+    layer = _layer(path)
+    assert layer in RANK, f"{layer} has no place in the layer table; add it to DESIGN.md and here"
+    for target in _imports(path) - {layer, "__version__"}:
+        assert target in RANK, f"{path.name} imports unknown frameserve.{target}"
+        if layer in LEAF_ALLOWED:
+            assert target in LEAF_ALLOWED[layer], f"{layer} is a leaf but {path.name} imports {target}"
+        assert RANK[target] <= RANK[layer], f"{layer} ({path.name}) imports higher layer {target}"
+
+
+def test_no_file_past_what_one_person_holds() -> None:
+    for path in FILES:
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        assert lines <= 800, f"{path.relative_to(SRC)} has {lines} lines"
