@@ -41,7 +41,7 @@ def run_command(
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             console=console,
-            transient=False,
+            transient=True,
         ) as bar:
             task = bar.add_task("frames", total=None)
 
