@@ -11,7 +11,8 @@ The tree (catch at any level)::
     ├── InvalidInputError               invalid_input          400  INVALID_ARGUMENT
     │   ├── VideoError                  invalid_video          400  INVALID_ARGUMENT
     │   ├── PipelineSpecError           invalid_pipeline       400  INVALID_ARGUMENT
-    │   └── TensorError                 invalid_tensor         400  INVALID_ARGUMENT
+    │   ├── TensorError                 invalid_tensor         400  INVALID_ARGUMENT
+    │   └── PayloadTooLargeError        payload_too_large      413  RESOURCE_EXHAUSTED
     ├── NotFoundError                   not_found              404  NOT_FOUND
     │   ├── ModelNotFoundError          model_not_found        404  NOT_FOUND
     │   ├── PipelineNotFoundError       pipeline_not_found     404  NOT_FOUND
@@ -20,6 +21,7 @@ The tree (catch at any level)::
     ├── BackendUnavailableError         backend_unavailable    400  FAILED_PRECONDITION
     ├── ModelNotReadyError              model_not_ready        503  UNAVAILABLE
     ├── ResourceExhaustedError          resource_exhausted     429  RESOURCE_EXHAUSTED
+    ├── DeadlineExceededError           deadline_exceeded      503  UNAVAILABLE
     ├── AssetError                      asset_error            502  UNAVAILABLE
     └── InferenceError                  inference_failed       500  INTERNAL
 
@@ -35,6 +37,7 @@ __all__ = [
     "AssetError",
     "AssetNotFoundError",
     "BackendUnavailableError",
+    "DeadlineExceededError",
     "FrameserveError",
     "InferenceError",
     "InvalidInputError",
@@ -42,6 +45,7 @@ __all__ = [
     "ModelNotFoundError",
     "ModelNotReadyError",
     "NotFoundError",
+    "PayloadTooLargeError",
     "PipelineNotFoundError",
     "PipelineSpecError",
     "ResourceExhaustedError",
@@ -157,6 +161,18 @@ class ResourceExhaustedError(FrameserveError):
     code = "resource_exhausted"
 
 
+class DeadlineExceededError(FrameserveError):
+    """A request's queue timeout passed before it ran (the model's queue policy with action
+    ``REJECT``; the request's ``timeout`` in µs where the policy allows overriding).
+
+    Answered as Triton answers a request that timed out in its queue (``Status::Code::UNAVAILABLE``,
+    "Request timeout expired", in core's ``dynamic_batch_scheduler.cc``): HTTP 503, gRPC
+    ``UNAVAILABLE``, so clients written for Triton retry it the same way.
+    """
+
+    code = "deadline_exceeded"
+
+
 class AssetError(FrameserveError):
     """An asset could not be fetched, or its checksum did not match."""
 
@@ -167,6 +183,12 @@ class InferenceError(FrameserveError):
     """A backend failed while running a batch."""
 
     code = "inference_failed"
+
+
+class PayloadTooLargeError(InvalidInputError):
+    """A request body (after decompression) is larger than the server's configured limit."""
+
+    code = "payload_too_large"
 
 
 STATUS: dict[str, tuple[int, str]] = {
@@ -183,8 +205,10 @@ STATUS: dict[str, tuple[int, str]] = {
     "backend_unavailable": (400, "FAILED_PRECONDITION"),
     "model_not_ready": (503, "UNAVAILABLE"),
     "resource_exhausted": (429, "RESOURCE_EXHAUSTED"),
+    "deadline_exceeded": (503, "UNAVAILABLE"),
     "asset_error": (502, "UNAVAILABLE"),
     "inference_failed": (500, "INTERNAL"),
+    "payload_too_large": (413, "RESOURCE_EXHAUSTED"),
 }
 """The one table from error code to (HTTP status, gRPC status code name)."""
 

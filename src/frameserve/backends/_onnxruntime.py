@@ -117,14 +117,19 @@ class OrtSession:
     def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
         """Run one batch; see :meth:`frameserve.backends.Session.run`.
 
+        BYTES tensors are numpy ``object`` arrays of ``bytes`` on our side; onnxruntime's
+        ``tensor(string)`` takes and gives ``str`` (it would turn ``b"ab"`` into ``"b'ab'"``), so
+        they are decoded as UTF-8 on the way in and encoded on the way out.
+
         Raises:
-            InferenceError: onnxruntime failed (its message is kept).
+            InferenceError: onnxruntime failed (its message is kept), or a BYTES element is not UTF-8.
         """
+        feed = {name: _to_ort(name, arr) for name, arr in inputs.items()}
         try:
-            results = self._sess.run(self._output_names, dict(inputs))
+            results = self._sess.run(self._output_names, feed)
         except Exception as exc:
             raise InferenceError(f"model {self.config.name!r}: onnxruntime failed: {exc}") from exc
-        return dict(zip(self._output_names, results, strict=True))
+        return {name: _from_ort(arr) for name, arr in zip(self._output_names, results, strict=True)}
 
     def close(self) -> None:
         """Drop the onnxruntime session."""
@@ -132,3 +137,22 @@ class OrtSession:
 
     def __repr__(self) -> str:
         return f"OrtSession({self.config.name!r}, threads={self.info['threads']})"
+
+
+def _to_ort(name: str, arr: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """BYTES (object array of bytes) -> object array of str, as onnxruntime's string tensors want."""
+    if arr.dtype != np.object_ or arr.size == 0:
+        return arr
+    try:
+        return np.vectorize(
+            lambda v: v.decode("utf-8") if isinstance(v, (bytes, bytearray)) else str(v), otypes=[object]
+        )(arr)
+    except UnicodeDecodeError as exc:
+        raise InferenceError(f"input {name!r}: a BYTES element is not UTF-8 text, which onnxruntime string tensors need ({exc})") from None
+
+
+def _from_ort(arr: Any) -> np.ndarray[Any, Any]:
+    """onnxruntime string outputs (object arrays of str) -> object arrays of UTF-8 bytes."""
+    if isinstance(arr, np.ndarray) and arr.dtype == np.object_ and arr.size:
+        return np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[object])(arr)
+    return arr

@@ -1,0 +1,307 @@
+"""ModelInferRequest -> :class:`InferCall` (numpy inputs), and outputs -> ModelInferResponse.
+
+Tensor bytes follow the Open Inference Protocol's gRPC rules: ``raw_input_contents`` holds one
+entry per input, in the order of ``inputs``, each the flattened row-major elements in
+little-endian order with no padding; a BYTES element is a 4-byte little-endian unsigned length
+followed by that many bytes. Or each input carries typed ``contents`` (``fp32_contents``,
+``int_contents``, ``bytes_contents``, ...); FP16 and BF16 have no typed list and must be raw.
+Outputs are always answered in ``raw_output_contents`` (what tritonclient reads).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from frameserve._proto import grpc_service_pb2 as pb
+from frameserve.errors import InvalidInputError, TensorError
+from frameserve.types import DataType
+
+__all__ = ["InferCall", "decode_infer_request", "encode_infer_response", "parameter_value", "parse_version"]
+
+# Typed-contents list for each datatype (FP16 / BF16 have none).
+_CONTENTS_FIELD: dict[DataType, str] = {
+    DataType.BOOL: "bool_contents",
+    DataType.INT8: "int_contents",
+    DataType.INT16: "int_contents",
+    DataType.INT32: "int_contents",
+    DataType.INT64: "int64_contents",
+    DataType.UINT8: "uint_contents",
+    DataType.UINT16: "uint_contents",
+    DataType.UINT32: "uint_contents",
+    DataType.UINT64: "uint64_contents",
+    DataType.FP32: "fp32_contents",
+    DataType.FP64: "fp64_contents",
+    DataType.BYTES: "bytes_contents",
+}
+_ALL_CONTENTS_FIELDS = sorted(set(_CONTENTS_FIELD.values()))
+_ACCEPTED = ", ".join(d.value for d in DataType)
+_U32 = struct.Struct("<I")
+_MAX_DIMS = 32
+_MAX_ARRAY_BYTES = 2**63
+
+
+@dataclass
+class InferCall:
+    """One decoded inference request, ready for :class:`~frameserve.service.InferenceService`.
+
+    Attributes:
+        model_name: the model.
+        version: the model version; ``None`` = the newest ready one.
+        inputs: input name -> array (shape and dtype as sent; BYTES as an ``object`` array of
+            ``bytes``), in request order.
+        outputs: the outputs asked for, in request order; ``None`` = every output.
+        request_id: the request's ``id`` ("" when none), echoed in the response.
+        priority: Triton's priority level (1 is the highest); ``None`` = the model's default.
+        timeout_us: Triton's request timeout in microseconds; ``None`` = the model's default.
+        parameters: every request parameter as a plain Python value (``priority`` and
+            ``timeout`` included).
+    """
+
+    model_name: str
+    version: int | None
+    inputs: dict[str, np.ndarray[Any, Any]]
+    outputs: list[str] | None = None
+    request_id: str = ""
+    priority: int | None = None
+    timeout_us: int | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        shapes = {n: f"{DataType.from_numpy(a.dtype).value}{list(a.shape)}" for n, a in self.inputs.items()}
+        return f"InferCall({self.model_name!r}, version={self.version}, inputs={shapes}, outputs={self.outputs})"
+
+
+def parse_version(version: str) -> int | None:
+    """A request's ``version`` string: ``""`` -> ``None``, ``"3"`` -> 3.
+
+    Raises:
+        InvalidInputError: not a non-negative decimal integer.
+    """
+    if version == "":
+        return None
+    if not version.isdigit() or not version.isascii():
+        raise InvalidInputError(f"model version {version!r} is not a version number (a non-negative integer)")
+    return int(version)
+
+
+def parameter_value(param: Any) -> Any:
+    """The Python value of an ``InferParameter`` / ``ModelRepositoryParameter`` (``None`` if unset)."""
+    which = param.WhichOneof("parameter_choice")
+    return None if which is None else getattr(param, which)
+
+
+def _non_negative_int(params: dict[str, Any], key: str) -> int | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"request parameter {key!r} must be a non-negative integer, got {value!r}")
+    return value or None  # Triton: 0 means "the model's default"
+
+
+def decode_infer_request(request: pb.ModelInferRequest) -> InferCall:
+    """Decode a ModelInferRequest into an :class:`InferCall`.
+
+    Checks what the wire format alone decides: datatype names, non-negative shapes, byte sizes
+    of raw contents, element counts of typed contents, BYTES framing, duplicate names, parameter
+    types. Whether the inputs fit the model is the service's check.
+
+    Raises:
+        TensorError: a tensor's datatype, shape, byte size, element count or BYTES framing is
+            wrong (the message names the tensor, what was given and what was expected).
+        InvalidInputError: a malformed request otherwise (raw and typed contents mixed, raw entry
+            count not the input count, bad version, bad parameter, unsupported feature).
+    """
+    if not request.model_name:
+        raise InvalidInputError("the request names no model (model_name is empty)")
+    version = parse_version(request.model_version)
+    params = {k: parameter_value(v) for k, v in request.parameters.items()}
+    priority = _non_negative_int(params, "priority")
+    timeout_us = _non_negative_int(params, "timeout")
+
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInputError(
+            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
+            "it needs one entry per input, in the order of inputs"
+        )
+    inputs: dict[str, np.ndarray[Any, Any]] = {}
+    for i, tensor in enumerate(request.inputs):
+        if tensor.name in inputs:
+            raise TensorError(f"input {tensor.name!r} is given twice")
+        if "shared_memory_region" in tensor.parameters:
+            raise InvalidInputError(f"input {tensor.name!r}: shared memory inputs are not supported")
+        inputs[tensor.name] = _decode_tensor(tensor, raw[i] if raw else None)
+
+    outputs: list[str] | None = None
+    if request.outputs:
+        outputs = []
+        for out in request.outputs:
+            if out.name in outputs:
+                raise TensorError(f"output {out.name!r} is requested twice")
+            if "shared_memory_region" in out.parameters:
+                raise InvalidInputError(f"output {out.name!r}: shared memory outputs are not supported")
+            if "classification" in out.parameters and parameter_value(out.parameters["classification"]):
+                raise InvalidInputError(f"output {out.name!r}: the classification extension is not supported")
+            outputs.append(out.name)
+    return InferCall(
+        model_name=request.model_name,
+        version=version,
+        inputs=inputs,
+        outputs=outputs,
+        request_id=request.id,
+        priority=priority,
+        timeout_us=timeout_us,
+        parameters=params,
+    )
+
+
+def _decode_tensor(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> np.ndarray[Any, Any]:
+    name = tensor.name
+    try:
+        datatype = DataType(tensor.datatype)
+    except ValueError:
+        raise TensorError(f"input {name!r}: unknown datatype {tensor.datatype!r}; accepted: {_ACCEPTED}") from None
+    shape = [int(d) for d in tensor.shape]
+    if any(d < 0 for d in shape):
+        raise TensorError(f"input {name!r}: shape {shape} has a negative dimension")
+    if len(shape) > _MAX_DIMS:
+        raise TensorError(f"input {name!r}: shape has {len(shape)} dimensions, at most {_MAX_DIMS} are supported")
+    if math.prod(d for d in shape if d) * 16 >= _MAX_ARRAY_BYTES:  # numpy's bound, zeros or not
+        raise TensorError(f"input {name!r}: shape {shape} is too large to hold")
+    count = math.prod(shape)
+    has_typed = tensor.HasField("contents") and any(len(getattr(tensor.contents, f)) for f in _ALL_CONTENTS_FIELDS)
+    if raw is not None:
+        if has_typed:
+            raise InvalidInputError(
+                f"input {name!r}: both raw_input_contents and typed contents given; use one of them"
+            )
+        return _from_raw(name, datatype, shape, count, raw)
+    return _from_contents(name, datatype, shape, count, tensor.contents)
+
+
+def _from_raw(name: str, datatype: DataType, shape: list[int], count: int, raw: bytes) -> np.ndarray[Any, Any]:
+    if datatype is DataType.BYTES:
+        return _split_bytes(name, shape, count, raw)
+    item = datatype.size_bytes
+    assert item is not None
+    want = count * item
+    if len(raw) != want:
+        raise TensorError(
+            f"input {name!r}: {len(raw)} bytes of raw contents given, shape {shape} of {datatype.value} "
+            f"needs {want} ({count} elements x {item} bytes)"
+        )
+    dtype = datatype.to_numpy().newbyteorder("<")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def _split_bytes(name: str, shape: list[int], count: int, raw: bytes) -> np.ndarray[Any, Any]:
+    if count > len(raw) // 4:  # every element takes at least its 4-byte length
+        raise TensorError(
+            f"input {name!r}: {len(raw)} bytes of raw contents given, too few for {count} BYTES elements "
+            "(each is a 4-byte length then its bytes)"
+        )
+    out = np.empty(count, dtype=object)
+    pos = 0
+    for i in range(count):
+        if pos + 4 > len(raw):
+            raise TensorError(f"input {name!r}: raw BYTES contents end inside the length of element {i}")
+        (n,) = _U32.unpack_from(raw, pos)
+        pos += 4
+        if pos + n > len(raw):
+            raise TensorError(
+                f"input {name!r}: BYTES element {i} declares {n} bytes, only {len(raw) - pos} remain"
+            )
+        out[i] = raw[pos : pos + n]
+        pos += n
+    if pos != len(raw):
+        raise TensorError(
+            f"input {name!r}: {len(raw) - pos} bytes left over after the {count} BYTES elements of shape {shape}"
+        )
+    return out.reshape(shape)
+
+
+def _from_contents(
+    name: str, datatype: DataType, shape: list[int], count: int, contents: pb.InferTensorContents
+) -> np.ndarray[Any, Any]:
+    field_name = _CONTENTS_FIELD.get(datatype)
+    if field_name is None:
+        raise TensorError(
+            f"input {name!r}: {datatype.value} has no typed contents; send it in raw_input_contents"
+        )
+    values = getattr(contents, field_name)
+    if len(values) != count:
+        others = [f for f in _ALL_CONTENTS_FIELDS if f != field_name and len(getattr(contents, f))]
+        hint = f" ({', '.join(others)} given instead)" if others and not len(values) else ""
+        raise TensorError(
+            f"input {name!r}: {len(values)} values in contents.{field_name} given, shape {shape} needs {count}{hint}"
+        )
+    if datatype is DataType.BYTES:
+        out = np.empty(count, dtype=object)
+        out[:] = list(values)
+        return out.reshape(shape)
+    target = datatype.to_numpy()
+    wide = np.array(values, dtype=_WIDE.get(datatype, target))
+    if datatype in _WIDE and wide.size:
+        info = np.iinfo(target)
+        lo, hi = int(wide.min()), int(wide.max())
+        if lo < info.min or hi > info.max:
+            raise TensorError(
+                f"input {name!r}: value {lo if lo < info.min else hi} in contents.{field_name} is out of "
+                f"range for {datatype.value} [{info.min}, {info.max}]"
+            )
+    return wide.astype(target, copy=False).reshape(shape)
+
+
+# Narrow integer types travel in 32-bit lists; decode wide, range-check, then narrow.
+_WIDE: dict[DataType, str] = {
+    DataType.INT8: "int32",
+    DataType.INT16: "int32",
+    DataType.UINT8: "uint32",
+    DataType.UINT16: "uint32",
+}
+
+
+def _raw_bytes(name: str, array: np.ndarray[Any, Any]) -> tuple[DataType, bytes]:
+    datatype = DataType.from_numpy(array.dtype)
+    if datatype is DataType.BYTES:
+        parts: list[bytes] = []
+        for element in array.reshape(-1):
+            if isinstance(element, str):
+                element = element.encode("utf-8")
+            elif not isinstance(element, bytes | bytearray | memoryview | np.bytes_):
+                element = str(element).encode("utf-8")
+            parts.append(_U32.pack(len(element)))
+            parts.append(bytes(element))
+        return datatype, b"".join(parts)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return datatype, np.ascontiguousarray(array).tobytes()
+
+
+def encode_infer_response(
+    call: InferCall, outputs: dict[str, np.ndarray[Any, Any]], *, model_version: str = ""
+) -> pb.ModelInferResponse:
+    """Build the ModelInferResponse for ``call``: outputs in the given order, each with its
+    datatype and shape, their bytes in ``raw_output_contents``; ``id`` echoed.
+
+    Args:
+        call: the decoded request.
+        outputs: output name -> array, as the service returned them.
+        model_version: the version that ran ("" if unknown).
+
+    Raises:
+        TensorError: an output array has a dtype with no v2 datatype.
+    """
+    response = pb.ModelInferResponse(model_name=call.model_name, model_version=model_version, id=call.request_id)
+    for name, array in outputs.items():
+        arr = np.asarray(array)
+        datatype, data = _raw_bytes(name, arr)
+        response.outputs.add(name=name, datatype=datatype.value, shape=[int(d) for d in arr.shape])
+        response.raw_output_contents.append(data)
+    return response

@@ -1,0 +1,279 @@
+"""The gRPC tensor codec: ModelInferRequest -> numpy inputs, outputs -> ModelInferResponse."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from frameserve._proto import grpc_service_pb2 as pb
+from frameserve.errors import FrameserveError, InvalidInputError, TensorError
+from frameserve.protocol.grpc import InferCall, decode_infer_request, encode_infer_response
+from frameserve.types import DataType
+
+
+def _request(*tensors: tuple[str, str, list[int]], raw: list[bytes] | None = None, **kw: object) -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(model_name="m", **kw)  # type: ignore[arg-type]
+    for name, datatype, shape in tensors:
+        req.inputs.add(name=name, datatype=datatype, shape=shape)
+    if raw is not None:
+        req.raw_input_contents.extend(raw)
+    return req
+
+
+def _bytes_elements(*items: bytes) -> bytes:
+    return b"".join(struct.pack("<I", len(x)) + x for x in items)
+
+
+def test_raw_fp32_is_little_endian_row_major() -> None:
+    data = np.arange(6, dtype="<f4").reshape(2, 3)
+    call = decode_infer_request(_request(("x", "FP32", [2, 3]), raw=[data.tobytes()], id="r1", model_version="2"))
+    np.testing.assert_array_equal(call.inputs["x"], data)
+    assert call.inputs["x"].dtype == np.float32
+    assert (call.request_id, call.version, call.outputs) == ("r1", 2, None)
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16", "INT8", "UINT64", "BOOL", "FP64"])
+def test_raw_fixed_size_types(datatype: str) -> None:
+    dt = DataType(datatype).to_numpy()
+    values = np.array([[1, 0], [1, 1]]).astype(dt)
+    call = decode_infer_request(_request(("x", datatype, [2, 2]), raw=[values.tobytes()]))
+    assert call.inputs["x"].dtype == dt
+    np.testing.assert_array_equal(call.inputs["x"], values)
+
+
+def test_raw_bytes_are_length_prefixed() -> None:
+    raw = _bytes_elements(b"ab", b"", b"\xff\x00z")
+    call = decode_infer_request(_request(("s", "BYTES", [1, 3]), raw=[raw]))
+    arr = call.inputs["s"]
+    assert arr.dtype == object and arr.shape == (1, 3)
+    assert arr.tolist() == [[b"ab", b"", b"\xff\x00z"]]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (_bytes_elements(b"ab") + b"\x01", r"too few for 2 BYTES elements|end inside the length of element 1"),
+        (_bytes_elements(b"ab") + struct.pack("<I", 9) + b"xy", r"BYTES element 1 declares 9 bytes, only 2 remain"),
+        (_bytes_elements(b"a", b"b", b"c"), r"bytes left over after the 2 BYTES elements"),
+    ],
+)
+def test_raw_bytes_framing_errors(raw: bytes, message: str) -> None:
+    with pytest.raises(TensorError, match=message):
+        decode_infer_request(_request(("s", "BYTES", [2]), raw=[raw]))
+
+
+def test_byte_size_mismatch_names_tensor_given_and_needed() -> None:
+    with pytest.raises(TensorError, match=r"input 'x': 12 bytes of raw contents given, shape \[1, 4\] of FP32 needs 16"):
+        decode_infer_request(_request(("x", "FP32", [1, 4]), raw=[b"\0" * 12]))
+
+
+@pytest.mark.parametrize(
+    ("datatype", "field", "values"),
+    [
+        ("FP32", "fp32_contents", [1.5, -2.0]),
+        ("FP64", "fp64_contents", [1.5, -2.0]),
+        ("INT8", "int_contents", [-128, 127]),
+        ("INT16", "int_contents", [-3, 4]),
+        ("INT32", "int_contents", [-3, 2**31 - 1]),
+        ("INT64", "int64_contents", [-(2**40), 5]),
+        ("UINT8", "uint_contents", [0, 255]),
+        ("UINT16", "uint_contents", [0, 65535]),
+        ("UINT32", "uint_contents", [0, 2**32 - 1]),
+        ("UINT64", "uint64_contents", [0, 2**64 - 1]),
+        ("BOOL", "bool_contents", [True, False]),
+        ("BYTES", "bytes_contents", [b"a", b"\x00b"]),
+    ],
+)
+def test_typed_contents_for_each_datatype(datatype: str, field: str, values: list[object]) -> None:
+    req = _request(("x", datatype, [1, 2]))
+    getattr(req.inputs[0].contents, field).extend(values)
+    arr = decode_infer_request(req).inputs["x"]
+    assert arr.shape == (1, 2)
+    assert DataType.from_numpy(arr.dtype).value == datatype
+    assert arr.reshape(-1).tolist() == values
+
+
+@pytest.mark.parametrize(
+    ("datatype", "field", "values", "message"),
+    [
+        ("INT8", "int_contents", [128, 0], r"value 128 in contents.int_contents is out of range for INT8 \[-128, 127\]"),
+        ("FP32", "fp32_contents", [1.0], r"1 values in contents.fp32_contents given, shape \[2\] needs 2"),
+        ("FP32", "int_contents", [1, 2], r"0 values in contents.fp32_contents given.*\(int_contents given instead\)"),
+        ("FP16", "fp32_contents", [1.0, 2.0], r"FP16 has no typed contents; send it in raw_input_contents"),
+        ("BF16", "fp32_contents", [1.0, 2.0], r"BF16 has no typed contents"),
+    ],
+)
+def test_typed_contents_errors(datatype: str, field: str, values: list[object], message: str) -> None:
+    req = _request(("x", datatype, [2]))
+    getattr(req.inputs[0].contents, field).extend(values)
+    with pytest.raises(TensorError, match=message):
+        decode_infer_request(req)
+
+
+def test_request_level_errors() -> None:
+    with pytest.raises(TensorError, match=r"input 'x': unknown datatype 'FLOAT'; accepted: BOOL"):
+        decode_infer_request(_request(("x", "FLOAT", [1]), raw=[b"\0" * 4]))
+    with pytest.raises(TensorError, match=r"shape \[-1, 4\] has a negative dimension"):
+        decode_infer_request(_request(("x", "FP32", [-1, 4]), raw=[b""]))
+    for shape in ([0, 2**63 - 1], [2**62, 2**62, 0]):
+        with pytest.raises(TensorError, match=r"is too large to hold"):
+            decode_infer_request(_request(("x", "FP32", shape), raw=[b""]))
+    with pytest.raises(TensorError, match=r"shape has 40 dimensions, at most 32"):
+        decode_infer_request(_request(("x", "BYTES", [0] * 40), raw=[b""]))
+    with pytest.raises(InvalidInputError, match="raw_input_contents has 1 entries for 2 inputs"):
+        decode_infer_request(_request(("a", "FP32", [1]), ("b", "FP32", [1]), raw=[b"\0" * 4]))
+    with pytest.raises(TensorError, match="input 'a' is given twice"):
+        decode_infer_request(_request(("a", "FP32", [1]), ("a", "FP32", [1]), raw=[b"\0" * 4] * 2))
+    mixed = _request(("a", "FP32", [1]), raw=[b"\0" * 4])
+    mixed.inputs[0].contents.fp32_contents.append(1.0)
+    with pytest.raises(InvalidInputError, match="both raw_input_contents and typed contents"):
+        decode_infer_request(mixed)
+    with pytest.raises(InvalidInputError, match="model version 'v1' is not a version number"):
+        decode_infer_request(_request(model_version="v1"))
+    with pytest.raises(InvalidInputError, match="names no model"):
+        decode_infer_request(pb.ModelInferRequest())
+
+
+def test_parameters_priority_timeout_and_outputs() -> None:
+    req = _request(("x", "FP32", [1]), raw=[b"\0" * 4])
+    req.parameters["priority"].int64_param = 1
+    req.parameters["timeout"].uint64_param = 250_000
+    req.parameters["note"].string_param = "hi"
+    req.outputs.add(name="b")
+    req.outputs.add(name="a")
+    call = decode_infer_request(req)
+    assert (call.priority, call.timeout_us, call.outputs) == (1, 250_000, ["b", "a"])
+    assert call.parameters == {"priority": 1, "timeout": 250_000, "note": "hi"}
+    req.parameters["priority"].int64_param = 0  # 0: the model's default, as Triton
+    assert decode_infer_request(req).priority is None
+    req.parameters["timeout"].int64_param = -5
+    with pytest.raises(InvalidInputError, match="'timeout' must be a non-negative integer, got -5"):
+        decode_infer_request(req)
+    req.parameters["timeout"].string_param = "soon"
+    with pytest.raises(InvalidInputError, match="'timeout' must be a non-negative integer"):
+        decode_infer_request(req)
+
+
+def test_encode_uses_raw_output_contents() -> None:
+    call = InferCall("m", None, {}, request_id="abc")
+    out = {
+        "y": np.arange(4, dtype=np.float16).reshape(2, 2),
+        "s": np.array([b"ab", "\u00e9"], dtype=object),
+        "u": np.array(["xy"]),
+        "big": np.array([1, 2], dtype=">i4"),
+    }
+    resp = encode_infer_response(call, out, model_version="3")
+    assert (resp.model_name, resp.model_version, resp.id) == ("m", "3", "abc")
+    assert [(o.name, o.datatype, list(o.shape)) for o in resp.outputs] == [
+        ("y", "FP16", [2, 2]),
+        ("s", "BYTES", [2]),
+        ("u", "BYTES", [1]),
+        ("big", "INT32", [2]),
+    ]
+    assert resp.raw_output_contents[0] == out["y"].astype("<f2").tobytes()
+    assert resp.raw_output_contents[1] == _bytes_elements(b"ab", "\u00e9".encode())
+    assert resp.raw_output_contents[2] == _bytes_elements(b"xy")
+    assert resp.raw_output_contents[3] == np.array([1, 2], "<i4").tobytes()
+
+
+def test_encode_then_decode_round_trip() -> None:
+    arrays = {"a": np.linspace(0, 1, 6, dtype=np.float32).reshape(3, 2), "s": np.array([[b"x", b"yz"]], dtype=object)}
+    resp = encode_infer_response(InferCall("m", None, {}), arrays)
+    req = pb.ModelInferRequest(model_name="m")
+    for tensor in resp.outputs:
+        req.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+    req.raw_input_contents.extend(resp.raw_output_contents)
+    back = decode_infer_request(req).inputs
+    np.testing.assert_array_equal(back["a"], arrays["a"])
+    assert back["s"].tolist() == arrays["s"].tolist()
+
+
+# -- fuzz: whatever a client sends, decoding fails only with a FrameserveError -------------------
+
+_DATATYPES = [d.value for d in DataType] + ["", "FLOAT", "TYPE_FP32", "fp32"]
+_CONTENT_FIELDS = {
+    "bool_contents": st.booleans(),
+    "int_contents": st.integers(-(2**31), 2**31 - 1),
+    "int64_contents": st.integers(-(2**63), 2**63 - 1),
+    "uint_contents": st.integers(0, 2**32 - 1),
+    "uint64_contents": st.integers(0, 2**64 - 1),
+    "fp32_contents": st.floats(width=32, allow_nan=True),
+    "fp64_contents": st.floats(allow_nan=True),
+    "bytes_contents": st.binary(max_size=8),
+}
+
+
+@st.composite
+def _infer_requests(draw: st.DrawFn) -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(
+        model_name=draw(st.text(max_size=4)),
+        model_version=draw(st.sampled_from(["", "1", "x", "-1", "01", "\u0661"])),
+        id=draw(st.text(max_size=4)),
+    )
+    for key in draw(st.lists(st.sampled_from(["priority", "timeout", "other"]), max_size=3, unique=True)):
+        kind = draw(st.sampled_from(["bool_param", "int64_param", "string_param", "double_param", "uint64_param", None]))
+        if kind == "bool_param":
+            req.parameters[key].bool_param = draw(st.booleans())
+        elif kind == "int64_param":
+            req.parameters[key].int64_param = draw(st.integers(-(2**63), 2**63 - 1))
+        elif kind == "uint64_param":
+            req.parameters[key].uint64_param = draw(st.integers(0, 2**64 - 1))
+        elif kind == "double_param":
+            req.parameters[key].double_param = draw(st.floats())
+        elif kind == "string_param":
+            req.parameters[key].string_param = draw(st.text(max_size=3))
+        else:
+            req.parameters[key].SetInParent()
+    n = draw(st.integers(0, 3))
+    use_raw = draw(st.booleans())
+    for _ in range(n):
+        tensor = req.inputs.add(
+            name=draw(st.sampled_from(["a", "b", ""])),
+            datatype=draw(st.sampled_from(_DATATYPES)),
+            shape=draw(st.lists(st.integers(-2, 5) | st.integers(-(2**63), 2**63 - 1) | st.just(0), max_size=40)),
+        )
+        if draw(st.booleans()):
+            tensor.parameters["shared_memory_region"].string_param = "r"  # rarely, by the draw above
+        for field in draw(st.lists(st.sampled_from(sorted(_CONTENT_FIELDS)), max_size=2, unique=True)):
+            getattr(tensor.contents, field).extend(draw(st.lists(_CONTENT_FIELDS[field], max_size=6)))
+        if use_raw:
+            req.raw_input_contents.append(draw(st.binary(max_size=40)))
+    if draw(st.booleans()):
+        req.raw_input_contents.append(draw(st.binary(max_size=8)))
+    for name in draw(st.lists(st.sampled_from(["y", "z", "y"]), max_size=3)):
+        out = req.outputs.add(name=name)
+        if draw(st.booleans()):
+            out.parameters["classification"].int64_param = draw(st.integers(0, 2))
+    return req
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_infer_requests())
+def test_fuzz_decoder_raises_only_frameserve_errors(request: pb.ModelInferRequest) -> None:
+    try:
+        call = decode_infer_request(request)
+    except FrameserveError:
+        return
+    for name, arr in call.inputs.items():  # what it accepts is consistent with what was sent
+        sent = next(t for t in request.inputs if t.name == name)
+        assert list(arr.shape) == list(sent.shape)
+        assert DataType.from_numpy(arr.dtype).value == sent.datatype
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_decoder_on_arbitrary_wire_bytes(data: bytes) -> None:
+    from google.protobuf.message import DecodeError
+
+    try:
+        request = pb.ModelInferRequest.FromString(data)
+    except DecodeError:
+        return  # gRPC's deserializer answers these before any handler runs
+    try:
+        decode_infer_request(request)
+    except FrameserveError:
+        pass
