@@ -139,7 +139,7 @@ def test_unknown_and_unavailable_backends(conv: Path) -> None:
     object.__setattr__(cfg, "backend", "tensorflow")
     with pytest.raises(BackendUnavailableError, match="backend 'tensorflow' unknown; accepted: onnxruntime, openvino, torch, python"):
         load_session(cfg, conv, threads=1)
-    with pytest.raises(BackendUnavailableError, match="backend 'python' is not available in this version"):
+    with pytest.raises(ModelConfigError, match="backend 'python' runs a model.py"):
         load_session(ModelConfig("conv", backend="python"), conv, threads=1)
 
 

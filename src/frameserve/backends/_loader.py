@@ -5,17 +5,19 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from frameserve.backends.base import Session
+from frameserve.backends.base import BackendContext, Session
 from frameserve.errors import BackendUnavailableError, ModelConfigError
 from frameserve.repository import BACKENDS, ModelConfig
 
 __all__ = ["load_session"]
 
-AVAILABLE_BACKENDS: tuple[str, ...] = ("onnxruntime", "openvino")
-"""Backends this build can run; ``torch`` and ``python`` are accepted in configs but not yet run."""
+AVAILABLE_BACKENDS: tuple[str, ...] = ("onnxruntime", "openvino", "python")
+"""Backends this build can run; ``torch`` is accepted in configs but not yet run."""
 
 
-def load_session(config: ModelConfig, model_path: Path, *, threads: int) -> Session:
+def load_session(
+    config: ModelConfig, model_path: Path, *, threads: int, context: BackendContext | None = None
+) -> Session:
     """Open ``model_path`` with ``config.backend`` and complete the config from the model.
 
     Args:
@@ -23,6 +25,8 @@ def load_session(config: ModelConfig, model_path: Path, *, threads: int) -> Sess
         model_path: the model file (``.onnx``; ``.xml`` IR for openvino).
         threads: the session's inference thread budget (>= 1), set through the runtime's own
             options (the OMP/KMP environment variables do not reach the pip builds).
+        context: where the session runs (BLS ``infer``, instance name, version); only the
+            ``python`` backend uses it (``model.py`` with a ``TritonPythonModel``).
 
     Raises:
         BackendUnavailableError: unknown backend (lists the accepted ones), a backend not built
@@ -46,6 +50,10 @@ def load_session(config: ModelConfig, model_path: Path, *, threads: int) -> Sess
         from frameserve.backends._openvino import OpenVinoSession
 
         return OpenVinoSession(config, path, threads=threads)
+    if backend == "python":
+        from frameserve.backends._python import load_python_session
+
+        return load_python_session(config, path, threads=threads, context=context)
     if backend == "torch" and importlib.util.find_spec("torch") is None:
         raise BackendUnavailableError("backend 'torch' needs the torch package: pip install 'frameserve[torch]'")
     raise BackendUnavailableError(

@@ -3,8 +3,9 @@ the model file it opened (:class:`ModelSignature`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -12,7 +13,7 @@ import numpy as np
 from frameserve.repository import ModelConfig
 from frameserve.types import TensorSpec
 
-__all__ = ["DEFAULT_MAX_BATCH_SIZE", "ModelSignature", "Session"]
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "BackendContext", "InferFn", "ModelSignature", "Session"]
 
 DEFAULT_MAX_BATCH_SIZE = 8
 """``max_batch_size`` given to a model whose config leaves it out and whose inputs and outputs
@@ -34,6 +35,38 @@ class ModelSignature:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int
+
+
+InferFn = Callable[..., dict[str, np.ndarray[Any, Any]]]
+"""``infer(model_name, inputs, *, version=None, outputs=None) -> {output name: array}``: run one
+request on another served model (the signature of ``InferenceService.infer``). ``inputs`` maps
+input names to numpy arrays (batch dim first when that model batches); ``version`` ``None`` is the
+highest loaded; ``outputs`` ``None`` is every configured output. Raises frameserve errors
+(``ModelNotFoundError``, ``TensorError``, ``InferenceError`` ...)."""
+
+
+@dataclass(frozen=True)
+class BackendContext:
+    """What the server tells a backend about where its session runs; backends that need none
+    of it (onnxruntime, openvino) ignore it. The ``python`` backend uses all of it: ``infer``
+    for Business Logic Scripting (``pb_utils.InferenceRequest(...).exec()``), the rest for the
+    ``args`` of ``TritonPythonModel.initialize``.
+
+    Attributes:
+        infer: runs a request on another served model (see :data:`InferFn`); ``None`` when the
+            session runs alone (then BLS calls fail with a clear error).
+        model_repository: the model's folder (``<repository>/<model>``), Triton's
+            ``args["model_repository"]``; ``None`` = the parent of the version folder.
+        model_version: the version being loaded; ``None`` = the version folder's name.
+        instance_name: the instance's name (Triton's ``<model>_<index>``); ``None`` = ``<model>_0``.
+        device: ``"cpu"`` (``"gpu"`` reserved for GPU instances).
+    """
+
+    infer: InferFn | None = None
+    model_repository: Path | None = None
+    model_version: int | None = None
+    instance_name: str | None = None
+    device: str = "cpu"
 
 
 @runtime_checkable

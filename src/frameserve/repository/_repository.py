@@ -1,6 +1,7 @@
 """The model repository on disk: one folder per model, one numbered folder per version.
 
-Layout (Triton's, with ``config.yaml`` in place of ``config.pbtxt``)::
+Layout (Triton's, with ``config.yaml`` in place of ``config.pbtxt``; a Triton
+``config.pbtxt`` is read when there is no ``config.yaml``)::
 
     <root>/<model>/config.yaml          optional; completed from the model file where absent
     <root>/<model>/<version>/model.onnx (or model.xml, model.pt, model.py, default_model_filename)
@@ -27,6 +28,7 @@ MODEL_FILENAMES: dict[str, tuple[str, ...]] = {
 """The file names each backend looks for in a version folder, in order of preference."""
 
 CONFIG_FILENAME = "config.yaml"
+PBTXT_FILENAME = "config.pbtxt"
 
 
 class ModelRepository:
@@ -81,19 +83,21 @@ class ModelRepository:
         return self.config(name).version_policy.select(self.all_versions(name))
 
     def raw_config(self, name: str) -> dict[str, Any]:
-        """config.yaml of ``name`` as parsed YAML (``{}`` when the file is absent or empty).
+        """config.yaml of ``name`` as parsed YAML (``{}`` when the file is absent or empty); when
+        there is no config.yaml but a Triton ``config.pbtxt``, that file mapped to the same
+        fields (:func:`frameserve.repository._pbtxt.pbtxt_to_dict`).
 
         Raises:
             ModelNotFoundError: no such model.
-            ModelConfigError: the file is not valid YAML or not a mapping.
+            ModelConfigError: the file is not valid YAML or not a mapping; config.pbtxt has a
+                syntax error (file:line:column) or a field frameserve refuses.
         """
         path = self.model_dir(name) / CONFIG_FILENAME
         if not path.is_file():
-            if (path.parent / "config.pbtxt").is_file():
-                raise ModelConfigError(
-                    f"{path.parent / 'config.pbtxt'}: Triton config.pbtxt is not read yet; "
-                    f"write the same fields as {CONFIG_FILENAME}"
-                )
+            if (path.parent / PBTXT_FILENAME).is_file():
+                from frameserve.repository._pbtxt import read_pbtxt
+
+                return read_pbtxt(path.parent / PBTXT_FILENAME)
             return {}
         try:
             data = yaml.safe_load(path.read_text("utf-8"))
@@ -119,11 +123,18 @@ class ModelRepository:
             ModelConfigError: config.yaml fails the schema (file, field path, accepted values).
         """
         data = self.raw_config(name)
-        source = str(self.model_dir(name) / CONFIG_FILENAME)
+        source = str(self._config_path(name))
         if override:
             data = {**data, **override}
             source += " (with override)"
         return parse_config(data, default_name=name, source=source, default_backend=self._guess_backend(name))
+
+    def _config_path(self, name: str) -> Path:
+        """config.yaml, or Triton's config.pbtxt when only that one is there."""
+        folder = self.model_dir(name)
+        if not (folder / CONFIG_FILENAME).is_file() and (folder / PBTXT_FILENAME).is_file():
+            return folder / PBTXT_FILENAME
+        return folder / CONFIG_FILENAME
 
     def _guess_backend(self, name: str) -> str | None:
         versions = self.all_versions(name)

@@ -1,0 +1,561 @@
+"""The ``python`` backend: a user's ``model.py`` with a class shaped like Triton's
+``TritonPythonModel`` (triton-inference-server/python_backend ``README.md``).
+
+Life of a model (what Triton does, and so what an unmodified Triton model expects):
+
+1. ``model.py`` is imported under a unique module name, with its version folder on
+   ``sys.path`` only while it imports; ``import triton_python_backend_utils`` gives
+   :mod:`frameserve.pb_utils` while the model loads and runs.
+2. ``TritonPythonModel.auto_complete_config(auto_complete_model_config)`` (optional, static)
+   may add inputs, outputs, ``max_batch_size`` and dynamic batching to the config; after it
+   the config must declare the inputs and outputs (config.pbtxt / config.yaml or this hook).
+3. ``initialize(args)`` (optional) with Triton's string keys: ``model_config`` (the config as
+   JSON text), ``model_instance_kind`` (``"CPU"``), ``model_instance_name``,
+   ``model_instance_device_id`` (``"0"``), ``model_repository`` (the model's folder),
+   ``model_version``, ``model_name``.
+4. ``execute(requests) -> responses``: one :class:`~frameserve.pb_utils.InferenceResponse`
+   per request, same order. A response with ``error`` fails only its request; an exception
+   (or a wrong number of responses) fails the whole batch. ``async def execute`` works too
+   (run to completion on a fresh event loop).
+5. ``finalize()`` (optional) on :meth:`close`; its errors are logged, not raised.
+
+Where it runs, set by ``parameters.isolation`` in the model's config:
+
+- ``in_process`` (default): in the server's process, on the caller's thread; tensors are
+  handed over as they are (no copies). One lock serialises ``execute`` per session.
+- ``process``: one worker process per session (instance), started with ``spawn``; tensors
+  cross through shared memory, BLS calls come back to the server over the pipe. See
+  :mod:`frameserve.backends._python_worker`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import importlib.util
+import inspect
+import itertools
+import json
+import logging
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from frameserve import pb_utils
+from frameserve.backends.base import BackendContext, Session
+from frameserve.errors import InferenceError, ModelConfigError, TensorError
+from frameserve.repository import ModelConfig
+from frameserve.types import DataType, TensorSpec
+
+__all__ = ["ISOLATION_MODES", "ISOLATION_PARAMETER", "PythonSession", "load_python_session"]
+
+ISOLATION_PARAMETER = "isolation"
+"""Config ``parameters`` key choosing where a Python model runs."""
+
+ISOLATION_MODES = ("in_process", "process")
+"""Values of ``parameters.isolation``: ``in_process`` (default) or ``process``."""
+
+_log = logging.getLogger(__name__)
+_module_ids = itertools.count()
+_install_lock = threading.Lock()
+_install_count = 0
+_install_previous: ModuleType | None = None
+_syspath_lock = threading.Lock()
+
+
+# -- requests ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestData:
+    """One request as the backend hands it to a model.
+
+    Attributes:
+        inputs: input name -> array (batch dim first when the model batches).
+        outputs: the output names asked for; ``None`` = every configured output.
+        parameters: request parameters (str/int/bool values).
+        request_id: the request's id (``""`` if none).
+    """
+
+    inputs: Mapping[str, np.ndarray[Any, Any]]
+    outputs: tuple[str, ...] | None = None
+    parameters: Mapping[str, Any] | None = None
+    request_id: str = ""
+
+
+def normalize_request(request: Any) -> RequestData:
+    """Accept a plain ``{name: array}`` mapping, or any object with ``.inputs`` (and
+    optionally ``.outputs``, ``.parameters``, ``.request_id``), as the scheduler passes."""
+    if isinstance(request, RequestData):
+        return request
+    if isinstance(request, Mapping):
+        return RequestData(inputs=request)
+    inputs = getattr(request, "inputs", None)
+    if not isinstance(inputs, Mapping):
+        raise TensorError(f"a request needs .inputs (name -> array); got {type(request).__name__}")
+    outputs = getattr(request, "outputs", None)
+    return RequestData(
+        inputs=inputs,
+        outputs=None if outputs is None else tuple(outputs),
+        parameters=dict(getattr(request, "parameters", None) or {}),
+        request_id=str(getattr(request, "request_id", "") or ""),
+    )
+
+
+# -- loading model.py ----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def pb_utils_installed() -> Iterator[None]:
+    """While inside (re-entrant, thread-safe), ``sys.modules["triton_python_backend_utils"]``
+    is :mod:`frameserve.pb_utils`; what was there before comes back when the last user leaves."""
+    global _install_count, _install_previous
+    with _install_lock:
+        if _install_count == 0:
+            _install_previous = sys.modules.get(pb_utils.MODULE_ALIAS)
+            sys.modules[pb_utils.MODULE_ALIAS] = pb_utils
+        _install_count += 1
+    try:
+        yield
+    finally:
+        with _install_lock:
+            _install_count -= 1
+            if _install_count == 0:
+                if _install_previous is None:
+                    sys.modules.pop(pb_utils.MODULE_ALIAS, None)
+                else:
+                    sys.modules[pb_utils.MODULE_ALIAS] = _install_previous
+                _install_previous = None
+
+
+def import_model_module(model_file: Path, model_name: str) -> ModuleType:
+    """Import ``model_file`` under a unique module name, its folder on ``sys.path`` only while
+    it imports.
+
+    Raises:
+        ModelConfigError: the file cannot be imported (the message carries the exception).
+    """
+    safe = re.sub(r"\W", "_", model_name)
+    module_name = f"_frameserve_python_model_{safe}_{next(_module_ids)}"
+    spec = importlib.util.spec_from_file_location(module_name, model_file)
+    if spec is None or spec.loader is None:
+        raise ModelConfigError(f"model {model_name!r}: cannot import {model_file}")
+    module = importlib.util.module_from_spec(spec)
+    folder = str(model_file.parent)
+    sys.modules[module_name] = module
+    with _syspath_lock:
+        sys.path.insert(0, folder)
+        try:
+            with pb_utils_installed():
+                spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(module_name, None)
+            raise ModelConfigError(
+                f"model {model_name!r}: importing {model_file} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
+    return module
+
+
+def _run_coroutine(coro: Any) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    # This thread already runs an event loop: run the model's coroutine on a helper thread.
+    ctx = contextvars.copy_context()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(ctx.run, asyncio.run, coro).result()
+
+
+class BatchFailure(Exception):
+    """``execute`` failed as a whole (it raised, or returned the wrong responses)."""
+
+
+class ModelHost:
+    """Holds one ``TritonPythonModel`` instance and calls its hooks (in the server process,
+    or inside a worker process).
+
+    Args:
+        model_file: the ``model.py``.
+        model_name: the model's name (for messages).
+        infer: where BLS calls go (``None``: they fail with a clear error).
+
+    Raises:
+        ModelConfigError: import failed, or no ``TritonPythonModel`` class with ``execute``.
+    """
+
+    def __init__(
+        self, model_file: Path, model_name: str, infer: Callable[..., dict[str, np.ndarray[Any, Any]]] | None
+    ) -> None:
+        self.model_file = model_file
+        self.model_name = model_name
+        self.infer = infer
+        self.module = import_model_module(model_file, model_name)
+        cls = getattr(self.module, "TritonPythonModel", None)
+        if not inspect.isclass(cls) or not callable(getattr(cls, "execute", None)):
+            raise ModelConfigError(
+                f"model {model_name!r}: {model_file} must define a class TritonPythonModel with an execute method"
+            )
+        self.cls = cls
+        self.instance: Any = None
+
+    @contextlib.contextmanager
+    def _bound(self) -> Iterator[None]:
+        with pb_utils_installed(), pb_utils.bound(self.infer, self.model_file.parent):
+            yield
+
+    def auto_complete(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Run the optional static ``auto_complete_config`` on Triton's JSON form of the config.
+
+        Raises:
+            ModelConfigError: the hook raised or did not return the config object.
+        """
+        hook = getattr(self.cls, "auto_complete_config", None)
+        if hook is None:
+            return dict(config)
+        wrapper = pb_utils.ModelConfig(config)
+        try:
+            with self._bound():
+                result = hook(wrapper)
+        except Exception as exc:
+            raise ModelConfigError(
+                f"model {self.model_name!r}: auto_complete_config failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if not isinstance(result, pb_utils.ModelConfig):
+            raise ModelConfigError(
+                f"model {self.model_name!r}: auto_complete_config must return the pb_utils.ModelConfig "
+                f"it was given, got {type(result).__name__}"
+            )
+        return result.as_dict()
+
+    def initialize(self, args: Mapping[str, str]) -> None:
+        """Create the model object and call its optional ``initialize(args)``.
+
+        Raises:
+            ModelConfigError: the constructor or ``initialize`` raised.
+        """
+        try:
+            with self._bound():
+                self.instance = self.cls()
+                init = getattr(self.instance, "initialize", None)
+                if init is not None:
+                    init(dict(args))
+        except Exception as exc:
+            raise ModelConfigError(
+                f"model {self.model_name!r}: initialize failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def execute(
+        self, requests: Sequence[RequestData], output_names: Sequence[str]
+    ) -> list[dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError]:
+        """Call ``execute`` with one ``pb_utils.InferenceRequest`` per request.
+
+        Returns:
+            per request, its output arrays by name (as the model gave them) or its TritonError.
+
+        Raises:
+            BatchFailure: ``execute`` raised, or did not return one InferenceResponse per request.
+        """
+        pb_requests = [
+            pb_utils.InferenceRequest(
+                model_name=self.model_name,
+                inputs=[pb_utils.Tensor(n, a) for n, a in r.inputs.items()],
+                requested_output_names=list(r.outputs) if r.outputs is not None else list(output_names),
+                request_id=r.request_id,
+                parameters=dict(r.parameters or {}),
+            )
+            for r in requests
+        ]
+        try:
+            with self._bound():
+                responses = self.instance.execute(pb_requests)
+                if inspect.isawaitable(responses):
+                    responses = _run_coroutine(responses)
+        except Exception as exc:
+            raise BatchFailure(f"execute raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(responses, (list, tuple)) or len(responses) != len(pb_requests):
+            got = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) else repr(type(responses).__name__)
+            raise BatchFailure(f"execute must return one InferenceResponse per request ({len(pb_requests)}), got {got}")
+        out: list[dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError] = []
+        for i, resp in enumerate(responses):
+            if not isinstance(resp, pb_utils.InferenceResponse):
+                raise BatchFailure(f"execute returned {type(resp).__name__} for request {i}, not an InferenceResponse")
+            err = resp.error()
+            if err is not None:
+                out.append(err)
+            else:
+                out.append({t.name(): t.as_numpy() for t in resp.output_tensors()})
+        return out
+
+    def finalize(self) -> None:
+        """Call the optional ``finalize()``; errors are logged, not raised. Drops the module."""
+        try:
+            fin = getattr(self.instance, "finalize", None)
+            if fin is not None:
+                with self._bound():
+                    fin()
+        except Exception:
+            _log.exception("model %r: finalize failed", self.model_name)
+        finally:
+            self.instance = None
+            sys.modules.pop(self.module.__name__, None)
+
+
+# -- config --------------------------------------------------------------------------------
+
+
+def isolation_of(config: ModelConfig) -> str:
+    """``parameters.isolation`` of ``config`` (``in_process`` when absent).
+
+    Raises:
+        ModelConfigError: an unknown value (lists the accepted ones).
+    """
+    value = config.parameters.get(ISOLATION_PARAMETER, "in_process")
+    if value not in ISOLATION_MODES:
+        raise ModelConfigError(
+            f"model {config.name!r}: parameters.{ISOLATION_PARAMETER} is {value!r}; accepted: "
+            f"{', '.join(ISOLATION_MODES)}"
+        )
+    return value
+
+
+def _specs(items: Any, kind: str, where: str) -> tuple[TensorSpec, ...]:
+    out = []
+    for item in items or ():
+        if item.get("reshape") or item.get("is_shape_tensor"):
+            raise ModelConfigError(f"{where}: {kind} {item.get('name')!r}: reshape and shape tensors are not supported")
+        fmt = str(item.get("format") or "FORMAT_NONE").removeprefix("FORMAT_")
+        try:
+            out.append(
+                TensorSpec(
+                    str(item["name"]),
+                    DataType.parse(item["data_type"]),
+                    tuple(int(d) for d in item["dims"]),
+                    None if fmt == "NONE" else fmt,
+                )
+            )
+        except (KeyError, TensorError, TypeError, ValueError) as exc:
+            raise ModelConfigError(f"{where}: {kind} {item!r} is invalid: {exc}") from None
+    return tuple(out)
+
+
+def complete_python_config(config: ModelConfig, completed: Mapping[str, Any]) -> ModelConfig:
+    """Merge what ``auto_complete_config`` returned (Triton's JSON form) into ``config``.
+
+    Raises:
+        ModelConfigError: no inputs or no outputs declared, a bad tensor entry, or a decoupled
+            transaction policy (not supported).
+    """
+    where = f"model {config.name!r}"
+    policy = completed.get("model_transaction_policy") or {}
+    if policy.get("decoupled"):
+        raise ModelConfigError(f"{where}: decoupled models (model_transaction_policy.decoupled) are not supported")
+    inputs = _specs(completed.get("input"), "input", where)
+    outputs = _specs(completed.get("output"), "output", where)
+    if not inputs or not outputs:
+        raise ModelConfigError(
+            f"{where}: a Python model must declare its inputs and outputs (input/output in "
+            f"config.pbtxt or config.yaml, or add_input/add_output in auto_complete_config); "
+            f"declared inputs: {[s.name for s in inputs]}, outputs: {[s.name for s in outputs]}"
+        )
+    mbs = completed.get("max_batch_size")
+    batching = config.dynamic_batching
+    if batching is None and completed.get("dynamic_batching") is not None:
+        batching = dict(completed["dynamic_batching"])
+    return replace(
+        config,
+        inputs=inputs,
+        outputs=outputs,
+        max_batch_size=int(mbs) if mbs is not None else int(config.max_batch_size or 0),
+        dynamic_batching=batching,
+    )
+
+
+def initialize_args(config: ModelConfig, model_file: Path, context: BackendContext) -> dict[str, str]:
+    """The ``args`` Triton passes to ``initialize`` (all values strings)."""
+    folder = model_file.parent
+    version = context.model_version
+    if version is None:
+        version = int(folder.name) if folder.name.isdigit() else 1
+    repo = context.model_repository or folder.parent
+    return {
+        "model_config": json.dumps(config.to_dict()),
+        "model_instance_kind": "GPU" if context.device.lower() == "gpu" else "CPU",
+        "model_instance_name": context.instance_name or f"{config.name}_0",
+        "model_instance_device_id": "0",
+        "model_repository": str(repo),
+        "model_version": str(version),
+        "model_name": config.name,
+    }
+
+
+def finish_results(
+    config: ModelConfig,
+    requests: Sequence[RequestData],
+    raw: Sequence[dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError],
+) -> list[dict[str, np.ndarray[Any, Any]] | Exception]:
+    """Per request: its outputs (only those asked for), checked against the config, or the
+    frameserve error for a response error / a missing, unknown or mistyped output."""
+    where = f"model {config.name!r}"
+    specs = {s.name: s for s in config.outputs}
+    results: list[dict[str, np.ndarray[Any, Any]] | Exception] = []
+    for req, item in zip(requests, raw, strict=True):
+        if isinstance(item, pb_utils.TritonError):
+            results.append(pb_utils.to_frameserve_error(item, where))
+            continue
+        wanted = list(req.outputs) if req.outputs is not None else [n for n in specs if n in item]
+        problem = _check_outputs(item, wanted, specs)
+        if problem:
+            results.append(InferenceError(f"{where}: {problem}"))
+        else:
+            results.append({n: item[n] for n in wanted})
+    return results
+
+
+def _check_outputs(
+    item: Mapping[str, np.ndarray[Any, Any]], wanted: Sequence[str], specs: Mapping[str, TensorSpec]
+) -> str | None:
+    unknown = [n for n in item if n not in specs]
+    if unknown:
+        return f"execute returned outputs {unknown} that the config does not declare; declared: {list(specs)}"
+    missing = [n for n in wanted if n not in item]
+    if missing:
+        return f"execute returned no output {missing} (returned {list(item)})"
+    for name in wanted:
+        array = item[name]
+        if not isinstance(array, np.ndarray):
+            return f"output {name!r} is a {type(array).__name__}, not a numpy array"
+        try:
+            got = DataType.from_numpy(array.dtype)
+        except TensorError as exc:
+            return f"output {name!r}: {exc}"
+        if got is not specs[name].datatype:
+            return f"output {name!r} has datatype {got.value}, the config declares {specs[name].datatype.value}"
+    return None
+
+
+# -- the in-process session ----------------------------------------------------------------
+
+
+class PythonSession:
+    """A ``TritonPythonModel`` run in the server's process (see :class:`frameserve.backends.Session`).
+
+    Args:
+        config: the model's config; inputs and outputs come from it or from the model's
+            ``auto_complete_config``.
+        model_file: the ``model.py``.
+        threads: recorded in ``info`` (the model runs on the caller's thread).
+        context: BLS ``infer``, version, instance name (see :class:`BackendContext`).
+
+    Besides ``run(inputs)`` (one request), :meth:`run_requests` takes a list of requests
+    un-concatenated and answers each on its own, as Triton's ``execute`` does.
+
+    Raises:
+        ModelConfigError: ``model.py`` does not import, has no ``TritonPythonModel``, its
+            hooks fail, or inputs/outputs are not declared.
+    """
+
+    def __init__(self, config: ModelConfig, model_file: Path, *, threads: int, context: BackendContext) -> None:
+        self._lock = threading.Lock()
+        self._host = ModelHost(model_file, config.name, context.infer)
+        completed = self._host.auto_complete(config.to_dict())
+        self.config: ModelConfig = complete_python_config(config, completed)
+        self.inputs: tuple[TensorSpec, ...] = self.config.inputs
+        self.outputs: tuple[TensorSpec, ...] = self.config.outputs
+        self.max_batch_size: int = int(self.config.max_batch_size or 0)
+        args = initialize_args(self.config, model_file, context)
+        self._host.initialize(args)
+        self._closed = False
+        self.info: dict[str, Any] = {
+            "backend": "python",
+            "isolation": "in_process",
+            "precision": self.config.precision,
+            "threads": threads,
+            "device": "CPU",
+            "performance_hint": None,
+            "instance_name": args["model_instance_name"],
+            "model_path": str(model_file),
+        }
+
+    def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+        """Run one request (``execute`` with a list of one).
+
+        Raises:
+            InferenceError: ``execute`` failed, or its response carries an error (a
+                ``TritonError`` with code INVALID_ARG gives InvalidInputError, NOT_FOUND
+                NotFoundError, UNAVAILABLE ModelNotReadyError).
+        """
+        (result,) = self.run_requests([RequestData(inputs=inputs)])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def run_requests(self, requests: Sequence[Any]) -> list[dict[str, np.ndarray[Any, Any]] | Exception]:
+        """Run several requests in one ``execute`` call.
+
+        Args:
+            requests: plain ``{name: array}`` mappings, or objects with ``.inputs``,
+                ``.outputs`` (names or ``None``), ``.parameters``, ``.request_id``.
+
+        Returns:
+            per request, in order: its outputs (those asked for; all declared ones the model
+            returned when ``None``), or the error that failed only that request.
+
+        Raises:
+            InferenceError: ``execute`` raised or returned the wrong responses (the whole batch fails).
+        """
+        reqs = [normalize_request(r) for r in requests]
+        if self._closed:
+            raise InferenceError(f"model {self.config.name!r}: the session is closed")
+        with self._lock:
+            try:
+                raw = self._host.execute(reqs, [s.name for s in self.outputs])
+            except BatchFailure as exc:
+                raise InferenceError(f"model {self.config.name!r}: {exc}") from exc.__cause__
+        return finish_results(self.config, reqs, raw)
+
+    def close(self) -> None:
+        """Call the model's ``finalize()`` once (errors are logged)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._host.finalize()
+
+    def __repr__(self) -> str:
+        return f"PythonSession({self.config.name!r}, isolation='in_process')"
+
+
+def load_python_session(
+    config: ModelConfig, model_file: Path, *, threads: int, context: BackendContext | None
+) -> Session:
+    """Open a ``python`` backend session, in process or in a worker process by
+    ``parameters.isolation``.
+
+    Raises:
+        ModelConfigError: not a ``.py`` file, a bad isolation value, or the model fails to load
+            (see :class:`PythonSession`).
+    """
+    if model_file.suffix != ".py":
+        raise ModelConfigError(
+            f"model {config.name!r}: backend 'python' runs a model.py with a TritonPythonModel class; got {model_file}"
+        )
+    context = context or BackendContext()
+    if isolation_of(config) == "process":
+        from frameserve.backends._python_worker import PythonProcessSession
+
+        return PythonProcessSession(config, model_file, threads=threads, context=context)
+    return PythonSession(config, model_file, threads=threads, context=context)
+

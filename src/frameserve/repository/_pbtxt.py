@@ -1,0 +1,182 @@
+"""Read Triton's ``config.pbtxt`` (protobuf text format of ``inference.ModelConfig``) into the
+mapping config.yaml holds, so a Triton model folder loads as if it had config.yaml.
+
+The text is parsed with ``google.protobuf.text_format`` against frameserve's copy of Triton's
+``model_config.proto`` (:mod:`frameserve._proto.model_config_pb2`), turned into a dict with
+``json_format.MessageToDict`` and then mapped field by field:
+
+- kept as they are: ``name``, ``platform``, ``backend``, ``max_batch_size``, ``input``
+  (``name``, ``data_type``, ``format``, ``dims``), ``output`` (``name``, ``data_type``,
+  ``dims``), ``version_policy``, ``instance_group`` (``name``, ``kind``, ``count``, ``gpus``),
+  ``dynamic_batching``, ``parameters``, ``default_model_filename``. 64-bit integers, which
+  protobuf's JSON form writes as strings, become ints; an instance group without ``count``
+  gets Triton's 1, without ``kind`` Triton's ``KIND_AUTO``.
+- refused with :class:`~frameserve.errors.ModelConfigError` (they change what a model
+  computes or how requests are grouped, and frameserve does not do them): ``sequence_batching``,
+  ``ensemble_scheduling``, ``batch_input``, ``batch_output``, a decoupled
+  ``model_transaction_policy``, ``reshape``, shape tensors and ragged batching of a tensor.
+- dropped, with a log line at INFO level naming them (:func:`pbtxt_to_dict` also returns
+  them): tuning and bookkeeping frameserve does not use, which change no result:
+  ``optimization``, ``model_warmup``, ``response_cache``, ``metric_tags``,
+  ``cc_model_filenames``, ``model_repository_agents``, ``model_operations``, ``runtime``,
+  ``model_metrics``, a non-decoupled ``model_transaction_policy``, an input's ``optional``
+  flag (frameserve asks for every input), an output's ``label_filename``, and an instance
+  group's ``rate_limiter``, ``profile``, ``passive``, ``host_policy``, ``secondary_devices``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from frameserve.errors import ModelConfigError
+
+__all__ = ["pbtxt_to_dict", "read_pbtxt"]
+
+_log = logging.getLogger(__name__)
+
+_REFUSED = ("sequence_batching", "ensemble_scheduling", "batch_input", "batch_output")
+_DROPPED = (
+    "optimization",
+    "model_warmup",
+    "response_cache",
+    "metric_tags",
+    "cc_model_filenames",
+    "model_repository_agents",
+    "model_operations",
+    "runtime",
+    "model_metrics",
+)
+_GROUP_DROPPED = ("rate_limiter", "profile", "passive", "host_policy", "secondary_devices")
+_QUEUE_INTS = ("default_timeout_microseconds", "max_queue_size")
+
+
+def _int(value: Any) -> int:
+    return int(value)
+
+
+def _queue_policy(policy: dict[str, Any]) -> dict[str, Any]:
+    out = dict(policy)
+    for key in _QUEUE_INTS:
+        if key in out:
+            out[key] = _int(out[key])
+    return out
+
+
+def _tensors(items: list[dict[str, Any]], kind: str, source: str, dropped: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for i, item in enumerate(items):
+        where = f"{source}: {kind}[{i}] ({item.get('name', '?')!r})"
+        for key in ("reshape", "is_shape_tensor", "allow_ragged_batch"):
+            if item.get(key):
+                raise ModelConfigError(f"{where}: {key} is not supported by frameserve")
+        entry: dict[str, Any] = {"name": item.get("name", ""), "data_type": item.get("data_type", "TYPE_INVALID")}
+        if entry["data_type"] == "TYPE_INVALID":
+            raise ModelConfigError(f"{where}: data_type is missing (TYPE_FP32, TYPE_STRING, ...)")
+        if kind == "input" and "format" in item:
+            entry["format"] = item["format"]
+        entry["dims"] = [_int(d) for d in item.get("dims", [])]
+        for key in ("optional", "label_filename"):
+            if key in item:
+                dropped.append(f"{kind}[{i}].{key}")
+        out.append(entry)
+    return out
+
+
+def pbtxt_to_dict(text: str, *, source: str = "config.pbtxt") -> tuple[dict[str, Any], list[str]]:
+    """Parse config.pbtxt text into config.yaml's mapping.
+
+    Args:
+        text: the file's text.
+        source: what messages name (the file's path).
+
+    Returns:
+        ``(mapping, dropped)``: the mapping :func:`frameserve.repository.parse_config` takes, and
+        the dotted names of the fields that were dropped (see the module docstring).
+
+    Raises:
+        ModelConfigError: a syntax error or unknown field (``<source>:<line>:<column>: ...``), or
+            a field frameserve refuses.
+    """
+    from google.protobuf import json_format, text_format
+
+    from frameserve._proto import model_config_pb2
+
+    message = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, message)
+    except text_format.ParseError as exc:
+        line, column = exc.GetLine(), exc.GetColumn()
+        detail = str(exc)
+        prefix = f"{line}:{column} : "
+        if detail.startswith(prefix):
+            detail = detail[len(prefix) :]
+        raise ModelConfigError(f"{source}:{line}:{column}: not a valid Triton config.pbtxt: {detail}") from None
+    raw: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    for key in _REFUSED:
+        if key in raw:
+            raise ModelConfigError(f"{source}: {key} is not supported by frameserve")
+    dropped: list[str] = [key for key in _DROPPED if key in raw]
+    policy = raw.get("model_transaction_policy")
+    if policy is not None:
+        if policy.get("decoupled"):
+            raise ModelConfigError(f"{source}: decoupled models (model_transaction_policy) are not supported by frameserve")
+        dropped.append("model_transaction_policy")
+
+    out: dict[str, Any] = {}
+    for key in ("name", "platform", "backend", "default_model_filename"):
+        if raw.get(key):
+            out[key] = raw[key]
+    if "max_batch_size" in raw:
+        out["max_batch_size"] = _int(raw["max_batch_size"])
+    if "input" in raw:
+        out["input"] = _tensors(raw["input"], "input", source, dropped)
+    if "output" in raw:
+        out["output"] = _tensors(raw["output"], "output", source, dropped)
+    if "version_policy" in raw:
+        vp = dict(raw["version_policy"])
+        if "specific" in vp:
+            vp["specific"] = {"versions": [_int(v) for v in vp["specific"].get("versions", [])]}
+        out["version_policy"] = vp
+    if "instance_group" in raw:
+        groups = []
+        for i, group in enumerate(raw["instance_group"]):
+            entry = {"count": _int(group.get("count", 1)) or 1, "kind": group.get("kind", "KIND_AUTO")}
+            if group.get("name"):
+                entry["name"] = group["name"]
+            if group.get("gpus"):
+                entry["gpus"] = [_int(g) for g in group["gpus"]]
+            dropped += [f"instance_group[{i}].{k}" for k in _GROUP_DROPPED if k in group]
+            groups.append(entry)
+        out["instance_group"] = groups
+    if "dynamic_batching" in raw:
+        db = dict(raw["dynamic_batching"])
+        for key in ("max_queue_delay_microseconds", "priority_levels", "default_priority_level"):
+            if key in db:
+                db[key] = _int(db[key])
+        if "default_queue_policy" in db:
+            db["default_queue_policy"] = _queue_policy(db["default_queue_policy"])
+        if "priority_queue_policy" in db:
+            db["priority_queue_policy"] = {str(k): _queue_policy(v) for k, v in db["priority_queue_policy"].items()}
+        out["dynamic_batching"] = db
+    if "parameters" in raw:
+        out["parameters"] = {k: {"string_value": str(v.get("string_value", ""))} for k, v in raw["parameters"].items()}
+    return out, dropped
+
+
+def read_pbtxt(path: Path) -> dict[str, Any]:
+    """Read a config.pbtxt file into config.yaml's mapping (see :func:`pbtxt_to_dict`); dropped
+    fields are logged at INFO level.
+
+    Raises:
+        ModelConfigError: unreadable file, syntax error (file:line:column), or a refused field.
+    """
+    try:
+        text = path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(f"{path}: cannot read: {exc}") from None
+    data, dropped = pbtxt_to_dict(text, source=str(path))
+    if dropped:
+        _log.info("%s: fields frameserve does not use were ignored: %s", path, ", ".join(dropped))
+    return data

@@ -1,0 +1,168 @@
+"""Triton's config.pbtxt read into the same ModelConfig as the equivalent config.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from frameserve.errors import ModelConfigError
+from frameserve.repository import InstanceGroup, ModelRepository, parse_config
+from frameserve.repository._pbtxt import pbtxt_to_dict, read_pbtxt
+from frameserve.types import DataType, TensorSpec
+
+TRITON_REPO = Path(__file__).resolve().parents[1] / "data" / "triton_repo"
+
+ADD_SUB_YAML = """
+name: add_sub
+backend: python
+input:
+  - {name: INPUT0, data_type: TYPE_FP32, dims: [4]}
+  - {name: INPUT1, data_type: TYPE_FP32, dims: [4]}
+output:
+  - {name: OUTPUT0, data_type: TYPE_FP32, dims: [4]}
+  - {name: OUTPUT1, data_type: TYPE_FP32, dims: [4]}
+instance_group: [{kind: KIND_CPU, count: 1}]
+"""
+
+FULL = """
+name: "det"
+platform: "onnxruntime_onnx"
+max_batch_size: 16
+version_policy: { specific: { versions: [ 1, 3 ] } }
+input [
+  { name: "images" data_type: TYPE_FP32 format: FORMAT_NCHW dims: [ 3, -1, -1 ] }
+]
+output [
+  { name: "scores" data_type: TYPE_FP16 dims: [ 100 ] label_filename: "labels.txt" }
+]
+instance_group [ { count: 2 kind: KIND_CPU }, { name: "g" } ]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 500
+  preserve_ordering: true
+  priority_levels: 2
+  default_priority_level: 2
+  default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 100000 allow_timeout_override: true max_queue_size: 32 }
+  priority_queue_policy { key: 1 value: { max_queue_size: 4 } }
+}
+parameters { key: "ort_allow_spinning" value: { string_value: "0" } }
+parameters { key: "precision" value: { string_value: "fp16" } }
+default_model_filename: "det.onnx"
+optimization { execution_accelerators { cpu_execution_accelerator: [ { name: "openvino" } ] } }
+model_warmup [ { name: "w" batch_size: 1 inputs { key: "images" value: { data_type: TYPE_FP32 dims: [ 3, 8, 8 ] zero_data: true } } } ]
+"""
+
+
+def test_add_sub_pbtxt_equals_its_yaml_form(tmp_path: Path) -> None:
+    path = TRITON_REPO / "add_sub" / "config.pbtxt"
+    from_pbtxt = parse_config(read_pbtxt(path), default_name="add_sub", source=str(path))
+    from_yaml = parse_config(yaml.safe_load(ADD_SUB_YAML), default_name="add_sub")
+    assert from_pbtxt == from_yaml
+    assert from_pbtxt.backend == "python"
+    assert from_pbtxt.inputs == (
+        TensorSpec("INPUT0", DataType.FP32, (4,)),
+        TensorSpec("INPUT1", DataType.FP32, (4,)),
+    )
+    assert [s.name for s in from_pbtxt.outputs] == ["OUTPUT0", "OUTPUT1"]
+    assert from_pbtxt.max_batch_size is None  # not given: Triton's 0 for a Python model, completed at load
+    assert from_pbtxt.instance_group == (InstanceGroup(count=1, kind="KIND_CPU"),)
+
+
+def test_every_used_field_is_read_with_ints_and_defaults() -> None:
+    data, dropped = pbtxt_to_dict(FULL, source="det/config.pbtxt")
+    cfg = parse_config(data, default_name="det")
+    assert cfg.backend == "onnxruntime" and cfg.platform == "onnxruntime_onnx"
+    assert cfg.max_batch_size == 16
+    assert cfg.version_policy.to_dict() == {"specific": {"versions": [1, 3]}}
+    assert cfg.inputs == (TensorSpec("images", DataType.FP32, (3, -1, -1), "NCHW"),)
+    assert cfg.outputs == (TensorSpec("scores", DataType.FP16, (100,)),)
+    assert cfg.instance_group == (
+        InstanceGroup(count=2, kind="KIND_CPU"),
+        InstanceGroup(count=1, kind="KIND_AUTO", name="g"),
+    )
+    assert cfg.dynamic_batching == {
+        "preferred_batch_size": [4, 8],
+        "max_queue_delay_microseconds": 500,
+        "preserve_ordering": True,
+        "priority_levels": 2,
+        "default_priority_level": 2,
+        "default_queue_policy": {
+            "timeout_action": "DELAY",
+            "default_timeout_microseconds": 100000,
+            "allow_timeout_override": True,
+            "max_queue_size": 32,
+        },
+        "priority_queue_policy": {"1": {"max_queue_size": 4}},
+    }
+    assert cfg.precision == "fp16"
+    assert cfg.parameters == {"ort_allow_spinning": "0"}
+    assert cfg.default_model_filename == "det.onnx"
+    assert sorted(dropped) == ["model_warmup", "optimization", "output[0].label_filename"]
+
+
+def test_empty_dynamic_batching_turns_it_on() -> None:
+    data, _ = pbtxt_to_dict('backend: "python"\ndynamic_batching { }\n')
+    assert parse_config(data, default_name="m").dynamic_batching == {}
+    data, _ = pbtxt_to_dict('backend: "python"\n')
+    assert parse_config(data, default_name="m").dynamic_batching is None
+
+
+def test_syntax_error_names_file_line_and_column() -> None:
+    text = 'name: "m"\nmax_batch_size: 4\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 4 } ]\n'
+    with pytest.raises(ModelConfigError) as info:
+        pbtxt_to_dict(text, source="models/m/config.pbtxt")
+    message = str(info.value)
+    assert message.startswith("models/m/config.pbtxt:3:")
+    column = int(message.split(":")[2])
+    assert text.splitlines()[2][column - 1] == "}"
+
+
+def test_unknown_field_and_bad_enum_name_line_and_column() -> None:
+    with pytest.raises(ModelConfigError, match=r"^c\.pbtxt:2:1: .*max_batch"):
+        pbtxt_to_dict('name: "m"\nmax_batch: 4\n', source="c.pbtxt")
+    with pytest.raises(ModelConfigError, match=r"^c\.pbtxt:1:\d+: .*TYPE_FLOAT"):
+        pbtxt_to_dict('input [ { name: "x" data_type: TYPE_FLOAT dims: [1] } ]', source="c.pbtxt")
+
+
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [
+        ("sequence_batching { }", "sequence_batching"),
+        ('ensemble_scheduling { step [ { model_name: "a" model_version: -1 } ] }', "ensemble_scheduling"),
+        ("model_transaction_policy { decoupled: true }", "decoupled"),
+        ('input [ { name: "x" data_type: TYPE_FP32 dims: [4] reshape: { shape: [2, 2] } } ]', "reshape"),
+        ('input [ { name: "x" dims: [4] } ]', "data_type"),
+    ],
+)
+def test_fields_that_would_change_results_are_refused(text: str, what: str) -> None:
+    with pytest.raises(ModelConfigError, match=what):
+        pbtxt_to_dict(text)
+
+
+def test_repository_reads_pbtxt_when_there_is_no_yaml(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text("class TritonPythonModel:\n    def execute(self, r):\n        return []\n")
+    (folder / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 2\n')
+    repo = ModelRepository(tmp_path)
+    cfg = repo.config("m")
+    assert cfg.name == "m" and cfg.backend == "python" and cfg.max_batch_size == 2
+    (folder / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: two\n')
+    with pytest.raises(ModelConfigError, match=r"config\.pbtxt:2:\d+"):
+        repo.config("m")
+    (folder / "config.pbtxt").write_text('name: "other"\nbackend: "python"\n')
+    with pytest.raises(ModelConfigError, match=r"config\.pbtxt.*differs"):
+        repo.config("m")
+    (folder / "config.yaml").write_text("max_batch_size: 3\n")  # config.yaml wins when both exist
+    assert repo.config("m").max_batch_size == 3
+
+
+def test_triton_repo_configs_all_parse() -> None:
+    repo = ModelRepository(TRITON_REPO)
+    assert {"add_sub", "bls", "bls_async", "checked_sqrt", "auto_complete"} <= set(repo.models())
+    bls = repo.config("bls")
+    assert bls.input("MODEL_NAME").datatype is DataType.BYTES
+    sqrt = repo.config("checked_sqrt")
+    assert sqrt.max_batch_size == 8 and sqrt.dynamic_batching == {"max_queue_delay_microseconds": 100}
