@@ -91,6 +91,14 @@ def make_video(
     colorspace: str | None = None,
     color_range: str | None = None,
     fill: tuple[int, int, int] = (128, 128, 128),
+    pix_fmt: str = "yuv420p",
+    options: dict[str, str] | None = None,
+    color_trc: int | None = None,
+    color_primaries: int | None = None,
+    container_options: dict[str, str] | None = None,
+    audio_s: float | None = None,
+    noise: bool = False,
+    first_index: int = 0,
 ) -> MadeVideo:
     """Encode ``n_frames`` bar-coded frames to ``path`` with PyAV.
 
@@ -112,6 +120,15 @@ def make_video(
         colorspace: ``"bt709"`` etc. to tag the stream's matrix (``None``: untagged).
         color_range: ``"tv"`` or ``"pc"`` to tag the range (``None``: untagged).
         fill: RGB colour of the bottom half (for colour-conversion checks).
+        pix_fmt: the encoder's pixel format (``"yuv420p10le"``, ``"yuv444p"``...).
+        options: extra encoder options (merged over the defaults above).
+        color_trc, color_primaries: AVColorTransferCharacteristic / AVColorPrimaries values to tag
+            (16 = smpte2084 (PQ), 18 = arib-std-b67 (HLG); 9 = bt2020 primaries).
+        container_options: muxer options, e.g. ``{"movflags": "+faststart"}`` (moov first).
+        audio_s: seconds of silent AAC audio (default: as long as the video when ``audio``).
+        noise: fill the bottom half with seeded random noise instead of ``fill`` (hard on chroma
+            interpolation, for bit-exact colour checks).
+        first_index: the index drawn on the first frame (frame ``k`` shows ``first_index + k``).
     """
     path = Path(path)
     width, height = size
@@ -121,11 +138,11 @@ def make_video(
     if vfr_pts is None and time_base is not None:
         pts = [int(k / fps / tb) for k in range(n_frames)]
     assert len(pts) == n_frames
-    with av.open(str(path), "w") as out:
+    with av.open(str(path), "w", options=container_options or {}) as out:
         stream = out.add_stream(codec, rate=fps)
         stream.width = width
         stream.height = height
-        stream.pix_fmt = "yuv420p"
+        stream.pix_fmt = pix_fmt
         stream.time_base = tb
         stream.codec_context.time_base = tb
         if gop is not None:
@@ -139,6 +156,12 @@ def make_video(
             stream.codec_context.options = opts
         elif bframes is not None:
             stream.codec_context.max_b_frames = bframes
+        if options:
+            stream.codec_context.options = {**stream.codec_context.options, **options}
+        if color_trc is not None:
+            stream.codec_context.color_trc = color_trc
+        if color_primaries is not None:
+            stream.codec_context.color_primaries = color_primaries
         if colorspace is not None:
             stream.codec_context.colorspace = _SPACES[colorspace]
         if color_range is not None:
@@ -146,21 +169,25 @@ def make_video(
         if rotation or hflip:
             # PyAV's degrees are counter-clockwise; a clockwise display rotation is negative.
             stream.set_display_rotation(-rotation, hflip=hflip)
-        astream = out.add_stream("aac", rate=8000) if audio else None
+        astream = out.add_stream("aac", rate=8000) if audio or audio_s else None
         for i, p in enumerate(pts):
-            frame = av.VideoFrame.from_ndarray(draw_index(i, width, height, fill), format="rgb24")
+            img = draw_index(first_index + i, width, height, fill)
+            if noise:
+                rng = np.random.default_rng(first_index + i)
+                img[height // 2 :] = rng.integers(0, 256, (height - height // 2, width, 3), dtype=np.uint8)
+            frame = av.VideoFrame.from_ndarray(img, format="rgb24")
             kwargs = {}
             if colorspace is not None:
                 kwargs["dst_colorspace"] = _SWS[colorspace]
             if color_range is not None:
                 kwargs["dst_color_range"] = {"tv": 1, "pc": 2}[color_range]
-            frame = frame.reformat(format="yuv420p", **kwargs)
+            frame = frame.reformat(format=pix_fmt, **kwargs)
             frame.pts = p
             frame.time_base = tb
             out.mux(stream.encode(frame))
         out.mux(stream.encode())
         if astream is not None:
-            n_samples = int(8000 * n_frames / fps)
+            n_samples = int(8000 * (audio_s if audio_s else n_frames / fps))
             samples = np.zeros((1, n_samples), dtype=np.float32)
             aframe = av.AudioFrame.from_ndarray(samples, format="fltp", layout="mono")
             aframe.sample_rate = 8000
@@ -184,5 +211,5 @@ def make_audio_only(path: str | Path, seconds: float = 0.5) -> Path:
     return path
 
 
-_SPACES = {"bt709": 1, "bt470bg": 5, "smpte170m": 6}
-_SWS = {"bt709": 1, "bt470bg": 5, "smpte170m": 5}
+_SPACES = {"bt709": 1, "bt470bg": 5, "smpte170m": 6, "bt2020nc": 9}
+_SWS = {"bt709": 1, "bt470bg": 5, "smpte170m": 5, "bt2020nc": 9}

@@ -70,3 +70,67 @@ def test_bad_frames_and_pts_raise_video_error(tmp_path: Path) -> None:
 def test_unknown_codec(tmp_path: Path) -> None:
     with pytest.raises(VideoError, match="no-such-codec"):
         VideoWriter(tmp_path / "x.mp4", 32, 32, codec="no-such-codec")
+
+
+def _streams(path: Path) -> list[tuple[str, str]]:
+    import av
+
+    with av.open(str(path)) as c:
+        return [(s.type, s.codec_context.name) for s in c.streams]
+
+
+def _audio_packet_times(path: Path) -> list[float]:
+    import av
+
+    with av.open(str(path)) as c:
+        a = c.streams.audio[0]
+        return [float(p.pts * a.time_base) for p in c.demux(a) if p.size and p.pts is not None]
+
+
+def test_source_timing_audio_and_rotation_are_kept(tmp_path: Path) -> None:
+    from _videogen import make_video
+
+    pts = [0, 40, 50, 300, 310, 700]  # ms, variable frame rate
+    src_path = make_video(tmp_path / "phone.mp4", len(pts), vfr_pts=pts, time_base=Fraction(1, 1000),
+                          rotation=90, audio_s=1.5).path
+    out = tmp_path / "out.mp4"
+    with VideoSource(src_path) as src:
+        info = src.info
+        frames = list(src)
+    with VideoWriter(out, info.width, info.height, fps=info.fps, time_base=info.time_base, crf=10,
+                     audio_from=src_path) as w:
+        for f in frames:
+            w.write(f.rgb, f.pts_s)
+    assert w.notes == [] and w.audio_packets_written > 0
+    assert _streams(out) == [("video", "h264"), ("audio", "aac")]
+    # audio remuxed packet for packet, same times (no re-encode)
+    assert _audio_packet_times(out) == pytest.approx(_audio_packet_times(src_path), abs=1e-6)
+    with VideoSource(out) as back:
+        assert back.info.rotation_deg == 0 and (back.info.width, back.info.height) == (48, 64)
+        again = list(back)
+    assert [f.pts_s for f in again] == pytest.approx([f.pts_s for f in frames], abs=1e-6)
+    for a, b in zip(frames, again, strict=True):  # upright pixels written as given
+        assert np.median(np.abs(a.rgb.astype(int) - b.rgb.astype(int))) <= 2
+
+
+def test_audio_that_the_container_cannot_hold_is_a_note(tmp_path: Path) -> None:
+    from _videogen import make_audio_only, make_video
+
+    src = make_video(tmp_path / "a.mp4", 2, audio=True).path
+    with VideoWriter(tmp_path / "out.webm", 64, 48, codec="libvpx-vp9", audio_from=src) as w:
+        w.write(draw_index(0, 64, 48), 0.0)
+    assert len(w.notes) == 1 and "webm" in w.notes[0] and "aac" in w.notes[0]
+    assert _streams(tmp_path / "out.webm") == [("video", "vp9")]
+    silent = make_audio_only(tmp_path / "s.m4a")
+    with VideoWriter(tmp_path / "out.mkv", 64, 48, audio_from=silent) as w2:
+        w2.write(draw_index(0, 64, 48), 0.0)
+    assert w2.notes == [] and _streams(tmp_path / "out.mkv") == [("video", "h264"), ("audio", "aac")]
+    novideo_audio = make_video(tmp_path / "mute.mp4", 2).path
+    with VideoWriter(tmp_path / "out2.mp4", 64, 48, audio_from=novideo_audio) as w3:
+        w3.write(draw_index(0, 64, 48), 0.0)
+    assert "no audio stream" in w3.notes[0]
+
+
+def test_audio_from_a_missing_file_is_a_video_error(tmp_path: Path) -> None:
+    with pytest.raises(VideoError, match="not found"):
+        VideoWriter(tmp_path / "out.mp4", 32, 32, audio_from=tmp_path / "nope.mp4")

@@ -122,3 +122,54 @@ def test_selector_is_stateful_per_instance() -> None:
 
 def test_keyframes_selects_everything_offered() -> None:
     assert select_indices(Sampling.parse("keyframes"), [0, 1, 2]) == [0, 1, 2]
+
+
+def test_parse_timestamps() -> None:
+    s = Sampling.parse(" Timestamps: 0.5, 1.25,3 ")
+    assert s == Sampling("timestamps", times=(0.5, 1.25, 3.0))
+    assert Sampling.parse(str(s)) == s
+    assert Sampling.parse("timestamps:-0.2").times == (-0.2,)
+
+
+@pytest.mark.parametrize("text", ["timestamps", "timestamps:", "timestamps:a", "timestamps:1,,2", "timestamps:nan", "timestamps:1,inf"])
+def test_parse_timestamps_rejects(text: str) -> None:
+    with pytest.raises(PipelineSpecError, match='"timestamps:T1,T2,..."'):
+        Sampling.parse(text)
+
+
+@pytest.mark.parametrize("times", [None, (), ("1",), (float("nan"),), (True,)])
+def test_timestamps_needs_finite_times(times) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(PipelineSpecError, match="timestamps"):
+        Sampling("timestamps", times=times)
+    with pytest.raises(PipelineSpecError, match="takes no times"):
+        Sampling("all", times=(1.0,))
+
+
+def test_timestamps_pick_the_frame_displayed_then() -> None:
+    pts = [Fraction(k, 10) for k in range(10)]  # 0.0 .. 0.9
+    s = Sampling.parse("timestamps:0.25,0.3,0.3,-1,5,0.0999")
+    # last frame with pts <= t; before the first frame: the first; returned once, in display order
+    assert select_indices(s, pts) == [0, 2, 3, 9]
+    from frameserve.video import timestamp_targets
+
+    assert timestamp_targets(s, pts) == [2, 3, 3, 0, 9, 0]
+    assert timestamp_targets(s, []) == []
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(
+    steps=st.lists(st.integers(1, 50), min_size=1, max_size=30),
+    times=st.lists(st.integers(-10, 2000), min_size=1, max_size=8),
+)
+def test_timestamp_targets_is_the_last_frame_at_or_before(steps: list[int], times: list[int]) -> None:
+    pts = [Fraction(sum(steps[:k]), 1000) for k in range(len(steps))]  # ms, strictly increasing
+    from frameserve.video import timestamp_targets
+
+    sampling = Sampling("timestamps", times=tuple(t / 1000 for t in times))
+    got = timestamp_targets(sampling, pts)
+    for t, i in zip(times, got, strict=True):
+        at_or_before = [k for k, p in enumerate(pts) if p <= Fraction(t, 1000)]
+        assert i == (at_or_before[-1] if at_or_before else 0)

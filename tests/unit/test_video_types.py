@@ -60,3 +60,24 @@ def test_color_names() -> None:
     assert color_name("range", 2) == "pc"
     assert color_name("trc", 16) == "smpte2084"
     assert color_name("primaries", 99) == "unknown(99)"
+
+
+def test_frame_accepts_sixteen_bit_rgb() -> None:
+    f = Frame(rgb=np.zeros((4, 6, 3), np.uint16), index=0, pts_s=0.0, is_keyframe=True)
+    assert "uint16(4, 6, 3)" in repr(f)
+    with pytest.raises(ValueError, match="uint16"):
+        Frame(rgb=np.zeros((4, 6, 3), np.int16), index=0, pts_s=0.0, is_keyframe=True)
+
+
+def test_stream_info_new_fields_default_and_serialise() -> None:
+    info = StreamInfo(
+        uri="a.mkv", container="matroska,webm", codec="hevc", width=64, height=64,
+        coded_width=64, coded_height=64, rotation_deg=0, fps=25.0, time_base=Fraction(1, 1000),
+        start_s=0.0, duration_s=0.2, frame_count=None, pix_fmt="yuv420p10le", color_space="bt2020nc",
+        color_range="tv", color_primaries="bt2020", color_trc="smpte2084", bit_rate=None, has_audio=False,
+        bit_depth=10, hdr=True,
+    )
+    d = json.loads(json.dumps(info.to_dict()))
+    assert d["bit_depth"] == 10 and d["hdr"] is True
+    old = StreamInfo(**{**info.__dict__, "bit_depth": 8, "hdr": False})
+    assert old.bit_depth == 8 and not old.hdr

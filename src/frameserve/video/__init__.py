@@ -5,8 +5,11 @@ A leaf layer: imports only :mod:`frameserve.errors` and :mod:`frameserve.types`.
 * :class:`VideoSource` opens a file or URI and yields :class:`Frame` objects (uint8 ``(H, W, 3)``
   RGB, upright, with the stream's exact ``pts_s`` and display ``index``) chosen by a
   :class:`Sampling` policy; :class:`StreamInfo` describes the stream; :class:`DecodeStats` says
-  where the time went.
-* :class:`VideoWriter` encodes RGB frames back to a file, keeping their timestamps.
+  where the time went; ``VideoSource.warnings`` reports HDR, size changes and damage.
+* :func:`keyframe_times` lists the key frames (one demux pass, no decoding), where a runner can
+  split a file into segments (``VideoSource(uri, start_s=, end_s=)``).
+* :class:`VideoWriter` encodes RGB frames back to a file, keeping their timestamps, optionally
+  copying the source's audio.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from __future__ import annotations
 from ._frame import DecodeStats, Frame
 from ._info import StreamInfo
 from ._orientation import Orientation, orientation_from_matrix
-from ._sampling import FrameSelector, Sampling, select_indices
+from ._sampling import FrameSelector, Sampling, select_indices, timestamp_targets
+from ._scan import keyframe_times
 from ._source import VideoSource
 from ._writer import VideoWriter
 
@@ -27,6 +31,8 @@ __all__ = [
     "StreamInfo",
     "VideoSource",
     "VideoWriter",
+    "keyframe_times",
     "orientation_from_matrix",
     "select_indices",
+    "timestamp_targets",
 ]

@@ -6,7 +6,10 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
 
-__all__ = ["StreamInfo", "color_name"]
+__all__ = ["HDR_TRANSFERS", "StreamInfo", "color_name"]
+
+HDR_TRANSFERS = {"smpte2084": "PQ (SMPTE ST 2084, HDR10)", "arib-std-b67": "HLG (ARIB STD-B67)"}
+"""FFmpeg's names of the HDR transfer characteristics, with a readable description."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,12 @@ class StreamInfo:
             converted as BT.601 limited range, as FFmpeg does.
         bit_rate: bits per second of the stream (else of the container), ``None`` if unknown.
         has_audio: whether the container also has an audio stream.
+        bit_depth: bits per component of the decoded pixel format (8, 10, 12...); frames are
+            returned as 8-bit unless the source was opened with ``bit_depth=16``.
+        hdr: whether the transfer is an HDR one (``color_trc`` ``smpte2084`` = PQ / HDR10, or
+            ``arib-std-b67`` = HLG). The RGB is then the PQ/HLG-coded signal converted with the
+            stream's matrix, *not* tone-mapped (as ``ffmpeg -pix_fmt rgb24`` gives it), and the
+            source adds a warning saying so.
     """
 
     uri: str
@@ -55,6 +64,8 @@ class StreamInfo:
     color_trc: str | None
     bit_rate: int | None
     has_audio: bool
+    bit_depth: int = 8
+    hdr: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field; ``time_base`` as the string ``"num/den"``."""

@@ -53,11 +53,52 @@ def open_input(uri: str | os.PathLike[str]) -> av.container.InputContainer:
         return av.open(target, mode="r")
     except av.error.FFmpegError as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
+        hint = _missing_moov(path) if path is not None else None
+        if hint:
+            raise VideoError(f"not a readable video: {target!r}: {hint}") from exc
         raise VideoError(
             f"not a readable video: {target!r} (FFmpeg: {reason}); expected {_ACCEPTED}"
         ) from exc
     except OSError as exc:  # permission denied and the like
         raise VideoError(f"cannot open video {target!r}: {exc}") from exc
+
+
+def _missing_moov(path: Path) -> str | None:
+    """A reason when ``path`` is an ISO-BMFF (mp4/mov) file whose top-level boxes have no ``moov``."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(1 << 20)
+            size = path.stat().st_size
+    except OSError:
+        return None
+    if data[4:8] != b"ftyp":
+        return None
+    pos, kinds = 0, []
+    while pos + 8 <= size:
+        if pos + 16 > len(data):  # past the first MiB: read just this box header
+            with path.open("rb") as f:
+                f.seek(pos)
+                head = f.read(16)
+        else:
+            head = data[pos : pos + 16]
+        if len(head) < 8:
+            break
+        box = int.from_bytes(head[:4], "big")
+        kind = head[4:8]
+        if box == 1 and len(head) >= 16:
+            box = int.from_bytes(head[8:16], "big")
+        kinds.append(kind)
+        if kind == b"moov":
+            return None
+        if box < 8:
+            break
+        pos += box
+    found = ", ".join(k.decode("latin-1") for k in kinds)
+    return (
+        f"the mp4/mov file has no 'moov' box (its index; boxes found: {found}, {size} bytes): it was "
+        "cut off before the index was written (an interrupted upload or recording); upload the "
+        "complete file"
+    )
 
 
 def describe_streams(container: av.container.InputContainer) -> str:

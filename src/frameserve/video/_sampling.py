@@ -7,21 +7,24 @@ from decoding so it can be tested on hand-written timestamp lists.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
 from frameserve.errors import PipelineSpecError
 
-__all__ = ["FrameSelector", "Sampling", "select_indices"]
+__all__ = ["FrameSelector", "Sampling", "select_indices", "timestamp_targets"]
 
-SamplingKind = Literal["all", "every", "fps", "keyframes"]
+SamplingKind = Literal["all", "every", "fps", "keyframes", "timestamps"]
 
 _ACCEPTED = (
     '"all" (every frame), "every:N" (frames with index % N == 0, N >= 1), '
     '"fps:R" (R frames per second of stream time, R > 0, e.g. "fps:2.5"), '
-    '"keyframes" (key frames only; non-key frames are not decoded)'
+    '"keyframes" (key frames only; non-key frames are not decoded), '
+    '"timestamps:T1,T2,..." (for each time T in seconds on the stream\'s pts clock, the frame '
+    'displayed at T, e.g. "timestamps:0.5,1.25,3")'
 )
 
 
@@ -33,9 +36,16 @@ class Sampling:
         kind: ``"all"``; ``"every"`` (index % n == 0); ``"fps"`` (``rate`` frames per second on the
             stream's pts timeline: ticks at ``t0 + k / rate``, ``t0`` the first frame's pts; for each
             tick the first frame at or after it is returned, once even if it covers several ticks);
-            ``"keyframes"`` (only key frames are decoded and returned).
+            ``"keyframes"`` (only key frames are decoded and returned); ``"timestamps"`` (for each
+            time ``t`` in ``times``, the frame displayed at ``t``: the last frame whose
+            ``pts_s <= t``, or the first frame when ``t`` is before it; times are on the same
+            clock as ``Frame.pts_s`` — the stream's raw pts, so a stream with ``start_s == 1.4``
+            shows its first frame at 1.4; a frame is returned once, in display order, however
+            many times map to it; the source seeks to the key frame before a time that is far
+            ahead and decodes forward to the exact frame).
         n: the step for ``"every"`` (>= 1), else ``None``.
         rate: frames per second for ``"fps"`` (> 0, finite), else ``None``.
+        times: seconds for ``"timestamps"`` (finite, at least one, as given), else ``None``.
 
     Raises:
         PipelineSpecError: an unknown kind or a missing / out-of-range parameter; the message lists
@@ -45,9 +55,10 @@ class Sampling:
     kind: SamplingKind
     n: int | None = None
     rate: float | None = None
+    times: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("all", "every", "fps", "keyframes"):
+        if self.kind not in ("all", "every", "fps", "keyframes", "timestamps"):
             raise PipelineSpecError(f"unknown sampling kind {self.kind!r}; accepted: {_ACCEPTED}")
         if self.kind == "every":
             if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
@@ -67,10 +78,25 @@ class Sampling:
             object.__setattr__(self, "rate", float(self.rate))
         elif self.rate is not None:
             raise PipelineSpecError(f"sampling {self.kind!r} takes no rate (got {self.rate!r})")
+        if self.kind == "timestamps":
+            times = self.times
+            if (
+                times is None
+                or isinstance(times, (str, bytes))
+                or len(times) == 0
+                or any(isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) for t in times)
+            ):
+                raise PipelineSpecError(
+                    f"sampling 'timestamps' needs one or more finite times in seconds, got {times!r}"
+                )
+            object.__setattr__(self, "times", tuple(float(t) for t in times))
+        elif self.times is not None:
+            raise PipelineSpecError(f"sampling {self.kind!r} takes no times (got {self.times!r})")
 
     @classmethod
     def parse(cls, text: str) -> Sampling:
-        """Parse ``"all"``, ``"every:N"``, ``"fps:R"`` or ``"keyframes"`` (case and spaces ignored).
+        """Parse ``"all"``, ``"every:N"``, ``"fps:R"``, ``"keyframes"`` or ``"timestamps:T1,T2,..."``
+        (case and spaces ignored; times in seconds, comma-separated).
 
         Raises:
             PipelineSpecError: anything else; the message lists the accepted forms.
@@ -96,6 +122,13 @@ class Sampling:
                 rate = math.nan
             if math.isfinite(rate) and rate > 0:
                 return cls("fps", rate=rate)
+        if sep and head == "timestamps":
+            try:
+                times = tuple(float(part) for part in arg.split(","))
+            except ValueError:
+                times = ()
+            if times and all(math.isfinite(t) for t in times):
+                return cls("timestamps", times=times)
         raise PipelineSpecError(f"bad sampling {text!r}; accepted: {_ACCEPTED}")
 
     def __str__(self) -> str:
@@ -103,6 +136,9 @@ class Sampling:
             return f"every:{self.n}"
         if self.kind == "fps":
             return f"fps:{self.rate:g}"
+        if self.kind == "timestamps":
+            assert self.times is not None
+            return "timestamps:" + ",".join(repr(t) for t in self.times)
         return self.kind
 
 
@@ -114,6 +150,9 @@ class FrameSelector:
     arithmetic keeps ``fps:R`` from drifting on rates such as 30000/1001.
 
     For ``"keyframes"`` every frame offered is selected: the decoder already skips non-key frames.
+    For ``"timestamps"`` too: which frame is displayed at ``t`` depends on the *next* frame's time,
+    so the choice is made up front from all the stream's timestamps (:func:`timestamp_targets`) and
+    the source offers only those frames.
     """
 
     def __init__(self, sampling: Sampling) -> None:
@@ -126,7 +165,7 @@ class FrameSelector:
     def select(self, index: int, pts_s: Fraction) -> bool:
         """Whether the frame at display ``index`` with time ``pts_s`` (seconds) is returned."""
         kind = self.sampling.kind
-        if kind in ("all", "keyframes"):
+        if kind in ("all", "keyframes", "timestamps"):
             return True
         if kind == "every":
             assert self.sampling.n is not None
@@ -148,5 +187,26 @@ def select_indices(sampling: Sampling, pts_s: Iterable[Fraction | int | float]) 
     A convenience over :class:`FrameSelector` for planning and tests; ``pts_s`` in seconds
     (floats are converted exactly with ``Fraction``).
     """
+    if sampling.kind == "timestamps":
+        times = [Fraction(t) for t in pts_s]
+        return sorted(set(timestamp_targets(sampling, times)))
     selector = FrameSelector(sampling)
     return [i for i, t in enumerate(pts_s) if selector.select(i, Fraction(t))]
+
+
+def timestamp_targets(sampling: Sampling, pts_s: Sequence[Fraction]) -> list[int]:
+    """For each time of a ``"timestamps"`` sampling, the display index of the frame shown then.
+
+    Args:
+        sampling: a ``"timestamps"`` sampling.
+        pts_s: every frame's exact presentation time in seconds, sorted (display order).
+
+    Returns:
+        One display index per requested time, in the order given: the last frame with
+        ``pts_s <= t`` (0 when ``t`` is before the first frame). Empty when ``pts_s`` is.
+    """
+    assert sampling.kind == "timestamps" and sampling.times is not None
+    if not pts_s:
+        return []
+    # "0.1" means exactly 1/10, not the nearest binary float.
+    return [max(bisect_right(pts_s, Fraction(repr(t))) - 1, 0) for t in sampling.times]

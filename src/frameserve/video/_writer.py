@@ -12,6 +12,8 @@ import numpy as np
 
 from frameserve.errors import VideoError
 
+from ._open import open_input
+
 __all__ = ["VideoWriter"]
 
 _DEFAULT_TIME_BASE = Fraction(1, 90000)
@@ -19,6 +21,16 @@ _DEFAULT_TIME_BASE = Fraction(1, 90000)
 # 30000/1001, 24, 25, 30, 50 and 60 fps.
 _SHORT_TIME_BASE = Fraction(1, 30000)
 _SHORT_TIME_BASE_CODECS = ("mpeg4", "h263", "h263p", "msmpeg4", "msmpeg4v2", "msmpeg4v3")
+
+
+_AUDIO_IN = {
+    "mp4": ("aac", "mp3", "opus", "flac", "alac", "ac3", "eac3"),
+    "mov": ("aac", "mp3", "alac", "pcm", "ac3", "eac3", "opus", "flac"),
+    "webm": ("opus", "vorbis"),
+    "avi": ("mp3", "ac3", "pcm", "mp2"),
+    "mpegts": ("aac", "mp3", "mp2", "ac3", "eac3", "opus"),
+}
+"""Audio codecs each output container holds without re-encoding (others: let the muxer decide)."""
 
 
 class VideoWriter:
@@ -36,7 +48,21 @@ class VideoWriter:
     (the MPEG clock), fine enough for any real frame rate and for variable frame rate (1/30000 s
     for ``mpeg4`` / H.263, whose headers hold at most 65535 ticks per second). The muxer
     may store another time base (mp4 picks its own timescale); times in seconds are kept.
-    ``fps`` is only a hint for the encoder's rate control and the header's frame rate.
+    ``fps`` is only a hint for the encoder's rate control and the header's frame rate. Pass the
+    source's ``Frame.pts_s`` and the output keeps the source's timing, variable frame rate
+    included (and gaps where a sampling left frames out).
+
+    Rotation: frames are written as given. A pipeline passes the upright frames a
+    :class:`~frameserve.video.VideoSource` returns (display rotation already applied), so the
+    output stores upright pixels at the display size and no display matrix (rotation 0): every
+    player, and ``ffmpeg``, shows it the same way, and reading it back gives the same frames.
+
+    Audio: ``audio_from`` copies the first audio stream of another file (normally the source
+    video) into the output without re-encoding: its packets are remuxed with their own
+    timestamps (the source's clock, the same one as ``Frame.pts_s``), interleaved with the video
+    as frames are written; the whole audio stream is copied, even where the video has no frames.
+    When the source has no audio, or the output container cannot hold that audio codec (e.g. AAC
+    in WebM), no audio is written and :attr:`notes` says why.
 
     Args:
         path: output file; the container format follows the extension (``.mp4``, ``.mkv``...).
@@ -46,6 +72,14 @@ class VideoWriter:
         codec: FFmpeg encoder name (``"libx264"``, ``"mpeg4"``, ``"libvpx-vp9"``...).
         crf: constant rate factor for encoders that take one (libx264/libx265/vpx; lower is
             better, 23 is x264's default); ignored by others.
+        audio_from: path or URI whose first audio stream is copied into the output (``None``:
+            no audio).
+
+    Attributes:
+        coded_size: ``(width, height)`` actually encoded (even numbers).
+        frames_written: video frames written so far.
+        audio_packets_written: audio packets copied so far.
+        notes: one-line notes for the caller (audio that could not be copied, and why).
 
     Raises:
         VideoError: unknown encoder, output that cannot be opened, a frame of the wrong shape or
@@ -62,6 +96,7 @@ class VideoWriter:
         time_base: Fraction | None = None,
         codec: str = "libx264",
         crf: int = 23,
+        audio_from: str | os.PathLike[str] | None = None,
     ) -> None:
         if width < 1 or height < 1:
             raise VideoError(f"video size must be positive, got {width}x{height}")
@@ -79,6 +114,12 @@ class VideoWriter:
         rate = Fraction(fps).limit_denominator(1001 * 1000) if fps is not None else Fraction(25)
         self._last_pts: int | None = None
         self.frames_written = 0
+        self.audio_packets_written = 0
+        self.notes: list[str] = []
+        self._audio_in: av.container.InputContainer | None = None
+        self._audio_packets: Any = None
+        self._audio_out: Any = None
+        self._audio_next: av.Packet | None = None
         try:
             self._container: av.container.OutputContainer | None = av.open(self.path, mode="w")
         except (av.error.FFmpegError, OSError, ValueError) as exc:
@@ -101,6 +142,74 @@ class VideoWriter:
         cc.color_range = 1  # AVCOL_RANGE_MPEG ("tv", limited)
         if codec in ("libx264", "libx265", "libvpx", "libvpx-vp9", "libaom-av1", "libsvtav1"):
             cc.options = {"crf": str(crf)}
+        if audio_from is not None:
+            try:
+                self._open_audio(audio_from)
+            except BaseException:
+                self._container.close()
+                self._container = None
+                raise
+
+    def _open_audio(self, audio_from: str | os.PathLike[str]) -> None:
+        assert self._container is not None
+        source = open_input(audio_from)
+        if not source.streams.audio:
+            source.close()
+            self.notes.append(f"no audio copied: {os.fspath(audio_from)!r} has no audio stream")
+            return
+        astream = source.streams.audio[0]
+        name = astream.codec_context.name
+        fmt = self._container.format.name
+        allowed = _AUDIO_IN.get(fmt)
+        if allowed is not None and not any(name == a or name.startswith(a + "_") for a in allowed):
+            source.close()
+            self.notes.append(
+                f"no audio copied: the {fmt} container cannot hold {name} audio without re-encoding "
+                f"(it takes {', '.join(allowed)}); write .mkv to keep it"
+            )
+            return
+        try:
+            self._audio_out = self._container.add_stream_from_template(astream)
+        except (av.error.FFmpegError, ValueError) as exc:
+            source.close()
+            self.notes.append(f"no audio copied: cannot add {name} audio to {fmt}: {exc}")
+            return
+        self._audio_in = source
+        self._audio_tb = Fraction(astream.time_base or Fraction(1, 1))
+        self._audio_packets = source.demux(astream)
+
+    def _copy_audio(self, until_s: Fraction | None) -> None:
+        """Mux the source's audio packets that start before ``until_s`` (all of them if ``None``)."""
+        if self._audio_packets is None:
+            return
+        while True:
+            packet = self._audio_next
+            if packet is None:
+                try:
+                    packet = next(self._audio_packets, None)
+                except av.error.FFmpegError as exc:
+                    self.notes.append(f"audio copy stopped early: {exc}")
+                    packet = None
+                if packet is None:
+                    self._close_audio()
+                    return
+                if packet.size == 0 or (packet.dts is None and packet.pts is None):
+                    continue
+            ts = packet.dts if packet.dts is not None else packet.pts
+            if until_s is not None and ts * self._audio_tb > until_s:
+                self._audio_next = packet
+                return
+            self._audio_next = None
+            packet.stream = self._audio_out
+            self._mux([packet])
+            self.audio_packets_written += 1
+
+    def _close_audio(self) -> None:
+        self._audio_packets = None
+        self._audio_next = None
+        if self._audio_in is not None:
+            self._audio_in.close()
+            self._audio_in = None
 
     def write(self, rgb: np.ndarray[Any, Any], pts_s: float | Fraction) -> None:
         """Encode one frame shown at ``pts_s`` seconds.
@@ -134,6 +243,7 @@ class VideoWriter:
         self._mux(self._encode(frame))
         self._last_pts = pts
         self.frames_written += 1
+        self._copy_audio(pts * self.time_base)
 
     def _encode(self, frame: av.VideoFrame | None) -> list[av.Packet]:
         try:
@@ -162,7 +272,9 @@ class VideoWriter:
             return
         try:
             self._mux(self._encode(None))
+            self._copy_audio(None)
         finally:
+            self._close_audio()
             self._container = None
             container.close()
 
