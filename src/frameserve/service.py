@@ -1,30 +1,46 @@
-"""The transport-neutral inference core: load, unload, readiness, metadata, config and infer.
+"""The transport-neutral inference core: load, unload, readiness, metadata, config, infer,
+statistics and metrics.
 
 The HTTP routes, the gRPC servicer, the video pipeline and the job worker all call
-:class:`InferenceService`; none of them knows a backend. Requests run directly on the model's
-session for now (the dynamic batcher goes in front of it later).
+:class:`InferenceService`; none of them knows a backend. Each loaded model version has its own
+:class:`~frameserve.scheduler.Scheduler` (dynamic batcher + instance pool); :meth:`submit` checks
+a request and queues it there, :meth:`infer` waits for the answer.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from frameserve import __version__
 from frameserve.backends import Session, load_session
+from frameserve.config import cpu_count
 from frameserve.errors import (
     FrameserveError,
-    InferenceError,
     ModelConfigError,
     ModelNotFoundError,
     ModelNotReadyError,
     TensorError,
 )
+from frameserve.metrics import Metrics
 from frameserve.repository import ModelConfig, ModelRepository, parse_config
+from frameserve.scheduler import (
+    DEFAULT_MAX_QUEUE_SIZE,
+    BatchingPolicy,
+    Clock,
+    InferRequest,
+    InstanceSpec,
+    Scheduler,
+    SchedulerStoppedError,
+    plan_instances,
+)
 from frameserve.types import DataType
 
 __all__ = ["InferenceService"]
@@ -37,35 +53,99 @@ class _Loaded:
     """One loaded version of a model."""
 
     version: int
-    session: Session
+    scheduler: Scheduler
     model_path: Path
-    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def session(self) -> Session:
+        """The first instance's session."""
+        return self.scheduler.sessions[0]
 
     @property
     def config(self) -> ModelConfig:
-        return self.session.config
+        return self.scheduler.config
+
+    @property
+    def threads(self) -> int:
+        """Intra-op threads of all its instances together."""
+        return sum(spec.threads for spec in self.scheduler.instances)
+
+
+_NUMPY_DTYPES: dict[DataType, np.dtype[Any]] = {}
+
+
+def _fits(spec: Any, value: np.ndarray[Any, Any], mbs: int) -> bool:
+    """The quick form of ``spec.check``: datatype and shape fit (no message)."""
+    dt = spec.datatype
+    if dt is DataType.BYTES:
+        ok = value.dtype.kind in "OSU"
+    else:
+        want = _NUMPY_DTYPES.get(dt)
+        if want is None:
+            try:
+                want = _NUMPY_DTYPES[dt] = dt.to_numpy()
+            except FrameserveError:
+                return False
+        ok = value.dtype == want
+    return ok and bool(spec.matches(value.shape, mbs))
+
+
+def _supports_context() -> bool:
+    try:
+        return "context" in inspect.signature(load_session).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return False
 
 
 class InferenceService:
-    """Loads model versions into sessions and runs requests on them.
+    """Loads model versions (each behind its own scheduler) and runs requests on them.
 
     Args:
         repository: where :meth:`load` finds models; ``None`` when every model is
             :meth:`register`-ed from a file.
-        threads: inference thread budget of each session (>= 1).
+        threads: intra-op thread budget of *each* instance (>= 1); ``None`` (default) = the
+            budget that never oversubscribes the cores: instances share the CPUs the loaded
+            models leave free (see :func:`frameserve.scheduler.plan_instances`). A model's
+            ``parameters.threads`` wins over both.
+        clock: the schedulers' clock (default: monotonic; tests pass a fake one).
+        metrics: where to record Prometheus metrics (default: a new :class:`Metrics` with its
+            own registry), exposed as :attr:`metrics`.
+        max_queue_size: bound of each priority level's queue where the model's queue policy
+            gives none.
+        extensions: the protocol extensions reported by :meth:`server_metadata` (the protocol
+            layer sets :attr:`extensions`).
 
-    Thread safety: loading, unloading and lookups are guarded by one lock; each loaded version
-    runs one request at a time (its own lock), so concurrent callers of one model take turns.
+    Thread safety: every method may be called from many threads at once. Loads and unloads of
+    one model are serialised; requests never wait for a lock held during a load.
     """
 
-    def __init__(self, repository: ModelRepository | None = None, *, threads: int) -> None:
-        if threads < 1:
+    def __init__(
+        self,
+        repository: ModelRepository | None = None,
+        *,
+        threads: int | None = None,
+        clock: Clock | None = None,
+        metrics: Metrics | None = None,
+        max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
+        extensions: Sequence[str] = (),
+    ) -> None:
+        if threads is not None and threads < 1:
             raise ModelConfigError(f"threads must be >= 1, got {threads}")
+        if max_queue_size < 1:
+            raise ModelConfigError(f"max_queue_size must be >= 1, got {max_queue_size}")
         self.repository = repository
         self.threads = threads
+        self.clock = clock
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.max_queue_size = max_queue_size
+        self.extensions: list[str] = list(extensions)
         self._lock = threading.RLock()
+        self._load_lock = threading.Lock()  # one load/unload at a time (thread budget bookkeeping)
         self._models: dict[str, dict[int, _Loaded]] = {}
         self._registered: set[str] = set()  # names loaded from files outside the repository
+        self._required: list[str] = []  # models asked for at start (server readiness)
+        self.load_errors: dict[str, str] = {}  # model -> why load_models could not load it
+        self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -80,13 +160,64 @@ class InferenceService:
 
         Returns:
             The versions now loaded, ascending. Versions loaded before that are no longer
-            served are unloaded; on any error nothing changes.
+            served are unloaded after their queued and running requests finish (as is a
+            version replaced by its reload); on any error nothing changes.
 
         Raises:
             ModelNotFoundError: no repository, no such model, or no such version (or none under
                 the version policy).
-            ModelConfigError, BackendUnavailableError: from the config or the backend.
+            ModelConfigError, BackendUnavailableError: from the config, the instance groups
+                (``KIND_GPU`` without a GPU ...) or the backend.
         """
+        return self._load(name, version, config_override=config_override, plan=None)
+
+    def load_models(self, names: Sequence[str]) -> dict[str, list[int]]:
+        """Load the models a server is asked to serve at start; :meth:`is_server_ready` is true
+        only once every one of them is loaded.
+
+        The default thread budget is planned over all their instances together (each gets an
+        equal share of the CPUs not used by models already loaded), so the first model does not
+        take every core. One model failing does not stop the others: its error is kept in
+        :attr:`load_errors` (name -> message).
+
+        Returns:
+            ``{name: versions loaded}`` for the models that loaded.
+        """
+        wanted = list(dict.fromkeys(names))
+        with self._lock:
+            self._required = list(dict.fromkeys([*self._required, *wanted]))
+        sharing = 0
+        repo = self.repository
+        for name in wanted:
+            try:
+                if repo is None:
+                    break
+                cfg = repo.config(name)
+                n_versions = max(1, len(cfg.version_policy.select(repo.all_versions(name))))
+                specs = plan_instances(cfg, threads=self.threads, gpus=None)
+                sharing += n_versions * sum(1 for s in specs if s.cpu_set is None)
+            except FrameserveError:
+                continue  # reported by its own load below
+        with self._lock:
+            others = sum(e.threads for n, vs in self._models.items() if n not in wanted for e in vs.values())
+        free = max(1, cpu_count() - others)
+        out: dict[str, list[int]] = {}
+        for name in wanted:
+            try:
+                out[name] = self._load(name, None, config_override=None, plan=(free, max(1, sharing)))
+                self.load_errors.pop(name, None)
+            except FrameserveError as exc:
+                self.load_errors[name] = str(exc)
+        return out
+
+    def _load(
+        self,
+        name: str,
+        version: int | None,
+        *,
+        config_override: dict[str, Any] | None,
+        plan: tuple[int, int] | None,
+    ) -> list[int]:
         repo = self._require_repository(name)
         config = repo.config(name, override=config_override)
         if version is None:
@@ -98,28 +229,89 @@ class InferenceService:
                 )
         else:
             versions = [int(version)]
-        loaded: dict[int, _Loaded] = {}
-        try:
-            for v in versions:
-                path = repo.model_file(name, v, config=config)
-                loaded[v] = _Loaded(v, load_session(config, path, threads=self.threads), path)
-        except BaseException:
-            for entry in loaded.values():
-                entry.session.close()
-            raise
-        with self._lock:
-            old = self._models.get(name, {})
-            if version is not None:
-                merged = {**old, **loaded}
-                stale = [old[version]] if version in old else []
-            else:
-                merged = loaded
-                stale = list(old.values())
-            self._models[name] = merged
-            self._registered.discard(name)
-        for entry in stale:
-            entry.session.close()
+        BatchingPolicy.from_config(config)  # a bad dynamic_batching fails before any session opens
+        with self._load_lock:
+            specs = self._plan(name, config, versions, replacing=None if version is None else versions, plan=plan)
+            loaded: dict[int, _Loaded] = {}
+            try:
+                for v in versions:
+                    path = repo.model_file(name, v, config=config)
+                    loaded[v] = self._start(config, v, path, specs, model_dir=repo.model_dir(name))
+            except BaseException:
+                for entry in loaded.values():
+                    entry.scheduler.stop(drain=False)
+                raise
+            with self._lock:
+                old = self._models.get(name, {})
+                if version is not None:
+                    merged = {**old, **loaded}
+                    stale = [old[v] for v in versions if v in old]
+                else:
+                    merged = loaded
+                    stale = list(old.values())
+                self._models[name] = merged
+                self._registered.discard(name)
+            for entry in stale:
+                entry.scheduler.stop(drain=True)
         return sorted(merged)
+
+    def _plan(
+        self,
+        name: str,
+        config: ModelConfig,
+        versions: Sequence[int],
+        *,
+        replacing: Sequence[int] | None,
+        plan: tuple[int, int] | None,
+    ) -> list[InstanceSpec]:
+        """Instance specs for each of ``versions`` (the same for all), with the default thread
+        budget taken from the CPUs the other loaded versions leave free."""
+        if plan is not None:
+            free, sharing = plan
+            return plan_instances(config, threads=self.threads, free_cpus=free, instances_sharing=sharing)
+        with self._lock:
+            used = 0
+            for n, entries in self._models.items():
+                for v, entry in entries.items():
+                    same = n == name and (replacing is None or v in replacing)
+                    if not same:
+                        used += entry.threads
+        free = max(1, cpu_count() - used)
+        probe = plan_instances(config, threads=self.threads, free_cpus=free)
+        unpinned = sum(1 for s in probe if s.cpu_set is None)
+        return plan_instances(
+            config, threads=self.threads, free_cpus=free, instances_sharing=max(1, unpinned * len(versions))
+        )
+
+    def _start(
+        self, config: ModelConfig, version: int, path: Path, specs: Sequence[InstanceSpec], *, model_dir: Path | None
+    ) -> _Loaded:
+        with_context = _supports_context()
+
+        def open_session(spec: InstanceSpec) -> Session:
+            if with_context:
+                from frameserve.backends import BackendContext
+
+                context = BackendContext(
+                    infer=self.infer,
+                    model_repository=model_dir,
+                    model_version=version,
+                    instance_name=spec.name,
+                    device="gpu" if spec.kind == "KIND_GPU" else "cpu",
+                )
+                return load_session(config, path, threads=spec.threads, context=context)
+            return load_session(config, path, threads=spec.threads)
+
+        scheduler = Scheduler(
+            config,
+            version,
+            specs,
+            open_session,
+            clock=self.clock,
+            metrics=self.metrics,
+            max_queue_size=self.max_queue_size,
+        )
+        return _Loaded(version, scheduler, path)
 
     def register(
         self, name: str, model_file: Path, *, config: dict[str, Any] | None = None, version: int = 1
@@ -149,43 +341,92 @@ class InferenceService:
             source=f"config of {name!r}",
             default_backend=_SUFFIX_BACKEND.get(path.suffix.lower()),
         )
-        session = load_session(cfg, path, threads=self.threads)
-        with self._lock:
-            old = self._models.get(name, {}).get(version)
-            self._models.setdefault(name, {})[version] = _Loaded(version, session, path)
-            self._registered.add(name)
-        if old is not None:
-            old.session.close()
-        return session.config
+        BatchingPolicy.from_config(cfg)
+        with self._load_lock:
+            specs = self._plan(name, cfg, [version], replacing=[version], plan=None)
+            entry = self._start(cfg, version, path, specs, model_dir=None)
+            with self._lock:
+                old = self._models.get(name, {}).get(version)
+                self._models.setdefault(name, {})[version] = entry
+                self._registered.add(name)
+            if old is not None:
+                old.scheduler.stop(drain=True)
+        return entry.config
 
     def unload(self, name: str) -> None:
-        """Unload every version of ``name``; later requests get :class:`ModelNotReadyError`.
+        """Unload every version of ``name``: new requests get :class:`ModelNotReadyError` at
+        once; queued and running ones finish first (this returns after they have).
 
         Raises:
             ModelNotFoundError: the model is neither loaded nor in the repository.
         """
-        with self._lock:
-            entries = self._models.get(name)
-            if entries is None:
-                self._check_known(name)
-                return
-            self._models[name] = {}
-        for entry in entries.values():
-            entry.session.close()
+        with self._load_lock:
+            with self._lock:
+                entries = self._models.get(name)
+                if entries is None:
+                    self._check_known(name)
+                    return
+                self._models[name] = {}
+            for entry in entries.values():
+                entry.scheduler.stop(drain=True)
 
     def close(self) -> None:
-        """Unload every model."""
-        with self._lock:
-            entries = [e for versions in self._models.values() for e in versions.values()]
-            self._models.clear()
-        for entry in entries:
-            entry.session.close()
+        """Graceful shutdown: stop taking requests, let every queued and running one finish,
+        then unload every model. Idempotent."""
+        with self._load_lock:
+            with self._lock:
+                self._closed = True
+                entries = [e for versions in self._models.values() for e in versions.values()]
+                self._models.clear()
+            for entry in entries:
+                entry.scheduler.stop(drain=True)
 
     def __enter__(self) -> InferenceService:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- server state ------------------------------------------------------------------------
+
+    def is_server_live(self) -> bool:
+        """Whether the service runs (false once :meth:`close` was called). Never raises."""
+        return not self._closed
+
+    def is_server_ready(self) -> bool:
+        """Whether the service takes requests: live, and every model given to
+        :meth:`load_models` loaded. Never raises."""
+        with self._lock:
+            return not self._closed and all(self._models.get(n) for n in self._required)
+
+    def server_metadata(self) -> dict[str, Any]:
+        """v2 server metadata: ``{"name": "frameserve", "version", "extensions": [...]}``
+        (:attr:`extensions`, as the protocol layer set them)."""
+        return {"name": "frameserve", "version": __version__, "extensions": list(self.extensions)}
+
+    def statistics(self, name: str | None = None, version: int | None = None) -> dict[str, Any]:
+        """Triton's statistics extension: ``{"model_stats": [$model_stat, ...]}``, one per loaded
+        version (of every model, of ``name``, or that ``version`` of it), sorted by name and
+        version. Each is ``{"name", "version" (str), "last_inference" (ms since the epoch),
+        "inference_count", "execution_count", "inference_stats": {"success", "fail", "queue",
+        "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss"} each
+        ``{"count", "ns"}``, "batch_stats": [{"batch_size", "compute_input", "compute_infer",
+        "compute_output"}]}`` (see :class:`~frameserve.scheduler.ModelStats` for how counting
+        works). Counts start at zero when a version is (re)loaded.
+
+        Raises:
+            ModelNotFoundError: unknown model or version. ModelNotReadyError: not loaded.
+        """
+        if name is None:
+            with self._lock:
+                entries = [(n, e) for n, vs in sorted(self._models.items()) for _, e in sorted(vs.items())]
+        elif version is None:
+            self._entry(name, None)  # raises for unknown / not loaded
+            with self._lock:
+                entries = [(name, e) for _, e in sorted((self._models.get(name) or {}).items())]
+        else:
+            entries = [(name, self._entry(name, version))]
+        return {"model_stats": [e.scheduler.stats.to_dict() for _, e in entries]}
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -247,25 +488,37 @@ class InferenceService:
 
     def session_info(self, name: str, version: int | None = None) -> dict[str, Any]:
         """What the loaded version actually runs with (backend, precision, threads, device,
-        performance hint, ...), plus ``version`` and ``model_path``.
+        performance hint, ... of its first instance), plus ``version``, ``model_path``,
+        ``instances`` (``[{"name", "kind", "threads", "cpu_set", "gpu"}]``) and
+        ``dynamic_batching`` (whether requests are combined).
 
         Raises:
             ModelNotFoundError: unknown model or version. ModelNotReadyError: not loaded.
         """
         entry = self._entry(name, version)
-        return {**entry.session.info, "version": entry.version, "model_path": str(entry.model_path)}
+        return {
+            **entry.session.info,
+            "version": entry.version,
+            "model_path": str(entry.model_path),
+            "instances": [spec.to_dict() for spec in entry.scheduler.instances],
+            "dynamic_batching": entry.scheduler.policy.dynamic,
+        }
 
     # -- inference ---------------------------------------------------------------------------
 
-    def infer(
+    def submit(
         self,
         name: str,
         inputs: Mapping[str, np.ndarray[Any, Any]],
         *,
         version: int | None = None,
-        outputs: list[str] | None = None,
-    ) -> dict[str, np.ndarray[Any, Any]]:
-        """Run one request on model ``name``.
+        outputs: Sequence[str] | None = None,
+        priority: int = 0,
+        timeout_us: int = 0,
+        request_id: str = "",
+        parameters: Mapping[str, Any] | None = None,
+    ) -> Future[dict[str, np.ndarray[Any, Any]]]:
+        """Check a request and queue it on the model's scheduler.
 
         Args:
             name: the model.
@@ -273,33 +526,112 @@ class InferenceService:
                 leading batch dim (the same size n, 1 <= n <= max_batch_size) before ``dims``.
             version: the version; ``None`` = the highest loaded.
             outputs: the outputs wanted, in this order; ``None`` = every configured output.
+            priority: Triton's meaning: 1 is the highest level; 0 = the model's default level.
+            timeout_us: queue timeout in microseconds (0 = none); honoured where the model's
+                queue policy has ``allow_timeout_override`` (it may only shorten the default).
+            request_id: the caller's id, kept with the request.
+            parameters: the request's free parameters (given to Python models).
+
+        Returns:
+            A future completed with ``{output name: array}`` (the batch dim first when the
+            model batches; for a request batched with others, views of the batch's outputs),
+            or with :class:`~frameserve.errors.DeadlineExceededError` (timed out in the queue),
+            :class:`~frameserve.errors.InferenceError` (the backend failed: only this
+            request's batch fails) or :class:`~frameserve.errors.ModelNotReadyError` (unloaded
+            before it ran, when not drained).
+
+        Raises (at once, nothing queued):
+            ModelNotFoundError: unknown model or version. ModelNotReadyError: not loaded.
+            TensorError: a missing, unknown or mismatched input (says what was given and what
+                the model expects), an unknown output, a bad batch size, priority or timeout.
+            ResourceExhaustedError: the queue of the request's priority level is full.
+        """
+        return self._submit(name, inputs, version, outputs, priority, timeout_us, request_id, parameters, inline=False)
+
+    def _submit(
+        self,
+        name: str,
+        inputs: Mapping[str, np.ndarray[Any, Any]],
+        version: int | None,
+        outputs: Sequence[str] | None,
+        priority: int,
+        timeout_us: int,
+        request_id: str,
+        parameters: Mapping[str, Any] | None,
+        *,
+        inline: bool,
+    ) -> Future[dict[str, np.ndarray[Any, Any]]]:
+        entry = self._entry(name, version)
+        request = self._request(entry, inputs, outputs, priority, timeout_us, request_id, parameters)
+        try:
+            return entry.scheduler.enqueue(request, inline=inline)
+        except SchedulerStoppedError:
+            # Reloaded (or unloaded) meanwhile: take the version now served, or answer not ready.
+            entry = self._entry(name, version)
+            request = self._request(entry, inputs, outputs, priority, timeout_us, request_id, parameters)
+            return entry.scheduler.enqueue(request, inline=inline)
+
+    def infer(
+        self,
+        name: str,
+        inputs: Mapping[str, np.ndarray[Any, Any]],
+        *,
+        version: int | None = None,
+        outputs: Sequence[str] | None = None,
+        priority: int = 0,
+        timeout_us: int = 0,
+        request_id: str = "",
+        parameters: Mapping[str, Any] | None = None,
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """Run one request on model ``name`` and wait for it: :meth:`submit` then the result.
 
         Returns:
             ``{output name: array}`` with the batch dim first when the model batches.
 
         Raises:
-            ModelNotFoundError: unknown model or version. ModelNotReadyError: not loaded.
-            TensorError: a missing, unknown or mismatched input (says what was given and what
-                the model expects), an unknown output, or a bad batch size.
-            InferenceError: the backend failed (carries the backend's message).
+            Everything :meth:`submit` raises, and what its future completes with:
+            DeadlineExceededError, InferenceError (carries the backend's message).
         """
-        entry = self._entry(name, version)
+        # The caller blocks anyway: when the request would go at once to an idle instance, it
+        # runs on this thread (see Scheduler.enqueue's ``inline``).
+        return self._submit(
+            name, inputs, version, outputs, priority, timeout_us, request_id, parameters, inline=True
+        ).result()
+
+    def _request(
+        self,
+        entry: _Loaded,
+        inputs: Mapping[str, Any],
+        outputs: Sequence[str] | None,
+        priority: int,
+        timeout_us: int,
+        request_id: str,
+        parameters: Mapping[str, Any] | None,
+    ) -> InferRequest:
         cfg = entry.config
-        arrays = self._check_inputs(cfg, inputs)
-        wanted = [s.name for s in cfg.outputs] if outputs is None else list(outputs)
-        for out_name in wanted:
-            cfg.output(out_name)  # raises TensorError listing the outputs
-        with entry.lock:
-            try:
-                result = entry.session.run(arrays)
-            except FrameserveError:
-                raise
-            except Exception as exc:  # a backend that let its own error through
-                raise InferenceError(f"model {name!r} version {entry.version}: {exc}") from exc
-        missing = [n for n in wanted if n not in result]
-        if missing:
-            raise InferenceError(f"model {name!r} version {entry.version}: backend returned no output {missing}")
-        return {n: result[n] for n in wanted}
+        try:
+            arrays = self._check_inputs(cfg, inputs)
+            wanted = None if outputs is None else tuple(outputs)
+            for out_name in wanted or ():
+                cfg.output(out_name)  # raises TensorError listing the outputs
+            if int(priority) < 0:
+                raise TensorError(f"priority {priority} given; 1 is the highest level, 0 the model's default")
+            if int(timeout_us) < 0:
+                raise TensorError(f"timeout {timeout_us} given; a timeout is >= 0 microseconds (0 = none)")
+        except FrameserveError:
+            entry.scheduler.stats.record_failure(request_ns=0)
+            self.metrics.record_failure(cfg.name, entry.version, "OTHER")
+            raise
+        batch_size = int(next(iter(arrays.values())).shape[0]) if cfg.max_batch_size and arrays else 1
+        return InferRequest(
+            inputs=arrays,
+            outputs=wanted,
+            parameters=dict(parameters or {}),
+            request_id=str(request_id),
+            priority=int(priority),
+            timeout_us=int(timeout_us),
+            batch_size=batch_size,
+        )
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -324,7 +656,8 @@ class InferenceService:
                     f"input {spec.name!r}: a {type(value).__name__} given, a numpy array of "
                     f"{spec.datatype.value} expected"
                 )
-            spec.check(value, mbs)
+            if not _fits(spec, value, mbs):
+                spec.check(value, mbs)  # raises with what was given and what is expected
             if mbs > 0:
                 batch_sizes[spec.name] = int(value.shape[0])
             arrays[spec.name] = value if spec.datatype is DataType.BYTES else np.ascontiguousarray(value)

@@ -1,0 +1,301 @@
+"""Prometheus metrics with Triton's names and labels (``docs/user_guide/metrics.md``).
+
+Per model version (labels ``model`` and ``version``):
+
+===========================================  =========  ===================================================
+name                                          type       meaning
+===========================================  =========  ===================================================
+``nv_inference_request_success``              counter    requests answered with outputs
+``nv_inference_request_failure``              counter    requests answered with an error; label ``reason``:
+                                                         ``REJECTED`` (queue full, queue timeout),
+                                                         ``CANCELED``, ``BACKEND`` (the model failed),
+                                                         ``OTHER`` (bad input and the rest)
+``nv_inference_count``                        counter    inferences (a request of batch n counts n)
+``nv_inference_exec_count``                   counter    batch executions
+``nv_inference_pending_request_count``        gauge      requests queued, not yet executing
+``nv_inference_request_duration_us``          counter    cumulative end-to-end time of successful requests
+``nv_inference_queue_duration_us``            counter    cumulative queue time
+``nv_inference_compute_input_duration_us``    counter    cumulative input preparation time (batching)
+``nv_inference_compute_infer_duration_us``    counter    cumulative model execution time
+``nv_inference_compute_output_duration_us``   counter    cumulative output preparation time (splitting)
+``nv_inference_*_duration_histogram_us``      histogram  the same five durations, per request, in buckets
+===========================================  =========  ===================================================
+
+Counters keep their Triton names, without the ``_total`` suffix prometheus_client gives
+counters, so a dashboard written for Triton works unchanged. Serve :meth:`Metrics.exposition`
+(``# TYPE ... counter``); ``prometheus_client.generate_latest(metrics.registry)`` gives the same
+samples with the counters typed ``untyped``. The histograms take the names proposed for Triton
+(core pull request 474, ``--metrics-config histogram_latencies=true``) next to its summaries
+(``nv_inference_*_summary_us``); Triton's own are summaries with quantiles over a sliding
+window, which cannot be aggregated across servers, hence histograms here (server issue 7672).
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+__all__ = ["CONTENT_TYPE", "DEFAULT_BUCKETS_US", "FAILURE_REASONS", "Metrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The Content-Type of :meth:`Metrics.exposition` (Prometheus text format 0.0.4)."""
+
+FAILURE_REASONS: tuple[str, ...] = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+"""Values of the ``reason`` label of ``nv_inference_request_failure`` (Triton's)."""
+
+DEFAULT_BUCKETS_US: tuple[float, ...] = (
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
+    5_000_000, 10_000_000,
+)
+"""Histogram bucket upper bounds in microseconds (100 µs to 10 s; ``+Inf`` is added)."""
+
+_COUNTERS = frozenset(
+    [
+        "nv_inference_request_success",
+        "nv_inference_request_failure",
+        "nv_inference_count",
+        "nv_inference_exec_count",
+        *(f"nv_inference_{k}_duration_us" for k in ("request", "queue", "compute_input", "compute_infer", "compute_output")),
+    ]
+)
+_DURATIONS = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+_DOC = {
+    "request": "end-to-end inference request handling time",
+    "queue": "time requests spend waiting in the scheduling queue",
+    "compute_input": "time spent preparing inference inputs (batching)",
+    "compute_infer": "time spent executing the inference model",
+    "compute_output": "time spent processing inference outputs (splitting)",
+}
+
+
+@dataclass
+class _Histogram:
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+
+@dataclass
+class _Series:
+    bounds: tuple[float, ...]
+    success: int = 0
+    failure: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
+    inference_count: int = 0
+    exec_count: int = 0
+    pending: int = 0
+    duration_ns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_DURATIONS, 0))
+    histograms: dict[str, _Histogram] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.histograms = {k: _Histogram(self.bounds) for k in _DURATIONS}
+
+
+class Metrics(Collector):
+    """The inference metrics of one server, in a registry of their own. Thread-safe.
+
+    Args:
+        registry: where to register; ``None`` = a new :class:`CollectorRegistry` (never the
+            process-global one, so two services in one process do not collide).
+        buckets_us: histogram bucket upper bounds in microseconds, ascending.
+
+    Attributes:
+        registry: the registry holding these metrics.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, buckets_us: Sequence[float] = DEFAULT_BUCKETS_US) -> None:
+        bounds = tuple(float(b) for b in buckets_us)
+        if not bounds or list(bounds) != sorted(set(bounds)):
+            raise ValueError(f"buckets_us must be ascending and distinct, got {list(buckets_us)}")
+        self._bounds = bounds
+        self._lock = threading.Lock()
+        self._series: dict[tuple[str, str], _Series] = {}
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def _get(self, model: str, version: int | str) -> _Series:
+        key = (model, str(version))
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = _Series(self._bounds)
+        return series
+
+    # -- recording ---------------------------------------------------------------------------
+
+    def register_model(self, model: str, version: int | str) -> None:
+        """Make a model version's series appear (at zero) before its first request."""
+        with self._lock:
+            self._get(model, version)
+
+    def record_success(
+        self,
+        model: str,
+        version: int | str,
+        *,
+        request_ns: int,
+        queue_ns: int,
+        compute_input_ns: int,
+        compute_infer_ns: int,
+        compute_output_ns: int,
+    ) -> None:
+        """One request answered with outputs; durations in nanoseconds."""
+        values = {
+            "request": request_ns,
+            "queue": queue_ns,
+            "compute_input": compute_input_ns,
+            "compute_infer": compute_infer_ns,
+            "compute_output": compute_output_ns,
+        }
+        with self._lock:
+            series = self._get(model, version)
+            series.success += 1
+            for key, ns in values.items():
+                ns = max(0, int(ns))
+                series.duration_ns[key] += ns
+                series.histograms[key].observe(ns / 1000)
+
+    def record_failure(self, model: str, version: int | str, reason: str) -> None:
+        """One request answered with an error.
+
+        The protocol layer calls this for requests it refuses before they reach the service
+        (malformed body, bad header); the service records everything after that.
+
+        Args:
+            reason: one of :data:`FAILURE_REASONS`.
+
+        Raises:
+            ValueError: an unknown reason.
+        """
+        if reason not in FAILURE_REASONS:
+            raise ValueError(f"failure reason {reason!r}; accepted: {', '.join(FAILURE_REASONS)}")
+        with self._lock:
+            self._get(model, version).failure[reason] += 1
+
+    def record_execution(self, model: str, version: int | str, *, batch_size: int) -> None:
+        """One batch of ``batch_size`` inferences executed."""
+        with self._lock:
+            series = self._get(model, version)
+            series.exec_count += 1
+            series.inference_count += batch_size
+
+    def add_pending(self, model: str, version: int | str, delta: int) -> None:
+        """Change the pending (queued) request gauge by ``delta``."""
+        with self._lock:
+            self._get(model, version).pending += delta
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def collect(self) -> Iterable[Metric]:
+        """The metric families (prometheus_client's collector protocol)."""
+        with self._lock:
+            items = sorted(self._series.items())
+            snapshot = [
+                (
+                    {"model": m, "version": v},
+                    s.success,
+                    dict(s.failure),
+                    s.inference_count,
+                    s.exec_count,
+                    s.pending,
+                    dict(s.duration_ns),
+                    {k: (list(h.counts), h.total) for k, h in s.histograms.items()},
+                )
+                for (m, v), s in items
+            ]
+
+        def counter(name: str, doc: str, values: Iterable[tuple[dict[str, str], float]]) -> Metric:
+            # Typed "unknown" for prometheus_client, whose generate_latest would rename a
+            # counter's HELP/TYPE lines to <name>_total; exposition() writes "counter".
+            fam = Metric(name, doc, "unknown")
+            for labels, value in values:
+                fam.add_sample(name, labels, value)
+            return fam
+
+        yield counter(
+            "nv_inference_request_success",
+            "Number of successful inference requests, all batch sizes",
+            ((labels, ok) for labels, ok, *_ in snapshot),
+        )
+        yield counter(
+            "nv_inference_request_failure",
+            "Number of failed inference requests, all batch sizes",
+            (({**labels, "reason": r}, n) for labels, _, fail, *_ in snapshot for r, n in fail.items()),
+        )
+        yield counter(
+            "nv_inference_count",
+            "Number of inferences performed (a request of batch n counts n)",
+            ((row[0], row[3]) for row in snapshot),
+        )
+        yield counter(
+            "nv_inference_exec_count",
+            "Number of model executions performed (batches)",
+            ((row[0], row[4]) for row in snapshot),
+        )
+        pending = GaugeMetricFamily(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution",
+            labels=["model", "version"],
+        )
+        for row in snapshot:
+            pending.add_metric([row[0]["model"], row[0]["version"]], row[5])
+        yield pending
+        for key in _DURATIONS:
+            yield counter(
+                f"nv_inference_{key}_duration_us",
+                f"Cumulative {_DOC[key]} in microseconds",
+                ((row[0], row[6][key] // 1000) for row in snapshot),
+            )
+        for key in _DURATIONS:
+            hist = HistogramMetricFamily(
+                f"nv_inference_{key}_duration_histogram_us",
+                f"Histogram of {_DOC[key]} in microseconds, per request",
+                labels=["model", "version"],
+            )
+            for row in snapshot:
+                counts, total = row[7][key]
+                cumulative, buckets = 0, []
+                for bound, n in zip((*self._bounds, float("inf")), counts, strict=True):
+                    cumulative += n
+                    buckets.append((floatToGoString(bound), cumulative))
+                hist.add_metric([row[0]["model"], row[0]["version"]], buckets, total)
+            yield hist
+
+    def exposition(self) -> bytes:
+        """Everything in this registry in the Prometheus text format (0.0.4), counters under
+        their exact Triton names (serve with :data:`CONTENT_TYPE`)."""
+        lines: list[str] = []
+        for fam in self.registry.collect():
+            kind = "counter" if fam.name in _COUNTERS else "untyped" if fam.type == "unknown" else fam.type
+            lines.append(f"# HELP {fam.name} {fam.documentation}")
+            lines.append(f"# TYPE {fam.name} {kind}")
+            for s in fam.samples:
+                if s.name.endswith("_created"):
+                    continue
+                labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(s.labels.items()))
+                lines.append(f"{s.name}{{{labels}}} {floatToGoString(s.value)}" if labels else f"{s.name} {floatToGoString(s.value)}")
+        return ("\n".join(lines) + "\n").encode("utf-8")
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """One sample's current value (``None`` if absent); for tests and the CLI."""
+        for fam in self.registry.collect():
+            for s in fam.samples:
+                if s.name == name and all(s.labels.get(k) == str(v) for k, v in labels.items()):
+                    return float(s.value)
+        return None
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")

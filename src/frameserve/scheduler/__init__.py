@@ -1,0 +1,35 @@
+"""The scheduler: per model version, a dynamic batcher (Triton's ``dynamic_batching``: preferred
+sizes, queue delay, priority levels, queue policies with timeouts and bounds, order kept) in
+front of an instance pool (instance groups with per-instance thread budgets and CPU sets).
+
+It knows the :class:`~frameserve.backends.Session` protocol and no backend.
+"""
+
+from __future__ import annotations
+
+from frameserve.scheduler._clock import Clock, FakeClock, MonotonicClock
+from frameserve.scheduler._instances import InstanceSpec, gpu_count, parse_cpu_list, plan_instances
+from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE, BatchingPolicy, QueuePolicy
+from frameserve.scheduler._queue import BatchQueue
+from frameserve.scheduler._request import InferRequest
+from frameserve.scheduler._scheduler import BatchOutputError, Scheduler, SchedulerStoppedError
+from frameserve.scheduler._stats import ModelStats
+
+__all__ = [
+    "DEFAULT_MAX_QUEUE_SIZE",
+    "BatchOutputError",
+    "BatchQueue",
+    "BatchingPolicy",
+    "Clock",
+    "FakeClock",
+    "InferRequest",
+    "InstanceSpec",
+    "ModelStats",
+    "MonotonicClock",
+    "QueuePolicy",
+    "Scheduler",
+    "SchedulerStoppedError",
+    "gpu_count",
+    "parse_cpu_list",
+    "plan_instances",
+]

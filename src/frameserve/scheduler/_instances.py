@@ -1,0 +1,194 @@
+"""Instance groups: how many instances a model version runs, of which kind, with how many
+threads each and on which CPUs.
+
+Source of the fields: ``ModelInstanceGroup`` in Triton's ``protobuf/model_config.proto``
+(``count`` instances of ``kind``). frameserve adds, under the model's ``parameters``:
+
+- ``threads``: intra-op threads of each instance (``"2"``); default below.
+- ``cpu_set``: the CPUs each instance's thread (and so its runtime's threads) may run on, in
+  Linux cpulist form (``"0-1"``, ``"0,2"``); several sets separated by ``;`` go to the
+  instances in turn (``"0-1;2-3"``: instance 0 on CPUs 0-1, instance 1 on 2-3, instance 2 on
+  0-1 ...).
+
+Default threads never oversubscribe the cores: an instance with a CPU set gets one thread per
+CPU in it; the others share the CPUs the already loaded models leave free, evenly (at least
+one each, so more instances than free CPUs do oversubscribe, by one thread per extra instance).
+Triton leaves each framework to its own default (every core per instance), which is what users
+of several instances hit (server issue 7213).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from frameserve.config import cpu_count
+from frameserve.errors import ModelConfigError
+from frameserve.repository import ModelConfig
+
+__all__ = ["InstanceSpec", "gpu_count", "parse_cpu_list", "plan_instances"]
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One model instance to start.
+
+    Attributes:
+        index: 0-based position within its instance group.
+        kind: ``KIND_CPU`` or ``KIND_GPU``.
+        threads: the session's intra-op thread budget (>= 1).
+        cpu_set: CPUs its thread is pinned to, or ``None`` (inherits the process's).
+        gpu: the GPU index for ``KIND_GPU``, else ``None``.
+        group: the instance group's name (``<model>_<n>`` when the config gives none).
+    """
+
+    index: int
+    kind: str
+    threads: int
+    cpu_set: frozenset[int] | None = None
+    gpu: int | None = None
+    group: str = ""
+
+    @property
+    def name(self) -> str:
+        """``<group>_<index>``, as Triton names instances."""
+        return f"{self.group}_{self.index}"
+
+    def to_dict(self) -> dict[str, object]:
+        """``{"name", "kind", "threads", "cpu_set" (sorted list or None), "gpu"}``."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "threads": self.threads,
+            "cpu_set": sorted(self.cpu_set) if self.cpu_set is not None else None,
+            "gpu": self.gpu,
+        }
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """Parse a Linux cpulist (``"0-3,6"``) into CPU numbers.
+
+    Raises:
+        ModelConfigError: malformed, empty, or a reversed range.
+    """
+    cpus: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ModelConfigError(f"cpu_set {text!r}: {part!r} is not a CPU number or range like 0-3") from None
+        if first < 0 or last < first:
+            raise ModelConfigError(f"cpu_set {text!r}: range {part!r} is empty or negative")
+        cpus.update(range(first, last + 1))
+    if not cpus:
+        raise ModelConfigError(f"cpu_set {text!r} names no CPU; give a list such as 0-1 or 0,2")
+    return frozenset(cpus)
+
+
+def gpu_count() -> int:
+    """NVIDIA GPUs the driver exposes (``/proc/driver/nvidia/gpus``); 0 where there is none."""
+    path = Path("/proc/driver/nvidia/gpus")
+    try:
+        return sum(1 for _ in path.iterdir())
+    except OSError:
+        return 0
+
+
+def _allowed_cpus() -> frozenset[int]:
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def plan_instances(
+    config: ModelConfig,
+    *,
+    threads: int | None = None,
+    free_cpus: int | None = None,
+    instances_sharing: int | None = None,
+    gpus: int | None = None,
+) -> list[InstanceSpec]:
+    """The instances of one model version, with their thread budgets and CPU sets.
+
+    Args:
+        config: the model config (``instance_group``, ``parameters.threads``/``cpu_set``).
+        threads: an explicit per-instance budget from the caller (``parameters.threads``
+            wins over it); ``None`` = the default rule above.
+        free_cpus: CPUs not taken by already loaded instances (default: all this process may
+            use).
+        instances_sharing: how many unpinned instances share ``free_cpus`` (default: this
+            version's); a caller loading several models at once passes their total.
+        gpus: GPUs present (default: :func:`gpu_count`).
+
+    Returns:
+        One :class:`InstanceSpec` per instance (empty ``instance_group`` = one CPU instance).
+
+    Raises:
+        ModelConfigError: ``KIND_GPU`` without a GPU (or a GPU index that does not exist), a
+            bad ``threads`` or ``cpu_set``, or a CPU outside this process's affinity.
+    """
+    params = config.parameters
+    explicit = threads
+    if "threads" in params:
+        try:
+            explicit = int(params["threads"])
+        except ValueError:
+            explicit = 0
+        if explicit < 1:
+            raise ModelConfigError(f"model {config.name!r}: parameters.threads is {params['threads']!r}; give an integer >= 1")
+    if explicit is not None and explicit < 1:
+        raise ModelConfigError(f"model {config.name!r}: threads must be >= 1, got {explicit}")
+    cpu_sets: list[frozenset[int]] = []
+    if params.get("cpu_set"):
+        allowed = _allowed_cpus()
+        for text in params["cpu_set"].split(";"):
+            cpus = parse_cpu_list(text)
+            if not cpus <= allowed:
+                raise ModelConfigError(
+                    f"model {config.name!r}: cpu_set {text!r} names CPUs {sorted(cpus - allowed)} this process "
+                    f"may not use; allowed: {sorted(allowed)}"
+                )
+            cpu_sets.append(cpus)
+    n_gpus = gpu_count() if gpus is None else gpus
+    groups = config.instance_group or ()
+    layout: list[tuple[str, str, int | None]] = []  # (group name, kind, gpu)
+    if not groups:
+        layout.append((config.name, "KIND_CPU", None))
+    for gi, group in enumerate(groups):
+        gname = group.name or f"{config.name}_{gi}"
+        kind = "KIND_CPU" if group.kind == "KIND_AUTO" else group.kind
+        if kind == "KIND_GPU":
+            if n_gpus == 0:
+                raise ModelConfigError(
+                    f"model {config.name!r}: instance_group[{gi}] asks for KIND_GPU but this machine has no GPU; "
+                    f"use KIND_CPU (or KIND_AUTO)"
+                )
+            devices = list(group.gpus) or list(range(n_gpus))
+            missing = [g for g in devices if g >= n_gpus]
+            if missing:
+                raise ModelConfigError(
+                    f"model {config.name!r}: instance_group[{gi}] names GPUs {missing}; this machine has {n_gpus}"
+                )
+            # Triton: count instances on each listed GPU.
+            layout += [(gname, kind, g) for g in devices for _ in range(group.count)]
+        else:
+            layout += [(gname, kind, None)] * group.count
+    unpinned = 0 if cpu_sets else len(layout)
+    sharing = instances_sharing if instances_sharing is not None else unpinned
+    free = cpu_count() if free_cpus is None else free_cpus
+    auto = max(1, free // max(1, sharing))
+    out: list[InstanceSpec] = []
+    counters: dict[str, int] = {}
+    for i, (gname, kind, gpu) in enumerate(layout):
+        cpus = cpu_sets[i % len(cpu_sets)] if cpu_sets else None
+        n = explicit if explicit is not None else (len(cpus) if cpus is not None else auto)
+        idx = counters.get(gname, 0)
+        counters[gname] = idx + 1
+        out.append(InstanceSpec(index=idx, kind=kind, threads=n, cpu_set=cpus, gpu=gpu, group=gname))
+    return out

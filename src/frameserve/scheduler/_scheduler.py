@@ -1,0 +1,511 @@
+"""The scheduler of one model version: a dynamic batcher thread in front of an instance pool.
+
+Threads: one batcher thread per model version, one thread per instance. The batcher waits on
+its condition with a timeout equal to the nearest event it knows (the oldest request's queue
+delay, or the nearest request deadline), never polling; a request still queued at its
+deadline is answered by the batcher at that moment, even while every instance is busy with a
+long batch (Triton looks only when it forms the next batch; server issue 5783). A batch is
+formed only when an instance is idle, so requests that arrive while all are busy batch
+together.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from typing import Any
+
+import numpy as np
+
+from frameserve.backends import Session
+from frameserve.errors import (
+    DeadlineExceededError,
+    FrameserveError,
+    InferenceError,
+    ModelNotReadyError,
+    ResourceExhaustedError,
+)
+from frameserve.metrics import Metrics
+from frameserve.repository import ModelConfig
+from frameserve.scheduler._clock import Clock, MonotonicClock
+from frameserve.scheduler._instances import InstanceSpec
+from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE, BatchingPolicy
+from frameserve.scheduler._queue import BatchQueue
+from frameserve.scheduler._request import InferRequest
+from frameserve.scheduler._stats import ModelStats
+
+__all__ = ["BatchOutputError", "Scheduler", "SchedulerStoppedError"]
+
+log = logging.getLogger(__name__)
+
+Outputs = dict[str, np.ndarray[Any, Any]]
+
+
+class BatchOutputError(InferenceError):
+    """A session returned an output whose batch dim is not the batch's size, or a
+    ``run_requests`` result list of the wrong length (code ``inference_failed``, 500)."""
+
+
+class SchedulerStoppedError(ModelNotReadyError):
+    """The model version is being unloaded; no new request is taken (code ``model_not_ready``)."""
+
+
+class _Sequencer:
+    """Delivers outcomes in arrival order (``preserve_ordering``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0
+        self._done: dict[int, tuple[InferRequest, Outputs | None, BaseException | None]] = {}
+
+    def complete(self, req: InferRequest, result: Outputs | None, exc: BaseException | None) -> None:
+        ready: list[tuple[InferRequest, Outputs | None, BaseException | None]] = []
+        with self._lock:
+            self._done[req.seq] = (req, result, exc)
+            while self._next in self._done:
+                ready.append(self._done.pop(self._next))
+                self._next += 1
+        for r, res, err in ready:
+            _settle(r.future, res, err)
+
+    def skip(self, req: InferRequest) -> None:
+        """An error answered out of order: later requests need not wait for it."""
+        self.complete(req, None, None)
+
+
+def _settle(fut: Future[Outputs], result: Outputs | None, exc: BaseException | None) -> None:
+    if result is None and exc is None:
+        return
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]
+    except InvalidStateError:  # cancelled by the caller meanwhile
+        pass
+
+
+class _Instance:
+    def __init__(self, spec: InstanceSpec) -> None:
+        self.spec = spec
+        self.session: Session | None = None
+        self.slot: queue.Queue[list[InferRequest] | None] = queue.Queue(maxsize=1)
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+
+class Scheduler:
+    """Queues, batches and runs the requests of one loaded model version.
+
+    Args:
+        config: the model config (``max_batch_size``, ``dynamic_batching``, ``outputs``);
+            replaced by the first session's ``config`` (completed from the model file) once
+            the sessions are open.
+        version: the version number (labels and messages).
+        instances: the instances to start (see :func:`plan_instances`).
+        load: opens the session of one instance; called on that instance's own thread after
+            its CPU set is applied, so the runtime's threads inherit the pinning.
+        clock: the clock for arrival times, delays and deadlines (default: monotonic).
+        stats: where to count statistics (default: a new :class:`ModelStats`).
+        metrics: where to record Prometheus metrics, or ``None``.
+        max_queue_size: bound of a priority level's queue when its policy gives none.
+
+    A session with a ``run_requests(requests) -> list[dict | Exception]`` method gets the
+    batch's requests as they are (Python models); any other gets their inputs concatenated
+    along dim 0 (``run``) and its outputs are split back by each request's batch size.
+
+    Raises:
+        ModelConfigError: a bad ``dynamic_batching`` section.
+        Whatever ``load`` raises (every instance already started is closed first).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        version: int,
+        instances: Sequence[InstanceSpec],
+        load: Callable[[InstanceSpec], Session],
+        *,
+        clock: Clock | None = None,
+        stats: ModelStats | None = None,
+        metrics: Metrics | None = None,
+        max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
+    ) -> None:
+        if not instances:
+            raise ValueError("a scheduler needs at least one instance")
+        self.config = config
+        self.name = config.name
+        self.version = version
+        self.policy = BatchingPolicy.from_config(config, default_max_queue_size=max_queue_size)
+        self.clock: Clock = clock or MonotonicClock()
+        self.stats = stats or ModelStats(config.name, version)
+        self.metrics = metrics
+        self._outputs = tuple(s.name for s in config.outputs)
+        self._load = load
+        self._cond = threading.Condition()
+        self._accepting = True
+        self._stopping = False
+        self._sequencer = _Sequencer() if self.policy.preserve_ordering else None
+        self._fast_handovers = 0  # requests handed over by enqueue itself (tests read it)
+        self._instances = [_Instance(spec) for spec in instances]
+        for inst in self._instances:
+            inst.thread = threading.Thread(
+                target=self._instance_main, args=(inst,), name=f"fs-{self.name}-v{version}-{inst.spec.name}", daemon=True
+            )
+            inst.thread.start()
+        for inst in self._instances:
+            inst.ready.wait()
+        failed = [inst.error for inst in self._instances if inst.error is not None]
+        if failed:
+            for inst in self._instances:
+                if inst.error is None:
+                    inst.slot.put(None)
+            for inst in self._instances:
+                assert inst.thread is not None
+                inst.thread.join()
+            raise failed[0]
+        sessions = [inst.session for inst in self._instances]
+        completed = getattr(sessions[0], "config", None)
+        if isinstance(completed, ModelConfig):  # the config completed from the model file
+            try:
+                self.policy = BatchingPolicy.from_config(completed, default_max_queue_size=max_queue_size)
+            except BaseException:
+                for inst in self._instances:
+                    inst.slot.put(None)
+                for inst in self._instances:
+                    assert inst.thread is not None
+                    inst.thread.join()
+                raise
+            self.config = completed
+            self._outputs = tuple(s.name for s in completed.outputs)
+        self._by_requests = all(callable(getattr(s, "run_requests", None)) for s in sessions)
+        self._queue = BatchQueue(self.policy, check_shapes=not self._by_requests, model=self.name)
+        self._idle: list[_Instance] = list(self._instances)
+        if metrics is not None:
+            metrics.register_model(self.name, version)
+        self._batcher = threading.Thread(target=self._batcher_main, name=f"fs-{self.name}-v{version}-batcher", daemon=True)
+        self._batcher.start()
+
+    # -- public ------------------------------------------------------------------------------
+
+    @property
+    def sessions(self) -> list[Session]:
+        """The instances' sessions, in instance order."""
+        return [inst.session for inst in self._instances if inst.session is not None]
+
+    @property
+    def instances(self) -> list[InstanceSpec]:
+        """The instances' specs."""
+        return [inst.spec for inst in self._instances]
+
+    @property
+    def pending_count(self) -> int:
+        """Requests queued, not yet executing."""
+        with self._cond:
+            return len(self._queue)
+
+    def enqueue(self, request: InferRequest, *, inline: bool = False) -> Future[Outputs]:
+        """Queue a checked request; its future completes with the outputs or the error.
+
+        Sets ``request.arrival_ns`` from the scheduler's clock.
+
+        Args:
+            request: the request.
+            inline: when nothing else is queued, an instance (without a CPU set) is idle and
+                the batching rule sends the request at once, run it on the calling thread
+                (for callers that would block on the future anyway: two thread switches
+                fewer). The future is done when this returns in that case.
+
+        Raises:
+            ResourceExhaustedError: its priority level's queue is full (counted as a failure,
+                reason ``REJECTED``).
+            SchedulerStoppedError: the scheduler is stopping.
+        """
+        with self._cond:
+            if not self._accepting:
+                raise SchedulerStoppedError(f"model {self.name!r} version {self.version} is being unloaded")
+            request.arrival_ns = self.clock.now_ns()
+            try:
+                self._queue.add(request)
+            except ResourceExhaustedError:
+                self.stats.record_failure(request_ns=0)
+                if self.metrics is not None:
+                    self.metrics.record_failure(self.name, self.version, "REJECTED")
+                raise
+            if self.metrics is not None:
+                self.metrics.add_pending(self.name, self.version, 1)
+            batch: list[InferRequest] = []
+            target: _Instance | None = None
+            if self._idle and len(self._queue) == 1:
+                # Fast path: nothing else queued and an instance idle; hand over from this
+                # thread (one thread switch fewer) when the rule says "send now".
+                batch, _ = self._queue.form(request.arrival_ns, flush=self._stopping)
+                if batch:
+                    target = self._idle.pop()
+                    request.dispatch_ns = request.arrival_ns
+                    self._fast_handovers += 1
+            if target is None:
+                self._cond.notify_all()  # the batcher decides (delay, deadlines)
+        if target is not None:
+            self._hand_over(target, batch, here=inline and target.spec.cpu_set is None)
+        return request.future
+
+    def stop(self, *, drain: bool = True) -> None:
+        """Stop taking requests, finish (``drain``) or refuse the queued ones, let running
+        batches finish, then close the sessions. Idempotent; returns when all threads ended.
+
+        Refused requests get :class:`SchedulerStoppedError`.
+        """
+        refused: list[InferRequest] = []
+        with self._cond:
+            self._accepting = False
+            self._stopping = True
+            if not drain:
+                refused = self._queue.drain_all()
+            self._cond.notify_all()
+        if refused and self.metrics is not None:
+            self.metrics.add_pending(self.name, self.version, -len(refused))
+        for r in refused:
+            self._fail(r, SchedulerStoppedError(f"model {self.name!r} version {self.version} was unloaded"), "OTHER")
+        self._batcher.join()
+        for inst in self._instances:
+            assert inst.thread is not None
+            inst.thread.join()
+
+    # -- batcher -----------------------------------------------------------------------------
+
+    def _batcher_main(self) -> None:
+        while True:
+            expired: list[InferRequest] = []
+            batch: list[InferRequest] = []
+            target: _Instance | None = None
+            done = False
+            with self._cond:
+                while True:
+                    now = self.clock.now_ns()
+                    expired = self._queue.expire(now)
+                    if expired:
+                        break
+                    wake_ns: int | None = None
+                    if self._idle and len(self._queue):
+                        batch, wake_ns = self._queue.form(now, flush=self._stopping)
+                        if batch:
+                            target = self._idle.pop()
+                            for r in batch:
+                                r.dispatch_ns = now
+                            break
+                    if self._stopping and not len(self._queue) and len(self._idle) == len(self._instances):
+                        # Every instance idle: no batch is running or being handed over, so
+                        # the end marker cannot overtake one.
+                        done = True
+                        break
+                    deadline = self._queue.next_deadline_ns()
+                    events = [t for t in (wake_ns, deadline) if t is not None]
+                    self.clock.wait(self._cond, min(events) - now if events else None)
+            if self.metrics is not None and (expired or batch):
+                self.metrics.add_pending(self.name, self.version, -(len(expired) + len(batch)))
+            for r in expired:
+                if r.future.cancelled():
+                    self._fail(r, None, "CANCELED")
+                else:
+                    waited_us = (self.clock.now_ns() - r.arrival_ns) // 1000
+                    self._fail(
+                        r,
+                        DeadlineExceededError(
+                            f"model {self.name!r}: request {r.request_id or '(no id)'} timed out after "
+                            f"{waited_us} us in the queue (request timeout expired)"
+                        ),
+                        "REJECTED",
+                    )
+            if target is not None:
+                self._hand_over(target, batch, counted=True)
+            if done:
+                for inst in self._instances:
+                    inst.slot.put(None)
+                return
+
+    def _hand_over(self, target: _Instance, batch: list[InferRequest], *, counted: bool = False, here: bool = False) -> None:
+        """Give a formed batch to an idle instance (outside the lock), or run it on this thread
+        with that instance's session (``here``)."""
+        if self.metrics is not None and not counted:
+            self.metrics.add_pending(self.name, self.version, -len(batch))
+        running = [r for r in batch if r.future.set_running_or_notify_cancel()]
+        if len(running) < len(batch):
+            for r in batch:
+                if r not in running:
+                    self._fail(r, None, "CANCELED")
+        if running and here:
+            self._run_batch(target, running)
+        elif running:
+            target.slot.put(running)
+        else:
+            self._release(target)
+
+    def _release(self, inst: _Instance) -> None:
+        with self._cond:
+            self._idle.append(inst)
+            if len(self._queue) or self._stopping:
+                self._cond.notify_all()
+
+    # -- instances ---------------------------------------------------------------------------
+
+    def _instance_main(self, inst: _Instance) -> None:
+        try:
+            if inst.spec.cpu_set is not None and hasattr(os, "sched_setaffinity"):
+                os.sched_setaffinity(0, inst.spec.cpu_set)  # this thread only; threads it starts inherit it
+            inst.session = self._load(inst.spec)
+        except BaseException as exc:  # reported to the constructor
+            inst.error = exc
+            inst.ready.set()
+            return
+        inst.ready.set()
+        try:
+            while True:
+                batch = inst.slot.get()
+                if batch is None:
+                    return
+                self._run_batch(inst, batch)
+        finally:
+            try:
+                inst.session.close()
+            except Exception:  # pragma: no cover - closing must not hide the real outcome
+                log.exception("model %r: closing a session failed", self.name)
+
+    def _run_batch(self, inst: _Instance, batch: list[InferRequest]) -> None:
+        try:
+            assert inst.session is not None
+            self._execute(inst.session, batch)
+        except BaseException as exc:  # never lose a batch's futures
+            log.exception("model %r: scheduler error", self.name)
+            for r in batch:
+                if not r.future.done():
+                    self._fail(r, InferenceError(f"model {self.name!r}: scheduler error: {exc}"), "OTHER")
+        finally:
+            self._release(inst)
+
+    def _execute(self, session: Session, batch: list[InferRequest]) -> None:
+        clock = self.clock
+        total = sum(r.batch_size for r in batch)
+        t0 = clock.now_ns()
+        outcomes: list[Outputs | BaseException]
+        try:
+            if self._by_requests:
+                t1 = t0
+                raw = session.run_requests(batch)  # type: ignore[attr-defined]
+                t2 = clock.now_ns()
+                if len(raw) != len(batch):
+                    raise BatchOutputError(
+                        f"model {self.name!r} version {self.version}: run_requests returned {len(raw)} results "
+                        f"for {len(batch)} requests"
+                    )
+                outcomes = [o if isinstance(o, BaseException) else self._pick(r, o) for r, o in zip(batch, raw, strict=True)]
+            else:
+                if len(batch) == 1:
+                    inputs = batch[0].inputs
+                else:
+                    inputs = {name: np.concatenate([r.inputs[name] for r in batch]) for name in batch[0].inputs}
+                t1 = clock.now_ns()
+                out = session.run(inputs)
+                t2 = clock.now_ns()
+                outcomes = self._split(batch, out, total)
+        except FrameserveError as exc:
+            self._fail_batch(batch, exc)
+            return
+        except Exception as exc:  # a backend that let its own error through
+            self._fail_batch(batch, InferenceError(f"model {self.name!r} version {self.version}: {exc}"))
+            return
+        t3 = clock.now_ns()
+        input_ns, infer_ns, output_ns = t1 - t0, t2 - t1, t3 - t2
+        self.stats.record_execution(
+            batch_size=total, compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns
+        )
+        if self.metrics is not None:
+            self.metrics.record_execution(self.name, self.version, batch_size=total)
+        for r, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                exc = outcome if isinstance(outcome, FrameserveError) else InferenceError(
+                    f"model {self.name!r} version {self.version}: {outcome}"
+                )
+                self._fail(r, exc, "BACKEND")
+                continue
+            done = clock.now_ns()
+            self.stats.record_success(
+                request_ns=done - r.arrival_ns,
+                queue_ns=r.dispatch_ns - r.arrival_ns,
+                compute_input_ns=input_ns,
+                compute_infer_ns=infer_ns,
+                compute_output_ns=output_ns,
+            )
+            if self.metrics is not None:
+                self.metrics.record_success(
+                    self.name,
+                    self.version,
+                    request_ns=done - r.arrival_ns,
+                    queue_ns=r.dispatch_ns - r.arrival_ns,
+                    compute_input_ns=input_ns,
+                    compute_infer_ns=infer_ns,
+                    compute_output_ns=output_ns,
+                )
+            self._deliver(r, outcome, None)
+
+    def _pick(self, r: InferRequest, out: Outputs) -> Outputs | BaseException:
+        if r.outputs is not None:
+            wanted: Sequence[str] = r.outputs
+        elif self._by_requests:  # a Python model answers with the outputs it produced
+            wanted = [n for n in self._outputs if n in out] or list(out)
+        else:
+            wanted = self._outputs
+        missing = [n for n in wanted if n not in out]
+        if missing:
+            return InferenceError(f"model {self.name!r} version {self.version}: backend returned no output {missing}")
+        return {n: out[n] for n in wanted}
+
+    def _split(self, batch: list[InferRequest], out: Outputs, total: int) -> list[Outputs | BaseException]:
+        if len(batch) == 1 and not self.policy.max_batch_size:
+            return [self._pick(batch[0], out)]
+        if self.policy.max_batch_size:
+            bad = {n: list(a.shape) for n, a in out.items() if a.ndim == 0 or a.shape[0] != total}
+            if bad:
+                raise BatchOutputError(
+                    f"model {self.name!r} version {self.version}: outputs {bad} do not have the batch's size "
+                    f"{total} as their first dim"
+                )
+        if len(batch) == 1:
+            return [self._pick(batch[0], out)]
+        results: list[Outputs | BaseException] = []
+        start = 0
+        for r in batch:
+            stop = start + r.batch_size
+            results.append(self._pick(r, {n: a[start:stop] for n, a in out.items()}))
+            start = stop
+        return results
+
+    # -- completion --------------------------------------------------------------------------
+
+    def _deliver(self, r: InferRequest, result: Outputs | None, exc: BaseException | None) -> None:
+        if self._sequencer is not None:
+            self._sequencer.complete(r, result, exc)
+        else:
+            _settle(r.future, result, exc)
+
+    def _fail(self, r: InferRequest, exc: BaseException | None, reason: str) -> None:
+        """Count a failed request and answer it at once (errors are not held for ordering)."""
+        self.stats.record_failure(request_ns=self.clock.now_ns() - r.arrival_ns)
+        if self.metrics is not None:
+            self.metrics.record_failure(self.name, self.version, reason)
+        if self._sequencer is not None:
+            self._sequencer.skip(r)
+        if exc is not None:
+            _settle(r.future, None, exc)
+
+    def _fail_batch(self, batch: list[InferRequest], exc: FrameserveError) -> None:
+        for r in batch:
+            self._fail(r, exc, "BACKEND")
+
+    def __repr__(self) -> str:
+        return f"Scheduler({self.name!r}, version={self.version}, instances={len(self._instances)}, policy={self.policy})"

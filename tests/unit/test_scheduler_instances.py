@@ -1,0 +1,106 @@
+"""Instance groups: counts, kinds, thread budgets that do not oversubscribe, CPU sets and pinning."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from frameserve.errors import ModelConfigError
+from frameserve.repository import parse_config
+from frameserve.scheduler import InferRequest, InstanceSpec, Scheduler, parse_cpu_list, plan_instances
+
+pytestmark = pytest.mark.unit
+
+LINUX = hasattr(os, "sched_setaffinity")
+
+
+def _cfg(**fields: Any):  # type: ignore[no-untyped-def]
+    return parse_config({"max_batch_size": 4, **fields}, default_name="m")
+
+
+def test_default_budget_shares_free_cpus_without_oversubscribing() -> None:
+    specs = plan_instances(_cfg(instance_group=[{"count": 3, "kind": "KIND_CPU"}]), free_cpus=8)
+    assert [s.threads for s in specs] == [2, 2, 2] and sum(s.threads for s in specs) <= 8
+    assert [s.name for s in specs] == ["m_0_0", "m_0_1", "m_0_2"]
+    # Two groups, shared with the instances of other models being loaded at the same time.
+    specs = plan_instances(
+        _cfg(instance_group=[{"count": 1, "name": "a"}, {"count": 2, "kind": "KIND_AUTO", "name": "b"}]),
+        free_cpus=12,
+        instances_sharing=6,
+    )
+    assert [(s.name, s.kind, s.threads) for s in specs] == [("a_0", "KIND_CPU", 2), ("b_0", "KIND_CPU", 2), ("b_1", "KIND_CPU", 2)]
+    assert [s.threads for s in plan_instances(_cfg(), free_cpus=0)] == [1]  # at least one thread
+    assert len(plan_instances(_cfg())) == 1  # no instance_group: one CPU instance
+
+
+def test_explicit_threads_and_parameters() -> None:
+    assert [s.threads for s in plan_instances(_cfg(instance_group=[{"count": 2}]), threads=3, free_cpus=2)] == [3, 3]
+    cfg = _cfg(instance_group=[{"count": 2}], parameters={"threads": "1"})
+    assert [s.threads for s in plan_instances(cfg, threads=3)] == [1, 1]  # the model's own setting wins
+    with pytest.raises(ModelConfigError, match=r"parameters.threads is 'many'"):
+        plan_instances(_cfg(parameters={"threads": "many"}))
+
+
+def test_cpu_sets_are_parsed_checked_and_given_in_turn() -> None:
+    assert parse_cpu_list("0-2, 5") == frozenset({0, 1, 2, 5})
+    for bad in ("", "a", "3-1"):
+        with pytest.raises(ModelConfigError, match="cpu_set"):
+            parse_cpu_list(bad)
+    allowed = sorted(os.sched_getaffinity(0)) if LINUX else [0]
+    first = str(allowed[0])
+    cfg = _cfg(instance_group=[{"count": 3}], parameters={"cpu_set": f"{first};{first}"})
+    specs = plan_instances(cfg)
+    assert [s.cpu_set for s in specs] == [frozenset({allowed[0]})] * 3
+    assert [s.threads for s in specs] == [1, 1, 1]  # one thread per CPU in the set
+    with pytest.raises(ModelConfigError, match=r"cpu_set '4096' names CPUs \[4096\] this process may not use"):
+        plan_instances(_cfg(parameters={"cpu_set": "4096"}))
+
+
+def test_gpu_instances_need_a_gpu() -> None:
+    cfg = _cfg(instance_group=[{"count": 2, "kind": "KIND_GPU"}])
+    with pytest.raises(ModelConfigError, match="asks for KIND_GPU but this machine has no GPU; use KIND_CPU"):
+        plan_instances(cfg, gpus=0)
+    specs = plan_instances(_cfg(instance_group=[{"count": 1, "kind": "KIND_GPU", "gpus": [0, 1]}]), gpus=2)
+    assert [(s.kind, s.gpu) for s in specs] == [("KIND_GPU", 0), ("KIND_GPU", 1)]
+    with pytest.raises(ModelConfigError, match=r"names GPUs \[3\]; this machine has 2"):
+        plan_instances(_cfg(instance_group=[{"kind": "KIND_GPU", "gpus": [3]}]), gpus=2)
+
+
+@pytest.mark.skipif(not LINUX, reason="CPU affinity is Linux-only")
+def test_instance_thread_is_pinned_before_its_session_opens() -> None:
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    seen: dict[str, set[int]] = {}
+
+    class Session:
+        config = _cfg(input=[{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}], output=[{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}])
+        info: dict[str, Any] = {}
+
+        def run(self, inputs: Any) -> Any:
+            seen["run"] = os.sched_getaffinity(0)
+            return dict(inputs)
+
+        def close(self) -> None:
+            pass
+
+    def load(spec: InstanceSpec) -> Session:
+        seen["load"] = os.sched_getaffinity(0)
+        # A runtime's pool threads start here; they inherit the pinning.
+        child = threading.Thread(target=lambda: seen.__setitem__("child", os.sched_getaffinity(0)))
+        child.start()
+        child.join()
+        return Session()
+
+    spec = InstanceSpec(index=0, kind="KIND_CPU", threads=1, cpu_set=frozenset({cpu}), group="m")
+    sched = Scheduler(Session.config, 1, [spec], load)  # type: ignore[arg-type]
+    try:
+        req = sched.enqueue(InferRequest(inputs={"x": np.ones((1, 1), np.float32)}))
+        req.result(10)
+    finally:
+        sched.stop()
+    assert seen == {"load": {cpu}, "child": {cpu}, "run": {cpu}}
+    assert os.sched_getaffinity(0) == before  # the caller's thread is untouched
