@@ -85,12 +85,16 @@ class DataType(str, enum.Enum):
             TensorError: the dtype has no v2 datatype (complex, datetime, ...).
         """
         dt = np.dtype(dtype)
+        hit = _FROM_NUMPY.get(dt.str)  # hot path: one dict look-up per tensor
+        if hit is not None:
+            return hit
         if dt.kind in ("O", "S", "U"):
             return cls.BYTES
         if dt.name == "bfloat16":
             return cls.BF16
         for member, np_name in _TO_NUMPY.items():
             if np_name == dt.name:
+                _FROM_NUMPY[dt.str] = member
                 return member
         raise TensorError(f"numpy dtype {dt} has no v2 datatype")
 
@@ -119,6 +123,9 @@ _TO_NUMPY: dict[DataType, str] = {
     DataType.FP64: "float64",
     DataType.BYTES: "object",
 }
+
+_FROM_NUMPY: dict[str, DataType] = {}
+"""Cache of :meth:`DataType.from_numpy` keyed by ``dtype.str`` (byte order included)."""
 
 
 @dataclass(frozen=True)
