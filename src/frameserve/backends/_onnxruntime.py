@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from frameserve.backends._complete import RawTensor, complete_config, detect_signature
-from frameserve.errors import InferenceError, ModelConfigError
+from frameserve.errors import InferenceError, ModelConfigError, TensorError
 from frameserve.repository import ModelConfig
 from frameserve.types import DataType, TensorSpec
 
@@ -122,7 +122,8 @@ class OrtSession:
         they are decoded as UTF-8 on the way in and encoded on the way out.
 
         Raises:
-            InferenceError: onnxruntime failed (its message is kept), or a BYTES element is not UTF-8.
+            InferenceError: onnxruntime failed (its message is kept).
+            TensorError: a BYTES element is not UTF-8 (onnxruntime string tensors hold text).
         """
         feed = {name: _to_ort(name, arr) for name, arr in inputs.items()}
         try:
@@ -148,7 +149,9 @@ def _to_ort(name: str, arr: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
             lambda v: v.decode("utf-8") if isinstance(v, (bytes, bytearray)) else str(v), otypes=[object]
         )(arr)
     except UnicodeDecodeError as exc:
-        raise InferenceError(f"input {name!r}: a BYTES element is not UTF-8 text, which onnxruntime string tensors need ({exc})") from None
+        raise TensorError(
+            f"input {name!r}: a BYTES element is not UTF-8 text, which onnxruntime string tensors need ({exc})"
+        ) from None
 
 
 def _from_ort(arr: Any) -> np.ndarray[Any, Any]:

@@ -1,0 +1,560 @@
+"""The v2 HTTP routes over an :class:`~frameserve.service.InferenceService`.
+
+Routes (Open Inference Protocol, ``inference_rest.md``; Triton's extensions in
+triton-inference-server/server ``docs/protocol/extension_*.md``)::
+
+    GET  /v2/health/live                       200 {"live": true}    | 503 {"error", "live": false}
+    GET  /v2/health/ready                      200 {"ready": true}   | 503 {"error", "ready": false}
+    GET  /v2                                   server metadata {"name", "version", "extensions"}
+    GET  /v2/models/{m}[/versions/{v}]         model metadata
+    GET  /v2/models/{m}[/versions/{v}]/ready   200 {"name", "ready": true} | 404 / 503 {"error"}
+    GET  /v2/models/{m}[/versions/{v}]/config  Triton's JSON model configuration
+    POST /v2/models/{m}[/versions/{v}]/infer   JSON and binary tensors, gzip/deflate either way
+    GET  /v2/models[/{m}[/versions/{v}]]/stats statistics extension
+    POST /v2/repository/index                  [{"name", "version", "state", "reason"}]
+    POST /v2/repository/models/{m}/load        optional {"parameters": {"config": "<JSON>"}}
+    POST /v2/repository/models/{m}/unload
+    GET  /metrics                              Prometheus text format
+
+Every failure answers ``{"error": "<message>"}`` with the status of the error's code in
+:data:`frameserve.errors.STATUS`; the server keeps serving after any of them.
+Inference POSTs are answered straight from the raw ASGI messages, before FastAPI's own layers
+(its OpenTelemetry hook, middleware and routing cost ~30% of a small request here); the other
+routes are plain Starlette routes over the raw body (no validation layer). Bodies are encoded
+with orjson; everything that may block (inference without a scheduler, load, unload, codec work
+on bodies over 1 MiB) runs off the event loop. Requests that never reach a model (unknown model
+or version) are not counted in metrics; every other refusal is, through
+``service.metrics.record_failure`` (the scheduler counts what it refuses itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from frameserve.errors import (
+    FrameserveError,
+    InferenceError,
+    InvalidInputError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    PayloadTooLargeError,
+    ResourceExhaustedError,
+)
+from frameserve.protocol.http import codec
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "HTTP_EXTENSIONS", "create_app", "create_metrics_app"]
+
+log = logging.getLogger("frameserve.protocol.http")
+
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+"""Default largest request body accepted, in bytes (after decompression): 256 MiB."""
+
+HTTP_EXTENSIONS: tuple[str, ...] = (
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "parameters",
+    "statistics",
+)
+"""Triton protocol extensions these routes implement (``schedule_policy`` is added when the
+service schedules requests, i.e. has ``submit``)."""
+
+_JSON = "application/json"
+_OFFLOAD_BYTES = 1 << 20  # decode/encode bodies larger than this off the event loop
+_PROMETHEUS_TEXT = CONTENT_TYPE_LATEST
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status, media_type=_JSON)
+
+
+def _error(exc: FrameserveError) -> Response:
+    return Response(codec.error_body(exc.message), status_code=exc.http_status, media_type=_JSON)
+
+
+def _version(raw: str | None) -> int | None:
+    """A URL's ``{v}`` as an int (``None`` when absent or empty)."""
+    if raw is None or raw == "":
+        return None
+    if not raw.isascii() or not raw.isdigit():
+        raise ModelNotFoundError(f"model version {raw!r} is not a version number")
+    return int(raw)
+
+
+def _failure_reason(exc: BaseException) -> str:
+    """Triton's ``nv_inference_request_failure`` reason for an error."""
+    if isinstance(exc, InvalidInputError | ResourceExhaustedError):
+        return "REJECTED"
+    if isinstance(exc, InferenceError):
+        return "BACKEND"
+    return "OTHER"
+
+
+class _Core:
+    """The service as the routes see it: the scheduler's API where it exists, and plain local
+    answers where it does not yet (``submit``, ``statistics``, ``metrics``, ...)."""
+
+    def __init__(self, service: Any, ready_check: Callable[[], bool] | None) -> None:
+        self.service = service
+        self.ready_check = ready_check
+        self.schedules = hasattr(service, "submit")
+
+    def live(self) -> bool:
+        fn = getattr(self.service, "is_server_live", None)
+        return bool(fn()) if fn is not None else True
+
+    def ready(self) -> bool:
+        if self.ready_check is not None and not self.ready_check():
+            return False
+        fn = getattr(self.service, "is_server_ready", None)
+        return bool(fn()) if fn is not None else True
+
+    def server_metadata(self) -> dict[str, Any]:
+        fn = getattr(self.service, "server_metadata", None)
+        meta = dict(fn()) if fn is not None else {}
+        if "version" not in meta:
+            from frameserve import __version__
+
+            meta["version"] = __version__
+        meta.setdefault("name", "frameserve")
+        extensions = list(HTTP_EXTENSIONS) + (["schedule_policy"] if self.schedules else [])
+        meta["extensions"] = sorted(extensions)
+        return meta
+
+    def resolve_version(self, name: str, version: int | None) -> str:
+        """The version a request runs on; raises ModelNotFoundError / ModelNotReadyError."""
+        if version is not None:
+            if not self.service.is_ready(name, version):
+                self.service.metadata(name, version)  # raises the precise error
+            return str(version)
+        versions = self.service.metadata(name)["versions"]
+        return str(max(int(v) for v in versions))
+
+    async def infer(self, name: str, version: int | None, req: codec.InferRequest) -> dict[str, np.ndarray[Any, Any]]:
+        wanted = [o.name for o in req.outputs] or None
+        if self.schedules:
+            future = self.service.submit(
+                name, req.inputs, version=version, outputs=wanted, priority=req.priority,
+                timeout_us=req.timeout_us, request_id=req.id, parameters=req.parameters or None,
+            )
+            result: dict[str, np.ndarray[Any, Any]] = await asyncio.wrap_future(future)
+            return result
+        return await asyncio.to_thread(self.service.infer, name, req.inputs, version=version, outputs=wanted)
+
+    def record_failure(self, name: str, version: str, exc: BaseException) -> None:
+        """Count a request the protocol layer refused (``version``: the version it would have
+        run on, ``""`` when unknown)."""
+        metrics = getattr(self.service, "metrics", None)
+        record = getattr(metrics, "record_failure", None)
+        if record is None:
+            return
+        try:
+            record(name, version, _failure_reason(exc))
+        except Exception:  # metrics must never turn one error into another
+            log.exception("recording a failed request of %r failed", name)
+
+    def statistics(self, name: str | None, version: int | None) -> dict[str, Any]:
+        fn = getattr(self.service, "statistics", None)
+        if fn is not None:
+            result: dict[str, Any] = fn(name, version)
+            return result
+        if name is None:
+            pairs = [(n, v) for n in self.service.model_names() for v in self.service.metadata(n)["versions"]]
+        else:
+            versions = self.service.metadata(name, version)["versions"]
+            pairs = [(name, str(version))] if version is not None else [(name, v) for v in versions]
+        return {"model_stats": [_empty_stats(n, v) for n, v in pairs]}
+
+    def metrics_text(self) -> bytes:
+        registry = getattr(getattr(self.service, "metrics", None), "registry", None)
+        if registry is None:
+            return b""
+        return bytes(generate_latest(registry))
+
+
+def _empty_stats(name: str, version: str) -> dict[str, Any]:
+    zero = {"count": 0, "ns": 0}
+    return {
+        "name": name,
+        "version": version,
+        "last_inference": 0,
+        "inference_count": 0,
+        "execution_count": 0,
+        "inference_stats": {
+            k: dict(zero)
+            for k in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
+        },
+        "response_stats": {},
+        "batch_stats": [],
+        "memory_usage": [],
+    }
+
+
+async def _read_limited(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
+    """A body from its chunks, refusing (413) as soon as it is known to exceed ``limit`` bytes.
+
+    Raises:
+        PayloadTooLargeError: ``Content-Length`` (``declared``) or the bytes read exceed ``limit``.
+        ClientDisconnect: the client went away.
+    """
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(f"the request body is {declared} bytes, over the limit of {limit} bytes")
+    parts: list[bytes] = []
+    total = 0
+    async for chunk in chunks:
+        total += len(chunk)
+        if total > limit:
+            raise PayloadTooLargeError(f"the request body exceeds the limit of {limit} bytes")
+        if chunk:
+            parts.append(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The raw body of a Starlette request (see :func:`_read_limited`)."""
+    return await _read_limited(request.stream(), request.headers.get("content-length"), limit)
+
+
+async def _optional_json(request: Request, limit: int) -> dict[str, Any]:
+    """A small JSON object body, ``{}`` when empty."""
+    body = codec.decode_content(await _read_body(request, limit), request.headers.get("content-encoding"), max_bytes=limit)
+    if not body.strip():
+        return {}
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInputError(f"malformed JSON in the request body: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInputError("the request body must be a JSON object")
+    return doc
+
+
+def create_app(
+    service: Any,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ready_check: Callable[[], bool] | None = None,
+) -> FastAPI:
+    """Build the v2 HTTP application over ``service``.
+
+    Args:
+        service: an :class:`~frameserve.service.InferenceService` (or anything with its API).
+            Its optional scheduler API is used where present: ``submit`` (non-blocking infer),
+            ``statistics``, ``server_metadata``, ``is_server_live``/``is_server_ready``,
+            ``metrics.registry`` and ``metrics.record_failure``.
+        max_body_bytes: largest request body accepted, compressed or not (413 beyond).
+        ready_check: an extra readiness condition (the server's "models loaded"); the server is
+            ready when it and the service both say so.
+
+    Returns:
+        The FastAPI application (ASGI); it owns no threads and does not close ``service``.
+
+    Raises:
+        ValueError: ``max_body_bytes`` < 1.
+    """
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+    core = _Core(service, ready_check)
+    app = _V2App(title="frameserve", docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+    app.state.core = core
+    app.state.max_body_bytes = max_body_bytes
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} not allowed on {request.url.path}"
+        return Response(codec.error_body(message), status_code=exc.status_code, media_type=_JSON, headers=exc.headers)
+
+    def route(path: str, method: str) -> Callable[[Handler], Handler]:
+        def deco(fn: Handler) -> Handler:
+            async def endpoint(request: Request) -> Response:
+                try:
+                    return await fn(request)
+                except FrameserveError as exc:
+                    return _error(exc)
+                except Exception as exc:  # a bug must not take the server down; say what it was
+                    log.exception("%s %s failed", request.method, request.url.path)
+                    return Response(codec.error_body(f"internal error: {type(exc).__name__}: {exc}"), 500, media_type=_JSON)
+
+            app.add_route(path, endpoint, methods=[method], include_in_schema=False)
+            return fn
+
+        return deco
+
+    # Inference: POSTs are answered by _InferFastPath before FastAPI sees them; these routes
+    # serve when the app is mounted elsewhere, and give other methods their 405.
+    async def infer(request: Request) -> Response:
+        p = request.path_params
+        status, headers, body = await _infer(
+            core, p["model"], p.get("version"), request.headers, request.stream(), max_body_bytes
+        )
+        return Response(body, status, headers=headers)
+
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        route(prefix + "/infer", "POST")(infer)
+    app.infer_fast_path = _InferFastPath(core, max_body_bytes)
+
+    # -- health and metadata -----------------------------------------------------------------
+
+    @route("/v2/health/live", "GET")
+    async def live(request: Request) -> Response:
+        if core.live():
+            return _json({"live": True})
+        return _json({"error": "the server is not live", "live": False}, 503)
+
+    @route("/v2/health/ready", "GET")
+    async def ready(request: Request) -> Response:
+        if core.ready():
+            return _json({"ready": True})
+        return _json({"error": "the server is not ready (models are loading or it is shutting down)", "ready": False}, 503)
+
+    @route("/v2", "GET")
+    async def server_metadata(request: Request) -> Response:
+        return _json(core.server_metadata())
+
+    # Statistics routes come before the model routes: /v2/models/stats is not a model.
+    @route("/v2/models/stats", "GET")
+    async def all_stats(request: Request) -> Response:
+        return _json(core.statistics(None, None))
+
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+
+        @route(prefix, "GET")
+        async def model_metadata(request: Request) -> Response:
+            p = request.path_params
+            return _json(service.metadata(p["model"], _version(p.get("version"))))
+
+        @route(prefix + "/ready", "GET")
+        async def model_ready(request: Request) -> Response:
+            p = request.path_params
+            name, version = p["model"], _version(p.get("version"))
+            if not service.is_ready(name, version):
+                service.metadata(name, version)  # raises 404 (unknown) or 503 (not loaded)
+            return _json({"name": name, "ready": True})
+
+        @route(prefix + "/config", "GET")
+        async def model_config(request: Request) -> Response:
+            p = request.path_params
+            return _json(service.model_config(p["model"], _version(p.get("version"))).to_dict())
+
+        @route(prefix + "/stats", "GET")
+        async def model_stats(request: Request) -> Response:
+            p = request.path_params
+            name, version = p["model"], _version(p.get("version"))
+            return _json(core.statistics(name, version))
+
+    # -- model repository --------------------------------------------------------------------
+
+    @route("/v2/repository/index", "POST")
+    async def repository_index(request: Request) -> Response:
+        doc = await _optional_json(request, max_body_bytes)
+        only_ready = doc.get("ready", False)
+        if not isinstance(only_ready, bool):
+            raise InvalidInputError("repository index 'ready' must be a boolean")
+        index = [dict(e) for e in service.repository_index()]
+        for entry in index:
+            entry.setdefault("reason", "")
+        if only_ready:
+            index = [e for e in index if e.get("state") == "READY"]
+        return _json(index)
+
+    @route("/v2/repository/models/{model}/load", "POST")
+    async def load(request: Request) -> Response:
+        name = request.path_params["model"]
+        doc = await _optional_json(request, max_body_bytes)
+        override = _load_override(doc)
+        await asyncio.to_thread(service.load, name, config_override=override)
+        return Response(b"", 200, media_type=_JSON)
+
+    @route("/v2/repository/models/{model}/unload", "POST")
+    async def unload(request: Request) -> Response:
+        name = request.path_params["model"]
+        await _optional_json(request, max_body_bytes)
+        await asyncio.to_thread(service.unload, name)
+        return Response(b"", 200, media_type=_JSON)
+
+    @route("/metrics", "GET")
+    async def metrics(request: Request) -> Response:
+        return Response(core.metrics_text(), 200, media_type=_PROMETHEUS_TEXT)
+
+    return app
+
+
+def _load_override(doc: dict[str, Any]) -> dict[str, Any] | None:
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidInputError("load request 'parameters' must be a JSON object")
+    files = [k for k in params if isinstance(k, str) and k.startswith("file:")]
+    if files:
+        raise InvalidInputError(f"load request: model file overrides ({', '.join(files)}) are not supported")
+    config = params.get("config")
+    if config is None:
+        return None
+    if not isinstance(config, str):
+        raise InvalidInputError("load request parameter 'config' must be a string holding a JSON model config")
+    try:
+        override = orjson.loads(config)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInputError(f"load request parameter 'config' is not valid JSON: {exc}") from None
+    if not isinstance(override, dict):
+        raise InvalidInputError("load request parameter 'config' must hold a JSON object")
+    return override
+
+
+async def _infer(
+    core: _Core,
+    name: str,
+    raw_version: str | None,
+    headers: Mapping[str, str],
+    chunks: AsyncIterator[bytes],
+    max_body_bytes: int,
+) -> tuple[int, dict[str, str], bytes]:
+    """One inference request, from path parameters, lower-case headers and body chunks to
+    ``(status, response headers, response body)``; every error becomes its ``{"error"}`` answer.
+
+    Raises:
+        ClientDisconnect: the client went away while its body was being read.
+    """
+    version: int | None = None
+    model_version = ""  # the version the request runs on, once known
+    try:
+        version = _version(raw_version)
+        model_version = core.resolve_version(name, version)
+        raw = await _read_limited(chunks, headers.get("content-length"), max_body_bytes)
+        body = codec.decode_content(raw, headers.get("content-encoding"), max_bytes=max_body_bytes)
+        header_length = codec.parse_header_length(headers.get(codec.HEADER_LENGTH), len(body))
+        if header_length is None and len(body) > _OFFLOAD_BYTES:  # a large all-JSON body
+            req = await asyncio.to_thread(codec.decode_request, body, header_length)
+        else:
+            req = codec.decode_request(body, header_length)
+    except (ModelNotFoundError, ModelNotReadyError) as exc:  # no such model (version): nothing to count
+        return _error_answer(exc)
+    except FrameserveError as exc:
+        core.record_failure(name, model_version, exc)
+        return _error_answer(exc)
+    try:
+        outputs = await core.infer(name, version, req)
+    except FrameserveError as exc:
+        if not core.schedules:  # the scheduler counts the failures it sees itself
+            core.record_failure(name, model_version, exc)
+        return _error_answer(exc)
+    except Exception as exc:
+        log.exception("model %r failed", name)
+        err = InferenceError(f"model {name!r}: {type(exc).__name__}: {exc}")
+        core.record_failure(name, model_version, err)
+        return _error_answer(err)
+    kwargs: dict[str, Any] = {
+        "model_name": name, "model_version": model_version, "outputs": outputs, "request_id": req.id,
+        "requested": req.outputs, "binary_output": req.binary_output,
+    }
+    try:
+        if sum(a.nbytes for a in outputs.values()) > _OFFLOAD_BYTES:
+            body_out, header_length_out = await asyncio.to_thread(lambda: codec.encode_response(**kwargs))
+        else:
+            body_out, header_length_out = codec.encode_response(**kwargs)
+    except FrameserveError as exc:
+        core.record_failure(name, model_version, exc)
+        return _error_answer(exc)
+    out_headers = {"content-type": _JSON}
+    if header_length_out is not None:
+        out_headers[codec.HEADER_LENGTH] = str(header_length_out)
+        out_headers["content-type"] = "application/octet-stream"
+    accept = headers.get("accept-encoding")
+    if accept:
+        body_out, encoding = codec.encode_content(body_out, accept)
+        if encoding:
+            out_headers["content-encoding"] = encoding
+    return 200, out_headers, body_out
+
+
+def _error_answer(exc: FrameserveError) -> tuple[int, dict[str, str], bytes]:
+    return exc.http_status, {"content-type": _JSON}, codec.error_body(exc.message)
+
+
+_INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]*))?/infer")
+
+
+class _InferFastPath:
+    """Answers ``POST /v2/models/{m}[/versions/{v}]/infer`` straight from the raw ASGI messages:
+    the hot path skips FastAPI's instrumentation, middleware, routing and request/response
+    objects."""
+
+    def __init__(self, core: _Core, max_body_bytes: int) -> None:
+        self.core = core
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, match: re.Match[str], scope: Any, receive: Any, send: Any) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+        async def chunks() -> AsyncIterator[bytes]:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnect()
+                yield message.get("body", b"")
+                if not message.get("more_body", False):
+                    return
+
+        try:
+            status, out_headers, body = await _infer(
+                self.core, match.group(1), match.group(2), headers, chunks(), self.max_body_bytes
+            )
+        except ClientDisconnect:
+            return
+        except Exception as exc:  # a bug must not take the server down; say what it was
+            log.exception("POST %s failed", scope["path"])
+            status, out_headers = 500, {"content-type": _JSON}
+            body = codec.error_body(f"internal error: {type(exc).__name__}: {exc}")
+        raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in out_headers.items()]
+        raw_headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _V2App(FastAPI):
+    """The FastAPI application, with inference POSTs dispatched before FastAPI's own layers."""
+
+    infer_fast_path: _InferFastPath | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        fast = self.infer_fast_path
+        if fast is not None and scope["type"] == "http" and scope["method"] == "POST":
+            match = _INFER_PATH.fullmatch(scope["path"])
+            if match is not None:
+                await fast(match, scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def create_metrics_app(service: Any) -> FastAPI:
+    """The metrics port's application: ``GET /metrics`` in Prometheus text format from
+    ``service.metrics.registry`` (empty when the service has none)."""
+    core = _Core(service, None)
+    app = FastAPI(title="frameserve metrics", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return Response(codec.error_body(f"no route {request.method} {request.url.path}"), exc.status_code, media_type=_JSON)
+
+    async def metrics(request: Request) -> Response:
+        return Response(core.metrics_text(), 200, media_type=_PROMETHEUS_TEXT)
+
+    app.add_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+    return app

@@ -1,0 +1,606 @@
+"""The v2 inference request/response codec over HTTP: JSON tensors and Triton's binary tensor
+extension. Pure functions over bytes and numpy arrays — no I/O, no web framework.
+
+Wire format (sources: kserve/open-inference-protocol ``specification/protocol/inference_rest.md``;
+triton-inference-server/server ``docs/protocol/extension_binary_data.md``):
+
+- A body is a JSON object, optionally followed by binary tensor data. When binary data follows,
+  the ``Inference-Header-Content-Length`` header gives the JSON part's size in bytes; the rest of
+  the body is the concatenated raw tensors, in the order of the inputs (or outputs) that carry a
+  ``binary_data_size`` parameter.
+- JSON ``data`` is a flat or nested list in row-major order; BOOL elements are ``true``/``false``,
+  BYTES elements are strings. Binary tensors are little-endian row-major; a BYTES tensor is each
+  element as a 4-byte little-endian unsigned length followed by that many bytes.
+- Request parameters: ``binary_data_output`` (bool, the default for every output), ``priority``
+  (int, 1 is highest, 0 = the model's default) and ``timeout`` (int, microseconds, 0 = none);
+  every other parameter is passed through. Output parameters: ``binary_data`` (bool).
+- JSON has no infinities or NaN: such output values are sent as ``null`` in JSON ``data``; ask
+  for binary outputs to get them exactly.
+
+Every malformed body raises :class:`~frameserve.errors.InvalidInputError` (or its subclass
+:class:`~frameserve.errors.TensorError`) with a message naming the fault; nothing else escapes
+:func:`decode_request`. :func:`decode_content` also raises
+:class:`~frameserve.errors.PayloadTooLargeError`.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from frameserve.errors import InvalidInputError, PayloadTooLargeError, TensorError
+from frameserve.types import DataType
+
+__all__ = [
+    "HEADER_LENGTH",
+    "InferRequest",
+    "RequestedOutput",
+    "decode_content",
+    "decode_request",
+    "encode_content",
+    "encode_response",
+    "error_body",
+    "parse_header_length",
+]
+
+HEADER_LENGTH = "inference-header-content-length"
+"""The binary extension's header (lower case): byte length of the JSON part of a body."""
+
+_MAX_RANK = 32
+_LE_DTYPES: dict[DataType, np.dtype[Any]] = {}
+_INT_KINDS = frozenset("biu")
+_NUMBER_KINDS = frozenset("iuf")
+_SEQUENCE_PARAMS = ("sequence_id", "sequence_start", "sequence_end")
+_U32 = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    """One entry of a request's ``outputs`` list.
+
+    Attributes:
+        name: the output's name.
+        binary: ``parameters.binary_data``: ``True``/``False``, or ``None`` to follow the
+            request's ``binary_data_output``.
+        parameters: the output's other parameters, as given.
+    """
+
+    name: str
+    binary: bool | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class InferRequest:
+    """A decoded inference request.
+
+    Attributes:
+        id: the request's ``id`` (``""`` when absent), echoed in the response.
+        inputs: input name -> array, shaped and typed as the request said (BYTES: numpy
+            ``object`` arrays of ``bytes``). Binary inputs are read-only views of the body.
+        outputs: the requested outputs in order; empty = every output of the model.
+        binary_output: ``parameters.binary_data_output`` (default for outputs, ``False`` if absent).
+        priority: ``parameters.priority`` (1 is highest; 0 = the model's default).
+        timeout_us: ``parameters.timeout`` in microseconds (0 = no timeout).
+        parameters: the request's other parameters.
+    """
+
+    id: str
+    inputs: dict[str, np.ndarray[Any, Any]]
+    outputs: tuple[RequestedOutput, ...] = ()
+    binary_output: bool = False
+    priority: int = 0
+    timeout_us: int = 0
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        shapes = {k: f"{DataType.from_numpy(v.dtype).value}{list(v.shape)}" for k, v in self.inputs.items()}
+        return f"InferRequest(id={self.id!r}, inputs={shapes}, outputs={[o.name for o in self.outputs]})"
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _le(dt: DataType) -> np.dtype[Any]:
+    """The little-endian numpy dtype of a fixed-size datatype (cached)."""
+    got = _LE_DTYPES.get(dt)
+    if got is None:
+        got = dt.to_numpy().newbyteorder("<")
+        _LE_DTYPES[dt] = got
+    return got
+
+
+_FROM_NUMPY: dict[np.dtype[Any], DataType] = {}
+
+
+def _datatype_of(dtype: np.dtype[Any]) -> DataType:
+    """:meth:`DataType.from_numpy`, cached by dtype (it is on every response's path)."""
+    got = _FROM_NUMPY.get(dtype)
+    if got is None:
+        got = DataType.from_numpy(dtype)
+        _FROM_NUMPY[dtype] = got
+    return got
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"{where} must be a JSON object, got {_kind(value)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    return {
+        dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+        float: "a number", type(None): "null",
+    }.get(type(value), type(value).__name__)
+
+
+def _flag(params: Mapping[str, Any], key: str, where: str) -> bool | None:
+    if key not in params:
+        return None
+    value = params[key]
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{where} parameter {key!r} must be a boolean, got {_kind(value)}")
+    return value
+
+
+def _count(value: Any, key: str, where: str) -> int:
+    if not _is_int(value) or value < 0:
+        raise InvalidInputError(f"{where} parameter {key!r} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def parse_header_length(value: str | None, body_size: int) -> int | None:
+    """Parse ``Inference-Header-Content-Length`` against a body of ``body_size`` bytes.
+
+    Returns:
+        The JSON part's length, or ``None`` when the header is absent (the body is all JSON).
+
+    Raises:
+        InvalidInputError: not a non-negative integer, or larger than the body.
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isdigit() or not text.isascii():
+        raise InvalidInputError(f"Inference-Header-Content-Length must be a non-negative integer, got {value!r}")
+    n = int(text)
+    if n > body_size:
+        raise InvalidInputError(
+            f"Inference-Header-Content-Length is {n} but the request body is only {body_size} bytes"
+        )
+    return n
+
+
+# -- request ------------------------------------------------------------------------------------
+
+
+def decode_request(body: bytes | bytearray | memoryview, header_length: int | None = None) -> InferRequest:
+    """Decode an inference request body.
+
+    Args:
+        body: the whole (decompressed) request body.
+        header_length: the JSON part's length from ``Inference-Header-Content-Length``, or
+            ``None`` when the whole body is JSON (see :func:`parse_header_length`).
+
+    Returns:
+        The request; binary inputs are zero-copy read-only views of ``body``.
+
+    Raises:
+        InvalidInputError: malformed JSON, a missing or mistyped field, a binary section whose
+            size differs from what the inputs declare, an unsupported extension
+            (classification, sequences).
+        TensorError: an input whose data does not fit its shape and datatype.
+    """
+    view = memoryview(body)
+    if header_length is None:
+        header_length = len(view)
+    elif not 0 <= header_length <= len(view):
+        raise InvalidInputError(
+            f"Inference-Header-Content-Length is {header_length} but the request body is {len(view)} bytes"
+        )
+    try:
+        doc = orjson.loads(view[:header_length])
+    except orjson.JSONDecodeError as exc:
+        where = "request body" if header_length == len(view) else f"JSON header (first {header_length} bytes)"
+        raise InvalidInputError(f"malformed JSON in the {where}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInputError(f"an inference request must be a JSON object, got {_kind(doc)}")
+
+    req_id = doc.get("id", "")
+    if not isinstance(req_id, str):
+        raise InvalidInputError(f"request 'id' must be a string, got {_kind(req_id)}")
+    params = dict(_mapping(doc.get("parameters"), "request 'parameters'"))
+    binary_output = _flag(params, "binary_data_output", "request") or False
+    params.pop("binary_data_output", None)
+    priority = _count(params.pop("priority", 0), "priority", "request")
+    timeout_us = _count(params.pop("timeout", 0), "timeout", "request")
+    for key in _SEQUENCE_PARAMS:
+        if params.get(key) not in (None, 0, False, ""):
+            raise InvalidInputError(
+                f"request parameter {key!r}: sequence batching is not supported by this server"
+            )
+        params.pop(key, None)
+
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list):
+        raise InvalidInputError(f"request 'inputs' must be an array of tensors, got {_kind(raw_inputs)}")
+    binary = view[header_length:]
+    offset = 0
+    inputs: dict[str, np.ndarray[Any, Any]] = {}
+    for i, item in enumerate(raw_inputs):
+        name, datatype, shape, size = _input_head(item, i)
+        if name in inputs:
+            raise InvalidInputError(f"input {name!r} is given twice")
+        if size is None:
+            if "data" not in item:
+                raise InvalidInputError(f"input {name!r} has neither 'data' nor a 'binary_data_size' parameter")
+            inputs[name] = _from_json(name, datatype, shape, item["data"])
+        else:
+            if offset + size > len(binary):
+                raise InvalidInputError(
+                    f"input {name!r}: binary_data_size {size} runs past the binary data after the JSON header "
+                    f"({len(binary)} bytes, {offset} already used by earlier inputs)"
+                )
+            inputs[name] = _from_binary(name, datatype, shape, binary[offset : offset + size])
+            offset += size
+    if offset != len(binary):
+        raise InvalidInputError(
+            f"the request body has {len(binary)} bytes after the JSON header but the inputs' binary_data_size "
+            f"add up to {offset}"
+        )
+
+    outputs = _requested_outputs(doc.get("outputs"))
+    return InferRequest(
+        id=req_id, inputs=inputs, outputs=outputs, binary_output=binary_output, priority=priority,
+        timeout_us=timeout_us, parameters=params,
+    )
+
+
+def _input_head(item: Any, index: int) -> tuple[str, DataType, tuple[int, ...], int | None]:
+    if not isinstance(item, dict):
+        raise InvalidInputError(f"inputs[{index}] must be a JSON object, got {_kind(item)}")
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInputError(f"inputs[{index}] needs a non-empty string 'name'")
+    raw_dt = item.get("datatype")
+    if not isinstance(raw_dt, str):
+        raise TensorError(f"input {name!r} needs a string 'datatype' (FP32, INT64, BYTES, ...)")
+    try:
+        datatype = DataType(raw_dt)
+    except ValueError:
+        accepted = ", ".join(m.value for m in DataType)
+        raise TensorError(f"input {name!r}: unknown datatype {raw_dt!r}; accepted: {accepted}") from None
+    raw_shape = item.get("shape")
+    if (
+        not isinstance(raw_shape, list)
+        or len(raw_shape) > _MAX_RANK
+        or not all(_is_int(d) and d >= 0 for d in raw_shape)
+    ):
+        raise TensorError(
+            f"input {name!r}: 'shape' must be an array of at most {_MAX_RANK} non-negative integers, got "
+            f"{str(raw_shape)[:80]}"
+        )
+    params = _mapping(item.get("parameters"), f"input {name!r} 'parameters'")
+    size = params.get("binary_data_size")
+    if size is not None:
+        size = _count(size, "binary_data_size", f"input {name!r}")
+    return name, datatype, tuple(raw_shape), size
+
+
+def _requested_outputs(raw: Any) -> tuple[RequestedOutput, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise InvalidInputError(f"request 'outputs' must be an array, got {_kind(raw)}")
+    out: list[RequestedOutput] = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise InvalidInputError(f"outputs[{i}] must be a JSON object, got {_kind(item)}")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidInputError(f"outputs[{i}] needs a non-empty string 'name'")
+        if name in seen:
+            raise InvalidInputError(f"output {name!r} is requested twice")
+        seen.add(name)
+        params = dict(_mapping(item.get("parameters"), f"output {name!r} 'parameters'"))
+        if params.get("classification") not in (None, 0):
+            raise InvalidInputError(
+                f"output {name!r}: the classification extension is not supported by this server"
+            )
+        binary = _flag(params, "binary_data", f"output {name!r}")
+        params.pop("binary_data", None)
+        out.append(RequestedOutput(name, binary, params))
+    return tuple(out)
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def _flatten(data: Any) -> list[Any]:
+    """Row-major elements of arbitrarily nested lists, without recursion."""
+    if not isinstance(data, list):
+        return [data]
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def _from_json(name: str, datatype: DataType, shape: tuple[int, ...], data: Any) -> np.ndarray[Any, Any]:
+    n = _elements(shape)
+    if datatype is DataType.BYTES:
+        flat = _flatten(data)
+        if len(flat) != n:
+            raise TensorError(f"input {name!r}: shape {list(shape)} needs {n} elements, 'data' has {len(flat)}")
+        arr = np.empty(n, dtype=object)
+        for i, value in enumerate(flat):
+            if not isinstance(value, str):
+                raise TensorError(f"input {name!r}: BYTES elements in JSON must be strings, got {_kind(value)}")
+            arr[i] = value.encode("utf-8", "surrogatepass")
+        return arr.reshape(shape)
+    try:
+        arr = np.array(data)
+    except (ValueError, TypeError, OverflowError, RecursionError):  # ragged nesting: flatten by hand
+        arr = None
+    if arr is None or arr.dtype.kind == "O":
+        try:
+            arr = np.array(_flatten(data))
+        except (ValueError, TypeError, OverflowError):
+            arr = np.array([], dtype=object)
+    if arr.size == 0 and n == 0:
+        return np.zeros(shape, dtype=datatype.to_numpy())
+    kind = arr.dtype.kind
+    if kind == "O" or kind not in ("b" if datatype is DataType.BOOL else "biuf"):
+        want = "booleans" if datatype is DataType.BOOL else "numbers"
+        raise TensorError(f"input {name!r}: {datatype.value} 'data' must hold only {want}")
+    if arr.size != n:
+        raise TensorError(f"input {name!r}: shape {list(shape)} needs {n} elements, 'data' has {arr.size}")
+    target = datatype.to_numpy()
+    if datatype is not DataType.BOOL and kind == "b":
+        raise TensorError(f"input {name!r}: {datatype.value} 'data' must hold numbers, not booleans")
+    if target.kind in "iu":
+        if kind == "f":
+            raise TensorError(f"input {name!r}: {datatype.value} 'data' must hold integers")
+        if arr.size:
+            info = np.iinfo(target)
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < info.min or hi > info.max:
+                raise TensorError(
+                    f"input {name!r}: values from {lo} to {hi} do not fit {datatype.value} "
+                    f"[{info.min}, {info.max}]"
+                )
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            return arr.astype(target, copy=False).reshape(shape)
+    except FloatingPointError:
+        raise TensorError(f"input {name!r}: 'data' holds values out of the range of {datatype.value}") from None
+    except (ValueError, TypeError, OverflowError) as exc:  # pragma: no cover - guarded above
+        raise TensorError(f"input {name!r}: cannot convert 'data' to {datatype.value}: {exc}") from None
+
+
+def _from_binary(name: str, datatype: DataType, shape: tuple[int, ...], raw: memoryview) -> np.ndarray[Any, Any]:
+    n = _elements(shape)
+    if datatype is DataType.BYTES:
+        return _bytes_elements(name, shape, n, raw)
+    itemsize = _le(datatype).itemsize
+    if len(raw) != n * itemsize:
+        raise TensorError(
+            f"input {name!r}: binary_data_size is {len(raw)} bytes but shape {list(shape)} of {datatype.value} "
+            f"takes {n * itemsize} bytes"
+        )
+    if datatype is DataType.BOOL:
+        return (np.frombuffer(raw, dtype=np.uint8) != 0).reshape(shape)
+    arr = np.frombuffer(raw, dtype=_le(datatype))
+    if not arr.dtype.isnative:  # pragma: no cover - big-endian hosts
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return arr.reshape(shape)
+
+
+def _bytes_elements(name: str, shape: tuple[int, ...], n: int, raw: memoryview) -> np.ndarray[Any, Any]:
+    if n > len(raw) // 4:
+        raise TensorError(
+            f"input {name!r}: shape {list(shape)} needs {n} BYTES elements (4-byte length prefix each), "
+            f"binary_data_size is only {len(raw)} bytes"
+        )
+    arr = np.empty(n, dtype=object)
+    pos = 0
+    end = len(raw)
+    for i in range(n):
+        if pos + 4 > end:
+            raise TensorError(f"input {name!r}: BYTES element {i} has no 4-byte length prefix (data ends at {end})")
+        (length,) = _U32.unpack_from(raw, pos)
+        pos += 4
+        if pos + length > end:
+            raise TensorError(
+                f"input {name!r}: BYTES element {i} says {length} bytes but only {end - pos} remain"
+            )
+        arr[i] = bytes(raw[pos : pos + length])
+        pos += length
+    if pos != end:
+        raise TensorError(
+            f"input {name!r}: {end - pos} bytes left over after the {n} BYTES elements of shape {list(shape)}"
+        )
+    return arr.reshape(shape)
+
+
+# -- response -----------------------------------------------------------------------------------
+
+
+def encode_response(
+    *,
+    model_name: str,
+    model_version: str,
+    outputs: Mapping[str, np.ndarray[Any, Any]],
+    request_id: str = "",
+    requested: tuple[RequestedOutput, ...] = (),
+    binary_output: bool = False,
+    parameters: Mapping[str, Any] | None = None,
+) -> tuple[bytes, int | None]:
+    """Encode an inference response.
+
+    Args:
+        model_name, model_version: echoed in the response.
+        outputs: output name -> array, in the order to send them.
+        request_id: the request's ``id``; left out of the response when empty.
+        requested: the request's ``outputs`` entries (their ``binary`` flags).
+        binary_output: the request's ``binary_data_output`` (default for outputs).
+        parameters: response parameters, if any.
+
+    Returns:
+        ``(body, header_length)``: ``header_length`` is the JSON part's length when binary
+        tensors follow it (send it as ``Inference-Header-Content-Length``), else ``None``.
+
+    Raises:
+        TensorError: an output array whose dtype has no v2 datatype.
+    """
+    flags = {o.name: o.binary for o in requested}
+    entries: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for name, arr in outputs.items():
+        datatype = _datatype_of(arr.dtype)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype.value, "shape": list(arr.shape)}
+        binary = flags.get(name)
+        if binary is None:
+            binary = binary_output
+        if binary:
+            raw = _to_binary(datatype, arr)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = _to_json(datatype, arr)
+        entries.append(entry)
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request_id:
+        doc["id"] = request_id
+    if parameters:
+        doc["parameters"] = dict(parameters)
+    doc["outputs"] = entries
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def _to_json(datatype: DataType, arr: np.ndarray[Any, Any]) -> Any:
+    flat = arr.reshape(-1)
+    if datatype is DataType.BYTES:
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes | bytearray) else str(v) for v in flat]
+    if datatype is DataType.BF16:
+        flat = flat.astype(np.float32)
+    return np.ascontiguousarray(flat.astype(flat.dtype.newbyteorder("="), copy=False))
+
+
+def _to_binary(datatype: DataType, arr: np.ndarray[Any, Any]) -> bytes:
+    if datatype is DataType.BYTES:
+        parts: list[bytes] = []
+        for v in arr.reshape(-1):
+            b = v if isinstance(v, bytes) else (bytes(v) if isinstance(v, bytearray) else str(v).encode("utf-8"))
+            parts.append(_U32.pack(len(b)))
+            parts.append(b)
+        return b"".join(parts)
+    if datatype is DataType.BOOL:
+        return arr.astype(np.uint8).tobytes()
+    return arr.astype(_le(datatype), copy=False).tobytes()
+
+
+def error_body(message: str) -> bytes:
+    """The JSON error body every failing route answers with: ``{"error": message}``."""
+    return orjson.dumps({"error": message})
+
+
+# -- content encoding ---------------------------------------------------------------------------
+
+
+def decode_content(body: bytes, encoding: str | None, *, max_bytes: int) -> bytes:
+    """Undo a request's ``Content-Encoding`` (``gzip``, ``deflate`` or ``identity``).
+
+    Args:
+        body: the body as received.
+        encoding: the ``Content-Encoding`` header value, or ``None``.
+        max_bytes: the largest decompressed body accepted.
+
+    Raises:
+        InvalidInputError: an unsupported encoding, or data that does not decompress.
+        PayloadTooLargeError: the decompressed body would exceed ``max_bytes``.
+    """
+    enc = (encoding or "identity").strip().lower()
+    if enc in ("", "identity"):
+        return body
+    if enc in ("gzip", "x-gzip"):
+        candidates = [zlib.MAX_WBITS | 16]
+    elif enc == "deflate":  # HTTP's "deflate" is zlib-wrapped; some clients send raw deflate
+        candidates = [zlib.MAX_WBITS, -zlib.MAX_WBITS]
+    else:
+        raise InvalidInputError(f"Content-Encoding {encoding!r} is not supported; accepted: gzip, deflate, identity")
+    last = ""
+    for wbits in candidates:
+        d = zlib.decompressobj(wbits)
+        try:
+            out = d.decompress(body, max_bytes + 1)
+        except zlib.error as exc:
+            last = str(exc)
+            continue
+        if len(out) > max_bytes or d.unconsumed_tail:
+            raise PayloadTooLargeError(f"the decompressed request body exceeds the limit of {max_bytes} bytes")
+        if not d.eof:
+            last = "compressed data is truncated"
+            continue
+        return out
+    raise InvalidInputError(f"the request body is not valid {enc} data: {last}")
+
+
+def encode_content(body: bytes, accept_encoding: str | None) -> tuple[bytes, str | None]:
+    """Compress a response body for the client's ``Accept-Encoding``, if it asks for gzip or deflate.
+
+    Returns:
+        ``(body, encoding)``; ``encoding`` is ``None`` when the body is sent as is.
+    """
+    if not accept_encoding:
+        return body, None
+    accepted = _accepted_encodings(accept_encoding)
+    if "gzip" in accepted:
+        c = zlib.compressobj(6, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+        return c.compress(body) + c.flush(), "gzip"
+    if "deflate" in accepted:
+        return zlib.compress(body), "deflate"
+    return body, None
+
+
+def _accepted_encodings(header: str) -> list[str]:
+    out: list[str] = []
+    for part in header.split(","):
+        token, _, rest = part.strip().partition(";")
+        q = 1.0
+        for p in rest.split(";"):
+            key, _, val = p.strip().partition("=")
+            if key == "q":
+                try:
+                    q = float(val)
+                except ValueError:
+                    q = 0.0
+        if q > 0:
+            out.append(token.strip().lower())
+    return out

@@ -1,0 +1,62 @@
+"""Triton's perf_analyzer (2.51, via scripts/perf_analyzer.sh) runs unchanged against
+`frameserve serve`, over HTTP and gRPC, with server-side statistics.
+
+Skipped only when the binary cannot be fetched (no network); set FRAMESERVE_REQUIRE_PERF_ANALYZER=1
+(as CI does) to make that a failure instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from _serving import ServeProcess, make_repository
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "perf_analyzer.sh"
+
+
+@pytest.fixture(scope="module")
+def perf_analyzer() -> Path:
+    proc = subprocess.run(["bash", str(SCRIPT), "--fetch-only"], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        reason = f"perf_analyzer could not be obtained: {proc.stderr.strip()[-500:]}"
+        if os.environ.get("FRAMESERVE_REQUIRE_PERF_ANALYZER") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def server(perf_analyzer: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    root = tmp_path_factory.mktemp("pa")
+    with ServeProcess(make_repository(root / "repo"), root / "home") as srv:
+        srv.wait_ready()
+        yield srv
+        assert srv.stop() == 0
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_measures_frameserve(server: ServeProcess, protocol: str) -> None:
+    port = server.ports["HTTP" if protocol == "http" else "gRPC"]
+    args = ["bash", str(SCRIPT), "-m", "add", "-i", protocol, "-u", f"127.0.0.1:{port}",
+            "--concurrency-range", "1:2", "--measurement-interval", "500", "--stability-percentage", "100",
+            "--max-trials", "10"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    throughputs = [float(t) for t in re.findall(r"Concurrency: \d+, throughput: ([\d.]+) infer/sec", out)]
+    assert len(throughputs) == 2 and all(t > 0 for t in throughputs), out[-3000:]
+    # server-side statistics were read and agree with what the client sent
+    server_counts = [int(n) for n in re.findall(r"Server: \s*\n\s*Inference count: (\d+)", out)]
+    client_counts = [int(n) for n in re.findall(r"Client: \s*\n\s*Request count: (\d+)", out)]
+    assert len(server_counts) == 2 and all(n > 0 for n in server_counts), out[-3000:]
+    for s, c in zip(server_counts, client_counts, strict=True):
+        assert abs(s - c) <= 2, (server_counts, client_counts)
+    assert "Successful request count" in out

@@ -1,0 +1,89 @@
+"""`frameserve serve` as a subprocess: start-up lines, readiness after loading, a model that
+fails to load, and graceful SIGTERM (an in-flight request completes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from _serving import SLOW_WIDTH, ServeProcess, make_repository
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_model_that_fails_to_load_leaves_the_others_serving(tmp_path: Path) -> None:
+    repo = make_repository(tmp_path / "repo", with_bad=True)
+    with ServeProcess(repo, tmp_path / "home") as srv:
+        line = srv.wait_line("not ready:")
+        assert "(bad)" in line and "add" in line, line
+        assert srv.wait_stderr("'bad' failed to load"), srv.stderr
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{srv.ports['HTTP']}")
+        try:
+            assert client.is_server_live() and not client.is_server_ready()  # strict readiness, as Triton
+            assert client.is_model_ready("add") and not client.is_model_ready("bad")
+            index = {e["name"]: e["state"] for e in client.get_model_repository_index()}
+            assert index["bad"] == "UNAVAILABLE" and index["add"] == "READY"
+            a = np.ones((1, 4), np.float32)
+            inputs = [httpclient.InferInput(n, [1, 4], "FP32") for n in ("a", "b")]
+            for i in inputs:
+                i.set_data_from_numpy(a)
+            assert client.infer("add", inputs).as_numpy("sum").tolist() == [[2.0] * 4]
+        finally:
+            client.close()
+        assert srv.stop() == 0
+
+
+def test_serve_starts_reports_ports_and_stops_gracefully(tmp_path: Path) -> None:
+    repo = make_repository(tmp_path / "repo")
+    with ServeProcess(repo, tmp_path / "home") as srv:
+        srv.wait_ready()
+        assert srv.lines[0].startswith("frameserve ") and str(repo) in srv.lines[0]
+        assert set(srv.ports) == {"HTTP", "gRPC", "metrics"}, srv.lines
+        assert len(set(srv.ports.values())) == 3 and all(p > 0 for p in srv.ports.values())
+        assert "add" in srv.wait_line("ready:")
+
+        base = f"http://127.0.0.1:{srv.ports['HTTP']}"
+        metrics = httpx.get(f"http://127.0.0.1:{srv.ports['metrics']}/metrics", trust_env=False)
+        assert metrics.status_code == 200
+
+        # An in-flight request (seconds of compute) must complete after SIGTERM.
+        x = np.ones((8192, SLOW_WIDTH), np.float32)  # ~2.5 s of compute here
+        raw = x.tobytes()
+        head = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[8192,%d],"parameters":{"binary_data_size":%d}}],' \
+               b'"parameters":{"binary_data_output":true}}' % (SLOW_WIDTH, len(raw))
+        result: dict[str, object] = {}
+
+        def call() -> None:
+            try:
+                r = httpx.post(f"{base}/v2/models/slow/infer", content=head + raw, trust_env=False, timeout=60,
+                               headers={"Inference-Header-Content-Length": str(len(head))})
+                result["status"] = r.status_code
+                result["size"] = len(r.content)
+                result["done"] = time.monotonic()
+            except Exception as exc:  # reported by the assertion below
+                result["error"] = repr(exc)
+
+        t = threading.Thread(target=call)
+        t.start()
+        time.sleep(0.4)  # the body is sent and the model is running
+        signalled = time.monotonic()
+        assert srv.stop(timeout_s=60) == 0
+        t.join(30)
+        assert result.get("status") == 200, (result, srv.stderr[-2000:])
+        assert int(result["size"]) > 8192 * SLOW_WIDTH * 4  # the whole binary output came back
+        assert float(result["done"]) > signalled  # it was answered after SIGTERM
+        assert srv.lines[-1] == "stopped", srv.lines
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{base}/v2/health/live", trust_env=False, timeout=2)
+
+
+def test_serve_bad_repository_is_a_user_error(tmp_path: Path) -> None:
+    with ServeProcess(tmp_path / "missing", tmp_path / "home") as srv:
+        assert srv.proc.wait(60) == 2
+        assert "is not a folder" in srv.stderr
