@@ -27,6 +27,9 @@ def run_command(
     batch: Annotated[int | None, typer.Option(min=1, help="Frames per inference batch.")] = None,
     backend: Annotated[str | None, typer.Option(help="onnxruntime | openvino (default: the model's).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Inference threads (default: all CPUs).")] = None,
+    decode_workers: Annotated[int | None, typer.Option("--decode-workers", min=0, help="Decode processes: 0 = single process, 1 = decode overlapped with inference in its own process (default: 1 with 2+ CPUs).")] = None,
+    decode_threads: Annotated[int, typer.Option("--decode-threads", min=0, help="FFmpeg decoder threads per decode process (0 = automatic).")] = 0,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome-trace / Perfetto timeline of the stages (JSON) here.")] = None,
     model_repository: Annotated[Path | None, typer.Option("--model-repository", help="Model repository (default: $FRAMESERVE_HOME/models).")] = None,
 ) -> None:
     """Run a pipeline over VIDEO: per-frame results, a summary, and where the time went."""
@@ -51,12 +54,16 @@ def run_command(
             result = run(
                 video, pipeline, out=out, video_out=video_out, sampling=sampling, batch=batch,
                 backend=backend, threads=threads, settings=settings, progress=progress,
+                decode_workers=decode_workers, decode_threads=decode_threads, trace=trace,
+                keep_frames=False,  # streamed to --out; the CLI prints only the summary
             )
         print_timing(result, Console())
         if out is not None:
             Console().print(f"results: {out}")
         if video_out is not None:
             Console().print(f"video: {video_out}")
+        if trace is not None:
+            Console().print(f"trace: {trace} (open in https://ui.perfetto.dev)")
 
 
 def register(app: typer.Typer) -> None:
@@ -78,12 +85,20 @@ def print_timing(result: dict[str, Any], out: Console) -> None:
         out.print(f"  {label}: {st['frames']} frames, max score {st['max_score']:.3f}", highlight=False)
     for w in result.get("warnings", []):
         out.print(f"[yellow]warning:[/] {w}")
-    table = Table(title="time per stage")
-    for col in ("stage", "total s", "ms/frame", "share"):
+    workers = result.get("decode_workers")
+    mode = "single process" if not workers else f"{workers} decode process{'es' if workers > 1 else ''}"
+    table = Table(title=f"time per stage ({mode})")
+    for col in ("stage", "total s", "cpu s", "wait s", "ms/frame", "share"):
         table.add_column(col, justify="left" if col == "stage" else "right")
     for stage in STAGES:
         st = result["timing"].get(stage)
         if st is None:
             continue
-        table.add_row(stage, f"{st['total_s']:.3f}", f"{st['per_frame_ms']:.2f}", f"{100 * st['share']:.1f}%")
+        table.add_row(
+            stage, f"{st['total_s']:.3f}", f"{st.get('cpu_s', 0.0):.3f}", f"{st.get('wait_s', 0.0):.3f}",
+            f"{st['per_frame_ms']:.2f}", f"{100 * st['share']:.1f}%",
+        )
     out.print(table)
+    bottleneck = result.get("bottleneck")
+    if bottleneck:
+        out.print(f"bottleneck: {bottleneck['line']}", highlight=False)

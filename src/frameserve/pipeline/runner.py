@@ -1,5 +1,12 @@
-"""The single-process pipeline runner: decode → preprocess → batch → infer → postprocess →
-aggregate → sinks, every stage timed.
+"""The pipeline runner: decode → preprocess → batch → infer → postprocess → aggregate → sinks,
+every stage timed.
+
+Two ways to run the same pipeline, with identical results:
+
+* **parallel** (``decode_workers >= 1``, the default on a machine with 2 or more CPUs): decoding,
+  RGB conversion and preprocessing run in a decode process, frames reach this process through a
+  shared-memory ring, and inference overlaps decoding (see :mod:`frameserve.pipeline._parallel`);
+* **single-process** (``decode_workers=0``): the stages take turns in the calling thread.
 
 The runner reaches models only through :class:`~frameserve.service.InferenceService`.
 """
@@ -7,37 +14,39 @@ The runner reaches models only through :class:`~frameserve.service.InferenceServ
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from frameserve import assets
-from frameserve.config import Settings
+from frameserve.config import Settings, cpu_count
 from frameserve.errors import AssetNotFoundError, ModelNotFoundError, PipelineSpecError
-from frameserve.pipeline.aggregate import Summary
-from frameserve.pipeline.postprocess import Detection
-from frameserve.pipeline.preprocess import Transform, preprocess_into
-from frameserve.pipeline.sinks import draw_detections, write_json
+from frameserve.pipeline._output import FrameMeta, OutputStage, video_out_path
+from frameserve.pipeline._parallel import DecodePool, DecodeProcess, run_parallel
+from frameserve.pipeline.preprocess import preprocess_into
 from frameserve.pipeline.spec import PipelineSpec, load_pipeline
-from frameserve.pipeline.timing import Timing
+from frameserve.pipeline.timing import Timing, Trace
 from frameserve.service import InferenceService
-from frameserve.video import Frame, Sampling, VideoSource, VideoWriter
+from frameserve.video import Sampling, StreamInfo, VideoSource
 
-__all__ = ["ProgressFn", "run"]
+__all__ = ["ProgressFn", "default_decode_workers", "run"]
 
 ProgressFn = Callable[[int, int | None], None]
 """Called after each batch with ``(frames_done, frames_expected_or_None)``."""
 
 
-@dataclass
-class _Pending:
-    """Frames waiting for the current batch to be inferred."""
+def default_decode_workers(cpus: int | None = None) -> int:
+    """Decode processes used when none is asked for: 1 (one per stream) with 2 or more CPUs,
+    else 0 (single-process: with one CPU there is nothing to overlap). Also 0 inside a daemonic
+    ``multiprocessing`` process, which may not start processes of its own."""
+    import multiprocessing
 
-    frames: list[Frame] = field(default_factory=list)
-    transforms: list[Transform] = field(default_factory=list)
+    if multiprocessing.current_process().daemon:
+        return 0
+    return 1 if (cpus if cpus is not None else cpu_count()) >= 2 else 0
 
 
 def run(
@@ -53,6 +62,11 @@ def run(
     settings: Settings | None = None,
     service: InferenceService | None = None,
     progress: ProgressFn | None = None,
+    decode_workers: int | None = None,
+    decode_threads: int = 0,
+    keep_frames: bool = True,
+    trace: str | os.PathLike[str] | None = None,
+    decode_pool: DecodePool | None = None,
 ) -> dict[str, Any]:
     """Run a pipeline over a video and return the results.
 
@@ -69,12 +83,27 @@ def run(
         settings: process settings (default: :meth:`Settings.from_env`).
         service: an already-built service to use (its models stay loaded afterwards).
         progress: called with ``(frames_done, frames_expected)`` after each batch.
+        decode_workers: decode processes; ``0`` runs every stage in this thread, ``>= 1`` runs
+            decode + convert + preprocess in another process overlapped with inference (one
+            process per video stream: a file uses one, whatever larger number is given);
+            ``None``: :func:`default_decode_workers`.
+        decode_threads: FFmpeg decoder threads (``0``: FFmpeg chooses from the CPU count).
+        keep_frames: keep the per-frame results in memory. ``False`` streams them to ``out``
+            as they are produced, so memory stays flat on long videos; ``result["frames"]`` is
+            then a :class:`~frameserve.pipeline.sinks.StreamedFrames` that reads ``out`` back
+            on use (``[]`` when there is no ``out``).
+        trace: write a Chrome-trace / Perfetto timeline of every stage here (JSON ``traceEvents``).
+        decode_pool: warm decode processes to use (and keep) instead of starting one for this
+            run; see :class:`~frameserve.pipeline._parallel.DecodePool`.
 
     Returns:
         The results mapping: ``source`` (stream metadata), ``pipeline``, ``model``, ``sampling``,
-        ``frames`` (``[{index, pts_s, detections: [{label, score, box}]}]``, boxes ``[x1, y1, x2, y2]``
-        in source-frame pixels after rotation), ``summary``, ``timing``
-        (``{stage: {total_s, cpu_s, per_frame_ms, share}}``), ``wall_s`` and ``warnings``.
+        ``batch``, ``frames`` (``[{index, pts_s, is_keyframe, detections: [{label, score, box}]}]``,
+        boxes ``[x1, y1, x2, y2]`` in source-frame pixels after rotation), ``summary``, ``timing``
+        (``{stage: {total_s, cpu_s, wait_s, wait_in_s, wait_out_s, per_frame_ms, share}}``, see
+        :mod:`frameserve.pipeline.timing`), ``bottleneck`` (``{bound, line, busy, parallel}``),
+        ``frames_processed``, ``wall_s``, ``warnings``, ``decode_workers`` (processes used), and
+        ``video_out`` / ``trace`` when written.
 
     Raises:
         VideoError: the video is missing, empty, not a video or has no video stream.
@@ -88,15 +117,39 @@ def run(
     sampling_obj = Sampling.parse(spec.sampling)
     uri = assets.resolve_uri(str(video), settings.assets_dir)
 
+    workers = default_decode_workers() if decode_workers is None else decode_workers
+    if workers < 0:
+        raise PipelineSpecError(f"decode_workers must be >= 0 (0 = single process), got {workers}")
+    if decode_threads < 0:
+        raise PipelineSpecError(f"decode_threads must be >= 0 (0 = automatic), got {decode_threads}")
+    timing = Timing(trace=Trace() if trace is not None else None)
+    process: DecodeProcess | None = None
+    if workers > 0:
+        # started first: the new interpreter starts up while the model loads
+        process = decode_pool.acquire() if decode_pool is not None else DecodeProcess()
+    ok = False
     own_service = service is None
-    if service is None:
-        service = InferenceService(_repository(settings), threads=threads or settings.threads)
     try:
-        model = _ensure_model(service, spec, settings, backend)
-        return _run(uri, spec, sampling_obj, service, model, out, video_out, progress)
+        if service is None:
+            service = InferenceService(_repository(settings), threads=threads or settings.threads)
+        try:
+            model = _ensure_model(service, spec, settings, backend)
+            opts = _RunOptions(
+                out=out, video_out=video_out, progress=progress, decode_workers=min(workers, 1),
+                decode_threads=decode_threads, keep_frames=keep_frames, trace=trace,
+            )
+            result = _run(uri, spec, sampling_obj, service, model, opts, timing, process)
+            ok = True
+            return result
+        finally:
+            if own_service:
+                service.close()
     finally:
-        if own_service:
-            service.close()
+        if process is not None:
+            if decode_pool is not None:
+                decode_pool.release(process, ok=ok or process.alive)
+            else:
+                process.close()
 
 
 def _repository(settings: Settings) -> Any:
@@ -153,108 +206,128 @@ def _check_model_input(service: InferenceService, model: str, spec: PipelineSpec
     return inp.name, cfg.max_batch_size
 
 
+@dataclass(frozen=True)
+class _RunOptions:
+    out: str | os.PathLike[str] | None
+    video_out: str | os.PathLike[str] | None
+    progress: ProgressFn | None
+    decode_workers: int
+    decode_threads: int
+    keep_frames: bool
+    trace: str | os.PathLike[str] | None
+
+
 def _run(
-    uri: str,
-    spec: PipelineSpec,
-    sampling: Sampling,
-    service: InferenceService,
-    model: str,
-    out: str | os.PathLike[str] | None,
-    video_out: str | os.PathLike[str] | None,
-    progress: ProgressFn | None,
+    uri: str, spec: PipelineSpec, sampling: Sampling, service: InferenceService, model: str, opts: _RunOptions,
+    timing: Timing, process: DecodeProcess | None,
 ) -> dict[str, Any]:
     input_name, max_batch = _check_model_input(service, model, spec)
     batch_size = min(spec.batch, max_batch) if max_batch > 0 else 1
+    timing.started = time.perf_counter()  # the run's wall time starts now, the model loaded
+    header_model = {"name": model, **service.session_info(model)}
+
+    def make_output(info: StreamInfo) -> OutputStage:
+        header = {
+            "source": info.to_dict(), "pipeline": spec.name, "model": header_model,
+            "sampling": spec.sampling, "batch": batch_size,
+        }
+        return OutputStage(
+            spec=spec, info=info, header=header, timing=timing, out=opts.out,
+            keep_frames=opts.keep_frames, video_out=opts.video_out, progress=opts.progress,
+            expected=info.frame_count if sampling.kind == "all" else None,
+        )
+
+    if process is None:
+        info, output, warnings = _run_inline(
+            uri, spec, sampling, service, model, input_name, batch_size, opts.decode_threads, timing, make_output
+        )
+    else:
+        info, output, warnings, _ = run_parallel(
+            process=process, uri=uri, sampling=str(sampling), spec=spec.preprocess, service=service, model=model,
+            input_name=input_name, batch_size=batch_size, decode_threads=opts.decode_threads,
+            timing=timing, make_output=make_output,
+        )
+    try:
+        wall_s = timing.finish()
+        n = output.count
+        expected = info.frame_count if sampling.kind == "all" else None
+        warnings = list(warnings)
+        if expected is not None and expected != n:
+            warnings.append(f"the stream header says {expected} frames but {n} were decoded")
+        tail: dict[str, Any] = {
+            "summary": output.summary.to_dict(),
+            "timing": timing.to_dict(n),
+            "bottleneck": timing.bottleneck(parallel=opts.decode_workers > 0),
+            "frames_processed": n,
+            "wall_s": round(wall_s, 6),
+            "warnings": warnings,
+            "decode_workers": opts.decode_workers,
+            **video_out_path(opts.video_out),
+        }
+        if opts.trace is not None:
+            assert timing.trace is not None
+            tail["trace"] = str(timing.trace.write(opts.trace))
+        return output.finish(tail)
+    except BaseException:
+        output.abort()
+        raise
+
+
+def _run_inline(
+    uri: str, spec: PipelineSpec, sampling: Sampling, service: InferenceService, model: str,
+    input_name: str, batch_size: int, decode_threads: int, timing: Timing,
+    make_output: Callable[[StreamInfo], OutputStage],
+) -> tuple[StreamInfo, OutputStage, list[str]]:
+    """Every stage in turn, in this thread."""
     pre = spec.preprocess
     buf = np.empty((batch_size, *pre.input_shape()), dtype=pre.numpy_dtype)
-    post = spec.postprocess
-    min_score = spec.min_score if spec.min_score is not None else post.score_threshold
-    summary = Summary(min_score=min_score, segment_gap_s=spec.segment_gap_s)
-    timing = Timing()
-    results: list[dict[str, Any]] = []
-    pending = _Pending()
-    writer: VideoWriter | None = None
-
-    with VideoSource(uri, sampling=sampling) as source:
+    metas: list[FrameMeta] = []
+    rgbs: list[np.ndarray[Any, Any]] = []
+    trace = timing.trace
+    if trace is not None:
+        trace.name_process("frameserve run (single process)")
+        trace.name_thread("decode → infer → output")
+    with VideoSource(uri, sampling=sampling, threads=decode_threads) as source:
         info = source.info
-        expected = info.frame_count if sampling.kind == "all" else None
-
-        def flush() -> None:
-            nonlocal writer
-            n = len(pending.frames)
-            if n == 0:
-                return
-            with timing.stage("infer"):
-                outputs = service.infer(model, {input_name: buf[:n]})
-            with timing.stage("postprocess"):
-                dets = post(outputs, pending.transforms)
-                for frame, frame_dets in zip(pending.frames, dets, strict=True):
-                    results.append(_frame_result(frame, frame_dets))
-                    summary.add(frame.pts_s, frame_dets)
-            if video_out is not None:
-                with timing.stage("encode"):
-                    for frame, frame_dets in zip(pending.frames, dets, strict=True):
-                        if writer is None:
-                            writer = VideoWriter(
-                                video_out, frame.rgb.shape[1], frame.rgb.shape[0],
-                                fps=info.fps, time_base=info.time_base,
-                            )
-                        writer.write(draw_detections(frame.rgb, frame_dets, post.labels), frame.pts_s)
-            pending.frames.clear()
-            pending.transforms.clear()
-            if progress is not None:
-                progress(len(results), expected)
-
+        output = make_output(info)
         try:
+            def flush() -> None:
+                n = len(metas)
+                if n == 0:
+                    return
+                with timing.stage("infer", process_cpu=True, frames=n):
+                    outputs = service.infer(model, {input_name: buf[:n]})
+                output.add_batch(outputs, metas, rgbs if output.wants_rgb else None)
+                metas.clear()
+                rgbs.clear()
+
+            stats = source.stats
+            last = [0.0, 0.0]
             for frame in source:
+                if trace is not None:
+                    _trace_decode(trace, stats, last)
                 with timing.stage("preprocess"):
-                    pending.transforms.append(preprocess_into(frame.rgb, pre, buf[len(pending.frames)]))
-                pending.frames.append(frame)
-                if len(pending.frames) == batch_size:
+                    t = preprocess_into(frame.rgb, pre, buf[len(metas)])
+                metas.append(FrameMeta(frame.index, frame.pts_s, frame.is_keyframe, t))
+                if output.wants_rgb:
+                    rgbs.append(frame.rgb)
+                if len(metas) == batch_size:
                     flush()
             flush()
-            if writer is not None:
-                with timing.stage("encode"):
-                    writer.close()
-        finally:
-            if writer is not None:
-                writer.close()
+        except BaseException:
+            output.abort()
+            raise
         stats = source.stats
-
-    timing.stages["decode"].wall_s += stats.decode_s
-    timing.stages["decode"].cpu_s += stats.decode_cpu_s
-    timing.stages["convert"].wall_s += stats.convert_s
-    timing.stages["convert"].cpu_s += stats.convert_cpu_s
-    wall_s = timing.finish()
-    warnings: list[str] = []
-    if expected is not None and expected != len(results):
-        warnings.append(
-            f"the stream header says {expected} frames but {len(results)} were decoded"
-        )
-    result: dict[str, Any] = {
-        "source": info.to_dict(),
-        "pipeline": spec.name,
-        "model": {"name": model, **service.session_info(model)},
-        "sampling": spec.sampling,
-        "batch": batch_size,
-        "frames": results,
-        "summary": summary.to_dict(),
-        "timing": timing.to_dict(len(results)),
-        "frames_processed": len(results),
-        "wall_s": round(wall_s, 6),
-        "warnings": warnings,
-    }
-    if video_out is not None:
-        result["video_out"] = str(Path(video_out))
-    if out is not None:
-        write_json(out, result)
-    return result
+    timing.add("decode", stats.decode_s, stats.decode_cpu_s, calls=stats.frames_decoded)
+    timing.add("convert", stats.convert_s, stats.convert_cpu_s, calls=stats.frames_returned)
+    return info, output, [str(w) for w in getattr(source, "warnings", []) or []]
 
 
-def _frame_result(frame: Frame, dets: list[Detection]) -> dict[str, Any]:
-    return {
-        "index": frame.index,
-        "pts_s": frame.pts_s,
-        "is_keyframe": frame.is_keyframe,
-        "detections": [d.to_dict() for d in dets],
-    }
+def _trace_decode(trace: Trace, stats: Any, last: list[float]) -> None:
+    """Trace the decode + convert that produced the frame just yielded (inline runner);
+    ``last`` holds the cumulative decode/convert seconds at the previous frame."""
+    now = time.perf_counter()
+    dec, conv = stats.decode_s - last[0], stats.convert_s - last[1]
+    last[:] = [stats.decode_s, stats.convert_s]
+    trace.complete("decode", now - conv - dec, now - conv)
+    trace.complete("convert", now - conv, now)

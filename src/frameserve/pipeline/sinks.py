@@ -14,7 +14,7 @@ import numpy as np
 
 from frameserve.pipeline.postprocess import Detection
 
-__all__ = ["draw_detections", "write_json"]
+__all__ = ["ResultsWriter", "StreamedFrames", "draw_detections", "write_json"]
 
 # A fixed palette (RGB) so a label keeps its colour from frame to frame.
 _PALETTE = [
@@ -53,3 +53,85 @@ def draw_detections(
         text = f"{det.label} {det.score:.2f}"
         cv2.putText(img, text, (x1, max(10, y1 - 3)), cv2.FONT_HERSHEY_SIMPLEX, scale, colour, 1, cv2.LINE_AA)
     return img
+
+
+class StreamedFrames(Sequence[dict[str, Any]]):
+    """The ``frames`` of a result that were streamed to the results JSON instead of kept in memory.
+
+    Behaves as a read-only sequence of the per-frame dicts: ``len()`` is known without reading;
+    iterating or indexing loads the file's ``frames`` list (once, then cached). Not itself
+    JSON-serialisable: use ``list(frames)``.
+
+    Attributes:
+        path: the results JSON the frames were written to.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], count: int) -> None:
+        self.path = Path(path)
+        self._count = count
+        self._loaded: list[dict[str, Any]] | None = None
+
+    def _load(self) -> list[dict[str, Any]]:
+        if self._loaded is None:
+            with self.path.open(encoding="utf-8") as fh:
+                self._loaded = list(json.load(fh)["frames"])
+        return self._loaded
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._load()[i]
+
+    def __iter__(self) -> Any:
+        return iter(self._load())
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"StreamedFrames({str(self.path)!r}, {self._count} frames)"
+
+
+class ResultsWriter:
+    """Write a results JSON while the run goes: header fields, then one frame at a time, then
+    the tail (summary, timing...). Memory stays flat however many frames there are.
+
+    The file is written to a temporary name in the target folder and renamed into place by
+    :meth:`finish`, so a reader never sees a half-written file; :meth:`abort` removes it.
+    The JSON equals what :func:`write_json` writes for the same mapping (key order: header keys,
+    ``frames``, tail keys).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], header: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        self._tmp = Path(tmp)
+        self._fh = os.fdopen(fd, "w", encoding="utf-8")
+        self.count = 0
+        self._fh.write("{\n")
+        for key, value in header.items():
+            self._fh.write(f" {json.dumps(key)}: {json.dumps(value)},\n")
+        self._fh.write(' "frames": [')
+
+    def add(self, frame: dict[str, Any]) -> None:
+        """Append one per-frame result."""
+        self._fh.write(("\n  " if self.count == 0 else ",\n  ") + json.dumps(frame))
+        self.count += 1
+
+    def finish(self, tail: dict[str, Any]) -> Path:
+        """Write the remaining fields, close and move the file into place."""
+        self._fh.write("\n ]" if self.count else "]")
+        for key, value in tail.items():
+            self._fh.write(f",\n {json.dumps(key)}: {json.dumps(value)}")
+        self._fh.write("\n}\n")
+        self._fh.close()
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Close and delete the partial file (idempotent)."""
+        if not self._fh.closed:
+            self._fh.close()
+        self._tmp.unlink(missing_ok=True)

@@ -1,0 +1,678 @@
+"""Online serving benchmark (issue 4): frameserve against in-process ORT, Triton 2.51 and LitServe.
+
+Prints ratios measured in this run (A and B interleaved, medians over repeats), never a bare time:
+
+  (a) nudenet-320 fp32 on ORT: frameserve's best served throughput (binary HTTP and gRPC through
+      perf_analyzer, concurrency 1-16, with and without dynamic batching) / the best in-process ORT
+      throughput with the same total threads (goal >= 0.97); p50 at concurrency 1 / in-process p50
+      at batch 1 (goal <= 1.03); server CPU-seconds per inference (psutil, the whole server process)
+      / in-process CPU-seconds per inference, both at their best-throughput settings (goal <= 1.03).
+  (b) the trivial Python add_sub model (FP32[16], max_batch_size 8) on frameserve / the same model.py
+      on Triton 2.51 (scripts/triton_peer.sh), perf_analyzer concurrency 1 and 8, HTTP and gRPC (goal >= 1.0).
+  (c) nudenet-320 on frameserve / LitServe serving the same ORT session, one Python load generator
+      for both (goal >= 1.1x throughput at equal or better p99).
+
+Every server measured is first checked for correct outputs (perf_analyzer reports a throughput for
+failing requests too), and checked again after its last measurement.
+
+  .venv/bin/python bench/serving.py --quick          # smoke run, seconds per part; figures meaningless
+  .venv/bin/python bench/serving.py                  # the measurement (>= 20 pairs), on a quiet machine
+  .venv/bin/python bench/serving.py --pairs 30 --parts a,b
+
+See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import http.client
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from _peer import TritonPeer, free_ports, setup_peer  # noqa: E402
+from _serving import ServeProcess  # noqa: E402
+
+from frameserve import assets  # noqa: E402
+from frameserve.config import Settings, cpu_count  # noqa: E402
+
+PA_SCRIPT = REPO / "scripts" / "perf_analyzer.sh"
+TRITON_EXAMPLES = REPO / "tests" / "data" / "triton_repo"
+LITSERVE_VERSION = "0.2.19"
+SIDE = 320
+Array = np.ndarray[Any, Any]
+
+
+# ------------------------------------------------------------------------------------------------
+# settings
+
+
+@dataclass(frozen=True)
+class Plan:
+    quick: bool
+    pairs: int
+    threads: int
+    interval_ms: int  # perf_analyzer measurement window
+    inproc_s: float  # one in-process measurement
+    concurrencies: tuple[int, ...]  # the served sweep of (a)
+    load_s: float  # one Python load-generator measurement in (c)
+    cache: Path
+
+    @staticmethod
+    def make(args: argparse.Namespace) -> Plan:
+        quick = bool(args.quick)
+        return Plan(
+            quick=quick,
+            pairs=args.pairs if args.pairs is not None else (1 if quick else 20),
+            threads=args.threads or cpu_count(),
+            interval_ms=300 if quick else 1000,
+            inproc_s=0.6 if quick else 3.0,
+            concurrencies=(1, 4) if quick else (1, 2, 4, 8, 16),
+            load_s=1.0 if quick else 4.0,
+            cache=args.cache,
+        )
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# perf_analyzer
+
+
+@dataclass
+class PAResult:
+    throughput: float  # inferences/s (perf_analyzer's, client side)
+    p50_us: float
+    p99_us: float
+    server_cpu_s_per_inf: float  # nan when no pid was given
+
+
+def _inference_count(port: int, model: str) -> int:
+    r = httpx.get(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=10)
+    r.raise_for_status()
+    return sum(int(s["inference_count"]) for s in r.json()["model_stats"])
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its children (Triton's Python stubs are children)."""
+    p = psutil.Process(pid)
+    total = 0.0
+    for proc in [p, *p.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def perf_analyzer(plan: Plan, model: str, protocol: str, ports: dict[str, int], concurrency: int, *,
+                  pid: int | None = None, shape: str | None = None) -> PAResult:
+    """One perf_analyzer run at one concurrency; CPU per inference from the server's own statistics."""
+    port = ports["HTTP" if protocol == "http" else "gRPC"]
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "pa.csv"
+        args = ["bash", str(PA_SCRIPT), "-m", model, "-i", protocol, "-u", f"127.0.0.1:{port}",
+                "--concurrency-range", f"{concurrency}:{concurrency}",
+                "--measurement-interval", str(plan.interval_ms), "--stability-percentage", "1000",
+                "--max-trials", "10", "--percentile", "50", "-f", str(report)]
+        if shape:
+            args += ["--shape", shape]
+        cpu0 = _cpu_s(pid) if pid else 0.0
+        n0 = _inference_count(ports["HTTP"], model) if pid else 0
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        cpu1 = _cpu_s(pid) if pid else 0.0
+        n1 = _inference_count(ports["HTTP"], model) if pid else 0
+        if not report.exists():
+            raise RuntimeError(f"perf_analyzer failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-1500:]}")
+        with report.open() as f:
+            row = next(csv.DictReader(f))
+    cpu = (cpu1 - cpu0) / (n1 - n0) if pid and n1 > n0 else float("nan")
+    return PAResult(float(row["Inferences/Second"]), float(row["p50 latency"]), float(row["p99 latency"]), cpu)
+
+
+# ------------------------------------------------------------------------------------------------
+# tritonclient checks
+
+
+def _client(protocol: str, port: int) -> Any:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import tritonclient.grpc as tgrpc
+        import tritonclient.http as thttp
+    mod: Any = thttp if protocol == "http" else tgrpc
+    return mod, mod.InferenceServerClient(f"127.0.0.1:{port}")
+
+
+def infer(protocol: str, port: int, model: str, inputs: dict[str, Array], outputs: list[str]) -> dict[str, Array]:
+    mod, client = _client(protocol, port)
+    try:
+        tensors = []
+        for name, value in inputs.items():
+            t = mod.InferInput(name, list(value.shape), "FP32")
+            t.set_data_from_numpy(value)
+            tensors.append(t)
+        result = client.infer(model, tensors)
+        return {n: result.as_numpy(n) for n in outputs}
+    finally:
+        client.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# (a) nudenet: served vs in process
+
+
+def nudenet_path() -> Path:
+    return assets.ensure("nudenet-320n.onnx", Settings.from_env().assets_dir)
+
+
+def ort_session(model: Path, threads: int) -> ort.InferenceSession:
+    """The session frameserve's ORT backend makes (intra threads, inter 1, spinning off)."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+
+
+NUDENET_CONFIG = """\
+max_batch_size: 16
+input: [{{name: images, data_type: TYPE_FP32, dims: [3, {side}, {side}]}}]
+parameters: {{ort_allow_spinning: "0"}}
+{batching}"""
+
+
+def nudenet_repository(root: Path, model: Path) -> Path:
+    """``nudenet`` (no dynamic batching) and ``nudenet_db`` (dynamic batching), the same file."""
+    for name, batching in (("nudenet", ""), ("nudenet_db", "dynamic_batching: {max_queue_delay_microseconds: 500}\n")):
+        (root / name / "1").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(model, root / name / "1" / "model.onnx")
+        (root / name / "config.yaml").write_text(NUDENET_CONFIG.format(side=SIDE, batching=batching))
+    return root
+
+
+@dataclass
+class InProc:
+    throughput: float  # images/s
+    p50_s: float  # per call
+    cpu_s_per_inf: float
+
+
+def inprocess(sessions: list[ort.InferenceSession], batch: int, seconds: float) -> InProc:
+    """len(sessions) Python threads, each running its own session at ``batch`` for ``seconds``."""
+    x = np.random.default_rng(0).random((batch, 3, SIDE, SIDE), dtype=np.float32)
+    lat: list[list[float]] = [[] for _ in sessions]
+    start = threading.Barrier(len(sessions) + 1)
+    stop_at = [0.0]
+
+    def work(i: int) -> None:
+        s = sessions[i]
+        start.wait()
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= stop_at[0]:
+                break
+            s.run(None, {"images": x})
+            lat[i].append(time.perf_counter() - t0)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(sessions))]
+    for t in threads:
+        t.start()
+    me = psutil.Process()
+    c0 = me.cpu_times()
+    t0 = time.perf_counter()
+    stop_at[0] = t0 + seconds
+    start.wait()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    c1 = me.cpu_times()
+    images = batch * sum(len(x) for x in lat)
+    cpu = (c1.user - c0.user) + (c1.system - c0.system)
+    return InProc(images / wall, median([v for xs in lat for v in xs]), cpu / images)
+
+
+def part_a(plan: Plan, work: Path, rows: list[tuple[str, float, str, bool | None]], notes: list[str]) -> None:
+    log("(a) nudenet-320: served vs in-process")
+    model = nudenet_path()
+    T = plan.threads
+    repo = nudenet_repository(work / "nudenet_repo", model)
+    shape = f"images:3:{SIDE}:{SIDE}"
+    # in-process configurations with T threads in all
+    one = ort_session(model, T)
+    singles = [ort_session(model, 1) for _ in range(T)] if T > 1 else []
+    inproc_cfgs: dict[str, Callable[[], InProc]] = {
+        f"1 session x {T} threads, batch 1": lambda: inprocess([one], 1, plan.inproc_s),
+        f"1 session x {T} threads, batch 8": lambda: inprocess([one], 8, plan.inproc_s),
+    }
+    if singles:
+        inproc_cfgs[f"{T} sessions x 1 thread, batch 1"] = lambda: inprocess(singles, 1, plan.inproc_s)
+    for fn in inproc_cfgs.values():  # warm-up
+        fn()
+    with ServeProcess(repo, work / "home_a", "--threads", str(T)) as srv:
+        srv.wait_ready(timeout_s=180)
+        pid = srv.proc.pid
+        # correctness: served output equals the in-process output (same model, input, batch size)
+        x = np.random.default_rng(1).random((1, 3, SIDE, SIDE), dtype=np.float32)
+        want = one.run(["output0"], {"images": x})[0]
+
+        def check(when: str) -> None:
+            for name in ("nudenet", "nudenet_db"):
+                for protocol in ("http", "grpc"):
+                    got = infer(protocol, srv.ports["HTTP" if protocol == "http" else "gRPC"], name,
+                                {"images": x}, ["output0"])["output0"]
+                    if not np.array_equal(got, want):
+                        raise SystemExit(f"(a) {when}: {name} over {protocol} differs from in-process ORT "
+                                         f"(max abs diff {np.abs(got - want).max()})")
+        check("before")
+        # sweep: pick the best served configuration and the best in-process one
+        sweep: dict[tuple[str, str, int], PAResult] = {}
+        for name in ("nudenet", "nudenet_db"):
+            for protocol in ("http", "grpc"):
+                for c in plan.concurrencies:
+                    if name == "nudenet_db" and c == 1:
+                        continue  # nothing to batch
+                    sweep[(name, protocol, c)] = r = perf_analyzer(plan, name, protocol, srv.ports, c, pid=pid,
+                                                                   shape=shape)
+                    log(f"  sweep {name} {protocol} c={c}: {r.throughput:.1f}/s p50 {r.p50_us / 1e3:.2f} ms")
+        best_srv = max(sweep, key=lambda k: sweep[k].throughput)
+        lat_srv = min((k for k in sweep if k[0] == "nudenet" and k[2] == 1), key=lambda k: sweep[k].p50_us)
+        inproc_sweep = {k: fn() for k, fn in inproc_cfgs.items()}
+        best_in = max(inproc_sweep, key=lambda k: inproc_sweep[k].throughput)
+        lat_in = f"1 session x {T} threads, batch 1"
+        log(f"  best served: {best_srv}; best in-process: {best_in}")
+        thr, p50, cpu = [], [], []
+        for i in range(plan.pairs):
+            order = [0, 1] if i % 2 == 0 else [1, 0]
+            res: dict[str, Any] = {}
+            for side in order:
+                if side == 0:
+                    res["in"] = inproc_cfgs[best_in]()
+                    res["in_lat"] = inproc_cfgs[lat_in]() if lat_in != best_in else res["in"]
+                else:
+                    res["srv"] = perf_analyzer(plan, best_srv[0], best_srv[1], srv.ports, best_srv[2], pid=pid,
+                                               shape=shape)
+                    res["srv_lat"] = perf_analyzer(plan, lat_srv[0], lat_srv[1], srv.ports, 1, pid=pid, shape=shape)
+            thr.append(res["srv"].throughput / res["in"].throughput)
+            p50.append(res["srv_lat"].p50_us / 1e6 / res["in_lat"].p50_s)
+            cpu.append(res["srv"].server_cpu_s_per_inf / res["in"].cpu_s_per_inf)
+            log(f"  pair {i + 1}/{plan.pairs}: throughput {thr[-1]:.3f}, p50 {p50[-1]:.3f}, cpu {cpu[-1]:.3f}")
+        check("after")
+        assert srv.stop() == 0
+    rows.append(("(a) served / in-process throughput", median(thr), ">= 0.97", median(thr) >= 0.97))
+    rows.append(("(a) p50 at c=1 / in-process p50", median(p50), "<= 1.03", median(p50) <= 1.03))
+    rows.append(("(a) server CPU-s/inf / in-process", median(cpu), "<= 1.03", median(cpu) <= 1.03))
+    s, b = sweep[best_srv], inproc_sweep[best_in]
+    notes.append(f"(a) best served: {best_srv[0]} over {best_srv[1]} at concurrency {best_srv[2]} "
+                 f"({s.throughput:.1f}/s in the sweep); best in-process: {best_in} ({b.throughput:.1f}/s); "
+                 f"latency pair: {lat_srv[1]} c=1 vs {lat_in}; {T} threads; {plan.pairs} pair(s)")
+
+
+# ------------------------------------------------------------------------------------------------
+# (b) add_sub: frameserve vs Triton 2.51
+
+ADD_SUB_CONFIG = """\
+# Triton's add_sub example model at FP32[16], batched (the benchmark's trivial Python model).
+name: "add_sub"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+dynamic_batching { }
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
+
+
+def add_sub_repository(root: Path) -> Path:
+    (root / "add_sub" / "1").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(TRITON_EXAMPLES / "add_sub" / "1" / "model.py", root / "add_sub" / "1" / "model.py")
+    (root / "add_sub" / "config.pbtxt").write_text(ADD_SUB_CONFIG)
+    return root
+
+
+def check_add_sub(server: str, ports: dict[str, int]) -> None:
+    rng = np.random.default_rng(2)
+    for protocol in ("http", "grpc"):
+        for batch in (1, 3):
+            a = rng.standard_normal((batch, 16)).astype(np.float32)
+            b = rng.standard_normal((batch, 16)).astype(np.float32)
+            out = infer(protocol, ports["HTTP" if protocol == "http" else "gRPC"], "add_sub",
+                        {"INPUT0": a, "INPUT1": b}, ["OUTPUT0", "OUTPUT1"])
+            if not (np.array_equal(out["OUTPUT0"], a + b) and np.array_equal(out["OUTPUT1"], a - b)):
+                raise SystemExit(f"(b) {server} over {protocol}: add_sub answered wrong values")
+
+
+def part_b(plan: Plan, work: Path, rows: list[tuple[str, float, str, bool | None]], notes: list[str]) -> None:
+    log("(b) Python add_sub: frameserve vs Triton 2.51")
+    ok, why = setup_peer()
+    if not ok:
+        notes.append(f"(b) skipped: Triton 2.51 peer cannot be installed: {why}")
+        for p in ("HTTP", "gRPC"):
+            for c in (1, 8):
+                rows.append((f"(b) add_sub {p} c={c}: frameserve / Triton", float("nan"), ">= 1.0", None))
+        return
+    repo = add_sub_repository(work / "add_sub_repo")
+    configs = [("http", 1), ("http", 8), ("grpc", 1), ("grpc", 8)]
+    ratios: dict[tuple[str, int], list[float]] = {k: [] for k in configs}
+    with ServeProcess(repo, work / "home_b", "--threads", "1") as fs, TritonPeer(repo) as tr:
+        fs.wait_ready(timeout_s=120)
+        tr.wait_ready(timeout_s=180)
+        servers = {"frameserve": fs.ports, "Triton": tr.ports}
+        for name, ports in servers.items():
+            check_add_sub(name, ports)
+        for i in range(plan.pairs):
+            for protocol, c in configs:
+                names = ["frameserve", "Triton"] if i % 2 == 0 else ["Triton", "frameserve"]
+                got = {n: perf_analyzer(plan, "add_sub", protocol, servers[n], c) for n in names}
+                ratios[(protocol, c)].append(got["frameserve"].throughput / got["Triton"].throughput)
+                log(f"  pair {i + 1} {protocol} c={c}: frameserve {got['frameserve'].throughput:.0f}/s, "
+                    f"Triton {got['Triton'].throughput:.0f}/s")
+        for name, ports in servers.items():
+            check_add_sub(name, ports)
+        assert fs.stop() == 0
+    for protocol, c in configs:
+        r = median(ratios[(protocol, c)])
+        rows.append((f"(b) add_sub {'HTTP' if protocol == 'http' else 'gRPC'} c={c}: frameserve / Triton", r,
+                     ">= 1.0", r >= 1.0))
+    notes.append("(b) same model.py and config.pbtxt (max_batch_size 8, dynamic_batching {}, 1 CPU instance) "
+                 f"on both; perf_analyzer throughput; {plan.pairs} pair(s)")
+
+
+# ------------------------------------------------------------------------------------------------
+# (c) nudenet: frameserve vs LitServe
+
+LITSERVE_APP = '''
+"""LitServe serving nudenet-320 with the ORT session frameserve makes (bench/serving.py)."""
+import base64
+import sys
+
+import litserve as ls
+import numpy as np
+import onnxruntime as ort
+
+MODEL, THREADS, PORT, BATCH = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+SIDE = {side}
+
+
+class NudenetAPI(ls.LitAPI):
+    def setup(self, device):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = THREADS
+        opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(MODEL, opts, providers=["CPUExecutionProvider"])
+
+    def decode_request(self, request):
+        return np.frombuffer(base64.b64decode(request["images"]), np.float32).reshape(3, SIDE, SIDE)
+
+    def batch(self, inputs):
+        return np.stack(inputs)
+
+    def predict(self, x):
+        return self.session.run(["output0"], {{"images": x if x.ndim == 4 else x[None]}})[0]
+
+    def unbatch(self, output):
+        return list(output)
+
+    def encode_response(self, output):
+        out = np.ascontiguousarray(output[0] if output.ndim == 3 else output, np.float32)
+        return {{"output0": base64.b64encode(out.tobytes()).decode(), "shape": list(out.shape)}}
+
+
+if __name__ == "__main__":
+    api = NudenetAPI(max_batch_size=BATCH, batch_timeout=0.0005 if BATCH > 1 else 0.0)
+    server = ls.LitServer(api, accelerator="cpu", workers_per_device=1, timeout=60)
+    server.run(host="127.0.0.1", port=PORT, generate_client_file=False, log_level="warning")
+'''
+
+
+def setup_litserve(plan: Plan) -> Path:
+    """A venv of its own for LitServe (with the project's onnxruntime version); returns its python."""
+    venv = plan.cache / "bench-litserve" / "venv"
+    stamp = venv.parent / f".installed-{LITSERVE_VERSION}-{ort.__version__}"
+    if not stamp.exists():
+        base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+        subprocess.run([str(base), "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        f"litserve=={LITSERVE_VERSION}", f"onnxruntime=={ort.__version__}", "numpy"], check=True)
+        stamp.touch()
+    return venv / "bin" / "python"
+
+
+@contextmanager
+def litserve_server(python: Path, work: Path, model: Path, threads: int, batch: int) -> Iterator[int]:
+    app = work / "litserve_app.py"
+    app.write_text(LITSERVE_APP.format(side=SIDE))
+    (port,) = free_ports(1)
+    logf = (work / "litserve.log").open("w")
+    proc = subprocess.Popen([str(python), str(app), str(model), str(threads), str(port), str(batch)],
+                            stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"LitServe exited: {(work / 'litserve.log').read_text()[-2000:]}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("LitServe did not start in 120 s")
+            time.sleep(0.3)
+        yield port
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait(10)
+        logf.close()
+
+
+@dataclass
+class Target:
+    """One server as the Python load generator sees it: a path, a body, and how to decode the answer."""
+
+    port: int
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    decode: Callable[[bytes, dict[str, str]], Array]
+
+
+def frameserve_target(port: int, model: str, x: Array) -> Target:
+    header = json.dumps({"inputs": [{"name": "images", "shape": list(x.shape), "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "outputs": [{"name": "output0", "parameters": {"binary_data": True}}]}).encode()
+
+    def decode(body: bytes, headers: dict[str, str]) -> Array:
+        n = int(headers["inference-header-content-length"])
+        meta = json.loads(body[:n])["outputs"][0]
+        return np.frombuffer(body[n:], np.float32).reshape(meta["shape"])[0]
+
+    return Target(port, f"/v2/models/{model}/infer", header + x.tobytes(),
+                  {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"},
+                  decode)
+
+
+def litserve_target(port: int, x: Array) -> Target:
+    body = json.dumps({"images": base64.b64encode(x.tobytes()).decode()}).encode()
+
+    def decode(raw: bytes, headers: dict[str, str]) -> Array:
+        d = json.loads(raw)
+        return np.frombuffer(base64.b64decode(d["output0"]), np.float32).reshape(d["shape"])
+
+    return Target(port, "/predict", body, {"Content-Type": "application/json"}, decode)
+
+
+def post(conn: http.client.HTTPConnection, t: Target) -> tuple[bytes, dict[str, str]]:
+    conn.request("POST", t.path, body=t.body, headers=t.headers)
+    r = conn.getresponse()
+    data = r.read()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status} from port {t.port}: {data[:300]!r}")
+    return data, {k.lower(): v for k, v in r.getheaders()}
+
+
+def load(t: Target, concurrency: int, seconds: float) -> tuple[float, float]:
+    """``concurrency`` keep-alive connections in a load-generator process; returns (requests/s, p99 s)."""
+    code = textwrap.dedent(f"""
+        import http.client, json, sys, threading, time
+        body = sys.stdin.buffer.read()
+        headers = json.loads({json.dumps(json.dumps(t.headers))})
+        lat, stop = [[] for _ in range({concurrency})], [0.0]
+        go = threading.Barrier({concurrency} + 1)
+        def work(i):
+            c = http.client.HTTPConnection("127.0.0.1", {t.port})
+            c.request("POST", {t.path!r}, body=body, headers=headers); c.getresponse().read()
+            go.wait()
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= stop[0]: break
+                c.request("POST", {t.path!r}, body=body, headers=headers)
+                r = c.getresponse(); r.read()
+                if r.status != 200: raise SystemExit(f"HTTP {{r.status}}")
+                lat[i].append(time.perf_counter() - t0)
+        ts = [threading.Thread(target=work, args=(i,)) for i in range({concurrency})]
+        [x.start() for x in ts]
+        t0 = time.perf_counter(); stop[0] = t0 + {seconds} + 0.1; go.wait()
+        [x.join() for x in ts]
+        wall = time.perf_counter() - t0
+        allv = sorted(v for xs in lat for v in xs)
+        print(json.dumps([len(allv) / wall, allv[min(len(allv) - 1, int(0.99 * len(allv)))]]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], input=t.body, capture_output=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"load generator failed: {proc.stderr.decode()[-1500:]}")
+    rps, p99 = json.loads(proc.stdout)
+    return float(rps), float(p99)
+
+
+def part_c(plan: Plan, work: Path, rows: list[tuple[str, float, str, bool | None]], notes: list[str]) -> None:
+    log("(c) nudenet-320: frameserve vs LitServe")
+    try:
+        python = setup_litserve(plan)
+    except (subprocess.CalledProcessError, OSError) as exc:
+        notes.append(f"(c) skipped: LitServe cannot be installed: {exc}")
+        rows.append(("(c) frameserve / LitServe throughput", float("nan"), ">= 1.1 at p99 <= 1", None))
+        return
+    model = nudenet_path()
+    T = plan.threads
+    repo = nudenet_repository(work / "nudenet_repo_c", model)
+    x = np.random.default_rng(3).random((1, 3, SIDE, SIDE), dtype=np.float32)
+    want = ort_session(model, T).run(["output0"], {"images": x})[0][0]
+    concurrencies = (4,) if plan.quick else (1, 4, 8)
+    thr: dict[int, list[float]] = {c: [] for c in concurrencies}
+    p99: dict[int, list[float]] = {c: [] for c in concurrencies}
+    with ServeProcess(repo, work / "home_c", "--threads", str(T)) as fs, \
+            litserve_server(python, work, model, T, 16) as ls_port:
+        fs.wait_ready(timeout_s=180)
+        targets = {"frameserve": frameserve_target(fs.ports["HTTP"], "nudenet_db", x[0:1]),
+                   "LitServe": litserve_target(ls_port, x[0])}
+
+        def check(when: str) -> None:
+            for name, t in targets.items():
+                conn = http.client.HTTPConnection("127.0.0.1", t.port, timeout=60)
+                try:
+                    got = t.decode(*post(conn, t))
+                finally:
+                    conn.close()
+                if not np.array_equal(got, want):
+                    raise SystemExit(f"(c) {when}: {name} answered a different output0 than in-process ORT")
+        check("before")
+        for c in concurrencies:  # warm-up
+            for t in targets.values():
+                load(t, c, min(1.0, plan.load_s))
+        for i in range(plan.pairs):
+            for c in concurrencies:
+                names = ["frameserve", "LitServe"] if i % 2 == 0 else ["LitServe", "frameserve"]
+                got = {n: load(targets[n], c, plan.load_s) for n in names}
+                thr[c].append(got["frameserve"][0] / got["LitServe"][0])
+                p99[c].append(got["frameserve"][1] / got["LitServe"][1])
+                log(f"  pair {i + 1} c={c}: frameserve {got['frameserve'][0]:.1f}/s p99 "
+                    f"{got['frameserve'][1] * 1e3:.1f} ms; LitServe {got['LitServe'][0]:.1f}/s p99 "
+                    f"{got['LitServe'][1] * 1e3:.1f} ms")
+        check("after")
+        assert fs.stop() == 0
+    for c in concurrencies:
+        t, p = median(thr[c]), median(p99[c])
+        rows.append((f"(c) c={c}: frameserve / LitServe throughput", t, ">= 1.1", t >= 1.1))
+        rows.append((f"(c) c={c}: frameserve / LitServe p99", p, "<= 1.0", p <= 1.0))
+    notes.append(f"(c) both: one ORT session, {T} intra-op threads, spinning off, batches up to 16 "
+                 "(frameserve: dynamic batching 500 us; LitServe: batch_timeout 0.5 ms); frameserve over "
+                 "binary HTTP, LitServe over JSON with base64 tensors (its request form); one Python "
+                 f"load generator (keep-alive http.client) for both; {plan.pairs} pair(s)")
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run: tiny windows, 1 pair, figures meaningless")
+    ap.add_argument("--pairs", type=int, default=None, help="interleaved repeats per figure (default 20; quick 1)")
+    ap.add_argument("--threads", type=int, default=None, help="total inference threads (default: all CPUs)")
+    ap.add_argument("--parts", default="a,b,c", help="which parts to run: a, b, c (comma-separated)")
+    ap.add_argument("--cache", type=Path, default=REPO / ".cache", help="where the LitServe venv goes")
+    args = ap.parse_args(argv)
+    plan = Plan.make(args)
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    unknown = parts - {"a", "b", "c"}
+    if unknown:
+        ap.error(f"unknown parts {sorted(unknown)}; accepted: a, b, c")
+    rows: list[tuple[str, float, str, bool | None]] = []
+    notes: list[str] = []
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
+        work = Path(tmp)
+        for name, fn in (("a", part_a), ("b", part_b), ("c", part_c)):
+            if name in parts:
+                fn(plan, work, rows, notes)
+    width = max(len(r[0]) for r in rows) if rows else 10
+    print(f"\nserving benchmark ({'quick: figures meaningless' if plan.quick else 'full'}; {plan.threads} threads, "
+          f"{os.cpu_count()} CPUs, {plan.pairs} pair(s), {time.monotonic() - t0:.0f} s)")
+    print(f"{'figure':<{width}}  {'measured':>8}  {'goal':<10}  met?")
+    for figure, value, goal, met in rows:
+        print(f"{figure:<{width}}  {value:>8.3f}  {goal:<10}  {'-' if met is None else ('yes' if met else 'NO')}")
+    for n in notes:
+        print(n)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,360 @@
+"""Short-video mode: many short files (moderation, tagging), key frames only, results as soon
+as they exist.
+
+A new file should not pay the full open cost. Measured on this machine kind (720p H.264,
+PyAV 18), the cost of a cold open is not the decoder: creating and opening an H.264 decoder
+context takes ~0.1 ms. It is FFmpeg's stream probing (``avformat_find_stream_info`` decodes the
+first frames of every stream to learn their parameters: ~30 ms at 720p) plus, in
+:class:`~frameserve.video.VideoSource`'s ``keyframes`` mode, a second open and a demux pass to
+rank the key frames. :class:`KeyframeReader` therefore:
+
+* opens with a minimal probe (``probesize=32``, ``analyzeduration=0``, probing decoders skip
+  every frame): the container header (mp4 ``moov``, mkv tracks...) already names the codec and
+  size; formats that need probing (MPEG-TS...) fall back to a normal open;
+* sends only key-frame packets to the decoder (slice threads, no frame-thread latency), drains
+  it after each one, and counts every packet's pts to give each key frame its exact display
+  index (final once the next key-frame packet, or the end, is demuxed: demuxing costs little);
+* decodes with the stream's own codec context, so the display matrix (rotation) and the
+  container's colour tags reach the frame exactly as in :class:`~frameserve.video.VideoSource`.
+
+Reusing one codec context across files (``CodecContext.create`` fed packets through
+``h264_mp4toannexb``) was measured too: its frames are bit-exact, but it saves ~0.1 ms a file on
+CPU and loses the container-level side data (the display matrix), so contexts are not reused.
+What stays warm between files is everything else: the loaded model, the worker threads, and
+their preprocessing buffers (:class:`ShortVideoRunner`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import av.container
+import numpy as np
+from av.sidedata.sidedata import Type as SideDataType
+from av.video.frame import VideoFrame
+
+from frameserve import assets
+from frameserve.config import Settings, cpu_count
+from frameserve.errors import FrameserveError, VideoError
+from frameserve.pipeline._output import FrameMeta, OutputStage
+from frameserve.pipeline.preprocess import preprocess_into
+from frameserve.pipeline.spec import PipelineSpec, load_pipeline
+from frameserve.pipeline.timing import Timing
+from frameserve.service import InferenceService
+from frameserve.video import Frame, Orientation, orientation_from_matrix
+
+__all__ = ["KeyframeReader", "ShortVideoRunner"]
+
+_FAST_PROBE = {"probesize": "32", "analyzeduration": "0"}
+_ACCEPTED = "a path or file:// URI of a video FFmpeg can read (mp4, mkv, webm, mov, avi, ...)"
+
+
+class KeyframeReader:
+    """Decode the key frames of a file, fast to open; iterate once.
+
+    Frames are :class:`~frameserve.video.Frame` (uint8 ``(H, W, 3)`` RGB, upright, exact
+    ``pts_s`` and display ``index``), equal to what ``VideoSource(uri, sampling="keyframes")``
+    returns.
+
+    Args:
+        uri: a local path, ``file://`` URI, or another URI FFmpeg opens.
+        fast_open: open with a minimal probe (see the module docstring); ``False`` probes as
+            FFmpeg does by default.
+
+    Attributes:
+        codec: the decoder's name (``h264``...).
+        width, height: coded size in pixels (before rotation).
+        time_base: seconds per pts tick.
+        open_s: seconds the open took.
+
+    Raises:
+        VideoError: missing, empty, unreadable file, no video stream, or a decode error.
+    """
+
+    def __init__(self, uri: str | os.PathLike[str], *, fast_open: bool = True) -> None:
+        t0 = time.perf_counter()
+        self.uri = os.fspath(uri)
+        self._container = _open(self.uri, fast_open)
+        try:
+            stream = next((s for s in self._container.streams.video
+                           if not s.disposition & av.stream.Disposition.attached_pic), None)
+            if fast_open and (stream is None or not stream.codec_context.width):
+                # a format whose streams are only known after probing (MPEG-TS...): probe normally
+                self._container.close()
+                self._container = _open(self.uri, False)
+                stream = next(iter(self._container.streams.video), None)
+            if stream is None:
+                kinds = ", ".join(f"#{s.index} {s.type}" for s in self._container.streams) or "none"
+                raise VideoError(
+                    f"no video stream in {self.uri!r}: streams found: {kinds}; "
+                    "expected a file with at least one video stream"
+                )
+        except BaseException:
+            self._container.close()
+            raise
+        self._stream = stream
+        cc = stream.codec_context
+        cc.thread_type = "SLICE"
+        cc.thread_count = 0
+        cc.skip_frame = "NONKEY"
+        self.codec = cc.name
+        self.width, self.height = cc.width, cc.height
+        self.time_base = stream.time_base or Fraction(1, 1)
+        rate = stream.average_rate
+        self.fps = float(rate) if rate else None
+        self.open_s = time.perf_counter() - t0
+        self._orientation: Orientation | None = None
+        self._iterated = False
+
+    def __iter__(self) -> Iterator[Frame]:
+        if self._iterated:
+            raise RuntimeError("a KeyframeReader can be iterated once; open a new one to read again")
+        self._iterated = True
+        return self._generate()
+
+    def _generate(self) -> Iterator[Frame]:
+        seen: list[int] = []
+        pending: tuple[int, VideoFrame] | None = None  # (pts, decoded key frame) awaiting its rank
+        stream, cc = self._stream, self._stream.codec_context
+        try:
+            for packet in self._container.demux(stream):
+                if packet.size == 0 or packet.is_discard:
+                    continue
+                ts = packet.pts if packet.pts is not None else packet.dts
+                if ts is None:
+                    continue
+                if packet.is_keyframe:
+                    if pending is not None:
+                        yield self._frame(pending, seen)
+                    frame = self._decode_key(cc, packet)
+                    pending = (ts, frame) if frame is not None else None
+                insort(seen, ts)
+            if pending is not None:
+                yield self._frame(pending, seen)
+        except av.error.FFmpegError as exc:
+            raise VideoError(f"decoding {self.uri!r} failed: {exc}") from exc
+        finally:
+            self.close()
+
+    def _decode_key(self, cc: Any, packet: av.Packet) -> VideoFrame | None:
+        frames = cc.decode(packet)
+        frames += cc.decode(None)  # drain: the key frame now, not after the decoder's delay
+        cc.flush_buffers()
+        return frames[0] if frames else None
+
+    def _frame(self, pending: tuple[int, VideoFrame], seen: list[int]) -> Frame:
+        ts, vf = pending
+        if self._orientation is None:
+            self._orientation = _orientation_of(vf)
+        rgb = vf.to_ndarray(format="rgb24", threads=1)
+        rgb = np.ascontiguousarray(self._orientation.apply(rgb))
+        pts = vf.pts if vf.pts is not None else ts
+        return Frame(rgb=rgb, index=bisect_left(seen, ts), pts_s=float(pts * self.time_base), is_keyframe=True)
+
+    def close(self) -> None:
+        """Close the container (idempotent)."""
+        self._container.close()
+
+    def __enter__(self) -> KeyframeReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _open(uri: str, fast: bool) -> av.container.InputContainer:
+    path = Path(uri[7:] if uri.startswith("file://") else uri) if "://" not in uri or uri.startswith("file://") else None
+    if path is not None:
+        if not path.exists():
+            raise VideoError(f"video not found: {str(path)!r} does not exist; expected {_ACCEPTED}")
+        if path.is_dir():
+            raise VideoError(f"video path is a directory: {str(path)!r}; expected {_ACCEPTED}")
+        if path.stat().st_size == 0:
+            raise VideoError(f"video file is empty (0 bytes): {str(path)!r}; expected {_ACCEPTED}")
+    target = str(path) if path is not None else uri
+    try:
+        if fast:
+            # probing decoders skip every frame: the header already has what we need
+            return av.open(target, options=_FAST_PROBE, stream_options=[{"skip_frame": "all"}] * 8)
+        return av.open(target)
+    except av.error.FFmpegError as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise VideoError(f"not a readable video: {target!r} (FFmpeg: {reason}); expected {_ACCEPTED}") from exc
+    except ValueError:  # stream_options on a format without streams before probing
+        return _open(uri, False)
+    except OSError as exc:
+        raise VideoError(f"cannot open video {target!r}: {exc}") from exc
+
+
+def _orientation_of(frame: VideoFrame) -> Orientation:
+    try:
+        side = frame.side_data[SideDataType.DISPLAYMATRIX]
+    except (KeyError, IndexError):
+        return Orientation()
+    return orientation_from_matrix(np.frombuffer(bytes(side), dtype=np.int32).tolist())
+
+
+FrameCallback = Callable[[str, dict[str, Any]], None]
+"""Called with ``(uri, frame_result)`` as soon as a key frame's detections exist."""
+
+
+class ShortVideoRunner:
+    """Run a pipeline over many short videos, key frames only, with the model and workers warm.
+
+    Example::
+
+        with ShortVideoRunner("nudenet") as runner:
+            for result in runner.run_many(paths):      # in completion order
+                print(result["uri"], result["summary"])
+            fut = runner.submit("clip.mp4", on_frame=lambda uri, f: print(f))
+            fut.result()
+
+    Args:
+        pipeline: a built-in pipeline name, a pipeline YAML path, or a :class:`PipelineSpec`.
+        settings: process settings (default: :meth:`Settings.from_env`).
+        service: an already-built service (its models stay loaded afterwards).
+        backend: ``onnxruntime`` or ``openvino``; overrides the model's configured backend.
+        threads: inference thread budget (default: all CPUs).
+        workers: files processed at once (default: ``min(4, CPUs)``); inference calls of one
+            model are serialised by the service, decoding overlaps.
+        fast_open: see :class:`KeyframeReader`.
+
+    Each result: ``uri``, ``source`` (``codec``, ``width``, ``height``, ``fps``), ``pipeline``,
+    ``sampling`` (``"keyframes"``), ``frames`` (as :func:`~frameserve.pipeline.runner.run`),
+    ``summary``, ``timing`` (``open_s``, ``first_keyframe_s`` — from submit to the first key
+    frame's RGB —, ``first_result_s``, ``decode_s``, ``infer_s``, ``total_s``). The first key
+    frame is inferred alone, as soon as it is decoded; the rest in batches of the pipeline's size.
+
+    Raises:
+        VideoError (per file, from the future / as ``error`` in :meth:`run_many`), and at
+        construction the model-loading errors of :func:`~frameserve.pipeline.runner.run`.
+    """
+
+    def __init__(
+        self, pipeline: str | PipelineSpec = "nudenet", *, settings: Settings | None = None,
+        service: InferenceService | None = None, backend: str | None = None, threads: int | None = None,
+        workers: int | None = None, fast_open: bool = True,
+    ) -> None:
+        from frameserve.pipeline.runner import _check_model_input, _ensure_model, _repository
+
+        self.settings = settings or Settings.from_env(threads=threads)
+        self.spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
+        self._own_service = service is None
+        self.service = service or InferenceService(_repository(self.settings), threads=threads or self.settings.threads)
+        try:
+            self.model = _ensure_model(self.service, self.spec, self.settings, backend)
+            self.input_name, max_batch = _check_model_input(self.service, self.model, self.spec)
+        except BaseException:
+            if self._own_service:
+                self.service.close()
+            raise
+        self.batch_size = min(self.spec.batch, max_batch) if max_batch > 0 else 1
+        self.fast_open = fast_open
+        self._pool = ThreadPoolExecutor(max_workers=workers or min(4, cpu_count()), thread_name_prefix="frameserve-short")
+        self._buffers = threading.local()
+
+    def submit(self, video: str | os.PathLike[str], *, on_frame: FrameCallback | None = None) -> Future[dict[str, Any]]:
+        """Queue one file; the future's result is its result mapping (or its error)."""
+        submitted = time.perf_counter()
+        return self._pool.submit(self._process, str(video), submitted, on_frame)
+
+    def run_many(self, videos: Iterable[str | os.PathLike[str]], *, on_frame: FrameCallback | None = None) -> Iterator[dict[str, Any]]:
+        """Process files concurrently and yield each result as soon as it is complete
+        (completion order). A file that fails yields ``{"uri", "error": {"code", "message"}}``."""
+        futures = {self.submit(v, on_frame=on_frame): str(v) for v in videos}
+        for fut in as_completed(futures):
+            exc = fut.exception()
+            if isinstance(exc, FrameserveError):
+                yield {"uri": futures[fut], "error": {"code": exc.code, "message": exc.message}}
+            elif exc is not None:
+                raise exc
+            else:
+                yield fut.result()
+
+    def _buffer(self) -> np.ndarray[Any, Any]:
+        buf = getattr(self._buffers, "buf", None)
+        if buf is None:
+            pre = self.spec.preprocess
+            buf = self._buffers.buf = np.empty((self.batch_size, *pre.input_shape()), dtype=pre.numpy_dtype)
+        return buf
+
+    def _process(self, video: str, submitted: float, on_frame: FrameCallback | None) -> dict[str, Any]:
+        uri = assets.resolve_uri(video, self.settings.assets_dir)
+        timing = Timing()
+        buf = self._buffer()
+        pre = self.spec.preprocess
+        metas: list[FrameMeta] = []
+        first: dict[str, float] = {}
+        decode_s = 0.0
+        with KeyframeReader(uri, fast_open=self.fast_open) as reader:
+            output = OutputStage(
+                spec=self.spec, info=None, header={"uri": video, "pipeline": self.spec.name, "sampling": "keyframes"},
+                timing=timing, out=None, keep_frames=True, video_out=None, progress=None, expected=None,
+            )
+            reported = 0
+
+            def flush() -> None:
+                nonlocal reported
+                if not metas:
+                    return
+                with timing.stage("infer", frames=len(metas)):
+                    outputs = self.service.infer(self.model, {self.input_name: buf[: len(metas)]})
+                output.add_batch(outputs, metas)
+                metas.clear()
+                first.setdefault("first_result_s", time.perf_counter() - submitted)
+                if on_frame is not None:
+                    for res in output.results[reported:]:
+                        on_frame(video, res)
+                reported = len(output.results)
+
+            t = time.perf_counter()
+            for frame in reader:
+                decode_s += time.perf_counter() - t
+                first.setdefault("first_keyframe_s", time.perf_counter() - submitted)
+                if "width" not in first:
+                    first["width"], first["height"] = frame.width, frame.height
+                with timing.stage("preprocess"):
+                    tr = preprocess_into(frame.rgb, pre, buf[len(metas)])
+                metas.append(FrameMeta(frame.index, frame.pts_s, True, tr))
+                if len(metas) == self.batch_size or "first_result_s" not in first:
+                    flush()
+                t = time.perf_counter()
+            flush()
+            open_s = reader.open_s
+        result = output.finish({
+            "summary": output.summary.to_dict(),
+            "timing": {
+                "open_s": round(open_s, 6),
+                "first_keyframe_s": round(first.get("first_keyframe_s", 0.0), 6),
+                "first_result_s": round(first.get("first_result_s", 0.0), 6),
+                "decode_s": round(decode_s, 6),
+                "infer_s": round(timing.stages["infer"].wall_s, 6),
+                "total_s": round(time.perf_counter() - submitted, 6),
+            },
+        })
+        result["source"] = {
+            "codec": reader.codec, "width": int(first.get("width", reader.width)),
+            "height": int(first.get("height", reader.height)), "fps": reader.fps,
+        }
+        return result
+
+    def close(self) -> None:
+        """Wait for queued files, stop the workers, release the model (if this runner loaded it)."""
+        self._pool.shutdown(wait=True)
+        if self._own_service:
+            self.service.close()
+
+    def __enter__(self) -> ShortVideoRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

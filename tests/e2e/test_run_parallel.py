@@ -1,0 +1,92 @@
+"""`frameserve run` with the parallel runner: the same results as one process, the timing
+profile and trace, and Ctrl-C leaving no process or shared memory behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _videogen import make_video  # noqa: E402
+
+
+def test_cli_single_and_parallel_give_the_same_frames(cli, carphone, nudenet_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    results = {}
+    for workers in ("0", "1"):
+        out, trace = tmp_path / f"r{workers}.json", tmp_path / f"t{workers}.json"
+        proc = cli("run", str(carphone), "--decode-workers", workers, "--out", str(out), "--trace", str(trace))
+        assert proc.returncode == 0, proc.stderr
+        assert "bottleneck: " in proc.stdout and "wait s" in proc.stdout
+        results[workers] = json.loads(out.read_text())
+        events = json.loads(trace.read_text())["traceEvents"]
+        assert {e["name"] for e in events if e["ph"] == "X"} >= {"decode", "preprocess", "infer", "postprocess"}
+    assert results["1"]["frames"] == results["0"]["frames"]
+    assert results["1"]["summary"] == results["0"]["summary"]
+    assert results["0"]["decode_workers"] == 0 and results["1"]["decode_workers"] == 1
+    assert "sequential" in results["0"]["bottleneck"]["line"]
+    assert "-bound: " in results["1"]["bottleneck"]["line"]
+
+
+def _decode_children(pid: int) -> list[psutil.Process]:
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    out = []
+    for k in kids:
+        try:
+            if "spawn_main" in " ".join(k.cmdline()):
+                out.append(k)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_ctrl_c_exits_130_and_leaves_nothing(test_home, nudenet_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    vid = make_video(tmp_path / "v.mp4", 256, size=(320, 240)).path
+    exe = Path(sys.executable).with_name("frameserve")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "frameserve"]
+    env = {**os.environ, "FRAMESERVE_HOME": str(test_home)}
+    proc = subprocess.Popen(
+        [*cmd, "run", str(vid), "--batch", "1", "--decode-workers", "1", "--out", str(tmp_path / "r.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        children: list[psutil.Process] = []
+        while time.monotonic() < deadline and not children and proc.poll() is None:
+            time.sleep(0.2)
+            children = _decode_children(proc.pid)
+        assert children, "the decode process never started"
+        time.sleep(1.5)  # frames flowing
+        assert proc.poll() is None, "finished before it could be interrupted"
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    time.sleep(0.2)
+    for child in children:
+        assert not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE
+    assert not list(Path("/dev/shm").glob(f"frameserve-{proc.pid}-*"))
+    assert not (tmp_path / "r.json").exists() and not list(tmp_path.glob(".r.json*"))
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_bad_video_exits_2_in_both_modes(cli, tmp_path, workers: str) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "notes.mp4"
+    bad.write_text("this is not a video\n" * 50)
+    proc = cli("run", str(bad), "--decode-workers", workers)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "notes.mp4" in proc.stderr
