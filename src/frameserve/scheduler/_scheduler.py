@@ -381,10 +381,17 @@ class Scheduler:
             assert inst.session is not None
             self._execute(inst.session, batch)
         except BaseException as exc:  # never lose a batch's futures
-            log.exception("model %r: scheduler error", self.name)
+            interrupted = isinstance(exc, KeyboardInterrupt)  # only ever on an inline run (main thread)
+            if interrupted:
+                message = f"model {self.name!r}: interrupted ({type(exc).__name__})"
+            else:
+                log.exception("model %r: scheduler error", self.name)
+                message = f"model {self.name!r}: scheduler error: {exc}"
             for r in batch:
                 if not r.future.done():
-                    self._fail(r, InferenceError(f"model {self.name!r}: scheduler error: {exc}"), "OTHER")
+                    self._fail(r, InferenceError(message), "CANCELED" if interrupted else "OTHER")
+            if interrupted:
+                raise  # an inline run on the caller's thread: let Ctrl-C reach the caller
         finally:
             self._release(inst)
 
