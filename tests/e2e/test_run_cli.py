@@ -174,3 +174,16 @@ def test_unknown_backend_exits_2_listing_backends(cli, carphone, nudenet_model) 
     proc = cli("run", str(carphone), "--backend", "tensorrt")
     assert proc.returncode == 2
     assert "onnxruntime" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_video_out_copies_the_source_audio(cli, bigbuckbunny, nudenet_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    vid = tmp_path / "bbb_annotated.mp4"
+    proc = cli("run", str(bigbuckbunny), "--video-out", str(vid), "--sampling", "every:4")
+    assert proc.returncode == 0, proc.stderr
+    with av.open(str(bigbuckbunny)) as src, av.open(str(vid)) as out:
+        assert len(out.streams.audio) == 1
+        assert out.streams.audio[0].codec_context.name == src.streams.audio[0].codec_context.name
+        src_audio = sum(1 for _ in src.demux(src.streams.audio[0]))
+        out_audio = sum(1 for p in out.demux(out.streams.audio[0]) if p.size)
+        assert out_audio >= src_audio - 2  # packet for packet, no re-encode
+    assert len(_stream_pts_s(vid)) == 33

@@ -23,7 +23,7 @@ def run_command(
     pipeline: Annotated[str, typer.Option("--pipeline", "-p", help="Built-in pipeline name or pipeline YAML path.")] = "nudenet",
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the results JSON here.")] = None,
     video_out: Annotated[Path | None, typer.Option("--video-out", help="Write an annotated H.264 video here.")] = None,
-    sampling: Annotated[str | None, typer.Option(help="all | every:N | fps:R | keyframes (default: the pipeline's).")] = None,
+    sampling: Annotated[str | None, typer.Option(help="all | every:N | fps:R | keyframes | timestamps:T1,T2 (default: the pipeline's).")] = None,
     batch: Annotated[int | None, typer.Option(min=1, help="Frames per inference batch.")] = None,
     backend: Annotated[str | None, typer.Option(help="onnxruntime | openvino (default: the model's).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Inference threads (default: all CPUs).")] = None,

@@ -112,6 +112,8 @@ class OutputStage:
                         self._writer = VideoWriter(
                             self.video_out, rgb.shape[1], rgb.shape[0],
                             fps=self.info.fps, time_base=self.info.time_base,
+                            # the source's audio is copied packet for packet (no re-encode)
+                            audio_from=self.info.uri if self.info.has_audio else None,
                         )
                     self._writer.write(draw_detections(rgb, frame_dets, self.post.labels), meta.pts_s)
         if self.progress is not None:
