@@ -209,16 +209,27 @@ def ort_session(model: Path, threads: int) -> ort.InferenceSession:
 NUDENET_CONFIG = """\
 max_batch_size: 16
 input: [{{name: images, data_type: TYPE_FP32, dims: [3, {side}, {side}]}}]
-parameters: {{ort_allow_spinning: "0"}}
+parameters: {{ort_allow_spinning: "0", threads: "{threads}"}}
+instance_group: [{{count: {count}, kind: KIND_CPU}}]
 {batching}"""
 
 
-def nudenet_repository(root: Path, model: Path) -> Path:
-    """``nudenet`` (no dynamic batching) and ``nudenet_db`` (dynamic batching), the same file."""
-    for name, batching in (("nudenet", ""), ("nudenet_db", "dynamic_batching: {max_queue_delay_microseconds: 500}\n")):
+def nudenet_models(threads: int) -> dict[str, tuple[int, int, bool]]:
+    """Served variants, name -> (instances, threads each, dynamic batching): ``threads`` in all."""
+    models = {"nudenet": (1, threads, False), "nudenet_db": (1, threads, True)}
+    if threads > 1:
+        models |= {f"nudenet_{threads}x1": (threads, 1, False), f"nudenet_{threads}x1_db": (threads, 1, True)}
+    return models
+
+
+def nudenet_repository(root: Path, model: Path, threads: int) -> Path:
+    """The same file as each of :func:`nudenet_models`."""
+    for name, (count, each, batching) in nudenet_models(threads).items():
         (root / name / "1").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(model, root / name / "1" / "model.onnx")
-        (root / name / "config.yaml").write_text(NUDENET_CONFIG.format(side=SIDE, batching=batching))
+        db = "dynamic_batching: {max_queue_delay_microseconds: 500}\n" if batching else ""
+        (root / name / "config.yaml").write_text(
+            NUDENET_CONFIG.format(side=SIDE, threads=each, count=count, batching=db))
     return root
 
 
@@ -267,7 +278,8 @@ def part_a(plan: Plan, work: Path, rows: list[tuple[str, float, str, bool | None
     log("(a) nudenet-320: served vs in-process")
     model = nudenet_path()
     T = plan.threads
-    repo = nudenet_repository(work / "nudenet_repo", model)
+    repo = nudenet_repository(work / "nudenet_repo", model, T)
+    models = nudenet_models(T)
     shape = f"images:3:{SIDE}:{SIDE}"
     # in-process configurations with T threads in all
     one = ort_session(model, T)
@@ -285,24 +297,26 @@ def part_a(plan: Plan, work: Path, rows: list[tuple[str, float, str, bool | None
         pid = srv.proc.pid
         # correctness: served output equals the in-process output (same model, input, batch size)
         x = np.random.default_rng(1).random((1, 3, SIDE, SIDE), dtype=np.float32)
-        want = one.run(["output0"], {"images": x})[0]
+        by_threads = {T: one, 1: singles[0] if singles else one}
+        wants = {n: by_threads[each].run(["output0"], {"images": x})[0] for n, (_, each, _) in models.items()}
 
         def check(when: str) -> None:
-            for name in ("nudenet", "nudenet_db"):
+            for name in models:
                 for protocol in ("http", "grpc"):
                     got = infer(protocol, srv.ports["HTTP" if protocol == "http" else "gRPC"], name,
                                 {"images": x}, ["output0"])["output0"]
+                    want = wants[name]  # the in-process session with the same threads
                     if not np.array_equal(got, want):
                         raise SystemExit(f"(a) {when}: {name} over {protocol} differs from in-process ORT "
                                          f"(max abs diff {np.abs(got - want).max()})")
         check("before")
         # sweep: pick the best served configuration and the best in-process one
         sweep: dict[tuple[str, str, int], PAResult] = {}
-        for name in ("nudenet", "nudenet_db"):
+        for name, (count, _, batching) in models.items():
             for protocol in ("http", "grpc"):
                 for c in plan.concurrencies:
-                    if name == "nudenet_db" and c == 1:
-                        continue  # nothing to batch
+                    if (batching or count > 1) and c == 1:
+                        continue  # nothing to batch, one instance busy at a time
                     sweep[(name, protocol, c)] = r = perf_analyzer(plan, name, protocol, srv.ports, c, pid=pid,
                                                                    shape=shape)
                     log(f"  sweep {name} {protocol} c={c}: {r.throughput:.1f}/s p50 {r.p50_us / 1e3:.2f} ms")
@@ -385,17 +399,21 @@ def part_b(plan: Plan, work: Path, rows: list[tuple[str, float, str, bool | None
     repo = add_sub_repository(work / "add_sub_repo")
     configs = [("http", 1), ("http", 8), ("grpc", 1), ("grpc", 8)]
     ratios: dict[tuple[str, int], list[float]] = {k: [] for k in configs}
+    cpu_ratios: dict[tuple[str, int], list[float]] = {k: [] for k in configs}
     with ServeProcess(repo, work / "home_b", "--threads", "1") as fs, TritonPeer(repo) as tr:
         fs.wait_ready(timeout_s=120)
         tr.wait_ready(timeout_s=180)
         servers = {"frameserve": fs.ports, "Triton": tr.ports}
+        pids = {"frameserve": fs.proc.pid, "Triton": tr.proc.pid}  # Triton's Python stub is its child
         for name, ports in servers.items():
             check_add_sub(name, ports)
         for i in range(plan.pairs):
             for protocol, c in configs:
                 names = ["frameserve", "Triton"] if i % 2 == 0 else ["Triton", "frameserve"]
-                got = {n: perf_analyzer(plan, "add_sub", protocol, servers[n], c) for n in names}
+                got = {n: perf_analyzer(plan, "add_sub", protocol, servers[n], c, pid=pids[n]) for n in names}
                 ratios[(protocol, c)].append(got["frameserve"].throughput / got["Triton"].throughput)
+                cpu_ratios[(protocol, c)].append(got["frameserve"].server_cpu_s_per_inf
+                                                 / got["Triton"].server_cpu_s_per_inf)
                 log(f"  pair {i + 1} {protocol} c={c}: frameserve {got['frameserve'].throughput:.0f}/s, "
                     f"Triton {got['Triton'].throughput:.0f}/s")
         for name, ports in servers.items():
@@ -405,6 +423,8 @@ def part_b(plan: Plan, work: Path, rows: list[tuple[str, float, str, bool | None
         r = median(ratios[(protocol, c)])
         rows.append((f"(b) add_sub {'HTTP' if protocol == 'http' else 'gRPC'} c={c}: frameserve / Triton", r,
                      ">= 1.0", r >= 1.0))
+    notes.append("(b) server CPU-s per inference, frameserve / Triton (server and its children; not a goal): "
+                 + ", ".join(f"{p} c={c} {median(cpu_ratios[(p, c)]):.2f}" for p, c in configs))
     notes.append("(b) same model.py and config.pbtxt (max_batch_size 8, dynamic_batching {}, 1 CPU instance) "
                  f"on both; perf_analyzer throughput; {plan.pairs} pair(s)")
 
@@ -593,7 +613,7 @@ def part_c(plan: Plan, work: Path, rows: list[tuple[str, float, str, bool | None
         return
     model = nudenet_path()
     T = plan.threads
-    repo = nudenet_repository(work / "nudenet_repo_c", model)
+    repo = nudenet_repository(work / "nudenet_repo_c", model, T)
     x = np.random.default_rng(3).random((1, 3, SIDE, SIDE), dtype=np.float32)
     want = ort_session(model, T).run(["output0"], {"images": x})[0][0]
     concurrencies = (4,) if plan.quick else (1, 4, 8)

@@ -44,7 +44,9 @@ fetch() {
       || fail "no libcudart.so.12 in the nvidia-cuda-runtime-cu12 wheel"
   fi
   if [[ ! -f "$cache/lib/libb64.so.0d" ]]; then
+    # a new machine may have no package lists yet: refresh them once and retry
     (cd "$tmp" && apt-get download libb64-0d >/dev/null 2>&1) \
+      || { apt-get update -qq >/dev/null 2>&1 && (cd "$tmp" && apt-get download libb64-0d >/dev/null 2>&1); } \
       || fail "cannot download the Debian package libb64-0d (no network or no apt?)"
     dpkg -x "$tmp"/libb64-0d_*.deb "$tmp/deb" || fail "cannot unpack libb64-0d"
     cp "$(find "$tmp/deb" -name 'libb64.so.0d*' | head -n1)" "$cache/lib/libb64.so.0d" \

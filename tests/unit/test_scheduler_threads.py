@@ -310,6 +310,24 @@ def test_run_requests_sessions_get_requests_unconcatenated() -> None:
     assert sched.stats.to_dict()["execution_count"] == 1
 
 
+def test_a_finished_instance_takes_the_next_ready_batch_itself() -> None:
+    clock = FakeClock()
+    metrics = Metrics()
+    sched, sessions, gate = _start(_config(max_queue_delay_microseconds=0), clock, metrics=metrics)
+    try:
+        first = _submit(sched, clock, _req(1.0))
+        assert sessions[0].started.wait(WAIT_S)
+        queued = [_submit(sched, clock, _req(v)) for v in (2.0, 3.0)]
+        gate.set()
+        assert [float(r.future.result(WAIT_S)["y"][0, 0]) for r in (first, *queued)] == [2.0, 4.0, 6.0]
+    finally:
+        sched.stop()
+    # the two queued requests went as one batch, formed on the instance's own thread
+    assert sched._chained == 1
+    assert [b[:, 0].tolist() for b in sessions[0].batches] == [[1.0], [2.0, 3.0]]
+    assert metrics.value("nv_inference_pending_request_count", model="m", version="1") == 0
+
+
 def test_stop_without_draining_refuses_queued_requests() -> None:
     clock = FakeClock()
     metrics = Metrics()

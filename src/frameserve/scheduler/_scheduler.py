@@ -6,7 +6,9 @@ delay, or the nearest request deadline), never polling; a request still queued a
 deadline is answered by the batcher at that moment, even while every instance is busy with a
 long batch (Triton looks only when it forms the next batch; server issue 5783). A batch is
 formed only when an instance is idle, so requests that arrive while all are busy batch
-together.
+together. An instance that finishes a batch forms its next one itself when the rule sends one
+at once and no queued deadline has passed (one thread switch fewer per batch under load);
+otherwise it goes idle and the batcher decides.
 """
 
 from __future__ import annotations
@@ -152,6 +154,7 @@ class Scheduler:
         self._stopping = False
         self._sequencer = _Sequencer() if self.policy.preserve_ordering else None
         self._fast_handovers = 0  # requests handed over by enqueue itself (tests read it)
+        self._chained = 0  # batches an instance formed itself after its previous one (tests read it)
         self._instances = [_Instance(spec) for spec in instances]
         for inst in self._instances:
             inst.thread = threading.Thread(
@@ -332,6 +335,16 @@ class Scheduler:
     def _hand_over(self, target: _Instance, batch: list[InferRequest], *, counted: bool = False, here: bool = False) -> None:
         """Give a formed batch to an idle instance (outside the lock), or run it on this thread
         with that instance's session (``here``)."""
+        running = self._start(batch, counted=counted)
+        if running and here:
+            self._run_batch(target, running)
+        elif running:
+            target.slot.put(running)
+        else:
+            self._release(target)
+
+    def _start(self, batch: list[InferRequest], *, counted: bool = False) -> list[InferRequest]:
+        """The requests of a formed batch that still want to run (cancelled ones are failed)."""
         if self.metrics is not None and not counted:
             self.metrics.add_pending(self.name, self.version, -len(batch))
         running = [r for r in batch if r.future.set_running_or_notify_cancel()]
@@ -339,12 +352,31 @@ class Scheduler:
             for r in batch:
                 if r not in running:
                     self._fail(r, None, "CANCELED")
-        if running and here:
-            self._run_batch(target, running)
-        elif running:
-            target.slot.put(running)
-        else:
-            self._release(target)
+        return running
+
+    def _next_batch(self, inst: _Instance) -> list[InferRequest] | None:
+        """After a batch on ``inst``'s own thread: the next batch for it when the rule sends one
+        now and no queued deadline has passed (one thread switch fewer than a round trip
+        through the batcher); otherwise ``inst`` goes idle and ``None`` is returned."""
+        while True:
+            with self._cond:
+                batch: list[InferRequest] = []
+                if len(self._queue) and not self._stopping:
+                    now = self.clock.now_ns()
+                    deadline = self._queue.next_deadline_ns()
+                    if deadline is None or deadline > now:  # expired requests: the batcher answers them
+                        batch, _ = self._queue.form(now)
+                        for r in batch:
+                            r.dispatch_ns = now
+                        self._chained += bool(batch)
+                if not batch:
+                    self._idle.append(inst)
+                    if len(self._queue) or self._stopping:
+                        self._cond.notify_all()
+                    return None
+            running = self._start(batch)
+            if running:
+                return running
 
     def _release(self, inst: _Instance) -> None:
         with self._cond:
@@ -369,14 +401,17 @@ class Scheduler:
                 batch = inst.slot.get()
                 if batch is None:
                     return
-                self._run_batch(inst, batch)
+                while batch:
+                    batch = self._run_batch(inst, batch, chain=True)
         finally:
             try:
                 inst.session.close()
             except Exception:  # pragma: no cover - closing must not hide the real outcome
                 log.exception("model %r: closing a session failed", self.name)
 
-    def _run_batch(self, inst: _Instance, batch: list[InferRequest]) -> None:
+    def _run_batch(self, inst: _Instance, batch: list[InferRequest], *, chain: bool = False) -> list[InferRequest] | None:
+        """Run ``batch`` on ``inst``'s session, then release ``inst``; with ``chain`` (on the
+        instance's own thread) return the next batch it should run instead, if any."""
         try:
             assert inst.session is not None
             self._execute(inst.session, batch)
@@ -393,7 +428,8 @@ class Scheduler:
             if interrupted:
                 raise  # an inline run on the caller's thread: let Ctrl-C reach the caller
         finally:
-            self._release(inst)
+            following = self._next_batch(inst) if chain else self._release(inst)
+        return following
 
     def _execute(self, session: Session, batch: list[InferRequest]) -> None:
         clock = self.clock
