@@ -1,0 +1,126 @@
+"""``frameserve jobs``: submit, inspect and cancel video jobs directly in the job database
+(the same checks as ``POST /v1/jobs``; output is the job resource as JSON)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from frameserve.cli._common import exit_on_error
+
+__all__ = ["register"]
+
+jobs_app = typer.Typer(help="Submit, list, inspect and cancel video jobs in the job database.", no_args_is_help=True)
+
+DbOpt = Annotated[str | None, typer.Option("--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME).")]
+
+
+def _store(db: str | None, **kw: Any) -> Any:
+    from frameserve.config import Settings
+    from frameserve.jobs.settings import JobsSettings
+    from frameserve.jobs.store import JobStore
+
+    settings = Settings.from_env()
+    js = JobsSettings.from_env(settings, db_url=db, **kw)
+    return JobStore(js.db_url), js
+
+
+def _print(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2))
+
+
+@jobs_app.command("submit")
+def submit(
+    source: Annotated[str, typer.Argument(help="Video URI: file:// (under a file root), http(s)://, s3://.")],
+    target: Annotated[str, typer.Argument(help="Output prefix URI (file:// or s3://).")],
+    pipeline: Annotated[str, typer.Option("--pipeline", "-p", help="Pipeline name.")] = "nudenet",
+    callback_url: Annotated[str | None, typer.Option("--callback-url", help="Standard Webhooks receiver.")] = None,
+    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
+    sampling: Annotated[str | None, typer.Option(help="all | every:N | fps:R | keyframes.")] = None,
+    video_out: Annotated[bool, typer.Option("--video-out", help="Also write annotated.mp4.")] = False,
+    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Same key, same job.")] = None,
+    file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Allowed file:// root (repeatable).")] = None,
+    callbacks_allow_private: Annotated[bool | None, typer.Option("--callbacks-allow-private/--callbacks-public-only")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Record a queued job (checked like POST /v1/jobs) and print it."""
+    from frameserve.errors import InvalidInputError
+    from frameserve.jobs.callbacks import check_callback_url
+    from frameserve.jobs.storage import Storage
+    from frameserve.jobs.store import JobSpec
+    from frameserve.pipeline.spec import builtin_pipelines
+
+    with exit_on_error():
+        store, js = _store(db, file_roots=[str(p) for p in file_root or []] or None,
+                           callbacks_allow_private=callbacks_allow_private)
+        if pipeline not in builtin_pipelines():
+            raise InvalidInputError(f"unknown pipeline {pipeline!r}; available: {', '.join(builtin_pipelines())}")
+        storage = Storage(file_roots=js.file_roots)
+        storage.check_source(source)
+        storage.check_target(target)
+        if callback_url:
+            check_callback_url(callback_url, allow_private=js.callbacks_allow_private)
+        params: dict[str, Any] = {}
+        if sampling:
+            from frameserve.video import Sampling
+
+            Sampling.parse(sampling)
+            params["sampling"] = sampling
+        if video_out:
+            params["video_out"] = True
+        job, _ = store.submit(
+            JobSpec(source=source, target=target, pipeline=pipeline, params=params, callback_url=callback_url,
+                    priority=priority, max_attempts=js.max_attempts),
+            idempotency_key=idempotency_key,
+        )
+        _print(job.to_resource())
+        store.close()
+
+
+@jobs_app.command("get")
+def get(job_id: str, db: DbOpt = None) -> None:
+    """Print one job."""
+    with exit_on_error():
+        store, _ = _store(db)
+        _print(store.get(job_id).to_resource())
+        store.close()
+
+
+@jobs_app.command("list")
+def list_jobs(
+    state: Annotated[str | None, typer.Option(help="queued | running | succeeded | failed | cancelled")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    db: DbOpt = None,
+) -> None:
+    """Print jobs, newest first."""
+    with exit_on_error():
+        store, _ = _store(db)
+        found, nxt = store.list_jobs(state=state, limit=limit)
+        _print({"jobs": [j.to_resource() for j in found], "next_cursor": str(nxt) if nxt is not None else None})
+        store.close()
+
+
+@jobs_app.command("cancel")
+def cancel(job_id: str, db: DbOpt = None) -> None:
+    """Cancel a job (a running one at its worker's next heartbeat)."""
+    with exit_on_error():
+        store, _ = _store(db)
+        _print(store.cancel(job_id).to_resource())
+        store.close()
+
+
+@jobs_app.command("events")
+def events(job_id: str, db: DbOpt = None) -> None:
+    """Print a job's events, oldest first."""
+    with exit_on_error():
+        store, _ = _store(db)
+        _print({"events": store.events(job_id)})
+        store.close()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``jobs`` to the root command."""
+    app.add_typer(jobs_app, name="jobs")

@@ -1,0 +1,79 @@
+"""The job store's tables (SQLAlchemy Core), as of the newest migration.
+
+Times are seconds since the Unix epoch (``*_at`` columns, double precision), written from the
+store's injected clock so that tests can move time without sleeping. JSON documents are kept as
+text so the one schema serves SQLite and PostgreSQL alike.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+__all__ = ["callback_deliveries", "job_events", "jobs", "metadata"]
+
+metadata = sa.MetaData()
+
+_SEQ = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("seq", _SEQ, primary_key=True, autoincrement=True),
+    sa.Column("id", sa.String(40), nullable=False, unique=True),
+    sa.Column("idempotency_key", sa.String(255), unique=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("phase", sa.String(16)),
+    sa.Column("progress", sa.Double(), nullable=False, default=0.0),
+    sa.Column("source", sa.Text(), nullable=False),
+    sa.Column("target", sa.Text(), nullable=False),
+    sa.Column("pipeline", sa.String(255), nullable=False),
+    sa.Column("params", sa.Text(), nullable=False),
+    sa.Column("callback_url", sa.Text()),
+    sa.Column("priority", sa.Integer(), nullable=False),
+    sa.Column("attempt", sa.Integer(), nullable=False),
+    sa.Column("max_attempts", sa.Integer(), nullable=False),
+    sa.Column("token", sa.Integer(), nullable=False),
+    sa.Column("lease_owner", sa.String(255)),
+    sa.Column("lease_expires_at", sa.Double()),
+    sa.Column("cancel_requested", sa.Boolean(), nullable=False),
+    sa.Column("run_at", sa.Double(), nullable=False),
+    sa.Column("created_at", sa.Double(), nullable=False),
+    sa.Column("started_at", sa.Double()),
+    sa.Column("finished_at", sa.Double()),
+    sa.Column("updated_at", sa.Double(), nullable=False),
+    sa.Column("timings", sa.Text(), nullable=False),
+    sa.Column("result", sa.Text()),
+    sa.Column("error", sa.Text()),
+    sa.Index("ix_jobs_claim", "state", "priority", "seq"),
+    sa.Index("ix_jobs_lease", "state", "lease_expires_at"),
+)
+
+job_events = sa.Table(
+    "job_events",
+    metadata,
+    sa.Column("seq", _SEQ, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(40), nullable=False, index=True),
+    sa.Column("at", sa.Double(), nullable=False),
+    sa.Column("type", sa.String(40), nullable=False),
+    sa.Column("data", sa.Text(), nullable=False),
+)
+
+callback_deliveries = sa.Table(
+    "callback_deliveries",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("job_id", sa.String(40), nullable=False),
+    sa.Column("type", sa.String(40), nullable=False),
+    sa.Column("url", sa.Text(), nullable=False),
+    sa.Column("payload", sa.Text(), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer(), nullable=False),
+    sa.Column("next_attempt_at", sa.Double(), nullable=False),
+    sa.Column("lease_expires_at", sa.Double()),
+    sa.Column("last_status", sa.Integer()),
+    sa.Column("last_error", sa.Text()),
+    sa.Column("created_at", sa.Double(), nullable=False),
+    sa.Column("delivered_at", sa.Double()),
+    sa.UniqueConstraint("job_id", "type", name="uq_callback_job_type"),
+    sa.Index("ix_callback_due", "state", "next_attempt_at"),
+)

@@ -1,0 +1,165 @@
+"""Job callbacks in the Standard Webhooks format, delivered from the store's outbox.
+
+Each finished job with a ``callback_url`` has one outbox row, written in the same transaction as
+its final state. The :class:`CallbackDeliverer` claims due rows (with a lease, so a deliverer that
+dies mid-callback is replaced) and POSTs the stored body with the headers
+
+- ``webhook-id``: the row's id, the same on every attempt (receivers deduplicate on it),
+- ``webhook-timestamp``: the attempt's time, integer seconds since the epoch,
+- ``webhook-signature``: ``v1,<base64 HMAC-SHA256 of "id.timestamp.body">`` with the
+  ``whsec_`` secret (the ``standardwebhooks`` package signs).
+
+2xx marks the row delivered; 410 Gone stops for good; anything else is retried on the store's
+schedule (seconds to hours). Callback URLs resolving to private, loopback or link-local
+addresses are refused unless allowed (checked at submit and again before each attempt).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from urllib.parse import urlsplit
+
+from frameserve.errors import InvalidInputError
+from frameserve.jobs.store import Delivery, JobStore
+
+__all__ = ["CallbackDeliverer", "check_callback_url", "sign_headers"]
+
+log = logging.getLogger("frameserve.jobs.callbacks")
+
+
+def check_callback_url(url: str, *, allow_private: bool) -> None:
+    """Refuse a callback URL that is not ``http(s)://host...`` or (unless ``allow_private``)
+    resolves to a private, loopback, link-local or otherwise non-public address.
+
+    Raises:
+        InvalidInputError: with the reason.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidInputError(f"callback_url {url!r} must be an http:// or https:// URL with a host")
+    if allow_private:
+        return
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    except (socket.gaierror, UnicodeError) as exc:
+        raise InvalidInputError(f"callback_url host {parts.hostname!r} does not resolve: {exc}") from None
+    for info in infos:
+        addr = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+        if not addr.is_global or addr.is_multicast:
+            raise InvalidInputError(
+                f"callback_url {url!r} resolves to non-public address {addr}; "
+                "allow it with --callbacks-allow-private"
+            )
+
+
+def sign_headers(secret: str | None, msg_id: str, payload: str, now_s: float) -> dict[str, str]:
+    """The Standard Webhooks headers for one attempt (no signature when no secret is set)."""
+    ts = int(now_s)
+    headers = {"webhook-id": msg_id, "webhook-timestamp": str(ts), "content-type": "application/json"}
+    if secret:
+        from standardwebhooks import Webhook
+
+        headers["webhook-signature"] = Webhook(secret).sign(msg_id, datetime.fromtimestamp(ts, UTC), payload)
+    return headers
+
+
+class CallbackDeliverer:
+    """Delivers due callbacks from the outbox.
+
+    Args:
+        store: the job store.
+        secret: the ``whsec_...`` signing secret, or ``None`` to send unsigned.
+        allow_private: allow private and loopback receivers.
+        timeout_s: per-request timeout, seconds.
+        lease_s: how long a claimed delivery is ours before another deliverer may retry it.
+        poll_s: idle wait between outbox polls, seconds.
+        fault: test hook called with ``"mid_callback"`` after a receiver answered and before the
+            answer is recorded.
+
+    Raises:
+        InvalidInputError: a malformed ``secret``.
+    """
+
+    def __init__(
+        self,
+        store: JobStore,
+        *,
+        secret: str | None,
+        allow_private: bool = False,
+        timeout_s: float = 10.0,
+        lease_s: float = 30.0,
+        poll_s: float = 0.5,
+        fault: Callable[[str], None] | None = None,
+    ) -> None:
+        import httpx
+
+        if secret:
+            from standardwebhooks import Webhook
+
+            try:
+                Webhook(secret)  # fail now on a malformed secret
+            except Exception as exc:  # binascii.Error, EmptyWebhookSecretError, ...
+                raise InvalidInputError(f"webhook secret must be 'whsec_' + base64 of the key: {exc}") from None
+        self.store = store
+        self.secret = secret
+        self.allow_private = allow_private
+        self.lease_s = max(lease_s, timeout_s * 2)
+        self.poll_s = poll_s
+        self.fault = fault
+        self.client = httpx.Client(timeout=timeout_s, follow_redirects=False)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def deliver_once(self) -> str | None:
+        """Claim and attempt one due delivery; returns its new state, or ``None`` when none is due."""
+        d = self.store.claim_delivery(lease_s=self.lease_s)
+        if d is None:
+            return None
+        return self._attempt(d)
+
+    def _attempt(self, d: Delivery) -> str:
+        import httpx
+
+        try:
+            check_callback_url(d.url, allow_private=self.allow_private)
+        except InvalidInputError as exc:
+            return self.store.delivery_result(d, status=None, error=str(exc), permanent=True)
+        headers = sign_headers(self.secret, d.id, d.payload, self.store.clock())
+        try:
+            resp = self.client.post(d.url, content=d.payload.encode(), headers=headers)
+            status: int | None = resp.status_code
+            error = None if resp.is_success else f"HTTP {resp.status_code}"
+        except httpx.HTTPError as exc:
+            status, error = None, f"{exc.__class__.__name__}: {exc}"
+        if self.fault is not None:
+            self.fault("mid_callback")
+        state = self.store.delivery_result(d, status=status, error=error)
+        log.info("callback %s for job %s attempt %d: %s (%s)", d.id, d.job_id, d.attempts, state, status or error)
+        return state
+
+    def run(self) -> None:
+        """Deliver until :meth:`stop` is called."""
+        while not self._stop.is_set():
+            try:
+                if self.deliver_once() is None:
+                    self._stop.wait(self.poll_s)
+            except Exception:  # keep delivering; the database may be briefly unavailable
+                log.exception("callback deliverer")
+                self._stop.wait(self.poll_s)
+
+    def start(self) -> None:
+        """Run in a daemon thread."""
+        self._thread = threading.Thread(target=self.run, name="frameserve-callbacks", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop after the attempt in flight, and close the HTTP client."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.client.close()

@@ -1,0 +1,85 @@
+"""The embedded job service: everything ``frameserve serve`` needs to also serve ``/v1/jobs`` on
+one machine with nothing else to start — SQLite under ``$FRAMESERVE_HOME``, local storage under
+``$FRAMESERVE_HOME/storage``, one worker thread set and the callback deliverer, sharing the
+server's :class:`~frameserve.service.InferenceService` so models stay loaded.
+
+Use::
+
+    jobs = EmbeddedJobs(settings, service)       # opens (and migrates) the database
+    app.include_router(jobs.router)              # /v1/jobs
+    jobs.start(); ...; jobs.stop()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from frameserve.config import Settings
+from frameserve.jobs.callbacks import CallbackDeliverer
+from frameserve.jobs.settings import JobsSettings
+from frameserve.jobs.storage import Storage
+from frameserve.jobs.store import JobStore
+from frameserve.jobs.worker import Worker, pipeline_process
+
+__all__ = ["EmbeddedJobs"]
+
+
+class EmbeddedJobs:
+    """Store, router, worker and callback deliverer in one process.
+
+    Args:
+        settings: process settings (``home`` locates the database and storage by default).
+        service: the shared inference service the worker's pipelines run on.
+        jobs_settings: job settings (default: :meth:`JobsSettings.from_env` over ``settings``).
+        poll_s: idle wait of the worker and deliverer, seconds.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        service: Any,
+        *,
+        jobs_settings: JobsSettings | None = None,
+        poll_s: float = 0.05,
+    ) -> None:
+        from frameserve.jobs.api import create_router
+
+        self.settings = settings
+        self.jobs_settings = js = jobs_settings or JobsSettings.from_env(settings)
+        for root in js.file_roots:
+            root.mkdir(parents=True, exist_ok=True)
+        self.store = JobStore(js.db_url)
+        self.storage = Storage(file_roots=js.file_roots, s3_endpoint_url=js.s3_endpoint_url)
+        self.router = create_router(
+            self.store, storage=self.storage, callbacks_allow_private=js.callbacks_allow_private,
+            max_attempts=js.max_attempts,
+        )
+        from frameserve.pipeline import DecodePool
+
+        self.decode_pool = DecodePool(1)
+        self.worker = Worker(
+            self.store, self.storage, pipeline_process(settings, service, decode_pool=self.decode_pool),
+            lease_s=js.lease_s, poll_s=poll_s,
+        )
+        self.deliverer = CallbackDeliverer(
+            self.store, secret=js.webhook_secret, allow_private=js.callbacks_allow_private,
+            lease_s=js.lease_s, poll_s=poll_s,
+        )
+        self._started = False
+
+    def start(self) -> None:
+        """Start the worker and the callback deliverer (threads)."""
+        if not self._started:
+            self.worker.start()
+            self.deliverer.start()
+            self._started = True
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop claiming, finish the job in progress (up to ``timeout_s``), stop delivering, close."""
+        if self._started:
+            self.worker.stop()
+            self.worker.join(timeout_s)
+            self.deliverer.stop()
+            self._started = False
+        self.decode_pool.close()
+        self.store.close()

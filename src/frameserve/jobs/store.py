@@ -1,0 +1,756 @@
+"""The durable job store: jobs, their events and the callback outbox, on SQLAlchemy 2 Core.
+
+One code path serves SQLite and PostgreSQL (psycopg 3):
+
+- SQLite runs in WAL mode; every transaction that reads then writes starts with
+  ``BEGIN IMMEDIATE``, so the single writer lock is taken before the read and two writers never
+  act on the same stale read. Read-only transactions start ``BEGIN DEFERRED``.
+- The claim is one ``UPDATE ... WHERE id = (SELECT ... ORDER BY priority DESC, seq LIMIT 1
+  FOR UPDATE SKIP LOCKED) RETURNING ...`` statement. PostgreSQL skips rows other claimers hold;
+  SQLite ignores the locking clause and its single writer serialises claimers.
+- Leases and fencing: a claim bumps the job's ``token`` (and ``attempt``) and sets
+  ``lease_expires_at``. Every later write of the worker (heartbeat, complete, fail, release)
+  carries ``WHERE id = :id AND token = :token AND state = 'running'``; zero rows means the lease
+  was lost and :class:`LeaseLostError` is raised with nothing written.
+- Expired leases are rescued (:meth:`JobStore.rescue`): re-queued after a backoff, or failed
+  once ``max_attempts`` attempts were made.
+- A job's terminal transition writes its callback delivery (the outbox) in the same transaction,
+  so a callback is never forgotten and never re-runs inference.
+
+Schema migrations (Alembic) run when the store opens, under a lock (SQLite's write lock, a
+PostgreSQL advisory lock), so many processes may open one database at once.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import sqlalchemy as sa
+
+from frameserve.jobs._errors import JobNotFoundError, JobStateError, LeaseLostError
+from frameserve.jobs._schema import callback_deliveries, job_events, jobs
+
+__all__ = [
+    "CALLBACK_SCHEDULE_S",
+    "STATES",
+    "TERMINAL",
+    "Delivery",
+    "Job",
+    "JobSpec",
+    "JobStore",
+    "Lease",
+    "RetryPolicy",
+    "iso",
+]
+
+STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+"""Job states: ``queued → running → succeeded | failed | cancelled``; a retry goes back to queued."""
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+CALLBACK_SCHEDULE_S: tuple[float, ...] = (0.0, 5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
+"""Delay before each callback attempt, seconds (the Standard Webhooks suggestion: at once, 5 s,
+5 min, 30 min, 2 h, 5 h, 10 h, 10 h); after the last one fails the delivery is ``failed``."""
+
+Phase = Literal["download", "process", "upload"]
+Clock = Callable[[], float]
+
+
+def iso(ts: float | None) -> str | None:
+    """Seconds since the epoch → ISO-8601 UTC with milliseconds (``None`` stays ``None``)."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter for job attempts.
+
+    Attempt ``n`` (1-based) that failed with a retryable error is re-queued after
+    ``min(max_s, base_s * 2**(n-1)) * (1 + jitter * u)``, ``u`` uniform in [0, 1).
+
+    Attributes:
+        base_s: delay after the first failed attempt, seconds.
+        max_s: cap on the delay before jitter, seconds.
+        jitter: relative jitter, >= 0.
+    """
+
+    base_s: float = 2.0
+    max_s: float = 600.0
+    jitter: float = 0.25
+
+    def delay_s(self, attempt: int, rng: random.Random) -> float:
+        """Seconds to wait before the attempt after ``attempt`` (>= 1)."""
+        base = min(self.max_s, self.base_s * 2.0 ** max(0, attempt - 1))
+        return base * (1.0 + self.jitter * rng.random())
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a client asks for (validated by the API before it reaches the store).
+
+    Attributes:
+        source: URI of the input video (``file://``, ``http(s)://``, ``s3://``).
+        target: URI prefix (a folder) the outputs are written under.
+        pipeline: pipeline name.
+        params: pipeline parameters (JSON object): ``sampling``, ``batch``, ``video_out``.
+        callback_url: where the Standard Webhooks callback goes, or ``None``.
+        priority: higher runs first.
+        max_attempts: attempts before a retryable failure becomes final, >= 1.
+    """
+
+    source: str
+    target: str
+    pipeline: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    callback_url: str | None = None
+    priority: int = 0
+    max_attempts: int = 5
+
+
+@dataclass(frozen=True)
+class Job:
+    """One row of ``jobs``, decoded. Times are seconds since the epoch."""
+
+    seq: int
+    id: str
+    state: str
+    phase: str | None
+    progress: float
+    source: str
+    target: str
+    pipeline: str
+    params: dict[str, Any]
+    callback_url: str | None
+    priority: int
+    attempt: int
+    max_attempts: int
+    token: int
+    lease_owner: str | None
+    lease_expires_at: float | None
+    cancel_requested: bool
+    run_at: float
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    updated_at: float
+    timings: dict[str, float]
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    idempotency_key: str | None = None
+    callback: dict[str, Any] | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], callback: dict[str, Any] | None = None) -> Job:
+        d = dict(row)
+        return cls(
+            seq=int(d["seq"]), id=d["id"], state=d["state"], phase=d["phase"], progress=float(d["progress"]),
+            source=d["source"], target=d["target"], pipeline=d["pipeline"], params=json.loads(d["params"]),
+            callback_url=d["callback_url"], priority=int(d["priority"]), attempt=int(d["attempt"]),
+            max_attempts=int(d["max_attempts"]), token=int(d["token"]), lease_owner=d["lease_owner"],
+            lease_expires_at=d["lease_expires_at"], cancel_requested=bool(d["cancel_requested"]),
+            run_at=float(d["run_at"]), created_at=float(d["created_at"]), started_at=d["started_at"],
+            finished_at=d["finished_at"], updated_at=float(d["updated_at"]), timings=json.loads(d["timings"]),
+            result=json.loads(d["result"]) if d["result"] else None,
+            error=json.loads(d["error"]) if d["error"] else None,
+            idempotency_key=d["idempotency_key"], callback=callback,
+        )
+
+    def to_resource(self) -> dict[str, Any]:
+        """The job as ``GET /v1/jobs/{id}`` returns it (and as callbacks carry it in ``data``)."""
+        return {
+            "id": self.id,
+            "state": self.state,
+            "phase": self.phase,
+            "progress": round(100.0 * self.progress, 2),
+            "priority": self.priority,
+            "source": self.source,
+            "target": self.target,
+            "pipeline": self.pipeline,
+            "params": self.params,
+            "callback_url": self.callback_url,
+            "attempts": self.attempt,
+            "max_attempts": self.max_attempts,
+            "cancel_requested": self.cancel_requested,
+            "created_at": iso(self.created_at),
+            "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
+            "next_attempt_at": iso(self.run_at) if self.state == "queued" else None,
+            "timings": self.timings,
+            "result": self.result,
+            "error": self.error,
+            "callback": self.callback,
+        }
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A worker's claim on a job: valid while ``token`` is the job's token and state is running.
+
+    Attributes:
+        job: the job as claimed.
+        token: the fencing token every later write carries.
+        owner: the claiming worker's id.
+        expires_at: when the lease lapses unless extended (epoch seconds, at claim time).
+    """
+
+    job: Job
+    token: int
+    owner: str
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A claimed callback delivery (one row of the outbox).
+
+    Attributes:
+        id: the ``webhook-id``, the same for every attempt.
+        job_id: the job it reports.
+        type: ``job.succeeded`` | ``job.failed`` | ``job.cancelled``.
+        url: the receiver.
+        payload: the exact body, fixed when the job finished.
+        attempts: attempts made, this one included.
+        created_at: when the job finished (epoch seconds).
+    """
+
+    id: str
+    job_id: str
+    type: str
+    url: str
+    payload: str
+    attempts: int
+    created_at: float
+
+
+def _claim_statement() -> sa.Update:
+    """The claim, built once (bind parameters ``now``, ``owner``, ``until``)."""
+    now = sa.bindparam("now", type_=sa.Double())
+    pick = (
+        sa.select(jobs.c.seq)
+        .where(jobs.c.state == "queued", jobs.c.run_at <= now)
+        .order_by(jobs.c.priority.desc(), jobs.c.seq)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    return (
+        jobs.update()
+        .where(jobs.c.seq == pick, jobs.c.state == "queued")
+        .values(
+            state="running", phase="download", progress=0.0, attempt=jobs.c.attempt + 1,
+            token=jobs.c.token + 1, lease_owner=sa.bindparam("owner"),
+            lease_expires_at=sa.bindparam("until", type_=sa.Double()),
+            started_at=sa.func.coalesce(jobs.c.started_at, now), updated_at=now,
+        )
+        .returning(*jobs.c)
+    )
+
+
+def _finish_statement(*, fenced: bool) -> sa.Update:
+    """A move to a final state, built once; fenced by ``p_token`` (and state running) when asked."""
+    where = jobs.c.id == sa.bindparam("p_id")
+    if fenced:
+        where = sa.and_(where, jobs.c.token == sa.bindparam("p_token"), jobs.c.state == "running")
+    now = sa.bindparam("p_now", type_=sa.Double())
+    return (
+        jobs.update()
+        .where(where)
+        .values(
+            state=sa.bindparam("p_state"), lease_owner=None, lease_expires_at=None, finished_at=now,
+            updated_at=now, result=sa.bindparam("p_result", type_=sa.Text()),
+            error=sa.bindparam("p_error", type_=sa.Text()),
+            progress=sa.func.coalesce(sa.bindparam("p_progress", type_=sa.Double()), jobs.c.progress),
+            timings=sa.func.coalesce(sa.bindparam("p_timings", type_=sa.Text()), jobs.c.timings),
+        )
+        .returning(*jobs.c)
+    )
+
+
+_CLAIM = _claim_statement()
+_FINISH_FENCED = _finish_statement(fenced=True)
+_FINISH_BY_ID = _finish_statement(fenced=False)
+_INSERT_EVENT = job_events.insert()
+
+
+def _new_id() -> str:
+    return "job_" + uuid.uuid4().hex
+
+
+class JobStore:
+    """The job database.
+
+    Args:
+        url: SQLAlchemy URL (``sqlite:///path/jobs.db``, ``postgresql+psycopg://user@host/db``;
+            a bare ``postgresql://`` is given the psycopg 3 driver).
+        clock: wall clock, seconds since the epoch (shared by every process using the database).
+        rng: source of backoff jitter.
+        retry: backoff of failed attempts.
+        callback_schedule_s: delay before each callback attempt (see :data:`CALLBACK_SCHEDULE_S`).
+        migrate: apply migrations on open (default true).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Clock = time.time,
+        rng: random.Random | None = None,
+        retry: RetryPolicy | None = None,
+        callback_schedule_s: Sequence[float] = CALLBACK_SCHEDULE_S,
+        migrate: bool = True,
+    ) -> None:
+        if url.startswith("postgresql://") or url.startswith("postgres://"):
+            url = "postgresql+psycopg://" + url.split("://", 1)[1]
+        self.url = url
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.retry = retry or RetryPolicy()
+        self.callback_schedule_s = tuple(callback_schedule_s)
+        if not self.callback_schedule_s:
+            raise ValueError("callback_schedule_s needs at least one delay")
+        self.engine = _make_engine(url)
+        self.is_sqlite = self.engine.dialect.name == "sqlite"
+        if migrate:
+            self._migrate()
+
+    # ---------------------------------------------------------------- plumbing
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.engine.dispose()
+
+    def _migrate(self) -> None:
+        from frameserve.jobs.migrations import upgrade
+
+        with self._tx() as conn:
+            if not self.is_sqlite:
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(7213560428)"))
+            upgrade(conn)
+
+    @contextmanager
+    def _tx(self, *, write: bool = True) -> Iterator[sa.Connection]:
+        """A transaction; on SQLite ``BEGIN IMMEDIATE`` when ``write`` (read-then-write), else deferred."""
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(sqlite_begin="IMMEDIATE" if write else "DEFERRED")
+            with conn.begin():
+                yield conn
+
+    def _event(self, conn: sa.Connection, job_id: str, type_: str, now: float, **data: Any) -> None:
+        conn.execute(_INSERT_EVENT, {"job_id": job_id, "at": now, "type": type_, "data": json.dumps(data)})
+
+    def _callback_state(self, conn: sa.Connection, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        if not job_ids:
+            return {}
+        rows = conn.execute(
+            sa.select(callback_deliveries).where(callback_deliveries.c.job_id.in_(list(job_ids)))
+        ).mappings()
+        out: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            out[r["job_id"]] = {
+                "webhook_id": r["id"],
+                "type": r["type"],
+                "state": r["state"],
+                "attempts": r["attempts"],
+                "last_status": r["last_status"],
+                "last_error": r["last_error"],
+                "next_attempt_at": iso(r["next_attempt_at"]) if r["state"] == "pending" else None,
+                "delivered_at": iso(r["delivered_at"]),
+            }
+        return out
+
+    def _load(self, conn: sa.Connection, job_id: str) -> Job:
+        row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
+        if row is None:
+            raise JobNotFoundError(f"no job {job_id!r}")
+        return Job.from_row(row, self._callback_state(conn, [job_id]).get(job_id))
+
+    # ---------------------------------------------------------------- client side
+
+    def submit(self, spec: JobSpec, *, idempotency_key: str | None = None) -> tuple[Job, bool]:
+        """Record a new queued job; returns ``(job, created)``.
+
+        With an ``idempotency_key`` already used, nothing is written and the earlier job is
+        returned with ``created`` false (whatever the spec says).
+        """
+        if spec.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {spec.max_attempts}")
+        for _ in range(3):
+            try:
+                with self._tx() as conn:
+                    if idempotency_key is not None:
+                        row = conn.execute(
+                            sa.select(jobs.c.id).where(jobs.c.idempotency_key == idempotency_key)
+                        ).first()
+                        if row is not None:
+                            return self._load(conn, row[0]), False
+                    now = self.clock()
+                    job_id = _new_id()
+                    conn.execute(
+                        jobs.insert().values(
+                            id=job_id, idempotency_key=idempotency_key, state="queued", phase=None,
+                            progress=0.0, source=spec.source, target=spec.target, pipeline=spec.pipeline,
+                            params=json.dumps(dict(spec.params)), callback_url=spec.callback_url,
+                            priority=int(spec.priority), attempt=0, max_attempts=int(spec.max_attempts),
+                            token=0, lease_owner=None, lease_expires_at=None, cancel_requested=False,
+                            run_at=now, created_at=now, started_at=None, finished_at=None, updated_at=now,
+                            timings="{}", result=None, error=None,
+                        )
+                    )
+                    self._event(conn, job_id, "submitted", now, priority=int(spec.priority))
+                    return self._load(conn, job_id), True
+            except sa.exc.IntegrityError:
+                if idempotency_key is None:
+                    raise
+                continue  # a concurrent submit with the same key won; read its job
+        raise RuntimeError("idempotent submit did not settle")  # pragma: no cover
+
+    def get(self, job_id: str) -> Job:
+        """The job with that id. Raises :class:`JobNotFoundError`."""
+        with self._tx(write=False) as conn:
+            return self._load(conn, job_id)
+
+    def list_jobs(
+        self, *, state: str | None = None, limit: int = 50, cursor: int | None = None
+    ) -> tuple[list[Job], int | None]:
+        """Jobs newest first, ``limit`` at most; ``cursor`` is the ``next`` value of the previous
+        page. Returns ``(jobs, next_cursor_or_None)``."""
+        q = sa.select(jobs).order_by(jobs.c.seq.desc()).limit(limit + 1)
+        if state is not None:
+            q = q.where(jobs.c.state == state)
+        if cursor is not None:
+            q = q.where(jobs.c.seq < cursor)
+        with self._tx(write=False) as conn:
+            rows = list(conn.execute(q).mappings())
+            page = rows[:limit]
+            cb = self._callback_state(conn, [r["id"] for r in page])
+            found = [Job.from_row(r, cb.get(r["id"])) for r in page]
+        return found, (found[-1].seq if len(rows) > limit and found else None)
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's events, oldest first: ``[{at, type, data}]``. Raises :class:`JobNotFoundError`."""
+        with self._tx(write=False) as conn:
+            self._load(conn, job_id)
+            rows = conn.execute(
+                sa.select(job_events).where(job_events.c.job_id == job_id).order_by(job_events.c.seq)
+            ).mappings()
+            return [{"at": iso(r["at"]), "type": r["type"], "data": json.loads(r["data"])} for r in rows]
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel a job: a queued one at once (its callback is queued), a running one at its
+        worker's next heartbeat. Cancelling a cancelled job is a no-op.
+
+        Raises:
+            JobNotFoundError: no such job.
+            JobStateError: the job already succeeded or failed.
+        """
+        with self._tx() as conn:
+            job = self._load(conn, job_id)
+            now = self.clock()
+            if job.state == "queued":
+                self._finish(conn, job, "cancelled", now, error={"code": "cancelled", "message": "cancelled by request"})
+            elif job.state == "running":
+                if not job.cancel_requested:
+                    conn.execute(
+                        jobs.update().where(jobs.c.id == job_id).values(cancel_requested=True, updated_at=now)
+                    )
+                    self._event(conn, job_id, "cancel_requested", now)
+            elif job.state != "cancelled":
+                raise JobStateError(f"job {job_id} already {job.state}; it cannot be cancelled")
+            return self._load(conn, job_id)
+
+    # ---------------------------------------------------------------- worker side
+
+    def claim(self, owner: str, *, lease_s: float) -> Lease | None:
+        """Claim the next due queued job (higher priority first, then oldest) for ``lease_s``
+        seconds, in one statement. Returns ``None`` when no job is due."""
+        now = self.clock()
+        params = {"now": now, "owner": owner, "until": now + lease_s}
+        with self._tx() as conn:
+            row = conn.execute(_CLAIM, params).mappings().first()
+            if row is None:
+                return None
+            job = Job.from_row(row)
+            self._event(conn, job.id, "claimed", now, worker=owner, attempt=job.attempt, token=job.token)
+        return Lease(job=job, token=job.token, owner=owner, expires_at=now + lease_s)
+
+    def _fenced(self, lease: Lease) -> sa.ColumnElement[bool]:
+        return sa.and_(jobs.c.id == lease.job.id, jobs.c.token == lease.token, jobs.c.state == "running")
+
+    def heartbeat(
+        self, lease: Lease, *, lease_s: float, phase: Phase | None = None, progress: float | None = None
+    ) -> bool:
+        """Extend the lease by ``lease_s`` from now and record phase and progress (0..1).
+
+        Returns whether cancellation was requested. Raises :class:`LeaseLostError` when the lease
+        is gone (nothing written).
+        """
+        with self._tx() as conn:
+            return self._extend(conn, lease, lease_s=lease_s, phase=phase, progress=progress)
+
+    def set_phase(self, lease: Lease, phase: Phase, *, lease_s: float) -> bool:
+        """Enter ``phase`` (an event) and extend the lease; returns whether
+        cancellation was requested. Raises :class:`LeaseLostError` when the lease is gone."""
+        with self._tx() as conn:
+            cancel = self._extend(conn, lease, lease_s=lease_s, phase=phase)
+            self._event(conn, lease.job.id, "phase", self.clock(), phase=phase, token=lease.token)
+        return cancel
+
+    def _extend(
+        self, conn: sa.Connection, lease: Lease, *, lease_s: float, phase: Phase | None = None,
+        progress: float | None = None,
+    ) -> bool:
+        now = self.clock()
+        values: dict[str, Any] = {"lease_expires_at": now + lease_s, "updated_at": now}
+        if phase is not None:
+            values["phase"] = phase
+        if progress is not None:
+            values["progress"] = min(1.0, max(0.0, float(progress)))
+        row = conn.execute(jobs.update().where(self._fenced(lease)).values(**values).returning(jobs.c.cancel_requested)).first()
+        if row is None:
+            raise LeaseLostError(f"lease on job {lease.job.id} (token {lease.token}) is lost")
+        return bool(row[0])
+
+    def complete(self, lease: Lease, result: Mapping[str, Any], *, timings: Mapping[str, float] | None = None) -> Job:
+        """Mark the job succeeded with ``result`` (``{summary, outputs, ...}``) and queue its callback.
+        Raises :class:`LeaseLostError` (nothing written) when the lease is gone."""
+        with self._tx() as conn:
+            return self._finish(conn, lease, "succeeded", self.clock(), result=dict(result), timings=timings)
+
+    def fail(
+        self, lease: Lease, error: Mapping[str, Any], *, retryable: bool, timings: Mapping[str, float] | None = None
+    ) -> Job:
+        """Record a failed attempt. ``error`` is ``{code, message, ...}``. A retryable failure with
+        attempts left re-queues the job after the backoff; otherwise the job fails for good and its
+        callback is queued. Raises :class:`LeaseLostError` when the lease is gone."""
+        with self._tx() as conn:
+            job = self._check(conn, lease)
+            now = self.clock()
+            err = {**dict(error), "retryable": retryable, "attempt": job.attempt}
+            if retryable and job.attempt < job.max_attempts:
+                self._requeue(conn, job, now, err)
+            else:
+                self._finish(conn, job, "failed", now, error=err, timings=timings)
+            return self._load(conn, job.id)
+
+    def cancelled(self, lease: Lease) -> Job:
+        """The worker stopped a job whose cancellation it saw: mark it cancelled, queue the callback."""
+        with self._tx() as conn:
+            return self._finish(conn, lease, "cancelled", self.clock(), error={"code": "cancelled", "message": "cancelled by request"})
+
+    def release(self, lease: Lease) -> Job:
+        """Give an unfinished job back (worker shutting down): queued again at once, the attempt
+        not counted. Raises :class:`LeaseLostError` when the lease is gone."""
+        with self._tx() as conn:
+            job = self._check(conn, lease)
+            now = self.clock()
+            conn.execute(
+                jobs.update().where(jobs.c.id == job.id).values(
+                    state="queued", phase=None, attempt=jobs.c.attempt - 1, lease_owner=None,
+                    lease_expires_at=None, run_at=now, updated_at=now,
+                )
+            )
+            self._event(conn, job.id, "released", now, worker=lease.owner, token=lease.token)
+            return self._load(conn, job.id)
+
+    def rescue(self, *, limit: int = 100) -> list[tuple[str, str]]:
+        """Re-queue (after the backoff) or fail (no attempts left) running jobs whose lease
+        expired; a job whose cancellation was requested is cancelled. Returns ``[(id, new_state)]``."""
+        now = self.clock()
+        done: list[tuple[str, str]] = []
+        with self._tx() as conn:
+            rows = conn.execute(
+                sa.select(jobs)
+                .where(jobs.c.state == "running", jobs.c.lease_expires_at < now)
+                .order_by(jobs.c.lease_expires_at)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            ).mappings().all()
+            for row in rows:
+                job = Job.from_row(row)
+                self._event(conn, job.id, "lease_expired", now, worker=job.lease_owner, token=job.token)
+                err = {
+                    "code": "lease_lost", "message": f"worker {job.lease_owner} stopped renewing its lease",
+                    "retryable": True, "attempt": job.attempt,
+                }
+                if job.cancel_requested:
+                    self._finish(conn, job, "cancelled", now, error={"code": "cancelled", "message": "cancelled by request"})
+                    done.append((job.id, "cancelled"))
+                elif job.attempt < job.max_attempts:
+                    self._requeue(conn, job, now, err)
+                    done.append((job.id, "queued"))
+                else:
+                    self._finish(conn, job, "failed", now, error=err)
+                    done.append((job.id, "failed"))
+        return done
+
+    def _check(self, conn: sa.Connection, lease: Lease) -> Job:
+        row = conn.execute(sa.select(jobs).where(self._fenced(lease))).mappings().first()
+        if row is None:
+            raise LeaseLostError(f"lease on job {lease.job.id} (token {lease.token}) is lost")
+        return Job.from_row(row)
+
+    def _requeue(self, conn: sa.Connection, job: Job, now: float, err: dict[str, Any]) -> None:
+        delay = self.retry.delay_s(job.attempt, self.rng)
+        conn.execute(
+            jobs.update().where(jobs.c.id == job.id).values(
+                state="queued", phase=None, lease_owner=None, lease_expires_at=None,
+                run_at=now + delay, updated_at=now, error=json.dumps(err),
+            )
+        )
+        self._event(conn, job.id, "retry_scheduled", now, delay_s=round(delay, 3), error=err)
+
+    def _finish(
+        self,
+        conn: sa.Connection,
+        job: Job | Lease,
+        state: str,
+        now: float,
+        *,
+        result: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+        timings: Mapping[str, float] | None = None,
+    ) -> Job:
+        """Move a job to a final state (fenced when given a :class:`Lease`), write its event and,
+        when it has a callback URL, its outbox row (same transaction). Returns the updated job."""
+        params: dict[str, Any] = {
+            "p_id": job.job.id if isinstance(job, Lease) else job.id, "p_state": state, "p_now": now,
+            "p_result": json.dumps(result) if result is not None else None,
+            "p_error": json.dumps(error) if error is not None else None,
+            "p_progress": 1.0 if state == "succeeded" else None,
+            "p_timings": json.dumps({k: round(v, 6) for k, v in timings.items()}) if timings is not None else None,
+        }
+        if isinstance(job, Lease):
+            params["p_token"] = job.token
+        stmt = _FINISH_FENCED if isinstance(job, Lease) else _FINISH_BY_ID
+        row = conn.execute(stmt, params).mappings().first()
+        if row is None:
+            assert isinstance(job, Lease)
+            raise LeaseLostError(f"lease on job {job.job.id} (token {job.token}) is lost")
+        done = Job.from_row(row)
+        self._event(conn, done.id, state, now, **({"error": error} if error and state != "succeeded" else {}))
+        if done.callback_url:
+            payload = json.dumps(
+                {"type": f"job.{state}", "timestamp": iso(now), "data": done.to_resource()},
+                separators=(",", ":"),
+            )
+            conn.execute(
+                callback_deliveries.insert().values(
+                    id="msg_" + secrets.token_hex(16), job_id=done.id, type=f"job.{state}", url=done.callback_url,
+                    payload=payload, state="pending", attempts=0, next_attempt_at=now + self.callback_schedule_s[0],
+                    lease_expires_at=None, last_status=None, last_error=None, created_at=now, delivered_at=None,
+                )
+            )
+        return done
+
+    # ---------------------------------------------------------------- callback outbox
+
+    def claim_delivery(self, *, lease_s: float) -> Delivery | None:
+        """Claim the next due callback delivery (pending and due, or in flight with an expired
+        lease, i.e. its deliverer died) for ``lease_s`` seconds. Returns ``None`` when none is due."""
+        now = self.clock()
+        cd = callback_deliveries.c
+        due = sa.or_(
+            sa.and_(cd.state == "pending", cd.next_attempt_at <= now),
+            sa.and_(cd.state == "delivering", cd.lease_expires_at < now),
+        )
+        pick = (
+            sa.select(cd.id).where(due).order_by(cd.next_attempt_at).limit(1)
+            .with_for_update(skip_locked=True).scalar_subquery()
+        )
+        stmt = (
+            callback_deliveries.update()
+            .where(cd.id == pick, due)
+            .values(state="delivering", attempts=cd.attempts + 1, lease_expires_at=now + lease_s)
+            .returning(cd.id, cd.job_id, cd.type, cd.url, cd.payload, cd.attempts, cd.created_at)
+        )
+        with self._tx() as conn:
+            row = conn.execute(stmt).mappings().first()
+        if row is None:
+            return None
+        return Delivery(**dict(row))
+
+    def delivery_result(
+        self, delivery: Delivery, *, status: int | None, error: str | None = None, permanent: bool = False
+    ) -> str:
+        """Record one delivery attempt: 2xx → ``delivered``; 410 or ``permanent`` → ``failed`` (no
+        more tries); anything else (``status`` None for a network error) → ``pending`` with the
+        next delay of the schedule, or ``failed`` when it is spent. Returns the new state, or
+        ``"stale"`` when the delivery was meanwhile re-claimed (this attempt's lease expired)."""
+        now = self.clock()
+        cd = callback_deliveries.c
+        values: dict[str, Any] = {"last_status": status, "last_error": error, "lease_expires_at": None}
+        if status is not None and 200 <= status < 300:
+            values.update(state="delivered", delivered_at=now, last_error=None)
+        elif status == 410 or permanent or delivery.attempts >= len(self.callback_schedule_s):
+            values.update(state="failed")
+        else:
+            values.update(state="pending", next_attempt_at=now + self.callback_schedule_s[delivery.attempts])
+        with self._tx() as conn:
+            n = conn.execute(
+                callback_deliveries.update()
+                .where(cd.id == delivery.id, cd.state == "delivering", cd.attempts == delivery.attempts)
+                .values(**values)
+            ).rowcount
+            if n:
+                self._event(
+                    conn, delivery.job_id, f"callback_{values['state']}", now,
+                    webhook_id=delivery.id, attempt=delivery.attempts, status=status, error=error,
+                )
+        return str(values["state"]) if n else "stale"
+
+    def deliveries(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's outbox rows (for tests and operators)."""
+        with self._tx(write=False) as conn:
+            return [dict(r) for r in conn.execute(
+                sa.select(callback_deliveries).where(callback_deliveries.c.job_id == job_id)
+            ).mappings()]
+
+    def counts(self) -> dict[str, int]:
+        """Jobs per state (every state present, zero where none)."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(sa.select(jobs.c.state, sa.func.count()).group_by(jobs.c.state)).all()
+        out = dict.fromkeys(STATES, 0)
+        out.update({s: int(n) for s, n in rows})
+        return out
+
+
+def _make_engine(url: str) -> sa.Engine:
+    from sqlalchemy import event
+
+    u = sa.make_url(url)
+    if u.get_backend_name() == "sqlite":
+        if u.database and u.database != ":memory:":
+            from pathlib import Path
+
+            Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(u, connect_args={"timeout": 60.0, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=60000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: sa.Connection) -> None:
+            mode = conn.get_execution_options().get("sqlite_begin", "IMMEDIATE")
+            conn.exec_driver_sql(f"BEGIN {mode}")
+
+        return engine
+    # no pool_pre_ping: it costs a round trip per transaction; a dropped connection fails one
+    # statement, is invalidated by the pool, and the worker loops retry.
+    return sa.create_engine(u, pool_size=8, max_overflow=16)

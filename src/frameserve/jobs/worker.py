@@ -1,0 +1,435 @@
+"""The job worker: claim → download → process → upload → complete, three stages overlapped.
+
+Three threads, joined by queues of one slot, so while job *n* is processed job *n+1* is already
+downloading (claimed, lease held) and job *n-1* is uploading::
+
+    fetch:    claim ─ download ──▶ [ready: 1] ──▶ process: pipeline ──▶ [done: 1] ──▶ upload: put ─ complete
+
+A fourth thread heartbeats every lease the worker holds each ``lease_s / 3`` seconds: it extends
+the lease and writes phase and progress. A heartbeat that finds cancellation requested, or the
+lease lost, aborts that job's work at the next chunk or batch; a lost lease writes nothing more
+(the store's fencing token rejects any late write). The fetch thread also runs the rescuer
+(expired leases → re-queued or failed) about once per lease.
+
+:meth:`Worker.stop` (SIGTERM in ``frameserve worker``) stops claiming, releases a job that is
+downloaded but not started, and finishes the job being processed and uploaded.
+
+Failures: errors whose :func:`~frameserve.jobs.is_retryable` is true (timeouts, storage 5xx,
+lost lease, crashes) are retried with backoff; user errors (bad video, unknown pipeline, a 4xx
+source) fail the job at once with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from frameserve.config import Settings
+from frameserve.errors import FrameserveError
+from frameserve.jobs._errors import LeaseLostError, is_retryable
+from frameserve.jobs.storage import Storage
+from frameserve.jobs.store import Job, JobStore, Lease
+
+__all__ = ["FaultHook", "ProcessFn", "Worker", "faults_from_env", "pipeline_process"]
+
+log = logging.getLogger("frameserve.jobs.worker")
+
+FaultHook = Callable[[str], None]
+"""Test hook called at named points: ``mid_download``, ``mid_inference``, ``after_upload``,
+``mid_callback``."""
+
+ProgressCb = Callable[[int, int | None], None]
+ProcessFn = Callable[[Path, Job, Path, ProgressCb], tuple[dict[str, Any], dict[str, Path]]]
+"""``(local_video, job, workdir, progress) -> (summary_result, {output_name: local_file})``."""
+
+_WEIGHTS = {"download": (0.0, 0.1), "process": (0.1, 0.9), "upload": (0.9, 1.0)}
+
+
+class _Cancelled(Exception):
+    """The job's cancellation was requested, or its lease was lost."""
+
+
+def faults_from_env(environ: Mapping[str, str] | None = None) -> FaultHook | None:
+    """Fault injection for crash tests, or ``None`` when unset.
+
+    ``FRAMESERVE_JOBS_FAULT`` names the points (comma-separated) and ``FRAMESERVE_JOBS_FAULT_DIR``
+    a folder. The first time the process reaches such a point it writes ``<dir>/<point>.<pid>``
+    and waits until ``<dir>/release`` exists, so a test can SIGKILL or SIGSTOP it exactly there.
+    """
+    env = os.environ if environ is None else environ
+    points = {p.strip() for p in env.get("FRAMESERVE_JOBS_FAULT", "").split(",") if p.strip()}
+    if not points:
+        return None
+    folder = Path(env.get("FRAMESERVE_JOBS_FAULT_DIR", tempfile.gettempdir()))
+    hit: set[str] = set()
+    lock = threading.Lock()
+
+    def fault(point: str) -> None:
+        with lock:
+            if point not in points or point in hit:
+                return
+            hit.add(point)
+        (folder / f"{point}.{os.getpid()}").write_text(str(time.time()))
+        deadline = time.monotonic() + float(env.get("FRAMESERVE_JOBS_FAULT_MAX_WAIT_S", "600"))
+        while not (folder / "release").exists():
+            if time.monotonic() > deadline:  # never outlive a test run that forgot us
+                os._exit(3)
+            time.sleep(0.02)
+
+    return fault
+
+
+def pipeline_process(
+    settings: Settings, service: Any, fault: FaultHook | None = None, *, decode_pool: Any | None = None
+) -> ProcessFn:
+    """The pipeline step: :func:`frameserve.pipeline.runner.run` over the local video with the
+    job's pipeline and params (``sampling``, ``batch``, ``video_out: true`` for an annotated
+    video), on a shared :class:`~frameserve.service.InferenceService` so models stay loaded, and
+    with a :class:`~frameserve.pipeline.DecodePool` when given, so the decode process stays warm
+    across jobs (else the runner starts one per job). Per-frame results are streamed to the file (flat memory on
+    long videos). Outputs: ``results.json`` (per-frame detections) and, when asked, ``annotated.mp4``.
+    The worker runs one job at a time through this step, as the pool requires."""
+    from frameserve.pipeline.runner import run
+
+    pool = decode_pool
+
+    def process(video: Path, job: Job, workdir: Path, progress: ProgressCb) -> tuple[dict[str, Any], dict[str, Path]]:
+        params = job.params
+        out = workdir / "results.json"
+        video_out = workdir / "annotated.mp4" if params.get("video_out") else None
+        first = [True]
+
+        def on_batch(done: int, expected: int | None) -> None:
+            if fault is not None and first[0]:
+                first[0] = False
+                fault("mid_inference")
+            progress(done, expected)
+
+        res = run(
+            video, job.pipeline, out=out, video_out=video_out, sampling=params.get("sampling"),
+            batch=params.get("batch"), settings=settings, service=service, progress=on_batch,
+            keep_frames=False, decode_pool=pool,
+        )
+        files = {"results.json": out}
+        if video_out is not None:
+            files["annotated.mp4"] = video_out
+        summary = {
+            "summary": res["summary"], "frames_processed": res["frames_processed"], "pipeline": res["pipeline"],
+            "model": res["model"].get("name"), "source": res["source"], "warnings": res["warnings"],
+        }
+        return summary, files
+
+    return process
+
+
+@dataclass
+class _Active:
+    lease: Lease
+    phase: str = "download"
+    fraction: float = 0.0
+    cancel: threading.Event = field(default_factory=threading.Event)
+    lost: threading.Event = field(default_factory=threading.Event)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def progress(self) -> float:
+        lo, hi = _WEIGHTS[self.phase]
+        return lo + (hi - lo) * min(1.0, self.fraction)
+
+
+@dataclass
+class _Item:
+    active: _Active
+    workdir: Path
+    video: Path | None = None
+    result: dict[str, Any] | None = None
+    files: dict[str, Path] | None = None
+
+
+class Worker:
+    """Runs jobs from a :class:`JobStore`.
+
+    Args:
+        store: the job store.
+        storage: source/target access.
+        process: the pipeline step (see :func:`pipeline_process`).
+        lease_s: lease length, seconds; heartbeats every ``lease_s / 3``.
+        poll_s: idle wait between claims when the queue is empty, seconds.
+        workdir: scratch folder for downloads and outputs (default: a temporary folder).
+        worker_id: recorded as the lease owner (default ``host:pid:random``).
+        fault: test hook (see :func:`faults_from_env`).
+    """
+
+    def __init__(
+        self,
+        store: JobStore,
+        storage: Storage,
+        process: ProcessFn,
+        *,
+        lease_s: float = 30.0,
+        poll_s: float = 0.5,
+        workdir: Path | None = None,
+        worker_id: str | None = None,
+        fault: FaultHook | None = None,
+    ) -> None:
+        self.store = store
+        self.storage = storage
+        self.process = process
+        self.lease_s = lease_s
+        self.heartbeat_s = lease_s / 3.0
+        self.poll_s = poll_s
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="frameserve-worker-"))
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.fault = fault
+        self._stopping = threading.Event()
+        self._ready: queue.Queue[_Item | None] = queue.Queue(maxsize=1)
+        self._slot = threading.Semaphore(1)  # one job downloaded ahead of the one processed, no more
+        self._done: queue.Queue[_Item | None] = queue.Queue(maxsize=1)
+        self._active: dict[str, _Active] = {}
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._hb_stop = threading.Event()
+        self.completed = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the stage and heartbeat threads."""
+        for name, target in (
+            ("heartbeat", self._heartbeat_loop), ("fetch", self._fetch_loop),
+            ("process", self._process_loop), ("upload", self._upload_loop),
+        ):
+            t = threading.Thread(target=target, name=f"frameserve-worker-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        """Stop claiming; release a downloaded job not yet started; finish the current one.
+        Returns at once; :meth:`join` waits."""
+        self._stopping.set()
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        """Wait for the stages to finish after :meth:`stop`; returns whether they did."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for t in self._threads[1:]:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        done = not any(t.is_alive() for t in self._threads[1:])
+        if done:
+            self._hb_stop.set()
+            self._threads[0].join(5.0)
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return done
+
+    def run(self) -> None:
+        """Start and block until stopped (SIGTERM handling is the caller's: call :meth:`stop`)."""
+        self.start()
+        while not self.join(0.5):
+            pass
+
+    # ------------------------------------------------------------ helpers
+
+    def _register(self, lease: Lease) -> _Active:
+        a = _Active(lease)
+        with self._lock:
+            self._active[lease.job.id] = a
+        return a
+
+    def _forget(self, a: _Active, item: _Item | None = None) -> None:
+        with self._lock:
+            self._active.pop(a.lease.job.id, None)
+        if item is not None:
+            shutil.rmtree(item.workdir, ignore_errors=True)
+
+    def _phase(self, a: _Active, phase: str) -> None:
+        a.phase, a.fraction = phase, 0.0
+        a.timings[f"{phase}_start"] = time.monotonic()
+        try:
+            if self.store.set_phase(a.lease, phase, lease_s=self.lease_s):  # type: ignore[arg-type]
+                a.cancel.set()
+        except LeaseLostError:
+            a.lost.set()
+            a.cancel.set()
+        if a.cancel.is_set():
+            raise _Cancelled()
+
+    def _end_phase(self, a: _Active, phase: str) -> None:
+        a.timings[f"{phase}_s"] = time.monotonic() - a.timings.pop(f"{phase}_start", time.monotonic())
+
+    def _timings(self, a: _Active) -> dict[str, float]:
+        return {k: v for k, v in a.timings.items() if k.endswith("_s")}
+
+    def _settle(self, item: _Item, exc: BaseException) -> None:
+        """Record the end of a job that did not succeed: cancelled, lost, or failed."""
+        a = item.active
+        job = a.lease.job
+        try:
+            if a.lost.is_set() or isinstance(exc, LeaseLostError):
+                log.warning("job %s: lease lost (token %d); its late writes are dropped", job.id, a.lease.token)
+            elif a.cancel.is_set():
+                self.store.cancelled(a.lease)
+                log.info("job %s cancelled", job.id)
+            else:
+                retry = is_retryable(exc)
+                code = exc.code if isinstance(exc, FrameserveError) else "internal"
+                message = str(exc) or exc.__class__.__name__
+                got = self.store.fail(a.lease, {"code": code, "message": message}, retryable=retry, timings=self._timings(a))
+                log.info("job %s attempt %d failed (%s): %s → %s", job.id, job.attempt, code, message, got.state)
+        except LeaseLostError:
+            log.warning("job %s: lease lost before its failure could be recorded", job.id)
+        except Exception:
+            log.exception("job %s: could not record its end; the lease will expire and be rescued", job.id)
+        finally:
+            self._forget(a, item)
+
+    def _release(self, item: _Item) -> None:
+        try:
+            self.store.release(item.active.lease)
+        except LeaseLostError:
+            pass
+        except Exception:
+            log.exception("job %s: release failed; its lease will expire", item.active.lease.job.id)
+        self._forget(item.active, item)
+
+    # ------------------------------------------------------------ threads
+
+    def _heartbeat_loop(self) -> None:
+        while not self._hb_stop.wait(self.heartbeat_s):
+            with self._lock:
+                active = list(self._active.values())
+            for a in active:
+                if a.lost.is_set():
+                    continue
+                try:
+                    if self.store.heartbeat(a.lease, lease_s=self.lease_s, progress=a.progress):
+                        a.cancel.set()
+                except LeaseLostError:
+                    a.lost.set()
+                    a.cancel.set()
+                except Exception:
+                    log.exception("heartbeat of job %s", a.lease.job.id)
+
+    def _fetch_loop(self) -> None:
+        next_rescue = 0.0
+        try:
+            while not self._stopping.is_set():
+                if not self._slot.acquire(timeout=0.2):
+                    continue
+                try:
+                    if time.monotonic() >= next_rescue:
+                        next_rescue = time.monotonic() + self.lease_s
+                        for job_id, state in self.store.rescue():
+                            log.warning("rescued job %s (lease expired) → %s", job_id, state)
+                    lease = self.store.claim(self.worker_id, lease_s=self.lease_s)
+                except Exception:
+                    log.exception("claim failed")
+                    self._slot.release()
+                    self._stopping.wait(self.poll_s)
+                    continue
+                if lease is None:
+                    self._slot.release()
+                    self._stopping.wait(self.poll_s)
+                    continue
+                a = self._register(lease)
+                item = _Item(a, self.workdir / f"{lease.job.id}-{lease.token}")
+                item.workdir.mkdir(parents=True, exist_ok=True)
+                log.info("claimed job %s (attempt %d)", lease.job.id, lease.job.attempt)
+                try:
+                    self._download(item)
+                except Exception as exc:  # noqa: BLE001 - every failure settles the job
+                    self._settle(item, exc)
+                    self._slot.release()
+                    continue
+                while True:
+                    if self._stopping.is_set():
+                        self._release(item)
+                        self._slot.release()
+                        break
+                    try:
+                        self._ready.put(item, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+        finally:
+            self._ready.put(None)
+
+    def _download(self, item: _Item) -> None:
+        a = item.active
+        self._phase(a, "download")
+        first = [True]
+
+        def on_chunk(done: int) -> None:
+            if self.fault is not None and first[0]:
+                first[0] = False
+                self.fault("mid_download")
+            if a.cancel.is_set():
+                raise _Cancelled()
+
+        item.video = self.storage.download(a.lease.job.source, item.workdir / "source", on_chunk=on_chunk)
+        self._end_phase(a, "download")
+
+    def _process_loop(self) -> None:
+        try:
+            while True:
+                item = self._ready.get()
+                if item is None:
+                    return
+                self._slot.release()
+                if self._stopping.is_set():  # downloaded but not started: give it back
+                    self._release(item)
+                    continue
+                try:
+                    self._run_pipeline(item)
+                except Exception as exc:  # noqa: BLE001
+                    self._settle(item, exc)
+                    continue
+                self._done.put(item)
+        finally:
+            self._done.put(None)
+
+    def _run_pipeline(self, item: _Item) -> None:
+        a = item.active
+        self._phase(a, "process")
+
+        def progress(done: int, expected: int | None) -> None:
+            if expected:
+                a.fraction = done / expected
+            if a.cancel.is_set():
+                raise _Cancelled()
+
+        assert item.video is not None
+        out = item.workdir / "out"
+        out.mkdir(exist_ok=True)
+        item.result, item.files = self.process(item.video, a.lease.job, out, progress)
+        self._end_phase(a, "process")
+
+    def _upload_loop(self) -> None:
+        while True:
+            item = self._done.get()
+            if item is None:
+                return
+            a = item.active
+            try:
+                self._phase(a, "upload")
+                assert item.files is not None and item.result is not None
+                outputs = self.storage.upload(item.files, a.lease.job.target)
+                self._end_phase(a, "upload")
+                if self.fault is not None:
+                    self.fault("after_upload")
+                result = {**item.result, "outputs": outputs}
+                self.store.complete(a.lease, result, timings=self._timings(a))
+                self.completed += 1
+                log.info("job %s succeeded", a.lease.job.id)
+                self._forget(a, item)
+            except Exception as exc:  # noqa: BLE001
+                self._settle(item, exc)
