@@ -11,7 +11,9 @@ gracefully (in-flight requests finish); a second signal cuts connections.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import signal
 import sys
 import threading
@@ -42,8 +44,15 @@ def serve_command(
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1, help="Largest HTTP request body in bytes (413 beyond).")] = 256 * 1024 * 1024,
     graceful_timeout: Annotated[float, typer.Option("--graceful-timeout", min=0, help="Seconds in-flight requests get to finish on shutdown.")] = 30.0,
     log_level: Annotated[str, typer.Option("--log-level", help="debug | info | warning | error.")] = "info",
+    jobs: Annotated[bool, typer.Option("--jobs/--no-jobs", help="Also serve /v1/jobs and run one embedded job worker.")] = True,
+    db: Annotated[str | None, typer.Option("--db", help="Job database, an SQLAlchemy URL (env FRAMESERVE_DB; default: SQLite under $FRAMESERVE_HOME).")] = None,
+    file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Folder allowed for file:// job sources and targets; repeatable (env FRAMESERVE_FILE_ROOTS; default: $FRAMESERVE_HOME/storage).")] = None,
+    s3_endpoint_url: Annotated[str | None, typer.Option("--s3-endpoint-url", help="S3-compatible endpoint for s3:// job sources and targets (env FRAMESERVE_S3_ENDPOINT_URL; default: AWS).")] = None,
+    webhook_secret: Annotated[str | None, typer.Option("--webhook-secret", help="whsec_... key that signs job callbacks (env FRAMESERVE_WEBHOOK_SECRET).")] = None,
+    callbacks_allow_private: Annotated[bool | None, typer.Option("--callbacks-allow-private/--no-callbacks-allow-private", help="Allow callbacks to private and loopback addresses (env FRAMESERVE_CALLBACKS_ALLOW_PRIVATE=1).", show_default=False)] = None,
+    lease_s: Annotated[float | None, typer.Option("--lease-s", min=1, help="Job lease in seconds (env FRAMESERVE_LEASE_S; default 30).")] = None,
 ) -> None:
-    """Serve the models of a repository over the v2 protocol (HTTP, gRPC) with metrics."""
+    """Serve the models of a repository over the v2 protocol (HTTP, gRPC) with metrics, and video jobs on /v1/jobs."""
     from frameserve import __version__
     from frameserve.config import Settings
     from frameserve.repository import ModelRepository
@@ -56,6 +65,8 @@ def serve_command(
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with exit_on_error():
         settings = Settings.from_env(model_repository=model_repository, threads=threads)
+        if model_repository is None:  # the default may not exist yet: an empty repository
+            settings.model_repository.mkdir(parents=True, exist_ok=True)
         repository = ModelRepository(settings.model_repository)
         # threads=None lets the service plan the budget so instances never oversubscribe the cores
         service = InferenceService(repository, threads=threads)
@@ -67,7 +78,20 @@ def serve_command(
             max_body_bytes=max_body_bytes,
             graceful_timeout_s=graceful_timeout,
         )
-        server = Server(service, options)
+        embedded = None
+        if jobs:
+            from frameserve.jobs.embedded import EmbeddedJobs
+            from frameserve.jobs.settings import JobsSettings
+
+            jobs_settings = JobsSettings.from_env(
+                settings, db_url=db, file_roots=file_root or None, s3_endpoint_url=s3_endpoint_url,
+                webhook_secret=webhook_secret,
+                callbacks_allow_private=callbacks_allow_private, lease_s=lease_s,
+            )
+            embedded = EmbeddedJobs(settings, service, jobs_settings=jobs_settings)
+            options = dataclasses.replace(options, http_routers=(embedded.router,))
+        # the service outlives the listeners: the embedded job worker finishes with it first
+        server = Server(service, options, close_service=False)
         stop = threading.Event()
         signals = 0
 
@@ -84,6 +108,8 @@ def serve_command(
         try:
             server.start()
         except OSError as exc:
+            if embedded is not None:
+                embedded.stop()
             service.close()
             _say(f"error: cannot listen: {exc}")
             raise typer.Exit(code=1) from None
@@ -91,10 +117,29 @@ def serve_command(
             _say(line)
         if server.grpc_error:
             _say(f"gRPC unavailable: {server.grpc_error}")
+        if embedded is not None:
+            embedded.start()
+            js = embedded.jobs_settings
+            _say(f"jobs: /v1/jobs, database {_redact(js.db_url)}, file roots {os.pathsep.join(map(str, js.file_roots))}")
         waiter = threading.Thread(target=_announce_ready, args=(server, service, stop), daemon=True)
         waiter.start()
-        server.serve_forever(stop)
+        try:
+            server.serve_forever(stop)
+        finally:
+            if embedded is not None:  # stop claiming; finish or release the job in progress
+                embedded.stop(timeout_s=graceful_timeout)
+            service.close()
         _say("stopped")
+
+
+def _redact(url: str) -> str:
+    """An SQLAlchemy URL with its password hidden."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable URL>"
 
 
 def _announce_ready(server: object, service: object, stop: threading.Event) -> None:

@@ -48,6 +48,7 @@ class ServerOptions:
         graceful_timeout_s: how long :meth:`Server.stop` lets in-flight requests finish;
             ``None`` = as long as they take.
         load_models: load every model of the service's repository at start.
+        http_routers: more FastAPI routers mounted on the HTTP port (the embedded ``/v1/jobs``).
     """
 
     host: str = "0.0.0.0"
@@ -57,6 +58,7 @@ class ServerOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     graceful_timeout_s: float | None = 30.0
     load_models: bool = True
+    http_routers: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("http_port", "grpc_port", "metrics_port"):
@@ -272,7 +274,10 @@ class Server:
         opts = self.options
         apps: dict[str, Any] = {}
         if "http" in self._sockets:
-            apps["http"] = create_app(self.service, max_body_bytes=opts.max_body_bytes, ready_check=lambda: self.ready)
+            apps["http"] = create_app(
+                self.service, max_body_bytes=opts.max_body_bytes, ready_check=lambda: self.ready,
+                routers=opts.http_routers,
+            )
         if "metrics" in self._sockets:
             apps["metrics"] = create_metrics_app(self.service)
         tasks: list[asyncio.Task[None]] = []

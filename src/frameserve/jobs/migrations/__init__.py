@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -18,6 +19,8 @@ def upgrade(conn: sa.Connection) -> None:
     from alembic.runtime.environment import EnvironmentContext
     from alembic.script import ScriptDirectory
 
+    # alembic narrates every plugin and step at INFO; a server log wants only what went wrong
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger("alembic").level))
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).parent))
     script = ScriptDirectory.from_config(cfg)

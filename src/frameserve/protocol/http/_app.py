@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -248,6 +248,7 @@ def create_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ready_check: Callable[[], bool] | None = None,
+    routers: Sequence[Any] = (),
 ) -> FastAPI:
     """Build the v2 HTTP application over ``service``.
 
@@ -259,6 +260,7 @@ def create_app(
         max_body_bytes: largest request body accepted, compressed or not (413 beyond).
         ready_check: an extra readiness condition (the server's "models loaded"); the server is
             ready when it and the service both say so.
+        routers: more FastAPI ``APIRouter``s to mount (the embedded job service's ``/v1/jobs``).
 
     Returns:
         The FastAPI application (ASGI); it owns no threads and does not close ``service``.
@@ -394,6 +396,8 @@ def create_app(
     async def metrics(request: Request) -> Response:
         return Response(core.metrics_text(), 200, media_type=_PROMETHEUS_TEXT)
 
+    for router in routers:
+        app.include_router(router)
     return app
 
 

@@ -1,0 +1,51 @@
+"""README's service walkthrough: one `frameserve serve`, a job submitted with HTTP, watched, its result read."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+
+from _serving import ServeProcess
+
+
+def test_serve_runs_embedded_jobs_end_to_end(tmp_path: Path, carphone: Path, nudenet_model: Path) -> None:
+    home = tmp_path / "home"
+    (home / "storage").mkdir(parents=True)
+    (home / "assets").mkdir()
+    (home / "assets" / "nudenet-320n.onnx").symlink_to(nudenet_model)  # no second download
+    (home / "storage" / "in.mp4").write_bytes(carphone.read_bytes())
+    repo = home / "models"
+    repo.mkdir()
+    with ServeProcess(repo, home) as server:
+        server.wait_ready()
+        jobs_line = server.wait_line("jobs: /v1/jobs")
+        assert "sqlite" in jobs_line and str(home / "storage") in jobs_line
+        base = f"http://127.0.0.1:{server.ports['HTTP']}"
+        body = {"source": f"file://{home}/storage/in.mp4", "target": f"file://{home}/storage/out/1",
+                "pipeline": "nudenet"}
+        first = httpx.post(f"{base}/v1/jobs", json=body, headers={"Idempotency-Key": "walkthrough-1"}, timeout=10)
+        assert first.status_code == 201, first.text
+        again = httpx.post(f"{base}/v1/jobs", json=body, headers={"Idempotency-Key": "walkthrough-1"}, timeout=10)
+        assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+        bad = httpx.post(f"{base}/v1/jobs", json={**body, "pipeline": "nosuch"}, timeout=10)
+        assert bad.status_code == 422 and "nudenet" in bad.json()["error"] + json.dumps(bad.json().get("detail"))
+        job_id = first.json()["id"]
+        deadline = time.monotonic() + 120
+        while True:
+            job = httpx.get(f"{base}/v1/jobs/{job_id}", timeout=10).json()
+            if job["state"] in ("succeeded", "failed", "cancelled") or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert job["state"] == "succeeded", job
+        labels = job["result"]["summary"]["labels"]
+        assert max(labels.get(k, {"frames": 0})["frames"] for k in ("FACE_FEMALE", "FACE_MALE")) >= 108
+        out = Path(job["result"]["outputs"]["results.json"].removeprefix("file://"))
+        frames = json.loads(out.read_text())["frames"]
+        assert len(frames) == 120 and frames[0]["index"] == 0
+        events = httpx.get(f"{base}/v1/jobs/{job_id}/events", timeout=10)
+        assert events.status_code == 200
+        assert server.stop() == 0
+    assert "stopped" in server.lines[-1]
