@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from frameserve.errors import FrameserveError
 
@@ -22,7 +23,8 @@ def exit_on_error() -> Iterator[None]:
     try:
         yield
     except FrameserveError as exc:
-        err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, soft_wrap=True)
+        # the message holds user text (paths, options): never read it as rich markup
+        err_console.print(Text.assemble(("error:", "bold red"), " ", exc.message), highlight=False, soft_wrap=True)
         raise typer.Exit(code=2 if exc.user_error else 1) from None
     except KeyboardInterrupt:
         err_console.print("interrupted")

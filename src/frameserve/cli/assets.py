@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.console import Console
+from rich.text import Text
 from rich.table import Table
 
 from frameserve import assets as _assets
@@ -28,7 +29,7 @@ app = typer.Typer(
 
 
 def _progress(message: str) -> None:
-    err_console.print(f"[dim]{message}[/]", highlight=False, soft_wrap=True)
+    err_console.print(Text(message, style="dim"), highlight=False, soft_wrap=True)
 
 
 def _human_size(size_bytes: object) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
+from rich.text import Text
 
 from frameserve.cli._common import err_console, exit_on_error
 
@@ -120,7 +121,7 @@ def frames_command(
             assets_dir=settings.assets_dir,
         )
         for w in index["warnings"]:
-            err_console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+            err_console.print(Text.assemble(("warning:", "yellow"), " ", str(w)), highlight=False, soft_wrap=True)
         typer.echo(f"{len(index['frames'])} frames -> {out}")
 
 

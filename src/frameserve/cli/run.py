@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -59,11 +60,11 @@ def run_command(
             )
         print_timing(result, Console())
         if out is not None:
-            Console().print(f"results: {out}")
+            Console().print(f"results: {out}", markup=False, highlight=False)
         if video_out is not None:
-            Console().print(f"video: {video_out}")
+            Console().print(f"video: {video_out}", markup=False, highlight=False)
         if trace is not None:
-            Console().print(f"trace: {trace} (open in https://ui.perfetto.dev)")
+            Console().print(f"trace: {trace} (open in https://ui.perfetto.dev)", markup=False, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -84,7 +85,7 @@ def print_timing(result: dict[str, Any], out: Console) -> None:
     for label, st in result["summary"]["labels"].items():
         out.print(f"  {label}: {st['frames']} frames, max score {st['max_score']:.3f}", highlight=False)
     for w in result.get("warnings", []):
-        out.print(f"[yellow]warning:[/] {w}")
+        out.print(Text.assemble(("warning:", "yellow"), " ", str(w)), highlight=False, soft_wrap=True)
     workers = result.get("decode_workers")
     mode = "single process" if not workers else f"{workers} decode process{'es' if workers > 1 else ''}"
     table = Table(title=f"time per stage ({mode})")

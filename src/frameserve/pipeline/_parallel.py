@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import signal
 import queue
 import secrets
 import sys
@@ -83,8 +84,17 @@ class DecodeProcess:
             name=f"frameserve-decode-{worker_id}", daemon=True,
         )
         try:
-            with _main_module_hidden():
-                self.proc.start()
+            # the child inherits a blocked SIGINT, so a Ctrl-C while it is still importing does
+            # not print a KeyboardInterrupt traceback from it (the parent handles Ctrl-C)
+            blocked = threading.current_thread() is threading.main_thread()
+            if blocked:
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                with _main_module_hidden():
+                    self.proc.start()
+            finally:
+                if blocked:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         except BaseException:
             self.close()
             raise

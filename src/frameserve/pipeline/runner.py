@@ -27,6 +27,7 @@ from frameserve.errors import AssetNotFoundError, ModelNotFoundError, PipelineSp
 from frameserve.pipeline._output import FrameMeta, OutputStage, video_out_path
 from frameserve.pipeline._parallel import DecodePool, DecodeProcess, run_parallel
 from frameserve.pipeline.preprocess import preprocess_into
+from frameserve.pipeline.sinks import check_output_path
 from frameserve.pipeline.spec import PipelineSpec, load_pipeline
 from frameserve.pipeline.timing import Timing, Trace
 from frameserve.service import InferenceService
@@ -116,6 +117,9 @@ def run(
     spec = spec.with_overrides(sampling=sampling, batch=batch)
     sampling_obj = Sampling.parse(spec.sampling)
     uri = assets.resolve_uri(str(video), settings.assets_dir)
+    for path, what in ((out, "--out"), (video_out, "--video-out"), (trace, "--trace")):
+        if path is not None:  # fail before the work, not at the final rename
+            check_output_path(path, what)
 
     workers = default_decode_workers() if decode_workers is None else decode_workers
     if workers < 0:
@@ -136,6 +140,10 @@ def run(
             model = _ensure_model(service, spec, settings, backend)
             opts = _RunOptions(
                 out=out, video_out=video_out, progress=progress, decode_workers=min(workers, 1),
+                notes=(
+                    (f"{workers} decode processes asked for; one decode process per stream is used",)
+                    if workers > 1 else ()
+                ),
                 decode_threads=decode_threads, keep_frames=keep_frames, trace=trace,
             )
             result = _run(uri, spec, sampling_obj, service, model, opts, timing, process)
@@ -215,6 +223,8 @@ class _RunOptions:
     decode_threads: int
     keep_frames: bool
     trace: str | os.PathLike[str] | None
+    notes: tuple[str, ...] = ()
+    """Adjustments made to what was asked (reported as warnings)."""
 
 
 def _run(
@@ -223,6 +233,12 @@ def _run(
 ) -> dict[str, Any]:
     input_name, max_batch = _check_model_input(service, model, spec)
     batch_size = min(spec.batch, max_batch) if max_batch > 0 else 1
+    notes = list(opts.notes)
+    if batch_size != spec.batch:
+        notes.append(
+            f"batch {spec.batch} asked for; model {model!r} takes at most "
+            f"{max(max_batch, 1)} frames per call, so batches of {batch_size} were used"
+        )
     timing.started = time.perf_counter()  # the run's wall time starts now, the model loaded
     header_model = {"name": model, **service.session_info(model)}
 
@@ -251,8 +267,8 @@ def _run(
         wall_s = timing.finish()
         n = output.count
         expected = info.frame_count if sampling.kind == "all" else None
-        warnings = list(warnings)
-        if expected is not None and expected != n and not warnings:  # the source names damage itself
+        warnings = notes + list(warnings)
+        if expected is not None and expected != n and len(warnings) == len(notes):  # the source names damage itself
             warnings.append(f"the stream header says {expected} frames but {n} were decoded")
         tail: dict[str, Any] = {
             "summary": output.summary.to_dict(),

@@ -12,15 +12,50 @@ from typing import Any
 import cv2
 import numpy as np
 
+from frameserve.errors import InvalidInputError
 from frameserve.pipeline.postprocess import Detection
 
-__all__ = ["ResultsWriter", "StreamedFrames", "draw_detections", "write_json"]
+__all__ = [
+    "check_output_path","ResultsWriter", "StreamedFrames", "draw_detections", "write_json"]
 
 # A fixed palette (RGB) so a label keeps its colour from frame to frame.
 _PALETTE = [
     (230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
     (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128), (220, 190, 255),
 ]
+
+
+def check_output_path(path: str | os.PathLike[str], what: str) -> Path:
+    """Check, before a run starts, that a file can be written at ``path`` (its folder is created).
+
+    Args:
+        path: where an output file will go.
+        what: what the file is, for the message (``"--out"``, ``"--video-out"``).
+
+    Returns:
+        The path.
+
+    Raises:
+        InvalidInputError: the path is a folder, lies under a file, or its folder cannot be created
+            or written; the message names the path and the reason.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise InvalidInputError(f"{what} {str(target)!r} is a folder; give the path of a file to write")
+    for ancestor in target.parents:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise InvalidInputError(f"{what} {str(target)!r} lies under {str(ancestor)!r}, which is a file")
+            break
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=target.parent):
+            pass
+    except OSError as exc:
+        raise InvalidInputError(
+            f"{what} {str(target)!r} cannot be written: {exc.strerror or exc} (folder {str(target.parent)!r})"
+        ) from None
+    return target
 
 
 def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> Path:
@@ -32,6 +67,7 @@ def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> Path:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=1)
             fh.write("\n")
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a results file is as any other
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -127,6 +163,7 @@ class ResultsWriter:
             self._fh.write(f",\n {json.dumps(key)}: {json.dumps(value)}")
         self._fh.write("\n}\n")
         self._fh.close()
+        os.chmod(self._tmp, 0o666 & ~_umask())  # mkstemp makes 0600
         os.replace(self._tmp, self.path)
         return self.path
 
@@ -135,3 +172,9 @@ class ResultsWriter:
         if not self._fh.closed:
             self._fh.close()
         self._tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -141,7 +141,12 @@ def load_pipeline(name_or_path: str | Path) -> PipelineSpec:
         res = importlib.resources.files("frameserve.pipeline") / "builtin" / f"{text_name}.yaml"
         return _parse(res.read_text(encoding="utf-8"), origin=f"built-in pipeline {text_name!r}")
     path = Path(text_name).expanduser()
-    if path.suffix in (".yaml", ".yml") and path.is_file():
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise PipelineNotFoundError(
+                f"pipeline file {text_name!r} not found; accepted: a built-in pipeline "
+                f"({', '.join(builtin_pipelines())}) or the path of a pipeline .yaml file"
+            )
         return _parse(path.read_text(encoding="utf-8"), origin=str(path))
     raise PipelineNotFoundError(
         f"unknown pipeline {text_name!r}; accepted: a built-in pipeline "

@@ -33,6 +33,10 @@ _AUDIO_IN = {
 """Audio codecs each output container holds without re-encoding (others: let the muxer decide)."""
 
 
+_NO_REORDER_FORMATS = frozenset({"avi", "flv", "asf", "rm"})
+"""Containers without presentation timestamps: frames are encoded without B-frames for them."""
+
+
 class VideoWriter:
     """Encode uint8 RGB frames into a video file with PyAV (FFmpeg), keeping each frame's time.
 
@@ -142,6 +146,9 @@ class VideoWriter:
         cc.color_range = 1  # AVCOL_RANGE_MPEG ("tv", limited)
         if codec in ("libx264", "libx265", "libvpx", "libvpx-vp9", "libaom-av1", "libsvtav1"):
             cc.options = {"crf": str(crf)}
+            if self._container.format.name in _NO_REORDER_FORMATS:
+                # AVI and friends store no pts: B-frame reordering would scramble the timing
+                cc.options = {**cc.options, "bf": "0"}
         if audio_from is not None:
             try:
                 self._open_audio(audio_from)
