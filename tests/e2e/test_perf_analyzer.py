@@ -57,6 +57,8 @@ def test_perf_analyzer_measures_frameserve(server: ServeProcess, protocol: str) 
     server_counts = [int(n) for n in re.findall(r"Server: \s*\n\s*Inference count: (\d+)", out)]
     client_counts = [int(n) for n in re.findall(r"Client: \s*\n\s*Request count: (\d+)", out)]
     assert len(server_counts) == 2 and all(n > 0 for n in server_counts), out[-3000:]
+    # the two windows are read at slightly different moments: requests in flight at either edge
+    # (up to the concurrency, 2, at each end) may fall in one count and not the other
     for s, c in zip(server_counts, client_counts, strict=True):
-        assert abs(s - c) <= 2, (server_counts, client_counts)
+        assert abs(s - c) <= max(4, c // 100), (server_counts, client_counts)
     assert "Successful request count" in out
