@@ -5,19 +5,22 @@
     decode process                      inference process (this one)
     ──────────────                      ─────────────────────────────────────────────────
     VideoSource (FFmpeg frame threads)  main thread: frame messages → batches
-      → RGB (one swscale thread)          → inference thread: service.infer ─┐
+      → RGB (one swscale thread)          → inference thread: service.submit ┐
       → preprocess into a ring slot         ▲ slot numbers back (free slots) │
         (shared memory)                     │                                ▼
                                         output thread: postprocess → summary → sinks, in order
 
 * Pixels travel only through the shared-memory ring (preprocessed tensors, plus RGB frames when
   an annotated video is written); the pipes carry small tuples (slot, index, pts, transform).
-* Backpressure everywhere: the decoder waits for a free slot (the ring holds 3 batches), batch
-  assembly waits for the inference thread (a queue of 1 batch), inference waits for the output
-  thread (a queue of 2 batches).
+* Backpressure everywhere: the decoder waits for a free slot (the ring holds the batches in
+  flight + 2), batch assembly waits for the inference thread (a queue of 1 batch), inference
+  waits for the output thread (a queue of 2 batches).
+* Up to ``in_flight`` batches (the model's instance count) are submitted at once, so every
+  instance has work; their results go to the output thread in submission (frame) order.
 * A batch whose slots are consecutive in the ring (the usual case) is handed to the model as a
-  view of the shared memory, without a copy; slots are given back once the batch is inferred (or,
-  with an annotated video, once its frames are encoded).
+  view of the shared memory, without a copy; slots are given back once the batch's request has
+  completed (or, with an annotated video, once its frames are encoded), never while a backend
+  may still read them.
 * One decode process per stream: a file's video stream is decoded by one process, frames come
   in display order, so batches and results are in frame order.
 * Errors of the decode process come back as the same error (class and message) the single-process
@@ -27,6 +30,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import multiprocessing as mp
 import os
@@ -37,6 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
@@ -58,6 +63,14 @@ SHM_PREFIX = "frameserve-"
 
 _POLL_S = 0.25
 """How often a blocked wait looks whether the other side is still alive."""
+
+
+@dataclass
+class _InFlight:
+    batch: Any
+    started: float
+    future: Any = None
+    ended: float | None = None
 
 
 @dataclass
@@ -162,7 +175,7 @@ class DecodePool:
 def run_parallel(
     *, process: DecodeProcess, uri: str, sampling: str, spec: PreprocessSpec, service: InferenceService,
     model: str, input_name: str, batch_size: int, decode_threads: int, timing: Timing,
-    make_output: Any,
+    make_output: Any, in_flight: int = 1,
 ) -> tuple[StreamInfo, OutputStage, list[str], dict[str, Any]]:
     """Run one video: decode in ``process``, inference + output here.
 
@@ -170,6 +183,7 @@ def run_parallel(
         process: a started decode process, left ready for the next job on success and when the
             video could not be opened; stopped on any other error.
         make_output: ``StreamInfo -> OutputStage``, called once the source is open.
+        in_flight: inference requests kept running at once (>= 1; the model's instances).
 
     Returns:
         ``(info, output stage, warnings from the source, decode stats)``.
@@ -196,7 +210,8 @@ def run_parallel(
         assert msg[0] == "info", msg[0]
         info: StreamInfo = msg[1]
         output = make_output(info)
-        n_slots = _ring_slots(batch_size, holds_rgb=output.wants_rgb)
+        in_flight = max(1, in_flight)
+        n_slots = _ring_slots(batch_size, holds_rgb=output.wants_rgb, in_flight=in_flight)
         rgb_cap = info.width * info.height * 3 if output.wants_rgb else 0
         tensor_bytes = n_slots * int(np.prod(spec.input_shape())) * spec.numpy_dtype.itemsize
         shm = SharedMemory(
@@ -209,7 +224,7 @@ def run_parallel(
         loop = _InferLoop(
             uri=uri, spec=spec, service=service, model=model, input_name=input_name,
             batch_size=batch_size, timing=timing, output=output, shm=shm, n_slots=n_slots,
-            rgb_cap=rgb_cap, ctl_q=ctl_q, out_q=out_q, proc=proc,
+            rgb_cap=rgb_cap, ctl_q=ctl_q, out_q=out_q, proc=proc, in_flight=in_flight,
         )
         warnings, stats = loop.run()
         return info, output, warnings, stats
@@ -246,10 +261,11 @@ def _main_module_hidden() -> Iterator[None]:
         main.__dict__.update(saved)
 
 
-def _ring_slots(batch_size: int, *, holds_rgb: bool = False) -> int:
-    """Three batches (one filling, one waiting, one inferring), a multiple of the batch; five
-    when the slots are held until the output stage has encoded their frames."""
-    return max((5 if holds_rgb else 3) * batch_size, 4 + (-4 % batch_size))
+def _ring_slots(batch_size: int, *, holds_rgb: bool = False, in_flight: int = 1) -> int:
+    """``in_flight`` + 2 batches (one filling, one waiting, the ones inferring), a multiple of
+    the batch; two more when the slots are held until the output stage has encoded their
+    frames."""
+    return max((in_flight + (4 if holds_rgb else 2)) * batch_size, 4 + (-4 % batch_size))
 
 
 def _get(out_q: Any, proc: Any, uri: str, frames: int) -> Any:
@@ -312,7 +328,8 @@ class _InferLoop:
     """The inference process's side, three threads joined by bounded queues::
 
         main thread:      decode messages → batches ──(infer_q, 1 batch)──▶
-        inference thread: service.infer, slots given back ──(post_q, 2 batches)──▶
+        inference thread: service.submit, up to ``in_flight`` at once, results in order
+                          (slots given back as each request completes) ──(post_q, 2 batches)──▶
         output thread:    postprocess → summary → sinks, in order
 
     The main thread only assembles batches and watches the decode process, so Ctrl-C (which
@@ -323,7 +340,7 @@ class _InferLoop:
     def __init__(
         self, *, uri: str, spec: PreprocessSpec, service: InferenceService, model: str, input_name: str,
         batch_size: int, timing: Timing, output: OutputStage, shm: SharedMemory, n_slots: int,
-        rgb_cap: int, ctl_q: Any, out_q: Any, proc: Any,
+        rgb_cap: int, ctl_q: Any, out_q: Any, proc: Any, in_flight: int = 1,
     ) -> None:
         self.uri, self.service, self.model, self.input_name = uri, service, model, input_name
         self.batch_size, self.timing, self.output = batch_size, timing, output
@@ -336,6 +353,8 @@ class _InferLoop:
         )
         self.infer_q: queue.Queue[Any] = queue.Queue(maxsize=1)
         self.post_q: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self.in_flight = max(1, in_flight)
+        self._release_lock = threading.Lock()  # a batch's slots go back together, in a row
         self.stop = threading.Event()
         self.failure: BaseException | None = None
         self.frames_seen = 0
@@ -442,17 +461,29 @@ class _InferLoop:
         timing = self.timing
         if timing.trace is not None:
             timing.trace.name_thread("infer")
-        while True:
-            with timing.wait("infer", "in"):
-                batch = self._take(self.infer_q)
-            if batch is None:
-                self._put(self.post_q, None)
-                return
-            outputs = self._infer(batch)
-            with timing.wait("infer", "out"):
-                self._put(self.post_q, (outputs, batch))
+        pending: collections.deque[_InFlight] = collections.deque()
+        covered = 0.0  # end of the inference lane's busy time counted so far
+        try:
+            while True:
+                if len(pending) >= self.in_flight:
+                    covered = self._emit(pending, covered)
+                    continue
+                with timing.wait("infer", "in"):
+                    batch = self._take(self.infer_q)
+                if batch is None:
+                    while pending:
+                        covered = self._emit(pending, covered)
+                    self._put(self.post_q, None)
+                    return
+                pending.append(self._submit(batch))
+                while pending and pending[0].future.done():
+                    covered = self._emit(pending, covered)
+        finally:
+            # on an error: wait for the requests still running, which may read the ring
+            if pending:
+                futures.wait([p.future for p in pending])
 
-    def _infer(self, batch: _Batch) -> dict[str, Any]:
+    def _submit(self, batch: _Batch) -> _InFlight:
         slots = batch.slots
         n = len(slots)
         s0 = slots[0]
@@ -460,17 +491,48 @@ class _InferLoop:
         data = self.tensors[s0 : s0 + n] if consecutive else np.stack([self.tensors[s] for s in slots])
         keep_slots = self.rgb_area is not None
         if not consecutive and not keep_slots:
-            self._release(slots)
-        with self.timing.stage("infer", frames=n):
-            outputs = self.service.infer(self.model, {self.input_name: data})
+            self._release(slots)  # `data` is a copy
+        item = _InFlight(batch=batch, started=time.perf_counter())
+        item.future = self.service.submit(self.model, {self.input_name: data})
         del data
-        if consecutive and not keep_slots:
-            self._release(slots)
-        return outputs
+
+        def done(_: Any) -> None:
+            item.ended = time.perf_counter()
+            if consecutive and not keep_slots:
+                try:
+                    self._release(slots)  # the request is over: nothing reads these slots any more
+                except (ValueError, OSError):  # the run already ended (an error): the ring is going
+                    pass
+
+        item.future.add_done_callback(done)
+        return item
+
+    def _emit(self, pending: collections.deque[_InFlight], covered: float) -> float:
+        """Wait for the oldest request's result, count its time, hand it to the output thread
+        (it leaves ``pending`` once it has completed, so an error meanwhile still waits for it)."""
+        item = pending[0]
+        while True:
+            self._check()
+            try:
+                outputs = item.future.result(timeout=_POLL_S)
+                break
+            except futures.TimeoutError:
+                continue
+        pending.popleft()
+        ended = item.ended if item.ended is not None else time.perf_counter()
+        # the lane is busy while any request is in flight: add this one's part not yet counted
+        busy = max(0.0, ended - max(item.started, covered))
+        self.timing.add("infer", busy, 0.0)
+        if self.timing.trace is not None:
+            self.timing.trace.complete("infer", item.started, ended, args={"frames": len(item.batch.slots)})
+        with self.timing.wait("infer", "out"):
+            self._put(self.post_q, (outputs, item.batch))
+        return max(covered, ended)
 
     def _release(self, slots: list[int]) -> None:
-        for s in slots:
-            self.ctl_q.put(s)
+        with self._release_lock:
+            for s in slots:
+                self.ctl_q.put(s)
 
     # -- output thread ------------------------------------------------------------------------
 

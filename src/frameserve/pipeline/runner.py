@@ -137,7 +137,7 @@ def run(
         if service is None:
             service = InferenceService(_repository(settings), threads=threads or settings.threads)
         try:
-            model = _ensure_model(service, spec, settings, backend)
+            model = _ensure_model(service, spec, settings, backend, one_instance=workers == 0)
             opts = _RunOptions(
                 out=out, video_out=video_out, progress=progress, decode_workers=min(workers, 1),
                 notes=(
@@ -167,9 +167,14 @@ def _repository(settings: Settings) -> Any:
     return ModelRepository(root) if root.is_dir() else None
 
 
-def _ensure_model(service: InferenceService, spec: PipelineSpec, settings: Settings, backend: str | None) -> str:
+def _ensure_model(
+    service: InferenceService, spec: PipelineSpec, settings: Settings, backend: str | None, *, one_instance: bool = False,
+) -> str:
     """Load the pipeline's model: from the served repository when it has one of that name,
-    else from the pipeline's asset (fetched on first use). Returns the model name to call."""
+    else from the pipeline's asset (fetched on first use). Returns the model name to call.
+
+    ``one_instance``: load the asset as one instance with the whole thread budget (the
+    single-process runner sends one batch at a time, so more instances would leave cores idle)."""
     override = {"backend": backend} if backend else None
     repo = service.repository
     if repo is not None and spec.model in repo.models():
@@ -191,10 +196,26 @@ def _ensure_model(service: InferenceService, spec: PipelineSpec, settings: Setti
             f"{spec.asset!r} is unknown"
         ) from None
     config = dict(spec.model_config)
+    if one_instance:
+        config.pop("instance_group", None)
     if backend:
         config["backend"] = backend
+    _split_threads(config, service.threads)
     service.register(spec.model, path, config=config)
     return spec.model
+
+
+def _split_threads(config: dict[str, Any], budget: int | None) -> None:
+    """With a thread budget for the run (``threads``: all CPUs by default) and a pipeline config
+    of several CPU instances, give each instance its share of the budget (``parameters.threads``)
+    rather than the whole budget each, so the instances do not oversubscribe the cores."""
+    groups = config.get("instance_group") or ()
+    count = sum(int(g.get("count", 1)) for g in groups if g.get("kind", "KIND_AUTO") in ("KIND_CPU", "KIND_AUTO"))
+    params = dict(config.get("parameters") or {})
+    if budget is None or count <= 1 or "threads" in params:
+        return
+    params["threads"] = str(max(1, budget // count))
+    config["parameters"] = params
 
 
 def _check_model_input(service: InferenceService, model: str, spec: PipelineSpec) -> tuple[str, int]:
@@ -262,6 +283,7 @@ def _run(
             process=process, uri=uri, sampling=str(sampling), spec=spec.preprocess, service=service, model=model,
             input_name=input_name, batch_size=batch_size, decode_threads=opts.decode_threads,
             timing=timing, make_output=make_output,
+            in_flight=max(1, len(header_model.get("instances") or ())),
         )
     try:
         wall_s = timing.finish()
