@@ -444,7 +444,8 @@ class InferenceService:
     def repository_index(self) -> list[dict[str, Any]]:
         """Every model known (repository folders, registered or loaded) with its state, in the
         shape of Triton's repository index: ``[{"name", "version", "state"}]``; ``state`` is
-        ``READY`` or ``UNAVAILABLE``; ``version`` is ``""`` for a model with nothing loaded."""
+        ``READY`` or ``UNAVAILABLE``; ``version`` is ``""`` for a model with nothing loaded; an
+        unavailable model whose load failed carries Triton's ``reason`` with the error."""
         names = set(self.repository.models()) if self.repository else set()
         with self._lock:
             names |= set(self._models)
@@ -454,7 +455,10 @@ class InferenceService:
                 if versions:
                     out += [{"name": n, "version": str(v), "state": "READY"} for v in sorted(versions)]
                 else:
-                    out.append({"name": n, "version": "", "state": "UNAVAILABLE"})
+                    row = {"name": n, "version": "", "state": "UNAVAILABLE"}
+                    if n in self.load_errors:
+                        row["reason"] = self.load_errors[n]
+                    out.append(row)
             return out
 
     def metadata(self, name: str, version: int | None = None) -> dict[str, Any]:

@@ -27,8 +27,10 @@ def test_a_model_that_fails_to_load_leaves_the_others_serving(tmp_path: Path) ->
         try:
             assert client.is_server_live() and not client.is_server_ready()  # strict readiness, as Triton
             assert client.is_model_ready("add") and not client.is_model_ready("bad")
-            index = {e["name"]: e["state"] for e in client.get_model_repository_index()}
+            rows = {e["name"]: e for e in client.get_model_repository_index()}
+            index = {name: e["state"] for name, e in rows.items()}
             assert index["bad"] == "UNAVAILABLE" and index["add"] == "READY"
+            assert rows["bad"]["reason"], rows["bad"]  # why it failed, as Triton reports it
             a = np.ones((1, 4), np.float32)
             inputs = [httpclient.InferInput(n, [1, 4], "FP32") for n in ("a", "b")]
             for i in inputs:
