@@ -33,13 +33,11 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import av
 import av.container
 import numpy as np
-from av.sidedata.sidedata import Type as SideDataType
 from av.video.frame import VideoFrame
 
 from frameserve import assets
@@ -50,12 +48,11 @@ from frameserve.pipeline.preprocess import preprocess_into
 from frameserve.pipeline.spec import PipelineSpec, load_pipeline
 from frameserve.pipeline.timing import Timing
 from frameserve.service import InferenceService
-from frameserve.video import Frame, Orientation, orientation_from_matrix
+from frameserve.video import Frame, Orientation, frame_orientation, open_input
 
 __all__ = ["KeyframeReader", "ShortVideoRunner"]
 
 _FAST_PROBE = {"probesize": "32", "analyzeduration": "0"}
-_ACCEPTED = "a path or file:// URI of a video FFmpeg can read (mp4, mkv, webm, mov, avi, ...)"
 
 
 class KeyframeReader:
@@ -154,7 +151,7 @@ class KeyframeReader:
     def _frame(self, pending: tuple[int, VideoFrame], seen: list[int]) -> Frame:
         ts, vf = pending
         if self._orientation is None:
-            self._orientation = _orientation_of(vf)
+            self._orientation = frame_orientation(vf)
         rgb = vf.to_ndarray(format="rgb24", threads=1)
         rgb = np.ascontiguousarray(self._orientation.apply(rgb))
         pts = vf.pts if vf.pts is not None else ts
@@ -172,35 +169,14 @@ class KeyframeReader:
 
 
 def _open(uri: str, fast: bool) -> av.container.InputContainer:
-    path = Path(uri[7:] if uri.startswith("file://") else uri) if "://" not in uri or uri.startswith("file://") else None
-    if path is not None:
-        if not path.exists():
-            raise VideoError(f"video not found: {str(path)!r} does not exist; expected {_ACCEPTED}")
-        if path.is_dir():
-            raise VideoError(f"video path is a directory: {str(path)!r}; expected {_ACCEPTED}")
-        if path.stat().st_size == 0:
-            raise VideoError(f"video file is empty (0 bytes): {str(path)!r}; expected {_ACCEPTED}")
-    target = str(path) if path is not None else uri
+    """Open through the video layer (same URI rules and errors); ``fast`` probes minimally:
+    the probing decoders skip every frame, the header already has what we need."""
+    if not fast:
+        return open_input(uri)
     try:
-        if fast:
-            # probing decoders skip every frame: the header already has what we need
-            return av.open(target, options=_FAST_PROBE, stream_options=[{"skip_frame": "all"}] * 8)
-        return av.open(target)
-    except av.error.FFmpegError as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise VideoError(f"not a readable video: {target!r} (FFmpeg: {reason}); expected {_ACCEPTED}") from exc
+        return open_input(uri, options=_FAST_PROBE, stream_options=[{"skip_frame": "all"}] * 8)
     except ValueError:  # stream_options on a format without streams before probing
-        return _open(uri, False)
-    except OSError as exc:
-        raise VideoError(f"cannot open video {target!r}: {exc}") from exc
-
-
-def _orientation_of(frame: VideoFrame) -> Orientation:
-    try:
-        side = frame.side_data[SideDataType.DISPLAYMATRIX]
-    except (KeyError, IndexError):
-        return Orientation()
-    return orientation_from_matrix(np.frombuffer(bytes(side), dtype=np.int32).tolist())
+        return open_input(uri)
 
 
 FrameCallback = Callable[[str, dict[str, Any]], None]

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from ._frame import DecodeStats, Frame
 from ._info import StreamInfo
-from ._orientation import Orientation, orientation_from_matrix
+from ._open import open_input
+from ._orientation import Orientation, frame_orientation, orientation_from_matrix
 from ._sampling import FrameSelector, Sampling, select_indices, timestamp_targets
 from ._scan import keyframe_times
 from ._source import VideoSource
@@ -31,7 +32,9 @@ __all__ = [
     "StreamInfo",
     "VideoSource",
     "VideoWriter",
+    "frame_orientation",
     "keyframe_times",
+    "open_input",
     "orientation_from_matrix",
     "select_indices",
     "timestamp_targets",

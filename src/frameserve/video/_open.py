@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import av
@@ -34,8 +35,9 @@ def resolve_uri(uri: str | os.PathLike[str]) -> tuple[str, Path | None]:
     return text, None
 
 
-def open_input(uri: str | os.PathLike[str]) -> av.container.InputContainer:
-    """Open ``uri`` for reading.
+def open_input(uri: str | os.PathLike[str], **av_options: Any) -> av.container.InputContainer:
+    """Open ``uri`` for reading; ``av_options`` go to :func:`av.open` (``options``,
+    ``stream_options``: e.g. a minimal probe for key-frame readers).
 
     Raises:
         VideoError: the file is missing, a directory, empty (0 bytes), or not a format FFmpeg
@@ -50,7 +52,7 @@ def open_input(uri: str | os.PathLike[str]) -> av.container.InputContainer:
         if path.stat().st_size == 0:
             raise VideoError(f"video file is empty (0 bytes): {str(path)!r}; expected {_ACCEPTED}")
     try:
-        return av.open(target, mode="r")
+        return av.open(target, mode="r", **av_options)
     except av.error.FFmpegError as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         hint = _missing_moov(path) if path is not None else None

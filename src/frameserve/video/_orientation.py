@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["Orientation", "orientation_from_matrix"]
+__all__ = ["Orientation", "frame_orientation", "orientation_from_matrix"]
 
 Op = Literal["rot_cw", "rot_ccw", "transpose", "antitranspose", "hflip", "vflip"]
 
@@ -81,3 +81,15 @@ def orientation_from_matrix(matrix: Sequence[int] | None) -> Orientation:
     elif m[4] < 0:
         ops.append("vflip")
     return Orientation(rotation_deg=theta, ops=tuple(ops))
+
+
+def frame_orientation(frame: Any) -> Orientation:
+    """Orientation from a decoded ``av.VideoFrame``'s DISPLAYMATRIX side data (FFmpeg copies the
+    stream's matrix onto every frame); no matrix gives the identity."""
+    from av.sidedata.sidedata import Type as SideDataType
+
+    try:
+        side = frame.side_data[SideDataType.DISPLAYMATRIX]
+    except (KeyError, IndexError):
+        return Orientation()
+    return orientation_from_matrix(np.frombuffer(bytes(side), dtype=np.int32).tolist())

@@ -13,7 +13,6 @@ from typing import Any
 import av
 import av.container
 import numpy as np
-from av.sidedata.sidedata import Type as SideDataType
 from av.video.frame import VideoFrame
 from av.video.stream import VideoStream
 
@@ -23,7 +22,7 @@ from ._convert import BitDepth, RgbConverter
 from ._frame import DecodeStats, Frame
 from ._info import HDR_TRANSFERS, StreamInfo, color_name
 from ._open import describe_streams, open_input
-from ._orientation import Orientation, orientation_from_matrix
+from ._orientation import Orientation, frame_orientation
 from ._sampling import FrameSelector, Sampling, timestamp_targets
 from ._scan import PacketScan, Unwrap, pick_video_stream, scan_packets
 
@@ -189,7 +188,7 @@ class VideoSource:
                 + (f": {damage}" if damage else "")
             )
         self._first = first
-        self._orientation = _orientation_of(first)
+        self._orientation = frame_orientation(first)
         self.info = _build_info(self._uri, container, stream, first, self._orientation)
         if self.info.hdr:
             trc = self.info.color_trc or ""
@@ -531,16 +530,6 @@ def _truncated_ts(uri: str, container_format: str) -> str | None:
     if size % 188:
         return f"the file ends inside a 188-byte transport packet ({size} bytes: truncated)"
     return None
-
-
-def _orientation_of(frame: VideoFrame) -> Orientation:
-    """Orientation from the frame's DISPLAYMATRIX side data (FFmpeg copies the stream's there)."""
-    try:
-        side = frame.side_data[SideDataType.DISPLAYMATRIX]
-    except (KeyError, IndexError):
-        return Orientation()
-    matrix = np.frombuffer(bytes(side), dtype=np.int32)
-    return orientation_from_matrix(matrix.tolist())
 
 
 def _build_info(
