@@ -271,6 +271,12 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
     # -- not served --------------------------------------------------------------------------
+    # Triton's shared-memory, trace and log RPCs are part of the service definition, so they are
+    # answered, with UNIMPLEMENTED and the feature's name: frameserve has no registry of client
+    # shared-memory regions (tensors travel in the request) and no runtime trace/log settings yet.
+    # `/v2` and ServerMetadata do not list these extensions, so Triton's clients do not call them.
+    # (The NotImplementedError defaults in the generated `grpc_service_pb2_grpc.py` base class are
+    # protoc's; this class overrides every RPC.)
 
     SystemSharedMemoryStatus = _unimplemented("SystemSharedMemoryStatus", "system shared memory")
     SystemSharedMemoryRegister = _unimplemented("SystemSharedMemoryRegister", "system shared memory")
