@@ -164,7 +164,7 @@ def _scenario(store: JobStore, db_url: str, root: Path, faults: Path, tmp_path: 
     stopped = worker(fault="after_upload", callbacks=False)
     wait_for(lambda: paused("after_upload", stopped), 120, "the worker to be stopped")
     stopped_job = next(j for j in store.list_jobs(state="running")[0] if j.lease_owner and f":{stopped.pid}:" in j.lease_owner)
-    stopped.send_signal(signal.SIGSTOP)
+    _stop_outside_a_write(stopped, db_url)
     time.sleep(LEASE_S + 0.5)  # past its lease: real processes, real time
     healthy = [worker(), worker()]
     wait_for(lambda: store.get(stopped_job.id).token > stopped_job.token, 60, "the stopped worker's job to be taken over")
@@ -198,3 +198,33 @@ def _scenario(store: JobStore, db_url: str, root: Path, faults: Path, tmp_path: 
     killed_jobs = [jid for jid in ids if "lease_expired" in [e["type"] for e in store.events(jid)]]
     assert len(killed_jobs) >= 3 * rounds + 1  # the killed and the stopped workers' jobs were rescued
     assert len({c["id"] for c in receiver.calls}) == n_jobs
+
+
+def _stop_outside_a_write(proc: subprocess.Popen[bytes], db_url: str) -> None:
+    """SIGSTOP ``proc``, but not while its heartbeat thread is inside an SQLite write transaction.
+
+    A process frozen inside a write transaction holds SQLite's one write lock and blocks every
+    other writer until it resumes (a property of SQLite, not of the queue: the lease cannot help
+    there, which is why many machines use PostgreSQL). The scenario under test is a worker
+    paused past its lease, so freeze it where it holds no lock: stop, check that the database
+    takes a write at once, else resume and try again a moment later.
+    """
+    import sqlite3
+
+    proc.send_signal(signal.SIGSTOP)
+    if not db_url.startswith("sqlite"):
+        return
+    path = db_url.split(":///", 1)[1]
+    for _ in range(50):
+        con = sqlite3.connect(path, timeout=0.2, isolation_level=None)
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError:  # frozen mid-write: let it finish, then stop it again
+            proc.send_signal(signal.SIGCONT)
+            time.sleep(0.05)
+            proc.send_signal(signal.SIGSTOP)
+        finally:
+            con.close()
+    raise AssertionError("could not pause the worker outside a database write")
