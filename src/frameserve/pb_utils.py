@@ -738,3 +738,15 @@ def bound(infer: Callable[..., dict[str, np.ndarray[Any, Any]]] | None, model_di
     finally:
         _MODEL_DIR.reset(t2)
         _INFER.reset(t1)
+
+
+def bind(infer: Callable[..., dict[str, np.ndarray[Any, Any]]] | None, model_dir: Path | str) -> tuple[Any, Any]:
+    """:func:`bound`'s entry without a context manager (the per-request path); give what it
+    returns to :func:`unbind`. For the python backend, not for models."""
+    return _INFER.set(infer), _MODEL_DIR.set(str(model_dir))
+
+
+def unbind(tokens: tuple[Any, Any]) -> None:
+    """Undo :func:`bind`."""
+    _MODEL_DIR.reset(tokens[1])
+    _INFER.reset(tokens[0])

@@ -481,6 +481,15 @@ class InferenceService:
             "outputs": [s.to_dict(mbs) for s in cfg.outputs],
         }
 
+    def version_for(self, name: str, version: int | None = None) -> int:
+        """The version a request for ``name`` (``version``; ``None`` = the highest loaded)
+        runs on: cheaper than :meth:`metadata` for the per-request path.
+
+        Raises:
+            ModelNotFoundError: unknown model or version. ModelNotReadyError: not loaded.
+        """
+        return self._entry(name, version).version
+
     def model_config(self, name: str, version: int | None = None) -> ModelConfig:
         """The loaded version's config, completed from its model file (``.to_dict()`` gives
         Triton's JSON form).
@@ -521,6 +530,7 @@ class InferenceService:
         timeout_us: int = 0,
         request_id: str = "",
         parameters: Mapping[str, Any] | None = None,
+        run_here_under_us: int | None = None,
     ) -> Future[dict[str, np.ndarray[Any, Any]]]:
         """Check a request and queue it on the model's scheduler.
 
@@ -535,6 +545,10 @@ class InferenceService:
                 queue policy has ``allow_timeout_override`` (it may only shorten the default).
             request_id: the caller's id, kept with the request.
             parameters: the request's free parameters (given to Python models).
+            run_here_under_us: run the request on the calling thread, before this returns,
+                when it would go at once to an idle instance and the model's recent batches
+                took less than this many microseconds (``None``: always queue). For an event
+                loop: a fast model then costs no thread switch, a slow one never blocks it.
 
         Returns:
             A future completed with ``{output name: array}`` (the batch dim first when the
@@ -550,7 +564,11 @@ class InferenceService:
                 the model expects), an unknown output, a bad batch size, priority or timeout.
             ResourceExhaustedError: the queue of the request's priority level is full.
         """
-        return self._submit(name, inputs, version, outputs, priority, timeout_us, request_id, parameters, inline=False)
+        return self._submit(
+            name, inputs, version, outputs, priority, timeout_us, request_id, parameters,
+            inline=run_here_under_us is not None,
+            inline_under_ns=None if run_here_under_us is None else int(run_here_under_us) * 1000,
+        )
 
     def _submit(
         self,
@@ -564,16 +582,17 @@ class InferenceService:
         parameters: Mapping[str, Any] | None,
         *,
         inline: bool,
+        inline_under_ns: int | None = None,
     ) -> Future[dict[str, np.ndarray[Any, Any]]]:
         entry = self._entry(name, version)
         request = self._request(entry, inputs, outputs, priority, timeout_us, request_id, parameters)
         try:
-            return entry.scheduler.enqueue(request, inline=inline)
+            return entry.scheduler.enqueue(request, inline=inline, inline_under_ns=inline_under_ns)
         except SchedulerStoppedError:
             # Reloaded (or unloaded) meanwhile: take the version now served, or answer not ready.
             entry = self._entry(name, version)
             request = self._request(entry, inputs, outputs, priority, timeout_us, request_id, parameters)
-            return entry.scheduler.enqueue(request, inline=inline)
+            return entry.scheduler.enqueue(request, inline=inline, inline_under_ns=inline_under_ns)
 
     def infer(
         self,

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from frameserve.errors import InferenceError, ModelNotFoundError, ModelNotReadyError, ResourceExhaustedError
+from frameserve.protocol import RUN_HERE_UNDER_US
 from frameserve.protocol.http import HTTP_EXTENSIONS, create_app, create_metrics_app
 from frameserve.repository import parse_config
 
@@ -173,7 +174,7 @@ def test_scheduler_path_passes_request_parameters_and_counts_protocol_failures()
     r = _call(app, "POST", "/v2/models/m/versions/1/infer", content=body)
     assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [2.0, 3.0] and r.json()["model_version"] == "1"
     assert svc.submitted == [{"name": "m", "version": 1, "outputs": ["y"], "priority": 2, "timeout_us": 1500,
-                              "request_id": "q", "parameters": {"tag": "t"}}]
+                              "request_id": "q", "parameters": {"tag": "t"}, "run_here_under_us": RUN_HERE_UNDER_US}]
     assert _call(app, "POST", "/v2/models/m/infer", content=b"{").status_code == 400
     assert _call(app, "POST", "/v2/models/m/infer", content=b" " * 201).status_code == 413
     assert svc.metrics.failures == [("m", "3", "REJECTED"), ("m", "3", "REJECTED")]

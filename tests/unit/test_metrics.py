@@ -6,6 +6,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from frameserve.metrics import CONTENT_TYPE, FAILURE_REASONS, Metrics
+from frameserve.scheduler import ModelStats
 
 pytestmark = pytest.mark.unit
 
@@ -111,3 +112,21 @@ def test_generate_latest_gives_the_same_sample_names() -> None:
     text = generate_latest(m.registry).decode()
     assert 'nv_inference_count{model="a",version="1"} 2.0' in text
     assert "# TYPE nv_inference_count untyped" in text and "_total" not in text
+
+
+def test_record_successes_equals_one_record_success_per_request() -> None:
+    one, many = Metrics(buckets_us=(100, 1000)), Metrics(buckets_us=(100, 1000))
+    requests = [(2_000_000, 50_000), (90_000, 150_000), (700_000, -5)]  # a negative duration counts as 0
+    for request_ns, queue_ns in requests:
+        one.record_success("det", 1, request_ns=request_ns, queue_ns=queue_ns, compute_input_ns=1_000,
+                           compute_infer_ns=900_000, compute_output_ns=2_500)
+    many.record_successes("det", 1, [r for r, _ in requests], [q for _, q in requests], compute_input_ns=1_000,
+                          compute_infer_ns=900_000, compute_output_ns=2_500)
+    assert _lines(one) == _lines(many)
+    stats_one, stats_many = ModelStats("det", 1), ModelStats("det", 1)
+    for request_ns, queue_ns in requests:
+        stats_one.record_success(request_ns=request_ns, queue_ns=queue_ns, compute_input_ns=1_000,
+                                 compute_infer_ns=900_000, compute_output_ns=2_500)
+    stats_many.record_successes([r for r, _ in requests], [q for _, q in requests], compute_input_ns=1_000,
+                                compute_infer_ns=900_000, compute_output_ns=2_500)
+    assert stats_one.to_dict()["inference_stats"] == stats_many.to_dict()["inference_stats"]

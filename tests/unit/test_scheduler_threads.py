@@ -197,8 +197,8 @@ class _SignallingStats(ModelStats):
         super().__init__("m", 1)
         self.success = threading.Event()
 
-    def record_success(self, **kw: int) -> None:
-        super().record_success(**kw)
+    def record_successes(self, request_ns: Any, queue_ns: Any, **kw: int) -> None:
+        super().record_successes(request_ns, queue_ns, **kw)
         self.success.set()
 
 
@@ -389,3 +389,45 @@ def test_higher_priority_runs_first_when_the_instance_frees() -> None:
         sched.stop()
     # 2 + 3 > max_batch_size 4: the level-1 request goes first, alone.
     assert [(b.shape[0], float(b[0, 0])) for b in sessions[0].batches] == [(1, 1.0), (2, 4.0), (3, 3.0)]
+
+
+class _TimedSession:
+    """``y = x``; each run takes ``cost_ns`` on the fake clock and records its thread."""
+
+    def __init__(self, config: ModelConfig, clock: FakeClock, cost_ns: int) -> None:
+        self.config, self.clock, self.cost_ns = config, clock, cost_ns
+        self.info = {"backend": "fake", "threads": 1}
+        self.threads: list[int] = []
+
+    def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+        self.threads.append(threading.get_ident())
+        self.clock.advance(self.cost_ns)
+        return {"y": inputs["x"]}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("cost_ns", "runs_here"), [(10_000, True), (5 * MS, False)])
+def test_run_here_only_for_a_model_measured_faster_than_the_budget(cost_ns: int, runs_here: bool) -> None:
+    clock = FakeClock()
+    sessions: list[_TimedSession] = []
+
+    def load(spec: InstanceSpec) -> _TimedSession:
+        sessions.append(_TimedSession(_config(), clock, cost_ns))
+        return sessions[0]
+
+    sched = Scheduler(_config(), 1, [InstanceSpec(index=0, kind="KIND_CPU", threads=1, group="m")], load, clock=clock)
+    clock.wait_blocked(after=0)
+    here = threading.get_ident()
+    try:
+        # Nothing measured yet: the first request never runs on the caller's thread.
+        first = sched.enqueue(_req(1.0), inline=True, inline_under_ns=300_000)
+        assert first.result(WAIT_S)["y"][0, 0] == 1.0 and sessions[0].threads[-1] != here
+        for value in (2.0, 3.0):
+            future = sched.enqueue(_req(value), inline=True, inline_under_ns=300_000)
+            assert future.result(WAIT_S)["y"][0, 0] == value
+            assert (sessions[0].threads[-1] == here) is runs_here
+        assert sched.stats.to_dict()["inference_stats"]["success"]["count"] == 3
+    finally:
+        sched.stop()

@@ -114,19 +114,22 @@ def normalize_request(request: Any) -> RequestData:
 # -- loading model.py ----------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def pb_utils_installed() -> Iterator[None]:
-    """While inside (re-entrant, thread-safe), ``sys.modules["triton_python_backend_utils"]``
-    is :mod:`frameserve.pb_utils`; what was there before comes back when the last user leaves."""
-    global _install_count, _install_previous
-    with _install_lock:
-        if _install_count == 0:
-            _install_previous = sys.modules.get(pb_utils.MODULE_ALIAS)
-            sys.modules[pb_utils.MODULE_ALIAS] = pb_utils
-        _install_count += 1
-    try:
-        yield
-    finally:
+class _Installed:
+    """The context manager of :func:`pb_utils_installed` (a class: it runs around every
+    ``execute`` call, where a generator-based one costs a few microseconds more)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        global _install_count, _install_previous
+        with _install_lock:
+            if _install_count == 0:
+                _install_previous = sys.modules.get(pb_utils.MODULE_ALIAS)
+                sys.modules[pb_utils.MODULE_ALIAS] = pb_utils
+            _install_count += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _install_count, _install_previous
         with _install_lock:
             _install_count -= 1
             if _install_count == 0:
@@ -135,6 +138,36 @@ def pb_utils_installed() -> Iterator[None]:
                 else:
                     sys.modules[pb_utils.MODULE_ALIAS] = _install_previous
                 _install_previous = None
+
+
+_INSTALLED = _Installed()
+
+
+def pb_utils_installed() -> contextlib.AbstractContextManager[None]:
+    """While inside (re-entrant, thread-safe), ``sys.modules["triton_python_backend_utils"]``
+    is :mod:`frameserve.pb_utils`; what was there before comes back when the last user leaves."""
+    return _INSTALLED
+
+
+class _Bound:
+    """pb_utils installed under Triton's name, and BLS calls and ``get_model_dir`` bound to
+    one model (:func:`pb_utils.bind`), around one hook call."""
+
+    __slots__ = ("_infer", "_model_dir", "_tokens")
+
+    def __init__(self, infer: Callable[..., dict[str, np.ndarray[Any, Any]]] | None, model_dir: str) -> None:
+        self._infer = infer
+        self._model_dir = model_dir
+
+    def __enter__(self) -> None:
+        _INSTALLED.__enter__()
+        self._tokens = pb_utils.bind(self._infer, self._model_dir)
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            pb_utils.unbind(self._tokens)
+        finally:
+            _INSTALLED.__exit__()
 
 
 def import_model_module(model_file: Path, model_name: str) -> ModuleType:
@@ -211,10 +244,8 @@ class ModelHost:
         self.cls = cls
         self.instance: Any = None
 
-    @contextlib.contextmanager
-    def _bound(self) -> Iterator[None]:
-        with pb_utils_installed(), pb_utils.bound(self.infer, self.model_file.parent):
-            yield
+    def _bound(self) -> contextlib.AbstractContextManager[None]:
+        return _Bound(self.infer, str(self.model_file.parent))
 
     def auto_complete(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Run the optional static ``auto_complete_config`` on Triton's JSON form of the config.

@@ -8,3 +8,10 @@ Each decodes its wire format, calls the transport-neutral
 :class:`frameserve.service.InferenceService`, and encodes the answer; neither knows a backend.
 This package imports nothing itself, so importing one transport never loads the other.
 """
+
+RUN_HERE_UNDER_US = 300
+"""A request goes straight to an idle instance of a model whose recent batches took under this
+many microseconds is run on the event loop's own thread (``InferenceService.submit``'s
+``run_here_under_us``): for such a model (a trivial Python model) the two thread switches and
+the wake-up of the loop cost more than the model; a slower one never blocks the loop longer than
+about one request's own decoding does."""

@@ -155,6 +155,7 @@ class Scheduler:
         self._sequencer = _Sequencer() if self.policy.preserve_ordering else None
         self._fast_handovers = 0  # requests handed over by enqueue itself (tests read it)
         self._chained = 0  # batches an instance formed itself after its previous one (tests read it)
+        self._exec_avg_ns: float | None = None  # moving average of a batch's execution time
         self._instances = [_Instance(spec) for spec in instances]
         for inst in self._instances:
             inst.thread = threading.Thread(
@@ -212,7 +213,7 @@ class Scheduler:
         with self._cond:
             return len(self._queue)
 
-    def enqueue(self, request: InferRequest, *, inline: bool = False) -> Future[Outputs]:
+    def enqueue(self, request: InferRequest, *, inline: bool = False, inline_under_ns: int | None = None) -> Future[Outputs]:
         """Queue a checked request; its future completes with the outputs or the error.
 
         Sets ``request.arrival_ns`` from the scheduler's clock.
@@ -223,6 +224,11 @@ class Scheduler:
                 the batching rule sends the request at once, run it on the calling thread
                 (for callers that would block on the future anyway: two thread switches
                 fewer). The future is done when this returns in that case.
+            inline_under_ns: with ``inline``, run here only when the model's recent batches
+                took less than this (ns; a moving average of the last ~16 executions, none
+                before the first): for an event loop that must not block on a slow model but
+                gains most from not switching threads for a fast one (a trivial Python model
+                costs less than the two thread switches it would need).
 
         Raises:
             ResourceExhaustedError: its priority level's queue is full (counted as a failure,
@@ -244,6 +250,8 @@ class Scheduler:
                 self.metrics.add_pending(self.name, self.version, 1)
             batch: list[InferRequest] = []
             target: _Instance | None = None
+            if inline and inline_under_ns is not None:
+                inline = self._exec_avg_ns is not None and self._exec_avg_ns < inline_under_ns
             if self._idle and len(self._queue) == 1:
                 # Fast path: nothing else queued and an instance idle; hand over from this
                 # thread (one thread switch fewer) when the rule says "send now".
@@ -464,36 +472,36 @@ class Scheduler:
             return
         t3 = clock.now_ns()
         input_ns, infer_ns, output_ns = t1 - t0, t2 - t1, t3 - t2
+        avg = self._exec_avg_ns  # a benign race between instances: any recent value will do
+        self._exec_avg_ns = float(t3 - t0) if avg is None else avg + (t3 - t0 - avg) / 16
         self.stats.record_execution(
             batch_size=total, compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns
         )
         if self.metrics is not None:
             self.metrics.record_execution(self.name, self.version, batch_size=total)
+        ok: list[tuple[InferRequest, Outputs]] = []
         for r, outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 exc = outcome if isinstance(outcome, FrameserveError) else InferenceError(
                     f"model {self.name!r} version {self.version}: {outcome}"
                 )
                 self._fail(r, exc, "BACKEND")
-                continue
-            done = clock.now_ns()
-            self.stats.record_success(
-                request_ns=done - r.arrival_ns,
-                queue_ns=r.dispatch_ns - r.arrival_ns,
-                compute_input_ns=input_ns,
-                compute_infer_ns=infer_ns,
-                compute_output_ns=output_ns,
+            else:
+                ok.append((r, outcome))
+        if not ok:
+            return
+        done = clock.now_ns()
+        request_ns = [done - r.arrival_ns for r, _ in ok]
+        queue_ns = [r.dispatch_ns - r.arrival_ns for r, _ in ok]
+        self.stats.record_successes(
+            request_ns, queue_ns, compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns
+        )
+        if self.metrics is not None:
+            self.metrics.record_successes(
+                self.name, self.version, request_ns, queue_ns,
+                compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns,
             )
-            if self.metrics is not None:
-                self.metrics.record_success(
-                    self.name,
-                    self.version,
-                    request_ns=done - r.arrival_ns,
-                    queue_ns=r.dispatch_ns - r.arrival_ns,
-                    compute_input_ns=input_ns,
-                    compute_infer_ns=infer_ns,
-                    compute_output_ns=output_ns,
-                )
+        for r, outcome in ok:
             self._deliver(r, outcome, None)
 
     def _pick(self, r: InferRequest, out: Outputs) -> Outputs | BaseException:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +56,9 @@ class ModelStats:
     def record_execution(self, *, batch_size: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int) -> None:
         """One batch of ``batch_size`` inferences ran (successfully or not)."""
         with self._lock:
-            stats = self._batches.setdefault(batch_size, {k: _Duration() for k in _BATCH_KEYS})
+            stats = self._batches.get(batch_size)
+            if stats is None:
+                stats = self._batches[batch_size] = {k: _Duration() for k in _BATCH_KEYS}
             stats["compute_input"].add(compute_input_ns)
             stats["compute_infer"].add(compute_infer_ns)
             stats["compute_output"].add(compute_output_ns)
@@ -74,6 +76,32 @@ class ModelStats:
             self._req["compute_input"].add(compute_input_ns)
             self._req["compute_infer"].add(compute_infer_ns)
             self._req["compute_output"].add(compute_output_ns)
+
+    def record_successes(
+        self,
+        request_ns: Sequence[int],
+        queue_ns: Sequence[int],
+        *,
+        compute_input_ns: int,
+        compute_infer_ns: int,
+        compute_output_ns: int,
+    ) -> None:
+        """The requests of one batch answered with outputs: :meth:`record_success` for each
+        (request and queue durations per request, the batch's compute durations), under one
+        lock acquisition."""
+        n = len(request_ns)
+        with self._lock:
+            req = self._req
+            for key, values in (("success", request_ns), ("queue", queue_ns)):
+                d = req[key]
+                d.count += n
+                d.ns += sum(max(0, int(v)) for v in values)
+            for key, ns in (
+                ("compute_input", compute_input_ns), ("compute_infer", compute_infer_ns), ("compute_output", compute_output_ns)
+            ):
+                d = req[key]
+                d.count += n
+                d.ns += n * max(0, int(ns))
 
     def record_failure(self, *, request_ns: int) -> None:
         """One request answered with an error (rejected, timed out, cancelled or failed)."""

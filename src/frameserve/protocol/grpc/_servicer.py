@@ -23,6 +23,7 @@ from frameserve._proto import grpc_service_pb2 as pb
 from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
 from frameserve._proto import model_config_pb2 as mc
 from frameserve.errors import FrameserveError, InvalidInputError
+from frameserve.protocol import RUN_HERE_UNDER_US
 from frameserve.protocol.grpc._codec import (
     InferCall,
     decode_infer_request,
@@ -170,7 +171,10 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 timeout_us=call.timeout_us or 0,
                 request_id=call.request_id,
                 parameters=call.parameters,
+                run_here_under_us=RUN_HERE_UNDER_US,
             )
+            if future.done():  # ran on this thread (a fast model, nothing queued)
+                return future.result()  # type: ignore[no-any-return]
             result: dict[str, np.ndarray[Any, Any]] = await asyncio.wrap_future(future)
             return result
         return await asyncio.to_thread(
@@ -181,6 +185,9 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if call.version is not None:
             return str(call.version)
         try:
+            version_for = getattr(self.service, "version_for", None)
+            if version_for is not None:
+                return str(version_for(call.model_name))
             versions = self.service.metadata(call.model_name)["versions"]
         except FrameserveError:  # unloaded meanwhile: the answer still stands
             return ""

@@ -52,6 +52,7 @@ from frameserve.errors import (
     PayloadTooLargeError,
     ResourceExhaustedError,
 )
+from frameserve.protocol import RUN_HERE_UNDER_US
 from frameserve.protocol.http import codec
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "HTTP_EXTENSIONS", "create_app", "create_metrics_app"]
@@ -137,6 +138,9 @@ class _Core:
 
     def resolve_version(self, name: str, version: int | None) -> str:
         """The version a request runs on; raises ModelNotFoundError / ModelNotReadyError."""
+        version_for = getattr(self.service, "version_for", None)
+        if version_for is not None:
+            return str(version_for(name, version))
         if version is not None:
             if not self.service.is_ready(name, version):
                 self.service.metadata(name, version)  # raises the precise error
@@ -150,7 +154,10 @@ class _Core:
             future = self.service.submit(
                 name, req.inputs, version=version, outputs=wanted, priority=req.priority,
                 timeout_us=req.timeout_us, request_id=req.id, parameters=req.parameters or None,
+                run_here_under_us=RUN_HERE_UNDER_US,
             )
+            if future.done():  # ran on this thread (a fast model, nothing queued)
+                return future.result()  # type: ignore[no-any-return]
             result: dict[str, np.ndarray[Any, Any]] = await asyncio.wrap_future(future)
             return result
         return await asyncio.to_thread(self.service.infer, name, req.inputs, version=version, outputs=wanted)
