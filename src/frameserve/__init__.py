@@ -2,27 +2,44 @@
 
 The Python entry points re-exported here are the ones a user calls directly; everything else
 lives in its layer's module (see DESIGN.md "Layers").
+
+* :func:`run` is :func:`frameserve.pipeline.runner.run`: run a pipeline over a video.
+* :func:`preprocess` is :func:`frameserve.pipeline.preprocess.preprocess`: preprocess one RGB
+  frame exactly as the pipeline does (returns ``(tensor, transform)``).
+
+Both are imported on first use (``import frameserve`` stays light: no onnxruntime, OpenCV or
+PyAV until one is needed) and are the functions themselves, so ``help()``,
+``inspect.signature`` and type checkers see their real parameters and docstrings.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["__version__", "preprocess", "run"]
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from frameserve.pipeline.preprocess import preprocess
+    from frameserve.pipeline.runner import run
 
-def run(*args: Any, **kwargs: Any) -> Any:
-    """Run a pipeline over a video; see :func:`frameserve.pipeline.runner.run` for the arguments."""
-    from frameserve.pipeline.runner import run as _run
+_LAZY = {
+    "preprocess": "frameserve.pipeline.preprocess",
+    "run": "frameserve.pipeline.runner",
+}
+"""Entry point name -> the module that defines it (imported on first access)."""
 
-    return _run(*args, **kwargs)
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'frameserve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
 
 
-def preprocess(*args: Any, **kwargs: Any) -> Any:
-    """Preprocess one RGB frame exactly as the pipeline does; see
-    :func:`frameserve.pipeline.preprocess.preprocess` (returns ``(tensor, transform)``)."""
-    from frameserve.pipeline.preprocess import preprocess as _preprocess
-
-    return _preprocess(*args, **kwargs)
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -72,3 +72,58 @@ def test_frames_bad_input_exits_2_with_one_line(cli, tmp_path: Path, kind: str) 
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_frames_refuses_a_folder_that_is_not_empty(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    made = make_video(tmp_path / "v.mp4", 12, size=(96, 64), gop=4)
+    out = tmp_path / "tensors"
+    assert cli("frames", str(made.path), "-p", "nudenet", "-o", str(out)).returncode == 0
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert len(before) == 13  # 12 frames + index.json
+    proc = cli("frames", str(made.path), "-p", "nudenet", "-o", str(out), "--sampling", "every:5")
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in proc.stderr
+    assert "is not empty (13 entries" in lines[0] and "--overwrite" in lines[0]
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before  # nothing touched
+
+
+def test_frames_overwrite_removes_only_what_an_earlier_run_wrote(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    made = make_video(tmp_path / "v.mp4", 12, size=(96, 64), gop=4)
+    out = tmp_path / "tensors"
+    assert cli("frames", str(made.path), "-p", "nudenet", "-o", str(out), "--format", "png").returncode == 0
+    assert len(list(out.glob("*.png"))) == 12
+    assert cli("frames", str(made.path), "-p", "nudenet", "-o", str(out), "--overwrite",
+               "--sampling", "every:2").returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == [f"{i:06d}.npy" for i in range(0, 12, 2)] + ["index.json"]
+    (out / "notes.txt").write_text("mine\n")
+    (out / "000100.npy.bak").write_text("mine too\n")
+    (out / "keep").mkdir()
+    # a video that does not open leaves the earlier run's files alone
+    proc = cli("frames", str(tmp_path / "nope.mp4"), "-p", "nudenet", "-o", str(out), "--overwrite")
+    assert proc.returncode == 2 and len(list(out.glob("*.npy"))) == 6, proc.stderr
+    proc = cli("frames", str(made.path), "-p", "nudenet", "-o", str(out), "--overwrite", "--sampling", "every:5")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "000000.npy", "000005.npy", "000010.npy", "000100.npy.bak", "index.json", "keep", "notes.txt",
+    ]
+    index = json.loads((out / "index.json").read_text())
+    assert [f["file"] for f in index["frames"]] == ["000000.npy", "000005.npy", "000010.npy"]
+
+
+@pytest.mark.parametrize(("size", "codec", "pix_fmt"), [((2, 2), "libx264", "yuv444p"), ((1, 1), "ffv1", "bgr0")])
+def test_frames_of_a_tiny_video_are_scaled_up_to_the_model_size(cli, tmp_path: Path, size, codec, pix_fmt) -> None:  # type: ignore[no-untyped-def]
+    made = make_video(tmp_path / ("v.mkv" if codec == "ffv1" else "v.mp4"), 4, size=size, codec=codec, pix_fmt=pix_fmt)
+    out = tmp_path / "tensors"
+    proc = cli("frames", str(made.path), "-p", "nudenet", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    index = json.loads((out / "index.json").read_text())
+    assert [f["index"] for f in index["frames"]] == [0, 1, 2, 3]
+    # pad_square top_left: the w x h frame is its own square, scaled to 320 x 320
+    assert index["frames"][0]["transform"]["scale_x"] == pytest.approx(320 / size[0])
+    spec = load_pipeline("nudenet").preprocess
+    with VideoSource(made.path) as src:
+        frame = next(iter(src))
+    expected, _ = frameserve.preprocess(frame.rgb, spec)
+    got = np.load(out / "000000.npy")
+    assert got.shape == (3, 320, 320) and np.array_equal(got, expected)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 from fractions import Fraction
 from pathlib import Path
 
 import av
 import pytest
+from _videogen import make_video
 
 FACES = {"FACE_FEMALE", "FACE_MALE"}
 
@@ -121,7 +123,55 @@ def _write_audio_only(path: Path) -> None:
             c.mux(p)
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "text", "audio_only", "unknown_pipeline", "bad_sampling"])
+def test_timestamps_past_the_end_warn_on_screen_and_in_the_results(cli, carphone, nudenet_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "r.json"
+    last = _stream_pts_s(carphone)[-1]
+    proc = cli("run", str(carphone), "--sampling", f"timestamps:1,{last + 0.01:.6f},1000,500", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    # 1 s, and a time within the last frame's display interval (1/29.97 s), give frames;
+    # 1000 and 500 s (long past the end) none
+    assert [f["pts_s"] for f in result["frames"]][-1] == pytest.approx(last)
+    assert len(result["frames"]) == 2
+    [warning] = result["warnings"]
+    assert warning.startswith("timestamps sampling: 1000.0, 500.0 s are past the end of the video")
+    assert f"the last frame is at pts {round(last, 6)!r} s" in warning
+    assert f"warning: {warning}" in proc.stdout
+
+
+TINY = {"2x2": {"size": (2, 2), "pix_fmt": "yuv444p"}, "1x1": {"size": (1, 1), "codec": "ffv1", "pix_fmt": "bgr0"}}
+
+
+@pytest.mark.parametrize("resize", ["pad_square", "letterbox"])
+@pytest.mark.parametrize("tiny", sorted(TINY))
+def test_tiny_video_is_scaled_up_to_the_model_size(cli, nudenet_model, tmp_path, tiny: str, resize: str) -> None:  # type: ignore[no-untyped-def]
+    args = TINY[tiny]
+    made = make_video(tmp_path / ("v.mkv" if args.get("codec") == "ffv1" else "v.mp4"), 6, **args)  # type: ignore[arg-type]
+    pipeline = "nudenet"
+    if resize == "letterbox":  # the built-in pipeline, letterboxed to the centre instead
+        text = (importlib.resources.files("frameserve.pipeline") / "builtin" / "nudenet.yaml").read_text()
+        pipe = tmp_path / "letterbox.yaml"
+        pipe.write_text(text.replace("resize: pad_square", "resize: letterbox").replace("anchor: top_left", "anchor: center"))
+        assert "resize: letterbox" in pipe.read_text() and "anchor: center" in pipe.read_text()
+        pipeline = str(pipe)
+    out, vid = tmp_path / "r.json", tmp_path / "annotated.mp4"
+    proc = cli("run", str(made.path), "--pipeline", pipeline, "--out", str(out), "--video-out", str(vid),
+               "--threads", "1", "--decode-workers", "0" if resize == "letterbox" else "1")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    w, h = args["size"]  # type: ignore[misc]
+    assert (result["source"]["width"], result["source"]["height"]) == (w, h)
+    assert [f["index"] for f in result["frames"]] == list(range(6)) and result["warnings"] == []
+    for frame in result["frames"]:
+        for d in frame["detections"]:
+            x1, y1, x2, y2 = d["box"]
+            assert 0 <= x1 <= x2 <= w and 0 <= y1 <= y2 <= h
+    assert len(_stream_pts_s(vid)) == 6
+
+
+@pytest.mark.parametrize(
+    "case", ["missing", "empty", "text", "audio_only", "unknown_pipeline", "bad_sampling", "negative_timestamp"]
+)
 def test_bad_input_exits_2_with_one_line(cli, tmp_path, carphone, case: str) -> None:  # type: ignore[no-untyped-def]
     args: list[str]
     if case == "missing":
@@ -137,6 +187,8 @@ def test_bad_input_exits_2_with_one_line(cli, tmp_path, carphone, case: str) -> 
         args, expect = [str(tmp_path / "audio.m4a")], "no video stream"
     elif case == "unknown_pipeline":
         args, expect = [str(carphone), "--pipeline", "nosuch"], "nudenet"
+    elif case == "negative_timestamp":
+        args, expect = [str(carphone), "--sampling", "timestamps:0.5,-2"], "negative time(s) -2.0"
     else:
         args, expect = [str(carphone), "--sampling", "sometimes"], "every:N"
     proc = cli("run", *args)

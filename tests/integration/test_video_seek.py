@@ -6,6 +6,7 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
+import av
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,14 +42,36 @@ def test_timestamps_give_the_frame_displayed_at_each_time(gop15) -> None:  # typ
         frames = list(src)
         stats, warnings = src.stats, src.warnings
     # 0.5 -> frame 12 (0.48 <= 0.5 < 0.52); 0.52 -> 13 exactly; 1.25 -> 31; 2.0 -> 50; 0.01 -> 0;
-    # 2.39 -> 59 (the last frame); 100 -> 59 again (returned once)
+    # 2.39 -> 59 (the last frame, shown 2.36..2.4); 100 -> none (past the end, reported)
     assert [f.index for f in frames] == [0, 12, 13, 31, 50, 59]
     assert [read_index(f.rgb) for f in frames] == [0, 12, 13, 31, 50, 59]
     assert [f.pts_s for f in frames] == [float(gop15.pts_s[i]) for i in (0, 12, 13, 31, 50, 59)]
-    assert warnings == []
+    assert len(warnings) == 1 and "100.0 s is past the end" in warnings[0]
     # 0 -> 13 decodes forward; 31 and 50 are past a key frame: seek there (30 and 45)
     assert stats.seeks == 2
     assert stats.frames_decoded < 40  # not the whole 60-frame file
+
+
+@pytest.mark.parametrize("ext", ["mp4", "mkv", "ts"])
+def test_timestamps_past_the_end_give_no_frame_and_a_warning(tmp_path: Path, ext: str) -> None:
+    made = make_video(tmp_path / f"v.{ext}", 10, fps=25, gop=5)  # frame k shown [t0 + k/25, t0 + (k+1)/25)
+    with av.open(str(made.path)) as c:  # MPEG-TS starts its clock later than 0: read it back
+        tb = c.streams.video[0].time_base
+        pts_s = [float(p * tb) for p in packet_pts(made.path)]
+    first, last = pts_s[0], pts_s[-1]
+    end = last + 0.04
+    times = [first + 0.1, last, last + 0.039, end, end + 0.5, 100.0]
+    with VideoSource(made.path, sampling="timestamps:" + ",".join(repr(round(t, 6)) for t in times)) as src:
+        frames = list(src)
+        warnings = src.warnings
+    # the last frame answers for every time in its display interval [last, last + 1/25), once
+    assert [read_index(f.rgb) for f in frames] == [2, 9]
+    assert [f.pts_s for f in frames][-1] == pytest.approx(last)
+    past = ", ".join(repr(round(t, 6)) for t in times[3:])
+    assert warnings == [
+        f"timestamps sampling: {past} s are past the end of the video, so no frame is returned for them: "
+        f"the last frame is at pts {round(last, 6)!r} s and is displayed until {round(end, 6)!r} s"
+    ]
 
 
 def test_timestamps_decode_forward_when_no_key_frame_in_between(gop15) -> None:  # type: ignore[no-untyped-def]

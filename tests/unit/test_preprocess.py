@@ -75,3 +75,36 @@ def test_from_dict_rejects_unknown_and_parses_fraction() -> None:
 def test_rejects_non_rgb_frame() -> None:
     with pytest.raises(PipelineSpecError, match="RGB uint8"):
         preprocess(np.zeros((4, 4), np.uint8), PreprocessSpec())
+
+
+TINY = [(1, 1), (2, 2), (1, 2), (2, 1), (3, 1), (1, 700), (700, 1)]  # (width, height)
+
+
+@pytest.mark.parametrize("resize", ["letterbox", "pad_square", "stretch"])
+@pytest.mark.parametrize("anchor", ["center", "top_left"])
+@pytest.mark.parametrize(("w", "h"), TINY, ids=[f"{w}x{h}" for w, h in TINY])
+def test_tiny_frames_scale_up_to_the_model_size(resize: str, anchor: str, w: int, h: int) -> None:
+    spec = PreprocessSpec(size=(320, 256), resize=resize, anchor=anchor, pad_value=0, interpolation="nearest",  # type: ignore[arg-type]
+                          dtype="uint8", layout="NHWC")
+    out, t = preprocess(np.full((h, w, 3), 255, np.uint8), spec)
+    assert out.shape == (256, 320, 3)
+    assert t.scale_x > 0 and t.scale_y > 0 and (t.src_width, t.src_height) == (w, h)
+    # the frame lands inside the canvas, where the transform says, and maps back to the whole frame
+    x1, y1 = t.pad_x, t.pad_y
+    x2, y2 = t.pad_x + w * t.scale_x, t.pad_y + h * t.scale_y
+    assert 0 <= x1 < x2 <= 320 + 1e-6 and 0 <= y1 < y2 <= 256 + 1e-6
+    back = t.to_source(np.array([[x1, y1, x2, y2]], np.float32))
+    np.testing.assert_allclose(back, [[0, 0, w, h]], atol=1e-3)
+    if resize == "pad_square" and min(x2 - x1, y2 - y1) < 1:
+        return  # 1x700 padded to 700x700, then shrunk: the frame is under a model pixel wide (as in nudenet)
+    assert (out[int((y1 + y2) / 2), int((x1 + x2) / 2)] == 255).all()
+    white = (out == 255).all(axis=2)
+    assert abs(int(white.sum()) - (x2 - x1) * (y2 - y1)) <= (x2 - x1) + (y2 - y1) + 1  # within a pixel's edge
+
+
+@pytest.mark.parametrize("resize", ["letterbox", "pad_square", "stretch"])
+@pytest.mark.parametrize("shape", [(0, 5, 3), (5, 0, 3), (0, 0, 3)])
+def test_empty_frame_is_refused_with_its_size(resize: str, shape: tuple[int, int, int]) -> None:
+    spec = PreprocessSpec(size=(320, 320), resize=resize)  # type: ignore[arg-type]
+    with pytest.raises(PipelineSpecError, match=rf"at least 1x1 pixels, got an empty {shape[1]}x{shape[0]} "):
+        preprocess(np.zeros(shape, np.uint8), spec)

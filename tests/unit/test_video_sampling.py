@@ -128,7 +128,16 @@ def test_parse_timestamps() -> None:
     s = Sampling.parse(" Timestamps: 0.5, 1.25,3 ")
     assert s == Sampling("timestamps", times=(0.5, 1.25, 3.0))
     assert Sampling.parse(str(s)) == s
-    assert Sampling.parse("timestamps:-0.2").times == (-0.2,)
+    assert Sampling.parse("timestamps:0").times == (0.0,)
+    assert Sampling.parse("timestamps:-0").times == (0.0,)  # -0.0 is zero, not before it
+
+
+@pytest.mark.parametrize("text", ["timestamps:-0.2", "timestamps:0.5,-1,2"])
+def test_negative_timestamps_are_refused_naming_them(text: str) -> None:
+    with pytest.raises(PipelineSpecError, match=r"negative time\(s\) -(0\.2|1\.0); times are seconds >= 0"):
+        Sampling.parse(text)
+    with pytest.raises(PipelineSpecError, match="negative"):
+        Sampling("timestamps", times=(1.0, -0.04))
 
 
 @pytest.mark.parametrize("text", ["timestamps", "timestamps:", "timestamps:a", "timestamps:1,,2", "timestamps:nan", "timestamps:1,inf"])
@@ -146,8 +155,8 @@ def test_timestamps_needs_finite_times(times) -> None:  # type: ignore[no-untype
 
 
 def test_timestamps_pick_the_frame_displayed_then() -> None:
-    pts = [Fraction(k, 10) for k in range(10)]  # 0.0 .. 0.9
-    s = Sampling.parse("timestamps:0.25,0.3,0.3,-1,5,0.0999")
+    pts = [Fraction(k, 10) + 1 for k in range(10)]  # 1.0 .. 1.9
+    s = Sampling.parse("timestamps:1.25,1.3,1.3,0,5,1.0999")
     # last frame with pts <= t; before the first frame: the first; returned once, in display order
     assert select_indices(s, pts) == [0, 2, 3, 9]
     from frameserve.video import timestamp_targets
@@ -156,20 +165,35 @@ def test_timestamps_pick_the_frame_displayed_then() -> None:
     assert timestamp_targets(s, []) == []
 
 
+def test_timestamps_past_the_last_frames_display_interval_get_no_frame() -> None:
+    from frameserve.video import timestamp_targets
+
+    pts = [Fraction(k, 10) for k in range(10)]  # 0.0 .. 0.9, the last one shown until 1.0
+    s = Sampling.parse("timestamps:0.9,0.95,0.9999,1.0,1.5,0.3")
+    # within [0.9, 1.0): the last frame; from 1.0 on: none (as `ffmpeg -ss 1.0` gives none)
+    assert timestamp_targets(s, pts, end_s=Fraction(1)) == [9, 9, 9, None, None, 3]
+    assert select_indices(s, pts, end_s=1.0) == [3, 9]
+    # a last frame of no known duration still answers for its own time, never after it
+    assert timestamp_targets(Sampling.parse("timestamps:0.9,0.9001"), pts, end_s=Fraction(9, 10)) == [9, None]
+
+
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 
 @given(
     steps=st.lists(st.integers(1, 50), min_size=1, max_size=30),
-    times=st.lists(st.integers(-10, 2000), min_size=1, max_size=8),
+    times=st.lists(st.integers(0, 2000), min_size=1, max_size=8),
+    first=st.integers(0, 20),
+    last_ms=st.integers(1, 50),
 )
-def test_timestamp_targets_is_the_last_frame_at_or_before(steps: list[int], times: list[int]) -> None:
-    pts = [Fraction(sum(steps[:k]), 1000) for k in range(len(steps))]  # ms, strictly increasing
+def test_timestamp_targets_is_the_last_frame_at_or_before(steps: list[int], times: list[int], first: int, last_ms: int) -> None:
+    pts = [Fraction(first + sum(steps[:k]), 1000) for k in range(len(steps))]  # ms, strictly increasing
+    end = pts[-1] + Fraction(last_ms, 1000)
     from frameserve.video import timestamp_targets
 
     sampling = Sampling("timestamps", times=tuple(t / 1000 for t in times))
-    got = timestamp_targets(sampling, pts)
+    got = timestamp_targets(sampling, pts, end_s=end)
     for t, i in zip(times, got, strict=True):
         at_or_before = [k for k, p in enumerate(pts) if p <= Fraction(t, 1000)]
-        assert i == (at_or_before[-1] if at_or_before else 0)
+        assert i == (None if Fraction(t, 1000) >= end else at_or_before[-1] if at_or_before else 0)

@@ -12,11 +12,16 @@ it (FFmpeg-exact RGB, upright) and preprocessed with the pipeline's own recipe b
 * ``index.json``: the pipeline, sampling, source stream info, warnings, and per frame ``index``,
   ``pts_s``, ``is_keyframe``, ``file`` and ``transform`` (model pixels = source pixels * scale +
   pad).
+
+``--out`` must be a new or empty folder: files of an earlier run left next to this run's would
+silently mix two runs' frames. ``--overwrite`` first removes what an earlier run wrote there (the
+files named as above: ``<digits>.npy``, ``<digits>.png``, ``index.json``), and nothing else.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -30,6 +35,9 @@ __all__ = ["frames_command", "register", "write_frames"]
 
 FileFormat = Literal["npy", "png"]
 
+_WRITTEN = re.compile(r"[0-9]{6,}\.(?:npy|png)|index\.json")
+"""Names of the files a ``frames`` run writes (``--overwrite`` removes these, and only these)."""
+
 
 def write_frames(
     video: str,
@@ -39,15 +47,21 @@ def write_frames(
     sampling: str | None = None,
     file_format: FileFormat = "npy",
     assets_dir: Path | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Decode ``video``, preprocess every selected frame with ``pipeline``'s recipe, write to ``out``.
+
+    ``out`` is created when missing; an existing one must be empty unless ``overwrite``, which
+    removes the files an earlier run wrote there (``<digits>.npy`` / ``.png``, ``index.json``;
+    other files stay) once the video has opened, before writing.
 
     Returns the ``index.json`` content (also written).
 
     Raises:
         VideoError: the video cannot be opened or decoded.
         PipelineNotFoundError, PipelineSpecError: bad pipeline or sampling.
-        InvalidInputError: ``out`` exists and is not a directory, or ``file_format`` is unknown.
+        InvalidInputError: ``out`` exists and is not a directory, is not empty and ``overwrite``
+            is false, or ``file_format`` is unknown.
     """
     import cv2
     import numpy as np
@@ -70,9 +84,19 @@ def write_frames(
         video = assets.resolve_uri(video, assets_dir)
     if out.exists() and not out.is_dir():
         raise InvalidInputError(f"--out {str(out)!r} exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
+    earlier = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if earlier and not overwrite:
+        shown = ", ".join(repr(name) for name in earlier[:3]) + (", ..." if len(earlier) > 3 else "")
+        raise InvalidInputError(
+            f"--out {str(out)!r} is not empty ({len(earlier)} entries: {shown}); its files would mix with "
+            "this run's: give a new or empty folder, or --overwrite to remove the files an earlier "
+            "frames run wrote there (<digits>.npy, <digits>.png, index.json) first"
+        )
     entries: list[dict[str, Any]] = []
     with VideoSource(video, sampling=chosen) as source:
+        # the video opened: only now is an earlier run's output worth giving up
+        _remove_earlier_run(out, earlier)
+        out.mkdir(parents=True, exist_ok=True)
         for frame in source:
             tensor, transform = preprocess(frame.rgb, pre)
             name = f"{frame.index:06d}.{file_format}"
@@ -104,12 +128,21 @@ def write_frames(
     return index
 
 
+def _remove_earlier_run(out: Path, names: list[str]) -> None:
+    """Remove, from ``out``, the files among ``names`` that a ``frames`` run writes."""
+    for name in names:
+        path = out / name
+        if _WRITTEN.fullmatch(name) and (path.is_file() or path.is_symlink()):
+            path.unlink(missing_ok=True)
+
+
 def frames_command(
     video: Annotated[str, typer.Argument(help="Video path or URI (asset://NAME for a sample video).")],
     pipeline: Annotated[str, typer.Option("--pipeline", "-p", help="Built-in pipeline name or pipeline YAML path.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the tensors and index.json.")],
     sampling: Annotated[str | None, typer.Option(help="all | every:N | fps:R | keyframes | timestamps:T1,T2 (default: the pipeline's).")] = None,
     file_format: Annotated[str, typer.Option("--format", help="npy (the model's tensor) | png (the resized uint8 picture).")] = "npy",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Into a folder that is not empty: first remove the files an earlier run wrote there (<digits>.npy/.png, index.json).")] = False,
 ) -> None:
     """Write the exact tensors PIPELINE's model would see for VIDEO's frames (training data)."""
     from frameserve.config import Settings
@@ -118,7 +151,7 @@ def frames_command(
         settings = Settings.from_env()
         index = write_frames(
             video, pipeline, out, sampling=sampling, file_format=file_format,  # type: ignore[arg-type]
-            assets_dir=settings.assets_dir,
+            assets_dir=settings.assets_dir, overwrite=overwrite,
         )
         for w in index["warnings"]:
             err_console.print(Text.assemble(("warning:", "yellow"), " ", str(w)), highlight=False, soft_wrap=True)

@@ -11,7 +11,9 @@ Resize modes:
   (Ultralytics' ``LetterBox``: resize first, pad after; ``anchor="center"`` pads both sides).
 * ``pad_square`` — pad the frame to a square of side ``max(H, W)`` first, then resize that square
   to ``size`` (what the ``nudenet`` package does: black padding at bottom/right, then
-  ``cv2.dnn.blobFromImage``'s bilinear resize of the ``uint8`` image).
+  ``cv2.dnn.blobFromImage``'s bilinear resize of the ``uint8`` image). A frame much narrower
+  than it is tall (or the reverse) can end up under one model pixel across, blended into the
+  padding, as in the package; ``letterbox`` keeps at least one pixel.
 * ``stretch`` — resize to ``size`` ignoring the aspect ratio.
 
 Interpolation is OpenCV's (``cv2.resize``), the resize most training code uses.
@@ -212,12 +214,23 @@ def preprocess_into(
     Returns:
         The :class:`Transform` from source pixels to model pixels.
 
+    Any frame of at least 1x1 pixels is accepted, however small or narrow: it is scaled up (or
+    down) to ``spec.size`` as the resize mode says; a side that would shrink below one pixel
+    (a 1x4000 frame letterboxed to 320x320) keeps one pixel, and the :class:`Transform` gives
+    the scale actually applied on each axis.
+
     Raises:
-        PipelineSpecError: ``rgb`` is not ``uint8`` ``(H, W, 3)``, or ``out`` has the wrong shape.
+        PipelineSpecError: ``rgb`` is not ``uint8`` ``(H, W, 3)`` with ``H, W >= 1``, or ``out``
+            has the wrong shape.
     """
     if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
         raise PipelineSpecError(
             f"preprocess expects an RGB uint8 (H, W, 3) frame, got {rgb.dtype} {rgb.shape}"
+        )
+    if rgb.shape[0] < 1 or rgb.shape[1] < 1:
+        raise PipelineSpecError(
+            f"preprocess expects a frame of at least 1x1 pixels, got an empty {rgb.shape[1]}x{rgb.shape[0]} "
+            f"(width x height) frame, shape {rgb.shape}"
         )
     if out.shape != spec.input_shape():
         raise PipelineSpecError(f"output slot has shape {out.shape}, expected {spec.input_shape()}")

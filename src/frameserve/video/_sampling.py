@@ -23,7 +23,7 @@ _ACCEPTED = (
     '"all" (every frame), "every:N" (frames with index % N == 0, N >= 1), '
     '"fps:R" (R frames per second of stream time, R > 0, e.g. "fps:2.5"), '
     '"keyframes" (key frames only; non-key frames are not decoded), '
-    '"timestamps:T1,T2,..." (for each time T in seconds on the stream\'s pts clock, the frame '
+    '"timestamps:T1,T2,..." (for each time T >= 0 in seconds on the stream\'s pts clock, the frame '
     'displayed at T, e.g. "timestamps:0.5,1.25,3")'
 )
 
@@ -38,14 +38,16 @@ class Sampling:
             tick the first frame at or after it is returned, once even if it covers several ticks);
             ``"keyframes"`` (only key frames are decoded and returned); ``"timestamps"`` (for each
             time ``t`` in ``times``, the frame displayed at ``t``: the last frame whose
-            ``pts_s <= t``, or the first frame when ``t`` is before it; times are on the same
-            clock as ``Frame.pts_s`` — the stream's raw pts, so a stream with ``start_s == 1.4``
-            shows its first frame at 1.4; a frame is returned once, in display order, however
-            many times map to it; the source seeks to the key frame before a time that is far
-            ahead and decodes forward to the exact frame).
+            ``pts_s <= t``, or the first frame when ``t`` is before it; no frame when ``t`` is
+            at or after the end of the last frame's display interval (its ``pts_s`` plus its
+            duration), as ``ffmpeg -ss t`` gives none, and the source names such times in its
+            warnings; times are on the same clock as ``Frame.pts_s`` — the stream's raw pts, so
+            a stream with ``start_s == 1.4`` shows its first frame at 1.4; a frame is returned
+            once, in display order, however many times map to it; the source seeks to the key
+            frame before a time that is far ahead and decodes forward to the exact frame).
         n: the step for ``"every"`` (>= 1), else ``None``.
         rate: frames per second for ``"fps"`` (> 0, finite), else ``None``.
-        times: seconds for ``"timestamps"`` (finite, at least one, as given), else ``None``.
+        times: seconds for ``"timestamps"`` (finite, >= 0, at least one, as given), else ``None``.
 
     Raises:
         PipelineSpecError: an unknown kind or a missing / out-of-range parameter; the message lists
@@ -88,6 +90,13 @@ class Sampling:
             ):
                 raise PipelineSpecError(
                     f"sampling 'timestamps' needs one or more finite times in seconds, got {times!r}"
+                )
+            negative = [t for t in times if t < 0]
+            if negative:
+                listed = ", ".join(repr(float(t)) for t in negative)
+                raise PipelineSpecError(
+                    f"sampling 'timestamps' got negative time(s) {listed}; times are seconds >= 0 on "
+                    "the stream's pts clock (e.g. \"timestamps:0,0.5,2\")"
                 )
             object.__setattr__(self, "times", tuple(float(t) for t in times))
         elif self.times is not None:
@@ -181,32 +190,49 @@ class FrameSelector:
         return True
 
 
-def select_indices(sampling: Sampling, pts_s: Iterable[Fraction | int | float]) -> list[int]:
+def select_indices(
+    sampling: Sampling, pts_s: Iterable[Fraction | int | float], *, end_s: Fraction | float | None = None
+) -> list[int]:
     """The display indices selected from a sequence of presentation times (display order).
 
     A convenience over :class:`FrameSelector` for planning and tests; ``pts_s`` in seconds
-    (floats are converted exactly with ``Fraction``).
+    (floats are converted exactly with ``Fraction``). ``end_s``: for ``"timestamps"``, where the
+    last frame's display interval ends (see :func:`timestamp_targets`).
     """
     if sampling.kind == "timestamps":
         times = [Fraction(t) for t in pts_s]
-        return sorted(set(timestamp_targets(sampling, times)))
+        return sorted({i for i in timestamp_targets(sampling, times, end_s=end_s) if i is not None})
     selector = FrameSelector(sampling)
     return [i for i, t in enumerate(pts_s) if selector.select(i, Fraction(t))]
 
 
-def timestamp_targets(sampling: Sampling, pts_s: Sequence[Fraction]) -> list[int]:
+def timestamp_targets(
+    sampling: Sampling, pts_s: Sequence[Fraction], *, end_s: Fraction | float | None = None
+) -> list[int | None]:
     """For each time of a ``"timestamps"`` sampling, the display index of the frame shown then.
 
     Args:
         sampling: a ``"timestamps"`` sampling.
         pts_s: every frame's exact presentation time in seconds, sorted (display order).
+        end_s: where the last frame's display interval ends, seconds: its ``pts_s`` plus its
+            duration (``[pts_s[-1], end_s)``); ``None`` when not known, the last frame then
+            being taken as displayed for ever.
 
     Returns:
-        One display index per requested time, in the order given: the last frame with
-        ``pts_s <= t`` (0 when ``t`` is before the first frame). Empty when ``pts_s`` is.
+        One entry per requested time, in the order given: the display index of the last frame
+        with ``pts_s <= t`` (0 when ``t`` is before the first frame), or ``None`` when
+        ``t >= end_s`` (past the end: no frame is displayed then). Empty when ``pts_s`` is.
     """
     assert sampling.kind == "timestamps" and sampling.times is not None
     if not pts_s:
         return []
-    # "0.1" means exactly 1/10, not the nearest binary float.
-    return [max(bisect_right(pts_s, Fraction(repr(t))) - 1, 0) for t in sampling.times]
+    end = Fraction(end_s) if end_s is not None else None
+    targets: list[int | None] = []
+    for t in sampling.times:
+        # "0.1" means exactly 1/10, not the nearest binary float.
+        exact = Fraction(repr(t))
+        if end is not None and exact >= end and exact > pts_s[-1]:
+            targets.append(None)
+        else:
+            targets.append(max(bisect_right(pts_s, exact) - 1, 0))
+    return targets

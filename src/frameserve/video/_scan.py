@@ -67,6 +67,8 @@ class PacketScan:
         pts: every packet's pts (dts when it has none), unwrapped, sorted: display order, so the
             display index of a frame with pts ``p`` is ``bisect_left(pts, p)``.
         key_pts: the pts of key (random-access) packets, sorted.
+        last_duration: the duration, in pts ticks, of the packet with the largest pts (the last
+            frame in display order), as the container records it; ``None`` when it records none.
         corrupt_packets: packets the demuxer flagged as corrupt or cut short.
         error: the demuxer's error when it stopped before the end, else ``None``.
     """
@@ -74,6 +76,7 @@ class PacketScan:
     time_base: Fraction
     pts: list[int] = field(default_factory=list)
     key_pts: list[int] = field(default_factory=list)
+    last_duration: int | None = None
     corrupt_packets: int = 0
     error: str | None = None
 
@@ -105,6 +108,7 @@ def scan_packets(uri: str | os.PathLike[str], stream_index: int | None = None) -
         scan = PacketScan(time_base=tb)
         unwrap = Unwrap(container.format.name, tb)
         packets = container.demux(stream)
+        last_ts = 0
         while True:
             try:
                 packet = next(packets, None)
@@ -121,6 +125,9 @@ def scan_packets(uri: str | os.PathLike[str], stream_index: int | None = None) -
             if ts is None:
                 continue
             ts = unwrap(ts)
+            if not scan.pts or ts >= last_ts:
+                last_ts = ts
+                scan.last_duration = packet.duration if packet.duration and packet.duration > 0 else None
             scan.pts.append(ts)
             if packet.is_keyframe:
                 scan.key_pts.append(ts)

@@ -69,7 +69,10 @@ class VideoSource:
     frame displayed at each time, then for each one seeks to the key frame before it when a key
     frame lies between the current position and the target (decoding forward would pass it
     anyway), else decodes forward; either way it decodes forward to the exact frame (the first
-    frame after a seek is usually not it).
+    frame after a seek is usually not it). A time at or after the end of the last frame's display
+    interval (its pts plus its duration: the container's, else the interval before it) gets no
+    frame, as ``ffmpeg -ss T`` gives none, and :attr:`warnings` names those times and the last
+    frame's pts.
 
     Range: ``start_s`` / ``end_s`` restrict the frames to those with ``start_s <= pts_s < end_s``
     (half-open, so segments ``[k0, k1), [k1, k2), ...`` at :func:`keyframe_times` cover every
@@ -255,8 +258,18 @@ class VideoSource:
         scan = self._scan
         assert scan is not None
         tb = self._time_base
-        ranks = timestamp_targets(self.sampling, [p * tb for p in scan.pts])
-        targets = sorted({scan.pts[i] for i in ranks})
+        end = self._end_of_stream()
+        ranks = timestamp_targets(self.sampling, [p * tb for p in scan.pts], end_s=end)
+        assert self.sampling.times is not None
+        past = [t for t, i in zip(self.sampling.times, ranks, strict=True) if i is None]
+        if past and end is not None:
+            self.warnings.append(
+                f"timestamps sampling: {', '.join(_secs(t) for t in past)} s "
+                f"{'is' if len(past) == 1 else 'are'} past the end of the video, so no frame is "
+                f"returned for {'it' if len(past) == 1 else 'them'}: the last frame is at pts "
+                f"{_secs(scan.pts[-1] * tb)} s and is displayed until {_secs(end)} s"
+            )
+        targets = sorted({scan.pts[i] for i in ranks if i is not None})
         if self._start is not None:
             targets = [p for p in targets if p * tb >= self._start]
         if self._end is not None:
@@ -285,6 +298,21 @@ class VideoSource:
                 last = pts
                 yield self._make_frame(av_frame, scan.rank(pts), self._pts_s(av_frame))
                 break
+
+    def _end_of_stream(self) -> Fraction | None:
+        """Where the last frame's display interval ends, seconds: its pts plus its duration (the
+        container's, else the interval before it, else ``1 / fps``, else none); ``None`` when the
+        scan found no packet."""
+        scan = self._scan
+        assert scan is not None
+        if not scan.pts:
+            return None
+        last = scan.pts[-1] * self._time_base
+        if scan.last_duration is not None:
+            return last + scan.last_duration * self._time_base
+        if len(scan.pts) >= 2 and scan.pts[-1] > scan.pts[-2]:
+            return last + (scan.pts[-1] - scan.pts[-2]) * self._time_base
+        return last + (self._fallback_step or 0)
 
     def _make_frame(self, av_frame: VideoFrame, index: int, pts_s: Fraction) -> Frame:
         rgb = self._convert(av_frame)
@@ -517,6 +545,11 @@ class VideoSource:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"VideoSource({self._uri!r}, sampling={str(self.sampling)!r}, {state})"
+
+
+def _secs(seconds: Fraction | float) -> str:
+    """Seconds for a message: to the microsecond, no trailing zeros (``2.4``, ``0.041708``)."""
+    return repr(round(float(seconds), 6))
 
 
 def _truncated_ts(uri: str, container_format: str) -> str | None:
