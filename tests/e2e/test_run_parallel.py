@@ -51,7 +51,9 @@ def _decode_children(pid: int) -> list[psutil.Process]:
 
 
 def test_ctrl_c_exits_130_and_leaves_nothing(test_home, nudenet_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    vid = make_video(tmp_path / "v.mp4", 256, size=(320, 240)).path
+    # long enough (~15 s at ~70 frames/s on a quiet 2-core machine) that the run cannot end
+    # between the check below and the signal
+    vid = make_video(tmp_path / "v.mp4", 1024, size=(320, 240)).path
     exe = Path(sys.executable).with_name("frameserve")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "frameserve"]
     env = {**os.environ, "FRAMESERVE_HOME": str(test_home)}
