@@ -312,7 +312,7 @@ class ModelHost:
         try:
             with self._bound():
                 responses = self.instance.execute(pb_requests)
-                if inspect.isawaitable(responses):
+                if type(responses) is not list and inspect.isawaitable(responses):
                     responses = _run_coroutine(responses)
         except Exception as exc:
             raise BatchFailure(f"execute raised {type(exc).__name__}: {exc}") from exc
@@ -506,6 +506,7 @@ class PythonSession:
         self.inputs: tuple[TensorSpec, ...] = self.config.inputs
         self.outputs: tuple[TensorSpec, ...] = self.config.outputs
         self.max_batch_size: int = int(self.config.max_batch_size or 0)
+        self._output_names = [spec.name for spec in self.outputs]
         args = initialize_args(self.config, model_file, context)
         self._host.initialize(args)
         self._closed = False
@@ -552,7 +553,7 @@ class PythonSession:
             raise InferenceError(f"model {self.config.name!r}: the session is closed")
         with self._lock:
             try:
-                raw = self._host.execute(reqs, [s.name for s in self.outputs])
+                raw = self._host.execute(reqs, self._output_names)
             except BatchFailure as exc:
                 raise InferenceError(f"model {self.config.name!r}: {exc}") from exc.__cause__
         return finish_results(self.config, reqs, raw)
