@@ -225,10 +225,10 @@ class Scheduler:
                 (for callers that would block on the future anyway: two thread switches
                 fewer). The future is done when this returns in that case.
             inline_under_ns: with ``inline``, run here only when the model's recent batches
-                took less than this (ns; a moving average of the last ~16 executions, none
-                before the first): for an event loop that must not block on a slow model but
-                gains most from not switching threads for a fast one (a trivial Python model
-                costs less than the two thread switches it would need).
+                took less than this (ns; a moving average of the last ~16 executions, failed
+                ones included, none before the first): for an event loop that must not block
+                on a slow model but gains most from not switching threads for a fast one (a
+                trivial Python model costs less than the two thread switches it would need).
 
         Raises:
             ResourceExhaustedError: its priority level's queue is full (counted as a failure,
@@ -424,12 +424,15 @@ class Scheduler:
             assert inst.session is not None
             self._execute(inst.session, batch)
         except BaseException as exc:  # never lose a batch's futures
-            interrupted = isinstance(exc, KeyboardInterrupt)  # only ever on an inline run (main thread)
+            # Ctrl-C reaches only the main thread, in a run there on the caller's behalf; a model
+            # that raises KeyboardInterrupt itself elsewhere (an instance or event-loop thread)
+            # just fails its batch
+            interrupted = isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread()
             if interrupted:
                 message = f"model {self.name!r}: interrupted ({type(exc).__name__})"
             else:
                 log.exception("model %r: scheduler error", self.name)
-                message = f"model {self.name!r}: scheduler error: {exc}"
+                message = f"model {self.name!r}: scheduler error: {type(exc).__name__}: {exc}"
             for r in batch:
                 if not r.future.done():
                     self._fail(r, InferenceError(message), "CANCELED" if interrupted else "OTHER")
@@ -465,15 +468,16 @@ class Scheduler:
                 t2 = clock.now_ns()
                 outcomes = self._split(batch, out, total)
         except FrameserveError as exc:
+            self._note_execution(clock.now_ns() - t0)  # a slow failure is slow too: never run it on the loop
             self._fail_batch(batch, exc)
             return
         except Exception as exc:  # a backend that let its own error through
+            self._note_execution(clock.now_ns() - t0)
             self._fail_batch(batch, InferenceError(f"model {self.name!r} version {self.version}: {exc}"))
             return
         t3 = clock.now_ns()
         input_ns, infer_ns, output_ns = t1 - t0, t2 - t1, t3 - t2
-        avg = self._exec_avg_ns  # a benign race between instances: any recent value will do
-        self._exec_avg_ns = float(t3 - t0) if avg is None else avg + (t3 - t0 - avg) / 16
+        self._note_execution(t3 - t0)
         self.stats.record_execution(
             batch_size=total, compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns
         )
@@ -503,6 +507,12 @@ class Scheduler:
             )
         for r, outcome in ok:
             self._deliver(r, outcome, None)
+
+    def _note_execution(self, elapsed_ns: int) -> None:
+        """Add one batch's execution time (ns, successful or failed) to the moving average
+        that ``enqueue``'s ``inline_under_ns`` compares with."""
+        avg = self._exec_avg_ns  # a benign race between instances: any recent value will do
+        self._exec_avg_ns = float(elapsed_ns) if avg is None else avg + (elapsed_ns - avg) / 16
 
     def _pick(self, r: InferRequest, out: Outputs) -> Outputs | BaseException:
         if r.outputs is not None:
