@@ -57,7 +57,15 @@ def test_carphone_result_shape_and_timing_table(carphone_result) -> None:  # typ
         assert set(st) >= {"total_s", "per_frame_ms", "share"}
         assert 0.0 <= st["share"] <= 1.0
     assert result["timing"]["infer"]["total_s"] > 0
-    assert sum(result["timing"][s]["share"] for s in result["timing"]) <= 1.01
+    shares = {s: result["timing"][s]["share"] for s in result["timing"]}
+    if result["bottleneck"]["parallel"]:
+        # stages overlap across lanes (decode process, inference, output): each lane's stages
+        # run one after another, so a lane's shares add up to at most 1, not all of them
+        lanes = {"decode": ("decode", "convert", "preprocess"), "inference": ("infer",), "output": ("postprocess", "encode")}
+        for lane, stages in lanes.items():
+            assert sum(shares[s] for s in stages) <= 1.01, (lane, shares)
+    else:
+        assert sum(shares.values()) <= 1.01, shares
 
 
 def _stream_pts_s(path: Path) -> list[float]:
