@@ -304,8 +304,12 @@ def _cleanup(proc: Any, ctl_q: Any, out_q: Any, shm: SharedMemory | None) -> Non
     finally:
         for q in (ctl_q, out_q):
             try:
-                q.cancel_join_thread()
                 q.close()
+                # let the feeder thread flush and end now (our messages are small: the pipe
+                # takes them even when the child is gone), not during interpreter shut-down,
+                # where it races the queue's semaphore clean-up and the resource tracker
+                # reports a "leaked" semaphore on stderr
+                q.join_thread()
             except (ValueError, OSError):
                 pass
         _free_ring(shm)
