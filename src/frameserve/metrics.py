@@ -152,20 +152,10 @@ class Metrics(Collector):
         compute_output_ns: int,
     ) -> None:
         """One request answered with outputs; durations in nanoseconds."""
-        values = {
-            "request": request_ns,
-            "queue": queue_ns,
-            "compute_input": compute_input_ns,
-            "compute_infer": compute_infer_ns,
-            "compute_output": compute_output_ns,
-        }
-        with self._lock:
-            series = self._get(model, version)
-            series.success += 1
-            for key, ns in values.items():
-                ns = max(0, int(ns))
-                series.duration_ns[key] += ns
-                series.histograms[key].observe(ns / 1000)
+        self.record_successes(
+            model, version, [request_ns], [queue_ns],
+            compute_input_ns=compute_input_ns, compute_infer_ns=compute_infer_ns, compute_output_ns=compute_output_ns,
+        )
 
     def record_successes(
         self,

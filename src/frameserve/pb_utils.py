@@ -731,13 +731,11 @@ class Logger:
 def bound(infer: Callable[..., dict[str, np.ndarray[Any, Any]]] | None, model_dir: Path | str) -> Iterator[None]:
     """While inside, BLS calls (:meth:`InferenceRequest.exec`) go to ``infer`` and
     :func:`get_model_dir` returns ``model_dir``. For the python backend, not for models."""
-    t1 = _INFER.set(infer)
-    t2 = _MODEL_DIR.set(str(model_dir))
+    tokens = bind(infer, model_dir)
     try:
         yield
     finally:
-        _MODEL_DIR.reset(t2)
-        _INFER.reset(t1)
+        unbind(tokens)
 
 
 def bind(infer: Callable[..., dict[str, np.ndarray[Any, Any]]] | None, model_dir: Path | str) -> tuple[Any, Any]:

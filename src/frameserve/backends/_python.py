@@ -233,6 +233,7 @@ class ModelHost:
         self, model_file: Path, model_name: str, infer: Callable[..., dict[str, np.ndarray[Any, Any]]] | None
     ) -> None:
         self.model_file = model_file
+        self._model_dir = str(model_file.parent)
         self.model_name = model_name
         self.infer = infer
         self.module = import_model_module(model_file, model_name)
@@ -245,7 +246,7 @@ class ModelHost:
         self.instance: Any = None
 
     def _bound(self) -> contextlib.AbstractContextManager[None]:
-        return _Bound(self.infer, str(self.model_file.parent))
+        return _Bound(self.infer, self._model_dir)
 
     def auto_complete(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Run the optional static ``auto_complete_config`` on Triton's JSON form of the config.

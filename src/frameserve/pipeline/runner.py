@@ -31,7 +31,7 @@ from frameserve.pipeline.sinks import check_output_path
 from frameserve.pipeline.spec import PipelineSpec, load_pipeline
 from frameserve.pipeline.timing import Timing, Trace
 from frameserve.service import InferenceService
-from frameserve.video import Sampling, StreamInfo, VideoSource, open_input
+from frameserve.video import Sampling, StreamInfo, VideoSource
 
 __all__ = ["ProgressFn", "default_decode_workers", "run"]
 
@@ -129,11 +129,6 @@ def run(
     timing = Timing(trace=Trace() if trace is not None else None)
     process: DecodeProcess | None = None
     if workers > 0:
-        if decode_pool is None:
-            # a file that cannot be opened fails here, before a process is started for nothing
-            # (one stopped while it still starts up can leave the interpreter's resource
-            # tracker warning on stderr at exit, after the one-line error)
-            _check_local_input(uri)
         # started first: the new interpreter starts up while the model loads
         process = decode_pool.acquire() if decode_pool is not None else DecodeProcess()
     ok = False
@@ -163,16 +158,6 @@ def run(
                 decode_pool.release(process, ok=ok or process.alive)
             else:
                 process.close()
-
-
-def _check_local_input(uri: str) -> None:
-    """Open and close a local video file (a few ms: the container's header), so a missing,
-    empty or unreadable one raises :class:`VideoError` now; remote inputs are left to the
-    decoder."""
-    if "://" in uri and not uri.startswith("file://"):
-        return
-    with open_input(uri):
-        pass
 
 
 def _repository(settings: Settings) -> Any:

@@ -70,12 +70,10 @@ class ModelStats:
         self, *, request_ns: int, queue_ns: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
     ) -> None:
         """One request answered with outputs (durations in ns)."""
-        with self._lock:
-            self._req["success"].add(request_ns)
-            self._req["queue"].add(queue_ns)
-            self._req["compute_input"].add(compute_input_ns)
-            self._req["compute_infer"].add(compute_infer_ns)
-            self._req["compute_output"].add(compute_output_ns)
+        self.record_successes(
+            [request_ns], [queue_ns],
+            compute_input_ns=compute_input_ns, compute_infer_ns=compute_infer_ns, compute_output_ns=compute_output_ns,
+        )
 
     def record_successes(
         self,
