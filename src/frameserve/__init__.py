@@ -3,7 +3,10 @@
 The Python entry points re-exported here are the ones a user calls directly; everything else
 lives in its layer's module (see DESIGN.md "Layers").
 
-* :func:`run` is :func:`frameserve.pipeline.runner.run`: run a pipeline over a video.
+* :func:`run` is :func:`frameserve.pipeline.runner.run`: run a pipeline over a video; it returns
+  a :class:`RunResult`.
+* :class:`Pipeline` and :class:`FrameOutput` are the pipeline contract
+  (:mod:`frameserve.pipeline.contract`): subclass ``Pipeline`` to write your own.
 * :func:`preprocess` is :func:`frameserve.pipeline.preprocess.preprocess`: preprocess one RGB
   frame exactly as the pipeline does (returns ``(tensor, transform)``).
 
@@ -17,15 +20,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["__version__", "preprocess", "run"]
+__all__ = ["FrameOutput", "Pipeline", "RunResult", "__version__", "preprocess", "run"]
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from frameserve.pipeline.contract import FrameOutput, Pipeline
     from frameserve.pipeline.preprocess import preprocess
-    from frameserve.pipeline.runner import run
+    from frameserve.pipeline.runner import RunResult, run
 
 _LAZY = {
+    "FrameOutput": "frameserve.pipeline.contract",
+    "Pipeline": "frameserve.pipeline.contract",
+    "RunResult": "frameserve.pipeline.runner",
     "preprocess": "frameserve.pipeline.preprocess",
     "run": "frameserve.pipeline.runner",
 }

@@ -11,6 +11,7 @@ The tree (catch at any level)::
     ├── InvalidInputError               invalid_input          400  INVALID_ARGUMENT
     │   ├── VideoError                  invalid_video          400  INVALID_ARGUMENT
     │   ├── PipelineSpecError           invalid_pipeline       400  INVALID_ARGUMENT
+    │   │   └── PipelineHookError       pipeline_failed        422  INVALID_ARGUMENT
     │   ├── TensorError                 invalid_tensor         400  INVALID_ARGUMENT
     │   └── PayloadTooLargeError        payload_too_large      413  RESOURCE_EXHAUSTED
     ├── NotFoundError                   not_found              404  NOT_FOUND
@@ -46,6 +47,7 @@ __all__ = [
     "ModelNotReadyError",
     "NotFoundError",
     "PayloadTooLargeError",
+    "PipelineHookError",
     "PipelineNotFoundError",
     "PipelineSpecError",
     "ResourceExhaustedError",
@@ -102,6 +104,14 @@ class PipelineSpecError(InvalidInputError):
     """A pipeline specification is invalid (unknown stage option, bad sampling, bad size)."""
 
     code = "invalid_pipeline"
+
+
+class PipelineHookError(PipelineSpecError):
+    """A pipeline's own code failed or broke the contract: its file does not import, a hook is
+    missing, raised, or returned something other than what the contract says (the message names
+    the pipeline, the hook, what was expected and, where it applies, the frame index)."""
+
+    code = "pipeline_failed"
 
 
 class TensorError(InvalidInputError):
@@ -196,6 +206,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "invalid_input": (400, "INVALID_ARGUMENT"),
     "invalid_video": (400, "INVALID_ARGUMENT"),
     "invalid_pipeline": (400, "INVALID_ARGUMENT"),
+    "pipeline_failed": (422, "INVALID_ARGUMENT"),
     "invalid_tensor": (400, "INVALID_ARGUMENT"),
     "not_found": (404, "NOT_FOUND"),
     "model_not_found": (404, "NOT_FOUND"),

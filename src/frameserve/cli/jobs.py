@@ -51,7 +51,7 @@ def submit(
     from frameserve.jobs.callbacks import check_callback_url
     from frameserve.jobs.storage import Storage
     from frameserve.jobs.store import JobSpec
-    from frameserve.pipeline.spec import builtin_pipelines
+    from frameserve.pipeline.loader import builtin_pipelines
 
     with exit_on_error():
         store, js = _store(db, file_roots=[str(p) for p in file_root or []] or None,

@@ -98,7 +98,7 @@ def create_router(
         pipelines: pipeline names accepted (default: the built-in pipelines).
     """
     if pipelines is None:
-        from frameserve.pipeline.spec import builtin_pipelines
+        from frameserve.pipeline.loader import builtin_pipelines
 
         pipelines = builtin_pipelines()
     allowed = tuple(pipelines)

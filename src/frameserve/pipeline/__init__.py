@@ -1,22 +1,43 @@
-"""The video pipeline: specs, preprocessing, post-processing, aggregation, timing, runner, sinks,
-the parallel runner's warm decode processes and the short-video mode."""
+"""The video pipeline: the contract (:class:`Pipeline` and its value types), the loader, the
+runner with its two executors, the built-in pipelines, preprocessing, post-processing,
+aggregation, timing and sinks."""
 
 from __future__ import annotations
 
 from frameserve.pipeline._parallel import DecodePool
 from frameserve.pipeline.aggregate import Summary
+from frameserve.pipeline.contract import (
+    Aggregator,
+    Batch,
+    BatchItem,
+    FrameCounter,
+    FrameInfo,
+    FrameOutput,
+    ModelHandle,
+    ModelInput,
+    Pipeline,
+)
+from frameserve.pipeline.loader import PipelineDef, builtin_pipelines, load_pipeline
 from frameserve.pipeline.postprocess import Detection, YoloV8Detect
 from frameserve.pipeline.preprocess import PreprocessSpec, Transform, preprocess, preprocess_into
-from frameserve.pipeline.spec import PipelineSpec, builtin_pipelines, load_pipeline
 from frameserve.pipeline.shortvideo import KeyframeReader, ShortVideoRunner
 from frameserve.pipeline.timing import STAGES, Timing, Trace
 
 __all__ = [
     "STAGES",
+    "Aggregator",
+    "Batch",
+    "BatchItem",
     "DecodePool",
     "Detection",
+    "FrameCounter",
+    "FrameInfo",
+    "FrameOutput",
     "KeyframeReader",
-    "PipelineSpec",
+    "ModelHandle",
+    "ModelInput",
+    "Pipeline",
+    "PipelineDef",
     "PreprocessSpec",
     "ShortVideoRunner",
     "Summary",

@@ -1,31 +1,23 @@
-"""The decode process of the parallel runner: decode → convert → preprocess into shared memory.
+"""The decode process of a parallel run: decode → RGB → the pipeline's ``preprocess`` → shared memory.
 
-Protocol (all messages are small tuples; pixels never go through a pipe):
+Messages (small frozen dataclasses; pixels never go through a pipe)::
 
-worker → parent (``out_q``)::
+    worker → parent (out_q)                         parent → worker (ctl_q)
+    ───────────────────────                         ───────────────────────
+    Info(stream)      the source opened             Job(...)   start a video (the process is
+    NeedRing(layout)  before the first frame, and              reusable: it then waits for the next)
+                      when the preprocessed shapes  Ring(name, n_slots, layout)   the buffers for
+                      change (a resolution change)             that layout, answered to NeedRing
+    Frames(frames)    frames written to ring slots  int        a free slot
+    Done(...)         the end, with decode stats    None       stop now
+    Failed(cls, msg)  instead of anything further
 
-    ("info", StreamInfo)                                   after the source opened
-    ("frames", [(slot, index, pts_s, is_key, transform_tuple, rgb_shape), ...])
-    ("done", stats: dict, events: list, names: dict, warnings: list[str])
-    ("error", error class name, message)                   instead of anything further
+The ring (:class:`Ring`) is one :class:`~multiprocessing.shared_memory.SharedMemory` block made
+and unlinked by the parent: for each preprocessed key, ``n_slots`` arrays of its shape and dtype,
+then, when the parent needs the pixels, ``n_slots`` RGB frames. On ``NeedRing`` the parent waits
+until every slot of the old ring is given back, frees it and sends a new ``Ring``; slot numbers
+before that are the old ring's and are skipped.
 
-parent → worker (``ctl_q``)::
-
-    ("job", DecodeJob)                                     start a video (the process then
-                                                           waits for the next one: it is reusable)
-    ("ring", shm_name, n_slots, rgb_capacity_bytes)        once per job, after "info"
-    slot: int                                              a free slot (backpressure: the worker
-                                                           waits for one before each frame)
-    None                                                   stop now
-
-The ring is one :class:`multiprocessing.shared_memory.SharedMemory` block created and unlinked
-by the parent: ``n_slots`` preprocessed tensors (``preprocess.input_shape()``, its dtype) followed,
-when the parent needs the RGB frames (annotated video; ``rgb_capacity_bytes > 0``), by ``n_slots`` RGB areas of
-``rgb_capacity_bytes``. A frame larger than that (a resolution change mid-stream) is the one case
-where pixels are pickled: its RGB array rides in the ``frames`` message (``rgb_shape`` then holds
-the array itself).
-
-Slot numbers left over from a finished job are skipped while waiting for the next ``job``.
 The worker ignores SIGINT (the parent decides when to stop) and exits when the parent dies.
 """
 
@@ -43,10 +35,15 @@ from typing import Any
 import numpy as np
 
 from frameserve import errors
-from frameserve.pipeline.preprocess import PreprocessSpec, preprocess_into
-from frameserve.video import VideoSource
+from frameserve.pipeline._stages import Layout, checked_preprocess
+from frameserve.pipeline.contract import ModelInput
+from frameserve.pipeline.loader import PipelineDef, instantiate
+from frameserve.video import StreamInfo, VideoSource
 
-__all__ = ["DecodeJob", "decode_main", "error_from_message"]
+__all__ = [
+    "DecodeJob", "Done", "Failed", "FrameMsg", "Frames", "Info", "NeedRing", "Ring", "RingMsg",
+    "decode_main", "error_from_message",
+]
 
 _GROUP_S = 0.005
 _GROUP_MAX = 32
@@ -58,13 +55,16 @@ slower frames are sent one by one, as soon as they are ready."""
 
 @dataclass(frozen=True)
 class DecodeJob:
-    """What one decode process does.
+    """What one decode process does for one video.
 
     Attributes:
         uri: the video (path or URI, as VideoSource takes it).
         sampling: sampling text (``all``, ``every:N``, ``fps:R``, ``keyframes``...).
         threads: FFmpeg decoder threads (0 = automatic).
-        preprocess: the preprocessing recipe applied in this process.
+        pipeline: where the pipeline class comes from (loaded again in this process).
+        params: the run's merged pipeline parameters.
+        model_inputs: role → {input name: ModelInput}, as the inference process sees them.
+        wants_rgb: the parent needs each frame's RGB pixels (``needs_rgb`` or a video out).
         trace_origin: ``perf_counter`` origin of the run's trace, or ``None`` for no trace.
         worker_id: 0-based number of this decode process (for names in the trace).
     """
@@ -72,9 +72,99 @@ class DecodeJob:
     uri: str
     sampling: str
     threads: int
-    preprocess: PreprocessSpec
+    pipeline: PipelineDef
+    params: dict[str, Any]
+    model_inputs: dict[str, dict[str, ModelInput]]
+    wants_rgb: bool
     trace_origin: float | None
     worker_id: int = 0
+
+
+@dataclass(frozen=True)
+class Info:
+    """The source opened."""
+
+    stream: StreamInfo
+
+
+@dataclass(frozen=True)
+class NeedRing:
+    """The next frame's preprocessed layout needs (new) buffers."""
+
+    layout: Layout
+
+
+@dataclass(frozen=True)
+class RingMsg:
+    """The buffers for ``layout``: shared memory ``name`` of ``n_slots`` slots."""
+
+    name: str
+    n_slots: int
+    layout: Layout
+
+
+@dataclass(frozen=True)
+class FrameMsg:
+    """One frame written to ring slot ``slot``."""
+
+    slot: int
+    index: int
+    pts_s: float
+    is_keyframe: bool
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class Frames:
+    """Frames ready, in display order."""
+
+    frames: tuple[FrameMsg, ...]
+
+
+@dataclass(frozen=True)
+class Done:
+    """The end of the video: decode statistics, trace events and names, the source's warnings."""
+
+    stats: dict[str, Any]
+    events: list[dict[str, Any]]
+    names: dict[Any, str]
+    warnings: list[str]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The job failed: the error's class name and message."""
+
+    cls_name: str
+    message: str
+
+
+class Ring:
+    """Views of one shared-memory ring: per key ``(n_slots, *shape)`` arrays, then the RGB
+    frames ``(n_slots, H, W, 3)`` uint8 when ``layout.rgb`` is set.
+
+    Args:
+        shm: the shared memory (at least ``n_slots * layout.slot_bytes`` bytes).
+    """
+
+    def __init__(self, shm: SharedMemory, n_slots: int, layout: Layout) -> None:
+        self.shm, self.n_slots, self.layout = shm, n_slots, layout
+        self.arrays: dict[str, np.ndarray[Any, Any]] = {}
+        offset = 0
+        for key, shape, dt in layout.arrays:
+            arr = np.ndarray((n_slots, *shape), dtype=np.dtype(dt), buffer=shm.buf, offset=offset)
+            self.arrays[key] = arr
+            offset += arr.nbytes
+        self.rgb = (
+            np.ndarray((n_slots, *layout.rgb), dtype=np.uint8, buffer=shm.buf, offset=offset)
+            if layout.rgb is not None else None
+        )
+
+    def release_views(self) -> None:
+        """Drop the views (before the shared memory is closed)."""
+        self.arrays = {}
+        self.rgb = None
 
 
 def error_from_message(cls_name: str, message: str) -> errors.FrameserveError:
@@ -95,17 +185,16 @@ def decode_main(parent_pid: int, ctl_q: Any, out_q: Any) -> None:
             msg = _get(ctl_q, parent_pid)
         except _Stop:
             return
-        if not isinstance(msg, tuple) or msg[0] != "job":
-            continue  # a slot number given back after the previous job ended
-        job: DecodeJob = msg[1]
+        if not isinstance(msg, DecodeJob):
+            continue  # a slot number or ring given back after the previous job ended
         try:
-            _run(job, parent_pid, ctl_q, out_q)
+            _run(msg, parent_pid, ctl_q, out_q)
         except _Stop:
             return
         except errors.FrameserveError as exc:
-            out_q.put(("error", type(exc).__name__, exc.message))
+            out_q.put(Failed(type(exc).__name__, exc.message))
         except Exception as exc:  # a crash inside FFmpeg/numpy: report it, no traceback
-            out_q.put(("error", "VideoError", f"decoding {job.uri!r} failed: {type(exc).__name__}: {exc}"))
+            out_q.put(Failed("VideoError", f"decoding {msg.uri!r} failed: {type(exc).__name__}: {exc}"))
 
 
 class _Stop(Exception):
@@ -131,7 +220,6 @@ def _run(job: DecodeJob, parent_pid: int, ctl_q: Any, out_q: Any) -> None:
     w_start = time.perf_counter()
     pid, tid = os.getpid(), threading.get_native_id()
     events: list[dict[str, Any]] = []
-    tracing = job.trace_origin is not None
     origin = job.trace_origin or 0.0
 
     def event(name: str, t0: float, t1: float) -> None:
@@ -140,16 +228,11 @@ def _run(job: DecodeJob, parent_pid: int, ctl_q: Any, out_q: Any) -> None:
             "dur": round(max(0.0, t1 - t0) * 1e6, 3), "pid": pid, "tid": tid,
         })
 
+    pipeline = instantiate(job.pipeline.load_class(), params=job.params, model_inputs=job.model_inputs)
     source = VideoSource(job.uri, sampling=job.sampling, threads=job.threads)
     with source:
-        out_q.put(("info", source.info))
-        kind, shm_name, n_slots, rgb_cap = _get(ctl_q, parent_pid)
-        assert kind == "ring"
-        shm = SharedMemory(name=shm_name)
-        try:
-            stats = _loop(job, parent_pid, source, shm, n_slots, rgb_cap, ctl_q, out_q, event if tracing else None)
-        finally:
-            shm.close()
+        out_q.put(Info(source.info))
+        stats = _loop(job, pipeline, parent_pid, source, ctl_q, out_q, event if job.trace_origin is not None else None)
         src = source.stats
     total_cpu = time.process_time() - cpu0
     # FFmpeg's frame threads run while this thread waits in the decoder: the CPU not spent
@@ -161,27 +244,20 @@ def _run(job: DecodeJob, parent_pid: int, ctl_q: Any, out_q: Any) -> None:
         wall_s=time.perf_counter() - w_start,
     )
     names = {(pid, None): f"decode process {job.worker_id}", (pid, tid): "decode → convert → preprocess"}
-    warnings = [str(w) for w in getattr(source, "warnings", []) or []]
-    out_q.put(("done", stats, events, names, warnings))
+    out_q.put(Done(stats, events, names, [str(w) for w in getattr(source, "warnings", []) or []]))
 
 
 def _loop(
-    job: DecodeJob, parent_pid: int, source: VideoSource, shm: SharedMemory, n_slots: int, rgb_cap: int,
-    ctl_q: Any, out_q: Any, event: Any,
+    job: DecodeJob, pipeline: Any, parent_pid: int, source: VideoSource, ctl_q: Any, out_q: Any, event: Any,
 ) -> dict[str, Any]:
-    spec = job.preprocess
-    shape = spec.input_shape()
-    tensors = np.ndarray((n_slots, *shape), dtype=spec.numpy_dtype, buffer=shm.buf)
-    rgb_area = (
-        np.ndarray((n_slots, rgb_cap), dtype=np.uint8, buffer=shm.buf, offset=tensors.nbytes)
-        if rgb_cap else None
-    )
     pre_s = pre_cpu = wait_s = 0.0
-    pending: list[tuple[Any, ...]] = []
+    pending: list[FrameMsg] = []
     first_pending = 0.0
     src = source.stats
     t_prev = time.perf_counter()
     conv_prev = src.convert_s
+    ring: Ring | None = None
+    first: Layout | None = None
     try:
         for frame in source:
             t_got = time.perf_counter()
@@ -190,53 +266,77 @@ def _loop(
                 event("decode", t_prev, t_got - conv)
                 event("convert", t_got - conv, t_got)
                 conv_prev = src.convert_s
-            slot = _free_slot(ctl_q, parent_pid, out_q, pending)
-            t_slot = time.perf_counter()
-            wait_s += t_slot - t_got
-            if event is not None and t_slot - t_got > 1e-4:
-                event("wait out: preprocess", t_got, t_slot)
             c0 = time.thread_time()
-            transform = preprocess_into(frame.rgb, spec, tensors[slot])
-            rgb_info: Any = None
-            if rgb_area is not None:
-                nbytes = frame.rgb.nbytes
-                if nbytes <= rgb_cap:
-                    rgb_area[slot, :nbytes] = frame.rgb.reshape(-1)
-                    rgb_info = frame.rgb.shape
-                else:
-                    rgb_info = frame.rgb  # a resolution change larger than the ring's areas
+            inputs = checked_preprocess(pipeline, frame)
+            rgb = frame.rgb if job.wants_rgb else None
+            layout = Layout.of(inputs, rgb)
             t_pre = time.perf_counter()
-            pre_s += t_pre - t_slot
+            pre_s += t_pre - t_got
             pre_cpu += time.thread_time() - c0
             if event is not None:
-                event("preprocess", t_slot, t_pre)
-            t = transform
+                event("preprocess", t_got, t_pre)
+            if ring is None or layout != ring.layout:
+                if first is None:
+                    first = layout
+                else:
+                    layout.check_follows(first, pipeline, frame.index)
+                if pending:
+                    out_q.put(Frames(tuple(pending)))
+                    pending = []
+                ring = _new_ring(ring, layout, ctl_q, out_q, parent_pid)
+            slot = _free_slot(ctl_q, parent_pid, out_q, pending)
+            t_slot = time.perf_counter()
+            wait_s += t_slot - t_pre
+            if event is not None and t_slot - t_pre > 1e-4:
+                event("wait out: preprocess", t_pre, t_slot)
+            for key, arr in inputs.items():
+                ring.arrays[key][slot] = arr
+            if ring.rgb is not None and rgb is not None:
+                ring.rgb[slot] = rgb
             if not pending:
-                first_pending = t_pre
-            pending.append((
-                slot, frame.index, frame.pts_s, frame.is_keyframe,
-                (t.scale_x, t.scale_y, t.pad_x, t.pad_y, t.src_width, t.src_height), rgb_info,
-            ))
-            quick = t_pre - t_prev < _QUICK_FRAME_S
-            if not quick or len(pending) >= _GROUP_MAX or t_pre - first_pending >= _GROUP_S:
-                out_q.put(("frames", pending))
+                first_pending = t_slot
+            pending.append(FrameMsg(slot, frame.index, frame.pts_s, frame.is_keyframe, frame.width, frame.height))
+            now = time.perf_counter()
+            quick = now - t_prev < _QUICK_FRAME_S
+            if not quick or len(pending) >= _GROUP_MAX or now - first_pending >= _GROUP_S:
+                out_q.put(Frames(tuple(pending)))
                 pending = []
             t_prev = time.perf_counter()
         if pending:
-            out_q.put(("frames", pending))
+            out_q.put(Frames(tuple(pending)))
     finally:
-        del tensors, rgb_area
+        if ring is not None:
+            _close_ring(ring)
     return {"preprocess_s": pre_s, "preprocess_cpu_s": pre_cpu, "wait_out_s": wait_s}
 
 
-def _free_slot(ctl_q: Any, parent_pid: int, out_q: Any, pending: list[tuple[Any, ...]]) -> int:
+def _new_ring(old: Ring | None, layout: Layout, ctl_q: Any, out_q: Any, parent_pid: int) -> Ring:
+    """Ask for buffers of ``layout`` and wait for them (old slot numbers are skipped)."""
+    if old is not None:
+        _close_ring(old)
+    out_q.put(NeedRing(layout))
+    while True:
+        msg = _get(ctl_q, parent_pid)
+        if isinstance(msg, RingMsg):
+            return Ring(SharedMemory(name=msg.name), msg.n_slots, msg.layout)
+
+
+def _close_ring(ring: Ring) -> None:
+    ring.release_views()
+    try:
+        ring.shm.close()
+    except BufferError:  # pragma: no cover - a view still alive: the mapping goes with it
+        pass
+
+
+def _free_slot(ctl_q: Any, parent_pid: int, out_q: Any, pending: list[FrameMsg]) -> int:
     """The next free ring slot; sends the frames held back first if none is free right now
     (the parent frees slots only once it has seen frames)."""
     try:
         msg = ctl_q.get_nowait()
     except queue.Empty:
         if pending:
-            out_q.put(("frames", list(pending)))
+            out_q.put(Frames(tuple(pending)))
             pending.clear()
         msg = _get(ctl_q, parent_pid)
     if msg is None:

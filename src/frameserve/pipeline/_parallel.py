@@ -5,22 +5,21 @@
     decode process                      inference process (this one)
     ──────────────                      ─────────────────────────────────────────────────
     VideoSource (FFmpeg frame threads)  main thread: frame messages → batches
-      → RGB (one swscale thread)          → inference thread: service.submit ┐
-      → preprocess into a ring slot         ▲ slot numbers back (free slots) │
-        (shared memory)                     │                                ▼
-                                        output thread: postprocess → summary → sinks, in order
+      → RGB (one swscale thread)          → process pool: pipeline.process, up to in_flight
+      → pipeline.preprocess                 ▲ slot numbers back (free slots)  │ at once
+      → a ring slot (shared memory)         │                                 ▼
+                                        output thread: aggregate → results → render → encode
 
-* Pixels travel only through the shared-memory ring (preprocessed tensors, plus RGB frames when
-  an annotated video is written); the pipes carry small tuples (slot, index, pts, transform).
-* Backpressure everywhere: the decoder waits for a free slot (the ring holds the batches in
-  flight + 2), batch assembly waits for the inference thread (a queue of 1 batch), inference
-  waits for the output thread (a queue of 2 batches).
-* Up to ``in_flight`` batches (the model's instance count) are submitted at once, so every
-  instance has work; their results go to the output thread in submission (frame) order.
-* A batch whose slots are consecutive in the ring (the usual case) is handed to the model as a
-  view of the shared memory, without a copy; slots are given back once the batch's request has
-  completed (or, with an annotated video, once its frames are encoded), never while a backend
-  may still read them.
+* Pixels travel only through the shared-memory ring (the preprocessed arrays, plus RGB frames
+  when the pipeline needs them or a video is written), sized from the first frame's arrays and
+  made anew when their shapes change; the pipes carry small frozen dataclasses.
+* Backpressure everywhere: the decoder waits for a free slot (the ring holds ``in_flight + 4``
+  batches), batch assembly waits for the output thread (a queue of ``in_flight + 1`` batches).
+* Up to ``in_flight`` batches (the models' instance count) are processed at once, so every
+  instance has work; their results go to the output thread in frame order.
+* A batch whose slots are consecutive in the ring (the usual case) gives ``Batch.stacked`` a view
+  of the shared memory, without a copy; slots are given back once the output stage is done
+  with the batch, never while a backend or a result may still read them.
 * One decode process per stream: a file's video stream is decoded by one process, frames come
   in display order, so batches and results are in frame order.
 * Errors of the decode process come back as the same error (class and message) the single-process
@@ -30,7 +29,6 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import multiprocessing as mp
 import os
@@ -40,20 +38,18 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
-import numpy as np
-
 from frameserve.errors import VideoError
-from frameserve.pipeline._decode_worker import DecodeJob, decode_main, error_from_message
-from frameserve.pipeline._output import FrameMeta, OutputStage
-from frameserve.pipeline.preprocess import PreprocessSpec, Transform
+from frameserve.pipeline._decode_worker import (
+    DecodeJob, Done, Failed, FrameMsg, Frames, Info, NeedRing, Ring, RingMsg, decode_main, error_from_message,
+)
+from frameserve.pipeline._stages import Layout, OutputStage, ProcessStage
+from frameserve.pipeline.contract import Batch, BatchItem, FrameInfo, Pipeline
 from frameserve.pipeline.timing import Timing
-from frameserve.service import InferenceService
 from frameserve.video import StreamInfo
 
 __all__ = ["SHM_PREFIX", "DecodePool", "DecodeProcess", "run_parallel"]
@@ -63,21 +59,6 @@ SHM_PREFIX = "frameserve-"
 
 _POLL_S = 0.25
 """How often a blocked wait looks whether the other side is still alive."""
-
-
-@dataclass
-class _InFlight:
-    batch: Any
-    started: float
-    future: Any = None
-    ended: float | None = None
-
-
-@dataclass
-class _Batch:
-    metas: list[FrameMeta] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    rgb: list[Any] = field(default_factory=list)  # shape tuples, or an array for an oversized frame
 
 
 class DecodeProcess:
@@ -173,61 +154,45 @@ class DecodePool:
 
 
 def run_parallel(
-    *, process: DecodeProcess, uri: str, sampling: str, spec: PreprocessSpec, service: InferenceService,
-    model: str, input_name: str, batch_size: int, decode_threads: int, timing: Timing,
-    make_output: Any, in_flight: int = 1,
+    *, process: DecodeProcess, job: DecodeJob, pipeline: Pipeline, stage: ProcessStage, timing: Timing,
+    make_output: Callable[[StreamInfo], OutputStage], batch_size: int, in_flight: int = 1,
 ) -> tuple[StreamInfo, OutputStage, list[str], dict[str, Any]]:
-    """Run one video: decode in ``process``, inference + output here.
+    """Run one video: decode and ``preprocess`` in ``process``, ``process`` and output here.
 
     Args:
         process: a started decode process, left ready for the next job on success and when the
             video could not be opened; stopped on any other error.
+        job: what the decode process does (source, sampling, pipeline, parameters).
+        stage: the checked ``process`` call (set up).
         make_output: ``StreamInfo -> OutputStage``, called once the source is open.
-        in_flight: inference requests kept running at once (>= 1; the model's instances).
+        batch_size: frames per ``process`` call.
+        in_flight: ``process`` calls kept running at once (>= 1; the models' instances).
 
     Returns:
         ``(info, output stage, warnings from the source, decode stats)``.
 
     Raises:
-        VideoError, PipelineSpecError: as the single-process runner (raised in the decode process
-            and re-raised here with the same message).
+        VideoError, PipelineSpecError, PipelineHookError: as the in-process executor (raised
+            in the decode process and re-raised here with the same class and message).
     """
-    trace = timing.trace
     ctl_q, out_q, proc = process.ctl_q, process.out_q, process.proc
-    job = DecodeJob(
-        uri=uri, sampling=sampling, threads=decode_threads, preprocess=spec,
-        trace_origin=trace.origin if trace is not None else None, worker_id=process.worker_id,
-    )
     output: OutputStage | None = None
-    shm: SharedMemory | None = None
+    executor: _Executor | None = None
     idle = False  # the process finished its job cleanly (it reported an error opening the video)
     try:
-        ctl_q.put(("job", job))
-        msg = _get(out_q, proc, uri, 0)
-        if msg[0] == "error":
+        ctl_q.put(job)
+        msg = _get(out_q, proc, job.uri, 0)
+        if isinstance(msg, Failed):
             idle = True
-            raise error_from_message(msg[1], msg[2])
-        assert msg[0] == "info", msg[0]
-        info: StreamInfo = msg[1]
-        output = make_output(info)
-        in_flight = max(1, in_flight)
-        n_slots = _ring_slots(batch_size, holds_rgb=output.wants_rgb, in_flight=in_flight)
-        rgb_cap = info.width * info.height * 3 if output.wants_rgb else 0
-        tensor_bytes = n_slots * int(np.prod(spec.input_shape())) * spec.numpy_dtype.itemsize
-        shm = SharedMemory(
-            name=f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(4)}", create=True,
-            size=tensor_bytes + n_slots * rgb_cap,
+            raise error_from_message(msg.cls_name, msg.message)
+        assert isinstance(msg, Info), type(msg).__name__
+        output = make_output(msg.stream)
+        executor = _Executor(
+            uri=job.uri, pipeline=pipeline, stage=stage, timing=timing, output=output, batch_size=batch_size,
+            ctl_q=ctl_q, out_q=out_q, proc=proc, in_flight=max(1, in_flight),
         )
-        ctl_q.put(("ring", shm.name, n_slots, rgb_cap))
-        for slot in range(n_slots):
-            ctl_q.put(slot)
-        loop = _InferLoop(
-            uri=uri, spec=spec, service=service, model=model, input_name=input_name,
-            batch_size=batch_size, timing=timing, output=output, shm=shm, n_slots=n_slots,
-            rgb_cap=rgb_cap, ctl_q=ctl_q, out_q=out_q, proc=proc, in_flight=in_flight,
-        )
-        warnings, stats = loop.run()
-        return info, output, warnings, stats
+        warnings, stats = executor.run()
+        return msg.stream, output, warnings, stats
     except BaseException:
         if output is not None:
             output.abort()
@@ -235,8 +200,8 @@ def run_parallel(
             process.close()  # its job may still be running: stop it before the ring goes away
         raise
     finally:
-        _free_ring(shm)
-
+        if executor is not None:
+            executor.free()
 
 @contextlib.contextmanager
 def _main_module_hidden() -> Iterator[None]:
@@ -259,13 +224,6 @@ def _main_module_hidden() -> Iterator[None]:
         yield
     finally:
         main.__dict__.update(saved)
-
-
-def _ring_slots(batch_size: int, *, holds_rgb: bool = False, in_flight: int = 1) -> int:
-    """``in_flight`` + 2 batches (one filling, one waiting, the ones inferring), a multiple of
-    the batch; two more when the slots are held until the output stage has encoded their
-    frames."""
-    return max((in_flight + (4 if holds_rgb else 2)) * batch_size, 4 + (-4 % batch_size))
 
 
 def _get(out_q: Any, proc: Any, uri: str, frames: int) -> Any:
@@ -328,37 +286,33 @@ def _free_ring(shm: SharedMemory | None) -> None:
         pass
 
 
-class _InferLoop:
-    """The inference process's side, three threads joined by bounded queues::
 
-        main thread:      decode messages → batches ──(infer_q, 1 batch)──▶
-        inference thread: service.submit, up to ``in_flight`` at once, results in order
-                          (slots given back as each request completes) ──(post_q, 2 batches)──▶
-        output thread:    postprocess → summary → sinks, in order
+class _Executor:
+    """The inference process's side of a parallel run::
+
+        main thread:    decode messages → batches → process pool (``in_flight`` threads)
+                        └──(post_q: batches with their futures, in frame order)──▶
+        output thread:  each batch's results, in order → OutputStage → slots given back
 
     The main thread only assembles batches and watches the decode process, so Ctrl-C (which
-    Python delivers to the main thread) never lands inside a backend call. Any thread's error
-    stops the others (``stop``) and is raised from :meth:`run`.
+    Python delivers to the main thread) never lands inside a model call. A batch's slots go back
+    to the decode process once the output stage is done with it (a result may still hold views
+    of its inputs until then). Any thread's error stops the others and is raised from
+    :meth:`run`.
     """
 
     def __init__(
-        self, *, uri: str, spec: PreprocessSpec, service: InferenceService, model: str, input_name: str,
-        batch_size: int, timing: Timing, output: OutputStage, shm: SharedMemory, n_slots: int,
-        rgb_cap: int, ctl_q: Any, out_q: Any, proc: Any, in_flight: int = 1,
+        self, *, uri: str, pipeline: Pipeline, stage: ProcessStage, timing: Timing, output: OutputStage,
+        batch_size: int, ctl_q: Any, out_q: Any, proc: Any, in_flight: int,
     ) -> None:
-        self.uri, self.service, self.model, self.input_name = uri, service, model, input_name
-        self.batch_size, self.timing, self.output = batch_size, timing, output
+        self.uri, self.pipeline, self.stage, self.timing, self.output = uri, pipeline, stage, timing, output
+        self.batch_size, self.in_flight = batch_size, in_flight
         self.ctl_q, self.out_q, self.proc = ctl_q, out_q, proc
-        shape = spec.input_shape()
-        self.tensors = np.ndarray((n_slots, *shape), dtype=spec.numpy_dtype, buffer=shm.buf)
-        self.rgb_area = (
-            np.ndarray((n_slots, rgb_cap), dtype=np.uint8, buffer=shm.buf, offset=self.tensors.nbytes)
-            if rgb_cap else None
-        )
-        self.infer_q: queue.Queue[Any] = queue.Queue(maxsize=1)
-        self.post_q: queue.Queue[Any] = queue.Queue(maxsize=2)
-        self.in_flight = max(1, in_flight)
-        self._release_lock = threading.Lock()  # a batch's slots go back together, in a row
+        self.pool = futures.ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="frameserve-process")
+        self.post_q: queue.Queue[Any] = queue.Queue(maxsize=in_flight + 1)
+        self.ring: Ring | None = None
+        self.outstanding = 0  # slots handed out in Frames messages and not yet given back
+        self._cond = threading.Condition()
         self.stop = threading.Event()
         self.failure: BaseException | None = None
         self.frames_seen = 0
@@ -369,34 +323,36 @@ class _InferLoop:
         if timing.trace is not None:
             timing.trace.name_process("inference process")
             timing.trace.name_thread("decode messages → batches")
-        threads = [
-            threading.Thread(target=self._guard, args=(self._infer_thread,), name="frameserve-infer", daemon=True),
-            threading.Thread(target=self._guard, args=(self._post_thread,), name="frameserve-output", daemon=True),
-        ]
-        for t in threads:
-            t.start()
+        out_thread = threading.Thread(target=self._guard, args=(self._output_thread,), name="frameserve-output", daemon=True)
+        out_thread.start()
         try:
             warnings, stats = self._collect()
-            self._put(self.infer_q, None)  # end of stream: the threads finish what they hold
+            self._put(None)  # end of stream: the output thread finishes what it holds
         except BaseException as exc:
             self.failure = self.failure or exc
             self.stop.set()
             raise
         finally:
-            for t in threads:
-                t.join()
-            del self.tensors, self.rgb_area
+            out_thread.join()
+            self.pool.shutdown(wait=True)
         if self.failure is not None:
             raise self.failure
         own_cpu = time.process_time() - cpu0
         # onnxruntime's pool threads are not the caller's thread: give the inference stage the
-        # process CPU not spent in the output thread.
+        # process CPU not spent in the process and output threads' own Python.
         out_cpu = timing.stages["postprocess"].cpu_s + timing.stages["encode"].cpu_s
         infer = timing.stages["infer"]
-        infer.cpu_s = max(infer.cpu_s, own_cpu - out_cpu)
+        infer.cpu_s = max(0.0, own_cpu - out_cpu)
         return warnings, stats
 
-    def _guard(self, body: Any) -> None:
+    def free(self) -> None:
+        """Free the ring (after :meth:`run`, whatever happened)."""
+        ring, self.ring = self.ring, None
+        if ring is not None:
+            ring.release_views()
+            _free_ring(ring.shm)
+
+    def _guard(self, body: Callable[[], None]) -> None:
         try:
             body()
         except BaseException as exc:
@@ -407,29 +363,20 @@ class _InferLoop:
         if self.stop.is_set():
             raise self.failure or RuntimeError("stopped")
 
-    def _put(self, q: queue.Queue[Any], item: Any) -> None:
-        """Put with backpressure, giving up when the run is stopping."""
+    def _put(self, item: Any) -> None:
+        """Put on ``post_q`` with backpressure, giving up when the run is stopping."""
         while True:
             self._check()
             try:
-                q.put(item, timeout=_POLL_S)
+                self.post_q.put(item, timeout=_POLL_S)
                 return
             except queue.Full:
-                continue
-
-    def _take(self, q: queue.Queue[Any]) -> Any:
-        """Get, giving up when the run is stopping."""
-        while True:
-            self._check()
-            try:
-                return q.get(timeout=_POLL_S)
-            except queue.Empty:
                 continue
 
     # -- main thread: messages → batches ------------------------------------------------------
 
     def _collect(self) -> tuple[list[str], dict[str, Any]]:
-        batch = _Batch()
+        batch: list[FrameMsg] = []
         while True:
             self._check()
             try:
@@ -438,140 +385,110 @@ class _InferLoop:
                 if self.proc.is_alive():
                     continue
                 msg = _get(self.out_q, self.proc, self.uri, self.frames_seen)
-            kind = msg[0]
-            if kind == "frames":
-                for slot, index, pts_s, is_key, t, rgb_info in msg[1]:
+            if isinstance(msg, Frames):
+                with self._cond:
+                    self.outstanding += len(msg.frames)
+                for fm in msg.frames:
                     self.frames_seen += 1
-                    batch.metas.append(FrameMeta(index, pts_s, is_key, Transform(*t)))
-                    batch.slots.append(slot)
-                    batch.rgb.append(rgb_info)
-                    if len(batch.slots) == self.batch_size:
-                        self._put(self.infer_q, batch)
-                        batch = _Batch()
-            elif kind == "done":
-                if batch.slots:
-                    self._put(self.infer_q, batch)
-                _, stats, events, names, warnings = msg
-                self._merge_decode(stats, events, names)
-                return warnings, stats
-            elif kind == "error":
-                raise error_from_message(msg[1], msg[2])
+                    batch.append(fm)
+                    if len(batch) == self.batch_size:
+                        self._submit(batch)
+                        batch = []
+            elif isinstance(msg, NeedRing):
+                if batch:
+                    self._submit(batch)
+                    batch = []
+                self._new_ring(msg.layout)
+            elif isinstance(msg, Done):
+                if batch:
+                    self._submit(batch)
+                self._merge_decode(msg)
+                return msg.warnings, msg.stats
+            elif isinstance(msg, Failed):
+                raise error_from_message(msg.cls_name, msg.message)
             else:  # pragma: no cover - protocol invariant
-                raise RuntimeError(f"unexpected message {kind!r} from the decode process")
+                raise RuntimeError(f"unexpected message {type(msg).__name__} from the decode process")
 
-    # -- inference thread ---------------------------------------------------------------------
+    def _new_ring(self, layout: Layout) -> None:
+        """Wait until every slot of the old ring is back, then make one for ``layout``."""
+        with self._cond:
+            while self.outstanding > 0:
+                self._check()
+                self._cond.wait(timeout=_POLL_S)
+        self.free()
+        n_slots = (self.in_flight + 4) * self.batch_size
+        shm = SharedMemory(
+            name=f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(4)}", create=True,
+            size=max(1, n_slots * layout.slot_bytes),
+        )
+        self.ring = Ring(shm, n_slots, layout)
+        self.ctl_q.put(RingMsg(shm.name, n_slots, layout))
+        for slot in range(n_slots):
+            self.ctl_q.put(slot)
 
-    def _infer_thread(self) -> None:
-        timing = self.timing
-        if timing.trace is not None:
-            timing.trace.name_thread("infer")
-        pending: collections.deque[_InFlight] = collections.deque()
-        covered = 0.0  # end of the inference lane's busy time counted so far
-        try:
-            while True:
-                if len(pending) >= self.in_flight:
-                    covered = self._emit(pending, covered)
-                    continue
-                with timing.wait("infer", "in"):
-                    batch = self._take(self.infer_q)
-                if batch is None:
-                    while pending:
-                        covered = self._emit(pending, covered)
-                    self._put(self.post_q, None)
-                    return
-                pending.append(self._submit(batch))
-                while pending and pending[0].future.done():
-                    covered = self._emit(pending, covered)
-        finally:
-            # on an error: wait for the requests still running, which may read the ring
-            if pending:
-                futures.wait([p.future for p in pending])
-
-    def _submit(self, batch: _Batch) -> _InFlight:
-        slots = batch.slots
-        n = len(slots)
-        s0 = slots[0]
-        consecutive = slots == list(range(s0, s0 + n))
-        data = self.tensors[s0 : s0 + n] if consecutive else np.stack([self.tensors[s] for s in slots])
-        keep_slots = self.rgb_area is not None
-        if not consecutive and not keep_slots:
-            self._release(slots)  # `data` is a copy
-        item = _InFlight(batch=batch, started=time.perf_counter())
-        item.future = self.service.submit(self.model, {self.input_name: data})
-        del data
-
-        def done(_: Any) -> None:
-            item.ended = time.perf_counter()
-            if consecutive and not keep_slots:
-                try:
-                    self._release(slots)  # the request is over: nothing reads these slots any more
-                except (ValueError, OSError):  # the run already ended (an error): the ring is going
-                    pass
-
-        item.future.add_done_callback(done)
-        return item
-
-    def _emit(self, pending: collections.deque[_InFlight], covered: float) -> float:
-        """Wait for the oldest request's result, count its time, hand it to the output thread
-        (it leaves ``pending`` once it has completed, so an error meanwhile still waits for it)."""
-        item = pending[0]
-        while True:
-            self._check()
-            try:
-                outputs = item.future.result(timeout=_POLL_S)
-                break
-            except futures.TimeoutError:
-                continue
-        pending.popleft()
-        ended = item.ended if item.ended is not None else time.perf_counter()
-        # the lane is busy while any request is in flight: add this one's part not yet counted
-        busy = max(0.0, ended - max(item.started, covered))
-        self.timing.add("infer", busy, 0.0)
-        if self.timing.trace is not None:
-            self.timing.trace.complete("infer", item.started, ended, args={"frames": len(item.batch.slots)})
-        with self.timing.wait("infer", "out"):
-            self._put(self.post_q, (outputs, item.batch))
-        return max(covered, ended)
-
-    def _release(self, slots: list[int]) -> None:
-        with self._release_lock:
-            for s in slots:
-                self.ctl_q.put(s)
+    def _submit(self, msgs: list[FrameMsg]) -> None:
+        ring = self.ring
+        assert ring is not None
+        rgb = ring.rgb
+        items = [
+            BatchItem(
+                {k: a[m.slot] for k, a in ring.arrays.items()},
+                FrameInfo(m.index, m.pts_s, m.is_keyframe, m.width, m.height, rgb[m.slot] if rgb is not None else None),
+            )
+            for m in msgs
+        ]
+        s0, n = msgs[0].slot, len(msgs)
+        consecutive = all(m.slot == s0 + i for i, m in enumerate(msgs))
+        stacked = {k: a[s0 : s0 + n] for k, a in ring.arrays.items()} if consecutive else None
+        batch = Batch(items, stacked)
+        slots = [m.slot for m in msgs]
+        self._put((batch, slots, self.pool.submit(self.stage, batch)))
 
     # -- output thread ------------------------------------------------------------------------
 
-    def _post_thread(self) -> None:
+    def _output_thread(self) -> None:
         timing = self.timing
         if timing.trace is not None:
-            timing.trace.name_thread("postprocess → sinks")
+            timing.trace.name_thread("output")
         while True:
             with timing.wait("postprocess", "in"):
-                item = self._take(self.post_q)
+                item = self._take()
             if item is None:
                 return
-            outputs, batch = item
-            rgbs = None
-            if self.rgb_area is not None:
-                rgbs = [self._rgb(slot, info) for slot, info in zip(batch.slots, batch.rgb, strict=True)]
-            self.output.add_batch(outputs, batch.metas, rgbs)
-            if self.rgb_area is not None:
-                del rgbs
-                self._release(batch.slots)
+            batch, slots, future = item
+            while True:
+                self._check()
+                try:
+                    results = future.result(timeout=_POLL_S)
+                    break
+                except futures.TimeoutError:
+                    continue
+            self.output.add([i.frame for i in batch], results)
+            del batch, results, item
+            self._release(slots)
 
-    def _rgb(self, slot: int, info: Any) -> Any:
-        if isinstance(info, np.ndarray):
-            return info
-        assert self.rgb_area is not None
-        size = int(np.prod(info))
-        return self.rgb_area[slot, :size].reshape(info)
+    def _take(self) -> Any:
+        while True:
+            self._check()
+            try:
+                return self.post_q.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+
+    def _release(self, slots: list[int]) -> None:
+        with self._cond:
+            for s in slots:
+                self.ctl_q.put(s)
+            self.outstanding -= len(slots)
+            self._cond.notify_all()
 
     # -- decode stats -------------------------------------------------------------------------
 
-    def _merge_decode(self, stats: dict[str, Any], events: list[dict[str, Any]], names: dict[Any, str]) -> None:
-        t = self.timing
+    def _merge_decode(self, msg: Done) -> None:
+        t, stats = self.timing, msg.stats
         t.add("decode", stats["decode_s"], stats["decode_cpu_s"], calls=stats["frames_decoded"])
         t.add("convert", stats["convert_s"], stats["convert_cpu_s"], calls=self.frames_seen)
         t.add("preprocess", stats["preprocess_s"], stats["preprocess_cpu_s"], calls=self.frames_seen)
         t.add_wait("preprocess", "out", stats["wait_out_s"])
         if t.trace is not None:
-            t.trace.extend(events, names)
+            t.trace.extend(msg.events, msg.names)

@@ -14,7 +14,7 @@ zero-length segment ``[t, t]``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,13 +51,15 @@ class Summary:
         if self.segment_gap_s < 0:
             raise PipelineSpecError(f"aggregate.segment_gap_s must be >= 0, got {self.segment_gap_s}")
 
-    def add(self, pts_s: float, detections: Iterable[Detection]) -> None:
-        """Account one processed frame (call in increasing ``pts_s`` order)."""
+    def add(self, pts_s: float, detections: Iterable[Detection | Mapping[str, Any]]) -> None:
+        """Account one processed frame (call in increasing ``pts_s`` order); each detection is a
+        :class:`Detection` or its JSON form (a mapping with ``label`` and ``score``)."""
         self.frames_total += 1
         best: dict[str, float] = {}
         for det in detections:
-            if det.score >= self.min_score and det.score > best.get(det.label, -1.0):
-                best[det.label] = det.score
+            label, score = (det["label"], float(det["score"])) if isinstance(det, Mapping) else (det.label, det.score)
+            if score >= self.min_score and score > best.get(label, -1.0):
+                best[label] = score
         for label, score in best.items():
             st = self._labels.get(label)
             if st is None:

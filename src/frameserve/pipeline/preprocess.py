@@ -29,7 +29,7 @@ import numpy as np
 
 from frameserve.errors import PipelineSpecError
 
-__all__ = ["PreprocessSpec", "Transform", "preprocess", "preprocess_into"]
+__all__ = ["PreprocessSpec", "Transform", "preprocess", "preprocess_into", "transform_for"]
 
 ResizeMode = Literal["letterbox", "pad_square", "stretch"]
 Anchor = Literal["center", "top_left"]
@@ -166,39 +166,57 @@ def _parse_fraction(text: str) -> float:
         raise PipelineSpecError(f"preprocess.scale {text!r} is not a number or a fraction like 1/255") from None
 
 
+def _placement(width: int, height: int, spec: PreprocessSpec) -> tuple[int, int, int, int, int]:
+    """Where a ``width`` x ``height`` frame lands in the model input: ``(top, left, nw, nh,
+    side)`` — the padding offsets (source pixels for ``pad_square``, model pixels otherwise),
+    the resized size (letterbox) and the padded square's side (``pad_square``)."""
+    w, h = width, height
+    tw, th = spec.size
+    if spec.resize == "pad_square":
+        side = max(h, w)
+        top, left = (0, 0) if spec.anchor == "top_left" else ((side - h) // 2, (side - w) // 2)
+        return top, left, w, h, side
+    if spec.resize == "stretch":
+        return 0, 0, tw, th, 0
+    r = min(tw / w, th / h)
+    nw, nh = max(1, round(w * r)), max(1, round(h * r))
+    top, left = (0, 0) if spec.anchor == "top_left" else ((th - nh) // 2, (tw - nw) // 2)
+    return top, left, nw, nh, 0
+
+
+def transform_for(width: int, height: int, spec: PreprocessSpec) -> Transform:
+    """The :class:`Transform` that preprocessing a ``width`` x ``height`` frame with ``spec``
+    applies (it depends on the frame's size only)."""
+    tw, th = spec.size
+    top, left, nw, nh, side = _placement(width, height, spec)
+    if spec.resize == "stretch":
+        return Transform(tw / width, th / height, 0.0, 0.0, width, height)
+    if spec.resize == "pad_square":
+        sx, sy = tw / side, th / side
+        return Transform(sx, sy, left * sx, top * sy, width, height)
+    return Transform(nw / width, nh / height, float(left), float(top), width, height)
+
+
 def _geometry(rgb: np.ndarray[Any, Any], spec: PreprocessSpec) -> tuple[np.ndarray[Any, Any], Transform]:
     """Resize/pad one frame to ``spec.size``; returns the ``uint8`` image and its transform."""
     h, w = rgb.shape[:2]
     tw, th = spec.size
     interp = _INTERPOLATION[spec.interpolation]
     pad = (int(spec.pad_value),) * 3
+    top, left, nw, nh, side = _placement(w, h, spec)
     if spec.resize == "stretch":
         img = cv2.resize(rgb, (tw, th), interpolation=interp)
-        return img, Transform(tw / w, th / h, 0.0, 0.0, w, h)
-    if spec.resize == "pad_square":
-        side = max(h, w)
-        if spec.anchor == "top_left":
-            top, left = 0, 0
-        else:
-            top, left = (side - h) // 2, (side - w) // 2
+    elif spec.resize == "pad_square":
         square = cv2.copyMakeBorder(
             rgb, top, side - h - top, left, side - w - left, cv2.BORDER_CONSTANT, value=pad
         )
         img = cv2.resize(square, (tw, th), interpolation=interp) if (side, side) != (tw, th) else square
-        sx, sy = tw / side, th / side
-        return img, Transform(sx, sy, left * sx, top * sy, w, h)
-    # letterbox: resize first keeping aspect ratio, then pad (Ultralytics LetterBox).
-    r = min(tw / w, th / h)
-    nw, nh = max(1, round(w * r)), max(1, round(h * r))
-    resized = cv2.resize(rgb, (nw, nh), interpolation=interp) if (nw, nh) != (w, h) else rgb
-    if spec.anchor == "top_left":
-        top, left = 0, 0
-    else:
-        top, left = (th - nh) // 2, (tw - nw) // 2
-    img = cv2.copyMakeBorder(
-        resized, top, th - nh - top, left, tw - nw - left, cv2.BORDER_CONSTANT, value=pad
-    )
-    return img, Transform(nw / w, nh / h, float(left), float(top), w, h)
+    else:  # letterbox: resize first keeping aspect ratio, then pad (Ultralytics LetterBox).
+        resized = cv2.resize(rgb, (nw, nh), interpolation=interp) if (nw, nh) != (w, h) else rgb
+        img = cv2.copyMakeBorder(
+            resized, top, th - nh - top, left, tw - nw - left, cv2.BORDER_CONSTANT, value=pad
+        )
+    return img, transform_for(w, h, spec)
 
 
 def preprocess_into(

@@ -27,7 +27,6 @@ their preprocessing buffers (:class:`ShortVideoRunner`).
 from __future__ import annotations
 
 import os
-import threading
 import time
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Iterator
@@ -43,9 +42,8 @@ from av.video.frame import VideoFrame
 from frameserve import assets
 from frameserve.config import Settings, cpu_count
 from frameserve.errors import FrameserveError, VideoError
-from frameserve.pipeline._output import FrameMeta, OutputStage
-from frameserve.pipeline.preprocess import preprocess_into
-from frameserve.pipeline.spec import PipelineSpec, load_pipeline
+from frameserve.pipeline._inline import run_inline
+from frameserve.pipeline._stages import OutputStage, ProcessStage
 from frameserve.pipeline.timing import Timing
 from frameserve.service import InferenceService
 from frameserve.video import Frame, Orientation, frame_orientation, open_input
@@ -180,11 +178,31 @@ def _open(uri: str, fast: bool) -> av.container.InputContainer:
 
 
 FrameCallback = Callable[[str, dict[str, Any]], None]
-"""Called with ``(uri, frame_result)`` as soon as a key frame's detections exist."""
+"""Called with ``(uri, frame_result)`` as soon as a key frame's result exists."""
+
+
+def timed_frames(reader: Iterable[Frame], timing: Timing, marks: dict[str, float], t0: float) -> Iterator[Frame]:
+    """Iterate a reader's frames, timing each as the ``decode`` stage; ``marks`` gets
+    ``first_keyframe_s`` (seconds from ``t0`` to the first frame), the first frame's upright
+    ``width`` and ``height``, and ``decode_s``."""
+    it = iter(reader)
+    marks.setdefault("decode_s", 0.0)
+    while True:
+        w0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            frame = next(it)
+        except StopIteration:
+            return
+        now = time.perf_counter()
+        timing.add("decode", now - w0, time.thread_time() - c0)
+        marks["decode_s"] += now - w0
+        if "first_keyframe_s" not in marks:
+            marks.update(first_keyframe_s=now - t0, width=frame.width, height=frame.height)
+        yield frame
 
 
 class ShortVideoRunner:
-    """Run a pipeline over many short videos, key frames only, with the model and workers warm.
+    """Run a pipeline over many short videos, key frames only, with the models and workers warm.
 
     Example::
 
@@ -195,20 +213,21 @@ class ShortVideoRunner:
             fut.result()
 
     Args:
-        pipeline: a built-in pipeline name, a pipeline YAML path, or a :class:`PipelineSpec`.
+        pipeline: a pipeline name or file, as :func:`~frameserve.pipeline.runner.run` takes.
         settings: process settings (default: :meth:`Settings.from_env`).
         service: an already-built service (its models stay loaded afterwards).
-        backend: ``onnxruntime`` or ``openvino``; overrides the model's configured backend.
+        backend: ``onnxruntime`` or ``openvino``; overrides the models' configured backend.
         threads: inference thread budget (default: all CPUs).
-        workers: files processed at once (default: ``min(4, CPUs)``); inference calls of one
-            model are serialised by the service, decoding overlaps.
+        workers: files processed at once (default: ``min(4, CPUs)``); each file's batches go
+            through the service, which batches the models' calls across files.
         fast_open: see :class:`KeyframeReader`.
+        params: overrides of the pipeline's ``params``.
 
     Each result: ``uri``, ``source`` (``codec``, ``width``, ``height``, ``fps``), ``pipeline``,
     ``sampling`` (``"keyframes"``), ``frames`` (as :func:`~frameserve.pipeline.runner.run`),
     ``summary``, ``timing`` (``open_s``, ``first_keyframe_s`` — from submit to the first key
     frame's RGB —, ``first_result_s``, ``decode_s``, ``infer_s``, ``total_s``). The first key
-    frame is inferred alone, as soon as it is decoded; the rest in batches of the pipeline's size.
+    frame is processed alone, as soon as it is decoded; the rest in batches of the pipeline's size.
 
     Raises:
         VideoError (per file, from the future / as ``error`` in :meth:`run_many`), and at
@@ -216,27 +235,30 @@ class ShortVideoRunner:
     """
 
     def __init__(
-        self, pipeline: str | PipelineSpec = "nudenet", *, settings: Settings | None = None,
+        self, pipeline: Any = "nudenet", *, settings: Settings | None = None,
         service: InferenceService | None = None, backend: str | None = None, threads: int | None = None,
-        workers: int | None = None, fast_open: bool = True,
+        workers: int | None = None, fast_open: bool = True, params: dict[str, Any] | None = None,
     ) -> None:
-        from frameserve.pipeline.runner import _check_model_input, _ensure_model, _repository
+        from frameserve.pipeline._models import model_inputs, prepare_models
+        from frameserve.pipeline.loader import instantiate, load_pipeline, merge_params
+        from frameserve.pipeline.runner import _repository
 
         self.settings = settings or Settings.from_env(threads=threads)
-        self.spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
+        cls = load_pipeline(pipeline).load_class()
+        merged = merge_params(cls.params, dict(params or {}), origin=f"pipeline {cls.name!r}", strict=True)
         self._own_service = service is None
         self.service = service or InferenceService(_repository(self.settings), threads=threads or self.settings.threads)
         try:
-            self.model = _ensure_model(self.service, self.spec, self.settings, backend)
-            self.input_name, max_batch = _check_model_input(self.service, self.model, self.spec)
+            self.roles = prepare_models(self.service, cls, self.settings, backend)
+            self.pipeline = instantiate(cls, params=merged, model_inputs=model_inputs(self.service, self.roles))
+            ProcessStage(self.pipeline, self.service, self.roles, Timing()).setup()
         except BaseException:
             if self._own_service:
                 self.service.close()
             raise
-        self.batch_size = min(self.spec.batch, max_batch) if max_batch > 0 else 1
+        self.batch_size = int(cls.batch)
         self.fast_open = fast_open
         self._pool = ThreadPoolExecutor(max_workers=workers or min(4, cpu_count()), thread_name_prefix="frameserve-short")
-        self._buffers = threading.local()
 
     def submit(self, video: str | os.PathLike[str], *, on_frame: FrameCallback | None = None) -> Future[dict[str, Any]]:
         """Queue one file; the future's result is its result mapping (or its error)."""
@@ -256,75 +278,50 @@ class ShortVideoRunner:
             else:
                 yield fut.result()
 
-    def _buffer(self) -> np.ndarray[Any, Any]:
-        buf = getattr(self._buffers, "buf", None)
-        if buf is None:
-            pre = self.spec.preprocess
-            buf = self._buffers.buf = np.empty((self.batch_size, *pre.input_shape()), dtype=pre.numpy_dtype)
-        return buf
-
     def _process(self, video: str, submitted: float, on_frame: FrameCallback | None) -> dict[str, Any]:
         uri = assets.resolve_uri(video, self.settings.assets_dir)
         timing = Timing()
-        buf = self._buffer()
-        pre = self.spec.preprocess
-        metas: list[FrameMeta] = []
-        first: dict[str, float] = {}
-        decode_s = 0.0
+        stage = ProcessStage(self.pipeline, self.service, self.roles, timing)
+        marks: dict[str, float] = {}
         with KeyframeReader(uri, fast_open=self.fast_open) as reader:
-            output = OutputStage(
-                spec=self.spec, info=None, header={"uri": video, "pipeline": self.spec.name, "sampling": "keyframes"},
-                timing=timing, out=None, keep_frames=True, video_out=None, progress=None, expected=None,
-            )
-            reported = 0
+            output: OutputStage
 
-            def flush() -> None:
-                nonlocal reported
-                if not metas:
-                    return
-                with timing.stage("infer", frames=len(metas)):
-                    outputs = self.service.infer(self.model, {self.input_name: buf[: len(metas)]})
-                output.add_batch(outputs, metas)
-                metas.clear()
-                first.setdefault("first_result_s", time.perf_counter() - submitted)
+            def progress(done: int, expected: int | None) -> None:
+                marks.setdefault("first_result_s", time.perf_counter() - submitted)
                 if on_frame is not None:
-                    for res in output.results[reported:]:
+                    for res in output.results[int(marks.get("reported", 0)):]:
                         on_frame(video, res)
-                reported = len(output.results)
+                marks["reported"] = len(output.results)
 
-            t = time.perf_counter()
-            for frame in reader:
-                decode_s += time.perf_counter() - t
-                first.setdefault("first_keyframe_s", time.perf_counter() - submitted)
-                if "width" not in first:
-                    first["width"], first["height"] = frame.width, frame.height
-                with timing.stage("preprocess"):
-                    tr = preprocess_into(frame.rgb, pre, buf[len(metas)])
-                metas.append(FrameMeta(frame.index, frame.pts_s, True, tr))
-                if len(metas) == self.batch_size or "first_result_s" not in first:
-                    flush()
-                t = time.perf_counter()
-            flush()
+            output = OutputStage(
+                pipeline=self.pipeline, info=None, header={"uri": video, "pipeline": self.pipeline.name, "sampling": "keyframes"},
+                timing=timing, out=None, keep_frames=True, video_out=None, progress=progress, expected=None,
+            )
+            run_inline(
+                timed_frames(reader, timing, marks, submitted), pipeline=self.pipeline, process=stage,
+                output=output, batch_size=self.batch_size, timing=timing, first_alone=True,
+            )
             open_s = reader.open_s
+            source = {
+                "codec": reader.codec, "width": int(marks.get("width", reader.width)),
+                "height": int(marks.get("height", reader.height)), "fps": reader.fps,
+            }
         result = output.finish({
-            "summary": output.summary.to_dict(),
+            "summary": output.summary(),
             "timing": {
                 "open_s": round(open_s, 6),
-                "first_keyframe_s": round(first.get("first_keyframe_s", 0.0), 6),
-                "first_result_s": round(first.get("first_result_s", 0.0), 6),
-                "decode_s": round(decode_s, 6),
+                "first_keyframe_s": round(marks.get("first_keyframe_s", 0.0), 6),
+                "first_result_s": round(marks.get("first_result_s", 0.0), 6),
+                "decode_s": round(marks.get("decode_s", 0.0), 6),
                 "infer_s": round(timing.stages["infer"].wall_s, 6),
                 "total_s": round(time.perf_counter() - submitted, 6),
             },
         })
-        result["source"] = {
-            "codec": reader.codec, "width": int(first.get("width", reader.width)),
-            "height": int(first.get("height", reader.height)), "fps": reader.fps,
-        }
+        result["source"] = source
         return result
 
     def close(self) -> None:
-        """Wait for queued files, stop the workers, release the model (if this runner loaded it)."""
+        """Wait for queued files, stop the workers, release the models (if this runner loaded them)."""
         self._pool.shutdown(wait=True)
         if self._own_service:
             self.service.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,17 +76,23 @@ def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> Path:
 
 
 def draw_detections(
-    rgb: np.ndarray[Any, Any], detections: Sequence[Detection], labels: Sequence[str]
+    rgb: np.ndarray[Any, Any], detections: Sequence[Detection | Mapping[str, Any]], labels: Sequence[str] = ()
 ) -> np.ndarray[Any, Any]:
-    """Return a copy of an RGB ``uint8`` ``(H, W, 3)`` frame with boxes and labels drawn."""
+    """Return a copy of an RGB ``uint8`` ``(H, W, 3)`` frame with boxes and labels drawn.
+
+    Each detection is a :class:`Detection` or a mapping with ``label``, ``score`` and ``box``
+    (``[x1, y1, x2, y2]`` source pixels); a label keeps its colour by its place in ``labels``."""
     img = np.ascontiguousarray(rgb).copy()
     thickness = max(1, round(min(img.shape[:2]) / 240))
     scale = max(0.3, min(img.shape[:2]) / 720)
     for det in detections:
-        colour = _PALETTE[(labels.index(det.label) if det.label in labels else 0) % len(_PALETTE)]
-        x1, y1, x2, y2 = (int(round(v)) for v in det.box)
+        label, score, box = (
+            (det["label"], float(det["score"]), det["box"]) if isinstance(det, Mapping) else (det.label, det.score, det.box)
+        )
+        colour = _PALETTE[(labels.index(label) if label in labels else sum(map(ord, label))) % len(_PALETTE)]
+        x1, y1, x2, y2 = (int(round(v)) for v in box)
         cv2.rectangle(img, (x1, y1), (x2, y2), colour, thickness)
-        text = f"{det.label} {det.score:.2f}"
+        text = f"{label} {score:.2f}"
         cv2.putText(img, text, (x1, max(10, y1 - 3)), cv2.FONT_HERSHEY_SIMPLEX, scale, colour, 1, cv2.LINE_AA)
     return img
 
