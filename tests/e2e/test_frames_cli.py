@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _videogen import make_video  # noqa: E402
 
 import frameserve  # noqa: E402
-from frameserve.pipeline.spec import load_pipeline  # noqa: E402
+from frameserve.pipeline.loader import instantiate, load_pipeline  # noqa: E402
 from frameserve.video import VideoSource  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -31,7 +31,7 @@ def test_frames_writes_the_model_input_tensors(cli, tmp_path: Path) -> None:  # 
     assert index["tensor"] == {"shape": [3, 320, 320], "dtype": "float32", "layout": "NCHW"}
     # pad_square top_left: 96x64 -> 96x96 square -> 320: scale 320/96, no offset
     assert index["frames"][1]["transform"]["scale_x"] == pytest.approx(320 / 96)
-    spec = load_pipeline("nudenet").preprocess
+    spec = instantiate(load_pipeline("nudenet").load_class()).spec
     with VideoSource(made.path) as src:
         frame = [f for f in src if f.index == 5][0]
     expected, _ = frameserve.preprocess(frame.rgb, spec)
@@ -121,7 +121,7 @@ def test_frames_of_a_tiny_video_are_scaled_up_to_the_model_size(cli, tmp_path: P
     assert [f["index"] for f in index["frames"]] == [0, 1, 2, 3]
     # pad_square top_left: the w x h frame is its own square, scaled to 320 x 320
     assert index["frames"][0]["transform"]["scale_x"] == pytest.approx(320 / size[0])
-    spec = load_pipeline("nudenet").preprocess
+    spec = instantiate(load_pipeline("nudenet").load_class()).spec
     with VideoSource(made.path) as src:
         frame = next(iter(src))
     expected, _ = frameserve.preprocess(frame.rgb, spec)

@@ -12,8 +12,8 @@ import pytest
 import frameserve
 
 RUN_PARAMS = [
-    "video", "pipeline", "out", "video_out", "sampling", "batch", "backend", "threads", "settings", "service",
-    "progress", "decode_workers", "decode_threads", "keep_frames", "trace", "decode_pool",
+    "video", "pipeline", "out", "video_out", "sampling", "batch", "params", "backend", "threads", "settings",
+    "service", "progress", "decode_workers", "decode_threads", "keep_frames", "trace", "decode_pool", "short",
 ]
 
 

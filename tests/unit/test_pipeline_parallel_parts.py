@@ -10,7 +10,9 @@ import pytest
 
 from frameserve.errors import PipelineSpecError, VideoError
 from frameserve.pipeline._decode_worker import error_from_message
-from frameserve.pipeline._parallel import _ring_slots
+from frameserve.errors import PipelineHookError
+from frameserve.pipeline._stages import Layout
+from frameserve.pipeline.contract import Pipeline
 from frameserve.pipeline.runner import default_decode_workers
 from frameserve.pipeline.sinks import ResultsWriter, StreamedFrames, write_json
 
@@ -49,9 +51,26 @@ def test_errors_come_back_as_the_same_class() -> None:
     assert type(error_from_message("STATUS", "x")) is VideoError
 
 
-@pytest.mark.parametrize("batch,slots", [(1, 4), (2, 6), (3, 9), (8, 24), (16, 48)])
-def test_ring_holds_three_batches_in_whole_batches(batch: int, slots: int) -> None:
-    assert _ring_slots(batch) == slots and slots % batch == 0
+def test_layout_sizes_a_slot_from_the_arrays_and_the_rgb_frame() -> None:
+    import numpy as np
+
+    inputs = {"x": np.zeros((3, 4, 5), np.float32), "n": np.zeros((), np.int64)}
+    assert Layout.of(inputs, None).slot_bytes == 3 * 4 * 5 * 4 + 8
+    assert Layout.of(inputs, np.zeros((6, 7, 3), np.uint8)).slot_bytes == 3 * 4 * 5 * 4 + 8 + 6 * 7 * 3
+
+
+def test_layout_may_change_shape_but_not_keys_or_dtypes() -> None:
+    import numpy as np
+
+    class P(Pipeline):
+        name = "p"
+
+    first = Layout.of({"x": np.zeros((2, 2), np.float32)}, None)
+    Layout.of({"x": np.zeros((4, 4), np.float32)}, None).check_follows(first, P(), 9)  # a new shape: fine
+    with pytest.raises(PipelineHookError, match=r"frame 9 returned \{x: float64\}.*first frame returned \{x: float32\}"):
+        Layout.of({"x": np.zeros((2, 2), np.float64)}, None).check_follows(first, P(), 9)
+    with pytest.raises(PipelineHookError, match="same keys and dtypes"):
+        Layout.of({"x": np.zeros((2, 2), np.float32), "y": np.zeros(1)}, None).check_follows(first, P(), 3)
 
 
 def test_default_decode_workers() -> None:

@@ -1,4 +1,5 @@
-"""``frameserve assets``: list, fetch and locate the sample models and videos.
+"""``frameserve assets``: list, fetch and locate the sample models and videos (and list the
+built-in models backed by them).
 
 Paths go to stdout, one per line (for scripts); progress and errors go to stderr.
 """
@@ -45,7 +46,8 @@ def _human_size(size_bytes: object) -> str:
 
 @app.command("list")
 def list_command() -> None:
-    """Show every asset, where it comes from, whether it is present (sha256 checked) and its size."""
+    """Show every asset, where it comes from, whether it is present (sha256 checked) and its size,
+    then the built-in models (names a pipeline's ``models`` may use) and their assets."""
     with exit_on_error():
         settings = Settings.from_env()
         rows = _assets.list_assets(settings.assets_dir)
@@ -61,7 +63,15 @@ def list_command() -> None:
             source = f"{row['package']}=={row['version']}" if row["package"] else "user"
             mark = "[green]✓[/]" if row["present"] else "[red]✗[/]"
             table.add_row(str(row["name"]), str(row["kind"]), source, mark, _human_size(row["size_bytes"]))
-        Console().print(table)
+        models = Table(title="built-in models", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        models.add_column("name", no_wrap=True)
+        models.add_column("asset", no_wrap=True)
+        models.add_column("description")
+        for model in _assets.list_builtin_models():
+            models.add_row(str(model["name"]), str(model["asset"]), str(model["description"]))
+        console = Console()
+        console.print(table)
+        console.print(models)
 
 
 @app.command("fetch")

@@ -14,16 +14,17 @@ from rich.table import Table
 from frameserve.cli._common import exit_on_error
 from frameserve.pipeline.timing import STAGES
 
-__all__ = ["print_timing", "register", "run_command"]
+__all__ = ["print_summary", "print_timing", "register", "run_command"]
 
 console = Console(stderr=True)
 
 
 def run_command(
     video: Annotated[str, typer.Argument(help="Video path or URI (asset://NAME for a sample video).")],
-    pipeline: Annotated[str, typer.Option("--pipeline", "-p", help="Built-in pipeline name or pipeline YAML path.")] = "nudenet",
+    pipeline: Annotated[str, typer.Option("--pipeline", "-p", help="Built-in pipeline name, pipeline YAML file, or Python file with a frameserve.Pipeline subclass (file.py or file.py:ClassName).")] = "nudenet",
+    param: Annotated[list[str] | None, typer.Option("--param", help="Override a pipeline parameter: KEY=VALUE (repeatable; VALUE read as YAML: 0.3, true, [1, 2]; a dotted KEY reaches a nested one).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the results JSON here.")] = None,
-    video_out: Annotated[Path | None, typer.Option("--video-out", help="Write an annotated H.264 video here.")] = None,
+    video_out: Annotated[Path | None, typer.Option("--video-out", help="Encode a video of the pipeline's rendered frames here (boxes drawn, an enhanced picture...), source timing and audio kept.")] = None,
     sampling: Annotated[str | None, typer.Option(help="all | every:N | fps:R | keyframes | timestamps:T1,T2 (default: the pipeline's).")] = None,
     batch: Annotated[int | None, typer.Option(min=1, help="Frames per inference batch.")] = None,
     backend: Annotated[str | None, typer.Option(help="onnxruntime | openvino (default: the model's).")] = None,
@@ -32,12 +33,15 @@ def run_command(
     decode_threads: Annotated[int, typer.Option("--decode-threads", min=0, help="FFmpeg decoder threads per decode process (0 = automatic).")] = 0,
     trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome-trace / Perfetto timeline of the stages (JSON) here.")] = None,
     model_repository: Annotated[Path | None, typer.Option("--model-repository", help="Model repository (default: $FRAMESERVE_HOME/models).")] = None,
+    short: Annotated[bool, typer.Option("--short", help="Short-video mode: key frames only, fast open, in one process, the first key frame's result first.")] = False,
 ) -> None:
     """Run a pipeline over VIDEO: per-frame results, a summary, and where the time went."""
     from frameserve.config import Settings
+    from frameserve.pipeline.loader import parse_param
     from frameserve.pipeline.runner import run
 
     with exit_on_error():
+        params = dict(parse_param(p) for p in param or ())
         settings = Settings.from_env(model_repository=model_repository, threads=threads)
         with Progress(
             TextColumn("[progress.description]{task.description}"),
@@ -57,6 +61,7 @@ def run_command(
                 backend=backend, threads=threads, settings=settings, progress=progress,
                 decode_workers=decode_workers, decode_threads=decode_threads, trace=trace,
                 keep_frames=False,  # streamed to --out; the CLI prints only the summary
+                params=params, short=short,
             )
         print_timing(result, Console())
         if out is not None:
@@ -65,6 +70,22 @@ def run_command(
             Console().print(f"video: {video_out}", markup=False, highlight=False)
         if trace is not None:
             Console().print(f"trace: {trace} (open in https://ui.perfetto.dev)", markup=False, highlight=False)
+
+
+def print_summary(summary: dict[str, Any], out: Console) -> None:
+    """Print a run's summary: each label's frames and best score (detectors), each class's max
+    and mean (classifiers), text tracks, the verdict, and any other top-level numbers."""
+    for label, st in (summary.get("labels") or {}).items():
+        out.print(f"  {label}: {st['frames']} frames, max score {st['max_score']:.3f}", highlight=False)
+    for label, st in (summary.get("classes") or {}).items():
+        out.print(f"  {label}: max {st.get('max', 0):.3f}, mean {st.get('mean', 0):.3f}", highlight=False)
+    for track in (summary.get("texts") or [])[:10]:
+        out.print(f"  text {track.get('text')!r}: {track.get('first_s')}-{track.get('last_s')} s", highlight=False)
+    for key, value in summary.items():
+        if key in ("labels", "classes", "texts"):
+            continue
+        if isinstance(value, (int, float, str, bool)) or (isinstance(value, dict) and len(str(value)) < 160):
+            out.print(f"  {key}: {value}", highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -76,14 +97,16 @@ def print_timing(result: dict[str, Any], out: Console) -> None:
     """Print the summary line, warnings and the per-stage timing table of a run result."""
     frames = result["frames_processed"]
     wall = result["wall_s"]
-    model = result["model"]
+    models = result.get("models") or {"model": result["model"]}
+    used = ", ".join(
+        f"{m.get('name')} on {m.get('backend')} {m.get('precision', '')}".rstrip() for m in models.values()
+    )
     out.print(
         f"{result['pipeline']}: {frames} frames in {wall:.2f} s ({frames / wall if wall else 0:.1f} frames/s), "
-        f"model {model.get('name')} on {model.get('backend')} {model.get('precision', '')}",
+        f"model{'s' if len(models) > 1 else ''} {used}",
         highlight=False,
     )
-    for label, st in result["summary"]["labels"].items():
-        out.print(f"  {label}: {st['frames']} frames, max score {st['max_score']:.3f}", highlight=False)
+    print_summary(result["summary"], out)
     for w in result.get("warnings", []):
         out.print(Text.assemble(("warning:", "yellow"), " ", str(w)), highlight=False, soft_wrap=True)
     workers = result.get("decode_workers")

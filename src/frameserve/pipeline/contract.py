@@ -336,6 +336,12 @@ class Pipeline:
 
     model_inputs: dict[str, dict[str, ModelInput]]
 
+    def check(self) -> None:
+        """Check ``self.params`` (and anything derived from them) before anything runs; called
+        in every process right after the params are set. Raise
+        :class:`~frameserve.errors.PipelineSpecError` naming the bad parameter and what is
+        accepted. Default: nothing to check."""
+
     def setup(self, models: Mapping[str, ModelHandle]) -> None:
         """Once per instance, in the inference process, before the first batch (load a
         dictionary, warm a cache...). ``models[role]`` is a :class:`ModelHandle`."""

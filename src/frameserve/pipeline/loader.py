@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import yaml
 
-from frameserve.errors import PipelineHookError, PipelineNotFoundError, PipelineSpecError
+from frameserve.errors import FrameserveError, PipelineHookError, PipelineNotFoundError, PipelineSpecError
 from frameserve.pipeline.contract import ModelInput, Pipeline
 
 __all__ = [
@@ -100,6 +100,12 @@ class PipelineDef:
             if cls is None:
                 cls = self._load()
                 check_class(cls, self.origin or self.ref)
+                try:
+                    instantiate(cls)  # the class's own defaults must pass its check()
+                except PipelineSpecError as exc:
+                    origin = self.origin or self.ref
+                    msg = exc.message if origin in exc.message else f"{origin}: {exc.message}"
+                    raise type(exc)(msg) from None
                 _CLASS_CACHE[key] = cls
         return cls
 
@@ -376,7 +382,8 @@ def instantiate(
     defaults merged with ``params``, already checked) and ``model_inputs`` set.
 
     Raises:
-        PipelineHookError: the constructor needs arguments or raised.
+        PipelineHookError: the constructor needs arguments or raised, or ``check()`` raised.
+        PipelineSpecError: ``check()`` refused the parameters.
     """
     try:
         inst = cls()
@@ -387,4 +394,10 @@ def instantiate(
         ) from None
     inst.params = merge_params(cls.params, params or {}, origin=f"pipeline {cls.name!r}", strict=False)
     inst.model_inputs = {role: dict(v) for role, v in (model_inputs or {}).items()}
+    try:
+        inst.check()
+    except FrameserveError:
+        raise
+    except Exception as exc:
+        raise PipelineHookError(f"pipeline {cls.name!r}: check() raised {type(exc).__name__}: {exc}") from None
     return inst

@@ -79,6 +79,12 @@ class Detector(Pipeline):
                 out["params"][key] = block
         return out
 
+    def check(self) -> None:
+        """Build the preprocessing, decoder and aggregator from the params once (each raises
+        PipelineSpecError naming a bad field)."""
+        self.spec, self.decoder  # noqa: B018 - built (and cached) for their checks
+        self.aggregator()
+
     @cached_property
     def spec(self) -> PreprocessSpec:
         """The preprocessing recipe from ``params["preprocess"]``."""

@@ -1,0 +1,135 @@
+"""Finding pipelines: built-in names, YAML declarations of a built-in class, user Python files,
+and the one-line errors for each way a pipeline can be wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from frameserve.errors import PipelineHookError, PipelineNotFoundError, PipelineSpecError
+from frameserve.pipeline.builtin.detect import Detector
+from frameserve.pipeline.loader import builtin_pipelines, instantiate, load_pipeline, merge_params, parse_param
+
+
+def test_builtin_nudenet_reproduces_package_settings() -> None:
+    assert "nudenet" in builtin_pipelines()
+    cls = load_pipeline("nudenet").load_class()
+    assert issubclass(cls, Detector) and cls.models == {"det": "nudenet"}
+    p = instantiate(cls)
+    assert p.spec.size == (320, 320)
+    assert (p.spec.resize, p.spec.anchor, p.spec.pad_value) == ("pad_square", "top_left", 0)
+    assert p.spec.interpolation == "linear"
+    assert p.decoder.score_threshold == 0.25 and p.decoder.iou_threshold == 0.45
+    assert p.decoder.class_agnostic is True
+    assert len(p.decoder.labels) == 18 and p.decoder.labels[1] == "FACE_FEMALE"
+    assert cls.model_config["det"]["max_batch_size"] == 16 and p.params["aggregate"]["segment_gap_s"] == 1.0
+
+
+def test_unknown_pipeline_lists_builtins_and_forms() -> None:
+    with pytest.raises(PipelineNotFoundError) as exc:
+        load_pipeline("nosuch")
+    assert "nudenet" in str(exc.value) and ".yaml" in str(exc.value) and ".py" in str(exc.value)
+    with pytest.raises(PipelineNotFoundError, match="not found"):
+        load_pipeline("/no/such/file.py")
+
+
+def test_yaml_first_form_and_param_overrides(tmp_path: Path) -> None:
+    p = tmp_path / "p.yaml"
+    p.write_text(
+        "name: mine\nmodel: m\nbatch: 2\npreprocess: {size: [64, 32]}\n"
+        "postprocess: {type: yolov8, labels: [a, b]}\naggregate: {segment_gap_s: 0.5}\n"
+    )
+    cls = load_pipeline(p).load_class()
+    assert cls.name == "mine" and cls.batch == 2 and cls.models == {"det": "m"}
+    inst = instantiate(cls, params={"postprocess.score_threshold": 0.4})
+    assert inst.spec.size == (64, 32) and inst.decoder.score_threshold == 0.4
+    assert inst.params["aggregate"]["segment_gap_s"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("name: x\nmodel: m\npostprocess: {type: yolov8, labels: [a]}\nsampler: all\n", "unknown key"),
+        ("model: m\npostprocess: {type: yolov8, labels: [a]}\n", "missing required key 'name'"),
+        ("name: x\nmodel: m\npostprocess: {type: ssd}\n", "accepted: yolov8"),
+        ("name: x\nmodel: m\npostprocess: {labels: [a]}\nbatch: 0\n", "batch must be an int >= 1"),
+        ("name: x\nmodel: m\npostprocess: {labels: [a]}\npreprocess: {resize: zoom}\n", "accepted: letterbox"),
+        ("type: nosuch\nname: x\n", "type 'nosuch' is not a built-in pipeline class"),
+        ("type: detector\nname: x\nparams: {nosuch: 1}\n", "unknown param 'nosuch'; accepted: aggregate, postprocess, preprocess"),
+        ("- just\n- a list\n", "YAML mapping"),
+        ("name: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_invalid_yaml_errors_name_the_file_and_field(tmp_path: Path, text: str, match: str) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(PipelineSpecError, match=match) as exc:
+        load_pipeline(p)
+    assert "bad.yaml" in str(exc.value)
+
+
+GOOD = '''
+import numpy as np
+import frameserve
+
+class Base(frameserve.Pipeline):   # imported or not, only classes defined here count
+    pass
+
+class Mine(frameserve.Pipeline):
+    name = "mine"
+    models = {"m": "nudenet"}
+    params = {"k": 1}
+    def preprocess(self, frame):
+        return {"x": np.zeros(3, np.float32)}
+    def postprocess(self, frame, outputs):
+        return {}
+'''
+
+
+def test_python_file_with_one_subclass_or_a_named_class(tmp_path: Path) -> None:
+    f = tmp_path / "mine.py"
+    f.write_text(GOOD.replace("class Base(frameserve.Pipeline):   # imported or not, only classes defined here count\n    pass\n", ""))
+    d = load_pipeline(f)
+    assert d.kind == "python" and d.load_class().name == "mine"
+    two = tmp_path / "two.py"
+    two.write_text(GOOD)
+    with pytest.raises(PipelineHookError, match=r"exactly one frameserve.Pipeline subclass \(found: Base, Mine\)"):
+        load_pipeline(two)
+    assert load_pipeline(f"{two}:Mine").load_class().__name__ == "Mine"
+    with pytest.raises(PipelineHookError, match="'Nope' is not a frameserve.Pipeline subclass"):
+        load_pipeline(f"{two}:Nope")
+
+
+@pytest.mark.parametrize(
+    "body,match",
+    [
+        ("import nosuchmodule_xyz\n", r"does not import: ModuleNotFoundError.*\(bad.py line 1\)"),
+        ("x = (\n", "does not import: SyntaxError"),
+        ("import frameserve\nclass P(frameserve.Pipeline):\n    name = 'p'\n", "hook preprocess is missing"),
+        ("import frameserve\nclass P(frameserve.Pipeline):\n    name = 'p'\n    def preprocess(self, f): return {}\n",
+         "define process"),
+        ("import frameserve\nclass P(frameserve.Pipeline):\n    name = 'p'\n    batch = 0\n"
+         "    def preprocess(self, f): return {}\n    def postprocess(self, f, o): return {}\n", "batch must be an int >= 1"),
+        ("import frameserve\nclass P(frameserve.Pipeline):\n    name = 'p'\n    def __init__(self, x): pass\n"
+         "    def preprocess(self, f): return {}\n    def postprocess(self, f, o): return {}\n", "made with no arguments"),
+    ],
+)
+def test_bad_python_pipelines_are_one_line_errors(tmp_path: Path, body: str, match: str) -> None:
+    f = tmp_path / "bad.py"
+    f.write_text(body)
+    with pytest.raises(PipelineHookError, match=match) as exc:
+        load_pipeline(f)
+    assert "\n" not in str(exc.value)
+
+
+def test_merge_params_and_parse_param() -> None:
+    base = {"a": 1, "nested": {"x": 1, "y": 2}}
+    assert merge_params(base, {"nested.y": 5, "a": 2}, origin="o") == {"a": 2, "nested": {"x": 1, "y": 5}}
+    assert merge_params(base, {"nested": {"x": 3}}, origin="o") == {"a": 1, "nested": {"x": 3, "y": 2}}
+    with pytest.raises(PipelineSpecError, match="unknown param 'b'; accepted: a, nested"):
+        merge_params(base, {"b": 1}, origin="o")
+    assert parse_param("t=0.3") == ("t", 0.3) and parse_param("on=true") == ("on", True)
+    assert parse_param("l=[1, 2]") == ("l", [1, 2]) and parse_param("s=hello") == ("s", "hello")
+    with pytest.raises(PipelineSpecError, match="KEY=VALUE"):
+        parse_param("novalue")
