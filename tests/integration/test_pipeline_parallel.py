@@ -103,7 +103,7 @@ def test_streamed_frames_read_back_from_the_results_file(setup, tmp_path: Path) 
     assert list(streamed["frames"]) == kept["frames"]
     on_disk = json.loads(out.read_text())
     assert on_disk["frames"] == kept["frames"] and on_disk["summary"] == kept["summary"]
-    assert list(on_disk)[:6] == ["source", "pipeline", "model", "sampling", "batch", "frames"]
+    assert list(on_disk)[:8] == ["source", "pipeline", "model", "models", "sampling", "batch", "params", "frames"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".r.json")]  # no temp file left
 
 

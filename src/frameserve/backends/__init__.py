@@ -1,7 +1,8 @@
 """Backends: open one model version as a :class:`Session` that runs batches of numpy arrays.
 
-``onnxruntime`` (default), ``openvino`` and ``python`` (Triton's ``TritonPythonModel``) run
-here; heavy packages are imported only when their backend is used.
+``onnxruntime`` (default), ``openvino``, ``torch`` (TorchScript and ``torch.export`` programs)
+and ``python`` (Triton's ``TritonPythonModel``) run here; heavy packages are imported only when
+their backend is used.
 """
 
 from __future__ import annotations

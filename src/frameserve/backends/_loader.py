@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from frameserve.backends.base import BackendContext, Session
@@ -11,8 +10,8 @@ from frameserve.repository import BACKENDS, ModelConfig
 
 __all__ = ["load_session"]
 
-AVAILABLE_BACKENDS: tuple[str, ...] = ("onnxruntime", "openvino", "python")
-"""Backends this build can run; ``torch`` is accepted in configs but not yet run."""
+AVAILABLE_BACKENDS: tuple[str, ...] = ("onnxruntime", "openvino", "torch", "python")
+"""Backends this build can run (``openvino`` and ``torch`` when their extras are installed)."""
 
 
 def load_session(
@@ -22,7 +21,8 @@ def load_session(
 
     Args:
         config: the model's (possibly partial) config; the session's ``config`` is it completed.
-        model_path: the model file (``.onnx``; ``.xml`` IR for openvino).
+        model_path: the model file (``.onnx``; ``.xml`` IR for openvino; ``.pt`` TorchScript or
+            ``.pt2`` ``torch.export`` program for torch).
         threads: the session's inference thread budget (>= 1), set through the runtime's own
             options (the OMP/KMP environment variables do not reach the pip builds).
         context: where the session runs (BLS ``infer``, instance name, version); only the
@@ -54,8 +54,10 @@ def load_session(
         from frameserve.backends._python import load_python_session
 
         return load_python_session(config, path, threads=threads, context=context)
-    if backend == "torch" and importlib.util.find_spec("torch") is None:
-        raise BackendUnavailableError("backend 'torch' needs the torch package: pip install 'frameserve[torch]'")
+    if backend == "torch":
+        from frameserve.backends._torch import TorchSession
+
+        return TorchSession(config, path, threads=threads)
     raise BackendUnavailableError(
         f"backend {backend!r} is not available in this version; available: {', '.join(AVAILABLE_BACKENDS)}"
     )

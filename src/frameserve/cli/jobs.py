@@ -40,24 +40,23 @@ def submit(
     callback_url: Annotated[str | None, typer.Option("--callback-url", help="Standard Webhooks receiver.")] = None,
     priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
     sampling: Annotated[str | None, typer.Option(help="all | every:N | fps:R | keyframes.")] = None,
-    video_out: Annotated[bool, typer.Option("--video-out", help="Also write annotated.mp4.")] = False,
+    video_out: Annotated[bool, typer.Option("--video-out", help="Also write the pipeline's video (output.mp4).")] = False,
+    pipelines: Annotated[Path | None, typer.Option("--pipelines", help="The workers' pipelines folder, so its pipelines may be named.")] = None,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Same key, same job.")] = None,
     file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Allowed file:// root (repeatable).")] = None,
     callbacks_allow_private: Annotated[bool | None, typer.Option("--callbacks-allow-private/--callbacks-public-only")] = None,
     db: DbOpt = None,
 ) -> None:
     """Record a queued job (checked like POST /v1/jobs) and print it."""
-    from frameserve.errors import InvalidInputError
     from frameserve.jobs.callbacks import check_callback_url
     from frameserve.jobs.storage import Storage
     from frameserve.jobs.store import JobSpec
-    from frameserve.pipeline.loader import builtin_pipelines
+    from frameserve.pipeline.registry import PipelineRegistry
 
     with exit_on_error():
         store, js = _store(db, file_roots=[str(p) for p in file_root or []] or None,
                            callbacks_allow_private=callbacks_allow_private)
-        if pipeline not in builtin_pipelines():
-            raise InvalidInputError(f"unknown pipeline {pipeline!r}; available: {', '.join(builtin_pipelines())}")
+        PipelineRegistry(pipelines).resolve(pipeline)
         storage = Storage(file_roots=js.file_roots)
         storage.check_source(source)
         storage.check_target(target)

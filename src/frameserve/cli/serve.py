@@ -51,10 +51,16 @@ def serve_command(
     webhook_secret: Annotated[str | None, typer.Option("--webhook-secret", help="whsec_... key that signs job callbacks (env FRAMESERVE_WEBHOOK_SECRET).")] = None,
     callbacks_allow_private: Annotated[bool | None, typer.Option("--callbacks-allow-private/--no-callbacks-allow-private", help="Allow callbacks to private and loopback addresses (env FRAMESERVE_CALLBACKS_ALLOW_PRIVATE=1).", show_default=False)] = None,
     lease_s: Annotated[float | None, typer.Option("--lease-s", min=1, help="Job lease in seconds (env FRAMESERVE_LEASE_S; default 30).")] = None,
+    pipelines: Annotated[Path | None, typer.Option("--pipelines", help="Folder of the operator's pipelines (*.py, *.yaml), offered beside the built-ins to jobs and /v1/analyze; each is checked at start.")] = None,
+    analyze_max_bytes: Annotated[int, typer.Option("--analyze-max-bytes", min=1, help="Largest clip POST /v1/analyze accepts, bytes (413 beyond).")] = 64 * 1024 * 1024,
+    analyze_max_duration_s: Annotated[float, typer.Option("--analyze-max-duration-s", min=0.001, help="Longest clip POST /v1/analyze accepts, seconds (413 beyond).")] = 60.0,
+    analyze_concurrency: Annotated[int, typer.Option("--analyze-concurrency", min=1, help="Clips POST /v1/analyze runs at once (429 beyond).")] = 2,
 ) -> None:
-    """Serve the models of a repository over the v2 protocol (HTTP, gRPC) with metrics, and video jobs on /v1/jobs."""
+    """Serve the models of a repository over the v2 protocol (HTTP, gRPC) with metrics, video jobs on /v1/jobs and short clips on /v1/analyze."""
     from frameserve import __version__
     from frameserve.config import Settings
+    from frameserve.jobs.settings import JobsSettings
+    from frameserve.pipeline.registry import PipelineRegistry
     from frameserve.repository import ModelRepository
     from frameserve.server import Server, ServerOptions
     from frameserve.service import InferenceService
@@ -67,6 +73,7 @@ def serve_command(
         settings = Settings.from_env(model_repository=model_repository, threads=threads)
         if model_repository is None:  # the default may not exist yet: an empty repository
             settings.model_repository.mkdir(parents=True, exist_ok=True)
+        registry = PipelineRegistry(pipelines)  # a bad pipeline file stops the start here (exit 2)
         repository = ModelRepository(settings.model_repository)
         # threads=None lets the service plan the budget so instances never oversubscribe the cores
         service = InferenceService(repository, threads=threads)
@@ -78,18 +85,20 @@ def serve_command(
             max_body_bytes=max_body_bytes,
             graceful_timeout_s=graceful_timeout,
         )
+        jobs_settings = JobsSettings.from_env(
+            settings, db_url=db, file_roots=file_root or None, s3_endpoint_url=s3_endpoint_url,
+            webhook_secret=webhook_secret,
+            callbacks_allow_private=callbacks_allow_private, lease_s=lease_s,
+        )
+        routers = list(_pipeline_routers(settings, service, registry, jobs_settings, analyze_max_bytes,
+                                         analyze_max_duration_s, analyze_concurrency))
         embedded = None
         if jobs:
             from frameserve.jobs.embedded import EmbeddedJobs
-            from frameserve.jobs.settings import JobsSettings
 
-            jobs_settings = JobsSettings.from_env(
-                settings, db_url=db, file_roots=file_root or None, s3_endpoint_url=s3_endpoint_url,
-                webhook_secret=webhook_secret,
-                callbacks_allow_private=callbacks_allow_private, lease_s=lease_s,
-            )
-            embedded = EmbeddedJobs(settings, service, jobs_settings=jobs_settings)
-            options = dataclasses.replace(options, http_routers=(embedded.router,))
+            embedded = EmbeddedJobs(settings, service, jobs_settings=jobs_settings, pipelines=registry)
+            routers.append(embedded.router)
+        options = dataclasses.replace(options, http_routers=tuple(routers))
         # the service outlives the listeners: the embedded job worker finishes with it first
         server = Server(service, options, close_service=False)
         stop = threading.Event()
@@ -105,6 +114,7 @@ def serve_command(
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         _say(f"frameserve {__version__}: model repository {repository.root}")
+        _say(f"pipelines: {', '.join(registry.names())}" + (f" (folder {registry.folder})" if registry.folder else ""))
         try:
             server.start()
         except OSError as exc:
@@ -130,6 +140,25 @@ def serve_command(
                 embedded.stop(timeout_s=graceful_timeout)
             service.close()
         _say("stopped")
+
+
+def _pipeline_routers(
+    settings: object, service: object, registry: object, js: object, max_bytes: int, max_duration_s: float,
+    concurrency: int,
+) -> tuple[object, ...]:
+    """``GET /v1/pipelines`` and ``POST /v1/analyze`` (sources checked with the jobs' storage rules)."""
+    from frameserve.config import Settings
+    from frameserve.jobs.analyze import AnalyzeLimits, Analyzer, create_analyze_router
+    from frameserve.jobs.api import create_pipelines_router
+    from frameserve.jobs.settings import JobsSettings
+    from frameserve.jobs.storage import Storage
+    from frameserve.pipeline.registry import PipelineRegistry
+
+    assert isinstance(settings, Settings) and isinstance(registry, PipelineRegistry) and isinstance(js, JobsSettings)
+    storage = Storage(file_roots=js.file_roots, s3_endpoint_url=js.s3_endpoint_url)
+    limits = AnalyzeLimits(max_bytes=max_bytes, max_duration_s=max_duration_s, concurrency=concurrency)
+    analyzer = Analyzer(service, registry, storage, settings, limits)
+    return create_pipelines_router(registry), create_analyze_router(analyzer)
 
 
 def _redact(url: str) -> str:

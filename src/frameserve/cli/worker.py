@@ -32,10 +32,12 @@ def worker_command(
     callback_timeout_s: Annotated[float, typer.Option("--callback-timeout-s", min=0.1, help="Timeout of one callback request, seconds.")] = 10.0,
     model_repository: Annotated[Path | None, typer.Option("--model-repository", help="Model repository (default: $FRAMESERVE_HOME/models).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Inference threads (default: all CPUs).")] = None,
+    pipelines: Annotated[Path | None, typer.Option("--pipelines", help="Folder of the operator's pipelines (*.py, *.yaml) jobs may name beside the built-ins; each is checked at start.")] = None,
 ) -> None:
     """Claim jobs, download, run the pipeline, upload the outputs, and call back."""
     from frameserve.config import Settings
     from frameserve.jobs.settings import JobsSettings
+    from frameserve.pipeline.registry import PipelineRegistry
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     roots: list[str] = [str(p) for p in file_root or []]
@@ -50,11 +52,18 @@ def worker_command(
             settings, db_url=db, file_roots=roots or None, s3_endpoint_url=s3_endpoint_url,
             webhook_secret=webhook_secret, callbacks_allow_private=callbacks_allow_private, lease_s=lease_s,
         )
-        run_worker(settings, js, callbacks=callbacks, poll_s=poll_s, callback_timeout_s=callback_timeout_s)
+        registry = PipelineRegistry(pipelines)  # a bad pipeline file stops the start here (exit 2)
+        run_worker(settings, js, callbacks=callbacks, poll_s=poll_s, callback_timeout_s=callback_timeout_s,
+                   pipelines=registry)
 
 
-def run_worker(settings: object, js: object, *, callbacks: bool, poll_s: float, callback_timeout_s: float = 10.0) -> None:
-    """Build the worker (and deliverer) from settings and run until SIGTERM/SIGINT."""
+def run_worker(
+    settings: object, js: object, *, callbacks: bool, poll_s: float, callback_timeout_s: float = 10.0,
+    pipelines: object | None = None,
+) -> None:
+    """Build the worker (and deliverer) from settings and run until SIGTERM/SIGINT; ``pipelines``
+    is the :class:`~frameserve.pipeline.registry.PipelineRegistry` jobs may name (default: the
+    built-ins)."""
     from frameserve.config import Settings
     from frameserve.jobs.callbacks import CallbackDeliverer
     from frameserve.jobs.settings import JobsSettings
@@ -65,7 +74,10 @@ def run_worker(settings: object, js: object, *, callbacks: bool, poll_s: float, 
     from frameserve.repository import ModelRepository
     from frameserve.service import InferenceService
 
+    from frameserve.pipeline.registry import PipelineRegistry
+
     assert isinstance(settings, Settings) and isinstance(js, JobsSettings)
+    registry = pipelines if isinstance(pipelines, PipelineRegistry) else PipelineRegistry()
     fault = faults_from_env()
     store = JobStore(js.db_url)
     storage = Storage(file_roots=js.file_roots, s3_endpoint_url=js.s3_endpoint_url)
@@ -73,7 +85,7 @@ def run_worker(settings: object, js: object, *, callbacks: bool, poll_s: float, 
     service = InferenceService(repo, threads=settings.threads)
     pool = DecodePool(1)
     worker = Worker(
-        store, storage, pipeline_process(settings, service, fault, decode_pool=pool), lease_s=js.lease_s,
+        store, storage, pipeline_process(settings, service, fault, decode_pool=pool, pipelines=registry), lease_s=js.lease_s,
         poll_s=poll_s, fault=fault,
     )
     deliverer = (
@@ -90,7 +102,9 @@ def run_worker(settings: object, js: object, *, callbacks: bool, poll_s: float, 
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    logging.getLogger("frameserve.jobs.worker").info("worker %s on %s", worker.worker_id, store.engine.url.render_as_string())
+    log = logging.getLogger("frameserve.jobs.worker")
+    log.info("worker %s on %s", worker.worker_id, store.engine.url.render_as_string())
+    log.info("pipelines: %s", ", ".join(registry.names()))
     worker.start()
     if deliverer is not None:
         deliverer.start()

@@ -5,20 +5,27 @@ FastAPI).
 ``POST /v1/jobs``           submit ``{source, target, pipeline, params, callback_url, priority}``;
                             ``Idempotency-Key`` header: the same key returns the same job (200,
                             201 when created); 422 with the reason for an unknown pipeline, bad
-                            params, a refused scheme / file root / target, a bad callback URL
+                            params (``params.pipeline`` is checked against the pipeline's own
+                            ``params``), a refused scheme / file root / target, a bad callback URL
 ``GET /v1/jobs/{id}``       the job resource (state, phase, progress %, attempts, timings,
                             result ``{summary, outputs}``, error, callback state)
 ``GET /v1/jobs``            ``?state=&limit=&cursor=`` → ``{"jobs": [...], "next_cursor": ...}``, newest first
 ``POST /v1/jobs/{id}/cancel``  202 with the job; 409 when it already succeeded or failed
 ``GET /v1/jobs/{id}/events``   ``{"events": [{at, type, data}]}``, oldest first
+``GET /v1/pipelines``       ``[{name, kind, models, sampling, batch, params}]``: the pipelines a
+                            job may name (:meth:`PipelineRegistry.describe`)
 ==========================  =================================================================
+
+A job names a pipeline of the server's :class:`~frameserve.pipeline.registry.PipelineRegistry`
+(the built-ins and the operator's ``--pipelines`` folder), never a path: no code arrives
+through the API.
 
 Every error body is ``{"error": "<message>", "detail": ...}``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from typing import Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -27,13 +34,14 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
-from frameserve.errors import FrameserveError, InvalidInputError
+from frameserve.errors import FrameserveError
 from frameserve.jobs._errors import JobNotFoundError, JobStateError
 from frameserve.jobs.callbacks import check_callback_url
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import STATES, JobSpec, JobStore
+from frameserve.pipeline.registry import PipelineRegistry
 
-__all__ = ["JobParams", "JobRequest", "create_router"]
+__all__ = ["JobParams", "JobRequest", "create_pipelines_router", "create_router"]
 
 
 class JobParams(BaseModel):
@@ -42,7 +50,14 @@ class JobParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     sampling: str | None = Field(None, description="all | every:N | fps:R | keyframes (default: the pipeline's)")
     batch: int | None = Field(None, ge=1, le=256, description="frames per inference batch")
-    video_out: bool = Field(False, description="also write an annotated video (annotated.mp4)")
+    video_out: bool = Field(
+        False, description="also write the pipeline's video (its render(): boxes drawn, an enhanced picture...) as "
+        "output.mp4 (output.mkv for a lossless codec), listed in result.outputs",
+    )
+    pipeline: dict[str, Any] | None = Field(
+        None, description="the pipeline's own parameters (keys of its params; dotted keys reach nested ones), "
+        "as GET /v1/pipelines lists them",
+    )
 
 
 class JobRequest(BaseModel):
@@ -51,7 +66,7 @@ class JobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     source: str = Field(..., description="video URI: file:// (under an allowed root), http(s)://, s3://")
     target: str = Field(..., description="output prefix URI (file:// or s3://); results.json is written under it")
-    pipeline: str = Field("nudenet", description="pipeline name")
+    pipeline: str = Field("nudenet", description="pipeline name (GET /v1/pipelines lists them)")
     params: JobParams = Field(default_factory=JobParams)
     callback_url: str | None = Field(None, description="Standard Webhooks receiver for job.succeeded/failed/cancelled")
     priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
@@ -86,7 +101,7 @@ def create_router(
     storage: Storage,
     callbacks_allow_private: bool = False,
     max_attempts: int = 5,
-    pipelines: Sequence[str] | None = None,
+    pipelines: PipelineRegistry | None = None,
 ) -> APIRouter:
     """Build the ``/v1/jobs`` router over a store.
 
@@ -95,18 +110,13 @@ def create_router(
         storage: checks sources and targets at submit (schemes, file roots, writability).
         callbacks_allow_private: accept callback URLs on private / loopback addresses.
         max_attempts: attempts given to each submitted job.
-        pipelines: pipeline names accepted (default: the built-in pipelines).
+        pipelines: the pipelines a job may name (default: the built-in pipelines).
     """
-    if pipelines is None:
-        from frameserve.pipeline.loader import builtin_pipelines
-
-        pipelines = builtin_pipelines()
-    allowed = tuple(pipelines)
+    registry = pipelines if pipelines is not None else PipelineRegistry()
     router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=_JobRoute)
 
     def _check(req: JobRequest) -> None:
-        if req.pipeline not in allowed:
-            raise InvalidInputError(f"unknown pipeline {req.pipeline!r}; available: {', '.join(allowed)}")
+        registry.check_params(req.pipeline, req.params.pipeline)  # unknown pipeline, unknown param
         if req.params.sampling is not None:
             from frameserve.video import Sampling
 
@@ -175,5 +185,18 @@ def create_router(
             return {"events": store.events(job_id)}
         except JobNotFoundError as exc:
             return _error(404, exc.message)
+
+    return router
+
+
+def create_pipelines_router(registry: PipelineRegistry) -> APIRouter:
+    """``GET /v1/pipelines``: the pipelines jobs and ``/v1/analyze`` may name, as
+    ``[{name, kind, models, sampling, batch, params}]`` sorted by name."""
+    router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"])
+    listing = registry.describe()
+
+    @router.get("", summary="List the pipelines")
+    def list_pipelines() -> Any:
+        return listing
 
     return router

@@ -20,6 +20,7 @@ from frameserve.jobs.settings import JobsSettings
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import JobStore
 from frameserve.jobs.worker import Worker, pipeline_process
+from frameserve.pipeline.registry import PipelineRegistry
 
 __all__ = ["EmbeddedJobs"]
 
@@ -32,6 +33,8 @@ class EmbeddedJobs:
         service: the shared inference service the worker's pipelines run on.
         jobs_settings: job settings (default: :meth:`JobsSettings.from_env` over ``settings``).
         poll_s: idle wait of the worker and deliverer, seconds.
+        pipelines: the pipelines jobs may name (default: the built-ins; ``serve --pipelines DIR``
+            adds the operator's folder).
     """
 
     def __init__(
@@ -41,24 +44,26 @@ class EmbeddedJobs:
         *,
         jobs_settings: JobsSettings | None = None,
         poll_s: float = 0.05,
+        pipelines: PipelineRegistry | None = None,
     ) -> None:
         from frameserve.jobs.api import create_router
 
         self.settings = settings
         self.jobs_settings = js = jobs_settings or JobsSettings.from_env(settings)
+        self.pipelines = pipelines if pipelines is not None else PipelineRegistry()
         for root in js.file_roots:
             root.mkdir(parents=True, exist_ok=True)
         self.store = JobStore(js.db_url)
         self.storage = Storage(file_roots=js.file_roots, s3_endpoint_url=js.s3_endpoint_url)
         self.router = create_router(
             self.store, storage=self.storage, callbacks_allow_private=js.callbacks_allow_private,
-            max_attempts=js.max_attempts,
+            max_attempts=js.max_attempts, pipelines=self.pipelines,
         )
         from frameserve.pipeline import DecodePool
 
         self.decode_pool = DecodePool(1)
         self.worker = Worker(
-            self.store, self.storage, pipeline_process(settings, service, decode_pool=self.decode_pool),
+            self.store, self.storage, pipeline_process(settings, service, decode_pool=self.decode_pool, pipelines=self.pipelines),
             lease_s=js.lease_s, poll_s=poll_s,
         )
         self.deliverer = CallbackDeliverer(

@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from frameserve.config import Settings
 from frameserve.errors import FrameserveError
 from frameserve.jobs._errors import LeaseLostError, is_retryable
+from frameserve.jobs._pipeline import pipeline_process, video_out_name
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import Job, JobStore, Lease
 
-__all__ = ["FaultHook", "ProcessFn", "Worker", "faults_from_env", "pipeline_process"]
+__all__ = ["FaultHook", "ProcessFn", "Worker", "faults_from_env", "pipeline_process", "video_out_name"]
 
 log = logging.getLogger("frameserve.jobs.worker")
 
@@ -88,49 +88,6 @@ def faults_from_env(environ: Mapping[str, str] | None = None) -> FaultHook | Non
             time.sleep(0.02)
 
     return fault
-
-
-def pipeline_process(
-    settings: Settings, service: Any, fault: FaultHook | None = None, *, decode_pool: Any | None = None
-) -> ProcessFn:
-    """The pipeline step: :func:`frameserve.pipeline.runner.run` over the local video with the
-    job's pipeline and params (``sampling``, ``batch``, ``video_out: true`` for an annotated
-    video), on a shared :class:`~frameserve.service.InferenceService` so models stay loaded, and
-    with a :class:`~frameserve.pipeline.DecodePool` when given, so the decode process stays warm
-    across jobs (else the runner starts one per job). Per-frame results are streamed to the file (flat memory on
-    long videos). Outputs: ``results.json`` (per-frame detections) and, when asked, ``annotated.mp4``.
-    The worker runs one job at a time through this step, as the pool requires."""
-    from frameserve.pipeline.runner import run
-
-    pool = decode_pool
-
-    def process(video: Path, job: Job, workdir: Path, progress: ProgressCb) -> tuple[dict[str, Any], dict[str, Path]]:
-        params = job.params
-        out = workdir / "results.json"
-        video_out = workdir / "annotated.mp4" if params.get("video_out") else None
-        first = [True]
-
-        def on_batch(done: int, expected: int | None) -> None:
-            if fault is not None and first[0]:
-                first[0] = False
-                fault("mid_inference")
-            progress(done, expected)
-
-        res = run(
-            video, job.pipeline, out=out, video_out=video_out, sampling=params.get("sampling"),
-            batch=params.get("batch"), settings=settings, service=service, progress=on_batch,
-            keep_frames=False, decode_pool=pool,
-        )
-        files = {"results.json": out}
-        if video_out is not None:
-            files["annotated.mp4"] = video_out
-        summary = {
-            "summary": res["summary"], "frames_processed": res["frames_processed"], "pipeline": res["pipeline"],
-            "model": res["model"].get("name"), "source": res["source"], "warnings": res["warnings"],
-        }
-        return summary, files
-
-    return process
 
 
 @dataclass

@@ -379,12 +379,16 @@ class _Executor:
         batch: list[FrameMsg] = []
         while True:
             self._check()
+            w0 = time.perf_counter()
             try:
                 msg = self.out_q.get(timeout=_POLL_S)
             except queue.Empty:
+                self.timing.add_wait("infer", "in", time.perf_counter() - w0)
                 if self.proc.is_alive():
                     continue
                 msg = _get(self.out_q, self.proc, self.uri, self.frames_seen)
+            # inference (the process pool) waits for frames from the decode process
+            self.timing.add_wait("infer", "in", time.perf_counter() - w0)
             if isinstance(msg, Frames):
                 with self._cond:
                     self.outstanding += len(msg.frames)
@@ -442,7 +446,9 @@ class _Executor:
         stacked = {k: a[s0 : s0 + n] for k, a in ring.arrays.items()} if consecutive else None
         batch = Batch(items, stacked)
         slots = [m.slot for m in msgs]
-        self._put((batch, slots, self.pool.submit(self.stage, batch)))
+        future = self.pool.submit(self.stage, batch)
+        with self.timing.wait("infer", "out"):  # a full queue: the output stage is behind
+            self._put((batch, slots, future))
 
     # -- output thread ------------------------------------------------------------------------
 

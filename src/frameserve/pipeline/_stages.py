@@ -125,8 +125,8 @@ class CallMeter:
         self._local = threading.local()
 
     @contextlib.contextmanager
-    def call(self) -> Iterator[None]:
-        """Count the body as one model call."""
+    def call(self, items: int = 0) -> Iterator[None]:
+        """Count the body as one model call of ``items`` batch items (for the trace)."""
         t0, c0 = time.perf_counter(), time.thread_time()
         with self._lock:
             if self._active == 0:
@@ -144,7 +144,7 @@ class CallMeter:
             local.seconds = getattr(local, "seconds", 0.0) + (t1 - t0)
             local.cpu = getattr(local, "cpu", 0.0) + (c1 - c0)
             if self.timing.trace is not None:
-                self.timing.trace.complete("infer", t0, t1)
+                self.timing.trace.complete("infer", t0, t1, args={"frames": items})
 
     def take(self) -> tuple[float, float]:
         """This thread's wall and CPU seconds in calls since the last ``take``."""
@@ -161,7 +161,9 @@ class _MeteredHandle(ModelHandle):
         self._meter = meter
 
     def infer(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
-        with self._meter.call():
+        first = next(iter(inputs.values()), None)
+        items = int(first.shape[0]) if self.max_batch_size > 0 and first is not None and first.ndim else 1
+        with self._meter.call(items):
             return self._infer(inputs)
 
 

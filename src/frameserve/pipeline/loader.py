@@ -54,10 +54,20 @@ __all__ = [
 TYPES: dict[str, str] = {
     "detector": "frameserve.pipeline.builtin.detect:Detector",
     "yolov8": "frameserve.pipeline.builtin.detect:Detector",
+    "classifier": "frameserve.pipeline.builtin.classify:Classifier",
+    "nsfw": "frameserve.pipeline.builtin.nsfw:Nsfw",
+    "moderation": "frameserve.pipeline.builtin.moderation:Moderation",
+    "faces": "frameserve.pipeline.builtin.faces:Faces",
+    "enhance": "frameserve.pipeline.builtin.enhance:Enhance",
 }
 """YAML ``type:`` → the built-in class it declares (``module:Class``)."""
 
-BUILTIN_CLASSES: dict[str, str] = {}
+BUILTIN_CLASSES: dict[str, str] = {
+    "nsfw": "frameserve.pipeline.builtin.nsfw:Nsfw",
+    "moderation": "frameserve.pipeline.builtin.moderation:Moderation",
+    "faces": "frameserve.pipeline.builtin.faces:Faces",
+    "enhance": "frameserve.pipeline.builtin.enhance:Enhance",
+}
 """Built-in pipelines written in Python: name → ``module:Class`` (the YAML built-ins are the
 files of ``pipeline/builtin/*.yaml``)."""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,53 +54,41 @@ def default_decode_workers(cpus: int | None = None) -> int:
     return 1 if (cpus if cpus is not None else cpu_count()) >= 2 else 0
 
 
-@dataclass(frozen=True, eq=False)
-class RunResult(Mapping[str, Any]):
-    """The result of one run; also a read-only mapping of its JSON fields (``result["summary"]``).
+class RunResult(dict[str, Any]):
+    """The result of one run: the results mapping as written to the results JSON (a ``dict``,
+    so ``json.dump`` takes it when its frames were kept), with typed accessors.
+
+    Keys: ``source``, ``pipeline``, ``model`` (the first role's model), ``models`` (role →
+    ``{name, backend, precision, threads, ...}``), ``sampling``, ``batch``, ``params``, ``frames``
+    (``[{index, pts_s, is_keyframe, ...the frame's result}]``; read back from the results file on
+    use when the run streamed them, ``keep_frames=False``), ``summary`` (the aggregator's
+    result), ``timing``, ``bottleneck``, ``frames_processed``, ``wall_s``, ``warnings``,
+    ``decode_workers``, and ``video_out`` / ``trace`` when written.
 
     Attributes:
-        data: the results mapping, as written to the results JSON: ``source``, ``pipeline``,
-            ``model`` (the first role's model), ``models`` (role → ``{name, backend, precision,
-            threads, ...}``), ``sampling``, ``batch``, ``params``, ``frames`` (``[{index, pts_s,
-            is_keyframe, ...the frame's result}]``; streamed from ``results_path`` when the run
-            did not keep them), ``summary`` (the aggregator's result), ``timing``,
-            ``bottleneck``, ``frames_processed``, ``wall_s``, ``warnings``, ``decode_workers``,
-            and ``video_out`` / ``trace`` when written.
         results_path: the results JSON written, or ``None``.
-        video_out: the encoded video, or ``None``.
+        video_out_path: the encoded video, or ``None``.
     """
 
-    data: Mapping[str, Any]
-    results_path: Path | None = None
-    video_out: Path | None = None
-
-    def __getitem__(self, key: str) -> Any:
-        return self.data[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.data)
-
-    def __len__(self) -> int:
-        return len(self.data)
+    def __init__(self, data: Mapping[str, Any], *, results_path: Path | None = None, video_out_path: Path | None = None) -> None:
+        super().__init__(data)
+        self.results_path = results_path
+        self.video_out_path = video_out_path
 
     @property
     def summary(self) -> dict[str, Any]:
         """The aggregator's result."""
-        return self.data["summary"]
+        return self["summary"]
 
     @property
     def frames(self) -> Sequence[dict[str, Any]]:
-        """The per-frame entries (read back from the results file when streamed)."""
-        return self.data["frames"]
+        """The per-frame entries."""
+        return self["frames"]
 
     @property
     def warnings(self) -> list[str]:
         """What was found and worked around (damage, capped batch sizes...)."""
-        return self.data["warnings"]
-
-    def to_dict(self) -> dict[str, Any]:
-        """A plain dict (``frames`` as a list)."""
-        return {**self.data, "frames": list(self.data["frames"])}
+        return self["warnings"]
 
 
 def run(
@@ -198,6 +186,7 @@ def run(
         try:
             roles = prepare_models(service, cls, settings, backend, one_instance=workers == 0)
             inputs = model_inputs(service, roles)
+            batch_size = _capped_batch(cls, batch_size, inputs, notes)
             instance = instantiate(cls, params=merged, model_inputs=inputs)
             stage = ProcessStage(instance, service, roles, timing)
             stage.setup()
@@ -219,6 +208,24 @@ def run(
                 decode_pool.release(proc, ok=ok or proc.alive)
             else:
                 proc.close()
+
+
+def _capped_batch(cls: type[Pipeline], batch_size: int, inputs: Mapping[str, Mapping[str, Any]], notes: list[str]) -> int:
+    """A one-model pipeline's batch is capped at its model's ``max_batch_size`` (1 for a model
+    that does not batch), with a note; a pipeline of several models batches as it asks (its
+    handles split larger calls)."""
+    if len(inputs) != 1:
+        return batch_size
+    ((role, specs),) = inputs.items()
+    mbs = max([0, *(s.max_batch_size for s in specs.values())])
+    cap = mbs if mbs > 0 else 1
+    if batch_size > cap:
+        notes.append(
+            f"batch {batch_size} asked for; model {cls.models.get(role)!r} takes at most {cap} frames per call, "
+            f"so batches of {cap} were used"
+        )
+        return cap
+    return batch_size
 
 
 def _repository(settings: Settings) -> Any:
@@ -321,7 +328,7 @@ class _Run:
             raise
         return RunResult(
             data, results_path=Path(self.out) if self.out is not None else None,
-            video_out=Path(self.video_out) if self.video_out is not None else None,
+            video_out_path=Path(self.video_out) if self.video_out is not None else None,
         )
 
     def _inline(self) -> tuple[StreamInfo, OutputStage, list[str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from frameserve.errors import VideoError
 
+from ._encoding import coded_step, encoder_options, pick_pixel_format, rgb_frame
 from ._open import open_input
 
 __all__ = ["VideoWriter"]
@@ -36,17 +38,30 @@ _AUDIO_IN = {
 _NO_REORDER_FORMATS = frozenset({"avi", "flv", "asf", "rm"})
 """Containers without presentation timestamps: frames are encoded without B-frames for them."""
 
+_SIGNED_TS_FORMATS = frozenset({"matroska", "webm"})
+"""Containers whose (signed, cluster-relative) block times can hold a copied audio stream's
+negative start (AAC priming: the first packet at -1024 samples) as it is: FFmpeg's muxer would
+otherwise shift *every* stream, the video too, to make it non-negative."""
+
 
 class VideoWriter:
     """Encode uint8 RGB frames into a video file with PyAV (FFmpeg), keeping each frame's time.
 
-    Frames are converted RGB → ``yuv420p`` with BT.601 limited range (swscale's default), and the
-    stream is tagged ``smpte170m`` / ``tv`` so readers convert back the same way.
+    Pixel format: by default frames are converted RGB → ``yuv420p`` with BT.601 limited range
+    (swscale's default), and the stream is tagged ``smpte170m`` / ``tv`` so readers convert back
+    the same way. An RGB ``pixel_format`` (``rgb24``, ``bgr24``, ``bgr0``, ``gbrp``...) is filled
+    from the array byte for byte, with no conversion, and tagged RGB / full range: with a
+    lossless codec the file then decodes to exactly the pixels written. Each codec has its
+    default format (``libx264rgb``: ``rgb24``, ``ffv1``: ``bgr0``, else ``yuv420p``); the table
+    in :mod:`frameserve.video._encoding` lists them. Exact (lossless) output: ``codec="ffv1"``
+    (``.mkv``), ``codec="libx264rgb", qp=0`` (``.mkv`` or ``.mp4``), or ``lossless=True`` with
+    ``ffv1``, ``libx264rgb``, ``libx265`` (``gbrp``) or ``utvideo``.
 
-    ``yuv420p`` stores chroma at half resolution, so its width and height must be even. An odd
-    ``width`` / ``height`` is rounded *up* to the next even number and each frame is padded by
-    repeating its last column / row: no source pixel is lost, and the file is at most one pixel
-    wider / taller than asked (:attr:`coded_size` says what was written).
+    A subsampled format stores chroma at reduced resolution (``yuv420p``: half), so its width
+    and height must be even. An odd ``width`` / ``height`` is rounded *up* to the next even number
+    and each frame is padded by repeating its last column / row: no source pixel is lost, and the
+    file is at most one pixel wider / taller than asked (:attr:`coded_size` says what was
+    written). RGB and 4:4:4 formats take any size.
 
     Timing: each frame's pts is ``round(pts_s / time_base)``; ``time_base`` defaults to 1/90000 s
     (the MPEG clock), fine enough for any real frame rate and for variable frame rate (1/30000 s
@@ -66,28 +81,39 @@ class VideoWriter:
     timestamps (the source's clock, the same one as ``Frame.pts_s``), interleaved with the video
     as frames are written; the whole audio stream is copied, even where the video has no frames.
     When the source has no audio, or the output container cannot hold that audio codec (e.g. AAC
-    in WebM), no audio is written and :attr:`notes` says why.
+    in WebM), no audio is written and :attr:`notes` says why. Audio that starts before 0 (AAC's
+    priming packet) keeps its negative time in ``.mp4`` (an edit list) and ``.mkv`` (signed
+    block times), so the video's pts are the ones given, not shifted by the audio's delay.
 
     Args:
         path: output file; the container format follows the extension (``.mp4``, ``.mkv``...).
         width, height: frame size in pixels (of the arrays passed to :meth:`write`).
         fps: nominal frame rate (frames per second); default 25 for the encoder's rate control.
         time_base: seconds per pts tick (default 1/90000; 1/30000 for mpeg4 / H.263).
-        codec: FFmpeg encoder name (``"libx264"``, ``"mpeg4"``, ``"libvpx-vp9"``...).
-        crf: constant rate factor for encoders that take one (libx264/libx265/vpx; lower is
-            better, 23 is x264's default); ignored by others.
+        codec: FFmpeg encoder name (``"libx264"``, ``"libx265"`` (HEVC), ``"libx264rgb"``,
+            ``"ffv1"``, ``"mpeg4"``, ``"libvpx-vp9"``...).
+        crf: constant rate factor for encoders that take one (x264, x265, vpx, aom, svt-av1;
+            lower is better); ``None``: 23 (x264's default; 28 for x265, its own); ignored by
+            others.
+        qp: constant quantiser for x264 / x264rgb / x265 instead of ``crf`` (``0`` with
+            ``libx264rgb``: lossless).
+        preset: x264 / x265 speed preset (``"ultrafast"`` ... ``"veryslow"``).
+        pixel_format: the stored pixel format (``None``: the codec's default, see above).
+        lossless: store the RGB frames exactly (see above); needs a lossless codec.
+        options: more encoder options (FFmpeg's names, string values), applied last.
         audio_from: path or URI whose first audio stream is copied into the output (``None``:
             no audio).
 
     Attributes:
-        coded_size: ``(width, height)`` actually encoded (even numbers).
+        coded_size: ``(width, height)`` actually encoded (even numbers for ``yuv420p``).
+        pixel_format: the stored pixel format.
         frames_written: video frames written so far.
         audio_packets_written: audio packets copied so far.
         notes: one-line notes for the caller (audio that could not be copied, and why).
 
     Raises:
-        VideoError: unknown encoder, output that cannot be opened, a frame of the wrong shape or
-            dtype, or pts that do not increase.
+        VideoError: unknown encoder, a pixel format or option the encoder does not take, output
+            that cannot be opened, a frame of the wrong shape or dtype, or pts that do not increase.
     """
 
     def __init__(
@@ -99,14 +125,25 @@ class VideoWriter:
         fps: float | Fraction | None = None,
         time_base: Fraction | None = None,
         codec: str = "libx264",
-        crf: int = 23,
+        crf: int | None = None,
+        qp: int | None = None,
+        preset: str | None = None,
+        pixel_format: str | None = None,
+        lossless: bool = False,
+        options: Mapping[str, str] | None = None,
         audio_from: str | os.PathLike[str] | None = None,
     ) -> None:
         if width < 1 or height < 1:
             raise VideoError(f"video size must be positive, got {width}x{height}")
         self.path = os.fspath(path)
         self.width, self.height = int(width), int(height)
-        self.coded_size = (self.width + self.width % 2, self.height + self.height % 2)
+        try:
+            encoder = av.codec.Codec(codec, "w")
+        except (av.error.FFmpegError, ValueError) as exc:
+            raise VideoError(f"cannot encode with codec {codec!r}: {exc}; try 'libx264' or 'mpeg4'") from exc
+        self.pixel_format = pick_pixel_format(encoder, pixel_format, bool(lossless))
+        step_w, step_h = coded_step(self.pixel_format)
+        self.coded_size = (-(-self.width // step_w) * step_w, -(-self.height // step_h) * step_h)
         if time_base is not None:
             self.time_base = Fraction(time_base)
         elif codec in _SHORT_TIME_BASE_CODECS:
@@ -138,17 +175,28 @@ class VideoWriter:
             ) from exc
         stream = self._stream
         stream.width, stream.height = self.coded_size
-        stream.pix_fmt = "yuv420p"
+        stream.pix_fmt = self.pixel_format
         stream.time_base = self.time_base
         cc = stream.codec_context
         cc.time_base = self.time_base
-        cc.colorspace = 6  # AVCOL_SPC_SMPTE170M: BT.601, what swscale converts with by default
-        cc.color_range = 1  # AVCOL_RANGE_MPEG ("tv", limited)
-        if codec in ("libx264", "libx265", "libvpx", "libvpx-vp9", "libaom-av1", "libsvtav1"):
-            cc.options = {"crf": str(crf)}
-            if self._container.format.name in _NO_REORDER_FORMATS:
-                # AVI and friends store no pts: B-frame reordering would scramble the timing
-                cc.options = {**cc.options, "bf": "0"}
+        if av.VideoFormat(self.pixel_format).is_rgb:
+            cc.colorspace = 0  # AVCOL_SPC_RGB ("gbr"): no matrix, the pixels are RGB
+            cc.color_range = 2  # AVCOL_RANGE_JPEG ("pc", full)
+        else:
+            cc.colorspace = 6  # AVCOL_SPC_SMPTE170M: BT.601, what swscale converts with by default
+            cc.color_range = 1  # AVCOL_RANGE_MPEG ("tv", limited)
+        try:
+            # AVI and friends store no pts: B-frame reordering would scramble the timing
+            opts = encoder_options(
+                codec, crf=crf, qp=qp, preset=preset, lossless=bool(lossless),
+                no_bframes=self._container.format.name in _NO_REORDER_FORMATS, extra=options,
+            )
+        except VideoError:
+            self._container.close()
+            self._container = None
+            raise
+        if opts:
+            cc.options = opts
         if audio_from is not None:
             try:
                 self._open_audio(audio_from)
@@ -181,6 +229,8 @@ class VideoWriter:
             source.close()
             self.notes.append(f"no audio copied: cannot add {name} audio to {fmt}: {exc}")
             return
+        if fmt in _SIGNED_TS_FORMATS:
+            self._container.container_options["avoid_negative_ts"] = "disabled"
         self._audio_in = source
         self._audio_tb = Fraction(astream.time_base or Fraction(1, 1))
         self._audio_packets = source.demux(astream)
@@ -243,8 +293,7 @@ class VideoWriter:
         pad_w, pad_h = self.coded_size[0] - self.width, self.coded_size[1] - self.height
         if pad_w or pad_h:
             rgb = np.pad(rgb, ((0, pad_h), (0, pad_w), (0, 0)), mode="edge")
-        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
-        frame = frame.reformat(format="yuv420p", threads=1)
+        frame = rgb_frame(rgb, self.pixel_format)
         frame.pts = pts
         frame.time_base = self.time_base
         self._mux(self._encode(frame))

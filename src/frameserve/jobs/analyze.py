@@ -1,0 +1,352 @@
+"""``POST /v1/analyze``: a short clip in, its results JSON out, in the same request.
+
+The synchronous side of the short-video mode (:mod:`frameserve.pipeline.shortvideo`: key frames
+only, a fast open, the first key frame's result first), on the server's own
+:class:`~frameserve.service.InferenceService`, so the models are warm and requests are batched
+with everything else the server runs. Three ways to send a clip::
+
+    multipart/form-data         field ``file`` (the clip), optional fields ``pipeline`` (a name)
+                                and ``params`` (a JSON object of the pipeline's parameters)
+    application/json            {"source": URI, "pipeline": name, "params": {...}}: the URI is
+                                checked and fetched as a job's source is (file:// only under the
+                                file roots, http(s)://, s3://)
+    video/* or application/octet-stream   the raw clip; ?pipeline=NAME&params=<JSON> in the query
+
+Answers: 200 with the run's results (``source``, ``pipeline``, ``models``, ``frames``,
+``summary``, ``timing``...); every error is ``{"error": "<message>"}`` with the status of its
+code (:data:`frameserve.errors.STATUS`): 400 not a video or a bad parameter, 404 unknown
+pipeline, 413 a clip over ``max_bytes`` (refused from ``Content-Length`` before any of it is
+read, else as soon as the bytes read pass the limit) or longer than ``max_duration_s`` (the
+stream's duration, else the container's, as :class:`~frameserve.video.StreamInfo` has it), 422
+a pipeline whose code failed (the message names the hook and frames), 429 when
+``concurrency`` clips are already being analysed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+from fastapi import APIRouter
+from starlette.datastructures import UploadFile
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from frameserve.config import Settings
+from frameserve.errors import (
+    FrameserveError,
+    InvalidInputError,
+    PayloadTooLargeError,
+    ResourceExhaustedError,
+    VideoError,
+)
+from frameserve.jobs.storage import Storage
+from frameserve.pipeline.registry import PipelineRegistry
+
+__all__ = ["AnalyzeLimits", "Analyzer", "clip_duration_s", "create_analyze_router"]
+
+log = logging.getLogger("frameserve.jobs.analyze")
+
+_JSON_BODY_BYTES = 1 << 20
+_COPY_CHUNK = 1 << 20
+_FAST_PROBE = {"probesize": "32", "analyzeduration": "0"}
+
+
+@dataclass(frozen=True)
+class AnalyzeLimits:
+    """Limits of ``POST /v1/analyze``.
+
+    Attributes:
+        max_bytes: largest clip, bytes (the request body of an upload; the object of a URI).
+        max_duration_s: longest clip, seconds.
+        concurrency: clips analysed at once; one more is refused with 429.
+    """
+
+    max_bytes: int = 64 * 1024 * 1024
+    max_duration_s: float = 60.0
+    concurrency: int = 2
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
+        if not self.max_duration_s > 0:
+            raise ValueError(f"max_duration_s must be > 0, got {self.max_duration_s}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+
+
+def clip_duration_s(path: str | os.PathLike[str]) -> float | None:
+    """A clip's duration in seconds: the video stream's, else the container's (the definition
+    of :attr:`StreamInfo.duration_s`), read from the header with a minimal probe (as
+    :class:`~frameserve.pipeline.shortvideo.KeyframeReader` opens); ``None`` when neither says.
+
+    Raises:
+        VideoError: not a readable video, or no video stream.
+    """
+    import av
+
+    from frameserve.video import open_input
+
+    with open_input(path, options=_FAST_PROBE) as container:
+        stream = next(iter(container.streams.video), None)
+        if stream is None:
+            raise VideoError(f"no video stream in {os.fspath(path)!r}; expected a file with at least one video stream")
+        if stream.duration is not None and stream.time_base is not None:
+            return float(stream.duration * stream.time_base)
+        if container.duration is not None:
+            return float(container.duration / av.time_base)
+    return None
+
+
+class Analyzer:
+    """Runs one short clip at a time per slot; blocking, for a worker thread.
+
+    Args:
+        service: the server's inference service.
+        pipelines: the pipelines a request may name.
+        storage: how a ``source`` URI is checked and fetched (a job's rules).
+        settings: process settings (the assets folder of built-in models).
+        limits: sizes, duration, concurrency.
+    """
+
+    def __init__(
+        self, service: Any, pipelines: PipelineRegistry, storage: Storage, settings: Settings,
+        limits: AnalyzeLimits | None = None,
+    ) -> None:
+        self.service = service
+        self.pipelines = pipelines
+        self.storage = storage
+        self.settings = settings
+        self.limits = limits or AnalyzeLimits()
+        self._slots = threading.BoundedSemaphore(self.limits.concurrency)
+
+    def acquire(self) -> None:
+        """Take a slot.
+
+        Raises:
+            ResourceExhaustedError: every slot is taken (429).
+        """
+        if not self._slots.acquire(blocking=False):
+            raise ResourceExhaustedError(
+                f"{self.limits.concurrency} clip(s) are being analysed already; retry later, or submit a job (POST /v1/jobs)"
+            )
+
+    def release(self) -> None:
+        """Give a slot back."""
+        self._slots.release()
+
+    def check(self, pipeline: str, params: Mapping[str, Any] | None) -> None:
+        """Refuse an unknown pipeline or parameter before any byte of the clip is read."""
+        self.pipelines.check_params(pipeline, params)
+
+    def fetch(self, uri: str, workdir: Path) -> Path:
+        """Check and fetch ``uri`` as a job's source, at most ``max_bytes``.
+
+        Raises:
+            SourceError: refused or missing source. PayloadTooLargeError: over ``max_bytes``.
+            StorageError: a transient failure.
+        """
+        limit = self.limits.max_bytes
+
+        def on_chunk(done: int) -> None:
+            if done > limit:
+                raise PayloadTooLargeError(f"source {uri!r} is over the limit of {limit} bytes (--analyze-max-bytes)")
+
+        self.storage.check_source(uri)
+        suffix = Path(urlsplit(uri).path).suffix[:8]
+        return self.storage.download(uri, workdir / f"source{suffix}", on_chunk=on_chunk)
+
+    def run(self, path: Path, pipeline: str, params: Mapping[str, Any] | None, label: str) -> dict[str, Any]:
+        """Analyse the clip at ``path`` (``label`` names it in the results and messages).
+
+        Raises:
+            PayloadTooLargeError: longer than ``max_duration_s``.
+            VideoError, PipelineSpecError, PipelineHookError, ...: as :func:`frameserve.pipeline.runner.run`.
+        """
+        from frameserve.pipeline.runner import run
+
+        pdef = self.pipelines.resolve(pipeline)
+        try:
+            duration = clip_duration_s(path)
+            limit = self.limits.max_duration_s
+            if duration is not None and duration > limit:
+                raise PayloadTooLargeError(
+                    f"{label!r} lasts {duration:.3f} s, over the limit of {limit:g} s (--analyze-max-duration-s); "
+                    "submit longer videos as jobs (POST /v1/jobs)"
+                )
+            result = run(path, pdef, short=True, service=self.service, settings=self.settings, params=params)
+        except FrameserveError as exc:
+            if str(path) in exc.message:  # name the clip, not the server's scratch file
+                raise type(exc)(exc.message.replace(str(path), label)) from None
+            raise
+        data = {**result, "frames": list(result["frames"])}
+        data["source"] = {**dict(data.get("source") or {}), "uri": label}
+        return data
+
+
+def _error(exc: FrameserveError) -> Response:
+    return Response(orjson.dumps({"error": exc.message}), status_code=exc.http_status, media_type="application/json")
+
+
+async def _limited(request: Request, limit: int) -> AsyncIterator[bytes]:
+    """The body's chunks; raises :class:`PayloadTooLargeError` once more than ``limit`` bytes came."""
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise PayloadTooLargeError(f"the clip is over the limit of {limit} bytes (--analyze-max-bytes)")
+        yield chunk
+
+
+def _params(raw: Any, where: str) -> dict[str, Any] | None:
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, str):
+        try:
+            raw = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInputError(f"{where} is not valid JSON ({exc}); expected a JSON object of the pipeline's params") from None
+    if not isinstance(raw, dict):
+        raise InvalidInputError(f"{where} must be a JSON object of the pipeline's params, got {type(raw).__name__}")
+    return raw
+
+
+def _pipeline(raw: Any, where: str) -> str:
+    if raw is None or raw == "":
+        return "nudenet"
+    if not isinstance(raw, str):
+        raise InvalidInputError(f"{where} must be a pipeline name (a string; GET /v1/pipelines lists them)")
+    return raw
+
+
+async def _save(chunks: AsyncIterator[bytes], dest: Path) -> None:
+    """Write the chunks to ``dest``, a MiB at a time off the event loop."""
+    parts: list[bytes] = []
+    held = 0
+    with dest.open("wb") as fh:
+        async for chunk in chunks:
+            parts.append(chunk)
+            held += len(chunk)
+            if held >= _COPY_CHUNK:
+                await asyncio.to_thread(fh.write, b"".join(parts))
+                parts, held = [], 0
+        if parts:
+            await asyncio.to_thread(fh.write, b"".join(parts))
+
+
+def _copy(upload: UploadFile, dest: Path) -> None:
+    upload.file.seek(0)
+    with dest.open("wb") as fh:
+        shutil.copyfileobj(upload.file, fh, _COPY_CHUNK)
+
+
+async def _read_request(
+    analyzer: Analyzer, request: Request, workdir: Path
+) -> tuple[Path, str, dict[str, Any] | None, str]:
+    """``(local clip, pipeline, params, label)`` from any of the three request forms."""
+    limit = analyzer.limits.max_bytes
+    declared = request.headers.get("content-length")
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == "application/json":
+        raw = b"".join([c async for c in _limited(request, _JSON_BODY_BYTES)])
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInputError(f"malformed JSON in the request body: {exc}") from None
+        if not isinstance(doc, dict):
+            raise InvalidInputError('the request body must be a JSON object {"source": URI, "pipeline": name, "params": {...}}')
+        unknown = sorted(set(doc) - {"source", "pipeline", "params"})
+        if unknown:
+            raise InvalidInputError(f"unknown field(s) {unknown}; accepted: source, pipeline, params")
+        source = doc.get("source")
+        if not isinstance(source, str) or not source:
+            raise InvalidInputError("source must be the clip's URI (file:// under a file root, http(s)://, s3://)")
+        pipeline, params = _pipeline(doc.get("pipeline"), "pipeline"), _params(doc.get("params"), "params")
+        analyzer.check(pipeline, params)
+        return await asyncio.to_thread(analyzer.fetch, source, workdir), pipeline, params, source
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(f"the request body is {declared} bytes, over the limit of {limit} bytes (--analyze-max-bytes)")
+    if ctype == "multipart/form-data":
+        return await _read_multipart(analyzer, request, workdir)
+    if ctype == "application/octet-stream" or ctype.startswith("video/"):
+        q = request.query_params
+        pipeline, params = _pipeline(q.get("pipeline"), "query pipeline"), _params(q.get("params"), "query params")
+        analyzer.check(pipeline, params)
+        dest = workdir / "upload"
+        await _save(_limited(request, limit), dest)
+        if dest.stat().st_size == 0:
+            raise InvalidInputError("the request body is empty; send the clip's bytes")
+        return dest, pipeline, params, "upload"
+    raise InvalidInputError(
+        f"unsupported Content-Type {ctype or 'none'!r}; send multipart/form-data with a 'file' field, "
+        'application/json {"source": URI, ...}, or the clip itself as video/* or application/octet-stream'
+    )
+
+
+async def _read_multipart(analyzer: Analyzer, request: Request, workdir: Path) -> tuple[Path, str, dict[str, Any] | None, str]:
+    from starlette.formparsers import MultiPartException, MultiPartParser
+
+    parser = MultiPartParser(request.headers, _limited(request, analyzer.limits.max_bytes), max_files=1, max_fields=8)
+    try:
+        form = await parser.parse()
+    except MultiPartException as exc:
+        raise InvalidInputError(f"malformed multipart body: {exc.message}") from None
+    try:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise InvalidInputError("multipart body without a 'file' field holding the clip")
+        pipeline = _pipeline(form.get("pipeline"), "field pipeline")
+        params = _params(form.get("params"), "field params")
+        analyzer.check(pipeline, params)
+        dest = workdir / ("upload" + Path(upload.filename or "").suffix[:8])
+        await asyncio.to_thread(_copy, upload, dest)
+        if dest.stat().st_size == 0:
+            raise InvalidInputError("the 'file' field is empty; send the clip's bytes")
+        return dest, pipeline, params, upload.filename or "upload"
+    finally:
+        await form.close()
+
+
+def create_analyze_router(analyzer: Analyzer) -> APIRouter:
+    """The ``POST /v1/analyze`` router (see the module docstring)."""
+    router = APIRouter(prefix="/v1/analyze", tags=["analyze"])
+
+    @router.post(
+        "", summary="Analyse a short clip (key frames) and answer its results",
+        description="multipart/form-data (file, pipeline, params), application/json {source, pipeline, params}, "
+        "or the clip as video/* with ?pipeline=&params=; 413 over the size or duration limit, 429 when busy.",
+    )
+    async def analyze(request: Request) -> Response:
+        try:
+            analyzer.acquire()
+        except FrameserveError as exc:
+            return _error(exc)
+        workdir = Path(tempfile.mkdtemp(prefix="frameserve-analyze-"))
+        try:
+            path, pipeline, params, label = await _read_request(analyzer, request, workdir)
+            data = await asyncio.to_thread(analyzer.run, path, pipeline, params, label)
+            body = await asyncio.to_thread(orjson.dumps, data, option=orjson.OPT_SERIALIZE_NUMPY)
+            return Response(body, media_type="application/json")
+        except FrameserveError as exc:
+            return _error(exc)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        except Exception as exc:  # a bug must not take the server down; say what it was
+            log.exception("POST /v1/analyze failed")
+            body = orjson.dumps({"error": f"internal error: {type(exc).__name__}: {exc}"})
+            return Response(body, status_code=500, media_type="application/json")
+        finally:
+            analyzer.release()
+            await asyncio.to_thread(shutil.rmtree, workdir, True)
+
+    return router
