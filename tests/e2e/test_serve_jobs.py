@@ -1,4 +1,5 @@
-"""README's service walkthrough: one `frameserve serve`, a job submitted with HTTP, watched, its result read."""
+"""README's service walkthrough: one `frameserve serve --pipelines DIR`, the pipelines listed, a job
+submitted with HTTP, watched, its result read, and a short clip analysed in one request."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import httpx
 
 from _serving import ServeProcess
+from _user_pipelines import make_pipelines, make_repository
 
 
 def test_serve_runs_embedded_jobs_end_to_end(tmp_path: Path, carphone: Path, nudenet_model: Path) -> None:
@@ -17,13 +19,22 @@ def test_serve_runs_embedded_jobs_end_to_end(tmp_path: Path, carphone: Path, nud
     (home / "assets").mkdir()
     (home / "assets" / "nudenet-320n.onnx").symlink_to(nudenet_model)  # no second download
     (home / "storage" / "in.mp4").write_bytes(carphone.read_bytes())
-    repo = home / "models"
-    repo.mkdir()
-    with ServeProcess(repo, home) as server:
+    repo = make_repository(home / "models")
+    folder = make_pipelines(tmp_path / "pipelines")
+    with ServeProcess(repo, home, "--pipelines", str(folder)) as server:
         server.wait_ready()
         jobs_line = server.wait_line("jobs: /v1/jobs")
         assert "sqlite" in jobs_line and str(home / "storage") in jobs_line
+        assert "brightness" in server.wait_line("pipelines: ")
         base = f"http://127.0.0.1:{server.ports['HTTP']}"
+        kinds = {p["name"]: p["kind"] for p in httpx.get(f"{base}/v1/pipelines", timeout=10).json()}
+        assert kinds["brightness"] == "python" and kinds["my-detector"] == "yaml" and kinds["nudenet"] == "builtin"
+        clip = httpx.post(f"{base}/v1/analyze", files={"file": ("carphone.mp4", carphone.read_bytes(), "video/mp4")},
+                          data={"pipeline": "nudenet"}, timeout=60)
+        assert clip.status_code == 200, clip.text
+        keyframes = clip.json()["frames"]
+        assert keyframes and keyframes[0]["index"] == 0 and all(f["is_keyframe"] for f in keyframes)
+        assert any(d["label"] in ("FACE_FEMALE", "FACE_MALE") for d in keyframes[0]["detections"]), keyframes[0]
         body = {"source": f"file://{home}/storage/in.mp4", "target": f"file://{home}/storage/out/1",
                 "pipeline": "nudenet"}
         first = httpx.post(f"{base}/v1/jobs", json=body, headers={"Idempotency-Key": "walkthrough-1"}, timeout=10)

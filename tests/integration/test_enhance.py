@@ -263,3 +263,44 @@ def test_clear_errors(env: Env, tmp_path: Path) -> None:
     with pytest.raises(FrameserveError, match="mpeg4.*losslessly"):
         frameserve.run(video, str(pipe), settings=settings, video_out=tmp_path / "x.mkv",
                        params={"codec": "mpeg4", "lossless": True}, decode_workers=0)
+
+
+def test_unbatched_model_and_a_size_change_inside_a_batch(env: Env, tmp_path: Path) -> None:
+    """A model served with max_batch_size 0 ([N,3,H,W] fed one frame at a time), and frames of
+    two sizes in one batch (each then run alone)."""
+    import onnxruntime as ort
+
+    from frameserve.pipeline.contract import Batch, BatchItem, FrameInfo, ModelInput
+    from frameserve.pipeline.loader import instantiate, load_pipeline
+
+    settings, pipe, video = env.settings, env.pipe, env.video
+    repo = settings.model_repository
+    (repo / "sr2x_nobatch" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "sr2x_nobatch" / "1" / "model.onnx").write_bytes((repo / "sr2x" / "1" / "model.onnx").read_bytes())
+    (repo / "sr2x_nobatch" / "config.yaml").write_text("max_batch_size: 0\n")
+    nobatch = tmp_path / "nobatch.yaml"
+    nobatch.write_text("type: enhance\nname: sr-nobatch\nmodels: {model: sr2x_nobatch}\n")
+    out = tmp_path / "nb.mkv"
+    frameserve.run(video, str(nobatch), settings=settings, video_out=out, params={"codec": "ffv1"}, decode_workers=0)
+    for src, frame in zip(_decoded(video), _decoded(out), strict=True):
+        assert np.array_equal(frame, _expected(src))
+
+    session = ort.InferenceSession(str(repo / "sr2x" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+
+    class Handle:  # what ModelHandle offers process(), over the same model
+        max_batch_size, output_names, name = 4, ("y",), "sr2x"
+
+        def infer(self, inputs: dict) -> dict:
+            assert inputs["x"].ndim == 4
+            return {"y": session.run(None, {"x": inputs["x"]})[0]}
+
+    cls = load_pipeline(str(pipe)).load_class()
+    inst = instantiate(cls, model_inputs={"model": {"x": ModelInput("x", (3, -1, -1), np.dtype("float32"), 4)}})
+    rng = np.random.default_rng(3)
+    items = []
+    for i, (w, h) in enumerate([(16, 8), (12, 10)]):
+        info = FrameInfo(i, i * 0.04, i == 0, w, h, rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        items.append(BatchItem(inst.preprocess(info), info))
+    results = inst.process(Batch(items), {"model": Handle()})
+    assert [r.data["size"] for r in results] == [[32, 16], [24, 20]]
+    assert all(np.array_equal(r.image, _expected(item.frame.rgb)) for r, item in zip(results, items, strict=True))

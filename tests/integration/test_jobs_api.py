@@ -64,7 +64,9 @@ def test_submit_is_idempotent_and_get_returns_the_resource(setup) -> None:  # ty
 @pytest.mark.parametrize(
     ("patch", "reason"),
     [
-        ({"pipeline": "nope"}, "unknown pipeline 'nope'; available: nudenet"),
+        ({"pipeline": "nope"}, "unknown pipeline 'nope'; available: "),
+        ({"pipeline": "nudenet", "params": {"pipeline": {"postprocess.score_treshold": 0.3}}}, "unknown param 'score_treshold'"),
+        ({"pipeline": "nudenet", "params": {"pipeline": {"preprocess.resize": "zoom"}}}, "accepted: letterbox"),
         ({"source": "ftp://h/v.mp4"}, "source scheme 'ftp' is not supported"),
         ({"source": "file:///etc/passwd"}, "not under an allowed file root"),
         ({"source": "FILE_MISSING"}, "does not exist"),

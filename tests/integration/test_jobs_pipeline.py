@@ -1,6 +1,6 @@
 """The worker's real pipeline step (nudenet on a shared InferenceService) on small synthetic
 videos: a non-video source fails its job at once with the reason and affects no other job; job
-params reach the runner; an annotated video is an output when asked for."""
+params reach the runner; the pipeline's video (output.mp4) is an output when asked for."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_bad_video_fails_alone_and_params_reach_the_runner(tmp_path: Path, test_
     assert [f["index"] for f in frames] == [0, 2, 4, 6, 8]
     a = store.get(annotated)
     assert a.state == "succeeded" and a.result is not None
-    assert set(a.result["outputs"]) == {"results.json", "annotated.mp4"}
-    with av.open(str(root / "out/annotated/annotated.mp4")) as c:
+    assert set(a.result["outputs"]) == {"results.json", "output.mp4"}
+    with av.open(str(root / "out/annotated/output.mp4")) as c:
         assert sum(1 for _ in c.decode(video=0)) == 10
     store.close()

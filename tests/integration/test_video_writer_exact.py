@@ -48,7 +48,8 @@ def test_lossless_rgb_round_trip_is_exact(tmp_path: Path, name: str, kwargs: dic
         back = list(src)
         assert src.info.codec == stored
         assert src.info.pix_fmt == ("gbrp" if stored == "h264" else pix_fmt)  # H.264 decodes RGB as planar
-        assert src.info.color_space == "gbr"  # tagged RGB: no matrix
+        if not name.endswith(".avi"):  # AVI stores no colour tags
+            assert src.info.color_space == "gbr"  # tagged RGB: no matrix
     assert [f.pts_s for f in back] == pytest.approx(TIMES, abs=1e-6)
     for i, (a, b) in enumerate(zip(frames, back, strict=True)):
         assert np.array_equal(a, b.rgb), f"frame {i} changed"
@@ -65,6 +66,20 @@ def test_default_stays_h264_yuv420p_bt601_and_hevc_is_available(tmp_path: Path) 
             assert (src.info.codec, src.info.pix_fmt) == (want, "yuv420p")
             assert (src.info.color_space, src.info.color_range) == ("smpte170m", "tv")
             assert len(list(src)) == 2
+
+
+def test_hevc_streams_shorter_than_the_reorder_delay(tmp_path: Path) -> None:
+    """x265 sometimes leaves the dts of a 1- or 2-frame stream uninitialised (the muxer then
+    fails with "not yet implemented"): the writer must still write them."""
+    frames = _noise(2)
+    for attempt in range(6):
+        for n in (1, 2):
+            path = tmp_path / f"short{attempt}_{n}.mp4"
+            with VideoWriter(path, W, H, codec="libx265") as w:
+                for img, t in zip(frames[:n], TIMES, strict=False):
+                    w.write(img, t)
+            with VideoSource(path) as src:
+                assert [f.pts_s for f in src] == pytest.approx(TIMES[:n], abs=1e-6)
 
 
 def test_encoder_options_reach_the_encoder(tmp_path: Path) -> None:

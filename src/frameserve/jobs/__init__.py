@@ -1,7 +1,9 @@
 """Video jobs: a durable queue (SQLite or PostgreSQL), workers, object storage and signed callbacks.
 
-The HTTP routes live in :mod:`frameserve.jobs.api` (the only module here that imports FastAPI);
-:class:`frameserve.jobs.embedded.EmbeddedJobs` runs the whole service inside one process.
+The HTTP routes live in :mod:`frameserve.jobs.api` (``/v1/jobs``, ``/v1/pipelines``) and
+:mod:`frameserve.jobs.analyze` (``/v1/analyze``, short clips in one request), the only modules
+here that import FastAPI; :class:`frameserve.jobs.embedded.EmbeddedJobs` runs the whole service
+inside one process.
 """
 
 from __future__ import annotations

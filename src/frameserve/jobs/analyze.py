@@ -44,6 +44,7 @@ from starlette.responses import Response
 
 from frameserve.config import Settings
 from frameserve.errors import (
+    STATUS,
     FrameserveError,
     InvalidInputError,
     PayloadTooLargeError,
@@ -194,17 +195,28 @@ class Analyzer:
         return data
 
 
+def _http_status(exc: FrameserveError) -> int:
+    """The status of the error's code in :data:`~frameserve.errors.STATUS`; a job-service code
+    that has no row there (``invalid_source``...) takes its nearest base class's row."""
+    for cls in type(exc).__mro__:
+        code = getattr(cls, "code", None)
+        if isinstance(code, str) and code in STATUS:
+            return STATUS[code][0]
+    return 500  # pragma: no cover - FrameserveError's own code has a row
+
+
 def _error(exc: FrameserveError) -> Response:
-    return Response(orjson.dumps({"error": exc.message}), status_code=exc.http_status, media_type="application/json")
+    return Response(orjson.dumps({"error": exc.message}), status_code=_http_status(exc), media_type="application/json")
 
 
-async def _limited(request: Request, limit: int) -> AsyncIterator[bytes]:
+async def _limited(request: Request, limit: int, what: str = "the clip is") -> AsyncIterator[bytes]:
     """The body's chunks; raises :class:`PayloadTooLargeError` once more than ``limit`` bytes came."""
     total = 0
     async for chunk in request.stream():
         total += len(chunk)
         if total > limit:
-            raise PayloadTooLargeError(f"the clip is over the limit of {limit} bytes (--analyze-max-bytes)")
+            flag = " (--analyze-max-bytes)" if what == "the clip is" else ""
+            raise PayloadTooLargeError(f"{what} over the limit of {limit} bytes{flag}")
         yield chunk
 
 
@@ -258,7 +270,7 @@ async def _read_request(
     declared = request.headers.get("content-length")
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype == "application/json":
-        raw = b"".join([c async for c in _limited(request, _JSON_BODY_BYTES)])
+        raw = b"".join([c async for c in _limited(request, _JSON_BODY_BYTES, "the JSON body is")])
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

@@ -17,7 +17,7 @@ from frameserve.pipeline.contract import (
     ModelInput,
     Pipeline,
 )
-from frameserve.pipeline.loader import PipelineDef, builtin_pipelines, load_pipeline
+from frameserve.pipeline.loader import PipelineDef, builtin_class, builtin_pipelines, load_pipeline
 from frameserve.pipeline.postprocess import Detection, YoloV8Detect
 from frameserve.pipeline.preprocess import PreprocessSpec, Transform, preprocess, preprocess_into
 from frameserve.pipeline.shortvideo import KeyframeReader, ShortVideoRunner
@@ -45,6 +45,7 @@ __all__ = [
     "Trace",
     "Transform",
     "YoloV8Detect",
+    "builtin_class",
     "builtin_pipelines",
     "load_pipeline",
     "preprocess",

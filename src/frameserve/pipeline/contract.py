@@ -249,6 +249,12 @@ class ModelHandle:
         """The model's v2 metadata (``name``, ``versions``, ``platform``, ``inputs``, ``outputs``)."""
         return self._service.metadata(self.name)
 
+    @property
+    def info(self) -> dict[str, Any]:
+        """What the loaded model runs with: backend, precision, threads, ``model_path``, ...
+        (:meth:`~frameserve.service.InferenceService.session_info`)."""
+        return self._service.session_info(self.name)
+
     def submit(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> Future[dict[str, np.ndarray[Any, Any]]]:
         """Queue one request (at most ``max_batch_size`` items) and return its future."""
         return self._service.submit(self.name, inputs)

@@ -45,6 +45,7 @@ __all__ = [
     "BUILTIN_CLASSES",
     "TYPES",
     "PipelineDef",
+    "builtin_class",
     "builtin_pipelines",
     "instantiate",
     "load_pipeline",
@@ -59,6 +60,7 @@ TYPES: dict[str, str] = {
     "moderation": "frameserve.pipeline.builtin.moderation:Moderation",
     "faces": "frameserve.pipeline.builtin.faces:Faces",
     "enhance": "frameserve.pipeline.builtin.enhance:Enhance",
+    "ocr": "frameserve.pipeline.builtin.ocr:Ocr",
 }
 """YAML ``type:`` → the built-in class it declares (``module:Class``)."""
 
@@ -67,6 +69,7 @@ BUILTIN_CLASSES: dict[str, str] = {
     "moderation": "frameserve.pipeline.builtin.moderation:Moderation",
     "faces": "frameserve.pipeline.builtin.faces:Faces",
     "enhance": "frameserve.pipeline.builtin.enhance:Enhance",
+    "ocr": "frameserve.pipeline.builtin.ocr:Ocr",
 }
 """Built-in pipelines written in Python: name → ``module:Class`` (the YAML built-ins are the
 files of ``pipeline/builtin/*.yaml``)."""
@@ -74,7 +77,7 @@ files of ``pipeline/builtin/*.yaml``)."""
 _YAML_KEYS = {"type", "name", "description", "models", "model_config", "model_assets", "sampling", "batch", "params"}
 _LEGACY_KEYS = {"model", "asset", "preprocess", "postprocess", "aggregate"}
 _CLASS_CACHE: dict[tuple[Any, ...], type[Pipeline]] = {}
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # re-entrant: a user file may load a built-in while it is imported
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,18 @@ class PipelineDef:
     def label(self) -> str:
         """``builtin`` / ``yaml`` / ``python`` (``GET /v1/pipelines``' ``kind``)."""
         return self.kind
+
+
+def builtin_class(name: str) -> type[Pipeline]:
+    """The class of a built-in pipeline (``builtin_class("nudenet")``), to subclass in your own
+    pipeline file.
+
+    Raises:
+        PipelineNotFoundError: not a built-in name (lists them).
+    """
+    if name not in builtin_pipelines():
+        raise PipelineNotFoundError(f"unknown built-in pipeline {name!r}; built-in: {', '.join(builtin_pipelines())}")
+    return load_pipeline(name).load_class()
 
 
 def builtin_pipelines() -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from frameserve.errors import PipelineNotFoundError, PipelineSpecError
 from frameserve.pipeline.contract import Pipeline, to_jsonable
-from frameserve.pipeline.loader import PipelineDef, builtin_pipelines, load_pipeline, merge_params
+from frameserve.pipeline.loader import PipelineDef, builtin_pipelines, instantiate, load_pipeline, merge_params
 
 __all__ = ["PIPELINE_SUFFIXES", "PipelineRegistry"]
 
@@ -98,14 +98,19 @@ class PipelineRegistry:
 
     def check_params(self, name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
         """The pipeline's defaults merged with ``params`` (keys it has; dotted keys reach
-        nested ones), as the runner will merge them.
+        nested ones), as the runner will merge them, and passed through an instance made as
+        every process makes one (so the pipeline's own ``check()`` sees them at submit).
 
         Raises:
             PipelineNotFoundError: unknown pipeline.
-            PipelineSpecError: a key the pipeline does not have (lists the accepted ones).
+            PipelineSpecError: a key the pipeline does not have (lists the accepted ones), or a
+                value its ``check()`` refuses.
+            PipelineHookError: its constructor or ``check()`` raised.
         """
         cls = self.resolve(name).load_class()
-        return merge_params(cls.params, dict(params or {}), origin=f"pipeline {name!r}", strict=True)
+        merged = merge_params(cls.params, dict(params or {}), origin=f"pipeline {name!r}", strict=True)
+        instantiate(cls, params=merged)
+        return merged
 
     def describe(self) -> list[dict[str, Any]]:
         """``GET /v1/pipelines``: ``[{name, kind, models, sampling, batch, params}]`` sorted by

@@ -38,6 +38,9 @@ _AUDIO_IN = {
 _NO_REORDER_FORMATS = frozenset({"avi", "flv", "asf", "rm"})
 """Containers without presentation timestamps: frames are encoded without B-frames for them."""
 
+_MAX_REORDER_S = 60
+"""A packet's dts lies at most this far (seconds) from its pts; further is an encoder's garbage."""
+
 _SIGNED_TS_FORMATS = frozenset({"matroska", "webm"})
 """Containers whose (signed, cluster-relative) block times can hold a copied audio stream's
 negative start (AAC priming: the first packet at -1024 samples) as it is: FFmpeg's muxer would
@@ -137,11 +140,9 @@ class VideoWriter:
             raise VideoError(f"video size must be positive, got {width}x{height}")
         self.path = os.fspath(path)
         self.width, self.height = int(width), int(height)
-        try:
-            encoder = av.codec.Codec(codec, "w")
-        except (av.error.FFmpegError, ValueError) as exc:
-            raise VideoError(f"cannot encode with codec {codec!r}: {exc}; try 'libx264' or 'mpeg4'") from exc
-        self.pixel_format = pick_pixel_format(encoder, pixel_format, bool(lossless))
+        self.pixel_format = self.check_options(
+            codec=codec, crf=crf, qp=qp, preset=preset, pixel_format=pixel_format, lossless=lossless, options=options,
+        )
         step_w, step_h = coded_step(self.pixel_format)
         self.coded_size = (-(-self.width // step_w) * step_w, -(-self.height // step_h) * step_h)
         if time_base is not None:
@@ -204,6 +205,28 @@ class VideoWriter:
                 self._container.close()
                 self._container = None
                 raise
+
+    @staticmethod
+    def check_options(
+        *, codec: str = "libx264", crf: int | None = None, qp: int | None = None, preset: str | None = None,
+        pixel_format: str | None = None, lossless: bool = False, options: Mapping[str, str] | None = None,
+    ) -> str:
+        """Check encoder options as :class:`VideoWriter` takes them, without opening a file
+        (what a container accepts is only known when it is written).
+
+        Returns:
+            The pixel format that would be stored.
+
+        Raises:
+            VideoError: an unknown encoder, or a pixel format or option it does not take.
+        """
+        try:
+            encoder = av.codec.Codec(codec, "w")
+        except (av.error.FFmpegError, ValueError) as exc:
+            raise VideoError(f"cannot encode with codec {codec!r}: {exc}; try 'libx264' or 'mpeg4'") from exc
+        pix = pick_pixel_format(encoder, pixel_format, bool(lossless))
+        encoder_options(codec, crf=crf, qp=qp, preset=preset, lossless=bool(lossless), no_bframes=False, extra=options)
+        return pix
 
     def _open_audio(self, audio_from: str | os.PathLike[str]) -> None:
         assert self._container is not None
@@ -303,11 +326,18 @@ class VideoWriter:
 
     def _encode(self, frame: av.VideoFrame | None) -> list[av.Packet]:
         try:
-            return self._stream.encode(frame)
+            packets = self._stream.encode(frame)
         except av.error.FFmpegError as exc:
             raise VideoError(
                 f"encoding {self.path!r} with {self._stream.codec_context.name} failed: {exc}"
             ) from exc
+        limit = _MAX_REORDER_S / self.time_base
+        for packet in packets:
+            if packet.pts is not None and packet.dts is not None and abs(packet.dts - packet.pts) > limit:
+                # x265 leaves dts uninitialised (garbage) in a stream that ends before its
+                # reorder delay fills (1 or 2 frames); those frames are not reordered
+                packet.dts = packet.pts
+        return packets
 
     def _mux(self, packets: list[av.Packet]) -> None:
         assert self._container is not None

@@ -9,15 +9,16 @@ source-frame pixels, inclusive corners (a box is ``x2 - x1 + 1`` wide in :func:`
 :func:`bbreg` and :func:`nms`). The nets take their images *transposed*, x before y
 (``[N, W, H, 3]``), RGB, pixels ``(v - 127.5) * 0.0078125``; their maps come out transposed too.
 
-Deviations, where the package would raise or overflow instead of answering: a crop box that
-lies wholly outside the frame (the package's slice assignment raises ``ValueError``) is left
-black; a box with a non-positive side makes the frame faceless (the package returns no faces
+Deviations, where the package would raise or overflow instead of answering: a crop whose part
+in the frame and place in the crop differ in shape (a box wholly outside the frame; the
+package's slice assignment raises ``ValueError``) is left black; a box with a non-positive side makes the frame faceless (the package returns no faces
 when one side is 0, and raises otherwise); NMS picks are ``int64`` (the package's ``int16``
 wraps past 32767 boxes).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import cv2
@@ -37,11 +38,11 @@ __all__ = [
     "pad",
     "pyramid_levels",
     "rerec",
-    "whole_pixels",
     "stage1_finish",
     "stage1_scale",
     "stage2_finish",
     "stage3_finish",
+    "whole_pixels",
 ]
 
 NORM_OFFSET = 127.5
@@ -53,33 +54,21 @@ _STRIDE, _CELL = 2, 12  # P-Net's output stride and receptive cell (``__generate
 Array = np.ndarray[Any, Any]
 
 
-class PyramidLevel(tuple[float, int, int, int]):
-    """One pyramid level: ``(scale, width, height, offset)``: the frame resized to
+@dataclass(frozen=True, slots=True)
+class PyramidLevel:
+    """One level of the scale pyramid: the frame resized to ``width x height`` =
     ``ceil(W * scale) x ceil(H * scale)``, stored transposed (``[width, height, 3]`` uint8) at
     ``offset`` bytes into the packed pyramid of :func:`build_pyramid`."""
 
-    __slots__ = ()
-
-    @property
-    def scale(self) -> float:
-        return self[0]
-
-    @property
-    def width(self) -> int:
-        return self[1]
-
-    @property
-    def height(self) -> int:
-        return self[2]
-
-    @property
-    def offset(self) -> int:
-        return self[3]
+    scale: float
+    width: int
+    height: int
+    offset: int
 
     @property
     def size(self) -> int:
         """Bytes of the level: ``width * height * 3``."""
-        return self[1] * self[2] * 3
+        return self.width * self.height * 3
 
 
 def pyramid_levels(width: int, height: int, min_face_size: float, scale_factor: float) -> list[PyramidLevel]:
@@ -94,7 +83,7 @@ def pyramid_levels(width: int, height: int, min_face_size: float, scale_factor: 
     while min_layer >= 12:
         scale = float(m * np.power(scale_factor, k))
         w, h = int(np.ceil(width * scale)), int(np.ceil(height * scale))
-        levels.append(PyramidLevel((scale, w, h, offset)))
+        levels.append(PyramidLevel(scale, w, h, offset))
         offset += w * h * 3
         min_layer = min_layer * scale_factor
         k += 1
@@ -292,7 +281,7 @@ def stage3_finish(boxes: Array, reg: Array, landmarks: Array, prob: Array, thres
     pts = landmarks[ipass].astype(np.float64)
     w = out[:, 2] - out[:, 0] + 1
     h = out[:, 3] - out[:, 1] + 1
-    xs = w[:, None] * pts[:, 0:5] + out[:, 0:1]
+    xs = w[:, None] * pts[:, 0:5] + out[:, 0:1] - 1
     ys = h[:, None] * pts[:, 5:10] + out[:, 1:2] - 1
     if out.shape[0] == 0:
         return out, np.empty((0, 5, 2))

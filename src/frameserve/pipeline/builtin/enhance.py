@@ -36,9 +36,10 @@ from typing import Any
 import cv2
 import numpy as np
 
-from frameserve.errors import PipelineSpecError
+from frameserve.errors import PipelineSpecError, VideoError
 from frameserve.pipeline.contract import Batch, FrameOutput, ModelHandle, Pipeline
 from frameserve.pipeline.preprocess import _INTERPOLATION
+from frameserve.video import VideoWriter
 
 __all__ = ["Enhance"]
 
@@ -96,6 +97,28 @@ class Enhance(Pipeline):
     def _fail(self, message: str) -> PipelineSpecError:
         return PipelineSpecError(f"pipeline {self.name!r}: {message}")
 
+    def check(self) -> None:
+        """Check the parameters (and, once the model is known, its input) in every process.
+
+        Raises:
+            PipelineSpecError: names the bad parameter and what is accepted.
+        """
+        p = self.params
+        _check(self, "channels", p.get("channels"), _CHANNELS)
+        _check(self, "interpolation", p.get("interpolation"), tuple(_INTERPOLATION))
+        if p.get("layout") is not None:
+            _check(self, "layout", p.get("layout"), _LAYOUTS)
+        for key in ("input_scale", "output_scale"):
+            if not isinstance(p.get(key), (int, float)) or isinstance(p.get(key), bool):
+                raise self._fail(f"params.{key} must be a number, got {p.get(key)!r}")
+        _size(self, p.get("size"))
+        try:
+            VideoWriter.check_options(**self.encoding())
+        except VideoError as exc:
+            raise self._fail(f"params (codec, crf, qp, preset, pixel_format, lossless): {exc.message}") from None
+        if self.model_inputs.get("model"):
+            self.io  # noqa: B018 - resolved (and cached) for its checks
+
     @cached_property
     def io(self) -> _ModelIO:
         """The model's input as frames are fed to it (from ``params`` and ``model_inputs``).
@@ -116,8 +139,6 @@ class Enhance(Pipeline):
             inp = inputs[str(name)]
         else:
             raise self._fail(f"params.input {name!r} is not an input of model {self.models.get('model')!r} (it has {sorted(inputs)})")
-        _check(self, "channels", p.get("channels"), _CHANNELS)
-        _check(self, "interpolation", p.get("interpolation"), tuple(_INTERPOLATION))
         shape, lead = inp.shape, ()
         if inp.max_batch_size <= 0 and len(shape) == 4:
             shape, lead = shape[1:], (1,)
@@ -132,22 +153,22 @@ class Enhance(Pipeline):
             raise self._fail(f"model input {inp.name!r} {list(inp.shape)} ({layout}) has {c} channels; an image model takes 3")
         size = _size(self, p.get("size"))
         fixed = (w, h) if w > 0 and h > 0 else None
-        if (w > 0) != (h > 0):
+        if size is None and (w > 0) != (h > 0):
             raise self._fail(f"model input {inp.name!r} {list(inp.shape)} fixes one of H, W only; set params.size")
-        if size is not None and fixed is not None and size != fixed:
-            raise self._fail(f"params.size {list(size)} but model input {inp.name!r} takes {fixed[0]}x{fixed[1]} (W x H)")
+        if size is not None and ((w > 0 and size[0] != w) or (h > 0 and size[1] != h)):
+            takes = f"{w if w > 0 else 'any'}x{h if h > 0 else 'any'}"
+            raise self._fail(f"params.size {list(size)} but model input {inp.name!r} takes {takes} (W x H)")
         dtype = np.dtype(inp.dtype)
         if dtype.kind not in "fu" or (dtype.kind == "u" and float(p.get("input_scale", 1)) != 1.0):
             raise self._fail(f"model input {inp.name!r} is {dtype}; accepted: a float input, or uint8 with input_scale 1")
         return _ModelIO(inp.name, dtype, str(layout), lead, size or fixed)
 
     def setup(self, models: Mapping[str, ModelHandle]) -> None:
-        """Check the parameters and the encoding options once, before any frame."""
-        self.encoding()
+        """Check that ``params.output`` names an output of the model."""
         out = self.params.get("output")
         names = models["model"].output_names
         if out is not None and str(out) not in names:
-            raise self._fail(f"params.output {out!r} is not an output of model {models['model'].name!r} (it has {list(names)})")
+            raise PipelineSpecError(f"params.output {out!r} is not an output of model {models['model'].name!r} (it has {list(names)})")
 
     def preprocess(self, frame: Any) -> dict[str, np.ndarray[Any, Any]]:
         """The frame as the model's input: resized (if a size applies), channel order, scale,
@@ -170,9 +191,11 @@ class Enhance(Pipeline):
         """Run the model on the batch; each frame's output becomes uint8 RGB."""
         handle, io = models["model"], self.io
         out_name = self.params.get("output") or handle.output_names[0]
-        if handle.max_batch_size > 0:
+        if handle.max_batch_size > 0 and len({item.inputs[io.input].shape for item in batch}) == 1:
             y = handle.infer({io.input: batch.stacked(io.input)})[out_name]
             per_frame = [y[i] for i in range(len(batch))]
+        elif handle.max_batch_size > 0:  # the video changed size inside this batch
+            per_frame = [handle.infer({io.input: np.asarray(item.inputs[io.input])[None]})[out_name][0] for item in batch]
         else:
             per_frame = [handle.infer({io.input: np.asarray(item.inputs[io.input])})[out_name] for item in batch]
             per_frame = [y.reshape(y.shape[len(io.lead):]) if y.ndim == 3 + len(io.lead) else y for y in per_frame]
@@ -186,7 +209,7 @@ class Enhance(Pipeline):
         """One frame's output ``(3, H', W')`` / ``(H', W', 3)`` → uint8 ``(H', W', 3)`` RGB."""
         layout = self.io.layout
         if y.ndim != 3 or y.shape[0 if layout == "NCHW" else 2] != 3:
-            raise self._fail(
+            raise PipelineSpecError(  # raised in process(): the runner names the pipeline
                 f"frame {index}: the model's output has shape {list(y.shape)} per frame; expected a 3-channel "
                 f"image in the input's layout ({layout}: {'[3, H, W]' if layout == 'NCHW' else '[H, W, 3]'})"
             )
@@ -216,12 +239,16 @@ class Enhance(Pipeline):
         if lossless and codec == "libx264":
             codec = "libx264rgb"
         opts: dict[str, Any] = {"codec": codec, "lossless": lossless}
-        for key, kind in (("crf", (int, float)), ("qp", int), ("preset", str), ("pixel_format", str)):
+        kinds: tuple[tuple[str, Any, str], ...] = (
+            ("crf", (int, float), "a number (23 is x264's default)"), ("qp", int, "an integer (0: lossless)"),
+            ("preset", str, "an x264/x265 preset name"), ("pixel_format", str, "an FFmpeg pixel format name"),
+        )
+        for key, kind, what in kinds:
             value = p.get(key)
             if value is None:
                 continue
             if not isinstance(value, kind) or isinstance(value, bool):
-                raise self._fail(f"params.{key} has the wrong type: {value!r}")
+                raise self._fail(f"params.{key} must be {what} or null, got {value!r}")
             opts[key] = value
         return opts
 

@@ -15,11 +15,18 @@ Where the work runs:
   (``pyramid``; see :func:`~frameserve.pipeline.builtin._mtcnn_ops.build_pyramid`). One key
   whatever the frame size, so a resolution change only re-sizes the buffers; uint8 keeps the
   shared memory at ~0.7x the frame's own bytes (float32 would be ~2.9x).
-* ``process`` (inference): per level, the level of every frame of the batch normalised to
-  float32 (the copy out of the packed array, needed anyway) and given to P-Net in one call; per frame the candidates (NMS per level, then across levels);
-  R-Net on the 24x24 crops of every frame of the batch at once, then O-Net on the 48x48
-  crops of all survivors (``ModelHandle.infer`` splits by ``max_batch_size``). The crops are
-  cut from ``frame.rgb`` (``needs_rgb``).
+* ``process`` (inference): per level, that level of every frame of the batch normalised to
+  float32 (the copy out of the packed array, needed anyway) and given to P-Net in one call;
+  per frame the candidates (NMS per level, then across levels); R-Net on the 24x24 crops of
+  every frame of the batch at once, then O-Net on the 48x48 crops of all survivors
+  (``ModelHandle.infer`` splits by ``max_batch_size``). The crops are cut from ``frame.rgb``
+  (``needs_rgb``). Frames of different sizes in one batch (a resolution change) go to P-Net
+  in separate calls.
+
+The networks are evaluated per the ONNX spec by the backend (onnxruntime by default). The
+package under OpenCV 5.0.0's ``cv2.dnn`` gives different R-/O-Net outputs: that importer pads
+the ``MaxPool`` layers with ``auto_pad=SAME_UPPER`` (kernel 3, stride 2) at the start instead of
+the end; OpenCV 4.11, onnxruntime and the Keras original pad the end.
 
 Parameters (the package's ``MTCNN()`` defaults): ``min_face_size`` (px, 20),
 ``steps_threshold`` (P-/R-/O-Net face probability thresholds, ``[0.6, 0.7, 0.7]``),
@@ -68,31 +75,33 @@ class MtcnnParams:
     scale_factor: float = 0.709
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any], where: str) -> MtcnnParams:
-        """Read and check ``params``.
+    def from_params(cls, params: Mapping[str, Any], where: str = "") -> MtcnnParams:
+        """Read and check ``params`` (``where`` prefixes the messages).
 
         Raises:
             PipelineSpecError: a value of the wrong type or out of range (names it and the accepted range).
         """
+        where = f"{where}: " if where else ""
+
         def number(key: str, value: Any) -> float:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
-                raise PipelineSpecError(f"{where}: param {key} must be a number, got {value!r}")
+                raise PipelineSpecError(f"{where}param {key} must be a number, got {value!r}")
             return float(value)
 
         mfs = number("min_face_size", params.get("min_face_size", 20))
         if mfs <= 0:
-            raise PipelineSpecError(f"{where}: param min_face_size must be > 0 (pixels), got {mfs:g}")
+            raise PipelineSpecError(f"{where}param min_face_size must be > 0 (pixels), got {mfs:g}")
         sf = number("scale_factor", params.get("scale_factor", 0.709))
         if not 0 < sf < 1:
-            raise PipelineSpecError(f"{where}: param scale_factor must be in (0, 1), got {sf:g}")
+            raise PipelineSpecError(f"{where}param scale_factor must be in (0, 1), got {sf:g}")
         st = params.get("steps_threshold", [0.6, 0.7, 0.7])
         if not isinstance(st, (list, tuple)) or len(st) != 3:
             raise PipelineSpecError(
-                f"{where}: param steps_threshold must be a list of 3 numbers (P-Net, R-Net, O-Net), got {st!r}"
+                f"{where}param steps_threshold must be a list of 3 numbers (P-Net, R-Net, O-Net), got {st!r}"
             )
         steps = tuple(number("steps_threshold", v) for v in st)
         if not all(0 <= v <= 1 for v in steps):
-            raise PipelineSpecError(f"{where}: param steps_threshold values must be in [0, 1], got {list(steps)}")
+            raise PipelineSpecError(f"{where}param steps_threshold values must be in [0, 1], got {list(steps)}")
         return cls(min_face_size=mfs, steps_threshold=steps, scale_factor=sf)  # type: ignore[arg-type]
 
     def levels(self, width: int, height: int) -> list[ops.PyramidLevel]:
@@ -155,13 +164,20 @@ class Faces(Pipeline):
         """The checked parameters."""
         return MtcnnParams.from_params(self.params, f"pipeline {self.name!r}")
 
-    def setup(self, models: Mapping[str, ModelHandle]) -> None:
-        """Check the parameters and that each net has one input and the package's outputs.
+    def check(self) -> None:
+        """Check the parameters (see :meth:`MtcnnParams.from_params`).
 
         Raises:
-            PipelineSpecError: bad parameters, or a model without the expected input / outputs.
+            PipelineSpecError: a parameter of the wrong type or out of range.
         """
-        self.mtcnn  # noqa: B018 - checks the parameters before the first frame
+        self.mtcnn  # noqa: B018 - derived and checked once, in every process
+
+    def setup(self, models: Mapping[str, ModelHandle]) -> None:
+        """Check that each net batches, has one input and the package's outputs.
+
+        Raises:
+            PipelineSpecError: a model without the expected input / outputs.
+        """
         for role, outs in (("pnet", _PNET_OUT), ("rnet", _RNET_OUT), ("onet", _ONET_OUT)):
             h = models[role]
             missing = sorted(set(outs.values()) - set(h.output_names))
