@@ -9,7 +9,7 @@ from typing import Any
 from frameserve import assets
 from frameserve.config import Settings
 from frameserve.errors import AssetNotFoundError, ModelNotFoundError
-from frameserve.pipeline.contract import ModelInput, Pipeline
+from frameserve.pipeline.contract import ModelInput, Pipeline, model_input_specs
 from frameserve.service import InferenceService
 
 __all__ = ["model_inputs", "models_header", "prepare_models"]
@@ -101,14 +101,7 @@ def _split_threads(config: dict[str, Any], budget: int | None, total: int, own: 
 
 def model_inputs(service: InferenceService, roles: Mapping[str, str]) -> dict[str, dict[str, ModelInput]]:
     """role → {input name: :class:`ModelInput`} of the served models (for ``self.model_inputs``)."""
-    out: dict[str, dict[str, ModelInput]] = {}
-    for role, name in roles.items():
-        cfg = service.model_config(name)
-        out[role] = {
-            t.name: ModelInput(t.name, tuple(t.dims), t.datatype.to_numpy(), int(cfg.max_batch_size), t.layout)
-            for t in cfg.inputs
-        }
-    return out
+    return {role: model_input_specs(service.model_config(name)) for role, name in roles.items()}
 
 
 def models_header(service: InferenceService, roles: Mapping[str, str]) -> dict[str, dict[str, Any]]:

@@ -106,7 +106,7 @@ def checked_preprocess(pipeline: Pipeline, frame: Any) -> dict[str, np.ndarray[A
                 f"pipeline {pipeline.name!r}: preprocess() on frame {frame.index} returned {key!r}: {what}; "
                 "expected str keys and numeric numpy arrays (bool, int, uint, float)"
             )
-        checked[key] = np.ascontiguousarray(value)
+        checked[key] = value if value.flags.c_contiguous else value.copy(order="C")  # (ascontiguousarray makes 0-d 1-d)
     return checked
 
 

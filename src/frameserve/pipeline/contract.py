@@ -94,6 +94,13 @@ class ModelInput:
     layout: str | None = None
 
 
+def model_input_specs(cfg: Any) -> dict[str, ModelInput]:
+    """``{input name: ModelInput}`` of a served model's config
+    (:class:`~frameserve.repository.ModelConfig`)."""
+    mbs = int(cfg.max_batch_size)
+    return {t.name: ModelInput(t.name, tuple(t.dims), t.datatype.to_numpy(), mbs, t.layout) for t in cfg.inputs}
+
+
 @dataclass(frozen=True, eq=False)
 class FrameInfo:
     """A frame's metadata, as the hooks after ``preprocess`` see it.
@@ -228,21 +235,14 @@ class ModelHandle:
         max_batch_size: largest batch one call may carry to the model (0: no batch dimension).
     """
 
-    def __init__(self, service: InferenceService, role: str, name: str, on_call: Any = None) -> None:
+    def __init__(self, service: InferenceService, role: str, name: str) -> None:
         self._service = service
         self.role = role
         self.name = name
         cfg = service.model_config(name)
         self.max_batch_size = int(cfg.max_batch_size)
-        self.inputs: dict[str, ModelInput] = {
-            t.name: ModelInput(
-                name=t.name, shape=tuple(t.dims), dtype=t.datatype.to_numpy(),
-                max_batch_size=self.max_batch_size, layout=t.layout,
-            )
-            for t in cfg.inputs
-        }
+        self.inputs: dict[str, ModelInput] = model_input_specs(cfg)
         self.output_names: tuple[str, ...] = tuple(t.name for t in cfg.outputs)
-        self._on_call = on_call
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -271,14 +271,7 @@ class ModelHandle:
             TensorError: a missing, unknown or mismatched input (the message names the model,
                 what was given and what it takes). InferenceError: the backend failed.
         """
-        import time
-
-        t0 = time.perf_counter()
-        try:
-            return self._infer(inputs)
-        finally:
-            if self._on_call is not None:
-                self._on_call(time.perf_counter() - t0)
+        return self._infer(inputs)
 
     def _infer(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
         mbs = self.max_batch_size

@@ -129,11 +129,6 @@ class PipelineDef:
             return _class_from_yaml(self.data, self.origin or self.ref)
         return _import_class(BUILTIN_CLASSES[self.ref], self.ref)
 
-    @property
-    def label(self) -> str:
-        """``builtin`` / ``yaml`` / ``python`` (``GET /v1/pipelines``' ``kind``)."""
-        return self.kind
-
 
 def builtin_class(name: str) -> type[Pipeline]:
     """The class of a built-in pipeline (``builtin_class("nudenet")``), to subclass in your own

@@ -65,7 +65,8 @@ class VideoSource:
 
     Sampling (see :class:`Sampling`): ``all``, ``every:N`` and ``fps:R`` decode every frame and
     convert only the selected ones. ``keyframes`` sets the decoder's ``skip_frame = "NONKEY"`` so
-    non-key frames are not decoded at all. ``timestamps:T1,...`` picks, from the packet scan, the
+    non-key frames are not decoded at all, and keeps only frames whose key flag is set, for the
+    decoders that ignore the request (VP9, FFV1...: they decode every frame). ``timestamps:T1,...`` picks, from the packet scan, the
     frame displayed at each time, then for each one seeks to the key frame before it when a key
     frame lies between the current position and the target (decoding forward would pass it
     anyway), else decodes forward; either way it decodes forward to the exact frame (the first
@@ -234,6 +235,7 @@ class VideoSource:
 
     def _generate_range(self) -> Iterator[Frame]:
         selector = FrameSelector(self.sampling)
+        keyframes_only = self.sampling.kind == "keyframes"
         index = -1
         start_pts = self._ticks_ceil(self._start) if self._start is not None else None
         if start_pts is not None:
@@ -250,6 +252,8 @@ class VideoSource:
                 return
             if av_frame.is_corrupt:
                 continue  # a damaged picture (concealed from the previous one): dropped, reported
+            if keyframes_only and not av_frame.key_frame:
+                continue  # a decoder that ignores skip_frame=NONKEY (VP9, FFV1...) still decodes these
             if not selector.select(index, pts_s):
                 continue
             yield self._make_frame(av_frame, index, pts_s)
