@@ -185,3 +185,26 @@ def test_worker_runs_user_pipelines_and_goes_on_after_one_raises(jobs_env, tmp_p
     assert p.state == "succeeded" and p.result is not None and set(p.result["outputs"]) == {"results.json"}
     first = json.loads((root / "out/plain/results.json").read_text())["frames"][1]
     assert abs(first["red"] - 2 * 20) <= 4  # gain 1 (the default) for the job that set none
+
+
+def test_a_folder_pipeline_naming_an_unknown_model_stops_the_start(tmp_path: Path) -> None:
+    from frameserve.errors import ModelNotFoundError
+    from frameserve.pipeline.registry import PipelineRegistry
+
+    folder = tmp_path / "pipes"
+    folder.mkdir()
+    (folder / "lost.py").write_text(
+        "import numpy as np, frameserve\n"
+        "class Lost(frameserve.Pipeline):\n"
+        "    name = 'lost'\n    models = {'det': 'no_such_model'}\n"
+        "    def preprocess(self, frame): return {'x': np.zeros(1, np.float32)}\n"
+        "    def postprocess(self, frame, outputs): return {}\n"
+    )
+    PipelineRegistry(None).check_models(set())  # the built-ins are not checked (enhance names a model to serve)
+    registry = PipelineRegistry(folder)
+    registry.check_models({"no_such_model"})
+    with pytest.raises(ModelNotFoundError, match=r"pipeline 'lost' \(file .*lost.py'\): model role 'det' names 'no_such_model'"):
+        registry.check_models(set())
+    (folder / "ok.py").write_text((folder / "lost.py").read_text().replace("no_such_model", "nudenet").replace("'lost'", "'ok'"))
+    (folder / "lost.py").unlink()
+    PipelineRegistry(folder).check_models(set())  # a built-in model is enough

@@ -75,6 +75,7 @@ def serve_command(
             settings.model_repository.mkdir(parents=True, exist_ok=True)
         registry = PipelineRegistry(pipelines)  # a bad pipeline file stops the start here (exit 2)
         repository = ModelRepository(settings.model_repository)
+        registry.check_models(set(repository.models()))  # and so does a model no pipeline can get
         # threads=None lets the service plan the budget so instances never oversubscribe the cores
         service = InferenceService(repository, threads=threads)
         options = ServerOptions(

@@ -38,6 +38,7 @@ def worker_command(
     from frameserve.config import Settings
     from frameserve.jobs.settings import JobsSettings
     from frameserve.pipeline.registry import PipelineRegistry
+    from frameserve.repository import ModelRepository
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     roots: list[str] = [str(p) for p in file_root or []]
@@ -53,6 +54,8 @@ def worker_command(
             webhook_secret=webhook_secret, callbacks_allow_private=callbacks_allow_private, lease_s=lease_s,
         )
         registry = PipelineRegistry(pipelines)  # a bad pipeline file stops the start here (exit 2)
+        root = settings.model_repository
+        registry.check_models(set(ModelRepository(root).models()) if root.is_dir() else set())
         run_worker(settings, js, callbacks=callbacks, poll_s=poll_s, callback_timeout_s=callback_timeout_s,
                    pipelines=registry)
 

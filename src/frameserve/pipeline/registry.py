@@ -75,6 +75,32 @@ class PipelineRegistry:
         self._defs[name] = pdef
         self._origins[name] = origin
 
+    def check_models(self, served: set[str] | frozenset[str]) -> None:
+        """Check that every model the folder's pipelines name exists: a model of the served
+        repository (``served``), a built-in model, or a YAML pipeline's own asset. The built-in
+        pipelines are left out (``enhance`` names the model you serve it with).
+
+        Raises:
+            ModelNotFoundError: names the pipeline, its file, the role and the model, and where
+                it looked.
+        """
+        from frameserve.assets import ASSETS, BUILTIN_MODELS
+        from frameserve.errors import ModelNotFoundError
+
+        for name, pdef in self._defs.items():
+            if pdef.kind == "builtin":
+                continue
+            cls = pdef.load_class()
+            own = getattr(cls, "model_assets", None) or {}
+            for role, model in cls.models.items():
+                if model in served or model in BUILTIN_MODELS or own.get(role) in ASSETS:
+                    continue
+                raise ModelNotFoundError(
+                    f"pipeline {name!r} ({self._origins[name]}): model role {role!r} names {model!r}, which is "
+                    f"neither in the model repository ({', '.join(sorted(served)) or 'no models'}) nor a built-in "
+                    f"model ({', '.join(BUILTIN_MODELS)})"
+                )
+
     def names(self) -> list[str]:
         """Every pipeline's name, sorted."""
         return sorted(self._defs)
