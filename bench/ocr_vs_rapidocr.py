@@ -19,7 +19,7 @@ Per repeat, in turn (A B C, A B C, ...; medians quoted — the machine is shared
 
 Figures: frames/s of each and the ratios B/A, C/A (goal B/A >= 1.5). Checked: both frameserve
 runs give the same text tracks as rapidocr's results fed through the same aggregator (text,
-first_s, last_s, frames equal; max_score within 1e-3), and C's per-frame texts equal
+first_s, last_s, frames equal; max_score within 0.01: a reused line carries the score of the frame it was read on), and C's per-frame texts equal
 rapidocr's.
 """
 
@@ -81,7 +81,7 @@ def same_tracks(a: dict[str, Any], b: dict[str, Any]) -> tuple[bool, float]:
     if [[t[k] for k in keys] for t in ta] != [[t[k] for k in keys] for t in tb]:
         return False, float("nan")
     diff = max([abs(x["max_score"] - y["max_score"]) for x, y in zip(ta, tb, strict=True)] or [0.0])
-    return diff <= 1e-3, diff
+    return diff <= 1e-2, diff
 
 
 def main() -> int:

@@ -43,10 +43,11 @@ import numpy as np
 from frameserve import assets
 from frameserve.config import Settings, cpu_count
 from frameserve.pipeline._parallel import DecodePool
-from frameserve.pipeline.preprocess import preprocess_into
-from frameserve.pipeline.runner import _split_threads, run
+from frameserve.pipeline._models import _split_threads
+from frameserve.pipeline.loader import instantiate, load_pipeline
+from frameserve.pipeline.preprocess import PreprocessSpec, preprocess_into
+from frameserve.pipeline.runner import run
 from frameserve.pipeline.shortvideo import KeyframeReader
-from frameserve.pipeline.spec import PipelineSpec, load_pipeline
 from frameserve.service import InferenceService
 from frameserve.video import VideoSource
 
@@ -140,9 +141,8 @@ def cpu_per_frame_decode(video: Path) -> tuple[float, int]:
     return (time.process_time() - c0) / n, n
 
 
-def cpu_per_frame_preprocess(video: Path, spec: PipelineSpec, frames: int = 48) -> float:
+def cpu_per_frame_preprocess(video: Path, pre: PreprocessSpec, frames: int = 48) -> float:
     """CPU seconds per frame of preprocessing (one thread), on real frames of the video."""
-    pre = spec.preprocess
     out = np.empty(pre.input_shape(), dtype=pre.numpy_dtype)
     held = []
     with VideoSource(video) as src:
@@ -157,10 +157,10 @@ def cpu_per_frame_preprocess(video: Path, spec: PipelineSpec, frames: int = 48) 
     return (time.thread_time() - c0) / (3 * len(held))
 
 
-def cpu_per_frame_infer(service: InferenceService, model: str, spec: PipelineSpec, iters: int) -> tuple[float, int]:
+def cpu_per_frame_infer(service: InferenceService, model: str, spec: PreprocessSpec, iters: int) -> tuple[float, int]:
     """Lowest CPU seconds per frame of inference over batch sizes 1, 8, 16 (spinning off)."""
     best = (float("inf"), 0)
-    shape = spec.preprocess.input_shape()
+    shape = spec.input_shape()
     rng = np.random.default_rng(0)
     for b in (1, 8, 16):
         x = rng.random((b, *shape), dtype=np.float32)
@@ -286,14 +286,19 @@ def main(argv: list[str] | None = None) -> int:
         s = c.streams.video[0]
         print(f"long video: {long} ({s.codec_context.width}x{s.codec_context.height}, {s.frames} frames)", flush=True)
 
-    spec = load_pipeline("nudenet")
+    pdef = load_pipeline("nudenet")
+    cls = pdef.load_class()
+    spec = instantiate(cls).spec  # the detector's PreprocessSpec
+    model = cls.models["det"]
     service = InferenceService(None, threads=threads)
     # as `frameserve run` loads it: the pipeline's instances, the thread budget split among them
-    config = {**spec.model_config, "parameters": {"ort_allow_spinning": "0"}}
-    _split_threads(config, threads)
-    service.register(spec.model, model_path, config=config)
+    config = {**assets.builtin_model(model).config, **cls.model_config["det"]}
+    config["parameters"] = {**dict(config.get("parameters") or {}), "ort_allow_spinning": "0"}
+    count = sum(int(g.get("count", 1)) for g in config.get("instance_group") or ({},))
+    _split_threads(config, threads, count, count)
+    service.register(model, model_path, config=config)
     # the other setting for the CPU-limit measurement: one instance with all the threads
-    single = f"{spec.model}_1x{threads}"
+    single = f"{model}_1x{threads}"
     single_cfg = {k: v for k, v in config.items() if k != "instance_group"}
     single_cfg["parameters"] = {"ort_allow_spinning": "0", "threads": str(threads)}
     service.register(single, model_path, config=single_cfg)
@@ -308,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         # the lowest over the pipeline's instances (each with its share of the threads) and one
         # instance with all the threads, so the limit is not raised by a slow setting
         settings_tried = {
-            name: cpu_per_frame_infer(service, name, spec, iters=16 if quick else 96) for name in (spec.model, single)
+            name: cpu_per_frame_infer(service, name, spec, iters=16 if quick else 96) for name in (model, single)
         }
         best_model = min(settings_tried, key=lambda k: settings_tried[k])
         inf_cpu, best_b = settings_tried[best_model]
@@ -325,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def e2e() -> float:
             t0 = time.perf_counter()
-            r = run(long, spec, service=service, settings=settings, decode_pool=pool, keep_frames=False)
+            r = run(long, pdef, service=service, settings=settings, decode_pool=pool, keep_frames=False)
             last["e2e"] = r
             return r["frames_processed"] / (time.perf_counter() - t0)
 
@@ -366,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios, lines = [], []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            r = run(long, spec, service=service, settings=settings, decode_pool=pool, sampling="keyframes", keep_frames=False)
+            r = run(long, pdef, service=service, settings=settings, decode_pool=pool, sampling="keyframes", keep_frames=False)
             wall = time.perf_counter() - t0
             ratios.append(r["timing"]["infer"]["total_s"] / wall)
             lines.append(f"{r['frames_processed']} key frames in {wall:.2f} s, {r['bottleneck']['line']}")
