@@ -84,7 +84,7 @@ def write_frames(
     from frameserve.pipeline._stages import checked_preprocess
     from frameserve.pipeline.loader import instantiate, load_pipeline, merge_params
     from frameserve.pipeline.preprocess import PreprocessSpec, preprocess, transform_for
-    from frameserve.pipeline.runner import _repository
+    from frameserve.pipeline._models import repository_for
     from frameserve.service import InferenceService
     from frameserve.video import Sampling, VideoSource
 
@@ -106,7 +106,7 @@ def write_frames(
             "this run's: give a new or empty folder, or --overwrite to remove the files an earlier "
             "frames run wrote there (<digits>.npy/.npz/.png, index.json) first"
         )
-    with InferenceService(_repository(settings), threads=1) as service:
+    with InferenceService(repository_for(settings), threads=1) as service:
         roles = prepare_models(service, cls, settings, None, one_instance=True)
         inst = instantiate(cls, params=merged, model_inputs=model_inputs(service, roles))
     spec = getattr(inst, "spec", None)

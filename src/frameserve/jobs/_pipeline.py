@@ -6,17 +6,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from frameserve.config import Settings
+from frameserve.jobs.store import Job
 
 if TYPE_CHECKING:
-    from frameserve.jobs.store import Job
-    from frameserve.jobs.worker import FaultHook, ProcessFn, ProgressCb
     from frameserve.pipeline.loader import PipelineDef
     from frameserve.pipeline.registry import PipelineRegistry
 
-__all__ = ["pipeline_process", "video_out_name"]
+__all__ = ["FaultHook", "ProcessFn", "ProgressCb", "pipeline_process", "video_out_name"]
+
+FaultHook = Callable[[str], None]
+"""Test hook called at named points: ``mid_download``, ``mid_inference``, ``after_upload``,
+``mid_callback``."""
+
+ProgressCb = Callable[[int, int | None], None]
+ProcessFn = Callable[[Path, Job, Path, ProgressCb], tuple[dict[str, Any], dict[str, Path]]]
+"""``(local_video, job, workdir, progress) -> (summary_result, {output_name: local_file})``."""
 
 
 def pipeline_process(

@@ -37,7 +37,7 @@ from typing import Any
 
 from frameserve.errors import FrameserveError
 from frameserve.jobs._errors import LeaseLostError, is_retryable
-from frameserve.jobs._pipeline import pipeline_process, video_out_name
+from frameserve.jobs._pipeline import FaultHook, ProcessFn, ProgressCb, pipeline_process, video_out_name
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import Job, JobStore, Lease
 
@@ -45,13 +45,6 @@ __all__ = ["FaultHook", "ProcessFn", "Worker", "faults_from_env", "pipeline_proc
 
 log = logging.getLogger("frameserve.jobs.worker")
 
-FaultHook = Callable[[str], None]
-"""Test hook called at named points: ``mid_download``, ``mid_inference``, ``after_upload``,
-``mid_callback``."""
-
-ProgressCb = Callable[[int, int | None], None]
-ProcessFn = Callable[[Path, Job, Path, ProgressCb], tuple[dict[str, Any], dict[str, Path]]]
-"""``(local_video, job, workdir, progress) -> (summary_result, {output_name: local_file})``."""
 
 _WEIGHTS = {"download": (0.0, 0.1), "process": (0.1, 0.9), "upload": (0.9, 1.0)}
 

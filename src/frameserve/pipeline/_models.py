@@ -12,7 +12,16 @@ from frameserve.errors import AssetNotFoundError, ModelNotFoundError
 from frameserve.pipeline.contract import ModelInput, Pipeline, model_input_specs
 from frameserve.service import InferenceService
 
-__all__ = ["model_inputs", "models_header", "prepare_models"]
+__all__ = ["model_inputs", "models_header", "prepare_models", "repository_for"]
+
+
+def repository_for(settings: Settings) -> Any:
+    """The settings' model repository (:class:`~frameserve.repository.ModelRepository`), or
+    ``None`` when its folder does not exist (then only built-in models are found)."""
+    from frameserve.repository import ModelRepository
+
+    root = settings.model_repository
+    return ModelRepository(root) if root.is_dir() else None
 
 
 def prepare_models(

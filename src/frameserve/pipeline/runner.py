@@ -27,7 +27,7 @@ from frameserve.config import Settings, cpu_count
 from frameserve.errors import PipelineSpecError
 from frameserve.pipeline._decode_worker import DecodeJob
 from frameserve.pipeline._inline import run_inline
-from frameserve.pipeline._models import model_inputs, models_header, prepare_models
+from frameserve.pipeline._models import model_inputs, models_header, prepare_models, repository_for
 from frameserve.pipeline._parallel import DecodePool, DecodeProcess, run_parallel
 from frameserve.pipeline._stages import OutputStage, ProcessStage
 from frameserve.pipeline.contract import Pipeline
@@ -182,7 +182,7 @@ def run(
     own_service = service is None
     try:
         if service is None:
-            service = InferenceService(_repository(settings), threads=threads or settings.threads)
+            service = InferenceService(repository_for(settings), threads=threads or settings.threads)
         try:
             roles = prepare_models(service, cls, settings, backend, one_instance=workers == 0)
             inputs = model_inputs(service, roles)
@@ -226,13 +226,6 @@ def _capped_batch(cls: type[Pipeline], batch_size: int, inputs: Mapping[str, Map
         )
         return cap
     return batch_size
-
-
-def _repository(settings: Settings) -> Any:
-    from frameserve.repository import ModelRepository
-
-    root = settings.model_repository
-    return ModelRepository(root) if root.is_dir() else None
 
 
 @dataclass

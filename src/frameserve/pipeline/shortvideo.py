@@ -241,13 +241,13 @@ class ShortVideoRunner:
     ) -> None:
         from frameserve.pipeline._models import model_inputs, prepare_models
         from frameserve.pipeline.loader import instantiate, load_pipeline, merge_params
-        from frameserve.pipeline.runner import _repository
+        from frameserve.pipeline._models import repository_for
 
         self.settings = settings or Settings.from_env(threads=threads)
         cls = load_pipeline(pipeline).load_class()
         merged = merge_params(cls.params, dict(params or {}), origin=f"pipeline {cls.name!r}", strict=True)
         self._own_service = service is None
-        self.service = service or InferenceService(_repository(self.settings), threads=threads or self.settings.threads)
+        self.service = service or InferenceService(repository_for(self.settings), threads=threads or self.settings.threads)
         try:
             self.roles = prepare_models(self.service, cls, self.settings, backend)
             self.pipeline = instantiate(cls, params=merged, model_inputs=model_inputs(self.service, self.roles))
