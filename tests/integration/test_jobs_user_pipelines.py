@@ -28,6 +28,7 @@ from frameserve.jobs.storage import Storage
 from frameserve.jobs.worker import Worker, pipeline_process
 from frameserve.pipeline import DecodePool
 from frameserve.pipeline.registry import PipelineRegistry
+from frameserve.video import VideoSource
 from frameserve.repository import ModelRepository
 from frameserve.service import InferenceService
 
@@ -147,6 +148,7 @@ def test_worker_runs_user_pipelines_and_goes_on_after_one_raises(jobs_env, tmp_p
     gained = submit("gained", "brightness", 3, pipeline={"gain": 2.0}, video_out=True)
     boom = submit("boom", "boom", 2)
     plain = submit("plain", "brightness", 1)
+    short = submit("short", "brightness", 0, short=True)
     repo = make_repository(tmp_path / "models")
     service = InferenceService(ModelRepository(repo), threads=1)
     settings = Settings(home=test_home, model_repository=repo, threads=1)
@@ -156,7 +158,7 @@ def test_worker_runs_user_pipelines_and_goes_on_after_one_raises(jobs_env, tmp_p
     worker.start()
     try:
         deadline = time.monotonic() + 120
-        while not all(store.get(j).state in ("succeeded", "failed") for j in (gained, boom, plain)):
+        while not all(store.get(j).state in ("succeeded", "failed") for j in (gained, boom, plain, short)):
             assert time.monotonic() < deadline, store.counts()
             time.sleep(0.05)
     finally:
@@ -166,6 +168,12 @@ def test_worker_runs_user_pipelines_and_goes_on_after_one_raises(jobs_env, tmp_p
         service.close()
     g = store.get(gained)
     assert g.state == "succeeded" and g.result is not None, g.error
+    s = store.get(short)  # the short-video mode: key frames only
+    assert s.state == "succeeded", s.error
+    short_frames = json.loads((root / "out/short/results.json").read_text())["frames"]
+    with VideoSource(root / "in/v.mp4") as src:
+        keys = [f.index for f in src if f.is_keyframe]
+    assert [f["index"] for f in short_frames] == keys and all(f["is_keyframe"] for f in short_frames)
     assert g.result["pipeline"] == "brightness" and g.result["models"] == {"m": "scale"}
     assert g.result["outputs"] == {"results.json": f"file://{root}/out/gained/results.json",
                                    "output.mp4": f"file://{root}/out/gained/output.mp4"}

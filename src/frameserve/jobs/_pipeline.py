@@ -69,7 +69,8 @@ def pipeline_process(
         res = run(
             video, pdef, out=out, video_out=video_out, sampling=params.get("sampling"),
             batch=params.get("batch"), params=pipeline_params, settings=settings, service=service,
-            progress=on_batch, keep_frames=False, decode_pool=pool,
+            progress=on_batch, keep_frames=False, decode_pool=None if params.get("short") else pool,
+            short=bool(params.get("short")),
         )
         files = {"results.json": out}
         if video_out is not None:

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
-from frameserve.errors import FrameserveError
+from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.jobs._errors import JobNotFoundError, JobStateError
 from frameserve.jobs.callbacks import check_callback_url
 from frameserve.jobs.storage import Storage
@@ -53,6 +53,10 @@ class JobParams(BaseModel):
     video_out: bool = Field(
         False, description="also write the pipeline's video (its render(): boxes drawn, an enhanced picture...) as "
         "output.mp4 (output.mkv for a lossless codec), listed in result.outputs",
+    )
+    short: bool = Field(
+        False, description="the short-video mode: key frames only, read with a fast open, the first key frame "
+        "first (no sampling and no video_out with it)",
     )
     pipeline: dict[str, Any] | None = Field(
         None, description="the pipeline's own parameters (keys of its params; dotted keys reach nested ones), "
@@ -121,6 +125,8 @@ def create_router(
             from frameserve.video import Sampling
 
             Sampling.parse(req.params.sampling)
+        if req.params.short and (req.params.video_out or req.params.sampling not in (None, "keyframes")):
+            raise InvalidInputError("params.short reads key frames only and writes no video; leave out sampling and video_out")
         storage.check_source(req.source)
         storage.check_target(req.target)
         if req.callback_url is not None:
