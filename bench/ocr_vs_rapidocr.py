@@ -15,9 +15,11 @@ Per repeat, in turn (A B C, A B C, ...; medians quoted — the machine is shared
 * B — frameserve: ``frameserve.run(video, "ocr")`` end to end (decode process, preprocessing,
   three models, aggregation; the models loaded and the decode process warm beforehand:
   ``wall_s`` of the run), its defaults (``reuse: true``);
-* C — the same with ``reuse: false`` (every line read, as rapidocr does).
+* C — the same with ``reuse: false`` (every line read, as rapidocr does);
+* D — B on onnxruntime (``backend="onnxruntime"``): the pipeline's default backend is OpenVINO
+  when it is installed, and D shows what that choice is worth.
 
-Figures: frames/s of each and the ratios B/A, C/A (goal B/A >= 1.5). Checked: both frameserve
+Figures: frames/s of each and the ratios B/A, C/A, D/A (goal B/A >= 1.5). Checked: both frameserve
 runs give the same text tracks as rapidocr's results fed through the same aggregator (text,
 first_s, last_s, frames equal; max_score within 0.01: a reused line carries the score of the frame it was read on), and C's per-frame texts equal
 rapidocr's.
@@ -113,22 +115,37 @@ def main() -> int:
 
     engine = RapidOCR()
     engine(frames[0][1][..., ::-1].copy())
-    runs: dict[str, list[float]] = {"rapidocr": [], "frameserve": [], "frameserve reuse off": []}
+    variants: dict[str, dict[str, Any]] = {
+        "frameserve": {},
+        "frameserve reuse off": {"params": {"reuse": False}},
+        "frameserve onnxruntime": {"backend": "onnxruntime"},
+    }
+    runs: dict[str, list[float]] = {"rapidocr": [], **{k: [] for k in variants}}
+    backends: dict[str, str] = {}
     checks: list[str] = []
     reused = 0
-    with InferenceService(None, threads=cpu_count()) as service, DecodePool(1) as pool:
-        run(video, "ocr", service=service, settings=settings, decode_pool=pool, sampling="every:1000")  # load + warm
+    # one service per backend: a service keeps the models it loaded, and a run without
+    # ``backend`` uses whatever is loaded under the model's name
+    with (
+        InferenceService(None, threads=cpu_count()) as default_service,
+        InferenceService(None, threads=cpu_count()) as ort_service,
+        DecodePool(1) as pool,
+    ):
+        services = {k: ort_service if "backend" in kw else default_service for k, kw in variants.items()}
+        for k, kw in variants.items():  # load + warm
+            run(video, "ocr", service=services[k], settings=settings, decode_pool=pool, sampling="every:1000", **kw)
         for rep in range(repeats):
             wall, texts, tracks = rapidocr_loop(engine, frames)
             runs["rapidocr"].append(wall)
-            for label, params in (("frameserve", {}), ("frameserve reuse off", {"reuse": False})):
-                r = run(video, "ocr", service=service, settings=settings, decode_pool=pool, sampling=args.sampling, params=params)
+            for label, kwargs in variants.items():
+                r = run(video, "ocr", service=services[label], settings=settings, decode_pool=pool, sampling=args.sampling, **kwargs)
                 runs[label].append(float(r["wall_s"]))
+                backends[label] = f"{r['models']['det']['backend']}, {r['models']['det']['threads']} thread(s) per model"
                 ok, diff = same_tracks(r["summary"], tracks)
                 checks.append(f"repeat {rep + 1} {label}: tracks {'equal' if ok else 'DIFFER'} (max_score diff {diff:.2g})")
                 if label == "frameserve":
                     reused = sum(f["reused"] for f in r["frames"])
-                else:
+                elif label == "frameserve reuse off":
                     ours = [[t["text"] for t in f["texts"]] for f in r["frames"]]
                     checks.append(f"repeat {rep + 1} {label}: per-frame texts {'equal' if ours == texts else 'DIFFER'}")
             print(f"repeat {rep + 1}: " + ", ".join(f"{k} {n / v[-1]:.2f} f/s" for k, v in runs.items()), file=sys.stderr)
@@ -137,9 +154,10 @@ def main() -> int:
     print(f"\nCPU: {cpu_model()} ({cpu_count()} CPUs)")
     print(f"video: {n} frames of 1280x720 captions, sampling {args.sampling}, {repeats} interleaved repeats (medians)")
     for k, v in fps.items():
-        print(f"  {k:<22} {v:6.2f} frames/s")
-    print(f"  frameserve / rapidocr            {fps['frameserve'] / fps['rapidocr']:.2f}  (goal >= 1.5)")
-    print(f"  frameserve reuse off / rapidocr  {fps['frameserve reuse off'] / fps['rapidocr']:.2f}")
+        print(f"  {k:<24} {v:6.2f} frames/s" + (f"  ({backends[k]})" if k in backends else ""))
+    for k in variants:
+        goal = "  (goal >= 1.5)" if k == "frameserve" else ""
+        print(f"  {k + ' / rapidocr':<35} {fps[k] / fps['rapidocr']:.2f}{goal}")
     print(f"  lines reused (default run): {reused}; tracks: {[t['text'] for t in tracks['texts']]}")
     for c in checks:
         print("  " + c)
