@@ -133,3 +133,29 @@ def test_merge_params_and_parse_param() -> None:
     assert parse_param("l=[1, 2]") == ("l", [1, 2]) and parse_param("s=hello") == ("s", "hello")
     with pytest.raises(PipelineSpecError, match="KEY=VALUE"):
         parse_param("novalue")
+
+
+def test_hook_errors_name_the_users_line_and_the_rgb_hint(tmp_path: Path) -> None:
+    from frameserve.pipeline._stages import hook_error
+    from frameserve.pipeline.loader import near_hooks
+
+    f = tmp_path / "u.py"
+    f.write_text(
+        "import frameserve\nclass U(frameserve.Pipeline):\n    name = 'u'\n"
+        "    def preprocess(self, frame): return {}\n"
+        "    def process(self, batch, models):\n        return batch[0].frame.rgb.shape\n"
+        "    def rendr(self, frame, result): return None\n"
+    )
+    cls = load_pipeline(f).load_class()
+    inst = instantiate(cls)
+
+    class Item:
+        class frame:  # noqa: N801 - a stand-in for FrameInfo
+            rgb = None
+
+    try:
+        inst.process([Item()], {})
+    except AttributeError as exc:
+        err = hook_error(inst, "process", exc, "frame 0")
+    assert "u.py line 6" in err.message and "needs_rgb = True" in err.message and "\n" not in err.message
+    assert near_hooks(cls) == ["pipeline 'u': method rendr() is not a hook and is never called; did you mean render()?"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,7 +28,7 @@ def run_command(
     video_out: Annotated[Path | None, typer.Option("--video-out", help="Encode a video of the pipeline's rendered frames here (boxes drawn, an enhanced picture...), source timing and audio kept.")] = None,
     sampling: Annotated[str | None, typer.Option(help="all | every:N | fps:R | keyframes | timestamps:T1,T2 (default: the pipeline's).")] = None,
     batch: Annotated[int | None, typer.Option(min=1, help="Frames per inference batch.")] = None,
-    backend: Annotated[str | None, typer.Option(help="onnxruntime | openvino (default: the model's).")] = None,
+    backend: Annotated[str | None, typer.Option(help="onnxruntime | openvino | torch for every model (default: each model's own).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Inference threads (default: all CPUs).")] = None,
     decode_workers: Annotated[int | None, typer.Option("--decode-workers", min=0, help="Decode processes: 0 = single process, 1 = decode overlapped with inference in its own process (default: 1 with 2+ CPUs).")] = None,
     decode_threads: Annotated[int, typer.Option("--decode-threads", min=0, help="FFmpeg decoder threads per decode process (0 = automatic).")] = 0,
@@ -81,11 +82,17 @@ def print_summary(summary: dict[str, Any], out: Console) -> None:
         out.print(f"  {label}: max {st.get('max', 0):.3f}, mean {st.get('mean', 0):.3f}", highlight=False)
     for track in (summary.get("texts") or [])[:10]:
         out.print(f"  text {track.get('text')!r}: {track.get('first_s')}-{track.get('last_s')} s", highlight=False)
+    verdict = summary.get("verdict")
+    if isinstance(verdict, dict):
+        shown = {k: v for k, v in verdict.items() if isinstance(v, (int, float, str, bool)) or v is None}
+        out.print(f"  verdict: {json.dumps(shown)}", highlight=False, markup=False, soft_wrap=True)
     for key, value in summary.items():
-        if key in ("labels", "classes", "texts"):
+        if key in ("labels", "classes", "texts", "verdict"):
             continue
-        if isinstance(value, (int, float, str, bool)) or (isinstance(value, dict) and len(str(value)) < 160):
-            out.print(f"  {key}: {value}", highlight=False, markup=False)
+        text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+        if len(text) > 200:
+            text = text[:197] + "..."
+        out.print(f"  {key}: {text}", highlight=False, markup=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

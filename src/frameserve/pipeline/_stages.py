@@ -29,11 +29,35 @@ ProgressFn = Callable[[int, int | None], None]
 
 
 def hook_error(pipeline: Pipeline, hook: str, exc: BaseException, frames: str = "") -> PipelineHookError:
-    """The error for a hook that raised: names the pipeline, the hook, the frames and the
-    exception (its message kept; frameserve errors keep their own message)."""
+    """The error for a hook that raised: names the pipeline, the hook, the frames, the exception
+    (its message kept; frameserve errors keep their own message) and the line of the pipeline's
+    own file where it was raised; when ``frame.rgb`` was asked for without ``needs_rgb``, says so."""
     where = f" on {frames}" if frames else ""
     msg = exc.message if isinstance(exc, FrameserveError) else f"{type(exc).__name__}: {exc}"
-    return PipelineHookError(f"pipeline {pipeline.name!r}: {hook}(){where} raised {msg}")
+    msg = " ".join(msg.split())  # one line, whatever the library's message holds
+    line = _user_line(type(pipeline), exc)
+    hint = ""
+    rgb_like = isinstance(exc, (TypeError, AttributeError)) or type(exc).__name__ == "error"  # cv2.error
+    if hook in ("process", "postprocess") and not pipeline.needs_rgb and rgb_like:
+        hint = " (batch[i].frame.rgb is None unless the pipeline sets needs_rgb = True)"
+    return PipelineHookError(f"pipeline {pipeline.name!r}: {hook}(){where} raised {msg}{line}{hint}")
+
+
+def _user_line(cls: type, exc: BaseException) -> str:
+    """`` (file.py line N)``: the innermost traceback frame in the file of ``cls``' module (the
+    user's pipeline file), or ``""``."""
+    import sys
+
+    module = sys.modules.get(cls.__module__)
+    path = getattr(module, "__file__", None)
+    if not path or cls.__module__.startswith("frameserve."):
+        return ""
+    tb, found = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == path:
+            found = tb.tb_lineno
+        tb = tb.tb_next
+    return f" ({os.path.basename(path)} line {found})" if found else ""
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ __all__ = [
     "builtin_pipelines",
     "instantiate",
     "load_pipeline",
+    "near_hooks",
     "parse_param",
 ]
 
@@ -349,7 +350,7 @@ def parse_param(text: str) -> tuple[str, Any]:
     """
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
-        raise PipelineSpecError(f"--param {text!r}: expected KEY=VALUE (e.g. --param score_threshold=0.3)")
+        raise PipelineSpecError(f"--param {text!r}: expected KEY=VALUE (e.g. --param postprocess.score_threshold=0.3)")
     try:
         parsed = yaml.safe_load(value) if value.strip() else ""
     except yaml.YAMLError:
@@ -358,6 +359,24 @@ def parse_param(text: str) -> tuple[str, Any]:
 
 
 _HOOKS = ("setup", "preprocess", "process", "postprocess", "aggregator", "render", "encoding")
+
+
+def near_hooks(cls: type[Pipeline]) -> list[str]:
+    """Warnings for methods of a user's class whose names are close to a hook's but are not one
+    (``rendr``, ``aggregater``): such a method is never called."""
+    import difflib
+
+    out = []
+    for klass in cls.__mro__:
+        if klass is Pipeline or klass.__module__.startswith("frameserve."):
+            break
+        for name, value in vars(klass).items():
+            if name.startswith("_") or name in _HOOKS or not callable(value):
+                continue
+            close = difflib.get_close_matches(name, _HOOKS, n=1, cutoff=0.75)
+            if close:
+                out.append(f"pipeline {cls.name!r}: method {name}() is not a hook and is never called; did you mean {close[0]}()?")
+    return out
 
 
 def check_class(cls: type[Pipeline], origin: str) -> None:
@@ -416,8 +435,10 @@ def instantiate(
     inst.model_inputs = {role: dict(v) for role, v in (model_inputs or {}).items()}
     try:
         inst.check()
-    except FrameserveError:
-        raise
+    except FrameserveError as exc:
+        if f"{cls.name!r}" in exc.message:
+            raise
+        raise type(exc)(f"pipeline {cls.name!r}: check(): {exc.message}") from None
     except Exception as exc:
         raise PipelineHookError(f"pipeline {cls.name!r}: check() raised {type(exc).__name__}: {exc}") from None
     return inst

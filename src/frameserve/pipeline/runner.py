@@ -31,7 +31,7 @@ from frameserve.pipeline._models import model_inputs, models_header, prepare_mod
 from frameserve.pipeline._parallel import DecodePool, DecodeProcess, run_parallel
 from frameserve.pipeline._stages import OutputStage, ProcessStage
 from frameserve.pipeline.contract import Pipeline
-from frameserve.pipeline.loader import PipelineDef, instantiate, load_pipeline, merge_params
+from frameserve.pipeline.loader import PipelineDef, instantiate, load_pipeline, merge_params, near_hooks
 from frameserve.pipeline.sinks import check_output_path
 from frameserve.pipeline.timing import Timing, Trace
 from frameserve.service import InferenceService
@@ -174,6 +174,7 @@ def run(
     if decode_threads < 0:
         raise PipelineSpecError(f"decode_threads must be >= 0 (0 = automatic), got {decode_threads}")
     notes = [f"{workers} decode processes asked for; one decode process per stream is used"] if workers > 1 else []
+    notes += near_hooks(cls)
     timing = Timing(trace=Trace() if trace is not None else None)
     proc: DecodeProcess | None = None
     if workers > 0:  # started first: the new interpreter starts up while the models load
