@@ -159,3 +159,11 @@ def test_hook_errors_name_the_users_line_and_the_rgb_hint(tmp_path: Path) -> Non
         err = hook_error(inst, "process", exc, "frame 0")
     assert "u.py line 6" in err.message and "needs_rgb = True" in err.message and "\n" not in err.message
     assert near_hooks(cls) == ["pipeline 'u': method rendr() is not a hook and is never called; did you mean render()?"]
+
+
+def test_a_param_takes_a_value_of_its_defaults_kind() -> None:
+    base = {"t": 0.5, "n": 3, "on": True, "name": "x", "sizes": [1], "free": None}
+    assert merge_params(base, {"t": 1, "n": 4, "on": False, "name": "y", "sizes": [2, 3], "free": "z"}, origin="o")["t"] == 1
+    for key, bad in (("t", "abc"), ("n", True), ("on", 1), ("name", 3), ("sizes", "1,2")):
+        with pytest.raises(PipelineSpecError, match=f"param '{key}' takes a"):
+            merge_params(base, {key: bad}, origin="o")

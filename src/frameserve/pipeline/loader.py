@@ -337,8 +337,31 @@ def merge_params(
         if isinstance(out.get(key), Mapping) and isinstance(value, Mapping):
             out[key] = merge_params(out[key], value, origin=f"{origin}: {key}", strict=False)
         else:
+            if strict and key in out:
+                _check_type(key, out[key], value, origin)
             out[key] = value
     return out
+
+
+def _check_type(key: str, default: Any, value: Any, origin: str) -> None:
+    """A number, bool or string parameter takes a value of its default's kind (an int where a
+    float is the default too); a default of ``None`` takes anything."""
+    if default is None or value is None:
+        return
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, (int, float)):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif isinstance(default, str):
+        ok = isinstance(value, str)
+    elif isinstance(default, (list, tuple)):
+        ok = isinstance(value, (list, tuple))
+    else:
+        return
+    if not ok:
+        raise PipelineSpecError(
+            f"{origin}: param {key!r} takes a {type(default).__name__} like its default {default!r}, got {value!r}"
+        )
 
 
 def parse_param(text: str) -> tuple[str, Any]:
