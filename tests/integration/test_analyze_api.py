@@ -135,7 +135,7 @@ def test_bad_requests_get_their_status_and_one_line(env: Env, kw: dict[str, Any]
 def test_a_pipeline_that_raises_is_422_naming_hook_and_frame(env: Env) -> None:
     r = env.post(files={"file": ("clip.mp4", env.clip.read_bytes(), "video/mp4")}, data={"pipeline": "boom"})
     assert r.status_code == 422, r.text
-    assert r.json() == {"error": "pipeline 'boom': process() on frame 5 raised RuntimeError: cannot read frame five"}
+    assert r.json() == {"error": "pipeline 'boom': process() on frame 5 raised RuntimeError: cannot read frame five (boom.py line 17)"}
     again = env.post(files={"file": ("clip.mp4", env.clip.read_bytes(), "video/mp4")}, data={"pipeline": "brightness"})
     assert again.status_code == 200  # the server goes on
 

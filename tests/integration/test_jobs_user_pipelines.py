@@ -187,7 +187,7 @@ def test_worker_runs_user_pipelines_and_goes_on_after_one_raises(jobs_env, tmp_p
     b = store.get(boom)
     assert b.state == "failed" and b.attempt == 1 and b.error is not None
     assert b.error["code"] == "pipeline_failed" and not b.error["retryable"]
-    assert b.error["message"] == "pipeline 'boom': process() on frame 5 raised RuntimeError: cannot read frame five"
+    assert b.error["message"] == "pipeline 'boom': process() on frame 5 raised RuntimeError: cannot read frame five (boom.py line 17)"
     assert not (root / "out/boom").exists()
     p = store.get(plain)
     assert p.state == "succeeded" and p.result is not None and set(p.result["outputs"]) == {"results.json"}
