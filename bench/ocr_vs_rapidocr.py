@@ -19,10 +19,10 @@ Per repeat, in turn (A B C, A B C, ...; medians quoted — the machine is shared
 * D — B on onnxruntime (``backend="onnxruntime"``): the pipeline's default backend is OpenVINO
   when it is installed, and D shows what that choice is worth.
 
-Figures: frames/s of each and the ratios B/A, C/A, D/A (goal B/A >= 1.5). Checked: both frameserve
-runs give the same text tracks as rapidocr's results fed through the same aggregator (text,
-first_s, last_s, frames equal; max_score within 0.01: a reused line carries the score of the frame it was read on), and C's per-frame texts equal
-rapidocr's.
+Figures: frames/s of each and the ratios B/A, C/A, D/A (goal B/A >= 1.5). Checked: every
+frameserve run gives the same text tracks as rapidocr's results fed through the same aggregator
+(text, first_s, last_s, frames equal; max_score within 0.01, as a reused line carries the score
+of the frame it was read on), and C's per-frame texts equal rapidocr's.
 """
 
 from __future__ import annotations

@@ -69,7 +69,9 @@ def prepare_models(
         name: sum(int(g.get("count", 1)) for g in (cfg.get("instance_group") or ({},)) if g.get("kind", "KIND_AUTO") in ("KIND_CPU", "KIND_AUTO"))
         for name, (_, _, cfg) in configs.items()
     }
-    total = sum(counts.values())
+    # one batch calls its models one after another, and the runner keeps as many batches in
+    # flight as the largest instance count: that many instances compute at once, not the sum
+    total = max(counts.values(), default=0)
     for name, (asset_name, _, config) in configs.items():
         _split_threads(config, service.threads, total, counts[name])
         path = assets.ensure(asset_name, settings.assets_dir)
@@ -99,7 +101,7 @@ def _asset_for(cls: type[Pipeline], role: str, name: str, repo: Any) -> tuple[st
 
 def _split_threads(config: dict[str, Any], budget: int | None, total: int, own: int) -> None:
     """Give each CPU instance its share of the run's thread budget (``parameters.threads``)
-    when the pipeline's models have several instances between them, so they do not
+    when ``total`` instances (batches in flight) can compute at once, so they do not
     oversubscribe the cores; a config that sets ``threads`` keeps it."""
     params = dict(config.get("parameters") or {})
     if budget is None or total <= 1 or "threads" in params or own < 1:
