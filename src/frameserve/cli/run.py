@@ -104,13 +104,13 @@ def print_timing(result: dict[str, Any], out: Console) -> None:
     """Print the summary line, warnings and the per-stage timing table of a run result."""
     frames = result["frames_processed"]
     wall = result["wall_s"]
-    models = result.get("models") or {"model": result["model"]}
+    models = result.get("models") if "models" in result else {"model": result["model"]}
     used = ", ".join(
         f"{m.get('name')} on {m.get('backend')} {m.get('precision', '')}".rstrip() for m in models.values()
     )
     out.print(
         f"{result['pipeline']}: {frames} frames in {wall:.2f} s ({frames / wall if wall else 0:.1f} frames/s), "
-        f"model{'s' if len(models) > 1 else ''} {used}",
+        + (f"model{'s' if len(models) > 1 else ''} {used}" if models else "no models"),
         highlight=False,
     )
     print_summary(result["summary"], out)
