@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests")]
 
+from _cpu import cpu_model  # noqa: E402
 from _textvideo import make_caption_video  # noqa: E402
 
 from frameserve import assets  # noqa: E402
@@ -49,17 +50,6 @@ from frameserve.service import InferenceService  # noqa: E402
 from frameserve.video import Sampling, VideoSource  # noqa: E402
 
 WORDS = ("WELCOME", "BUNNYMEADOW", "SUNRISE", "FRAMESERVE", "MIDNIGHT", "TREEHOUSE", "WATERFALL", "BUTTERFLY")
-
-
-def cpu_model() -> str:
-    """``model name`` of /proc/cpuinfo (``unknown`` elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def rapidocr_loop(engine: Any, frames: list[tuple[FrameInfo, Any]]) -> tuple[float, list[list[str]], dict[str, Any]]:

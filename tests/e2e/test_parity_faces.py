@@ -235,7 +235,11 @@ def test_package_with_cv2_dnn_untouched(carphone_runs, carphone) -> None:  # typ
     import cv2
 
     if not _cv2_pads_same_upper_at_end():
-        pytest.skip(f"cv2.dnn {cv2.__version__} pads SAME_UPPER max-pooling at the start (not per the ONNX spec)")
+        pytest.skip(
+            f"cv2.dnn {cv2.__version__} pads SAME_UPPER max-pooling at the start (not per the ONNX spec), so the "
+            "untouched package's R-/O-Net outputs are off; the package's cascade is compared with its nets on "
+            "onnxruntime above (passes with OpenCV 4.11)"
+        )
     frames = {f["index"]: f for f in carphone_runs[0]["frames"]}
     assert _compare(_package("cv2.dnn"), carphone, frames, set(range(0, 120, 12)), "carphone (cv2.dnn)") >= 10
 

@@ -48,10 +48,8 @@ def prepare_models(
     override = {"backend": backend} if backend else None
     repo = service.repository
     served = set(repo.models()) if repo is not None else set()
-    configs: dict[str, tuple[str, Any, dict[str, Any]]] = {}
-    roles: dict[str, str] = {}
+    configs: dict[str, tuple[str, dict[str, Any]]] = {}  # model -> (asset, config) to register
     for role, name in cls.models.items():
-        roles[role] = name
         if name in served:
             if not service.is_ready(name) or backend:
                 service.load(name, config_override=override)
@@ -64,19 +62,19 @@ def prepare_models(
             config.pop("instance_group", None)
         if backend:
             config["backend"] = backend
-        configs[name] = (asset_name, None, config)
+        configs[name] = (asset_name, config)
     counts = {
         name: sum(int(g.get("count", 1)) for g in (cfg.get("instance_group") or ({},)) if g.get("kind", "KIND_AUTO") in ("KIND_CPU", "KIND_AUTO"))
-        for name, (_, _, cfg) in configs.items()
+        for name, (_, cfg) in configs.items()
     }
     # one batch calls its models one after another, and the runner keeps as many batches in
     # flight as the largest instance count: that many instances compute at once, not the sum
     total = max(counts.values(), default=0)
-    for name, (asset_name, _, config) in configs.items():
+    for name, (asset_name, config) in configs.items():
         _split_threads(config, service.threads, total, counts[name])
         path = assets.ensure(asset_name, settings.assets_dir)
         service.register(name, path, config=config)
-    return roles
+    return dict(cls.models)
 
 
 def _asset_for(cls: type[Pipeline], role: str, name: str, repo: Any) -> tuple[str, Mapping[str, Any]]:

@@ -48,7 +48,7 @@ from frameserve.pipeline._decode_worker import (
     DecodeJob, Done, Failed, FrameMsg, Frames, Info, NeedRing, Ring, RingMsg, decode_main, error_from_message,
 )
 from frameserve.pipeline._stages import Layout, OutputStage, ProcessStage
-from frameserve.pipeline.contract import Batch, BatchItem, FrameInfo, Pipeline
+from frameserve.pipeline.contract import Batch, BatchItem, FrameInfo
 from frameserve.pipeline.timing import Timing
 from frameserve.video import StreamInfo
 
@@ -154,7 +154,7 @@ class DecodePool:
 
 
 def run_parallel(
-    *, process: DecodeProcess, job: DecodeJob, pipeline: Pipeline, stage: ProcessStage, timing: Timing,
+    *, process: DecodeProcess, job: DecodeJob, stage: ProcessStage, timing: Timing,
     make_output: Callable[[StreamInfo], OutputStage], batch_size: int, in_flight: int = 1,
 ) -> tuple[StreamInfo, OutputStage, list[str], dict[str, Any]]:
     """Run one video: decode and ``preprocess`` in ``process``, ``process`` and output here.
@@ -188,7 +188,7 @@ def run_parallel(
         assert isinstance(msg, Info), type(msg).__name__
         output = make_output(msg.stream)
         executor = _Executor(
-            uri=job.uri, pipeline=pipeline, stage=stage, timing=timing, output=output, batch_size=batch_size,
+            uri=job.uri, stage=stage, timing=timing, output=output, batch_size=batch_size,
             ctl_q=ctl_q, out_q=out_q, proc=proc, in_flight=max(1, in_flight),
         )
         warnings, stats = executor.run()
@@ -302,10 +302,10 @@ class _Executor:
     """
 
     def __init__(
-        self, *, uri: str, pipeline: Pipeline, stage: ProcessStage, timing: Timing, output: OutputStage,
+        self, *, uri: str, stage: ProcessStage, timing: Timing, output: OutputStage,
         batch_size: int, ctl_q: Any, out_q: Any, proc: Any, in_flight: int,
     ) -> None:
-        self.uri, self.pipeline, self.stage, self.timing, self.output = uri, pipeline, stage, timing, output
+        self.uri, self.stage, self.timing, self.output = uri, stage, timing, output
         self.batch_size, self.in_flight = batch_size, in_flight
         self.ctl_q, self.out_q, self.proc = ctl_q, out_q, proc
         self.pool = futures.ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="frameserve-process")

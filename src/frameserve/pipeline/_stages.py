@@ -13,12 +13,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from frameserve.errors import FrameserveError, PipelineHookError
 from frameserve.pipeline.contract import RESERVED_KEYS, Batch, FrameInfo, FrameOutput, ModelHandle, Pipeline, to_jsonable
+from frameserve.pipeline.loader import user_line
 from frameserve.pipeline.sinks import ResultsWriter, StreamedFrames, write_json
 from frameserve.pipeline.timing import Timing
 from frameserve.video import StreamInfo, VideoWriter
@@ -44,20 +46,14 @@ def hook_error(pipeline: Pipeline, hook: str, exc: BaseException, frames: str = 
 
 
 def _user_line(cls: type, exc: BaseException) -> str:
-    """`` (file.py line N)``: the innermost traceback frame in the file of ``cls``' module (the
-    user's pipeline file), or ``""``."""
+    """`` (file.py line N)`` in the file of ``cls``' module (a user's pipeline file), or ``""``
+    for frameserve's own classes."""
     import sys
 
-    module = sys.modules.get(cls.__module__)
-    path = getattr(module, "__file__", None)
+    path = getattr(sys.modules.get(cls.__module__), "__file__", None)
     if not path or cls.__module__.startswith("frameserve."):
         return ""
-    tb, found = exc.__traceback__, None
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == path:
-            found = tb.tb_lineno
-        tb = tb.tb_next
-    return f" ({os.path.basename(path)} line {found})" if found else ""
+    return user_line(exc, Path(path))
 
 
 @dataclass(frozen=True)

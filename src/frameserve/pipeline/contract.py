@@ -349,7 +349,8 @@ class Pipeline:
         """Per frame, where decoding runs: turn ``frame`` (``frame.rgb`` uint8 ``(H, W, 3)``
         RGB upright, ``frame.index``, ``frame.pts_s``, ``frame.is_keyframe``) into named numpy
         arrays (each frame the same keys and dtypes). Required."""
-        raise NotImplementedError
+        # the loader refuses a subclass that does not define it, before anything runs
+        raise NotImplementedError(f"pipeline {self.name!r} defines no preprocess(self, frame)")
 
     def process(self, batch: Batch, models: Mapping[str, ModelHandle]) -> list[Any]:
         """Per batch of up to ``batch`` frames, in the inference process: return one result per
@@ -380,7 +381,8 @@ class Pipeline:
     def postprocess(self, frame: FrameInfo, outputs: dict[str, np.ndarray[Any, Any]]) -> Any:
         """One frame's model outputs (batch dimension removed) → its result (dict or
         :class:`FrameOutput`). Used by the default :meth:`process`; required with it."""
-        raise NotImplementedError
+        # the loader refuses a subclass with the default process() and no postprocess()
+        raise NotImplementedError(f"pipeline {self.name!r} defines neither process() nor postprocess()")
 
     def aggregator(self) -> Aggregator:
         """A new aggregator for one run (default: :class:`FrameCounter`)."""

@@ -51,6 +51,7 @@ __all__ = [
     "load_pipeline",
     "near_hooks",
     "parse_param",
+    "user_line",
 ]
 
 TYPES: dict[str, str] = {
@@ -231,7 +232,7 @@ def _class_from_file(path: Path, class_name: str | None, origin: str) -> type[Pi
         sys.modules.pop(mod_name, None)
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        line = _user_line(exc, path)
+        line = user_line(exc, path)
         raise PipelineHookError(
             f"pipeline file {origin!r} does not import: {type(exc).__name__}: {exc}{line}"
         ) from None
@@ -255,8 +256,9 @@ def _class_from_file(path: Path, class_name: str | None, origin: str) -> type[Pi
     return own[0]
 
 
-def _user_line(exc: BaseException, path: Path) -> str:
-    """`` (file.py line N)`` for the innermost frame of the user's file in a traceback."""
+def user_line(exc: BaseException, path: Path) -> str:
+    """`` (file.py line N)`` for the innermost frame of ``path`` (a user's pipeline file) in
+    ``exc``'s traceback (a SyntaxError's own line), or ``""``."""
     tb = exc.__traceback__
     line = None
     while tb is not None:

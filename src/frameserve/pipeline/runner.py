@@ -287,7 +287,7 @@ class _Run:
                     trace_origin=timing.trace.origin if timing.trace is not None else None,
                 )
                 info, output, src_warnings, _ = run_parallel(
-                    process=proc, job=job, pipeline=self.pipeline, stage=self.stage, timing=timing,
+                    process=proc, job=job, stage=self.stage, timing=timing,
                     make_output=self._output, batch_size=self.batch_size, in_flight=self._in_flight(),
                 )
                 warnings = list(src_warnings)
