@@ -13,45 +13,80 @@ The tree (catch at any level)::
     │   ├── PipelineSpecError           invalid_pipeline       400  INVALID_ARGUMENT
     │   │   └── PipelineHookError       pipeline_failed        422  INVALID_ARGUMENT
     │   ├── TensorError                 invalid_tensor         400  INVALID_ARGUMENT
-    │   └── PayloadTooLargeError        payload_too_large      413  RESOURCE_EXHAUSTED
+    │   ├── PayloadTooLargeError        payload_too_large      413  RESOURCE_EXHAUSTED
+    │   ├── UnsupportedMediaTypeError   unsupported_media_type 415  INVALID_ARGUMENT
+    │   ├── AddressRefusedError         address_refused        400  INVALID_ARGUMENT
+    │   └── SourceError                 invalid_source         400  INVALID_ARGUMENT
+    │       └── SourceTooLargeError     source_too_large       413  RESOURCE_EXHAUSTED
     ├── NotFoundError                   not_found              404  NOT_FOUND
     │   ├── ModelNotFoundError          model_not_found        404  NOT_FOUND
+    │   │   └── InvalidModelNameError   invalid_model_name     400  INVALID_ARGUMENT
     │   ├── PipelineNotFoundError       pipeline_not_found     404  NOT_FOUND
-    │   └── AssetNotFoundError          asset_not_found        404  NOT_FOUND
+    │   ├── AssetNotFoundError          asset_not_found        404  NOT_FOUND
+    │   └── JobNotFoundError            job_not_found          404  NOT_FOUND
     ├── ModelConfigError                invalid_model_config   400  INVALID_ARGUMENT
     ├── BackendUnavailableError         backend_unavailable    400  FAILED_PRECONDITION
     ├── ModelNotReadyError              model_not_ready        503  UNAVAILABLE
+    │   └── SchedulerStoppedError       model_unloading        503  UNAVAILABLE
+    ├── ModelControlDisabledError       model_control_disabled 503  UNAVAILABLE
+    ├── UnauthenticatedError            unauthenticated        401  UNAUTHENTICATED
+    ├── PermissionDeniedError           permission_denied      403  PERMISSION_DENIED
     ├── ResourceExhaustedError          resource_exhausted     429  RESOURCE_EXHAUSTED
     ├── DeadlineExceededError           deadline_exceeded      503  UNAVAILABLE
     ├── AssetError                      asset_error            502  UNAVAILABLE
-    └── InferenceError                  inference_failed       500  INTERNAL
+    ├── InferenceError                  inference_failed       500  INTERNAL
+    │   └── BatchOutputError            batch_output_mismatch  500  INTERNAL
+    ├── JobStateError                   job_conflict           409  FAILED_PRECONDITION
+    ├── IdempotencyConflictError        idempotency_conflict   422  FAILED_PRECONDITION
+    ├── LeaseLostError                  lease_lost             409  ABORTED
+    └── StorageError                    storage_error          502  UNAVAILABLE
 
 ``InvalidInputError``, ``NotFoundError``, ``ModelConfigError`` and ``BackendUnavailableError``
 are *user errors* (:attr:`FrameserveError.user_error` is true): the caller asked for something
 wrong, and the CLI exits with code 2 and a one-line message for them.
+
+The job service's errors carry ``retryable``, what a worker does with a job that raised one:
+another attempt after a backoff (``LeaseLostError``, ``StorageError``) or fail it at once
+(``SourceError``, ``JobStateError``, ``IdempotencyConflictError``); see
+:func:`frameserve.jobs.is_retryable`.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "STATUS",
+    "AddressRefusedError",
     "AssetError",
     "AssetNotFoundError",
     "BackendUnavailableError",
+    "BatchOutputError",
     "DeadlineExceededError",
     "FrameserveError",
+    "IdempotencyConflictError",
     "InferenceError",
     "InvalidInputError",
+    "InvalidModelNameError",
+    "JobNotFoundError",
+    "JobStateError",
+    "LeaseLostError",
     "ModelConfigError",
+    "ModelControlDisabledError",
     "ModelNotFoundError",
     "ModelNotReadyError",
     "NotFoundError",
     "PayloadTooLargeError",
+    "PermissionDeniedError",
     "PipelineHookError",
     "PipelineNotFoundError",
     "PipelineSpecError",
     "ResourceExhaustedError",
+    "SchedulerStoppedError",
+    "SourceError",
+    "SourceTooLargeError",
+    "StorageError",
     "TensorError",
+    "UnauthenticatedError",
+    "UnsupportedMediaTypeError",
     "VideoError",
     "status_for",
 ]
@@ -133,6 +168,14 @@ class ModelNotFoundError(NotFoundError):
     code = "model_not_found"
 
 
+class InvalidModelNameError(ModelNotFoundError):
+    """A name no model can have (too long for a folder, or holding ``/``, ``\\`` or NUL): no
+    such model, answered 400 without echoing the name. A :class:`ModelNotFoundError`, so every
+    caller that treats "no such model" specially (not counted in metrics) treats it alike."""
+
+    code = "invalid_model_name"
+
+
 class PipelineNotFoundError(NotFoundError):
     """No built-in pipeline and no pipeline file of that name."""
 
@@ -201,6 +244,113 @@ class PayloadTooLargeError(InvalidInputError):
     code = "payload_too_large"
 
 
+class UnsupportedMediaTypeError(InvalidInputError):
+    """A request body's ``Content-Type`` is not one the route reads; in particular the
+    CORS-safelisted types (``text/plain``, forms) a browser may send cross-site without asking
+    first are refused on the JSON routes (HTTP 415)."""
+
+    code = "unsupported_media_type"
+
+
+class ModelControlDisabledError(FrameserveError):
+    """A model load or unload request while the server's model control mode is ``none`` or
+    ``poll`` (only ``explicit`` lets clients load and unload).
+
+    Answered as Triton answers it (``Status::Code::UNAVAILABLE``, "explicit model load / unload
+    is not allowed ..." in core's ``model_repository_manager.cc``; HTTP 503 from its
+    ``HttpCodeFromError``): HTTP 503, gRPC ``UNAVAILABLE``.
+    """
+
+    code = "model_control_disabled"
+
+
+class UnauthenticatedError(FrameserveError):
+    """A request without a valid bearer token where the server asks for one (HTTP 401 with
+    ``WWW-Authenticate: Bearer``, RFC 6750; gRPC ``UNAUTHENTICATED``)."""
+
+    code = "unauthenticated"
+
+
+class PermissionDeniedError(FrameserveError):
+    """A request the caller may not make: its token lacks the route's role, or a browser sent
+    it from another site (HTTP 403; gRPC ``PERMISSION_DENIED``)."""
+
+    code = "permission_denied"
+
+
+class AddressRefusedError(InvalidInputError):
+    """A URL the server was asked to fetch or call is refused: not ``http(s)://host``, its host
+    does not resolve, or it resolves to a non-public address (the message names the address and
+    the flag that allows it; :mod:`frameserve.security.guard`)."""
+
+    code = "address_refused"
+
+
+class SourceError(InvalidInputError):
+    """A job's source or target cannot be used: refused scheme, root or bucket, a 4xx answer, a
+    missing object. Permanent: the job fails at once."""
+
+    code = "invalid_source"
+    retryable = False
+
+
+class SourceTooLargeError(SourceError):
+    """A source is larger than the configured cap (``--max-source-bytes``; ``/v1/analyze``:
+    ``--analyze-max-bytes``), from its declared length or the bytes received."""
+
+    code = "source_too_large"
+
+
+class JobNotFoundError(NotFoundError):
+    """No job with that id (or none the caller may see)."""
+
+    code = "job_not_found"
+
+
+class SchedulerStoppedError(ModelNotReadyError):
+    """The model version is being unloaded; no new request is taken."""
+
+    code = "model_unloading"
+
+
+class BatchOutputError(InferenceError):
+    """A session returned an output whose batch dim is not the batch's size, or a
+    ``run_requests`` result list of the wrong length."""
+
+    code = "batch_output_mismatch"
+
+
+class JobStateError(FrameserveError):
+    """The job's current state does not allow the request (cancel a finished job)."""
+
+    code = "job_conflict"
+    user_error = True
+    retryable = False
+
+
+class IdempotencyConflictError(FrameserveError):
+    """An ``Idempotency-Key`` the caller already used, sent with a different request body."""
+
+    code = "idempotency_conflict"
+    user_error = True
+    retryable = False
+
+
+class LeaseLostError(FrameserveError):
+    """A worker's lease on a job is gone (expired and rescued, or the fencing token moved on);
+    nothing was written. Retryable."""
+
+    code = "lease_lost"
+    retryable = True
+
+
+class StorageError(FrameserveError):
+    """A transient storage failure: timeout, connection reset, 5xx. Retryable."""
+
+    code = "storage_error"
+    retryable = True
+
+
 STATUS: dict[str, tuple[int, str]] = {
     "internal": (500, "INTERNAL"),
     "invalid_input": (400, "INVALID_ARGUMENT"),
@@ -210,6 +360,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "invalid_tensor": (400, "INVALID_ARGUMENT"),
     "not_found": (404, "NOT_FOUND"),
     "model_not_found": (404, "NOT_FOUND"),
+    "invalid_model_name": (400, "INVALID_ARGUMENT"),
     "pipeline_not_found": (404, "NOT_FOUND"),
     "asset_not_found": (404, "NOT_FOUND"),
     "invalid_model_config": (400, "INVALID_ARGUMENT"),
@@ -220,6 +371,20 @@ STATUS: dict[str, tuple[int, str]] = {
     "asset_error": (502, "UNAVAILABLE"),
     "inference_failed": (500, "INTERNAL"),
     "payload_too_large": (413, "RESOURCE_EXHAUSTED"),
+    "unsupported_media_type": (415, "INVALID_ARGUMENT"),
+    "model_control_disabled": (503, "UNAVAILABLE"),
+    "unauthenticated": (401, "UNAUTHENTICATED"),
+    "permission_denied": (403, "PERMISSION_DENIED"),
+    "address_refused": (400, "INVALID_ARGUMENT"),
+    "invalid_source": (400, "INVALID_ARGUMENT"),
+    "source_too_large": (413, "RESOURCE_EXHAUSTED"),
+    "job_not_found": (404, "NOT_FOUND"),
+    "model_unloading": (503, "UNAVAILABLE"),
+    "batch_output_mismatch": (500, "INTERNAL"),
+    "job_conflict": (409, "FAILED_PRECONDITION"),
+    "idempotency_conflict": (422, "FAILED_PRECONDITION"),
+    "lease_lost": (409, "ABORTED"),
+    "storage_error": (502, "UNAVAILABLE"),
 }
 """The one table from error code to (HTTP status, gRPC status code name)."""
 

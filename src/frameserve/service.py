@@ -3,13 +3,19 @@ statistics and metrics.
 
 The HTTP routes, the gRPC servicer, the video pipeline and the job worker all call
 :class:`InferenceService`; none of them knows a backend. Each loaded model version has its own
-:class:`~frameserve.scheduler.Scheduler` (dynamic batcher + instance pool); :meth:`submit` checks
-a request and queues it there, :meth:`infer` waits for the answer.
+:class:`~frameserve.scheduler.Scheduler` (dynamic batcher + instance pool). Every request is one
+:class:`~frameserve.request.InferRequest`: :meth:`InferenceService.submit` (the one way in)
+resolves its version, checks it against the model, counts a refusal and queues it there;
+:meth:`InferenceService.run` waits for the answer, :meth:`InferenceService.infer` builds the
+request from plain arguments first. The protocol extensions (:data:`EXTENSIONS`) and the failure
+metrics of requests a transport refuses (:meth:`InferenceService.record_failure`) live here too.
 """
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
+import logging
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -20,22 +26,25 @@ from typing import Any
 import numpy as np
 
 from frameserve import __version__
-from frameserve.backends import Session, load_session
+from frameserve.backends import BackendContext, Session, load_session
 from frameserve.config import cpu_count
 from frameserve.errors import (
     FrameserveError,
+    InferenceError,
+    InvalidInputError,
     ModelConfigError,
     ModelNotFoundError,
     ModelNotReadyError,
+    ResourceExhaustedError,
     TensorError,
 )
 from frameserve.metrics import Metrics
 from frameserve.repository import ModelConfig, ModelRepository, parse_config
+from frameserve.request import InferRequest, RequestedOutput
 from frameserve.scheduler import (
     DEFAULT_MAX_QUEUE_SIZE,
     BatchingPolicy,
     Clock,
-    InferRequest,
     InstanceSpec,
     Scheduler,
     SchedulerStoppedError,
@@ -43,7 +52,19 @@ from frameserve.scheduler import (
 )
 from frameserve.types import DataType
 
-__all__ = ["InferenceService"]
+__all__ = ["EXTENSIONS", "InferenceService", "failure_reason"]
+
+log = logging.getLogger(__name__)
+
+EXTENSIONS: tuple[str, ...] = (
+    "model_configuration",
+    "model_repository",
+    "parameters",
+    "schedule_policy",
+    "statistics",
+)
+"""Triton protocol extensions the service implements on every transport (``/v2`` and gRPC
+``ServerMetadata`` list them, with the ones a transport adds: see :meth:`InferenceService.server_metadata`)."""
 
 _SUFFIX_BACKEND = {".onnx": "onnxruntime", ".xml": "openvino", ".pt": "torch", ".pt2": "torch", ".py": "python"}
 
@@ -90,11 +111,14 @@ def _fits(spec: Any, value: np.ndarray[Any, Any], mbs: int) -> bool:
     return ok and bool(spec.matches(value.shape, mbs))
 
 
-def _supports_context() -> bool:
-    try:
-        return "context" in inspect.signature(load_session).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        return False
+def failure_reason(exc: BaseException) -> str:
+    """Triton's ``nv_inference_request_failure`` reason for an error: ``REJECTED`` (invalid
+    input, a full queue), ``BACKEND`` (the model run failed) or ``OTHER``."""
+    if isinstance(exc, InvalidInputError | ResourceExhaustedError):
+        return "REJECTED"
+    if isinstance(exc, InferenceError):
+        return "BACKEND"
+    return "OTHER"
 
 
 class InferenceService:
@@ -112,8 +136,9 @@ class InferenceService:
             own registry), exposed as :attr:`metrics`.
         max_queue_size: bound of each priority level's queue where the model's queue policy
             gives none.
-        extensions: the protocol extensions reported by :meth:`server_metadata` (the protocol
-            layer sets :attr:`extensions`).
+        strict_readiness: Triton's ``--strict-readiness``: true (default) = the server is ready
+            while every model it was asked to serve (:meth:`load_models`) is loaded; a model
+            unloaded on purpose no longer counts. False = ready while any model is loaded.
 
     Thread safety: every method may be called from many threads at once. Loads and unloads of
     one model are serialised; requests never wait for a lock held during a load.
@@ -127,7 +152,7 @@ class InferenceService:
         clock: Clock | None = None,
         metrics: Metrics | None = None,
         max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
-        extensions: Sequence[str] = (),
+        strict_readiness: bool = True,
     ) -> None:
         if threads is not None and threads < 1:
             raise ModelConfigError(f"threads must be >= 1, got {threads}")
@@ -138,7 +163,7 @@ class InferenceService:
         self.clock = clock
         self.metrics = metrics if metrics is not None else Metrics()
         self.max_queue_size = max_queue_size
-        self.extensions: list[str] = list(extensions)
+        self.strict_readiness = strict_readiness
         self._lock = threading.RLock()
         self._load_lock = threading.Lock()  # one load/unload at a time (thread budget bookkeeping)
         self._models: dict[str, dict[int, _Loaded]] = {}
@@ -169,7 +194,11 @@ class InferenceService:
             ModelConfigError, BackendUnavailableError: from the config, the instance groups
                 (``KIND_GPU`` without a GPU ...) or the backend.
         """
-        return self._load(name, version, config_override=config_override, plan=None)
+        try:
+            return self._load(name, version, config_override=config_override, plan=None)
+        except FrameserveError as exc:
+            self._without_root(exc)  # the same error, its message cleaned
+            raise
 
     def load_models(self, names: Sequence[str]) -> dict[str, list[int]]:
         """Load the models a server is asked to serve at start; :meth:`is_server_ready` is true
@@ -207,7 +236,7 @@ class InferenceService:
                 out[name] = self._load(name, None, config_override=None, plan=(free, max(1, sharing)))
                 self.load_errors.pop(name, None)
             except FrameserveError as exc:
-                self.load_errors[name] = str(exc)
+                self.load_errors[name] = str(self._without_root(exc))
         return out
 
     def _load(
@@ -286,21 +315,15 @@ class InferenceService:
     def _start(
         self, config: ModelConfig, version: int, path: Path, specs: Sequence[InstanceSpec], *, model_dir: Path | None
     ) -> _Loaded:
-        with_context = _supports_context()
-
         def open_session(spec: InstanceSpec) -> Session:
-            if with_context:
-                from frameserve.backends import BackendContext
-
-                context = BackendContext(
-                    infer=self.infer,
-                    model_repository=model_dir,
-                    model_version=version,
-                    instance_name=spec.name,
-                    device="gpu" if spec.kind == "KIND_GPU" else "cpu",
-                )
-                return load_session(config, path, threads=spec.threads, context=context)
-            return load_session(config, path, threads=spec.threads)
+            context = BackendContext(
+                infer=self.run,
+                model_repository=model_dir,
+                model_version=version,
+                instance_name=spec.name,
+                device="gpu" if spec.kind == "KIND_GPU" else "cpu",
+            )
+            return load_session(config, path, threads=spec.threads, context=context)
 
         scheduler = Scheduler(
             config,
@@ -355,7 +378,8 @@ class InferenceService:
 
     def unload(self, name: str) -> None:
         """Unload every version of ``name``: new requests get :class:`ModelNotReadyError` at
-        once; queued and running ones finish first (this returns after they have).
+        once; queued and running ones finish first (this returns after they have). An unloaded
+        model no longer counts for :meth:`is_server_ready`.
 
         Raises:
             ModelNotFoundError: the model is neither loaded nor in the repository.
@@ -363,6 +387,8 @@ class InferenceService:
         with self._load_lock:
             with self._lock:
                 entries = self._models.get(name)
+                self._required = [n for n in self._required if n != name]
+                self.load_errors.pop(name, None)
                 if entries is None:
                     self._check_known(name)
                     return
@@ -394,15 +420,22 @@ class InferenceService:
         return not self._closed
 
     def is_server_ready(self) -> bool:
-        """Whether the service takes requests: live, and every model given to
-        :meth:`load_models` loaded. Never raises."""
+        """Whether the service takes requests: live, and (strict readiness) every model given to
+        :meth:`load_models` and not unloaded since is loaded, or (not strict) any model is.
+        Never raises."""
         with self._lock:
-            return not self._closed and all(self._models.get(n) for n in self._required)
+            if self._closed:
+                return False
+            if not self.strict_readiness:
+                return any(self._models.values())
+            return all(self._models.get(n) for n in self._required)
 
-    def server_metadata(self) -> dict[str, Any]:
-        """v2 server metadata: ``{"name": "frameserve", "version", "extensions": [...]}``
-        (:attr:`extensions`, as the protocol layer set them)."""
-        return {"name": "frameserve", "version": __version__, "extensions": list(self.extensions)}
+    def server_metadata(self, transport_extensions: Sequence[str] = ()) -> dict[str, Any]:
+        """v2 server metadata: ``{"name": "frameserve", "version", "extensions": [...]}``; the
+        extensions are :data:`EXTENSIONS` and those the asking transport adds (HTTP's
+        ``binary_tensor_data``), sorted."""
+        extensions = sorted({*EXTENSIONS, *transport_extensions})
+        return {"name": "frameserve", "version": __version__, "extensions": extensions}
 
     def statistics(self, name: str | None = None, version: int | None = None) -> dict[str, Any]:
         """Triton's statistics extension: ``{"model_stats": [$model_stat, ...]}``, one per loaded
@@ -520,35 +553,20 @@ class InferenceService:
     # -- inference ---------------------------------------------------------------------------
 
     def submit(
-        self,
-        name: str,
-        inputs: Mapping[str, np.ndarray[Any, Any]],
-        *,
-        version: int | None = None,
-        outputs: Sequence[str] | None = None,
-        priority: int = 0,
-        timeout_us: int = 0,
-        request_id: str = "",
-        parameters: Mapping[str, Any] | None = None,
-        run_here_under_us: int | None = None,
+        self, request: InferRequest, *, run_here_under_us: float | None = None
     ) -> Future[dict[str, np.ndarray[Any, Any]]]:
-        """Check a request and queue it on the model's scheduler.
+        """Check a request against its model and queue it on that model's scheduler: the one
+        way into inference (:meth:`run`, :meth:`infer`, both transports and BLS calls come here).
 
         Args:
-            name: the model.
-            inputs: every model input by name; with ``max_batch_size > 0`` each array has a
-                leading batch dim (the same size n, 1 <= n <= max_batch_size) before ``dims``.
-            version: the version; ``None`` = the highest loaded.
-            outputs: the outputs wanted, in this order; ``None`` = every configured output.
-            priority: Triton's meaning: 1 is the highest level; 0 = the model's default level.
-            timeout_us: queue timeout in microseconds (0 = none); honoured where the model's
-                queue policy has ``allow_timeout_override`` (it may only shorten the default).
-            request_id: the caller's id, kept with the request.
-            parameters: the request's free parameters (given to Python models).
+            request: the request. Its version ``None`` is the highest loaded; its inputs are
+                every model input by name, with ``max_batch_size > 0`` each with a leading
+                batch dim (the same n, 1 <= n <= max_batch_size) before ``dims``.
             run_here_under_us: run the request on the calling thread, before this returns,
                 when it would go at once to an idle instance and the model's recent batches
-                took less than this many microseconds (``None``: always queue). For an event
-                loop: a fast model then costs no thread switch, a slow one never blocks it.
+                took less than this many microseconds (``math.inf``: whenever an instance is
+                idle; ``None``: always queue). For an event loop: a fast model then costs no
+                thread switch, a slow one never blocks it.
 
         Returns:
             A future completed with ``{output name: array}`` (the batch dim first when the
@@ -558,41 +576,41 @@ class InferenceService:
             request's batch fails) or :class:`~frameserve.errors.ModelNotReadyError` (unloaded
             before it ran, when not drained).
 
-        Raises (at once, nothing queued):
+        Raises (at once, nothing queued; all but the first two counted in the failure metrics):
             ModelNotFoundError: unknown model or version. ModelNotReadyError: not loaded.
             TensorError: a missing, unknown or mismatched input (says what was given and what
-                the model expects), an unknown output, a bad batch size, priority or timeout.
+                the model expects), an unknown output, a bad batch size.
             ResourceExhaustedError: the queue of the request's priority level is full.
         """
-        return self._submit(
-            name, inputs, version, outputs, priority, timeout_us, request_id, parameters,
-            inline=run_here_under_us is not None,
-            inline_under_ns=None if run_here_under_us is None else int(run_here_under_us) * 1000,
-        )
-
-    def _submit(
-        self,
-        name: str,
-        inputs: Mapping[str, np.ndarray[Any, Any]],
-        version: int | None,
-        outputs: Sequence[str] | None,
-        priority: int,
-        timeout_us: int,
-        request_id: str,
-        parameters: Mapping[str, Any] | None,
-        *,
-        inline: bool,
-        inline_under_ns: int | None = None,
-    ) -> Future[dict[str, np.ndarray[Any, Any]]]:
-        entry = self._entry(name, version)
-        request = self._request(entry, inputs, outputs, priority, timeout_us, request_id, parameters)
+        if run_here_under_us is None:
+            inline, under_ns = False, None
+        elif run_here_under_us == math.inf:
+            inline, under_ns = True, None
+        else:
+            inline, under_ns = True, int(run_here_under_us * 1000)
+        entry = self._entry(request.model_name, request.model_version)
+        checked, batch_size = self._check(entry, request)
         try:
-            return entry.scheduler.enqueue(request, inline=inline, inline_under_ns=inline_under_ns)
+            return entry.scheduler.enqueue(checked, batch_size=batch_size, inline=inline, inline_under_ns=under_ns)
         except SchedulerStoppedError:
             # Reloaded (or unloaded) meanwhile: take the version now served, or answer not ready.
-            entry = self._entry(name, version)
-            request = self._request(entry, inputs, outputs, priority, timeout_us, request_id, parameters)
-            return entry.scheduler.enqueue(request, inline=inline, inline_under_ns=inline_under_ns)
+            entry = self._entry(request.model_name, request.model_version)
+            checked, batch_size = self._check(entry, request)
+            return entry.scheduler.enqueue(checked, batch_size=batch_size, inline=inline, inline_under_ns=under_ns)
+
+    def run(self, request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
+        """Run one request and wait for it: :meth:`submit`, on this thread when an instance is
+        idle (the caller blocks anyway), then the result. The ``infer`` that BLS calls of
+        Python models reach (:class:`~frameserve.backends.BackendContext`).
+
+        Returns:
+            ``{output name: array}`` with the batch dim first when the model batches.
+
+        Raises:
+            Everything :meth:`submit` raises, and what its future completes with:
+            DeadlineExceededError, InferenceError (carries the backend's message).
+        """
+        return self.submit(request, run_here_under_us=math.inf).result()
 
     def infer(
         self,
@@ -606,70 +624,86 @@ class InferenceService:
         request_id: str = "",
         parameters: Mapping[str, Any] | None = None,
     ) -> dict[str, np.ndarray[Any, Any]]:
-        """Run one request on model ``name`` and wait for it: :meth:`submit` then the result.
-
-        Returns:
-            ``{output name: array}`` with the batch dim first when the model batches.
+        """:meth:`run` for a request given field by field (the in-process callers' form): model
+        ``name``, ``inputs`` by name, ``version`` (``None`` = the highest loaded), ``outputs``
+        wanted (``None`` = every output), Triton's ``priority`` and ``timeout_us``, the caller's
+        ``request_id`` and free ``parameters``; see :class:`~frameserve.request.InferRequest`.
 
         Raises:
-            Everything :meth:`submit` raises, and what its future completes with:
-            DeadlineExceededError, InferenceError (carries the backend's message).
+            What :meth:`run` raises; TensorError for a negative priority or timeout.
         """
-        # The caller blocks anyway: when the request would go at once to an idle instance, it
-        # runs on this thread (see Scheduler.enqueue's ``inline``).
-        return self._submit(
-            name, inputs, version, outputs, priority, timeout_us, request_id, parameters, inline=True
-        ).result()
+        try:
+            request = InferRequest(
+                model_name=name,
+                inputs=inputs,
+                model_version=version,
+                outputs=tuple(RequestedOutput(n) for n in outputs) if outputs is not None else (),
+                parameters=dict(parameters or {}),
+                priority=int(priority),
+                timeout_us=int(timeout_us),
+                id=str(request_id),
+            )
+        except TensorError:
+            self._count_refused(self._entry(name, version))
+            raise
+        return self.run(request)
 
-    def _request(
-        self,
-        entry: _Loaded,
-        inputs: Mapping[str, Any],
-        outputs: Sequence[str] | None,
-        priority: int,
-        timeout_us: int,
-        request_id: str,
-        parameters: Mapping[str, Any] | None,
-    ) -> InferRequest:
+    def record_failure(self, name: str, version: int | str, exc: BaseException) -> None:
+        """Count a request a transport refused before it reached :meth:`submit` (a body that
+        does not decode, ...) in Triton's ``nv_inference_request_failure``; ``version`` is the
+        version it would have run on (``""`` when unknown). The reason follows the error:
+        ``REJECTED`` for invalid input and full queues, ``BACKEND`` for a failed model run,
+        ``OTHER`` otherwise. Never raises."""
+        try:
+            self.metrics.record_failure(name, version, failure_reason(exc))
+        except Exception:  # metrics must never turn one error into another
+            log.exception("recording a failed request of %r failed", name)
+
+    def _count_refused(self, entry: _Loaded) -> None:
+        """Count a request refused before it was queued (model statistics and metrics)."""
+        entry.scheduler.stats.record_failure(request_ns=0)
+        self.metrics.record_failure(entry.config.name, entry.version, "OTHER")
+
+    def _check(self, entry: _Loaded, request: InferRequest) -> tuple[InferRequest, int]:
+        """Check ``request`` against the model: the request to queue (its inputs in the model's
+        order, made contiguous; ``request`` itself when they already are) and its batch size
+        (1 for a model that does not batch). Counts a refusal in the model's statistics and
+        failure metrics."""
         cfg = entry.config
         try:
-            arrays = self._check_inputs(cfg, inputs)
-            wanted = None if outputs is None else tuple(outputs)
-            for out_name in wanted or ():
-                cfg.output(out_name)  # raises TensorError listing the outputs
-            if int(priority) < 0:
-                raise TensorError(f"priority {priority} given; 1 is the highest level, 0 the model's default")
-            if int(timeout_us) < 0:
-                raise TensorError(f"timeout {timeout_us} given; a timeout is >= 0 microseconds (0 = none)")
+            arrays, batch_size = self._check_inputs(cfg, request.inputs)
+            for out in request.outputs:
+                cfg.output(out.name)  # raises TensorError listing the outputs
         except FrameserveError:
-            entry.scheduler.stats.record_failure(request_ns=0)
-            self.metrics.record_failure(cfg.name, entry.version, "OTHER")
+            self._count_refused(entry)
             raise
-        batch_size = int(next(iter(arrays.values())).shape[0]) if cfg.max_batch_size and arrays else 1
-        return InferRequest(
-            inputs=arrays,
-            outputs=wanted,
-            parameters=dict(parameters or {}),
-            request_id=str(request_id),
-            priority=int(priority),
-            timeout_us=int(timeout_us),
-            batch_size=batch_size,
-        )
+        if arrays is not None:
+            request = dataclasses.replace(request, inputs=arrays)
+        return request, batch_size
 
     # -- internals ---------------------------------------------------------------------------
 
     @staticmethod
-    def _check_inputs(cfg: ModelConfig, inputs: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
+    def _check_inputs(
+        cfg: ModelConfig, inputs: Mapping[str, Any]
+    ) -> tuple[dict[str, np.ndarray[Any, Any]] | None, int]:
+        """``(arrays, batch_size)``: ``arrays`` is ``None`` when ``inputs`` can be queued as
+        they are, else the inputs in the model's order, each C-contiguous (BYTES as given).
+
+        Raises:
+            TensorError: a missing, unknown or mismatched input, or a bad batch size.
+        """
         expected = [s.name for s in cfg.inputs]
         missing = [n for n in expected if n not in inputs]
-        unknown = [n for n in inputs if n not in expected]
-        if missing or unknown:
+        if missing or len(inputs) != len(expected):
+            unknown = [n for n in inputs if n not in expected]
             raise TensorError(
                 f"model {cfg.name!r}: inputs {sorted(inputs)} given, the model expects {expected}"
                 + (f" (missing {missing})" if missing else "")
                 + (f" (unknown {unknown})" if unknown else "")
             )
         mbs = cfg.max_batch_size or 0
+        changed = list(inputs) != expected
         arrays: dict[str, np.ndarray[Any, Any]] = {}
         batch_sizes: dict[str, int] = {}
         for spec in cfg.inputs:
@@ -683,17 +717,33 @@ class InferenceService:
                 spec.check(value, mbs)  # raises with what was given and what is expected
             if mbs > 0:
                 batch_sizes[spec.name] = int(value.shape[0])
-            arrays[spec.name] = value if spec.datatype is DataType.BYTES else np.ascontiguousarray(value)
+            if spec.datatype is not DataType.BYTES and not value.flags.c_contiguous:
+                value = np.ascontiguousarray(value)
+                changed = True
+            arrays[spec.name] = value
+        batch_size = 1
         if batch_sizes:
             sizes = set(batch_sizes.values())
             if len(sizes) > 1:
                 raise TensorError(f"model {cfg.name!r}: inputs have different batch sizes {batch_sizes}")
-            (n,) = sizes
-            if not 1 <= n <= mbs:
+            (batch_size,) = sizes
+            if not 1 <= batch_size <= mbs:
                 raise TensorError(
-                    f"model {cfg.name!r}: batch size {n} given, the model takes 1 to {mbs} (max_batch_size)"
+                    f"model {cfg.name!r}: batch size {batch_size} given, the model takes 1 to {mbs} (max_batch_size)"
                 )
-        return arrays
+        return (arrays if changed else None), batch_size
+
+    def _without_root(self, exc: FrameserveError) -> FrameserveError:
+        """``exc`` with the repository's own path taken out of its message (a backend's error
+        may name the model file): network clients learn nothing of the server's file system."""
+        if self.repository is None:
+            return exc
+        root = self.repository.root
+        for shown in dict.fromkeys((str(root.resolve()), str(root.absolute()))):
+            if shown != "/" and shown in exc.message:
+                exc.message = exc.message.replace(shown + "/", "").replace(shown, "<model repository>")
+        exc.args = (exc.message,)
+        return exc
 
     def _require_repository(self, name: str) -> ModelRepository:
         if self.repository is None:

@@ -1,4 +1,5 @@
-"""Tensor value types shared by every layer: :class:`DataType` and :class:`TensorSpec`.
+"""Tensor value types shared by every layer: :class:`DataType` and :class:`TensorSpec`, and the
+one codec of BYTES tensors' wire form (:func:`encode_bytes_elements`, :func:`decode_bytes_elements`).
 
 Datatype names are the KServe v2 / Open Inference Protocol names ("Tensor Data Types" in
 ``specification/protocol/inference_rest.md``): BOOL, UINT8…UINT64, INT8…INT64, FP16, FP32, FP64,
@@ -9,15 +10,16 @@ BYTES, and Triton's BF16. Triton's model configuration spells them ``TYPE_FP32``
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from frameserve.errors import TensorError
+from frameserve.errors import PayloadTooLargeError, TensorError
 
-__all__ = ["DataType", "TensorSpec"]
+__all__ = ["DataType", "TensorSpec", "decode_bytes_elements", "encode_bytes_elements"]
 
 
 class DataType(str, enum.Enum):
@@ -74,7 +76,8 @@ class DataType(str, enum.Enum):
                 import ml_dtypes
             except ImportError:  # pragma: no cover - ml_dtypes comes with onnx and openvino
                 raise TensorError("BF16 tensors need the ml_dtypes package") from None
-            return np.dtype(ml_dtypes.bfloat16)
+            bf16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+            return bf16
         return np.dtype(_TO_NUMPY[self])
 
     @classmethod
@@ -190,3 +193,105 @@ class TensorSpec:
 
     def __repr__(self) -> str:
         return f"TensorSpec({self.name!r}, {self.datatype.value}, {list(self.dims)})"
+
+
+# -- BYTES tensors on the wire -----------------------------------------------------------------
+
+_U32 = struct.Struct("<I")
+"""A BYTES element's length prefix: 4 bytes, unsigned, little-endian."""
+
+
+def encode_bytes_elements(array: np.ndarray[Any, Any]) -> bytes:
+    """A BYTES tensor in its wire form: each element in C (row-major) order as a 4-byte
+    little-endian unsigned length followed by that many bytes (Triton's binary tensor data
+    extension, ``docs/protocol/extension_binary_data.md``; the same layout is gRPC's
+    ``raw_input_contents`` / ``raw_output_contents`` and Triton's Python backend
+    ``serialize_byte_tensor``).
+
+    Elements may be ``bytes`` (``np.bytes_`` included), ``bytearray``, ``memoryview`` or ``str``
+    (encoded as UTF-8); anything else is sent as ``str(element)`` in UTF-8. An empty array gives
+    ``b""``.
+    """
+    parts: list[bytes] = []
+    pack = _U32.pack
+    for element in array.reshape(-1):
+        if type(element) is not bytes:
+            if isinstance(element, str):
+                element = element.encode("utf-8")
+            elif isinstance(element, bytes | bytearray | memoryview):
+                element = bytes(element)
+            else:
+                element = str(element).encode("utf-8")
+        parts.append(pack(len(element)))
+        parts.append(element)
+    return b"".join(parts)
+
+
+def decode_bytes_elements(
+    data: bytes | bytearray | memoryview,
+    count: int | None = None,
+    *,
+    where: str = "BYTES tensor",
+    max_elements: int | None = None,
+    max_bytes: int | None = None,
+) -> np.ndarray[Any, Any]:
+    """Split the wire form of :func:`encode_bytes_elements` back into elements.
+
+    Args:
+        data: the encoded elements (all of them, nothing after).
+        count: how many elements the tensor's shape declares; ``None`` = as many as ``data``
+            holds (Triton's ``deserialize_bytes_tensor``).
+        where: what the data is, for messages (``"input 'text'"``).
+        max_elements: refuse more elements than this (``None``: no cap beyond ``count``).
+        max_bytes: refuse ``data`` longer than this (``None``: no cap).
+
+    Returns:
+        A 1-D numpy ``object`` array of ``bytes`` (reshape it to the tensor's shape).
+
+    Raises:
+        PayloadTooLargeError: ``data`` or the element count is over a cap; checked before any
+            element is allocated.
+        TensorError: ``data`` is too short for ``count`` elements (each takes at least its
+            4-byte length), a length runs past the end, or bytes are left over after ``count``
+            elements.
+    """
+    view = memoryview(data).cast("B")
+    end = len(view)
+    if max_bytes is not None and end > max_bytes:
+        raise PayloadTooLargeError(f"{where}: {end} bytes of BYTES data, over the limit of {max_bytes} bytes")
+    bound = end // 4  # every element takes at least its 4-byte length
+    if count is not None:
+        if count < 0:
+            raise TensorError(f"{where}: a negative element count {count}")
+        if max_elements is not None and count > max_elements:
+            raise PayloadTooLargeError(f"{where}: {count} BYTES elements, over the limit of {max_elements}")
+        if count > bound:
+            raise TensorError(
+                f"{where}: {end} bytes are too few for {count} BYTES elements "
+                "(each is a 4-byte length then its bytes)"
+            )
+    items: list[bytes] = []
+    append = items.append
+    unpack = _U32.unpack_from
+    pos = 0
+    i = 0
+    while (i < count) if count is not None else (pos < end):
+        if count is None and max_elements is not None and i >= max_elements:
+            raise PayloadTooLargeError(f"{where}: more than {max_elements} BYTES elements, over the limit")
+        if pos + 4 > end:
+            raise TensorError(f"{where}: the BYTES data end inside the length of element {i} (at byte {pos})")
+        (length,) = unpack(view, pos)
+        pos += 4
+        if length > end - pos:
+            raise TensorError(
+                f"{where}: BYTES element {i} declares {length} bytes, only {end - pos} remain "
+                "(it runs past the end of the data)"
+            )
+        append(bytes(view[pos : pos + length]))
+        pos += length
+        i += 1
+    if pos != end:
+        raise TensorError(f"{where}: {end - pos} bytes left over after the {i} BYTES elements")
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out

@@ -103,7 +103,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferenceServi
 
 @pytest.fixture(scope="module")
 def server(service: InferenceService) -> Iterator[_ServerThread]:
-    with _ServerThread(service) as running:
+    with _ServerThread(service, model_control_mode="explicit") as running:  # the tests load and unload
         yield running
 
 

@@ -31,7 +31,11 @@ LIMIT = 1 << 20  # the server's max body: 1 MiB
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = make_repository(tmp_path_factory.mktemp("repo"))
     service = InferenceService(ModelRepository(repo), threads=1)
-    srv = Server(service, ServerOptions(host="127.0.0.1", http_port=0, grpc_port=None, metrics_port=0, max_body_bytes=LIMIT))
+    options = ServerOptions(
+        host="127.0.0.1", http_port=0, grpc_port=None, metrics_port=0, max_body_bytes=LIMIT,
+        model_control_mode="explicit", startup_models=("*",),  # the tests load and unload
+    )
+    srv = Server(service, options)
     srv.start()
     assert srv.wait_ready(60)
     yield srv

@@ -19,6 +19,7 @@ from frameserve import pb_utils
 from frameserve.backends import BackendContext, Session, load_session
 from frameserve.errors import InferenceError, InvalidInputError, ModelConfigError, NotFoundError
 from frameserve.repository import ModelRepository
+from frameserve.request import InferRequest, RequestedOutput
 
 TRITON_REPO = Path(__file__).resolve().parents[1] / "data" / "triton_repo"
 MODELS = ("add_sub", "add_onnx", "bls", "bls_async", "checked_sqrt", "auto_complete", "identity", "crasher")
@@ -89,12 +90,12 @@ class Server:
             self.sessions[name] = load_session(cfg, self.repo.model_file(name, version, config=cfg), threads=1,
                                                context=context)
 
-    def infer(self, name: str, inputs: dict[str, np.ndarray[Any, Any]], *, version: int | None = None,
-              outputs: list[str] | None = None) -> dict[str, np.ndarray[Any, Any]]:
-        if name not in self.sessions:
-            raise NotFoundError(f"no model {name!r}")
-        result = self.sessions[name].run(inputs)
-        return {n: result[n] for n in (outputs or result)}
+    def infer(self, request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
+        """The ``infer`` a server injects (``BackendContext.infer``): one InferRequest per BLS call."""
+        if request.model_name not in self.sessions:
+            raise NotFoundError(f"no model {request.model_name!r}")
+        result = self.sessions[request.model_name].run(request.inputs)
+        return {n: result[n] for n in (request.output_names or result)}
 
     def close(self) -> None:
         for s in self.sessions.values():
@@ -175,17 +176,6 @@ def test_exception_in_execute_fails_the_whole_batch(server: Server) -> None:
     np.testing.assert_array_equal(out["Y"], [[1.0]])
 
 
-@dataclasses.dataclass
-class SchedRequest:
-    """What the scheduler hands run_requests: inputs, outputs, parameters, request_id (and more)."""
-
-    inputs: dict[str, np.ndarray[Any, Any]]
-    outputs: tuple[str, ...] | None = None
-    parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
-    request_id: str = ""
-    priority: int = 0
-
-
 def test_auto_complete_config_args_parameters_and_output_selection(server: Server, repo_dir: Path) -> None:
     import json
 
@@ -196,8 +186,8 @@ def test_auto_complete_config_args_parameters_and_output_selection(server: Serve
     assert [s.name for s in cfg.outputs] == ["OUT", "INFO"]
     x = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
     only_out, both = session.run_requests([  # type: ignore[attr-defined]
-        SchedRequest({"IN": x}, outputs=("OUT",), request_id="r-1"),
-        SchedRequest({"IN": x[:1]}, parameters={"threshold": 0.5, "tag": "a"}, request_id="r-2"),
+        InferRequest("auto_complete", {"IN": x}, outputs=(RequestedOutput("OUT"),), id="r-1"),  # as the scheduler passes
+        InferRequest("auto_complete", {"IN": x[:1]}, parameters={"threshold": 0.5, "tag": "a"}, id="r-2"),
     ])
     assert list(only_out) == ["OUT"]
     np.testing.assert_array_equal(only_out["OUT"], x * 2)
@@ -262,7 +252,7 @@ def test_process_isolation_moves_tensors_through_shared_memory(both: tuple[Serve
 def test_the_pipe_refuses_arrays() -> None:
     import multiprocessing
 
-    from frameserve.backends._python_worker import _Channel
+    from frameserve.backends.python.process import _Channel
 
     a, b = multiprocessing.Pipe()
     try:
@@ -359,7 +349,7 @@ def test_through_the_inference_service(repo_dir: Path, isolation: str) -> None:
         assert list(out) == ["OUTPUT1"]
         np.testing.assert_array_equal(out["OUTPUT1"], A - B)
         np.testing.assert_array_equal(service.infer("bls_async", {"INPUT0": A, "INPUT1": B})["OUTPUT1"], B - A)
-        futures = [service.submit("checked_sqrt", {"X": np.array([[v]], np.float32)}) for v in (4.0, -1.0, 9.0)]
+        futures = [service.submit(InferRequest("checked_sqrt", {"X": np.array([[v]], np.float32)})) for v in (4.0, -1.0, 9.0)]
         assert futures[0].result()["Y"][0, 0] == 2.0
         with pytest.raises(InvalidInputError, match="negative"):
             futures[1].result()
@@ -376,7 +366,7 @@ def test_every_shared_memory_block_is_unlinked(repo_dir: Path, monkeypatch: pyte
     import types
     from multiprocessing import shared_memory
 
-    from frameserve.backends import _python_worker
+    from frameserve.backends.python import process
 
     seen: set[str] = set()
 
@@ -385,7 +375,7 @@ def test_every_shared_memory_block_is_unlinked(repo_dir: Path, monkeypatch: pyte
             super().__init__(*args, **kwargs)
             seen.add(self.name)
 
-    monkeypatch.setattr(_python_worker, "shared_memory", types.SimpleNamespace(SharedMemory=Recording))
+    monkeypatch.setattr(process, "shared_memory", types.SimpleNamespace(SharedMemory=Recording))
     srv = Server(repo_dir, "process")
     try:
         srv.sessions["bls"].run({"MODEL_NAME": np.array([b"add_sub"], dtype=object), "INPUT0": A, "INPUT1": B})
@@ -409,7 +399,7 @@ def test_every_shared_memory_block_is_unlinked(repo_dir: Path, monkeypatch: pyte
     ],
 )
 def test_pack_and_unpack_round_trip(tensors: dict[str, np.ndarray[Any, Any]]) -> None:
-    from frameserve.backends._python_worker import pack_tensors, unpack_tensors
+    from frameserve.backends.python.process import pack_tensors, unpack_tensors
 
     block, descs = pack_tensors(tensors)
     assert block is not None

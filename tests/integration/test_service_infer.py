@@ -98,7 +98,7 @@ def test_example_repository_entry_loads_and_runs(service: InferenceService) -> N
 
 def test_not_found_not_ready_and_unload(service: InferenceService) -> None:
     x = {"x": np.ones((1, 3, 2, 2), np.float32)}
-    with pytest.raises(ModelNotFoundError, match="no model 'nope' in repository .*available: add, example, scale"):
+    with pytest.raises(ModelNotFoundError, match="no model 'nope' in the model repository; available: add, example, scale"):
         service.infer("nope", x)
     with pytest.raises(ModelNotReadyError, match="model 'scale' is not loaded"):
         service.infer("scale", x)

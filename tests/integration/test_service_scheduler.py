@@ -24,6 +24,7 @@ from frameserve.errors import (
     ResourceExhaustedError,
 )
 from frameserve.repository import ModelRepository
+from frameserve.request import InferRequest
 from frameserve.scheduler import gpu_count
 from frameserve.service import InferenceService
 from _models import add_model, conv_model, scale_model
@@ -142,11 +143,11 @@ def test_deadline_is_answered_within_10_ms_behind_a_long_batch(service: Inferenc
     service.load("slow")
     session = service._entry("slow", None).session
     x = np.ones((1, 2), np.float32)
-    first = service.submit("slow", {"x": x})
+    first = service.submit(InferRequest("slow", {"x": x}))
     assert session.running.wait(10)  # type: ignore[attr-defined]
     answered: list[float] = []
     start = time.monotonic()
-    late = service.submit("slow", {"x": x}, timeout_us=100_000)
+    late = service.submit(InferRequest("slow", {"x": x}, timeout_us=100_000))
     late.add_done_callback(lambda f: answered.append(time.monotonic()))
     with pytest.raises(DeadlineExceededError, match="timed out after") as info:
         late.result(10)
@@ -164,12 +165,12 @@ def test_full_queue_answers_at_once_with_429(service: InferenceService) -> None:
     service.load("slow")
     session = service._entry("slow", None).session
     x = np.ones((1, 2), np.float32)
-    running = service.submit("slow", {"x": x})
+    running = service.submit(InferRequest("slow", {"x": x}))
     assert session.running.wait(10)  # type: ignore[attr-defined]
-    queued = [service.submit("slow", {"x": x}) for _ in range(2)]  # max_queue_size: 2
+    queued = [service.submit(InferRequest("slow", {"x": x})) for _ in range(2)]  # max_queue_size: 2
     start = time.monotonic()
     with pytest.raises(ResourceExhaustedError, match="queue full") as info:
-        service.submit("slow", {"x": x})
+        service.submit(InferRequest("slow", {"x": x}))
     assert time.monotonic() - start < 0.05
     assert (info.value.http_status, info.value.grpc_status) == (429, "RESOURCE_EXHAUSTED")
     assert service.metrics.value("nv_inference_request_failure", model="slow", version="1", reason="REJECTED") == 1
@@ -181,15 +182,15 @@ def test_unload_lets_queued_and_running_requests_finish(service: InferenceServic
     service.load("slow")
     session = service._entry("slow", None).session
     x = np.full((2, 2), 3.0, np.float32)
-    futures = [service.submit("slow", {"x": x})]
+    futures = [service.submit(InferRequest("slow", {"x": x}))]
     assert session.running.wait(10)  # type: ignore[attr-defined]
-    futures += [service.submit("slow", {"x": x}) for _ in range(2)]
+    futures += [service.submit(InferRequest("slow", {"x": x})) for _ in range(2)]
     service.unload("slow")  # returns once they are answered
     assert all(f.done() for f in futures)
     for f in futures:
         np.testing.assert_array_equal(f.result(0)["y"], x * 2)
     with pytest.raises(ModelNotReadyError):
-        service.submit("slow", {"x": x})
+        service.submit(InferRequest("slow", {"x": x}))
 
 
 def test_server_state_metadata_and_statistics_shape(service: InferenceService) -> None:
@@ -198,12 +199,12 @@ def test_server_state_metadata_and_statistics_shape(service: InferenceService) -
     assert loaded == {"add": [1]}
     assert "no model 'missing'" in service.load_errors["missing"]
     assert not service.is_server_ready()  # a model asked for at start is not loaded
-    service.extensions = ["statistics", "binary_tensor_data"]
-    assert service.server_metadata() == {
+    assert service.server_metadata(["binary_tensor_data"]) == {
         "name": "frameserve",
         "version": service_module.__version__,
-        "extensions": ["statistics", "binary_tensor_data"],
+        "extensions": sorted([*service_module.EXTENSIONS, "binary_tensor_data"]),
     }
+    assert "schedule_policy" in service.server_metadata()["extensions"]
     service.infer("add", {"a": np.ones((3, 4), np.float32), "b": np.ones((3, 4), np.float32)})
     stats = service.statistics()
     assert list(stats) == ["model_stats"]
@@ -316,6 +317,6 @@ def test_infer_runs_on_the_calling_thread_when_an_instance_is_idle(service: Infe
         session.run = run  # type: ignore[method-assign]
     x = {"images": np.ones((1, 3, 4, 4), np.float32)}
     service.infer("plain", x)
-    service.submit("plain", x).result(10)
+    service.submit(InferRequest("plain", x)).result(10)
     assert seen[0] == threading.get_ident()  # infer: no thread switch
     assert seen[1] != threading.get_ident()  # submit: an instance thread

@@ -40,6 +40,7 @@ def test_status_mapping() -> None:
     [
         "frameserve.errors", "frameserve.types", "frameserve.repository", "frameserve.backends",
         "frameserve.service", "frameserve.video", "frameserve.pipeline", "frameserve.assets",
+        "frameserve.security",
     ],
 )
 def test_all_is_sorted_and_importable(module: str) -> None:
@@ -62,3 +63,38 @@ def test_backends_do_not_import_openvino_eagerly() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "False"
+
+
+def _subclasses(cls: type) -> set[type]:
+    found = set()
+    for sub in cls.__subclasses__():
+        found |= {sub, *_subclasses(sub)}
+    return found
+
+
+def test_every_error_class_in_the_package_has_a_status_row() -> None:
+    # Import every module under frameserve (the CLI entry point aside: importing it runs the
+    # CLI), then walk the tree from the base: an error class defined anywhere must answer with
+    # a row of the one table, and its home is frameserve.errors.
+    import pkgutil
+
+    import frameserve
+
+    skipped = []
+    for info in pkgutil.walk_packages(frameserve.__path__, "frameserve."):
+        if info.name.endswith("__main__"):
+            continue
+        try:
+            importlib.import_module(info.name)
+        except ImportError as exc:  # an optional extra (torch, openvino) not installed here
+            skipped.append(f"{info.name}: {exc}")
+    classes = {c for c in _subclasses(errors.FrameserveError) if c.__module__.startswith("frameserve")}
+    assert len(classes) >= 30, sorted(c.__name__ for c in classes)
+    missing = sorted(f"{c.__module__}.{c.__qualname__} ({c.code})" for c in classes if c.code not in errors.STATUS)
+    assert not missing, f"error classes whose code has no row in frameserve.errors.STATUS: {missing}"
+    elsewhere = sorted(
+        f"{c.__module__}.{c.__qualname__}" for c in classes
+        if c.__module__ != "frameserve.errors" and c.code != next(b.code for b in c.__mro__[1:] if hasattr(b, "code"))
+    )
+    assert not elsewhere, f"error classes with a code of their own outside frameserve.errors: {elsewhere}"
+    assert len(skipped) <= 3, skipped

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import FrameserveError, InvalidInputError, TensorError
-from frameserve.protocol.grpc import InferCall, decode_infer_request, encode_infer_response
+from frameserve.protocol.grpc import decode_infer_request, encode_infer_response
+from frameserve.request import InferRequest
 from frameserve.types import DataType
 
 
@@ -33,7 +34,7 @@ def test_raw_fp32_is_little_endian_row_major() -> None:
     call = decode_infer_request(_request(("x", "FP32", [2, 3]), raw=[data.tobytes()], id="r1", model_version="2"))
     np.testing.assert_array_equal(call.inputs["x"], data)
     assert call.inputs["x"].dtype == np.float32
-    assert (call.request_id, call.version, call.outputs) == ("r1", 2, None)
+    assert (call.model_name, call.id, call.model_version, call.output_names) == ("m", "r1", 2, None)
 
 
 @pytest.mark.parametrize("datatype", ["FP16", "BF16", "INT8", "UINT64", "BOOL", "FP64"])
@@ -146,10 +147,10 @@ def test_parameters_priority_timeout_and_outputs() -> None:
     req.outputs.add(name="b")
     req.outputs.add(name="a")
     call = decode_infer_request(req)
-    assert (call.priority, call.timeout_us, call.outputs) == (1, 250_000, ["b", "a"])
+    assert (call.priority, call.timeout_us, call.output_names) == (1, 250_000, ("b", "a"))
     assert call.parameters == {"priority": 1, "timeout": 250_000, "note": "hi"}
     req.parameters["priority"].int64_param = 0  # 0: the model's default, as Triton
-    assert decode_infer_request(req).priority is None
+    assert decode_infer_request(req).priority == 0
     req.parameters["timeout"].int64_param = -5
     with pytest.raises(InvalidInputError, match="'timeout' must be a non-negative integer, got -5"):
         decode_infer_request(req)
@@ -159,7 +160,7 @@ def test_parameters_priority_timeout_and_outputs() -> None:
 
 
 def test_encode_uses_raw_output_contents() -> None:
-    call = InferCall("m", None, {}, request_id="abc")
+    call = InferRequest("m", {}, id="abc")
     out = {
         "y": np.arange(4, dtype=np.float16).reshape(2, 2),
         "s": np.array([b"ab", "\u00e9"], dtype=object),
@@ -182,7 +183,7 @@ def test_encode_uses_raw_output_contents() -> None:
 
 def test_encode_then_decode_round_trip() -> None:
     arrays = {"a": np.linspace(0, 1, 6, dtype=np.float32).reshape(3, 2), "s": np.array([[b"x", b"yz"]], dtype=object)}
-    resp = encode_infer_response(InferCall("m", None, {}), arrays)
+    resp = encode_infer_response(InferRequest("m", {}), arrays)
     req = pb.ModelInferRequest(model_name="m")
     for tensor in resp.outputs:
         req.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)

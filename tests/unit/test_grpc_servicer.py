@@ -1,4 +1,5 @@
-"""The servicer's handlers with a stand-in service and context (no socket)."""
+"""The servicer's handlers over a real InferenceService (Python models, see tests/_pyservice.py)
+with a stand-in context (no socket)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ import grpc
 import numpy as np
 import pytest
 
+import frameserve
+from _pyservice import RecordingService
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import DeadlineExceededError, ModelNotFoundError, ResourceExhaustedError
-from frameserve.protocol.grpc import EXTENSIONS, GrpcInferenceServicer, config_message
+from frameserve.protocol import RUN_HERE_UNDER_US
+from frameserve.protocol.grpc import GrpcInferenceServicer, config_message
+from frameserve.service import EXTENSIONS
 
 
 class _Aborted(Exception):
@@ -30,57 +35,47 @@ class _Context:
         raise _Aborted(details)
 
 
-class _ThreadOnlyService:
-    """A service with ``infer`` but no ``submit``/``statistics``/``server_metadata``."""
-
-    def __init__(self) -> None:
-        self.calls: list[dict[str, Any]] = []
-        self.error: Exception | None = None
-
-    def infer(self, name: str, inputs: dict[str, Any], *, version: int | None, outputs: list[str] | None) -> Any:
-        self.calls.append({"name": name, "version": version, "outputs": outputs})
-        if self.error is not None:
-            raise self.error
-        return {"y": inputs["x"] * 2}
-
-    def metadata(self, name: str, version: int | None = None) -> dict[str, Any]:
-        return {"name": name, "versions": ["1", "4"], "platform": "p", "inputs": [], "outputs": []}
-
-    def is_ready(self, name: str, version: int | None = None) -> bool:
-        return name == "m"
-
-
 def _call(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
 def _request() -> pb.ModelInferRequest:
     req = pb.ModelInferRequest(model_name="m", id="q")
-    req.inputs.add(name="x", datatype="FP32", shape=[2])
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 2])
     req.raw_input_contents.append(np.array([1, 2], "<f4").tobytes())
     return req
 
 
-def test_without_submit_infer_runs_in_a_thread_and_reports_the_newest_version() -> None:
-    svc = _ThreadOnlyService()
-    servicer = GrpcInferenceServicer(svc)  # type: ignore[arg-type]
+def test_infer_submits_one_request_and_reports_the_version_it_ran_on() -> None:
+    svc = RecordingService()
+    servicer = GrpcInferenceServicer(svc)
     resp = _call(servicer.ModelInfer(_request(), _Context()))
-    assert (resp.id, resp.model_version) == ("q", "4")
+    assert (resp.id, resp.model_version) == ("q", "3")
     np.testing.assert_array_equal(np.frombuffer(resp.raw_output_contents[0], "<f4"), [2, 4])
-    assert svc.calls == [{"name": "m", "version": None, "outputs": None}]
+    ((request, run_here),) = svc.submitted
+    assert (request.model_name, request.model_version, request.id, request.output_names) == ("m", None, "q", None)
+    assert run_here == RUN_HERE_UNDER_US
+    versioned = _request()
+    versioned.model_version = "1"
+    assert _call(servicer.ModelInfer(versioned, _Context())).model_version == "1"
 
 
-def test_fallback_metadata_live_ready_and_missing_statistics() -> None:
-    servicer = GrpcInferenceServicer(_ThreadOnlyService())  # type: ignore[arg-type]
+def test_metadata_live_ready_and_statistics() -> None:
+    servicer = GrpcInferenceServicer(RecordingService())
     meta = _call(servicer.ServerMetadata(pb.ServerMetadataRequest(), _Context()))
-    assert meta.name == "frameserve" and meta.version and list(meta.extensions) == sorted(EXTENSIONS)
+    assert meta.name == "frameserve" and meta.version == frameserve.__version__
+    assert list(meta.extensions) == sorted(EXTENSIONS)
     assert _call(servicer.ServerLive(pb.ServerLiveRequest(), _Context())).live
     assert _call(servicer.ServerReady(pb.ServerReadyRequest(), _Context())).ready
+    assert _call(servicer.ModelReady(pb.ModelReadyRequest(name="m", version="3"), _Context())).ready
     assert not _call(servicer.ModelReady(pb.ModelReadyRequest(name="m", version="x"), _Context())).ready
+    _call(servicer.ModelInfer(_request(), _Context()))
+    stats = _call(servicer.ModelStatistics(pb.ModelStatisticsRequest(name="m"), _Context()))
+    assert [(s.version, s.inference_stats.success.count) for s in stats.model_stats] == [("1", 0), ("3", 1)]
     ctx = _Context()
     with pytest.raises(_Aborted):
-        _call(servicer.ModelStatistics(pb.ModelStatisticsRequest(), ctx))
-    assert ctx.code is grpc.StatusCode.UNIMPLEMENTED
+        _call(servicer.ModelStatistics(pb.ModelStatisticsRequest(name="zz"), ctx))
+    assert ctx.code is grpc.StatusCode.NOT_FOUND
 
 
 @pytest.mark.parametrize(
@@ -93,17 +88,38 @@ def test_fallback_metadata_live_ready_and_missing_statistics() -> None:
     ],
 )
 def test_errors_become_statuses_from_the_one_table(error: Exception, code: grpc.StatusCode) -> None:
-    svc = _ThreadOnlyService()
-    svc.error = error
+    svc = RecordingService()
+    svc.fail_with = error
     ctx = _Context()
     with pytest.raises(_Aborted):
-        _call(GrpcInferenceServicer(svc).ModelInfer(_request(), ctx))  # type: ignore[arg-type]
+        _call(GrpcInferenceServicer(svc).ModelInfer(_request(), ctx))
     assert ctx.code is code
     assert ctx.details == (str(error) if code is not grpc.StatusCode.INTERNAL else "KeyError: 'oops'")
 
 
+def test_a_failing_model_fails_only_its_call() -> None:
+    servicer = GrpcInferenceServicer(RecordingService())
+    bad = _request()
+    bad.raw_input_contents[0] = np.array([-2, 0], "<f4").tobytes()
+    ctx = _Context()
+    with pytest.raises(_Aborted):
+        _call(servicer.ModelInfer(bad, ctx))
+    assert ctx.code is grpc.StatusCode.INTERNAL and ctx.details == "model 'm': kaboom"
+    assert _call(servicer.ModelInfer(_request(), _Context())).model_version == "3"
+
+
+def test_load_and_unload_are_refused_unless_model_control_is_explicit() -> None:
+    servicer = GrpcInferenceServicer(RecordingService())  # mode none: the default
+    for call in (servicer.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="m"), ctx := _Context()),
+                 servicer.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="m"), ctx2 := _Context())):
+        with pytest.raises(_Aborted):
+            _call(call)
+    for c in (ctx, ctx2):
+        assert c.code is grpc.StatusCode.UNAVAILABLE and "explicit model load / unload is not allowed" in c.details
+
+
 def test_load_rejects_bad_config_parameter_before_calling_the_service() -> None:
-    servicer = GrpcInferenceServicer(_ThreadOnlyService())  # type: ignore[arg-type]
+    servicer = GrpcInferenceServicer(RecordingService(), model_control_mode="explicit")
     for value, message in (("[1]", "must be a JSON object"), ("{", "not valid JSON")):
         req = pb.RepositoryModelLoadRequest(model_name="m")
         req.parameters["config"].string_param = value
@@ -135,7 +151,7 @@ def test_load_rejects_bad_config_parameter_before_calling_the_service() -> None:
 def test_unserved_rpcs_answer_unimplemented(rpc: str) -> None:
     ctx = _Context()
     with pytest.raises(_Aborted):
-        _call(getattr(GrpcInferenceServicer(_ThreadOnlyService()), rpc)(None, ctx))  # type: ignore[arg-type]
+        _call(getattr(GrpcInferenceServicer(RecordingService()), rpc)(None, ctx))
     assert ctx.code is grpc.StatusCode.UNIMPLEMENTED and rpc in ctx.details
 
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from frameserve.errors import FrameserveError, InvalidInputError, PayloadTooLargeError, TensorError
 from frameserve.protocol.http import codec
+from frameserve.request import RequestedOutput
 from frameserve.types import DataType
 
 pytestmark = pytest.mark.unit
@@ -56,9 +57,9 @@ def test_request_fields_id_parameters_and_outputs() -> None:
         "outputs": [{"name": "o1", "parameters": {"binary_data": False}}, {"name": "o2"}],
     })
     req = codec.decode_request(body)
-    assert req.id == "req-7" and req.priority == 1 and req.timeout_us == 5000 and req.binary_output
+    assert req.id == "req-7" and req.priority == 1 and req.timeout_us == 5000 and req.binary_data_output
     assert req.parameters == {"custom": "v"}
-    assert [(o.name, o.binary) for o in req.outputs] == [("o1", False), ("o2", None)]
+    assert [(o.name, o.binary_data) for o in req.outputs] == [("o1", False), ("o2", None)]
     assert list(req.inputs["t"]) == ["héllo".encode(), b""]
     assert req.inputs["b"].dtype == np.bool_ and req.inputs["b"].tolist() == [True, False]
 
@@ -131,7 +132,7 @@ def test_malformed_json_and_binary_size_mismatches() -> None:
     blob = _bytes_blob(b"abc")[:-1]
     body, n = _binary_body({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [1],
                                         "parameters": {"binary_data_size": len(blob)}}]}, blob)
-    with pytest.raises(TensorError, match="says 3 bytes but only 2 remain"):
+    with pytest.raises(TensorError, match="input 's': BYTES element 0 declares 3 bytes, only 2 remain"):
         codec.decode_request(body, n)
 
 
@@ -160,7 +161,7 @@ def test_response_json_and_binary_outputs() -> None:
     assert doc["outputs"][1]["datatype"] == "FP16" and doc["outputs"][1]["data"] == [0.5]
     assert doc["outputs"][2]["data"] == ["x", "yz"]
 
-    requested = (codec.RequestedOutput("h", False),)
+    requested = (RequestedOutput("h", False),)
     body, n = codec.encode_response(model_name="m", model_version="1", outputs=outputs, requested=requested, binary_output=True)
     assert n is not None
     doc = orjson.loads(body[:n])

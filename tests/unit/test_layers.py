@@ -10,8 +10,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "frameserve"
 
 RANK = {
-    "types": 0, "errors": 0, "config": 0, "metrics": 0, "_proto": 0,
-    "repository": 1, "backends": 1, "assets": 1, "pb_utils": 1,
+    "types": 0, "errors": 0, "config": 0, "metrics": 0, "_proto": 0, "request": 0,
+    "repository": 1, "backends": 1, "assets": 1, "pb_utils": 1, "security": 1,
     "scheduler": 2,
     "service": 3,
     "video": 4,
@@ -58,6 +58,18 @@ def test_no_upward_imports(path: Path) -> None:
         if layer in LEAF_ALLOWED:
             assert target in LEAF_ALLOWED[layer], f"{layer} is a leaf but {path.name} imports {target}"
         assert RANK[target] <= RANK[layer], f"{layer} ({path.name}) imports higher layer {target}"
+
+
+BACKEND_FILES = sorted([*(SRC / "backends").rglob("*.py"), SRC / "pb_utils.py"])
+
+
+@pytest.mark.parametrize("path", BACKEND_FILES, ids=lambda p: str(p.relative_to(SRC)))
+def test_backends_reach_the_service_only_through_what_they_are_given(path: Path) -> None:
+    """BLS (``pb_utils.InferenceRequest(...).exec()``) calls the ``infer`` the service injects
+    at load time (``BackendContext``); no backend module imports the layers above it, not even
+    lazily inside a function."""
+    above = _imports(path) & {"scheduler", "service", "protocol", "server", "pipeline", "jobs", "cli"}
+    assert not above, f"{path.relative_to(SRC)} imports {sorted(above)}"
 
 
 def test_no_file_past_what_one_person_holds() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from frameserve import pb_utils
 from frameserve.errors import InferenceError, InvalidInputError, ModelNotFoundError, ModelNotReadyError, NotFoundError
+from frameserve.request import InferRequest
 
 
 def test_tensor_wraps_the_array_without_copying() -> None:
@@ -143,9 +144,11 @@ class _Recorder:
         self.result = result or {}
         self.error = error
 
-    def __call__(self, model: str, inputs: dict[str, Any], *, version: int | None = None,
-                 outputs: list[str] | None = None) -> dict[str, np.ndarray[Any, Any]]:
-        self.calls.append((model, dict(inputs), version, outputs))
+    def __call__(self, request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
+        """The ``infer`` a server injects: one frameserve InferRequest per BLS call."""
+        names = request.output_names
+        self.calls.append((request.model_name, dict(request.inputs), request.model_version,
+                           None if names is None else list(names)))
         if self.error is not None:
             raise self.error
         return self.result

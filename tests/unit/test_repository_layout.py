@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from frameserve.errors import ModelConfigError, ModelNotFoundError
+from frameserve.errors import InvalidModelNameError, ModelConfigError, ModelNotFoundError
 from frameserve.repository import ModelRepository, VersionPolicy
 
 pytestmark = pytest.mark.unit
@@ -66,10 +66,15 @@ def test_models_versions_and_policy_from_config(tmp_path: Path) -> None:
 
 def test_missing_model_lists_available(tmp_path: Path) -> None:
     repo = _repo(tmp_path, {"alpha/1/model.onnx": "", "beta/1/model.onnx": ""})
-    with pytest.raises(ModelNotFoundError, match="no model 'gamma' in repository .*; available: alpha, beta"):
+    with pytest.raises(ModelNotFoundError, match="no model 'gamma' in the model repository; available: alpha, beta") as info:
         repo.config("gamma")
-    with pytest.raises(ModelNotFoundError, match="available: alpha, beta"):
+    assert str(tmp_path) not in str(info.value)  # a network client learns nothing of the file system
+    with pytest.raises(InvalidModelNameError, match="one folder name") as bad:
         repo.versions("../alpha")
+    assert "alpha" not in str(bad.value)
+    with pytest.raises(InvalidModelNameError, match="at most 255 bytes of UTF-8; one of 5000 bytes") as long:
+        repo.config("m" * 5000)
+    assert "mmmm" not in str(long.value)
 
 
 def test_model_file_by_backend_and_default_filename(tmp_path: Path) -> None:
@@ -91,10 +96,32 @@ def test_model_file_by_backend_and_default_filename(tmp_path: Path) -> None:
     assert repo.model_file("named", 1) == tmp_path / "named/1/detector.onnx"
 
 
+@pytest.mark.parametrize(
+    "filename",
+    ["../../../x/model.py", "../model.onnx", "/etc/passwd", "sub/model.onnx", "..\\model.onnx", "C:model.onnx",
+     "..", ".", "a\0b", "x" * 300],
+)
+def test_default_model_filename_is_a_bare_file_name(tmp_path: Path, filename: str) -> None:
+    # the file exists where the traversal points: the refusal must not depend on it
+    repo = _repo(tmp_path / "repo", {"m/1/model.onnx": "", "m/model.onnx": ""})
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "model.py").write_text("raise SystemExit('ran')\n")
+    messages = set()
+    for override in ({"default_model_filename": filename}, {"default_model_filename": filename, "backend": "python"}):
+        with pytest.raises(ModelConfigError, match="must be a bare file name") as info:
+            repo.config("m", override=override)
+        messages.add(str(info.value))
+    assert len(messages) == 1 and str(tmp_path) not in messages.pop()
+    with pytest.raises(ModelConfigError, match="must be a bare file name"):  # and in config.yaml
+        (tmp_path / "repo" / "m" / "config.yaml").write_text(f"default_model_filename: {filename!r}\n")
+        repo.model_file("m", 1)
+
+
 def test_missing_model_file_names_path_and_accepted_names(tmp_path: Path) -> None:
     repo = _repo(tmp_path, {"m/1/weights.bin": "", "n/config.yaml": "backend: openvino\n", "n/2/x.txt": ""})
-    with pytest.raises(ModelConfigError, match=r"no model file at .*m/1/model\.onnx; backend 'onnxruntime' accepts model\.onnx"):
+    with pytest.raises(ModelConfigError, match=r"no model file at m/1/model\.onnx; backend 'onnxruntime' accepts model\.onnx") as info:
         repo.model_file("m", 1)
+    assert str(tmp_path) not in str(info.value)
     with pytest.raises(ModelConfigError, match=r"n/2/model\.xml; backend 'openvino' accepts model\.xml, model\.onnx"):
         repo.model_file("n", 2)
     with pytest.raises(ModelNotFoundError, match=r"model 'm' has no version 5; versions present: \[1\]"):

@@ -11,7 +11,8 @@ import pytest
 
 from frameserve.errors import ModelConfigError
 from frameserve.repository import parse_config
-from frameserve.scheduler import InferRequest, InstanceSpec, Scheduler, parse_cpu_list, plan_instances
+from frameserve.request import InferRequest
+from frameserve.scheduler import InstanceSpec, Scheduler, parse_cpu_list, plan_instances
 
 pytestmark = pytest.mark.unit
 
@@ -98,7 +99,7 @@ def test_instance_thread_is_pinned_before_its_session_opens() -> None:
     spec = InstanceSpec(index=0, kind="KIND_CPU", threads=1, cpu_set=frozenset({cpu}), group="m")
     sched = Scheduler(Session.config, 1, [spec], load)  # type: ignore[arg-type]
     try:
-        req = sched.enqueue(InferRequest(inputs={"x": np.ones((1, 1), np.float32)}))
+        req = sched.enqueue(InferRequest("m", {"x": np.ones((1, 1), np.float32)}))
         req.result(10)
     finally:
         sched.stop()

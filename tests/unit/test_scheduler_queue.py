@@ -9,7 +9,8 @@ import pytest
 
 from frameserve.errors import ModelConfigError, ResourceExhaustedError
 from frameserve.repository import ModelConfig
-from frameserve.scheduler import BatchingPolicy, BatchQueue, InferRequest, QueuePolicy
+from frameserve.request import InferRequest
+from frameserve.scheduler import BatchingPolicy, BatchQueue, QueuedRequest, QueuePolicy
 from frameserve.types import DataType, TensorSpec
 
 pytestmark = pytest.mark.unit
@@ -32,13 +33,13 @@ def _queue(max_batch_size: int = 8, **dynamic: Any) -> BatchQueue:
     return BatchQueue(BatchingPolicy.from_config(_config(max_batch_size, **dynamic)), model="m")
 
 
-def _req(at_ns: int, n: int = 1, *, width: int = 2, **kw: Any) -> InferRequest:
-    r = InferRequest(inputs={"x": np.zeros((n, width), np.float32)}, batch_size=n, **kw)
+def _req(at_ns: int, n: int = 1, *, width: int = 2, **kw: Any) -> QueuedRequest:
+    r = QueuedRequest(InferRequest("m", {"x": np.zeros((n, width), np.float32)}, **kw), batch_size=n)
     r.arrival_ns = at_ns
     return r
 
 
-def _sizes(batch: list[InferRequest]) -> list[int]:
+def _sizes(batch: list[QueuedRequest]) -> list[int]:
     return [r.batch_size for r in batch]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -13,10 +14,10 @@ import pytest
 from frameserve.errors import DeadlineExceededError, InferenceError, ResourceExhaustedError
 from frameserve.metrics import Metrics
 from frameserve.repository import ModelConfig
+from frameserve.request import InferRequest
 from frameserve.scheduler import (
     BatchOutputError,
     FakeClock,
-    InferRequest,
     InstanceSpec,
     ModelStats,
     Scheduler,
@@ -84,18 +85,23 @@ def _start(config: ModelConfig, clock: FakeClock, *, instances: int = 1, **kw: A
     return sched, sessions, gate
 
 
-def _req(value: float, n: int = 1, **kw: Any) -> InferRequest:
-    return InferRequest(inputs={"x": np.full((n, 2), value, np.float32)}, batch_size=n, **kw)
+def _req(value: float, n: int = 1, **kw: Any) -> tuple[InferRequest, int]:
+    return InferRequest("m", {"x": np.full((n, 2), value, np.float32)}, **kw), n
 
 
-def _submit(sched: Scheduler, clock: FakeClock, req: InferRequest) -> InferRequest:
-    """Enqueue and wait until the batcher has reacted and sleeps again (unless enqueue handed
-    the request to an idle instance itself, which leaves the batcher asleep)."""
+def _enqueue(sched: Scheduler, req: tuple[InferRequest, int], **kw: Any) -> Future[dict[str, Any]]:
+    return sched.enqueue(req[0], batch_size=req[1], **kw)
+
+
+def _submit(sched: Scheduler, clock: FakeClock, req: tuple[InferRequest, int]) -> Future[dict[str, Any]]:
+    """Enqueue ``(request, batch size)`` and wait until the batcher has reacted and sleeps
+    again (unless enqueue handed the request to an idle instance itself, which leaves the
+    batcher asleep); the request's future."""
     before, fast = clock.waits, sched._fast_handovers
-    sched.enqueue(req)
+    future = sched.enqueue(req[0], batch_size=req[1])
     if sched._fast_handovers == fast:
         clock.wait_blocked(after=before)
-    return req
+    return future
 
 
 def test_deadline_is_answered_while_a_long_batch_runs() -> None:
@@ -109,10 +115,10 @@ def test_deadline_is_answered_while_a_long_batch_runs() -> None:
         assert clock.timeouts_ns[-1] == 100 * MS
         clock.advance(100 * MS)
         with pytest.raises(DeadlineExceededError, match="timed out after 100000 us in the queue"):
-            late.future.result(WAIT_S)
-        assert not running.future.done()  # answered without any batch forming
+            late.result(WAIT_S)
+        assert not running.done()  # answered without any batch forming
         gate.set()
-        np.testing.assert_array_equal(running.future.result(WAIT_S)["y"], np.full((1, 2), 2.0))
+        np.testing.assert_array_equal(running.result(WAIT_S)["y"], np.full((1, 2), 2.0))
     finally:
         gate.set()
         sched.stop()
@@ -131,10 +137,10 @@ def test_waits_for_the_delay_then_runs_one_batch() -> None:
         clock.wait_blocked(after=clock.waits - 1)
         b = _submit(sched, clock, _req(4.0, 2))
         assert clock.timeouts_ns[-1] == 1 * MS  # still measured from the oldest request
-        assert not a.future.done() and sessions[0].batches == []
+        assert not a.done() and sessions[0].batches == []
         clock.advance(1 * MS)
-        np.testing.assert_array_equal(a.future.result(WAIT_S)["y"], np.full((1, 2), 6.0))
-        np.testing.assert_array_equal(b.future.result(WAIT_S)["y"], np.full((2, 2), 8.0))
+        np.testing.assert_array_equal(a.result(WAIT_S)["y"], np.full((1, 2), 6.0))
+        np.testing.assert_array_equal(b.result(WAIT_S)["y"], np.full((2, 2), 8.0))
         assert [x.shape[0] for x in sessions[0].batches] == [3]  # one execution of 1 + 2
     finally:
         sched.stop()
@@ -153,11 +159,11 @@ def test_queue_full_is_refused_at_once_and_counted() -> None:
         assert sessions[0].started.wait(WAIT_S)
         queued = _submit(sched, clock, _req(3.0))
         with pytest.raises(ResourceExhaustedError, match="queue full"):
-            sched.enqueue(_req(3.0))
+            _enqueue(sched, _req(3.0))
         assert metrics.value("nv_inference_request_failure", model="m", version="1", reason="REJECTED") == 1
         assert metrics.value("nv_inference_pending_request_count", model="m", version="1") == 1
         gate.set()
-        queued.future.result(WAIT_S)
+        queued.result(WAIT_S)
     finally:
         gate.set()
         sched.stop()
@@ -176,16 +182,16 @@ def test_a_failing_batch_fails_only_its_own_requests() -> None:
         neighbour = _submit(sched, clock, _req(5.0))
         after = _submit(sched, clock, _req(6.0, 3))
         gate.set()
-        assert first.future.result(WAIT_S)["y"][0, 0] == 2.0
+        assert first.result(WAIT_S)["y"][0, 0] == 2.0
         for r in (bad, neighbour):
             with pytest.raises(InferenceError, match="model 'm' version 1: bad value -1"):
-                r.future.result(WAIT_S)
-        np.testing.assert_array_equal(after.future.result(WAIT_S)["y"], np.full((3, 2), 12.0))
+                r.result(WAIT_S)
+        np.testing.assert_array_equal(after.result(WAIT_S)["y"], np.full((3, 2), 12.0))
         wrong = _submit(sched, clock, _req(-2.0))
         with pytest.raises(BatchOutputError, match=r"do not have the batch's size 1"):
-            wrong.future.result(WAIT_S)
+            wrong.result(WAIT_S)
         ok = _submit(sched, clock, _req(7.0))
-        assert ok.future.result(WAIT_S)["y"][0, 0] == 14.0  # still serving
+        assert ok.result(WAIT_S)["y"][0, 0] == 14.0  # still serving
     finally:
         gate.set()
         sched.stop()
@@ -210,15 +216,15 @@ def test_preserve_ordering_holds_later_answers() -> None:
     order: list[str] = []
     try:
         slow = _submit(sched, clock, _req(1.0))
-        slow.future.add_done_callback(lambda f: order.append("slow"))
+        slow.add_done_callback(lambda f: order.append("slow"))
         assert sessions[0].started.wait(WAIT_S)
         fast = _submit(sched, clock, _req(3.0))
-        fast.future.add_done_callback(lambda f: order.append("fast"))
+        fast.add_done_callback(lambda f: order.append("fast"))
         assert stats.success.wait(WAIT_S)  # the fast one ran and was counted...
-        assert not fast.future.done()  # ...but waits for the earlier one
+        assert not fast.done()  # ...but waits for the earlier one
         gate.set()
-        assert fast.future.result(WAIT_S)["y"][0, 0] == 6.0
-        assert slow.future.result(WAIT_S)["y"][0, 0] == 2.0
+        assert fast.result(WAIT_S)["y"][0, 0] == 6.0
+        assert slow.result(WAIT_S)["y"][0, 0] == 2.0
     finally:
         gate.set()
         sched.stop()
@@ -235,10 +241,10 @@ def test_stop_drains_queued_requests_then_refuses_new_ones() -> None:
     gate.set()
     stopper.join(WAIT_S)
     assert not stopper.is_alive()
-    assert first.future.result(0)["y"][0, 0] == 2.0
-    assert all(r.future.result(0)["y"][0, 0] == 6.0 for r in queued)  # flushed without the 10 s delay
+    assert first.result(0)["y"][0, 0] == 2.0
+    assert all(r.result(0)["y"][0, 0] == 6.0 for r in queued)  # flushed without the 10 s delay
     with pytest.raises(SchedulerStoppedError, match="being unloaded"):
-        sched.enqueue(_req(3.0))
+        _enqueue(sched, _req(3.0))
 
 
 def test_cancelled_future_is_skipped_and_counted() -> None:
@@ -250,9 +256,9 @@ def test_cancelled_future_is_skipped_and_counted() -> None:
         assert sessions[0].started.wait(WAIT_S)
         gone = _submit(sched, clock, _req(3.0))
         kept = _submit(sched, clock, _req(4.0))
-        assert gone.future.cancel()
+        assert gone.cancel()
         gate.set()
-        assert kept.future.result(WAIT_S)["y"][0, 0] == 8.0
+        assert kept.result(WAIT_S)["y"][0, 0] == 8.0
     finally:
         gate.set()
         sched.stop()
@@ -296,17 +302,17 @@ def test_run_requests_sessions_get_requests_unconcatenated() -> None:
     sched = Scheduler(cfg, 1, [spec], lambda s: session, clock=clock)  # type: ignore[arg-type,return-value]
     clock.wait_blocked(after=0)
     try:
-        a = _submit(sched, clock, InferRequest(inputs={"x": np.zeros((1, 2), np.float32)}, request_id="a"))
-        b = _submit(sched, clock, InferRequest(inputs={"x": np.zeros((2, 5), np.float32)}, batch_size=2))
-        c = _submit(sched, clock, InferRequest(inputs={"x": -np.ones((1, 3), np.float32)}))
+        a = _submit(sched, clock, (InferRequest("m", {"x": np.zeros((1, 2), np.float32)}, id="a"), 1))
+        b = _submit(sched, clock, (InferRequest("m", {"x": np.zeros((2, 5), np.float32)}), 2))
+        c = _submit(sched, clock, (InferRequest("m", {"x": -np.ones((1, 3), np.float32)}), 1))
         clock.advance(1 * MS)
-        assert a.future.result(WAIT_S)["y"].shape == (1, 2)
-        assert b.future.result(WAIT_S)["y"].shape == (2, 5)  # other shapes share the batch
+        assert a.result(WAIT_S)["y"].shape == (1, 2)
+        assert b.result(WAIT_S)["y"].shape == (2, 5)  # other shapes share the batch
         with pytest.raises(InferenceError, match="no negatives"):
-            c.future.result(WAIT_S)
+            c.result(WAIT_S)
     finally:
         sched.stop()
-    assert [[r.request_id for r in call] for call in session.calls] == [["a", "", ""]]
+    assert [[r.id for r in call] for call in session.calls] == [["a", "", ""]]
     assert sched.stats.to_dict()["execution_count"] == 1
 
 
@@ -319,7 +325,7 @@ def test_a_finished_instance_takes_the_next_ready_batch_itself() -> None:
         assert sessions[0].started.wait(WAIT_S)
         queued = [_submit(sched, clock, _req(v)) for v in (2.0, 3.0)]
         gate.set()
-        assert [float(r.future.result(WAIT_S)["y"][0, 0]) for r in (first, *queued)] == [2.0, 4.0, 6.0]
+        assert [float(r.result(WAIT_S)["y"][0, 0]) for r in (first, *queued)] == [2.0, 4.0, 6.0]
     finally:
         sched.stop()
     # the two queued requests went as one batch, formed on the instance's own thread
@@ -338,17 +344,17 @@ def test_stop_without_draining_refuses_queued_requests() -> None:
     stopper = threading.Thread(target=sched.stop, kwargs={"drain": False})
     stopper.start()
     with pytest.raises(SchedulerStoppedError, match="was unloaded"):
-        queued.future.result(WAIT_S)
+        queued.result(WAIT_S)
     gate.set()
     stopper.join(WAIT_S)
-    assert running.future.result(0)["y"][0, 0] == 2.0  # the running batch still finished
+    assert running.result(0)["y"][0, 0] == 2.0  # the running batch still finished
     assert metrics.value("nv_inference_pending_request_count", model="m", version="1") == 0
 
 
 def test_stop_waits_for_a_batch_handed_over_by_enqueue() -> None:
     clock = FakeClock()
     sched, sessions, gate = _start(_config(), clock)
-    running = sched.enqueue(_req(1.0))  # handed to the idle instance by enqueue itself
+    running = _enqueue(sched, _req(1.0))  # handed to the idle instance by enqueue itself
     assert sched._fast_handovers == 1 and sessions[0].started.wait(WAIT_S)
     before = clock.waits
     stopper = threading.Thread(target=sched.stop)
@@ -366,7 +372,7 @@ def test_inline_enqueue_runs_on_the_calling_thread() -> None:
     sched, sessions, gate = _start(_config(), clock)
     gate.set()
     try:
-        fut = sched.enqueue(_req(3.0), inline=True)
+        fut = _enqueue(sched, _req(3.0), inline=True)
         assert fut.done() and fut.result()["y"][0, 0] == 6.0
     finally:
         sched.stop()
@@ -382,8 +388,8 @@ def test_higher_priority_runs_first_when_the_instance_frees() -> None:
         low = _submit(sched, clock, _req(3.0, 3))  # default level 2
         high = _submit(sched, clock, _req(4.0, 2, priority=1))
         gate.set()
-        high.future.result(WAIT_S)
-        low.future.result(WAIT_S)
+        high.result(WAIT_S)
+        low.result(WAIT_S)
     finally:
         gate.set()
         sched.stop()
@@ -422,10 +428,10 @@ def test_run_here_only_for_a_model_measured_faster_than_the_budget(cost_ns: int,
     here = threading.get_ident()
     try:
         # Nothing measured yet: the first request never runs on the caller's thread.
-        first = sched.enqueue(_req(1.0), inline=True, inline_under_ns=300_000)
+        first = _enqueue(sched, _req(1.0), inline=True, inline_under_ns=300_000)
         assert first.result(WAIT_S)["y"][0, 0] == 1.0 and sessions[0].threads[-1] != here
         for value in (2.0, 3.0):
-            future = sched.enqueue(_req(value), inline=True, inline_under_ns=300_000)
+            future = _enqueue(sched, _req(value), inline=True, inline_under_ns=300_000)
             assert future.result(WAIT_S)["y"][0, 0] == value
             assert (sessions[0].threads[-1] == here) is runs_here
         assert sched.stats.to_dict()["inference_stats"]["success"]["count"] == 3

@@ -15,7 +15,12 @@ AVAILABLE_BACKENDS: tuple[str, ...] = ("onnxruntime", "openvino", "torch", "pyth
 
 
 def load_session(
-    config: ModelConfig, model_path: Path, *, threads: int, context: BackendContext | None = None
+    config: ModelConfig,
+    model_path: Path,
+    *,
+    threads: int,
+    context: BackendContext | None = None,
+    profile_dir: Path | None = None,
 ) -> Session:
     """Open ``model_path`` with ``config.backend`` and complete the config from the model.
 
@@ -27,12 +32,17 @@ def load_session(
             options (the OMP/KMP environment variables do not reach the pip builds).
         context: where the session runs (BLS ``infer``, instance name, version); only the
             ``python`` backend uses it (``model.py`` with a ``TritonPythonModel``).
+        profile_dir: record per-operator times (``onnxruntime``: its profiler writes a Chrome
+            trace into this folder, returned by ``session.end_profiling()``; ``openvino``:
+            performance counters, read after each run with ``session.profiling_info()``).
+            ``None`` (default): no profiling.
 
     Raises:
         BackendUnavailableError: unknown backend (lists the accepted ones), a backend not built
             yet, or its package not installed (names the extra to install).
         ModelConfigError: the file is missing or unreadable, a bad parameter or precision, or a
             config that contradicts the model.
+        BackendUnavailableError: ``profile_dir`` for a backend without a profiler (torch, python).
     """
     if threads < 1:
         raise ModelConfigError(f"model {config.name!r}: threads must be >= 1, got {threads}")
@@ -45,13 +55,17 @@ def load_session(
     if backend == "onnxruntime":
         from frameserve.backends._onnxruntime import OrtSession
 
-        return OrtSession(config, path, threads=threads)
+        return OrtSession(config, path, threads=threads, profile_dir=profile_dir)
     if backend == "openvino":
         from frameserve.backends._openvino import OpenVinoSession
 
-        return OpenVinoSession(config, path, threads=threads)
+        return OpenVinoSession(config, path, threads=threads, perf_count=profile_dir is not None)
+    if profile_dir is not None:
+        raise BackendUnavailableError(
+            f"backend {backend!r} has no per-operator profiler; profiling works with onnxruntime and openvino"
+        )
     if backend == "python":
-        from frameserve.backends._python import load_python_session
+        from frameserve.backends.python import load_python_session
 
         return load_python_session(config, path, threads=threads, context=context)
     if backend == "torch":

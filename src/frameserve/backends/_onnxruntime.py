@@ -54,6 +54,8 @@ class OrtSession:
         model_path: an ``.onnx`` file.
         threads: intra-op threads (``SessionOptions.intra_op_num_threads``); inter-op is 1 and
             execution sequential.
+        profile_dir: turn onnxruntime's profiler on (``SessionOptions.enable_profiling``); it
+            writes its Chrome trace into this folder (see :meth:`end_profiling`).
 
     Config used: ``parameters.ort_allow_spinning`` ``"0"``/``"1"`` (onnxruntime's default is
     ``"1"``: idle pool threads spin, which costs CPU when several sessions share the cores).
@@ -65,7 +67,7 @@ class OrtSession:
             or a config that contradicts the model.
     """
 
-    def __init__(self, config: ModelConfig, model_path: Path, *, threads: int) -> None:
+    def __init__(self, config: ModelConfig, model_path: Path, *, threads: int, profile_dir: Path | None = None) -> None:
         import onnxruntime as ort
 
         spinning = config.parameters.get("ort_allow_spinning")
@@ -78,6 +80,9 @@ class OrtSession:
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if profile_dir is not None:
+            opts.enable_profiling = True
+            opts.profile_file_prefix = str(Path(profile_dir) / "onnxruntime_profile")
         if spinning is not None:
             opts.add_session_config_entry("session.intra_op.allow_spinning", spinning)
             opts.add_session_config_entry("session.inter_op.allow_spinning", spinning)
@@ -112,6 +117,7 @@ class OrtSession:
             "execution_mode": "sequential",
             "allow_spinning": spinning != "0",
             "model_path": str(model_path),
+            "profiling": profile_dir is not None,
         }
 
     def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
@@ -131,6 +137,18 @@ class OrtSession:
         except Exception as exc:
             raise InferenceError(f"model {self.config.name!r}: onnxruntime failed: {exc}") from exc
         return {name: _from_ort(arr) for name, arr in zip(self._output_names, results, strict=True)}
+
+    def end_profiling(self) -> Path:
+        """Stop the profiler (load with ``profile_dir``) and return the JSON file it wrote: a
+        Chrome trace (``[{"cat": "Node", "name": "<node>_kernel_time", "dur": us, "args":
+        {"op_name": ...}}, ...]``, onnxruntime's profiler format).
+
+        Raises:
+            InferenceError: the session was not loaded with profiling on.
+        """
+        if not self.info.get("profiling"):
+            raise InferenceError(f"model {self.config.name!r}: this session was loaded without profile_dir")
+        return Path(self._sess.end_profiling())
 
     def close(self) -> None:
         """Drop the onnxruntime session."""

@@ -82,6 +82,8 @@ class OpenVinoSession:
         config: the model's config (completed here from the model file).
         model_path: an ``.onnx`` or ``.xml`` file.
         threads: ``INFERENCE_NUM_THREADS``.
+        perf_count: turn OpenVINO's performance counters on (``PERF_COUNT``; read them with
+            :meth:`profiling_info`).
 
     Config used: ``precision`` -> ``INFERENCE_PRECISION_HINT`` (fp32 -> f32, bf16 -> bf16,
     fp16 -> f16; the CPU plugin falls back to f32 where the CPU lacks the type, and ``info``
@@ -96,7 +98,7 @@ class OpenVinoSession:
             that contradicts the model.
     """
 
-    def __init__(self, config: ModelConfig, model_path: Path, *, threads: int) -> None:
+    def __init__(self, config: ModelConfig, model_path: Path, *, threads: int, perf_count: bool = False) -> None:
         ov = _import_openvino()
         if config.precision not in _PRECISION_HINT:
             raise ModelConfigError(
@@ -139,6 +141,8 @@ class OpenVinoSession:
             "PERFORMANCE_HINT": hint,
             "INFERENCE_PRECISION_HINT": _PRECISION_HINT[config.precision],
         }
+        if perf_count:
+            props["PERF_COUNT"] = True
         try:
             self._compiled = core.compile_model(model, "CPU", props)
         except Exception as exc:
@@ -159,6 +163,7 @@ class OpenVinoSession:
             "optimal_infer_requests": int(self._compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")),
             "reshaped": reshaped,
             "model_path": str(model_path),
+            "profiling": perf_count,
         }
 
     def _fixed_shapes(self, ov: Any, sig: Any) -> dict[str, Any]:
@@ -196,6 +201,32 @@ class OpenVinoSession:
             except Exception as exc:
                 raise InferenceError(f"model {self.config.name!r}: openvino failed: {exc}") from exc
             return {name: np.asarray(results[i]) for i, name in enumerate(self._names)}
+
+    def profiling_info(self) -> list[dict[str, Any]]:
+        """The performance counters of the last run (load with ``perf_count``), one dict per
+        node of the compiled graph: ``node`` (name), ``op_type`` (``Convolution`` ...),
+        ``exec_type`` (the kernel, e.g. ``brgconv_avx512``), ``real_time_us``, ``cpu_time_us``
+        and ``status`` (``EXECUTED``, ``NOT_RUN``, ``OPTIMIZED_OUT``), from
+        ``InferRequest.get_profiling_info()``.
+
+        Raises:
+            InferenceError: the session was loaded without ``perf_count``.
+        """
+        if not self.info.get("profiling"):
+            raise InferenceError(f"model {self.config.name!r}: this session was loaded without perf_count")
+        with self._lock:
+            counters = self._request.get_profiling_info()
+        return [
+            {
+                "node": p.node_name,
+                "op_type": p.node_type,
+                "exec_type": p.exec_type,
+                "real_time_us": p.real_time.total_seconds() * 1e6,
+                "cpu_time_us": p.cpu_time.total_seconds() * 1e6,
+                "status": str(p.status).rsplit(".", 1)[-1],
+            }
+            for p in counters
+        ]
 
     def close(self) -> None:
         """Drop the infer request and the compiled model."""

@@ -11,6 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from frameserve.repository import ModelConfig
+from frameserve.request import InferRequest
 from frameserve.types import TensorSpec
 
 __all__ = ["DEFAULT_MAX_BATCH_SIZE", "BackendContext", "InferFn", "ModelSignature", "Session"]
@@ -37,11 +38,10 @@ class ModelSignature:
     max_batch_size: int
 
 
-InferFn = Callable[..., dict[str, np.ndarray[Any, Any]]]
-"""``infer(model_name, inputs, *, version=None, outputs=None) -> {output name: array}``: run one
-request on another served model (the signature of ``InferenceService.infer``). ``inputs`` maps
-input names to numpy arrays (batch dim first when that model batches); ``version`` ``None`` is the
-highest loaded; ``outputs`` ``None`` is every configured output. Raises frameserve errors
+InferFn = Callable[[InferRequest], dict[str, np.ndarray[Any, Any]]]
+"""``infer(request) -> {output name: array}``: run one :class:`~frameserve.request.InferRequest`
+on a served model and wait (``InferenceService.run``, injected by the service when it loads a
+model, so a backend never imports the service). Raises frameserve errors
 (``ModelNotFoundError``, ``TensorError``, ``InferenceError`` ...)."""
 
 

@@ -11,8 +11,8 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.console import Console
-from rich.text import Text
 from rich.table import Table
+from rich.text import Text
 
 from frameserve import assets as _assets
 from frameserve.cli._common import err_console, exit_on_error

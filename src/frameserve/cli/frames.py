@@ -80,11 +80,10 @@ def write_frames(
     from frameserve import assets
     from frameserve.config import Settings
     from frameserve.errors import InvalidInputError
-    from frameserve.pipeline._models import model_inputs, prepare_models
+    from frameserve.pipeline._models import model_inputs, prepare_models, repository_for
     from frameserve.pipeline._stages import checked_preprocess
     from frameserve.pipeline.loader import instantiate, load_pipeline, merge_params
     from frameserve.pipeline.preprocess import PreprocessSpec, preprocess, transform_for
-    from frameserve.pipeline._models import repository_for
     from frameserve.service import InferenceService
     from frameserve.video import Sampling, VideoSource
 

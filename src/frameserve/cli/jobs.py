@@ -49,7 +49,6 @@ def submit(
 ) -> None:
     """Record a queued job (checked like POST /v1/jobs) and print it."""
     from frameserve.jobs.callbacks import check_callback_url
-    from frameserve.jobs.storage import Storage
     from frameserve.jobs.store import JobSpec
     from frameserve.pipeline.registry import PipelineRegistry
 
@@ -57,7 +56,7 @@ def submit(
         store, js = _store(db, file_roots=[str(p) for p in file_root or []] or None,
                            callbacks_allow_private=callbacks_allow_private)
         PipelineRegistry(pipelines).resolve(pipeline)
-        storage = Storage(file_roots=js.file_roots)
+        storage = js.storage()  # the service's rules: roots, buckets, source guard (from the environment)
         storage.check_source(source)
         storage.check_target(target)
         if callback_url:

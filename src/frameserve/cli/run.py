@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from frameserve.cli._common import exit_on_error
 from frameserve.pipeline.timing import STAGES

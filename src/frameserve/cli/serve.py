@@ -7,6 +7,11 @@ Prints one line per listener on stdout as soon as it listens (``HTTP listening o
 models that failed to load (the others serve; readiness stays false, as Triton's strict
 readiness has it). SIGTERM or SIGINT stops it
 gracefully (in-flight requests finish); a second signal cuts connections.
+
+Safe by default: every listener binds 127.0.0.1; model control mode ``none`` (clients may not
+load or unload models); with ``--auth-token-file`` every request but health and metrics needs a
+bearer token of the right role. Binding another address without tokens is refused (exit 2)
+unless ``--allow-unauthenticated`` is given, which prints a warning.
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from frameserve.cli._common import exit_on_error
+
+if TYPE_CHECKING:
+    from frameserve.security import TokenTable
 
 __all__ = ["register", "serve_command"]
 
@@ -39,7 +47,19 @@ def serve_command(
     metrics_port: Annotated[int, typer.Option("--metrics-port", min=0, max=65535, help="Prometheus /metrics port (0 = any free port).")] = 8002,
     allow_grpc: Annotated[bool, typer.Option("--allow-grpc/--no-allow-grpc", help="Serve gRPC.")] = True,
     allow_metrics: Annotated[bool, typer.Option("--allow-metrics/--no-allow-metrics", help="Serve metrics on their own port.")] = True,
-    host: Annotated[str, typer.Option("--host", help="Address to bind (0.0.0.0 = all IPv4, :: = all).")] = "0.0.0.0",
+    host: Annotated[str, typer.Option("--host", help="Address every listener binds (0.0.0.0 = all IPv4, :: = all); another address than loopback needs --auth-token-file or --allow-unauthenticated.")] = "127.0.0.1",
+    http_address: Annotated[str | None, typer.Option("--http-address", help="Address of the HTTP listener (Triton's flag; default: --host).")] = None,
+    grpc_address: Annotated[str | None, typer.Option("--grpc-address", help="Address of the gRPC listener (Triton's flag; default: --host).")] = None,
+    metrics_address: Annotated[str | None, typer.Option("--metrics-address", help="Address of the metrics listener (Triton's flag; default: --host).")] = None,
+    model_control_mode: Annotated[str, typer.Option("--model-control-mode", help="none: load every model at start, refuse load/unload requests; explicit: load the --load-model models, accept load/unload; poll: load every model and re-scan the repository, refuse load/unload (Triton's modes).")] = "none",
+    load_model: Annotated[list[str] | None, typer.Option("--load-model", help="With --model-control-mode explicit: a model to load at start; repeatable; '*' = every model.")] = None,
+    repository_poll_secs: Annotated[float, typer.Option("--repository-poll-secs", min=0.01, help="With --model-control-mode poll: seconds between two scans of the repository.")] = 15.0,
+    strict_readiness: Annotated[bool, typer.Option("--strict-readiness/--no-strict-readiness", help="Ready only while every model asked for (and not unloaded since) is loaded; --no-strict-readiness: ready while any model is.")] = True,
+    auth_token_file: Annotated[Path | None, typer.Option("--auth-token-file", help="Bearer tokens, one 'TOKEN ROLE[,ROLE...] [NAME]' a line (roles: infer, jobs, admin); every request but health and metrics then needs one.")] = None,
+    auth_health: Annotated[bool, typer.Option("--auth-health/--no-auth-health", help="With --auth-token-file: ask for a token on /v2/health/*, gRPC health and /metrics too.")] = False,
+    allow_unauthenticated: Annotated[bool, typer.Option("--allow-unauthenticated", help="Allow binding a non-loopback address without --auth-token-file (prints a warning).")] = False,
+    tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="PEM certificate chain: serve HTTPS, gRPC over TLS and metrics over HTTPS (with --tls-key).")] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="PEM private key of --tls-cert.")] = None,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="Intra-op threads per model instance (default: the CPUs shared among all instances).")] = None,
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1, help="Largest HTTP request body in bytes (413 beyond).")] = 256 * 1024 * 1024,
     graceful_timeout: Annotated[float, typer.Option("--graceful-timeout", min=0, help="Seconds in-flight requests get to finish on shutdown.")] = 30.0,
@@ -51,6 +71,11 @@ def serve_command(
     webhook_secret: Annotated[str | None, typer.Option("--webhook-secret", help="whsec_... key that signs job callbacks (env FRAMESERVE_WEBHOOK_SECRET).")] = None,
     callbacks_allow_private: Annotated[bool | None, typer.Option("--callbacks-allow-private/--no-callbacks-allow-private", help="Allow callbacks to private and loopback addresses (env FRAMESERVE_CALLBACKS_ALLOW_PRIVATE=1).", show_default=False)] = None,
     lease_s: Annotated[float | None, typer.Option("--lease-s", min=1, help="Job lease in seconds (env FRAMESERVE_LEASE_S; default 30).")] = None,
+    sources_allow_private: Annotated[bool | None, typer.Option("--sources-allow-private/--no-sources-allow-private", help="Let http(s) job and /v1/analyze sources reach loopback, private and link-local addresses (env FRAMESERVE_SOURCES_ALLOW_PRIVATE=1; default refused).", show_default=False)] = None,
+    s3_allow_bucket: Annotated[list[str] | None, typer.Option("--s3-allow-bucket", help="Bucket s3:// job sources and targets may name; repeatable (env FRAMESERVE_S3_ALLOW_BUCKETS, comma-separated; default none).")] = None,
+    max_source_bytes: Annotated[int | None, typer.Option("--max-source-bytes", min=1, help="Largest job source downloaded, bytes (env FRAMESERVE_MAX_SOURCE_BYTES; default 2 GiB).", show_default=False)] = None,
+    source_timeout_s: Annotated[float | None, typer.Option("--source-timeout-s", min=0.001, help="Longest download of a job source in all, seconds (env FRAMESERVE_SOURCE_TIMEOUT_S; default 1800).", show_default=False)] = None,
+    source_idle_timeout_s: Annotated[float | None, typer.Option("--source-idle-timeout-s", min=0.001, help="Longest wait for a source's next byte, seconds (env FRAMESERVE_SOURCE_IDLE_TIMEOUT_S; default 30).", show_default=False)] = None,
     pipelines: Annotated[Path | None, typer.Option("--pipelines", help="Folder of the operator's pipelines (*.py, *.yaml), offered beside the built-ins to jobs and /v1/analyze; each is checked at start.")] = None,
     analyze_max_bytes: Annotated[int, typer.Option("--analyze-max-bytes", min=1, help="Largest clip POST /v1/analyze accepts, bytes (413 beyond).")] = 64 * 1024 * 1024,
     analyze_max_duration_s: Annotated[float, typer.Option("--analyze-max-duration-s", min=0.001, help="Longest clip POST /v1/analyze accepts, seconds (413 beyond).")] = 60.0,
@@ -76,20 +101,35 @@ def serve_command(
         registry = PipelineRegistry(pipelines)  # a bad pipeline file stops the start here (exit 2)
         repository = ModelRepository(settings.model_repository)
         registry.check_models(set(repository.models()))  # and so does a model no pipeline can get
-        # threads=None lets the service plan the budget so instances never oversubscribe the cores
-        service = InferenceService(repository, threads=threads)
         options = ServerOptions(
             host=host,
+            http_host=http_address,
+            grpc_host=grpc_address,
+            metrics_host=metrics_address,
             http_port=http_port,
             grpc_port=grpc_port if allow_grpc else None,
             metrics_port=metrics_port if allow_metrics else None,
             max_body_bytes=max_body_bytes,
             graceful_timeout_s=graceful_timeout,
+            model_control_mode=model_control_mode.lower(),
+            startup_models=tuple(load_model or ()),
+            repository_poll_s=repository_poll_secs,
+            tokens=_read_tokens(auth_token_file),
+            auth_health=auth_health,
+            tls_cert_file=tls_cert,
+            tls_key_file=tls_key,
         )
+        _check_startup_models(options.startup_models, repository.models())
+        _check_exposure(options, allow_unauthenticated=allow_unauthenticated)
+        # threads=None lets the service plan the budget so instances never oversubscribe the cores
+        service = InferenceService(repository, threads=threads, strict_readiness=strict_readiness)
         jobs_settings = JobsSettings.from_env(
             settings, db_url=db, file_roots=file_root or None, s3_endpoint_url=s3_endpoint_url,
             webhook_secret=webhook_secret,
             callbacks_allow_private=callbacks_allow_private, lease_s=lease_s,
+            sources_allow_private=sources_allow_private, s3_allow_buckets=s3_allow_bucket,
+            max_source_bytes=max_source_bytes, source_timeout_s=source_timeout_s,
+            source_idle_timeout_s=source_idle_timeout_s,
         )
         routers = list(_pipeline_routers(settings, service, registry, jobs_settings, analyze_max_bytes,
                                          analyze_max_duration_s, analyze_concurrency))
@@ -116,6 +156,7 @@ def serve_command(
         signal.signal(signal.SIGINT, on_signal)
         _say(f"frameserve {__version__}: model repository {repository.root}")
         _say(f"pipelines: {', '.join(registry.names())}" + (f" (folder {registry.folder})" if registry.folder else ""))
+        _say(_security_line(options))
         try:
             server.start()
         except OSError as exc:
@@ -126,8 +167,6 @@ def serve_command(
             raise typer.Exit(code=1) from None
         for line in server.listening_lines():
             _say(line)
-        if server.grpc_error:
-            _say(f"gRPC unavailable: {server.grpc_error}")
         if embedded is not None:
             embedded.start()
             js = embedded.jobs_settings
@@ -152,14 +191,92 @@ def _pipeline_routers(
     from frameserve.jobs.analyze import AnalyzeLimits, Analyzer, create_analyze_router
     from frameserve.jobs.api import create_pipelines_router
     from frameserve.jobs.settings import JobsSettings
-    from frameserve.jobs.storage import Storage
     from frameserve.pipeline.registry import PipelineRegistry
 
     assert isinstance(settings, Settings) and isinstance(registry, PipelineRegistry) and isinstance(js, JobsSettings)
-    storage = Storage(file_roots=js.file_roots, s3_endpoint_url=js.s3_endpoint_url)
+    storage = js.storage()
     limits = AnalyzeLimits(max_bytes=max_bytes, max_duration_s=max_duration_s, concurrency=concurrency)
     analyzer = Analyzer(service, registry, storage, settings, limits)
     return create_pipelines_router(registry), create_analyze_router(analyzer)
+
+
+def _read_tokens(path: Path | None) -> TokenTable | None:
+    """The token table of ``--auth-token-file`` (``None`` without one); warns on stderr when the
+    file may be read by other users."""
+    from frameserve.security import TokenTable
+
+    if path is None:
+        return None
+    table = TokenTable.from_file(path)
+    try:
+        if path.stat().st_mode & 0o077:
+            _warn(f"the token file {path} may be read by other users; chmod 600 it")
+    except OSError:  # pragma: no cover - it was just read
+        pass
+    return table
+
+
+def _check_startup_models(names: tuple[str, ...], available: list[str]) -> None:
+    """Refuse a ``--load-model`` that names no model of the repository (exit 2)."""
+    from frameserve.errors import InvalidInputError
+
+    missing = [n for n in names if n != "*" and n not in available]
+    if missing:
+        raise InvalidInputError(
+            f"--load-model {', '.join(missing)}: no such model in the repository; available: {', '.join(available) or '(none)'}"
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
+
+
+def _check_exposure(options: object, *, allow_unauthenticated: bool) -> None:
+    """Refuse (exit 2) a listener on a non-loopback address without tokens, unless allowed;
+    warn when tokens would cross the network in clear text."""
+    from frameserve.errors import InvalidInputError
+    from frameserve.server import ServerOptions
+
+    assert isinstance(options, ServerOptions)
+    kinds = [k for k, port in (("http", options.http_port), ("grpc", options.grpc_port), ("metrics", options.metrics_port)) if port is not None]
+    exposed = sorted({options.host_for(k) for k in kinds if not _is_loopback(options.host_for(k))})
+    if not exposed:
+        return
+    if options.tokens is None:
+        if not allow_unauthenticated:
+            raise InvalidInputError(
+                f"refusing to serve {', '.join(exposed)} without authentication: give --auth-token-file, "
+                "bind loopback (the default --host 127.0.0.1), or pass --allow-unauthenticated when something "
+                "in front of the server (a gateway) checks every request"
+            )
+        _warn(f"serving {', '.join(exposed)} WITHOUT authentication (--allow-unauthenticated): anyone who reaches it may use it")
+    elif not options.tls:
+        _warn(f"bearer tokens cross the network to {', '.join(exposed)} in clear text: give --tls-cert/--tls-key "
+              "or end TLS at an ingress in front of the server")
+
+
+def _security_line(options: object) -> str:
+    from frameserve.server import ServerOptions
+
+    assert isinstance(options, ServerOptions)
+    tokens = options.tokens
+    auth = "off" if tokens is None else f"{len(tokens)} bearer token(s)" + (", health and metrics too" if options.auth_health else "")
+    return f"model control mode {options.model_control_mode}; authentication {auth}; TLS {'on' if options.tls else 'off'}"
+
+
+def _warn(message: str) -> None:
+    from rich.text import Text
+
+    from frameserve.cli._common import err_console
+
+    err_console.print(Text.assemble(("warning:", "bold yellow"), " ", message), highlight=False, soft_wrap=True)
 
 
 def _redact(url: str) -> str:

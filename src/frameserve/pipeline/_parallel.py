@@ -32,9 +32,9 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
-import signal
 import queue
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -45,7 +45,17 @@ from typing import Any
 
 from frameserve.errors import VideoError
 from frameserve.pipeline._decode_worker import (
-    DecodeJob, Done, Failed, FrameMsg, Frames, Info, NeedRing, Ring, RingMsg, decode_main, error_from_message,
+    DecodeJob,
+    Done,
+    Failed,
+    FrameMsg,
+    Frames,
+    Info,
+    NeedRing,
+    Ring,
+    RingMsg,
+    decode_main,
+    error_from_message,
 )
 from frameserve.pipeline._stages import Layout, OutputStage, ProcessStage
 from frameserve.pipeline.contract import Batch, BatchItem, FrameInfo

@@ -19,7 +19,15 @@ from typing import Any
 import numpy as np
 
 from frameserve.errors import FrameserveError, PipelineHookError
-from frameserve.pipeline.contract import RESERVED_KEYS, Batch, FrameInfo, FrameOutput, ModelHandle, Pipeline, to_jsonable
+from frameserve.pipeline.contract import (
+    RESERVED_KEYS,
+    Batch,
+    FrameInfo,
+    FrameOutput,
+    ModelHandle,
+    Pipeline,
+    to_jsonable,
+)
 from frameserve.pipeline.loader import user_line
 from frameserve.pipeline.sinks import ResultsWriter, StreamedFrames, write_json
 from frameserve.pipeline.timing import Timing

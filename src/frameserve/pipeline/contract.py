@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from frameserve.errors import PipelineSpecError
+from frameserve.request import InferRequest
 
 if TYPE_CHECKING:
     from frameserve.service import InferenceService
@@ -257,7 +258,7 @@ class ModelHandle:
 
     def submit(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> Future[dict[str, np.ndarray[Any, Any]]]:
         """Queue one request (at most ``max_batch_size`` items) and return its future."""
-        return self._service.submit(self.name, inputs)
+        return self._service.submit(InferRequest(self.name, inputs))
 
     def infer(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
         """Run the model and wait: ``{output name: array}``.
@@ -283,7 +284,7 @@ class ModelHandle:
         if n <= mbs:
             return self._service.infer(self.name, inputs)
         futures = [
-            self._service.submit(self.name, {k: v[i : i + mbs] for k, v in inputs.items()})
+            self._service.submit(InferRequest(self.name, {k: v[i : i + mbs] for k, v in inputs.items()}))
             for i in range(0, n, mbs)
         ]
         parts = [f.result() for f in futures]

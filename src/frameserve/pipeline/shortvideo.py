@@ -239,9 +239,8 @@ class ShortVideoRunner:
         service: InferenceService | None = None, backend: str | None = None, threads: int | None = None,
         workers: int | None = None, fast_open: bool = True, params: dict[str, Any] | None = None,
     ) -> None:
-        from frameserve.pipeline._models import model_inputs, prepare_models
+        from frameserve.pipeline._models import model_inputs, prepare_models, repository_for
         from frameserve.pipeline.loader import instantiate, load_pipeline, merge_params
-        from frameserve.pipeline._models import repository_for
 
         self.settings = settings or Settings.from_env(threads=threads)
         cls = load_pipeline(pipeline).load_class()

@@ -3,19 +3,36 @@
 
 from __future__ import annotations
 
-from frameserve.repository._config import BACKENDS, PRECISIONS, InstanceGroup, ModelConfig, parse_config
+from frameserve.repository._config import (
+    BACKENDS,
+    PRECISIONS,
+    InstanceGroup,
+    ModelConfig,
+    check_model_filename,
+    parse_config,
+)
+from frameserve.repository._override import config_override
 from frameserve.repository._policy import VersionPolicy
-from frameserve.repository._repository import MODEL_FILENAMES, ModelRepository
+from frameserve.repository._repository import (
+    MAX_MODEL_NAME_BYTES,
+    MODEL_FILENAMES,
+    ModelRepository,
+    check_model_name,
+)
 from frameserve.repository._schema import config_schema, validate_config
 
 __all__ = [
     "BACKENDS",
+    "MAX_MODEL_NAME_BYTES",
     "MODEL_FILENAMES",
     "PRECISIONS",
     "InstanceGroup",
     "ModelConfig",
     "ModelRepository",
     "VersionPolicy",
+    "check_model_filename",
+    "check_model_name",
+    "config_override",
     "config_schema",
     "parse_config",
     "validate_config",

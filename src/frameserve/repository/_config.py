@@ -17,13 +17,39 @@ from frameserve.repository._policy import VersionPolicy
 from frameserve.repository._schema import validate_config
 from frameserve.types import DataType, TensorSpec
 
-__all__ = ["BACKENDS", "PRECISIONS", "InstanceGroup", "ModelConfig", "parse_config"]
+__all__ = ["BACKENDS", "PRECISIONS", "InstanceGroup", "ModelConfig", "check_model_filename", "parse_config"]
 
 BACKENDS: tuple[str, ...] = ("onnxruntime", "openvino", "torch", "python")
 """Backend names a config may give (Triton's ``pytorch`` is read as ``torch``)."""
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8")
 """Values of ``parameters.precision``."""
+
+_MAX_FILENAME_BYTES = 255  # Linux's NAME_MAX
+
+
+def check_model_filename(value: object, where: str = "model config") -> None:
+    """Refuse a ``default_model_filename`` that is not a bare file name of the version folder.
+
+    Checked on the text alone, before any file is looked at, so the message is the same whether
+    or not a path exists (it echoes nothing of the value).
+
+    Raises:
+        ModelConfigError: not a string, empty, ``.`` or ``..``, over 255 bytes of UTF-8, or
+            holding ``/``, ``\\``, ``:`` (a drive) or NUL (HTTP 400).
+    """
+    ok = (
+        isinstance(value, str)
+        and value not in ("", ".", "..")
+        and not any(c in value for c in "/\\:\0")
+        and len(value.encode("utf-8", "surrogatepass")) <= _MAX_FILENAME_BYTES
+    )
+    if not ok:
+        raise ModelConfigError(
+            f"{where}: default_model_filename must be a bare file name inside the version folder "
+            "(at most 255 bytes; no '/', '\\', ':', NUL, '.' or '..')"
+        )
+
 
 # Triton platform strings -> frameserve backend, and each backend's platform for v2 metadata.
 _PLATFORM_BACKEND = {
@@ -128,6 +154,8 @@ class ModelConfig:
             raise ModelConfigError(f"max_batch_size must be >= 0, got {self.max_batch_size}")
         if "precision" in self.parameters:
             raise ModelConfigError("give the precision as ModelConfig.precision, not in parameters")
+        if self.default_model_filename is not None:
+            check_model_filename(self.default_model_filename, f"model {self.name!r}")
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "instance_group", tuple(self.instance_group))
@@ -254,6 +282,8 @@ def parse_config(
             name differs from ``default_name``, or a listed tensor lacks ``data_type``.
     """
     data = {} if data is None else data
+    if "default_model_filename" in data:  # before the schema, whose message would echo the value
+        check_model_filename(data["default_model_filename"], source)
     validate_config(data, source=source)
     data = dict(data)
     name = data.get("name", default_name)

@@ -110,8 +110,7 @@ def pbtxt_to_dict(text: str, *, source: str = "config.pbtxt") -> tuple[dict[str,
         line, column = exc.GetLine(), exc.GetColumn()
         detail = str(exc)
         prefix = f"{line}:{column} : "
-        if detail.startswith(prefix):
-            detail = detail[len(prefix) :]
+        detail = detail.removeprefix(prefix)
         raise ModelConfigError(f"{source}:{line}:{column}: not a valid Triton config.pbtxt: {detail}") from None
     raw: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
     for key in _REFUSED:
@@ -165,18 +164,20 @@ def pbtxt_to_dict(text: str, *, source: str = "config.pbtxt") -> tuple[dict[str,
     return out, dropped
 
 
-def read_pbtxt(path: Path) -> dict[str, Any]:
+def read_pbtxt(path: Path, *, source: str | None = None) -> dict[str, Any]:
     """Read a config.pbtxt file into config.yaml's mapping (see :func:`pbtxt_to_dict`); dropped
-    fields are logged at INFO level.
+    fields are logged at INFO level. ``source``: what error messages call the file (default:
+    its path).
 
     Raises:
         ModelConfigError: unreadable file, syntax error (file:line:column), or a refused field.
     """
+    source = str(path) if source is None else source
     try:
         text = path.read_text("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ModelConfigError(f"{path}: cannot read: {exc}") from None
-    data, dropped = pbtxt_to_dict(text, source=str(path))
+        raise ModelConfigError(f"{source}: cannot read: {type(exc).__name__}") from None
+    data, dropped = pbtxt_to_dict(text, source=source)
     if dropped:
         _log.info("%s: fields frameserve does not use were ignored: %s", path, ", ".join(dropped))
     return data

@@ -5,6 +5,12 @@ Layout (Triton's, with ``config.yaml`` in place of ``config.pbtxt``; a Triton
 
     <root>/<model>/config.yaml          optional; completed from the model file where absent
     <root>/<model>/<version>/model.onnx (or model.xml, model.pt, model.py, default_model_filename)
+
+Names from the network never pick a path: a model name is one folder name (checked by
+:func:`check_model_name` before the file system is touched), ``default_model_filename`` a bare
+file name in the version folder (:func:`~frameserve.repository.check_model_filename`), and
+error messages name files relative to the repository root (``m/1/model.onnx``), never the
+root itself.
 """
 
 from __future__ import annotations
@@ -14,10 +20,21 @@ from typing import Any
 
 import yaml
 
-from frameserve.errors import ModelConfigError, ModelNotFoundError
-from frameserve.repository._config import ModelConfig, parse_config
+from frameserve.errors import (
+    InvalidModelNameError,
+    ModelConfigError,
+    ModelNotFoundError,
+)
+from frameserve.repository._config import (
+    ModelConfig,
+    check_model_filename,
+    parse_config,
+)
 
-__all__ = ["MODEL_FILENAMES", "ModelRepository"]
+__all__ = ["MAX_MODEL_NAME_BYTES", "MODEL_FILENAMES", "ModelRepository", "check_model_name"]
+
+MAX_MODEL_NAME_BYTES = 255
+"""Longest model name, in bytes of UTF-8: Linux's ``NAME_MAX``, the longest folder name."""
 
 MODEL_FILENAMES: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("model.onnx",),
@@ -29,6 +46,24 @@ MODEL_FILENAMES: dict[str, tuple[str, ...]] = {
 
 CONFIG_FILENAME = "config.yaml"
 PBTXT_FILENAME = "config.pbtxt"
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a model name that cannot be one folder of the repository, without echoing it.
+
+    Raises:
+        InvalidModelNameError: not a string, empty, over :data:`MAX_MODEL_NAME_BYTES` bytes of
+            UTF-8, or holding ``/``, ``\\`` or NUL (HTTP 400).
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidModelNameError("a model name must be a non-empty string")
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_MODEL_NAME_BYTES:
+        raise InvalidModelNameError(
+            f"a model name is at most {MAX_MODEL_NAME_BYTES} bytes of UTF-8; one of {size} bytes was given"
+        )
+    if "/" in name or "\\" in name or "\0" in name:
+        raise InvalidModelNameError("a model name is one folder name: no '/', '\\' or NUL")
 
 
 class ModelRepository:
@@ -61,12 +96,14 @@ class ModelRepository:
         """The folder of model ``name``.
 
         Raises:
+            InvalidModelNameError: a name no folder can have (:func:`check_model_name`).
             ModelNotFoundError: no such folder; the message lists the available models.
         """
+        check_model_name(name)
         path = self.root / name
-        if not name or "/" in name or name.startswith(".") or not path.is_dir():
+        if name.startswith(".") or not path.is_dir():
             available = ", ".join(self.models()) or "(none)"
-            raise ModelNotFoundError(f"no model {name!r} in repository {self.root}; available: {available}")
+            raise ModelNotFoundError(f"no model {name!r} in the model repository; available: {available}")
         return path
 
     def all_versions(self, name: str) -> list[int]:
@@ -97,16 +134,19 @@ class ModelRepository:
             if (path.parent / PBTXT_FILENAME).is_file():
                 from frameserve.repository._pbtxt import read_pbtxt
 
-                return read_pbtxt(path.parent / PBTXT_FILENAME)
+                return read_pbtxt(path.parent / PBTXT_FILENAME, source=f"{name}/{PBTXT_FILENAME}")
             return {}
+        shown = f"{name}/{CONFIG_FILENAME}"
         try:
             data = yaml.safe_load(path.read_text("utf-8"))
         except yaml.YAMLError as exc:
-            raise ModelConfigError(f"{path}: not valid YAML: {exc}") from None
+            raise ModelConfigError(f"{shown}: not valid YAML: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ModelConfigError(f"{shown}: cannot read: {type(exc).__name__}") from None
         if data is None:
             return {}
         if not isinstance(data, dict):
-            raise ModelConfigError(f"{path}: a model config must be a mapping of fields, got {type(data).__name__}")
+            raise ModelConfigError(f"{shown}: a model config must be a mapping of fields, got {type(data).__name__}")
         return data
 
     def config(self, name: str, *, override: dict[str, Any] | None = None) -> ModelConfig:
@@ -123,7 +163,7 @@ class ModelRepository:
             ModelConfigError: config.yaml fails the schema (file, field path, accepted values).
         """
         data = self.raw_config(name)
-        source = str(self._config_path(name))
+        source = f"{name}/{self._config_path(name).name}"
         if override:
             data = {**data, **override}
             source += " (with override)"
@@ -149,12 +189,15 @@ class ModelRepository:
     def model_file(self, name: str, version: int, *, config: ModelConfig | None = None) -> Path:
         """The model file of ``name`` version ``version``.
 
-        ``default_model_filename`` when the config gives one, else the first of the backend's
-        :data:`MODEL_FILENAMES` present in the version folder.
+        ``default_model_filename`` when the config gives one (a bare file name, checked again
+        here), else the first of the backend's :data:`MODEL_FILENAMES` present in the version
+        folder. The file is always inside the version folder.
 
         Raises:
             ModelNotFoundError: no such model, or no folder for that version (lists the versions).
-            ModelConfigError: no model file; names the expected path and the accepted names.
+            ModelConfigError: no model file (names the expected file relative to the repository
+                and the accepted names), or a ``default_model_filename`` that is not a bare file
+                name (the same message whatever exists on disk).
         """
         config = config or self.config(name)
         folder = self.model_dir(name) / str(int(version))
@@ -162,11 +205,16 @@ class ModelRepository:
             raise ModelNotFoundError(
                 f"model {name!r} has no version {version}; versions present: {self.all_versions(name)}"
             )
-        names = (config.default_model_filename,) if config.default_model_filename else MODEL_FILENAMES[config.backend]
+        if config.default_model_filename:
+            check_model_filename(config.default_model_filename, f"model {name!r}")
+            names: tuple[str, ...] = (config.default_model_filename,)
+        else:
+            names = MODEL_FILENAMES[config.backend]
         for filename in names:
-            if (folder / filename).is_file():
-                return folder / filename
+            path = folder / filename
+            if path.parent == folder and path.is_file():
+                return path
         raise ModelConfigError(
-            f"model {name!r} version {version}: no model file at {folder / names[0]}; backend "
+            f"model {name!r} version {version}: no model file at {name}/{int(version)}/{names[0]}; backend "
             f"{config.backend!r} accepts {', '.join(names)} (or set default_model_filename)"
         )

@@ -11,7 +11,7 @@ from frameserve.scheduler._clock import Clock, FakeClock, MonotonicClock
 from frameserve.scheduler._instances import InstanceSpec, gpu_count, parse_cpu_list, plan_instances
 from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE, BatchingPolicy, QueuePolicy
 from frameserve.scheduler._queue import BatchQueue
-from frameserve.scheduler._request import InferRequest
+from frameserve.scheduler._request import QueuedRequest
 from frameserve.scheduler._scheduler import BatchOutputError, Scheduler, SchedulerStoppedError
 from frameserve.scheduler._stats import ModelStats
 
@@ -22,11 +22,11 @@ __all__ = [
     "BatchingPolicy",
     "Clock",
     "FakeClock",
-    "InferRequest",
     "InstanceSpec",
     "ModelStats",
     "MonotonicClock",
     "QueuePolicy",
+    "QueuedRequest",
     "Scheduler",
     "SchedulerStoppedError",
     "gpu_count",

@@ -186,9 +186,9 @@ def plan_instances(
     out: list[InstanceSpec] = []
     counters: dict[str, int] = {}
     for i, (gname, kind, gpu) in enumerate(layout):
-        cpus = cpu_sets[i % len(cpu_sets)] if cpu_sets else None
-        n = explicit if explicit is not None else (len(cpus) if cpus is not None else auto)
+        pinned: frozenset[int] | None = cpu_sets[i % len(cpu_sets)] if cpu_sets else None
+        n = explicit if explicit is not None else (len(pinned) if pinned is not None else auto)
         idx = counters.get(gname, 0)
         counters[gname] = idx + 1
-        out.append(InstanceSpec(index=idx, kind=kind, threads=n, cpu_set=cpus, gpu=gpu, group=gname))
+        out.append(InstanceSpec(index=idx, kind=kind, threads=n, cpu_set=pinned, gpu=gpu, group=gname))
     return out

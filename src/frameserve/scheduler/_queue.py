@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 from frameserve.errors import ResourceExhaustedError
 from frameserve.scheduler._policy import BatchingPolicy
-from frameserve.scheduler._request import InferRequest
+from frameserve.scheduler._request import QueuedRequest
 
 __all__ = ["BatchQueue"]
 
@@ -43,8 +43,8 @@ class BatchQueue:
         self.policy = policy
         self.check_shapes = check_shapes
         self.model = model
-        self._ready: dict[int, deque[InferRequest]] = {lv: deque() for lv in policy.levels}
-        self._delayed: dict[int, deque[InferRequest]] = {lv: deque() for lv in policy.levels}
+        self._ready: dict[int, deque[QueuedRequest]] = {lv: deque() for lv in policy.levels}
+        self._delayed: dict[int, deque[QueuedRequest]] = {lv: deque() for lv in policy.levels}
         self._count = 0
         self._next_seq = 0
 
@@ -55,7 +55,7 @@ class BatchQueue:
         """Requests queued at ``level`` (timed-out delayed ones included)."""
         return len(self._ready[level]) + len(self._delayed[level])
 
-    def add(self, request: InferRequest) -> None:
+    def add(self, request: QueuedRequest) -> None:
         """Queue ``request`` (its ``arrival_ns`` already set); sets its level, deadline and seq.
 
         Raises:
@@ -76,23 +76,23 @@ class BatchQueue:
         self._ready[level].append(request)
         self._count += 1
 
-    def _order(self) -> Iterator[InferRequest]:
+    def _order(self) -> Iterator[QueuedRequest]:
         for level in self.policy.levels:
             yield from self._ready[level]
             yield from self._delayed[level]
 
-    def expire(self, now_ns: int) -> list[InferRequest]:
+    def expire(self, now_ns: int) -> list[QueuedRequest]:
         """Apply the timeout action to every request whose deadline is ``<= now_ns``.
 
         ``REJECT``: removed and returned (the caller answers them). ``DELAY``: moved behind its
         level's requests that have not timed out (its deadline cleared); not returned.
         Cancelled requests (their future cancelled by the caller) are removed and returned too.
         """
-        out: list[InferRequest] = []
+        out: list[QueuedRequest] = []
         for level, ready in self._ready.items():
             if not any(r.future.cancelled() or (r.deadline_ns is not None and r.deadline_ns <= now_ns) for r in ready):
                 continue
-            keep: deque[InferRequest] = deque()
+            keep: deque[QueuedRequest] = deque()
             for r in ready:
                 if r.future.cancelled():
                     out.append(r)
@@ -117,7 +117,7 @@ class BatchQueue:
         deadlines = [r.deadline_ns for q in self._ready.values() for r in q if r.deadline_ns is not None]
         return min(deadlines) if deadlines else None
 
-    def form(self, now_ns: int, *, flush: bool = False) -> tuple[list[InferRequest], int | None]:
+    def form(self, now_ns: int, *, flush: bool = False) -> tuple[list[QueuedRequest], int | None]:
         """Take the next batch if it should go now (call :meth:`expire` first).
 
         Args:
@@ -161,16 +161,16 @@ class BatchQueue:
             return self._take(count), None
         return [], oldest_ns + delay_ns
 
-    def _peek(self, n: int) -> list[InferRequest]:
-        out: list[InferRequest] = []
+    def _peek(self, n: int) -> list[QueuedRequest]:
+        out: list[QueuedRequest] = []
         for r in self._order():
             if len(out) == n:
                 break
             out.append(r)
         return out
 
-    def _take(self, n: int) -> list[InferRequest]:
-        out: list[InferRequest] = []
+    def _take(self, n: int) -> list[QueuedRequest]:
+        out: list[QueuedRequest] = []
         for level in self.policy.levels:
             for q in (self._ready[level], self._delayed[level]):
                 while q and len(out) < n:
@@ -178,6 +178,6 @@ class BatchQueue:
         self._count -= len(out)
         return out
 
-    def drain_all(self) -> list[InferRequest]:
+    def drain_all(self) -> list[QueuedRequest]:
         """Remove and return every queued request (in queue order)."""
         return self._take(self._count)

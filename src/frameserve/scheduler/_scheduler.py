@@ -24,20 +24,22 @@ from typing import Any
 import numpy as np
 
 from frameserve.backends import Session
-from frameserve.errors import (
+from frameserve.errors import (  # BatchOutputError, SchedulerStoppedError: re-exported, their home is errors
+    BatchOutputError,
     DeadlineExceededError,
     FrameserveError,
     InferenceError,
-    ModelNotReadyError,
     ResourceExhaustedError,
+    SchedulerStoppedError,
 )
 from frameserve.metrics import Metrics
 from frameserve.repository import ModelConfig
+from frameserve.request import InferRequest
 from frameserve.scheduler._clock import Clock, MonotonicClock
 from frameserve.scheduler._instances import InstanceSpec
 from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE, BatchingPolicy
 from frameserve.scheduler._queue import BatchQueue
-from frameserve.scheduler._request import InferRequest
+from frameserve.scheduler._request import QueuedRequest
 from frameserve.scheduler._stats import ModelStats
 
 __all__ = ["BatchOutputError", "Scheduler", "SchedulerStoppedError"]
@@ -47,25 +49,16 @@ log = logging.getLogger(__name__)
 Outputs = dict[str, np.ndarray[Any, Any]]
 
 
-class BatchOutputError(InferenceError):
-    """A session returned an output whose batch dim is not the batch's size, or a
-    ``run_requests`` result list of the wrong length (code ``inference_failed``, 500)."""
-
-
-class SchedulerStoppedError(ModelNotReadyError):
-    """The model version is being unloaded; no new request is taken (code ``model_not_ready``)."""
-
-
 class _Sequencer:
     """Delivers outcomes in arrival order (``preserve_ordering``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._next = 0
-        self._done: dict[int, tuple[InferRequest, Outputs | None, BaseException | None]] = {}
+        self._done: dict[int, tuple[QueuedRequest, Outputs | None, BaseException | None]] = {}
 
-    def complete(self, req: InferRequest, result: Outputs | None, exc: BaseException | None) -> None:
-        ready: list[tuple[InferRequest, Outputs | None, BaseException | None]] = []
+    def complete(self, req: QueuedRequest, result: Outputs | None, exc: BaseException | None) -> None:
+        ready: list[tuple[QueuedRequest, Outputs | None, BaseException | None]] = []
         with self._lock:
             self._done[req.seq] = (req, result, exc)
             while self._next in self._done:
@@ -74,7 +67,7 @@ class _Sequencer:
         for r, res, err in ready:
             _settle(r.future, res, err)
 
-    def skip(self, req: InferRequest) -> None:
+    def skip(self, req: QueuedRequest) -> None:
         """An error answered out of order: later requests need not wait for it."""
         self.complete(req, None, None)
 
@@ -95,7 +88,7 @@ class _Instance:
     def __init__(self, spec: InstanceSpec) -> None:
         self.spec = spec
         self.session: Session | None = None
-        self.slot: queue.Queue[list[InferRequest] | None] = queue.Queue(maxsize=1)
+        self.slot: queue.Queue[list[QueuedRequest] | None] = queue.Queue(maxsize=1)
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
@@ -118,7 +111,7 @@ class Scheduler:
         max_queue_size: bound of a priority level's queue when its policy gives none.
 
     A session with a ``run_requests(requests) -> list[dict | Exception]`` method gets the
-    batch's requests as they are (Python models); any other gets their inputs concatenated
+    batch's :class:`~frameserve.request.InferRequest` objects as they are (Python models); any other gets their inputs concatenated
     along dim 0 (``run``) and its outputs are split back by each request's batch size.
 
     Raises:
@@ -213,13 +206,14 @@ class Scheduler:
         with self._cond:
             return len(self._queue)
 
-    def enqueue(self, request: InferRequest, *, inline: bool = False, inline_under_ns: int | None = None) -> Future[Outputs]:
-        """Queue a checked request; its future completes with the outputs or the error.
-
-        Sets ``request.arrival_ns`` from the scheduler's clock.
+    def enqueue(
+        self, request: InferRequest, *, batch_size: int = 1, inline: bool = False, inline_under_ns: int | None = None
+    ) -> Future[Outputs]:
+        """Queue a checked request; the future it returns completes with the outputs or the error.
 
         Args:
-            request: the request.
+            request: the request, checked against the model (the service does that).
+            batch_size: its batch (the leading dim of its inputs when the model batches, else 1).
             inline: when nothing else is queued, an instance (without a CPU set) is idle and
                 the batching rule sends the request at once, run it on the calling thread
                 (for callers that would block on the future anyway: two thread switches
@@ -235,12 +229,13 @@ class Scheduler:
                 reason ``REJECTED``).
             SchedulerStoppedError: the scheduler is stopping.
         """
+        queued = QueuedRequest(request, batch_size=batch_size)
         with self._cond:
             if not self._accepting:
                 raise SchedulerStoppedError(f"model {self.name!r} version {self.version} is being unloaded")
-            request.arrival_ns = self.clock.now_ns()
+            queued.arrival_ns = self.clock.now_ns()
             try:
-                self._queue.add(request)
+                self._queue.add(queued)
             except ResourceExhaustedError:
                 self.stats.record_failure(request_ns=0)
                 if self.metrics is not None:
@@ -248,23 +243,23 @@ class Scheduler:
                 raise
             if self.metrics is not None:
                 self.metrics.add_pending(self.name, self.version, 1)
-            batch: list[InferRequest] = []
+            batch: list[QueuedRequest] = []
             target: _Instance | None = None
             if inline and inline_under_ns is not None:
                 inline = self._exec_avg_ns is not None and self._exec_avg_ns < inline_under_ns
             if self._idle and len(self._queue) == 1:
                 # Fast path: nothing else queued and an instance idle; hand over from this
                 # thread (one thread switch fewer) when the rule says "send now".
-                batch, _ = self._queue.form(request.arrival_ns, flush=self._stopping)
+                batch, _ = self._queue.form(queued.arrival_ns, flush=self._stopping)
                 if batch:
                     target = self._idle.pop()
-                    request.dispatch_ns = request.arrival_ns
+                    queued.dispatch_ns = queued.arrival_ns
                     self._fast_handovers += 1
             if target is None:
                 self._cond.notify_all()  # the batcher decides (delay, deadlines)
         if target is not None:
             self._hand_over(target, batch, here=inline and target.spec.cpu_set is None)
-        return request.future
+        return queued.future
 
     def stop(self, *, drain: bool = True) -> None:
         """Stop taking requests, finish (``drain``) or refuse the queued ones, let running
@@ -272,7 +267,7 @@ class Scheduler:
 
         Refused requests get :class:`SchedulerStoppedError`.
         """
-        refused: list[InferRequest] = []
+        refused: list[QueuedRequest] = []
         with self._cond:
             self._accepting = False
             self._stopping = True
@@ -292,8 +287,8 @@ class Scheduler:
 
     def _batcher_main(self) -> None:
         while True:
-            expired: list[InferRequest] = []
-            batch: list[InferRequest] = []
+            expired: list[QueuedRequest] = []
+            batch: list[QueuedRequest] = []
             target: _Instance | None = None
             done = False
             with self._cond:
@@ -328,7 +323,7 @@ class Scheduler:
                     self._fail(
                         r,
                         DeadlineExceededError(
-                            f"model {self.name!r}: request {r.request_id or '(no id)'} timed out after "
+                            f"model {self.name!r}: request {r.request.id or '(no id)'} timed out after "
                             f"{waited_us} us in the queue (request timeout expired)"
                         ),
                         "REJECTED",
@@ -340,7 +335,7 @@ class Scheduler:
                     inst.slot.put(None)
                 return
 
-    def _hand_over(self, target: _Instance, batch: list[InferRequest], *, counted: bool = False, here: bool = False) -> None:
+    def _hand_over(self, target: _Instance, batch: list[QueuedRequest], *, counted: bool = False, here: bool = False) -> None:
         """Give a formed batch to an idle instance (outside the lock), or run it on this thread
         with that instance's session (``here``)."""
         running = self._start(batch, counted=counted)
@@ -351,7 +346,7 @@ class Scheduler:
         else:
             self._release(target)
 
-    def _start(self, batch: list[InferRequest], *, counted: bool = False) -> list[InferRequest]:
+    def _start(self, batch: list[QueuedRequest], *, counted: bool = False) -> list[QueuedRequest]:
         """The requests of a formed batch that still want to run (cancelled ones are failed)."""
         if self.metrics is not None and not counted:
             self.metrics.add_pending(self.name, self.version, -len(batch))
@@ -362,13 +357,13 @@ class Scheduler:
                     self._fail(r, None, "CANCELED")
         return running
 
-    def _next_batch(self, inst: _Instance) -> list[InferRequest] | None:
+    def _next_batch(self, inst: _Instance) -> list[QueuedRequest] | None:
         """After a batch on ``inst``'s own thread: the next batch for it when the rule sends one
         now and no queued deadline has passed (one thread switch fewer than a round trip
         through the batcher); otherwise ``inst`` goes idle and ``None`` is returned."""
         while True:
             with self._cond:
-                batch: list[InferRequest] = []
+                batch: list[QueuedRequest] = []
                 if len(self._queue) and not self._stopping:
                     now = self.clock.now_ns()
                     deadline = self._queue.next_deadline_ns()
@@ -417,7 +412,7 @@ class Scheduler:
             except Exception:  # pragma: no cover - closing must not hide the real outcome
                 log.exception("model %r: closing a session failed", self.name)
 
-    def _run_batch(self, inst: _Instance, batch: list[InferRequest], *, chain: bool = False) -> list[InferRequest] | None:
+    def _run_batch(self, inst: _Instance, batch: list[QueuedRequest], *, chain: bool = False) -> list[QueuedRequest] | None:
         """Run ``batch`` on ``inst``'s session, then release ``inst``; with ``chain`` (on the
         instance's own thread) return the next batch it should run instead, if any."""
         try:
@@ -439,10 +434,14 @@ class Scheduler:
             if interrupted:
                 raise  # an inline run on the caller's thread: let Ctrl-C reach the caller
         finally:
-            following = self._next_batch(inst) if chain else self._release(inst)
+            following: list[QueuedRequest] | None = None
+            if chain:
+                following = self._next_batch(inst)
+            else:
+                self._release(inst)
         return following
 
-    def _execute(self, session: Session, batch: list[InferRequest]) -> None:
+    def _execute(self, session: Session, batch: list[QueuedRequest]) -> None:
         clock = self.clock
         total = sum(r.batch_size for r in batch)
         t0 = clock.now_ns()
@@ -450,7 +449,7 @@ class Scheduler:
         try:
             if self._by_requests:
                 t1 = t0
-                raw = session.run_requests(batch)  # type: ignore[attr-defined]
+                raw = session.run_requests([r.request for r in batch])  # type: ignore[attr-defined]
                 t2 = clock.now_ns()
                 if len(raw) != len(batch):
                     raise BatchOutputError(
@@ -483,13 +482,13 @@ class Scheduler:
         )
         if self.metrics is not None:
             self.metrics.record_execution(self.name, self.version, batch_size=total)
-        ok: list[tuple[InferRequest, Outputs]] = []
+        ok: list[tuple[QueuedRequest, Outputs]] = []
         for r, outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                exc = outcome if isinstance(outcome, FrameserveError) else InferenceError(
+                error = outcome if isinstance(outcome, FrameserveError) else InferenceError(
                     f"model {self.name!r} version {self.version}: {outcome}"
                 )
-                self._fail(r, exc, "BACKEND")
+                self._fail(r, error, "BACKEND")
             else:
                 ok.append((r, outcome))
         if not ok:
@@ -514,7 +513,7 @@ class Scheduler:
         avg = self._exec_avg_ns  # a benign race between instances: any recent value will do
         self._exec_avg_ns = float(elapsed_ns) if avg is None else avg + (elapsed_ns - avg) / 16
 
-    def _pick(self, r: InferRequest, out: Outputs) -> Outputs | BaseException:
+    def _pick(self, r: QueuedRequest, out: Outputs) -> Outputs | BaseException:
         if r.outputs is not None:
             wanted: Sequence[str] = r.outputs
         elif self._by_requests:  # a Python model answers with the outputs it produced
@@ -526,7 +525,7 @@ class Scheduler:
             return InferenceError(f"model {self.name!r} version {self.version}: backend returned no output {missing}")
         return {n: out[n] for n in wanted}
 
-    def _split(self, batch: list[InferRequest], out: Outputs, total: int) -> list[Outputs | BaseException]:
+    def _split(self, batch: list[QueuedRequest], out: Outputs, total: int) -> list[Outputs | BaseException]:
         if len(batch) == 1 and not self.policy.max_batch_size:
             return [self._pick(batch[0], out)]
         if self.policy.max_batch_size:
@@ -548,13 +547,13 @@ class Scheduler:
 
     # -- completion --------------------------------------------------------------------------
 
-    def _deliver(self, r: InferRequest, result: Outputs | None, exc: BaseException | None) -> None:
+    def _deliver(self, r: QueuedRequest, result: Outputs | None, exc: BaseException | None) -> None:
         if self._sequencer is not None:
             self._sequencer.complete(r, result, exc)
         else:
             _settle(r.future, result, exc)
 
-    def _fail(self, r: InferRequest, exc: BaseException | None, reason: str) -> None:
+    def _fail(self, r: QueuedRequest, exc: BaseException | None, reason: str) -> None:
         """Count a failed request and answer it at once (errors are not held for ordering)."""
         self.stats.record_failure(request_ns=self.clock.now_ns() - r.arrival_ns)
         if self.metrics is not None:
@@ -564,7 +563,7 @@ class Scheduler:
         if exc is not None:
             _settle(r.future, None, exc)
 
-    def _fail_batch(self, batch: list[InferRequest], exc: FrameserveError) -> None:
+    def _fail_batch(self, batch: list[QueuedRequest], exc: FrameserveError) -> None:
         for r in batch:
             self._fail(r, exc, "BACKEND")
 

@@ -3,10 +3,20 @@
 
 Start-up: the listening sockets are bound in :meth:`Server.start` (so port 0 resolves at once),
 the servers start, and only then are the repository's models loaded (with the service's
-``load_models`` where it has one, which shares the thread budget among them). A model that fails
-to load is logged, kept in :attr:`Server.load_errors` and left unready; the others serve. The
-server reports ready once loading is over and the service is ready — with the service's
-``load_models`` that means every model loaded (Triton's default strict readiness).
+``load_models``, which shares the thread budget among them). A model that fails to load is
+logged, kept in :attr:`Server.load_errors` and left unready; the others serve. The server
+reports ready once loading is over and the service is ready, that is once every model loaded
+(Triton's default strict readiness).
+
+Model control (``model_control_mode``, Triton's): ``none`` (default) loads every model at start
+and refuses clients' load and unload; ``explicit`` loads only ``startup_models`` (``*`` = all)
+and lets clients load and unload; ``poll`` loads every model and re-scans the repository every
+``repository_poll_s`` (:mod:`frameserve.server._poll`), refusing clients' load and unload.
+
+Safe by default: every listener binds loopback (``127.0.0.1``) unless told otherwise;
+``tokens`` turn on bearer-token authentication on HTTP and gRPC (health and metrics stay open
+unless ``auth_health``); cross-site browser requests are refused either way; ``tls_cert_file``
+and ``tls_key_file`` serve HTTPS, gRPC over TLS and metrics over HTTPS.
 
 Shut-down (:meth:`Server.stop`, or SIGTERM/SIGINT in ``frameserve serve``): readiness turns
 false, the listeners close, in-flight requests finish (up to ``graceful_timeout_s``), then the
@@ -17,17 +27,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from frameserve.errors import FrameserveError
-from frameserve.protocol.http import DEFAULT_MAX_BODY_BYTES, create_app, create_metrics_app
+from frameserve.errors import FrameserveError, InvalidInputError
+from frameserve.protocol import MODEL_CONTROL_MODES
+from frameserve.protocol.http import (
+    DEFAULT_MAX_BODY_BYTES,
+    create_app,
+    create_metrics_app,
+)
+from frameserve.security.tokens import TokenTable
+from frameserve.server._poll import RepositoryWatcher
+from frameserve.service import InferenceService
 
 __all__ = ["Server", "ServerOptions"]
 
@@ -39,7 +58,10 @@ class ServerOptions:
     """Where and how :class:`Server` listens (Triton's defaults).
 
     Attributes:
-        host: the address every listener binds (``0.0.0.0`` = all IPv4 interfaces; ``::`` = all).
+        host: the address every listener binds unless its own is given (default ``127.0.0.1``,
+            loopback only; ``0.0.0.0`` = all IPv4 interfaces; ``::`` = all).
+        http_host, grpc_host, metrics_host: one listener's address (Triton's
+            ``--http-address``, ``--grpc-address``, ``--metrics-address``); ``None`` = ``host``.
         http_port: v2 HTTP port (0 = any free port); ``None`` = no HTTP server.
         grpc_port: v2 gRPC port (0 = any free port); ``None`` = no gRPC server.
         metrics_port: Prometheus port, ``GET /metrics`` (0 = any free port); ``None`` = none
@@ -47,11 +69,20 @@ class ServerOptions:
         max_body_bytes: largest HTTP request body, compressed or not (413 beyond).
         graceful_timeout_s: how long :meth:`Server.stop` lets in-flight requests finish;
             ``None`` = as long as they take.
-        load_models: load every model of the service's repository at start.
+        load_models: load models at start (those the model control mode names); false: none.
         http_routers: more FastAPI routers mounted on the HTTP port (the embedded ``/v1/jobs``).
+        model_control_mode: ``none`` (default), ``explicit`` or ``poll`` (the module docstring).
+        startup_models: the models ``explicit`` mode loads at start (Triton's ``--load-model``);
+            ``("*",)`` = every model; only with ``explicit``.
+        repository_poll_s: seconds between two scans of the repository in ``poll`` mode
+            (Triton's ``--repository-poll-secs``, default 15).
+        tokens: bearer tokens and roles (:class:`~frameserve.security.TokenTable`); ``None``:
+            no authentication.
+        auth_health: ask for a token on health and metrics too (with ``tokens``).
+        tls_cert_file, tls_key_file: PEM certificate chain and private key; both or neither.
     """
 
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
     http_port: int | None = 8000
     grpc_port: int | None = 8001
     metrics_port: int | None = 8002
@@ -59,10 +90,42 @@ class ServerOptions:
     graceful_timeout_s: float | None = 30.0
     load_models: bool = True
     http_routers: tuple[Any, ...] = ()
+    http_host: str | None = None
+    grpc_host: str | None = None
+    metrics_host: str | None = None
+    model_control_mode: str = "none"
+    startup_models: tuple[str, ...] = ()
+    repository_poll_s: float = 15.0
+    tokens: TokenTable | None = None
+    auth_health: bool = False
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+
+    def host_for(self, kind: str) -> str:
+        """The address the ``http``, ``grpc`` or ``metrics`` listener binds."""
+        own = {"http": self.http_host, "grpc": self.grpc_host, "metrics": self.metrics_host}[kind]
+        return self.host if own is None else own
+
+    @property
+    def tls(self) -> bool:
+        """Whether the listeners serve TLS."""
+        return self.tls_cert_file is not None
 
     def __post_init__(self) -> None:
-        for name in ("http_port", "grpc_port", "metrics_port"):
-            port = getattr(self, name)
+        if self.model_control_mode not in MODEL_CONTROL_MODES:
+            raise InvalidInputError(
+                f"model control mode {self.model_control_mode!r} unknown; accepted: {', '.join(MODEL_CONTROL_MODES)}"
+            )
+        object.__setattr__(self, "startup_models", tuple(self.startup_models))
+        if self.startup_models and self.model_control_mode != "explicit":
+            raise InvalidInputError("models to load at start (--load-model) need model control mode 'explicit'")
+        if "*" in self.startup_models and len(self.startup_models) > 1:
+            raise InvalidInputError("--load-model '*' loads every model and must be the only --load-model (as in Triton)")
+        if not self.repository_poll_s > 0:
+            raise InvalidInputError(f"repository_poll_s must be > 0 seconds, got {self.repository_poll_s}")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise InvalidInputError("TLS needs both a certificate (--tls-cert) and its private key (--tls-key)")
+        for name, port in (("http_port", self.http_port), ("grpc_port", self.grpc_port), ("metrics_port", self.metrics_port)):
             if port is not None and not 0 <= port <= 65535:
                 raise FrameserveError(f"{name} must be 0..65535, got {port}")
         if self.max_body_bytes < 1:
@@ -74,11 +137,6 @@ def _bind(host: str, port: int) -> socket.socket:
     sock = socket.create_server((host, port), family=family, backlog=2048, dualstack_ipv6=host == "::")
     sock.setblocking(False)
     return sock
-
-
-def _free_port(host: str) -> int:
-    with _bind(host, 0) as sock:
-        return int(sock.getsockname()[1])
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
@@ -108,14 +166,14 @@ class Server:
     Thread safety: :meth:`start` and :meth:`stop` are meant for one controlling thread.
     """
 
-    def __init__(self, service: Any, options: ServerOptions | None = None, *, close_service: bool = True) -> None:
+    def __init__(
+        self, service: InferenceService, options: ServerOptions | None = None, *, close_service: bool = True
+    ) -> None:
         self.service = service
         self.options = options or ServerOptions()
         self.close_service = close_service
         self.load_errors: dict[str, str] = {}
         """Model name -> why it failed to load at start."""
-        self.grpc_error: str | None = None
-        """Why the gRPC server is not running, when it was asked for and is not."""
         self._sockets: dict[str, socket.socket] = {}
         self._ports: dict[str, int] = {}
         self._thread: threading.Thread | None = None
@@ -127,6 +185,9 @@ class Server:
         self._stopping = False
         self._error: BaseException | None = None
         self._uvicorn: list[Any] = []
+        self._watcher: RepositoryWatcher | None = None
+        self._poll_lock = threading.Lock()
+        self._tls: tuple[bytes, bytes] | None = None
 
     # -- public ------------------------------------------------------------------------------
 
@@ -155,16 +216,31 @@ class Server:
         """Loading is over, the server is not stopping, and the service says it is ready."""
         if not self._ready.is_set() or self._stopping:
             return False
-        fn = getattr(self.service, "is_server_ready", None)
-        return bool(fn()) if fn is not None else True
+        return self.service.is_server_ready()
 
     def listening_lines(self) -> list[str]:
         """One line per listener, ``"<kind> listening on <host>:<port>"`` (kind: HTTP, gRPC,
         metrics), as ``frameserve serve`` prints them."""
-        host = self.options.host
-        shown = f"[{host}]" if ":" in host else host
         names = {"http": "HTTP", "grpc": "gRPC", "metrics": "metrics"}
-        return [f"{names[k]} listening on {shown}:{self._ports[k]}" for k in names if k in self._ports]
+        lines = []
+        for kind, label in names.items():
+            if kind in self._ports:
+                host = self.options.host_for(kind)
+                lines.append(f"{label} listening on {f'[{host}]' if ':' in host else host}:{self._ports[kind]}")
+        return lines
+
+    def poll_repository(self) -> Any:
+        """Model control mode ``poll``: scan the repository now and apply what changed (the
+        poller does this every ``repository_poll_s``); returns the
+        :class:`~frameserve.server._poll.PollChanges`.
+
+        Raises:
+            FrameserveError: the server is not in ``poll`` mode, or not started.
+        """
+        if self._watcher is None:
+            raise FrameserveError("the repository is polled only in model control mode 'poll', once started")
+        with self._poll_lock:
+            return self._watcher.poll()
 
     def start(self, *, timeout_s: float = 30.0) -> None:
         """Bind the listeners, start serving in a background thread, begin loading models.
@@ -174,18 +250,23 @@ class Server:
 
         Raises:
             OSError: a port cannot be bound.
+            InvalidInputError: the TLS certificate or key cannot be read or do not match.
             RuntimeError: already started, or the servers did not start within ``timeout_s``.
         """
         if self._thread is not None:
             raise RuntimeError("the server was already started")
         opts = self.options
+        if opts.tls_cert_file is not None and opts.tls_key_file is not None:
+            self._tls = _read_tls(opts.tls_cert_file, opts.tls_key_file)
+        if opts.model_control_mode == "poll" and opts.load_models:
+            self._watcher = RepositoryWatcher(self.service)
         try:
             if opts.http_port is not None:
-                self._sockets["http"] = _bind(opts.host, opts.http_port)
+                self._sockets["http"] = _bind(opts.host_for("http"), opts.http_port)
             if opts.grpc_port is not None:
                 self._ports["grpc"] = opts.grpc_port  # 0 resolves when the gRPC server binds
             if opts.metrics_port is not None:
-                self._sockets["metrics"] = _bind(opts.host, opts.metrics_port)
+                self._sockets["metrics"] = _bind(opts.host_for("metrics"), opts.metrics_port)
         except BaseException:
             self._close_sockets()
             raise
@@ -276,16 +357,19 @@ class Server:
         if "http" in self._sockets:
             apps["http"] = create_app(
                 self.service, max_body_bytes=opts.max_body_bytes, ready_check=lambda: self.ready,
-                routers=opts.http_routers,
+                routers=opts.http_routers, model_control_mode=opts.model_control_mode,
+                tokens=opts.tokens, auth_health=opts.auth_health,
             )
         if "metrics" in self._sockets:
-            apps["metrics"] = create_metrics_app(self.service)
+            apps["metrics"] = create_metrics_app(self.service, tokens=opts.tokens, auth_health=opts.auth_health)
         tasks: list[asyncio.Task[None]] = []
         for kind, app in apps.items():
             config = uvicorn.Config(
-                app, host=opts.host, port=self._ports[kind], lifespan="off", log_config=None,
+                app, host=opts.host_for(kind), port=self._ports[kind], lifespan="off", log_config=None,
                 log_level="warning", access_log=False, timeout_graceful_shutdown=opts.graceful_timeout_s,
                 server_header=False, date_header=False, timeout_keep_alive=30, ws="none",
+                ssl_certfile=None if opts.tls_cert_file is None else str(opts.tls_cert_file),
+                ssl_keyfile=None if opts.tls_key_file is None else str(opts.tls_key_file),
             )
             server = uvicorn.Server(config)
             self._uvicorn.append(server)
@@ -299,7 +383,10 @@ class Server:
             await asyncio.sleep(0.005)
         self._started.set()
         loader = asyncio.create_task(asyncio.to_thread(self._load_models))
+        poller = asyncio.create_task(self._poll_forever(loader)) if self._watcher is not None else None
         await self._stop_event.wait()
+        if poller is not None:
+            poller.cancel()
         self._stopping = True
         log.info("shutting down: finishing in-flight requests")
         for server in self._uvicorn:
@@ -313,43 +400,35 @@ class Server:
         if "grpc" not in self._ports:
             return None
         port = self._ports["grpc"]
-        host = self.options.host
+        opts = self.options
+        host = opts.host_for("grpc")
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        try:
-            module = importlib.import_module("frameserve.protocol.grpc")
-            bound_port = getattr(module, "bound_port", None)
-            if port == 0 and bound_port is None:
-                port = _free_port(host)
-                address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            server = module.create_server(self.service, address)
-            await server.start()
-        except (ImportError, AttributeError) as exc:
-            self.grpc_error = f"{type(exc).__name__}: {exc}"
-            log.warning("gRPC is unavailable (%s); serving HTTP only", self.grpc_error)
-            del self._ports["grpc"]
-            return None
-        self._ports["grpc"] = int(bound_port(server)) if port == 0 and bound_port is not None else port
+        from frameserve.protocol.grpc import (  # grpc loads only when served
+            bound_port,
+            create_server,
+        )
+
+        server = create_server(
+            self.service, address, model_control_mode=opts.model_control_mode, tokens=opts.tokens,
+            auth_health=opts.auth_health, tls=self._tls,
+        )
+        await server.start()
+        self._ports["grpc"] = bound_port(server)
         return server
 
     def _load_models(self) -> None:
         try:
-            if not self.options.load_models or getattr(self.service, "repository", None) is None:
+            repository = self.service.repository
+            if not self.options.load_models or repository is None:
                 return
-            names = self.service.repository.models()
             started = time.monotonic()
-            load_models = getattr(self.service, "load_models", None)
-            if load_models is not None:  # plans the thread budget over every model together
-                loaded = load_models(names)
-                self.load_errors.update(getattr(self.service, "load_errors", {}) or {})
-            else:
-                loaded = {}
-                for name in names:
-                    if self._stopping:
-                        return
-                    try:
-                        loaded[name] = self.service.load(name)
-                    except Exception as exc:  # one bad model must not keep the others from serving
-                        self.load_errors[name] = str(exc)
+            if self._watcher is not None:
+                self._watcher.snapshot()  # a change made while the models load is seen at the first poll
+            names = repository.models()
+            if self.options.model_control_mode == "explicit" and "*" not in self.options.startup_models:
+                names = list(self.options.startup_models)
+            loaded = self.service.load_models(names)  # one thread budget over them all
+            self.load_errors.update(self.service.load_errors)
             for name, error in sorted(self.load_errors.items()):
                 log.error("model %r failed to load: %s", name, error)
             for name, versions in sorted(loaded.items()):
@@ -359,3 +438,30 @@ class Server:
             log.exception("loading the models failed")
         finally:
             self._ready.set()
+
+    async def _poll_forever(self, loader: asyncio.Task[None]) -> None:
+        """Model control mode ``poll``: after the start-up load, scan every ``repository_poll_s``."""
+        await asyncio.shield(loader)
+        assert self._stop_event is not None
+        while not self._stop_event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_event.wait(), self.options.repository_poll_s)
+                return
+            try:
+                await asyncio.to_thread(self.poll_repository)
+            except Exception:  # a scan that fails is retried at the next one
+                log.exception("polling the model repository failed")
+
+
+def _read_tls(cert_file: Path, key_file: Path) -> tuple[bytes, bytes]:
+    """``(key PEM, certificate chain PEM)``, checked to load as a pair.
+
+    Raises:
+        InvalidInputError: unreadable files, or a key that does not fit the certificate.
+    """
+    try:
+        cert, key = Path(cert_file).read_bytes(), Path(key_file).read_bytes()
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(str(cert_file), str(key_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidInputError(f"cannot use the TLS certificate {cert_file} with key {key_file}: {exc}") from None
+    return key, cert

@@ -173,7 +173,7 @@ def _mini_box(contour: Array) -> tuple[Array, float]:
     """``DBPostProcess.get_mini_boxes``: the min-area rectangle's corners (float32, from the
     left-most pair, clockwise from top-left) and its shorter side."""
     rect = cv2.minAreaRect(contour)
-    pts = sorted(list(cv2.boxPoints(rect)), key=lambda x: x[0])
+    pts = sorted(cv2.boxPoints(rect), key=lambda x: x[0])
     i1, i4 = (0, 1) if pts[1][1] > pts[0][1] else (1, 0)
     i2, i3 = (2, 3) if pts[3][1] > pts[2][1] else (3, 2)
     return np.array([pts[i1], pts[i2], pts[i3], pts[i4]]), min(rect[1])
@@ -240,7 +240,7 @@ def filter_boxes(boxes: Array, img_h: int, img_w: int) -> list[Array]:
 
 def sorted_boxes(boxes: list[Array]) -> list[Array]:
     """``RapidOCR.sorted_boxes``: top to bottom, then left to right within 10 px rows."""
-    out = list(sorted(boxes, key=lambda x: (x[0][1], x[0][0])))
+    out = sorted(boxes, key=lambda x: (x[0][1], x[0][0]))
     for i in range(len(out) - 1):
         for j in range(i, -1, -1):
             if abs(out[j + 1][0][1] - out[j][0][1]) < 10 and out[j + 1][0][0] < out[j][0][0]:

@@ -7,16 +7,14 @@ with Triton's (tritonclient, perf_analyzer), plus the standard ``grpc.health.v1`
 - :func:`decode_infer_request` / :func:`encode_infer_response` are the tensor codecs.
 """
 
-from frameserve.protocol.grpc._codec import InferCall, decode_infer_request, encode_infer_response
+from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_response
 from frameserve.protocol.grpc._server import DEFAULT_MAX_MESSAGE_BYTES, HealthServicer, bound_port, create_server
-from frameserve.protocol.grpc._servicer import EXTENSIONS, GrpcInferenceServicer, config_message
+from frameserve.protocol.grpc._servicer import GrpcInferenceServicer, config_message
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
-    "EXTENSIONS",
     "GrpcInferenceServicer",
     "HealthServicer",
-    "InferCall",
     "bound_port",
     "config_message",
     "create_server",

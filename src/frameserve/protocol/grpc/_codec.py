@@ -1,4 +1,5 @@
-"""ModelInferRequest -> :class:`InferCall` (numpy inputs), and outputs -> ModelInferResponse.
+"""ModelInferRequest -> :class:`~frameserve.request.InferRequest` (numpy inputs), and outputs ->
+ModelInferResponse.
 
 Tensor bytes follow the Open Inference Protocol's gRPC rules: ``raw_input_contents`` holds one
 entry per input, in the order of ``inputs``, each the flattened row-major elements in
@@ -11,17 +12,16 @@ Outputs are always answered in ``raw_output_contents`` (what tritonclient reads)
 from __future__ import annotations
 
 import math
-import struct
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import InvalidInputError, TensorError
-from frameserve.types import DataType
+from frameserve.request import InferRequest, RequestedOutput
+from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
 
-__all__ = ["InferCall", "decode_infer_request", "encode_infer_response", "parameter_value", "parse_version"]
+__all__ = ["decode_infer_request", "encode_infer_response", "parameter_value", "parse_version"]
 
 # Typed-contents list for each datatype (FP16 / BF16 have none).
 _CONTENTS_FIELD: dict[DataType, str] = {
@@ -40,40 +40,8 @@ _CONTENTS_FIELD: dict[DataType, str] = {
 }
 _ALL_CONTENTS_FIELDS = sorted(set(_CONTENTS_FIELD.values()))
 _ACCEPTED = ", ".join(d.value for d in DataType)
-_U32 = struct.Struct("<I")
 _MAX_DIMS = 32
 _MAX_ARRAY_BYTES = 2**63
-
-
-@dataclass
-class InferCall:
-    """One decoded inference request, ready for :class:`~frameserve.service.InferenceService`.
-
-    Attributes:
-        model_name: the model.
-        version: the model version; ``None`` = the newest ready one.
-        inputs: input name -> array (shape and dtype as sent; BYTES as an ``object`` array of
-            ``bytes``), in request order.
-        outputs: the outputs asked for, in request order; ``None`` = every output.
-        request_id: the request's ``id`` ("" when none), echoed in the response.
-        priority: Triton's priority level (1 is the highest); ``None`` = the model's default.
-        timeout_us: Triton's request timeout in microseconds; ``None`` = the model's default.
-        parameters: every request parameter as a plain Python value (``priority`` and
-            ``timeout`` included).
-    """
-
-    model_name: str
-    version: int | None
-    inputs: dict[str, np.ndarray[Any, Any]]
-    outputs: list[str] | None = None
-    request_id: str = ""
-    priority: int | None = None
-    timeout_us: int | None = None
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-    def __repr__(self) -> str:
-        shapes = {n: f"{DataType.from_numpy(a.dtype).value}{list(a.shape)}" for n, a in self.inputs.items()}
-        return f"InferCall({self.model_name!r}, version={self.version}, inputs={shapes}, outputs={self.outputs})"
 
 
 def parse_version(version: str) -> int | None:
@@ -95,17 +63,21 @@ def parameter_value(param: Any) -> Any:
     return None if which is None else getattr(param, which)
 
 
-def _non_negative_int(params: dict[str, Any], key: str) -> int | None:
+def _non_negative_int(params: dict[str, Any], key: str) -> int:
     value = params.get(key)
     if value is None:
-        return None
+        return 0  # Triton: 0 means "the model's default"
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidInputError(f"request parameter {key!r} must be a non-negative integer, got {value!r}")
-    return value or None  # Triton: 0 means "the model's default"
+    return value
 
 
-def decode_infer_request(request: pb.ModelInferRequest) -> InferCall:
-    """Decode a ModelInferRequest into an :class:`InferCall`.
+def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
+    """Decode a ModelInferRequest into an :class:`~frameserve.request.InferRequest`.
+
+    Its ``parameters`` hold every request parameter as a plain Python value (``priority`` and
+    ``timeout`` included, as Triton passes them to Python models); ``priority`` and
+    ``timeout_us`` are also read into their fields.
 
     Checks what the wire format alone decides: datatype names, non-negative shapes, byte sizes
     of raw contents, element counts of typed contents, BYTES framing, duplicate names, parameter
@@ -138,26 +110,29 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferCall:
             raise InvalidInputError(f"input {tensor.name!r}: shared memory inputs are not supported")
         inputs[tensor.name] = _decode_tensor(tensor, raw[i] if raw else None)
 
-    outputs: list[str] | None = None
-    if request.outputs:
-        outputs = []
-        for out in request.outputs:
-            if out.name in outputs:
-                raise TensorError(f"output {out.name!r} is requested twice")
+    outputs: list[RequestedOutput] = []
+    seen: set[str] = set()
+    for out in request.outputs:
+        if out.name in seen:
+            raise TensorError(f"output {out.name!r} is requested twice")
+        seen.add(out.name)
+        out_params: dict[str, Any] = {}
+        if out.parameters:
             if "shared_memory_region" in out.parameters:
                 raise InvalidInputError(f"output {out.name!r}: shared memory outputs are not supported")
-            if "classification" in out.parameters and parameter_value(out.parameters["classification"]):
+            out_params = {k: parameter_value(v) for k, v in out.parameters.items()}
+            if out_params.get("classification"):
                 raise InvalidInputError(f"output {out.name!r}: the classification extension is not supported")
-            outputs.append(out.name)
-    return InferCall(
+        outputs.append(RequestedOutput(out.name, None, out_params))
+    return InferRequest(
         model_name=request.model_name,
-        version=version,
         inputs=inputs,
-        outputs=outputs,
-        request_id=request.id,
+        model_version=version,
+        outputs=tuple(outputs),
+        parameters=params,
         priority=priority,
         timeout_us=timeout_us,
-        parameters=params,
+        id=request.id,
     )
 
 
@@ -187,7 +162,7 @@ def _decode_tensor(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | N
 
 def _from_raw(name: str, datatype: DataType, shape: list[int], count: int, raw: bytes) -> np.ndarray[Any, Any]:
     if datatype is DataType.BYTES:
-        return _split_bytes(name, shape, count, raw)
+        return decode_bytes_elements(raw, count, where=f"input {name!r}").reshape(shape)
     item = datatype.size_bytes
     assert item is not None
     want = count * item
@@ -198,32 +173,6 @@ def _from_raw(name: str, datatype: DataType, shape: list[int], count: int, raw: 
         )
     dtype = datatype.to_numpy().newbyteorder("<")
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
-
-
-def _split_bytes(name: str, shape: list[int], count: int, raw: bytes) -> np.ndarray[Any, Any]:
-    if count > len(raw) // 4:  # every element takes at least its 4-byte length
-        raise TensorError(
-            f"input {name!r}: {len(raw)} bytes of raw contents given, too few for {count} BYTES elements "
-            "(each is a 4-byte length then its bytes)"
-        )
-    out = np.empty(count, dtype=object)
-    pos = 0
-    for i in range(count):
-        if pos + 4 > len(raw):
-            raise TensorError(f"input {name!r}: raw BYTES contents end inside the length of element {i}")
-        (n,) = _U32.unpack_from(raw, pos)
-        pos += 4
-        if pos + n > len(raw):
-            raise TensorError(
-                f"input {name!r}: BYTES element {i} declares {n} bytes, only {len(raw) - pos} remain"
-            )
-        out[i] = raw[pos : pos + n]
-        pos += n
-    if pos != len(raw):
-        raise TensorError(
-            f"input {name!r}: {len(raw) - pos} bytes left over after the {count} BYTES elements of shape {shape}"
-        )
-    return out.reshape(shape)
 
 
 def _from_contents(
@@ -270,35 +219,27 @@ _WIDE: dict[DataType, str] = {
 def _raw_bytes(name: str, array: np.ndarray[Any, Any]) -> tuple[DataType, bytes]:
     datatype = DataType.from_numpy(array.dtype)
     if datatype is DataType.BYTES:
-        parts: list[bytes] = []
-        for element in array.reshape(-1):
-            if isinstance(element, str):
-                element = element.encode("utf-8")
-            elif not isinstance(element, bytes | bytearray | memoryview | np.bytes_):
-                element = str(element).encode("utf-8")
-            parts.append(_U32.pack(len(element)))
-            parts.append(bytes(element))
-        return datatype, b"".join(parts)
+        return datatype, encode_bytes_elements(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     return datatype, np.ascontiguousarray(array).tobytes()
 
 
 def encode_infer_response(
-    call: InferCall, outputs: dict[str, np.ndarray[Any, Any]], *, model_version: str = ""
+    call: InferRequest, outputs: dict[str, np.ndarray[Any, Any]], *, model_version: str = ""
 ) -> pb.ModelInferResponse:
     """Build the ModelInferResponse for ``call``: outputs in the given order, each with its
     datatype and shape, their bytes in ``raw_output_contents``; ``id`` echoed.
 
     Args:
-        call: the decoded request.
+        call: the decoded request (its ``model_name`` and ``id`` are echoed).
         outputs: output name -> array, as the service returned them.
         model_version: the version that ran ("" if unknown).
 
     Raises:
         TensorError: an output array has a dtype with no v2 datatype.
     """
-    response = pb.ModelInferResponse(model_name=call.model_name, model_version=model_version, id=call.request_id)
+    response = pb.ModelInferResponse(model_name=call.model_name, model_version=model_version, id=call.id)
     for name, array in outputs.items():
         arr = np.asarray(array)
         datatype, data = _raw_bytes(name, arr)

@@ -10,7 +10,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
+from frameserve.protocol.grpc._auth import TokenInterceptor
 from frameserve.protocol.grpc._servicer import GrpcInferenceServicer
+from frameserve.security.tokens import TokenTable
 from frameserve.service import InferenceService
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "HealthServicer", "bound_port", "create_server"]
@@ -19,13 +21,13 @@ DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Largest request or response message, in bytes (gRPC's own default is 4 MiB, too small for
 image batches). A larger request is refused by gRPC with RESOURCE_EXHAUSTED."""
 
-_SERVING = health_pb2.HealthCheckResponse.SERVING
-_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_SERVING: int = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
 
 _PORTS: weakref.WeakKeyDictionary[grpc.aio.Server, int] = weakref.WeakKeyDictionary()
 
 
-class HealthServicer(health_pb2_grpc.HealthServicer):
+class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]  # grpc_health ships no stubs
     """``grpc.health.v1.Health``, answered from the service's state at the time of each call.
 
     Service names: ``""`` (the whole server) is SERVING while the service is ready;
@@ -75,6 +77,10 @@ def create_server(
     address: str = "0.0.0.0:8001",
     *,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    model_control_mode: str = "none",
+    tokens: TokenTable | None = None,
+    auth_health: bool = False,
+    tls: tuple[bytes, bytes] | None = None,
 ) -> grpc.aio.Server:
     """Build (not start) a gRPC server for ``service`` listening on ``address``.
 
@@ -85,8 +91,13 @@ def create_server(
 
     Args:
         service: the transport-neutral service every RPC calls.
-        address: ``host:port`` to listen on (insecure); port 0 picks a free port.
+        address: ``host:port`` to listen on; port 0 picks a free port.
         max_message_bytes: largest message received or sent, in bytes (>= 1).
+        model_control_mode: ``explicit`` lets clients load and unload; ``none`` (default) and
+            ``poll`` refuse them (UNAVAILABLE).
+        tokens: bearer tokens checked on every call (:class:`TokenInterceptor`); ``None``: none.
+        auth_health: ask for a token on the health RPCs too.
+        tls: ``(private key PEM, certificate chain PEM)`` to serve TLS; ``None``: plaintext.
 
     Raises:
         ValueError: ``max_message_bytes`` < 1.
@@ -94,17 +105,22 @@ def create_server(
     """
     if max_message_bytes < 1:
         raise ValueError(f"max_message_bytes must be >= 1, got {max_message_bytes}")
+    interceptors = [TokenInterceptor(tokens, auth_health=auth_health)] if tokens is not None else []
     server = grpc.aio.server(
+        interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),  # a second server on a taken port fails instead of sharing it
         ]
     )
-    servicer = GrpcInferenceServicer(service)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    servicer = GrpcInferenceServicer(service, model_control_mode=model_control_mode)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]  # protoc's code
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(servicer), server)
-    _PORTS[server] = server.add_insecure_port(address)
+    if tls is not None:
+        _PORTS[server] = server.add_secure_port(address, grpc.ssl_server_credentials([tls]))
+    else:
+        _PORTS[server] = server.add_insecure_port(address)
     return server
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -18,39 +17,29 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-import frameserve
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
 from frameserve._proto import model_config_pb2 as mc
 from frameserve.errors import FrameserveError, InvalidInputError
-from frameserve.protocol import RUN_HERE_UNDER_US
+from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
 from frameserve.protocol.grpc._codec import (
-    InferCall,
     decode_infer_request,
     encode_infer_response,
     parameter_value,
     parse_version,
 )
+from frameserve.repository import config_override
+from frameserve.request import InferRequest
 from frameserve.service import InferenceService
 
-__all__ = ["EXTENSIONS", "GrpcInferenceServicer", "config_message"]
+__all__ = ["GrpcInferenceServicer", "config_message"]
 
 _log = logging.getLogger(__name__)
-
-EXTENSIONS = ("model_configuration", "model_repository", "parameters", "statistics")
-"""Triton extensions this servicer serves; ``schedule_policy`` is added when the service
-schedules requests (has ``submit``), as the HTTP routes do."""
 
 _R = TypeVar("_R")
 
 
-class _Unimplemented(Exception):
-    """Raised by a handler for a feature the service at hand lacks (answered UNIMPLEMENTED)."""
-
-
 def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    if isinstance(exc, _Unimplemented):
-        return grpc.StatusCode.UNIMPLEMENTED, str(exc)
     if isinstance(exc, FrameserveError):
         return grpc.StatusCode.__members__.get(exc.grpc_status, grpc.StatusCode.INTERNAL), exc.message
     return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
@@ -87,24 +76,27 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """Serves ``inference.GRPCInferenceService`` from one :class:`InferenceService`.
 
     Blocking service calls (infer, load, unload) run off the event loop: inference through
-    ``service.submit(...)`` (a ``concurrent.futures.Future``) when the service has it, else
-    ``service.infer`` in a worker thread; load and unload in a worker thread.
+    ``service.submit(...)`` (a ``concurrent.futures.Future``; a fast model idle at once runs
+    on the loop's thread, see :data:`~frameserve.protocol.RUN_HERE_UNDER_US`), load and unload
+    in a worker thread.
+
+    ``model_control_mode``: ``none`` (default) or ``poll`` refuse load and unload with
+    UNAVAILABLE, as Triton does; ``explicit`` runs them.
     """
 
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: InferenceService, *, model_control_mode: str = "none") -> None:
         self.service = service
+        self.model_control_mode = model_control_mode
 
     # -- health ------------------------------------------------------------------------------
 
     def server_live(self) -> bool:
-        """Whether the service reports itself live (``True`` if it has no such notion)."""
-        fn = getattr(self.service, "is_server_live", None)
-        return bool(fn()) if fn is not None else True
+        """Whether the service is live (:meth:`InferenceService.is_server_live`)."""
+        return self.service.is_server_live()
 
     def server_ready(self) -> bool:
-        """Whether the service reports itself ready (``True`` if it has no such notion)."""
-        fn = getattr(self.service, "is_server_ready", None)
-        return bool(fn()) if fn is not None else True
+        """Whether the service is ready (:meth:`InferenceService.is_server_ready`)."""
+        return self.service.is_server_ready()
 
     @_handled
     async def ServerLive(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
@@ -130,14 +122,8 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerMetadataResponse:
-        fn = getattr(self.service, "server_metadata", None)
-        meta: dict[str, Any] = dict(fn()) if fn is not None else {}
-        extensions = list(EXTENSIONS) + (["schedule_policy"] if hasattr(self.service, "submit") else [])
-        return pb.ServerMetadataResponse(
-            name=str(meta.get("name", "frameserve")),
-            version=str(meta.get("version", frameserve.__version__)),
-            extensions=sorted(extensions),
-        )
+        meta = self.service.server_metadata()
+        return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"], extensions=meta["extensions"])
 
     @_handled
     async def ModelMetadata(
@@ -159,39 +145,19 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ---------------------------------------------------------------------------
 
-    async def _run(self, call: InferCall) -> dict[str, np.ndarray[Any, Any]]:
-        submit = getattr(self.service, "submit", None)
-        if submit is not None:
-            future = submit(
-                call.model_name,
-                call.inputs,
-                version=call.version,
-                outputs=call.outputs,
-                priority=call.priority or 0,
-                timeout_us=call.timeout_us or 0,
-                request_id=call.request_id,
-                parameters=call.parameters,
-                run_here_under_us=RUN_HERE_UNDER_US,
-            )
-            if future.done():  # ran on this thread (a fast model, nothing queued)
-                return future.result()  # type: ignore[no-any-return]
-            result: dict[str, np.ndarray[Any, Any]] = await asyncio.wrap_future(future)
-            return result
-        return await asyncio.to_thread(
-            self.service.infer, call.model_name, call.inputs, version=call.version, outputs=call.outputs
-        )
+    async def _run(self, call: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
+        future = self.service.submit(call, run_here_under_us=RUN_HERE_UNDER_US)
+        if future.done():  # ran on this thread (a fast model, nothing queued)
+            return future.result()
+        return await asyncio.wrap_future(future)
 
-    def _version_used(self, call: InferCall) -> str:
-        if call.version is not None:
-            return str(call.version)
+    def _version_used(self, call: InferRequest) -> str:
+        if call.model_version is not None:
+            return str(call.model_version)
         try:
-            version_for = getattr(self.service, "version_for", None)
-            if version_for is not None:
-                return str(version_for(call.model_name))
-            versions = self.service.metadata(call.model_name)["versions"]
+            return str(self.service.version_for(call.model_name))
         except FrameserveError:  # unloaded meanwhile: the answer still stands
             return ""
-        return str(versions[-1]) if versions else ""
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         call = decode_infer_request(request)
@@ -227,13 +193,10 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStatisticsResponse:
-        fn = getattr(self.service, "statistics", None)
-        if fn is None:
-            raise _Unimplemented("ModelStatistics: this service keeps no statistics")
-        stats = fn(request.name or None, parse_version(request.version))
-        if isinstance(stats, list):
-            stats = {"model_stats": stats}
-        return json_format.ParseDict(stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+        stats = self.service.statistics(request.name or None, parse_version(request.version))
+        response = pb.ModelStatisticsResponse()
+        json_format.ParseDict(stats, response, ignore_unknown_fields=True)
+        return response
 
     # -- model repository --------------------------------------------------------------------
 
@@ -257,16 +220,9 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelLoadResponse:
-        override: dict[str, Any] | None = None
-        for key, param in request.parameters.items():
-            value = parameter_value(param)
-            if key == "config":
-                override = _config_override(request.model_name, value)
-            elif key.startswith("file:"):
-                raise InvalidInputError(
-                    f"load {request.model_name!r}: model files in the request ({key!r}) are not supported; "
-                    "put them in the model repository"
-                )
+        check_model_control(self.model_control_mode)
+        params = {key: parameter_value(param) for key, param in request.parameters.items()}
+        override = config_override(request.model_name, params)
         await asyncio.to_thread(self.service.load, request.model_name, config_override=override)
         return pb.RepositoryModelLoadResponse()
 
@@ -274,6 +230,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:
+        check_model_control(self.model_control_mode)
         await asyncio.to_thread(self.service.unload, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
@@ -295,20 +252,6 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     LogSettings = _unimplemented("LogSettings", "log settings")
 
 
-def _config_override(model: str, value: Any) -> dict[str, Any]:
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", errors="replace")
-    if not isinstance(value, str):
-        raise InvalidInputError(f"load {model!r}: parameter 'config' must be JSON text, got {type(value).__name__}")
-    try:
-        parsed = json.loads(value)
-    except ValueError as exc:
-        raise InvalidInputError(f"load {model!r}: parameter 'config' is not valid JSON: {exc}") from None
-    if not isinstance(parsed, dict):
-        raise InvalidInputError(f"load {model!r}: parameter 'config' must be a JSON object, got {type(parsed).__name__}")
-    return parsed
-
-
 def config_message(config: dict[str, Any]) -> mc.ModelConfig:
     """Triton's JSON form of a model config (``ModelConfig.to_dict()``) as the ModelConfig message.
 
@@ -317,7 +260,9 @@ def config_message(config: dict[str, Any]) -> mc.ModelConfig:
     Raises:
         FrameserveError: a known key holds a value of the wrong type (a server fault: INTERNAL).
     """
+    message = mc.ModelConfig()
     try:
-        return json_format.ParseDict(config, mc.ModelConfig(), ignore_unknown_fields=True)
+        json_format.ParseDict(config, message, ignore_unknown_fields=True)
     except json_format.ParseError as exc:
         raise FrameserveError(f"model config of {config.get('name')!r} does not fit Triton's ModelConfig: {exc}") from None
+    return message

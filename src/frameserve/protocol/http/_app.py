@@ -18,24 +18,26 @@ triton-inference-server/server ``docs/protocol/extension_*.md``)::
 
 Every failure answers ``{"error": "<message>"}`` with the status of the error's code in
 :data:`frameserve.errors.STATUS`; the server keeps serving after any of them.
+Every request first passes the gate (:mod:`frameserve.protocol.http._auth`: bearer tokens and
+roles, cross-site refusals); load and unload run only in model control mode ``explicit``.
 Inference POSTs are answered straight from the raw ASGI messages, before FastAPI's own layers
 (its OpenTelemetry hook, middleware and routing cost ~30% of a small request here); the other
 routes are plain Starlette routes over the raw body (no validation layer). Bodies are encoded
 with orjson; everything that may block (inference without a scheduler, load, unload, codec work
 on bodies over 1 MiB) runs off the event loop. Requests that never reach a model (unknown model
 or version) are not counted in metrics; every other refusal is, through
-``service.metrics.record_failure`` (the scheduler counts what it refuses itself).
+``InferenceService.record_failure`` (the service counts what it refuses itself).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import orjson
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -50,10 +52,13 @@ from frameserve.errors import (
     ModelNotFoundError,
     ModelNotReadyError,
     PayloadTooLargeError,
-    ResourceExhaustedError,
 )
-from frameserve.protocol import RUN_HERE_UNDER_US
+from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
 from frameserve.protocol.http import codec
+from frameserve.protocol.http._auth import HttpGate
+from frameserve.repository import config_override
+from frameserve.security.tokens import TokenTable
+from frameserve.service import InferenceService
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "HTTP_EXTENSIONS", "create_app", "create_metrics_app"]
 
@@ -62,15 +67,9 @@ log = logging.getLogger("frameserve.protocol.http")
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 """Default largest request body accepted, in bytes (after decompression): 256 MiB."""
 
-HTTP_EXTENSIONS: tuple[str, ...] = (
-    "binary_tensor_data",
-    "model_configuration",
-    "model_repository",
-    "parameters",
-    "statistics",
-)
-"""Triton protocol extensions these routes implement (``schedule_policy`` is added when the
-service schedules requests, i.e. has ``submit``)."""
+HTTP_EXTENSIONS: tuple[str, ...] = ("binary_tensor_data",)
+"""Triton protocol extensions only these routes add to the service's own
+(:data:`frameserve.service.EXTENSIONS`) in ``/v2``."""
 
 _JSON = "application/json"
 _OFFLOAD_BYTES = 1 << 20  # decode/encode bodies larger than this off the event loop
@@ -96,119 +95,9 @@ def _version(raw: str | None) -> int | None:
     return int(raw)
 
 
-def _failure_reason(exc: BaseException) -> str:
-    """Triton's ``nv_inference_request_failure`` reason for an error."""
-    if isinstance(exc, InvalidInputError | ResourceExhaustedError):
-        return "REJECTED"
-    if isinstance(exc, InferenceError):
-        return "BACKEND"
-    return "OTHER"
-
-
-class _Core:
-    """The service as the routes see it: the scheduler's API where it exists, and plain local
-    answers where it does not yet (``submit``, ``statistics``, ``metrics``, ...)."""
-
-    def __init__(self, service: Any, ready_check: Callable[[], bool] | None) -> None:
-        self.service = service
-        self.ready_check = ready_check
-        self.schedules = hasattr(service, "submit")
-
-    def live(self) -> bool:
-        fn = getattr(self.service, "is_server_live", None)
-        return bool(fn()) if fn is not None else True
-
-    def ready(self) -> bool:
-        if self.ready_check is not None and not self.ready_check():
-            return False
-        fn = getattr(self.service, "is_server_ready", None)
-        return bool(fn()) if fn is not None else True
-
-    def server_metadata(self) -> dict[str, Any]:
-        fn = getattr(self.service, "server_metadata", None)
-        meta = dict(fn()) if fn is not None else {}
-        if "version" not in meta:
-            from frameserve import __version__
-
-            meta["version"] = __version__
-        meta.setdefault("name", "frameserve")
-        extensions = list(HTTP_EXTENSIONS) + (["schedule_policy"] if self.schedules else [])
-        meta["extensions"] = sorted(extensions)
-        return meta
-
-    def resolve_version(self, name: str, version: int | None) -> str:
-        """The version a request runs on; raises ModelNotFoundError / ModelNotReadyError."""
-        version_for = getattr(self.service, "version_for", None)
-        if version_for is not None:
-            return str(version_for(name, version))
-        if version is not None:
-            if not self.service.is_ready(name, version):
-                self.service.metadata(name, version)  # raises the precise error
-            return str(version)
-        versions = self.service.metadata(name)["versions"]
-        return str(max(int(v) for v in versions))
-
-    async def infer(self, name: str, version: int | None, req: codec.InferRequest) -> dict[str, np.ndarray[Any, Any]]:
-        wanted = [o.name for o in req.outputs] or None
-        if self.schedules:
-            future = self.service.submit(
-                name, req.inputs, version=version, outputs=wanted, priority=req.priority,
-                timeout_us=req.timeout_us, request_id=req.id, parameters=req.parameters or None,
-                run_here_under_us=RUN_HERE_UNDER_US,
-            )
-            if future.done():  # ran on this thread (a fast model, nothing queued)
-                return future.result()  # type: ignore[no-any-return]
-            result: dict[str, np.ndarray[Any, Any]] = await asyncio.wrap_future(future)
-            return result
-        return await asyncio.to_thread(self.service.infer, name, req.inputs, version=version, outputs=wanted)
-
-    def record_failure(self, name: str, version: str, exc: BaseException) -> None:
-        """Count a request the protocol layer refused (``version``: the version it would have
-        run on, ``""`` when unknown)."""
-        metrics = getattr(self.service, "metrics", None)
-        record = getattr(metrics, "record_failure", None)
-        if record is None:
-            return
-        try:
-            record(name, version, _failure_reason(exc))
-        except Exception:  # metrics must never turn one error into another
-            log.exception("recording a failed request of %r failed", name)
-
-    def statistics(self, name: str | None, version: int | None) -> dict[str, Any]:
-        fn = getattr(self.service, "statistics", None)
-        if fn is not None:
-            result: dict[str, Any] = fn(name, version)
-            return result
-        if name is None:
-            pairs = [(n, v) for n in self.service.model_names() for v in self.service.metadata(n)["versions"]]
-        else:
-            versions = self.service.metadata(name, version)["versions"]
-            pairs = [(name, str(version))] if version is not None else [(name, v) for v in versions]
-        return {"model_stats": [_empty_stats(n, v) for n, v in pairs]}
-
-    def metrics_text(self) -> bytes:
-        registry = getattr(getattr(self.service, "metrics", None), "registry", None)
-        if registry is None:
-            return b""
-        return bytes(generate_latest(registry))
-
-
-def _empty_stats(name: str, version: str) -> dict[str, Any]:
-    zero = {"count": 0, "ns": 0}
-    return {
-        "name": name,
-        "version": version,
-        "last_inference": 0,
-        "inference_count": 0,
-        "execution_count": 0,
-        "inference_stats": {
-            k: dict(zero)
-            for k in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
-        },
-        "response_stats": {},
-        "batch_stats": [],
-        "memory_usage": [],
-    }
+def _metrics_text(service: InferenceService) -> bytes:
+    """The service's metrics in Prometheus text format."""
+    return bytes(generate_latest(service.metrics.registry))
 
 
 async def _read_limited(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
@@ -251,23 +140,29 @@ async def _optional_json(request: Request, limit: int) -> dict[str, Any]:
 
 
 def create_app(
-    service: Any,
+    service: InferenceService,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ready_check: Callable[[], bool] | None = None,
     routers: Sequence[Any] = (),
+    model_control_mode: str = "none",
+    tokens: TokenTable | None = None,
+    auth_health: bool = False,
 ) -> FastAPI:
     """Build the v2 HTTP application over ``service``.
 
     Args:
-        service: an :class:`~frameserve.service.InferenceService` (or anything with its API).
-            Its optional scheduler API is used where present: ``submit`` (non-blocking infer),
-            ``statistics``, ``server_metadata``, ``is_server_live``/``is_server_ready``,
-            ``metrics.registry`` and ``metrics.record_failure``.
+        service: the service every route calls.
         max_body_bytes: largest request body accepted, compressed or not (413 beyond).
         ready_check: an extra readiness condition (the server's "models loaded"); the server is
             ready when it and the service both say so.
         routers: more FastAPI ``APIRouter``s to mount (the embedded job service's ``/v1/jobs``).
+        model_control_mode: ``none`` (default) or ``poll``: load and unload answer 503
+            (:class:`~frameserve.errors.ModelControlDisabledError`); ``explicit``: they run.
+        tokens: bearer tokens and roles every request is checked against (see
+            :mod:`frameserve.security.auth`); ``None``: no authentication. Cross-site requests
+            are refused either way.
+        auth_health: ask for a token on ``/v2/health/*`` and ``/metrics`` too.
 
     Returns:
         The FastAPI application (ASGI); it owns no threads and does not close ``service``.
@@ -277,10 +172,13 @@ def create_app(
     """
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
-    core = _Core(service, ready_check)
+
+    def is_ready() -> bool:
+        return (ready_check is None or ready_check()) and service.is_server_ready()
+
     app = _V2App(title="frameserve", docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
-    app.state.core = core
     app.state.max_body_bytes = max_body_bytes
+    app.gate = HttpGate(tokens, auth_health=auth_health)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -312,36 +210,36 @@ def create_app(
     async def infer(request: Request) -> Response:
         p = request.path_params
         status, headers, body = await _infer(
-            core, p["model"], p.get("version"), request.headers, request.stream(), max_body_bytes
+            service, p["model"], p.get("version"), request.headers, request.stream(), max_body_bytes
         )
         return Response(body, status, headers=headers)
 
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         route(prefix + "/infer", "POST")(infer)
-    app.infer_fast_path = _InferFastPath(core, max_body_bytes)
+    app.infer_fast_path = _InferFastPath(service, max_body_bytes)
 
     # -- health and metadata -----------------------------------------------------------------
 
     @route("/v2/health/live", "GET")
     async def live(request: Request) -> Response:
-        if core.live():
+        if service.is_server_live():
             return _json({"live": True})
         return _json({"error": "the server is not live", "live": False}, 503)
 
     @route("/v2/health/ready", "GET")
     async def ready(request: Request) -> Response:
-        if core.ready():
+        if is_ready():
             return _json({"ready": True})
         return _json({"error": "the server is not ready (models are loading or it is shutting down)", "ready": False}, 503)
 
     @route("/v2", "GET")
     async def server_metadata(request: Request) -> Response:
-        return _json(core.server_metadata())
+        return _json(service.server_metadata(HTTP_EXTENSIONS))
 
     # Statistics routes come before the model routes: /v2/models/stats is not a model.
     @route("/v2/models/stats", "GET")
     async def all_stats(request: Request) -> Response:
-        return _json(core.statistics(None, None))
+        return _json(service.statistics(None, None))
 
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
 
@@ -367,7 +265,7 @@ def create_app(
         async def model_stats(request: Request) -> Response:
             p = request.path_params
             name, version = p["model"], _version(p.get("version"))
-            return _json(core.statistics(name, version))
+            return _json(service.statistics(name, version))
 
     # -- model repository --------------------------------------------------------------------
 
@@ -386,14 +284,16 @@ def create_app(
 
     @route("/v2/repository/models/{model}/load", "POST")
     async def load(request: Request) -> Response:
+        check_model_control(model_control_mode)
         name = request.path_params["model"]
         doc = await _optional_json(request, max_body_bytes)
-        override = _load_override(doc)
+        override = _load_override(name, doc)
         await asyncio.to_thread(service.load, name, config_override=override)
         return Response(b"", 200, media_type=_JSON)
 
     @route("/v2/repository/models/{model}/unload", "POST")
     async def unload(request: Request) -> Response:
+        check_model_control(model_control_mode)
         name = request.path_params["model"]
         await _optional_json(request, max_body_bytes)
         await asyncio.to_thread(service.unload, name)
@@ -401,36 +301,22 @@ def create_app(
 
     @route("/metrics", "GET")
     async def metrics(request: Request) -> Response:
-        return Response(core.metrics_text(), 200, media_type=_PROMETHEUS_TEXT)
+        return Response(_metrics_text(service), 200, media_type=_PROMETHEUS_TEXT)
 
     for router in routers:
         app.include_router(router)
     return app
 
 
-def _load_override(doc: dict[str, Any]) -> dict[str, Any] | None:
+def _load_override(name: str, doc: dict[str, Any]) -> dict[str, Any] | None:
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise InvalidInputError("load request 'parameters' must be a JSON object")
-    files = [k for k in params if isinstance(k, str) and k.startswith("file:")]
-    if files:
-        raise InvalidInputError(f"load request: model file overrides ({', '.join(files)}) are not supported")
-    config = params.get("config")
-    if config is None:
-        return None
-    if not isinstance(config, str):
-        raise InvalidInputError("load request parameter 'config' must be a string holding a JSON model config")
-    try:
-        override = orjson.loads(config)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInputError(f"load request parameter 'config' is not valid JSON: {exc}") from None
-    if not isinstance(override, dict):
-        raise InvalidInputError("load request parameter 'config' must hold a JSON object")
-    return override
+    return config_override(name, params)
 
 
 async def _infer(
-    core: _Core,
+    service: InferenceService,
     name: str,
     raw_version: str | None,
     headers: Mapping[str, str],
@@ -447,33 +333,35 @@ async def _infer(
     model_version = ""  # the version the request runs on, once known
     try:
         version = _version(raw_version)
-        model_version = core.resolve_version(name, version)
+        model_version = str(service.version_for(name, version))
         raw = await _read_limited(chunks, headers.get("content-length"), max_body_bytes)
         body = codec.decode_content(raw, headers.get("content-encoding"), max_bytes=max_body_bytes)
         header_length = codec.parse_header_length(headers.get(codec.HEADER_LENGTH), len(body))
         if header_length is None and len(body) > _OFFLOAD_BYTES:  # a large all-JSON body
-            req = await asyncio.to_thread(codec.decode_request, body, header_length)
+            req = await asyncio.to_thread(
+                functools.partial(codec.decode_request, model_name=name, model_version=version), body, header_length
+            )
         else:
-            req = codec.decode_request(body, header_length)
+            req = codec.decode_request(body, header_length, model_name=name, model_version=version)
     except (ModelNotFoundError, ModelNotReadyError) as exc:  # no such model (version): nothing to count
         return _error_answer(exc)
     except FrameserveError as exc:
-        core.record_failure(name, model_version, exc)
+        service.record_failure(name, model_version, exc)
         return _error_answer(exc)
     try:
-        outputs = await core.infer(name, version, req)
-    except FrameserveError as exc:
-        if not core.schedules:  # the scheduler counts the failures it sees itself
-            core.record_failure(name, model_version, exc)
+        future = service.submit(req, run_here_under_us=RUN_HERE_UNDER_US)
+        # Done already when it ran on this thread (a fast model, nothing queued).
+        outputs = future.result() if future.done() else await asyncio.wrap_future(future)
+    except FrameserveError as exc:  # the service counts the failures it sees itself
         return _error_answer(exc)
     except Exception as exc:
         log.exception("model %r failed", name)
         err = InferenceError(f"model {name!r}: {type(exc).__name__}: {exc}")
-        core.record_failure(name, model_version, err)
+        service.record_failure(name, model_version, err)
         return _error_answer(err)
     kwargs: dict[str, Any] = {
         "model_name": name, "model_version": model_version, "outputs": outputs, "request_id": req.id,
-        "requested": req.outputs, "binary_output": req.binary_output,
+        "requested": req.outputs, "binary_output": req.binary_data_output,
     }
     try:
         if sum(a.nbytes for a in outputs.values()) > _OFFLOAD_BYTES:
@@ -481,7 +369,7 @@ async def _infer(
         else:
             body_out, header_length_out = codec.encode_response(**kwargs)
     except FrameserveError as exc:
-        core.record_failure(name, model_version, exc)
+        service.record_failure(name, model_version, exc)
         return _error_answer(exc)
     out_headers = {"content-type": _JSON}
     if header_length_out is not None:
@@ -507,8 +395,8 @@ class _InferFastPath:
     the hot path skips FastAPI's instrumentation, middleware, routing and request/response
     objects."""
 
-    def __init__(self, core: _Core, max_body_bytes: int) -> None:
-        self.core = core
+    def __init__(self, service: InferenceService, max_body_bytes: int) -> None:
+        self.service = service
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, match: re.Match[str], scope: Any, receive: Any, send: Any) -> None:
@@ -525,7 +413,7 @@ class _InferFastPath:
 
         try:
             status, out_headers, body = await _infer(
-                self.core, match.group(1), match.group(2), headers, chunks(), self.max_body_bytes
+                self.service, match.group(1), match.group(2), headers, chunks(), self.max_body_bytes
             )
         except ClientDisconnect:
             return
@@ -543,8 +431,12 @@ class _V2App(FastAPI):
     """The FastAPI application, with inference POSTs dispatched before FastAPI's own layers."""
 
     infer_fast_path: _InferFastPath | None = None
+    gate: HttpGate | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        gate = self.gate
+        if gate is not None and scope["type"] == "http" and not await gate.admit(scope, send):
+            return
         fast = self.infer_fast_path
         if fast is not None and scope["type"] == "http" and scope["method"] == "POST":
             match = _INFER_PATH.fullmatch(scope["path"])
@@ -554,18 +446,19 @@ class _V2App(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_metrics_app(service: Any) -> FastAPI:
+def create_metrics_app(service: InferenceService, *, tokens: TokenTable | None = None, auth_health: bool = False) -> FastAPI:
     """The metrics port's application: ``GET /metrics`` in Prometheus text format from
-    ``service.metrics.registry`` (empty when the service has none)."""
-    core = _Core(service, None)
-    app = FastAPI(title="frameserve metrics", docs_url=None, redoc_url=None, openapi_url=None)
+    ``service.metrics.registry``; open unless ``tokens`` are
+    given with ``auth_health`` (then any valid token reads it)."""
+    app = _V2App(title="frameserve metrics", docs_url=None, redoc_url=None, openapi_url=None)
+    app.gate = HttpGate(tokens, auth_health=auth_health)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         return Response(codec.error_body(f"no route {request.method} {request.url.path}"), exc.status_code, media_type=_JSON)
 
     async def metrics(request: Request) -> Response:
-        return Response(core.metrics_text(), 200, media_type=_PROMETHEUS_TEXT)
+        return Response(_metrics_text(service), 200, media_type=_PROMETHEUS_TEXT)
 
     app.add_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     return app

@@ -26,22 +26,19 @@ Every malformed body raises :class:`~frameserve.errors.InvalidInputError` (or it
 from __future__ import annotations
 
 import math
-import struct
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
 from frameserve.errors import InvalidInputError, PayloadTooLargeError, TensorError
-from frameserve.types import DataType
+from frameserve.request import InferRequest, RequestedOutput
+from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
 
 __all__ = [
     "HEADER_LENGTH",
-    "InferRequest",
-    "RequestedOutput",
     "decode_content",
     "decode_request",
     "encode_content",
@@ -58,51 +55,6 @@ _LE_DTYPES: dict[DataType, np.dtype[Any]] = {}
 _INT_KINDS = frozenset("biu")
 _NUMBER_KINDS = frozenset("iuf")
 _SEQUENCE_PARAMS = ("sequence_id", "sequence_start", "sequence_end")
-_U32 = struct.Struct("<I")
-
-
-@dataclass(frozen=True)
-class RequestedOutput:
-    """One entry of a request's ``outputs`` list.
-
-    Attributes:
-        name: the output's name.
-        binary: ``parameters.binary_data``: ``True``/``False``, or ``None`` to follow the
-            request's ``binary_data_output``.
-        parameters: the output's other parameters, as given.
-    """
-
-    name: str
-    binary: bool | None = None
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class InferRequest:
-    """A decoded inference request.
-
-    Attributes:
-        id: the request's ``id`` (``""`` when absent), echoed in the response.
-        inputs: input name -> array, shaped and typed as the request said (BYTES: numpy
-            ``object`` arrays of ``bytes``). Binary inputs are read-only views of the body.
-        outputs: the requested outputs in order; empty = every output of the model.
-        binary_output: ``parameters.binary_data_output`` (default for outputs, ``False`` if absent).
-        priority: ``parameters.priority`` (1 is highest; 0 = the model's default).
-        timeout_us: ``parameters.timeout`` in microseconds (0 = no timeout).
-        parameters: the request's other parameters.
-    """
-
-    id: str
-    inputs: dict[str, np.ndarray[Any, Any]]
-    outputs: tuple[RequestedOutput, ...] = ()
-    binary_output: bool = False
-    priority: int = 0
-    timeout_us: int = 0
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-    def __repr__(self) -> str:
-        shapes = {k: f"{DataType.from_numpy(v.dtype).value}{list(v.shape)}" for k, v in self.inputs.items()}
-        return f"InferRequest(id={self.id!r}, inputs={shapes}, outputs={[o.name for o in self.outputs]})"
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -188,16 +140,25 @@ def parse_header_length(value: str | None, body_size: int) -> int | None:
 # -- request ------------------------------------------------------------------------------------
 
 
-def decode_request(body: bytes | bytearray | memoryview, header_length: int | None = None) -> InferRequest:
+def decode_request(
+    body: bytes | bytearray | memoryview,
+    header_length: int | None = None,
+    *,
+    model_name: str = "",
+    model_version: int | None = None,
+) -> InferRequest:
     """Decode an inference request body.
 
     Args:
         body: the whole (decompressed) request body.
         header_length: the JSON part's length from ``Inference-Header-Content-Length``, or
             ``None`` when the whole body is JSON (see :func:`parse_header_length`).
+        model_name, model_version: the model (and version, ``None`` = the highest loaded) the
+            URL names.
 
     Returns:
-        The request; binary inputs are zero-copy read-only views of ``body``.
+        The request; binary inputs are zero-copy read-only views of ``body``; ``priority``,
+        ``timeout`` and ``binary_data_output`` taken out of its parameters into their fields.
 
     Raises:
         InvalidInputError: malformed JSON, a missing or mistyped field, a binary section whose
@@ -265,8 +226,8 @@ def decode_request(body: bytes | bytearray | memoryview, header_length: int | No
 
     outputs = _requested_outputs(doc.get("outputs"))
     return InferRequest(
-        id=req_id, inputs=inputs, outputs=outputs, binary_output=binary_output, priority=priority,
-        timeout_us=timeout_us, parameters=params,
+        model_name=model_name, inputs=inputs, model_version=model_version, outputs=outputs, parameters=params,
+        priority=priority, timeout_us=timeout_us, id=req_id, binary_data_output=binary_output,
     )
 
 
@@ -355,12 +316,13 @@ def _from_json(name: str, datatype: DataType, shape: tuple[int, ...], data: Any)
         flat = _flatten(data)
         if len(flat) != n:
             raise TensorError(f"input {name!r}: shape {list(shape)} needs {n} elements, 'data' has {len(flat)}")
-        arr = np.empty(n, dtype=object)
+        elements = np.empty(n, dtype=object)
         for i, value in enumerate(flat):
             if not isinstance(value, str):
                 raise TensorError(f"input {name!r}: BYTES elements in JSON must be strings, got {_kind(value)}")
-            arr[i] = value.encode("utf-8", "surrogatepass")
-        return arr.reshape(shape)
+            elements[i] = value.encode("utf-8", "surrogatepass")
+        return elements.reshape(shape)
+    arr: np.ndarray[Any, Any] | None
     try:
         arr = np.array(data)
     except (ValueError, TypeError, OverflowError, RecursionError):  # ragged nesting: flatten by hand
@@ -404,7 +366,7 @@ def _from_json(name: str, datatype: DataType, shape: tuple[int, ...], data: Any)
 def _from_binary(name: str, datatype: DataType, shape: tuple[int, ...], raw: memoryview) -> np.ndarray[Any, Any]:
     n = _elements(shape)
     if datatype is DataType.BYTES:
-        return _bytes_elements(name, shape, n, raw)
+        return decode_bytes_elements(raw, n, where=f"input {name!r}").reshape(shape)
     itemsize = _le(datatype).itemsize
     if len(raw) != n * itemsize:
         raise TensorError(
@@ -412,37 +374,11 @@ def _from_binary(name: str, datatype: DataType, shape: tuple[int, ...], raw: mem
             f"takes {n * itemsize} bytes"
         )
     if datatype is DataType.BOOL:
-        return (np.frombuffer(raw, dtype=np.uint8) != 0).reshape(shape)
+        flags: np.ndarray[Any, Any] = np.frombuffer(raw, dtype=np.uint8) != 0
+        return flags.reshape(shape)
     arr = np.frombuffer(raw, dtype=_le(datatype))
     if not arr.dtype.isnative:  # pragma: no cover - big-endian hosts
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    return arr.reshape(shape)
-
-
-def _bytes_elements(name: str, shape: tuple[int, ...], n: int, raw: memoryview) -> np.ndarray[Any, Any]:
-    if n > len(raw) // 4:
-        raise TensorError(
-            f"input {name!r}: shape {list(shape)} needs {n} BYTES elements (4-byte length prefix each), "
-            f"binary_data_size is only {len(raw)} bytes"
-        )
-    arr = np.empty(n, dtype=object)
-    pos = 0
-    end = len(raw)
-    for i in range(n):
-        if pos + 4 > end:
-            raise TensorError(f"input {name!r}: BYTES element {i} has no 4-byte length prefix (data ends at {end})")
-        (length,) = _U32.unpack_from(raw, pos)
-        pos += 4
-        if pos + length > end:
-            raise TensorError(
-                f"input {name!r}: BYTES element {i} says {length} bytes but only {end - pos} remain"
-            )
-        arr[i] = bytes(raw[pos : pos + length])
-        pos += length
-    if pos != end:
-        raise TensorError(
-            f"input {name!r}: {end - pos} bytes left over after the {n} BYTES elements of shape {list(shape)}"
-        )
     return arr.reshape(shape)
 
 
@@ -465,7 +401,7 @@ def encode_response(
         model_name, model_version: echoed in the response.
         outputs: output name -> array, in the order to send them.
         request_id: the request's ``id``; left out of the response when empty.
-        requested: the request's ``outputs`` entries (their ``binary`` flags).
+        requested: the request's ``outputs`` entries (their ``binary_data`` flags).
         binary_output: the request's ``binary_data_output`` (default for outputs).
         parameters: response parameters, if any.
 
@@ -476,7 +412,7 @@ def encode_response(
     Raises:
         TensorError: an output array whose dtype has no v2 datatype.
     """
-    flags = {o.name: o.binary for o in requested}
+    flags = {o.name: o.binary_data for o in requested}
     entries: list[dict[str, Any]] = []
     chunks: list[bytes] = []
     for name, arr in outputs.items():
@@ -515,12 +451,7 @@ def _to_json(datatype: DataType, arr: np.ndarray[Any, Any]) -> Any:
 
 def _to_binary(datatype: DataType, arr: np.ndarray[Any, Any]) -> bytes:
     if datatype is DataType.BYTES:
-        parts: list[bytes] = []
-        for v in arr.reshape(-1):
-            b = v if isinstance(v, bytes) else (bytes(v) if isinstance(v, bytearray) else str(v).encode("utf-8"))
-            parts.append(_U32.pack(len(b)))
-            parts.append(b)
-        return b"".join(parts)
+        return encode_bytes_elements(arr)
     if datatype is DataType.BOOL:
         return arr.astype(np.uint8).tobytes()
     return arr.astype(_le(datatype), copy=False).tobytes()

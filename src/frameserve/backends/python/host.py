@@ -1,31 +1,8 @@
-"""The ``python`` backend: a user's ``model.py`` with a class shaped like Triton's
-``TritonPythonModel`` (triton-inference-server/python_backend ``README.md``).
+"""What both sessions of the ``python`` backend share: loading a ``model.py`` and calling its
+hooks (:class:`ModelHost`, in the server process or in a worker process), the config it
+completes, the ``args`` of ``initialize``, and checking what ``execute`` returned.
 
-Life of a model (what Triton does, and so what an unmodified Triton model expects):
-
-1. ``model.py`` is imported under a unique module name, with its version folder on
-   ``sys.path`` only while it imports; ``import triton_python_backend_utils`` gives
-   :mod:`frameserve.pb_utils` while the model loads and runs.
-2. ``TritonPythonModel.auto_complete_config(auto_complete_model_config)`` (optional, static)
-   may add inputs, outputs, ``max_batch_size`` and dynamic batching to the config; after it
-   the config must declare the inputs and outputs (config.pbtxt / config.yaml or this hook).
-3. ``initialize(args)`` (optional) with Triton's string keys: ``model_config`` (the config as
-   JSON text), ``model_instance_kind`` (``"CPU"``), ``model_instance_name``,
-   ``model_instance_device_id`` (``"0"``), ``model_repository`` (the model's folder),
-   ``model_version``, ``model_name``.
-4. ``execute(requests) -> responses``: one :class:`~frameserve.pb_utils.InferenceResponse`
-   per request, same order. A response with ``error`` fails only its request; an exception
-   (or a wrong number of responses) fails the whole batch. ``async def execute`` works too
-   (run to completion on a fresh event loop).
-5. ``finalize()`` (optional) on :meth:`close`; its errors are logged, not raised.
-
-Where it runs, set by ``parameters.isolation`` in the model's config:
-
-- ``in_process`` (default): in the server's process, on the caller's thread; tensors are
-  handed over as they are (no copies). One lock serialises ``execute`` per session.
-- ``process``: one worker process per session (instance), started with ``spawn``; tensors
-  cross through shared memory, BLS calls come back to the server over the pipe. See
-  :mod:`frameserve.backends._python_worker`.
+See :mod:`frameserve.backends.python` for the life of a model.
 """
 
 from __future__ import annotations
@@ -42,21 +19,34 @@ import logging
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from frameserve import pb_utils
-from frameserve.backends.base import BackendContext, Session
+from frameserve.backends.base import BackendContext
+from frameserve.backends.python import pb_utils
 from frameserve.errors import InferenceError, ModelConfigError, TensorError
 from frameserve.repository import ModelConfig
+from frameserve.request import InferRequest
 from frameserve.types import DataType, TensorSpec
 
-__all__ = ["ISOLATION_MODES", "ISOLATION_PARAMETER", "PythonSession", "load_python_session"]
+__all__ = [
+    "ISOLATION_MODES",
+    "ISOLATION_PARAMETER",
+    "BatchFailure",
+    "ModelHost",
+    "as_request",
+    "complete_python_config",
+    "finish_results",
+    "import_model_module",
+    "initialize_args",
+    "isolation_of",
+    "pb_utils_installed",
+]
 
 ISOLATION_PARAMETER = "isolation"
 """Config ``parameters`` key choosing where a Python model runs."""
@@ -75,40 +65,19 @@ _syspath_lock = threading.Lock()
 # -- requests ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RequestData:
-    """One request as the backend hands it to a model.
+def as_request(request: InferRequest | Mapping[str, np.ndarray[Any, Any]], model_name: str) -> InferRequest:
+    """A session's request: an :class:`~frameserve.request.InferRequest` as the scheduler
+    passes it, or a plain ``{name: array}`` mapping (a request for every output of
+    ``model_name``).
 
-    Attributes:
-        inputs: input name -> array (batch dim first when the model batches).
-        outputs: the output names asked for; ``None`` = every configured output.
-        parameters: request parameters (str/int/bool values).
-        request_id: the request's id (``""`` if none).
+    Raises:
+        TensorError: neither.
     """
-
-    inputs: Mapping[str, np.ndarray[Any, Any]]
-    outputs: tuple[str, ...] | None = None
-    parameters: Mapping[str, Any] | None = None
-    request_id: str = ""
-
-
-def normalize_request(request: Any) -> RequestData:
-    """Accept a plain ``{name: array}`` mapping, or any object with ``.inputs`` (and
-    optionally ``.outputs``, ``.parameters``, ``.request_id``), as the scheduler passes."""
-    if isinstance(request, RequestData):
+    if isinstance(request, InferRequest):
         return request
     if isinstance(request, Mapping):
-        return RequestData(inputs=request)
-    inputs = getattr(request, "inputs", None)
-    if not isinstance(inputs, Mapping):
-        raise TensorError(f"a request needs .inputs (name -> array); got {type(request).__name__}")
-    outputs = getattr(request, "outputs", None)
-    return RequestData(
-        inputs=inputs,
-        outputs=None if outputs is None else tuple(outputs),
-        parameters=dict(getattr(request, "parameters", None) or {}),
-        request_id=str(getattr(request, "request_id", "") or ""),
-    )
+        return InferRequest(model_name=model_name, inputs=request)
+    raise TensorError(f"a request is an InferRequest or a mapping of names to arrays; got {type(request).__name__}")
 
 
 # -- loading model.py ----------------------------------------------------------------------
@@ -155,7 +124,7 @@ class _Bound:
 
     __slots__ = ("_infer", "_model_dir", "_tokens")
 
-    def __init__(self, infer: Callable[..., dict[str, np.ndarray[Any, Any]]] | None, model_dir: str) -> None:
+    def __init__(self, infer: pb_utils.Infer | None, model_dir: str) -> None:
         self._infer = infer
         self._model_dir = model_dir
 
@@ -229,9 +198,7 @@ class ModelHost:
         ModelConfigError: import failed, or no ``TritonPythonModel`` class with ``execute``.
     """
 
-    def __init__(
-        self, model_file: Path, model_name: str, infer: Callable[..., dict[str, np.ndarray[Any, Any]]] | None
-    ) -> None:
+    def __init__(self, model_file: Path, model_name: str, infer: pb_utils.Infer | None) -> None:
         self.model_file = model_file
         self._model_dir = str(model_file.parent)
         self.model_name = model_name
@@ -290,9 +257,11 @@ class ModelHost:
             ) from exc
 
     def execute(
-        self, requests: Sequence[RequestData], output_names: Sequence[str]
+        self, requests: Sequence[InferRequest], output_names: Sequence[str]
     ) -> list[dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError]:
-        """Call ``execute`` with one ``pb_utils.InferenceRequest`` per request.
+        """Call ``execute`` with one ``pb_utils.InferenceRequest`` per request (each wraps its
+        :class:`~frameserve.request.InferRequest`; ``output_names`` are the model's outputs,
+        for requests that name none).
 
         Returns:
             per request, its output arrays by name (as the model gave them) or its TritonError.
@@ -300,16 +269,10 @@ class ModelHost:
         Raises:
             BatchFailure: ``execute`` raised, or did not return one InferenceResponse per request.
         """
-        pb_requests = [
-            pb_utils.InferenceRequest(
-                model_name=self.model_name,
-                inputs=[pb_utils.Tensor(n, a) for n, a in r.inputs.items()],
-                requested_output_names=list(r.outputs) if r.outputs is not None else list(output_names),
-                request_id=r.request_id,
-                parameters=dict(r.parameters or {}),
-            )
-            for r in requests
-        ]
+        try:
+            pb_requests = [pb_utils.wrap_request(r, output_names) for r in requests]
+        except pb_utils.TritonModelException as exc:
+            raise BatchFailure(f"execute got an input it cannot take: {exc}") from exc
         try:
             with self._bound():
                 responses = self.instance.execute(pb_requests)
@@ -435,7 +398,7 @@ def initialize_args(config: ModelConfig, model_file: Path, context: BackendConte
 
 def finish_results(
     config: ModelConfig,
-    requests: Sequence[RequestData],
+    requests: Sequence[InferRequest],
     raw: Sequence[dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError],
 ) -> list[dict[str, np.ndarray[Any, Any]] | Exception]:
     """Per request: its outputs (only those asked for), checked against the config, or the
@@ -447,7 +410,8 @@ def finish_results(
         if isinstance(item, pb_utils.TritonError):
             results.append(pb_utils.to_frameserve_error(item, where))
             continue
-        wanted = list(req.outputs) if req.outputs is not None else [n for n in specs if n in item]
+        names = req.output_names
+        wanted = list(names) if names is not None else [n for n in specs if n in item]
         problem = _check_outputs(item, wanted, specs)
         if problem:
             results.append(InferenceError(f"{where}: {problem}"))
@@ -476,119 +440,3 @@ def _check_outputs(
         if got is not specs[name].datatype:
             return f"output {name!r} has datatype {got.value}, the config declares {specs[name].datatype.value}"
     return None
-
-
-# -- the in-process session ----------------------------------------------------------------
-
-
-class PythonSession:
-    """A ``TritonPythonModel`` run in the server's process (see :class:`frameserve.backends.Session`).
-
-    Args:
-        config: the model's config; inputs and outputs come from it or from the model's
-            ``auto_complete_config``.
-        model_file: the ``model.py``.
-        threads: recorded in ``info`` (the model runs on the caller's thread).
-        context: BLS ``infer``, version, instance name (see :class:`BackendContext`).
-
-    Besides ``run(inputs)`` (one request), :meth:`run_requests` takes a list of requests
-    un-concatenated and answers each on its own, as Triton's ``execute`` does.
-
-    Raises:
-        ModelConfigError: ``model.py`` does not import, has no ``TritonPythonModel``, its
-            hooks fail, or inputs/outputs are not declared.
-    """
-
-    def __init__(self, config: ModelConfig, model_file: Path, *, threads: int, context: BackendContext) -> None:
-        self._lock = threading.Lock()
-        self._host = ModelHost(model_file, config.name, context.infer)
-        completed = self._host.auto_complete(config.to_dict())
-        self.config: ModelConfig = complete_python_config(config, completed)
-        self.inputs: tuple[TensorSpec, ...] = self.config.inputs
-        self.outputs: tuple[TensorSpec, ...] = self.config.outputs
-        self.max_batch_size: int = int(self.config.max_batch_size or 0)
-        self._output_names = [spec.name for spec in self.outputs]
-        args = initialize_args(self.config, model_file, context)
-        self._host.initialize(args)
-        self._closed = False
-        self.info: dict[str, Any] = {
-            "backend": "python",
-            "isolation": "in_process",
-            "precision": self.config.precision,
-            "threads": threads,
-            "device": "CPU",
-            "performance_hint": None,
-            "instance_name": args["model_instance_name"],
-            "model_path": str(model_file),
-        }
-
-    def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
-        """Run one request (``execute`` with a list of one).
-
-        Raises:
-            InferenceError: ``execute`` failed, or its response carries an error (a
-                ``TritonError`` with code INVALID_ARG gives InvalidInputError, NOT_FOUND
-                NotFoundError, UNAVAILABLE ModelNotReadyError).
-        """
-        (result,) = self.run_requests([RequestData(inputs=inputs)])
-        if isinstance(result, Exception):
-            raise result
-        return result
-
-    def run_requests(self, requests: Sequence[Any]) -> list[dict[str, np.ndarray[Any, Any]] | Exception]:
-        """Run several requests in one ``execute`` call.
-
-        Args:
-            requests: plain ``{name: array}`` mappings, or objects with ``.inputs``,
-                ``.outputs`` (names or ``None``), ``.parameters``, ``.request_id``.
-
-        Returns:
-            per request, in order: its outputs (those asked for; all declared ones the model
-            returned when ``None``), or the error that failed only that request.
-
-        Raises:
-            InferenceError: ``execute`` raised or returned the wrong responses (the whole batch fails).
-        """
-        reqs = [normalize_request(r) for r in requests]
-        if self._closed:
-            raise InferenceError(f"model {self.config.name!r}: the session is closed")
-        with self._lock:
-            try:
-                raw = self._host.execute(reqs, self._output_names)
-            except BatchFailure as exc:
-                raise InferenceError(f"model {self.config.name!r}: {exc}") from exc.__cause__
-        return finish_results(self.config, reqs, raw)
-
-    def close(self) -> None:
-        """Call the model's ``finalize()`` once (errors are logged)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._host.finalize()
-
-    def __repr__(self) -> str:
-        return f"PythonSession({self.config.name!r}, isolation='in_process')"
-
-
-def load_python_session(
-    config: ModelConfig, model_file: Path, *, threads: int, context: BackendContext | None
-) -> Session:
-    """Open a ``python`` backend session, in process or in a worker process by
-    ``parameters.isolation``.
-
-    Raises:
-        ModelConfigError: not a ``.py`` file, a bad isolation value, or the model fails to load
-            (see :class:`PythonSession`).
-    """
-    if model_file.suffix != ".py":
-        raise ModelConfigError(
-            f"model {config.name!r}: backend 'python' runs a model.py with a TritonPythonModel class; got {model_file}"
-        )
-    context = context or BackendContext()
-    if isolation_of(config) == "process":
-        from frameserve.backends._python_worker import PythonProcessSession
-
-        return PythonProcessSession(config, model_file, threads=threads, context=context)
-    return PythonSession(config, model_file, threads=threads, context=context)
-

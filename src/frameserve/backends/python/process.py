@@ -6,7 +6,8 @@ small pickled messages that never hold an array: every tensor travels through a
 ``multiprocessing.shared_memory`` block, described by ``(name, kind, dtype, shape, offset,
 size_bytes)``. BYTES tensors are laid out in Triton's wire form (4-byte little-endian length,
 then the bytes). BLS calls made by the model (``pb_utils.InferenceRequest(...).exec()``) come
-back to the server over the same pipe and run through ``BackendContext.infer``.
+back to the server over the same pipe, as the parts of a :class:`~frameserve.request.InferRequest`,
+and run there through ``BackendContext.infer``.
 
 Shared memory ownership: the server unlinks every block, its own and the worker's, once both
 sides are done with it, so a worker that dies leaks nothing past the server's next message.
@@ -38,20 +39,20 @@ from typing import Any
 
 import numpy as np
 
-from frameserve import pb_utils
-from frameserve.backends._python import (
+from frameserve.backends.base import BackendContext
+from frameserve.backends.python import pb_utils
+from frameserve.backends.python.host import (
     BatchFailure,
     ModelHost,
-    RequestData,
+    as_request,
     complete_python_config,
     finish_results,
     initialize_args,
-    normalize_request,
 )
-from frameserve.backends.base import BackendContext
 from frameserve.errors import FrameserveError, InferenceError, ModelConfigError
 from frameserve.repository import ModelConfig
-from frameserve.types import DataType, TensorSpec
+from frameserve.request import InferRequest, RequestedOutput
+from frameserve.types import DataType, TensorSpec, decode_bytes_elements, encode_bytes_elements
 
 __all__ = ["PythonProcessSession", "pack_tensors", "unpack_tensors"]
 
@@ -85,8 +86,7 @@ def pack_tensors(tensors: Mapping[str, np.ndarray[Any, Any]]) -> tuple[shared_me
     for name, array in tensors.items():
         array = np.asarray(array)
         if array.dtype.kind in ("O", "S", "U"):
-            flat = pb_utils.serialize_byte_tensor(array.astype(object) if array.dtype.kind == "U" else array)
-            data = np.zeros(0, np.uint8) if flat is None else flat
+            data = np.frombuffer(encode_bytes_elements(array), dtype=np.uint8)
             parts.append((name, "bytes", "object", tuple(array.shape), data))
         else:
             parts.append((name, "raw", array.dtype.name, tuple(array.shape), np.ascontiguousarray(array)))
@@ -112,8 +112,11 @@ def unpack_tensors(shm: shared_memory.SharedMemory | None, descs: Sequence[Desc]
     out: dict[str, np.ndarray[Any, Any]] = {}
     for name, kind, dtype, shape, offset, size in descs:
         if kind == "bytes":
-            raw = bytes(shm.buf[offset : offset + size]) if (shm is not None and size) else b""
-            out[name] = pb_utils.deserialize_bytes_tensor(raw).reshape(shape)
+            if shm is None or not size:
+                out[name] = decode_bytes_elements(b"", where=f"tensor {name!r}").reshape(shape)
+                continue
+            with shm.buf[offset : offset + size] as raw:  # released before the block may close
+                out[name] = decode_bytes_elements(raw, where=f"tensor {name!r}").reshape(shape)
             continue
         dt = _dtype(dtype)
         if size == 0 or shm is None:
@@ -186,14 +189,14 @@ def worker_main(conn: multiprocessing.connection.Connection, model_file: str, mo
     bls_lock = threading.Lock()
     leaked: list[shared_memory.SharedMemory] = []
 
-    def bls(model: str, inputs: Mapping[str, np.ndarray[Any, Any]], *, version: int | None = None,
-            outputs: list[str] | None = None) -> dict[str, np.ndarray[Any, Any]]:
-        shm, descs = pack_tensors(inputs)
+    def bls(request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
+        shm, descs = pack_tensors(request.inputs)
+        parts = (request.model_name, request.model_version, request.output_names, dict(request.parameters), request.id)
         try:
             # The server unlinks the result block when it gets our next message, so copy it
             # out before another thread may send one.
             with bls_lock:
-                chan.send(("bls", model, version, outputs, shm.name if shm else None, descs))
+                chan.send(("bls", parts, shm.name if shm else None, descs))
                 reply = chan.recv()
                 if reply[0] == "bls_error":
                     raise _error_from(reply[1], reply[2])
@@ -250,7 +253,13 @@ def _execute(
     block = _open(block_name) if block_name else None
     try:
         reqs = [
-            RequestData(unpack_tensors(block, descs, copy=False), outputs, params, rid)
+            InferRequest(
+                model_name=host.model_name,
+                inputs=unpack_tensors(block, descs, copy=False),
+                outputs=tuple(RequestedOutput(n) for n in outputs or ()),
+                parameters=params,
+                id=rid,
+            )
             for descs, outputs, params, rid in requests
         ]
         try:
@@ -312,7 +321,7 @@ class _WorkerDied(Exception):
 class PythonProcessSession:
     """A ``TritonPythonModel`` run in a worker process of its own (see the module docstring
     and :class:`frameserve.backends.Session`); same interface as
-    :class:`~frameserve.backends._python.PythonSession`, including ``run_requests``.
+    :class:`~frameserve.backends.python.PythonSession`, including ``run_requests``.
 
     Args:
         config: the model's config (``parameters.isolation: process``).
@@ -468,7 +477,7 @@ class PythonProcessSession:
 
     def _serve_bls(self, msg: tuple[Any, ...]) -> None:
         assert self._chan is not None
-        _, model, version, outputs, block_name, descs = msg
+        _, (model, version, outputs, parameters, request_id), block_name, descs = msg
         self._stats["bls_calls"] += 1
         block = _open(block_name) if block_name else None
         try:
@@ -484,7 +493,16 @@ class PythonProcessSession:
                 raise pb_utils.TritonModelException(
                     "BLS needs the server's infer (BackendContext.infer); this session has none"
                 )
-            result = infer(model, inputs, version=version, outputs=outputs)
+            result = infer(
+                InferRequest(
+                    model_name=model,
+                    inputs=inputs,
+                    model_version=version,
+                    outputs=tuple(RequestedOutput(n) for n in outputs or ()),
+                    parameters=parameters,
+                    id=request_id,
+                )
+            )
         except Exception as exc:
             err = pb_utils.from_exception(exc)
             self._chan.send(("bls_error", err.code(), err.message()))
@@ -501,25 +519,27 @@ class PythonProcessSession:
     # -- Session
 
     def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
-        """Run one request; see :meth:`frameserve.backends._python.PythonSession.run`.
+        """Run one request; see :meth:`frameserve.backends.python.PythonSession.run`.
 
         Raises:
             InferenceError: ``execute`` failed, or the worker died (it restarts on the next request).
         """
-        (result,) = self.run_requests([RequestData(inputs=inputs)])
+        (result,) = self.run_requests([InferRequest(model_name=self._name, inputs=inputs)])
         if isinstance(result, Exception):
             raise result
         return result
 
-    def run_requests(self, requests: Sequence[Any]) -> list[dict[str, np.ndarray[Any, Any]] | Exception]:
+    def run_requests(
+        self, requests: Sequence[InferRequest | Mapping[str, np.ndarray[Any, Any]]]
+    ) -> list[dict[str, np.ndarray[Any, Any]] | Exception]:
         """Run several requests in one ``execute`` call in the worker; see
-        :meth:`frameserve.backends._python.PythonSession.run_requests`.
+        :meth:`frameserve.backends.python.PythonSession.run_requests`.
 
         Raises:
             InferenceError: ``execute`` failed as a whole, or the worker died while running it
                 (the next request starts a new worker).
         """
-        reqs = [normalize_request(r) for r in requests]
+        reqs = [as_request(r, self._name) for r in requests]
         with self._lock:
             if self._closed:
                 raise InferenceError(f"model {self._name!r}: the session is closed")
@@ -536,7 +556,7 @@ class PythonProcessSession:
                 index, name = d[0].split("/", 1)
                 by_request[int(index)].append((name, *d[1:]))
             self._stats["shm_bytes"] += sum(d[5] for d in descs)
-            payload = [(by_request[i], r.outputs, dict(r.parameters or {}), r.request_id) for i, r in enumerate(reqs)]
+            payload = [(by_request[i], r.output_names, dict(r.parameters), r.id) for i, r in enumerate(reqs)]
             if block is not None:
                 block.close()
                 self._pending_unlink.append(block.name)

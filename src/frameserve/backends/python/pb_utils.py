@@ -1,0 +1,766 @@
+"""Triton's ``triton_python_backend_utils`` for frameserve's ``python`` backend.
+
+While a ``model.py`` loads and runs, ``import triton_python_backend_utils as pb_utils`` gives
+this module (also importable as :mod:`frameserve.pb_utils`), so a model written for Triton's
+Python backend runs unmodified. What it offers
+follows the Python backend's README (triton-inference-server/python_backend ``README.md``):
+
+- :class:`Tensor` — a named numpy array (``as_numpy``, ``name``, ``to_dlpack``,
+  :meth:`Tensor.from_dlpack`, ``is_cpu``). BYTES tensors are numpy ``object`` arrays of
+  ``bytes``. Tensors wrap arrays without copying.
+- :class:`InferenceRequest` — what ``execute(requests)`` receives (``inputs``,
+  ``requested_output_names``, ``request_id``, ``parameters`` as JSON text), and what a model
+  builds to call another served model (Business Logic Scripting): ``exec()`` blocks,
+  ``async_exec()`` returns an awaitable. It wraps frameserve's one request type,
+  :class:`frameserve.request.InferRequest`; a BLS call hands that to the ``infer`` the server
+  injected when it loaded the model (:class:`frameserve.backends.BackendContext`).
+- :class:`InferenceResponse` — ``output_tensors`` or an ``error`` (a :class:`TritonError`); an
+  error fails only its own request.
+- :class:`TritonError` (with Triton's error codes), :class:`TritonModelException`.
+- helpers: :func:`get_input_tensor_by_name`, :func:`get_output_tensor_by_name`,
+  :func:`get_input_config_by_name`, :func:`get_output_config_by_name`,
+  :func:`triton_string_to_numpy`, :func:`get_model_dir`, and :class:`ModelConfig` (what
+  ``auto_complete_config`` receives).
+
+Not offered: decoupled models (``get_response_sender``), request rescheduling, the model
+loading API (``load_model``...), custom metrics; calling them raises
+:class:`TritonModelException` that says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import copy
+import functools
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from frameserve.errors import (
+    FrameserveError,
+    InferenceError,
+    InvalidInputError,
+    ModelNotReadyError,
+    NotFoundError,
+    TensorError,
+)
+from frameserve.request import InferRequest, RequestedOutput
+from frameserve.types import decode_bytes_elements, encode_bytes_elements
+
+__all__ = [
+    "InferenceRequest",
+    "InferenceResponse",
+    "Logger",
+    "ModelConfig",
+    "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_MEMORY_CPU_PINNED",
+    "TRITONSERVER_MEMORY_GPU",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_REQUEST_RELEASE_ALL",
+    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+    "TRITON_STRING_TO_NUMPY",
+    "Tensor",
+    "TritonError",
+    "TritonModelException",
+    "deserialize_bytes_tensor",
+    "get_input_config_by_name",
+    "get_input_tensor_by_name",
+    "get_model_dir",
+    "get_output_config_by_name",
+    "get_output_tensor_by_name",
+    "numpy_to_triton_type",
+    "serialize_byte_tensor",
+    "triton_string_to_numpy",
+    "triton_to_numpy_type",
+]
+
+MODULE_ALIAS = "triton_python_backend_utils"
+"""The name Triton models import this module under."""
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_CPU_PINNED = 1
+TRITONSERVER_MEMORY_GPU = 2
+
+TRITON_STRING_TO_NUMPY: dict[str, type] = {
+    "TYPE_BOOL": np.bool_,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+"""Triton config type names (``model_config.proto`` ``DataType``) -> numpy scalar types."""
+
+# model_config.proto DataType numbers (TYPE_INVALID = 0 ... TYPE_BF16 = 14).
+_TYPE_NUMBERS = {name: i for i, name in enumerate(TRITON_STRING_TO_NUMPY, start=1)}
+
+_log = logging.getLogger("frameserve.pb_utils")
+
+Infer = Callable[[InferRequest], dict[str, np.ndarray[Any, Any]]]
+"""Where BLS calls go: runs one request on a served model, ``{output name: array}`` back."""
+
+# Set by the python backend around initialize/execute/finalize (see bind()).
+_INFER: contextvars.ContextVar[Infer | None] = contextvars.ContextVar("frameserve_pb_utils_infer", default=None)
+_MODEL_DIR: contextvars.ContextVar[str | None] = contextvars.ContextVar("frameserve_pb_utils_model_dir", default=None)
+
+
+# -- types ---------------------------------------------------------------------------------
+
+
+def triton_string_to_numpy(triton_type_string: str) -> type:
+    """The numpy type for a config type name: ``"TYPE_FP32"`` -> ``np.float32``,
+    ``"TYPE_STRING"`` -> ``np.object_`` (BYTES elements are ``bytes``).
+
+    Raises:
+        TritonModelException: an unknown name (lists the accepted ones).
+    """
+    try:
+        return TRITON_STRING_TO_NUMPY[triton_type_string]
+    except KeyError:
+        raise TritonModelException(
+            f"unknown Triton type {triton_type_string!r}; accepted: {', '.join(TRITON_STRING_TO_NUMPY)}"
+        ) from None
+
+
+def triton_to_numpy_type(data_type: int) -> type | None:
+    """The numpy type for a ``DataType`` enum number (1 = TYPE_BOOL ... 13 = TYPE_STRING), or ``None``."""
+    for name, number in _TYPE_NUMBERS.items():
+        if number == data_type:
+            return TRITON_STRING_TO_NUMPY[name]
+    return None
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    """The ``DataType`` enum number for a numpy dtype (``object``/``bytes_`` -> 13), or ``None``."""
+    dt = np.dtype(data_type)
+    if dt.kind in ("O", "S"):
+        return _TYPE_NUMBERS["TYPE_STRING"]
+    for name, np_type in TRITON_STRING_TO_NUMPY.items():
+        if np_type is not np.object_ and np.dtype(np_type) == dt:
+            return _TYPE_NUMBERS[name]
+    return None
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+    """BYTES elements in C order, each as a 4-byte little-endian length then its bytes (Triton's
+    wire form), as a 1-D ``uint8`` array; ``None`` for an empty or non-BYTES array. ``str``
+    elements are encoded as UTF-8."""
+    if input_tensor.size == 0 or input_tensor.dtype.kind not in ("O", "S"):
+        return None
+    return np.frombuffer(encode_bytes_elements(input_tensor), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The inverse of :func:`serialize_byte_tensor`: a 1-D ``object`` array of ``bytes``.
+
+    Raises:
+        TritonModelException: a length prefix runs past the end of the buffer.
+    """
+    buf = memoryview(encoded_tensor if isinstance(encoded_tensor, bytes) else np.ascontiguousarray(encoded_tensor))
+    try:
+        return decode_bytes_elements(buf, where="BYTES buffer")
+    except TensorError as exc:
+        raise TritonModelException(exc.message) from None
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+class TritonError:
+    """An error for one response: ``InferenceResponse(error=TritonError("why"))``.
+
+    Args:
+        message: what went wrong.
+        code: one of the class constants (default :attr:`INTERNAL`).
+    """
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = str(message)
+        self._code = int(code)
+
+    def message(self) -> str:
+        """The error message."""
+        return self._message
+
+    def code(self) -> int:
+        """The error code (a class constant)."""
+        return self._code
+
+    def __str__(self) -> str:
+        return self._message
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, code={self._code})"
+
+
+class TritonModelException(Exception):
+    """Raised by a model (or by this module) to fail ``initialize``, ``execute`` or
+    ``finalize``; from ``execute`` it fails every request of the batch."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self._message = str(message)
+
+    def message(self) -> str:
+        """The exception message."""
+        return self._message
+
+
+def to_frameserve_error(error: TritonError, where: str) -> FrameserveError:
+    """The frameserve error for a response's :class:`TritonError`: ``INVALID_ARG`` ->
+    :class:`~frameserve.errors.InvalidInputError` (400), ``NOT_FOUND`` -> ``NotFoundError``
+    (404), ``UNAVAILABLE`` -> ``ModelNotReadyError`` (503), anything else ->
+    ``InferenceError`` (500). ``where`` prefixes the message (e.g. ``"model 'm'"``)."""
+    text = f"{where}: {error.message()}"
+    cls = {
+        TritonError.INVALID_ARG: InvalidInputError,
+        TritonError.NOT_FOUND: NotFoundError,
+        TritonError.UNAVAILABLE: ModelNotReadyError,
+    }.get(error.code(), InferenceError)
+    return cls(text)
+
+
+def from_exception(exc: BaseException) -> TritonError:
+    """The :class:`TritonError` for an exception raised by a called model (the reverse of
+    :func:`to_frameserve_error`)."""
+    code = TritonError.INTERNAL
+    if isinstance(exc, NotFoundError):
+        code = TritonError.NOT_FOUND
+    elif isinstance(exc, InvalidInputError):
+        code = TritonError.INVALID_ARG
+    elif isinstance(exc, ModelNotReadyError):
+        code = TritonError.UNAVAILABLE
+    return TritonError(str(exc), code)
+
+
+# -- tensors -------------------------------------------------------------------------------
+
+
+class _Capsule:
+    """Holds a raw DLPack capsule so that ``np.from_dlpack`` (which wants ``__dlpack__``) takes it."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
+
+
+class Tensor:
+    """A named tensor: an input of a request, or an output of a response.
+
+    Args:
+        name: the tensor's name (a model input or output name).
+        numpy_array: the data; any numeric or bool dtype, or an ``object`` (or ``bytes_``)
+            array of ``bytes`` for BYTES. Kept as it is (no copy).
+
+    Raises:
+        TritonModelException: not a numpy array, or a ``str_``/``void`` dtype (use ``object``
+            arrays of ``bytes`` for strings, as Triton asks).
+    """
+
+    def __init__(self, name: str, numpy_array: np.ndarray[Any, Any], *args: Any, **kwargs: Any) -> None:
+        if not isinstance(numpy_array, np.ndarray):
+            raise TritonModelException(
+                f"Tensor {name!r}: a numpy array is needed, got {type(numpy_array).__name__}"
+            )
+        if numpy_array.dtype.kind in ("U", "V"):
+            raise TritonModelException(
+                f"Tensor {name!r}: dtype {numpy_array.dtype} is not supported; use np.object_ arrays of bytes"
+            )
+        self._name = str(name)
+        self._array = numpy_array
+
+    def name(self) -> str:
+        """The tensor's name."""
+        return self._name
+
+    def as_numpy(self) -> np.ndarray[Any, Any]:
+        """The numpy array (the same object, not a copy)."""
+        return self._array
+
+    def shape(self) -> tuple[int, ...]:
+        """The array's shape."""
+        return tuple(self._array.shape)
+
+    def triton_dtype(self) -> int | None:
+        """The ``DataType`` enum number of the array's dtype."""
+        return numpy_to_triton_type(self._array.dtype)
+
+    def is_cpu(self) -> bool:
+        """Always ``True``: frameserve hands Python models CPU tensors."""
+        return True
+
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule sharing the array's memory (e.g. ``torch.utils.dlpack.from_dlpack``);
+        a read-only array (e.g. decoded straight from a request body) is copied first, since
+        the classic DLPack capsule cannot say "read-only".
+
+        Raises:
+            TritonModelException: BYTES tensors have no DLPack form.
+        """
+        if self._array.dtype.kind in ("O", "S"):
+            raise TritonModelException(f"Tensor {self._name!r}: BYTES tensors cannot be exported with DLPack")
+        array = self._array
+        if not array.flags.writeable:
+            # DLPack < 1.0 cannot mark memory read-only (numpy refuses); hand out a copy.
+            array = array.copy()
+        try:
+            return array.__dlpack__()
+        except (BufferError, TypeError) as exc:
+            raise TritonModelException(f"Tensor {self._name!r}: cannot export with DLPack: {exc}") from None
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack: Any) -> Tensor:
+        """A tensor over a DLPack capsule or an object with ``__dlpack__`` (torch, cupy on the
+        host, numpy), without a copy. The data must be C-contiguous and on the CPU.
+
+        Raises:
+            TritonModelException: not CPU memory, or not C-contiguous.
+        """
+        source = dlpack if hasattr(dlpack, "__dlpack__") else _Capsule(dlpack)
+        try:
+            array = np.from_dlpack(source)
+        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+            raise TritonModelException(f"Tensor {name!r}: cannot import from DLPack (CPU only): {exc}") from None
+        if not array.flags.c_contiguous:
+            raise TritonModelException(f"Tensor {name!r}: DLPack tensors must be C-contiguous")
+        return Tensor(name, array)
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, dtype={self._array.dtype}, shape={list(self._array.shape)})"
+
+
+# -- requests and responses ----------------------------------------------------------------
+
+
+class InferenceResponse:
+    """The response to one request: output tensors, or an error.
+
+    Args:
+        output_tensors: the outputs (ignored when ``error`` is set).
+        error: a :class:`TritonError` failing this request only.
+        parameters: optional response parameters (a dict of str/int/bool).
+    """
+
+    def __init__(
+        self,
+        output_tensors: Sequence[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> None:
+        if output_tensors is not None and not isinstance(output_tensors, (list, tuple)):
+            raise TritonModelException('"output_tensors" must be a list of pb_utils.Tensor')
+        for t in output_tensors or ():
+            if not isinstance(t, Tensor):
+                raise TritonModelException(f'"output_tensors" must hold pb_utils.Tensor, got {type(t).__name__}')
+        if error is not None and not isinstance(error, TritonError):
+            raise TritonModelException(f'"error" must be a pb_utils.TritonError, got {type(error).__name__}')
+        self._outputs = list(output_tensors or [])
+        self._error = error
+        self._parameters = dict(parameters or {})
+
+    def output_tensors(self) -> list[Tensor]:
+        """The output tensors."""
+        return self._outputs
+
+    def has_error(self) -> bool:
+        """Whether this response carries an error."""
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        """The error, or ``None``."""
+        return self._error
+
+    def parameters(self) -> str:
+        """The response parameters as JSON text."""
+        return json.dumps(self._parameters)
+
+    def __repr__(self) -> str:
+        if self._error is not None:
+            return f"InferenceResponse(error={self._error!r})"
+        return f"InferenceResponse({self._outputs!r})"
+
+
+class InferenceRequest:
+    """A request: one of those ``execute(requests)`` receives, or one a model builds to call
+    another served model (Business Logic Scripting) with :meth:`exec` / :meth:`async_exec`.
+    Holds a :class:`frameserve.request.InferRequest` (what a BLS call hands to the server).
+
+    Args:
+        model_name: the model to call (BLS).
+        inputs: the input tensors.
+        requested_output_names: the outputs wanted (empty = every configured output).
+        request_id: an id echoed in logs and responses.
+        correlation_id: sequence correlation id (kept, not used: no sequence batching).
+        model_version: the version to call; ``-1`` = the highest loaded.
+        flags, timeout, preferred_memory, trace: accepted for compatibility; ``timeout`` (µs)
+            is kept but not enforced on BLS calls.
+        parameters: request parameters, a dict of str/int/bool (or its JSON text).
+
+    Raises:
+        TritonModelException: ``inputs`` holds something other than :class:`Tensor`.
+    """
+
+    def __init__(
+        self,
+        model_name: str | bytes = "",
+        inputs: Sequence[Tensor] | None = None,
+        requested_output_names: Sequence[str] | None = None,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: Any = None,
+        trace: Any = None,
+        parameters: Mapping[str, Any] | str | None = None,
+    ) -> None:
+        tensors = list(inputs or [])
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TritonModelException(f'"inputs" must hold pb_utils.Tensor, got {type(t).__name__}')
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters) if parameters else {}
+        names = [str(n) for n in (requested_output_names or [])]
+        version = int(model_version)
+        self._request = InferRequest(
+            model_name=str(model_name.decode() if isinstance(model_name, bytes) else model_name),
+            inputs={t.name(): t.as_numpy() for t in tensors},
+            model_version=None if version < 0 else version,
+            outputs=tuple(RequestedOutput(n) for n in names),
+            parameters=dict(parameters or {}),
+            id=str(request_id),
+        )
+        self._inputs = tensors
+        self._outputs = names
+        self._correlation_id = correlation_id
+        self._flags = int(flags)
+        self._timeout = int(timeout)
+
+    def inputs(self) -> list[Tensor]:
+        """The input tensors."""
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        """The names of the outputs the caller asked for (every configured output when the
+        caller named none)."""
+        return self._outputs
+
+    def request_id(self) -> str:
+        """The request id (``""`` when none was given)."""
+        return self._request.id
+
+    def correlation_id(self) -> int | str:
+        """The sequence correlation id (0 when none)."""
+        return self._correlation_id
+
+    def model_name(self) -> str:
+        """The model this request is for."""
+        return self._request.model_name
+
+    def model_version(self) -> int:
+        """The model version (-1 = the highest loaded)."""
+        version = self._request.model_version
+        return -1 if version is None else version
+
+    def flags(self) -> int:
+        """Request flags."""
+        return self._flags
+
+    def timeout(self) -> int:
+        """The timeout in microseconds (0 = none)."""
+        return self._timeout
+
+    def parameters(self) -> str:
+        """The request parameters as JSON text (``json.loads`` it)."""
+        return json.dumps(dict(self._request.parameters))
+
+    def is_cancelled(self) -> bool:
+        """Always ``False`` (cancellation is not passed to Python models)."""
+        return False
+
+    def get_response_sender(self) -> Any:
+        raise TritonModelException("decoupled models (get_response_sender) are not supported by frameserve")
+
+    def set_release_flags(self, flags: int) -> None:
+        raise TritonModelException("request rescheduling (set_release_flags) is not supported by frameserve")
+
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on ``model_name`` and wait for the response.
+
+        Failures of the called model (unknown model, bad input, a failed run) come back as a
+        response whose :meth:`InferenceResponse.error` is set, as in Triton.
+
+        Returns:
+            an :class:`InferenceResponse` (with ``decoupled=True``, an iterator over it).
+        """
+        response = self._run(_INFER.get())
+        return iter([response]) if decoupled else response
+
+    def async_exec(self, decoupled: bool = False) -> Awaitable[Any]:
+        """Like :meth:`exec`, as an awaitable for ``async def execute`` (runs in the event
+        loop's default executor, so several calls may be in flight)."""
+        infer = _INFER.get()
+
+        async def run() -> Any:
+            loop = asyncio.get_running_loop()
+            response = await loop.run_in_executor(None, functools.partial(self._run, infer))
+            return iter([response]) if decoupled else response
+
+        return run()
+
+    def _run(self, infer: Infer | None) -> InferenceResponse:
+        if infer is None:
+            return InferenceResponse(
+                error=TritonError(
+                    "BLS is available only inside execute() of a model served with a BackendContext.infer",
+                    TritonError.UNAVAILABLE,
+                )
+            )
+        if not self._request.model_name:
+            return InferenceResponse(error=TritonError("InferenceRequest needs a model_name", TritonError.INVALID_ARG))
+        try:
+            result = infer(self._request)
+        except Exception as exc:
+            return InferenceResponse(error=from_exception(exc))
+        return InferenceResponse([Tensor(n, a) for n, a in result.items()])
+
+    def __repr__(self) -> str:
+        name = self._request.model_name
+        target = f"model_name={name!r}, " if name else ""
+        return f"InferenceRequest({target}inputs={self._inputs!r}, requested_output_names={self._outputs!r})"
+
+
+def wrap_request(request: InferRequest, output_names: Sequence[str]) -> InferenceRequest:
+    """The :class:`InferenceRequest` ``execute`` receives for ``request``; its
+    ``requested_output_names`` are the request's, or ``output_names`` (the model's outputs)
+    when it names none. For the python backend, not for models.
+
+    Raises:
+        TritonModelException: an input array of a dtype :class:`Tensor` refuses.
+    """
+    wrapped = InferenceRequest.__new__(InferenceRequest)
+    wrapped._request = request
+    wrapped._inputs = [Tensor(n, a) for n, a in request.inputs.items()]
+    names = request.output_names
+    wrapped._outputs = list(names) if names is not None else list(output_names)
+    wrapped._correlation_id = 0
+    wrapped._flags = 0
+    wrapped._timeout = 0
+    return wrapped
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    """The request's input tensor called ``name``, or ``None``."""
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    """The response's output tensor called ``name``, or ``None``."""
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_input_config_by_name(model_config: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    """The ``input`` entry called ``name`` of a config dict (``json.loads(args["model_config"])``), or ``None``."""
+    for item in model_config.get("input") or ():
+        if item.get("name") == name:
+            return dict(item)
+    return None
+
+
+def get_output_config_by_name(model_config: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    """The ``output`` entry called ``name`` of a config dict, or ``None``."""
+    for item in model_config.get("output") or ():
+        if item.get("name") == name:
+            return dict(item)
+    return None
+
+
+def get_model_dir() -> str:
+    """The version folder of the model whose code is running (the folder holding its
+    ``model.py``), as a string.
+
+    Raises:
+        TritonModelException: called outside a model's ``initialize``/``execute``/``finalize``.
+    """
+    folder = _MODEL_DIR.get()
+    if folder is None:
+        raise TritonModelException("get_model_dir() is available only while a Python model runs")
+    return folder
+
+
+# -- auto_complete_config ------------------------------------------------------------------
+
+
+class ModelConfig:
+    """The config a model's ``auto_complete_config(auto_complete_model_config)`` receives and
+    returns (Triton's JSON form: ``name``, ``max_batch_size``, ``input``, ``output`` ...).
+
+    Args:
+        config: the config dict as read from config.pbtxt / config.yaml (copied).
+    """
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._config: dict[str, Any] = copy.deepcopy(dict(config))
+        self._config.setdefault("input", [])
+        self._config.setdefault("output", [])
+        self._config.setdefault("max_batch_size", 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A copy of the config as a dict (changing it changes nothing)."""
+        return copy.deepcopy(self._config)
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        """Set ``max_batch_size``.
+
+        Raises:
+            ValueError: the config already gives a different non-zero value, or a negative one.
+        """
+        value = int(max_batch_size)
+        if value < 0:
+            raise ValueError(f"max_batch_size must be >= 0, got {value}")
+        current = int(self._config.get("max_batch_size") or 0)
+        if current not in (0, value):
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but auto_complete_config "
+                f"specified {value}"
+            )
+        self._config["max_batch_size"] = value
+
+    def set_dynamic_batching(self) -> None:
+        """Turn dynamic batching on with default settings (no change if already on)."""
+        self._config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, transaction_policy: Mapping[str, Any]) -> None:
+        """Record ``model_transaction_policy`` (``{"decoupled": True}`` fails the load: not supported)."""
+        self._config["model_transaction_policy"] = dict(transaction_policy)
+
+    def add_input(self, input: Mapping[str, Any]) -> None:  # noqa: A002 - Triton's name
+        """Add an input ``{"name", "data_type" ("TYPE_FP32"...), "dims", ...}``.
+
+        Raises:
+            ValueError: a key is missing, or an input of that name exists with another
+                ``data_type`` or ``dims``.
+        """
+        self._add("input", input)
+
+    def add_output(self, output: Mapping[str, Any]) -> None:
+        """Add an output ``{"name", "data_type", "dims"}``; same checks as :meth:`add_input`."""
+        self._add("output", output)
+
+    def _add(self, kind: str, item: Mapping[str, Any]) -> None:
+        missing = [k for k in ("name", "data_type", "dims") if k not in item]
+        if missing:
+            raise ValueError(f"{kind} {dict(item)!r} is missing {', '.join(missing)}")
+        for existing in self._config[kind]:
+            if existing.get("name") != item["name"]:
+                continue
+            for key in ("data_type", "dims"):
+                have, want = existing.get(key), item[key]
+                if key == "dims":
+                    have, want = [int(d) for d in have or ()], [int(d) for d in want]
+                if have != want:
+                    raise ValueError(
+                        f"{kind} {item['name']!r} has {key} {have} in the configuration but "
+                        f"auto_complete_config gives {want}"
+                    )
+            return
+        self._config[kind].append(copy.deepcopy(dict(item)))
+
+
+# -- logging -------------------------------------------------------------------------------
+
+
+class Logger:
+    """Triton's ``pb_utils.Logger``: writes to the ``frameserve.pb_utils`` logger."""
+
+    class LogLevel:
+        INFO = logging.INFO
+        WARNING = logging.WARNING
+        ERROR = logging.ERROR
+        VERBOSE = logging.DEBUG
+
+    @staticmethod
+    def log(message: str, level: int = logging.INFO) -> None:
+        _log.log(level, "%s", message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _log.info("%s", message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _log.warning("%s", message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _log.error("%s", message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _log.debug("%s", message)
+
+
+# -- binding (used by frameserve's python backend) -----------------------------------------
+
+
+@contextlib.contextmanager
+def bound(infer: Infer | None, model_dir: Path | str) -> Iterator[None]:
+    """While inside, BLS calls (:meth:`InferenceRequest.exec`) go to ``infer`` and
+    :func:`get_model_dir` returns ``model_dir``. For the python backend, not for models."""
+    tokens = bind(infer, model_dir)
+    try:
+        yield
+    finally:
+        unbind(tokens)
+
+
+def bind(infer: Infer | None, model_dir: Path | str) -> tuple[Any, Any]:
+    """:func:`bound`'s entry without a context manager (the per-request path); give what it
+    returns to :func:`unbind`. For the python backend, not for models."""
+    return _INFER.set(infer), _MODEL_DIR.set(str(model_dir))
+
+
+def unbind(tokens: tuple[Any, Any]) -> None:
+    """Undo :func:`bind`."""
+    _MODEL_DIR.reset(tokens[1])
+    _INFER.reset(tokens[0])

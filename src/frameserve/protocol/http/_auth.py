@@ -1,0 +1,86 @@
+"""The HTTP gate: bearer tokens, roles and cross-site refusals, checked on the raw ASGI scope
+before any route (the inference fast path included) sees the request.
+
+The policy (which role each route needs, which browser requests are refused) is
+:mod:`frameserve.security.auth`; this module reads the headers once, answers refusals in the
+``{"error": ...}`` shape every route uses, and puts the caller's
+:class:`~frameserve.security.Principal` in ``scope["state"]["principal"]`` (Starlette's
+``request.state.principal``) for the routes that need one (job ownership). A server without
+tokens puts :data:`~frameserve.security.IMPLICIT_OWNER` there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from frameserve.errors import (
+    FrameserveError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+)
+from frameserve.protocol.http import codec
+from frameserve.security.auth import cross_site_refusal, http_roles
+from frameserve.security.tokens import IMPLICIT_OWNER, TokenTable
+
+__all__ = ["HttpGate"]
+
+_WANTED = frozenset({b"authorization", b"origin", b"sec-fetch-site", b"content-type", b"host"})
+_REALM = 'Bearer realm="frameserve"'
+
+
+class HttpGate:
+    """Admits or refuses each HTTP request (see the module docstring).
+
+    Args:
+        tokens: the accepted tokens; ``None`` = no authentication (every request is
+            :data:`~frameserve.security.IMPLICIT_OWNER`'s; the cross-site checks still hold).
+        auth_health: also ask for a token on ``/v2/health/*`` and ``/metrics``.
+
+    Cost per request: one pass over the headers, a few string tests and, with tokens, one
+    SHA-256 and one dict lookup.
+    """
+
+    def __init__(self, tokens: TokenTable | None = None, *, auth_health: bool = False) -> None:
+        self.tokens = tokens
+        self.auth_health = auth_health
+
+    async def admit(self, scope: dict[str, Any], send: Any) -> bool:
+        """Check one ``http`` request scope; on refusal send the answer and return ``False``."""
+        found: dict[bytes, str] = {}
+        for key, value in scope["headers"]:
+            if key in _WANTED:
+                found[key] = value.decode("latin-1")
+        method: str = scope["method"]
+        path: str = scope["path"]
+        refusal = cross_site_refusal(
+            method, path, host=found.get(b"host"), origin=found.get(b"origin"),
+            fetch_site=found.get(b"sec-fetch-site"), content_type=found.get(b"content-type"),
+        )
+        if refusal is not None:
+            await _refuse(send, refusal)
+            return False
+        if self.tokens is None:
+            scope.setdefault("state", {})["principal"] = IMPLICIT_OWNER
+            return True
+        roles = http_roles(method, path, auth_health=self.auth_health)
+        if roles is None:  # open: health and metrics
+            return True
+        try:
+            principal = self.tokens.authenticate(found.get(b"authorization"), roles)
+        except FrameserveError as exc:
+            await _refuse(send, exc, bad_token=b"authorization" in found)
+            return False
+        scope.setdefault("state", {})["principal"] = principal
+        return True
+
+
+async def _refuse(send: Any, exc: FrameserveError, *, bad_token: bool = False) -> None:
+    body = codec.error_body(exc.message)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if isinstance(exc, UnauthenticatedError):  # RFC 6750 section 3
+        challenge = _REALM + (', error="invalid_token"' if bad_token else "")
+        headers.append((b"www-authenticate", challenge.encode()))
+    elif isinstance(exc, PermissionDeniedError) and bad_token:
+        headers.append((b"www-authenticate", (_REALM + ', error="insufficient_scope"').encode()))
+    await send({"type": "http.response.start", "status": exc.http_status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,108 @@
+"""The one inference request every transport decodes into and the service runs:
+:class:`InferRequest`, with the outputs it asks for (:class:`RequestedOutput`).
+
+The HTTP codec, the gRPC codec, the Python backend's ``pb_utils.InferenceRequest`` (BLS calls
+and the requests ``execute`` receives) and in-process callers all build this one type; the
+service checks it against the model and the scheduler queues it. Field meanings follow the
+Open Inference Protocol (``inference_rest.md`` / ``inference_grpc.md``) and Triton's
+extensions (``docs/protocol/extension_parameters.md``, ``extension_schedule_policy.md``,
+``extension_binary_data.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from frameserve.errors import TensorError
+from frameserve.types import DataType
+
+__all__ = ["InferRequest", "RequestedOutput"]
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    """One output a request asks for.
+
+    Attributes:
+        name: the output's name.
+        binary_data: HTTP's ``parameters.binary_data``: send it as binary (``True``) or JSON
+            (``False``); ``None`` follows the request's :attr:`InferRequest.binary_data_output`.
+            gRPC always answers raw bytes and ignores it.
+        parameters: the output's other parameters as given (e.g. ``classification``, which the
+            codecs refuse today).
+    """
+
+    name: str
+    binary_data: bool | None = None
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class InferRequest:
+    """One inference request, transport-neutral (numpy tensors; no protobuf, no JSON).
+
+    Treat it as immutable: the fields are frozen; ``inputs`` and ``parameters`` are mappings the
+    request owns once built (callers do not change them afterwards).
+
+    Attributes:
+        model_name: the model to run.
+        inputs: input name -> numpy array, shaped and typed as sent (BYTES: ``object`` arrays
+            of ``bytes``); with ``max_batch_size > 0`` each has the batch dim first. Arrays
+            decoded from a body may be read-only views of it.
+        model_version: the version; ``None`` = the highest loaded.
+        outputs: the outputs wanted, in this order; empty = every configured output.
+        parameters: the request's free parameters (the v2 ``parameters`` object without the
+            keys the codecs interpret: ``priority``, ``timeout``, ``binary_data_output``);
+            passed to Python models.
+        priority: Triton's meaning: 1 is the highest level, 0 = the model's default level.
+        timeout_us: queue timeout in microseconds (0 = none); honoured where the model's queue
+            policy has ``allow_timeout_override`` (it may only shorten the default).
+        id: the caller's request id (v2 ``id``), echoed in the response; ``""`` when none.
+        binary_data_output: HTTP's ``parameters.binary_data_output``: the default of
+            :attr:`RequestedOutput.binary_data` (and of every output when none is named).
+
+    Raises:
+        TensorError: a negative ``priority`` or ``timeout_us``, or ``inputs`` that is not a
+            mapping.
+    """
+
+    model_name: str
+    inputs: Mapping[str, np.ndarray[Any, Any]]
+    model_version: int | None = None
+    outputs: tuple[RequestedOutput, ...] = ()
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    timeout_us: int = 0
+    id: str = ""
+    binary_data_output: bool = False
+
+    def __post_init__(self) -> None:
+        if self.priority < 0:
+            raise TensorError(f"priority {self.priority} given; 1 is the highest level, 0 the model's default")
+        if self.timeout_us < 0:
+            raise TensorError(f"timeout {self.timeout_us} given; a timeout is >= 0 microseconds (0 = none)")
+        if not isinstance(self.inputs, Mapping):
+            raise TensorError(f"a request's inputs map names to arrays; got {type(self.inputs).__name__}")
+
+    @property
+    def output_names(self) -> tuple[str, ...] | None:
+        """The names of :attr:`outputs` in order, or ``None`` when every output is wanted."""
+        if not self.outputs:
+            return None
+        return tuple(o.name for o in self.outputs)
+
+    def __repr__(self) -> str:
+        shapes = {}
+        for name, array in self.inputs.items():
+            try:
+                shapes[name] = f"{DataType.from_numpy(array.dtype).value}{list(array.shape)}"
+            except (AttributeError, TensorError):
+                shapes[name] = type(array).__name__
+        version = "" if self.model_version is None else f", version={self.model_version}"
+        return (
+            f"InferRequest({self.model_name!r}{version}, id={self.id!r}, inputs={shapes}, "
+            f"outputs={[o.name for o in self.outputs]}, priority={self.priority}, timeout_us={self.timeout_us})"
+        )

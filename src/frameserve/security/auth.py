@@ -1,0 +1,155 @@
+"""Who may call what, and which browser requests are refused: the transport-neutral half of the
+HTTP gate (``frameserve.protocol.http._auth``) and the gRPC interceptor
+(``frameserve.protocol.grpc._auth``).
+
+Roles per route (``admin`` may always; an empty set: any valid token; ``None``: open)::
+
+    /v2/health/live, /v2/health/ready, /metrics         open (tokens asked with auth_health)
+    gRPC ServerLive, ServerReady, grpc.health.v1.Health  open (likewise)
+    /v2/repository/models/{m}/load|unload                admin     (gRPC RepositoryModelLoad/Unload)
+    gRPC TraceSetting, LogSettings                       admin
+    every other /v2 route and GRPCInferenceService RPC   infer     (inference, metadata, config,
+                                                                    statistics, index, shared memory)
+    /v1/analyze                                          infer
+    /v1/jobs                                             jobs
+    GET /v1/pipelines                                    jobs or infer
+    anything else (/docs, /openapi.json, unknown paths)  any valid token
+
+Cross-site requests (HTTP only; the checks hold with or without tokens, since a browser on
+another site can reach a loopback server): on ``POST``/``PUT``/``PATCH``/``DELETE``,
+
+- ``Sec-Fetch-Site: cross-site``, or an ``Origin`` whose host and port differ from the ``Host``
+  header's, is refused with 403 (:class:`~frameserve.errors.PermissionDeniedError`);
+- a CORS-safelisted ``Content-Type`` (``text/plain``, ``application/x-www-form-urlencoded``,
+  ``multipart/form-data``: the ones a page may send without a preflight, Fetch standard
+  "CORS-safelisted request-header") on a JSON route is refused with 415
+  (:class:`~frameserve.errors.UnsupportedMediaTypeError`). ``/v1/analyze`` takes
+  ``multipart/form-data`` uploads, so only the first check applies there. A request without a
+  ``Content-Type`` (tritonclient sends none on load and unload) is accepted.
+
+The scheme is left out of the origin comparison so a server behind a TLS-terminating ingress
+(``https://`` outside, ``http`` inside) still recognises its own pages; a missing port means the
+Origin scheme's default on both sides.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from frameserve.errors import (
+    FrameserveError,
+    PermissionDeniedError,
+    UnsupportedMediaTypeError,
+)
+
+__all__ = [
+    "ADMIN",
+    "ANY_TOKEN",
+    "INFER",
+    "JOBS",
+    "SAFELISTED_CONTENT_TYPES",
+    "STATE_CHANGING_METHODS",
+    "cross_site_refusal",
+    "grpc_roles",
+    "http_roles",
+]
+
+ADMIN = frozenset({"admin"})
+INFER = frozenset({"infer"})
+JOBS = frozenset({"jobs"})
+ANY_TOKEN: frozenset[str] = frozenset()
+"""Roles meaning "any valid token"."""
+_PIPELINES = frozenset({"infer", "jobs"})
+
+STATE_CHANGING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+SAFELISTED_CONTENT_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded", "multipart/form-data"})
+"""Content types a browser sends cross-site without a CORS preflight (Fetch standard)."""
+
+_HEALTH_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics"})
+_GRPC_SERVICE = "/inference.GRPCInferenceService/"
+_GRPC_HEALTH = frozenset({
+    _GRPC_SERVICE + "ServerLive", _GRPC_SERVICE + "ServerReady",
+    "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
+})
+_GRPC_ADMIN = frozenset({
+    _GRPC_SERVICE + "RepositoryModelLoad", _GRPC_SERVICE + "RepositoryModelUnload",
+    _GRPC_SERVICE + "TraceSetting", _GRPC_SERVICE + "LogSettings",
+})
+_NOT_JSON_PREFIXES = ("/v1/analyze",)
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def http_roles(method: str, path: str, *, auth_health: bool = False) -> frozenset[str] | None:
+    """The roles that may call ``method path`` (any one suffices; ``admin`` always may), an
+    empty set for "any valid token", ``None`` for an open route (see the module docstring)."""
+    if path.startswith("/v2"):
+        if path in _HEALTH_PATHS:
+            return ANY_TOKEN if auth_health else None
+        if path.startswith("/v2/repository/models/") and path.endswith(("/load", "/unload")):
+            return ADMIN
+        return INFER
+    if path == "/metrics":
+        return ANY_TOKEN if auth_health else None
+    if path.startswith("/v1/"):
+        if path.startswith("/v1/jobs"):
+            return JOBS
+        if path.startswith("/v1/analyze"):
+            return INFER
+        if path.startswith("/v1/pipelines") and method in ("GET", "HEAD"):
+            return _PIPELINES
+    return ANY_TOKEN
+
+
+def grpc_roles(method: str, *, auth_health: bool = False) -> frozenset[str] | None:
+    """The roles that may call the gRPC ``method`` (``/package.Service/Method``), as
+    :func:`http_roles`."""
+    if method in _GRPC_HEALTH:
+        return ANY_TOKEN if auth_health else None
+    if method in _GRPC_ADMIN:
+        return ADMIN
+    if method.startswith(_GRPC_SERVICE):
+        return INFER
+    return ANY_TOKEN
+
+
+def _host_port(netloc: str, default_port: int) -> tuple[str, int] | None:
+    try:
+        parts = urlsplit("//" + netloc)
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname:
+        return None
+    return parts.hostname.lower().rstrip("."), default_port if port is None else port
+
+
+def cross_site_refusal(
+    method: str, path: str, *, host: str | None, origin: str | None, fetch_site: str | None, content_type: str | None
+) -> FrameserveError | None:
+    """Why a browser-sent state-changing request is refused, or ``None`` when it is not (see the
+    module docstring). The arguments are the request's headers (``None`` when absent).
+
+    Returns:
+        :class:`~frameserve.errors.PermissionDeniedError` (cross-site: 403) or
+        :class:`~frameserve.errors.UnsupportedMediaTypeError` (a safelisted type on a JSON
+        route: 415); messages never echo the headers.
+    """
+    if method not in STATE_CHANGING_METHODS:
+        return None
+    if fetch_site is not None and fetch_site.strip().lower() == "cross-site":
+        return PermissionDeniedError("cross-site request refused (Sec-Fetch-Site: cross-site)")
+    if origin is not None:
+        scheme = origin.partition("://")[0].lower()
+        default = _DEFAULT_PORTS.get(scheme)
+        mine = None if host is None or default is None else _host_port(host, default)
+        theirs = None if default is None else _host_port(origin.partition("://")[2], default)
+        if mine is None or theirs != mine:
+            return PermissionDeniedError("cross-site request refused: its Origin is not this server")
+    if content_type is not None and not path.startswith(_NOT_JSON_PREFIXES):
+        media = content_type.partition(";")[0].strip().lower()
+        if media in SAFELISTED_CONTENT_TYPES:
+            return UnsupportedMediaTypeError(
+                f"Content-Type {media} is not accepted here (a browser may send it from any site); "
+                "send application/json, application/octet-stream or no Content-Type"
+            )
+    return None

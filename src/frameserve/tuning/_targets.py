@@ -1,0 +1,411 @@
+"""What ``perf`` loads: a pool of backend sessions in this process, or a v2 server over HTTP or
+gRPC (Triton's client, ``tritonclient``); and the random inputs it sends, shaped by the model's
+declared dims.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from frameserve.backends import Session, load_session
+from frameserve.errors import (
+    BackendUnavailableError,
+    FrameserveError,
+    InferenceError,
+    InvalidInputError,
+    ModelNotFoundError,
+)
+from frameserve.repository import ModelConfig, ModelRepository
+from frameserve.types import DataType, TensorSpec
+
+__all__ = [
+    "MAX_INPUT_BYTES",
+    "ServerTarget",
+    "SessionPool",
+    "make_inputs",
+    "parse_shape",
+    "resolve_model",
+]
+
+MAX_INPUT_BYTES = 1 << 31
+"""Largest request ``make_inputs`` builds (2 GiB): a typo in ``--shape`` fails at once instead of
+exhausting memory."""
+
+
+def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """Parse ``NAME:D1xD2x...`` (``images:3x320x320``; the last ``:`` splits, so ``input:0:3x224x224``
+    names ``input:0``) into the input's name and dims.
+
+    Raises:
+        InvalidInputError: not of that form, or a dim that is not a positive integer.
+    """
+    name, sep, dims = text.rpartition(":")
+    parts = dims.lower().split("x") if dims else []
+    if not sep or not name or not parts or not all(re.fullmatch(r"[1-9][0-9]*", p) for p in parts):
+        raise InvalidInputError(f"--shape {text!r}: expected NAME:D1xD2x... with positive sizes (images:3x320x320)")
+    return name, tuple(int(p) for p in parts)
+
+
+def _shape_for(spec: TensorSpec, max_batch_size: int, batch: int, given: tuple[int, ...] | None) -> tuple[int, ...]:
+    dims = spec.dims
+    if given is not None:
+        if max_batch_size > 0 and len(given) == len(dims) + 1:
+            given = given[1:]  # a leading batch dim: each --batch value replaces it
+        if len(given) != len(dims) or any(d != -1 and d != g for d, g in zip(dims, given, strict=True)):
+            raise InvalidInputError(
+                f"--shape {spec.name}:{'x'.join(map(str, given))} does not fit the model's dims {list(dims)} "
+                f"(-1 = any size{'; the batch dim is left out' if max_batch_size > 0 else ''})"
+            )
+        dims = given
+    if any(d == -1 for d in dims):
+        raise InvalidInputError(
+            f"input {spec.name!r} has variable dims {list(dims)} (-1 = any size); give its shape with "
+            f"--shape {spec.name}:{'x'.join('N' if d == -1 else str(d) for d in dims)}"
+        )
+    return (batch, *dims) if max_batch_size > 0 else tuple(dims)
+
+
+def make_inputs(
+    specs: Sequence[TensorSpec],
+    *,
+    max_batch_size: int,
+    batch: int,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    seed: int = 0,
+) -> dict[str, np.ndarray[Any, Any]]:
+    """Random inputs for one request: floats uniform in [0, 1), integers in [0, 10), booleans
+    half true, BYTES elements ``b"frameserve"``.
+
+    Args:
+        specs: the model's inputs (dims without the batch dim when ``max_batch_size > 0``).
+        max_batch_size: the model's; 0 = it does not batch (then ``batch`` must be 1).
+        batch: samples in the request (the leading dim when batching).
+        shapes: dims for inputs with variable (-1) dims, by input name, without the batch dim
+            (a leading batch dim is accepted and replaced by ``batch``).
+        seed: random seed (the same inputs for the same arguments).
+
+    Raises:
+        InvalidInputError: a variable dim without a shape, a shape that does not fit, a shape for
+            no such input, ``batch`` > 1 for a model that does not batch or over its
+            ``max_batch_size``, or a request over :data:`MAX_INPUT_BYTES`.
+    """
+    shapes = dict(shapes or {})
+    unknown = sorted(set(shapes) - {s.name for s in specs})
+    if unknown:
+        raise InvalidInputError(f"--shape names no input of the model: {', '.join(unknown)}; inputs: {', '.join(s.name for s in specs)}")
+    if max_batch_size == 0 and batch != 1:
+        raise InvalidInputError(f"the model does not batch (max_batch_size 0): use batch 1, not {batch}")
+    if max_batch_size > 0 and batch > max_batch_size:
+        raise InvalidInputError(f"batch {batch} is over the model's max_batch_size {max_batch_size}")
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray[Any, Any]] = {}
+    total = 0
+    for spec in specs:
+        shape = _shape_for(spec, max_batch_size, batch, shapes.get(spec.name))
+        size = math.prod(shape)
+        total += size * (spec.datatype.size_bytes or len(b"frameserve"))
+        if total > MAX_INPUT_BYTES:
+            raise InvalidInputError(f"inputs of {list(shape)} come to over {MAX_INPUT_BYTES >> 30} GiB per request")
+        dt = spec.datatype
+        if dt is DataType.BYTES:
+            arr = np.full(shape, b"frameserve", dtype=object)
+        elif dt is DataType.BOOL:
+            arr = rng.random(shape) < 0.5
+        elif dt in (DataType.FP16, DataType.FP32, DataType.FP64, DataType.BF16):
+            arr = rng.random(shape, dtype=np.float32).astype(dt.to_numpy())
+        else:
+            arr = rng.integers(0, 10, size=shape).astype(dt.to_numpy())
+        out[spec.name] = arr
+    return out
+
+
+def resolve_model(source: Path | str, model: str | None) -> tuple[ModelRepository, str]:
+    """The repository and model name for ``perf SOURCE [--model NAME]``: ``SOURCE`` is either a
+    model folder (it has numbered version folders; its name is the model's) or a repository.
+
+    Raises:
+        ModelConfigError: ``SOURCE`` is not a folder.
+        ModelNotFoundError: no such model, or a repository of several models and no ``model``.
+    """
+    path = Path(source)
+    has_versions = path.is_dir() and any(p.is_dir() and p.name.isdigit() for p in path.iterdir())
+    if has_versions and model in (None, path.name):
+        return ModelRepository(path.resolve().parent), path.resolve().name
+    repo = ModelRepository(path)
+    if model is None:
+        names = repo.models()
+        if len(names) != 1:
+            raise ModelNotFoundError(
+                f"{path} holds {len(names)} models ({', '.join(names) or 'none'}); name one with --model"
+            )
+        model = names[0]
+    repo.model_dir(model)
+    return repo, model
+
+
+def _process_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user + system, all threads) of process ``pid`` (``None`` = this one) and its
+    children; ``None`` when the process is gone or not ours to read."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        total = 0.0
+        for p in (proc, *proc.children(recursive=True)):
+            try:
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+        return total
+    except psutil.Error:
+        return None
+
+
+class _PoolWorker:
+    def __init__(self, free: queue.Queue[Session]) -> None:
+        self._free = free
+
+    def infer(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> None:
+        session = self._free.get()
+        try:
+            session.run(inputs)
+        finally:
+            self._free.put(session)
+
+    def close(self) -> None:
+        return None
+
+
+class SessionPool:
+    """``instances`` sessions of one model version in this process, each with ``threads``
+    intra-op threads; a caller takes a free session for each request (as the server's instance
+    pool does, without its batcher).
+
+    Args:
+        sessions: the open sessions (the pool closes them).
+
+    Use :meth:`open` to load them; the pool is a :class:`~frameserve.tuning.LoadTarget`.
+    """
+
+    def __init__(self, sessions: Sequence[Session]) -> None:
+        if not sessions:
+            raise InvalidInputError("a session pool needs at least one session")
+        self.sessions = tuple(sessions)
+        self._free: queue.Queue[Session] = queue.Queue()
+        for s in self.sessions:
+            self._free.put(s)
+
+    @classmethod
+    def open(
+        cls, config: ModelConfig, model_path: Path, *, instances: int = 1, threads: int = 1, profile_dir: Path | None = None
+    ) -> SessionPool:
+        """Load ``instances`` sessions with :func:`frameserve.backends.load_session`, the loader
+        the inference service uses.
+
+        Raises:
+            InvalidInputError: ``instances`` < 1.
+            ModelConfigError, BackendUnavailableError: from the backend.
+        """
+        if instances < 1:
+            raise InvalidInputError(f"instances must be >= 1, got {instances}")
+        sessions: list[Session] = []
+        try:
+            for _ in range(instances):
+                sessions.append(load_session(config, model_path, threads=threads, profile_dir=profile_dir))
+        except BaseException:
+            for s in sessions:
+                s.close()
+            raise
+        return cls(sessions)
+
+    @property
+    def config(self) -> ModelConfig:
+        """The completed config of the first session."""
+        return self.sessions[0].config
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What the first session runs (backend, precision, threads ...)."""
+        return dict(self.sessions[0].info)
+
+    def worker(self) -> _PoolWorker:
+        """A handle that runs each request on a free session."""
+        return _PoolWorker(self._free)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds of this process (every thread: the sessions' pools and the callers)."""
+        return _process_cpu_s(None)
+
+    def close(self) -> None:
+        """Close every session."""
+        for s in self.sessions:
+            s.close()
+
+    def __enter__(self) -> SessionPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+Transport = Literal["http", "grpc"]
+
+
+def _tritonclient(protocol: Transport) -> Any:
+    try:
+        if protocol == "http":
+            import tritonclient.http as client
+        else:
+            import tritonclient.grpc as client
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"perf against a server over {protocol} needs Triton's client: pip install 'tritonclient[{protocol}]' "
+            f"(or 'frameserve[tune]'); import failed: {exc}"
+        ) from None
+    return client
+
+
+def _address(address: str, protocol: Transport) -> tuple[str, bool]:
+    """``host:port`` and whether to use TLS, from ``http://host:8000`` / ``https://...`` / ``host:8001``."""
+    m = re.fullmatch(r"(?:(https?|grpcs?)://)?([^/\s]+?)/?", address.strip())
+    if not m or ":" not in m.group(2):
+        raise InvalidInputError(f"server address {address!r}: expected host:port or http(s)://host:port")
+    return m.group(2), m.group(1) in ("https", "grpcs")
+
+
+class _ClientWorker:
+    def __init__(self, target: ServerTarget) -> None:
+        self._t = target
+        mod = target._client
+        host, ssl = _address(target.address, target.protocol)
+        if target.protocol == "http":
+            self._client = mod.InferenceServerClient(
+                host, ssl=ssl, connection_timeout=target.timeout_s, network_timeout=target.timeout_s
+            )
+        else:
+            self._client = mod.InferenceServerClient(host, ssl=ssl)
+        self._key: int | None = None
+        self._inputs: list[Any] = []
+        self._outputs = [
+            mod.InferRequestedOutput(name, binary_data=True) if target.protocol == "http" else mod.InferRequestedOutput(name)
+            for name in target.output_names
+        ]
+
+    def infer(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> None:
+        mod = self._t._client
+        if self._key != id(inputs):  # the same request is sent again and again: build it once
+            self._inputs = []
+            for name, arr in inputs.items():
+                item = mod.InferInput(name, list(arr.shape), DataType.from_numpy(arr.dtype).value)
+                if self._t.protocol == "http":
+                    item.set_data_from_numpy(arr, binary_data=True)
+                else:
+                    item.set_data_from_numpy(arr)
+                self._inputs.append(item)
+            self._key = id(inputs)
+        kwargs: dict[str, Any] = {"model_version": self._t.version or "", "outputs": self._outputs}
+        if self._t.protocol == "grpc":
+            kwargs["client_timeout"] = self._t.timeout_s
+        try:
+            self._client.infer(self._t.model, self._inputs, **kwargs)
+        except Exception as exc:  # tritonclient's InferenceServerException, socket errors
+            raise InferenceError(f"model {self._t.model!r} at {self._t.address}: {exc}") from None
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class ServerTarget:
+    """A model served by a v2 (KServe / Triton) server, loaded through ``tritonclient``: one
+    client per caller thread, binary tensors.
+
+    Args:
+        address: ``http://host:8000`` / ``host:8000`` (HTTP) or ``host:8001`` (gRPC).
+        protocol: ``http`` or ``grpc``.
+        model: the model's name.
+        version: the version to load ("" / ``None`` = the server's choice).
+        server_pid: the server's process id on this machine: its CPU seconds (with its
+            children's) are measured; ``None`` = unknown.
+        timeout_s: per-request timeout.
+
+    Raises:
+        BackendUnavailableError: tritonclient is not installed (names the package).
+        InvalidInputError: a malformed address, or no server answers there.
+        ModelNotFoundError: the server has no ready model of that name.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        protocol: Transport,
+        model: str,
+        version: str | None = None,
+        server_pid: int | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
+        if protocol not in ("http", "grpc"):
+            raise InvalidInputError(f"protocol {protocol!r}; accepted: http, grpc")
+        self._client = _tritonclient(protocol)
+        self.address, self.protocol, self.model = address, protocol, model
+        self.version = version or ""
+        self.server_pid = server_pid
+        self.timeout_s = timeout_s
+        host, ssl = _address(address, protocol)
+        if protocol == "http":
+            client = self._client.InferenceServerClient(host, ssl=ssl, connection_timeout=timeout_s, network_timeout=timeout_s)
+        else:
+            client = self._client.InferenceServerClient(host, ssl=ssl)
+        try:
+            try:
+                live = client.is_server_live()
+            except Exception as exc:
+                raise InvalidInputError(f"no v2 server answers at {address} ({protocol}): {exc}") from None
+            if not live:
+                raise InvalidInputError(f"the server at {address} is not live")
+            try:
+                ready = client.is_model_ready(model, self.version)
+            except Exception:
+                ready = False
+            if not ready:
+                raise ModelNotFoundError(f"the server at {address} has no ready model {model!r}")
+            as_json = {} if protocol == "http" else {"as_json": True}
+            meta = client.get_model_metadata(model, self.version, **as_json)
+            config = client.get_model_config(model, self.version, **as_json)
+        except FrameserveError:
+            raise
+        except Exception as exc:
+            raise InvalidInputError(f"the server at {address} did not describe model {model!r}: {exc}") from None
+        finally:
+            client.close()
+        config = config.get("config", config)
+        self.max_batch_size = int(config.get("max_batch_size", 0) or 0)
+        cut = 1 if self.max_batch_size > 0 else 0
+        self.inputs = tuple(
+            TensorSpec(t["name"], DataType.parse(t["datatype"]), tuple(int(d) for d in t["shape"][cut:]))
+            for t in meta.get("inputs", [])
+        )
+        self.output_names = tuple(t["name"] for t in meta.get("outputs", []))
+        self.info: dict[str, Any] = {
+            "backend": config.get("backend") or config.get("platform"),
+            "platform": config.get("platform"),
+            "max_batch_size": self.max_batch_size,
+            "instance_group": config.get("instance_group"),
+            "parameters": {k: v.get("string_value") for k, v in (config.get("parameters") or {}).items()},
+        }
+
+    def worker(self) -> _ClientWorker:
+        """A client of its own for the calling thread."""
+        return _ClientWorker(self)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds of the server process and its children (``None`` without ``server_pid``)."""
+        return None if self.server_pid is None else _process_cpu_s(self.server_pid)
