@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from frameserve.cli._common import exit_on_error
+from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 
 if TYPE_CHECKING:
     from frameserve.security import TokenTable
@@ -58,10 +59,15 @@ def serve_command(
     auth_token_file: Annotated[Path | None, typer.Option("--auth-token-file", help="Bearer tokens, one 'TOKEN ROLE[,ROLE...] [NAME]' a line (roles: infer, jobs, admin); every request but health and metrics then needs one.")] = None,
     auth_health: Annotated[bool, typer.Option("--auth-health/--no-auth-health", help="With --auth-token-file: ask for a token on /v2/health/*, gRPC health and /metrics too.")] = False,
     allow_unauthenticated: Annotated[bool, typer.Option("--allow-unauthenticated", help="Allow binding a non-loopback address without --auth-token-file (prints a warning).")] = False,
+    allow_client_shm: Annotated[bool, typer.Option("--allow-client-shm/--no-allow-client-shm", help="Serve Triton's system shared-memory extension: clients on this host register /dev/shm objects and pass tensors through them (perf_analyzer --shared-memory system). Off by default: a client with the infer role may then read and write this user's /dev/shm objects (Triton's flag).")] = False,
     tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="PEM certificate chain: serve HTTPS, gRPC over TLS and metrics over HTTPS (with --tls-key).")] = None,
     tls_key: Annotated[Path | None, typer.Option("--tls-key", help="PEM private key of --tls-cert.")] = None,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="Intra-op threads per model instance (default: the CPUs shared among all instances).")] = None,
-    max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1, help="Largest HTTP request body in bytes (413 beyond).")] = 256 * 1024 * 1024,
+    max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1, help="Largest request body (HTTP, /v1/jobs included) and gRPC message in bytes (413 / RESOURCE_EXHAUSTED beyond).")] = 256 * 1024 * 1024,
+    max_json_bytes: Annotated[int, typer.Option("--max-json-bytes", min=1, help="Largest JSON part of an inference request in bytes (413 beyond; send large tensors as binary data).")] = DEFAULT_LIMITS.max_json_bytes,
+    max_tensor_elements: Annotated[int, typer.Option("--max-tensor-elements", min=1, help="Most elements (and largest dimension) an input tensor's shape may declare (400 beyond).")] = DEFAULT_LIMITS.max_tensor_elements,
+    max_bytes_elements: Annotated[int, typer.Option("--max-bytes-elements", min=1, help="Most BYTES elements in one inference request, all inputs together (400 beyond).")] = DEFAULT_LIMITS.max_bytes_elements,
+    max_bytes_data_bytes: Annotated[int, typer.Option("--max-bytes-data-bytes", min=1, help="Most bytes of BYTES data in one inference request, all inputs together (400 beyond).")] = DEFAULT_LIMITS.max_bytes_data_bytes,
     graceful_timeout: Annotated[float, typer.Option("--graceful-timeout", min=0, help="Seconds in-flight requests get to finish on shutdown.")] = 30.0,
     log_level: Annotated[str, typer.Option("--log-level", help="debug | info | warning | error.")] = "info",
     jobs: Annotated[bool, typer.Option("--jobs/--no-jobs", help="Also serve /v1/jobs and run one embedded job worker.")] = True,
@@ -118,6 +124,11 @@ def serve_command(
             auth_health=auth_health,
             tls_cert_file=tls_cert,
             tls_key_file=tls_key,
+            limits=TensorLimits(
+                max_tensor_elements=max_tensor_elements, max_bytes_elements=max_bytes_elements,
+                max_json_bytes=max_json_bytes, max_bytes_data_bytes=max_bytes_data_bytes,
+            ),
+            allow_client_shm=allow_client_shm,
         )
         _check_startup_models(options.startup_models, repository.models())
         _check_exposure(options, allow_unauthenticated=allow_unauthenticated)

@@ -17,6 +17,7 @@ from frameserve.security.guard import (
     address_refusal,
     embedded_ipv4,
 )
+from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.redact import (
     REDACTED,
     quiet_http_logs,
@@ -33,6 +34,7 @@ from frameserve.security.tokens import (
 )
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "IMPLICIT_OWNER",
     "MIN_TOKEN_CHARS",
     "REDACTED",
@@ -40,6 +42,7 @@ __all__ = [
     "AddressGuard",
     "GuardedTransport",
     "Principal",
+    "TensorLimits",
     "TokenTable",
     "address_refusal",
     "bearer_token",

@@ -44,9 +44,11 @@ from frameserve.protocol.http import (
     create_app,
     create_metrics_app,
 )
+from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.tokens import TokenTable
 from frameserve.server._poll import RepositoryWatcher
 from frameserve.service import InferenceService
+from frameserve.shm import SharedMemoryRegistry
 
 __all__ = ["Server", "ServerOptions"]
 
@@ -80,6 +82,14 @@ class ServerOptions:
             no authentication.
         auth_health: ask for a token on health and metrics too (with ``tokens``).
         tls_cert_file, tls_key_file: PEM certificate chain and private key; both or neither.
+        limits: the caps on declared shapes, BYTES elements and JSON size of v2 inference
+            requests, HTTP and gRPC alike (:class:`~frameserve.security.TensorLimits`); the
+            gRPC message cap is ``max_body_bytes`` too.
+        allow_client_shm: serve Triton's system shared-memory extension (Triton's
+            ``--allow-client-shm``): clients register regions of their POSIX shared-memory
+            objects and pass tensors through them (:mod:`frameserve.shm`; one registry for HTTP
+            and gRPC). Off by default: it lets any client with the ``infer`` role read and write
+            the server user's ``/dev/shm`` objects (frameserve's own excepted).
     """
 
     host: str = "127.0.0.1"
@@ -100,6 +110,8 @@ class ServerOptions:
     auth_health: bool = False
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
+    limits: TensorLimits = DEFAULT_LIMITS
+    allow_client_shm: bool = False
 
     def host_for(self, kind: str) -> str:
         """The address the ``http``, ``grpc`` or ``metrics`` listener binds."""
@@ -188,6 +200,8 @@ class Server:
         self._watcher: RepositoryWatcher | None = None
         self._poll_lock = threading.Lock()
         self._tls: tuple[bytes, bytes] | None = None
+        self.shared_memory = SharedMemoryRegistry() if self.options.allow_client_shm else None
+        """The client shared-memory regions both transports serve (``None``: not allowed)."""
 
     # -- public ------------------------------------------------------------------------------
 
@@ -341,6 +355,8 @@ class Server:
             self._started.set()
             self._ready.set()
             self._done.set()
+            if self.shared_memory is not None:  # in-flight requests are done: unmap every region
+                self.shared_memory.close()
             if self.close_service:
                 try:
                     self.service.close()
@@ -358,7 +374,8 @@ class Server:
             apps["http"] = create_app(
                 self.service, max_body_bytes=opts.max_body_bytes, ready_check=lambda: self.ready,
                 routers=opts.http_routers, model_control_mode=opts.model_control_mode,
-                tokens=opts.tokens, auth_health=opts.auth_health,
+                tokens=opts.tokens, auth_health=opts.auth_health, limits=opts.limits,
+                shared_memory=self.shared_memory,
             )
         if "metrics" in self._sockets:
             apps["metrics"] = create_metrics_app(self.service, tokens=opts.tokens, auth_health=opts.auth_health)
@@ -410,7 +427,8 @@ class Server:
 
         server = create_server(
             self.service, address, model_control_mode=opts.model_control_mode, tokens=opts.tokens,
-            auth_health=opts.auth_health, tls=self._tls,
+            auth_health=opts.auth_health, tls=self._tls, limits=opts.limits,
+            max_message_bytes=opts.max_body_bytes, shared_memory=self.shared_memory,
         )
         await server.start()
         self._ports["grpc"] = bound_port(server)

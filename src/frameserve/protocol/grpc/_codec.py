@@ -19,6 +19,8 @@ import numpy as np
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import InvalidInputError, TensorError
 from frameserve.request import InferRequest, RequestedOutput
+from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.shm import SHM_PARAMETERS, SharedMemoryUse, ShmLocation, client_shm_disabled, shm_location
 from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
 
 __all__ = ["decode_infer_request", "encode_infer_response", "parameter_value", "parse_version"]
@@ -41,7 +43,6 @@ _CONTENTS_FIELD: dict[DataType, str] = {
 _ALL_CONTENTS_FIELDS = sorted(set(_CONTENTS_FIELD.values()))
 _ACCEPTED = ", ".join(d.value for d in DataType)
 _MAX_DIMS = 32
-_MAX_ARRAY_BYTES = 2**63
 
 
 def parse_version(version: str) -> int | None:
@@ -72,7 +73,15 @@ def _non_negative_int(params: dict[str, Any], key: str) -> int:
     return value
 
 
-def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
+_SEQUENCE_PARAMS = ("sequence_id", "sequence_start", "sequence_end")
+
+
+def decode_infer_request(
+    request: pb.ModelInferRequest,
+    limits: TensorLimits = DEFAULT_LIMITS,
+    *,
+    shared_memory: SharedMemoryUse | None = None,
+) -> InferRequest:
     """Decode a ModelInferRequest into an :class:`~frameserve.request.InferRequest`.
 
     Its ``parameters`` hold every request parameter as a plain Python value (``priority`` and
@@ -83,11 +92,23 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
     of raw contents, element counts of typed contents, BYTES framing, duplicate names, parameter
     types. Whether the inputs fit the model is the service's check.
 
+    ``limits`` caps every declared shape and the request's BYTES elements before any tensor is
+    built (:class:`~frameserve.security.TensorLimits`).
+
+    ``shared_memory`` is this request's use of the server's shared-memory regions: inputs with
+    ``shared_memory_region`` parameters are read from their region (zero-copy views; they take no
+    ``raw_input_contents`` entry, as in Triton) and outputs with them are noted in it
+    (:mod:`frameserve.shm`); ``None``: such tensors are refused. The caller releases it once the
+    response is encoded.
+
     Raises:
         TensorError: a tensor's datatype, shape, byte size, element count or BYTES framing is
-            wrong (the message names the tensor, what was given and what was expected).
+            wrong (the message names the tensor, what was given and what was expected), or a
+            shape or the BYTES element count is over a cap of ``limits``.
         InvalidInputError: a malformed request otherwise (raw and typed contents mixed, raw entry
             count not the input count, bad version, bad parameter, unsupported feature).
+        SharedMemoryError, SharedMemoryNotFoundError: a tensor's shared-memory parameters or
+            place are refused.
     """
     if not request.model_name:
         raise InvalidInputError("the request names no model (model_name is empty)")
@@ -95,20 +116,35 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
     params = {k: parameter_value(v) for k, v in request.parameters.items()}
     priority = _non_negative_int(params, "priority")
     timeout_us = _non_negative_int(params, "timeout")
+    for key in _SEQUENCE_PARAMS:  # as the HTTP codec: refused, not silently ignored
+        if params.get(key) not in (None, 0, False, ""):
+            raise InvalidInputError(f"request parameter {key!r}: sequence batching is not supported by this server")
 
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
+    locations = [_shm_params(t, f"input {t.name!r}") for t in request.inputs]
+    n_raw = sum(1 for loc in locations if loc is None)
+    if raw and len(raw) != n_raw:
         raise InvalidInputError(
-            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
-            "it needs one entry per input, in the order of inputs"
+            f"raw_input_contents has {len(raw)} entries for {n_raw} inputs not in shared memory; "
+            "it needs one entry per such input, in the order of inputs"
         )
     inputs: dict[str, np.ndarray[Any, Any]] = {}
-    for i, tensor in enumerate(request.inputs):
+    bytes_elements = 0
+    for tensor in request.inputs:
+        count = limits.check_shape(f"input {tensor.name!r}", [max(int(d), 0) for d in tensor.shape])
+        if tensor.datatype == DataType.BYTES.value:
+            bytes_elements += count
+    limits.check_bytes_elements("request", bytes_elements)
+    budget = [limits.max_bytes_data_bytes]  # BYTES data left for this request's inputs
+    j = 0  # the next raw_input_contents entry
+    for tensor, location in zip(request.inputs, locations, strict=True):
         if tensor.name in inputs:
             raise TensorError(f"input {tensor.name!r} is given twice")
-        if "shared_memory_region" in tensor.parameters:
-            raise InvalidInputError(f"input {tensor.name!r}: shared memory inputs are not supported")
-        inputs[tensor.name] = _decode_tensor(tensor, raw[i] if raw else None)
+        if location is not None:
+            inputs[tensor.name] = _decode_tensor(tensor, None, limits, budget, location, shared_memory)
+            continue
+        inputs[tensor.name] = _decode_tensor(tensor, raw[j] if raw else None, limits, budget)
+        j += 1
 
     outputs: list[RequestedOutput] = []
     seen: set[str] = set()
@@ -118,11 +154,16 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
         seen.add(out.name)
         out_params: dict[str, Any] = {}
         if out.parameters:
-            if "shared_memory_region" in out.parameters:
-                raise InvalidInputError(f"output {out.name!r}: shared memory outputs are not supported")
             out_params = {k: parameter_value(v) for k, v in out.parameters.items()}
             if out_params.get("classification"):
                 raise InvalidInputError(f"output {out.name!r}: the classification extension is not supported")
+            location = shm_location(out_params, f"output {out.name!r}")
+            if location is not None:  # written into the region; its answer carries no data
+                if shared_memory is None:
+                    raise client_shm_disabled()
+                shared_memory.output(out.name, location)
+                for key in SHM_PARAMETERS:
+                    out_params.pop(key, None)
         outputs.append(RequestedOutput(out.name, None, out_params))
     return InferRequest(
         model_name=request.model_name,
@@ -136,7 +177,21 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferRequest:
     )
 
 
-def _decode_tensor(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> np.ndarray[Any, Any]:
+def _shm_params(tensor: pb.ModelInferRequest.InferInputTensor, where: str) -> ShmLocation | None:
+    """The shared-memory place of an input (``None`` for most: no parameters at all)."""
+    if not tensor.parameters:
+        return None
+    return shm_location({k: parameter_value(v) for k, v in tensor.parameters.items() if k in SHM_PARAMETERS}, where)
+
+
+def _decode_tensor(
+    tensor: pb.ModelInferRequest.InferInputTensor,
+    raw: bytes | None,
+    limits: TensorLimits,
+    budget: list[int],
+    location: ShmLocation | None = None,
+    shared_memory: SharedMemoryUse | None = None,
+) -> np.ndarray[Any, Any]:
     name = tensor.name
     try:
         datatype = DataType(tensor.datatype)
@@ -147,16 +202,28 @@ def _decode_tensor(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | N
         raise TensorError(f"input {name!r}: shape {shape} has a negative dimension")
     if len(shape) > _MAX_DIMS:
         raise TensorError(f"input {name!r}: shape has {len(shape)} dimensions, at most {_MAX_DIMS} are supported")
-    if math.prod(d for d in shape if d) * 16 >= _MAX_ARRAY_BYTES:  # numpy's bound, zeros or not
-        raise TensorError(f"input {name!r}: shape {shape} is too large to hold")
     count = math.prod(shape)
     has_typed = tensor.HasField("contents") and any(len(getattr(tensor.contents, f)) for f in _ALL_CONTENTS_FIELDS)
+    if location is not None:
+        if has_typed:
+            raise InvalidInputError(f"input {name!r}: unexpected 'contents' given with a shared memory region")
+        if shared_memory is None:
+            raise client_shm_disabled()
+        return shared_memory.input(name, datatype, tuple(shape), location)
     if raw is not None:
         if has_typed:
             raise InvalidInputError(
                 f"input {name!r}: both raw_input_contents and typed contents given; use one of them"
             )
+        if datatype is DataType.BYTES:
+            budget[0] -= len(raw)
+            if budget[0] < 0:
+                limits.check_bytes_data("request", limits.max_bytes_data_bytes - budget[0])
         return _from_raw(name, datatype, shape, count, raw)
+    if datatype is DataType.BYTES and tensor.HasField("contents"):
+        budget[0] -= sum(4 + len(v) for v in tensor.contents.bytes_contents)
+        if budget[0] < 0:
+            limits.check_bytes_data("request", limits.max_bytes_data_bytes - budget[0])
     return _from_contents(name, datatype, shape, count, tensor.contents)
 
 
@@ -226,7 +293,11 @@ def _raw_bytes(name: str, array: np.ndarray[Any, Any]) -> tuple[DataType, bytes]
 
 
 def encode_infer_response(
-    call: InferRequest, outputs: dict[str, np.ndarray[Any, Any]], *, model_version: str = ""
+    call: InferRequest,
+    outputs: dict[str, np.ndarray[Any, Any]],
+    *,
+    model_version: str = "",
+    shared_memory: SharedMemoryUse | None = None,
 ) -> pb.ModelInferResponse:
     """Build the ModelInferResponse for ``call``: outputs in the given order, each with its
     datatype and shape, their bytes in ``raw_output_contents``; ``id`` echoed.
@@ -235,13 +306,23 @@ def encode_infer_response(
         call: the decoded request (its ``model_name`` and ``id`` are echoed).
         outputs: output name -> array, as the service returned them.
         model_version: the version that ran ("" if unknown).
+        shared_memory: the request's shared-memory use: an output it placed in a region is
+            written there, and its ``raw_output_contents`` entry is empty (as Triton's, so the
+            entries stay one per output).
 
     Raises:
         TensorError: an output array has a dtype with no v2 datatype.
+        SharedMemoryError: an output region smaller than its output.
     """
     response = pb.ModelInferResponse(model_name=call.model_name, model_version=model_version, id=call.id)
     for name, array in outputs.items():
         arr = np.asarray(array)
+        if shared_memory is not None and name in shared_memory.outputs:
+            shared_memory.write_output(name, arr)
+            datatype = DataType.from_numpy(arr.dtype)
+            response.outputs.add(name=name, datatype=datatype.value, shape=[int(d) for d in arr.shape])
+            response.raw_output_contents.append(b"")
+            continue
         datatype, data = _raw_bytes(name, arr)
         response.outputs.add(name=name, datatype=datatype.value, shape=[int(d) for d in arr.shape])
         response.raw_output_contents.append(data)

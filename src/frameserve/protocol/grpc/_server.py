@@ -12,8 +12,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
 from frameserve.protocol.grpc._auth import TokenInterceptor
 from frameserve.protocol.grpc._servicer import GrpcInferenceServicer
+from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.tokens import TokenTable
 from frameserve.service import InferenceService
+from frameserve.shm import SharedMemoryRegistry
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "HealthServicer", "bound_port", "create_server"]
 
@@ -81,6 +83,8 @@ def create_server(
     tokens: TokenTable | None = None,
     auth_health: bool = False,
     tls: tuple[bytes, bytes] | None = None,
+    limits: TensorLimits = DEFAULT_LIMITS,
+    shared_memory: SharedMemoryRegistry | None = None,
 ) -> grpc.aio.Server:
     """Build (not start) a gRPC server for ``service`` listening on ``address``.
 
@@ -98,6 +102,9 @@ def create_server(
         tokens: bearer tokens checked on every call (:class:`TokenInterceptor`); ``None``: none.
         auth_health: ask for a token on the health RPCs too.
         tls: ``(private key PEM, certificate chain PEM)`` to serve TLS; ``None``: plaintext.
+        limits: caps on declared shapes and BYTES elements of inference requests.
+        shared_memory: the server's registry of client system shared-memory regions (shared
+            with the HTTP routes); ``None``: the extension is refused.
 
     Raises:
         ValueError: ``max_message_bytes`` < 1.
@@ -114,7 +121,9 @@ def create_server(
             ("grpc.so_reuseport", 0),  # a second server on a taken port fails instead of sharing it
         ]
     )
-    servicer = GrpcInferenceServicer(service, model_control_mode=model_control_mode)
+    servicer = GrpcInferenceServicer(
+        service, model_control_mode=model_control_mode, limits=limits, shared_memory=shared_memory
+    )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]  # protoc's code
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(servicer), server)
     if tls is not None:

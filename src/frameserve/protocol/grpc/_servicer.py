@@ -17,10 +17,11 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
+from frameserve._memory import trim_after
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
 from frameserve._proto import model_config_pb2 as mc
-from frameserve.errors import FrameserveError, InvalidInputError
+from frameserve.errors import FrameserveError, InvalidInputError, SharedMemoryNotFoundError
 from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
 from frameserve.protocol.grpc._codec import (
     decode_infer_request,
@@ -30,13 +31,37 @@ from frameserve.protocol.grpc._codec import (
 )
 from frameserve.repository import config_override
 from frameserve.request import InferRequest
+from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.service import InferenceService
+from frameserve.shm import EXTENSION as SHM_EXTENSION
+from frameserve.shm import SharedMemoryRegistry, client_shm_disabled, cuda_shm_unsupported
 
 __all__ = ["GrpcInferenceServicer", "config_message"]
 
 _log = logging.getLogger(__name__)
 
 _R = TypeVar("_R")
+
+
+_OFFLOAD_ELEMENTS = 1 << 18
+"""Decode typed contents and encode outputs with more elements than this (262,144) in a worker
+thread; requests with BYTES inputs and responses with BYTES outputs too."""
+
+
+def _costly(request: pb.ModelInferRequest) -> bool:
+    """Whether decoding ``request`` takes long enough to stall the event loop: BYTES inputs of
+    many elements (a Python object each) or large typed ``contents`` lists (raw fixed-size
+    tensors are zero-copy views and never are)."""
+    raw = bool(request.raw_input_contents)
+    for tensor in request.inputs:
+        if tensor.datatype == "BYTES":  # its size is not known without copying it out of the message
+            return True
+        count = 1
+        for d in tensor.shape:
+            count *= max(int(d), 0)
+        if not raw and count > _OFFLOAD_ELEMENTS:
+            return True
+    return False
 
 
 def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -82,11 +107,24 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     ``model_control_mode``: ``none`` (default) or ``poll`` refuse load and unload with
     UNAVAILABLE, as Triton does; ``explicit`` runs them.
+
+    ``shared_memory``: the server's registry of client system shared-memory regions (the same
+    one the HTTP routes use); ``None``: the shared-memory RPCs and tensors in shared memory are
+    refused (:func:`~frameserve.shm.client_shm_disabled`).
     """
 
-    def __init__(self, service: InferenceService, *, model_control_mode: str = "none") -> None:
+    def __init__(
+        self,
+        service: InferenceService,
+        *,
+        model_control_mode: str = "none",
+        limits: TensorLimits = DEFAULT_LIMITS,
+        shared_memory: SharedMemoryRegistry | None = None,
+    ) -> None:
         self.service = service
         self.model_control_mode = model_control_mode
+        self.limits = limits
+        self.shared_memory = shared_memory
 
     # -- health ------------------------------------------------------------------------------
 
@@ -122,7 +160,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerMetadataResponse:
-        meta = self.service.server_metadata()
+        meta = self.service.server_metadata((SHM_EXTENSION,) if self.shared_memory is not None else ())
         return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"], extensions=meta["extensions"])
 
     @_handled
@@ -160,9 +198,25 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return ""
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        call = decode_infer_request(request)
-        outputs = await self._run(call)
-        return encode_infer_response(call, outputs, model_version=self._version_used(call))
+        shm = self.shared_memory.use() if self.shared_memory is not None else None
+        try:
+            if _costly(request):  # many BYTES elements or typed values: decode off the event loop
+                call = await asyncio.to_thread(decode_infer_request, request, self.limits, shared_memory=shm)
+            else:
+                call = decode_infer_request(request, self.limits, shared_memory=shm)
+            outputs = await self._run(call)
+            version = self._version_used(call)
+            if sum(a.size for a in outputs.values()) > _OFFLOAD_ELEMENTS or any(a.dtype == object for a in outputs.values()):
+                response = await asyncio.to_thread(
+                    encode_infer_response, call, outputs, model_version=version, shared_memory=shm
+                )
+            else:
+                response = encode_infer_response(call, outputs, model_version=version, shared_memory=shm)
+        finally:
+            if shm is not None:  # the regions it used may be unmapped now (unregistered meanwhile)
+                shm.release()
+        trim_after(sum(a.nbytes for a in call.inputs.values() if a.dtype != object))
+        return response
 
     @_handled
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
@@ -234,20 +288,72 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         await asyncio.to_thread(self.service.unload, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
+    # -- system shared memory (docs/protocol/extension_shared_memory.md) ----------------------
+
+    def _registry(self) -> SharedMemoryRegistry:
+        if self.shared_memory is None:
+            raise client_shm_disabled()
+        return self.shared_memory
+
+    @_handled
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self._registry().status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
+
+    @_handled
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        registry = self._registry()
+        await asyncio.to_thread(registry.register, request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_handled
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        await asyncio.to_thread(self._registry().unregister, request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    # CUDA shared memory: nothing is ever registered (registration is refused, UNIMPLEMENTED), so
+    # the status is empty and unregistering succeeds, as on a Triton without GPUs: perf_analyzer
+    # unregisters both kinds before it starts, even with --shared-memory system.
+
+    @_handled
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        self._registry()
+        if request.name:
+            raise SharedMemoryNotFoundError(f"Unable to find cuda shared memory region: {request.name!r}")
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @_handled
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self._registry()
+        raise cuda_shm_unsupported(request.name)
+
+    @_handled
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self._registry()
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     # -- not served --------------------------------------------------------------------------
-    # Triton's shared-memory, trace and log RPCs are part of the service definition, so they are
-    # answered, with UNIMPLEMENTED and the feature's name: frameserve has no registry of client
-    # shared-memory regions (tensors travel in the request) and no runtime trace/log settings yet.
-    # `/v2` and ServerMetadata do not list these extensions, so Triton's clients do not call them.
+    # Triton's trace and log RPCs are part of the service definition, so they are answered, with
+    # UNIMPLEMENTED and the feature's name: frameserve has no runtime trace/log settings yet.
     # (The NotImplementedError defaults in the generated `grpc_service_pb2_grpc.py` base class are
     # protoc's; this class overrides every RPC.)
 
-    SystemSharedMemoryStatus = _unimplemented("SystemSharedMemoryStatus", "system shared memory")
-    SystemSharedMemoryRegister = _unimplemented("SystemSharedMemoryRegister", "system shared memory")
-    SystemSharedMemoryUnregister = _unimplemented("SystemSharedMemoryUnregister", "system shared memory")
-    CudaSharedMemoryStatus = _unimplemented("CudaSharedMemoryStatus", "CUDA shared memory")
-    CudaSharedMemoryRegister = _unimplemented("CudaSharedMemoryRegister", "CUDA shared memory")
-    CudaSharedMemoryUnregister = _unimplemented("CudaSharedMemoryUnregister", "CUDA shared memory")
     TraceSetting = _unimplemented("TraceSetting", "trace settings")
     LogSettings = _unimplemented("LogSettings", "log settings")
 

@@ -14,6 +14,8 @@ triton-inference-server/server ``docs/protocol/extension_*.md``)::
     POST /v2/repository/index                  [{"name", "version", "state", "reason"}]
     POST /v2/repository/models/{m}/load        optional {"parameters": {"config": "<JSON>"}}
     POST /v2/repository/models/{m}/unload
+    GET  /v2/systemsharedmemory[/region/{r}]/status    and .../register, .../unregister (POST):
+         the system shared-memory extension (``_shm``), with ``serve --allow-client-shm``
     GET  /metrics                              Prometheus text format
 
 Every failure answers ``{"error": "<message>"}`` with the status of the error's code in
@@ -45,6 +47,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from frameserve._memory import trim_after
 from frameserve.errors import (
     FrameserveError,
     InferenceError,
@@ -56,9 +59,13 @@ from frameserve.errors import (
 from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
 from frameserve.protocol.http import codec
 from frameserve.protocol.http._auth import HttpGate
+from frameserve.protocol.http._shm import shared_memory_routes
 from frameserve.repository import config_override
+from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.tokens import TokenTable
 from frameserve.service import InferenceService
+from frameserve.shm import EXTENSION as SHM_EXTENSION
+from frameserve.shm import SharedMemoryRegistry, SharedMemoryUse
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "HTTP_EXTENSIONS", "create_app", "create_metrics_app"]
 
@@ -73,6 +80,7 @@ HTTP_EXTENSIONS: tuple[str, ...] = ("binary_tensor_data",)
 
 _JSON = "application/json"
 _OFFLOAD_BYTES = 1 << 20  # decode/encode bodies larger than this off the event loop
+_OFFLOAD_BYTES_BINARY = 64 << 10  # ... and BYTES binary data larger than this
 _PROMETHEUS_TEXT = CONTENT_TYPE_LATEST
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -148,6 +156,8 @@ def create_app(
     model_control_mode: str = "none",
     tokens: TokenTable | None = None,
     auth_health: bool = False,
+    limits: TensorLimits = DEFAULT_LIMITS,
+    shared_memory: SharedMemoryRegistry | None = None,
 ) -> FastAPI:
     """Build the v2 HTTP application over ``service``.
 
@@ -163,6 +173,10 @@ def create_app(
             :mod:`frameserve.security.auth`); ``None``: no authentication. Cross-site requests
             are refused either way.
         auth_health: ask for a token on ``/v2/health/*`` and ``/metrics`` too.
+        limits: caps on the JSON size, declared shapes and BYTES elements of inference requests.
+        shared_memory: the server's registry of client system shared-memory regions (shared
+            with the gRPC servicer): the ``/v2/systemsharedmemory`` routes and tensors in
+            regions; ``None``: both are refused (Triton's ``--allow-client-shm=false``).
 
     Returns:
         The FastAPI application (ASGI); it owns no threads and does not close ``service``.
@@ -210,13 +224,14 @@ def create_app(
     async def infer(request: Request) -> Response:
         p = request.path_params
         status, headers, body = await _infer(
-            service, p["model"], p.get("version"), request.headers, request.stream(), max_body_bytes
+            service, p["model"], p.get("version"), request.headers, request.stream(), max_body_bytes, limits,
+            shared_memory,
         )
         return Response(body, status, headers=headers)
 
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         route(prefix + "/infer", "POST")(infer)
-    app.infer_fast_path = _InferFastPath(service, max_body_bytes)
+    app.infer_fast_path = _InferFastPath(service, max_body_bytes, limits, shared_memory)
 
     # -- health and metadata -----------------------------------------------------------------
 
@@ -234,7 +249,7 @@ def create_app(
 
     @route("/v2", "GET")
     async def server_metadata(request: Request) -> Response:
-        return _json(service.server_metadata(HTTP_EXTENSIONS))
+        return _json(service.server_metadata(HTTP_EXTENSIONS if shared_memory is None else (*HTTP_EXTENSIONS, SHM_EXTENSION)))
 
     # Statistics routes come before the model routes: /v2/models/stats is not a model.
     @route("/v2/models/stats", "GET")
@@ -299,6 +314,11 @@ def create_app(
         await asyncio.to_thread(service.unload, name)
         return Response(b"", 200, media_type=_JSON)
 
+    # -- shared memory (system regions; CUDA refused) ----------------------------------------
+
+    for path, method, handler in shared_memory_routes(shared_memory, lambda r: _optional_json(r, max_body_bytes)):
+        route(path, method)(handler)
+
     @route("/metrics", "GET")
     async def metrics(request: Request) -> Response:
         return Response(_metrics_text(service), 200, media_type=_PROMETHEUS_TEXT)
@@ -322,27 +342,55 @@ async def _infer(
     headers: Mapping[str, str],
     chunks: AsyncIterator[bytes],
     max_body_bytes: int,
+    limits: TensorLimits = DEFAULT_LIMITS,
+    shared_memory: SharedMemoryRegistry | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
     """One inference request, from path parameters, lower-case headers and body chunks to
     ``(status, response headers, response body)``; every error becomes its ``{"error"}`` answer.
+    Tensors in ``shared_memory`` regions are read and written there; the regions are held until
+    the answer is built (:class:`~frameserve.shm.SharedMemoryUse`).
 
     Raises:
         ClientDisconnect: the client went away while its body was being read.
     """
+    if shared_memory is None:
+        return await _infer_with(service, name, raw_version, headers, chunks, max_body_bytes, limits, None)
+    shm = shared_memory.use()
+    try:
+        return await _infer_with(service, name, raw_version, headers, chunks, max_body_bytes, limits, shm)
+    finally:
+        shm.release()
+
+
+async def _infer_with(
+    service: InferenceService,
+    name: str,
+    raw_version: str | None,
+    headers: Mapping[str, str],
+    chunks: AsyncIterator[bytes],
+    max_body_bytes: int,
+    limits: TensorLimits,
+    shm: SharedMemoryUse | None,
+) -> tuple[int, dict[str, str], bytes]:
     version: int | None = None
     model_version = ""  # the version the request runs on, once known
     try:
         version = _version(raw_version)
         model_version = str(service.version_for(name, version))
         raw = await _read_limited(chunks, headers.get("content-length"), max_body_bytes)
-        body = codec.decode_content(raw, headers.get("content-encoding"), max_bytes=max_body_bytes)
-        header_length = codec.parse_header_length(headers.get(codec.HEADER_LENGTH), len(body))
-        if header_length is None and len(body) > _OFFLOAD_BYTES:  # a large all-JSON body
-            req = await asyncio.to_thread(
-                functools.partial(codec.decode_request, model_name=name, model_version=version), body, header_length
-            )
+        encoding = headers.get("content-encoding")
+        if encoding and len(raw) > _OFFLOAD_BYTES:
+            body = await asyncio.to_thread(codec.decode_content, raw, encoding, max_bytes=max_body_bytes)
         else:
-            req = codec.decode_request(body, header_length, model_name=name, model_version=version)
+            body = codec.decode_content(raw, encoding, max_bytes=max_body_bytes)
+        header_length = codec.parse_header_length(headers.get(codec.HEADER_LENGTH), len(body))
+        decode = functools.partial(
+            codec.decode_request, model_name=name, model_version=version, limits=limits, shared_memory=shm
+        )
+        if _costly(body, header_length):
+            req = await asyncio.to_thread(decode, body, header_length)
+        else:
+            req = decode(body, header_length)
     except (ModelNotFoundError, ModelNotReadyError) as exc:  # no such model (version): nothing to count
         return _error_answer(exc)
     except FrameserveError as exc:
@@ -361,7 +409,7 @@ async def _infer(
         return _error_answer(err)
     kwargs: dict[str, Any] = {
         "model_name": name, "model_version": model_version, "outputs": outputs, "request_id": req.id,
-        "requested": req.outputs, "binary_output": req.binary_data_output,
+        "requested": req.outputs, "binary_output": req.binary_data_output, "shared_memory": shm,
     }
     try:
         if sum(a.nbytes for a in outputs.values()) > _OFFLOAD_BYTES:
@@ -375,12 +423,28 @@ async def _infer(
     if header_length_out is not None:
         out_headers[codec.HEADER_LENGTH] = str(header_length_out)
         out_headers["content-type"] = "application/octet-stream"
+    trim_after(len(raw))
     accept = headers.get("accept-encoding")
     if accept:
         body_out, encoding = codec.encode_content(body_out, accept)
         if encoding:
             out_headers["content-encoding"] = encoding
     return 200, out_headers, body_out
+
+
+def _costly(body: bytes, header_length: int | None) -> bool:
+    """Whether decoding ``body`` may stall the event loop: a JSON part over 1 MiB, or binary
+    data beside a header that declares BYTES tensors (a Python object per element); fixed-size
+    binary tensors are zero-copy views and never are. BYTES tensors in a shared-memory region
+    (their size is not in the body) always are."""
+    json_part = body if header_length is None else body[:header_length]
+    if b"shared_memory_region" in json_part and b'"BYTES"' in json_part:
+        return True
+    if header_length is None:
+        return len(body) > _OFFLOAD_BYTES
+    return header_length > _OFFLOAD_BYTES or (
+        len(body) - header_length > _OFFLOAD_BYTES_BINARY and b'"BYTES"' in body[:header_length]
+    )
 
 
 def _error_answer(exc: FrameserveError) -> tuple[int, dict[str, str], bytes]:
@@ -395,9 +459,17 @@ class _InferFastPath:
     the hot path skips FastAPI's instrumentation, middleware, routing and request/response
     objects."""
 
-    def __init__(self, service: InferenceService, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        service: InferenceService,
+        max_body_bytes: int,
+        limits: TensorLimits = DEFAULT_LIMITS,
+        shared_memory: SharedMemoryRegistry | None = None,
+    ) -> None:
         self.service = service
         self.max_body_bytes = max_body_bytes
+        self.limits = limits
+        self.shared_memory = shared_memory
 
     async def __call__(self, match: re.Match[str], scope: Any, receive: Any, send: Any) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
@@ -413,7 +485,8 @@ class _InferFastPath:
 
         try:
             status, out_headers, body = await _infer(
-                self.service, match.group(1), match.group(2), headers, chunks(), self.max_body_bytes
+                self.service, match.group(1), match.group(2), headers, chunks(), self.max_body_bytes, self.limits,
+                self.shared_memory,
             )
         except ClientDisconnect:
             return

@@ -19,8 +19,13 @@ triton-inference-server/server ``docs/protocol/extension_binary_data.md``):
 
 Every malformed body raises :class:`~frameserve.errors.InvalidInputError` (or its subclass
 :class:`~frameserve.errors.TensorError`) with a message naming the fault; nothing else escapes
-:func:`decode_request`. :func:`decode_content` also raises
+:func:`decode_request` but :class:`~frameserve.errors.SharedMemoryNotFoundError` (a tensor naming
+a region that is not registered, 404 as Triton). :func:`decode_content` also raises
 :class:`~frameserve.errors.PayloadTooLargeError`.
+
+Tensors in system shared memory (``shared_memory_region`` parameters, :mod:`frameserve.shm`):
+an input's data is read from its region (a zero-copy view), an output is written into its region
+by :func:`encode_response` and answered with ``name``, ``datatype`` and ``shape`` only.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ import orjson
 
 from frameserve.errors import InvalidInputError, PayloadTooLargeError, TensorError
 from frameserve.request import InferRequest, RequestedOutput
+from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.shm import SHM_PARAMETERS, SharedMemoryUse, ShmLocation, client_shm_disabled, shm_location
 from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
 
 __all__ = [
@@ -146,6 +153,8 @@ def decode_request(
     *,
     model_name: str = "",
     model_version: int | None = None,
+    limits: TensorLimits = DEFAULT_LIMITS,
+    shared_memory: SharedMemoryUse | None = None,
 ) -> InferRequest:
     """Decode an inference request body.
 
@@ -155,6 +164,12 @@ def decode_request(
             ``None`` when the whole body is JSON (see :func:`parse_header_length`).
         model_name, model_version: the model (and version, ``None`` = the highest loaded) the
             URL names.
+        limits: the caps on the JSON size, declared shapes and BYTES elements, checked before
+            anything is parsed or allocated (:class:`~frameserve.security.TensorLimits`).
+        shared_memory: this request's use of the server's shared-memory regions: inputs and
+            outputs with ``shared_memory_region`` parameters are read from (zero-copy views) and
+            noted in it (:mod:`frameserve.shm`); ``None``: the server takes none (such a
+            tensor is refused). The caller releases it once the response is encoded.
 
     Returns:
         The request; binary inputs are zero-copy read-only views of ``body``; ``priority``,
@@ -164,7 +179,11 @@ def decode_request(
         InvalidInputError: malformed JSON, a missing or mistyped field, a binary section whose
             size differs from what the inputs declare, an unsupported extension
             (classification, sequences).
-        TensorError: an input whose data does not fit its shape and datatype.
+        TensorError: an input whose data does not fit its shape and datatype, or a shape or
+            BYTES element count over a cap of ``limits``.
+        PayloadTooLargeError: the JSON is longer than ``limits.max_json_bytes``.
+        SharedMemoryError, SharedMemoryNotFoundError: a tensor's shared-memory parameters or
+            place are refused (:class:`~frameserve.shm.SharedMemoryUse`).
     """
     view = memoryview(body)
     if header_length is None:
@@ -173,6 +192,7 @@ def decode_request(
         raise InvalidInputError(
             f"Inference-Header-Content-Length is {header_length} but the request body is {len(view)} bytes"
         )
+    limits.check_json(header_length)
     try:
         doc = orjson.loads(view[:header_length])
     except orjson.JSONDecodeError as exc:
@@ -202,10 +222,20 @@ def decode_request(
     binary = view[header_length:]
     offset = 0
     inputs: dict[str, np.ndarray[Any, Any]] = {}
-    for i, item in enumerate(raw_inputs):
-        name, datatype, shape, size = _input_head(item, i)
+    heads = [_input_head(item, i) for i, item in enumerate(raw_inputs)]
+    limits.check_bytes_elements(
+        "request",
+        sum(limits.check_shape(f"input {name!r}", shape) for name, datatype, shape, _ in heads if datatype is DataType.BYTES),
+    )
+    limits.check_bytes_data("request", sum(size or 0 for _, datatype, _, size in heads if datatype is DataType.BYTES))
+    for item, (name, datatype, shape, size) in zip(raw_inputs, heads, strict=True):
+        limits.check_shape(f"input {name!r}", shape)
         if name in inputs:
             raise InvalidInputError(f"input {name!r} is given twice")
+        location = shm_location(item.get("parameters"), f"input {name!r}")
+        if location is not None:  # the system shared-memory extension
+            inputs[name] = _shm_input(shared_memory, item, name, datatype, shape, size, location)
+            continue
         if size is None:
             if "data" not in item:
                 raise InvalidInputError(f"input {name!r} has neither 'data' nor a 'binary_data_size' parameter")
@@ -224,7 +254,7 @@ def decode_request(
             f"add up to {offset}"
         )
 
-    outputs = _requested_outputs(doc.get("outputs"))
+    outputs = _requested_outputs(doc.get("outputs"), shared_memory)
     return InferRequest(
         model_name=model_name, inputs=inputs, model_version=model_version, outputs=outputs, parameters=params,
         priority=priority, timeout_us=timeout_us, id=req_id, binary_data_output=binary_output,
@@ -262,7 +292,20 @@ def _input_head(item: Any, index: int) -> tuple[str, DataType, tuple[int, ...], 
     return name, datatype, tuple(raw_shape), size
 
 
-def _requested_outputs(raw: Any) -> tuple[RequestedOutput, ...]:
+def _shm_input(
+    use: SharedMemoryUse | None, item: dict[str, Any], name: str, datatype: DataType, shape: tuple[int, ...],
+    size: int | None, location: ShmLocation,
+) -> np.ndarray[Any, Any]:
+    if size is not None or "data" in item:
+        raise InvalidInputError(
+            f"input {name!r} must set only one of 'data', 'binary_data_size' and 'shared_memory_region'"
+        )
+    if use is None:
+        raise client_shm_disabled()
+    return use.input(name, datatype, shape, location)
+
+
+def _requested_outputs(raw: Any, shared_memory: SharedMemoryUse | None = None) -> tuple[RequestedOutput, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -285,6 +328,15 @@ def _requested_outputs(raw: Any) -> tuple[RequestedOutput, ...]:
             )
         binary = _flag(params, "binary_data", f"output {name!r}")
         params.pop("binary_data", None)
+        location = shm_location(params, f"output {name!r}")
+        if location is not None:  # written into the region; its answer carries no data
+            if binary:
+                raise InvalidInputError(f"output {name!r} can't set both 'shared_memory_region' and 'binary_data'")
+            if shared_memory is None:
+                raise client_shm_disabled()
+            shared_memory.output(name, location)
+            for key in SHM_PARAMETERS:
+                params.pop(key, None)
         out.append(RequestedOutput(name, binary, params))
     return tuple(out)
 
@@ -394,6 +446,7 @@ def encode_response(
     requested: tuple[RequestedOutput, ...] = (),
     binary_output: bool = False,
     parameters: Mapping[str, Any] | None = None,
+    shared_memory: SharedMemoryUse | None = None,
 ) -> tuple[bytes, int | None]:
     """Encode an inference response.
 
@@ -404,6 +457,8 @@ def encode_response(
         requested: the request's ``outputs`` entries (their ``binary_data`` flags).
         binary_output: the request's ``binary_data_output`` (default for outputs).
         parameters: response parameters, if any.
+        shared_memory: the request's shared-memory use: the outputs it placed in a region are
+            written there and answered with name, datatype and shape only (Triton's form).
 
     Returns:
         ``(body, header_length)``: ``header_length`` is the JSON part's length when binary
@@ -411,6 +466,7 @@ def encode_response(
 
     Raises:
         TensorError: an output array whose dtype has no v2 datatype.
+        SharedMemoryError: an output region smaller than its output.
     """
     flags = {o.name: o.binary_data for o in requested}
     entries: list[dict[str, Any]] = []
@@ -418,6 +474,10 @@ def encode_response(
     for name, arr in outputs.items():
         datatype = _datatype_of(arr.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": datatype.value, "shape": list(arr.shape)}
+        if shared_memory is not None and name in shared_memory.outputs:
+            shared_memory.write_output(name, arr)
+            entries.append(entry)
+            continue
         binary = flags.get(name)
         if binary is None:
             binary = binary_output

@@ -1,0 +1,118 @@
+"""Caps on what one inference request may make the server allocate or parse, checked on the
+declared sizes before anything is allocated.
+
+Why each cap exists (measured on a 2-core AMD EPYC, CPython 3.11):
+
+- ``max_tensor_elements``: a declared shape is only a few bytes on the wire, but numpy fails
+  (``[0, 2**40, 2**40, 2**40]``: "array is too big") or allocates what it names; every dimension
+  and the product of the dimensions are capped (zeros do not exempt the others).
+- ``max_bytes_elements``: each BYTES element becomes a Python ``bytes`` object; splitting costs
+  about 0.7 s per million elements of pure-Python work, and the backends convert them again. The
+  decode runs off the event loop, but the cap bounds the CPU one request can take.
+- ``max_bytes_data_bytes``: the bytes of BYTES elements are copied several times on their way
+  (split into objects, converted by the backend and back); onnxruntime converts string tensors
+  while holding the GIL (~6 ms per MiB here), so a large one stalls every thread of the server.
+- ``max_json_bytes``: orjson parses about 8 ms per MiB in one call that holds the GIL (nothing
+  else in the process runs meanwhile, wherever it runs), and a JSON number takes ~10 bytes where
+  binary takes 4: large tensors belong in the binary tensor data extension.
+
+A request over a cap is refused with :class:`~frameserve.errors.TensorError` (400) or, for the JSON
+size, :class:`~frameserve.errors.PayloadTooLargeError` (413), naming the cap and its ``serve`` flag.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from frameserve.errors import PayloadTooLargeError, TensorError
+
+__all__ = ["DEFAULT_LIMITS", "TensorLimits"]
+
+
+@dataclass(frozen=True)
+class TensorLimits:
+    """Per-request caps of the v2 inference routes (HTTP and gRPC alike).
+
+    Attributes:
+        max_tensor_elements: the most elements one input tensor may declare, and the largest
+            single dimension (``serve --max-tensor-elements``; default 2**27 = 134,217,728,
+            512 MiB of FP32).
+        max_bytes_elements: the most BYTES elements one request may carry over all its inputs
+            (``serve --max-bytes-elements``; default 2**18 = 262,144).
+        max_bytes_data_bytes: the most bytes of BYTES data (length prefixes included) one
+            request may carry over all its inputs (``serve --max-bytes-data-bytes``; default
+            16 MiB).
+        max_json_bytes: the largest JSON document of a request (the whole body without binary
+            data, or the JSON header before it), in bytes (``serve --max-json-bytes``; default
+            8 MiB).
+    """
+
+    max_tensor_elements: int = 1 << 27
+    max_bytes_elements: int = 1 << 18
+    max_bytes_data_bytes: int = 16 << 20
+    max_json_bytes: int = 8 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("max_tensor_elements", "max_bytes_elements", "max_bytes_data_bytes", "max_json_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    def check_shape(self, where: str, shape: Sequence[int]) -> int:
+        """The element count of ``shape`` (non-negative ints), after checking it against the cap.
+
+        Raises:
+            TensorError: a dimension or the product of the non-zero dimensions is over
+                ``max_tensor_elements``.
+        """
+        cap = self.max_tensor_elements
+        if any(d > cap for d in shape) or math.prod(d for d in shape if d) > cap:
+            raise TensorError(
+                f"{where}: shape {list(shape)[:8]}{'...' if len(shape) > 8 else ''} declares more than "
+                f"{cap} elements, the server's cap (serve --max-tensor-elements)"
+            )
+        return math.prod(shape)
+
+    def check_bytes_elements(self, where: str, count: int) -> None:
+        """Refuse a request whose BYTES inputs add up to more than ``max_bytes_elements`` elements.
+
+        Raises:
+            TensorError: ``count`` is over the cap.
+        """
+        if count > self.max_bytes_elements:
+            raise TensorError(
+                f"{where}: {count} BYTES elements in this request, over the server's cap of "
+                f"{self.max_bytes_elements} (serve --max-bytes-elements)"
+            )
+
+    def check_bytes_data(self, where: str, size_bytes: int) -> None:
+        """Refuse a request whose BYTES inputs carry more than ``max_bytes_data_bytes`` bytes.
+
+        Raises:
+            TensorError: ``size_bytes`` is over the cap.
+        """
+        if size_bytes > self.max_bytes_data_bytes:
+            raise TensorError(
+                f"{where}: {size_bytes} bytes of BYTES data in this request, over the server's cap of "
+                f"{self.max_bytes_data_bytes} (serve --max-bytes-data-bytes)"
+            )
+
+    def check_json(self, size_bytes: int) -> None:
+        """Refuse a JSON document longer than ``max_json_bytes`` before it is parsed.
+
+        Raises:
+            PayloadTooLargeError: ``size_bytes`` is over the cap (the message says to send the
+                tensors as binary data instead).
+        """
+        if size_bytes > self.max_json_bytes:
+            raise PayloadTooLargeError(
+                f"the request's JSON is {size_bytes} bytes, over the server's cap of {self.max_json_bytes} "
+                "(serve --max-json-bytes); send large tensors as binary data (Triton's binary tensor "
+                "data extension: tritonclient's binary_data=True, the Inference-Header-Content-Length header)"
+            )
+
+
+DEFAULT_LIMITS = TensorLimits()
+"""The caps ``serve`` applies unless told otherwise."""
