@@ -16,6 +16,9 @@ The tree (catch at any level)::
     │   ├── PayloadTooLargeError        payload_too_large      413  RESOURCE_EXHAUSTED
     │   ├── UnsupportedMediaTypeError   unsupported_media_type 415  INVALID_ARGUMENT
     │   ├── AddressRefusedError         address_refused        400  INVALID_ARGUMENT
+    │   ├── SharedMemoryError           invalid_shared_memory  400  INVALID_ARGUMENT
+    │   │   ├── SharedMemoryExistsError shared_memory_exists   400  ALREADY_EXISTS
+    │   │   └── SharedMemoryUnsupportedError shared_memory_unsupported 400 UNIMPLEMENTED
     │   └── SourceError                 invalid_source         400  INVALID_ARGUMENT
     │       └── SourceTooLargeError     source_too_large       413  RESOURCE_EXHAUSTED
     ├── NotFoundError                   not_found              404  NOT_FOUND
@@ -23,6 +26,7 @@ The tree (catch at any level)::
     │   │   └── InvalidModelNameError   invalid_model_name     400  INVALID_ARGUMENT
     │   ├── PipelineNotFoundError       pipeline_not_found     404  NOT_FOUND
     │   ├── AssetNotFoundError          asset_not_found        404  NOT_FOUND
+    │   ├── SharedMemoryNotFoundError   shared_memory_not_found 404 NOT_FOUND
     │   └── JobNotFoundError            job_not_found          404  NOT_FOUND
     ├── ModelConfigError                invalid_model_config   400  INVALID_ARGUMENT
     ├── BackendUnavailableError         backend_unavailable    400  FAILED_PRECONDITION
@@ -81,6 +85,10 @@ __all__ = [
     "PipelineSpecError",
     "ResourceExhaustedError",
     "SchedulerStoppedError",
+    "SharedMemoryError",
+    "SharedMemoryExistsError",
+    "SharedMemoryNotFoundError",
+    "SharedMemoryUnsupportedError",
     "SourceError",
     "SourceTooLargeError",
     "StorageError",
@@ -301,6 +309,33 @@ class SourceTooLargeError(SourceError):
     code = "source_too_large"
 
 
+class SharedMemoryError(InvalidInputError):
+    """A system shared-memory region or a tensor's place in one is refused: a key that is not one
+    POSIX shm name or names frameserve's own segments, a missing object, a place outside the
+    region, an output region too small for the output (:mod:`frameserve.shm`)."""
+
+    code = "invalid_shared_memory"
+
+
+class SharedMemoryExistsError(SharedMemoryError):
+    """A shared-memory region name registered already (Triton: ``ALREADY_EXISTS``, HTTP 400)."""
+
+    code = "shared_memory_exists"
+
+
+class SharedMemoryUnsupportedError(SharedMemoryError):
+    """Shared memory this server does not serve: client shared memory on a server started
+    without ``--allow-client-shm``, or CUDA shared memory (gRPC ``UNIMPLEMENTED``, HTTP 400)."""
+
+    code = "shared_memory_unsupported"
+
+
+class SharedMemoryNotFoundError(NotFoundError):
+    """No registered shared-memory region of that name (Triton: ``NOT_FOUND``, HTTP 404)."""
+
+    code = "shared_memory_not_found"
+
+
 class JobNotFoundError(NotFoundError):
     """No job with that id (or none the caller may see)."""
 
@@ -385,6 +420,10 @@ STATUS: dict[str, tuple[int, str]] = {
     "idempotency_conflict": (422, "FAILED_PRECONDITION"),
     "lease_lost": (409, "ABORTED"),
     "storage_error": (502, "UNAVAILABLE"),
+    "invalid_shared_memory": (400, "INVALID_ARGUMENT"),
+    "shared_memory_exists": (400, "ALREADY_EXISTS"),
+    "shared_memory_unsupported": (400, "UNIMPLEMENTED"),
+    "shared_memory_not_found": (404, "NOT_FOUND"),
 }
 """The one table from error code to (HTTP status, gRPC status code name)."""
 

@@ -6,7 +6,11 @@ and the resumed worker's late writes must be rejected.
 
 Workers pause at those points deterministically through ``FRAMESERVE_JOBS_FAULT`` (see
 :func:`frameserve.jobs.worker.faults_from_env`). ``FRAMESERVE_CRASH_ROUNDS`` repeats the kill round
-(default 1) for a longer soak.
+(default 1) for a longer soak. The scratch folders the killed workers left under
+``$FRAMESERVE_HOME/tmp`` are gone once the next workers have started.
+
+``frameserve serve``'s embedded worker is killed the same way mid-inference; the restarted server
+completes the job and removes the dead one's scratch.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import av
+import httpx
 import numpy as np
 import pytest
 from _pg import db_url, pg_server  # noqa: F401  (fixtures)
+from _serving import ServeProcess
+from _user_pipelines import make_repository
 
 from frameserve.jobs import JobSpec, JobStore
 
@@ -151,14 +158,17 @@ def _scenario(store: JobStore, db_url: str, root: Path, faults: Path, tmp_path: 
         return (faults / f"{point}.{proc.pid}").exists()
 
     # Kill rounds: four workers at once, each paused at its own point, then SIGKILLed there.
+    killed: list[int] = []
     for _ in range(rounds):
         procs = {}
         for point in POINTS:  # one after the other, so each finds a job to pause on
             proc = procs[point] = worker(fault=point, callbacks=(point == "mid_callback"))
             wait_for(lambda p=point, pr=proc: paused(p, pr), 120, f"a worker paused at {point}")
         for proc in procs.values():
+            assert _scratch_of(test_home, proc.pid), "a worker keeps its scratch under $FRAMESERVE_HOME/tmp"
             proc.send_signal(signal.SIGKILL)
             proc.wait()
+            killed.append(proc.pid)
 
     # A worker paused after its upload is SIGSTOPped past its lease; another takes the job over.
     stopped = worker(fault="after_upload", callbacks=False)
@@ -167,6 +177,7 @@ def _scenario(store: JobStore, db_url: str, root: Path, faults: Path, tmp_path: 
     _stop_outside_a_write(stopped, db_url)
     time.sleep(LEASE_S + 0.5)  # past its lease: real processes, real time
     healthy = [worker(), worker()]
+    wait_for(lambda: not any(_scratch_of(test_home, pid) for pid in killed), 60, "the killed workers' scratch to be removed")
     wait_for(lambda: store.get(stopped_job.id).token > stopped_job.token, 60, "the stopped worker's job to be taken over")
     (faults / "release").write_text("go")
     stopped.send_signal(signal.SIGCONT)
@@ -198,6 +209,61 @@ def _scenario(store: JobStore, db_url: str, root: Path, faults: Path, tmp_path: 
     killed_jobs = [jid for jid in ids if "lease_expired" in [e["type"] for e in store.events(jid)]]
     assert len(killed_jobs) >= 3 * rounds + 1  # the killed and the stopped workers' jobs were rescued
     assert len({c["id"] for c in receiver.calls}) == n_jobs
+
+
+def _scratch_of(home: Path, pid: int) -> list[Path]:
+    """The scratch folders under ``home/tmp`` whose owner file names process ``pid``."""
+    found = []
+    for marker in (home / "tmp").glob("*/owner.json"):
+        try:
+            if json.loads(marker.read_text())["pid"] == pid:
+                found.append(marker.parent)
+        except (OSError, ValueError, KeyError):
+            continue
+    return found
+
+
+def test_serve_killed_mid_job_completes_it_after_a_restart(
+    tmp_path: Path, nudenet_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    root = home / "storage"
+    (root / "in").mkdir(parents=True)
+    (home / "assets").mkdir()
+    (home / "assets" / "nudenet-320n.onnx").symlink_to(nudenet_model)
+    make_video(root / "in" / "v.mp4")
+    repo = make_repository(home / "models")
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    monkeypatch.setenv("FRAMESERVE_JOBS_FAULT", "mid_inference")
+    monkeypatch.setenv("FRAMESERVE_JOBS_FAULT_DIR", str(faults))
+    monkeypatch.setenv("FRAMESERVE_JOBS_FAULT_MAX_WAIT_S", "300")
+    body = {"source": f"file://{root}/in/v.mp4", "target": f"file://{root}/out/1", "pipeline": "nudenet"}
+    with ServeProcess(repo, home, "--lease-s", "1", "--no-allow-grpc", "--no-allow-metrics") as first:
+        first.wait_ready(120)
+        base = f"http://127.0.0.1:{first.ports['HTTP']}"
+        r = httpx.post(f"{base}/v1/jobs", json=body, timeout=10)
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        pid = first.proc.pid
+        wait_for(lambda: (faults / f"mid_inference.{pid}").exists(), 120, "serve's worker to pause mid-inference")
+        dead_scratch = _scratch_of(home, pid)
+        assert len(dead_scratch) == 1 and dead_scratch[0].parent == home / "tmp"
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(10)
+    assert dead_scratch[0].is_dir()  # kill -9 leaves it behind
+    monkeypatch.delenv("FRAMESERVE_JOBS_FAULT")
+    with ServeProcess(repo, home, "--lease-s", "1", "--no-allow-grpc", "--no-allow-metrics") as second:
+        second.wait_ready(120)
+        base = f"http://127.0.0.1:{second.ports['HTTP']}"
+        wait_for(lambda: httpx.get(f"{base}/v1/jobs/{job_id}", timeout=10).json()["state"] == "succeeded", 120,
+                 "the job to complete after the restart")
+        job = httpx.get(f"{base}/v1/jobs/{job_id}", timeout=10).json()
+        events = [e["type"] for e in httpx.get(f"{base}/v1/jobs/{job_id}/events", timeout=10).json()["events"]]
+        assert job["attempts"] == 2 and "lease_expired" in events and events.count("succeeded") == 1, events
+        assert not dead_scratch[0].exists(), "the dead server's scratch is removed by the next one"
+        assert len(json.loads((root / "out/1/results.json").read_text())["frames"]) == 12
+        assert second.stop() == 0
 
 
 def _stop_outside_a_write(proc: subprocess.Popen[bytes], db_url: str) -> None:

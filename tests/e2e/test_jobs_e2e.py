@@ -91,6 +91,7 @@ def api(tmp_path: Path, test_home: Path, s3: str) -> Iterator[tuple[str, Embedde
     js = JobsSettings(
         db_url=f"sqlite:///{tmp_path / 'jobs.db'}", file_roots=(tmp_path / "storage",), s3_endpoint_url=s3,
         webhook_secret=SECRET, callbacks_allow_private=True, lease_s=10.0,
+        sources_allow_private=True, s3_allow_buckets=("results",),  # the video server is on loopback
     )
     service = InferenceService(None, threads=2)
     # the real assets live in the shared test home

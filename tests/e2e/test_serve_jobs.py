@@ -42,7 +42,7 @@ def test_serve_runs_embedded_jobs_end_to_end(tmp_path: Path, carphone: Path, nud
         again = httpx.post(f"{base}/v1/jobs", json=body, headers={"Idempotency-Key": "walkthrough-1"}, timeout=10)
         assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
         bad = httpx.post(f"{base}/v1/jobs", json={**body, "pipeline": "nosuch"}, timeout=10)
-        assert bad.status_code == 422 and "nudenet" in bad.json()["error"] + json.dumps(bad.json().get("detail"))
+        assert bad.status_code == 404 and "nudenet" in bad.json()["error"] + json.dumps(bad.json().get("detail"))
         job_id = first.json()["id"]
         deadline = time.monotonic() + 120
         while True:

@@ -1,5 +1,5 @@
 """The /v1/jobs router in a FastAPI app, called through httpx's ASGI transport: submit with an
-Idempotency-Key, 422 with the reason for what is knowable at submit, get, list with state /
+Idempotency-Key, the status of its error code with the reason for what is knowable at submit, get, list with state /
 limit / cursor, cancel, events, and the ``{"error", "detail"}`` body on every error."""
 
 from __future__ import annotations
@@ -62,26 +62,26 @@ def test_submit_is_idempotent_and_get_returns_the_resource(setup) -> None:  # ty
 
 
 @pytest.mark.parametrize(
-    ("patch", "reason"),
+    ("patch", "status", "reason"),
     [
-        ({"pipeline": "nope"}, "unknown pipeline 'nope'; available: "),
-        ({"pipeline": "nudenet", "params": {"pipeline": {"postprocess.score_treshold": 0.3}}}, "unknown param 'score_treshold'"),
-        ({"pipeline": "nudenet", "params": {"pipeline": {"preprocess.resize": "zoom"}}}, "accepted: letterbox"),
-        ({"source": "ftp://h/v.mp4"}, "source scheme 'ftp' is not supported"),
-        ({"source": "file:///etc/passwd"}, "not under an allowed file root"),
-        ({"source": "FILE_MISSING"}, "does not exist"),
-        ({"target": "http://h/out"}, "target scheme 'http' is not supported"),
-        ({"target": "file:///etc/out"}, "not under an allowed file root"),
-        ({"callback_url": "http://127.0.0.1:8080/cb"}, "non-public address 127.0.0.1"),
-        ({"callback_url": "mailto:a@b"}, "must be an http"),
-        ({"params": {"sampling": "sometimes"}}, "sampling"),
-        ({"params": {"batch": 0}}, "params.batch"),
-        ({"params": {"colour": "red"}}, "params.colour"),
-        ({"priority": "high"}, "priority"),
-        ({"source": None}, "source"),
+        ({"pipeline": "nope"}, 404, "unknown pipeline 'nope'; available: "),
+        ({"pipeline": "nudenet", "params": {"pipeline": {"postprocess.score_treshold": 0.3}}}, 400, "unknown param 'score_treshold'"),
+        ({"pipeline": "nudenet", "params": {"pipeline": {"preprocess.resize": "zoom"}}}, 400, "accepted: letterbox"),
+        ({"source": "ftp://h/v.mp4"}, 400, "source scheme 'ftp' is not supported"),
+        ({"source": "file:///etc/passwd"}, 400, "not under an allowed file root"),
+        ({"source": "FILE_MISSING"}, 400, "does not exist"),
+        ({"target": "http://h/out"}, 400, "target scheme 'http' is not supported"),
+        ({"target": "file:///etc/out"}, 400, "not under an allowed file root"),
+        ({"callback_url": "http://127.0.0.1:8080/cb"}, 400, "non-public address 127.0.0.1"),
+        ({"callback_url": "mailto:a@b"}, 400, "must be an http"),
+        ({"params": {"sampling": "sometimes"}}, 400, "sampling"),
+        ({"params": {"batch": 0}}, 422, "params.batch"),
+        ({"params": {"colour": "red"}}, 422, "params.colour"),
+        ({"priority": "high"}, 422, "priority"),
+        ({"source": None}, 422, "source"),
     ],
 )
-def test_submit_refuses_with_422_and_the_reason(setup, patch: dict[str, Any], reason: str) -> None:  # type: ignore[no-untyped-def]
+def test_submit_refuses_with_the_status_of_the_reason(setup, patch: dict[str, Any], status: int, reason: str) -> None:  # type: ignore[no-untyped-def]
     app, store, root = setup
     b = body(root)
     b.update(patch)
@@ -90,7 +90,7 @@ def test_submit_refuses_with_422_and_the_reason(setup, patch: dict[str, Any], re
     if b.get("source") is None:
         del b["source"]
     [r] = call(app, ("POST", "/v1/jobs", {"json": b}))
-    assert r.status_code == 422, r.text
+    assert r.status_code == status, r.text  # the error's row in frameserve.errors.STATUS; 422: the body's schema
     assert set(r.json()) == {"error", "detail"} and reason in r.json()["error"], r.json()
     assert store.counts()["queued"] == 0  # nothing recorded
 
@@ -141,7 +141,7 @@ def test_cancel_events_and_errors(setup) -> None:  # type: ignore[no-untyped-def
     assert c_queued.status_code == 202 and c_queued.json()["state"] == "cancelled"
     assert c_done.status_code == 409 and "already succeeded" in c_done.json()["error"]
     for r in (c_missing, ev_missing, get_missing):
-        assert r.status_code == 404 and r.json() == {"error": "no job 'job_none'", "detail": None}
+        assert r.status_code == 404 and r.json() == {"error": "no job 'job_none'", "detail": {"code": "job_not_found"}}
     assert [e["type"] for e in events.json()["events"]] == ["submitted", "cancelled"]
 
 

@@ -102,7 +102,7 @@ def test_file_uris_only_under_the_roots(tmp_path: Path) -> None:
 
 
 def test_http_download_and_error_sorting(http_base: str, tmp_path: Path) -> None:
-    st = Storage(http_timeout_s=0.3)
+    st = Storage(http_timeout_s=0.3, sources_allow_private=True)  # the test server is on loopback
     got = st.download(f"{http_base}/ok.mp4", tmp_path / "a")
     assert got.read_bytes() == PAYLOAD
     for code in (404, 403, 400):
@@ -134,7 +134,7 @@ def test_s3_upload_via_temporary_key_multipart_and_download(
     s3_endpoint: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level("INFO", logger="werkzeug")  # moto's server logs each request it serves
-    st = Storage(s3_endpoint_url=s3_endpoint, multipart_chunk_bytes=5 * 1024 * 1024)
+    st = Storage(s3_endpoint_url=s3_endpoint, multipart_chunk_bytes=5 * 1024 * 1024, s3_allow_buckets=["out", "no-such-bucket"])
     big = tmp_path / "annotated.mp4"
     big.write_bytes(b"\x01" * (11 * 1024 * 1024))  # three parts of 5 MiB
     small = tmp_path / "results.json"

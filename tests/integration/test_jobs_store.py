@@ -9,7 +9,16 @@ import pytest
 import sqlalchemy as sa
 from _pg import db_url, pg_server  # noqa: F401  (fixtures)
 
-from frameserve.jobs import JobNotFoundError, JobSpec, JobStateError, JobStore, LeaseLostError, RetryPolicy
+from frameserve.jobs import (
+    IdempotencyConflictError,
+    JobNotFoundError,
+    JobSpec,
+    JobStateError,
+    JobStore,
+    LeaseLostError,
+    RetryPolicy,
+)
+from frameserve.jobs.migrations import HEAD
 
 
 class FakeClock:
@@ -44,7 +53,7 @@ def spec(**kw: object) -> JobSpec:
 
 def test_migrations_are_applied_once_and_reopen_is_a_no_op(store: JobStore) -> None:
     with store.engine.connect() as c:
-        assert c.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+        assert c.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == HEAD == "0002"
     again = JobStore(store.url)
     assert again.counts()["queued"] == 0
     again.close()
@@ -52,10 +61,27 @@ def test_migrations_are_applied_once_and_reopen_is_a_no_op(store: JobStore) -> N
 
 def test_idempotency_key_returns_the_same_job(store: JobStore) -> None:
     a, created_a = store.submit(spec(), idempotency_key="k1")
-    b, created_b = store.submit(spec(source="file:///other.mp4"), idempotency_key="k1")
+    b, created_b = store.submit(spec(), idempotency_key="k1")
     c, created_c = store.submit(spec(), idempotency_key="k2")
     assert created_a and not created_b and created_c
     assert a.id == b.id != c.id and b.source == "file:///in.mp4"
+    with pytest.raises(IdempotencyConflictError, match="already used with another request"):
+        store.submit(spec(source="file:///other.mp4"), idempotency_key="k1")  # same key, another body
+    mine, created = store.submit(spec(owner="alice", source="file:///other.mp4"), idempotency_key="k1")
+    assert created and mine.id not in (a.id, c.id) and mine.owner == "alice"  # keys are scoped per owner
+    assert store.counts()["queued"] == 3
+
+
+def test_an_owner_sees_only_its_jobs(store: JobStore) -> None:
+    alice, _ = store.submit(spec(owner="alice"))
+    bob, _ = store.submit(spec(owner="bob"))
+    assert [j.id for j in store.list_jobs(owner="alice")[0]] == [alice.id]
+    assert [j.id for j in store.list_jobs()[0]] == [bob.id, alice.id]  # None: every owner (admin)
+    for call in (store.get, store.events, store.cancel):
+        with pytest.raises(JobNotFoundError):
+            call(bob.id, owner="alice")  # type: ignore[operator]
+    assert store.get(bob.id, owner="bob").state == "queued"
+    assert store.cancel(alice.id, owner="alice").state == "cancelled"
 
 
 def test_claim_takes_higher_priority_first_then_oldest(store: JobStore, clock: FakeClock) -> None:
@@ -222,3 +248,41 @@ def test_outbox_schedule_410_and_stable_webhook_id(store: JobStore, clock: FakeC
     assert d is not None and store.delivery_result(d, status=410) == "failed"
     cb = store.get(g.id).callback
     assert cb is not None and cb["state"] == "failed" and cb["last_status"] == 410 and cb["attempts"] == 1
+
+
+def test_a_database_of_the_first_schema_is_upgraded_with_its_jobs(db_url: str) -> None:  # noqa: F811
+    """A job store written before owners existed (revision 0001) opens: its jobs belong to the
+    implicit owner "" and keep their Idempotency-Keys."""
+    from pathlib import Path
+
+    from alembic.config import Config
+    from alembic.runtime.environment import EnvironmentContext
+    from alembic.script import ScriptDirectory
+
+    import frameserve.jobs.migrations as migrations
+
+    old = JobStore(db_url, migrate=False)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    script = ScriptDirectory.from_config(cfg)
+    with old.engine.begin() as conn:
+        with EnvironmentContext(cfg, script, fn=lambda rev, _: script._upgrade_revs("0001", rev), destination_rev="0001") as env:
+            env.configure(connection=conn, transactional_ddl=True)
+            env.run_migrations()
+        conn.execute(sa.text(
+            "INSERT INTO jobs (id, idempotency_key, state, progress, source, target, pipeline, params, priority, attempt,"
+            " max_attempts, token, cancel_requested, run_at, created_at, updated_at, timings)"
+            " VALUES ('job_old', 'k-old', 'queued', 0, 'file:///in.mp4', 'file:///out', 'nudenet', '{}', 0, 0, 5, 0,"
+            " false, 1, 1, 1, '{}')"
+        ))
+    old.close()
+    store = JobStore(db_url)
+    try:
+        job = store.get("job_old", owner="")
+        assert job.owner == "" and job.idempotency_key == "k-old"
+        again, created = store.submit(spec(), idempotency_key="k-old")  # no hash recorded: not compared
+        assert not created and again.id == "job_old"
+        theirs, created = store.submit(spec(owner="alice"), idempotency_key="k-old")
+        assert created and theirs.id != "job_old"
+    finally:
+        store.close()

@@ -129,9 +129,9 @@ def test_submit_checks_pipeline_names_and_params(jobs_env, folder: Path) -> None
     )
     assert ok.status_code == 201, ok.text
     assert ok.json()["params"] == {"pipeline": {"gain": 2.0}, "video_out": True}
-    assert bad_param.status_code == 422 and bad_param.json()["error"] == "pipeline 'brightness': unknown param 'gian'; accepted: gain"
-    assert nested.status_code == 422 and "unknown param 'nope'" in nested.json()["error"]
-    assert path.status_code == 422 and path.json()["error"].startswith(f"unknown pipeline {str(folder / 'brightness.py')!r}; available: ")
+    assert bad_param.status_code == 400 and bad_param.json()["error"] == "pipeline 'brightness': unknown param 'gian'; accepted: gain"
+    assert nested.status_code == 400 and "unknown param 'nope'" in nested.json()["error"]
+    assert path.status_code == 404 and path.json()["error"].startswith(f"unknown pipeline {str(folder / 'brightness.py')!r}; available: ")
     assert "brightness" in path.json()["error"] and "my-detector" in path.json()["error"]  # names, never paths
     assert bad_type.status_code == 422 and "params.pipeline" in bad_type.json()["error"]
     assert store.counts()["queued"] == 1

@@ -96,3 +96,21 @@ def test_all_is_sorted_and_importable(module: str) -> None:
     assert list(mod.__all__) == sorted(mod.__all__, key=key)
     for name in mod.__all__:
         assert hasattr(mod, name), name
+
+
+def test_source_guard_and_limits_from_environment_then_flags(tmp_path: Path) -> None:
+    js = JobsSettings.from_env(settings(tmp_path), {})
+    assert not js.sources_allow_private and js.s3_allow_buckets == ()  # safe defaults
+    assert js.max_source_bytes == 2 * 1024**3 and js.source_timeout_s == 1800.0 and js.source_idle_timeout_s == 30.0
+    env = {"FRAMESERVE_SOURCES_ALLOW_PRIVATE": "1", "FRAMESERVE_S3_ALLOW_BUCKETS": "media, results,,media",
+           "FRAMESERVE_MAX_SOURCE_BYTES": "1000", "FRAMESERVE_SOURCE_TIMEOUT_S": "60", "FRAMESERVE_SOURCE_IDLE_TIMEOUT_S": "5"}
+    js = JobsSettings.from_env(settings(tmp_path), env)
+    assert js.sources_allow_private and js.s3_allow_buckets == ("media", "results")
+    st = js.storage()
+    assert st.sources_allow_private and st.s3_allow_buckets == ("media", "results") and st.max_source_bytes == 1000
+    assert st.source_timeout_s == 60.0 and st.http_timeout_s == 5.0
+    js = JobsSettings.from_env(settings(tmp_path), env, sources_allow_private=False, s3_allow_buckets=["only"],
+                               max_source_bytes=7)
+    assert not js.sources_allow_private and js.s3_allow_buckets == ("only",) and js.max_source_bytes == 7
+    with pytest.raises(ValueError, match="max_source_bytes"):
+        JobsSettings.from_env(settings(tmp_path), {}, max_source_bytes=0)

@@ -33,6 +33,11 @@ def worker_command(
     model_repository: Annotated[Path | None, typer.Option("--model-repository", help="Model repository (default: $FRAMESERVE_HOME/models).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Inference threads (default: all CPUs).")] = None,
     pipelines: Annotated[Path | None, typer.Option("--pipelines", help="Folder of the operator's pipelines (*.py, *.yaml) jobs may name beside the built-ins; each is checked at start.")] = None,
+    sources_allow_private: Annotated[bool | None, typer.Option("--sources-allow-private/--no-sources-allow-private", help="Let http(s) job sources reach loopback, private and link-local addresses (env FRAMESERVE_SOURCES_ALLOW_PRIVATE=1; default refused).", show_default=False)] = None,
+    s3_allow_bucket: Annotated[list[str] | None, typer.Option("--s3-allow-bucket", help="Bucket s3:// job sources and targets may name; repeatable (env FRAMESERVE_S3_ALLOW_BUCKETS, comma-separated; default none).")] = None,
+    max_source_bytes: Annotated[int | None, typer.Option("--max-source-bytes", min=1, help="Largest job source downloaded, bytes (env FRAMESERVE_MAX_SOURCE_BYTES; default 2 GiB).", show_default=False)] = None,
+    source_timeout_s: Annotated[float | None, typer.Option("--source-timeout-s", min=0.001, help="Longest download of a job source in all, seconds (env FRAMESERVE_SOURCE_TIMEOUT_S; default 1800).", show_default=False)] = None,
+    source_idle_timeout_s: Annotated[float | None, typer.Option("--source-idle-timeout-s", min=0.001, help="Longest wait for a source's next byte, seconds (env FRAMESERVE_SOURCE_IDLE_TIMEOUT_S; default 30).", show_default=False)] = None,
 ) -> None:
     """Claim jobs, download, run the pipeline, upload the outputs, and call back."""
     from frameserve.config import Settings
@@ -52,6 +57,9 @@ def worker_command(
         js = JobsSettings.from_env(
             settings, db_url=db, file_roots=roots or None, s3_endpoint_url=s3_endpoint_url,
             webhook_secret=webhook_secret, callbacks_allow_private=callbacks_allow_private, lease_s=lease_s,
+            sources_allow_private=sources_allow_private, s3_allow_buckets=s3_allow_bucket,
+            max_source_bytes=max_source_bytes, source_timeout_s=source_timeout_s,
+            source_idle_timeout_s=source_idle_timeout_s,
         )
         registry = PipelineRegistry(pipelines)  # a bad pipeline file stops the start here (exit 2)
         root = settings.model_repository
@@ -70,26 +78,24 @@ def run_worker(
     from frameserve.config import Settings
     from frameserve.jobs.callbacks import CallbackDeliverer
     from frameserve.jobs.settings import JobsSettings
-    from frameserve.jobs.storage import Storage
     from frameserve.jobs.store import JobStore
     from frameserve.jobs.worker import Worker, faults_from_env, pipeline_process
     from frameserve.pipeline import DecodePool
+    from frameserve.pipeline.registry import PipelineRegistry
     from frameserve.repository import ModelRepository
     from frameserve.service import InferenceService
-
-    from frameserve.pipeline.registry import PipelineRegistry
 
     assert isinstance(settings, Settings) and isinstance(js, JobsSettings)
     registry = pipelines if isinstance(pipelines, PipelineRegistry) else PipelineRegistry()
     fault = faults_from_env()
     store = JobStore(js.db_url)
-    storage = Storage(file_roots=js.file_roots, s3_endpoint_url=js.s3_endpoint_url)
+    storage = js.storage()
     repo = ModelRepository(settings.model_repository) if settings.model_repository.is_dir() else None
     service = InferenceService(repo, threads=settings.threads)
     pool = DecodePool(1)
     worker = Worker(
         store, storage, pipeline_process(settings, service, fault, decode_pool=pool, pipelines=registry), lease_s=js.lease_s,
-        poll_s=poll_s, fault=fault,
+        poll_s=poll_s, fault=fault, scratch_root=settings.home / "tmp",
     )
     deliverer = (
         CallbackDeliverer(store, secret=js.webhook_secret, allow_private=js.callbacks_allow_private,

@@ -9,10 +9,12 @@ inside one process.
 from __future__ import annotations
 
 from frameserve.jobs._errors import (
+    IdempotencyConflictError,
     JobNotFoundError,
     JobStateError,
     LeaseLostError,
     SourceError,
+    SourceTooLargeError,
     StorageError,
     is_retryable,
 )
@@ -33,6 +35,7 @@ __all__ = [
     "STATES",
     "TERMINAL",
     "Delivery",
+    "IdempotencyConflictError",
     "Job",
     "JobNotFoundError",
     "JobSpec",
@@ -42,6 +45,7 @@ __all__ = [
     "LeaseLostError",
     "RetryPolicy",
     "SourceError",
+    "SourceTooLargeError",
     "StorageError",
     "is_retryable",
 ]

@@ -2,7 +2,8 @@
 
 Times are seconds since the Unix epoch (``*_at`` columns, double precision), written from the
 store's injected clock so that tests can move time without sleeping. JSON documents are kept as
-text so the one schema serves SQLite and PostgreSQL alike.
+text so the one schema serves SQLite and PostgreSQL alike. ``owner`` is the principal that
+submitted a job (``""``: the implicit owner); an ``Idempotency-Key`` is unique per owner.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ jobs = sa.Table(
     metadata,
     sa.Column("seq", _SEQ, primary_key=True, autoincrement=True),
     sa.Column("id", sa.String(40), nullable=False, unique=True),
-    sa.Column("idempotency_key", sa.String(255), unique=True),
+    sa.Column("idempotency_key", sa.String(255)),
+    sa.Column("owner", sa.String(255), nullable=False, server_default=""),
+    sa.Column("request_hash", sa.String(64)),
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("phase", sa.String(16)),
     sa.Column("progress", sa.Double(), nullable=False, default=0.0),
@@ -46,6 +49,8 @@ jobs = sa.Table(
     sa.Column("error", sa.Text()),
     sa.Index("ix_jobs_claim", "state", "priority", "seq"),
     sa.Index("ix_jobs_lease", "state", "lease_expires_at"),
+    sa.Index("ux_jobs_owner_idempotency_key", "owner", "idempotency_key", unique=True),
+    sa.Index("ix_jobs_owner", "owner", "seq"),
 )
 
 job_events = sa.Table(

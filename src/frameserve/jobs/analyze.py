@@ -9,7 +9,8 @@ with everything else the server runs. Three ways to send a clip::
                                 and ``params`` (a JSON object of the pipeline's parameters)
     application/json            {"source": URI, "pipeline": name, "params": {...}}: the URI is
                                 checked and fetched as a job's source is (file:// only under the
-                                file roots, http(s)://, s3://)
+                                file roots, http(s):// through the address guard, s3:// in the
+                                allowed buckets); it is named with credentials redacted
     video/* or application/octet-stream   the raw clip; ?pipeline=NAME&params=<JSON> in the query
 
 Answers: 200 with the run's results (``source``, ``pipeline``, ``models``, ``frames``,
@@ -20,6 +21,10 @@ read, else as soon as the bytes read pass the limit) or longer than ``max_durati
 stream's duration, else the container's, as :class:`~frameserve.video.StreamInfo` has it), 422
 a pipeline whose code failed (the message names the hook and frames), 429 when
 ``concurrency`` clips are already being analysed.
+
+Scratch: each request's clip lives in ``$FRAMESERVE_HOME/tmp/analyze-<pid>-.../`` (one folder per
+process, with an owner file: :mod:`frameserve.jobs._scratch`), removed when the request ends;
+the folders of dead processes are removed when an :class:`Analyzer` starts.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -44,15 +50,17 @@ from starlette.responses import Response
 
 from frameserve.config import Settings
 from frameserve.errors import (
-    STATUS,
     FrameserveError,
     InvalidInputError,
     PayloadTooLargeError,
     ResourceExhaustedError,
     VideoError,
+    status_for,
 )
+from frameserve.jobs._scratch import Scratch, sweep
 from frameserve.jobs.storage import Storage
 from frameserve.pipeline.registry import PipelineRegistry
+from frameserve.security import redact_uri
 
 __all__ = ["AnalyzeLimits", "Analyzer", "clip_duration_s", "create_analyze_router"]
 
@@ -61,6 +69,14 @@ log = logging.getLogger("frameserve.jobs.analyze")
 _JSON_BODY_BYTES = 1 << 20
 _COPY_CHUNK = 1 << 20
 _FAST_PROBE = {"probesize": "32", "analyzeduration": "0"}
+_SUFFIX = re.compile(r"\.[A-Za-z0-9]{1,7}")
+
+
+def _suffix(name: str) -> str:
+    """A file name's extension when it is a plain one (``.mp4``), else ``""``: FFmpeg may probe by
+    it, and nothing else of a client's name reaches the server's files."""
+    suffix = Path(name).suffix
+    return suffix if _SUFFIX.fullmatch(suffix) else ""
 
 
 @dataclass(frozen=True)
@@ -130,6 +146,20 @@ class Analyzer:
         self.settings = settings
         self.limits = limits or AnalyzeLimits()
         self._slots = threading.BoundedSemaphore(self.limits.concurrency)
+        self._scratch: Scratch | None = None
+        self._scratch_lock = threading.Lock()
+
+    def workdir(self) -> Path:
+        """A new scratch folder for one request, under this process's
+        ``$FRAMESERVE_HOME/tmp/analyze-<pid>-...`` (made, and dead processes' folders swept, on
+        first use). The caller removes it."""
+        with self._scratch_lock:
+            if self._scratch is None:
+                root = self.settings.home / "tmp"
+                sweep(root)
+                self._scratch = Scratch.create(root, f"analyze-{os.getpid()}-{os.urandom(3).hex()}")
+            self._scratch.touch()
+            return Path(tempfile.mkdtemp(prefix="clip-", dir=self._scratch.path))
 
     def acquire(self) -> None:
         """Take a slot.
@@ -154,18 +184,14 @@ class Analyzer:
         """Check and fetch ``uri`` as a job's source, at most ``max_bytes``.
 
         Raises:
-            SourceError: refused or missing source. PayloadTooLargeError: over ``max_bytes``.
-            StorageError: a transient failure.
+            SourceError: refused or missing source. SourceTooLargeError: over ``max_bytes``
+                (413). AddressRefusedError: a refused host. StorageError: a transient failure.
         """
-        limit = self.limits.max_bytes
-
-        def on_chunk(done: int) -> None:
-            if done > limit:
-                raise PayloadTooLargeError(f"source {uri!r} is over the limit of {limit} bytes (--analyze-max-bytes)")
-
         self.storage.check_source(uri)
-        suffix = Path(urlsplit(uri).path).suffix[:8]
-        return self.storage.download(uri, workdir / f"source{suffix}", on_chunk=on_chunk)
+        suffix = _suffix(urlsplit(uri).path)
+        return self.storage.download(
+            uri, workdir / f"source{suffix}", max_bytes=self.limits.max_bytes, max_bytes_flag="--analyze-max-bytes"
+        )
 
     def run(self, path: Path, pipeline: str, params: Mapping[str, Any] | None, label: str) -> dict[str, Any]:
         """Analyse the clip at ``path`` (``label`` names it in the results and messages).
@@ -195,18 +221,9 @@ class Analyzer:
         return data
 
 
-def _http_status(exc: FrameserveError) -> int:
-    """The status of the error's code in :data:`~frameserve.errors.STATUS`; a job-service code
-    that has no row there (``invalid_source``...) takes its nearest base class's row."""
-    for cls in type(exc).__mro__:
-        code = getattr(cls, "code", None)
-        if isinstance(code, str) and code in STATUS:
-            return STATUS[code][0]
-    return 500  # pragma: no cover - FrameserveError's own code has a row
-
-
 def _error(exc: FrameserveError) -> Response:
-    return Response(orjson.dumps({"error": exc.message}), status_code=_http_status(exc), media_type="application/json")
+    """The error's one-line body with the status of its code (:func:`frameserve.errors.status_for`)."""
+    return Response(orjson.dumps({"error": exc.message}), status_code=status_for(exc.code)[0], media_type="application/json")
 
 
 async def _limited(request: Request, limit: int, what: str = "the clip is") -> AsyncIterator[bytes]:
@@ -285,7 +302,7 @@ async def _read_request(
             raise InvalidInputError("source must be the clip's URI (file:// under a file root, http(s)://, s3://)")
         pipeline, params = _pipeline(doc.get("pipeline"), "pipeline"), _params(doc.get("params"), "params")
         analyzer.check(pipeline, params)
-        return await asyncio.to_thread(analyzer.fetch, source, workdir), pipeline, params, source
+        return await asyncio.to_thread(analyzer.fetch, source, workdir), pipeline, params, redact_uri(source)
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLargeError(f"the request body is {declared} bytes, over the limit of {limit} bytes (--analyze-max-bytes)")
     if ctype == "multipart/form-data":
@@ -320,7 +337,7 @@ async def _read_multipart(analyzer: Analyzer, request: Request, workdir: Path) -
         pipeline = _pipeline(form.get("pipeline"), "field pipeline")
         params = _params(form.get("params"), "field params")
         analyzer.check(pipeline, params)
-        dest = workdir / ("upload" + Path(upload.filename or "").suffix[:8])
+        dest = workdir / ("upload" + _suffix(upload.filename or ""))
         await asyncio.to_thread(_copy, upload, dest)
         if dest.stat().st_size == 0:
             raise InvalidInputError("the 'file' field is empty; send the clip's bytes")
@@ -343,7 +360,11 @@ def create_analyze_router(analyzer: Analyzer) -> APIRouter:
             analyzer.acquire()
         except FrameserveError as exc:
             return _error(exc)
-        workdir = Path(tempfile.mkdtemp(prefix="frameserve-analyze-"))
+        try:
+            workdir = await asyncio.to_thread(analyzer.workdir)
+        except BaseException:
+            analyzer.release()
+            raise
         try:
             path, pipeline, params, label = await _read_request(analyzer, request, workdir)
             data = await asyncio.to_thread(analyzer.run, path, pipeline, params, label)

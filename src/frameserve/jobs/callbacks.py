@@ -10,51 +10,42 @@ dies mid-callback is replaced) and POSTs the stored body with the headers
   ``whsec_`` secret (the ``standardwebhooks`` package signs).
 
 2xx marks the row delivered; 410 Gone stops for good; anything else is retried on the store's
-schedule (seconds to hours). Callback URLs resolving to private, loopback or link-local
-addresses are refused unless allowed (checked at submit and again before each attempt).
+schedule (seconds to hours). Callback URLs resolving to private, loopback, link-local or other
+non-public addresses are refused unless allowed, by the address guard job sources use
+(:mod:`frameserve.security.guard`): checked at submit, again before each attempt, and at connect,
+where the connection goes to the address just checked (no DNS rebinding). Redirects are not
+followed.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import socket
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
-from urllib.parse import urlsplit
 
-from frameserve.errors import InvalidInputError
+from frameserve.errors import AddressRefusedError, InvalidInputError
 from frameserve.jobs.store import Delivery, JobStore
+from frameserve.security import AddressGuard, GuardedTransport, quiet_http_logs, redact_text, redact_uri
 
 __all__ = ["CallbackDeliverer", "check_callback_url", "sign_headers"]
 
 log = logging.getLogger("frameserve.jobs.callbacks")
 
 
+def _guard(allow_private: bool) -> AddressGuard:
+    return AddressGuard(allow_private=allow_private, what="callback_url", flag="--callbacks-allow-private")
+
+
 def check_callback_url(url: str, *, allow_private: bool) -> None:
-    """Refuse a callback URL that is not ``http(s)://host...`` or (unless ``allow_private``)
-    resolves to a private, loopback, link-local or otherwise non-public address.
+    """Refuse a callback URL that is not ``http(s)://host...``, whose host does not resolve, or
+    (unless ``allow_private``) that resolves to any non-public address
+    (:func:`~frameserve.security.guard.address_refusal`).
 
     Raises:
-        InvalidInputError: with the reason.
+        AddressRefusedError: (an :class:`InvalidInputError`) with the reason.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidInputError(f"callback_url {url!r} must be an http:// or https:// URL with a host")
-    if allow_private:
-        return
-    try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
-    except (socket.gaierror, UnicodeError) as exc:
-        raise InvalidInputError(f"callback_url host {parts.hostname!r} does not resolve: {exc}") from None
-    for info in infos:
-        addr = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-        if not addr.is_global or addr.is_multicast:
-            raise InvalidInputError(
-                f"callback_url {url!r} resolves to non-public address {addr}; "
-                "allow it with --callbacks-allow-private"
-            )
+    _guard(allow_private).check_url(url, redact_uri(url))
 
 
 def sign_headers(secret: str | None, msg_id: str, payload: str, now_s: float) -> dict[str, str]:
@@ -111,7 +102,10 @@ class CallbackDeliverer:
         self.lease_s = max(lease_s, timeout_s * 2)
         self.poll_s = poll_s
         self.fault = fault
-        self.client = httpx.Client(timeout=timeout_s, follow_redirects=False)
+        quiet_http_logs()
+        self.client = httpx.Client(
+            timeout=timeout_s, follow_redirects=False, trust_env=False, transport=GuardedTransport(_guard(allow_private))
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -134,8 +128,10 @@ class CallbackDeliverer:
             resp = self.client.post(d.url, content=d.payload.encode(), headers=headers)
             status: int | None = resp.status_code
             error = None if resp.is_success else f"HTTP {resp.status_code}"
+        except AddressRefusedError as exc:  # the name now resolves elsewhere than when checked
+            return self.store.delivery_result(d, status=None, error=str(exc), permanent=True)
         except httpx.HTTPError as exc:
-            status, error = None, f"{exc.__class__.__name__}: {exc}"
+            status, error = None, redact_text(f"{exc.__class__.__name__}: {exc}")
         if self.fault is not None:
             self.fault("mid_callback")
         state = self.store.delivery_result(d, status=status, error=error)

@@ -1,7 +1,9 @@
 """The embedded job service: everything ``frameserve serve`` needs to also serve ``/v1/jobs`` on
 one machine with nothing else to start — SQLite under ``$FRAMESERVE_HOME``, local storage under
-``$FRAMESERVE_HOME/storage``, one worker thread set and the callback deliverer, sharing the
-server's :class:`~frameserve.service.InferenceService` so models stay loaded.
+``$FRAMESERVE_HOME/storage``, one worker thread set (scratch under ``$FRAMESERVE_HOME/tmp``) and
+the callback deliverer, sharing the server's :class:`~frameserve.service.InferenceService` so
+models stay loaded. The crash tests' fault points (:func:`~frameserve.jobs.worker.faults_from_env`)
+reach this worker as they reach ``frameserve worker``.
 
 Use::
 
@@ -19,7 +21,7 @@ from frameserve.jobs.callbacks import CallbackDeliverer
 from frameserve.jobs.settings import JobsSettings
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import JobStore
-from frameserve.jobs.worker import Worker, pipeline_process
+from frameserve.jobs.worker import Worker, faults_from_env, pipeline_process
 from frameserve.pipeline.registry import PipelineRegistry
 
 __all__ = ["EmbeddedJobs"]
@@ -54,7 +56,8 @@ class EmbeddedJobs:
         for root in js.file_roots:
             root.mkdir(parents=True, exist_ok=True)
         self.store = JobStore(js.db_url)
-        self.storage = Storage(file_roots=js.file_roots, s3_endpoint_url=js.s3_endpoint_url)
+        self.storage: Storage = js.storage()
+        fault = faults_from_env()
         self.router = create_router(
             self.store, storage=self.storage, callbacks_allow_private=js.callbacks_allow_private,
             max_attempts=js.max_attempts, pipelines=self.pipelines,
@@ -63,12 +66,13 @@ class EmbeddedJobs:
 
         self.decode_pool = DecodePool(1)
         self.worker = Worker(
-            self.store, self.storage, pipeline_process(settings, service, decode_pool=self.decode_pool, pipelines=self.pipelines),
-            lease_s=js.lease_s, poll_s=poll_s,
+            self.store, self.storage,
+            pipeline_process(settings, service, fault, decode_pool=self.decode_pool, pipelines=self.pipelines),
+            lease_s=js.lease_s, poll_s=poll_s, fault=fault, scratch_root=settings.home / "tmp",
         )
         self.deliverer = CallbackDeliverer(
             self.store, secret=js.webhook_secret, allow_private=js.callbacks_allow_private,
-            lease_s=js.lease_s, poll_s=poll_s,
+            lease_s=js.lease_s, poll_s=poll_s, fault=fault,
         )
         self._started = False
 

@@ -9,6 +9,11 @@ flag (``worker``; ``serve``)    environment variable                         def
 ``--s3-endpoint-url URL``       ``FRAMESERVE_S3_ENDPOINT_URL``               AWS (credentials: the AWS variables)
 ``--webhook-secret whsec_..``   ``FRAMESERVE_WEBHOOK_SECRET``                none: callbacks are unsigned
 ``--callbacks-allow-private``   ``FRAMESERVE_CALLBACKS_ALLOW_PRIVATE=1``      refused
+``--sources-allow-private``     ``FRAMESERVE_SOURCES_ALLOW_PRIVATE=1``        refused
+``--s3-allow-bucket B`` (rep.)  ``FRAMESERVE_S3_ALLOW_BUCKETS`` (a,b,...)     none: every ``s3://`` refused
+``--max-source-bytes N``        ``FRAMESERVE_MAX_SOURCE_BYTES``              2147483648 (2 GiB)
+``--source-timeout-s S``        ``FRAMESERVE_SOURCE_TIMEOUT_S``              1800 (a whole download)
+``--source-idle-timeout-s S``   ``FRAMESERVE_SOURCE_IDLE_TIMEOUT_S``         30 (no byte for that long)
 ``--lease-s S``                 ``FRAMESERVE_LEASE_S``                       30
 ``--max-attempts N``            ``FRAMESERVE_MAX_ATTEMPTS``                  5
 ==============================  ===========================================  ==============================
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from frameserve.config import Settings
+from frameserve.jobs.storage import DEFAULT_MAX_SOURCE_BYTES, Storage
 
 __all__ = ["JobsSettings"]
 
@@ -40,6 +46,11 @@ class JobsSettings:
         s3_endpoint_url: S3-compatible endpoint, or ``None`` for AWS.
         webhook_secret: Standard Webhooks signing secret (``whsec_`` + base64), or ``None``.
         callbacks_allow_private: allow callbacks to private / loopback addresses.
+        sources_allow_private: allow ``http(s)`` sources on private / loopback addresses.
+        s3_allow_buckets: the buckets ``s3://`` sources and targets may name (none: all refused).
+        max_source_bytes: largest source a job (or ``/v1/analyze``) downloads, bytes.
+        source_timeout_s: longest download in all, seconds.
+        source_idle_timeout_s: longest wait for a source's next byte (and to connect), seconds.
         lease_s: job lease length, seconds; heartbeats come every ``lease_s / 3``.
         max_attempts: attempts per job before a retryable failure is final.
     """
@@ -51,12 +62,31 @@ class JobsSettings:
     callbacks_allow_private: bool = False
     lease_s: float = 30.0
     max_attempts: int = 5
+    sources_allow_private: bool = False
+    s3_allow_buckets: tuple[str, ...] = ()
+    max_source_bytes: int = DEFAULT_MAX_SOURCE_BYTES
+    source_timeout_s: float = 1800.0
+    source_idle_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.lease_s <= 0:
             raise ValueError(f"lease_s must be > 0, got {self.lease_s}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.max_source_bytes < 1:
+            raise ValueError(f"max_source_bytes must be >= 1, got {self.max_source_bytes}")
+        if not self.source_timeout_s > 0 or not self.source_idle_timeout_s > 0:
+            raise ValueError("source_timeout_s and source_idle_timeout_s must be > 0")
+
+    def storage(self) -> Storage:
+        """The :class:`Storage` these settings describe (roots, S3 endpoint and buckets, the
+        source guard and limits): the one every part of a process uses."""
+        return Storage(
+            file_roots=self.file_roots, s3_endpoint_url=self.s3_endpoint_url,
+            sources_allow_private=self.sources_allow_private, s3_allow_buckets=self.s3_allow_buckets,
+            max_source_bytes=self.max_source_bytes, source_timeout_s=self.source_timeout_s,
+            http_timeout_s=self.source_idle_timeout_s,
+        )
 
     @classmethod
     def from_env(
@@ -71,6 +101,11 @@ class JobsSettings:
         callbacks_allow_private: bool | None = None,
         lease_s: float | None = None,
         max_attempts: int | None = None,
+        sources_allow_private: bool | None = None,
+        s3_allow_buckets: Sequence[str] | None = None,
+        max_source_bytes: int | None = None,
+        source_timeout_s: float | None = None,
+        source_idle_timeout_s: float | None = None,
     ) -> JobsSettings:
         """Explicit arguments win over the environment, which wins over the defaults."""
         env = os.environ if environ is None else environ
@@ -81,6 +116,9 @@ class JobsSettings:
             roots = [Path(r).expanduser() for r in env["FRAMESERVE_FILE_ROOTS"].split(os.pathsep) if r]
         else:
             roots = [settings.home / "storage"]
+        buckets = list(s3_allow_buckets or []) or [
+            b.strip() for b in env.get("FRAMESERVE_S3_ALLOW_BUCKETS", "").split(",") if b.strip()
+        ]
         return cls(
             db_url=db_url or env.get("FRAMESERVE_DB") or f"sqlite:///{settings.home / 'jobs.db'}",
             file_roots=tuple(roots),
@@ -93,4 +131,21 @@ class JobsSettings:
             ),
             lease_s=float(lease_s if lease_s is not None else env.get("FRAMESERVE_LEASE_S") or 30.0),
             max_attempts=int(max_attempts if max_attempts is not None else env.get("FRAMESERVE_MAX_ATTEMPTS") or 5),
+            sources_allow_private=(
+                sources_allow_private
+                if sources_allow_private is not None
+                else _flag(env.get("FRAMESERVE_SOURCES_ALLOW_PRIVATE"))
+            ),
+            s3_allow_buckets=tuple(dict.fromkeys(buckets)),
+            max_source_bytes=int(
+                max_source_bytes if max_source_bytes is not None
+                else env.get("FRAMESERVE_MAX_SOURCE_BYTES") or DEFAULT_MAX_SOURCE_BYTES
+            ),
+            source_timeout_s=float(
+                source_timeout_s if source_timeout_s is not None else env.get("FRAMESERVE_SOURCE_TIMEOUT_S") or 1800.0
+            ),
+            source_idle_timeout_s=float(
+                source_idle_timeout_s if source_idle_timeout_s is not None
+                else env.get("FRAMESERVE_SOURCE_IDLE_TIMEOUT_S") or 30.0
+            ),
         )

@@ -1,20 +1,37 @@
 """Where job inputs come from and outputs go: ``file://`` (only under configured roots),
-``http(s)://`` (download only) and ``s3://`` (s3fs; multipart above a size), through fsspec.
+``http(s)://`` (download only, through the address guard) and ``s3://`` (s3fs, only the allowed
+buckets; multipart above a size), through fsspec.
+
+What a client may make the server read is guarded (every byte from the network is hostile):
+
+- ``file://``: the path (at most 4096 bytes, no NUL) must resolve, symlinks followed, under a
+  file root; checking it takes time linear in the URI's length.
+- ``http(s)://``: :class:`~frameserve.security.guard.AddressGuard` refuses hosts with any
+  non-public address (unless ``sources_allow_private``); the connection goes to the address it
+  checked (:class:`~frameserve.security.guard.GuardedTransport`: no DNS rebinding), redirects are
+  followed here, at most ``max_redirects``, each hop checked again. Proxies from the environment
+  are not used.
+- ``s3://``: only buckets in ``s3_allow_buckets`` (none by default), sources and targets alike.
+- Downloads stop at ``max_source_bytes`` (the declared ``Content-Length`` first, then the bytes
+  received), after ``source_timeout_s`` in all, or after ``http_timeout_s`` without a byte; a
+  ``cancel`` event cuts the connection within :data:`_WATCH_S` seconds, whatever the source sends.
 
 Outputs are first written under a temporary key and then moved (file: ``os.replace``; S3: a
 server-side copy) to their deterministic final key ``<target>/<name>``, so a retried or
 concurrent attempt never leaves a half-written object under the final name.
 
-Errors are sorted for the worker: :class:`SourceError` (refused, missing, 4xx: the job fails at
-once) and :class:`StorageError` (timeouts, connection errors, 5xx: the attempt is retried).
-HTTP downloads use httpx directly rather than fsspec's aiohttp file system: a streamed GET gives
-the status code and a per-read timeout to sort errors by.
+Errors are sorted for the worker: :class:`SourceError` (refused, missing, 4xx, too large, too
+slow: the job fails at once) and :class:`StorageError` (idle timeouts, connection errors, 5xx: the
+attempt is retried). Messages name URIs with their credentials redacted
+(:func:`~frameserve.security.redact_uri`).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,15 +39,31 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from frameserve.jobs._errors import SourceError, StorageError
+from frameserve.errors import AddressRefusedError
+from frameserve.jobs._errors import SourceError, SourceTooLargeError, StorageError
+from frameserve.security import AddressGuard, GuardedTransport, redact_uri
+from frameserve.security.redact import quiet_http_logs
 
-__all__ = ["SOURCE_SCHEMES", "TARGET_SCHEMES", "Storage"]
+__all__ = ["DEFAULT_MAX_SOURCE_BYTES", "SOURCE_SCHEMES", "TARGET_SCHEMES", "Storage"]
 
 SOURCE_SCHEMES = ("file", "http", "https", "s3")
 TARGET_SCHEMES = ("file", "s3")
 
+DEFAULT_MAX_SOURCE_BYTES = 2 * 1024**3
+"""Largest source downloaded by default, bytes (2 GiB; ``--max-source-bytes``)."""
+
+_PATH_MAX_BYTES = 4096  # Linux PATH_MAX (limits.h), the longest path a system call accepts
+_WATCH_S = 0.05  # how often a download's watcher looks at its cancel event and deadline
+_SHOWN_CHARS = 300
+
 ChunkHook = Callable[[int], None]
 """Called with the bytes received so far after each downloaded chunk (may raise to abort)."""
+
+
+def _show(uri: str) -> str:
+    """A URI as messages show it: credentials redacted, cut to a few hundred characters."""
+    text = redact_uri(uri)
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + f"...({len(text)} characters)"
 
 
 @dataclass
@@ -42,8 +75,15 @@ class Storage:
             symlinks); empty refuses every ``file://`` URI.
         s3_endpoint_url: an S3-compatible endpoint (MinIO, moto), or ``None`` for AWS.
         s3_options: extra ``s3fs.S3FileSystem`` keyword arguments (``key``, ``secret``, ...).
-        http_timeout_s: connect / per-read timeout of HTTP downloads, seconds.
+        http_timeout_s: connect timeout and idle-read timeout of HTTP downloads (the longest
+            wait for the next byte), seconds.
         multipart_chunk_bytes: S3 uploads larger than this go in parts of this size.
+        sources_allow_private: let ``http(s)`` sources reach loopback, private and link-local
+            addresses (``--sources-allow-private``).
+        s3_allow_buckets: the buckets ``s3://`` sources and targets may name (``--s3-allow-bucket``).
+        max_source_bytes: largest source, bytes (``--max-source-bytes``).
+        source_timeout_s: longest download in all, seconds (``--source-timeout-s``).
+        max_redirects: HTTP redirects followed per download.
     """
 
     file_roots: Sequence[Path] = ()
@@ -51,110 +91,252 @@ class Storage:
     s3_options: Mapping[str, Any] = field(default_factory=dict)
     http_timeout_s: float = 30.0
     multipart_chunk_bytes: int = 16 * 1024 * 1024
+    sources_allow_private: bool = False
+    s3_allow_buckets: Sequence[str] = ()
+    max_source_bytes: int = DEFAULT_MAX_SOURCE_BYTES
+    source_timeout_s: float = 1800.0
+    max_redirects: int = 5
     _s3: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.file_roots = tuple(Path(os.path.realpath(r)) for r in self.file_roots)
+        self.s3_allow_buckets = tuple(self.s3_allow_buckets)
+        if self.max_source_bytes < 1:
+            raise ValueError(f"max_source_bytes must be >= 1, got {self.max_source_bytes}")
+        if not self.source_timeout_s > 0 or not self.http_timeout_s > 0:
+            raise ValueError(f"timeouts must be > 0, got {self.source_timeout_s}, {self.http_timeout_s}")
+        quiet_http_logs()
+
+    @property
+    def guard(self) -> AddressGuard:
+        """The address guard of ``http(s)`` sources."""
+        return AddressGuard(allow_private=self.sources_allow_private, what="source", flag="--sources-allow-private")
 
     # ------------------------------------------------------------ checks at submit
 
     def _local(self, uri: str) -> Path:
         parts = urlsplit(uri)
         if parts.netloc not in ("", "localhost"):
-            raise SourceError(f"file URI {uri!r} names host {parts.netloc!r}; only local files are read")
-        path = Path(os.path.realpath(unquote(parts.path)))
+            raise SourceError(f"file URI {_show(uri)!r} names host {parts.netloc[:100]!r}; only local files are read")
+        raw = unquote(parts.path)
+        if "\x00" in raw:
+            raise SourceError(f"file URI {_show(uri)!r} holds a NUL byte (%00); a path cannot")
+        if len(raw.encode("utf-8", "surrogateescape")) > _PATH_MAX_BYTES:
+            raise SourceError(f"file URI {_show(uri)!r}: the path is longer than {_PATH_MAX_BYTES} bytes")
+        path = Path(os.path.realpath(raw))
         for root in self.file_roots:
             if path == root or path.is_relative_to(root):
                 return path
         roots = ", ".join(str(r) for r in self.file_roots) or "none configured"
-        raise SourceError(f"{uri!r} is not under an allowed file root ({roots}); see --file-root")
+        raise SourceError(f"{_show(uri)!r} is not under an allowed file root ({roots}); see --file-root")
+
+    def _bucket(self, uri: str, what: str) -> None:
+        parts = urlsplit(uri)
+        if not parts.netloc:
+            raise SourceError(f"{what} {_show(uri)!r} has no bucket")
+        if "@" in parts.netloc:
+            raise SourceError(f"{what} {_show(uri)!r} carries credentials; the server's own S3 credentials are used")
+        if parts.netloc not in self.s3_allow_buckets:
+            raise SourceError(
+                f"{what} {_show(uri)!r}: bucket {parts.netloc[:100]!r} is not allowed; allow it with "
+                f"--s3-allow-bucket {parts.netloc[:100]} (env FRAMESERVE_S3_ALLOW_BUCKETS)"
+            )
+
+    def _scheme(self, uri: str, accepted: tuple[str, ...], what: str) -> str:
+        try:
+            scheme = urlsplit(uri).scheme
+        except ValueError as exc:
+            raise SourceError(f"{what} {_show(uri)!r} is not a valid URI: {exc}") from None
+        if scheme not in accepted:
+            raise SourceError(f"{what} scheme {scheme[:20]!r} is not supported; use one of {', '.join(accepted)}")
+        return scheme
 
     def check_source(self, uri: str) -> None:
-        """Refuse a source that can never be read. Raises :class:`SourceError` with the reason."""
-        scheme = urlsplit(uri).scheme
-        if scheme not in SOURCE_SCHEMES:
-            raise SourceError(f"source scheme {scheme!r} is not supported; use one of {', '.join(SOURCE_SCHEMES)}")
+        """Refuse a source that can never be read: a refused scheme, a file outside the roots or
+        missing, an ``http(s)`` host with a non-public address (resolved now; checked again at
+        download), a bucket not allowed.
+
+        Raises:
+            SourceError: with the reason. AddressRefusedError: the host is refused.
+        """
+        scheme = self._scheme(uri, SOURCE_SCHEMES, "source")
         if scheme == "file":
             path = self._local(uri)
             if not path.is_file():
-                raise SourceError(f"source {uri!r} does not exist or is not a file")
-        elif scheme in ("http", "https") and not urlsplit(uri).hostname:
-            raise SourceError(f"source {uri!r} has no host")
-        elif scheme == "s3" and not urlsplit(uri).netloc:
-            raise SourceError(f"source {uri!r} has no bucket")
+                raise SourceError(f"source {_show(uri)!r} does not exist or is not a file")
+        elif scheme in ("http", "https"):
+            self.guard.check_url(uri, _show(uri))
+        else:
+            self._bucket(uri, "source")
 
     def check_target(self, uri: str) -> None:
         """Refuse a target prefix that can never be written. Raises :class:`SourceError`."""
-        scheme = urlsplit(uri).scheme
-        if scheme not in TARGET_SCHEMES:
-            raise SourceError(f"target scheme {scheme!r} is not supported; use one of {', '.join(TARGET_SCHEMES)}")
+        scheme = self._scheme(uri, TARGET_SCHEMES, "target")
         if scheme == "file":
             path = self._local(uri)
             probe = path
             while not probe.exists():
                 probe = probe.parent
             if not probe.is_dir() or not os.access(probe, os.W_OK):
-                raise SourceError(f"target {uri!r} is not writable")
-        elif not urlsplit(uri).netloc:
-            raise SourceError(f"target {uri!r} has no bucket")
+                raise SourceError(f"target {_show(uri)!r} is not writable")
+        else:
+            self._bucket(uri, "target")
 
     # ------------------------------------------------------------ download
 
-    def download(self, uri: str, dest: Path, *, on_chunk: ChunkHook | None = None) -> Path:
+    def download(
+        self, uri: str, dest: Path, *, on_chunk: ChunkHook | None = None, cancel: threading.Event | None = None,
+        max_bytes: int | None = None, max_bytes_flag: str = "--max-source-bytes",
+    ) -> Path:
         """Fetch ``uri`` to ``dest`` (or return the local path of a ``file://`` source).
 
+        Args:
+            uri: the source.
+            dest: where a downloaded source is written.
+            on_chunk: called with the bytes received so far (may raise to abort).
+            cancel: when set, the download stops within :data:`_WATCH_S` s (:class:`StorageError`).
+            max_bytes: a lower cap than ``max_source_bytes`` (``/v1/analyze``), named in errors by
+                ``max_bytes_flag``.
+
         Raises:
-            SourceError: refused, missing, 4xx (permanent).
-            StorageError: timeout, connection failure, 5xx (retryable).
+            SourceError: refused, missing, 4xx, over the size cap (:class:`SourceTooLargeError`),
+                over ``source_timeout_s`` (permanent). AddressRefusedError: a refused host.
+            StorageError: idle timeout, connection failure, 5xx, cancelled (retryable).
         """
-        scheme = urlsplit(uri).scheme
-        self.check_source(uri) if scheme != "file" else None
+        limit, flag = self.max_source_bytes, "--max-source-bytes"
+        if max_bytes is not None and max_bytes < limit:
+            limit, flag = max_bytes, max_bytes_flag
+        scheme = self._scheme(uri, SOURCE_SCHEMES, "source")
         dest.parent.mkdir(parents=True, exist_ok=True)
         if scheme == "file":
             path = self._local(uri)
             if not path.is_file():
-                raise SourceError(f"source {uri!r} does not exist")
+                raise SourceError(f"source {_show(uri)!r} does not exist")
+            size = path.stat().st_size
+            if size > limit:
+                raise SourceTooLargeError(f"source {_show(uri)!r} is {size} bytes, over the limit of {limit} bytes ({flag})")
             if on_chunk is not None:
-                on_chunk(path.stat().st_size)
+                on_chunk(size)
             return path
         if scheme in ("http", "https"):
-            return self._download_http(uri, dest, on_chunk)
+            return self._download_http(uri, dest, on_chunk, cancel, limit, flag)
+        self._bucket(uri, "source")
+        return self._download_s3(uri, dest, on_chunk, cancel, limit, flag)
+
+    def _download_s3(
+        self, uri: str, dest: Path, on_chunk: ChunkHook | None, cancel: threading.Event | None, limit: int, flag: str
+    ) -> Path:
+        deadline = time.monotonic() + self.source_timeout_s
         fs = self.s3()
         try:
             with fs.open(uri, "rb") as src, open(dest, "wb") as out:
+                size = getattr(src, "size", None)
+                if isinstance(size, int) and size > limit:
+                    raise SourceTooLargeError(f"source {_show(uri)!r} is {size} bytes, over the limit of {limit} bytes ({flag})")
                 done = 0
                 while chunk := src.read(1 << 20):
                     out.write(chunk)
                     done += len(chunk)
+                    if done > limit:
+                        raise SourceTooLargeError(f"source {_show(uri)!r} is over the limit of {limit} bytes ({flag})")
+                    if cancel is not None and cancel.is_set():
+                        raise StorageError(f"download of {_show(uri)!r} cancelled")
+                    if time.monotonic() > deadline:
+                        raise SourceError(
+                            f"source {_show(uri)!r} did not download within {self.source_timeout_s:g} s (--source-timeout-s)"
+                        )
                     if on_chunk is not None:
                         on_chunk(done)
         except (FileNotFoundError, PermissionError) as exc:
-            raise SourceError(f"source {uri!r}: {exc}") from exc
+            raise SourceError(f"source {_show(uri)!r}: {exc}") from exc
         except OSError as exc:
-            raise StorageError(f"source {uri!r}: {exc}") from exc
+            raise StorageError(f"source {_show(uri)!r}: {exc}") from exc
         return dest
 
-    def _download_http(self, uri: str, dest: Path, on_chunk: ChunkHook | None) -> Path:
+    def _download_http(
+        self, uri: str, dest: Path, on_chunk: ChunkHook | None, cancel: threading.Event | None, limit: int, flag: str
+    ) -> Path:
         import httpx
 
+        shown = _show(uri)
+        transport = GuardedTransport(self.guard)
+        deadline = time.monotonic() + self.source_timeout_s
+        why: list[str] = []
+        finished = threading.Event()
+
+        def watch() -> None:  # cuts the connection on cancel or at the deadline, whatever the read waits on
+            while not finished.wait(_WATCH_S):
+                if cancel is not None and cancel.is_set():
+                    why.append("cancelled")
+                elif time.monotonic() >= deadline:
+                    why.append("timeout")
+                else:
+                    continue
+                transport.abort()
+                return
+
+        def stopped() -> Exception | None:
+            if not why:
+                return None
+            if why[0] == "cancelled":
+                return StorageError(f"download of {shown!r} cancelled")
+            return SourceError(f"source {shown!r} did not download within {self.source_timeout_s:g} s (--source-timeout-s)")
+
+        watcher = threading.Thread(target=watch, name="frameserve-download-watch", daemon=True)
+        watcher.start()
         try:
-            with httpx.stream("GET", uri, timeout=self.http_timeout_s, follow_redirects=True) as resp:
-                if resp.status_code in (408, 429) or resp.status_code >= 500:
-                    raise StorageError(f"source {uri!r}: HTTP {resp.status_code}")
-                if resp.status_code >= 400:
-                    raise SourceError(f"source {uri!r}: HTTP {resp.status_code}")
-                done = 0
-                with open(dest, "wb") as out:
-                    for chunk in resp.iter_bytes(1 << 16):
-                        out.write(chunk)
-                        done += len(chunk)
-                        if on_chunk is not None:
-                            on_chunk(done)
+            with httpx.Client(
+                transport=transport, timeout=httpx.Timeout(self.http_timeout_s), follow_redirects=False, trust_env=False,
+                headers={"accept-encoding": "identity"},
+            ) as client:
+                url = httpx.URL(uri)
+                for _ in range(self.max_redirects + 1):
+                    with client.stream("GET", url) as resp:
+                        nxt = resp.next_request if resp.is_redirect else None
+                        if nxt is None:
+                            self._write_body(resp, dest, shown, on_chunk, limit, flag)
+                            if (err := stopped()) is not None:  # a cut connection can look like the end of a body
+                                raise err
+                            return dest
+                    url = nxt.url
+                    if url.scheme not in ("http", "https"):
+                        raise SourceError(f"source {shown!r} redirects to a {url.scheme[:20]!r} URL; only http(s) is followed")
+                raise SourceError(f"source {shown!r}: more than {self.max_redirects} redirects")
+        except AddressRefusedError:
+            raise
         except httpx.TimeoutException as exc:
-            raise StorageError(f"source {uri!r}: timed out ({exc.__class__.__name__})") from exc
+            raise stopped() or StorageError(f"source {shown!r}: timed out ({exc.__class__.__name__}, "
+                                            f"no byte for {self.http_timeout_s:g} s)") from exc
+        except httpx.UnsupportedProtocol as exc:
+            raise SourceError(f"source {shown!r} leads to an unsupported URL: {exc}") from exc
         except httpx.TransportError as exc:
-            raise StorageError(f"source {uri!r}: {exc}") from exc
-        return dest
+            raise stopped() or StorageError(f"source {shown!r}: {exc.__class__.__name__}: {exc}") from exc
+        except httpx.InvalidURL as exc:
+            raise SourceError(f"source {shown!r} is not a valid URL: {exc}") from exc
+        finally:
+            finished.set()
+            watcher.join()
+
+    @staticmethod
+    def _write_body(resp: Any, dest: Path, shown: str, on_chunk: ChunkHook | None, limit: int, flag: str) -> None:
+        if resp.status_code in (408, 429) or resp.status_code >= 500:
+            raise StorageError(f"source {shown!r}: HTTP {resp.status_code}")
+        if resp.status_code >= 400:
+            raise SourceError(f"source {shown!r}: HTTP {resp.status_code}")
+        if resp.status_code >= 300:
+            raise SourceError(f"source {shown!r}: HTTP {resp.status_code} without a usable Location")
+        declared = resp.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise SourceTooLargeError(f"source {shown!r} is {declared} bytes, over the limit of {limit} bytes ({flag})")
+        done = 0
+        with open(dest, "wb") as out:
+            for chunk in resp.iter_bytes():
+                done += len(chunk)
+                if done > limit:
+                    raise SourceTooLargeError(f"source {shown!r} is over the limit of {limit} bytes ({flag})")
+                out.write(chunk)
+                if on_chunk is not None:
+                    on_chunk(done)
 
     # ------------------------------------------------------------ upload
 
@@ -191,20 +373,20 @@ class Storage:
                     os.replace(tmp, folder / name)
                     out[name] = f"{base}/{name}"
             except PermissionError as exc:
-                raise SourceError(f"target {target!r}: {exc}") from exc
+                raise SourceError(f"target {_show(target)!r}: {exc}") from exc
             except OSError as exc:
-                raise StorageError(f"target {target!r}: {exc}") from exc
+                raise StorageError(f"target {_show(target)!r}: {exc}") from exc
             return out
         fs = self.s3()
         try:
             for name, local in files.items():
-                tmp = f"{base}/.frameserve-tmp/{tag}/{name}"
-                fs.put_file(str(local), tmp, chunksize=self.multipart_chunk_bytes)
-                fs.copy(tmp, f"{base}/{name}")
-                fs.rm(tmp)
+                key = f"{base}/.frameserve-tmp/{tag}/{name}"
+                fs.put_file(str(local), key, chunksize=self.multipart_chunk_bytes)
+                fs.copy(key, f"{base}/{name}")
+                fs.rm(key)
                 out[name] = f"{base}/{name}"
         except (PermissionError, FileNotFoundError) as exc:
-            raise SourceError(f"target {target!r}: {exc}") from exc
+            raise SourceError(f"target {_show(target)!r}: {exc}") from exc
         except OSError as exc:
-            raise StorageError(f"target {target!r}: {exc}") from exc
+            raise StorageError(f"target {_show(target)!r}: {exc}") from exc
         return out

@@ -16,6 +16,10 @@ One code path serves SQLite and PostgreSQL (psycopg 3):
   once ``max_attempts`` attempts were made.
 - A job's terminal transition writes its callback delivery (the outbox) in the same transaction,
   so a callback is never forgotten and never re-runs inference.
+- Every job has an ``owner`` (the principal that submitted it; ``""`` on a server without
+  tokens). The client-side reads and writes take an ``owner``: given, only that owner's jobs are
+  seen (another's is "not found"); ``None`` sees all (an admin). An ``Idempotency-Key`` is unique
+  per owner and bound to the request it came with (:meth:`JobStore.submit`).
 
 Schema migrations (Alembic) run when the store opens, under a lock (SQLite's write lock, a
 PostgreSQL advisory lock), so many processes may open one database at once.
@@ -23,6 +27,7 @@ PostgreSQL advisory lock), so many processes may open one database at once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import secrets
@@ -36,8 +41,10 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from frameserve.jobs._errors import JobNotFoundError, JobStateError, LeaseLostError
+from frameserve.jobs._engine import make_engine
+from frameserve.jobs._errors import IdempotencyConflictError, JobNotFoundError, JobStateError, LeaseLostError
 from frameserve.jobs._schema import callback_deliveries, job_events, jobs
+from frameserve.security import redact_text, redact_uri
 
 __all__ = [
     "CALLBACK_SCHEDULE_S",
@@ -107,6 +114,7 @@ class JobSpec:
         callback_url: where the Standard Webhooks callback goes, or ``None``.
         priority: higher runs first.
         max_attempts: attempts before a retryable failure becomes final, >= 1.
+        owner: the principal submitting it (``""``: the implicit owner of a server without tokens).
     """
 
     source: str
@@ -116,6 +124,13 @@ class JobSpec:
     callback_url: str | None = None
     priority: int = 0
     max_attempts: int = 5
+    owner: str = ""
+
+    def request_hash(self) -> str:
+        """SHA-256 (hex) of what the client asked for (source, target, pipeline, params,
+        callback, priority): the same request always hashes the same."""
+        doc = [self.source, self.target, self.pipeline, dict(self.params), self.callback_url, int(self.priority)]
+        return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -149,6 +164,7 @@ class Job:
     error: dict[str, Any] | None
     idempotency_key: str | None = None
     callback: dict[str, Any] | None = None
+    owner: str = ""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], callback: dict[str, Any] | None = None) -> Job:
@@ -163,22 +179,30 @@ class Job:
             finished_at=d["finished_at"], updated_at=float(d["updated_at"]), timings=json.loads(d["timings"]),
             result=json.loads(d["result"]) if d["result"] else None,
             error=json.loads(d["error"]) if d["error"] else None,
-            idempotency_key=d["idempotency_key"], callback=callback,
+            idempotency_key=d["idempotency_key"], callback=callback, owner=d.get("owner") or "",
         )
 
     def to_resource(self) -> dict[str, Any]:
-        """The job as ``GET /v1/jobs/{id}`` returns it (and as callbacks carry it in ``data``)."""
+        """The job as ``GET /v1/jobs/{id}`` returns it (and as callbacks carry it in ``data``),
+        with credentials in its URIs and messages redacted (:func:`~frameserve.security.redact_uri`)."""
+        result = self.result
+        if result is not None and isinstance(result.get("outputs"), dict):
+            result = {**result, "outputs": {k: redact_uri(v) for k, v in result["outputs"].items()}}
+        error = self.error
+        if error is not None and isinstance(error.get("message"), str):
+            error = {**error, "message": redact_text(error["message"])}
         return {
             "id": self.id,
+            "owner": self.owner,
             "state": self.state,
             "phase": self.phase,
             "progress": round(100.0 * self.progress, 2),
             "priority": self.priority,
-            "source": self.source,
-            "target": self.target,
+            "source": redact_uri(self.source),
+            "target": redact_uri(self.target),
             "pipeline": self.pipeline,
             "params": self.params,
-            "callback_url": self.callback_url,
+            "callback_url": redact_uri(self.callback_url) if self.callback_url is not None else None,
             "attempts": self.attempt,
             "max_attempts": self.max_attempts,
             "cancel_requested": self.cancel_requested,
@@ -187,8 +211,8 @@ class Job:
             "finished_at": iso(self.finished_at),
             "next_attempt_at": iso(self.run_at) if self.state == "queued" else None,
             "timings": self.timings,
-            "result": self.result,
-            "error": self.error,
+            "result": result,
+            "error": error,
             "callback": self.callback,
         }
 
@@ -234,7 +258,7 @@ class Delivery:
 
 
 def _claim_statement() -> sa.Update:
-    """The claim, built once (bind parameters ``now``, ``owner``, ``until``)."""
+    """The claim, built once (bind parameters ``now``, ``w_owner``, ``until``)."""
     now = sa.bindparam("now", type_=sa.Double())
     pick = (
         sa.select(jobs.c.seq)
@@ -249,7 +273,7 @@ def _claim_statement() -> sa.Update:
         .where(jobs.c.seq == pick, jobs.c.state == "queued")
         .values(
             state="running", phase="download", progress=0.0, attempt=jobs.c.attempt + 1,
-            token=jobs.c.token + 1, lease_owner=sa.bindparam("owner"),
+            token=jobs.c.token + 1, lease_owner=sa.bindparam("w_owner"),
             lease_expires_at=sa.bindparam("until", type_=sa.Double()),
             started_at=sa.func.coalesce(jobs.c.started_at, now), updated_at=now,
         )
@@ -319,7 +343,7 @@ class JobStore:
         self.callback_schedule_s = tuple(callback_schedule_s)
         if not self.callback_schedule_s:
             raise ValueError("callback_schedule_s needs at least one delay")
-        self.engine = _make_engine(url)
+        self.engine = make_engine(url)
         self.is_sqlite = self.engine.dialect.name == "sqlite"
         if migrate:
             self._migrate()
@@ -369,10 +393,13 @@ class JobStore:
             }
         return out
 
-    def _load(self, conn: sa.Connection, job_id: str) -> Job:
-        row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).mappings().first()
+    def _load(self, conn: sa.Connection, job_id: str, owner: str | None = None) -> Job:
+        q = sa.select(jobs).where(jobs.c.id == job_id)
+        if owner is not None:
+            q = q.where(jobs.c.owner == owner)
+        row = conn.execute(q).mappings().first()
         if row is None:
-            raise JobNotFoundError(f"no job {job_id!r}")
+            raise JobNotFoundError(f"no job {job_id[:64]!r}")
         return Job.from_row(row, self._callback_state(conn, [job_id]).get(job_id))
 
     # ---------------------------------------------------------------- client side
@@ -380,25 +407,37 @@ class JobStore:
     def submit(self, spec: JobSpec, *, idempotency_key: str | None = None) -> tuple[Job, bool]:
         """Record a new queued job; returns ``(job, created)``.
 
-        With an ``idempotency_key`` already used, nothing is written and the earlier job is
-        returned with ``created`` false (whatever the spec says).
+        With an ``idempotency_key`` the spec's owner already used for the same request
+        (:meth:`JobSpec.request_hash`), nothing is written and the earlier job is returned with
+        ``created`` false. Keys are scoped per owner: another owner's key is another key.
+
+        Raises:
+            IdempotencyConflictError: the key was used with a different request.
         """
         if spec.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {spec.max_attempts}")
         for _ in range(3):
             try:
                 with self._tx() as conn:
+                    digest = spec.request_hash()
                     if idempotency_key is not None:
                         row = conn.execute(
-                            sa.select(jobs.c.id).where(jobs.c.idempotency_key == idempotency_key)
+                            sa.select(jobs.c.id, jobs.c.request_hash)
+                            .where(jobs.c.owner == spec.owner, jobs.c.idempotency_key == idempotency_key)
                         ).first()
                         if row is not None:
+                            if row[1] is not None and row[1] != digest:
+                                raise IdempotencyConflictError(
+                                    f"Idempotency-Key {idempotency_key[:64]!r} was already used with another request "
+                                    f"(job {row[0]}); resend that request unchanged, or use a new key"
+                                )
                             return self._load(conn, row[0]), False
                     now = self.clock()
                     job_id = _new_id()
                     conn.execute(
                         jobs.insert().values(
-                            id=job_id, idempotency_key=idempotency_key, state="queued", phase=None,
+                            id=job_id, idempotency_key=idempotency_key, owner=spec.owner, request_hash=digest,
+                            state="queued", phase=None,
                             progress=0.0, source=spec.source, target=spec.target, pipeline=spec.pipeline,
                             params=json.dumps(dict(spec.params)), callback_url=spec.callback_url,
                             priority=int(spec.priority), attempt=0, max_attempts=int(spec.max_attempts),
@@ -415,17 +454,24 @@ class JobStore:
                 continue  # a concurrent submit with the same key won; read its job
         raise RuntimeError("idempotent submit did not settle")  # pragma: no cover
 
-    def get(self, job_id: str) -> Job:
-        """The job with that id. Raises :class:`JobNotFoundError`."""
+    def get(self, job_id: str, *, owner: str | None = None) -> Job:
+        """The job with that id (of ``owner`` when given). Raises :class:`JobNotFoundError`."""
         with self._tx(write=False) as conn:
-            return self._load(conn, job_id)
+            return self._load(conn, job_id, owner)
+
+    def is_cancel_requested(self, job_id: str) -> bool:
+        """Whether the job's cancellation was requested (one indexed read, for a worker's fast poll)."""
+        with self._tx(write=False) as conn:
+            return bool(conn.execute(sa.select(jobs.c.cancel_requested).where(jobs.c.id == job_id)).scalar())
 
     def list_jobs(
-        self, *, state: str | None = None, limit: int = 50, cursor: int | None = None
+        self, *, state: str | None = None, limit: int = 50, cursor: int | None = None, owner: str | None = None
     ) -> tuple[list[Job], int | None]:
-        """Jobs newest first, ``limit`` at most; ``cursor`` is the ``next`` value of the previous
-        page. Returns ``(jobs, next_cursor_or_None)``."""
+        """Jobs newest first (of ``owner`` when given), ``limit`` at most; ``cursor`` is the
+        ``next`` value of the previous page. Returns ``(jobs, next_cursor_or_None)``."""
         q = sa.select(jobs).order_by(jobs.c.seq.desc()).limit(limit + 1)
+        if owner is not None:
+            q = q.where(jobs.c.owner == owner)
         if state is not None:
             q = q.where(jobs.c.state == state)
         if cursor is not None:
@@ -437,25 +483,27 @@ class JobStore:
             found = [Job.from_row(r, cb.get(r["id"])) for r in page]
         return found, (found[-1].seq if len(rows) > limit and found else None)
 
-    def events(self, job_id: str) -> list[dict[str, Any]]:
-        """The job's events, oldest first: ``[{at, type, data}]``. Raises :class:`JobNotFoundError`."""
+    def events(self, job_id: str, *, owner: str | None = None) -> list[dict[str, Any]]:
+        """The job's events, oldest first: ``[{at, type, data}]`` (of ``owner``'s job when given).
+        Raises :class:`JobNotFoundError`."""
         with self._tx(write=False) as conn:
-            self._load(conn, job_id)
+            self._load(conn, job_id, owner)
             rows = conn.execute(
                 sa.select(job_events).where(job_events.c.job_id == job_id).order_by(job_events.c.seq)
             ).mappings()
             return [{"at": iso(r["at"]), "type": r["type"], "data": json.loads(r["data"])} for r in rows]
 
-    def cancel(self, job_id: str) -> Job:
-        """Cancel a job: a queued one at once (its callback is queued), a running one at its
-        worker's next heartbeat. Cancelling a cancelled job is a no-op.
+    def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
+        """Cancel a job (``owner``'s when given): a queued one at once (its callback is queued), a
+        running one when its worker next looks (within a second). Cancelling a cancelled job is a
+        no-op.
 
         Raises:
             JobNotFoundError: no such job.
             JobStateError: the job already succeeded or failed.
         """
         with self._tx() as conn:
-            job = self._load(conn, job_id)
+            job = self._load(conn, job_id, owner)
             now = self.clock()
             if job.state == "queued":
                 self._finish(conn, job, "cancelled", now, error={"code": "cancelled", "message": "cancelled by request"})
@@ -475,7 +523,7 @@ class JobStore:
         """Claim the next due queued job (higher priority first, then oldest) for ``lease_s``
         seconds, in one statement. Returns ``None`` when no job is due."""
         now = self.clock()
-        params = {"now": now, "owner": owner, "until": now + lease_s}
+        params = {"now": now, "w_owner": owner, "until": now + lease_s}
         with self._tx() as conn:
             row = conn.execute(_CLAIM, params).mappings().first()
             if row is None:
@@ -724,33 +772,3 @@ class JobStore:
         out.update({s: int(n) for s, n in rows})
         return out
 
-
-def _make_engine(url: str) -> sa.Engine:
-    from sqlalchemy import event
-
-    u = sa.make_url(url)
-    if u.get_backend_name() == "sqlite":
-        if u.database and u.database != ":memory:":
-            from pathlib import Path
-
-            Path(u.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = sa.create_engine(u, connect_args={"timeout": 60.0, "check_same_thread": False})
-
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA busy_timeout=60000")
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _on_begin(conn: sa.Connection) -> None:
-            mode = conn.get_execution_options().get("sqlite_begin", "IMMEDIATE")
-            conn.exec_driver_sql(f"BEGIN {mode}")
-
-        return engine
-    # no pool_pre_ping: it costs a round trip per transaction; a dropped connection fails one
-    # statement, is invalidated by the pool, and the worker loops retry.
-    return sa.create_engine(u, pool_size=8, max_overflow=16)

@@ -6,10 +6,16 @@ downloading (claimed, lease held) and job *n-1* is uploading::
     fetch:    claim ─ download ──▶ [ready: 1] ──▶ process: pipeline ──▶ [done: 1] ──▶ upload: put ─ complete
 
 A fourth thread heartbeats every lease the worker holds each ``lease_s / 3`` seconds: it extends
-the lease and writes phase and progress. A heartbeat that finds cancellation requested, or the
-lease lost, aborts that job's work at the next chunk or batch; a lost lease writes nothing more
-(the store's fencing token rejects any late write). The fetch thread also runs the rescuer
-(expired leases → re-queued or failed) about once per lease.
+the lease and writes phase and progress; between heartbeats it looks at each job's cancel flag
+every :data:`CANCEL_POLL_S` seconds. A requested cancellation, or a lost lease, aborts that job's
+work: a download at once (its connection is cut), processing at the next batch; a lost lease
+writes nothing more (the store's fencing token rejects any late write). The fetch thread also runs
+the rescuer (expired leases → re-queued or failed) about once per lease.
+
+Scratch: with ``scratch_root`` (``$FRAMESERVE_HOME/tmp`` in ``frameserve worker`` and ``serve``),
+the worker's downloads and outputs live in ``scratch_root/<worker id>`` (with an owner file,
+:mod:`frameserve.jobs._scratch`), and a starting worker removes the folders of dead workers
+there (a SIGKILLed worker leaves its downloaded sources behind).
 
 :meth:`Worker.stop` (SIGTERM in ``frameserve worker``) stops claiming, releases a job that is
 downloaded but not started, and finishes the job being processed and uploaded.
@@ -30,20 +36,26 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from frameserve.errors import FrameserveError
 from frameserve.jobs._errors import LeaseLostError, is_retryable
-from frameserve.jobs._pipeline import FaultHook, ProcessFn, ProgressCb, pipeline_process, video_out_name
+from frameserve.jobs._pipeline import FaultHook, ProcessFn, pipeline_process, video_out_name
+from frameserve.jobs._scratch import Scratch, sweep
 from frameserve.jobs.storage import Storage
-from frameserve.jobs.store import Job, JobStore, Lease
+from frameserve.jobs.store import JobStore, Lease
+from frameserve.security import redact_text
 
-__all__ = ["FaultHook", "ProcessFn", "Worker", "faults_from_env", "pipeline_process", "video_out_name"]
+__all__ = ["CANCEL_POLL_S", "FaultHook", "ProcessFn", "Worker", "faults_from_env", "pipeline_process", "video_out_name"]
 
 log = logging.getLogger("frameserve.jobs.worker")
+
+CANCEL_POLL_S = 0.5
+"""How often a worker looks at the cancel flag of each job it holds, seconds (a cancelled
+download stops within about this long of the request)."""
 
 
 _WEIGHTS = {"download": (0.0, 0.1), "process": (0.1, 0.9), "upload": (0.9, 1.0)}
@@ -116,9 +128,12 @@ class Worker:
         process: the pipeline step (see :func:`pipeline_process`).
         lease_s: lease length, seconds; heartbeats every ``lease_s / 3``.
         poll_s: idle wait between claims when the queue is empty, seconds.
-        workdir: scratch folder for downloads and outputs (default: a temporary folder).
+        workdir: scratch folder for downloads and outputs (default: ``scratch_root/<worker id>``,
+            else a temporary folder).
         worker_id: recorded as the lease owner (default ``host:pid:random``).
         fault: test hook (see :func:`faults_from_env`).
+        scratch_root: the folder of every worker's scratch (``$FRAMESERVE_HOME/tmp``); the
+            folders of dead workers there are removed at :meth:`start`.
     """
 
     def __init__(
@@ -132,6 +147,7 @@ class Worker:
         workdir: Path | None = None,
         worker_id: str | None = None,
         fault: FaultHook | None = None,
+        scratch_root: Path | None = None,
     ) -> None:
         self.store = store
         self.storage = storage
@@ -139,8 +155,16 @@ class Worker:
         self.lease_s = lease_s
         self.heartbeat_s = lease_s / 3.0
         self.poll_s = poll_s
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="frameserve-worker-"))
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.scratch_root = Path(scratch_root) if scratch_root is not None else None
+        self._scratch: Scratch | None = None
+        if workdir is not None:
+            self.workdir = Path(workdir)
+        elif self.scratch_root is not None:
+            self._scratch = Scratch.create(self.scratch_root, self.worker_id)
+            self.workdir = self._scratch.path
+        else:
+            self.workdir = Path(tempfile.mkdtemp(prefix="frameserve-worker-"))
         self.fault = fault
         self._stopping = threading.Event()
         self._ready: queue.Queue[_Item | None] = queue.Queue(maxsize=1)
@@ -155,7 +179,11 @@ class Worker:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Start the stage and heartbeat threads."""
+        """Remove dead workers' scratch folders (with ``scratch_root``), then start the stage and
+        heartbeat threads."""
+        if self.scratch_root is not None:
+            for folder in sweep(self.scratch_root, stale_s=max(600.0, 10 * self.lease_s), keep=self.workdir):
+                log.info("removed the scratch folder %s of a worker that is gone", folder)
         for name, target in (
             ("heartbeat", self._heartbeat_loop), ("fetch", self._fetch_loop),
             ("process", self._process_loop), ("upload", self._upload_loop),
@@ -232,7 +260,7 @@ class Worker:
             else:
                 retry = is_retryable(exc)
                 code = exc.code if isinstance(exc, FrameserveError) else "internal"
-                message = str(exc) or exc.__class__.__name__
+                message = redact_text(str(exc) or exc.__class__.__name__)
                 got = self.store.fail(a.lease, {"code": code, "message": message}, retryable=retry, timings=self._timings(a))
                 log.info("job %s attempt %d failed (%s): %s → %s", job.id, job.attempt, code, message, got.state)
         except LeaseLostError:
@@ -254,14 +282,24 @@ class Worker:
     # ------------------------------------------------------------ threads
 
     def _heartbeat_loop(self) -> None:
-        while not self._hb_stop.wait(self.heartbeat_s):
+        tick = min(self.heartbeat_s, CANCEL_POLL_S)
+        next_beat = time.monotonic() + self.heartbeat_s
+        while not self._hb_stop.wait(tick):
             with self._lock:
                 active = list(self._active.values())
+            beat = time.monotonic() >= next_beat
+            if beat:
+                next_beat = time.monotonic() + self.heartbeat_s
+                if self._scratch is not None:
+                    self._scratch.touch()
             for a in active:
-                if a.lost.is_set():
+                if a.lost.is_set() or (a.cancel.is_set() and not beat):
                     continue
                 try:
-                    if self.store.heartbeat(a.lease, lease_s=self.lease_s, progress=a.progress):
+                    if beat:
+                        if self.store.heartbeat(a.lease, lease_s=self.lease_s, progress=a.progress):
+                            a.cancel.set()
+                    elif self.store.is_cancel_requested(a.lease.job.id):
                         a.cancel.set()
                 except LeaseLostError:
                     a.lost.set()
@@ -325,7 +363,7 @@ class Worker:
             if a.cancel.is_set():
                 raise _Cancelled()
 
-        item.video = self.storage.download(a.lease.job.source, item.workdir / "source", on_chunk=on_chunk)
+        item.video = self.storage.download(a.lease.job.source, item.workdir / "source", on_chunk=on_chunk, cancel=a.cancel)
         self._end_phase(a, "download")
 
     def _process_loop(self) -> None:

@@ -263,11 +263,12 @@ class GuardedTransport(httpx.HTTPTransport):
     """
 
     def __init__(self, guard: AddressGuard, *, verify: Any = True) -> None:
-        super().__init__(verify=verify, trust_env=False)
+        ssl_context = httpx.create_ssl_context(verify=verify, trust_env=False)
+        super().__init__(verify=ssl_context, trust_env=False)
         self.guard = guard
         self._streams = _Streams()
         self._pool = httpcore.ConnectionPool(  # the parent's pool, with the guarded backend
-            ssl_context=httpx.create_ssl_context(verify=verify, trust_env=False),
+            ssl_context=ssl_context,
             max_connections=10, max_keepalive_connections=5, keepalive_expiry=5.0,
             network_backend=_GuardedBackend(guard, self._streams),
         )

@@ -1,7 +1,16 @@
-"""Opening an input: URI resolution and FFmpeg errors turned into one-line :class:`VideoError`."""
+"""Opening an input: URI resolution and FFmpeg errors turned into one-line :class:`VideoError`.
+
+A local file (a path or a ``file://`` URI) is read as that one file and nothing else: FFmpeg opens
+it with ``protocol_whitelist=file`` and a ``format_whitelist`` of every demuxer except those that
+open other files or URLs (:data:`MULTI_FILE_DEMUXERS`: an HLS playlist, a concat list, an image
+sequence, an SDP/RTSP description, capture devices). So a job's input, always a local file by the
+time it is decoded, cannot make FFmpeg read a segment elsewhere on disk or reach the network.
+Single images still open (FFmpeg's ``*_pipe`` demuxers read them).
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -12,9 +21,34 @@ import av.container
 
 from frameserve.errors import VideoError
 
-__all__ = ["describe_streams", "open_input", "resolve_uri"]
+__all__ = ["MULTI_FILE_DEMUXERS", "describe_streams", "local_input_options", "open_input", "resolve_uri"]
 
 _ACCEPTED = "a path or file:// URI of a video FFmpeg can read (mp4, mkv, webm, mov, avi, ...)"
+
+MULTI_FILE_DEMUXERS = frozenset({
+    "hls", "dash", "imf", "concat", "image2", "sdp", "rtsp", "rtp", "sap", "lavfi", "vobsub", "avisynth",
+    "vapoursynth", "alsa", "fbdev", "kmsgrab", "oss", "x11grab", "video4linux2,v4l2", "pulse", "jack",
+})
+"""FFmpeg demuxers (names as ``av.formats_available`` has them) that read files or URLs other than
+the one opened, or devices: never used for a local file."""
+
+
+@functools.cache
+def local_input_options() -> dict[str, str]:
+    """The FFmpeg options every local file is opened with: ``protocol_whitelist=file`` and a
+    ``format_whitelist`` of PyAV's demuxers minus :data:`MULTI_FILE_DEMUXERS` (FFmpeg refuses a
+    probed format not on the list before its ``read_header`` runs, so a playlist never opens a
+    segment)."""
+    allowed = []
+    for name in sorted(av.formats_available):
+        if name in MULTI_FILE_DEMUXERS:
+            continue
+        try:
+            av.ContainerFormat(name, "r")
+        except ValueError:  # a muxer only
+            continue
+        allowed.append(name)
+    return {"protocol_whitelist": "file", "format_whitelist": ",".join(allowed)}
 
 
 def resolve_uri(uri: str | os.PathLike[str]) -> tuple[str, Path | None]:
@@ -39,9 +73,12 @@ def open_input(uri: str | os.PathLike[str], **av_options: Any) -> av.container.I
     """Open ``uri`` for reading; ``av_options`` go to :func:`av.open` (``options``,
     ``stream_options``: e.g. a minimal probe for key-frame readers).
 
+    A local file is opened with :func:`local_input_options` (they win over ``options`` given).
+
     Raises:
-        VideoError: the file is missing, a directory, empty (0 bytes), or not a format FFmpeg
-            can read; FFmpeg's own reason is quoted.
+        VideoError: the file is missing, a directory, empty (0 bytes), not a format FFmpeg
+            can read, or a format that reads other files (a playlist...); FFmpeg's own reason is
+            quoted.
     """
     target, path = resolve_uri(uri)
     if path is not None:
@@ -51,6 +88,7 @@ def open_input(uri: str | os.PathLike[str], **av_options: Any) -> av.container.I
             raise VideoError(f"video path is a directory: {str(path)!r}; expected {_ACCEPTED}")
         if path.stat().st_size == 0:
             raise VideoError(f"video file is empty (0 bytes): {str(path)!r}; expected {_ACCEPTED}")
+        av_options = {**av_options, "options": {**dict(av_options.get("options") or {}), **local_input_options()}}
     try:
         return av.open(target, mode="r", **av_options)
     except av.error.FFmpegError as exc:
@@ -58,6 +96,11 @@ def open_input(uri: str | os.PathLike[str], **av_options: Any) -> av.container.I
         hint = _missing_moov(path) if path is not None else None
         if hint:
             raise VideoError(f"not a readable video: {target!r}: {hint}") from exc
+        if path is not None and isinstance(exc, av.error.ArgumentError):  # EINVAL: "Format not on whitelist"
+            raise VideoError(
+                f"not a readable video: {target!r} (FFmpeg: {reason}): a local file is read alone; a format that "
+                "reads other files or URLs (HLS playlist, concat list, image sequence, SDP) is refused"
+            ) from exc
         raise VideoError(
             f"not a readable video: {target!r} (FFmpeg: {reason}); expected {_ACCEPTED}"
         ) from exc

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 __all__ = ["HEAD", "upgrade"]
 
-HEAD = "0001"
+HEAD = "0002"
 """The newest revision."""
 
 
