@@ -255,6 +255,24 @@ def test_a_5000_character_model_name_is_a_400_that_does_not_echo_it(repo: Path) 
         gclient.close()
 
 
+# -- DNS rebinding ----------------------------------------------------------------------------
+
+
+def test_a_loopback_server_without_tokens_answers_only_requests_addressed_to_this_machine(repo: Path) -> None:
+    """A page on evil.example whose name is made to resolve to 127.0.0.1 is same-origin for the
+    browser; only its Host header gives it away."""
+    with _serving(repo, model_control_mode="explicit", startup_models=("add",)) as server, _http(server) as http:
+        port = server.http_port
+        for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.nip.io:{port}", f"10.0.0.5:{port}"):
+            for r in (http.get("/v2/health/ready", headers={"Host": host}),
+                      http.post("/v2/repository/models/add/unload", headers={"Host": host, "Origin": f"http://{host}"})):
+                assert r.status_code == 403 and "addressed to this machine" in r.json()["error"], (host, r.text)
+                assert "evil" not in r.text
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", f"app.localhost:{port}", f"127.3.4.5:{port}"):
+            assert http.get("/v2/health/ready", headers={"Host": host}).status_code == 200, host
+        assert server.service.is_ready("add")  # the refused unload did nothing
+
+
 # -- cross-site requests --------------------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ Origin scheme's default on both sides.
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit
 
 from frameserve.errors import (
@@ -51,6 +52,7 @@ __all__ = [
     "STATE_CHANGING_METHODS",
     "cross_site_refusal",
     "grpc_roles",
+    "host_refusal",
     "http_roles",
 ]
 
@@ -121,6 +123,37 @@ def _host_port(netloc: str, default_port: int) -> tuple[str, int] | None:
     if not parts.hostname:
         return None
     return parts.hostname.lower().rstrip("."), default_port if port is None else port
+
+
+def host_refusal(host: str | None) -> FrameserveError | None:
+    """Why a request to a loopback-only server without tokens is refused because of its ``Host``
+    header, or ``None`` when the header names this machine (``localhost``, ``*.localhost``, an
+    address in 127.0.0.0/8 or ``::1``) or is absent (HTTP/1.0 clients).
+
+    The defence against DNS rebinding: a page on ``evil.example`` whose name is made to resolve
+    to 127.0.0.1 reaches the server as same-origin, but its requests carry ``Host:
+    evil.example``. Servers with tokens, or bound to other addresses behind a gateway
+    (``--allow-unauthenticated``), do not need it.
+
+    Returns:
+        :class:`~frameserve.errors.PermissionDeniedError` (403); the message does not echo the header.
+    """
+    if host is None:
+        return None
+    parsed = _host_port(host, 80)
+    if parsed is not None:
+        name = parsed[0].strip("[]")
+        if name == "localhost" or name.endswith(".localhost"):
+            return None
+        try:
+            if ipaddress.ip_address(name).is_loopback:
+                return None
+        except ValueError:
+            pass
+    return PermissionDeniedError(
+        "this server answers only requests addressed to this machine (Host: localhost or a loopback "
+        "address) while it runs without tokens; use --auth-token-file to serve other names"
+    )
 
 
 def cross_site_refusal(

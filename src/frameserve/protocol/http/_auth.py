@@ -19,7 +19,7 @@ from frameserve.errors import (
     UnauthenticatedError,
 )
 from frameserve.protocol.http import codec
-from frameserve.security.auth import cross_site_refusal, http_roles
+from frameserve.security.auth import cross_site_refusal, host_refusal, http_roles
 from frameserve.security.tokens import IMPLICIT_OWNER, TokenTable
 
 __all__ = ["HttpGate"]
@@ -35,14 +35,20 @@ class HttpGate:
         tokens: the accepted tokens; ``None`` = no authentication (every request is
             :data:`~frameserve.security.IMPLICIT_OWNER`'s; the cross-site checks still hold).
         auth_health: also ask for a token on ``/v2/health/*`` and ``/metrics``.
+        loopback_hosts_only: refuse requests whose ``Host`` does not name this machine
+            (:func:`~frameserve.security.auth.host_refusal`: DNS rebinding); for a server
+            without tokens bound to a loopback address.
 
     Cost per request: one pass over the headers, a few string tests and, with tokens, one
     SHA-256 and one dict lookup.
     """
 
-    def __init__(self, tokens: TokenTable | None = None, *, auth_health: bool = False) -> None:
+    def __init__(
+        self, tokens: TokenTable | None = None, *, auth_health: bool = False, loopback_hosts_only: bool = False
+    ) -> None:
         self.tokens = tokens
         self.auth_health = auth_health
+        self.loopback_hosts_only = loopback_hosts_only
 
     async def admit(self, scope: dict[str, Any], send: Any) -> bool:
         """Check one ``http`` request scope; on refusal send the answer and return ``False``."""
@@ -56,6 +62,8 @@ class HttpGate:
             method, path, host=found.get(b"host"), origin=found.get(b"origin"),
             fetch_site=found.get(b"sec-fetch-site"), content_type=found.get(b"content-type"),
         )
+        if refusal is None and self.loopback_hosts_only:
+            refusal = host_refusal(found.get(b"host"))
         if refusal is not None:
             await _refuse(send, refusal)
             return False
