@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev
 .venv/bin/ruff check src
-.venv/bin/mypy -p frameserve.types -p frameserve.errors -p frameserve.request -p frameserve.service \
+.venv/bin/mypy -p frameserve.types -p frameserve.errors -p frameserve.request -p frameserve.shm -p frameserve.service \
     -p frameserve.scheduler -p frameserve.protocol

@@ -135,24 +135,21 @@ def test_load_rejects_bad_config_parameter_before_calling_the_service() -> None:
     assert ctx.code is grpc.StatusCode.INVALID_ARGUMENT and "not supported" in ctx.details
 
 
-@pytest.mark.parametrize(
-    "rpc",
-    [
-        "SystemSharedMemoryStatus",
-        "SystemSharedMemoryRegister",
-        "SystemSharedMemoryUnregister",
-        "CudaSharedMemoryStatus",
-        "CudaSharedMemoryRegister",
-        "CudaSharedMemoryUnregister",
-        "TraceSetting",
-        "LogSettings",
-    ],
-)
+@pytest.mark.parametrize("rpc", ["TraceSetting", "LogSettings"])
 def test_unserved_rpcs_answer_unimplemented(rpc: str) -> None:
     ctx = _Context()
     with pytest.raises(_Aborted):
         _call(getattr(GrpcInferenceServicer(RecordingService()), rpc)(None, ctx))
     assert ctx.code is grpc.StatusCode.UNIMPLEMENTED and rpc in ctx.details
+
+
+@pytest.mark.parametrize("kind", ["System", "Cuda"])
+@pytest.mark.parametrize("action", ["Status", "Register", "Unregister"])
+def test_shared_memory_rpcs_without_a_registry_answer_unimplemented(kind: str, action: str) -> None:
+    ctx = _Context()
+    with pytest.raises(_Aborted):
+        _call(getattr(GrpcInferenceServicer(RecordingService()), f"{kind}SharedMemory{action}")(None, ctx))
+    assert ctx.code is grpc.StatusCode.UNIMPLEMENTED and "--allow-client-shm" in ctx.details
 
 
 def test_config_message_from_tritons_json_form() -> None:

@@ -124,3 +124,13 @@ def test_cross_site_refusals() -> None:
     assert _refusal(path="/v1/analyze", content_type="multipart/form-data; boundary=b") is None  # uploads
     assert isinstance(_refusal(path="/v1/analyze", origin="http://evil.example"), PermissionDeniedError)
     assert _refusal(path="/v2/models/m/infer", content_type="application/octet-stream") is None
+    # perf_analyzer's libcurl default on the shared-memory routes (never a JSON object body)
+    form = "application/x-www-form-urlencoded"
+    assert _refusal(path="/v2/systemsharedmemory/region/r/register", content_type=form) is None
+    assert _refusal(path="/v2/cudasharedmemory/unregister", content_type=form) is None
+    assert isinstance(_refusal(path="/v2/systemsharedmemory/unregister", content_type="text/plain"), UnsupportedMediaTypeError)
+    assert isinstance(_refusal(path="/v2/repository/models/m/load", content_type=form), UnsupportedMediaTypeError)
+    assert isinstance(
+        _refusal(path="/v2/systemsharedmemory/unregister", content_type=form, origin="http://evil.example"),
+        PermissionDeniedError,
+    )

@@ -60,12 +60,14 @@ from frameserve.pipeline._decode_worker import (
 from frameserve.pipeline._stages import Layout, OutputStage, ProcessStage
 from frameserve.pipeline.contract import Batch, BatchItem, FrameInfo
 from frameserve.pipeline.timing import Timing
+from frameserve.shm import OWN_SEGMENT_PREFIX
 from frameserve.video import StreamInfo
 
 __all__ = ["SHM_PREFIX", "DecodePool", "DecodeProcess", "run_parallel"]
 
-SHM_PREFIX = "frameserve-"
-"""Name prefix of the shared-memory rings (``/dev/shm/frameserve-<pid>-<token>`` on Linux)."""
+SHM_PREFIX = OWN_SEGMENT_PREFIX
+"""Name prefix of the shared-memory rings (``/dev/shm/frameserve-<pid>-<token>`` on Linux):
+frameserve's own prefix, which clients may not register as a shared-memory region."""
 
 _POLL_S = 0.25
 """How often a blocked wait looks whether the other side is still alive."""

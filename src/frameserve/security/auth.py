@@ -25,7 +25,12 @@ another site can reach a loopback server): on ``POST``/``PUT``/``PATCH``/``DELET
   "CORS-safelisted request-header") on a JSON route is refused with 415
   (:class:`~frameserve.errors.UnsupportedMediaTypeError`). ``/v1/analyze`` takes
   ``multipart/form-data`` uploads, so only the first check applies there. A request without a
-  ``Content-Type`` (tritonclient sends none on load and unload) is accepted.
+  ``Content-Type`` (tritonclient sends none on load and unload) is accepted. The shared-memory
+  routes (``/v2/systemsharedmemory/``, ``/v2/cudasharedmemory/``) also accept
+  ``application/x-www-form-urlencoded``: Triton's C++ client (perf_analyzer) posts them with
+  libcurl's default type, and such a body never parses as the JSON object they read
+  (URL-encoding escapes every JSON delimiter); only an empty one gets through, which matters
+  only from a browser that sends neither ``Origin`` nor ``Sec-Fetch-Site`` (Firefox before 70).
 
 The scheme is left out of the origin comparison so a server behind a TLS-terminating ingress
 (``https://`` outside, ``http`` inside) still recognises its own pages; a missing port means the
@@ -78,6 +83,9 @@ _GRPC_ADMIN = frozenset({
     _GRPC_SERVICE + "TraceSetting", _GRPC_SERVICE + "LogSettings",
 })
 _NOT_JSON_PREFIXES = ("/v1/analyze",)
+_FORM_TYPE = "application/x-www-form-urlencoded"
+_FORM_TYPE_PREFIXES = ("/v2/systemsharedmemory/", "/v2/cudasharedmemory/")
+"""Routes that accept libcurl's default POST type (the module docstring says why)."""
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -180,7 +188,7 @@ def cross_site_refusal(
             return PermissionDeniedError("cross-site request refused: its Origin is not this server")
     if content_type is not None and not path.startswith(_NOT_JSON_PREFIXES):
         media = content_type.partition(";")[0].strip().lower()
-        if media in SAFELISTED_CONTENT_TYPES:
+        if media in SAFELISTED_CONTENT_TYPES and not (media == _FORM_TYPE and path.startswith(_FORM_TYPE_PREFIXES)):
             return UnsupportedMediaTypeError(
                 f"Content-Type {media} is not accepted here (a browser may send it from any site); "
                 "send application/json, application/octet-stream or no Content-Type"

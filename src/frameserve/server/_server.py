@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
 import ssl
@@ -142,6 +143,16 @@ class ServerOptions:
                 raise FrameserveError(f"{name} must be 0..65535, got {port}")
         if self.max_body_bytes < 1:
             raise FrameserveError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (a bind address) is loopback only (``127.0.0.0/8``, ``::1``, ``localhost``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -375,10 +386,14 @@ class Server:
                 self.service, max_body_bytes=opts.max_body_bytes, ready_check=lambda: self.ready,
                 routers=opts.http_routers, model_control_mode=opts.model_control_mode,
                 tokens=opts.tokens, auth_health=opts.auth_health, limits=opts.limits,
+                loopback_hosts_only=opts.tokens is None and _is_loopback(opts.host_for("http")),
                 shared_memory=self.shared_memory,
             )
         if "metrics" in self._sockets:
-            apps["metrics"] = create_metrics_app(self.service, tokens=opts.tokens, auth_health=opts.auth_health)
+            apps["metrics"] = create_metrics_app(
+                self.service, tokens=opts.tokens, auth_health=opts.auth_health,
+                loopback_hosts_only=opts.tokens is None and _is_loopback(opts.host_for("metrics")),
+            )
         tasks: list[asyncio.Task[None]] = []
         for kind, app in apps.items():
             config = uvicorn.Config(

@@ -30,6 +30,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import secrets
 import signal
 import threading
 from collections.abc import Mapping, Sequence
@@ -52,6 +53,7 @@ from frameserve.backends.python.host import (
 from frameserve.errors import FrameserveError, InferenceError, ModelConfigError
 from frameserve.repository import ModelConfig
 from frameserve.request import InferRequest, RequestedOutput
+from frameserve.shm import OWN_SEGMENT_PREFIX
 from frameserve.types import DataType, TensorSpec, decode_bytes_elements, encode_bytes_elements
 
 __all__ = ["PythonProcessSession", "pack_tensors", "unpack_tensors"]
@@ -94,7 +96,9 @@ def pack_tensors(tensors: Mapping[str, np.ndarray[Any, Any]]) -> tuple[shared_me
     for part in parts:
         offsets.append(total)
         total += -(-part[4].nbytes // _ALIGN) * _ALIGN
-    shm = shared_memory.SharedMemory(create=True, size=max(total, 1))
+    # frameserve's own prefix: clients may not register these as shared-memory regions
+    name = f"{OWN_SEGMENT_PREFIX}pb-{os.getpid()}-{secrets.token_hex(8)}"
+    shm = shared_memory.SharedMemory(name=name, create=True, size=max(total, 1))
     descs: list[Desc] = []
     for (name, kind, dtype, shape, data), offset in zip(parts, offsets, strict=True):
         if data.nbytes:

@@ -215,7 +215,8 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         finally:
             if shm is not None:  # the regions it used may be unmapped now (unregistered meanwhile)
                 shm.release()
-        trim_after(sum(a.nbytes for a in call.inputs.values() if a.dtype != object))
+        in_regions = shm.input_bytes if shm is not None else 0  # mapped, not on the heap
+        trim_after(sum(a.nbytes for a in call.inputs.values() if a.dtype != object) - in_regions)
         return response
 
     @_handled

@@ -158,6 +158,7 @@ def create_app(
     auth_health: bool = False,
     limits: TensorLimits = DEFAULT_LIMITS,
     shared_memory: SharedMemoryRegistry | None = None,
+    loopback_hosts_only: bool = False,
 ) -> FastAPI:
     """Build the v2 HTTP application over ``service``.
 
@@ -174,6 +175,8 @@ def create_app(
             are refused either way.
         auth_health: ask for a token on ``/v2/health/*`` and ``/metrics`` too.
         limits: caps on the JSON size, declared shapes and BYTES elements of inference requests.
+        loopback_hosts_only: answer only requests whose ``Host`` names this machine (a server
+            without tokens on a loopback address: the DNS-rebinding defence).
         shared_memory: the server's registry of client system shared-memory regions (shared
             with the gRPC servicer): the ``/v2/systemsharedmemory`` routes and tensors in
             regions; ``None``: both are refused (Triton's ``--allow-client-shm=false``).
@@ -192,7 +195,7 @@ def create_app(
 
     app = _V2App(title="frameserve", docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
     app.state.max_body_bytes = max_body_bytes
-    app.gate = HttpGate(tokens, auth_health=auth_health)
+    app.gate = HttpGate(tokens, auth_health=auth_health, loopback_hosts_only=loopback_hosts_only)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -519,12 +522,15 @@ class _V2App(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_metrics_app(service: InferenceService, *, tokens: TokenTable | None = None, auth_health: bool = False) -> FastAPI:
+def create_metrics_app(
+    service: InferenceService, *, tokens: TokenTable | None = None, auth_health: bool = False,
+    loopback_hosts_only: bool = False,
+) -> FastAPI:
     """The metrics port's application: ``GET /metrics`` in Prometheus text format from
     ``service.metrics.registry``; open unless ``tokens`` are
     given with ``auth_health`` (then any valid token reads it)."""
     app = _V2App(title="frameserve metrics", docs_url=None, redoc_url=None, openapi_url=None)
-    app.gate = HttpGate(tokens, auth_health=auth_health)
+    app.gate = HttpGate(tokens, auth_health=auth_health, loopback_hosts_only=loopback_hosts_only)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:

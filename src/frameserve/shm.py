@@ -1,0 +1,505 @@
+"""Triton's system shared-memory extension, transport-neutral: the registry of client regions
+(:class:`SharedMemoryRegistry`, one per server, shared by HTTP and gRPC) and the per-request use
+of them (:class:`SharedMemoryUse`: inputs read as numpy views of a region, outputs written into
+one).
+
+Protocol (triton-inference-server/server ``docs/protocol/extension_shared_memory.md``; the
+semantics of Triton's ``src/shared_memory_manager.cc``):
+
+- A client creates a POSIX shared-memory object (``shm_open``; ``tritonclient.utils.shared_memory``
+  and perf_analyzer ``--shared-memory system`` do), then registers a *region* of it: a name, the
+  object's key, an offset and a byte size. Registering a name twice is refused; unregistering
+  an unknown name is not an error; unregistering with no name drops every region.
+- An input or a requested output names a region with the parameters ``shared_memory_region``
+  (string), ``shared_memory_byte_size`` (int) and ``shared_memory_offset`` (int, default 0,
+  bytes from the start of the region); the first two are required together
+  (:func:`shm_location`). An input's bytes are the tensor's wire form (little-endian, row-major;
+  BYTES as 4-byte lengths then bytes); an output is written there in the same form and its
+  response entry carries no data.
+
+What frameserve adds to Triton's checks:
+
+- keys are single POSIX shm names (``/name``: ``[A-Za-z0-9._-]``, no ``..``), opened under
+  ``/dev/shm`` with ``O_NOFOLLOW`` and ``O_NONBLOCK``, regular files only; never a path;
+- keys naming frameserve's own segments (:data:`OWN_SEGMENT_PREFIX`: the decode ring, the Python
+  backend's tensor blocks) are refused, as Triton refuses its Python backend's prefix;
+- any offset is accepted (the mapping starts at the page below it), and the segment's size is
+  checked again each time a request uses the region, so a client that shrank its segment
+  gets an error instead of the server dying of SIGBUS (a client truncating it *during* a request
+  can still crash the server: the reason this extension is off unless the server is asked,
+  ``serve --allow-client-shm``, as Triton's ``--allow-client-shm`` since 2.66);
+- an unregistered region is unusable for new requests at once, but stays mapped until the last
+  request using it finishes (reference counts; numpy views of it keep it mapped longer still).
+
+The server opens segments with ``os.open`` + ``mmap``, not ``multiprocessing.shared_memory``,
+so Python's resource tracker never learns of (and never unlinks) a client's segment.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import mmap
+import os
+import re
+import stat
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from frameserve.errors import (
+    ResourceExhaustedError,
+    SharedMemoryError,
+    SharedMemoryExistsError,
+    SharedMemoryNotFoundError,
+    SharedMemoryUnsupportedError,
+    TensorError,
+)
+from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
+
+__all__ = [
+    "DEFAULT_MAX_REGIONS",
+    "EXTENSION",
+    "OWN_SEGMENT_PREFIX",
+    "SHM_PARAMETERS",
+    "SHM_ROOT",
+    "SharedMemoryRegistry",
+    "SharedMemoryUse",
+    "ShmLocation",
+    "client_shm_disabled",
+    "cuda_shm_unsupported",
+    "shm_location",
+]
+
+OWN_SEGMENT_PREFIX = "frameserve-"
+"""Name prefix of every POSIX shared-memory segment frameserve creates itself (the decode
+ring of ``pipeline._parallel``, the Python backend's tensor blocks); a client key with this prefix
+is refused."""
+
+EXTENSION = "system_shared_memory"
+"""The extension's name in ``/v2`` and gRPC ``ServerMetadata`` (listed where a registry serves)."""
+
+SHM_ROOT = "/dev/shm"
+"""Where Linux keeps POSIX shared-memory objects (``shm_open(3)``: glibc maps ``/name`` there)."""
+
+DEFAULT_MAX_REGIONS = 1024
+"""Most regions registered at once (each holds one mapping and one file descriptor)."""
+
+SHM_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+"""The tensor parameters of the extension (Triton's names)."""
+
+_KEY = re.compile(r"/?[A-Za-z0-9._-]{1,200}")
+_MAX_NAME_CHARS = 1024
+_PAGE = mmap.ALLOCATIONGRANULARITY
+_LE: dict[DataType, np.dtype[Any]] = {}
+
+
+def client_shm_disabled() -> SharedMemoryUnsupportedError:
+    """The error every use of client shared memory gets on a server not started with it."""
+    return SharedMemoryUnsupportedError(
+        "client shared memory is disabled on this server; start it with --allow-client-shm to register "
+        "and use system shared-memory regions"
+    )
+
+
+def cuda_shm_unsupported(name: str) -> SharedMemoryUnsupportedError:
+    """The error of a CUDA shared-memory registration (frameserve maps no CUDA IPC handles)."""
+    return SharedMemoryUnsupportedError(
+        f"failed to register CUDA shared memory region {name!r}: CUDA shared memory is not supported by "
+        "frameserve; use system shared memory"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ShmLocation:
+    """Where one tensor lies: ``byte_size`` bytes at ``offset`` bytes into the region ``region``."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
+def shm_location(params: Mapping[str, Any], where: str) -> ShmLocation | None:
+    """A tensor's shared-memory parameters (:data:`SHM_PARAMETERS`), or ``None`` when it has none.
+
+    Args:
+        params: the tensor's parameters as plain values (HTTP's JSON object; gRPC's
+            ``InferParameter`` values).
+        where: what the tensor is, for messages (``"input 'a'"``).
+
+    Raises:
+        SharedMemoryError: a region name that is not a string, an offset or byte size that is
+            not a non-negative integer, ``shared_memory_byte_size`` missing, or an offset or byte
+            size without a region (Triton's rules).
+    """
+    if not params or not any(k in params for k in SHM_PARAMETERS):
+        return None
+    region = params.get("shared_memory_region")
+    if region is None:
+        raise SharedMemoryError(
+            f"{where}: 'shared_memory_offset' and 'shared_memory_byte_size' need a 'shared_memory_region' parameter"
+        )
+    if not isinstance(region, str) or not region:
+        raise SharedMemoryError(f"{where}: 'shared_memory_region' must be a non-empty string")
+    if "shared_memory_byte_size" not in params:
+        raise SharedMemoryError(f"{where}: 'shared_memory_region' needs a 'shared_memory_byte_size' parameter")
+    return ShmLocation(
+        region,
+        _non_negative(params["shared_memory_byte_size"], "shared_memory_byte_size", where),
+        _non_negative(params.get("shared_memory_offset", 0), "shared_memory_offset", where),
+    )
+
+
+def _non_negative(value: Any, key: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SharedMemoryError(f"{where}: {key!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+class _Region:
+    """One registered region: its mapping and how many requests use it."""
+
+    __slots__ = ("base", "byte_size", "key", "mm", "name", "offset", "retired", "users")
+
+    def __init__(self, name: str, key: str, offset: int, byte_size: int, mm: mmap.mmap, base: int) -> None:
+        self.name = name
+        self.key = key
+        self.offset = offset
+        self.byte_size = byte_size
+        self.mm: mmap.mmap | None = mm
+        self.base = base  # where the region starts in the mapping (the mapping starts at a page)
+        self.users = 0
+        self.retired = False
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+    def unmap(self) -> None:
+        mm, self.mm = self.mm, None
+        if mm is None:
+            return
+        try:
+            mm.close()
+        except BufferError:  # numpy views of it still live (a model kept an input): unmapped with the last
+            pass
+
+
+class SharedMemoryRegistry:
+    """The system shared-memory regions clients registered with this server.
+
+    One per server, given to both transports (a client registers over one connection and infers
+    over others, as perf_analyzer does). Thread-safe: every method may be called from any thread.
+
+    Args:
+        root: the folder of POSIX shared-memory objects (default :data:`SHM_ROOT`).
+        max_regions: most regions at once (default :data:`DEFAULT_MAX_REGIONS`).
+
+    Raises:
+        ValueError: ``max_regions`` < 1.
+    """
+
+    def __init__(self, *, root: str = SHM_ROOT, max_regions: int = DEFAULT_MAX_REGIONS) -> None:
+        if max_regions < 1:
+            raise ValueError(f"max_regions must be >= 1, got {max_regions}")
+        self.root = root
+        self.max_regions = max_regions
+        self._lock = threading.Lock()
+        self._regions: dict[str, _Region] = {}
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Map ``byte_size`` bytes at ``offset`` of the shared-memory object ``key`` as region ``name``.
+
+        Args:
+            name: the region's name (what tensors' ``shared_memory_region`` will say).
+            key: the object's POSIX shm name (``/name`` or ``name``).
+            offset, byte_size: where the region lies in the object, in bytes (``byte_size`` > 0).
+
+        Raises:
+            SharedMemoryExistsError: ``name`` is registered already.
+            SharedMemoryError: a bad name, a key that is not one shm name, names one of
+                frameserve's own segments, does not exist, is not a regular file or cannot be
+                opened for reading and writing; ``offset + byte_size`` past the object's end.
+            ResourceExhaustedError: :attr:`max_regions` are registered, or no file descriptor is left.
+        """
+        if not isinstance(name, str) or not name:
+            raise SharedMemoryError("'region name' is necessary to register a system shared memory region")
+        if len(name) > _MAX_NAME_CHARS or not name.isprintable():
+            raise SharedMemoryError(f"a region name is at most {_MAX_NAME_CHARS} printable characters")
+        file_name = self._file_name(name, key)
+        for value, what in ((offset, "offset"), (byte_size, "byte_size")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SharedMemoryError(f"failed to register shared memory region {name!r}: {what} must be a non-negative integer")
+        if byte_size == 0:
+            raise SharedMemoryError(f"failed to register shared memory region {name!r}: byte_size must be > 0")
+        with self._lock:
+            self._check_free(name)
+        mm, base = self._map(name, key, file_name, offset, byte_size)
+        region = _Region(name, key, offset, byte_size, mm, base)
+        with self._lock:
+            try:
+                self._check_free(name)
+            except BaseException:
+                region.unmap()
+                raise
+            self._regions[name] = region
+
+    def _check_free(self, name: str) -> None:
+        if name in self._regions:
+            raise SharedMemoryExistsError(f"shared memory region {name!r} is already registered; unregister it first")
+        if len(self._regions) >= self.max_regions:
+            raise ResourceExhaustedError(
+                f"{self.max_regions} shared memory regions are registered, the most this server keeps; unregister some"
+            )
+
+    @staticmethod
+    def _file_name(name: str, key: Any) -> str:
+        if not isinstance(key, str) or not _KEY.fullmatch(key) or ".." in key or key.strip("/") == ".":
+            raise SharedMemoryError(
+                f"cannot register shared memory region {name!r}: the key must be one POSIX shared memory name "
+                "('/name' of letters, digits, '.', '_' and '-'; no '..')"
+            )
+        file_name = key.removeprefix("/")
+        if file_name.startswith(OWN_SEGMENT_PREFIX):
+            raise SharedMemoryError(
+                f"cannot register shared memory region {name!r}: keys starting with {OWN_SEGMENT_PREFIX!r} are "
+                "reserved for frameserve's own segments"
+            )
+        return file_name
+
+    def _map(self, name: str, key: str, file_name: str, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(os.path.join(self.root, file_name), flags)
+        except FileNotFoundError:
+            raise SharedMemoryError(f"unable to open shared memory region {name!r}: no shared memory object {key!r}") from None
+        except OSError as exc:
+            raise self._os_error(name, key, exc) from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise SharedMemoryError(f"unable to open shared memory region {name!r}: {key!r} is not a shared memory object")
+            if offset + byte_size > info.st_size:
+                raise SharedMemoryError(
+                    f"failed to register shared memory region {name!r}: offset {offset} + byte_size {byte_size} "
+                    f"is past the end of {key!r} ({info.st_size} bytes)"
+                )
+            start = offset - offset % _PAGE
+            try:
+                mm = mmap.mmap(
+                    fd, offset - start + byte_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                    offset=start,
+                )
+            except OSError as exc:
+                raise self._os_error(name, key, exc) from None
+        finally:
+            os.close(fd)  # the mapping keeps its own descriptor
+        return mm, offset - start
+
+    @staticmethod
+    def _os_error(name: str, key: str, exc: OSError) -> Exception:
+        if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+            return ResourceExhaustedError(f"cannot map shared memory region {name!r} now: {exc.strerror}")
+        if exc.errno == errno.ELOOP:
+            return SharedMemoryError(f"unable to open shared memory region {name!r}: {key!r} is a symbolic link")
+        return SharedMemoryError(f"unable to open shared memory region {name!r} ({key!r}) for reading and writing: {exc.strerror}")
+
+    def unregister(self, name: str | None = None) -> None:
+        """Drop region ``name`` (``None`` or ``""``: every region). New requests can no longer
+        use it; requests using it now keep its mapping until they finish. An unknown name is
+        not an error (Triton's behaviour)."""
+        with self._lock:
+            if name:
+                gone = [r for r in (self._regions.pop(name, None),) if r is not None]
+            else:
+                gone = list(self._regions.values())
+                self._regions.clear()
+            idle = []
+            for region in gone:
+                region.retired = True
+                if region.users == 0:
+                    idle.append(region)
+        for region in idle:
+            region.unmap()
+
+    def status(self, name: str | None = None) -> list[dict[str, Any]]:
+        """``[{"name", "key", "offset", "byte_size"}]`` of region ``name`` or (``None``/``""``) of
+        every region, sorted by name.
+
+        Raises:
+            SharedMemoryNotFoundError: ``name`` is not registered.
+        """
+        with self._lock:
+            if not name:
+                return [self._regions[n].status() for n in sorted(self._regions)]
+            region = self._regions.get(name)
+            if region is None:
+                raise SharedMemoryNotFoundError(f"Unable to find system shared memory region: {name!r}")
+            return [region.status()]
+
+    def close(self) -> None:
+        """Unregister every region (:meth:`unregister` with no name)."""
+        self.unregister(None)
+
+    def use(self) -> SharedMemoryUse:
+        """A new per-request use of the regions (release it when the request is answered)."""
+        return SharedMemoryUse(self)
+
+    def _acquire(self, location: ShmLocation, where: str) -> _Region:
+        with self._lock:
+            region = self._regions.get(location.region)
+            if region is None:
+                raise SharedMemoryNotFoundError(f"{where}: Unable to find shared memory region: {location.region!r}")
+            if location.offset >= region.byte_size:
+                raise SharedMemoryError(
+                    f"{where}: Invalid offset {location.offset} for shared memory region {region.name!r} "
+                    f"({region.byte_size} bytes)"
+                )
+            if location.offset + location.byte_size > region.byte_size:
+                raise SharedMemoryError(
+                    f"{where}: Invalid offset + byte size for shared memory region {region.name!r}: offset "
+                    f"{location.offset} + byte_size {location.byte_size} is past its {region.byte_size} bytes"
+                )
+            mm = region.mm
+            assert mm is not None  # registered regions are mapped
+            try:
+                size = mm.size()  # the object's size now: reading past its end would be SIGBUS
+            except OSError:
+                size = -1
+            if size < region.offset + region.byte_size:
+                raise SharedMemoryError(
+                    f"{where}: the shared memory object {region.key!r} of region {region.name!r} shrank below "
+                    f"the registered offset + byte_size ({region.offset + region.byte_size} bytes); register it again"
+                )
+            region.users += 1
+            return region
+
+    def _release(self, region: _Region) -> None:
+        with self._lock:
+            region.users -= 1
+            last = region.retired and region.users == 0
+        if last:
+            region.unmap()
+
+
+class SharedMemoryUse:
+    """The regions one request uses, held until :meth:`release` (a context manager too).
+
+    The transports make one per request (:meth:`SharedMemoryRegistry.use`), pass it to their
+    codec, which reads inputs (:meth:`input`) and notes outputs (:meth:`output`) while
+    decoding, then write the outputs (:meth:`write_output`) while encoding, and release it once
+    the answer is built, whatever happened.
+    """
+
+    __slots__ = ("_held", "_registry", "input_bytes", "outputs")
+
+    def __init__(self, registry: SharedMemoryRegistry) -> None:
+        self._registry = registry
+        self._held: list[_Region] = []
+        self.outputs: dict[str, tuple[_Region, ShmLocation]] = {}
+        """Output name -> the region and place it is written to."""
+        self.input_bytes = 0
+        """Bytes of fixed-size inputs read from regions (views, not heap memory); kept after release."""
+
+    def _acquire(self, location: ShmLocation, where: str) -> _Region:
+        region = self._registry._acquire(location, where)
+        self._held.append(region)
+        return region
+
+    def input(
+        self, name: str, datatype: DataType, shape: tuple[int, ...], location: ShmLocation
+    ) -> np.ndarray[Any, Any]:
+        """Input ``name`` from its region: a read-only zero-copy numpy view for fixed-size
+        datatypes (a copy only where the place is not aligned for the dtype, or for BOOL, whose
+        bytes are read as ``!= 0``); BYTES elements are split out of the region's bytes.
+
+        Raises:
+            SharedMemoryNotFoundError: the region is not registered.
+            SharedMemoryError: the place is outside the region (or its object shrank).
+            TensorError: ``byte_size`` is not what ``shape`` of ``datatype`` takes, or the BYTES
+                data does not hold ``prod(shape)`` elements exactly.
+        """
+        where = f"input {name!r}"
+        region = self._acquire(location, where)
+        mm = region.mm
+        assert mm is not None
+        count = math.prod(shape)
+        start = region.base + location.offset
+        if datatype is DataType.BYTES:  # elements are copied out: the view goes with this call
+            raw = memoryview(mm)[start : start + location.byte_size]
+            return decode_bytes_elements(raw, count, where=where).reshape(shape)
+        dtype = _le(datatype)
+        if location.byte_size != count * dtype.itemsize:
+            raise TensorError(
+                f"{where}: shared_memory_byte_size is {location.byte_size} bytes but shape {list(shape)} of "
+                f"{datatype.value} takes {count * dtype.itemsize} bytes"
+            )
+        if datatype is DataType.BOOL:
+            flags: np.ndarray[Any, Any] = np.frombuffer(mm, np.uint8, count, start) != 0
+            return flags.reshape(shape)
+        array = np.frombuffer(mm, dtype, count, start).reshape(shape)
+        if not array.dtype.isnative:  # pragma: no cover - big-endian hosts
+            return array.astype(array.dtype.newbyteorder("="))
+        if start % dtype.alignment:
+            return array.copy()
+        array.flags.writeable = False
+        self.input_bytes += location.byte_size
+        return array
+
+    def output(self, name: str, location: ShmLocation) -> None:
+        """Note that output ``name`` goes to ``location`` (its region held until release).
+
+        Raises:
+            SharedMemoryNotFoundError: the region is not registered.
+            SharedMemoryError: the place is outside the region (or its object shrank).
+        """
+        self.outputs[name] = (self._acquire(location, f"output {name!r}"), location)
+
+    def write_output(self, name: str, array: np.ndarray[Any, Any]) -> None:
+        """Write output ``name`` (noted with :meth:`output`) into its place in its wire form.
+
+        Raises:
+            SharedMemoryError: the place is smaller than the output (the message gives both sizes).
+            TensorError: the array's dtype has no v2 datatype.
+        """
+        region, location = self.outputs[name]
+        mm = region.mm
+        assert mm is not None
+        datatype = DataType.from_numpy(array.dtype)
+        encoded = encode_bytes_elements(array) if datatype is DataType.BYTES else None
+        size = len(encoded) if encoded is not None else int(array.size) * _le(datatype).itemsize
+        if size > location.byte_size:
+            raise SharedMemoryError(
+                f"shared memory size specified with the request for output {name!r} ({location.byte_size} bytes) "
+                f"should be at least {size} bytes to hold the results"
+            )
+        start = region.base + location.offset
+        if encoded is not None:
+            mm[start : start + size] = encoded
+            return
+        target = np.frombuffer(mm, _le(datatype), int(array.size), start).reshape(array.shape)
+        np.copyto(target, array.astype(np.uint8) if datatype is DataType.BOOL else array, casting="unsafe")
+
+    def release(self) -> None:
+        """Give back every region this request held (idempotent)."""
+        held, self._held = self._held, []
+        self.outputs = {}
+        for region in held:
+            self._registry._release(region)
+
+    def __enter__(self) -> SharedMemoryUse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _le(datatype: DataType) -> np.dtype[Any]:
+    """The little-endian numpy dtype of a fixed-size datatype (BOOL as ``uint8``)."""
+    got = _LE.get(datatype)
+    if got is None:
+        got = np.dtype(np.uint8) if datatype is DataType.BOOL else datatype.to_numpy().newbyteorder("<")
+        _LE[datatype] = got
+    return got
