@@ -13,14 +13,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from frameserve.errors import TensorError
 from frameserve.types import DataType
 
-__all__ = ["InferRequest", "RequestedOutput"]
+__all__ = ["InferRequest", "RequestedOutput", "StatsSink"]
+
+
+class StatsSink(Protocol):
+    """Where a model's scheduler also reports how it ran one request (Triton's secondary stats
+    aggregator): an ensemble passes one with each step's request and adds the steps' times to
+    its own statistics."""
+
+    def add_step_times(
+        self, *, queue_ns: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
+    ) -> None:
+        """One request answered with outputs: its time in the queue and its batch's compute
+        times (ns), called before the request's future completes."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class RequestedOutput:
@@ -63,6 +77,8 @@ class InferRequest:
         id: the caller's request id (v2 ``id``), echoed in the response; ``""`` when none.
         binary_data_output: HTTP's ``parameters.binary_data_output``: the default of
             :attr:`RequestedOutput.binary_data` (and of every output when none is named).
+        stats_sink: also told the request's queue and compute times when it succeeds (an
+            ensemble's step requests carry one); ``None`` for every other request.
 
     Raises:
         TensorError: a negative ``priority`` or ``timeout_us``, or ``inputs`` that is not a
@@ -78,6 +94,7 @@ class InferRequest:
     timeout_us: int = 0
     id: str = ""
     binary_data_output: bool = False
+    stats_sink: StatsSink | None = None
 
     def __post_init__(self) -> None:
         if self.priority < 0:

@@ -45,9 +45,11 @@ from frameserve.scheduler import (
     DEFAULT_MAX_QUEUE_SIZE,
     BatchingPolicy,
     Clock,
+    EnsembleScheduler,
     InstanceSpec,
     Scheduler,
     SchedulerStoppedError,
+    load_ensemble_steps,
     plan_instances,
 )
 from frameserve.types import DataType
@@ -74,7 +76,7 @@ class _Loaded:
     """One loaded version of a model."""
 
     version: int
-    scheduler: Scheduler
+    scheduler: Scheduler | EnsembleScheduler
     model_path: Path
 
     @property
@@ -215,13 +217,16 @@ class InferenceService:
         wanted = list(dict.fromkeys(names))
         with self._lock:
             self._required = list(dict.fromkeys([*self._required, *wanted]))
-        sharing = 0
+        sharing, ensembles = 0, set()  # ensembles: no instances, loaded after their steps
         repo = self.repository
         for name in wanted:
             try:
                 if repo is None:
                     break
                 cfg = repo.config(name)
+                if cfg.ensemble_scheduling is not None:
+                    ensembles.add(name)
+                    continue
                 n_versions = max(1, len(cfg.version_policy.select(repo.all_versions(name))))
                 specs = plan_instances(cfg, threads=self.threads, gpus=None)
                 sharing += n_versions * sum(1 for s in specs if s.cpu_set is None)
@@ -231,7 +236,7 @@ class InferenceService:
             others = sum(e.threads for n, vs in self._models.items() if n not in wanted for e in vs.values())
         free = max(1, cpu_count() - others)
         out: dict[str, list[int]] = {}
-        for name in wanted:
+        for name in sorted(wanted, key=lambda n: n in ensembles):
             try:
                 out[name] = self._load(name, None, config_override=None, plan=(free, max(1, sharing)))
                 self.load_errors.pop(name, None)
@@ -259,11 +264,18 @@ class InferenceService:
         else:
             versions = [int(version)]
         BatchingPolicy.from_config(config)  # a bad dynamic_batching fails before any session opens
+        if config.ensemble_scheduling is not None:  # Triton loads an ensemble's step models with it
+            load_ensemble_steps(config, config_of=lambda n: self.model_config(n) if self.is_ready(n) else repo.config(n),
+                                is_ready=self.is_ready, load=lambda n: self._load(n, None, config_override=None, plan=None))
         with self._load_lock:
             specs = self._plan(name, config, versions, replacing=None if version is None else versions, plan=plan)
             loaded: dict[int, _Loaded] = {}
             try:
                 for v in versions:
+                    if config.ensemble_scheduling is not None:
+                        ens = EnsembleScheduler(config, v, self.submit, self.model_config, clock=self.clock, metrics=self.metrics)
+                        loaded[v] = _Loaded(v, ens, repo.model_dir(name) / str(v))
+                        continue
                     path = repo.model_file(name, v, config=config)
                     loaded[v] = self._start(config, v, path, specs, model_dir=repo.model_dir(name))
             except BaseException:
@@ -543,7 +555,7 @@ class InferenceService:
         """
         entry = self._entry(name, version)
         return {
-            **entry.session.info,
+            **(entry.session.info if entry.scheduler.sessions else {"backend": "ensemble"}),
             "version": entry.version,
             "model_path": str(entry.model_path),
             "instances": [spec.to_dict() for spec in entry.scheduler.instances],

@@ -130,7 +130,6 @@ def test_unknown_field_and_bad_enum_name_line_and_column() -> None:
     ("text", "what"),
     [
         ("sequence_batching { }", "sequence_batching"),
-        ('ensemble_scheduling { step [ { model_name: "a" model_version: -1 } ] }', "ensemble_scheduling"),
         ("model_transaction_policy { decoupled: true }", "decoupled"),
         ('input [ { name: "x" data_type: TYPE_FP32 dims: [4] reshape: { shape: [2, 2] } } ]', "reshape"),
         ('input [ { name: "x" dims: [4] } ]', "data_type"),

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from frameserve.repository._config import (
     BACKENDS,
+    ENSEMBLE,
     PRECISIONS,
     InstanceGroup,
     ModelConfig,
     check_model_filename,
     parse_config,
 )
+from frameserve.repository._ensemble import EnsembleScheduling, EnsembleStep, check_ensemble_graph
 from frameserve.repository._override import config_override
 from frameserve.repository._policy import VersionPolicy
 from frameserve.repository._repository import (
@@ -23,13 +25,17 @@ from frameserve.repository._schema import config_schema, validate_config
 
 __all__ = [
     "BACKENDS",
+    "ENSEMBLE",
     "MAX_MODEL_NAME_BYTES",
     "MODEL_FILENAMES",
     "PRECISIONS",
+    "EnsembleScheduling",
+    "EnsembleStep",
     "InstanceGroup",
     "ModelConfig",
     "ModelRepository",
     "VersionPolicy",
+    "check_ensemble_graph",
     "check_model_filename",
     "check_model_name",
     "config_override",

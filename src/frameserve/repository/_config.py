@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from frameserve.errors import ModelConfigError, TensorError
+from frameserve.repository._ensemble import EnsembleScheduling, check_ensemble_graph
 from frameserve.repository._policy import VersionPolicy
 from frameserve.repository._schema import validate_config
 from frameserve.types import DataType, TensorSpec
 
-__all__ = ["BACKENDS", "PRECISIONS", "InstanceGroup", "ModelConfig", "check_model_filename", "parse_config"]
+__all__ = ["BACKENDS", "ENSEMBLE", "PRECISIONS", "InstanceGroup", "ModelConfig", "check_model_filename", "parse_config"]
 
 BACKENDS: tuple[str, ...] = ("onnxruntime", "openvino", "torch", "python")
 """Backend names a config may give (Triton's ``pytorch`` is read as ``torch``)."""
@@ -58,15 +59,20 @@ _PLATFORM_BACKEND = {
     "pytorch_libtorch": "torch",
     "torch": "torch",
     "python": "python",
+    "ensemble": "ensemble",
 }
 _BACKEND_PLATFORM = {
     "onnxruntime": "onnxruntime_onnx",
     "openvino": "openvino",
     "torch": "pytorch_libtorch",
     "python": "python",
+    "ensemble": "ensemble",
 }
 
-Backend = Literal["onnxruntime", "openvino", "torch", "python"]
+ENSEMBLE = "ensemble"
+"""The platform (and internal backend name) of an ensemble: Triton's ``platform: "ensemble"``."""
+
+Backend = Literal["onnxruntime", "openvino", "torch", "python", "ensemble"]
 Precision = Literal["fp32", "bf16", "fp16", "int8"]
 
 
@@ -126,6 +132,10 @@ class ModelConfig:
             ``ort_allow_spinning: "0"``, ``performance_hint: "THROUGHPUT"``.
         default_model_filename: the model file's name in a version folder, if not the backend's
             default (``model.onnx`` ...).
+        ensemble_scheduling: an ensemble's steps (``platform: "ensemble"``, backend
+            ``ensemble``): it declares its inputs and outputs, has no instance_group or
+            dynamic_batching, and ``max_batch_size`` defaults to 0; its graph is checked here
+            (:func:`~frameserve.repository.check_ensemble_graph`). ``None`` for every other model.
 
     A frozen value; it holds dicts, so it is not hashable.
     """
@@ -142,11 +152,13 @@ class ModelConfig:
     dynamic_batching: dict[str, Any] | None = None
     parameters: dict[str, str] = field(default_factory=dict)
     default_model_filename: str | None = None
+    ensemble_scheduling: EnsembleScheduling | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ModelConfigError("a model config needs a non-empty name")
-        if self.backend not in BACKENDS:
+        ensemble = self.backend == ENSEMBLE or self.ensemble_scheduling is not None
+        if not ensemble and self.backend not in BACKENDS:
             raise ModelConfigError(f"backend {self.backend!r} unknown; accepted: {', '.join(BACKENDS)}")
         if self.precision not in PRECISIONS:
             raise ModelConfigError(f"precision {self.precision!r} unknown; accepted: {', '.join(PRECISIONS)}")
@@ -159,6 +171,22 @@ class ModelConfig:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "instance_group", tuple(self.instance_group))
+        if ensemble:
+            self._check_ensemble()
+
+    def _check_ensemble(self) -> None:
+        where = f"ensemble {self.name!r}"
+        if self.ensemble_scheduling is None or self.backend != ENSEMBLE:
+            raise ModelConfigError(f"{where}: an ensemble has platform \"ensemble\" and ensemble_scheduling with its steps")
+        if self.instance_group:
+            raise ModelConfigError(f"{where}: an ensemble has no instance_group (its steps' models have their own)")
+        if self.dynamic_batching is not None:
+            raise ModelConfigError(f"{where}: an ensemble has no dynamic_batching (its steps' models batch)")
+        if self.max_batch_size is None:
+            object.__setattr__(self, "max_batch_size", 0)  # Triton's default
+        check_ensemble_graph(
+            self.name, self.ensemble_scheduling, [s.name for s in self.inputs], [s.name for s in self.outputs]
+        )
 
     @property
     def is_complete(self) -> bool:
@@ -197,6 +225,19 @@ class ModelConfig:
         ``data_type`` is spelled ``TYPE_FP32``; ``parameters`` map to ``{"string_value": ...}``;
         ``max_batch_size`` is 0 while not yet completed.
         """
+        if self.ensemble_scheduling is not None:  # Triton 2.51's form: backend "", no instance group
+            return {
+                "name": self.name,
+                "platform": ENSEMBLE,
+                "backend": "",
+                "version_policy": self.version_policy.to_dict(),
+                "max_batch_size": self.max_batch_size or 0,
+                "input": [_tensor_dict(s, with_format=True) for s in self.inputs],
+                "output": [_tensor_dict(s, with_format=False) for s in self.outputs],
+                "ensemble_scheduling": self.ensemble_scheduling.to_dict(),
+                "instance_group": [],
+                "parameters": {k: {"string_value": v} for k, v in sorted(self.parameters.items())},
+            }
         params = {"precision": self.precision, **self.parameters}
         out: dict[str, Any] = {
             "name": self.name,
@@ -312,6 +353,7 @@ def parse_config(
         for g in data.get("instance_group") or ()
     )
     batching = data.get("dynamic_batching")
+    ensemble = data.get("ensemble_scheduling")
     return ModelConfig(
         name=name,
         backend=backend or default_backend or "onnxruntime",
@@ -325,4 +367,5 @@ def parse_config(
         dynamic_batching=dict(batching) if batching is not None else None,
         parameters=params,
         default_model_filename=data.get("default_model_filename"),
+        ensemble_scheduling=EnsembleScheduling.from_dict(ensemble, where=source) if ensemble is not None else None,
     )

@@ -8,18 +8,22 @@ The text is parsed with ``google.protobuf.text_format`` against frameserve's cop
 - kept as they are: ``name``, ``platform``, ``backend``, ``max_batch_size``, ``input``
   (``name``, ``data_type``, ``format``, ``dims``), ``output`` (``name``, ``data_type``,
   ``dims``), ``version_policy``, ``instance_group`` (``name``, ``kind``, ``count``, ``gpus``),
-  ``dynamic_batching``, ``parameters``, ``default_model_filename``. 64-bit integers, which
+  ``dynamic_batching``, ``parameters``, ``default_model_filename``, ``ensemble_scheduling``
+  (``step``: ``model_name``, ``model_version`` -- absent means 0, as protobuf reads it and Triton
+  runs it --, ``input_map``, ``output_map``). 64-bit integers, which
   protobuf's JSON form writes as strings, become ints; an instance group without ``count``
   gets Triton's 1, without ``kind`` Triton's ``KIND_AUTO``.
 - refused with :class:`~frameserve.errors.ModelConfigError` (they change what a model
   computes or how requests are grouped, and frameserve does not do them): ``sequence_batching``,
-  ``ensemble_scheduling``, ``batch_input``, ``batch_output``, a decoupled
+  ``batch_input``, ``batch_output``, an ensemble step's ``model_namespace``, a decoupled
   ``model_transaction_policy``, ``reshape``, shape tensors and ragged batching of a tensor.
 - dropped, with a log line at INFO level naming them (:func:`pbtxt_to_dict` also returns
   them): tuning and bookkeeping frameserve does not use, which change no result:
   ``optimization``, ``model_warmup``, ``response_cache``, ``metric_tags``,
   ``cc_model_filenames``, ``model_repository_agents``, ``model_operations``, ``runtime``,
-  ``model_metrics``, a non-decoupled ``model_transaction_policy``, an input's ``optional``
+  ``model_metrics``, a non-decoupled ``model_transaction_policy``,
+  ``ensemble_scheduling.max_inflight_requests`` (every frameserve queue is bounded already), an
+  input's ``optional``
   flag (frameserve asks for every input), an output's ``label_filename``, and an instance
   group's ``rate_limiter``, ``profile``, ``passive``, ``host_policy``, ``secondary_devices``.
 """
@@ -36,7 +40,7 @@ __all__ = ["pbtxt_to_dict", "read_pbtxt"]
 
 _log = logging.getLogger(__name__)
 
-_REFUSED = ("sequence_batching", "ensemble_scheduling", "batch_input", "batch_output")
+_REFUSED = ("sequence_batching", "batch_input", "batch_output")
 _DROPPED = (
     "optimization",
     "model_warmup",
@@ -82,6 +86,23 @@ def _tensors(items: list[dict[str, Any]], kind: str, source: str, dropped: list[
                 dropped.append(f"{kind}[{i}].{key}")
         out.append(entry)
     return out
+
+
+def _ensemble(raw: dict[str, Any], source: str, dropped: list[str]) -> dict[str, Any]:
+    """``ensemble_scheduling`` in config.yaml's form; a step's absent ``model_version`` is 0."""
+    steps = []
+    for i, step in enumerate(raw.get("step", [])):
+        if step.get("model_namespace"):
+            raise ModelConfigError(f"{source}: ensemble_scheduling.step[{i}]: model_namespace is not supported by frameserve")
+        steps.append({
+            "model_name": step.get("model_name", ""),
+            "model_version": _int(step.get("model_version", 0)),
+            "input_map": dict(step.get("input_map", {})),
+            "output_map": dict(step.get("output_map", {})),
+        })
+    if "max_inflight_requests" in raw:
+        dropped.append("ensemble_scheduling.max_inflight_requests")
+    return {"step": steps}
 
 
 def pbtxt_to_dict(text: str, *, source: str = "config.pbtxt") -> tuple[dict[str, Any], list[str]]:
@@ -159,6 +180,8 @@ def pbtxt_to_dict(text: str, *, source: str = "config.pbtxt") -> tuple[dict[str,
         if "priority_queue_policy" in db:
             db["priority_queue_policy"] = {str(k): _queue_policy(v) for k, v in db["priority_queue_policy"].items()}
         out["dynamic_batching"] = db
+    if "ensemble_scheduling" in raw:
+        out["ensemble_scheduling"] = _ensemble(raw["ensemble_scheduling"], source, dropped)
     if "parameters" in raw:
         out["parameters"] = {k: {"string_value": str(v.get("string_value", ""))} for k, v in raw["parameters"].items()}
     return out, dropped

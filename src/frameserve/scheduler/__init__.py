@@ -1,6 +1,8 @@
 """The scheduler: per model version, a dynamic batcher (Triton's ``dynamic_batching``: preferred
 sizes, queue delay, priority levels, queue policies with timeouts and bounds, order kept) in
-front of an instance pool (instance groups with per-instance thread budgets and CPU sets).
+front of an instance pool (instance groups with per-instance thread budgets and CPU sets); per
+ensemble version, the ensemble scheduler that runs its steps as a DAG through the entry point
+it is given.
 
 It knows the :class:`~frameserve.backends.Session` protocol and no backend.
 """
@@ -8,6 +10,7 @@ It knows the :class:`~frameserve.backends.Session` protocol and no backend.
 from __future__ import annotations
 
 from frameserve.scheduler._clock import Clock, FakeClock, MonotonicClock
+from frameserve.scheduler._ensemble import EnsembleScheduler, SubmitFn, check_ensemble_steps, load_ensemble_steps
 from frameserve.scheduler._instances import InstanceSpec, gpu_count, parse_cpu_list, plan_instances
 from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE, BatchingPolicy, QueuePolicy
 from frameserve.scheduler._queue import BatchQueue
@@ -21,6 +24,7 @@ __all__ = [
     "BatchQueue",
     "BatchingPolicy",
     "Clock",
+    "EnsembleScheduler",
     "FakeClock",
     "InstanceSpec",
     "ModelStats",
@@ -29,7 +33,10 @@ __all__ = [
     "QueuedRequest",
     "Scheduler",
     "SchedulerStoppedError",
+    "SubmitFn",
+    "check_ensemble_steps",
     "gpu_count",
+    "load_ensemble_steps",
     "parse_cpu_list",
     "plan_instances",
 ]

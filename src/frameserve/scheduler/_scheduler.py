@@ -505,6 +505,12 @@ class Scheduler:
                 compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns,
             )
         for r, outcome in ok:
+            sink = r.request.stats_sink
+            if sink is not None:  # an ensemble's step: its times count for the ensemble too
+                sink.add_step_times(
+                    queue_ns=r.dispatch_ns - r.arrival_ns,
+                    compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns,
+                )
             self._deliver(r, outcome, None)
 
     def _note_execution(self, elapsed_ns: int) -> None:
