@@ -5,12 +5,14 @@ Used by tests/e2e/test_triton_examples.py and bench/serving.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,6 +32,23 @@ def setup_peer(timeout_s: float = 900.0) -> tuple[bool, str]:
         lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("WARNING: Location")]
         return False, "\n".join(lines)[-800:] or f"exit {proc.returncode}"
     return True, proc.stdout.strip().splitlines()[-1]
+
+
+@contextlib.contextmanager
+def running_peer(repo: Path, timeout_s: float = 120.0) -> Iterator[TritonPeer]:
+    """The peer serving ``repo``, ready; skips the test when it cannot be installed, or fails it
+    when ``FRAMESERVE_REQUIRE_TRITON_PEER=1`` (CI)."""
+    import pytest
+
+    ok, why = setup_peer()
+    if not ok:
+        reason = f"Triton 2.51 peer cannot be installed: {why}"
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    with TritonPeer(repo) as peer:
+        peer.wait_ready(timeout_s=timeout_s)
+        yield peer
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:

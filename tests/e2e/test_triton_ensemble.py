@@ -12,7 +12,6 @@ FRAMESERVE_REQUIRE_TRITON_PEER=1 (as CI sets) makes that a failure.
 
 from __future__ import annotations
 
-import os
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from _peer import REQUIRE_ENV, TritonPeer, setup_peer
+from _peer import TritonPeer, running_peer
 from _serving import ServeProcess
 
 with warnings.catch_warnings():
@@ -77,14 +76,7 @@ def frameserve(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 @pytest.fixture(scope="module")
 def triton(repo: Path) -> Iterator[TritonPeer]:
-    ok, why = setup_peer()
-    if not ok:
-        reason = f"Triton 2.51 peer cannot be installed: {why}"
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    with TritonPeer(repo) as peer:
-        peer.wait_ready(timeout_s=120)
+    with running_peer(repo) as peer:
         yield peer
 
 

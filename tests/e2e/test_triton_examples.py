@@ -14,7 +14,6 @@ nvidia-pytriton 0.7.0 from PyPI); FRAMESERVE_REQUIRE_TRITON_PEER=1 (as CI sets) 
 
 from __future__ import annotations
 
-import os
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from _models import _save
-from _peer import REQUIRE_ENV, TritonPeer, setup_peer
+from _peer import TritonPeer, running_peer
 from _serving import ServeProcess
 
 with warnings.catch_warnings():
@@ -76,14 +75,7 @@ def frameserve(examples_repo: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture(scope="module")
 def triton(examples_repo: Path) -> Iterator[TritonPeer]:
-    ok, why = setup_peer()
-    if not ok:
-        reason = f"Triton 2.51 peer cannot be installed: {why}"
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    with TritonPeer(examples_repo) as peer:
-        peer.wait_ready(timeout_s=120)
+    with running_peer(examples_repo) as peer:
         yield peer
 
 
