@@ -69,6 +69,10 @@ class Tally:
                 self.examples.append(f"{kind}: {what[:300]}")
 
 
+def _texts(a: np.ndarray) -> list[str]:
+    return [e.decode() if isinstance(e, bytes) else str(e) for e in a.reshape(-1)]
+
+
 def _loop(stop: threading.Event, tally: Tally, kind: str, step: Callable[[], None], pause_s: float) -> None:
     while not stop.is_set():
         try:
@@ -101,7 +105,7 @@ def http_infer(base_port: int, tally: Tally, rng: np.random.Generator) -> Callab
         s = th.InferInput("text", [n, 1], "BYTES")
         s.set_data_from_numpy(texts, binary_data=binary)
         r = client.infer("strings", [s], outputs=[th.InferRequestedOutput("echo", binary_data=binary)])
-        if r.as_numpy("echo").tolist() != texts.tolist():
+        if _texts(r.as_numpy("echo")) != _texts(texts):  # tritonclient gives JSON BYTES back as str
             tally.bad("http_infer", "strings answered wrong", wrong=True)
             return
         tally.good("http_infer")
@@ -258,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-minutes", type=float, default=3.0)
     ap.add_argument("--sample-s", type=float, default=10.0)
     ap.add_argument("--job-every-s", type=float, default=20.0)
+    ap.add_argument("--pause-s", type=float, default=0.0, help="pause between two inference calls of a loop")
     args = ap.parse_args(argv)
     print(f"CPU: {cpu_model()} ({psutil.cpu_count()} CPUs); {args.minutes} min, warm-up {args.warmup_minutes} min")
     work = Path(tempfile.mkdtemp(prefix="soak-"))
@@ -276,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         proc = psutil.Process(server.proc.pid)
         rng = np.random.default_rng(0)
         loops = [
-            ("http_infer", http_infer(http_port, tally, np.random.default_rng(1)), 0.0),
-            ("grpc_infer", grpc_infer(grpc_port, tally, np.random.default_rng(2)), 0.0),
+            ("http_infer", http_infer(http_port, tally, np.random.default_rng(1)), args.pause_s),
+            ("grpc_infer", grpc_infer(grpc_port, tally, np.random.default_rng(2)), args.pause_s),
             ("malformed", malformed(http_port, tally), 0.05),
             ("reload", reloads(http_port, tally, stop), 3.0),
             ("scale", scale_calls(http_port, tally, rng), 0.02),
