@@ -90,7 +90,7 @@ def test_a_raw_body_and_a_uri_source_give_the_same_frames(env: Env) -> None:
 
 def test_over_the_size_limit_is_413_before_the_body_is_read(env: Env) -> None:
     with socket.create_connection(("127.0.0.1", env.port), timeout=10) as sock:  # a 10 GB promise, no body sent
-        sock.sendall(b"POST /v1/analyze HTTP/1.1\r\nHost: x\r\nContent-Type: video/mp4\r\n"
+        sock.sendall(b"POST /v1/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: video/mp4\r\n"
                      b"Content-Length: 10000000000\r\n\r\n")
         head = sock.recv(65536).decode("latin-1")
     assert head.startswith("HTTP/1.1 413"), head

@@ -50,14 +50,24 @@ from starlette.responses import Response
 
 from frameserve.config import Settings
 from frameserve.errors import (
+    AddressRefusedError,
+    AssetError,
     FrameserveError,
     InvalidInputError,
+    ModelNotFoundError,
     PayloadTooLargeError,
+    PipelineHookError,
+    PipelineNotFoundError,
+    PipelineSpecError,
     ResourceExhaustedError,
+    SourceError,
+    SourceTooLargeError,
+    StorageError,
     VideoError,
     status_for,
 )
 from frameserve.jobs._scratch import Scratch, sweep
+from frameserve.jobs.api import error_responses
 from frameserve.jobs.storage import Storage
 from frameserve.pipeline.registry import PipelineRegistry
 from frameserve.security import redact_uri
@@ -346,6 +356,28 @@ async def _read_multipart(analyzer: Analyzer, request: Request, workdir: Path) -
         await form.close()
 
 
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+_REQUEST_BODY: dict[str, Any] = {
+    "required": True,
+    "description": "the clip, one of three ways (the route reads the body itself: the module docstring)",
+    "content": {
+        "multipart/form-data": {"schema": {
+            "type": "object", "required": ["file"],
+            "properties": {"file": {"type": "string", "format": "binary"}, "pipeline": {"type": "string"},
+                           "params": {"type": "string", "description": "a JSON object of the pipeline's params"}},
+        }},
+        "application/json": {"schema": {
+            "type": "object", "required": ["source"], "additionalProperties": False,
+            "properties": {"source": {"type": "string", "minLength": 1}, "pipeline": {"type": "string"},
+                           "params": {"type": "object"}},
+        }},
+        "video/*": _BINARY,
+        "application/octet-stream": _BINARY,
+    },
+}
+"""``POST /v1/analyze``'s body as the OpenAPI document describes it (the route parses it itself)."""
+
+
 def create_analyze_router(analyzer: Analyzer) -> APIRouter:
     """The ``POST /v1/analyze`` router (see the module docstring)."""
     router = APIRouter(prefix="/v1/analyze", tags=["analyze"])
@@ -354,6 +386,13 @@ def create_analyze_router(analyzer: Analyzer) -> APIRouter:
         "", summary="Analyse a short clip (key frames) and answer its results",
         description="multipart/form-data (file, pipeline, params), application/json {source, pipeline, params}, "
         "or the clip as video/* with ?pipeline=&params=; 413 over the size or duration limit, 429 when busy.",
+        response_description="the run's results: source, pipeline, models, frames, summary, timing",
+        responses=error_responses(
+            InvalidInputError, VideoError, PipelineSpecError, SourceError, AddressRefusedError, PipelineNotFoundError,
+            ModelNotFoundError, PayloadTooLargeError, SourceTooLargeError, PipelineHookError, ResourceExhaustedError,
+            StorageError, AssetError, validation=False,
+        ),
+        openapi_extra={"requestBody": _REQUEST_BODY},
     )
     async def analyze(request: Request) -> Response:
         try:

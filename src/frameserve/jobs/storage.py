@@ -162,7 +162,11 @@ class Storage:
         scheme = self._scheme(uri, SOURCE_SCHEMES, "source")
         if scheme == "file":
             path = self._local(uri)
-            if not path.is_file():
+            try:
+                is_file = path.is_file()
+            except OSError as exc:  # a name over NAME_MAX, EACCES...: not a file this server reads
+                raise SourceError(f"source {_show(uri)!r} cannot be read: {exc.strerror}") from None
+            if not is_file:
                 raise SourceError(f"source {_show(uri)!r} does not exist or is not a file")
         elif scheme in ("http", "https"):
             self.guard.check_url(uri, _show(uri))
@@ -175,9 +179,13 @@ class Storage:
         if scheme == "file":
             path = self._local(uri)
             probe = path
-            while not probe.exists():
-                probe = probe.parent
-            if not probe.is_dir() or not os.access(probe, os.W_OK):
+            try:
+                while not probe.exists():
+                    probe = probe.parent
+                writable = probe.is_dir() and os.access(probe, os.W_OK)
+            except OSError as exc:  # a name over NAME_MAX...: never writable
+                raise SourceError(f"target {_show(uri)!r} is not writable: {exc.strerror}") from None
+            if not writable:
                 raise SourceError(f"target {_show(uri)!r} is not writable")
         else:
             self._bucket(uri, "target")

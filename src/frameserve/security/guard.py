@@ -143,11 +143,11 @@ class AddressGuard:
                 :attr:`allow_private`) any address of it not public.
         """
         label = url if shown is None else shown
-        parts = urlsplit(url)
         try:
+            parts = urlsplit(url)  # ValueError: a bad IPv6 literal ("http://[::1")
             port = parts.port
         except ValueError:
-            raise AddressRefusedError(f"{self.what} {label!r} has an invalid port") from None
+            raise AddressRefusedError(f"{self.what} {label!r} is not a valid URL (its host or port does not parse)") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise AddressRefusedError(f"{self.what} {label!r} must be an http:// or https:// URL with a host")
         return self.resolve(parts.hostname, port or (443 if parts.scheme == "https" else 80), label)

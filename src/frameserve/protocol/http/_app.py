@@ -46,6 +46,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.routing import Match
 
 from frameserve._memory import trim_after
 from frameserve.errors import (
@@ -103,8 +104,13 @@ def _version(raw: str | None) -> int | None:
     return int(raw)
 
 
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+"""The methods a 405's ``Allow`` may list."""
+
+
 def _metrics_text(service: InferenceService) -> bytes:
-    """The service's metrics in Prometheus text format."""
+    """The service's metrics in Prometheus text format (called off the event loop: collectors in
+    the registry may query the job database)."""
     return bytes(generate_latest(service.metrics.registry))
 
 
@@ -204,6 +210,12 @@ def create_app(
             message = f"no route {request.method} {request.url.path}"
         elif exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}"
+            # Allow lists every method some route of the path takes (RFC 9110 section 15.5.6), not
+            # only the first route's (GET and POST /v1/jobs are two routes)
+            path = {"type": "http", "path": request.scope["path"], "root_path": request.scope.get("root_path", ""), "headers": []}
+            allowed = [m for m in _METHODS if any(r.matches({**path, "method": m})[0] is Match.FULL for r in app.router.routes)]
+            if allowed:
+                return Response(codec.error_body(message), 405, media_type=_JSON, headers={"Allow": ", ".join(allowed)})
         return Response(codec.error_body(message), status_code=exc.status_code, media_type=_JSON, headers=exc.headers)
 
     def route(path: str, method: str) -> Callable[[Handler], Handler]:
@@ -324,7 +336,7 @@ def create_app(
 
     @route("/metrics", "GET")
     async def metrics(request: Request) -> Response:
-        return Response(_metrics_text(service), 200, media_type=_PROMETHEUS_TEXT)
+        return Response(await asyncio.to_thread(_metrics_text, service), 200, media_type=_PROMETHEUS_TEXT)
 
     for router in routers:
         app.include_router(router)
@@ -537,7 +549,7 @@ def create_metrics_app(
         return Response(codec.error_body(f"no route {request.method} {request.url.path}"), exc.status_code, media_type=_JSON)
 
     async def metrics(request: Request) -> Response:
-        return Response(_metrics_text(service), 200, media_type=_PROMETHEUS_TEXT)
+        return Response(await asyncio.to_thread(_metrics_text, service), 200, media_type=_PROMETHEUS_TEXT)
 
     app.add_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     return app
