@@ -29,6 +29,7 @@ import hashlib
 import importlib
 import importlib.resources
 import importlib.util
+import math
 import sys
 import threading
 from collections.abc import Mapping
@@ -338,22 +339,39 @@ def merge_params(
             raise PipelineSpecError(f"{origin}: unknown param {key!r}; accepted: {', '.join(sorted(out)) or 'none'}")
         if isinstance(out.get(key), Mapping) and isinstance(value, Mapping):
             out[key] = merge_params(out[key], value, origin=f"{origin}: {key}", strict=False)
+        elif isinstance(out.get(key), Mapping) and value is not None:
+            raise PipelineSpecError(
+                f"{origin}: param {key!r} is a mapping of parameters ({', '.join(sorted(out[key])) or 'empty'}), "
+                f"got {_short(value)}"
+            )
         else:
-            if strict and key in out:
-                _check_type(key, out[key], value, origin)
-            out[key] = value
+            out[key] = _check_type(key, out[key], value, origin) if key in out else value
     return out
 
 
-def _check_type(key: str, default: Any, value: Any, origin: str) -> None:
-    """A number, bool or string parameter takes a value of its default's kind (an int where a
-    float is the default too); a default of ``None`` takes anything."""
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_type(key: str, default: Any, value: Any, origin: str) -> Any:
+    """``value`` for a parameter whose default is ``default``: a number, bool, string or list
+    parameter takes a value of its default's kind (an int where a float is the default too; a
+    float with no fraction where an int is, as an int); a default of ``None`` takes anything.
+
+    Raises:
+        PipelineSpecError: a value of another kind (the message shows the default).
+    """
     if default is None or value is None:
-        return
+        return value
     if isinstance(default, bool):
         ok = isinstance(value, bool)
-    elif isinstance(default, (int, float)):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif isinstance(default, int):
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+            value = int(value)  # JSON and YAML write 3.0 for 3
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     elif isinstance(default, str):
         ok = isinstance(value, str)
     elif isinstance(default, (list, tuple)):
@@ -362,8 +380,10 @@ def _check_type(key: str, default: Any, value: Any, origin: str) -> None:
         return
     if not ok:
         raise PipelineSpecError(
-            f"{origin}: param {key!r} takes a {type(default).__name__} like its default {default!r}, got {value!r}"
+            f"{origin}: param {key!r} takes a {type(default).__name__} like its default {_short(default)}, "
+            f"got {_short(value)}"
         )
+    return value
 
 
 def parse_param(text: str) -> tuple[str, Any]:
