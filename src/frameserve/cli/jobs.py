@@ -119,6 +119,34 @@ def events(job_id: str, db: DbOpt = None) -> None:
         store.close()
 
 
+@jobs_app.command("stats")
+def stats(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (the numbers of the frameserve_jobs_* queue gauges).")] = False,
+    db: DbOpt = None,
+) -> None:
+    """Print the database-wide queue figures: jobs by state, pending (queued and due) and active
+    (pending plus running) counts, pending by priority, the oldest pending job's wait, the callback
+    outbox depth."""
+    from frameserve.jobs.queue import queue_stats
+
+    with exit_on_error():
+        store, _ = _store(db)
+        try:
+            found = queue_stats(store)
+        finally:
+            store.close()
+    if as_json:
+        _print(found.to_dict())
+        return
+    states = ", ".join(f"{k} {v}" for k, v in found.by_state.items())
+    prios = ", ".join(f"{k}: {v}" for k, v in sorted(found.pending_by_priority.items(), reverse=True)) or "none"
+    typer.echo(f"jobs: {states}")
+    typer.echo(f"pending (queued and due): {found.pending}; active (pending + running): {found.active}")
+    typer.echo(f"pending by priority: {prios}")
+    typer.echo(f"oldest pending: {found.oldest_pending_age_s:.1f} s waiting")
+    typer.echo(f"callback outbox: {found.callback_outbox_depth} to deliver")
+
+
 def register(app: typer.Typer) -> None:
     """Add ``jobs`` to the root command."""
     app.add_typer(jobs_app, name="jobs")

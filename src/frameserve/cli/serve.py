@@ -60,6 +60,8 @@ def serve_command(
     auth_health: Annotated[bool, typer.Option("--auth-health/--no-auth-health", help="With --auth-token-file: ask for a token on /v2/health/*, gRPC health and /metrics too.")] = False,
     allow_unauthenticated: Annotated[bool, typer.Option("--allow-unauthenticated", help="Allow binding a non-loopback address without --auth-token-file (prints a warning).")] = False,
     allow_client_shm: Annotated[bool, typer.Option("--allow-client-shm/--no-allow-client-shm", help="Serve Triton's system shared-memory extension: clients on this host register /dev/shm objects and pass tensors through them (perf_analyzer --shared-memory system). Off by default: a client with the infer role may then read and write this user's /dev/shm objects (Triton's flag).")] = False,
+    http_workers: Annotated[int, typer.Option("--http-workers", min=1, max=256, help="Front-end processes serving HTTP, sharing the port (SO_REUSEPORT; Linux). Above 1 (or --grpc-workers above 1), HTTP and gRPC move to front-end processes that hand every request to this one, which keeps the models and their batchers.")] = 1,
+    grpc_workers: Annotated[int, typer.Option("--grpc-workers", min=1, max=256, help="Front-end processes serving gRPC, sharing the port (see --http-workers).")] = 1,
     tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="PEM certificate chain: serve HTTPS, gRPC over TLS and metrics over HTTPS (with --tls-key).")] = None,
     tls_key: Annotated[Path | None, typer.Option("--tls-key", help="PEM private key of --tls-cert.")] = None,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="Intra-op threads per model instance (default: the CPUs shared among all instances).")] = None,
@@ -71,6 +73,8 @@ def serve_command(
     graceful_timeout: Annotated[float, typer.Option("--graceful-timeout", min=0, help="Seconds in-flight requests get to finish on shutdown.")] = 30.0,
     log_level: Annotated[str, typer.Option("--log-level", help="debug | info | warning | error.")] = "info",
     jobs: Annotated[bool, typer.Option("--jobs/--no-jobs", help="Also serve /v1/jobs and run one embedded job worker.")] = True,
+    embedded_worker: Annotated[bool, typer.Option("--embedded-worker/--no-embedded-worker", help="With --jobs: run the embedded job worker; --no-embedded-worker serves /v1/jobs and delivers callbacks but claims no job (separate `frameserve worker` processes, e.g. autoscaled pods, do the work).")] = True,
+    export_queue_metrics: Annotated[bool, typer.Option("--export-queue-metrics/--no-export-queue-metrics", help="With --jobs: export the database-wide queue gauges (frameserve_jobs_by_state, _pending, ...) on the metrics port. Keep ONE exporter per database (this server, or one `worker --export-queue-metrics`) so Prometheus does not add them up.")] = True,
     db: Annotated[str | None, typer.Option("--db", help="Job database, an SQLAlchemy URL (env FRAMESERVE_DB; default: SQLite under $FRAMESERVE_HOME).")] = None,
     file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Folder allowed for file:// job sources and targets; repeatable (env FRAMESERVE_FILE_ROOTS; default: $FRAMESERVE_HOME/storage).")] = None,
     s3_endpoint_url: Annotated[str | None, typer.Option("--s3-endpoint-url", help="S3-compatible endpoint for s3:// job sources and targets (env FRAMESERVE_S3_ENDPOINT_URL; default: AWS).")] = None,
@@ -129,6 +133,8 @@ def serve_command(
                 max_json_bytes=max_json_bytes, max_bytes_data_bytes=max_bytes_data_bytes,
             ),
             allow_client_shm=allow_client_shm,
+            http_workers=http_workers,
+            grpc_workers=grpc_workers,
         )
         _check_startup_models(options.startup_models, repository.models())
         _check_exposure(options, allow_unauthenticated=allow_unauthenticated)
@@ -148,7 +154,9 @@ def serve_command(
         if jobs:
             from frameserve.jobs.embedded import EmbeddedJobs
 
-            embedded = EmbeddedJobs(settings, service, jobs_settings=jobs_settings, pipelines=registry)
+            embedded = EmbeddedJobs(settings, service, jobs_settings=jobs_settings, pipelines=registry,
+                                    run_worker=embedded_worker, registry=service.metrics.registry,
+                                    export_queue_metrics=export_queue_metrics)
             routers.append(embedded.router)
         options = dataclasses.replace(options, http_routers=tuple(routers))
         # the service outlives the listeners: the embedded job worker finishes with it first
@@ -181,7 +189,8 @@ def serve_command(
         if embedded is not None:
             embedded.start()
             js = embedded.jobs_settings
-            _say(f"jobs: /v1/jobs, database {_redact(js.db_url)}, file roots {os.pathsep.join(map(str, js.file_roots))}")
+            _say(f"jobs: /v1/jobs, database {_redact(js.db_url)}, file roots {os.pathsep.join(map(str, js.file_roots))}"
+                 + ("" if embedded_worker else "; no embedded worker (--no-embedded-worker)"))
         waiter = threading.Thread(target=_announce_ready, args=(server, service, stop), daemon=True)
         waiter.start()
         try:
@@ -190,6 +199,9 @@ def serve_command(
             if embedded is not None:  # stop claiming; finish or release the job in progress
                 embedded.stop(timeout_s=graceful_timeout)
             service.close()
+        if server.failure is not None:  # it stopped by itself: fail loudly
+            _say(f"error: {server.failure}")
+            raise typer.Exit(code=1)
         _say("stopped")
 
 
@@ -307,6 +319,9 @@ def _announce_ready(server: object, service: object, stop: threading.Event) -> N
     ready = server.wait_ready()
     if stop.is_set() or not server.loaded:
         return
+    from frameserve.server._gc import settle_heap
+
+    settle_heap()  # what it serves is loaded: no more full collections over it
     loaded = server.service.model_names()
     served = f"{len(loaded)} model(s) loaded" + (f" ({', '.join(loaded)})" if loaded else "")
     if ready:

@@ -1,22 +1,38 @@
-"""``frameserve worker``: claim and run video jobs from the job database, and deliver callbacks.
+"""``frameserve worker``: claim and run video jobs from the job database, and deliver callbacks;
+with ``--autoscale MIN:MAX``, a supervisor of such workers (:mod:`frameserve.jobs.supervisor`).
 
-SIGTERM (or Ctrl-C) stops claiming, gives back a job downloaded but not started, finishes the job
-being processed, and exits 0.
+Signals: SIGTERM (or Ctrl-C) drains — stop claiming, give back a job downloaded but not started,
+finish the job being processed within ``--grace-s`` seconds, else give it back too (lease
+released, the attempt not counted) so another worker takes it over — and exits 0. SIGUSR1 drains
+with no deadline (the autoscaler's scale-down). ``--max-jobs N`` exits after N jobs.
+
+Idle workers wait for a wake-up (``LISTEN`` on PostgreSQL, a watch of the SQLite file) and poll
+only as a safety net; ``--no-listen`` polls every ``--poll-s``.
+
+``--metrics-port`` serves ``/metrics`` (the job counters; the database-wide queue gauges too with
+``--export-queue-metrics``); under ``--autoscale`` the supervisor serves the children's counters
+summed.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
+import tempfile
 import threading
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from frameserve.cli._common import exit_on_error
 
 __all__ = ["register", "worker_command"]
+
+log = logging.getLogger("frameserve.jobs.worker")
 
 
 def worker_command(
@@ -28,7 +44,18 @@ def worker_command(
     callbacks_allow_private: Annotated[bool | None, typer.Option("--callbacks-allow-private/--callbacks-public-only", help="Allow callbacks to private/loopback addresses (env FRAMESERVE_CALLBACKS_ALLOW_PRIVATE=1).")] = None,
     lease_s: Annotated[float | None, typer.Option("--lease-s", min=0.1, help="Job lease, seconds (env FRAMESERVE_LEASE_S; default 30).")] = None,
     callbacks: Annotated[bool, typer.Option("--callbacks/--no-callbacks", help="Also deliver callbacks from the outbox.")] = True,
-    poll_s: Annotated[float, typer.Option("--poll-s", min=0.01, help="Idle wait between claims, seconds (bounds pickup latency).")] = 0.05,
+    poll_s: Annotated[float, typer.Option("--poll-s", min=0.01, help="Idle wait between claims when no wake-up can be heard (--no-listen, or LISTEN through a transaction-mode pooler), seconds.")] = 0.05,
+    listen: Annotated[bool, typer.Option("--listen/--no-listen", help="Wake on new jobs: LISTEN/NOTIFY on PostgreSQL (needs a direct connection, not a transaction-mode pooler; checked at start, polling otherwise), a watch of the database file on SQLite; a 5 s safety poll stays on. --no-listen polls every --poll-s.")] = True,
+    listen_db: Annotated[str | None, typer.Option("--listen-db", envvar="FRAMESERVE_LISTEN_DB", help="PostgreSQL URL to LISTEN on when --db goes through a transaction-mode pooler (a direct connection to the same database) (env FRAMESERVE_LISTEN_DB).", show_default=False)] = None,
+    grace_s: Annotated[float, typer.Option("--grace-s", min=0, help="On SIGTERM: how long the current job gets to finish, seconds; past it the job goes back to the queue (attempt not counted) and the worker exits.")] = 30.0,
+    max_jobs: Annotated[int | None, typer.Option("--max-jobs", min=1, help="Exit after claiming this many jobs (a KEDA ScaledJob's pod runs one: --max-jobs 1).", show_default=False)] = None,
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", min=0, max=65535, help="Serve Prometheus /metrics on this port (0 = any free port; the port is printed): job counters, phase histograms, callback outcomes.", show_default=False)] = None,
+    metrics_address: Annotated[str, typer.Option("--metrics-address", help="Address the metrics listener binds (0.0.0.0 for Prometheus in a cluster).")] = "127.0.0.1",
+    export_queue_metrics: Annotated[bool, typer.Option("--export-queue-metrics", help="Also export the database-wide queue gauges (jobs by state, pending by priority, oldest pending age, callback outbox depth). Give it to ONE exporter per database (serve exports them by default: then not here).")] = False,
+    autoscale: Annotated[str | None, typer.Option("--autoscale", metavar="MIN:MAX", help="Run a supervisor of MIN..MAX worker processes scaled on the jobs queued and running.", show_default=False)] = None,
+    cooldown_s: Annotated[float, typer.Option("--cooldown-s", min=0, help="With --autoscale: low load must last this long before each step down (one worker), seconds.")] = 60.0,
+    target_pending_per_worker: Annotated[float, typer.Option("--target-pending-per-worker", min=0.001, help="With --autoscale: active (queued and due, plus running) jobs per worker aimed at.")] = 1.0,
+    schedule: Annotated[list[str] | None, typer.Option("--schedule", metavar="'START_CRON END_CRON N [TZ]'", help="With --autoscale: at least N workers from each START_CRON until the next END_CRON, in the IANA time zone TZ (default UTC), as KEDA's cron trigger; repeatable; the larger of floor and load wins.", show_default=False)] = None,
     callback_timeout_s: Annotated[float, typer.Option("--callback-timeout-s", min=0.1, help="Timeout of one callback request, seconds.")] = 10.0,
     model_repository: Annotated[Path | None, typer.Option("--model-repository", help="Model repository (default: $FRAMESERVE_HOME/models).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Inference threads (default: all CPUs).")] = None,
@@ -38,14 +65,20 @@ def worker_command(
     max_source_bytes: Annotated[int | None, typer.Option("--max-source-bytes", min=1, help="Largest job source downloaded, bytes (env FRAMESERVE_MAX_SOURCE_BYTES; default 2 GiB).", show_default=False)] = None,
     source_timeout_s: Annotated[float | None, typer.Option("--source-timeout-s", min=0.001, help="Longest download of a job source in all, seconds (env FRAMESERVE_SOURCE_TIMEOUT_S; default 1800).", show_default=False)] = None,
     source_idle_timeout_s: Annotated[float | None, typer.Option("--source-idle-timeout-s", min=0.001, help="Longest wait for a source's next byte, seconds (env FRAMESERVE_SOURCE_IDLE_TIMEOUT_S; default 30).", show_default=False)] = None,
+    status_file: Annotated[Path | None, typer.Option("--status-file", hidden=True, help="Write busy/idle here on each change (the supervisor's children).")] = None,
 ) -> None:
-    """Claim jobs, download, run the pipeline, upload the outputs, and call back."""
+    """Claim jobs, download, run the pipeline, upload the outputs, and call back; or, with --autoscale, supervise such workers."""
     from frameserve.config import Settings
     from frameserve.jobs.settings import JobsSettings
     from frameserve.pipeline.registry import PipelineRegistry
     from frameserve.repository import ModelRepository
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    if status_file is not None and os.environ.get("FRAMESERVE_SUPERVISOR_PID"):
+        from frameserve.jobs.supervisor import die_with_parent
+
+        die_with_parent(int(os.environ["FRAMESERVE_SUPERVISOR_PID"]))
     roots: list[str] = [str(p) for p in file_root or []]
     for s in storage or []:
         if s.startswith(("http://", "https://")):
@@ -64,21 +97,57 @@ def worker_command(
         registry = PipelineRegistry(pipelines)  # a bad pipeline file stops the start here (exit 2)
         root = settings.model_repository
         registry.check_models(set(ModelRepository(root).models()) if root.is_dir() else set())
+        if autoscale is not None:
+            from frameserve.jobs.supervisor import CronWindow, ScalingRule, parse_range
+
+            lo, hi = parse_range(autoscale)
+            rule = ScalingRule(lo, hi, cooldown_s=cooldown_s, target_pending_per_worker=target_pending_per_worker,
+                               schedules=tuple(CronWindow.parse(s) for s in schedule or ()))
+            child = [
+                sys.executable, "-m", "frameserve", "worker", "--poll-s", repr(poll_s), "--grace-s", repr(grace_s),
+                "--callback-timeout-s", repr(callback_timeout_s), "--callbacks" if callbacks else "--no-callbacks",
+                "--listen" if listen else "--no-listen",
+                *(["--model-repository", str(model_repository)] if model_repository is not None else []),
+                *(["--threads", str(threads)] if threads is not None else []),
+                *(["--pipelines", str(pipelines)] if pipelines is not None else []),
+                *(["--max-jobs", str(max_jobs)] if max_jobs is not None else []),
+            ]
+            run_supervisor(js, rule, child, poll_s=min(1.0, max(0.2, poll_s)), grace_s=grace_s, listen=listen,
+                           listen_db=listen_db, metrics_port=metrics_port, metrics_address=metrics_address,
+                           export_queue_metrics=export_queue_metrics)
+            return
         run_worker(settings, js, callbacks=callbacks, poll_s=poll_s, callback_timeout_s=callback_timeout_s,
-                   pipelines=registry)
+                   pipelines=registry, listen=listen, listen_db=listen_db, grace_s=grace_s, max_jobs=max_jobs,
+                   metrics_port=metrics_port, metrics_address=metrics_address,
+                   export_queue_metrics=export_queue_metrics, status_file=status_file)
+
+
+def _serve_metrics(registry: Any, port: int | None, address: str) -> Any:
+    """Serve ``registry`` on ``address:port`` (a thread); prints ``metrics listening on HOST:PORT``."""
+    if port is None:
+        return None
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=address, registry=registry)
+    print(f"metrics listening on {address}:{server.server_port}", flush=True)
+    return server
 
 
 def run_worker(
     settings: object, js: object, *, callbacks: bool, poll_s: float, callback_timeout_s: float = 10.0,
-    pipelines: object | None = None,
+    pipelines: object | None = None, listen: bool = True, listen_db: str | None = None, grace_s: float = 30.0,
+    max_jobs: int | None = None, metrics_port: int | None = None, metrics_address: str = "127.0.0.1",
+    export_queue_metrics: bool = False, status_file: Path | None = None,
 ) -> None:
-    """Build the worker (and deliverer) from settings and run until SIGTERM/SIGINT; ``pipelines``
-    is the :class:`~frameserve.pipeline.registry.PipelineRegistry` jobs may name (default: the
-    built-ins)."""
+    """Build the worker (and deliverer) from settings and run until drained (SIGTERM: within
+    ``grace_s``; SIGUSR1: no deadline) or ``max_jobs`` are done; ``pipelines`` is the
+    :class:`~frameserve.pipeline.registry.PipelineRegistry` jobs may name (default: the built-ins)."""
     from frameserve.config import Settings
+    from frameserve.jobs._metrics import JobMetrics, QueueCollector
     from frameserve.jobs.callbacks import CallbackDeliverer
     from frameserve.jobs.settings import JobsSettings
     from frameserve.jobs.store import JobStore
+    from frameserve.jobs.supervisor import write_status
     from frameserve.jobs.worker import Worker, faults_from_env, pipeline_process
     from frameserve.pipeline import DecodePool
     from frameserve.pipeline.registry import PipelineRegistry
@@ -92,40 +161,139 @@ def run_worker(
     storage = js.storage()
     repo = ModelRepository(settings.model_repository) if settings.model_repository.is_dir() else None
     service = InferenceService(repo, threads=settings.threads)
+    metrics = JobMetrics(service.metrics.registry)
+    if export_queue_metrics:
+        service.metrics.registry.register(QueueCollector(store))
     pool = DecodePool(1)
+    holder: dict[str, Any] = {}
+
+    def on_busy(busy: bool) -> None:
+        if status_file is not None and "worker" in holder:
+            write_status(status_file, busy=busy, worker_id=holder["worker"].worker_id, claimed=holder["worker"].claimed)
+
     worker = Worker(
         store, storage, pipeline_process(settings, service, fault, decode_pool=pool, pipelines=registry), lease_s=js.lease_s,
-        poll_s=poll_s, fault=fault, scratch_root=settings.home / "tmp",
+        poll_s=poll_s, fault=fault, scratch_root=settings.home / "tmp", listen=listen, listen_url=listen_db,
+        max_jobs=max_jobs, metrics=metrics, on_busy=on_busy,
     )
+    holder["worker"] = worker
     deliverer = (
         CallbackDeliverer(store, secret=js.webhook_secret, allow_private=js.callbacks_allow_private,
-                          lease_s=js.lease_s, poll_s=poll_s, timeout_s=callback_timeout_s, fault=fault)
+                          lease_s=js.lease_s, poll_s=poll_s, timeout_s=callback_timeout_s, fault=fault, metrics=metrics)
         if callbacks else None
     )
-    stop = threading.Event()
+    term_at: list[float] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        logging.getLogger("frameserve.jobs.worker").info("signal %d: stopping after the current job", signum)
+        if signum == signal.SIGUSR1:
+            log.info("SIGUSR1: draining (the current job finishes, no deadline)")
+        else:
+            log.info("signal %d: draining (the current job gets %.0f s to finish)", signum, grace_s)
+            term_at.append(time.monotonic())
         worker.stop()
-        stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    log = logging.getLogger("frameserve.jobs.worker")
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, on_signal)
+    http = _serve_metrics(service.metrics.registry, metrics_port, metrics_address)
     log.info("worker %s on %s", worker.worker_id, store.engine.url.render_as_string())
     log.info("pipelines: %s", ", ".join(registry.names()))
+    if status_file is not None:  # after the signal handlers: the supervisor may signal us from now on
+        write_status(status_file, busy=False, worker_id=worker.worker_id, claimed=0)
     worker.start()
     if deliverer is not None:
         deliverer.start()
+    forced = False
     try:
         while not worker.join(0.5):
-            pass
+            if term_at and time.monotonic() - term_at[0] >= grace_s:
+                for job_id in worker.abandon():
+                    log.warning("job %s given back to the queue", job_id)
+                forced = not worker.join(2.0)
+                break
+        if max_jobs is not None and worker.claimed >= max_jobs:
+            log.info("worker %s: --max-jobs %d done; exiting", worker.worker_id, max_jobs)
     finally:
         if deliverer is not None:
             deliverer.stop()
+        if http is not None:
+            http.shutdown()
+        if forced:  # a stage is stuck in user code: its job is back in the queue; leave now
+            store.close()
+            _kill_children()
+            logging.shutdown()
+            sys.stdout.flush()
+            os._exit(0)
         pool.close()
         service.close()
         store.close()
+
+
+def _kill_children() -> None:
+    """Kill this process's own child processes (the decode process of a stuck job)."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+def run_supervisor(
+    js: object, rule: object, child: list[str], *, poll_s: float, grace_s: float, listen: bool,
+    listen_db: str | None, metrics_port: int | None, metrics_address: str, export_queue_metrics: bool,
+) -> None:
+    """Run the autoscaler (:class:`~frameserve.jobs.supervisor.Supervisor`) until SIGTERM/SIGINT,
+    then drain the children. With ``metrics_port`` the children count into a shared folder
+    (``PROMETHEUS_MULTIPROC_DIR``) and the supervisor serves the sums with its own gauges."""
+    from frameserve.jobs._metrics import QueueCollector
+    from frameserve.jobs.settings import JobsSettings
+    from frameserve.jobs.store import JobStore
+    from frameserve.jobs.supervisor import ScalingRule, Supervisor, SupervisorCollector
+
+    assert isinstance(js, JobsSettings) and isinstance(rule, ScalingRule)
+    store = JobStore(js.db_url)  # migrates once, before the children start
+    work = Path(tempfile.mkdtemp(prefix="frameserve-autoscale-"))
+    env = {**os.environ, **js.to_env()}
+    if listen_db:
+        env["FRAMESERVE_LISTEN_DB"] = listen_db
+    http = None
+    sup = Supervisor(store, rule, child, env=env, status_dir=work / "status", poll_s=poll_s, grace_s=grace_s,
+                     listen=listen)
+    if metrics_port is not None:
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        (work / "metrics").mkdir()
+        sup.env["PROMETHEUS_MULTIPROC_DIR"] = str(work / "metrics")
+        registry = CollectorRegistry(auto_describe=False)
+        MultiProcessCollector(registry, path=str(work / "metrics"))  # type: ignore[no-untyped-call]
+        registry.register(SupervisorCollector(sup))
+        if export_queue_metrics:
+            registry.register(QueueCollector(store))
+        http = _serve_metrics(registry, metrics_port, metrics_address)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping the workers (each drains within %.0f s)", signum, grace_s)
+        stop.set()
+        store.signal.notify()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    log.info("autoscale %d:%d (cooldown %.0f s, %.3g active jobs per worker, %d schedule window(s)) on %s",
+             rule.min_workers, rule.max_workers, rule.cooldown_s, rule.target_pending_per_worker,
+             len(rule.schedules), store.engine.url.render_as_string())
+    try:
+        sup.run(stop)
+    finally:
+        if http is not None:
+            http.shutdown()
+        store.close()
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def register(app: typer.Typer) -> None:

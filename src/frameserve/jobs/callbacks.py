@@ -25,6 +25,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from frameserve.errors import AddressRefusedError, InvalidInputError
+from frameserve.jobs._metrics import JobMetrics
+from frameserve.jobs.queue import idle_wait, next_delivery_due_at
 from frameserve.jobs.store import Delivery, JobStore
 from frameserve.security import AddressGuard, GuardedTransport, quiet_http_logs, redact_text, redact_uri
 
@@ -68,7 +70,10 @@ class CallbackDeliverer:
         allow_private: allow private and loopback receivers.
         timeout_s: per-request timeout, seconds.
         lease_s: how long a claimed delivery is ours before another deliverer may retry it.
-        poll_s: idle wait between outbox polls, seconds.
+        poll_s: idle wait between outbox polls, seconds, when no listener of the store's
+            :class:`~frameserve.jobs.queue.Signal` hears other processes (else it waits for a
+            wake-up, the next due attempt, or the safety poll).
+        metrics: where to count attempts (``frameserve_jobs_callback_deliveries_total``), or ``None``.
         fault: test hook called with ``"mid_callback"`` after a receiver answered and before the
             answer is recorded.
 
@@ -86,6 +91,7 @@ class CallbackDeliverer:
         lease_s: float = 30.0,
         poll_s: float = 0.5,
         fault: Callable[[str], None] | None = None,
+        metrics: JobMetrics | None = None,
     ) -> None:
         import httpx
 
@@ -102,6 +108,7 @@ class CallbackDeliverer:
         self.lease_s = max(lease_s, timeout_s * 2)
         self.poll_s = poll_s
         self.fault = fault
+        self.metrics = metrics
         quiet_http_logs()
         self.client = httpx.Client(
             timeout=timeout_s, follow_redirects=False, trust_env=False, transport=GuardedTransport(_guard(allow_private))
@@ -122,28 +129,37 @@ class CallbackDeliverer:
         try:
             check_callback_url(d.url, allow_private=self.allow_private)
         except InvalidInputError as exc:
-            return self.store.delivery_result(d, status=None, error=str(exc), permanent=True)
+            return self._record(d, None, str(exc), permanent=True)
         headers = sign_headers(self.secret, d.id, d.payload, self.store.clock())
         try:
             resp = self.client.post(d.url, content=d.payload.encode(), headers=headers)
             status: int | None = resp.status_code
             error = None if resp.is_success else f"HTTP {resp.status_code}"
         except AddressRefusedError as exc:  # the name now resolves elsewhere than when checked
-            return self.store.delivery_result(d, status=None, error=str(exc), permanent=True)
+            return self._record(d, None, str(exc), permanent=True)
         except httpx.HTTPError as exc:
             status, error = None, redact_text(f"{exc.__class__.__name__}: {exc}")
         if self.fault is not None:
             self.fault("mid_callback")
-        state = self.store.delivery_result(d, status=status, error=error)
+        state = self._record(d, status, error)
         log.info("callback %s for job %s attempt %d: %s (%s)", d.id, d.job_id, d.attempts, state, status or error)
+        return state
+
+    def _record(self, d: Delivery, status: int | None, error: str | None, *, permanent: bool = False) -> str:
+        state = self.store.delivery_result(d, status=status, error=error, permanent=permanent)
+        if self.metrics is not None:
+            self.metrics.callback(state)
         return state
 
     def run(self) -> None:
         """Deliver until :meth:`stop` is called."""
+        signal = self.store.signal
         while not self._stop.is_set():
+            seen = signal.generation("callback")
             try:
-                if self.deliver_once() is None:
-                    self._stop.wait(self.poll_s)
+                if self.deliver_once() is None and not self._stop.is_set():
+                    idle_wait(signal, "callback", seen, due_at=next_delivery_due_at(self.store),
+                              now=self.store.clock(), poll_s=self.poll_s)
             except Exception:  # keep delivering; the database may be briefly unavailable
                 log.exception("callback deliverer")
                 self._stop.wait(self.poll_s)
@@ -156,6 +172,7 @@ class CallbackDeliverer:
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop after the attempt in flight, and close the HTTP client."""
         self._stop.set()
+        self.store.signal.notify("callback")  # end an idle wait now
         if self._thread is not None:
             self._thread.join(timeout_s)
         self.client.close()

@@ -2,7 +2,13 @@
 one machine with nothing else to start — SQLite under ``$FRAMESERVE_HOME``, local storage under
 ``$FRAMESERVE_HOME/storage``, one worker thread set (scratch under ``$FRAMESERVE_HOME/tmp``) and
 the callback deliverer, sharing the server's :class:`~frameserve.service.InferenceService` so
-models stay loaded. The crash tests' fault points (:func:`~frameserve.jobs.worker.faults_from_env`)
+models stay loaded. A job submitted through the router wakes the worker at once (the store's
+in-process :class:`~frameserve.jobs.queue.Signal`); jobs other processes submit reach it through
+its listener (``NOTIFY`` on PostgreSQL, a watch of the SQLite file). With a ``registry`` the
+worker's counters (:class:`~frameserve.jobs._metrics.JobMetrics`) and, unless
+``export_queue_metrics`` is false, the database-wide queue gauges
+(:class:`~frameserve.jobs._metrics.QueueCollector`) are registered there: the server is the one
+exporter of those by default. The crash tests' fault points (:func:`~frameserve.jobs.worker.faults_from_env`)
 reach this worker as they reach ``frameserve worker``.
 
 Use::
@@ -14,15 +20,20 @@ Use::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frameserve.config import Settings
+from frameserve.jobs._metrics import JobMetrics, QueueCollector
 from frameserve.jobs.callbacks import CallbackDeliverer
+from frameserve.jobs.queue import Listener
 from frameserve.jobs.settings import JobsSettings
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import JobStore
 from frameserve.jobs.worker import Worker, faults_from_env, pipeline_process
 from frameserve.pipeline.registry import PipelineRegistry
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 __all__ = ["EmbeddedJobs"]
 
@@ -37,6 +48,11 @@ class EmbeddedJobs:
         poll_s: idle wait of the worker and deliverer, seconds.
         pipelines: the pipelines jobs may name (default: the built-ins; ``serve --pipelines DIR``
             adds the operator's folder).
+        run_worker: run the job worker here (default). False (``serve --no-embedded-worker``):
+            ``/v1/jobs`` and the callback deliverer only; separate ``frameserve worker`` processes
+            (scaled pods) claim the jobs.
+        registry: the Prometheus registry of the server's metrics port, or ``None`` (no metrics).
+        export_queue_metrics: also export the database-wide queue gauges there.
     """
 
     def __init__(
@@ -47,6 +63,9 @@ class EmbeddedJobs:
         jobs_settings: JobsSettings | None = None,
         poll_s: float = 0.05,
         pipelines: PipelineRegistry | None = None,
+        run_worker: bool = True,
+        registry: CollectorRegistry | None = None,
+        export_queue_metrics: bool = True,
     ) -> None:
         from frameserve.jobs.api import create_router
 
@@ -64,31 +83,46 @@ class EmbeddedJobs:
         )
         from frameserve.pipeline import DecodePool
 
-        self.decode_pool = DecodePool(1)
-        self.worker = Worker(
-            self.store, self.storage,
-            pipeline_process(settings, service, fault, decode_pool=self.decode_pool, pipelines=self.pipelines),
-            lease_s=js.lease_s, poll_s=poll_s, fault=fault, scratch_root=settings.home / "tmp",
-        )
+        self.queue_metrics: QueueCollector | None = None
+        if registry is not None and export_queue_metrics:
+            self.queue_metrics = QueueCollector(self.store)
+            registry.register(self.queue_metrics)
+        self.metrics = JobMetrics(registry) if registry is not None else None
+        self.listener = Listener(self.store)  # one per process: wakes the worker and the deliverer
+        self.decode_pool: DecodePool | None = None
+        self.worker: Worker | None = None
+        if run_worker:
+            self.decode_pool = DecodePool(1)
+            self.worker = Worker(
+                self.store, self.storage,
+                pipeline_process(settings, service, fault, decode_pool=self.decode_pool, pipelines=self.pipelines),
+                lease_s=js.lease_s, poll_s=poll_s, fault=fault, scratch_root=settings.home / "tmp",
+                metrics=self.metrics, listen=False,
+            )
         self.deliverer = CallbackDeliverer(
             self.store, secret=js.webhook_secret, allow_private=js.callbacks_allow_private,
-            lease_s=js.lease_s, poll_s=poll_s, fault=fault,
+            lease_s=js.lease_s, poll_s=poll_s, fault=fault, metrics=self.metrics,
         )
         self._started = False
 
     def start(self) -> None:
-        """Start the worker and the callback deliverer (threads)."""
+        """Start the worker (unless ``run_worker`` was false) and the callback deliverer (threads)."""
         if not self._started:
-            self.worker.start()
+            self.listener.start()
+            if self.worker is not None:
+                self.worker.start()
             self.deliverer.start()
             self._started = True
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop claiming, finish the job in progress (up to ``timeout_s``), stop delivering, close."""
+        """Stop claiming, finish the job in progress within ``timeout_s`` seconds, else give it
+        back to the queue (:meth:`~frameserve.jobs.worker.Worker.drain`); stop delivering, close."""
         if self._started:
-            self.worker.stop()
-            self.worker.join(timeout_s)
+            if self.worker is not None:
+                self.worker.drain(timeout_s)
             self.deliverer.stop()
+            self.listener.stop()
             self._started = False
-        self.decode_pool.close()
+        if self.decode_pool is not None:
+            self.decode_pool.close()
         self.store.close()

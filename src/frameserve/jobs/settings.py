@@ -88,6 +88,27 @@ class JobsSettings:
             http_timeout_s=self.source_idle_timeout_s,
         )
 
+    def to_env(self) -> dict[str, str]:
+        """These settings as the environment variables :meth:`from_env` reads (the autoscaler
+        hands them to its children this way: no secret on a command line)."""
+        env = {
+            "FRAMESERVE_DB": self.db_url,
+            "FRAMESERVE_FILE_ROOTS": os.pathsep.join(str(r) for r in self.file_roots),
+            "FRAMESERVE_CALLBACKS_ALLOW_PRIVATE": "1" if self.callbacks_allow_private else "0",
+            "FRAMESERVE_SOURCES_ALLOW_PRIVATE": "1" if self.sources_allow_private else "0",
+            "FRAMESERVE_S3_ALLOW_BUCKETS": ",".join(self.s3_allow_buckets),
+            "FRAMESERVE_MAX_SOURCE_BYTES": str(self.max_source_bytes),
+            "FRAMESERVE_SOURCE_TIMEOUT_S": repr(self.source_timeout_s),
+            "FRAMESERVE_SOURCE_IDLE_TIMEOUT_S": repr(self.source_idle_timeout_s),
+            "FRAMESERVE_LEASE_S": repr(self.lease_s),
+            "FRAMESERVE_MAX_ATTEMPTS": str(self.max_attempts),
+        }
+        if self.s3_endpoint_url:
+            env["FRAMESERVE_S3_ENDPOINT_URL"] = self.s3_endpoint_url
+        if self.webhook_secret:
+            env["FRAMESERVE_WEBHOOK_SECRET"] = self.webhook_secret
+        return env
+
     @classmethod
     def from_env(
         cls,

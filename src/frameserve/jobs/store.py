@@ -44,6 +44,7 @@ import sqlalchemy as sa
 from frameserve.jobs._engine import make_engine
 from frameserve.jobs._errors import IdempotencyConflictError, JobNotFoundError, JobStateError, LeaseLostError
 from frameserve.jobs._schema import callback_deliveries, job_events, jobs
+from frameserve.jobs.queue import Signal, notify, take_wakes
 from frameserve.security import redact_text, redact_uri
 
 __all__ = [
@@ -322,6 +323,10 @@ class JobStore:
         retry: backoff of failed attempts.
         callback_schedule_s: delay before each callback attempt (see :data:`CALLBACK_SCHEDULE_S`).
         migrate: apply migrations on open (default true).
+
+    Attributes:
+        signal: in-process wake-ups (:class:`~frameserve.jobs.queue.Signal`), bumped after each
+            commit that makes work; on PostgreSQL such a commit also sends ``NOTIFY``.
     """
 
     def __init__(
@@ -345,6 +350,7 @@ class JobStore:
             raise ValueError("callback_schedule_s needs at least one delay")
         self.engine = make_engine(url)
         self.is_sqlite = self.engine.dialect.name == "sqlite"
+        self.signal = Signal()
         if migrate:
             self._migrate()
 
@@ -367,8 +373,13 @@ class JobStore:
         """A transaction; on SQLite ``BEGIN IMMEDIATE`` when ``write`` (read-then-write), else deferred."""
         with self.engine.connect() as conn:
             conn = conn.execution_options(sqlite_begin="IMMEDIATE" if write else "DEFERRED")
-            with conn.begin():
-                yield conn
+            try:
+                with conn.begin():
+                    yield conn
+            finally:
+                wakes = take_wakes(conn)  # cleared even on rollback: the DBAPI connection is pooled
+        if wakes:
+            self.signal.notify(*wakes)
 
     def _event(self, conn: sa.Connection, job_id: str, type_: str, now: float, **data: Any) -> None:
         conn.execute(_INSERT_EVENT, {"job_id": job_id, "at": now, "type": type_, "data": json.dumps(data)})
@@ -447,6 +458,7 @@ class JobStore:
                         )
                     )
                     self._event(conn, job_id, "submitted", now, priority=int(spec.priority))
+                    notify(conn, "job", now)
                     return self._load(conn, job_id), True
             except sa.exc.IntegrityError:
                 if idempotency_key is None:
@@ -609,6 +621,7 @@ class JobStore:
                 )
             )
             self._event(conn, job.id, "released", now, worker=lease.owner, token=lease.token)
+            notify(conn, "job", now)
             return self._load(conn, job.id)
 
     def rescue(self, *, limit: int = 100) -> list[tuple[str, str]]:
@@ -657,6 +670,7 @@ class JobStore:
             )
         )
         self._event(conn, job.id, "retry_scheduled", now, delay_s=round(delay, 3), error=err)
+        notify(conn, "job", now + delay)
 
     def _finish(
         self,
@@ -699,6 +713,7 @@ class JobStore:
                     lease_expires_at=None, last_status=None, last_error=None, created_at=now, delivered_at=None,
                 )
             )
+            notify(conn, "callback", now + self.callback_schedule_s[0])
         return done
 
     # ---------------------------------------------------------------- callback outbox

@@ -17,8 +17,17 @@ the worker's downloads and outputs live in ``scratch_root/<worker id>`` (with an
 :mod:`frameserve.jobs._scratch`), and a starting worker removes the folders of dead workers
 there (a SIGKILLed worker leaves its downloaded sources behind).
 
-:meth:`Worker.stop` (SIGTERM in ``frameserve worker``) stops claiming, releases a job that is
-downloaded but not started, and finishes the job being processed and uploaded.
+Pickup: an idle fetch thread waits on the store's :class:`~frameserve.jobs.queue.Signal` (a
+submit in this process, ``NOTIFY`` from other processes on PostgreSQL, a change of the SQLite
+file) until the earliest known ``run_at`` of a queued job, with a safety poll of
+:data:`~frameserve.jobs.queue.SAFETY_POLL_S`; without a working listener (``listen=False``, or
+``LISTEN`` through a transaction-mode pooler) it polls every ``poll_s``.
+
+:meth:`Worker.stop` (SIGUSR1 in ``frameserve worker``) stops claiming, releases a job that is
+downloaded but not started, and finishes the job being processed and uploaded;
+:meth:`Worker.drain` (SIGTERM) does the same within a grace period, then gives the jobs still
+held back to the queue at once (:meth:`Worker.abandon`: lease released, attempt not counted).
+``max_jobs`` makes the worker stop claiming after that many jobs (a KEDA ScaledJob's pod runs one).
 
 Failures: errors whose :func:`~frameserve.jobs.is_retryable` is true (timeouts, storage 5xx,
 lost lease, crashes) are retried with backoff; user errors (bad video, unknown pipeline, a 4xx
@@ -36,15 +45,17 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from frameserve.errors import FrameserveError
 from frameserve.jobs._errors import LeaseLostError, is_retryable
+from frameserve.jobs._metrics import JobMetrics
 from frameserve.jobs._pipeline import FaultHook, ProcessFn, pipeline_process, video_out_name
 from frameserve.jobs._scratch import Scratch, sweep
+from frameserve.jobs.queue import SAFETY_POLL_S, Listener, idle_wait, next_job_due_at
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import JobStore, Lease
 from frameserve.security import redact_text
@@ -134,6 +145,14 @@ class Worker:
         fault: test hook (see :func:`faults_from_env`).
         scratch_root: the folder of every worker's scratch (``$FRAMESERVE_HOME/tmp``); the
             folders of dead workers there are removed at :meth:`start`.
+        listen: start a :class:`~frameserve.jobs.queue.Listener` (``LISTEN`` on PostgreSQL, a
+            file watch on SQLite) so other processes' jobs wake this worker; else it polls.
+        listen_url: the PostgreSQL URL to ``LISTEN`` on (direct, when ``store`` goes through a pooler).
+        safety_poll_s: longest idle wait while a listener hears other processes, seconds.
+        max_jobs: stop claiming after this many claims (``None``: never).
+        metrics: where to count (:class:`~frameserve.jobs._metrics.JobMetrics`), or ``None``.
+        on_busy: called with ``True`` when the worker takes a job while holding none, ``False``
+            when it holds none again (the autoscaler's children report it).
     """
 
     def __init__(
@@ -148,7 +167,15 @@ class Worker:
         worker_id: str | None = None,
         fault: FaultHook | None = None,
         scratch_root: Path | None = None,
+        listen: bool = True,
+        listen_url: str | None = None,
+        safety_poll_s: float = SAFETY_POLL_S,
+        max_jobs: int | None = None,
+        metrics: JobMetrics | None = None,
+        on_busy: Callable[[bool], None] | None = None,
     ) -> None:
+        if max_jobs is not None and max_jobs < 1:
+            raise ValueError(f"max_jobs must be >= 1, got {max_jobs}")
         self.store = store
         self.storage = storage
         self.process = process
@@ -175,6 +202,14 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._hb_stop = threading.Event()
         self.completed = 0
+        self.claimed = 0
+        self.max_jobs = max_jobs
+        self.safety_poll_s = safety_poll_s
+        self.metrics = metrics
+        self.on_busy = on_busy
+        self._busy = False
+        self._report_lock = threading.Lock()
+        self.listener = Listener(store, listen_url=listen_url) if listen else None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -184,6 +219,8 @@ class Worker:
         if self.scratch_root is not None:
             for folder in sweep(self.scratch_root, stale_s=max(600.0, 10 * self.lease_s), keep=self.workdir):
                 log.info("removed the scratch folder %s of a worker that is gone", folder)
+        if self.listener is not None:
+            self.listener.start()
         for name, target in (
             ("heartbeat", self._heartbeat_loop), ("fetch", self._fetch_loop),
             ("process", self._process_loop), ("upload", self._upload_loop),
@@ -196,6 +233,41 @@ class Worker:
         """Stop claiming; release a downloaded job not yet started; finish the current one.
         Returns at once; :meth:`join` waits."""
         self._stopping.set()
+        self.store.signal.notify("job")  # end an idle wait now
+
+    def drain(self, grace_s: float) -> bool:
+        """:meth:`stop`, wait up to ``grace_s`` seconds for the current job to finish, then
+        :meth:`abandon` what is still held. Returns whether everything finished in time."""
+        self.stop()
+        if self.join(grace_s):
+            return True
+        self.abandon()
+        self.join(2.0)
+        return False
+
+    def abandon(self) -> list[str]:
+        """Give every job this worker holds back to the queue at once (lease released, the
+        attempt not counted, due now) so another worker takes it over; this worker's later writes
+        for them are dropped (fenced). Returns the job ids released."""
+        self.stop()
+        with self._lock:
+            held = list(self._active.values())
+        done = []
+        for a in held:
+            a.lost.set()  # the stages stop at their next look and write nothing more
+            a.cancel.set()
+            try:
+                self.store.release(a.lease)
+            except LeaseLostError:
+                continue  # it finished (or was rescued) meanwhile
+            except Exception:
+                log.exception("job %s: release failed; its lease will expire", a.lease.job.id)
+                continue
+            done.append(a.lease.job.id)
+            if self.metrics is not None:
+                self.metrics.released.labels(a.lease.job.pipeline).inc()
+            log.warning("job %s released unfinished (grace period over): another worker takes it", a.lease.job.id)
+        return done
 
     def join(self, timeout_s: float | None = None) -> bool:
         """Wait for the stages to finish after :meth:`stop`; returns whether they did."""
@@ -206,6 +278,8 @@ class Worker:
         if done:
             self._hb_stop.set()
             self._threads[0].join(5.0)
+            if self.listener is not None:
+                self.listener.stop()
             shutil.rmtree(self.workdir, ignore_errors=True)
         return done
 
@@ -221,6 +295,9 @@ class Worker:
         a = _Active(lease)
         with self._lock:
             self._active[lease.job.id] = a
+        self._report_busy()
+        if self.metrics is not None:
+            self.metrics.started.labels(lease.job.pipeline).inc()
         return a
 
     def _forget(self, a: _Active, item: _Item | None = None) -> None:
@@ -228,6 +305,26 @@ class Worker:
             self._active.pop(a.lease.job.id, None)
         if item is not None:
             shutil.rmtree(item.workdir, ignore_errors=True)
+        self._report_busy()
+
+    def _report_busy(self) -> None:
+        with self._report_lock:  # reports leave in the order the changes happened
+            with self._lock:
+                busy = bool(self._active)
+            changed, self._busy = busy != self._busy, busy
+            if changed and self.on_busy is not None:
+                try:
+                    self.on_busy(busy)
+                except Exception:
+                    log.exception("busy report")
+
+    @property
+    def busy(self) -> bool:
+        """Whether the worker holds a job."""
+        return self._busy
+
+    def _quota_reached(self) -> bool:
+        return self.max_jobs is not None and self.claimed >= self.max_jobs
 
     def _phase(self, a: _Active, phase: str) -> None:
         a.phase, a.fraction = phase, 0.0
@@ -242,7 +339,9 @@ class Worker:
             raise _Cancelled()
 
     def _end_phase(self, a: _Active, phase: str) -> None:
-        a.timings[f"{phase}_s"] = time.monotonic() - a.timings.pop(f"{phase}_start", time.monotonic())
+        a.timings[f"{phase}_s"] = spent = time.monotonic() - a.timings.pop(f"{phase}_start", time.monotonic())
+        if self.metrics is not None:
+            self.metrics.phase.labels(a.lease.job.pipeline, phase).observe(spent)
 
     def _timings(self, a: _Active) -> dict[str, float]:
         return {k: v for k, v in a.timings.items() if k.endswith("_s")}
@@ -256,12 +355,14 @@ class Worker:
                 log.warning("job %s: lease lost (token %d); its late writes are dropped", job.id, a.lease.token)
             elif a.cancel.is_set():
                 self.store.cancelled(a.lease)
+                self._count(job.pipeline, "cancelled", job.attempt)
                 log.info("job %s cancelled", job.id)
             else:
                 retry = is_retryable(exc)
                 code = exc.code if isinstance(exc, FrameserveError) else "internal"
                 message = redact_text(str(exc) or exc.__class__.__name__)
                 got = self.store.fail(a.lease, {"code": code, "message": message}, retryable=retry, timings=self._timings(a))
+                self._count(job.pipeline, got.state, job.attempt)
                 log.info("job %s attempt %d failed (%s): %s → %s", job.id, job.attempt, code, message, got.state)
         except LeaseLostError:
             log.warning("job %s: lease lost before its failure could be recorded", job.id)
@@ -270,9 +371,15 @@ class Worker:
         finally:
             self._forget(a, item)
 
+    def _count(self, pipeline: str, state: str, attempt: int) -> None:
+        if self.metrics is not None:
+            self.metrics.finished(pipeline, state, attempt)
+
     def _release(self, item: _Item) -> None:
         try:
             self.store.release(item.active.lease)
+            if self.metrics is not None:
+                self.metrics.released.labels(item.active.lease.job.pipeline).inc()
         except LeaseLostError:
             pass
         except Exception:
@@ -309,16 +416,19 @@ class Worker:
 
     def _fetch_loop(self) -> None:
         next_rescue = 0.0
+        signal = self.store.signal
         try:
-            while not self._stopping.is_set():
+            while not self._stopping.is_set() and not self._quota_reached():
                 if not self._slot.acquire(timeout=0.2):
                     continue
+                seen = signal.generation("job")
                 try:
                     if time.monotonic() >= next_rescue:
                         next_rescue = time.monotonic() + self.lease_s
                         for job_id, state in self.store.rescue():
                             log.warning("rescued job %s (lease expired) → %s", job_id, state)
                     lease = self.store.claim(self.worker_id, lease_s=self.lease_s)
+                    due_at = next_job_due_at(self.store) if lease is None else None
                 except Exception:
                     log.exception("claim failed")
                     self._slot.release()
@@ -326,8 +436,11 @@ class Worker:
                     continue
                 if lease is None:
                     self._slot.release()
-                    self._stopping.wait(self.poll_s)
+                    if not self._stopping.is_set():  # set before stop()'s wake-up: checked after `seen`
+                        idle_wait(signal, "job", seen, due_at=due_at, now=self.store.clock(), poll_s=self.poll_s,
+                                  safety_poll_s=self.safety_poll_s, cap_s=next_rescue - time.monotonic())
                     continue
+                self.claimed += 1
                 a = self._register(lease)
                 item = _Item(a, self.workdir / f"{lease.job.id}-{lease.token}")
                 item.workdir.mkdir(parents=True, exist_ok=True)
@@ -410,13 +523,18 @@ class Worker:
             try:
                 self._phase(a, "upload")
                 assert item.files is not None and item.result is not None
-                outputs = self.storage.upload(item.files, a.lease.job.target)
+                # a retry (token > 1) first removes what a killed attempt left under temporary keys
+                outputs = self.storage.upload(item.files, a.lease.job.target, sweep=a.lease.token > 1)
                 self._end_phase(a, "upload")
                 if self.fault is not None:
                     self.fault("after_upload")
                 result = {**item.result, "outputs": outputs}
                 self.store.complete(a.lease, result, timings=self._timings(a))
                 self.completed += 1
+                self._count(a.lease.job.pipeline, "succeeded", a.lease.job.attempt)
+                frames = item.result.get("frames_processed")
+                if self.metrics is not None and isinstance(frames, int) and frames > 0:
+                    self.metrics.frames.labels(a.lease.job.pipeline).inc(frames)
                 log.info("job %s succeeded", a.lease.job.id)
                 self._forget(a, item)
             except Exception as exc:  # noqa: BLE001
