@@ -3,9 +3,11 @@ KEDA manifests count, and how an idle worker learns of new work without polling.
 
 Counting (one definition, used everywhere):
 
-- **pending** — queued and due (``run_at`` passed): what a KEDA ``ScaledJob`` scales on (KEDA
-  subtracts the Jobs already running, so running jobs must not be counted again);
-  :data:`SCALED_JOB_QUERY`.
+- **pending** — queued and due (``run_at`` passed): what a KEDA ``ScaledJob`` scales on, with
+  ``scalingStrategy: accurate`` (KEDA's default strategy subtracts the Jobs already running from
+  the metric, which with this count of *waiting* jobs would under-provision: 5 waiting and 10
+  running gives no new Job; ``accurate`` subtracts only Jobs not yet running, as
+  ``deploy/k8s/overlays/scaledjob`` sets it); :data:`SCALED_JOB_QUERY`.
 - **active** — pending plus running: what a ``ScaledObject`` (and the local autoscaler) scales on,
   so that replicas busy with a job are not scaled away under it; :data:`SCALED_OBJECT_QUERY`.
 
