@@ -73,6 +73,30 @@ def test_sigterm_past_the_grace_period_gives_the_job_back_and_max_jobs_exits(
         store.close()
 
 
+def test_max_idle_s_exits_a_worker_that_finds_no_job_but_not_one_that_is_busy(
+    db_url: str, setup: tuple[Path, Path, Path], tmp_path: Path  # noqa: F811
+) -> None:
+    """A ScaledJob pod whose job another worker took leaves after --max-idle-s instead of idling
+    until its deadline; a worker busy longer than that keeps its job."""
+    root, pipelines, home = setup
+    idle = worker(tmp_path, db_url, root, pipelines, home, "idle", "--max-idle-s", "1.5")
+    t0 = time.monotonic()
+    try:
+        assert idle.proc.wait(60) == 0, idle.stderr()[-3000:]
+        assert "--max-idle-s" in idle.stderr() and time.monotonic() - t0 >= 1.5
+    finally:
+        idle.kill()
+    store = JobStore(db_url)
+    slow = submit(store, root, "slow-idle", 0.3)  # ~3 s of work, twice the idle limit
+    busy = worker(tmp_path, db_url, root, pipelines, home, "busy", "--max-idle-s", "1.5")
+    try:
+        assert busy.proc.wait(90) == 0, busy.stderr()[-3000:]
+        assert store.get(slow).state == "succeeded"
+    finally:
+        busy.kill()
+        store.close()
+
+
 def test_metrics_port_counts_the_workers_jobs_and_jobs_stats_counts_the_database(
     cli: Any, setup: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:

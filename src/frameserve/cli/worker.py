@@ -49,6 +49,7 @@ def worker_command(
     listen_db: Annotated[str | None, typer.Option("--listen-db", envvar="FRAMESERVE_LISTEN_DB", help="PostgreSQL URL to LISTEN on when --db goes through a transaction-mode pooler (a direct connection to the same database) (env FRAMESERVE_LISTEN_DB).", show_default=False)] = None,
     grace_s: Annotated[float, typer.Option("--grace-s", min=0, help="On SIGTERM: how long the current job gets to finish, seconds; past it the job goes back to the queue (attempt not counted) and the worker exits.")] = 30.0,
     max_jobs: Annotated[int | None, typer.Option("--max-jobs", min=1, help="Exit after claiming this many jobs (a KEDA ScaledJob's pod runs one: --max-jobs 1).", show_default=False)] = None,
+    max_idle_s: Annotated[float | None, typer.Option("--max-idle-s", min=0.1, help="Exit (code 0) after this many seconds without a job: a ScaledJob pod whose job another worker took does not wait forever.", show_default=False)] = None,
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", min=0, max=65535, help="Serve Prometheus /metrics on this port (0 = any free port; the port is printed): job counters, phase histograms, callback outcomes.", show_default=False)] = None,
     metrics_address: Annotated[str, typer.Option("--metrics-address", help="Address the metrics listener binds (0.0.0.0 for Prometheus in a cluster).")] = "127.0.0.1",
     export_queue_metrics: Annotated[bool, typer.Option("--export-queue-metrics", help="Also export the database-wide queue gauges (jobs by state, pending by priority, oldest pending age, callback outbox depth). Give it to ONE exporter per database (serve exports them by default: then not here).")] = False,
@@ -118,6 +119,7 @@ def worker_command(
             return
         run_worker(settings, js, callbacks=callbacks, poll_s=poll_s, callback_timeout_s=callback_timeout_s,
                    pipelines=registry, listen=listen, listen_db=listen_db, grace_s=grace_s, max_jobs=max_jobs,
+                   max_idle_s=max_idle_s,
                    metrics_port=metrics_port, metrics_address=metrics_address,
                    export_queue_metrics=export_queue_metrics, status_file=status_file)
 
@@ -137,10 +139,11 @@ def run_worker(
     settings: object, js: object, *, callbacks: bool, poll_s: float, callback_timeout_s: float = 10.0,
     pipelines: object | None = None, listen: bool = True, listen_db: str | None = None, grace_s: float = 30.0,
     max_jobs: int | None = None, metrics_port: int | None = None, metrics_address: str = "127.0.0.1",
-    export_queue_metrics: bool = False, status_file: Path | None = None,
+    export_queue_metrics: bool = False, status_file: Path | None = None, max_idle_s: float | None = None,
 ) -> None:
     """Build the worker (and deliverer) from settings and run until drained (SIGTERM: within
-    ``grace_s``; SIGUSR1: no deadline) or ``max_jobs`` are done; ``pipelines`` is the
+    ``grace_s``; SIGUSR1: no deadline), ``max_jobs`` are done or ``max_idle_s`` pass without a
+    job; ``pipelines`` is the
     :class:`~frameserve.pipeline.registry.PipelineRegistry` jobs may name (default: the built-ins)."""
     from frameserve.config import Settings
     from frameserve.jobs._metrics import JobMetrics, QueueCollector
@@ -203,8 +206,15 @@ def run_worker(
     if deliverer is not None:
         deliverer.start()
     forced = False
+    idle_since = time.monotonic()
     try:
         while not worker.join(0.5):
+            if worker.busy:
+                idle_since = time.monotonic()
+            elif max_idle_s is not None and not worker.busy and time.monotonic() - idle_since >= max_idle_s and not term_at:
+                log.info("worker %s: no job for %.0f s (--max-idle-s); exiting", worker.worker_id, max_idle_s)
+                worker.stop()
+                max_idle_s = None
             if term_at and time.monotonic() - term_at[0] >= grace_s:
                 for job_id in worker.abandon():
                     log.warning("job %s given back to the queue", job_id)
