@@ -130,6 +130,26 @@ def test_file_upload_replaces_the_final_name_atomically(tmp_path: Path) -> None:
     assert [p.name for p in (root / "jobs/1").iterdir()] == ["results.json"]
 
 
+def test_a_retry_sweeps_the_temporary_objects_a_killed_attempt_left(s3_endpoint: str, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "jobs/2").mkdir(parents=True)
+    st = Storage(file_roots=[root], s3_endpoint_url=s3_endpoint, s3_allow_buckets=["out"])
+    local = tmp_path / "results.json"
+    local.write_text("retry")
+    fs = st.s3()
+    # what an attempt SIGKILLed between writing its temporary object and moving it leaves behind
+    fs.pipe("s3://out/jobs/8/.frameserve-tmp/0123456789ab/results.json", b"killed")
+    (root / "jobs/2/.results.json.tmp-0123456789ab").write_text("killed")
+    st.upload({"results.json": local}, "s3://out/jobs/8")  # a first attempt does not look (no cost)
+    assert fs.exists("s3://out/jobs/8/.frameserve-tmp/0123456789ab/results.json")
+    st.upload({"results.json": local}, "s3://out/jobs/8", sweep=True)
+    st.upload({"results.json": local}, f"file://{root}/jobs/2", sweep=True)
+    assert sorted(fs.find("s3://out/jobs/8")) == ["out/jobs/8/results.json"]
+    assert fs.cat("s3://out/jobs/8/results.json") == b"retry"
+    assert [p.name for p in (root / "jobs/2").iterdir()] == ["results.json"]
+    st.upload({"results.json": local}, "s3://out/jobs/9", sweep=True)  # nothing to sweep: no error
+
+
 def test_s3_upload_via_temporary_key_multipart_and_download(
     s3_endpoint: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -18,7 +18,9 @@ What a client may make the server read is guarded (every byte from the network i
 
 Outputs are first written under a temporary key and then moved (file: ``os.replace``; S3: a
 server-side copy) to their deterministic final key ``<target>/<name>``, so a retried or
-concurrent attempt never leaves a half-written object under the final name.
+concurrent attempt never leaves a half-written object under the final name. A worker killed
+between the write and the move leaves its temporary object; the job's retry removes it
+(``upload(..., sweep=True)``), so a finished job leaves only its final objects.
 
 Errors are sorted for the worker: :class:`SourceError` (refused, missing, 4xx, too large, too
 slow: the job fails at once) and :class:`StorageError` (idle timeouts, connection errors, 5xx: the
@@ -28,6 +30,7 @@ attempt is retried). Messages name URIs with their credentials redacted
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import threading
@@ -359,9 +362,15 @@ class Storage:
             self._s3 = s3fs.S3FileSystem(**opts)
         return self._s3
 
-    def upload(self, files: Mapping[str, Path], target: str) -> dict[str, str]:
+    def upload(self, files: Mapping[str, Path], target: str, *, sweep: bool = False) -> dict[str, str]:
         """Put each local file at ``<target>/<name>``: written under a temporary key first, then
         moved to the final key. Returns ``{name: final_uri}``.
+
+        ``sweep`` first removes the temporary objects earlier attempts left under ``target``
+        (file: ``.<name>.tmp-*``; S3: ``<target>/.frameserve-tmp/``): an attempt killed between
+        its write and its move leaves one. The worker sweeps on a job's retries only (the one
+        lease holder: no live attempt's temporary object is there to lose; should one vanish
+        anyway, its move fails with a retryable :class:`StorageError`).
 
         Raises:
             SourceError: the target is refused or access is denied (permanent).
@@ -375,6 +384,10 @@ class Storage:
             folder = self._local(base)
             try:
                 folder.mkdir(parents=True, exist_ok=True)
+                if sweep:
+                    for name in files:
+                        for left in folder.glob(f".{glob.escape(name)}.tmp-*"):
+                            left.unlink(missing_ok=True)
                 for name, local in files.items():
                     tmp = folder / f".{name}.tmp-{tag}"
                     shutil.copyfile(local, tmp)
@@ -387,10 +400,18 @@ class Storage:
             return out
         fs = self.s3()
         try:
+            if sweep:
+                try:
+                    fs.rm(f"{base}/.frameserve-tmp", recursive=True)
+                except FileNotFoundError:  # nothing left behind
+                    pass
             for name, local in files.items():
                 key = f"{base}/.frameserve-tmp/{tag}/{name}"
                 fs.put_file(str(local), key, chunksize=self.multipart_chunk_bytes)
-                fs.copy(key, f"{base}/{name}")
+                try:
+                    fs.copy(key, f"{base}/{name}")
+                except FileNotFoundError as exc:  # our own object, just written, is gone: not the client's fault
+                    raise StorageError(f"target {_show(target)!r}: the temporary object vanished before its move: {exc}") from exc
                 fs.rm(key)
                 out[name] = f"{base}/{name}"
         except (PermissionError, FileNotFoundError) as exc:
