@@ -61,9 +61,9 @@ def test_bad_fusion_options(fusion: dict, needle: str) -> None:
         (Moderation, {"ocr": True}, "params.ocr"),
         (Moderation, {"classifier": {"resize_kernel": "lanczos"}}, "accepted: pil_bilinear, cv2_linear"),
         (Moderation, {"detector": {"preprocess": {"layout": "CHW"}}}, "preprocess.layout"),
-        (Nsfw, {"jpeg_reencode": "yes"}, "jpeg_reencode must be true or false"),
+        (Nsfw, {"jpeg_reencode": "yes"}, "'jpeg_reencode' takes true or false"),
         (Nsfw, {"positive": ["porn"]}, "accepted: sfw, nsfw"),
-        (Nsfw, {"top_k": "many"}, "must be numbers"),
+        (Nsfw, {"top_k": "many"}, "'top_k' takes (an integer|a number)|must be numbers"),
     ],
 )
 def test_params_are_checked_when_made(cls: type, params: dict, needle: str) -> None:

@@ -178,10 +178,10 @@ def test_param_values_are_checked_against_their_defaults_at_every_depth() -> Non
     base = {"min_face_size": 20, "gain": 1.0, "detector": {"size": [640, 640], "iou": 0.45, "classes": {}}}
     merged = merge_params(base, {"min_face_size": 24.0, "gain": 2, "detector.iou": 0.5}, origin="p")
     assert merged["min_face_size"] == 24 and type(merged["min_face_size"]) is int and merged["gain"] == 2
-    for bad, what in (({"min_face_size": 88.5}, "takes a int"), ({"min_face_size": 1e23}, "takes a int"),
-                      ({"gain": float("inf")}, "takes a float"), ({"detector": {"size": 5}}, "takes a list"),
+    for bad, what in (({"min_face_size": 88.5}, "takes an integer"), ({"min_face_size": 1e23}, "takes an integer"),
+                      ({"gain": float("inf")}, "takes a number"), ({"detector": {"size": 5}}, "takes a list"),
                       ({"detector.size": 5}, "takes a list"), ({"detector": 3}, "is a mapping of parameters"),
-                      ({"min_face_size": True}, "takes a int")):
+                      ({"min_face_size": True}, "takes an integer")):
         with pytest.raises(PipelineSpecError, match=what):
             merge_params(base, bad, origin="p")
     assert merge_params(base, {"detector": {"classes": {"FACE": 1}}}, origin="p")["detector"]["classes"] == {"FACE": 1}

@@ -349,6 +349,9 @@ def merge_params(
     return out
 
 
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list", tuple: "a list"}
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -380,7 +383,8 @@ def _check_type(key: str, default: Any, value: Any, origin: str) -> Any:
         return
     if not ok:
         raise PipelineSpecError(
-            f"{origin}: param {key!r} takes a {type(default).__name__} like its default {_short(default)}, "
+            f"{origin}: param {key!r} takes {_KINDS.get(type(default), 'a ' + type(default).__name__)} like its "
+            f"default {_short(default)}, "
             f"got {_short(value)}"
         )
     return value
