@@ -165,7 +165,7 @@ def test_a_param_takes_a_value_of_its_defaults_kind() -> None:
     base = {"t": 0.5, "n": 3, "on": True, "name": "x", "sizes": [1], "free": None}
     assert merge_params(base, {"t": 1, "n": 4, "on": False, "name": "y", "sizes": [2, 3], "free": "z"}, origin="o")["t"] == 1
     for key, bad in (("t", "abc"), ("n", True), ("on", 1), ("name", 3), ("sizes", "1,2")):
-        with pytest.raises(PipelineSpecError, match=f"param '{key}' takes a"):
+        with pytest.raises(PipelineSpecError, match=f"param '{key}' takes "):
             merge_params(base, {key: bad}, origin="o")
 
 
