@@ -12,8 +12,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from _browser import chromium, open_in_browser
 from _models import conv_model
 from _serving import ServeProcess, make_repository
 
@@ -98,53 +97,13 @@ def test_perf_against_a_running_server_over_http_and_grpc(tmp_path: Path, cli) -
     assert gone.returncode == 2 and "no v2 server answers at" in gone.stderr
 
 
-# -- the report in a real browser ----------------------------------------------------------------
-
-_PROBE_HEAD = (
-    "<script>window.__errors=[];window.addEventListener('error',function(e){"
-    "window.__errors.push(String(e.message||(e.target&&(e.target.src||'').slice(0,40))||'error'))},true);</script>"
-)
-_PROBE_TAIL = (
-    "<script>window.addEventListener('load',function(){"
-    "var imgs=Array.prototype.slice.call(document.images);"
-    "var r={images:imgs.length,decoded:imgs.filter(function(i){return i.complete&&i.naturalWidth>0}).length,"
-    "tables:Array.prototype.map.call(document.querySelectorAll('table'),function(t){"
-    "return {cls:t.className,rows:t.tBodies[0].rows.length,height:t.offsetHeight}}),errors:window.__errors};"
-    "var p=document.createElement('pre');p.id='frameserve-probe';p.textContent=JSON.stringify(r);"
-    "document.body.appendChild(p)});</script>"
-)
-
-
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    reason = "no chromium on PATH (Debian: apt-get install -y chromium); the report is not opened in a browser"
-    if os.environ.get("FRAMESERVE_REQUIRE_CHROMIUM") == "1":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
-def _open_in_browser(browser: str, page: Path, tmp_path: Path) -> dict[str, Any]:
-    """Load a copy of ``page`` with a probe script in headless chromium; the probe's findings."""
-    probe = tmp_path / f"probe-{page.name}"
-    text = page.read_text(encoding="utf-8")
-    probe.write_text(text.replace("<head>", "<head>" + _PROBE_HEAD, 1).replace("</body>", _PROBE_TAIL + "</body>"))
-    proc = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
-         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", probe.as_uri()],
-        capture_output=True, text=True, timeout=120,
-    )
-    found = re.search(r'<pre id="frameserve-probe">([^<]*)</pre>', proc.stdout)
-    assert found, f"the probe did not run: rc {proc.returncode}, stderr {proc.stderr[-2000:]}"
-    return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+# -- the report in a real browser (tests/_browser.py) ----------------------------------------------
 
 
 def test_report_renders_in_a_headless_browser(report: tuple[Path, Any], tmp_path: Path) -> None:
-    browser = _chromium()
+    browser = chromium()
     out, data = report
-    seen = _open_in_browser(browser, out / "report.html", tmp_path)
+    seen = open_in_browser(browser, out / "report.html", tmp_path)
     assert seen["errors"] == []
     assert seen["images"] == 3 and seen["decoded"] == 3, seen  # every plot decoded (naturalWidth > 0)
     tables = {t["cls"]: t for t in seen["tables"]}
@@ -158,5 +117,5 @@ def test_report_renders_in_a_headless_browser(report: tuple[Path, Any], tmp_path
     page = (out / "report.html").read_text()
     start = page.index("data:image/png;base64,") + len("data:image/png;base64,")
     broken.write_text(page[:start] + "AAAA" + page[start + 400:])
-    bad = _open_in_browser(browser, broken, tmp_path)
+    bad = open_in_browser(browser, broken, tmp_path)
     assert bad["images"] == 3 and bad["decoded"] == 2 and bad["errors"], bad

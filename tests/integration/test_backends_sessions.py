@@ -154,8 +154,19 @@ def test_openvino_missing_names_the_extra(conv: Path, monkeypatch: pytest.Monkey
 def test_precision_and_parameter_errors(conv: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelConfigError, match="precision 'bf16' is not supported by backend onnxruntime.*supported: fp32"):
         load_session(ModelConfig("conv", precision="bf16"), conv, threads=1)
-    with pytest.raises(ModelConfigError, match="precision 'int8' is not supported by backend openvino; supported: fp32, bf16, fp16"):
-        load_session(ModelConfig("conv", backend="openvino", precision="int8"), conv, threads=1)
+    for backend in ("onnxruntime", "openvino"):  # int8 names a quantized file, and this one is not
+        with pytest.raises(ModelConfigError, match="precision 'int8' but conv.onnx holds no quantized operators"):
+            load_session(ModelConfig("conv", backend=backend, precision="int8"), conv, threads=1)
+    with pytest.raises(ModelConfigError, match="ort_graph_optimization_level is 'max'; accepted: all, extended, basic, disabled"):
+        load_session(ModelConfig("conv", parameters={"ort_graph_optimization_level": "max"}), conv, threads=1)
+    with pytest.raises(ModelConfigError, match="ort_execution_mode is 'async'; accepted: sequential, parallel"):
+        load_session(ModelConfig("conv", parameters={"ort_execution_mode": "async"}), conv, threads=1)
+    with pytest.raises(ModelConfigError, match="num_streams is 'many'; give an integer >= 1 or AUTO"):
+        load_session(ModelConfig("conv", backend="openvino", parameters={"num_streams": "many"}), conv, threads=1)
+    session = load_session(ModelConfig("conv", parameters={"ort_execution_mode": "parallel", "ort_graph_optimization_level": "basic"}), conv, threads=1)
+    assert (session.info["execution_mode"], session.info["inter_op_threads"], session.info["graph_optimization_level"]) == ("parallel", 2, "basic")
+    session = load_session(ModelConfig("conv", backend="openvino", parameters={"performance_hint": "THROUGHPUT", "num_streams": "2"}), conv, threads=2)
+    assert session.info["num_streams"] == 2
     with pytest.raises(ModelConfigError, match=r"ort_allow_spinning is 'yes'; accepted: \"0\", \"1\""):
         load_session(ModelConfig("conv", parameters={"ort_allow_spinning": "yes"}), conv, threads=1)
     with pytest.raises(ModelConfigError, match="performance_hint is 'FAST'; accepted: LATENCY, THROUGHPUT"):

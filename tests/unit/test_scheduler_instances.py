@@ -61,6 +61,38 @@ def test_cpu_sets_are_parsed_checked_and_given_in_turn() -> None:
         plan_instances(_cfg(parameters={"cpu_set": "4096"}))
 
 
+def test_pin_rule_gives_each_instance_its_own_cpus_at_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from frameserve.scheduler import _instances
+
+    # four logical CPUs on two cores with SMT, numbered as siblings: 0/1 and 2/3
+    for cpu, siblings in {0: "0-1", 1: "0-1", 2: "2-3", 3: "2-3"}.items():
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(siblings + "\n")
+    assert _instances._pin_order(frozenset({0, 1, 2, 3}), tmp_path) == [0, 2, 1, 3]  # one per core first
+    assert _instances._pin_order(frozenset({1, 2}), tmp_path) == [2, 1]  # 2 is its core's first thread
+    assert _instances._pin_order(frozenset({7}), tmp_path) == [7]  # no topology: a core of its own
+    monkeypatch.setattr(_instances, "_allowed_cpus", lambda: frozenset({0, 1, 2, 3}))
+    real_order = _instances._pin_order
+    monkeypatch.setattr(_instances, "_pin_order", lambda allowed: real_order(allowed, tmp_path))
+    cfg = _cfg(instance_group=[{"count": 2}], parameters={"pin": "per_instance", "threads": "1"})
+    specs = plan_instances(cfg)
+    assert [s.cpu_set for s in specs] == [frozenset({0}), frozenset({2})]  # one core per instance
+    assert [s.threads for s in specs] == [1, 1]
+    specs = plan_instances(_cfg(instance_group=[{"count": 2}], parameters={"pin": "per_instance"}))
+    assert [s.cpu_set for s in specs] == [frozenset({0, 2}), frozenset({1, 3})]  # the CPUs split evenly
+    assert [s.threads for s in specs] == [2, 2]
+    specs = plan_instances(_cfg(instance_group=[{"count": 5}], parameters={"pin": "per_instance", "threads": "1"}))
+    assert [sorted(s.cpu_set or ()) for s in specs] == [[0], [2], [1], [3], [0]]  # wraps round
+    monkeypatch.setattr(_instances, "_allowed_cpus", lambda: frozenset({5, 7}))  # another machine / pod
+    specs = plan_instances(_cfg(instance_group=[{"count": 2}], parameters={"pin": "per_instance", "threads": "1"}))
+    assert [s.cpu_set for s in specs] == [frozenset({5}), frozenset({7})]
+    with pytest.raises(ModelConfigError, match=r"parameters.pin is 'all'; accepted: none, per_instance"):
+        plan_instances(_cfg(parameters={"pin": "all"}))
+    with pytest.raises(ModelConfigError, match="give parameters.pin or parameters.cpu_set, not both"):
+        plan_instances(_cfg(parameters={"pin": "per_instance", "cpu_set": "5"}))
+    assert plan_instances(_cfg(parameters={"pin": "none"}))[0].cpu_set is None
+
+
 def test_gpu_instances_need_a_gpu() -> None:
     cfg = _cfg(instance_group=[{"count": 2, "kind": "KIND_GPU"}])
     with pytest.raises(ModelConfigError, match="asks for KIND_GPU but this machine has no GPU; use KIND_CPU"):

@@ -14,7 +14,36 @@ from frameserve.errors import InferenceError, ModelConfigError, TensorError
 from frameserve.repository import ModelConfig
 from frameserve.types import DataType, TensorSpec
 
-__all__ = ["OrtSession"]
+__all__ = ["OrtSession", "is_quantized"]
+
+_GRAPH_LEVELS = {
+    "all": "ORT_ENABLE_ALL",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "basic": "ORT_ENABLE_BASIC",
+    "disabled": "ORT_DISABLE_ALL",
+}
+"""``parameters.ort_graph_optimization_level`` -> ``onnxruntime.GraphOptimizationLevel`` member."""
+
+_QUANTIZED_OPS = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger",
+    "DynamicQuantizeLinear", "QLinearAdd", "QLinearMul",
+})
+
+
+def is_quantized(model_path: Path) -> bool:
+    """Whether an ONNX file holds quantized operators (the QDQ pairs or QOperator ops
+    onnxruntime.quantization writes), read with ``onnx`` without its external data; without
+    the ``onnx`` package, whether the file's bytes name one of those operator types."""
+    try:
+        import onnx
+    except ImportError:
+        data = Path(model_path).read_bytes()
+        return any(op.encode() in data for op in _QUANTIZED_OPS)
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except Exception:
+        return False
+    return any(n.op_type in _QUANTIZED_OPS for n in model.graph.node)
 
 # onnxruntime's NodeArg.type strings.
 _ORT_TYPES = {
@@ -57,10 +86,20 @@ class OrtSession:
         profile_dir: turn onnxruntime's profiler on (``SessionOptions.enable_profiling``); it
             writes its Chrome trace into this folder (see :meth:`end_profiling`).
 
-    Config used: ``parameters.ort_allow_spinning`` ``"0"``/``"1"`` (onnxruntime's default is
-    ``"1"``: idle pool threads spin, which costs CPU when several sessions share the cores).
-    ``precision`` must be ``fp32`` (or ``fp16`` for a model whose tensors are FP16): this backend
-    runs the model file as it is.
+    Config used (onnxruntime's ``SessionOptions``, docs/performance/tune-performance/threading.md
+    and graph-optimizations.md):
+
+    - ``parameters.ort_allow_spinning`` ``"0"``/``"1"`` (onnxruntime's default is ``"1"``: idle
+      pool threads spin, which costs CPU when several sessions share the cores);
+    - ``parameters.ort_graph_optimization_level`` ``all`` (default: ``ORT_ENABLE_ALL``, with the
+      NCHWc layout transforms), ``extended``, ``basic`` or ``disabled``;
+    - ``parameters.ort_execution_mode`` ``sequential`` (default) or ``parallel``: independent
+      branches run at once on an inter-op pool of ``parameters.ort_inter_op_threads`` threads
+      (default 2; ``sequential`` always has 1).
+
+    ``precision`` must be ``fp32`` (or ``fp16`` for a model whose tensors are FP16), or ``int8``
+    for a quantized model file (QDQ ``QuantizeLinear``/``DequantizeLinear`` pairs or QOperator
+    ops, checked): this backend runs the model file as it is.
 
     Raises:
         ModelConfigError: bad parameter, unsupported precision, a file onnxruntime cannot load,
@@ -75,11 +114,29 @@ class OrtSession:
             raise ModelConfigError(
                 f"model {config.name!r}: parameters.ort_allow_spinning is {spinning!r}; accepted: \"0\", \"1\""
             )
+        level = config.parameters.get("ort_graph_optimization_level", "all")
+        mode = config.parameters.get("ort_execution_mode", "sequential")
+        if level not in _GRAPH_LEVELS:
+            raise ModelConfigError(
+                f"model {config.name!r}: parameters.ort_graph_optimization_level is {level!r}; accepted: {', '.join(_GRAPH_LEVELS)}"
+            )
+        if mode not in ("sequential", "parallel"):
+            raise ModelConfigError(
+                f"model {config.name!r}: parameters.ort_execution_mode is {mode!r}; accepted: sequential, parallel"
+            )
+        inter = 1
+        if mode == "parallel":
+            text = config.parameters.get("ort_inter_op_threads", "2")
+            inter = int(text) if text.isdigit() else 0
+            if inter < 1:
+                raise ModelConfigError(
+                    f"model {config.name!r}: parameters.ort_inter_op_threads is {text!r}; give an integer >= 1"
+                )
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.inter_op_num_threads = inter
+        opts.execution_mode = ort.ExecutionMode.ORT_PARALLEL if mode == "parallel" else ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _GRAPH_LEVELS[level])
         if profile_dir is not None:
             opts.enable_profiling = True
             opts.profile_file_prefix = str(Path(profile_dir) / "onnxruntime_profile")
@@ -93,11 +150,18 @@ class OrtSession:
         sig = detect_signature(_raw(self._sess.get_inputs(), model_path), _raw(self._sess.get_outputs(), model_path))
         float_types = {s.datatype for s in (*sig.inputs, *sig.outputs)} & {DataType.FP32, DataType.FP16}
         model_precision = "fp16" if float_types == {DataType.FP16} else "fp32"
-        if config.precision != model_precision and config.precision != "fp32":
+        if config.precision == "int8":
+            if not is_quantized(model_path):
+                raise ModelConfigError(
+                    f"model {config.name!r}: precision 'int8' but {model_path.name} holds no quantized operators "
+                    f"(QuantizeLinear/DequantizeLinear or QLinear*); quantize it first (frameserve quantize)"
+                )
+            model_precision = "int8"
+        elif config.precision != model_precision and config.precision != "fp32":
             raise ModelConfigError(
                 f"model {config.name!r}: precision {config.precision!r} is not supported by backend "
                 f"onnxruntime, which runs the model file as it is; supported: fp32 (fp16 for a model "
-                f"whose tensors are FP16). A quantized (QDQ) model runs int8 with precision fp32; "
+                f"whose tensors are FP16), int8 for a quantized (QDQ) model file; "
                 f"for bf16 or fp16 on an FP32 model use backend openvino"
             )
         self.inputs: tuple[TensorSpec, ...] = sig.inputs
@@ -110,11 +174,12 @@ class OrtSession:
             "version": ort.__version__,
             "precision": model_precision,
             "threads": threads,
-            "inter_op_threads": 1,
+            "inter_op_threads": inter,
             "device": "CPU",
             "providers": self._sess.get_providers(),
             "performance_hint": None,
-            "execution_mode": "sequential",
+            "execution_mode": mode,
+            "graph_optimization_level": level,
             "allow_spinning": spinning != "0",
             "model_path": str(model_path),
             "profiling": profile_dir is not None,

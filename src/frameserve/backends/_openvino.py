@@ -22,8 +22,9 @@ from frameserve.types import DataType, TensorSpec
 
 __all__ = ["OpenVinoSession"]
 
-_PRECISION_HINT = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
-"""``parameters.precision`` -> ``INFERENCE_PRECISION_HINT`` value."""
+_PRECISION_HINT = {"fp32": "f32", "bf16": "bf16", "fp16": "f16", "int8": "f32"}
+"""``parameters.precision`` -> ``INFERENCE_PRECISION_HINT`` value (``int8``: a quantized model
+file, whose quantized operators run int8 and the rest f32)."""
 
 _HINT_PRECISION = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 
@@ -89,7 +90,9 @@ class OpenVinoSession:
     fp16 -> f16; the CPU plugin falls back to f32 where the CPU lacks the type, and ``info``
     reports what it chose); ``parameters.performance_hint`` -> ``PERFORMANCE_HINT`` (``LATENCY``
     default, ``THROUGHPUT``, ``CUMULATIVE_THROUGHPUT``). When the config asks for batching and
-    the model's first dims are fixed, the model is reshaped to a variable batch dim; dims the
+    the model's first dims are fixed, the model is reshaped to a variable batch dim;
+    ``parameters.num_streams`` -> ``NUM_STREAMS`` (an integer >= 1, or ``AUTO``; default: what
+    the performance hint chooses). Dims the
     config fixes where the model leaves them variable are fixed in the compiled model too.
 
     Raises:
@@ -103,7 +106,7 @@ class OpenVinoSession:
         if config.precision not in _PRECISION_HINT:
             raise ModelConfigError(
                 f"model {config.name!r}: precision {config.precision!r} is not supported by backend "
-                f"openvino; supported: {', '.join(_PRECISION_HINT)} (a quantized model runs int8 with "
+                f"openvino; supported: {', '.join(_PRECISION_HINT)} (int8: a quantized model file; it runs int8 with "
                 f"any of them)"
             )
         hint = config.parameters.get("performance_hint", "LATENCY").upper()
@@ -111,11 +114,21 @@ class OpenVinoSession:
             raise ModelConfigError(
                 f"model {config.name!r}: parameters.performance_hint is {hint!r}; accepted: {', '.join(_PERFORMANCE_HINTS)}"
             )
+        streams = config.parameters.get("num_streams")
+        if streams is not None and not (streams.upper() == "AUTO" or (streams.isdigit() and int(streams) >= 1)):
+            raise ModelConfigError(
+                f"model {config.name!r}: parameters.num_streams is {streams!r}; give an integer >= 1 or AUTO"
+            )
         core = ov.Core()
         try:
             model = core.read_model(str(model_path))
         except Exception as exc:  # openvino raises RuntimeError subclasses
             raise ModelConfigError(f"model {config.name!r}: openvino cannot read {model_path}: {exc}") from None
+        if config.precision == "int8" and not any(op.get_type_name() == "FakeQuantize" for op in model.get_ops()):
+            raise ModelConfigError(
+                f"model {config.name!r}: precision 'int8' but {model_path.name} holds no quantized operators "
+                f"(FakeQuantize, or QuantizeLinear/DequantizeLinear in ONNX); quantize it first (frameserve quantize)"
+            )
         reshaped = False
         if config.max_batch_size and any(
             p.get_partial_shape().rank.is_static
@@ -141,6 +154,8 @@ class OpenVinoSession:
             "PERFORMANCE_HINT": hint,
             "INFERENCE_PRECISION_HINT": _PRECISION_HINT[config.precision],
         }
+        if streams is not None:
+            props["NUM_STREAMS"] = int(streams) if streams.isdigit() else "AUTO"
         if perf_count:
             props["PERF_COUNT"] = True
         try:
@@ -154,7 +169,7 @@ class OpenVinoSession:
         self.info: dict[str, Any] = {
             "backend": "openvino",
             "version": ov.__version__,
-            "precision": _HINT_PRECISION.get(used, used),
+            "precision": "int8" if config.precision == "int8" else _HINT_PRECISION.get(used, used),
             "inference_precision_hint": used,
             "threads": int(self._compiled.get_property("INFERENCE_NUM_THREADS")),
             "device": "CPU",

@@ -22,7 +22,7 @@ app = typer.Typer(
 )
 
 
-COMMAND_MODULES = ("run", "frames", "serve", "worker", "jobs", "sysinfo", "perf", "assets")
+COMMAND_MODULES = ("run", "frames", "serve", "worker", "jobs", "sysinfo", "perf", "tune", "quantize", "plan", "assets")
 """Command modules under ``frameserve.cli``; a module that is not there is skipped."""
 
 _registered = False

@@ -9,6 +9,12 @@ Source of the fields: ``ModelInstanceGroup`` in Triton's ``protobuf/model_config
   Linux cpulist form (``"0-1"``, ``"0,2"``); several sets separated by ``;`` go to the
   instances in turn (``"0-1;2-3"``: instance 0 on CPUs 0-1, instance 1 on 2-3, instance 2 on
   0-1 ...).
+- ``pin``: ``per_instance`` pins by rule instead of by CPU ids, so the config carries over to
+  another machine or pod: at load, each instance gets its own ``threads`` CPUs (one core per
+  instance with ``threads: "1"``) from the CPUs this process may use, one logical CPU per
+  physical core first (SMT siblings last), wrapping round when there are more instances than
+  CPUs. Without ``threads`` an instance gets the allowed CPUs divided by the instance count.
+  ``none`` (the default) pins nothing; ``pin`` and ``cpu_set`` exclude each other.
 
 Default threads never oversubscribe the cores: an instance with a CPU set gets one thread per
 CPU in it; the others share the CPUs the already loaded models leave free, evenly (at least
@@ -90,6 +96,24 @@ def parse_cpu_list(text: str) -> frozenset[int]:
     return frozenset(cpus)
 
 
+PIN_RULES = ("none", "per_instance")
+"""Accepted values of ``parameters.pin``."""
+
+
+def _pin_order(allowed: frozenset[int], sysfs: Path = Path("/sys/devices/system/cpu")) -> list[int]:
+    """The allowed CPUs in the order the ``per_instance`` rule hands them out: the first
+    logical CPU of each physical core (``topology/thread_siblings_list``), then the second ...
+    CPUs whose topology cannot be read count as cores of their own."""
+    rank: dict[int, int] = {}
+    for cpu in allowed:
+        try:
+            siblings = sorted(parse_cpu_list((sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text()))
+            rank[cpu] = siblings.index(cpu) if cpu in siblings else 0
+        except (OSError, ModelConfigError):
+            rank[cpu] = 0
+    return sorted(allowed, key=lambda c: (rank[c], c))
+
+
 def gpu_count() -> int:
     """NVIDIA GPUs the driver exposes (``/proc/driver/nvidia/gpus``); 0 where there is none."""
     path = Path("/proc/driver/nvidia/gpus")
@@ -117,7 +141,7 @@ def plan_instances(
     """The instances of one model version, with their thread budgets and CPU sets.
 
     Args:
-        config: the model config (``instance_group``, ``parameters.threads``/``cpu_set``).
+        config: the model config (``instance_group``, ``parameters.threads``/``cpu_set``/``pin``).
         threads: an explicit per-instance budget from the caller (``parameters.threads``
             wins over it); ``None`` = the default rule above.
         free_cpus: CPUs not taken by already loaded instances (default: all this process may
@@ -131,7 +155,8 @@ def plan_instances(
 
     Raises:
         ModelConfigError: ``KIND_GPU`` without a GPU (or a GPU index that does not exist), a
-            bad ``threads`` or ``cpu_set``, or a CPU outside this process's affinity.
+            bad ``threads``, ``cpu_set`` or ``pin`` (or both of the last two), or a CPU outside
+            this process's affinity.
     """
     params = config.parameters
     explicit = threads
@@ -155,6 +180,11 @@ def plan_instances(
                     f"may not use; allowed: {sorted(allowed)}"
                 )
             cpu_sets.append(cpus)
+    pin = params.get("pin", "none")
+    if pin not in PIN_RULES:
+        raise ModelConfigError(f"model {config.name!r}: parameters.pin is {pin!r}; accepted: {', '.join(PIN_RULES)}")
+    if pin != "none" and cpu_sets:
+        raise ModelConfigError(f"model {config.name!r}: give parameters.pin or parameters.cpu_set, not both")
     n_gpus = gpu_count() if gpus is None else gpus
     groups = config.instance_group or ()
     layout: list[tuple[str, str, int | None]] = []  # (group name, kind, gpu)
@@ -183,6 +213,13 @@ def plan_instances(
     sharing = instances_sharing if instances_sharing is not None else unpinned
     free = cpu_count() if free_cpus is None else free_cpus
     auto = max(1, free // max(1, sharing))
+    if pin == "per_instance":  # the rule: consecutive slices of the allowed CPUs, one per instance
+        order = _pin_order(_allowed_cpus())
+        size = explicit if explicit is not None else max(1, len(order) // max(1, len(layout)))
+        cpu_sets = [
+            frozenset(order[(i * size + k) % len(order)] for k in range(min(size, len(order))))
+            for i in range(len(layout))
+        ]
     out: list[InstanceSpec] = []
     counters: dict[str, int] = {}
     for i, (gname, kind, gpu) in enumerate(layout):

@@ -2,8 +2,9 @@
 imported only here) and one self-contained HTML report (the PNGs inlined as base64 ``data:``
 URIs, no external resources).
 
-The HTML and plot helpers are generic (``html_table``, ``html_page``, ``line_plot``) so every
-report of the tuning layer is built the same way; :func:`write_perf_report` writes ``perf``'s.
+The HTML and plot helpers are generic (``html_table``, ``html_page``, ``line_plot``,
+``scatter_plot``, ``bar_plot``) so every report of the tuning layer is built the same way;
+:func:`write_perf_report` writes ``perf``'s, ``tune`` writes its own with them.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from frameserve.errors import BackendUnavailableError
 
 __all__ = [
     "PERF_FILES",
+    "bar_plot",
     "html_page",
     "html_table",
     "line_plot",
+    "machine_section",
     "png_data_uri",
     "require_matplotlib",
+    "scatter_plot",
     "write_csv",
     "write_json",
     "write_perf_report",
@@ -135,6 +139,64 @@ def line_plot(
     return path
 
 
+def scatter_plot(
+    path: Path,
+    series: Series,
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    marked: Mapping[str, tuple[float, float]] | None = None,
+    vline: tuple[str, float] | None = None,
+) -> Path:
+    """One PNG panel of points, a colour per series; ``marked`` points (label -> point) drawn
+    large with their label; ``vline`` ``(label, x)`` a dashed vertical line (a bound)."""
+    plt = require_matplotlib()
+    fig, ax = plt.subplots(figsize=(7.4, 4.8))
+    for label, points in series.items():
+        pts = [(x, y) for x, y in points if math.isfinite(x) and math.isfinite(y)]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=22, alpha=0.75, label=label)
+    for label, (x, y) in (marked or {}).items():
+        if math.isfinite(x) and math.isfinite(y):
+            ax.scatter([x], [y], s=140, marker="*", edgecolors="black", zorder=5)
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 6), fontsize="small")
+    if vline is not None:
+        ax.axvline(vline[1], linestyle="--", color="grey", linewidth=1, label=vline[0])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if series or vline:
+        ax.legend(fontsize="small", loc="best")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=90)
+    plt.close(fig)
+    return path
+
+
+def bar_plot(path: Path, panels: Sequence[tuple[str, str, Mapping[str, float]]], *, title: str) -> Path:
+    """One PNG with a bar panel per ``(y label, panel title, {bar label: value})``, side by side;
+    each bar labelled with its value."""
+    plt = require_matplotlib()
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), squeeze=False)
+    for ax, (ylabel, panel_title, bars) in zip(axes[0], panels, strict=True):
+        labels = list(bars)
+        values = [bars[k] if bars[k] is not None and math.isfinite(bars[k]) else 0.0 for k in labels]
+        rects = ax.bar(labels, values, color=["#8c8c8c", "#2b7bba", "#e6862c", "#4daf4a"][: len(labels)])
+        for rect, v in zip(rects, values, strict=True):
+            ax.annotate(f"{v:.4g}", (rect.get_x() + rect.get_width() / 2, rect.get_height()),
+                        ha="center", va="bottom", fontsize="small")
+        ax.set_ylabel(ylabel)
+        ax.set_title(panel_title)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=90)
+    plt.close(fig)
+    return path
+
+
 def html_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, caption: str = "", css_class: str = "") -> str:
     """An HTML table; every cell is escaped; numbers are right-aligned (4 significant digits,
     whole numbers from 1000 up), text left-aligned."""
@@ -179,7 +241,8 @@ def html_page(title: str, sections: Sequence[tuple[str, str]]) -> str:
     return "\n".join(parts)
 
 
-def _machine_section(machine: Mapping[str, Any]) -> str:
+def machine_section(machine: Mapping[str, Any]) -> str:
+    """The report's machine table and notes, from ``SystemInfo.to_dict()``."""
     facts = [
         ("CPU", machine.get("cpu_model")),
         ("logical CPUs / physical cores / sockets",
@@ -288,7 +351,7 @@ def write_perf_report(result: Any, out: Path) -> dict[str, Path]:
                          caption="the 30 slowest nodes (all of them in profile_ops.csv; timeline in profile_trace.json)",
                          css_class="ops"),
         ))
-    sections.append(("Machine", _machine_section(data["machine"])))
+    sections.append(("Machine", machine_section(data["machine"])))
     page = html_page(f"frameserve perf: {result.model}", sections)
     report = out / "report.html"
     report.write_text(page, encoding="utf-8")

@@ -1,6 +1,7 @@
-"""What ``perf`` loads: a pool of backend sessions in this process, or a v2 server over HTTP or
-gRPC (Triton's client, ``tritonclient``); and the random inputs it sends, shaped by the model's
-declared dims.
+"""What ``perf`` and ``tune`` load: a pool of backend sessions in this process, a model behind
+the server's own batcher and instances in this process (:class:`ServiceTarget`), or a v2 server
+over HTTP or gRPC (Triton's client, ``tritonclient``); and the random inputs they send, shaped by
+the model's declared dims.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from frameserve.errors import (
     ModelNotFoundError,
 )
 from frameserve.repository import ModelConfig, ModelRepository
+from frameserve.request import InferRequest
 from frameserve.types import DataType, TensorSpec
 
 __all__ = [
     "MAX_INPUT_BYTES",
     "ServerTarget",
+    "ServiceTarget",
     "SessionPool",
     "make_inputs",
     "parse_shape",
@@ -254,6 +257,41 @@ class SessionPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _ServiceWorker:
+    def __init__(self, target: ServiceTarget) -> None:
+        self._t = target
+
+    def infer(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> None:
+        t = self._t
+        t.service.submit(InferRequest(t.model, inputs, model_version=t.version)).result()
+
+    def close(self) -> None:
+        return None
+
+
+class ServiceTarget:
+    """A model loaded in an in-process :class:`~frameserve.service.InferenceService`: each
+    request goes through the model's dynamic batcher and instance pool, as on ``serve``, without
+    the transport (so batching parameters, instances and pinning all count).
+
+    Args:
+        service: the service (anything with ``submit(InferRequest) -> Future``).
+        model: the loaded model's name.
+        version: the version (``None``: the highest loaded).
+    """
+
+    def __init__(self, service: Any, model: str, version: int | None = None) -> None:
+        self.service, self.model, self.version = service, model, version
+
+    def worker(self) -> _ServiceWorker:
+        """A handle that submits each request and waits for its answer."""
+        return _ServiceWorker(self)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds of this process: the instances' threads, the batcher and the callers."""
+        return _process_cpu_s(None)
 
 
 Transport = Literal["http", "grpc"]

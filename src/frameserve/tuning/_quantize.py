@@ -1,0 +1,589 @@
+"""INT8 quantization with an accuracy gate (``frameserve quantize``).
+
+Frames come from the calibration video (or a folder of videos and images), preprocessed by the
+pipeline's own ``preprocess`` (the pipeline contract: :func:`~frameserve.pipeline.loader.load_pipeline`,
+:func:`~frameserve.pipeline.loader.instantiate`, :class:`~frameserve.video.VideoSource`); every
+other frame feeds onnxruntime's static calibration, the others are held apart for the gate.
+
+Quantization: onnxruntime.quantization's ``quantize_static`` in QDQ format (docs/performance/
+model-optimizations/quantization.md): uint8 activations, int8 weights per output channel, MinMax
+calibration, after ``quant_pre_process`` (shape inference and basic graph fusions);
+``reduce_range`` (7-bit weights) on CPUs without VNNI, where onnxruntime's U8S8 kernels can
+saturate. Detection heads stay in float (:func:`float_head_nodes`), as NNCF's YOLOv8 example
+keeps the box-decoding tail out of its ``ignored_scope``.
+
+The gate (:mod:`frameserve.tuning._accuracy`) runs the pipeline's ``process`` on the held-apart
+frames with the fp32 model and with the candidate, through one in-process
+:class:`~frameserve.service.InferenceService`, and refuses a candidate over its limits; a
+refused model is never written.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+
+from frameserve.errors import BackendUnavailableError, InvalidInputError, ModelConfigError, PipelineSpecError
+from frameserve.pipeline.contract import Batch, BatchItem, FrameInfo, ModelHandle, Pipeline, model_input_specs
+from frameserve.pipeline.loader import PipelineDef, instantiate, load_pipeline
+from frameserve.repository import ModelRepository
+from frameserve.service import InferenceService
+from frameserve.tuning._accuracy import GateLimits, GateResult, compare_results
+from frameserve.tuning._sysinfo import SystemInfo, system_info
+from frameserve.tuning._targets import resolve_model
+
+__all__ = [
+    "CalibrationFrames",
+    "QuantizeResult",
+    "Variant",
+    "calibration_frames",
+    "float_head_nodes",
+    "gate",
+    "next_version",
+    "quantize",
+    "quantize_onnx",
+    "write_model_folder",
+]
+
+VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v", ".ts")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+CalibrationMethod = Literal["minmax", "percentile", "entropy"]
+
+
+@dataclass(frozen=True)
+class CalibrationFrames:
+    """Preprocessed frames for calibration and for the gate.
+
+    Attributes:
+        pipeline: the pipeline that preprocessed them.
+        role: the pipeline's role of the model being tuned.
+        inputs: per frame, what ``preprocess`` returned (``{name: array}``).
+        frames: per frame, its :class:`~frameserve.pipeline.contract.FrameInfo` (RGB kept only
+            when the pipeline asks for it).
+        sources: the files read.
+        cpu_s_per_frame: CPU seconds of this process per frame to decode, convert and preprocess.
+        fps: the first video's frame rate (``None`` for images only).
+    """
+
+    pipeline: PipelineDef
+    role: str
+    inputs: tuple[Mapping[str, np.ndarray[Any, Any]], ...]
+    frames: tuple[FrameInfo, ...]
+    sources: tuple[str, ...]
+    cpu_s_per_frame: float
+    fps: float | None
+
+    @property
+    def calibration(self) -> tuple[Mapping[str, np.ndarray[Any, Any]], ...]:
+        """The even frames: onnxruntime's calibration data."""
+        return self.inputs[0::2]
+
+    @property
+    def held_apart(self) -> tuple[int, ...]:
+        """Positions of the odd frames: the gate's frames, never seen by calibration."""
+        return tuple(range(1, len(self.inputs), 2))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON (no arrays)."""
+        return {
+            "pipeline": self.pipeline.origin or self.pipeline.ref,
+            "role": self.role,
+            "frames": len(self.inputs),
+            "calibration_frames": len(self.calibration),
+            "held_apart_frames": len(self.held_apart),
+            "sources": list(self.sources),
+            "decode_preprocess_cpu_s_per_frame": self.cpu_s_per_frame,
+            "fps": self.fps,
+        }
+
+
+def _role(cls: type[Pipeline], model: str) -> str:
+    if model in cls.models.values():
+        return next(r for r, m in cls.models.items() if m == model)
+    if len(cls.models) == 1:
+        return next(iter(cls.models))
+    raise PipelineSpecError(
+        f"pipeline {cls.name!r} has models {dict(cls.models)}; none is {model!r}, so it cannot say which role the model plays"
+    )
+
+
+def _sources(source: Path) -> list[Path]:
+    if source.is_file():
+        return [source]
+    if source.is_dir():
+        found = sorted(p for p in source.iterdir() if p.is_file() and p.suffix.lower() in (*VIDEO_SUFFIXES, *IMAGE_SUFFIXES))
+        if found:
+            return found
+        raise InvalidInputError(
+            f"--calibration {source}: no video ({', '.join(VIDEO_SUFFIXES)}) or image ({', '.join(IMAGE_SUFFIXES)}) in the folder"
+        )
+    raise InvalidInputError(f"--calibration {source}: no such file or folder")
+
+
+def calibration_frames(
+    source: Path | str,
+    pipeline: str | Path | PipelineDef,
+    model_config: Any,
+    *,
+    model: str,
+    params: Mapping[str, Any] | None = None,
+    max_frames: int = 200,
+) -> CalibrationFrames:
+    """Decode and preprocess calibration frames exactly as the pipeline does.
+
+    Args:
+        source: a video, an image, or a folder of them (sorted by name).
+        pipeline: the pipeline (name, file or :class:`PipelineDef`).
+        model_config: the model's completed :class:`~frameserve.repository.ModelConfig` (its
+            inputs are the pipeline's ``model_inputs`` for the role).
+        model: the model's name (picks the pipeline's role; a one-model pipeline takes it anyway).
+        params: pipeline parameters (``--param``).
+        max_frames: frames at most over all sources (each video sampled evenly to its share).
+
+    Raises:
+        InvalidInputError: nothing to read, or fewer than 2 frames. VideoError: a bad video.
+        PipelineSpecError, PipelineHookError: from the pipeline.
+    """
+    import av  # noqa: F401  - PyAV: a clear ImportError before any work
+
+    from frameserve.video import Frame, VideoSource
+
+    pdef = load_pipeline(pipeline)
+    cls = pdef.load_class()
+    role = _role(cls, model)
+    inst = instantiate(cls, params=params, model_inputs={role: model_input_specs(model_config)})
+    files = _sources(Path(source))
+    quota = max(2, max_frames // len(files))
+    inputs: list[Mapping[str, np.ndarray[Any, Any]]] = []
+    infos: list[FrameInfo] = []
+    fps: float | None = None
+    cpu0 = time.process_time()
+    for path in files:
+        frames: list[Any] = []
+        if path.suffix.lower() in IMAGE_SUFFIXES:
+            import cv2
+
+            bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
+            if bgr is None:
+                raise InvalidInputError(f"--calibration: {path.name} is not an image OpenCV reads")
+            frames = [Frame(np.ascontiguousarray(bgr[:, :, ::-1]), 0, 0.0, True)]
+        else:
+            with VideoSource(path) as probe_src:
+                count = probe_src.info.frame_count or 0
+                fps = fps or probe_src.info.fps
+            sampling = cls.sampling
+            if sampling == "all" and count > quota:
+                sampling = f"every:{math.ceil(count / quota)}"
+            with VideoSource(path, sampling=sampling) as src:
+                for frame in src:
+                    frames.append(frame)
+                    if len(frames) >= quota:
+                        break
+        for frame in frames:
+            out = inst.preprocess(frame)
+            inputs.append({k: np.array(v, copy=True) for k, v in out.items()})
+            infos.append(FrameInfo(frame.index, frame.pts_s, frame.is_keyframe, frame.width, frame.height,
+                                   frame.rgb if cls.needs_rgb else None))
+    cpu_s = time.process_time() - cpu0
+    if len(inputs) < 2:
+        raise InvalidInputError(f"--calibration {source}: {len(inputs)} frame(s); calibration and the gate need at least 2")
+    return CalibrationFrames(pdef, role, tuple(inputs), tuple(infos), tuple(p.name for p in files), cpu_s / len(inputs), fps)
+
+
+# -- the float head ------------------------------------------------------------------------------
+
+
+def float_head_nodes(model: Any) -> list[str]:
+    """The nodes to keep in float: everything after the last convolution of each head.
+
+    A YOLOv8-style detector ends with, per scale, a box and a class branch whose last ``Conv``
+    feeds the decoding tail (Concat, Split, the DFL Softmax and its fixed ``Conv``, the anchor
+    grid arithmetic, Sigmoid, Mul): quantizing that tail puts boxes (0..640 px) and scores (0..1)
+    on one 8-bit scale and every score moves (NNCF's YOLOv8 example leaves it out for that
+    reason). The last convolutions are the ``Conv`` nodes with no learned ``Conv`` after them; a
+    ``Conv`` fed by a ``Softmax`` (through Reshape/Transpose) is the DFL integral, part of the
+    decoding. The result is every node reachable from those convolutions (not the convolutions
+    themselves). For a classifier this is its pooling and classifier tail; a model without
+    convolutions has none.
+
+    Args:
+        model: an ``onnx.ModelProto`` whose nodes all have names.
+    """
+    nodes = list(model.graph.node)
+    producer = {out: n for n in nodes for out in n.output}
+    consumers: dict[str, list[Any]] = {}
+    for n in nodes:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n)
+
+    def after(node: Any) -> set[str]:
+        seen: set[str] = set()
+        stack = [node]
+        while stack:
+            cur = stack.pop()
+            for out in cur.output:
+                for nxt in consumers.get(out, ()):
+                    if nxt.name not in seen:
+                        seen.add(nxt.name)
+                        stack.append(nxt)
+        return seen
+
+    def is_dfl(node: Any) -> bool:
+        src = producer.get(node.input[0]) if node.input else None
+        while src is not None and src.op_type in ("Reshape", "Transpose"):
+            src = producer.get(src.input[0])
+        return src is not None and src.op_type == "Softmax"
+
+    by_name = {n.name: n for n in nodes}
+    learned = [n for n in nodes if n.op_type == "Conv" and not is_dfl(n)]
+    downstream = {n.name: after(n) for n in learned}
+    last = [
+        n for n in learned
+        if not any(by_name[d].op_type == "Conv" and not is_dfl(by_name[d]) for d in downstream[n.name])
+    ]
+    tail: set[str] = set()
+    for n in last:
+        tail |= downstream[n.name]
+    return sorted(tail)
+
+
+def _named(model: Any) -> Any:
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{i}"
+    return model
+
+
+@dataclass(frozen=True)
+class QuantizeSettings:
+    """How :func:`quantize_onnx` quantized (recorded in the results).
+
+    Attributes:
+        format: ``QDQ``.
+        activations, weights: ``uint8`` / ``int8``.
+        per_channel: weights quantized per output channel.
+        reduce_range: 7-bit weights (CPUs without VNNI).
+        method: calibration method.
+        float_nodes: nodes kept in float (the head's tail).
+        calibration_frames: frames calibrated on.
+        seconds: how long quantization took.
+    """
+
+    format: str
+    activations: str
+    weights: str
+    per_channel: bool
+    reduce_range: bool
+    method: str
+    float_nodes: tuple[str, ...]
+    calibration_frames: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON (the float nodes counted, the first 20 named)."""
+        return {
+            "format": self.format, "activations": self.activations, "weights": self.weights,
+            "per_channel": self.per_channel, "reduce_range": self.reduce_range, "method": self.method,
+            "float_nodes": len(self.float_nodes), "float_nodes_first": list(self.float_nodes[:20]),
+            "calibration_frames": self.calibration_frames, "seconds": round(self.seconds, 2),
+        }
+
+
+def quantize_onnx(
+    model_path: Path,
+    out_path: Path,
+    calibration: Sequence[Mapping[str, np.ndarray[Any, Any]]],
+    *,
+    keep_head_float: bool = True,
+    per_channel: bool = True,
+    reduce_range: bool = False,
+    method: CalibrationMethod = "minmax",
+) -> QuantizeSettings:
+    """Quantize an ONNX model statically (QDQ) on ``calibration`` (one input dict per sample,
+    without the batch dim; each is fed as a batch of one).
+
+    Raises:
+        ModelConfigError: not an ONNX model onnxruntime can quantize.
+        BackendUnavailableError: the ``onnx`` package is missing (``frameserve[tune]``).
+    """
+    try:
+        import onnx
+        from onnxruntime import quantization as q
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+    except ImportError as exc:
+        raise BackendUnavailableError(f"int8 quantization needs onnx: pip install 'frameserve[tune]' ({exc})") from None
+
+    if model_path.suffix.lower() != ".onnx":
+        raise ModelConfigError(f"{model_path.name}: int8 quantization here takes an ONNX model (onnxruntime's QDQ)")
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="frameserve-quantize-") as tmp:
+        pre = Path(tmp) / "pre.onnx"
+        try:
+            quant_pre_process(str(model_path), str(pre), skip_symbolic_shape=True)
+            model = onnx.load(str(pre))
+        except Exception:  # pre-processing is an optimisation: quantize the file as it is
+            model = onnx.load(str(model_path))
+        onnx.save(_named(model), str(pre))
+        excluded = float_head_nodes(model) if keep_head_float else []
+
+        class Reader(q.CalibrationDataReader):  # type: ignore[misc]
+            def __init__(self) -> None:
+                self._it = iter(calibration)
+
+            def get_next(self) -> dict[str, np.ndarray[Any, Any]] | None:
+                item = next(self._it, None)
+                return None if item is None else {k: np.asarray(v)[None] for k, v in item.items()}
+
+        methods = {"minmax": q.CalibrationMethod.MinMax, "percentile": q.CalibrationMethod.Percentile,
+                   "entropy": q.CalibrationMethod.Entropy}
+        try:
+            q.quantize_static(
+                str(pre), str(out_path), Reader(), quant_format=q.QuantFormat.QDQ,
+                activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, per_channel=per_channel,
+                reduce_range=reduce_range, nodes_to_exclude=excluded, calibrate_method=methods[method],
+            )
+        except Exception as exc:
+            raise ModelConfigError(f"{model_path.name}: onnxruntime cannot quantize it: {type(exc).__name__}: {exc}") from None
+    return QuantizeSettings("QDQ", "uint8", "int8", per_channel, reduce_range, method, tuple(excluded),
+                            len(calibration), time.perf_counter() - t0)
+
+
+# -- the gate ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to run the model for the gate: its config fields (config.yaml's, without name and
+    version policy) and its model file."""
+
+    config: Mapping[str, Any]
+    path: Path
+
+
+def _results(service: InferenceService, name: str, frames: CalibrationFrames, positions: Sequence[int]) -> list[Any]:
+    cls = frames.pipeline.load_class()
+    inst = instantiate(cls, model_inputs={frames.role: model_input_specs(service.model_config(name))})
+    handle = ModelHandle(service, frames.role, name)
+    step = max(1, min(cls.batch, handle.max_batch_size or 1))
+    out: list[Any] = []
+    for i in range(0, len(positions), step):
+        part = positions[i : i + step]
+        batch = Batch([BatchItem(frames.inputs[p], frames.frames[p]) for p in part])
+        out.extend(inst.process(batch, {frames.role: handle}))
+    return out
+
+
+def gate(
+    reference: Variant,
+    candidate: Variant,
+    frames: CalibrationFrames,
+    *,
+    limits: GateLimits | None = None,
+    threads: int | None = None,
+) -> GateResult:
+    """Run the pipeline's ``process`` on the held-apart frames with both variants and compare
+    (:func:`~frameserve.tuning._accuracy.compare_results`).
+
+    Raises:
+        ModelConfigError, BackendUnavailableError: a variant does not load.
+        InvalidInputError: the pipeline's results are neither detections nor class scores.
+    """
+    budget = threads or system_info().cpu_budget
+    held = list(frames.held_apart)
+    with InferenceService(threads=budget) as service:
+        results = []
+        for name, variant in (("reference", reference), ("candidate", candidate)):
+            cfg = {k: v for k, v in variant.config.items() if k not in ("name", "version_policy", "instance_group")}
+            params = {**dict(cfg.get("parameters") or {}), "threads": str(budget)}
+            params.pop("pin", None)
+            params.pop("cpu_set", None)
+            service.register(name, variant.path, config={**cfg, "parameters": params})
+            results.append(_results(service, name, frames, held))
+            service.unload(name)
+    return compare_results(results[0], results[1], limits=limits, indices=[frames.frames[p].index for p in held])
+
+
+# -- writing a model folder ----------------------------------------------------------------------
+
+
+def next_version(repo: ModelRepository, name: str) -> int:
+    """One more than the highest version folder of the model (1 when there is none)."""
+    versions = repo.all_versions(name)
+    return (versions[-1] if versions else 0) + 1
+
+
+def write_model_folder(
+    repo: ModelRepository, name: str, out_dir: Path, config: Mapping[str, Any], *,
+    new_version: tuple[int, Path] | None = None,
+) -> Path:
+    """Write ``out_dir/<name>/``: every version folder of the source model copied, ``config``
+    as its config.yaml, and, with ``new_version`` ``(number, model file)``, a new version folder
+    holding that file as ``model.onnx``.
+
+    Raises:
+        InvalidInputError: ``out_dir/<name>`` exists already.
+    """
+    target = out_dir / name
+    if target.exists():
+        raise InvalidInputError(f"{target} exists already; give a new --out folder")
+    src = repo.model_dir(name)
+    target.mkdir(parents=True)
+    for version in repo.all_versions(name):
+        shutil.copytree(src / str(version), target / str(version), symlinks=False)
+    if new_version is not None:
+        number, path = new_version
+        (target / str(number)).mkdir()
+        shutil.copy2(path, target / str(number) / "model.onnx")
+    (target / "config.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
+    return target
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    """What ``frameserve quantize`` did.
+
+    Attributes:
+        model: the model's name.
+        source_version: the fp32 version quantized.
+        version: the new version folder's number (written only when the gate passed).
+        settings: how it was quantized.
+        gate: the gate's measurements and verdict.
+        frames: the calibration frames' description.
+        out: the model folder written, or ``None`` (refused, or no ``out``).
+        int8_path: the quantized file (in ``out``; ``None`` when refused).
+        machine: the machine (int8 speed depends on VNNI).
+    """
+
+    model: str
+    source_version: int
+    version: int
+    settings: QuantizeSettings
+    gate: GateResult
+    frames: Mapping[str, Any]
+    out: Path | None
+    int8_path: Path | None
+    machine: SystemInfo
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def passed(self) -> bool:
+        """Whether the gate passed."""
+        return self.gate.passed
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON."""
+        return {
+            "model": self.model, "source_version": self.source_version, "version": self.version,
+            "passed": self.passed, "gate": self.gate.to_dict(), "settings": self.settings.to_dict(),
+            "calibration": dict(self.frames), "out": None if self.out is None else str(self.out),
+            "int8_accelerated": self.machine.int8_accelerated, "notes": list(self.notes),
+            "machine": {"cpu_model": self.machine.cpu_model, "notes": list(self.machine.notes)},
+        }
+
+
+def quantize(
+    model_dir: Path | str,
+    *,
+    calibration: Path | str | CalibrationFrames,
+    pipeline: str | Path | PipelineDef | None = None,
+    out: Path | str | None = None,
+    max_drop: float = 0.01,
+    limits: GateLimits | None = None,
+    keep_head_float: bool = True,
+    per_channel: bool = True,
+    reduce_range: bool | None = None,
+    method: CalibrationMethod = "minmax",
+    params: Mapping[str, Any] | None = None,
+    max_frames: int = 200,
+    work_dir: Path | None = None,
+    machine: SystemInfo | None = None,
+) -> QuantizeResult:
+    """Quantize a model folder's fp32 ONNX model to int8 and gate it against fp32.
+
+    Args:
+        model_dir: one model folder (its name is the model's).
+        calibration: a video, image or folder (with ``pipeline``), or frames already read.
+        pipeline: the pipeline whose ``preprocess`` makes the model's inputs.
+        out: where to write ``<model>/`` when the gate passes: the source's version folders,
+            a new version folder with the int8 ``model.onnx``, and config.yaml with
+            ``parameters.precision: int8`` and a version policy serving the new version.
+            ``None``: write nothing (the int8 file stays in ``work_dir``).
+        max_drop: the gate's ``max_drop`` (ignored when ``limits`` is given).
+        limits: all the gate's limits.
+        keep_head_float: keep the head's tail in float (:func:`float_head_nodes`); ``False``
+            quantizes it too (what the gate should refuse for a YOLO head).
+        per_channel, method: see :func:`quantize_onnx`.
+        reduce_range: 7-bit weights; ``None`` = on CPUs without VNNI.
+        params: pipeline parameters.
+        max_frames: calibration + gate frames at most.
+        work_dir: where the int8 file is made (default: a temporary folder, removed).
+        machine: the machine's facts (default :func:`system_info`).
+
+    Raises:
+        InvalidInputError: bad arguments, ``out/<model>`` exists, no pipeline for a path.
+        ModelConfigError, BackendUnavailableError: the model cannot be loaded or quantized.
+    """
+    machine = machine or system_info()
+    limits = limits or GateLimits(max_drop=max_drop)
+    repo, name = resolve_model(Path(model_dir), None)
+    config = repo.config(name)
+    served = repo.versions(name)
+    if not served:
+        raise InvalidInputError(f"model {name!r} has no version folder its version policy serves")
+    version = served[-1]
+    path = repo.model_file(name, version, config=config)
+    raw = {k: v for k, v in repo.raw_config(name).items() if k not in ("name", "version_policy")}
+    reference = Variant({**raw, "backend": "onnxruntime", "parameters": {**dict(raw.get("parameters") or {}), "precision": "fp32"}}, path)
+    if isinstance(calibration, CalibrationFrames):
+        frames = calibration
+    else:
+        if pipeline is None:
+            raise InvalidInputError("--calibration needs --pipeline: its preprocess makes the model's inputs")
+        completed = _completed_config(reference)
+        frames = calibration_frames(calibration, pipeline, completed, model=name, params=params, max_frames=max_frames)
+    if reduce_range is None:
+        reduce_range = not machine.int8_accelerated
+    tmp = tempfile.TemporaryDirectory(prefix="frameserve-int8-") if work_dir is None else None
+    try:
+        where = Path(tmp.name) if tmp is not None else Path(work_dir or ".")
+        int8 = where / f"{name}.int8.onnx"
+        settings = quantize_onnx(path, int8, frames.calibration, keep_head_float=keep_head_float,
+                                 per_channel=per_channel, reduce_range=reduce_range, method=method)
+        candidate = Variant({**reference.config, "parameters": {**reference.config["parameters"], "precision": "int8"}}, int8)
+        verdict = gate(reference, candidate, frames, limits=limits, threads=machine.cpu_budget)
+        number = next_version(repo, name)
+        written: Path | None = None
+        notes = [] if machine.int8_accelerated else ["int8: no VNNI on this CPU, expect small gains (weights at 7 bits)"]
+        if verdict.passed and out is not None:
+            new_config = {**raw, "parameters": {**dict(raw.get("parameters") or {}), "precision": "int8"},
+                          "version_policy": {"specific": {"versions": [number]}}}
+            written = write_model_folder(repo, name, Path(out), new_config, new_version=(number, int8))
+        return QuantizeResult(
+            name, version, number, settings, verdict, frames.to_dict(), written,
+            None if written is None else written / str(number) / "model.onnx", machine, tuple(notes),
+        )
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _completed_config(variant: Variant) -> Any:
+    """The variant's config completed from its model file (inputs, outputs, max_batch_size)."""
+    from frameserve.backends import load_session
+    from frameserve.repository import parse_config
+
+    cfg = parse_config({k: v for k, v in variant.config.items() if k != "instance_group"}, default_name="model")
+    session = load_session(cfg, variant.path, threads=1)
+    try:
+        return session.config
+    finally:
+        session.close()

@@ -1,0 +1,419 @@
+"""``frameserve tune``: choose a model's deployment on this machine and write it as a model
+folder that ``serve`` runs as it is.
+
+Steps: read the machine (:func:`~frameserve.tuning.system_info`); with calibration frames,
+quantize to int8 and gate it, and gate bf16 (OpenVINO) where the CPU has it
+(:mod:`frameserve.tuning._quantize`); build the space (:func:`~frameserve.tuning._space.build_space`);
+measure candidates through the server's own batcher and instances in this process
+(:class:`~frameserve.tuning.ServiceTarget`, one :class:`~frameserve.service.InferenceService`,
+the model loaded from a staging repository whose config.yaml is each candidate's); search
+(:class:`~frameserve.tuning._search.Search`); write ``--out``.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from frameserve.errors import FrameserveError, InvalidInputError
+from frameserve.repository import ModelRepository
+from frameserve.service import InferenceService
+from frameserve.tuning._accuracy import GateLimits, GateResult
+from frameserve.tuning._measure import Measurement, MeasureSettings, measure
+from frameserve.tuning._quantize import (
+    CalibrationFrames,
+    QuantizeResult,
+    Variant,
+    calibration_frames,
+    gate,
+    next_version,
+    quantize,
+)
+from frameserve.tuning._search import Budget, Objective, Phase, Progress, Search, SearchResult, trial_rows
+from frameserve.tuning._space import (
+    Batching,
+    Candidate,
+    Engine,
+    Layout,
+    Options,
+    SearchSpace,
+    build_space,
+    default_options,
+)
+from frameserve.tuning._sysinfo import SystemInfo, system_info
+from frameserve.tuning._targets import ServiceTarget, make_inputs, resolve_model
+
+__all__ = ["TUNE_FILES", "TuneResult", "tune"]
+
+TUNE_FILES = ("trials.csv", "tune.json", "report.html")
+"""What ``tune --out DIR`` writes beside the model folder ``DIR/<model>/``."""
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """A whole tuning run (``to_dict()`` is ``tune.json``).
+
+    Attributes:
+        model: the model's name.
+        version: the fp32 version tuned.
+        objective: what was optimised.
+        space: the search space.
+        search: the trials and the choice.
+        machine: this machine.
+        baseline_config: the model's own config.yaml fields (what serve runs untuned).
+        winner_config: the winning config.yaml fields (``None`` when nothing was measured).
+        winner_version: the version folder the winner serves (a new one for int8).
+        int8: the quantization and its gate (``None`` without calibration).
+        bf16_gate: the bf16 gate (``None`` when not run).
+        calibration: the calibration frames' description (``None`` without).
+        settings: the search's windows; repeat_settings: the finalists'.
+        out: the folder written (``None`` without ``out``).
+        elapsed_s: wall seconds of the whole run.
+        notes: what to know when reading it.
+        video: the video co-tuning (``--video``): its trials and the best decode settings.
+    """
+
+    model: str
+    version: int
+    objective: Objective
+    space: SearchSpace
+    search: SearchResult
+    machine: SystemInfo
+    baseline_config: Mapping[str, Any]
+    winner_config: Mapping[str, Any] | None
+    winner_version: int
+    int8: QuantizeResult | None
+    bf16_gate: GateResult | None
+    calibration: Mapping[str, Any] | None
+    settings: MeasureSettings
+    repeat_settings: MeasureSettings
+    out: Path | None = None
+    elapsed_s: float = 0.0
+    notes: tuple[str, ...] = field(default=())
+    video: Mapping[str, Any] | None = None
+
+    def comparison(self) -> dict[str, Any]:
+        """The default config against the winner, from their interleaved repeats (the search's
+        best trials when a side was not repeated): each side's figures and the ratios."""
+        sides: dict[str, dict[str, Any]] = {}
+        for label, cand in (("default", self.search.baseline), ("best", self.search.winner)):
+            fin = self.search.finalist(cand)
+            if fin is not None:
+                sides[label] = {"config": cand.key if cand else None, "source": "repeats", "concurrency": fin.concurrency,
+                                **fin.median, "repeats": len(fin.scores)}
+                continue
+            trials = [t for t in self.search.trials if t.candidate == cand and t.measurement is not None]
+            best = max(trials, key=lambda t: t.score or -math.inf, default=None)
+            m = best.measurement.to_dict() if best is not None and best.measurement is not None else {}
+            sides[label] = {"config": cand.key if cand else None, "source": "search", "concurrency": best.concurrency if best else None,
+                            **{k: m.get(k) for k in ("throughput", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "cpu_s_per_infer")},
+                            "repeats": 0}
+        d, b = sides.get("default", {}), sides.get("best", {})
+        ratio: dict[str, float] = {}
+        for key in ("throughput", "p99_ms", "cpu_s_per_infer"):
+            if d.get(key) and b.get(key):
+                ratio[key] = b[key] / d[key]
+        return {**sides, "ratio_best_over_default": ratio}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON: the run, the machine, the space, every trial, the winner."""
+        return {
+            "model": self.model, "version": self.version, "objective": self.objective.to_dict(),
+            "machine": self.machine.to_dict(), "space": self.space.to_dict(), "search": self.search.to_dict(),
+            "settings": self.settings.to_dict(), "repeat_settings": self.repeat_settings.to_dict(),
+            "trials": trial_rows(self.search.trials),
+            "winner": None if self.search.winner is None else {
+                "config": self.search.winner.key, **self.search.winner.params(), "version": self.winner_version,
+                "concurrency": self.search.winner_concurrency, "config_yaml": dict(self.winner_config or {}),
+            },
+            "default": {"config": self.search.baseline.key, "config_yaml": dict(self.baseline_config)},
+            "comparison": self.comparison(),
+            "int8": None if self.int8 is None else self.int8.to_dict(),
+            "bf16_gate": None if self.bf16_gate is None else self.bf16_gate.to_dict(),
+            "calibration": None if self.calibration is None else dict(self.calibration),
+            "elapsed_s": round(self.elapsed_s, 2), "notes": list(self.notes),
+            "out": None if self.out is None else str(self.out),
+            "video": None if self.video is None else dict(self.video),
+        }
+
+
+def _settings_for(time_budget_s: float, planned: int) -> tuple[MeasureSettings, MeasureSettings]:
+    """Windows that fit ``planned`` trials in the budget: about a fifth of a trial's share per
+    window (a trial takes a load, a warm-up and two to four windows), 0.05-1 s; the repeats'
+    windows twice as long."""
+    per_trial = time_budget_s / max(1, planned)
+    window = min(1.0, max(0.05, per_trial / 6))
+    short = MeasureSettings(window_s=window, warmup_s=window / 2, stability=0.10, max_windows=4)
+    long = MeasureSettings(window_s=min(2.0, 2 * window), warmup_s=window / 2, stability=0.10, max_windows=4)
+    return short, long
+
+
+def _backends(path: Path, backends: tuple[str, ...] | None) -> tuple[str, ...]:
+    if backends is not None:
+        return backends
+    found = ["onnxruntime"] if path.suffix.lower() == ".onnx" else []
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return tuple(found)
+    return (*found, "openvino")
+
+
+def _baseline(raw: Mapping[str, Any], completed: Any, machine: SystemInfo) -> Candidate:
+    """The model's own config as a point of the space's coordinates."""
+    params = {k: str(v) for k, v in dict(raw.get("parameters") or {}).items()}
+    backend = str(completed.backend)
+    instances = sum(int(g.get("count", 1)) for g in (raw.get("instance_group") or [{}]))
+    threads = int(params["threads"]) if params.get("threads", "").isdigit() else max(1, machine.cpu_budget // max(1, instances))
+    db = raw.get("dynamic_batching")
+    mbs = int(completed.max_batch_size or 0)
+    if db is not None and mbs > 0:
+        sizes = list(db.get("preferred_batch_size") or [mbs])
+        batching = Batching(True, mbs, int(sizes[-1]), int(db.get("max_queue_delay_microseconds", 0)))
+    else:
+        batching = Batching(False, mbs)
+    opts = default_options(backend).as_dict()
+    opts.update({k: v for k, v in params.items() if k in opts})
+    return Candidate(Engine(backend, str(completed.precision)), Layout(instances, threads, params.get("pin") == "per_instance"),
+                     batching, Options(tuple(sorted(opts.items()))))
+
+
+def _start(space: SearchSpace, baseline: Candidate, machine: SystemInfo) -> Candidate:
+    if baseline in space:
+        return baseline
+    mbs = space.batchings[0].max_batch_size if space.batchings else 0
+    guess = Candidate(Engine("onnxruntime", "fp32"), Layout(1, machine.cpu_budget), Batching(False, mbs),
+                      default_options("onnxruntime"))
+    return guess if guess in space else space.candidates[0]
+
+
+def tune(
+    model_dir: Path | str,
+    *,
+    objective: str = "throughput",
+    p99_ms: float | None = None,
+    min_throughput: float | None = None,
+    time_budget_s: float = 600.0,
+    calibration: Path | str | None = None,
+    pipeline: str | Path | None = None,
+    params: Mapping[str, Any] | None = None,
+    out: Path | str | None = None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    backends: tuple[str, ...] | None = None,
+    max_configs: int = 150,
+    max_trials: int | None = None,
+    max_drop: float = 0.01,
+    exhaustive: bool = False,
+    video: Path | str | None = None,
+    progress: Progress | None = None,
+    on_stage: Callable[[str], None] | None = None,
+    machine: SystemInfo | None = None,
+) -> TuneResult:
+    """Tune one model folder for this machine (see the module docstring).
+
+    Args:
+        model_dir: one model folder (its name is the model's).
+        objective: ``throughput`` or ``latency``.
+        p99_ms: the throughput objective's latency bound (ms).
+        min_throughput: the latency objective's floor (inferences/s).
+        time_budget_s: wall seconds for the measurements (quantization comes on top).
+        calibration: a video, image or folder for int8 calibration and the accuracy gate
+            (with ``pipeline``); without it int8 and bf16 are not tried.
+        pipeline: the pipeline whose ``preprocess`` makes the model's inputs.
+        params: pipeline parameters.
+        out: write ``<model>/``, ``trials.csv``, ``tune.json`` and ``report.html`` here (a new
+            or empty folder, so that it stays a valid repository).
+        shapes: dims of inputs with variable dims (``{"images": (3, 320, 320)}``); they are
+            also fixed in the tuned config (OpenVINO then compiles static shapes).
+        backends: restrict the backends (default: onnxruntime, and openvino when installed).
+        max_configs: the space's size limit.
+        max_trials: trials at most (default: a third of the space, at least 12 plus the repeats).
+        max_drop: the accuracy gate's ``max_drop``.
+        exhaustive: measure every candidate (the benchmark's reference), then repeat the leaders.
+        video: with ``pipeline``, co-tune the pipeline's decode workers, decoder threads and batch
+            with the winner, end to end on this video (``tune.json``'s ``video``).
+        progress: ``progress(done, planned, trial)`` after each trial.
+        on_stage: told a line when a stage starts (quantizing, gating, searching).
+        machine: the machine's facts (default :func:`system_info`).
+
+    Raises:
+        InvalidInputError: bad arguments, ``out`` not empty, calibration without pipeline.
+        ModelNotFoundError, ModelConfigError, BackendUnavailableError: the model cannot be loaded.
+    """
+    started = time.monotonic()
+    goal = Objective(objective, p99_ms, min_throughput)  # type: ignore[arg-type]
+    if not time_budget_s > 0:
+        raise InvalidInputError(f"--time-budget must be > 0 seconds, got {time_budget_s}")
+    if (calibration is not None or video is not None) and pipeline is None:
+        raise InvalidInputError("--calibration and --video need --pipeline: its preprocess makes the model's inputs")
+    out_dir = Path(out) if out is not None else None
+    if out_dir is not None and out_dir.exists() and any(out_dir.iterdir()):
+        raise InvalidInputError(f"--out {out_dir} is not empty; tune writes a repository there: give a new or empty folder")
+    machine = machine or system_info()
+    stage = on_stage or (lambda _line: None)
+    repo, name = resolve_model(Path(model_dir), None)
+    config = repo.config(name)
+    versions = repo.versions(name)
+    if not versions:
+        raise InvalidInputError(f"model {name!r} has no version folder its version policy serves")
+    version = versions[-1]
+    path = repo.model_file(name, version, config=config)
+    raw = {k: v for k, v in repo.raw_config(name).items() if k != "name"}
+    with tempfile.TemporaryDirectory(prefix="frameserve-tune-") as tmp_s:
+        tmp = Path(tmp_s)
+        staging = tmp / "repo" / name
+        staging.mkdir(parents=True)
+        for v in repo.all_versions(name):
+            (staging / str(v)).symlink_to((repo.model_dir(name) / str(v)).resolve(), target_is_directory=True)
+        (staging / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+        service = InferenceService(ModelRepository(staging.parent))
+        try:
+            service.load(name, version)
+            completed = service.model_config(name)
+            service.unload(name)
+            notes: list[str] = []
+            not_tried: list[str] = []
+            frames: CalibrationFrames | None = None
+            int8: QuantizeResult | None = None
+            bf16_gate: GateResult | None = None
+            int8_version = next_version(repo, name)
+            found = _backends(path, backends)
+            if "openvino" not in found and backends is None:
+                not_tried.append("openvino: not installed (pip install 'frameserve[openvino]')")
+            bf16_ok = False
+            if calibration is not None and pipeline is not None:
+                stage(f"calibration frames from {calibration}")
+                frames = calibration_frames(calibration, pipeline, completed, model=name, params=params)
+                stage("int8: quantizing (onnxruntime static QDQ) and gating against fp32")
+                int8 = quantize(Path(model_dir), calibration=frames, max_drop=max_drop, work_dir=tmp, machine=machine)
+                if int8.passed:
+                    (staging / str(int8_version)).mkdir()
+                    (tmp / f"{name}.int8.onnx").rename(staging / str(int8_version) / "model.onnx")
+                else:
+                    not_tried.append(f"int8: refused by the accuracy gate ({int8.gate.summary()})")
+                if machine.bf16_native and "openvino" in found:
+                    stage("bf16: gating OpenVINO bf16 against fp32")
+                    ref = Variant({**raw, "backend": "onnxruntime", "parameters": {"precision": "fp32"}}, path)
+                    cand = Variant({**raw, "backend": "openvino", "parameters": {"precision": "bf16"}}, path)
+                    bf16_gate = gate(ref, cand, frames, limits=GateLimits(max_drop=max_drop), threads=machine.cpu_budget)
+                    bf16_ok = bf16_gate.passed
+                    if not bf16_ok:
+                        not_tried.append(f"bf16: refused by the accuracy gate ({bf16_gate.summary()})")
+            else:
+                not_tried.append("int8 not tried: no --calibration (the accuracy gate needs the pipeline's frames)")
+                if machine.bf16_native and "openvino" in found:
+                    not_tried.append("bf16 not tried: no --calibration (the accuracy gate needs the pipeline's frames)")
+            space = build_space(
+                machine, max_batch_size=int(completed.max_batch_size or 0), backends=found,
+                int8=int8 is not None and int8.passed, bf16=bf16_ok, not_tried=not_tried, max_configs=max_configs,
+            )
+            base = _base_config(raw, completed, shapes)
+            baseline = _baseline(raw, completed, machine)
+            searched = max_trials or max(12 + 12, len(space) // 3)
+            budget_trials = len(space) + 20 if exhaustive else searched
+            short, long = _settings_for(time_budget_s, searched)  # an exhaustive sweep: the same windows
+            budget = Budget(budget_trials, math.inf if exhaustive else time_budget_s, short, long)
+            inputs = _inputs(completed, shapes, frames)
+            runner = _Runner(service, staging, name, base, raw, baseline, inputs,
+                             {"int8": int8_version}, version)
+            stage(f"searching {len(space)} configurations ({'every one' if exhaustive else f'at most {budget_trials} trials'}, "
+                  f"{time_budget_s:g} s budget)")
+            result = Search(space, goal, runner, budget, progress=progress).run(baseline, _start(space, baseline, machine),
+                                                                               exhaustive=exhaustive)
+            winner = result.winner
+            winner_version = int8_version if winner is not None and winner.engine.precision == "int8" else version
+            winner_config = None
+            if winner is not None:
+                winner_config = {**winner.config(base), "version_policy": {"specific": {"versions": [winner_version]}}}
+            video_result = None
+            if video is not None and pipeline is not None and winner is not None and not result.interrupted:
+                stage(f"video: co-tuning decode workers, decoder threads and batch on {video}")
+                video_result = _cotune(service, staging, name, winner, winner_config or {}, video, pipeline, params, machine)
+        finally:
+            service.close()
+        tuned = TuneResult(
+            name, version, goal, space, result, machine, raw, winner_config, winner_version, int8, bf16_gate,
+            None if frames is None else frames.to_dict(), short, long, out_dir, time.monotonic() - started,
+            tuple(notes + list(result.notes)), video_result,
+        )
+        if out_dir is not None:
+            from frameserve.tuning._tune_report import write_tune_outputs
+
+            int8_file = staging / str(int8_version) / "model.onnx"
+            write_tune_outputs(tuned, repo, out_dir, int8_file=int8_file if winner_version == int8_version else None)
+    return tuned
+
+
+def _cotune(
+    service: InferenceService, staging: Path, name: str, winner: Candidate, winner_config: Mapping[str, Any],
+    video: Path | str, pipeline: str | Path, params: Mapping[str, Any] | None, machine: SystemInfo,
+) -> dict[str, Any]:
+    """Serve the winner and co-tune the pipeline's decoding on ``video`` (see ``_video_tune``)."""
+    from frameserve.pipeline.loader import load_pipeline
+    from frameserve.tuning._video_tune import cotune_video
+
+    cls = load_pipeline(pipeline).load_class()
+    (staging / "config.yaml").write_text(yaml.safe_dump(dict(winner_config), sort_keys=False), encoding="utf-8")
+    if service.is_ready(name):
+        service.unload(name)
+    service.load(name)
+    model = next(iter(cls.models.values())) if len(cls.models) == 1 else name
+    if model != name and service.repository is not None:  # the pipeline names it otherwise: serve the winner as that too
+        version = int(winner_config["version_policy"]["specific"]["versions"][0])
+        path = service.repository.model_file(name, version, config=service.model_config(name))
+        service.register(model, path, config={k: v for k, v in winner_config.items() if k != "version_policy"})
+    batches = [winner.batching.preferred] if winner.batching.dynamic else []
+    return cotune_video(service, video, pipeline, cpus=machine.cpu_budget, batches=batches, params=params)
+
+
+def _base_config(raw: Mapping[str, Any], completed: Any, shapes: Mapping[str, tuple[int, ...]] | None) -> dict[str, Any]:
+    base = {k: v for k, v in raw.items() if k != "version_policy"}
+    if shapes:
+        dims = {s.name: s for s in completed.inputs}
+        base["input"] = [
+            {"name": n, "data_type": f"TYPE_{dims[n].datatype.value}", "dims": list(shapes.get(n, dims[n].dims))}
+            for n in dims
+        ]
+    return base
+
+
+def _inputs(completed: Any, shapes: Mapping[str, tuple[int, ...]] | None, frames: CalibrationFrames | None) -> dict[str, np.ndarray[Any, Any]]:
+    """One request of one sample: a real calibration frame when there is one, else random."""
+    mbs = int(completed.max_batch_size or 0)
+    if frames is not None and frames.inputs:
+        first = frames.inputs[0]
+        return {k: (np.ascontiguousarray(v[None]) if mbs > 0 else np.ascontiguousarray(v)) for k, v in first.items()}
+    return make_inputs(completed.inputs, max_batch_size=mbs, batch=1, shapes=shapes)
+
+
+class _Runner:
+    """Loads each candidate in the service from the staging repository and measures it."""
+
+    def __init__(
+        self, service: InferenceService, staging: Path, name: str, base: Mapping[str, Any], raw: Mapping[str, Any],
+        baseline: Candidate, inputs: Mapping[str, np.ndarray[Any, Any]], versions: Mapping[str, int], fp32_version: int,
+    ) -> None:
+        self.service, self.staging, self.name, self.base, self.raw = service, staging, name, base, raw
+        self.baseline, self.inputs, self.versions, self.fp32_version = baseline, inputs, versions, fp32_version
+
+    def __call__(self, c: Candidate, conc: int, phase: Phase, settings: MeasureSettings) -> tuple[Measurement | None, str | None]:
+        config = dict(self.raw) if c == self.baseline else c.config(self.base)
+        version = self.versions.get(c.engine.precision, self.fp32_version)
+        config.pop("version_policy", None)
+        (self.staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        try:
+            if self.service.is_ready(self.name):
+                self.service.unload(self.name)
+            self.service.load(self.name, version)
+            target = ServiceTarget(self.service, self.name, version)
+            return measure(target, self.inputs, batch=1, concurrency=conc, settings=settings), None
+        except FrameserveError as exc:
+            return None, exc.message
