@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import threading
+import time
 from typing import Any
 
 __all__ = ["LARGE_REQUEST_BYTES", "trim_after"]
@@ -36,8 +37,14 @@ def _load() -> Any:
     return _libc
 
 
+_DELAY_S = 0.5
+"""How long after a large request the trim runs: the response still holds its buffers while it
+is being written (HTTP body parts, the gRPC message), and they are freed only once it is sent."""
+
+
 def _trim() -> None:
     global _pending
+    time.sleep(_DELAY_S)
     with _lock:
         _pending = False
     lib = _load()
@@ -47,8 +54,8 @@ def _trim() -> None:
 
 def trim_after(size_bytes: int) -> None:
     """After a request of ``size_bytes`` (body or message size): when it is at least
-    :data:`LARGE_REQUEST_BYTES`, return free heap memory to the OS in a background thread (at
-    most one trim pending at a time)."""
+    :data:`LARGE_REQUEST_BYTES`, return free heap memory to the OS from a background thread,
+    half a second later, once the answer has been sent (at most one trim pending at a time)."""
     global _pending
     if size_bytes < LARGE_REQUEST_BYTES:
         return
