@@ -67,10 +67,16 @@ def test_perf_analyzer_measures_frameserve(server: ServeProcess, protocol: str) 
     assert "Successful request count" in out
 
 
-@pytest.fixture(scope="module")
-def shm_server(perf_analyzer: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-front-ends"])
+def shm_server(
+    request: pytest.FixtureRequest, perf_analyzer: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServeProcess]:
+    """``--allow-client-shm``, served by the server process itself, then by two front-end
+    processes (``--http-workers 2 --grpc-workers 2``): the regions perf_analyzer registers on
+    one connection are the owner's, whichever front end its other connections reach."""
     root = tmp_path_factory.mktemp("pa_shm")
-    with ServeProcess(make_repository(root / "repo"), root / "home", "--allow-client-shm") as srv:
+    workers = ["--http-workers", str(request.param), "--grpc-workers", str(request.param)]
+    with ServeProcess(make_repository(root / "repo"), root / "home", "--allow-client-shm", *workers) as srv:
         srv.wait_ready()
         yield srv
         assert srv.stop() == 0

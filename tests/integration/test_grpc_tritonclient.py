@@ -78,11 +78,11 @@ class _ServerThread:
     async def _main(self) -> None:
         server = create_server(self.service, "127.0.0.1:0", **self.options)
         self.port = bound_port(server)
-        await server.start()
+        server.start()
         self._stop = asyncio.Event()
         self._started.set()
         await self._stop.wait()
-        await server.stop(grace=1)
+        server.stop(1)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,12 @@ Safe by default: every listener binds loopback (``127.0.0.1``) unless told other
 unless ``auth_health``); cross-site browser requests are refused either way; ``tls_cert_file``
 and ``tls_key_file`` serve HTTPS, gRPC over TLS and metrics over HTTPS.
 
+Front ends (``http_workers`` / ``grpc_workers`` above 1, ``serve --http-workers N
+--grpc-workers N``): the HTTP and gRPC listeners run in that many processes sharing the ports,
+which hand each request to this process (the models, the batchers, the shared-memory registry
+and the metrics stay here); see :mod:`frameserve.server._workers`. A front end that dies is
+replaced; front ends that keep dying stop the server (:attr:`Server.failure` says why).
+
 Shut-down (:meth:`Server.stop`, or SIGTERM/SIGINT in ``frameserve serve``): readiness turns
 false, the listeners close, in-flight requests finish (up to ``graceful_timeout_s``), then the
 service is closed.
@@ -31,6 +37,7 @@ import ipaddress
 import logging
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -47,7 +54,10 @@ from frameserve.protocol.http import (
 )
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.tokens import TokenTable
+from frameserve.server._channel import DEFAULT_ARENA_BYTES
+from frameserve.server._frontend import FrontendConfig
 from frameserve.server._poll import RepositoryWatcher
+from frameserve.server._workers import FrontendPool, reserve_port
 from frameserve.service import InferenceService
 from frameserve.shm import SharedMemoryRegistry
 
@@ -91,6 +101,13 @@ class ServerOptions:
             objects and pass tensors through them (:mod:`frameserve.shm`; one registry for HTTP
             and gRPC). Off by default: it lets any client with the ``infer`` role read and write
             the server user's ``/dev/shm`` objects (frameserve's own excepted).
+        http_workers, grpc_workers: front-end processes serving HTTP / gRPC (``serve
+            --http-workers N --grpc-workers N``); 1 and 1 (default): this process serves both
+            itself; more: the listeners move to ``max(http_workers, grpc_workers)`` processes
+            sharing the ports, and this process keeps the models
+            (:mod:`frameserve.server._workers`; Linux only).
+        frontend_shm_bytes: shared memory per front-end process for the tensors in flight
+            (:data:`~frameserve.server._channel.DEFAULT_ARENA_BYTES`).
     """
 
     host: str = "127.0.0.1"
@@ -113,6 +130,16 @@ class ServerOptions:
     tls_key_file: Path | None = None
     limits: TensorLimits = DEFAULT_LIMITS
     allow_client_shm: bool = False
+    http_workers: int = 1
+    grpc_workers: int = 1
+    frontend_shm_bytes: int = DEFAULT_ARENA_BYTES
+
+    @property
+    def workers(self) -> int:
+        """Front-end processes to start (0: this process serves HTTP and gRPC itself)."""
+        n_http = self.http_workers if self.http_port is not None else 0
+        n_grpc = self.grpc_workers if self.grpc_port is not None else 0
+        return max(n_http, n_grpc) if max(n_http, n_grpc) > 1 else 0
 
     def host_for(self, kind: str) -> str:
         """The address the ``http``, ``grpc`` or ``metrics`` listener binds."""
@@ -143,6 +170,13 @@ class ServerOptions:
                 raise FrameserveError(f"{name} must be 0..65535, got {port}")
         if self.max_body_bytes < 1:
             raise FrameserveError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        for name, n in (("http_workers", self.http_workers), ("grpc_workers", self.grpc_workers)):
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 256:
+                raise InvalidInputError(f"{name} must be 1..256, got {n!r}")
+        if self.workers and not sys.platform.startswith("linux"):
+            raise InvalidInputError("--http-workers/--grpc-workers above 1 need Linux (SO_REUSEPORT, memfd_create)")
+        if self.frontend_shm_bytes < 1 << 20:
+            raise InvalidInputError(f"frontend_shm_bytes must be >= 1 MiB, got {self.frontend_shm_bytes}")
 
 
 def _is_loopback(host: str) -> bool:
@@ -213,6 +247,10 @@ class Server:
         self._tls: tuple[bytes, bytes] | None = None
         self.shared_memory = SharedMemoryRegistry() if self.options.allow_client_shm else None
         """The client shared-memory regions both transports serve (``None``: not allowed)."""
+        self.failure: str | None = None
+        """Why the server stopped by itself (front ends that keep dying), or ``None``."""
+        self._reserved: dict[str, socket.socket] = {}  # ports the front ends share (workers mode)
+        self._pool: FrontendPool | None = None
 
     # -- public ------------------------------------------------------------------------------
 
@@ -230,6 +268,17 @@ class Server:
     def metrics_port(self) -> int | None:
         """The bound metrics port (after :meth:`start`), or ``None``."""
         return self._ports.get("metrics")
+
+    @property
+    def frontend_pids(self) -> list[int | None]:
+        """The process id of each front end (``--http-workers``/``--grpc-workers`` above 1;
+        ``None`` for one being replaced); ``[]`` when this process serves HTTP and gRPC."""
+        return self._pool.pids if self._pool is not None else []
+
+    @property
+    def frontend_requests(self) -> list[int]:
+        """Inference requests each front end handed to this process; ``[]`` without front ends."""
+        return self._pool.requests if self._pool is not None else []
 
     @property
     def loaded(self) -> bool:
@@ -286,9 +335,14 @@ class Server:
         if opts.model_control_mode == "poll" and opts.load_models:
             self._watcher = RepositoryWatcher(self.service)
         try:
-            if opts.http_port is not None:
+            if opts.workers:  # the front ends bind beside these (SO_REUSEPORT); these never listen
+                for kind, port in (("http", opts.http_port), ("grpc", opts.grpc_port)):
+                    if port is not None:
+                        self._reserved[kind] = reserve_port(opts.host_for(kind), port)
+                        self._ports[kind] = int(self._reserved[kind].getsockname()[1])
+            elif opts.http_port is not None:
                 self._sockets["http"] = _bind(opts.host_for("http"), opts.http_port)
-            if opts.grpc_port is not None:
+            if opts.grpc_port is not None and not opts.workers:
                 self._ports["grpc"] = opts.grpc_port  # 0 resolves when the gRPC server binds
             if opts.metrics_port is not None:
                 self._sockets["metrics"] = _bind(opts.host_for("metrics"), opts.metrics_port)
@@ -351,7 +405,7 @@ class Server:
     # -- the server thread -------------------------------------------------------------------
 
     def _close_sockets(self) -> None:
-        for sock in self._sockets.values():
+        for sock in [*self._sockets.values(), *self._reserved.values()]:
             with contextlib.suppress(OSError):
                 sock.close()
 
@@ -381,14 +435,17 @@ class Server:
         self._stop_event = asyncio.Event()
         opts = self.options
         apps: dict[str, Any] = {}
-        if "http" in self._sockets:
-            apps["http"] = create_app(
+        http_app = None
+        if "http" in self._sockets or "http" in self._reserved:  # served here, or for the front ends
+            http_app = create_app(
                 self.service, max_body_bytes=opts.max_body_bytes, ready_check=lambda: self.ready,
                 routers=opts.http_routers, model_control_mode=opts.model_control_mode,
                 tokens=opts.tokens, auth_health=opts.auth_health, limits=opts.limits,
                 loopback_hosts_only=opts.tokens is None and _is_loopback(opts.host_for("http")),
                 shared_memory=self.shared_memory,
             )
+        if "http" in self._sockets:
+            apps["http"] = http_app
         if "metrics" in self._sockets:
             apps["metrics"] = create_metrics_app(
                 self.service, tokens=opts.tokens, auth_health=opts.auth_health,
@@ -413,6 +470,8 @@ class Server:
                 done[0].result()  # raises the start-up error
                 raise RuntimeError("a listener stopped during start-up")
             await asyncio.sleep(0.005)
+        if opts.workers:
+            await self._start_frontends(http_app)
         self._started.set()
         loader = asyncio.create_task(asyncio.to_thread(self._load_models))
         poller = asyncio.create_task(self._poll_forever(loader)) if self._watcher is not None else None
@@ -421,15 +480,63 @@ class Server:
             poller.cancel()
         self._stopping = True
         log.info("shutting down: finishing in-flight requests")
+        if self._pool is not None:  # they finish their in-flight requests here first
+            await asyncio.to_thread(self._pool.stop, opts.graceful_timeout_s)
         for server in self._uvicorn:
             server.should_exit = True
         if grpc_server is not None:
-            tasks.append(asyncio.create_task(grpc_server.stop(opts.graceful_timeout_s)))
+            tasks.append(asyncio.create_task(asyncio.to_thread(grpc_server.stop, opts.graceful_timeout_s)))
         await asyncio.gather(*tasks, return_exceptions=True)
         await loader
 
+    async def _start_frontends(self, http_app: Any) -> None:
+        """Workers mode: start the front-end processes over this process's application and
+        servicers (they answer what the front ends hand on), and wait until each listens."""
+        from frameserve.protocol.grpc import GrpcInferenceServicer, HealthServicer
+
+        opts = self.options
+        servicer = health = None
+        if "grpc" in self._reserved:
+            servicer = GrpcInferenceServicer(
+                self.service, model_control_mode=opts.model_control_mode, limits=opts.limits,
+                shared_memory=self.shared_memory,
+            )
+            health = HealthServicer(servicer)
+        n_http = opts.http_workers if "http" in self._reserved else 0
+        n_grpc = opts.grpc_workers if "grpc" in self._reserved else 0
+        configs = [
+            FrontendConfig(
+                index=i,
+                http=(opts.host_for("http"), self._ports["http"]) if i < n_http else None,
+                grpc=(opts.host_for("grpc"), self._ports["grpc"]) if i < n_grpc else None,
+                max_body_bytes=opts.max_body_bytes, limits=opts.limits, tokens=opts.tokens, auth_health=opts.auth_health,
+                loopback_hosts_only=opts.tokens is None and _is_loopback(opts.host_for("http")),
+                tls_cert_file=opts.tls_cert_file, tls_key_file=opts.tls_key_file, tls=self._tls,
+                allow_client_shm=opts.allow_client_shm, graceful_timeout_s=opts.graceful_timeout_s,
+                log_level=logging.getLogger().getEffectiveLevel(),
+            )
+            for i in range(opts.workers)
+        ]
+        loop, event = asyncio.get_running_loop(), self._stop_event
+        assert event is not None
+
+        def fatal(reason: str) -> None:
+            self.failure = reason
+            loop.call_soon_threadsafe(event.set)
+
+        self._pool = FrontendPool(
+            self.service, configs, arena_bytes=opts.frontend_shm_bytes, on_fatal=fatal,
+            link_options={"shared_memory": self.shared_memory, "loop": loop, "http_app": http_app,
+                          "grpc_servicer": servicer, "grpc_health": health},
+        )
+        try:
+            await asyncio.to_thread(self._pool.start)
+        except BaseException:
+            await asyncio.to_thread(self._pool.stop, 0.0)
+            raise
+
     async def _start_grpc(self) -> Any:
-        if "grpc" not in self._ports:
+        if "grpc" not in self._ports or self.options.workers:
             return None
         port = self._ports["grpc"]
         opts = self.options
@@ -445,7 +552,7 @@ class Server:
             auth_health=opts.auth_health, tls=self._tls, limits=opts.limits,
             max_message_bytes=opts.max_body_bytes, shared_memory=self.shared_memory,
         )
-        await server.start()
+        server.start()
         self._ports["grpc"] = bound_port(server)
         return server
 
@@ -470,6 +577,8 @@ class Server:
         except Exception:
             log.exception("loading the models failed")
         finally:
+            if self._pool is not None:  # the front ends serve what loaded
+                self._pool.publish()
             self._ready.set()
 
     async def _poll_forever(self, loader: asyncio.Task[None]) -> None:
@@ -484,6 +593,8 @@ class Server:
                 await asyncio.to_thread(self.poll_repository)
             except Exception:  # a scan that fails is retried at the next one
                 log.exception("polling the model repository failed")
+            if self._pool is not None:
+                await asyncio.to_thread(self._pool.publish)
 
 
 def _read_tls(cert_file: Path, key_file: Path) -> tuple[bytes, bytes]:

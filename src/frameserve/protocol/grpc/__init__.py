@@ -1,7 +1,7 @@
 """The Open Inference Protocol over gRPC: ``inference.GRPCInferenceService``, wire-compatible
 with Triton's (tritonclient, perf_analyzer), plus the standard ``grpc.health.v1`` service.
 
-- :func:`create_server` builds a ``grpc.aio.Server`` for an
+- :func:`create_server` builds the (thread-pool) gRPC server for an
   :class:`~frameserve.service.InferenceService`; :func:`bound_port` gives its port.
 - :class:`GrpcInferenceServicer` is the servicer (decode -> service -> encode).
 - :func:`decode_infer_request` / :func:`encode_infer_response` are the tensor codecs.

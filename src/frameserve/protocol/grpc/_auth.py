@@ -15,7 +15,7 @@ from frameserve.errors import FrameserveError
 from frameserve.security.auth import grpc_roles
 from frameserve.security.tokens import TokenTable
 
-__all__ = ["TokenInterceptor"]
+__all__ = ["ThreadedTokenInterceptor", "TokenInterceptor"]
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -36,20 +36,45 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        roles = grpc_roles(handler_call_details.method, auth_health=self.auth_health)
-        if roles is None:
-            return await continuation(handler_call_details)
-        authorization = None
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == "authorization":
-                authorization = value if isinstance(value, str) else value.decode("latin-1")
-                break
-        try:
-            self.tokens.authenticate(authorization, roles)
-        except FrameserveError as exc:
-            handler = await continuation(handler_call_details)
-            return _refusing(handler, grpc.StatusCode[exc.grpc_status], exc.message)
-        return await continuation(handler_call_details)
+        refusal = _refusal(self.tokens, self.auth_health, handler_call_details)
+        handler = await continuation(handler_call_details)
+        return handler if refusal is None else _refusing(handler, *refusal)
+
+
+class ThreadedTokenInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+    """:class:`TokenInterceptor` for the thread-pool server (``grpc.server``)."""
+
+    def __init__(self, tokens: TokenTable, *, auth_health: bool = False) -> None:
+        self.tokens = tokens
+        self.auth_health = auth_health
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        refusal = _refusal(self.tokens, self.auth_health, handler_call_details)
+        handler = continuation(handler_call_details)
+        return handler if refusal is None else _refusing_sync(handler, *refusal)
+
+
+def _refusal(
+    tokens: TokenTable, auth_health: bool, details: grpc.HandlerCallDetails
+) -> tuple[grpc.StatusCode, str] | None:
+    """The status a call is refused with (no or a bad token, a missing role), or ``None``."""
+    roles = grpc_roles(details.method, auth_health=auth_health)
+    if roles is None:
+        return None
+    authorization = None
+    for key, value in details.invocation_metadata or ():
+        if key == "authorization":
+            authorization = value if isinstance(value, str) else value.decode("latin-1")
+            break
+    try:
+        tokens.authenticate(authorization, roles)
+    except FrameserveError as exc:
+        return grpc.StatusCode[exc.grpc_status], exc.message
+    return None
 
 
 def _refusing(handler: grpc.RpcMethodHandler | None, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
@@ -58,6 +83,19 @@ def _refusing(handler: grpc.RpcMethodHandler | None, code: grpc.StatusCode, mess
     async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(code, message)
 
+    return _same_kind(handler, deny)
+
+
+def _refusing_sync(handler: grpc.RpcMethodHandler | None, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+    """:func:`_refusing` for the thread-pool server."""
+
+    def deny(request: Any, context: grpc.ServicerContext) -> None:
+        context.abort(code, message)
+
+    return _same_kind(handler, deny)
+
+
+def _same_kind(handler: grpc.RpcMethodHandler | None, deny: Callable[..., Any]) -> grpc.RpcMethodHandler:
     if handler is None or (not handler.request_streaming and not handler.response_streaming):
         return grpc.unary_unary_rpc_method_handler(deny)
     if handler.request_streaming and handler.response_streaming:

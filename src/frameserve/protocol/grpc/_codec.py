@@ -12,6 +12,7 @@ Outputs are always answered in ``raw_output_contents`` (what tritonclient reads)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,7 @@ def decode_infer_request(
     limits: TensorLimits = DEFAULT_LIMITS,
     *,
     shared_memory: SharedMemoryUse | None = None,
+    raw_contents: Sequence[bytes | memoryview] | None = None,
 ) -> InferRequest:
     """Decode a ModelInferRequest into an :class:`~frameserve.request.InferRequest`.
 
@@ -94,6 +96,10 @@ def decode_infer_request(
 
     ``limits`` caps every declared shape and the request's BYTES elements before any tensor is
     built (:class:`~frameserve.security.TensorLimits`).
+
+    ``raw_contents``, when given, stands for ``request.raw_input_contents`` (the entries taken
+    off the wire as views, see :func:`frameserve.protocol.grpc._infer.parse_infer_request`; the
+    inputs are then numpy views of them).
 
     ``shared_memory`` is this request's use of the server's shared-memory regions: inputs with
     ``shared_memory_region`` parameters are read from their region (zero-copy views; they take no
@@ -120,7 +126,7 @@ def decode_infer_request(
         if params.get(key) not in (None, 0, False, ""):
             raise InvalidInputError(f"request parameter {key!r}: sequence batching is not supported by this server")
 
-    raw = request.raw_input_contents
+    raw: Sequence[bytes | memoryview] = request.raw_input_contents if raw_contents is None else raw_contents
     locations = [_shm_params(t, f"input {t.name!r}") for t in request.inputs]
     n_raw = sum(1 for loc in locations if loc is None)
     if raw and len(raw) != n_raw:
@@ -186,7 +192,7 @@ def _shm_params(tensor: pb.ModelInferRequest.InferInputTensor, where: str) -> Sh
 
 def _decode_tensor(
     tensor: pb.ModelInferRequest.InferInputTensor,
-    raw: bytes | None,
+    raw: bytes | memoryview | None,
     limits: TensorLimits,
     budget: list[int],
     location: ShmLocation | None = None,
@@ -227,7 +233,7 @@ def _decode_tensor(
     return _from_contents(name, datatype, shape, count, tensor.contents)
 
 
-def _from_raw(name: str, datatype: DataType, shape: list[int], count: int, raw: bytes) -> np.ndarray[Any, Any]:
+def _from_raw(name: str, datatype: DataType, shape: list[int], count: int, raw: bytes | memoryview) -> np.ndarray[Any, Any]:
     if datatype is DataType.BYTES:
         return decode_bytes_elements(raw, count, where=f"input {name!r}").reshape(shape)
     item = datatype.size_bytes
@@ -283,13 +289,41 @@ _WIDE: dict[DataType, str] = {
 }
 
 
-def _raw_bytes(name: str, array: np.ndarray[Any, Any]) -> tuple[DataType, bytes]:
+def _raw_bytes(name: str, array: np.ndarray[Any, Any]) -> tuple[DataType, bytes | memoryview]:
     datatype = DataType.from_numpy(array.dtype)
     if datatype is DataType.BYTES:
         return datatype, encode_bytes_elements(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return datatype, np.ascontiguousarray(array).tobytes()
+    return datatype, memoryview(np.ascontiguousarray(array).reshape(-1)).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
+
+
+def response_parts(
+    call: InferRequest,
+    outputs: dict[str, np.ndarray[Any, Any]],
+    *,
+    model_version: str = "",
+    shared_memory: SharedMemoryUse | None = None,
+) -> tuple[pb.ModelInferResponse, list[bytes | memoryview]]:
+    """The ModelInferResponse for ``call`` without its ``raw_output_contents``, and those
+    entries (one per output, in order; ``b""`` for an output written into a shared-memory
+    region) as buffers over the outputs. :func:`encode_infer_response` puts them in the
+    message; the raw ``ModelInfer`` handler appends them to its bytes. Same arguments and errors
+    as :func:`encode_infer_response`."""
+    response = pb.ModelInferResponse(model_name=call.model_name, model_version=model_version, id=call.id)
+    datas: list[bytes | memoryview] = []
+    for name, array in outputs.items():
+        arr = np.asarray(array)
+        if shared_memory is not None and name in shared_memory.outputs:
+            shared_memory.write_output(name, arr)
+            datatype = DataType.from_numpy(arr.dtype)
+            response.outputs.add(name=name, datatype=datatype.value, shape=[int(d) for d in arr.shape])
+            datas.append(b"")
+            continue
+        datatype, data = _raw_bytes(name, arr)
+        response.outputs.add(name=name, datatype=datatype.value, shape=[int(d) for d in arr.shape])
+        datas.append(data)
+    return response, datas
 
 
 def encode_infer_response(
@@ -314,16 +348,6 @@ def encode_infer_response(
         TensorError: an output array has a dtype with no v2 datatype.
         SharedMemoryError: an output region smaller than its output.
     """
-    response = pb.ModelInferResponse(model_name=call.model_name, model_version=model_version, id=call.id)
-    for name, array in outputs.items():
-        arr = np.asarray(array)
-        if shared_memory is not None and name in shared_memory.outputs:
-            shared_memory.write_output(name, arr)
-            datatype = DataType.from_numpy(arr.dtype)
-            response.outputs.add(name=name, datatype=datatype.value, shape=[int(d) for d in arr.shape])
-            response.raw_output_contents.append(b"")
-            continue
-        datatype, data = _raw_bytes(name, arr)
-        response.outputs.add(name=name, datatype=datatype.value, shape=[int(d) for d in arr.shape])
-        response.raw_output_contents.append(data)
+    response, datas = response_parts(call, outputs, model_version=model_version, shared_memory=shared_memory)
+    response.raw_output_contents.extend(bytes(d) for d in datas)
     return response

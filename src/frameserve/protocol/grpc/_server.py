@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import asyncio
-import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
+from google.protobuf import message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
-from frameserve.protocol.grpc._auth import TokenInterceptor
+from frameserve._proto import grpc_service_pb2 as pb
+from frameserve.protocol.grpc._auth import ThreadedTokenInterceptor
 from frameserve.protocol.grpc._servicer import GrpcInferenceServicer
+from frameserve.protocol.grpc._threaded import DEFAULT_THREADS, ThreadedGrpcServer, threaded_handlers
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.tokens import TokenTable
 from frameserve.service import InferenceService
 from frameserve.shm import SharedMemoryRegistry
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "HealthServicer", "bound_port", "create_server"]
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "SERVICE_NAME",
+    "HealthServicer",
+    "bound_port",
+    "create_server",
+    "message_classes",
+    "method_handlers",
+]
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Largest request or response message, in bytes (gRPC's own default is 4 MiB, too small for
@@ -25,8 +36,6 @@ image batches). A larger request is refused by gRPC with RESOURCE_EXHAUSTED."""
 
 _SERVING: int = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
-
-_PORTS: weakref.WeakKeyDictionary[grpc.aio.Server, int] = weakref.WeakKeyDictionary()
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]  # grpc_health ships no stubs
@@ -85,12 +94,14 @@ def create_server(
     tls: tuple[bytes, bytes] | None = None,
     limits: TensorLimits = DEFAULT_LIMITS,
     shared_memory: SharedMemoryRegistry | None = None,
-) -> grpc.aio.Server:
-    """Build (not start) a gRPC server for ``service`` listening on ``address``.
+    threads: int = DEFAULT_THREADS,
+) -> ThreadedGrpcServer:
+    """Build (not start) the gRPC server for ``service`` listening on ``address``: a thread-pool
+    ``grpc.server`` (:mod:`frameserve.protocol.grpc._threaded` says why not ``grpc.aio``).
 
     It serves ``inference.GRPCInferenceService`` (Triton's / KServe v2's gRPC protocol) and the
-    standard ``grpc.health.v1.Health`` (see :class:`HealthServicer`). Call it where the server's
-    event loop runs, then ``await server.start()``; :func:`bound_port` gives the port (useful
+    standard ``grpc.health.v1.Health`` (see :class:`HealthServicer`). ``server.start()`` returns
+    at once, ``server.stop(grace_s)`` once it stopped; :func:`bound_port` gives the port (useful
     with port 0).
 
     Args:
@@ -105,38 +116,104 @@ def create_server(
         limits: caps on declared shapes and BYTES elements of inference requests.
         shared_memory: the server's registry of client system shared-memory regions (shared
             with the HTTP routes); ``None``: the extension is refused.
+        threads: the pool's threads (calls in progress at once; a stream holds one).
 
     Raises:
-        ValueError: ``max_message_bytes`` < 1.
+        ValueError: ``max_message_bytes`` or ``threads`` < 1.
         RuntimeError: the address cannot be bound (from gRPC).
     """
     if max_message_bytes < 1:
         raise ValueError(f"max_message_bytes must be >= 1, got {max_message_bytes}")
-    interceptors = [TokenInterceptor(tokens, auth_health=auth_health)] if tokens is not None else []
-    server = grpc.aio.server(
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    interceptors = [ThreadedTokenInterceptor(tokens, auth_health=auth_health)] if tokens is not None else []
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=threads, thread_name_prefix="frameserve-grpc"),
         interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),  # a second server on a taken port fails instead of sharing it
-        ]
+        ],
     )
     servicer = GrpcInferenceServicer(
         service, model_control_mode=model_control_mode, limits=limits, shared_memory=shared_memory
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]  # protoc's code
-    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(servicer), server)
+    loop = asyncio.new_event_loop()
+    handlers = threaded_handlers(servicer, HealthServicer(servicer), loop)
+    server.add_generic_rpc_handlers((
+        method_handlers(SERVICE_NAME, handlers, raw={"ModelInfer": handlers.ModelInferRaw}),
+        method_handlers("grpc.health.v1.Health", handlers),
+    ))
     if tls is not None:
-        _PORTS[server] = server.add_secure_port(address, grpc.ssl_server_credentials([tls]))
+        port = server.add_secure_port(address, grpc.ssl_server_credentials([tls]))
     else:
-        _PORTS[server] = server.add_insecure_port(address)
-    return server
+        port = server.add_insecure_port(address)
+    return ThreadedGrpcServer(server, port, loop)
 
 
-def bound_port(server: grpc.aio.Server) -> int:
-    """The port a server made by :func:`create_server` listens on.
+SERVICE_NAME = "inference.GRPCInferenceService"
+"""The full name of the inference service (``grpc_service.proto``)."""
 
-    Raises:
-        KeyError: ``server`` was not made by :func:`create_server`.
+
+def method_handlers(
+    service_name: str, servicer: Any, *, raw: Mapping[str, Callable[..., Any]] | None = None,
+    raw_all: bool = False, streaming: Mapping[str, Callable[..., Any]] | None = None,
+) -> grpc.GenericRpcHandler:
+    """The handlers of every RPC of ``service_name`` (from the compiled descriptors; the method
+    of ``servicer`` with the RPC's name serves it), as one generic handler.
+
+    Args:
+        raw: unary RPCs served by the given callables instead, bytes in and bytes out (no
+            deserializer, no serializer).
+        raw_all: every unary RPC bytes in and out (a front end that hands them on).
+        streaming: streaming RPCs served by the given callables instead (messages in and out).
     """
-    return _PORTS[server]
+    service = _DESCRIPTORS[service_name]
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in service.methods:
+        name = method.name
+        fn = (raw or {}).get(name)
+        is_streaming = method.client_streaming or method.server_streaming
+        if fn is not None or (raw_all and not is_streaming):
+            handlers[name] = grpc.unary_unary_rpc_method_handler(fn or getattr(servicer, name))
+            continue
+        request = _message_class(method.input_type)
+        response = _message_class(method.output_type)
+        fn = (streaming or {}).get(name) or getattr(servicer, name)
+        if method.client_streaming and method.server_streaming:
+            make = grpc.stream_stream_rpc_method_handler
+        elif method.server_streaming:
+            make = grpc.unary_stream_rpc_method_handler
+        elif method.client_streaming:
+            make = grpc.stream_unary_rpc_method_handler
+        else:
+            make = grpc.unary_unary_rpc_method_handler
+        handlers[name] = make(fn, request_deserializer=request.FromString, response_serializer=response.SerializeToString)
+    return grpc.method_handlers_generic_handler(service_name, handlers)
+
+
+def _message_class(descriptor: Any) -> Any:
+    return message_factory.GetMessageClass(descriptor)
+
+
+def message_classes(method: str) -> tuple[Any, Any] | None:
+    """``(request class, response class)`` of a unary RPC (``/package.Service/Method``) of the
+    services :func:`create_server` serves; ``None`` for any other method, or a streaming one."""
+    service_name, _, name = method[1:].rpartition("/")
+    service = _DESCRIPTORS.get(service_name)
+    found = service.methods_by_name.get(name) if service is not None else None
+    if found is None or found.client_streaming or found.server_streaming:
+        return None
+    return _message_class(found.input_type), _message_class(found.output_type)
+
+
+_DESCRIPTORS = {
+    SERVICE_NAME: pb.DESCRIPTOR.services_by_name["GRPCInferenceService"],
+    "grpc.health.v1.Health": health_pb2.DESCRIPTOR.services_by_name["Health"],
+}
+
+
+def bound_port(server: ThreadedGrpcServer) -> int:
+    """The port a server made by :func:`create_server` listens on."""
+    return server.port

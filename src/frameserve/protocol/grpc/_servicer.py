@@ -14,23 +14,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-import numpy as np
 from google.protobuf import json_format
 
-from frameserve._memory import trim_after
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
 from frameserve._proto import model_config_pb2 as mc
 from frameserve.errors import FrameserveError, InvalidInputError, SharedMemoryNotFoundError
-from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
-from frameserve.protocol.grpc._codec import (
-    decode_infer_request,
-    encode_infer_response,
-    parameter_value,
-    parse_version,
-)
+from frameserve.protocol import check_model_control
+from frameserve.protocol.grpc._codec import encode_infer_response, parameter_value, parse_version
+from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request
 from frameserve.repository import config_override
-from frameserve.request import InferRequest
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.service import InferenceService
 from frameserve.shm import EXTENSION as SHM_EXTENSION
@@ -43,28 +36,8 @@ _log = logging.getLogger(__name__)
 _R = TypeVar("_R")
 
 
-_OFFLOAD_ELEMENTS = 1 << 18
-"""Decode typed contents and encode outputs with more elements than this (262,144) in a worker
-thread; requests with BYTES inputs and responses with BYTES outputs too."""
-
-
-def _costly(request: pb.ModelInferRequest) -> bool:
-    """Whether decoding ``request`` takes long enough to stall the event loop: BYTES inputs of
-    many elements (a Python object each) or large typed ``contents`` lists (raw fixed-size
-    tensors are zero-copy views and never are)."""
-    raw = bool(request.raw_input_contents)
-    for tensor in request.inputs:
-        if tensor.datatype == "BYTES":  # its size is not known without copying it out of the message
-            return True
-        count = 1
-        for d in tensor.shape:
-            count *= max(int(d), 0)
-        if not raw and count > _OFFLOAD_ELEMENTS:
-            return True
-    return False
-
-
-def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status and message an error is answered with (see the module docstring)."""
     if isinstance(exc, FrameserveError):
         return grpc.StatusCode.__members__.get(exc.grpc_status, grpc.StatusCode.INTERNAL), exc.message
     return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
@@ -80,7 +53,7 @@ def _handled(
         try:
             return await method(self, request, context)
         except Exception as exc:  # noqa: BLE001 - every error becomes a status
-            code, message = _status(exc)
+            code, message = status_of(exc)
             if code is grpc.StatusCode.INTERNAL:
                 _log.warning("%s failed: %s", method.__name__, message, exc_info=not isinstance(exc, FrameserveError))
             await context.abort(code, message)
@@ -183,45 +156,23 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ---------------------------------------------------------------------------
 
-    async def _run(self, call: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
-        future = self.service.submit(call, run_here_under_us=RUN_HERE_UNDER_US)
-        if future.done():  # ran on this thread (a fast model, nothing queued)
-            return future.result()
-        return await asyncio.wrap_future(future)
-
-    def _version_used(self, call: InferRequest) -> str:
-        if call.model_version is not None:
-            return str(call.model_version)
-        try:
-            return str(self.service.version_for(call.model_name))
-        except FrameserveError:  # unloaded meanwhile: the answer still stands
-            return ""
-
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        shm = self.shared_memory.use() if self.shared_memory is not None else None
-        try:
-            if _costly(request):  # many BYTES elements or typed values: decode off the event loop
-                call = await asyncio.to_thread(decode_infer_request, request, self.limits, shared_memory=shm)
-            else:
-                call = decode_infer_request(request, self.limits, shared_memory=shm)
-            outputs = await self._run(call)
-            version = self._version_used(call)
-            if sum(a.size for a in outputs.values()) > _OFFLOAD_ELEMENTS or any(a.dtype == object for a in outputs.values()):
-                response = await asyncio.to_thread(
-                    encode_infer_response, call, outputs, model_version=version, shared_memory=shm
-                )
-            else:
-                response = encode_infer_response(call, outputs, model_version=version, shared_memory=shm)
-        finally:
-            if shm is not None:  # the regions it used may be unmapped now (unregistered meanwhile)
-                shm.release()
-        in_regions = shm.input_bytes if shm is not None else 0  # mapped, not on the heap
-        trim_after(sum(a.nbytes for a in call.inputs.values() if a.dtype != object) - in_regions)
-        return response
+        return await infer(self.service, request, self.limits, self.shared_memory, encode=encode_infer_response)
 
     @_handled
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         return await self._infer(request)
+
+    @_handled
+    async def ModelInferRaw(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """``ModelInfer`` as the server registers it: the request's bytes in, the response's
+        bytes out (:mod:`frameserve.protocol.grpc._infer`: large raw contents are never copied
+        out of the message)."""
+        request, raws = parse_infer_request(data)
+        return await infer(
+            self.service, request, self.limits, self.shared_memory, raw_contents=raws,
+            encode=encode_infer_response_bytes,
+        )
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
@@ -232,7 +183,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 response = await self._infer(request)
             except Exception as exc:  # noqa: BLE001 - reported in the stream
-                _, message = _status(exc)
+                _, message = status_of(exc)
                 yield pb.ModelStreamInferResponse(
                     error_message=message,
                     infer_response=pb.ModelInferResponse(

@@ -36,37 +36,34 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match
 
-from frameserve._memory import trim_after
 from frameserve.errors import (
     FrameserveError,
-    InferenceError,
     InvalidInputError,
-    ModelNotFoundError,
-    ModelNotReadyError,
-    PayloadTooLargeError,
 )
-from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
+from frameserve.protocol import check_model_control
 from frameserve.protocol.http import codec
 from frameserve.protocol.http._auth import HttpGate
+from frameserve.protocol.http._infer import InferFastPath, InferFirst, InferHeaders, read_limited
+from frameserve.protocol.http._infer import infer as _infer
+from frameserve.protocol.http._infer import version_of as _version
 from frameserve.protocol.http._shm import shared_memory_routes
 from frameserve.repository import config_override
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.tokens import TokenTable
 from frameserve.service import InferenceService
 from frameserve.shm import EXTENSION as SHM_EXTENSION
-from frameserve.shm import SharedMemoryRegistry, SharedMemoryUse
+from frameserve.shm import SharedMemoryRegistry
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "HTTP_EXTENSIONS", "create_app", "create_metrics_app"]
 
@@ -80,8 +77,6 @@ HTTP_EXTENSIONS: tuple[str, ...] = ("binary_tensor_data",)
 (:data:`frameserve.service.EXTENSIONS`) in ``/v2``."""
 
 _JSON = "application/json"
-_OFFLOAD_BYTES = 1 << 20  # decode/encode bodies larger than this off the event loop
-_OFFLOAD_BYTES_BINARY = 64 << 10  # ... and BYTES binary data larger than this
 _PROMETHEUS_TEXT = CONTENT_TYPE_LATEST
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -95,15 +90,6 @@ def _error(exc: FrameserveError) -> Response:
     return Response(codec.error_body(exc.message), status_code=exc.http_status, media_type=_JSON)
 
 
-def _version(raw: str | None) -> int | None:
-    """A URL's ``{v}`` as an int (``None`` when absent or empty)."""
-    if raw is None or raw == "":
-        return None
-    if not raw.isascii() or not raw.isdigit():
-        raise ModelNotFoundError(f"model version {raw!r} is not a version number")
-    return int(raw)
-
-
 _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 """The methods a 405's ``Allow`` may list."""
 
@@ -114,29 +100,9 @@ def _metrics_text(service: InferenceService) -> bytes:
     return bytes(generate_latest(service.metrics.registry))
 
 
-async def _read_limited(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
-    """A body from its chunks, refusing (413) as soon as it is known to exceed ``limit`` bytes.
-
-    Raises:
-        PayloadTooLargeError: ``Content-Length`` (``declared``) or the bytes read exceed ``limit``.
-        ClientDisconnect: the client went away.
-    """
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(f"the request body is {declared} bytes, over the limit of {limit} bytes")
-    parts: list[bytes] = []
-    total = 0
-    async for chunk in chunks:
-        total += len(chunk)
-        if total > limit:
-            raise PayloadTooLargeError(f"the request body exceeds the limit of {limit} bytes")
-        if chunk:
-            parts.append(chunk)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
 async def _read_body(request: Request, limit: int) -> bytes:
     """The raw body of a Starlette request (see :func:`_read_limited`)."""
-    return await _read_limited(request.stream(), request.headers.get("content-length"), limit)
+    return await read_limited(request.stream(), request.headers.get("content-length"), limit)
 
 
 async def _optional_json(request: Request, limit: int) -> dict[str, Any]:
@@ -238,15 +204,19 @@ def create_app(
     # serve when the app is mounted elsewhere, and give other methods their 405.
     async def infer(request: Request) -> Response:
         p = request.path_params
-        status, headers, body = await _infer(
-            service, p["model"], p.get("version"), request.headers, request.stream(), max_body_bytes, limits,
+        headers = InferHeaders.of(request.scope["headers"])
+        status, raw_headers, parts = await _infer(
+            service, p["model"], p.get("version"), headers,
+            lambda: read_limited(request.stream(), headers.content_length, max_body_bytes), max_body_bytes, limits,
             shared_memory,
         )
-        return Response(body, status, headers=headers)
+        response = Response(b"".join(parts), status)
+        response.raw_headers = [*raw_headers, (b"content-length", str(len(response.body)).encode())]
+        return response
 
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         route(prefix + "/infer", "POST")(infer)
-    app.infer_fast_path = _InferFastPath(service, max_body_bytes, limits, shared_memory)
+    app.infer_fast_path = InferFastPath(service, max_body_bytes, limits, shared_memory)
 
     # -- health and metadata -----------------------------------------------------------------
 
@@ -350,188 +320,21 @@ def _load_override(name: str, doc: dict[str, Any]) -> dict[str, Any] | None:
     return config_override(name, params)
 
 
-async def _infer(
-    service: InferenceService,
-    name: str,
-    raw_version: str | None,
-    headers: Mapping[str, str],
-    chunks: AsyncIterator[bytes],
-    max_body_bytes: int,
-    limits: TensorLimits = DEFAULT_LIMITS,
-    shared_memory: SharedMemoryRegistry | None = None,
-) -> tuple[int, dict[str, str], bytes]:
-    """One inference request, from path parameters, lower-case headers and body chunks to
-    ``(status, response headers, response body)``; every error becomes its ``{"error"}`` answer.
-    Tensors in ``shared_memory`` regions are read and written there; the regions are held until
-    the answer is built (:class:`~frameserve.shm.SharedMemoryUse`).
-
-    Raises:
-        ClientDisconnect: the client went away while its body was being read.
-    """
-    if shared_memory is None:
-        return await _infer_with(service, name, raw_version, headers, chunks, max_body_bytes, limits, None)
-    shm = shared_memory.use()
-    try:
-        return await _infer_with(service, name, raw_version, headers, chunks, max_body_bytes, limits, shm)
-    finally:
-        shm.release()
-
-
-async def _infer_with(
-    service: InferenceService,
-    name: str,
-    raw_version: str | None,
-    headers: Mapping[str, str],
-    chunks: AsyncIterator[bytes],
-    max_body_bytes: int,
-    limits: TensorLimits,
-    shm: SharedMemoryUse | None,
-) -> tuple[int, dict[str, str], bytes]:
-    version: int | None = None
-    model_version = ""  # the version the request runs on, once known
-    try:
-        version = _version(raw_version)
-        model_version = str(service.version_for(name, version))
-        raw = await _read_limited(chunks, headers.get("content-length"), max_body_bytes)
-        encoding = headers.get("content-encoding")
-        if encoding and len(raw) > _OFFLOAD_BYTES:
-            body = await asyncio.to_thread(codec.decode_content, raw, encoding, max_bytes=max_body_bytes)
-        else:
-            body = codec.decode_content(raw, encoding, max_bytes=max_body_bytes)
-        header_length = codec.parse_header_length(headers.get(codec.HEADER_LENGTH), len(body))
-        decode = functools.partial(
-            codec.decode_request, model_name=name, model_version=version, limits=limits, shared_memory=shm
-        )
-        if _costly(body, header_length):
-            req = await asyncio.to_thread(decode, body, header_length)
-        else:
-            req = decode(body, header_length)
-    except (ModelNotFoundError, ModelNotReadyError) as exc:  # no such model (version): nothing to count
-        return _error_answer(exc)
-    except FrameserveError as exc:
-        service.record_failure(name, model_version, exc)
-        return _error_answer(exc)
-    try:
-        future = service.submit(req, run_here_under_us=RUN_HERE_UNDER_US)
-        # Done already when it ran on this thread (a fast model, nothing queued).
-        outputs = future.result() if future.done() else await asyncio.wrap_future(future)
-    except FrameserveError as exc:  # the service counts the failures it sees itself
-        return _error_answer(exc)
-    except Exception as exc:
-        log.exception("model %r failed", name)
-        err = InferenceError(f"model {name!r}: {type(exc).__name__}: {exc}")
-        service.record_failure(name, model_version, err)
-        return _error_answer(err)
-    kwargs: dict[str, Any] = {
-        "model_name": name, "model_version": model_version, "outputs": outputs, "request_id": req.id,
-        "requested": req.outputs, "binary_output": req.binary_data_output, "shared_memory": shm,
-    }
-    try:
-        if sum(a.nbytes for a in outputs.values()) > _OFFLOAD_BYTES:
-            body_out, header_length_out = await asyncio.to_thread(lambda: codec.encode_response(**kwargs))
-        else:
-            body_out, header_length_out = codec.encode_response(**kwargs)
-    except FrameserveError as exc:
-        service.record_failure(name, model_version, exc)
-        return _error_answer(exc)
-    out_headers = {"content-type": _JSON}
-    if header_length_out is not None:
-        out_headers[codec.HEADER_LENGTH] = str(header_length_out)
-        out_headers["content-type"] = "application/octet-stream"
-    trim_after(len(raw))
-    accept = headers.get("accept-encoding")
-    if accept:
-        body_out, encoding = codec.encode_content(body_out, accept)
-        if encoding:
-            out_headers["content-encoding"] = encoding
-    return 200, out_headers, body_out
-
-
-def _costly(body: bytes, header_length: int | None) -> bool:
-    """Whether decoding ``body`` may stall the event loop: a JSON part over 1 MiB, or binary
-    data beside a header that declares BYTES tensors (a Python object per element); fixed-size
-    binary tensors are zero-copy views and never are. BYTES tensors in a shared-memory region
-    (their size is not in the body) always are."""
-    json_part = body if header_length is None else body[:header_length]
-    if b"shared_memory_region" in json_part and b'"BYTES"' in json_part:
-        return True
-    if header_length is None:
-        return len(body) > _OFFLOAD_BYTES
-    return header_length > _OFFLOAD_BYTES or (
-        len(body) - header_length > _OFFLOAD_BYTES_BINARY and b'"BYTES"' in body[:header_length]
-    )
-
-
-def _error_answer(exc: FrameserveError) -> tuple[int, dict[str, str], bytes]:
-    return exc.http_status, {"content-type": _JSON}, codec.error_body(exc.message)
-
-
-_INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]*))?/infer")
-
-
-class _InferFastPath:
-    """Answers ``POST /v2/models/{m}[/versions/{v}]/infer`` straight from the raw ASGI messages:
-    the hot path skips FastAPI's instrumentation, middleware, routing and request/response
-    objects."""
-
-    def __init__(
-        self,
-        service: InferenceService,
-        max_body_bytes: int,
-        limits: TensorLimits = DEFAULT_LIMITS,
-        shared_memory: SharedMemoryRegistry | None = None,
-    ) -> None:
-        self.service = service
-        self.max_body_bytes = max_body_bytes
-        self.limits = limits
-        self.shared_memory = shared_memory
-
-    async def __call__(self, match: re.Match[str], scope: Any, receive: Any, send: Any) -> None:
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-
-        async def chunks() -> AsyncIterator[bytes]:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientDisconnect()
-                yield message.get("body", b"")
-                if not message.get("more_body", False):
-                    return
-
-        try:
-            status, out_headers, body = await _infer(
-                self.service, match.group(1), match.group(2), headers, chunks(), self.max_body_bytes, self.limits,
-                self.shared_memory,
-            )
-        except ClientDisconnect:
-            return
-        except Exception as exc:  # a bug must not take the server down; say what it was
-            log.exception("POST %s failed", scope["path"])
-            status, out_headers = 500, {"content-type": _JSON}
-            body = codec.error_body(f"internal error: {type(exc).__name__}: {exc}")
-        raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in out_headers.items()]
-        raw_headers.append((b"content-length", str(len(body)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-        await send({"type": "http.response.body", "body": body})
-
-
 class _V2App(FastAPI):
-    """The FastAPI application, with inference POSTs dispatched before FastAPI's own layers."""
+    """The FastAPI application, with the gate and inference POSTs dispatched before FastAPI's
+    own layers (:class:`~frameserve.protocol.http._infer.InferFirst`)."""
 
-    infer_fast_path: _InferFastPath | None = None
+    infer_fast_path: InferFastPath | None = None
     gate: HttpGate | None = None
+    _front: InferFirst | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        gate = self.gate
-        if gate is not None and scope["type"] == "http" and not await gate.admit(scope, send):
-            return
-        fast = self.infer_fast_path
-        if fast is not None and scope["type"] == "http" and scope["method"] == "POST":
-            match = _INFER_PATH.fullmatch(scope["path"])
-            if match is not None:
-                await fast(match, scope, receive, send)
-                return
-        await super().__call__(scope, receive, send)
+        front = self._front
+        if front is None or front.fast is not self.infer_fast_path or front.gate is not self.gate:
+            front = self._front = InferFirst(
+                functools.partial(FastAPI.__call__, self), gate=self.gate, fast=self.infer_fast_path
+            )
+        await front(scope, receive, send)
 
 
 def create_metrics_app(

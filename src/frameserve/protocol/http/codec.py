@@ -50,6 +50,7 @@ __all__ = [
     "decode_request",
     "encode_content",
     "encode_response",
+    "encode_response_parts",
     "error_body",
     "parse_header_length",
 ]
@@ -202,19 +203,23 @@ def decode_request(
         raise InvalidInputError(f"an inference request must be a JSON object, got {_kind(doc)}")
 
     req_id = doc.get("id", "")
-    if not isinstance(req_id, str):
+    if type(req_id) is not str:
         raise InvalidInputError(f"request 'id' must be a string, got {_kind(req_id)}")
-    params = dict(_mapping(doc.get("parameters"), "request 'parameters'"))
-    binary_output = _flag(params, "binary_data_output", "request") or False
-    params.pop("binary_data_output", None)
-    priority = _count(params.pop("priority", 0), "priority", "request")
-    timeout_us = _count(params.pop("timeout", 0), "timeout", "request")
-    for key in _SEQUENCE_PARAMS:
-        if params.get(key) not in (None, 0, False, ""):
-            raise InvalidInputError(
-                f"request parameter {key!r}: sequence batching is not supported by this server"
-            )
-        params.pop(key, None)
+    raw_params = doc.get("parameters")
+    binary_output, priority, timeout_us = False, 0, 0
+    params: dict[str, Any] = {}
+    if raw_params is not None:  # most requests have none: skip the work
+        params = dict(_mapping(raw_params, "request 'parameters'"))
+        binary_output = _flag(params, "binary_data_output", "request") or False
+        params.pop("binary_data_output", None)
+        priority = _count(params.pop("priority", 0), "priority", "request")
+        timeout_us = _count(params.pop("timeout", 0), "timeout", "request")
+        for key in _SEQUENCE_PARAMS:
+            if params.get(key) not in (None, 0, False, ""):
+                raise InvalidInputError(
+                    f"request parameter {key!r}: sequence batching is not supported by this server"
+                )
+            params.pop(key, None)
 
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list):
@@ -223,19 +228,21 @@ def decode_request(
     offset = 0
     inputs: dict[str, np.ndarray[Any, Any]] = {}
     heads = [_input_head(item, i) for i, item in enumerate(raw_inputs)]
-    limits.check_bytes_elements(
-        "request",
-        sum(limits.check_shape(f"input {name!r}", shape) for name, datatype, shape, _ in heads if datatype is DataType.BYTES),
-    )
-    limits.check_bytes_data("request", sum(size or 0 for _, datatype, _, size in heads if datatype is DataType.BYTES))
-    for item, (name, datatype, shape, size) in zip(raw_inputs, heads, strict=True):
-        limits.check_shape(f"input {name!r}", shape)
+    counts = [_checked_count(limits, head[0], head[2]) for head in heads]
+    if any(head[1] is DataType.BYTES for head in heads):
+        limits.check_bytes_elements(
+            "request", sum(n for n, head in zip(counts, heads, strict=True) if head[1] is DataType.BYTES)
+        )
+        limits.check_bytes_data("request", sum(size or 0 for _, datatype, _, size, _ in heads if datatype is DataType.BYTES))
+    for item, (name, datatype, shape, size, tensor_params) in zip(raw_inputs, heads, strict=True):
         if name in inputs:
             raise InvalidInputError(f"input {name!r} is given twice")
-        location = shm_location(item.get("parameters"), f"input {name!r}")
-        if location is not None:  # the system shared-memory extension
-            inputs[name] = _shm_input(shared_memory, item, name, datatype, shape, size, location)
-            continue
+        # the system shared-memory extension (parameters other than binary_data_size alone)
+        if tensor_params and (size is None or len(tensor_params) > 1):
+            location = shm_location(tensor_params, f"input {name!r}")
+            if location is not None:
+                inputs[name] = _shm_input(shared_memory, item, name, datatype, shape, size, location)
+                continue
         if size is None:
             if "data" not in item:
                 raise InvalidInputError(f"input {name!r} has neither 'data' nor a 'binary_data_size' parameter")
@@ -261,35 +268,52 @@ def decode_request(
     )
 
 
-def _input_head(item: Any, index: int) -> tuple[str, DataType, tuple[int, ...], int | None]:
-    if not isinstance(item, dict):
+_DATATYPES: dict[str, DataType] = {m.value: m for m in DataType}
+
+
+def _input_head(
+    item: Any, index: int
+) -> tuple[str, DataType, tuple[int, ...], int | None, dict[str, Any]]:
+    """``(name, datatype, shape, binary_data_size or None, parameters)`` of one request input."""
+    if type(item) is not dict:
         raise InvalidInputError(f"inputs[{index}] must be a JSON object, got {_kind(item)}")
     name = item.get("name")
-    if not isinstance(name, str) or not name:
+    if type(name) is not str or not name:
         raise InvalidInputError(f"inputs[{index}] needs a non-empty string 'name'")
     raw_dt = item.get("datatype")
-    if not isinstance(raw_dt, str):
+    if type(raw_dt) is not str:
         raise TensorError(f"input {name!r} needs a string 'datatype' (FP32, INT64, BYTES, ...)")
-    try:
-        datatype = DataType(raw_dt)
-    except ValueError:
+    datatype = _DATATYPES.get(raw_dt)
+    if datatype is None:
         accepted = ", ".join(m.value for m in DataType)
-        raise TensorError(f"input {name!r}: unknown datatype {raw_dt!r}; accepted: {accepted}") from None
+        raise TensorError(f"input {name!r}: unknown datatype {raw_dt!r}; accepted: {accepted}")
     raw_shape = item.get("shape")
-    if (
-        not isinstance(raw_shape, list)
-        or len(raw_shape) > _MAX_RANK
-        or not all(_is_int(d) and d >= 0 for d in raw_shape)
-    ):
+    if type(raw_shape) is not list or len(raw_shape) > _MAX_RANK or not all(type(d) is int and d >= 0 for d in raw_shape):
         raise TensorError(
             f"input {name!r}: 'shape' must be an array of at most {_MAX_RANK} non-negative integers, got "
             f"{str(raw_shape)[:80]}"
         )
-    params = _mapping(item.get("parameters"), f"input {name!r} 'parameters'")
-    size = params.get("binary_data_size")
-    if size is not None:
-        size = _count(size, "binary_data_size", f"input {name!r}")
-    return name, datatype, tuple(raw_shape), size
+    params = item.get("parameters")
+    size = None
+    if params is not None:
+        params = _mapping(params, f"input {name!r} 'parameters'")
+        size = params.get("binary_data_size")
+        if size is not None:
+            size = _count(size, "binary_data_size", f"input {name!r}")
+    return name, datatype, tuple(raw_shape), size, params or {}
+
+
+def _checked_count(limits: TensorLimits, name: str, shape: tuple[int, ...]) -> int:
+    """The element count of an input's shape, after :meth:`TensorLimits.check_shape`'s cap (a
+    dimension over the cap makes the product of the non-zero dimensions over it too, so one
+    product decides; the limits' own check words the refusal)."""
+    nonzero = 1
+    for d in shape:
+        if d:
+            nonzero *= d
+    if nonzero > limits.max_tensor_elements:
+        limits.check_shape(f"input {name!r}", shape)
+    return math.prod(shape)
 
 
 def _shm_input(
@@ -321,14 +345,18 @@ def _requested_outputs(raw: Any, shared_memory: SharedMemoryUse | None = None) -
         if name in seen:
             raise InvalidInputError(f"output {name!r} is requested twice")
         seen.add(name)
-        params = dict(_mapping(item.get("parameters"), f"output {name!r} 'parameters'"))
+        raw_params = item.get("parameters")
+        if raw_params is None:  # most outputs: nothing more to read
+            out.append(RequestedOutput(name, None, {}))
+            continue
+        params = dict(_mapping(raw_params, f"output {name!r} 'parameters'"))
         if params.get("classification") not in (None, 0):
             raise InvalidInputError(
                 f"output {name!r}: the classification extension is not supported by this server"
             )
         binary = _flag(params, "binary_data", f"output {name!r}")
         params.pop("binary_data", None)
-        location = shm_location(params, f"output {name!r}")
+        location = shm_location(params, f"output {name!r}") if params else None
         if location is not None:  # written into the region; its answer carries no data
             if binary:
                 raise InvalidInputError(f"output {name!r} can't set both 'shared_memory_region' and 'binary_data'")
@@ -468,17 +496,43 @@ def encode_response(
         TensorError: an output array whose dtype has no v2 datatype.
         SharedMemoryError: an output region smaller than its output.
     """
-    flags = {o.name: o.binary_data for o in requested}
+    header, chunks = encode_response_parts(
+        model_name=model_name, model_version=model_version, outputs=outputs, request_id=request_id,
+        requested=requested, binary_output=binary_output, parameters=parameters, shared_memory=shared_memory,
+    )
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def encode_response_parts(
+    *,
+    model_name: str,
+    model_version: str,
+    outputs: Mapping[str, np.ndarray[Any, Any]],
+    request_id: str = "",
+    requested: tuple[RequestedOutput, ...] = (),
+    binary_output: bool = False,
+    parameters: Mapping[str, Any] | None = None,
+    shared_memory: SharedMemoryUse | None = None,
+) -> tuple[bytes, list[bytes]]:
+    """:func:`encode_response` without joining: ``(JSON header, binary chunks)``; the body is
+    their concatenation, ``Inference-Header-Content-Length`` the header's length when there are
+    chunks. A server writes the parts one after the other (no copy of the tensors into one
+    buffer). Same arguments and errors as :func:`encode_response`."""
+    flags = {o.name: o.binary_data for o in requested} if requested else None
     entries: list[dict[str, Any]] = []
     chunks: list[bytes] = []
+    in_regions = shared_memory.outputs if shared_memory is not None else None
     for name, arr in outputs.items():
         datatype = _datatype_of(arr.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": datatype.value, "shape": list(arr.shape)}
-        if shared_memory is not None and name in shared_memory.outputs:
+        if in_regions and name in in_regions:
+            assert shared_memory is not None
             shared_memory.write_output(name, arr)
             entries.append(entry)
             continue
-        binary = flags.get(name)
+        binary = flags.get(name) if flags is not None else None
         if binary is None:
             binary = binary_output
         if binary:
@@ -494,10 +548,7 @@ def encode_response(
     if parameters:
         doc["parameters"] = dict(parameters)
     doc["outputs"] = entries
-    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not chunks:
-        return header, None
-    return b"".join([header, *chunks]), len(header)
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), chunks
 
 
 def _to_json(datatype: DataType, arr: np.ndarray[Any, Any]) -> Any:

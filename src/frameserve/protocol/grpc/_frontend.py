@@ -1,0 +1,239 @@
+"""gRPC for ``serve --grpc-workers N``: the front end's server and the owner's side of what it
+hands on.
+
+A front-end process serves the whole of ``inference.GRPCInferenceService`` and
+``grpc.health.v1.Health`` on the shared port (``SO_REUSEPORT``): ``ModelInfer`` and each message
+of ``ModelStreamInfer`` for a model the front end knows to be loaded run here (decode, then the
+channel to the model-owning process, then encode: :func:`frameserve.protocol.grpc._infer.infer`
+over the front end's :class:`~frameserve.protocol._core.InferCore`); every other call, and
+inference for a model it does not know of, is handed whole (method and serialized request) to
+the owner, whose servicer answers it (:func:`call_unary`) with the exact answer a single-process
+server gives. ``Health.Watch`` asks the owner's ``Check`` once a second. Tokens are checked here
+(the same :class:`~frameserve.protocol.grpc._auth.TokenInterceptor`); the owner trusts its
+front ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from frameserve._proto import grpc_service_pb2 as pb
+from frameserve.protocol._core import InferCore, RegionSource
+from frameserve.protocol.grpc._auth import TokenInterceptor
+from frameserve.protocol.grpc._codec import encode_infer_response
+from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request
+from frameserve.protocol.grpc._server import SERVICE_NAME, message_classes, method_handlers
+from frameserve.protocol.grpc._servicer import status_of
+from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.security.tokens import TokenTable
+
+__all__ = ["RpcStatus", "call_unary", "create_frontend_server"]
+
+Forward = Callable[[str, bytes], Awaitable[bytes]]
+"""Hands one unary call (``/package.Service/Method``, serialized request) to the owner; returns
+the serialized response or raises :class:`RpcStatus`."""
+
+_MODEL_INFER = f"/{SERVICE_NAME}/ModelInfer"
+_HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+_WATCH_INTERVAL_S = 1.0
+
+
+class RpcStatus(Exception):
+    """A call answered with a non-OK status (code name, e.g. ``"NOT_FOUND"``, and details)."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(code, details)
+        self.code = code
+        self.details = details
+
+
+class _Context:
+    """The servicer context of a call handed on by a front end: ``abort`` raises
+    :class:`RpcStatus` (what the servicer's handlers use of a context)."""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise RpcStatus(code.name, details)
+
+    def invocation_metadata(self) -> tuple[Any, ...]:
+        return ()
+
+
+async def call_unary(servicer: Any, health: Any, method: str, data: bytes) -> bytes:
+    """The owner's side: run one call a front end handed on with ``servicer`` (the
+    :class:`~frameserve.protocol.grpc.GrpcInferenceServicer`) or ``health`` (its
+    :class:`~frameserve.protocol.grpc.HealthServicer`) and serialize the answer.
+
+    Raises:
+        RpcStatus: the call's status (UNIMPLEMENTED for an unknown or streaming method).
+    """
+    context = _Context()
+    if method == _MODEL_INFER:
+        out: bytes = await servicer.ModelInferRaw(data, context)
+        return out
+    classes = message_classes(method)
+    if classes is None:
+        raise RpcStatus("UNIMPLEMENTED", f"method {method!r} is not served")
+    service_name, name = method[1:].rsplit("/", 1)
+    request_class, _ = classes
+    target = servicer if service_name == SERVICE_NAME else health
+    try:
+        request = request_class.FromString(data)
+        response = await getattr(target, name)(request, context)
+    except RpcStatus:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every error becomes a status
+        code, message = status_of(exc)
+        raise RpcStatus(code.name, message) from None
+    return bytes(response.SerializeToString())
+
+
+class _FrontServicer:
+    """The front end's handlers (see the module docstring)."""
+
+    def __init__(
+        self, core: InferCore, knows: Callable[[str, str], bool], forward: Forward, limits: TensorLimits,
+        shared_memory: RegionSource | None,
+    ) -> None:
+        self.core = core
+        self.knows = knows
+        self.forward = forward
+        self.limits = limits
+        self.shared_memory = shared_memory
+
+    async def ModelInferRaw(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            request, raws = parse_infer_request(data)
+            if not self.knows(request.model_name, request.model_version):
+                return await self.forward(_MODEL_INFER, data)
+            return await infer(
+                self.core, request, self.limits, self.shared_memory, raw_contents=raws,
+                encode=encode_infer_response_bytes,
+            )
+        except RpcStatus as exc:
+            await context.abort(grpc.StatusCode[exc.code], exc.details)
+        except Exception as exc:  # noqa: BLE001 - every error becomes a status
+            code, message = status_of(exc)
+            await context.abort(code, message)
+        raise AssertionError("unreachable")  # context.abort always raises
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        async for request in request_iterator:
+            try:
+                if self.knows(request.model_name, request.model_version):
+                    response = await infer(
+                        self.core, request, self.limits, self.shared_memory, encode=encode_infer_response
+                    )
+                else:
+                    response = pb.ModelInferResponse.FromString(
+                        await self.forward(_MODEL_INFER, request.SerializeToString())
+                    )
+            except Exception as exc:  # noqa: BLE001 - reported in the stream, as the servicer does
+                message = exc.details if isinstance(exc, RpcStatus) else status_of(exc)[1]
+                yield pb.ModelStreamInferResponse(
+                    error_message=message,
+                    infer_response=pb.ModelInferResponse(
+                        model_name=request.model_name, model_version=request.model_version, id=request.id
+                    ),
+                )
+                continue
+            yield pb.ModelStreamInferResponse(infer_response=response)
+
+    async def Watch(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        last: int | None = -1
+        data = request.SerializeToString()
+        while True:
+            try:
+                status: int = health_pb2.HealthCheckResponse.FromString(await self.forward(_HEALTH_CHECK, data)).status
+            except RpcStatus:
+                status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+            if status != last:
+                yield health_pb2.HealthCheckResponse(status=status)
+                last = status
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+
+    def handed_on(self, method: str) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+        """The handler of a unary RPC the owner answers."""
+
+        async def call(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            try:
+                return await self.forward(method, data)
+            except RpcStatus as exc:
+                await context.abort(grpc.StatusCode[exc.code], exc.details)
+            raise AssertionError("unreachable")
+
+        return call
+
+
+class _HandOn:
+    """Looks up handlers by RPC name for :func:`method_handlers`: ``name`` -> the owner's."""
+
+    def __init__(self, front: _FrontServicer, service_name: str) -> None:
+        self._front = front
+        self._service = service_name
+
+    def __getattr__(self, name: str) -> Any:
+        return self._front.handed_on(f"/{self._service}/{name}")
+
+
+def create_frontend_server(
+    core: InferCore,
+    knows: Callable[[str, str], bool],
+    forward: Forward,
+    address: str,
+    *,
+    max_message_bytes: int,
+    tokens: TokenTable | None = None,
+    auth_health: bool = False,
+    tls: tuple[bytes, bytes] | None = None,
+    limits: TensorLimits = DEFAULT_LIMITS,
+    shared_memory: RegionSource | None = None,
+) -> tuple[grpc.aio.Server, int]:
+    """A front end's gRPC server (not started) on ``address``, sharing the port with the other
+    front ends (``grpc.so_reuseport``); returns it and the bound port.
+
+    Args:
+        core: the channel to the model-owning process.
+        knows: whether a ``(model name, version string)`` is loaded as far as this front end
+            knows (requests for others are handed on).
+        forward: hands a unary call to the owner (:data:`Forward`).
+        address: ``host:port`` (the port the owner reserved).
+        max_message_bytes, tokens, auth_health, tls, limits: as
+            :func:`~frameserve.protocol.grpc.create_server`.
+        shared_memory: the front end's stand-in for the owner's region registry.
+
+    Raises:
+        RuntimeError: the address cannot be bound.
+    """
+    interceptors = [TokenInterceptor(tokens, auth_health=auth_health)] if tokens is not None else []
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 1),
+        ],
+    )
+    front = _FrontServicer(core, knows, forward, limits, shared_memory)
+    inference = method_handlers(
+        SERVICE_NAME, _HandOn(front, SERVICE_NAME), raw_all=True,
+        raw={"ModelInfer": front.ModelInferRaw}, streaming={"ModelStreamInfer": front.ModelStreamInfer},
+    )
+    health = method_handlers(
+        "grpc.health.v1.Health", _HandOn(front, "grpc.health.v1.Health"), raw_all=True,
+        streaming={"Watch": front.Watch},
+    )
+    server.add_generic_rpc_handlers((inference, health))
+    if tls is not None:
+        port = server.add_secure_port(address, grpc.ssl_server_credentials([tls]))
+    else:
+        port = server.add_insecure_port(address)
+    return server, port

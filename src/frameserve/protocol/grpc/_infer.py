@@ -1,0 +1,192 @@
+"""The gRPC inference path (``ModelInfer``, each message of ``ModelStreamInfer``) over an
+:class:`~frameserve.protocol._core.InferCore`: decode -> run -> encode, and the raw-bytes form
+``ModelInfer`` is served in.
+
+``ModelInfer`` is registered without a deserializer (:func:`parse_infer_request` reads the
+bytes gRPC hands over) and without a serializer (:func:`encode_infer_response_bytes` writes
+them): a large request's ``raw_input_contents`` are never copied out of the message (its
+entries are found on the wire and become numpy views of the received bytes; only the small
+rest goes through protobuf), and a response's ``raw_output_contents`` are appended to the
+serialized rest once, without first being copied into a message. Protobuf allows that: fields
+may come in any order, and repeated ones concatenate (protobuf.dev, "Encoding": "Order").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from google.protobuf.message import DecodeError
+
+from frameserve._memory import trim_after
+from frameserve._proto import grpc_service_pb2 as pb
+from frameserve.errors import FrameserveError, InvalidInputError
+from frameserve.protocol import RUN_HERE_UNDER_US
+from frameserve.protocol._core import InferCore, Outputs, RegionSource, outputs_of
+from frameserve.protocol.grpc._codec import decode_infer_request, response_parts
+from frameserve.request import InferRequest
+from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.shm import SharedMemoryUse
+
+__all__ = ["encode_infer_response_bytes", "infer", "parse_infer_request", "version_used"]
+
+_R = TypeVar("_R")
+
+OFFLOAD_ELEMENTS = 1 << 18
+"""Decode typed contents and encode outputs with more elements than this (262,144) in a worker
+thread; requests with BYTES inputs and responses with BYTES outputs too."""
+
+_SPLIT_BYTES = 64 << 10  # requests larger than this have their raw contents taken off the wire
+_RAW_INPUT_FIELD = 7  # ModelInferRequest.raw_input_contents
+_RAW_OUTPUT_KEY = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_contents, length-delimited
+
+
+def _costly(request: pb.ModelInferRequest) -> bool:
+    """Whether decoding ``request`` takes long enough to stall the event loop: BYTES inputs of
+    many elements (a Python object each) or large typed ``contents`` lists (raw fixed-size
+    tensors are zero-copy views and never are)."""
+    raw = bool(request.raw_input_contents)
+    for tensor in request.inputs:
+        if tensor.datatype == "BYTES":  # its size is not known without copying it out of the message
+            return True
+        count = 1
+        for d in tensor.shape:
+            count *= max(int(d), 0)
+        if not raw and count > OFFLOAD_ELEMENTS:
+            return True
+    return False
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise InvalidInputError("malformed ModelInferRequest: a varint runs past the message")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def parse_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[memoryview] | None]:
+    """A serialized ``ModelInferRequest`` as the message and, for a large one, its
+    ``raw_input_contents`` entries as views of ``data`` (then the message holds none; ``None``:
+    the message holds them, a small request).
+
+    Raises:
+        InvalidInputError: not a well-formed ModelInferRequest.
+    """
+    if len(data) <= _SPLIT_BYTES:
+        try:
+            return pb.ModelInferRequest.FromString(data), None
+        except DecodeError as exc:
+            raise InvalidInputError(f"malformed ModelInferRequest: {exc}") from None
+    view = memoryview(data)
+    rest: list[memoryview] = []
+    raws: list[memoryview] = []
+    pos = last = 0
+    end = len(data)
+    while pos < end:
+        start = pos
+        key, pos = _varint(data, pos)
+        wire = key & 7
+        if wire == 0:
+            _, pos = _varint(data, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        elif wire == 2:
+            size, pos = _varint(data, pos)
+            if key >> 3 == _RAW_INPUT_FIELD:
+                if pos + size > end:
+                    break  # protobuf reports it below
+                rest.append(view[last:start])
+                raws.append(view[pos : pos + size])
+                last = pos + size
+            pos += size
+        else:
+            raise InvalidInputError(f"malformed ModelInferRequest: wire type {wire} at byte {start}")
+    rest.append(view[last:])
+    try:
+        return pb.ModelInferRequest.FromString(b"".join(rest)), raws
+    except DecodeError as exc:
+        raise InvalidInputError(f"malformed ModelInferRequest: {exc}") from None
+
+
+def _size_prefix(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def encode_infer_response_bytes(
+    call: InferRequest, outputs: Outputs, *, model_version: str = "", shared_memory: SharedMemoryUse | None = None
+) -> bytes:
+    """:func:`~frameserve.protocol.grpc._codec.encode_infer_response` as serialized bytes, the
+    outputs' raw contents appended to the serialized rest (one copy of each tensor). Same
+    errors."""
+    head, datas = response_parts(call, outputs, model_version=model_version, shared_memory=shared_memory)
+    chunks: list[Any] = [head.SerializeToString()]
+    for data in datas:
+        chunks += (_RAW_OUTPUT_KEY, _size_prefix(len(data)), data)
+    return b"".join(chunks)
+
+
+async def infer(
+    core: InferCore,
+    request: pb.ModelInferRequest,
+    limits: TensorLimits = DEFAULT_LIMITS,
+    shared_memory: RegionSource | None = None,
+    *,
+    raw_contents: Sequence[bytes | memoryview] | None = None,
+    encode: Callable[..., _R],
+) -> _R:
+    """One ``ModelInfer``: decode (off the event loop when costly), run on ``core``, encode with
+    ``encode`` (``encode_infer_response`` for a message, :func:`encode_infer_response_bytes`
+    for bytes); ``raw_contents``: the request's raw contents taken off the wire
+    (:func:`parse_infer_request`). Tensors in ``shared_memory`` regions are read and written there, the regions
+    held until the answer is built.
+
+    Raises:
+        FrameserveError: from decoding, the run or encoding (the transport answers its status).
+    """
+    shm = shared_memory.use() if shared_memory is not None else None
+    try:
+        if _costly(request):  # many BYTES elements or typed values: decode off the event loop
+            call = await asyncio.to_thread(
+                decode_infer_request, request, limits, shared_memory=shm, raw_contents=raw_contents
+            )
+        else:
+            call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents)
+        outputs = await outputs_of(core.submit(call, run_here_under_us=RUN_HERE_UNDER_US))
+        version = version_used(core, call)
+        if sum(a.size for a in outputs.values()) > OFFLOAD_ELEMENTS or any(a.dtype == object for a in outputs.values()):
+            response = await asyncio.to_thread(encode, call, outputs, model_version=version, shared_memory=shm)
+        else:
+            response = encode(call, outputs, model_version=version, shared_memory=shm)
+    finally:
+        if shm is not None:  # the regions it used may be unmapped now (unregistered meanwhile)
+            shm.release()
+    in_regions = shm.input_bytes if shm is not None else 0  # mapped, not on the heap
+    trim_after(sum(a.nbytes for a in call.inputs.values() if a.dtype != object) - in_regions)
+    return response
+
+
+def version_used(core: InferCore, call: InferRequest) -> str:
+    """The version a decoded request ran on, for its answer (``""`` if unloaded meanwhile)."""
+    if call.model_version is not None:
+        return str(call.model_version)
+    try:
+        return str(core.version_for(call.model_name))
+    except FrameserveError:  # unloaded meanwhile: the answer still stands
+        return ""

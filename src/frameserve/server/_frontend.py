@@ -1,0 +1,557 @@
+"""One front-end process of ``serve --http-workers N --grpc-workers N``
+(``python -m frameserve.server._frontend_main SOCKET_FD MEMORY_FD``, started by
+:mod:`frameserve.server._workers`).
+
+It binds the server's HTTP and/or gRPC port beside the other front ends (``SO_REUSEPORT``: the
+kernel spreads connections over them), decodes and encodes inference requests itself, and hands
+each one to the model-owning process over its channel (:mod:`frameserve.server._channel`), so
+one batcher per model sees the requests of every front end. Everything else (health, metadata,
+statistics, repository, shared-memory registration, ``/v1/...``, ``/metrics`` on the HTTP
+port), and inference for a model this front end does not know to be loaded, goes whole to the
+owner, whose own application answers it exactly as a single-process server does.
+
+The owner publishes which model versions are loaded (:data:`~frameserve.server._channel.MODELS`,
+acknowledged before a load or unload is answered); client shared-memory regions live in the
+owner only: an input or output in a region is decoded here as its place, and the owner reads
+and writes the region itself (:class:`DeferredRegions`).
+
+The process ends when the owner says so (:data:`~frameserve.server._channel.STOP`: in-flight
+requests finish first), when its channel closes (the owner is gone: at once), or on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import logging
+import os
+import signal
+import socket
+import sys
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from frameserve.errors import ModelNotFoundError, ModelNotReadyError, PayloadTooLargeError
+from frameserve.protocol._core import Outputs
+from frameserve.request import InferRequest
+from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.security.tokens import TokenTable
+from frameserve.server import _channel as ch
+from frameserve.shm import SharedMemoryUse, ShmLocation, client_shm_disabled
+from frameserve.types import DataType
+
+__all__ = ["DeferredRegions", "FrontendConfig", "OwnerChannel", "main"]
+
+log = logging.getLogger("frameserve.server.frontend")
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    """What a front end serves, sent by the owner in its first message.
+
+    Attributes:
+        index: the front end's number (0-based; names it in logs).
+        http, grpc: ``(host, port)`` to serve HTTP / gRPC on (the owner holds the port), or
+            ``None``.
+        max_body_bytes, limits, tokens, auth_health, loopback_hosts_only: as
+            :class:`~frameserve.server.ServerOptions` (``loopback_hosts_only`` for HTTP).
+        tls_cert_file, tls_key_file, tls: the certificate files (uvicorn) and the
+            ``(key, chain)`` PEM bytes (gRPC), or ``None``.
+        allow_client_shm: whether tensors in client shared-memory regions are served.
+        graceful_timeout_s: how long in-flight requests get when it stops.
+        log_level: the ``logging`` level.
+    """
+
+    index: int
+    http: tuple[str, int] | None
+    grpc: tuple[str, int] | None
+    max_body_bytes: int
+    limits: TensorLimits = DEFAULT_LIMITS
+    tokens: TokenTable | None = None
+    auth_health: bool = False
+    loopback_hosts_only: bool = False
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls: tuple[bytes, bytes] | None = None
+    allow_client_shm: bool = False
+    graceful_timeout_s: float | None = 30.0
+    log_level: int = logging.WARNING
+
+
+_USE: contextvars.ContextVar[DeferredUse | None] = contextvars.ContextVar("frameserve_frontend_use", default=None)
+"""The shared-memory use of the request the current task decodes (each HTTP request and each
+gRPC call runs in a task of its own): how :meth:`OwnerChannel.submit` finds the regions the
+request names and the response blocks to give back once it is encoded."""
+
+
+class DeferredUse(SharedMemoryUse):
+    """A request's use of client regions in a front end: inputs and outputs in regions are
+    recorded (the owner reads and writes them), inputs decode as zero-strided placeholders, and
+    :meth:`release` gives back the response-arena blocks of the request's outputs."""
+
+    __slots__ = ("_allowed", "_channel", "_blocks", "_released", "inputs_at")
+
+    def __init__(self, channel: OwnerChannel, allowed: bool) -> None:
+        self._held = []
+        self.outputs = {}
+        self.input_bytes = 0
+        self._channel = channel
+        self._allowed = allowed
+        self._blocks: list[int] = []
+        self._released = False
+        self.inputs_at: dict[str, tuple[str, tuple[int, ...], ShmLocation]] = {}
+        """Input name -> (datatype, shape, place) of the inputs in regions."""
+
+    def input(
+        self, name: str, datatype: DataType, shape: tuple[int, ...], location: ShmLocation
+    ) -> np.ndarray[Any, Any]:
+        if not self._allowed:
+            raise client_shm_disabled()
+        self.inputs_at[name] = (datatype.value, tuple(shape), location)
+        if datatype is not DataType.BYTES:
+            self.input_bytes += location.byte_size
+        return np.broadcast_to(np.zeros((), dtype=datatype.to_numpy()), shape)
+
+    def output(self, name: str, location: ShmLocation) -> None:
+        if not self._allowed:
+            raise client_shm_disabled()
+        self.outputs[name] = (None, location)  # type: ignore[assignment]  # no region here
+
+    def write_output(self, name: str, array: np.ndarray[Any, Any]) -> None:
+        """Nothing: the owner wrote it into its region."""
+
+    def hold(self, offsets: list[int]) -> None:
+        """Response-arena blocks to give back at :meth:`release` (at once when the request was
+        answered already: its client went away before the owner's answer came)."""
+        if self._released:
+            self._channel.give_back(offsets)
+        else:
+            self._blocks += offsets
+
+    def release(self) -> None:
+        self._released = True
+        blocks, self._blocks = self._blocks, []
+        if blocks:
+            self._channel.give_back(blocks)
+        self.outputs = {}
+
+
+class DeferredRegions:
+    """The front end's :class:`~frameserve.protocol._core.RegionSource`: a :class:`DeferredUse`
+    per request (refusing every region when client shared memory is off)."""
+
+    def __init__(self, channel: OwnerChannel, allowed: bool) -> None:
+        self._channel = channel
+        self._allowed = allowed
+
+    def use(self) -> SharedMemoryUse:
+        use = DeferredUse(self._channel, self._allowed)
+        _USE.set(use)
+        return use
+
+
+class _Pending:
+    __slots__ = ("future", "taken", "use")
+
+    def __init__(self, future: Future[Any], taken: list[int], use: DeferredUse | None) -> None:
+        self.future = future
+        self.taken = taken
+        self.use = use
+
+
+class OwnerChannel(asyncio.Protocol):
+    """The front end's end of the channel, on the event loop's thread only; also the front
+    end's :class:`~frameserve.protocol._core.InferCore` (``version_for`` from the owner's last
+    published models, ``submit`` over the channel, ``record_failure`` counted by the owner)."""
+
+    def __init__(self, block: ch.SharedBlock) -> None:
+        self.block = block
+        self.arena = ch.Arena(*block.request_half)
+        self.models: dict[str, tuple[int, ...]] = {}
+        self.stop_grace: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+        self._reader = ch.FrameReader()
+        self._transport: asyncio.Transport | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._streams: dict[int, asyncio.Queue[tuple[Any, ...]]] = {}
+        self._frees: list[int] = []
+        self._flush_scheduled = False
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is a Transport in all but name
+
+    def data_received(self, data: bytes) -> None:
+        for message in self._reader.feed(data):
+            try:
+                self._dispatch(message)
+            except Exception:  # one bad message must not stop the channel
+                log.exception("front end: handling %r from the owner failed", message[0])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.stop_grace.done():
+            self.stop_grace.set_exception(ConnectionError("the model-owning process is gone"))
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(ModelNotReadyError("the model-owning process is gone"))
+        self._pending.clear()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Send one message (buffered by the transport; never blocks)."""
+        if self._transport is None or self._transport.is_closing():
+            raise ModelNotReadyError("the model-owning process is gone")
+        self._transport.write(ch.frame(message))
+
+    def _dispatch(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == ch.DONE:
+            self._done(message[1], message[2])
+        elif kind == ch.ERROR:
+            pending = self._pending.pop(message[1], None)
+            if pending is not None:
+                self._free_request(pending)
+                _set(pending.future, None, message[2])
+        elif kind in (ch.HTTP_START, ch.HTTP_BODY):
+            queue = self._streams.get(message[1])
+            if queue is not None:
+                queue.put_nowait(message)
+        elif kind in (ch.GRPC_DONE, ch.GRPC_ERROR):
+            pending = self._pending.pop(message[1], None)
+            if pending is not None:
+                self._free_request(pending)
+                if kind == ch.GRPC_DONE:
+                    _set(pending.future, message[2], None)
+                else:
+                    from frameserve.protocol.grpc._frontend import RpcStatus
+
+                    _set(pending.future, None, RpcStatus(message[2], message[3]))
+        elif kind == ch.MODELS:
+            self.models = message[2]
+            self.send((ch.ACK, message[1]))
+        elif kind == ch.STOP:
+            if not self.stop_grace.done():
+                self.stop_grace.set_result(message[1])
+        else:
+            log.warning("front end: unknown message %r from the owner", kind)
+
+    # -- InferCore ---------------------------------------------------------------------------
+
+    def knows(self, name: str, raw_version: str | None) -> bool:
+        """Whether ``name`` (that version; ``None`` or ``""`` = any) is loaded, as the owner
+        last said; requests for anything else are handed to the owner whole."""
+        versions = self.models.get(name)
+        if not versions:
+            return False
+        if not raw_version:
+            return True
+        return raw_version.isascii() and raw_version.isdigit() and int(raw_version) in versions
+
+    def version_for(self, name: str, version: int | None = None) -> int:
+        versions = self.models.get(name)
+        if not versions:
+            raise ModelNotReadyError(f"model {name!r} is not loaded")
+        if version is None:
+            return max(versions)
+        if version not in versions:
+            raise ModelNotFoundError(f"model {name!r} has no loaded version {version}; loaded versions: {sorted(versions)}")
+        return version
+
+    def submit(self, request: InferRequest, *, run_here_under_us: float | None = None) -> Future[Outputs]:
+        """Send ``request`` to the owner (which decides where it runs); the future completes
+        on this thread when the answer comes back."""
+        use = _USE.get()
+        in_regions: dict[str, tuple[str, tuple[int, ...], ShmLocation]] = use.inputs_at if use is not None else {}
+        arrays = {n: a for n, a in request.inputs.items() if n not in in_regions} if in_regions else request.inputs
+        specs, taken = ch.pack_tensors(arrays, self.block, self.arena)
+        outputs = tuple((o.name, o.binary_data, dict(o.parameters)) for o in request.outputs)
+        out_regions = {n: loc for n, (_, loc) in use.outputs.items()} if use is not None and use.outputs else {}
+        rid = next(self._ids)
+        future: Future[Outputs] = Future()
+        frees, self._frees = self._frees, []
+        message = (
+            ch.INFER, rid, request.model_name, request.model_version, specs, outputs, dict(request.parameters),
+            request.priority, request.timeout_us, request.id, request.binary_data_output, in_regions, out_regions, frees,
+        )
+        try:
+            self.send(message)
+        except BaseException:
+            self._frees = frees + self._frees
+            for offset in taken:
+                self.arena.free(offset)
+            raise
+        future.set_running_or_notify_cancel()
+        self._pending[rid] = _Pending(future, taken, use)
+        return future
+
+    def record_failure(self, name: str, version: int | str, exc: BaseException) -> None:
+        try:
+            self.send((ch.FAIL, name, version, ch.picklable_error(exc)))
+        except Exception:  # metrics must never turn one error into another
+            log.exception("front end: counting a failed request of %r failed", name)
+
+    def _done(self, rid: int, specs: list[tuple[Any, ...]]) -> None:
+        pending = self._pending.pop(rid, None)
+        blocks = [spec[3][0] for spec in specs if isinstance(spec[3], tuple)]
+        if pending is None:
+            self.give_back(blocks)
+            return
+        self._free_request(pending)
+        outputs = ch.unpack_tensors(specs, self.block)
+        use = pending.use
+        if use is not None and blocks:
+            use.hold(blocks)  # the answer is encoded (copied out) before the use is released
+        elif blocks:  # no use to release (cannot happen through the transports): copy out now
+            outputs = {n: np.array(a) for n, a in outputs.items()}
+            self.give_back(blocks)
+        if not _set(pending.future, outputs, None) and use is not None:
+            use.release()  # cancelled meanwhile: nobody encodes it
+
+    def _free_request(self, pending: _Pending) -> None:
+        for offset in pending.taken:
+            self.arena.free(offset)
+
+    def give_back(self, offsets: list[int]) -> None:
+        """Response-arena blocks this front end is done with (sent with the next request, or
+        at the end of this loop iteration)."""
+        self._frees += offsets
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._frees:
+            frees, self._frees = self._frees, []
+            try:
+                self.send((ch.FREE, frees))
+            except Exception:  # the owner is gone: nothing to give back
+                pass
+
+    # -- handing requests on -----------------------------------------------------------------
+
+    async def forward_grpc(self, method: str, data: bytes) -> bytes:
+        """One unary gRPC call answered by the owner (raises ``RpcStatus``)."""
+        rid = next(self._ids)
+        future: Future[bytes] = Future()
+        self.send((ch.GRPC, rid, method, data))
+        self._pending[rid] = _Pending(future, [], None)
+        from frameserve.protocol._core import outputs_of
+
+        return await outputs_of(future)  # type: ignore[arg-type, return-value]
+
+    def open_stream(self) -> tuple[int, asyncio.Queue[tuple[Any, ...]]]:
+        """An id and the queue the owner's answer to a handed-on HTTP request arrives in."""
+        rid = next(self._ids)
+        queue: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        self._streams[rid] = queue
+        return rid, queue
+
+    def close_stream(self, rid: int) -> None:
+        self._streams.pop(rid, None)
+
+
+def _set(future: Future[Any], result: Any, exc: BaseException | None) -> bool:
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+    except InvalidStateError:  # cancelled by the caller meanwhile
+        return False
+    return True
+
+
+
+
+class HttpForwarder:
+    """The ASGI application of every HTTP request a front end does not serve itself: read the
+    body (up to ``max_body_bytes``), hand the request to the owner, relay its answer (streamed
+    bodies stay streamed)."""
+
+    _SCOPE_KEYS = ("method", "path", "raw_path", "query_string", "root_path", "scheme", "http_version", "client", "server")
+
+    def __init__(self, channel: OwnerChannel, max_body_bytes: int) -> None:
+        self.channel = channel
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return  # lifespan is off; websockets are not served
+        from frameserve.protocol.http import codec
+
+        try:
+            body = await self._body(scope, receive)
+        except PayloadTooLargeError as exc:
+            error = codec.error_body(exc.message)
+            await send({"type": "http.response.start", "status": exc.http_status,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(error)).encode())]})
+            await send({"type": "http.response.body", "body": error})
+            return
+        except ConnectionError:
+            return
+        fields = {k: scope.get(k) for k in self._SCOPE_KEYS}
+        fields["headers"] = list(scope["headers"])
+        rid, queue = self.channel.open_stream()
+        specs, taken = ch.pack_tensors({"body": np.frombuffer(body, np.uint8)}, self.channel.block, self.channel.arena)
+        try:
+            self.channel.send((ch.HTTP, rid, fields, specs))
+            while True:
+                message = await queue.get()
+                if message[0] == ch.HTTP_START:
+                    await send({"type": "http.response.start", "status": message[2], "headers": message[3]})
+                    continue
+                await send({"type": "http.response.body", "body": message[2], "more_body": message[3]})
+                if not message[3]:
+                    return
+        finally:
+            self.channel.close_stream(rid)
+            for offset in taken:
+                self.channel.arena.free(offset)
+
+    async def _body(self, scope: Any, receive: Any) -> bytes:
+        limit = self.max_body_bytes
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLargeError(f"the request body is {declared.decode()} bytes, over the limit of {limit} bytes")
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ConnectionError("the client went away")
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > limit:
+                raise PayloadTooLargeError(f"the request body exceeds the limit of {limit} bytes")
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def listen_reuseport(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` sharing the port (``SO_REUSEPORT``) with the
+    owner's reservation and the other front ends."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if host == "::" else 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _read_hello(sock: socket.socket) -> FrontendConfig:
+    """The owner's first message, read without buffering past it (the rest of the stream is
+    the event loop's)."""
+
+    def exactly(n: int) -> bytes:
+        data = bytearray()
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("the model-owning process closed the channel before configuring this front end")
+            data += chunk
+        return bytes(data)
+
+    import pickle
+    import struct
+
+    (size,) = struct.unpack("<I", exactly(4))
+    message = pickle.loads(exactly(size))
+    if message[0] != ch.HELLO:
+        raise ConnectionError(f"expected the owner's hello, got {message[0]!r}")
+    config: FrontendConfig = message[1]
+    return config
+
+
+async def _serve(config: FrontendConfig, sock: socket.socket, block: ch.SharedBlock) -> int:
+    import uvicorn
+
+    from frameserve.protocol.http._auth import HttpGate
+    from frameserve.protocol.http._infer import InferFastPath, InferFirst
+
+    loop = asyncio.get_running_loop()
+    channel = OwnerChannel(block)
+    await loop.connect_accepted_socket(lambda: channel, sock=sock)
+    regions = DeferredRegions(channel, config.allow_client_shm)
+    tasks: list[asyncio.Task[Any]] = []
+    uv: uvicorn.Server | None = None
+    grpc_server: Any = None
+    if config.http is not None:
+        host, port = config.http
+        fast = InferFastPath(channel, config.max_body_bytes, config.limits, regions)
+        gate = HttpGate(config.tokens, auth_health=config.auth_health, loopback_hosts_only=config.loopback_hosts_only)
+        app = InferFirst(HttpForwarder(channel, config.max_body_bytes), gate=gate, fast=fast, takes=channel.knows,
+                         gate_all=False)
+        uv = uvicorn.Server(uvicorn.Config(
+            app, host=host, port=port, lifespan="off", log_config=None, log_level="warning", access_log=False,
+            timeout_graceful_shutdown=config.graceful_timeout_s, server_header=False, date_header=False,
+            timeout_keep_alive=30, ws="none",
+            ssl_certfile=None if config.tls_cert_file is None else str(config.tls_cert_file),
+            ssl_keyfile=None if config.tls_key_file is None else str(config.tls_key_file),
+        ))
+        tasks.append(asyncio.create_task(uv.serve(sockets=[listen_reuseport(host, port)])))
+    if config.grpc is not None:
+        from frameserve.protocol.grpc._frontend import create_frontend_server
+
+        host, port = config.grpc
+        grpc_server, _ = create_frontend_server(
+            channel, channel.knows, channel.forward_grpc, f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+            max_message_bytes=config.max_body_bytes, tokens=config.tokens, auth_health=config.auth_health,
+            tls=config.tls, limits=config.limits, shared_memory=regions,
+        )
+        await grpc_server.start()
+    while uv is not None and not uv.started:
+        if tasks[0].done():
+            tasks[0].result()
+            return 1
+        await asyncio.sleep(0.005)
+    from frameserve.server._gc import settle_heap
+
+    settle_heap()
+    channel.send((ch.UP, os.getpid()))
+    stopped = asyncio.ensure_future(asyncio.shield(channel.stop_grace))
+    done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    if stopped in done and stopped.exception() is not None:  # the owner is gone: nobody can answer
+        log.error("front end %d: the model-owning process is gone; exiting", config.index)
+        return 1
+    grace = stopped.result() if stopped in done else config.graceful_timeout_s
+    if uv is not None:
+        uv.should_exit = True
+    if grpc_server is not None:
+        tasks.append(asyncio.create_task(grpc_server.stop(grace)))
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The front-end process: ``SOCKET_FD MEMORY_FD`` (both inherited from the owner)."""
+    args = sys.argv[1:] if argv is None else argv
+    sock = socket.socket(fileno=int(args[0]))
+    sock.setblocking(True)
+    block_fd = int(args[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner stops its front ends itself
+    config = _read_hello(sock)
+    logging.basicConfig(level=config.log_level, stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s %(name)s[front end {config.index}]: %(message)s")
+    block = ch.SharedBlock(fd=block_fd)
+    sock.setblocking(False)
+    try:
+        import uvloop
+
+        return int(uvloop.run(_serve(config, sock, block)))
+    except KeyboardInterrupt:  # pragma: no cover - SIGINT is ignored
+        return 0

@@ -1,0 +1,297 @@
+"""The model-owning process's end of one front end's channel (``serve --http-workers N``):
+:class:`FrontendLink`.
+
+A reader thread per front end takes its messages in order. An inference request is built from
+the tensor specs (numpy views of the request arena) and submitted to the service on that thread
+with :data:`~frameserve.protocol.RUN_HERE_UNDER_US`: a fast model idle at once runs right there
+(no thread switch), anything else is queued and answered from the thread that completes it.
+Inputs and outputs in client shared-memory regions are resolved here, in the one
+:class:`~frameserve.shm.SharedMemoryRegistry` of the server. Everything a front end hands on
+whole (HTTP requests, unary gRPC calls) runs on the owner's event loop with the same
+application and servicer a single-process server serves, so its answer is theirs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from frameserve.errors import FrameserveError
+from frameserve.protocol import RUN_HERE_UNDER_US
+from frameserve.request import InferRequest, RequestedOutput
+from frameserve.server import _channel as ch
+from frameserve.service import InferenceService
+from frameserve.shm import SharedMemoryRegistry, SharedMemoryUse, client_shm_disabled
+from frameserve.types import DataType
+
+__all__ = ["FrontendLink"]
+
+log = logging.getLogger("frameserve.server")
+
+_MODEL_CHANGES = re.compile(r"/v2/repository/models/[^/]+/(load|unload)")
+_GRPC_MODEL_CHANGES = frozenset({
+    "/inference.GRPCInferenceService/RepositoryModelLoad", "/inference.GRPCInferenceService/RepositoryModelUnload",
+})
+
+
+class FrontendLink:
+    """One front end's channel, owner side.
+
+    Args:
+        index: the front end's number.
+        sock: the owner's end of the socket pair.
+        block: the channel's shared memory.
+        service: the service requests run on.
+        shared_memory: the server's client regions (``None``: refused).
+        loop: the owner's event loop (handed-on requests run there).
+        http_app: the owner's full HTTP application (``None``: no HTTP).
+        grpc_servicer, grpc_health: the owner's servicers (``None``: no gRPC).
+        publish: called (on a worker thread) after a handed-on load or unload, before it is
+            answered: publishes the models to every front end and waits for them.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        sock: socket.socket,
+        block: ch.SharedBlock,
+        service: InferenceService,
+        *,
+        shared_memory: SharedMemoryRegistry | None,
+        loop: asyncio.AbstractEventLoop,
+        http_app: Any = None,
+        grpc_servicer: Any = None,
+        grpc_health: Any = None,
+        publish: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.index = index
+        self.sock = sock
+        self.block = block
+        self.arena = ch.Arena(*block.response_half)
+        self.service = service
+        self.shared_memory = shared_memory
+        self.loop = loop
+        self.http_app = http_app
+        self.grpc_servicer = grpc_servicer
+        self.grpc_health = grpc_health
+        self.publish = publish
+        self.pid: int | None = None
+        self.up = threading.Event()
+        """Set once the front end listens (its first message)."""
+        self.requests = 0
+        """Inference requests it sent (served by the fast path of that front end)."""
+        self.acked = 0
+        self._acks = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._closed = False
+        self._reader = threading.Thread(target=self._read, name=f"frameserve-frontend-{index}", daemon=True)
+
+    def start(self, hello: tuple[Any, ...]) -> None:
+        """Send the front end its configuration and start reading its messages."""
+        self.send(hello)
+        self._reader.start()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Send one message from any thread (a front end that is gone is ignored)."""
+        if self._closed:
+            return
+        try:
+            ch.send_frame(self.sock, message, self._send_lock)
+        except OSError:
+            self._closed = True
+
+    def wait_ack(self, generation: int, timeout_s: float) -> bool:
+        """Wait until the front end applied the models of ``generation`` (or is gone)."""
+        with self._acks:
+            return self._acks.wait_for(lambda: self.acked >= generation or self._closed, timeout_s)
+
+    def close(self) -> None:
+        """Stop using the channel (the front end exited) and free its memory once nothing uses
+        it (input views in models keep the mapping alive)."""
+        self._closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        if self._reader.is_alive() and self._reader is not threading.current_thread():
+            self._reader.join(5.0)
+        self.block.close()
+        with self._acks:
+            self._acks.notify_all()
+
+    # -- the reader thread -------------------------------------------------------------------
+
+    def _read(self) -> None:
+        stream = self.sock.makefile("rb", buffering=1 << 16)
+        try:
+            while True:
+                try:
+                    message = ch.read_frame(stream)
+                except (OSError, ValueError):
+                    return
+                if message is None:
+                    return
+                try:
+                    self._dispatch(message)
+                except Exception:  # one bad message must not stop the channel
+                    log.exception("front end %d: handling %r failed", self.index, message[0])
+        finally:
+            self._closed = True
+            with self._acks:
+                self._acks.notify_all()
+            stream.close()
+
+    def _dispatch(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == ch.INFER:
+            self._infer(message)
+        elif kind == ch.FREE:
+            for offset in message[1]:
+                self.arena.free(offset)
+        elif kind == ch.FAIL:
+            self.service.record_failure(message[1], message[2], message[3])
+        elif kind == ch.HTTP:
+            asyncio.run_coroutine_threadsafe(self._http(*message[1:]), self.loop)
+        elif kind == ch.GRPC:
+            asyncio.run_coroutine_threadsafe(self._grpc(*message[1:]), self.loop)
+        elif kind == ch.ACK:
+            with self._acks:
+                self.acked = max(self.acked, message[1])
+                self._acks.notify_all()
+        elif kind == ch.UP:
+            self.pid = message[1]
+            self.up.set()
+        else:
+            log.warning("front end %d: unknown message %r", self.index, kind)
+
+    # -- inference ---------------------------------------------------------------------------
+
+    def _infer(self, message: tuple[Any, ...]) -> None:
+        (_, rid, model, version, specs, outputs, parameters, priority, timeout_us, request_id, binary_output,
+         in_regions, out_regions, frees) = message
+        for offset in frees:
+            self.arena.free(offset)
+        self.requests += 1
+        use: SharedMemoryUse | None = None
+        try:
+            inputs = ch.unpack_tensors(specs, self.block)
+            if in_regions or out_regions:
+                if self.shared_memory is None:
+                    raise client_shm_disabled()
+                use = self.shared_memory.use()
+                for name, (datatype, shape, location) in in_regions.items():
+                    inputs[name] = use.input(name, DataType(datatype), shape, location)
+                for name, location in out_regions.items():
+                    use.output(name, location)
+            request = InferRequest(
+                model_name=model, inputs=inputs, model_version=version,
+                outputs=tuple(RequestedOutput(n, b, p) for n, b, p in outputs), parameters=parameters,
+                priority=priority, timeout_us=timeout_us, id=request_id, binary_data_output=binary_output,
+            )
+            future = self.service.submit(request, run_here_under_us=RUN_HERE_UNDER_US)
+        except BaseException as exc:
+            if use is not None:
+                use.release()
+            self.send((ch.ERROR, rid, ch.picklable_error(exc)))
+            return
+        if future.done():
+            self._answer(rid, model, version, future, use)
+        else:
+            future.add_done_callback(lambda f: self._answer(rid, model, version, f, use))
+
+    def _answer(self, rid: int, model: str, version: int | None, future: Future[Any], use: SharedMemoryUse | None) -> None:
+        try:
+            try:
+                outputs = future.result()
+            except BaseException as exc:  # the service counted it
+                self.send((ch.ERROR, rid, ch.picklable_error(exc)))
+                return
+            try:
+                skip = []
+                if use is not None and use.outputs:
+                    for name, array in outputs.items():
+                        if name in use.outputs:
+                            use.write_output(name, array)
+                            skip.append(name)
+                specs, _ = ch.pack_tensors(outputs, self.block, self.arena, skip)
+            except FrameserveError as exc:
+                self.service.record_failure(model, "" if version is None else version, exc)
+                self.send((ch.ERROR, rid, ch.picklable_error(exc)))
+                return
+            self.send((ch.DONE, rid, specs))
+        finally:
+            if use is not None:
+                use.release()
+
+    # -- requests handed on whole ------------------------------------------------------------
+
+    async def _http(self, rid: int, fields: dict[str, Any], specs: list[tuple[Any, ...]]) -> None:
+        body = bytes(ch.unpack_tensors(specs, self.block)["body"].data)
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, **fields, "state": {}}
+        finished = asyncio.Event()
+        given = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await finished.wait()
+            return {"type": "http.disconnect"}
+
+        held: list[tuple[Any, ...]] | None = [] if _MODEL_CHANGES.fullmatch(fields.get("path") or "") else None
+        started = False
+
+        async def send(event: dict[str, Any]) -> None:
+            nonlocal started
+            if event["type"] == "http.response.start":
+                started = True
+                message: tuple[Any, ...] = (ch.HTTP_START, rid, event["status"], list(event.get("headers", [])))
+            elif event["type"] == "http.response.body":
+                message = (ch.HTTP_BODY, rid, bytes(event.get("body", b"")), bool(event.get("more_body", False)))
+            else:
+                return
+            if held is not None:  # a load or unload: answered once every front end knows
+                held.append(message)
+            else:
+                self.send(message)
+
+        try:
+            await self.http_app(scope, receive, send)
+        except Exception:
+            log.exception("front end %d: %s %s failed in the owner", self.index, fields.get("method"), fields.get("path"))
+            if not started:
+                error = b'{"error": "internal error"}'
+                await send({"type": "http.response.start", "status": 500,
+                            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(error)).encode())]})
+                await send({"type": "http.response.body", "body": error})
+        finally:
+            finished.set()
+        if held is not None:
+            await asyncio.to_thread(self.publish)
+            for message in held:
+                self.send(message)
+
+    async def _grpc(self, rid: int, method: str, data: bytes) -> None:
+        from frameserve.protocol.grpc._frontend import RpcStatus, call_unary
+
+        try:
+            out = await call_unary(self.grpc_servicer, self.grpc_health, method, data)
+        except RpcStatus as exc:
+            self.send((ch.GRPC_ERROR, rid, exc.code, exc.details))
+            return
+        except Exception as exc:  # noqa: BLE001 - every error becomes a status
+            log.exception("front end %d: %s failed in the owner", self.index, method)
+            self.send((ch.GRPC_ERROR, rid, "INTERNAL", f"{type(exc).__name__}: {exc}"))
+            return
+        if method in _GRPC_MODEL_CHANGES:
+            await asyncio.to_thread(self.publish)
+        self.send((ch.GRPC_DONE, rid, out))
+
+
