@@ -50,7 +50,7 @@ def test_perf_analyzer_measures_frameserve(server: ServeProcess, protocol: str) 
     port = server.ports["HTTP" if protocol == "http" else "gRPC"]
     args = ["bash", str(SCRIPT), "-m", "add", "-i", protocol, "-u", f"127.0.0.1:{port}",
             "--concurrency-range", "1:2", "--measurement-interval", "500", "--stability-percentage", "100",
-            "--max-trials", "10"]
+            "--max-trials", "30"]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
@@ -90,7 +90,7 @@ def test_perf_analyzer_with_system_shared_memory(shm_server: ServeProcess, proto
     status_url = f"http://127.0.0.1:{shm_server.ports['HTTP']}/v2/systemsharedmemory/status"
     args = ["bash", str(SCRIPT), "-m", "add", "-i", protocol, "-u", f"127.0.0.1:{port}", "--shared-memory", "system",
             "--concurrency-range", "1:2", "--measurement-interval", "500", "--stability-percentage", "100",
-            "--max-trials", "10"]
+            "--max-trials", "30"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: set[str] = set()
     with httpx.Client(trust_env=False, timeout=5) as http:
