@@ -434,9 +434,9 @@ class HttpForwarder:
                 return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def listen_reuseport(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` sharing the port (``SO_REUSEPORT``) with the
-    owner's reservation and the other front ends."""
+def bind_reuseport(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` with ``SO_REUSEPORT`` (port 0: any free one), not yet
+    listening: the owner's reservation of a port and each front end's listener are such sockets."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -445,6 +445,17 @@ def listen_reuseport(host: str, port: int) -> socket.socket:
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if host == "::" else 1)
         sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def listen_reuseport(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` sharing the port (``SO_REUSEPORT``) with the
+    owner's reservation and the other front ends."""
+    sock = bind_reuseport(host, port)
+    try:
         sock.listen(2048)
         sock.setblocking(False)
     except BaseException:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from frameserve.server import _channel as ch
-from frameserve.server._frontend import FrontendConfig
+from frameserve.server._frontend import FrontendConfig, bind_reuseport
 from frameserve.server._owner import FrontendLink
 from frameserve.service import InferenceService
 
@@ -56,18 +56,7 @@ def reserve_port(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` with ``SO_REUSEPORT`` that never listens: it holds the
     port (port 0: picks one) for the front ends, which bind it beside it, and takes no
     connection itself."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if host == "::" else 1)
-        sock.bind((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    return bind_reuseport(host, port)
 
 
 class _Slot:

@@ -177,9 +177,15 @@ async def infer(
     finally:
         if shm is not None:  # the regions it used may be unmapped now (unregistered meanwhile)
             shm.release()
-    in_regions = shm.input_bytes if shm is not None else 0  # mapped, not on the heap
-    trim_after(sum(a.nbytes for a in call.inputs.values() if a.dtype != object) - in_regions)
+    trim_after_request(call, shm)
     return response
+
+
+def trim_after_request(call: InferRequest, shm: SharedMemoryUse | None) -> None:
+    """:func:`~frameserve._memory.trim_after` for a decoded request: its tensors on the heap
+    (not those mapped from shared-memory regions; BYTES are capped far below the threshold)."""
+    in_regions = shm.input_bytes if shm is not None else 0
+    trim_after(sum(a.nbytes for a in call.inputs.values() if a.dtype != object) - in_regions)
 
 
 def version_used(core: InferCore, call: InferRequest) -> str:

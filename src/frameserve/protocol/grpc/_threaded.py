@@ -29,13 +29,17 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2
 
-from frameserve._memory import trim_after
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import FrameserveError
 from frameserve.protocol import RUN_HERE_UNDER_US
 from frameserve.protocol._core import InferCore, RegionSource
 from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_response
-from frameserve.protocol.grpc._infer import encode_infer_response_bytes, parse_infer_request, version_used
+from frameserve.protocol.grpc._infer import (
+    encode_infer_response_bytes,
+    parse_infer_request,
+    trim_after_request,
+    version_used,
+)
 from frameserve.protocol.grpc._servicer import GrpcInferenceServicer, status_of
 from frameserve.security.limits import TensorLimits
 
@@ -111,8 +115,7 @@ def infer_blocking(
     finally:
         if shm is not None:
             shm.release()
-    in_regions = shm.input_bytes if shm is not None else 0
-    trim_after(sum(a.nbytes for a in call.inputs.values() if a.dtype != object) - in_regions)
+    trim_after_request(call, shm)
     return response
 
 
