@@ -198,7 +198,7 @@ def test_quantize_writes_a_gated_int8_nudenet_or_refuses(tmp_path: Path, cli, re
     assert sorted(p.name for p in (tmp_path / "int8" / "nudenet").iterdir()) == ["1", "2", "config.yaml"]
     report = json.loads((tmp_path / "int8" / "quantize.json").read_text())
     assert report["passed"] and report["gate"]["matched_share"] >= 0.99 and report["gate"]["mean_box_error_px"] <= 2
-    bad = cli(*common, "--include-head", "--out", str(tmp_path / "naive"), timeout=300)
+    bad = cli(*common, "--engine", "onnxruntime", "--include-head", "--out", str(tmp_path / "naive"), timeout=300)
     assert bad.returncode == 2, bad.stderr[-3000:]
     assert "refused: no model written" in bad.stderr and "gate on 20 held-apart frames: refused" in bad.stdout
     assert sorted(p.name for p in (tmp_path / "naive").iterdir()) == ["quantize.json"]

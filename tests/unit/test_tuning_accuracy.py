@@ -128,3 +128,38 @@ def test_float_head_is_the_decoding_tail_after_each_heads_last_conv() -> None:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
     ))
     assert float_head_nodes(no_conv) == []
+
+
+def test_lowered_threshold_finds_the_pipelines_score_threshold_at_any_depth() -> None:
+    from frameserve.tuning._accuracy import lowered_threshold
+
+    assert lowered_threshold({"postprocess": {"score_threshold": 0.25, "iou_threshold": 0.45}}, 0.1) == (
+        {"postprocess": {"score_threshold": pytest.approx(0.15)}}, 0.25, pytest.approx(0.15))
+    assert lowered_threshold({"detector": {"postprocess": {"score_threshold": 0.05}}}, 0.1) == (
+        {"detector": {"postprocess": {"score_threshold": 0.0}}}, 0.05, 0.0)  # clipped at 0
+    assert lowered_threshold({"score_threshold": 0.5}, 0.0) == ({"score_threshold": 0.5}, 0.5, 0.5)
+    # no such parameter, or not a number: the gate compares at the pipeline's own threshold
+    assert lowered_threshold({"postprocess": {"conf": 0.25}}, 0.1) is None
+    assert lowered_threshold({"score_threshold": "0.25"}, 0.1) is None
+    assert lowered_threshold({"score_threshold": True}, 0.1) is None
+
+
+def test_a_detection_crossing_the_threshold_by_less_than_the_score_bound_is_matched_not_lost() -> None:
+    """The hysteresis: the candidate's detections come from the lowered threshold, so a 0.26
+    detection scored 0.24 by the candidate is matched (score change 0.02); the share at the
+    pipeline's own threshold is what ``at_threshold`` keeps, and there it is lost."""
+    from frameserve.tuning._accuracy import at_threshold
+
+    ref = [{"detections": [det("FACE", 0.26, [10, 10, 50, 50]), det("FEET", 0.9, [60, 60, 90, 90])]}]
+    cand = [{"detections": [det("FACE", 0.24, [10, 10, 50, 50]), det("FEET", 0.88, [60, 60, 90, 90])], "frame": 3}]
+    lowered = compare_results(ref, cand)
+    assert lowered.passed and lowered.matched == 2 and lowered.max_score_change == pytest.approx(0.02)
+    strict_cand = at_threshold(cand, 0.25)
+    assert [d["label"] for d in strict_cand[0]["detections"]] == ["FEET"] and strict_cand[0]["frame"] == 3
+    strict = compare_results(ref, strict_cand)
+    assert strict.matched == 1 and not strict.passed
+    # a real loss is still a loss: the candidate below even the lowered threshold finds nothing there
+    assert not compare_results(ref, [{"detections": [det("FEET", 0.88, [60, 60, 90, 90])]}]).passed
+    # and a matched score that moved past the bound is refused
+    moved = compare_results(ref, [{"detections": [det("FACE", 0.26, [10, 10, 50, 50]), det("FEET", 0.7, [60, 60, 90, 90])]}])
+    assert not moved.passed and "score moved" in " ".join(moved.reasons)

@@ -1,4 +1,4 @@
-"""``frameserve quantize``: an int8 model (onnxruntime static QDQ, calibrated on frames the
+"""``frameserve quantize``: an int8 model (NNCF or onnxruntime static QDQ, calibrated on frames the
 pipeline preprocessed) checked against fp32 on held-apart frames; written only when it passes
 the accuracy gate (else exit 2 and the gate's report, nothing written)."""
 
@@ -27,7 +27,9 @@ def quantize_command(
     param: Annotated[list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable).")] = None,
     max_frames: Annotated[int, typer.Option("--max-frames", min=2, help="Frames read at most (half calibrate, half check).")] = 200,
     method: Annotated[str, typer.Option("--method", help="Calibration: minmax | percentile | entropy.")] = "minmax",
-    include_head: Annotated[bool, typer.Option("--include-head", help="Quantize the detection head's decoding tail too (naive; to see the gate refuse it).")] = False,
+    engine: Annotated[str, typer.Option("--engine", help="auto (NNCF when installed) | nncf | onnxruntime (static QDQ).")] = "auto",
+    accuracy_control: Annotated[bool, typer.Option("--accuracy-control/--no-accuracy-control", help="NNCF: when the gate refuses the plain int8 model, put the most harmful operations back to float until it passes.")] = True,
+    include_head: Annotated[bool, typer.Option("--include-head", help="Quantize the detection head's decoding tail too (with --engine onnxruntime: the naive quantization, to see the gate refuse it).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Quantize a model to int8 and keep it only if it passes the accuracy gate against fp32."""
@@ -38,12 +40,14 @@ def quantize_command(
     with exit_on_error():
         if method not in ("minmax", "percentile", "entropy"):
             raise InvalidInputError(f"--method {method!r}; accepted: minmax, percentile, entropy")
+        if engine not in ("auto", "nncf", "onnxruntime"):
+            raise InvalidInputError(f"--engine {engine!r}; accepted: auto, nncf, onnxruntime")
         limits = GateLimits(max_drop=max_drop, max_box_error_px=max_box_error_px)
-        with err_console.status("quantizing (onnxruntime static QDQ) and checking against fp32 ..."):
+        with err_console.status("quantizing to int8 and checking against fp32 ..."):
             result = quantize(
                 model_dir, calibration=calibration, pipeline=pipeline, out=out, limits=limits,
                 keep_head_float=not include_head, params=dict(parse_param(p) for p in param or ()),
-                max_frames=max_frames, method=method,  # type: ignore[arg-type]
+                max_frames=max_frames, method=method, engine=engine, accuracy_control=accuracy_control,  # type: ignore[arg-type]
             )
         data = result.to_dict()
         out.mkdir(parents=True, exist_ok=True)
@@ -52,11 +56,8 @@ def quantize_command(
         if as_json:
             typer.echo(json.dumps(data, indent=2))
         else:
-            s = result.settings
             lines = [
-                f"{result.model} version {result.source_version} -> int8 ({s.format}, {s.activations} activations, {s.weights} "
-                f"weights{' per channel' if s.per_channel else ''}{', reduce_range' if s.reduce_range else ''}, {s.method} on "
-                f"{s.calibration_frames} frames, {len(s.float_nodes)} head nodes kept in float, {s.seconds:.1f} s)",
+                f"{result.model} version {result.source_version} -> int8 ({result.settings.describe()})",
                 f"gate on {result.gate.frames} held-apart frames: {result.gate.summary()}",
                 *result.notes,
             ]

@@ -5,12 +5,15 @@ pipeline's own ``preprocess`` (the pipeline contract: :func:`~frameserve.pipelin
 :func:`~frameserve.pipeline.loader.instantiate`, :class:`~frameserve.video.VideoSource`); every
 other frame feeds onnxruntime's static calibration, the others are held apart for the gate.
 
-Quantization: onnxruntime.quantization's ``quantize_static`` in QDQ format (docs/performance/
+Quantization, two engines (both write an ONNX model in QDQ form that onnxruntime runs with its
+int8 kernels): NNCF where it is installed (:mod:`frameserve.tuning._nncf`: the MIXED preset with
+fast bias correction and, when the plain int8 model is refused, NNCF's accuracy control driven by
+the gate's own metric), else onnxruntime.quantization's ``quantize_static`` (docs/performance/
 model-optimizations/quantization.md): uint8 activations, int8 weights per output channel, MinMax
 calibration, after ``quant_pre_process`` (shape inference and basic graph fusions);
 ``reduce_range`` (7-bit weights) on CPUs without VNNI, where onnxruntime's U8S8 kernels can
-saturate. Detection heads stay in float (:func:`float_head_nodes`), as NNCF's YOLOv8 example
-keeps the box-decoding tail out of its ``ignored_scope``.
+saturate. Detection heads stay in float (:func:`float_head_nodes`) with either, as NNCF's YOLOv8
+example keeps the box-decoding tail out of its ``ignored_scope``.
 
 The gate (:mod:`frameserve.tuning._accuracy`) runs the pipeline's ``process`` on the held-apart
 frames with the fp32 model and with the candidate, through one in-process
@@ -20,6 +23,7 @@ refused model is never written.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import tempfile
@@ -37,7 +41,8 @@ from frameserve.pipeline.contract import Batch, BatchItem, FrameInfo, ModelHandl
 from frameserve.pipeline.loader import PipelineDef, instantiate, load_pipeline
 from frameserve.repository import ModelRepository
 from frameserve.service import InferenceService
-from frameserve.tuning._accuracy import GateLimits, GateResult, compare_results
+from frameserve.tuning._accuracy import GateLimits, GateResult, at_threshold, compare_results, lowered_threshold
+from frameserve.tuning._nncf import Restorer, nncf_available, quantize_nncf
 from frameserve.tuning._sysinfo import SystemInfo, system_info
 from frameserve.tuning._targets import resolve_model
 
@@ -57,6 +62,7 @@ __all__ = [
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v", ".ts")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 CalibrationMethod = Literal["minmax", "percentile", "entropy"]
+Engine = Literal["auto", "nncf", "onnxruntime"]
 
 
 @dataclass(frozen=True)
@@ -275,7 +281,10 @@ class QuantizeSettings:
         method: calibration method.
         float_nodes: nodes kept in float (the head's tail).
         calibration_frames: frames calibrated on.
-        seconds: how long quantization took.
+        seconds: how long quantization took (accuracy control included).
+        engine: ``nncf`` (:mod:`frameserve.tuning._nncf`) or ``onnxruntime`` (``quantize_static``).
+        accuracy_control: whether NNCF's accuracy control ran (the plain int8 model was refused).
+        reverted: operations accuracy control put back to float.
     """
 
     format: str
@@ -287,6 +296,9 @@ class QuantizeSettings:
     float_nodes: tuple[str, ...]
     calibration_frames: int
     seconds: float
+    engine: str = "onnxruntime"
+    accuracy_control: bool = False
+    reverted: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (the float nodes counted, the first 20 named)."""
@@ -295,7 +307,19 @@ class QuantizeSettings:
             "per_channel": self.per_channel, "reduce_range": self.reduce_range, "method": self.method,
             "float_nodes": len(self.float_nodes), "float_nodes_first": list(self.float_nodes[:20]),
             "calibration_frames": self.calibration_frames, "seconds": round(self.seconds, 2),
+            "engine": self.engine, "accuracy_control": self.accuracy_control, "reverted": list(self.reverted),
         }
+
+    def describe(self) -> str:
+        """One line: how it was quantized."""
+        text = (
+            f"{self.engine} {self.format}, {self.activations} activations, {self.weights} weights"
+            f"{' per channel' if self.per_channel else ''}{', reduce_range' if self.reduce_range else ''}, "
+            f"{self.method} on {self.calibration_frames} frames, {len(self.float_nodes)} head nodes kept in float"
+        )
+        if self.accuracy_control:
+            text += f", accuracy control reverted {len(self.reverted)} op(s) to float"
+        return f"{text}, {self.seconds:.1f} s"
 
 
 def quantize_onnx(
@@ -369,9 +393,12 @@ class Variant:
     path: Path
 
 
-def _results(service: InferenceService, name: str, frames: CalibrationFrames, positions: Sequence[int]) -> list[Any]:
+def _results(
+    service: InferenceService, name: str, frames: CalibrationFrames, positions: Sequence[int],
+    params: Mapping[str, Any] | None = None,
+) -> list[Any]:
     cls = frames.pipeline.load_class()
-    inst = instantiate(cls, model_inputs={frames.role: model_input_specs(service.model_config(name))})
+    inst = instantiate(cls, params=params, model_inputs={frames.role: model_input_specs(service.model_config(name))})
     handle = ModelHandle(service, frames.role, name)
     step = max(1, min(cls.batch, handle.max_batch_size or 1))
     out: list[Any] = []
@@ -391,25 +418,34 @@ def gate(
     threads: int | None = None,
 ) -> GateResult:
     """Run the pipeline's ``process`` on the held-apart frames with both variants and compare
-    (:func:`~frameserve.tuning._accuracy.compare_results`).
+    (:func:`~frameserve.tuning._accuracy.compare_results`). The candidate runs with the
+    pipeline's ``score_threshold`` lowered by ``limits.max_detection_score_change``
+    (:func:`~frameserve.tuning._accuracy.lowered_threshold`: a detection whose score moved by
+    less than the gate allows is matched, not lost, when it crosses the threshold); the share
+    at the pipeline's own threshold is recorded beside it.
 
     Raises:
         ModelConfigError, BackendUnavailableError: a variant does not load.
         InvalidInputError: the pipeline's results are neither detections nor class scores.
     """
+    limits = limits or GateLimits()
     budget = threads or system_info().cpu_budget
     held = list(frames.held_apart)
+    cls = frames.pipeline.load_class()
+    lowered = lowered_threshold(cls.params, limits.max_detection_score_change)
     with InferenceService(threads=budget) as service:
         results = []
         for name, variant in (("reference", reference), ("candidate", candidate)):
-            cfg = {k: v for k, v in variant.config.items() if k not in ("name", "version_policy", "instance_group")}
-            params = {**dict(cfg.get("parameters") or {}), "threads": str(budget)}
-            params.pop("pin", None)
-            params.pop("cpu_set", None)
-            service.register(name, variant.path, config={**cfg, "parameters": params})
-            results.append(_results(service, name, frames, held))
+            service.register(name, variant.path, config=_gate_config(variant.config, budget))
+            override = lowered[0] if lowered is not None and name == "candidate" else None
+            results.append(_results(service, name, frames, held, override))
             service.unload(name)
-    return compare_results(results[0], results[1], limits=limits, indices=[frames.frames[p].index for p in held])
+    indices = [frames.frames[p].index for p in held]
+    verdict = compare_results(results[0], results[1], limits=limits, indices=indices)
+    if lowered is None or verdict.kind != "detections":
+        return verdict
+    strict = compare_results(results[0], at_threshold(results[1], lowered[1]), limits=limits, indices=indices)
+    return dataclasses.replace(verdict, strict_matched=strict.matched, threshold=(lowered[1], lowered[2]))
 
 
 # -- writing a model folder ----------------------------------------------------------------------
@@ -506,6 +542,8 @@ def quantize(
     max_frames: int = 200,
     work_dir: Path | None = None,
     machine: SystemInfo | None = None,
+    engine: Engine = "auto",
+    accuracy_control: bool = True,
 ) -> QuantizeResult:
     """Quantize a model folder's fp32 ONNX model to int8 and gate it against fp32.
 
@@ -521,8 +559,14 @@ def quantize(
         limits: all the gate's limits.
         keep_head_float: keep the head's tail in float (:func:`float_head_nodes`); ``False``
             quantizes it too (what the gate should refuse for a YOLO head).
-        per_channel, method: see :func:`quantize_onnx`.
-        reduce_range: 7-bit weights; ``None`` = on CPUs without VNNI.
+        per_channel, method: see :func:`quantize_onnx` (the onnxruntime engine).
+        reduce_range: 7-bit weights; ``None`` = on CPUs without VNNI (the onnxruntime engine).
+        engine: ``nncf`` (:func:`~frameserve.tuning._nncf.quantize_nncf`), ``onnxruntime``
+            (:func:`quantize_onnx`), or ``auto``: NNCF when it is installed.
+        accuracy_control: with NNCF and the head kept in float, when the gate refuses the plain
+            int8 model, run NNCF's accuracy control with the gate's metric (operations put back
+            to float, most harmful first, until the gate's matched share is within ``max_drop``),
+            then gate the result again.
         params: pipeline parameters.
         max_frames: calibration + gate frames at most.
         work_dir: where the int8 file is made (default: a temporary folder, removed).
@@ -556,10 +600,18 @@ def quantize(
     try:
         where = Path(tmp.name) if tmp is not None else Path(work_dir or ".")
         int8 = where / f"{name}.int8.onnx"
-        settings = quantize_onnx(path, int8, frames.calibration, keep_head_float=keep_head_float,
-                                 per_channel=per_channel, reduce_range=reduce_range, method=method)
         candidate = Variant({**reference.config, "parameters": {**reference.config["parameters"], "precision": "int8"}}, int8)
-        verdict = gate(reference, candidate, frames, limits=limits, threads=machine.cpu_budget)
+        if engine not in ("auto", "nncf", "onnxruntime"):
+            raise InvalidInputError(f"engine {engine!r}; accepted: auto, nncf, onnxruntime")
+        if engine == "nncf" or (engine == "auto" and nncf_available()):
+            settings, verdict = _quantize_with_nncf(
+                path, int8, reference, candidate, frames, limits=limits, keep_head_float=keep_head_float,
+                accuracy_control=accuracy_control, threads=machine.cpu_budget,
+            )
+        else:
+            settings = quantize_onnx(path, int8, frames.calibration, keep_head_float=keep_head_float,
+                                     per_channel=per_channel, reduce_range=reduce_range, method=method)
+            verdict = gate(reference, candidate, frames, limits=limits, threads=machine.cpu_budget)
         number = next_version(repo, name)
         written: Path | None = None
         notes = [] if machine.int8_accelerated else ["int8: no VNNI on this CPU, expect small gains (weights at 7 bits)"]
@@ -574,6 +626,80 @@ def quantize(
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _quantize_with_nncf(
+    path: Path, int8: Path, reference: Variant, candidate: Variant, frames: CalibrationFrames, *,
+    limits: GateLimits, keep_head_float: bool, accuracy_control: bool, threads: int,
+) -> tuple[QuantizeSettings, GateResult]:
+    """NNCF's int8, gated; when refused (and the head is kept in float), NNCF's accuracy control
+    with the gate's metric, gated again."""
+    import onnx
+
+    excluded = float_head_nodes(_named(onnx.load(str(path)))) if keep_head_float else []
+    plain = quantize_nncf(path, int8, frames.calibration, float_nodes=excluded)
+    settings = QuantizeSettings("QDQ", "8-bit asymmetric", "int8 symmetric", True, False,
+                                "NNCF MIXED preset + fast bias correction", tuple(excluded),
+                                len(frames.calibration), plain.seconds, engine="nncf")
+    verdict = gate(reference, candidate, frames, limits=limits, threads=threads)
+    if verdict.passed or not (accuracy_control and keep_head_float):
+        return settings, verdict
+    with _GateMetric(reference, frames, limits, threads) as metric:
+        restored = quantize_nncf(path, int8, frames.calibration, float_nodes=excluded, restorer=Restorer(
+            items=list(frames.held_apart), feed=lambda p: {k: np.asarray(v)[None] for k, v in frames.inputs[p].items()},
+            validate=metric, max_drop=limits.max_drop,
+        ))
+    settings = dataclasses.replace(settings, seconds=plain.seconds + restored.seconds, accuracy_control=True,
+                                   reverted=tuple(sorted(plain.ops - restored.ops)))
+    return settings, gate(reference, candidate, frames, limits=limits, threads=threads)
+
+
+class _GateMetric:
+    """The gate as NNCF's validation metric: ``(model file, held-apart positions) -> (metric,
+    per-frame metrics)``. The metric is the matched share (classifiers: top-1 agreement), pushed
+    under ``1 - max_drop`` when another of the gate's limits fails, so NNCF's "within max_drop"
+    means "the gate passes". One service for all the calls; fp32's results computed once."""
+
+    def __init__(self, reference: Variant, frames: CalibrationFrames, limits: GateLimits, threads: int) -> None:
+        self._frames, self._limits = frames, limits
+        self._service = InferenceService(threads=threads)
+        cls = frames.pipeline.load_class()
+        lowered = lowered_threshold(cls.params, limits.max_detection_score_change)
+        self._override = lowered[0] if lowered is not None else None
+        self._config = _gate_config(reference.config, threads)
+        self._service.register("reference", reference.path, config=self._config)
+        held = list(frames.held_apart)
+        self._reference = dict(zip(held, _results(self._service, "reference", frames, held), strict=True))
+        self._service.unload("reference")
+
+    def __enter__(self) -> _GateMetric:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._service.close()
+
+    def __call__(self, path: Path, positions: Sequence[int]) -> tuple[float, list[float]]:
+        self._service.register("candidate", path, config=self._config)
+        try:
+            results = _results(self._service, "candidate", self._frames, positions, self._override)
+        finally:
+            self._service.unload("candidate")
+        refs = [self._reference[p] for p in positions]
+        per = [compare_results([r], [c], limits=self._limits).matched_share for r, c in zip(refs, results, strict=True)]
+        verdict = compare_results(refs, results, limits=self._limits)
+        metric = verdict.matched_share
+        if not verdict.passed:
+            metric = min(metric, 1.0 - self._limits.max_drop - 1e-3)
+        return metric, per
+
+
+def _gate_config(config: Mapping[str, Any], threads: int) -> dict[str, Any]:
+    """A variant's config for the gate's service: one instance of ``threads``, unpinned."""
+    cfg = {k: v for k, v in config.items() if k not in ("name", "version_policy", "instance_group")}
+    params = {**dict(cfg.get("parameters") or {}), "threads": str(threads)}
+    params.pop("pin", None)
+    params.pop("cpu_set", None)
+    return {**cfg, "parameters": params}
 
 
 def _completed_config(variant: Variant) -> Any:
