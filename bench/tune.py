@@ -152,6 +152,7 @@ def main() -> None:
     ap.add_argument("--p99-ms", type=float, default=100.0, help="the p99 bound of tune and of the served comparison")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per comparison (default 3; quick 1)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the work folder here (tune outputs, reports)")
+    ap.add_argument("--int8-only", action="store_true", help="only the last figure: quantize, then int8 alone / fp32")
     args = ap.parse_args()
     args.budget_s = float(args.budget) if args.budget else (40.0 if args.quick else 480.0)
     args.rounds = args.rounds or (1 if args.quick else 3)
@@ -167,6 +168,14 @@ def main() -> None:
         model = work / "models" / "nudenet"
         (model / "1").mkdir(parents=True)
         shutil.copy(nudenet, model / "1" / "model.onnx")
+        if args.int8_only:
+            q = quantize(model, calibration=video, pipeline="nudenet", out=work / "int8")
+            alone = int8_alone(model, work / "int8" / "nudenet" / "2" / "model.onnx", window, args.rounds) if q.passed else {}
+            print(f"\nbench/tune.py --int8-only on {cpu_model()} ({machine.cpu_budget} CPUs; {' '.join(sorted(machine.flags))})")
+            print(f"int8: {q.settings.describe()}\ngate: {q.gate.summary()}")
+            for k, v in alone.items():
+                print(f"  {k:24s} {v:9.2f}{'x' if ' ' not in k else '/s'}")
+            return
         a, wall_a = run_tune("run 1", model, video, work / "tune1", args)
         b, wall_b = run_tune("run 2", model, video, work / "tune2", args)
         e, wall_e = run_tune("exhaustive", model, video, work / "exhaustive", args, exhaustive=True)

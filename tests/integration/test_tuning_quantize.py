@@ -53,7 +53,7 @@ def test_int8_nudenet_passes_the_gate_on_carphone_and_serves(nudenet_dir: Path, 
     assert gate.kind == "detections" and gate.reference_count >= 20  # a face in every held-apart frame
     assert gate.matched_share >= 0.99 and gate.mean_box_error_px is not None and gate.mean_box_error_px <= 2.0
     assert result.settings.float_nodes and all(n.startswith("/model.22/") for n in result.settings.float_nodes)
-    assert result.settings.engine == "nncf"  # NNCF is in the dev extra
+    assert result.settings.engine == "onnxruntime"  # auto: onnxruntime's QDQ first, and it passes on carphone
     # the candidate's detections come from the threshold lowered by the score bound; at the
     # pipeline's own threshold carphone's faces are all kept too
     assert gate.threshold == (0.25, pytest.approx(0.15)) and gate.strict_matched == gate.reference_count
@@ -67,6 +67,14 @@ def test_int8_nudenet_passes_the_gate_on_carphone_and_serves(nudenet_dir: Path, 
         x = np.stack([frames.inputs[i]["images"] for i in frames.held_apart[:4]])
         y = service.infer("nudenet", {"images": x})["output0"]
         assert y.shape == (4, 22, 2100) and float(y[:, 4:].max()) > 0.5  # the face is there
+
+
+def test_nncf_quantizes_and_its_model_passes_the_gate_on_carphone(nudenet_dir: Path, frames: Any, tmp_path: Path) -> None:
+    """The second engine (what ``auto`` falls back to when onnxruntime's QDQ is refused)."""
+    result = quantize(nudenet_dir, calibration=frames, engine="nncf")
+    assert result.passed, result.gate.summary()
+    assert result.settings.engine == "nncf" and not result.settings.accuracy_control and result.settings.float_nodes
+    assert result.gate.matched_share >= 0.99 and result.out is None  # out=None: nothing written
 
 
 def test_a_quantized_head_is_refused_and_nothing_written(nudenet_dir: Path, frames: Any, tmp_path: Path) -> None:

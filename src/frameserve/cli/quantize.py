@@ -27,7 +27,7 @@ def quantize_command(
     param: Annotated[list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable).")] = None,
     max_frames: Annotated[int, typer.Option("--max-frames", min=2, help="Frames read at most (half calibrate, half check).")] = 200,
     method: Annotated[str, typer.Option("--method", help="Calibration: minmax | percentile | entropy.")] = "minmax",
-    engine: Annotated[str, typer.Option("--engine", help="auto (NNCF when installed) | nncf | onnxruntime (static QDQ).")] = "auto",
+    engine: Annotated[str, typer.Option("--engine", help="auto (onnxruntime static QDQ, then NNCF when the gate refuses it and NNCF is installed) | onnxruntime | nncf.")] = "auto",
     accuracy_control: Annotated[bool, typer.Option("--accuracy-control/--no-accuracy-control", help="NNCF: when the gate refuses the plain int8 model, put the most harmful operations back to float until it passes.")] = True,
     include_head: Annotated[bool, typer.Option("--include-head", help="Quantize the detection head's decoding tail too (with --engine onnxruntime: the naive quantization, to see the gate refuse it).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
