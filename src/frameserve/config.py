@@ -8,6 +8,8 @@ environment at import time.
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,11 +19,24 @@ __all__ = ["Settings", "cpu_count"]
 
 
 def cpu_count() -> int:
-    """CPUs this process may run on (the affinity mask where the OS has one), at least 1."""
+    """CPUs this process can keep busy, at least 1: the affinity mask (where the OS has one),
+    capped by the cgroup CPU quota rounded down (a container's budget: a pod limited to 2 CPUs
+    on a 64-CPU node gets 2; rounding down because a pool sized to a fractional quota is
+    throttled at the end of each period). The same budget as ``frameserve sysinfo``'s."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+        cpus = max(1, os.cpu_count() or 1)
+    quota = _cgroup_quota()
+    return max(1, min(cpus, math.floor(quota))) if quota is not None else cpus
+
+
+@functools.cache
+def _cgroup_quota() -> float | None:
+    """The cgroup CPU quota in CPUs, read once per process (``None``: no quota)."""
+    from frameserve.cgroup import read_cgroup_limits
+
+    return read_cgroup_limits().cpu_quota_cpus
 
 
 @dataclass(frozen=True)

@@ -10,18 +10,15 @@ from pathlib import Path
 import pytest
 
 from frameserve.tuning import ISA_FLAGS, NumaNode, SystemInfo, system_info
-from frameserve.tuning._sysinfo import (
-    parse_cache_size,
+from frameserve.cgroup import (
     parse_cfs_quota,
     parse_cpu_max,
-    parse_cpuinfo,
-    parse_cpulist,
-    parse_meminfo_total,
     parse_memory_limit,
     parse_mountinfo,
     parse_proc_cgroup,
     read_cgroup_limits,
 )
+from frameserve.tuning._sysinfo import parse_cache_size, parse_cpuinfo, parse_cpulist, parse_meminfo_total
 
 pytestmark = pytest.mark.unit
 
