@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from frameserve.tuning import ISA_FLAGS, NumaNode, SystemInfo, system_info
 from frameserve.cgroup import (
     parse_cfs_quota,
     parse_cpu_max,
@@ -18,6 +17,7 @@ from frameserve.cgroup import (
     parse_proc_cgroup,
     read_cgroup_limits,
 )
+from frameserve.tuning import ISA_FLAGS, NumaNode, SystemInfo, system_info
 from frameserve.tuning._sysinfo import parse_cache_size, parse_cpuinfo, parse_cpulist, parse_meminfo_total
 
 pytestmark = pytest.mark.unit
