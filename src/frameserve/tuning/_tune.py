@@ -292,8 +292,9 @@ def tune(
             if calibration is not None and pipeline is not None:
                 stage(f"calibration frames from {calibration}")
                 frames = calibration_frames(calibration, pipeline, completed, model=name, params=params)
-                stage("int8: quantizing (onnxruntime static QDQ) and gating against fp32")
+                stage("int8: quantizing and gating against fp32")
                 int8 = quantize(Path(model_dir), calibration=frames, max_drop=max_drop, work_dir=tmp, machine=machine)
+                stage(f"int8: {int8.settings.describe()}; gate {int8.gate.summary()}")
                 if int8.passed:
                     (staging / str(int8_version)).mkdir()
                     (tmp / f"{name}.int8.onnx").rename(staging / str(int8_version) / "model.onnx")
