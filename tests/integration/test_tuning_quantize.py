@@ -84,3 +84,21 @@ def test_a_quantized_head_is_refused_and_nothing_written(nudenet_dir: Path, fram
     assert not result.passed and result.settings.float_nodes == ()
     assert any("score moved" in r for r in result.gate.reasons), result.gate.summary()
     assert not (tmp_path / "out").exists() and result.out is None
+
+
+def test_weak_detections_fall_back_to_nncf_with_accuracy_control_and_pass(nudenet_dir: Path, tmp_path: Path, real_asset) -> None:  # type: ignore[no-untyped-def]
+    """Big Buck Bunny (a cartoon: nudenet's detections score 0.25-0.5, next to its threshold):
+    onnxruntime's QDQ is refused, so ``auto`` quantizes with NNCF; its plain int8 is refused
+    too, so NNCF's accuracy control reverts operations to float until the gate passes."""
+    session = load_session(ModelConfig("nudenet"), nudenet_dir / "1" / "model.onnx", threads=1)
+    frames = calibration_frames(real_asset("bigbuckbunny.mp4"), "nudenet", session.config, model="nudenet", max_frames=60)
+    assert len(frames.held_apart) >= 20
+    result = quantize(nudenet_dir, calibration=frames, out=tmp_path / "out")
+    gate, settings = result.gate, result.settings
+    assert any(n.startswith("onnxruntime's QDQ refused") for n in result.notes), result.notes
+    assert settings.engine == "nncf" and settings.accuracy_control and 1 <= len(settings.reverted) <= 10, settings.to_dict()
+    assert result.passed, gate.summary()
+    assert gate.reference_count >= 20 and gate.matched_share >= 0.99
+    assert gate.mean_box_error_px is not None and gate.mean_box_error_px <= 2.0 and gate.max_score_change <= 0.1
+    assert gate.strict_matched is not None and gate.strict_matched <= gate.matched  # recorded beside the verdict
+    assert is_quantized(tmp_path / "out" / "nudenet" / "2" / "model.onnx")
