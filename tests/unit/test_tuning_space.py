@@ -108,36 +108,9 @@ def planted(c: Candidate) -> float:
     return score
 
 
-def interacting(c: Candidate) -> float:
-    """Engine and layout interact: OpenVINO bf16 is the best engine only as 1 instance of 2
-    threads; at 2 single-thread instances onnxruntime int8 beats it (this CPU's measured shape)."""
-    best_layout = {"ov-bf16": "1x2", "ort-int8": "2x1"}
-    base = {"ov-bf16": 240.0, "ort-int8": 200.0, "ort-fp32": 100.0}.get(c.engine.label, 90.0)
-    if c.engine.label in best_layout and c.layout.label.split()[0] != best_layout[c.engine.label]:
-        base *= 0.55
-    return base * (1.0 + (c.batching.preferred / 16 if c.batching.dynamic else 0.0))
-
-
 def budget(max_trials: int) -> Budget:
     s = MeasureSettings(window_s=0.1, warmup_s=0.0, max_windows=2)
     return Budget(max_trials=max_trials, time_s=1e9, settings=s, repeat_settings=s)
-
-
-def test_engine_and_layout_are_searched_together() -> None:
-    """A plain coordinate search from ort-fp32 2x1 would move to ort-int8 (the best engine at
-    2x1) and never see ov-bf16 at 1x2; the first round's engine+layout line does."""
-    space = build_space(machine(cpus=2, flags=("avx2", "avx512f", "avx512_bf16", "amx_bf16")), max_batch_size=8,
-                        backends=("onnxruntime", "openvino"), int8=True)
-
-    def run(c: Candidate, conc: int, phase: str, settings: MeasureSettings) -> tuple[Measurement | None, str | None]:
-        return fake_measurement(interacting(c), 10.0), None
-
-    best = max(space.candidates, key=interacting)
-    assert best.engine.label == "ov-bf16" and best.layout.label == "1x2"
-    start = Candidate(Engine("onnxruntime", "fp32"), Layout(2, 1), Batching(False, 8), default_options("onnxruntime"))
-    result = Search(space, Objective("throughput"), run, budget(len(space) // 3)).run(start, start)
-    assert result.winner is not None and result.winner.engine.label == "ov-bf16" and result.winner.layout.label == "1x2", result.moves
-    assert result.moves[0]["dimension"] == "engine+layout" and result.moves[0]["to"].startswith("ov-bf16 1x2")
 
 
 def test_coordinate_search_finds_the_optimum_with_a_third_of_the_trials() -> None:
@@ -153,8 +126,8 @@ def test_coordinate_search_finds_the_optimum_with_a_third_of_the_trials() -> Non
     limit = len(space) // 3
     result = Search(space, Objective("throughput"), run, budget(limit)).run(start, start)
     assert result.winner == best, (result.winner, best)
-    assert len(result.trials) <= limit and result.stopped_by in ("converged", "trial budget")
-    assert {m["dimension"] for m in result.moves} >= {"engine+layout", "batching"}  # the path it took, and why
+    assert len(result.trials) <= limit and result.stopped_by == "converged"
+    assert {m["dimension"] for m in result.moves} >= {"layout", "batching", "engine"}  # the path it took, and why
     assert all(m["gain"] > 0.03 for m in result.moves) and result.moves[-1]["to"] == best.key
     assert {t.phase for t in result.trials} == {"default", "search", "repeat"}
     finalists = result.finalists

@@ -422,12 +422,7 @@ class Search:
 
     def _coordinate(self, start: Candidate) -> str:
         """Along each dimension in turn: measure the incumbent's untried neighbours and move to
-        the best if it gains ``min_gain``; rounds until none moves. The first round starts with
-        engine and layout together (every engine at every layout): they interact more than any
-        other pair (OpenVINO runs best as one instance of all threads, onnxruntime as one
-        single-thread instance per core), so an engine measured only at the incumbent's layout
-        loses to a worse engine that happens to suit it (measured: onnxruntime int8 at 2x1
-        stopped a plain coordinate search that never saw OpenVINO bf16 at 1x2, 25 % faster). Each line is compared with a
+        the best if it gains ``min_gain``; rounds until none moves. Each line is compared with a
         fresh measurement of the incumbent (measured again when the line's last trial would come
         more than :data:`STALE_TRIALS` trials after it), so a load change on the machine between lines does not pass
         for a difference between configurations."""
@@ -436,8 +431,8 @@ class Search:
             self._evaluate(incumbent, "search")
         for _round in range(4):
             moved = False
-            for dim in (("engine+layout", *DIMENSIONS) if _round == 0 else DIMENSIONS):
-                line = self._line(dim, incumbent)
+            for dim in DIMENSIONS:
+                line = [incumbent.with_dim(dim, v) for v in self.space.values(dim, incumbent)]
                 new = [c for c in line if c not in self._best]
                 if not new:
                     continue
@@ -457,17 +452,6 @@ class Search:
             if not moved:
                 return "converged"
         return "converged"
-
-    def _line(self, dim: str, incumbent: Candidate) -> list[Candidate]:
-        """The candidates along ``dim`` through ``incumbent`` (itself included); ``engine+layout``:
-        every engine at every layout, the incumbent's other coordinates kept."""
-        if dim != "engine+layout":
-            return [incumbent.with_dim(dim, v) for v in self.space.values(dim, incumbent)]
-        line: list[Candidate] = []
-        for engine in self.space.values("engine", incumbent):
-            at = incumbent.with_dim("engine", engine)
-            line.extend(c for c in (at.with_dim("layout", v) for v in self.space.layouts) if c in self.space and c not in line)
-        return line
 
     def _gains(self, new: Trial, old: Trial) -> bool:
         a, b = self._key(new), self._key(old)
