@@ -165,6 +165,9 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path, test_home: Path) -> None
         [*frameserve_command(), "tune", str(tmp_path / "conv"), "--time-budget", "120s", *SHAPE, "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
         env={**os.environ, "FRAMESERVE_HOME": str(test_home)},
+        # as a terminal's foreground job: a test run started in the background (`cmd &` in a
+        # script) ignores SIGINT, and a child inherits that, so its Ctrl-C would never arrive
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stderr is not None
