@@ -28,6 +28,7 @@ __all__ = [
     "parse_mountinfo",
     "parse_proc_cgroup",
     "read_cgroup_limits",
+    "read_text",
 ]
 
 _V1_UNLIMITED_BYTES = 1 << 62
@@ -149,7 +150,8 @@ class CgroupLimits:
     memory_path: str | None = None
 
 
-def _read(path: Path) -> str | None:
+def read_text(path: Path) -> str | None:
+    """A kernel file's text, ``None`` when it cannot be read (missing, no permission)."""
     try:
         return path.read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -181,22 +183,22 @@ def _min_over(dirs: list[Path], read_one: Callable[[Path], Any]) -> tuple[Any, s
 
 
 def _v2_cpu(d: Path) -> float | None:
-    text = _read(d / "cpu.max")
+    text = read_text(d / "cpu.max")
     return None if text is None else parse_cpu_max(text)
 
 
 def _v2_mem(d: Path) -> int | None:
-    text = _read(d / "memory.max")
+    text = read_text(d / "memory.max")
     return None if text is None else parse_memory_limit(text)
 
 
 def _v1_cpu(d: Path) -> float | None:
-    quota, period = _read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")
+    quota, period = read_text(d / "cpu.cfs_quota_us"), read_text(d / "cpu.cfs_period_us")
     return None if quota is None or period is None else parse_cfs_quota(quota, period)
 
 
 def _v1_mem(d: Path) -> int | None:
-    text = _read(d / "memory.limit_in_bytes")
+    text = read_text(d / "memory.limit_in_bytes")
     return None if text is None else parse_memory_limit(text)
 
 
@@ -209,15 +211,15 @@ def read_cgroup_limits(root: Path = Path("/")) -> CgroupLimits:
     (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, ``memory.limit_in_bytes``; a hybrid system
     keeps them there). Missing or unreadable files mean "no limit", never an error.
     """
-    membership = parse_proc_cgroup(_read(root / "proc/self/cgroup") or "")
-    mounts = parse_mountinfo(_read(root / "proc/self/mountinfo") or "")
+    membership = parse_proc_cgroup(read_text(root / "proc/self/cgroup") or "")
+    mounts = parse_mountinfo(read_text(root / "proc/self/mountinfo") or "")
     found: dict[str, tuple[Any, str | None]] = {}
     version: int | None = None
     v2 = next((m for m in mounts if m.fstype == "cgroup2"), None)
     if v2 is not None and "" in membership:
         dirs = _cgroup_dirs(root, v2, membership[""])
         # the controllers this cgroup has (a hybrid system keeps cpu and memory on v1 mounts)
-        enabled = set((_read(dirs[0] / "cgroup.controllers") or "").split())
+        enabled = set((read_text(dirs[0] / "cgroup.controllers") or "").split())
         for controller, reader in (("cpu", _v2_cpu), ("memory", _v2_mem)):
             if controller in enabled:
                 found[controller] = _min_over(dirs, reader)

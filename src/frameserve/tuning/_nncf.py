@@ -28,7 +28,12 @@ import numpy as np
 
 from frameserve.errors import BackendUnavailableError, ModelConfigError
 
-__all__ = ["NncfResult", "Restorer", "nncf_available", "quantize_nncf", "quantized_ops"]
+__all__ = ["NncfResult", "Restorer", "batch_of_one", "nncf_available", "quantize_nncf", "quantized_ops"]
+
+
+def batch_of_one(sample: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+    """One sample's inputs (without the batch dim) as a batch of one: ``[...] -> [1, ...]``."""
+    return {k: np.asarray(v)[None] for k, v in sample.items()}
 
 
 def nncf_available() -> bool:
@@ -115,7 +120,7 @@ def quantize_nncf(
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{i}"
-    cal = nncf.Dataset(list(calibration), lambda x: {k: np.asarray(v)[None] for k, v in x.items()})
+    cal = nncf.Dataset(list(calibration), batch_of_one)
     common: dict[str, Any] = {
         "preset": nncf.QuantizationPreset.MIXED,
         "subset_size": len(calibration),

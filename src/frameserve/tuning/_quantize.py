@@ -44,7 +44,7 @@ from frameserve.pipeline.loader import PipelineDef, instantiate, load_pipeline
 from frameserve.repository import ModelRepository
 from frameserve.service import InferenceService
 from frameserve.tuning._accuracy import GateLimits, GateResult, at_threshold, compare_results, lowered_threshold
-from frameserve.tuning._nncf import Restorer, nncf_available, quantize_nncf
+from frameserve.tuning._nncf import Restorer, batch_of_one, nncf_available, quantize_nncf
 from frameserve.tuning._sysinfo import SystemInfo, system_info
 from frameserve.tuning._targets import resolve_model
 
@@ -367,7 +367,7 @@ def quantize_onnx(
 
             def get_next(self) -> dict[str, np.ndarray[Any, Any]] | None:
                 item = next(self._it, None)
-                return None if item is None else {k: np.asarray(v)[None] for k, v in item.items()}
+                return None if item is None else batch_of_one(item)
 
         methods = {"minmax": q.CalibrationMethod.MinMax, "percentile": q.CalibrationMethod.Percentile,
                    "entropy": q.CalibrationMethod.Entropy}
@@ -433,8 +433,7 @@ def gate(
     limits = limits or GateLimits()
     budget = threads or system_info().cpu_budget
     held = list(frames.held_apart)
-    cls = frames.pipeline.load_class()
-    lowered = lowered_threshold(cls.params, limits.max_detection_score_change)
+    lowered = _lowered(frames, limits)
     with InferenceService(threads=budget) as service:
         results = []
         for name, variant in (("reference", reference), ("candidate", candidate)):
@@ -657,7 +656,7 @@ def _quantize_with_nncf(
         return settings, verdict
     with _GateMetric(reference, frames, limits, threads) as metric:
         restored = quantize_nncf(path, int8, frames.calibration, float_nodes=excluded, restorer=Restorer(
-            items=list(frames.held_apart), feed=lambda p: {k: np.asarray(v)[None] for k, v in frames.inputs[p].items()},
+            items=list(frames.held_apart), feed=lambda p: batch_of_one(frames.inputs[p]),
             validate=metric, max_drop=limits.max_drop,
         ))
     settings = dataclasses.replace(settings, seconds=plain.seconds + restored.seconds, accuracy_control=True,
@@ -674,8 +673,7 @@ class _GateMetric:
     def __init__(self, reference: Variant, frames: CalibrationFrames, limits: GateLimits, threads: int) -> None:
         self._frames, self._limits = frames, limits
         self._service = InferenceService(threads=threads)
-        cls = frames.pipeline.load_class()
-        lowered = lowered_threshold(cls.params, limits.max_detection_score_change)
+        lowered = _lowered(frames, limits)
         self._override = lowered[0] if lowered is not None else None
         self._config = _gate_config(reference.config, threads)
         self._service.register("reference", reference.path, config=self._config)
@@ -702,6 +700,11 @@ class _GateMetric:
         if not verdict.passed:
             metric = min(metric, 1.0 - self._limits.max_drop - 1e-3)
         return metric, per
+
+
+def _lowered(frames: CalibrationFrames, limits: GateLimits) -> tuple[dict[str, Any], float, float] | None:
+    """The candidate's parameter override of the gate's hysteresis (:func:`lowered_threshold`)."""
+    return lowered_threshold(frames.pipeline.load_class().params, limits.max_detection_score_change)
 
 
 def _gate_config(config: Mapping[str, Any], threads: int) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from frameserve.cgroup import (
     parse_proc_cgroup,
     read_cgroup_limits,
 )
+from frameserve.cgroup import read_text as _read
 
 __all__ = [
     "ISA_FLAGS",
@@ -152,13 +153,6 @@ def parse_cache_size(text: str) -> int:
     if not m:
         raise ValueError(f"not a cache size: {text!r}")
     return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
 
 
 def parse_meminfo_total(text: str) -> int | None:
