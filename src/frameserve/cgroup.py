@@ -6,6 +6,9 @@ Read from the kernel's files: ``/proc/self/cgroup`` (which cgroup the process is
 files of the process's cgroup and its ancestors. Every ``parse_*`` function takes the text of one
 file, so tests feed fixed texts; :func:`read_cgroup_limits` reads them under a root folder.
 
+Also the kernel's CPU-list format (``cpuset.cpus``, sysfs ``shared_cpu_list``, ``taskset -c``):
+:func:`parse_cpulist`.
+
 A base-layer module (beside :mod:`frameserve.config`): the default thread budget
 (:func:`frameserve.config.cpu_count`) and ``frameserve sysinfo`` both read it, so a pod with a
 2-CPU limit on a 64-CPU node sizes its thread pools to 2, not 64.
@@ -24,12 +27,17 @@ __all__ = [
     "CgroupMount",
     "parse_cfs_quota",
     "parse_cpu_max",
+    "parse_cpulist",
     "parse_memory_limit",
     "parse_mountinfo",
     "parse_proc_cgroup",
     "read_cgroup_limits",
     "read_text",
 ]
+
+_MAX_CPU_ID = 1 << 16
+"""CPU ids in a CPU list stay below this (Linux's ``NR_CPUS`` is at most 8192): a list from an
+option cannot make a set of a billion ids."""
 
 _V1_UNLIMITED_BYTES = 1 << 62
 """cgroup v1 writes "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 on 4 KiB pages);
@@ -49,6 +57,34 @@ def parse_cpu_max(text: str) -> float | None:
     quota_us = int(parts[0])
     period_us = int(parts[1]) if len(parts) > 1 else 100_000
     return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """Parse a kernel CPU list (``"0-3,8,10-11"``; empty = none) into CPU ids (the format of
+    ``cpuset(7)``'s "List format").
+
+    Raises:
+        ValueError: not a CPU list (a part that is not a number or an ascending range).
+    """
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if sep:
+            first, last = int(lo), int(hi)
+            if first > last:
+                raise ValueError(f"CPU range {part!r} runs backwards")
+            if last >= _MAX_CPU_ID:
+                raise ValueError(f"CPU {last} is past the largest CPU id ({_MAX_CPU_ID - 1})")
+            cpus.update(range(first, last + 1))
+        else:
+            cpu = int(lo)
+            if cpu >= _MAX_CPU_ID:
+                raise ValueError(f"CPU {cpu} is past the largest CPU id ({_MAX_CPU_ID - 1})")
+            cpus.add(cpu)
+    return frozenset(cpus)
 
 
 def parse_cfs_quota(quota_text: str, period_text: str) -> float | None:

@@ -15,7 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Settings", "cpu_count"]
+from frameserve.cgroup import parse_cpulist
+
+__all__ = ["CPUS_AUTO", "Settings", "cpu_count", "pinned_cpus"]
+
+CPUS_AUTO = "auto"
+"""The default of :func:`pinned_cpus`: the last CPU this process may run on, when it may run on
+two or more."""
 
 
 def cpu_count() -> int:
@@ -29,6 +35,44 @@ def cpu_count() -> int:
         cpus = max(1, os.cpu_count() or 1)
     quota = _cgroup_quota()
     return max(1, min(cpus, math.floor(quota))) if quota is not None else cpus
+
+
+def pinned_cpus(spec: str, allowed: frozenset[int] | None = None, *, option: str = "--grpc-cpus") -> frozenset[int] | None:
+    """The CPUs a server's Python threads are kept on, from an option such as ``serve
+    --grpc-cpus`` (:class:`~frameserve.protocol.grpc._threaded.ThreadedGrpcServer` says why).
+
+    Args:
+        spec: ``auto`` (:data:`CPUS_AUTO`): the highest CPU of ``allowed`` when it holds two or
+            more, else none; ``all``: none (the threads run wherever the kernel puts them);
+            otherwise a kernel CPU list (``"3"``, ``"2,3"``, ``"0-1"``).
+        allowed: the CPUs this process may run on (default: ``os.sched_getaffinity(0)``;
+            every CPU where that is not available).
+
+    Returns:
+        The CPU set, or ``None`` for no pinning.
+
+    Raises:
+        ValueError: ``spec`` is not one of those forms, is empty, or names a CPU outside
+            ``allowed`` (the message names ``option`` and lists the allowed ones).
+    """
+    if allowed is None:
+        allowed = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+    text = spec.strip().lower()
+    if text == "all":
+        return None
+    if text == CPUS_AUTO:
+        return frozenset({max(allowed)}) if len(allowed) >= 2 else None
+    try:
+        cpus = parse_cpulist(text)
+    except ValueError:
+        cpus = frozenset()
+    shown = ",".join(str(c) for c in sorted(allowed)) or "(unknown)"
+    if not cpus:
+        raise ValueError(f"{option} {spec!r}: expected auto, all or a CPU list such as 3, 2,3 or 0-1 (allowed: {shown})")
+    if allowed and not cpus <= allowed:
+        outside = ",".join(str(c) for c in sorted(cpus - allowed))
+        raise ValueError(f"{option} {spec!r}: CPU {outside} is not one this process may run on (allowed: {shown})")
+    return cpus
 
 
 @functools.cache

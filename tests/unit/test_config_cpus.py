@@ -43,3 +43,59 @@ def test_a_v2_cpu_max_under_a_root_is_the_quota(tmp_path: Path) -> None:
     (pod / "memory.max").write_text("max\n")
     limits = read_cgroup_limits(tmp_path)
     assert limits.version == 2 and limits.cpu_quota_cpus == 1.5 and limits.memory_limit_bytes is None
+
+
+# -- serve --grpc-cpus ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "allowed", "expected"),
+    [
+        ("auto", {0, 1, 2, 3}, {3}),
+        ("AUTO", {4, 9}, {9}),
+        ("auto", {5}, None),  # one CPU: nothing to keep apart
+        ("all", {0, 1}, None),
+        ("2-3", {0, 1, 2, 3}, {2, 3}),
+        (" 1 ", {0, 1}, {1}),
+        ("0,2", {0, 1, 2}, {0, 2}),
+    ],
+)
+def test_pinned_cpus_reads_auto_all_and_cpu_lists(spec: str, allowed: set[int], expected: set[int] | None) -> None:
+    got = config.pinned_cpus(spec, frozenset(allowed))
+    assert got == (frozenset(expected) if expected is not None else None)
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ("4", "CPU 4 is not one this process may run on (allowed: 0,1)"),
+        ("1-5", "CPU 2,3,4,5 is not one this process may run on"),
+        ("x", "expected auto, all or a CPU list"),
+        ("", "expected auto, all or a CPU list"),
+        ("3-1", "expected auto, all or a CPU list"),
+        ("0-4000000000", "expected auto, all or a CPU list"),  # never a set of 4e9 ids
+        ("-1", "expected auto, all or a CPU list"),
+    ],
+)
+def test_pinned_cpus_refuses_what_it_cannot_apply(spec: str, said: str) -> None:
+    with pytest.raises(ValueError, match="--grpc-cpus") as exc:
+        config.pinned_cpus(spec, frozenset({0, 1}))
+    assert said in str(exc.value)
+
+
+def test_a_cpu_list_caps_its_ids() -> None:
+    from frameserve.cgroup import parse_cpulist
+
+    assert parse_cpulist("0-3,8") == frozenset({0, 1, 2, 3, 8})
+    for text in ("0-70000", "70000", "5-2"):
+        with pytest.raises(ValueError):
+            parse_cpulist(text)
+
+
+def test_server_options_refuse_a_bad_grpc_cpus() -> None:
+    from frameserve.errors import InvalidInputError
+    from frameserve.server import ServerOptions
+
+    with pytest.raises(InvalidInputError, match="--grpc-cpus 'nope'"):
+        ServerOptions(grpc_cpus="nope")
+    assert ServerOptions(grpc_cpus="all").grpc_cpus == "all"

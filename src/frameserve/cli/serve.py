@@ -62,6 +62,7 @@ def serve_command(
     allow_client_shm: Annotated[bool, typer.Option("--allow-client-shm/--no-allow-client-shm", help="Serve Triton's system shared-memory extension: clients on this host register /dev/shm objects and pass tensors through them (perf_analyzer --shared-memory system). Off by default: a client with the infer role may then read and write this user's /dev/shm objects (Triton's flag).")] = False,
     http_workers: Annotated[int, typer.Option("--http-workers", min=1, max=256, help="Front-end processes serving HTTP, sharing the port (SO_REUSEPORT; Linux). Above 1 (or --grpc-workers above 1), HTTP and gRPC move to front-end processes that hand every request to this one, which keeps the models and their batchers.")] = 1,
     grpc_workers: Annotated[int, typer.Option("--grpc-workers", min=1, max=256, help="Front-end processes serving gRPC, sharing the port (see --http-workers).")] = 1,
+    grpc_cpus: Annotated[str, typer.Option("--grpc-cpus", help="CPUs the gRPC server's Python threads (its poll thread and pool) are kept on: auto (the last CPU this process may run on, when it has two or more), all (no pinning) or a CPU list such as 3 or 2-3. They take turns on one interpreter lock, and handing it between CPUs costs a cross-CPU wake-up each time. Model instances are not affected.")] = "auto",
     tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="PEM certificate chain: serve HTTPS, gRPC over TLS and metrics over HTTPS (with --tls-key).")] = None,
     tls_key: Annotated[Path | None, typer.Option("--tls-key", help="PEM private key of --tls-cert.")] = None,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="Intra-op threads per model instance (default: the CPUs shared among all instances).")] = None,
@@ -135,6 +136,7 @@ def serve_command(
             allow_client_shm=allow_client_shm,
             http_workers=http_workers,
             grpc_workers=grpc_workers,
+            grpc_cpus=grpc_cpus,
         )
         _check_startup_models(options.startup_models, repository.models())
         _check_exposure(options, allow_unauthenticated=allow_unauthenticated)

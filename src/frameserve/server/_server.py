@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from frameserve.config import pinned_cpus
 from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.protocol import MODEL_CONTROL_MODES
 from frameserve.protocol.http import (
@@ -108,6 +109,12 @@ class ServerOptions:
             (:mod:`frameserve.server._workers`; Linux only).
         frontend_shm_bytes: shared memory per front-end process for the tensors in flight
             (:data:`~frameserve.server._channel.DEFAULT_ARENA_BYTES`).
+        grpc_cpus: the CPUs the gRPC server's Python threads are kept on (``serve
+            --grpc-cpus``): ``auto`` (default: the last CPU this process may run on, when it
+            may run on two or more), ``all`` (no pinning) or a CPU list such as ``"3"``
+            (:func:`~frameserve.config.pinned_cpus`). Model instances are not affected.
+            Front-end processes (``grpc_workers`` above 1) serve gRPC on one event loop and are
+            not pinned.
     """
 
     host: str = "127.0.0.1"
@@ -133,6 +140,7 @@ class ServerOptions:
     http_workers: int = 1
     grpc_workers: int = 1
     frontend_shm_bytes: int = DEFAULT_ARENA_BYTES
+    grpc_cpus: str = "auto"
 
     @property
     def workers(self) -> int:
@@ -175,8 +183,21 @@ class ServerOptions:
                 raise InvalidInputError(f"{name} must be 1..256, got {n!r}")
         if self.workers and not sys.platform.startswith("linux"):
             raise InvalidInputError("--http-workers/--grpc-workers above 1 need Linux (SO_REUSEPORT, memfd_create)")
+        _grpc_cpus(self.grpc_cpus)  # raises InvalidInputError for a bad --grpc-cpus
         if self.frontend_shm_bytes < 1 << 20:
             raise InvalidInputError(f"frontend_shm_bytes must be >= 1 MiB, got {self.frontend_shm_bytes}")
+
+
+def _grpc_cpus(spec: str) -> frozenset[int] | None:
+    """``ServerOptions.grpc_cpus`` resolved (:func:`~frameserve.config.pinned_cpus`).
+
+    Raises:
+        InvalidInputError: not ``auto``, ``all`` or a CPU list of this process's CPUs.
+    """
+    try:
+        return pinned_cpus(spec)
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -551,6 +572,7 @@ class Server:
             self.service, address, model_control_mode=opts.model_control_mode, tokens=opts.tokens,
             auth_health=opts.auth_health, tls=self._tls, limits=opts.limits,
             max_message_bytes=opts.max_body_bytes, shared_memory=self.shared_memory,
+            cpus=_grpc_cpus(opts.grpc_cpus),
         )
         server.start()
         self._ports["grpc"] = bound_port(server)

@@ -22,6 +22,7 @@ from frameserve.cgroup import (
     CgroupMount,
     parse_cfs_quota,
     parse_cpu_max,
+    parse_cpulist,
     parse_memory_limit,
     parse_mountinfo,
     parse_proc_cgroup,
@@ -122,25 +123,6 @@ def parse_cpuinfo(text: str) -> CpuInfo:
         sockets=max(1, len(sockets_seen)),
         flags=flags,
     )
-
-
-def parse_cpulist(text: str) -> frozenset[int]:
-    """Parse a kernel CPU list (``"0-3,8,10-11"``; empty = none) into CPU ids.
-
-    Raises:
-        ValueError: not a CPU list.
-    """
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        if sep:
-            cpus.update(range(int(lo), int(hi) + 1))
-        else:
-            cpus.add(int(lo))
-    return frozenset(cpus)
 
 
 def parse_cache_size(text: str) -> int:

@@ -95,6 +95,7 @@ def create_server(
     limits: TensorLimits = DEFAULT_LIMITS,
     shared_memory: SharedMemoryRegistry | None = None,
     threads: int = DEFAULT_THREADS,
+    cpus: frozenset[int] | None = None,
 ) -> ThreadedGrpcServer:
     """Build (not start) the gRPC server for ``service`` listening on ``address``: a thread-pool
     ``grpc.server`` (:mod:`frameserve.protocol.grpc._threaded` says why not ``grpc.aio``).
@@ -117,6 +118,9 @@ def create_server(
         shared_memory: the server's registry of client system shared-memory regions (shared
             with the HTTP routes); ``None``: the extension is refused.
         threads: the pool's threads (calls in progress at once; a stream holds one).
+        cpus: keep the threads that run the server's Python code on these CPUs
+            (:func:`~frameserve.protocol.grpc._threaded.resolve_cpus`, ``serve --grpc-cpus``);
+            ``None`` (default): no pinning.
 
     Raises:
         ValueError: ``max_message_bytes`` or ``threads`` < 1.
@@ -149,7 +153,7 @@ def create_server(
         port = server.add_secure_port(address, grpc.ssl_server_credentials([tls]))
     else:
         port = server.add_insecure_port(address)
-    return ThreadedGrpcServer(server, port, loop)
+    return ThreadedGrpcServer(server, port, loop, cpus=cpus)
 
 
 SERVICE_NAME = "inference.GRPCInferenceService"
