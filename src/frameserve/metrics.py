@@ -171,25 +171,55 @@ class Metrics(Collector):
         """The requests of one batch answered with outputs: :meth:`record_success` for each
         (request and queue durations per request, the batch's compute durations in ns), under
         one lock acquisition."""
-        n = len(request_ns)
+        with self._lock:
+            self._record_successes(self._get(model, version), request_ns, queue_ns, compute_input_ns, compute_infer_ns,
+                                   compute_output_ns)
+
+    def record_batch(
+        self,
+        model: str,
+        version: int | str,
+        *,
+        batch_size: int,
+        request_ns: Sequence[int],
+        queue_ns: Sequence[int],
+        compute_input_ns: int,
+        compute_infer_ns: int,
+        compute_output_ns: int,
+    ) -> None:
+        """:meth:`record_execution` of one batch and :meth:`record_successes` of its requests
+        answered with outputs (``request_ns`` / ``queue_ns``: one per such request, possibly
+        none), under one lock acquisition."""
         with self._lock:
             series = self._get(model, version)
-            series.success += n
-            totals, hists = series.duration_ns, series.histograms
-            for key, values in (("request", request_ns), ("queue", queue_ns)):
-                hist = hists[key]
-                for ns in values:
-                    ns = max(0, int(ns))
-                    totals[key] += ns
-                    hist.observe(ns / 1000)
-            for key, ns in (
-                ("compute_input", compute_input_ns), ("compute_infer", compute_infer_ns), ("compute_output", compute_output_ns)
-            ):
+            series.exec_count += 1
+            series.inference_count += batch_size
+            if request_ns:
+                self._record_successes(series, request_ns, queue_ns, compute_input_ns, compute_infer_ns, compute_output_ns)
+
+    @staticmethod
+    def _record_successes(
+        series: _Series, request_ns: Sequence[int], queue_ns: Sequence[int], compute_input_ns: int,
+        compute_infer_ns: int, compute_output_ns: int,
+    ) -> None:
+        """Under the lock: requests of one batch answered with outputs."""
+        n = len(request_ns)
+        series.success += n
+        totals, hists = series.duration_ns, series.histograms
+        for key, values in (("request", request_ns), ("queue", queue_ns)):
+            hist = hists[key]
+            for ns in values:
                 ns = max(0, int(ns))
-                totals[key] += n * ns
-                hist = hists[key]
-                hist.counts[bisect.bisect_left(hist.bounds, ns / 1000)] += n
-                hist.total += n * ns / 1000
+                totals[key] += ns
+                hist.observe(ns / 1000)
+        for key, ns in (
+            ("compute_input", compute_input_ns), ("compute_infer", compute_infer_ns), ("compute_output", compute_output_ns)
+        ):
+            ns = max(0, int(ns))
+            totals[key] += n * ns
+            hist = hists[key]
+            hist.counts[bisect.bisect_left(hist.bounds, ns / 1000)] += n
+            hist.total += n * ns / 1000
 
     def record_failure(self, model: str, version: int | str, reason: str) -> None:
         """One request answered with an error.

@@ -203,9 +203,10 @@ class _SignallingStats(ModelStats):
         super().__init__("m", 1)
         self.success = threading.Event()
 
-    def record_successes(self, request_ns: Any, queue_ns: Any, **kw: int) -> None:
-        super().record_successes(request_ns, queue_ns, **kw)
-        self.success.set()
+    def record_batch(self, *, request_ns: Any, **kw: Any) -> None:
+        super().record_batch(request_ns=request_ns, **kw)
+        if request_ns:
+            self.success.set()
 
 
 def test_preserve_ordering_holds_later_answers() -> None:

@@ -449,11 +449,12 @@ class EnsembleScheduler:
             return
         request_ns = self.clock.now_ns() - run.arrival_ns
         times = {"compute_input_ns": run.input_ns, "compute_infer_ns": run.infer_ns, "compute_output_ns": run.output_ns}
-        self.stats.record_execution(batch_size=run.batch_size, **times)
-        self.stats.record_success(request_ns=request_ns, queue_ns=run.queue_ns, **times)
+        self.stats.record_batch(batch_size=run.batch_size, request_ns=[request_ns], queue_ns=[run.queue_ns], **times)
         if self.metrics is not None:
-            self.metrics.record_execution(self.name, self.version, batch_size=run.batch_size)
-            self.metrics.record_successes(self.name, self.version, [request_ns], [run.queue_ns], **times)
+            self.metrics.record_batch(
+                self.name, self.version, batch_size=run.batch_size, request_ns=[request_ns], queue_ns=[run.queue_ns],
+                **times,
+            )
         _settle(run.future, result, None)
         self._done(run)
 

@@ -76,6 +76,28 @@ class BatchQueue:
         self._ready[level].append(request)
         self._count += 1
 
+    def admit_alone(self, request: QueuedRequest) -> bool:
+        """Whether ``request`` goes at once as a batch of its own because nothing is queued and
+        the rule sends it without waiting (no dynamic batching; its size is a preferred size or
+        reaches the largest one, ``max_batch_size`` when none is given; or no queue delay):
+        then it gets its level, deadline and seq as :meth:`add` gives them, without being
+        queued, and the caller dispatches it. ``False``: nothing changed; :meth:`add` it."""
+        if self._count:
+            return False
+        policy = self.policy
+        if policy.dynamic and policy.max_queue_delay_us:
+            preferred = policy.preferred_batch_sizes
+            size = request.batch_size
+            if size not in preferred and size < (preferred[-1] if preferred else policy.max_batch_size):
+                return False
+        level = policy.level_of(request.priority)
+        timeout_us = policy.policy(level).timeout_us(request.timeout_us)
+        request.level = level
+        request.deadline_ns = request.arrival_ns + timeout_us * 1000 if timeout_us else None
+        request.seq = self._next_seq
+        self._next_seq += 1
+        return True
+
     def _order(self) -> Iterator[QueuedRequest]:
         for level in self.policy.levels:
             yield from self._ready[level]

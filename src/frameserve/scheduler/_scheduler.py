@@ -230,35 +230,33 @@ class Scheduler:
             SchedulerStoppedError: the scheduler is stopping.
         """
         queued = QueuedRequest(request, batch_size=batch_size)
+        target: _Instance | None = None
         with self._cond:
             if not self._accepting:
                 raise SchedulerStoppedError(f"model {self.name!r} version {self.version} is being unloaded")
             queued.arrival_ns = self.clock.now_ns()
-            try:
-                self._queue.add(queued)
-            except ResourceExhaustedError:
-                self.stats.record_failure(request_ns=0)
+            if self._idle and self._queue.admit_alone(queued):
+                # Fast path: nothing queued, an instance idle and the rule sends it now: hand
+                # it over from this thread (one thread switch fewer), never queued (so never
+                # counted as pending).
+                target = self._idle.pop()
+                queued.dispatch_ns = queued.arrival_ns
+                self._fast_handovers += 1
+                if inline and inline_under_ns is not None:
+                    inline = self._exec_avg_ns is not None and self._exec_avg_ns < inline_under_ns
+            else:
+                try:
+                    self._queue.add(queued)
+                except ResourceExhaustedError:
+                    self.stats.record_failure(request_ns=0)
+                    if self.metrics is not None:
+                        self.metrics.record_failure(self.name, self.version, "REJECTED")
+                    raise
                 if self.metrics is not None:
-                    self.metrics.record_failure(self.name, self.version, "REJECTED")
-                raise
-            if self.metrics is not None:
-                self.metrics.add_pending(self.name, self.version, 1)
-            batch: list[QueuedRequest] = []
-            target: _Instance | None = None
-            if inline and inline_under_ns is not None:
-                inline = self._exec_avg_ns is not None and self._exec_avg_ns < inline_under_ns
-            if self._idle and len(self._queue) == 1:
-                # Fast path: nothing else queued and an instance idle; hand over from this
-                # thread (one thread switch fewer) when the rule says "send now".
-                batch, _ = self._queue.form(queued.arrival_ns, flush=self._stopping)
-                if batch:
-                    target = self._idle.pop()
-                    queued.dispatch_ns = queued.arrival_ns
-                    self._fast_handovers += 1
-            if target is None:
+                    self.metrics.add_pending(self.name, self.version, 1)
                 self._cond.notify_all()  # the batcher decides (delay, deadlines)
         if target is not None:
-            self._hand_over(target, batch, here=inline and target.spec.cpu_set is None)
+            self._hand_over(target, [queued], counted=True, here=inline and target.spec.cpu_set is None)
         return queued.future
 
     def stop(self, *, drain: bool = True) -> None:
@@ -477,11 +475,6 @@ class Scheduler:
         t3 = clock.now_ns()
         input_ns, infer_ns, output_ns = t1 - t0, t2 - t1, t3 - t2
         self._note_execution(t3 - t0)
-        self.stats.record_execution(
-            batch_size=total, compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns
-        )
-        if self.metrics is not None:
-            self.metrics.record_execution(self.name, self.version, batch_size=total)
         ok: list[tuple[QueuedRequest, Outputs]] = []
         for r, outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, BaseException):
@@ -491,17 +484,17 @@ class Scheduler:
                 self._fail(r, error, "BACKEND")
             else:
                 ok.append((r, outcome))
-        if not ok:
-            return
         done = clock.now_ns()
         request_ns = [done - r.arrival_ns for r, _ in ok]
         queue_ns = [r.dispatch_ns - r.arrival_ns for r, _ in ok]
-        self.stats.record_successes(
-            request_ns, queue_ns, compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns
+        # the batch's execution and its answered requests, each recorded under one lock
+        self.stats.record_batch(
+            batch_size=total, request_ns=request_ns, queue_ns=queue_ns,
+            compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns,
         )
         if self.metrics is not None:
-            self.metrics.record_successes(
-                self.name, self.version, request_ns, queue_ns,
+            self.metrics.record_batch(
+                self.name, self.version, batch_size=total, request_ns=request_ns, queue_ns=queue_ns,
                 compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns,
             )
         for r, outcome in ok:

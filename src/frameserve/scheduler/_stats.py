@@ -56,15 +56,37 @@ class ModelStats:
     def record_execution(self, *, batch_size: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int) -> None:
         """One batch of ``batch_size`` inferences ran (successfully or not)."""
         with self._lock:
-            stats = self._batches.get(batch_size)
-            if stats is None:
-                stats = self._batches[batch_size] = {k: _Duration() for k in _BATCH_KEYS}
-            stats["compute_input"].add(compute_input_ns)
-            stats["compute_infer"].add(compute_infer_ns)
-            stats["compute_output"].add(compute_output_ns)
-            self._inference_count += batch_size
-            self._execution_count += 1
-            self._last_inference_ms = self._wall_ns() // 1_000_000
+            self._record_execution(batch_size, compute_input_ns, compute_infer_ns, compute_output_ns)
+
+    def record_batch(
+        self,
+        *,
+        batch_size: int,
+        request_ns: Sequence[int],
+        queue_ns: Sequence[int],
+        compute_input_ns: int,
+        compute_infer_ns: int,
+        compute_output_ns: int,
+    ) -> None:
+        """:meth:`record_execution` of one batch and :meth:`record_successes` of its requests
+        answered with outputs (``request_ns`` / ``queue_ns`` one per such request, possibly
+        none), under one lock acquisition."""
+        with self._lock:
+            self._record_execution(batch_size, compute_input_ns, compute_infer_ns, compute_output_ns)
+            if request_ns:
+                self._record_successes(request_ns, queue_ns, compute_input_ns, compute_infer_ns, compute_output_ns)
+
+    def _record_execution(self, batch_size: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int) -> None:
+        """Under ``self._lock``: one batch ran."""
+        stats = self._batches.get(batch_size)
+        if stats is None:
+            stats = self._batches[batch_size] = {k: _Duration() for k in _BATCH_KEYS}
+        stats["compute_input"].add(compute_input_ns)
+        stats["compute_infer"].add(compute_infer_ns)
+        stats["compute_output"].add(compute_output_ns)
+        self._inference_count += batch_size
+        self._execution_count += 1
+        self._last_inference_ms = self._wall_ns() // 1_000_000
 
     def record_success(
         self, *, request_ns: int, queue_ns: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
@@ -87,19 +109,26 @@ class ModelStats:
         """The requests of one batch answered with outputs: :meth:`record_success` for each
         (request and queue durations per request, the batch's compute durations), under one
         lock acquisition."""
-        n = len(request_ns)
         with self._lock:
-            req = self._req
-            for key, values in (("success", request_ns), ("queue", queue_ns)):
-                d = req[key]
-                d.count += n
-                d.ns += sum(max(0, int(v)) for v in values)
-            for key, ns in (
-                ("compute_input", compute_input_ns), ("compute_infer", compute_infer_ns), ("compute_output", compute_output_ns)
-            ):
-                d = req[key]
-                d.count += n
-                d.ns += n * max(0, int(ns))
+            self._record_successes(request_ns, queue_ns, compute_input_ns, compute_infer_ns, compute_output_ns)
+
+    def _record_successes(
+        self, request_ns: Sequence[int], queue_ns: Sequence[int], compute_input_ns: int, compute_infer_ns: int,
+        compute_output_ns: int,
+    ) -> None:
+        """Under ``self._lock``: requests of one batch answered with outputs."""
+        n = len(request_ns)
+        req = self._req
+        for key, values in (("success", request_ns), ("queue", queue_ns)):
+            d = req[key]
+            d.count += n
+            d.ns += sum(max(0, int(v)) for v in values)
+        for key, ns in (
+            ("compute_input", compute_input_ns), ("compute_infer", compute_infer_ns), ("compute_output", compute_output_ns)
+        ):
+            d = req[key]
+            d.count += n
+            d.ns += n * max(0, int(ns))
 
     def record_failure(self, *, request_ns: int) -> None:
         """One request answered with an error (rejected, timed out, cancelled or failed)."""
