@@ -309,7 +309,16 @@ def part_b(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
                         f"{unstable[0]} of {len(f)} frameserve runs missed perf_analyzer's stability criterion"))
     notes.append("(b) same model.py and config.pbtxt (max_batch_size 8, dynamic_batching {}, 1 CPU instance) "
                  f"on both; perf_analyzer throughput, stability criterion 10 % over 3 windows; CPU = the server and "
-                 f"its children per inference (its own statistics); {plan.pairs} pair(s)")
+                 f"its children per inference (its own statistics); {plan.pairs} pair(s); frameserve with "
+                 f"serve's defaults (--grpc-cpus auto: its gRPC Python threads on CPU {_grpc_cpu()})")
+
+
+def _grpc_cpu() -> str:
+    """The CPU ``serve --grpc-cpus auto`` keeps the gRPC server's Python threads on here."""
+    from frameserve.config import pinned_cpus
+
+    cpus = pinned_cpus("auto")
+    return ",".join(str(c) for c in sorted(cpus)) if cpus else "none (one CPU)"
 
 
 # ------------------------------------------------------------------------------------------------
