@@ -187,9 +187,10 @@ class Metrics(Collector):
         compute_infer_ns: int,
         compute_output_ns: int,
     ) -> None:
-        """:meth:`record_execution` of one batch and :meth:`record_successes` of its requests
-        answered with outputs (``request_ns`` / ``queue_ns``: one per such request, possibly
-        none), under one lock acquisition."""
+        """One batch of ``batch_size`` inferences executed (execution and inference counts) and,
+        as :meth:`record_successes`, its requests answered with outputs (``request_ns`` /
+        ``queue_ns``: one per such request, possibly none; durations in ns), under one lock
+        acquisition."""
         with self._lock:
             series = self._get(model, version)
             series.exec_count += 1
@@ -239,11 +240,12 @@ class Metrics(Collector):
             self._get(model, version).failure[reason] += 1
 
     def record_execution(self, model: str, version: int | str, *, batch_size: int) -> None:
-        """One batch of ``batch_size`` inferences executed."""
-        with self._lock:
-            series = self._get(model, version)
-            series.exec_count += 1
-            series.inference_count += batch_size
+        """One batch of ``batch_size`` inferences executed: :meth:`record_batch` with no answered
+        requests."""
+        self.record_batch(
+            model, version, batch_size=batch_size, request_ns=(), queue_ns=(),
+            compute_input_ns=0, compute_infer_ns=0, compute_output_ns=0,
+        )
 
     def add_pending(self, model: str, version: int | str, delta: int) -> None:
         """Change the pending (queued) request gauge by ``delta``."""

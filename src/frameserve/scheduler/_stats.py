@@ -54,9 +54,12 @@ class ModelStats:
         self._last_inference_ms = 0
 
     def record_execution(self, *, batch_size: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int) -> None:
-        """One batch of ``batch_size`` inferences ran (successfully or not)."""
-        with self._lock:
-            self._record_execution(batch_size, compute_input_ns, compute_infer_ns, compute_output_ns)
+        """One batch of ``batch_size`` inferences ran (successfully or not): :meth:`record_batch`
+        with no answered requests."""
+        self.record_batch(
+            batch_size=batch_size, request_ns=(), queue_ns=(),
+            compute_input_ns=compute_input_ns, compute_infer_ns=compute_infer_ns, compute_output_ns=compute_output_ns,
+        )
 
     def record_batch(
         self,
@@ -68,25 +71,22 @@ class ModelStats:
         compute_infer_ns: int,
         compute_output_ns: int,
     ) -> None:
-        """:meth:`record_execution` of one batch and :meth:`record_successes` of its requests
-        answered with outputs (``request_ns`` / ``queue_ns`` one per such request, possibly
-        none), under one lock acquisition."""
+        """One batch of ``batch_size`` inferences ran (its compute durations in ns go to
+        ``batch_stats``; inference and execution counts) and, as :meth:`record_successes`, its
+        requests answered with outputs (``request_ns`` / ``queue_ns`` one per such request,
+        possibly none), under one lock acquisition."""
         with self._lock:
-            self._record_execution(batch_size, compute_input_ns, compute_infer_ns, compute_output_ns)
+            stats = self._batches.get(batch_size)
+            if stats is None:
+                stats = self._batches[batch_size] = {k: _Duration() for k in _BATCH_KEYS}
+            stats["compute_input"].add(compute_input_ns)
+            stats["compute_infer"].add(compute_infer_ns)
+            stats["compute_output"].add(compute_output_ns)
+            self._inference_count += batch_size
+            self._execution_count += 1
+            self._last_inference_ms = self._wall_ns() // 1_000_000
             if request_ns:
                 self._record_successes(request_ns, queue_ns, compute_input_ns, compute_infer_ns, compute_output_ns)
-
-    def _record_execution(self, batch_size: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int) -> None:
-        """Under ``self._lock``: one batch ran."""
-        stats = self._batches.get(batch_size)
-        if stats is None:
-            stats = self._batches[batch_size] = {k: _Duration() for k in _BATCH_KEYS}
-        stats["compute_input"].add(compute_input_ns)
-        stats["compute_infer"].add(compute_infer_ns)
-        stats["compute_output"].add(compute_output_ns)
-        self._inference_count += batch_size
-        self._execution_count += 1
-        self._last_inference_ms = self._wall_ns() // 1_000_000
 
     def record_success(
         self, *, request_ns: int, queue_ns: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
