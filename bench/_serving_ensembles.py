@@ -3,7 +3,9 @@
   (d1) a detection ensemble (Python pre-process -> nudenet-320 on ORT -> Python post-process, as
        Triton's ``ensemble_scheduling``) served by frameserve / the same three steps called one
        after the other in one Python process (goal >= 0.95): the same pre- and post-process code
-       (``STEPS``), the same ORT session options.
+       (``STEPS``), the same ORT session options. Each step has ``dynamic_batching`` (the
+       in-process loop gets its best batch, 1 or 8, so the server gets its batcher), and the
+       served side is swept over protocol and concurrency up to 16.
   (d2) Triton's ensemble of three Python models (tests/data/triton_repo/ensemble_pipeline)
        on frameserve / on Triton 2.51, perf_analyzer HTTP and gRPC (goal >= 1.0).
 """
@@ -121,6 +123,7 @@ backend: "python"
 max_batch_size: 8
 input [ { name: "IMAGE" data_type: TYPE_UINT8 dims: [ 480, 640, 3 ] } ]
 output [ { name: "images" data_type: TYPE_FP32 dims: [ 3, 320, 320 ] } ]
+dynamic_batching { }
 instance_group [ { count: 1, kind: KIND_CPU } ]
 """,
     "det": """name: "det"
@@ -129,6 +132,7 @@ max_batch_size: 8
 input [ { name: "images" data_type: TYPE_FP32 dims: [ 3, 320, 320 ] } ]
 parameters { key: "ort_allow_spinning" value: { string_value: "0" } }
 parameters { key: "threads" value: { string_value: "{threads}" } }
+dynamic_batching { }
 instance_group [ { count: 1, kind: KIND_CPU } ]
 """,
     "det_post": """name: "det_post"
@@ -136,6 +140,7 @@ backend: "python"
 max_batch_size: 8
 input [ { name: "output0" data_type: TYPE_FP32 dims: [ 22, 2100 ] } ]
 output [ { name: "DETECTIONS" data_type: TYPE_FP32 dims: [ 20, 6 ] } ]
+dynamic_batching { }
 instance_group [ { count: 1, kind: KIND_CPU } ]
 """,
     "det_ensemble": """name: "det_ensemble"
@@ -218,7 +223,7 @@ def part_d(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
                     raise SystemExit(f"(d1) {when}: the ensemble over {protocol} differs from its steps in process")
         check("before")
         sweep = {(p, c): perf_analyzer(plan, "det_ensemble", p, srv.ports, c, pid=pid, shape=shape)
-                 for p in ("http", "grpc") for c in ((1, 4) if plan.quick else (1, 2, 4))}
+                 for p in ("http", "grpc") for c in ((1, 4) if plan.quick else (1, 2, 4, 8, 16))}
         best = max(sweep, key=lambda k: sweep[k].throughput)
         batches = {b: measure(b, plan.inproc_s) for b in (1, 8)}
         best_batch = max(batches, key=lambda b: batches[b])
