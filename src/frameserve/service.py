@@ -39,7 +39,7 @@ from frameserve.errors import (
     TensorError,
 )
 from frameserve.metrics import Metrics
-from frameserve.repository import ModelConfig, ModelRepository, parse_config
+from frameserve.repository import ModelConfig, ModelRepository, check_inputs, parse_config
 from frameserve.request import InferRequest, RequestedOutput
 from frameserve.scheduler import (
     DEFAULT_MAX_QUEUE_SIZE,
@@ -52,7 +52,6 @@ from frameserve.scheduler import (
     load_ensemble_steps,
     plan_instances,
 )
-from frameserve.types import DataType
 
 __all__ = ["EXTENSIONS", "InferenceService", "failure_reason"]
 
@@ -94,23 +93,21 @@ class _Loaded:
         return sum(spec.threads for spec in self.scheduler.instances)
 
 
-_NUMPY_DTYPES: dict[DataType, np.dtype[Any]] = {}
+def _run_here(run_here_under_us: float | None) -> tuple[bool, int | None]:
+    """:meth:`InferenceService.submit`'s ``run_here_under_us`` as the scheduler's ``(inline,
+    inline_under_ns)``."""
+    if run_here_under_us is None:
+        return False, None
+    if run_here_under_us == math.inf:
+        return True, None
+    return True, int(run_here_under_us * 1000)
 
 
-def _fits(spec: Any, value: np.ndarray[Any, Any], mbs: int) -> bool:
-    """The quick form of ``spec.check``: datatype and shape fit (no message)."""
-    dt = spec.datatype
-    if dt is DataType.BYTES:
-        ok = value.dtype.kind in "OSU"
-    else:
-        want = _NUMPY_DTYPES.get(dt)
-        if want is None:
-            try:
-                want = _NUMPY_DTYPES[dt] = dt.to_numpy()
-            except FrameserveError:
-                return False
-        ok = value.dtype == want
-    return ok and bool(spec.matches(value.shape, mbs))
+def _failed(exc: BaseException) -> Future[dict[str, np.ndarray[Any, Any]]]:
+    """A future already completed with ``exc``."""
+    future: Future[dict[str, np.ndarray[Any, Any]]] = Future()
+    future.set_exception(exc)
+    return future
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -594,12 +591,7 @@ class InferenceService:
                 the model expects), an unknown output, a bad batch size.
             ResourceExhaustedError: the queue of the request's priority level is full.
         """
-        if run_here_under_us is None:
-            inline, under_ns = False, None
-        elif run_here_under_us == math.inf:
-            inline, under_ns = True, None
-        else:
-            inline, under_ns = True, int(run_here_under_us * 1000)
+        inline, under_ns = _run_here(run_here_under_us)
         entry = self._entry(request.model_name, request.model_version)
         checked, batch_size = self._check(entry, request)
         try:
@@ -609,6 +601,45 @@ class InferenceService:
             entry = self._entry(request.model_name, request.model_version)
             checked, batch_size = self._check(entry, request)
             return entry.scheduler.enqueue(checked, batch_size=batch_size, inline=inline, inline_under_ns=under_ns)
+
+    def submit_many(
+        self, requests: Sequence[InferRequest], *, run_here_under_us: float | None = None
+    ) -> list[Future[dict[str, np.ndarray[Any, Any]]]]:
+        """:meth:`submit` for requests that arrived together (an event loop's requests of one
+        iteration): each model's share is queued at once, so they batch with each other under
+        that model's batching rule even when each alone would have gone straight to an idle
+        instance; ``run_here_under_us`` as for :meth:`submit`, for each batch formed.
+
+        Returns:
+            One future per request, in order. What :meth:`submit` would raise for a request
+            completes its future instead (counted the same way); the other requests go on.
+        """
+        out: dict[int, Future[dict[str, np.ndarray[Any, Any]]]] = {}
+        groups: dict[int, tuple[_Loaded, list[int], list[tuple[InferRequest, int]]]] = {}
+        for i, request in enumerate(requests):
+            try:
+                entry = self._entry(request.model_name, request.model_version)
+                checked = self._check(entry, request)
+            except FrameserveError as exc:
+                out[i] = _failed(exc)
+                continue
+            group = groups.setdefault(id(entry), (entry, [], []))
+            group[1].append(i)
+            group[2].append(checked)
+        inline, under_ns = _run_here(run_here_under_us)
+        for entry, where, checked_requests in groups.values():
+            try:
+                futures = entry.scheduler.enqueue_many(checked_requests, inline=inline, inline_under_ns=under_ns)
+            except SchedulerStoppedError:  # reloaded or unloaded meanwhile: one by one, as submit does
+                futures = []
+                for i in where:
+                    try:
+                        futures.append(self.submit(requests[i], run_here_under_us=run_here_under_us))
+                    except FrameserveError as exc:
+                        futures.append(_failed(exc))
+            for i, future in zip(where, futures, strict=True):
+                out[i] = future
+        return [out[i] for i in range(len(requests))]
 
     def run(self, request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
         """Run one request and wait for it: :meth:`submit`, on this thread when an instance is
@@ -683,7 +714,7 @@ class InferenceService:
         failure metrics."""
         cfg = entry.config
         try:
-            arrays, batch_size = self._check_inputs(cfg, request.inputs)
+            arrays, batch_size = check_inputs(cfg, request.inputs)
             for out in request.outputs:
                 cfg.output(out.name)  # raises TensorError listing the outputs
         except FrameserveError:
@@ -694,56 +725,6 @@ class InferenceService:
         return request, batch_size
 
     # -- internals ---------------------------------------------------------------------------
-
-    @staticmethod
-    def _check_inputs(
-        cfg: ModelConfig, inputs: Mapping[str, Any]
-    ) -> tuple[dict[str, np.ndarray[Any, Any]] | None, int]:
-        """``(arrays, batch_size)``: ``arrays`` is ``None`` when ``inputs`` can be queued as
-        they are, else the inputs in the model's order, each C-contiguous (BYTES as given).
-
-        Raises:
-            TensorError: a missing, unknown or mismatched input, or a bad batch size.
-        """
-        expected = [s.name for s in cfg.inputs]
-        missing = [n for n in expected if n not in inputs]
-        if missing or len(inputs) != len(expected):
-            unknown = [n for n in inputs if n not in expected]
-            raise TensorError(
-                f"model {cfg.name!r}: inputs {sorted(inputs)} given, the model expects {expected}"
-                + (f" (missing {missing})" if missing else "")
-                + (f" (unknown {unknown})" if unknown else "")
-            )
-        mbs = cfg.max_batch_size or 0
-        changed = list(inputs) != expected
-        arrays: dict[str, np.ndarray[Any, Any]] = {}
-        batch_sizes: dict[str, int] = {}
-        for spec in cfg.inputs:
-            value = inputs[spec.name]
-            if not isinstance(value, np.ndarray):
-                raise TensorError(
-                    f"input {spec.name!r}: a {type(value).__name__} given, a numpy array of "
-                    f"{spec.datatype.value} expected"
-                )
-            if not _fits(spec, value, mbs):
-                spec.check(value, mbs)  # raises with what was given and what is expected
-            if mbs > 0:
-                batch_sizes[spec.name] = int(value.shape[0])
-            if spec.datatype is not DataType.BYTES and not value.flags.c_contiguous:
-                value = np.ascontiguousarray(value)
-                changed = True
-            arrays[spec.name] = value
-        batch_size = 1
-        if batch_sizes:
-            sizes = set(batch_sizes.values())
-            if len(sizes) > 1:
-                raise TensorError(f"model {cfg.name!r}: inputs have different batch sizes {batch_sizes}")
-            (batch_size,) = sizes
-            if not 1 <= batch_size <= mbs:
-                raise TensorError(
-                    f"model {cfg.name!r}: batch size {batch_size} given, the model takes 1 to {mbs} (max_batch_size)"
-                )
-        return (arrays if changed else None), batch_size
 
     def _without_root(self, exc: FrameserveError) -> FrameserveError:
         """``exc`` with the repository's own path taken out of its message (a backend's error

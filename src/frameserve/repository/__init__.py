@@ -13,6 +13,7 @@ from frameserve.repository._config import (
     parse_config,
 )
 from frameserve.repository._ensemble import EnsembleScheduling, EnsembleStep, check_ensemble_graph
+from frameserve.repository._inputs import check_inputs
 from frameserve.repository._override import config_override
 from frameserve.repository._policy import VersionPolicy
 from frameserve.repository._repository import (
@@ -36,6 +37,7 @@ __all__ = [
     "ModelRepository",
     "VersionPolicy",
     "check_ensemble_graph",
+    "check_inputs",
     "check_model_filename",
     "check_model_name",
     "config_override",

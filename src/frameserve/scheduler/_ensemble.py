@@ -366,6 +366,28 @@ class EnsembleScheduler:
                 run.here, run.blocking = None, False
         return run.future
 
+    def enqueue_many(
+        self, requests: Sequence[tuple[InferRequest, int]], *, inline: bool = False, inline_under_ns: int | None = None
+    ) -> list[Future[Outputs]]:
+        """:meth:`enqueue` for each ``(request, batch_size)``, in order (each step's own
+        scheduler batches the steps of concurrent requests). ``SchedulerStoppedError`` for the
+        first request means nothing was started; the error of a later one completes its future.
+
+        Raises:
+            SchedulerStoppedError: the ensemble is being unloaded.
+        """
+        futures: list[Future[Outputs]] = []
+        for request, size in requests:
+            try:
+                futures.append(self.enqueue(request, batch_size=size, inline=inline, inline_under_ns=inline_under_ns))
+            except SchedulerStoppedError as exc:
+                if not futures:
+                    raise
+                failed: Future[Outputs] = Future()
+                failed.set_exception(exc)
+                futures.append(failed)
+        return futures
+
     def stop(self, *, drain: bool = True) -> None:
         """Stop taking requests; with ``drain``, return once every request in flight has its
         answer (their steps run on the step models' schedulers, which must still run)."""

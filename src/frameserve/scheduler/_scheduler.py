@@ -259,6 +259,78 @@ class Scheduler:
             self._hand_over(target, [queued], counted=True, here=inline and target.spec.cpu_set is None)
         return queued.future
 
+    def enqueue_many(
+        self, requests: Sequence[tuple[InferRequest, int]], *, inline: bool = False, inline_under_ns: int | None = None
+    ) -> list[Future[Outputs]]:
+        """Queue checked requests that arrived together (an event loop's requests of one
+        iteration), then send at once the batches the batching rule forms of them while an
+        instance is idle: they batch with each other, where :meth:`enqueue` one by one would
+        send each alone to an idle instance.
+
+        Args:
+            requests: ``(request, batch_size)`` pairs, as :meth:`enqueue` takes them, in
+                arrival order.
+            inline, inline_under_ns: as :meth:`enqueue`: run the formed batches on the calling
+                thread (one after another) when the model's recent batches were fast enough;
+                otherwise they go to the idle instances' threads.
+
+        Returns:
+            One future per request, in order. A request its priority level's full queue
+            refused has its future failed with :class:`~frameserve.errors.ResourceExhaustedError`
+            (counted as :meth:`enqueue` counts it); nothing is raised for it.
+
+        Raises:
+            SchedulerStoppedError: the scheduler is stopping (nothing was queued).
+        """
+        queued = [QueuedRequest(request, batch_size=size) for request, size in requests]
+        refused: list[tuple[QueuedRequest, ResourceExhaustedError]] = []
+        with self._cond:
+            if not self._accepting:
+                raise SchedulerStoppedError(f"model {self.name!r} version {self.version} is being unloaded")
+            now = self.clock.now_ns()
+            for q in queued:
+                q.arrival_ns = now
+                try:
+                    self._queue.add(q)
+                except ResourceExhaustedError as error:
+                    refused.append((q, error))
+            if self.metrics is not None and len(queued) > len(refused):
+                self.metrics.add_pending(self.name, self.version, len(queued) - len(refused))
+            if inline and inline_under_ns is not None:
+                inline = self._exec_avg_ns is not None and self._exec_avg_ns < inline_under_ns
+        for q, full in refused:  # never queued: counted as enqueue counts it, no place in any order
+            self.stats.record_failure(request_ns=0)
+            if self.metrics is not None:
+                self.metrics.record_failure(self.name, self.version, "REJECTED")
+            _settle(q.future, None, full)
+        # At most one batch per request given: requests other threads queue meanwhile never
+        # keep this caller running theirs.
+        for _ in range(len(queued) - len(refused)):
+            with self._cond:
+                batch = self._batch_now() if self._idle else []
+                if not batch:
+                    if len(self._queue):
+                        self._cond.notify_all()  # the batcher decides (delay, deadlines, busy instances)
+                    break
+                target = self._idle.pop()
+            self._hand_over(target, batch, here=inline and target.spec.cpu_set is None)
+        return [q.future for q in queued]
+
+    def _batch_now(self) -> list[QueuedRequest]:
+        """Under the lock: the batch the rule sends now (removed from the queue, its dispatch
+        time set), or ``[]`` when nothing is queued, the scheduler is stopping, the rule waits,
+        or a queued deadline has passed (the batcher answers those first)."""
+        if not len(self._queue) or self._stopping:
+            return []
+        now = self.clock.now_ns()
+        deadline = self._queue.next_deadline_ns()
+        if deadline is not None and deadline <= now:
+            return []
+        batch, _ = self._queue.form(now)
+        for r in batch:
+            r.dispatch_ns = now
+        return batch
+
     def stop(self, *, drain: bool = True) -> None:
         """Stop taking requests, finish (``drain``) or refuse the queued ones, let running
         batches finish, then close the sessions. Idempotent; returns when all threads ended.
@@ -361,15 +433,8 @@ class Scheduler:
         through the batcher); otherwise ``inst`` goes idle and ``None`` is returned."""
         while True:
             with self._cond:
-                batch: list[QueuedRequest] = []
-                if len(self._queue) and not self._stopping:
-                    now = self.clock.now_ns()
-                    deadline = self._queue.next_deadline_ns()
-                    if deadline is None or deadline > now:  # expired requests: the batcher answers them
-                        batch, _ = self._queue.form(now)
-                        for r in batch:
-                            r.dispatch_ns = now
-                        self._chained += bool(batch)
+                batch = self._batch_now()
+                self._chained += bool(batch)
                 if not batch:
                     self._idle.append(inst)
                     if len(self._queue) or self._stopping:

@@ -216,7 +216,7 @@ def create_app(
 
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         route(prefix + "/infer", "POST")(infer)
-    app.infer_fast_path = InferFastPath(service, max_body_bytes, limits, shared_memory)
+    app.infer_fast_path = InferFastPath(service, max_body_bytes, limits, shared_memory, batching=service)
 
     # -- health and metadata -----------------------------------------------------------------
 

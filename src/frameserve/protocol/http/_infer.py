@@ -30,7 +30,7 @@ from frameserve.errors import (
     PayloadTooLargeError,
 )
 from frameserve.protocol import RUN_HERE_UNDER_US
-from frameserve.protocol._core import InferCore, RegionSource, outputs_of
+from frameserve.protocol._core import BatchingCore, InferCore, LoopBatcher, RegionSource, outputs_of
 from frameserve.protocol.http import codec
 from frameserve.protocol.http._auth import HttpGate
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
@@ -151,9 +151,11 @@ async def infer(
     max_body_bytes: int,
     limits: TensorLimits = DEFAULT_LIMITS,
     shared_memory: RegionSource | None = None,
+    batcher: LoopBatcher | None = None,
 ) -> Answer:
     """One inference request, from path parameters, headers and a body reader to the answer;
-    every error becomes its ``{"error"}`` answer. Tensors in ``shared_memory`` regions are read
+    every error becomes its ``{"error"}`` answer. With ``batcher`` (of ``core``) the request
+    goes to ``core`` with the others of this loop iteration; without, alone. Tensors in ``shared_memory`` regions are read
     and written there; the regions are held until the answer is built
     (:class:`~frameserve.shm.SharedMemoryUse`).
 
@@ -161,16 +163,17 @@ async def infer(
         ClientDisconnect: the client went away while its body was being read.
     """
     if shared_memory is None:
-        return await _infer_with(core, name, raw_version, headers, read_body, max_body_bytes, limits, None)
+        return await _infer_with(core, batcher, name, raw_version, headers, read_body, max_body_bytes, limits, None)
     shm = shared_memory.use()
     try:
-        return await _infer_with(core, name, raw_version, headers, read_body, max_body_bytes, limits, shm)
+        return await _infer_with(core, batcher, name, raw_version, headers, read_body, max_body_bytes, limits, shm)
     finally:
         shm.release()
 
 
 async def _infer_with(
     core: InferCore,
+    batcher: LoopBatcher | None,
     name: str,
     raw_version: str | None,
     headers: InferHeaders,
@@ -206,7 +209,10 @@ async def _infer_with(
         core.record_failure(name, model_version, exc)
         return _error_answer(exc)
     try:
-        outputs = await outputs_of(core.submit(req, run_here_under_us=RUN_HERE_UNDER_US))
+        if batcher is None:
+            outputs = await outputs_of(core.submit(req, run_here_under_us=RUN_HERE_UNDER_US))
+        else:
+            outputs = await batcher.outputs(req)
     except FrameserveError as exc:  # the service counts the failures it sees itself
         return _error_answer(exc)
     except Exception as exc:
@@ -268,6 +274,9 @@ class InferFastPath:
         max_body_bytes: largest body (413 beyond).
         limits: caps on the JSON size, shapes and BYTES elements.
         shared_memory: where client shared-memory regions are found (``None``: refused).
+        batching: the service itself (:class:`~frameserve.protocol._core.BatchingCore`): the
+            requests of one loop iteration go to it together (:class:`LoopBatcher`); ``None``
+            (a front end's channel): one by one, the owner batches.
     """
 
     def __init__(
@@ -276,11 +285,13 @@ class InferFastPath:
         max_body_bytes: int,
         limits: TensorLimits = DEFAULT_LIMITS,
         shared_memory: RegionSource | None = None,
+        batching: BatchingCore | None = None,
     ) -> None:
         self.core = core
         self.max_body_bytes = max_body_bytes
         self.limits = limits
         self.shared_memory = shared_memory
+        self.batcher = LoopBatcher(batching, RUN_HERE_UNDER_US) if batching is not None else None
 
     async def __call__(self, match: re.Match[str], scope: Any, receive: Any, send: Any) -> None:
         headers = InferHeaders.of(scope["headers"])
@@ -288,7 +299,7 @@ class InferFastPath:
             status, out_headers, parts = await infer(
                 self.core, match.group(1), match.group(2), headers,
                 _asgi_reader(receive, headers.content_length, self.max_body_bytes),
-                self.max_body_bytes, self.limits, self.shared_memory,
+                self.max_body_bytes, self.limits, self.shared_memory, self.batcher,
             )
         except ClientDisconnect:
             return
