@@ -1,5 +1,6 @@
 """The profile lines of bench/serving.py's add_sub figures: what the frameworks cost alone (an
-empty uvicorn app and an empty grpc.aio handler answering perf_analyzer) and where frameserve's
+empty uvicorn app, an empty grpc.aio handler and an empty handler on grpcio's thread-pool
+server, pinned as ``serve --grpc-cpus auto`` pins it, answering perf_analyzer) and where frameserve's
 own code spends one request (measured in process)."""
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from _peer import free_ports  # noqa: E402
 from _serving_common import REPO  # noqa: F401  (puts tests/ on sys.path)
 
 FLOOR_SERVER = r'''
-"""The framework floor: uvicorn (HTTP) and grpc.aio (gRPC) answering add_sub's perf_analyzer
-calls with a fixed response, no model, no codec (bench/serving.py)."""
+"""The framework floor: uvicorn (HTTP), grpc.aio and grpcio's thread-pool server (gRPC)
+answering add_sub's perf_analyzer calls with a fixed response, no model, no codec (bench/serving.py)."""
 import asyncio, json, sys
 import grpc, numpy as np, uvicorn, uvloop
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.protocol.grpc import config_message
 
-HTTP, GRPC = int(sys.argv[1]), int(sys.argv[2])
+HTTP, GRPC, GRPC_SYNC = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 count = [0]
 names = [("INPUT0", "OUTPUT0"), ("INPUT1", "OUTPUT1")]
 cfg = {"name": "add_sub", "max_batch_size": 8, "backend": "python", "dynamic_batching": {},
@@ -88,7 +89,35 @@ def answer(data):
     return grpc.unary_unary_rpc_method_handler(handler)
 
 
+def model_infer_sync(data, context):
+    count[0] += 1
+    return RESPONSE
+
+
+def sync_server():
+    """grpcio's thread-pool server, as serve runs it (--grpc-cpus auto: its Python threads
+    started from a thread on the last CPU, so they inherit it)."""
+    import concurrent.futures, os
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2:
+        os.sched_setaffinity(0, {cpus[-1]})
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8))
+    handlers = {"ModelInfer": grpc.unary_unary_rpc_method_handler(model_infer_sync),
+                **{k: grpc.unary_unary_rpc_method_handler(lambda r, c, d=v: d) for k, v in fixed.items()}}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("inference.GRPCInferenceService", handlers),))
+    server.add_insecure_port(f"127.0.0.1:{GRPC_SYNC}")
+    server.start()
+    SERVERS.append(server)
+
+
+SERVERS = []
+
+
 async def main():
+    import threading
+    starter = threading.Thread(target=sync_server)
+    starter.start()
+    starter.join()
     server = grpc.aio.server()
     handlers = {"ModelInfer": grpc.unary_unary_rpc_method_handler(model_infer), **{k: answer(v) for k, v in fixed.items()}}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("inference.GRPCInferenceService", handlers),))
@@ -103,17 +132,19 @@ uvloop.run(main())
 
 @dataclass
 class Floor:
-    ports: dict[str, int]
+    ports: dict[str, int]  # uvicorn, grpc.aio
     pid: int
+    sync_ports: dict[str, int]  # uvicorn, grpcio's thread-pool server (serve's gRPC mode)
 
 
 @contextmanager
 def floor_server(work: Path) -> Iterator[Floor]:
-    """uvicorn and grpc.aio answering add_sub with a fixed response: what the frameworks cost alone."""
+    """uvicorn, grpc.aio and grpcio's thread-pool server answering add_sub with a fixed
+    response: what the frameworks cost alone."""
     script = work / "floor_server.py"
     script.write_text(FLOOR_SERVER)
-    http, grpc_port = free_ports(2)
-    proc = subprocess.Popen([sys.executable, str(script), str(http), str(grpc_port)], stdin=subprocess.DEVNULL,
+    http, grpc_port, grpc_sync = free_ports(3)
+    proc = subprocess.Popen([sys.executable, str(script), str(http), str(grpc_port), str(grpc_sync)], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
@@ -126,7 +157,7 @@ def floor_server(work: Path) -> Iterator[Floor]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the floor server did not start: {proc.stderr.read().decode()[-1500:] if proc.stderr else ''}")
             time.sleep(0.2)
-        yield Floor({"HTTP": http, "gRPC": grpc_port}, proc.pid)
+        yield Floor({"HTTP": http, "gRPC": grpc_port}, proc.pid, {"HTTP": http, "gRPC": grpc_sync})
     finally:
         proc.terminate()
         try:

@@ -282,6 +282,7 @@ def part_b(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
                     f"{got['frameserve'].server_cpu_s_per_inf * 1e6:.0f} us/inf, Triton {got['Triton'].throughput:.0f}/s "
                     f"{got['Triton'].server_cpu_s_per_inf * 1e6:.0f} us/inf")
         floors = {p: perf_analyzer(plan, "add_sub", p, floor.ports, 8, pid=floor.pid) for p in ("http", "grpc")}
+        floors["grpc_sync"] = perf_analyzer(plan, "add_sub", "grpc", floor.sync_ports, 8, pid=floor.pid)
         for name, ports in servers.items():
             check_add_sub(name, ports)
         assert fs.stop() == 0
@@ -293,9 +294,14 @@ def part_b(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
         cpu = median([a.server_cpu_s_per_inf / b.server_cpu_s_per_inf for a, b in zip(f, t, strict=True)])
         fs_cpu = median([a.server_cpu_s_per_inf for a in f]) * 1e6
         tr_cpu = median([b.server_cpu_s_per_inf for b in t]) * 1e6
+        if protocol == "http":
+            floor_text = f"an empty uvicorn app costs {floors['http'].server_cpu_s_per_inf * 1e6:.0f} us/req here"
+        else:
+            floor_text = (f"an empty handler costs {floors['grpc_sync'].server_cpu_s_per_inf * 1e6:.0f} us/req on "
+                          f"grpcio's thread-pool server (serve's mode, pinned alike), "
+                          f"{floors['grpc'].server_cpu_s_per_inf * 1e6:.0f} on grpc.aio")
         why = (f"frameserve {fs_cpu:.0f} us CPU/inf on one interpreter (in-process: {profile[protocol]}), Triton "
-               f"{tr_cpu:.0f} us over its C++ threads and its Python stub; an empty {'uvicorn app' if protocol == 'http' else 'grpc.aio handler'} "
-               f"costs {floors[protocol].server_cpu_s_per_inf * 1e6:.0f} us/req here")
+               f"{tr_cpu:.0f} us over its C++ threads and its Python stub; {floor_text}")
         rows.append(Row(f"(b) add_sub {label}: frameserve / Triton", ratio, ">= 1.0", ratio >= 1.0, why))
         rows.append(Row(f"(b) add_sub {label}: server CPU-us/inf frameserve / Triton", cpu, "<= 1.0", cpu <= 1.0, why))
         fs_thr, tr_thr = [a.throughput for a in f], [b.throughput for b in t]

@@ -22,7 +22,6 @@ size, :class:`~frameserve.errors.PayloadTooLargeError` (413), naming the cap and
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,12 +67,18 @@ class TensorLimits:
                 ``max_tensor_elements``.
         """
         cap = self.max_tensor_elements
-        if any(d > cap for d in shape) or math.prod(d for d in shape if d) > cap:
+        nonzero, empty = 1, False
+        for d in shape:  # a dimension over the cap makes the product of the non-zero ones so too
+            if d:
+                nonzero *= d
+            else:
+                empty = True
+        if nonzero > cap:
             raise TensorError(
                 f"{where}: shape {list(shape)[:8]}{'...' if len(shape) > 8 else ''} declares more than "
                 f"{cap} elements, the server's cap (serve --max-tensor-elements)"
             )
-        return math.prod(shape)
+        return 0 if empty else nonzero
 
     def check_bytes_elements(self, where: str, count: int) -> None:
         """Refuse a request whose BYTES inputs add up to more than ``max_bytes_elements`` elements.

@@ -11,7 +11,6 @@ Outputs are always answered in ``raw_output_contents`` (what tritonclient reads)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,6 +42,8 @@ _CONTENTS_FIELD: dict[DataType, str] = {
 }
 _ALL_CONTENTS_FIELDS = sorted(set(_CONTENTS_FIELD.values()))
 _ACCEPTED = ", ".join(d.value for d in DataType)
+_BY_NAME: dict[str, DataType] = {d.value: d for d in DataType}
+_LITTLE_ENDIAN: dict[DataType, np.dtype[Any]] = {}  # raw contents' numpy dtypes, filled as met
 _MAX_DIMS = 32
 
 
@@ -127,29 +128,42 @@ def decode_infer_request(
             raise InvalidInputError(f"request parameter {key!r}: sequence batching is not supported by this server")
 
     raw: Sequence[bytes | memoryview] = request.raw_input_contents if raw_contents is None else raw_contents
-    locations = [_shm_params(t, f"input {t.name!r}") for t in request.inputs]
-    n_raw = sum(1 for loc in locations if loc is None)
+    # One pass over the inputs reads each one's fields once (every protobuf field read builds
+    # a Python object) and checks what needs no tensor: datatype, shape, the caps.
+    heads: list[tuple[pb.ModelInferRequest.InferInputTensor, str, DataType, list[int], int, ShmLocation | None]] = []
+    n_raw = bytes_elements = 0
+    for tensor in request.inputs:
+        name = tensor.name
+        datatype = _BY_NAME.get(tensor.datatype)
+        if datatype is None:
+            raise TensorError(f"input {name!r}: unknown datatype {tensor.datatype!r}; accepted: {_ACCEPTED}")
+        shape = list(tensor.shape)
+        if len(shape) > _MAX_DIMS:
+            raise TensorError(f"input {name!r}: shape has {len(shape)} dimensions, at most {_MAX_DIMS} are supported")
+        if any(d < 0 for d in shape):
+            raise TensorError(f"input {name!r}: shape {shape} has a negative dimension")
+        count = limits.check_shape(f"input {name!r}", shape)
+        if datatype is DataType.BYTES:
+            bytes_elements += count
+        location = _shm_params(tensor, f"input {name!r}") if tensor.parameters else None
+        n_raw += location is None
+        heads.append((tensor, name, datatype, shape, count, location))
     if raw and len(raw) != n_raw:
         raise InvalidInputError(
             f"raw_input_contents has {len(raw)} entries for {n_raw} inputs not in shared memory; "
             "it needs one entry per such input, in the order of inputs"
         )
-    inputs: dict[str, np.ndarray[Any, Any]] = {}
-    bytes_elements = 0
-    for tensor in request.inputs:
-        count = limits.check_shape(f"input {tensor.name!r}", [max(int(d), 0) for d in tensor.shape])
-        if tensor.datatype == DataType.BYTES.value:
-            bytes_elements += count
     limits.check_bytes_elements("request", bytes_elements)
+    inputs: dict[str, np.ndarray[Any, Any]] = {}
     budget = [limits.max_bytes_data_bytes]  # BYTES data left for this request's inputs
     j = 0  # the next raw_input_contents entry
-    for tensor, location in zip(request.inputs, locations, strict=True):
-        if tensor.name in inputs:
-            raise TensorError(f"input {tensor.name!r} is given twice")
+    for tensor, name, datatype, shape, count, location in heads:
+        if name in inputs:
+            raise TensorError(f"input {name!r} is given twice")
         if location is not None:
-            inputs[tensor.name] = _decode_tensor(tensor, None, limits, budget, location, shared_memory)
+            inputs[name] = _decode_tensor(tensor, name, datatype, shape, count, None, limits, budget, location, shared_memory)
             continue
-        inputs[tensor.name] = _decode_tensor(tensor, raw[j] if raw else None, limits, budget)
+        inputs[name] = _decode_tensor(tensor, name, datatype, shape, count, raw[j] if raw else None, limits, budget)
         j += 1
 
     outputs: list[RequestedOutput] = []
@@ -184,31 +198,23 @@ def decode_infer_request(
 
 
 def _shm_params(tensor: pb.ModelInferRequest.InferInputTensor, where: str) -> ShmLocation | None:
-    """The shared-memory place of an input (``None`` for most: no parameters at all)."""
-    if not tensor.parameters:
-        return None
+    """The shared-memory place of an input with parameters (``None``: none of them is one)."""
     return shm_location({k: parameter_value(v) for k, v in tensor.parameters.items() if k in SHM_PARAMETERS}, where)
 
 
 def _decode_tensor(
     tensor: pb.ModelInferRequest.InferInputTensor,
+    name: str,
+    datatype: DataType,
+    shape: list[int],
+    count: int,
     raw: bytes | memoryview | None,
     limits: TensorLimits,
     budget: list[int],
     location: ShmLocation | None = None,
     shared_memory: SharedMemoryUse | None = None,
 ) -> np.ndarray[Any, Any]:
-    name = tensor.name
-    try:
-        datatype = DataType(tensor.datatype)
-    except ValueError:
-        raise TensorError(f"input {name!r}: unknown datatype {tensor.datatype!r}; accepted: {_ACCEPTED}") from None
-    shape = [int(d) for d in tensor.shape]
-    if any(d < 0 for d in shape):
-        raise TensorError(f"input {name!r}: shape {shape} has a negative dimension")
-    if len(shape) > _MAX_DIMS:
-        raise TensorError(f"input {name!r}: shape has {len(shape)} dimensions, at most {_MAX_DIMS} are supported")
-    count = math.prod(shape)
+    """One input from its fields as :func:`decode_infer_request` read and checked them."""
     has_typed = tensor.HasField("contents") and any(len(getattr(tensor.contents, f)) for f in _ALL_CONTENTS_FIELDS)
     if location is not None:
         if has_typed:
@@ -244,7 +250,9 @@ def _from_raw(name: str, datatype: DataType, shape: list[int], count: int, raw: 
             f"input {name!r}: {len(raw)} bytes of raw contents given, shape {shape} of {datatype.value} "
             f"needs {want} ({count} elements x {item} bytes)"
         )
-    dtype = datatype.to_numpy().newbyteorder("<")
+    dtype = _LITTLE_ENDIAN.get(datatype)
+    if dtype is None:
+        dtype = _LITTLE_ENDIAN[datatype] = datatype.to_numpy().newbyteorder("<")
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 

@@ -228,7 +228,7 @@ def decode_request(
     offset = 0
     inputs: dict[str, np.ndarray[Any, Any]] = {}
     heads = [_input_head(item, i) for i, item in enumerate(raw_inputs)]
-    counts = [_checked_count(limits, head[0], head[2]) for head in heads]
+    counts = [limits.check_shape(f"input {head[0]!r}", head[2]) for head in heads]
     if any(head[1] is DataType.BYTES for head in heads):
         limits.check_bytes_elements(
             "request", sum(n for n, head in zip(counts, heads, strict=True) if head[1] is DataType.BYTES)
@@ -301,19 +301,6 @@ def _input_head(
         if size is not None:
             size = _count(size, "binary_data_size", f"input {name!r}")
     return name, datatype, tuple(raw_shape), size, params or {}
-
-
-def _checked_count(limits: TensorLimits, name: str, shape: tuple[int, ...]) -> int:
-    """The element count of an input's shape, after :meth:`TensorLimits.check_shape`'s cap (a
-    dimension over the cap makes the product of the non-zero dimensions over it too, so one
-    product decides; the limits' own check words the refusal)."""
-    nonzero = 1
-    for d in shape:
-        if d:
-            nonzero *= d
-    if nonzero > limits.max_tensor_elements:
-        limits.check_shape(f"input {name!r}", shape)
-    return math.prod(shape)
 
 
 def _shm_input(
