@@ -2,9 +2,10 @@
 
 In the server's own process that is the :class:`~frameserve.service.InferenceService` itself
 (it has these three methods, and :class:`BatchingCore`'s); in a front-end process of
-``serve --http-workers N`` it is the channel to the model-owning process (:mod:`frameserve.server._frontend`). Everything else a
-transport serves (metadata, repository, statistics, ...) it asks the service for directly, or,
-in a front end, hands the whole request to the owner.
+``serve --http-workers N`` it is the channel to the model-owning process
+(:mod:`frameserve.server._frontend`). Everything else a transport serves (metadata,
+repository, statistics, ...) it asks the service for directly, or, in a front end, hands the
+whole request to the owner.
 """
 
 from __future__ import annotations
