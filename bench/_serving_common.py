@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import shutil
 import statistics
 import subprocess
 import sys
@@ -23,11 +22,12 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from _serving import ADD_SUB_CONFIG, TRITON_EXAMPLES, add_sub_repository  # noqa: E402,F401  (re-exported for bench parts)
+
 from frameserve import assets  # noqa: E402
 from frameserve.config import Settings, cpu_count  # noqa: E402
 
 PA_SCRIPT = REPO / "scripts" / "perf_analyzer.sh"
-TRITON_EXAMPLES = REPO / "tests" / "data" / "triton_repo"
 Array = np.ndarray[Any, Any]
 SIDE = 320
 
@@ -231,25 +231,6 @@ def _time_split(before: dict[str, Any], after: dict[str, Any]) -> str:
         return "(no requests)"
     return (f"{total / n / 1e3:.0f} us from arrival to answer, of which queue {queue / n / 1e3:.0f} us, "
             f"model {infer / n / 1e3:.0f} us (batch {(after['inference_count'] - before['inference_count']) / max(1, after['execution_count'] - before['execution_count']):.1f})")
-
-
-ADD_SUB_CONFIG = """\
-# Triton's add_sub example model at FP32[16], batched (the benchmark's trivial Python model).
-name: "add_sub"
-backend: "python"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
-dynamic_batching { }
-instance_group [ { count: 1, kind: KIND_CPU } ]
-"""
-
-
-def add_sub_repository(root: Path) -> Path:
-    (root / "add_sub" / "1").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(TRITON_EXAMPLES / "add_sub" / "1" / "model.py", root / "add_sub" / "1" / "model.py")
-    (root / "add_sub" / "config.pbtxt").write_text(ADD_SUB_CONFIG)
-    return root
 
 
 def check_add_sub(server: str, ports: dict[str, int]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,29 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from _models import _save, add_model, scale_model
+
+TRITON_EXAMPLES = Path(__file__).resolve().parent / "data" / "triton_repo"
+
+ADD_SUB_CONFIG = """\
+# Triton's add_sub example model at FP32[16], batched (the benchmark's trivial Python model).
+name: "add_sub"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+dynamic_batching { }
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
+
+
+def add_sub_repository(root: Path) -> Path:
+    """A repository under ``root`` with Triton's add_sub ``model.py`` unmodified and
+    :data:`ADD_SUB_CONFIG` (FP32[16], ``max_batch_size`` 8, dynamic batching)."""
+    (root / "add_sub" / "1").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(TRITON_EXAMPLES / "add_sub" / "1" / "model.py", root / "add_sub" / "1" / "model.py")
+    (root / "add_sub" / "config.pbtxt").write_text(ADD_SUB_CONFIG)
+    return root
+
 
 SLOW_WIDTH = 256
 """Row width of the ``slow`` model: ``x`` FP32 ``[n, 256]``; time grows with ``n`` (~0.3 ms a row)."""

@@ -8,7 +8,7 @@ fast model run on the loop one request at a time never formed."""
 from __future__ import annotations
 
 import asyncio
-import shutil
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,32 +18,24 @@ import pytest
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from _serving import ServeProcess
+from _serving import ServeProcess, add_sub_repository
+
+from frameserve.errors import ModelNotFoundError, TensorError
+from frameserve.repository import ModelRepository
+from frameserve.request import InferRequest
+from frameserve.service import InferenceService
 
 pytestmark = pytest.mark.integration
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "triton_repo"
 CONCURRENT = 48
 ROUNDS = 5
 WARM_UP = 20
-
-CONFIG = """name: "add_sub"
-backend: "python"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
-dynamic_batching { }
-instance_group [ { count: 1, kind: KIND_CPU } ]
-"""
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     root = tmp_path_factory.mktemp("loop_batching")
-    (root / "repo" / "add_sub" / "1").mkdir(parents=True)
-    shutil.copyfile(EXAMPLES / "add_sub" / "1" / "model.py", root / "repo" / "add_sub" / "1" / "model.py")
-    (root / "repo" / "add_sub" / "config.pbtxt").write_text(CONFIG)
-    with ServeProcess(root / "repo", root / "home") as srv:
+    with ServeProcess(add_sub_repository(root / "repo"), root / "home") as srv:
         srv.wait_ready(timeout_s=120)
         yield srv
         assert srv.stop() == 0
@@ -108,3 +100,32 @@ def _stats(port: int) -> dict[str, int]:
     stats = httpx.get(f"http://127.0.0.1:{port}/v2/models/add_sub/stats", timeout=30).json()["model_stats"][0]
     return {"inference_count": stats["inference_count"], "execution_count": stats["execution_count"],
             "fail": stats["inference_stats"]["fail"]["count"]}
+
+
+def test_submit_many_answers_each_request_and_batches_the_valid_ones(tmp_path: Path) -> None:
+    """The service's side, in process: an unknown model and a malformed input fail their own
+    futures (counted as ``submit`` counts them); the valid requests form one batch."""
+    service = InferenceService(ModelRepository(add_sub_repository(tmp_path / "repo")), threads=1)
+    service.load_models(["add_sub"])
+    try:
+        rng = np.random.default_rng(3)
+        a, b = (rng.standard_normal((2, 16)).astype(np.float32) for _ in range(2))
+        ok = InferRequest("add_sub", {"INPUT0": a, "INPUT1": b})
+        futures = service.submit_many([
+            ok,
+            InferRequest("no_such_model", {"INPUT0": a, "INPUT1": b}),
+            InferRequest("add_sub", {"INPUT0": a[:, :15], "INPUT1": b[:, :15]}),
+            InferRequest("add_sub", {"INPUT0": b, "INPUT1": a}),
+        ], run_here_under_us=math.inf)
+        assert all(f.done() for f in futures)  # run on this thread
+        np.testing.assert_array_equal(futures[0].result()["OUTPUT0"], a + b)
+        np.testing.assert_array_equal(futures[3].result()["OUTPUT1"], b - a)
+        with pytest.raises(ModelNotFoundError, match="no_such_model"):
+            futures[1].result()
+        with pytest.raises(TensorError, match="INPUT0"):
+            futures[2].result()
+        stats = service.statistics("add_sub")["model_stats"][0]
+        assert (stats["inference_count"], stats["execution_count"]) == (4, 1)
+        assert stats["inference_stats"]["fail"]["count"] == 1
+    finally:
+        service.close()
