@@ -49,6 +49,7 @@ from frameserve.scheduler import (
     InstanceSpec,
     Scheduler,
     SchedulerStoppedError,
+    failed_future,
     load_ensemble_steps,
     plan_instances,
 )
@@ -101,13 +102,6 @@ def _run_here(run_here_under_us: float | None) -> tuple[bool, int | None]:
     if run_here_under_us == math.inf:
         return True, None
     return True, int(run_here_under_us * 1000)
-
-
-def _failed(exc: BaseException) -> Future[dict[str, np.ndarray[Any, Any]]]:
-    """A future already completed with ``exc``."""
-    future: Future[dict[str, np.ndarray[Any, Any]]] = Future()
-    future.set_exception(exc)
-    return future
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -621,7 +615,7 @@ class InferenceService:
                 entry = self._entry(request.model_name, request.model_version)
                 checked = self._check(entry, request)
             except FrameserveError as exc:
-                out[i] = _failed(exc)
+                out[i] = failed_future(exc)
                 continue
             group = groups.setdefault(id(entry), (entry, [], []))
             group[1].append(i)
@@ -636,7 +630,7 @@ class InferenceService:
                     try:
                         futures.append(self.submit(requests[i], run_here_under_us=run_here_under_us))
                     except FrameserveError as exc:
-                        futures.append(_failed(exc))
+                        futures.append(failed_future(exc))
             for i, future in zip(where, futures, strict=True):
                 out[i] = future
         return [out[i] for i in range(len(requests))]

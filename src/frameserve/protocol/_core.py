@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from frameserve.request import InferRequest
+from frameserve.scheduler import failed_future
 from frameserve.shm import SharedMemoryUse
 
 __all__ = ["BatchingCore", "InferCore", "LoopBatcher", "Outputs", "RegionSource", "outputs_of"]
@@ -172,9 +173,7 @@ class LoopBatcher:
         try:
             return self.core.submit(request, run_here_under_us=self.run_here_under_us)
         except Exception as exc:  # refused at once: the service counted it
-            failed: Future[Outputs] = Future()
-            failed.set_exception(exc)
-            return failed
+            return failed_future(exc)
 
 
 class RegionSource(Protocol):

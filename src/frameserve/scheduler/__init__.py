@@ -14,7 +14,7 @@ from frameserve.scheduler._ensemble import EnsembleScheduler, SubmitFn, check_en
 from frameserve.scheduler._instances import InstanceSpec, gpu_count, parse_cpu_list, plan_instances
 from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE, BatchingPolicy, QueuePolicy
 from frameserve.scheduler._queue import BatchQueue
-from frameserve.scheduler._request import QueuedRequest
+from frameserve.scheduler._request import QueuedRequest, failed_future
 from frameserve.scheduler._scheduler import BatchOutputError, Scheduler, SchedulerStoppedError
 from frameserve.scheduler._stats import ModelStats
 
@@ -35,6 +35,7 @@ __all__ = [
     "SchedulerStoppedError",
     "SubmitFn",
     "check_ensemble_steps",
+    "failed_future",
     "gpu_count",
     "load_ensemble_steps",
     "parse_cpu_list",

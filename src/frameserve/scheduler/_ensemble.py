@@ -41,6 +41,7 @@ from frameserve.request import InferRequest, RequestedOutput
 from frameserve.scheduler._clock import Clock, MonotonicClock
 from frameserve.scheduler._instances import InstanceSpec
 from frameserve.scheduler._policy import BatchingPolicy
+from frameserve.scheduler._request import failed_future
 from frameserve.scheduler._stats import ModelStats
 from frameserve.types import TensorSpec
 
@@ -383,9 +384,7 @@ class EnsembleScheduler:
             except SchedulerStoppedError as exc:
                 if not futures:
                     raise
-                failed: Future[Outputs] = Future()
-                failed.set_exception(exc)
-                futures.append(failed)
+                futures.append(failed_future(exc))
         return futures
 
     def stop(self, *, drain: bool = True) -> None:

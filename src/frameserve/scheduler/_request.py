@@ -10,7 +10,15 @@ import numpy as np
 
 from frameserve.request import InferRequest
 
-__all__ = ["QueuedRequest"]
+__all__ = ["QueuedRequest", "failed_future"]
+
+
+def failed_future(exc: BaseException) -> Future[dict[str, np.ndarray[Any, Any]]]:
+    """A request's future already completed with ``exc``: the answer to a request refused
+    among others that go on (``submit_many``, ``enqueue_many``)."""
+    future: Future[dict[str, np.ndarray[Any, Any]]] = Future()
+    future.set_exception(exc)
+    return future
 
 
 class QueuedRequest:

@@ -248,9 +248,7 @@ class Scheduler:
                 try:
                     self._queue.add(queued)
                 except ResourceExhaustedError:
-                    self.stats.record_failure(request_ns=0)
-                    if self.metrics is not None:
-                        self.metrics.record_failure(self.name, self.version, "REJECTED")
+                    self._count_rejected()
                     raise
                 if self.metrics is not None:
                     self.metrics.add_pending(self.name, self.version, 1)
@@ -299,9 +297,7 @@ class Scheduler:
             if inline and inline_under_ns is not None:
                 inline = self._exec_avg_ns is not None and self._exec_avg_ns < inline_under_ns
         for q, full in refused:  # never queued: counted as enqueue counts it, no place in any order
-            self.stats.record_failure(request_ns=0)
-            if self.metrics is not None:
-                self.metrics.record_failure(self.name, self.version, "REJECTED")
+            self._count_rejected()
             _settle(q.future, None, full)
         # At most one batch per request given: requests other threads queue meanwhile never
         # keep this caller running theirs.
@@ -315,6 +311,12 @@ class Scheduler:
                 target = self._idle.pop()
             self._hand_over(target, batch, here=inline and target.spec.cpu_set is None)
         return [q.future for q in queued]
+
+    def _count_rejected(self) -> None:
+        """A request its level's full queue refused (never queued, so no queue time)."""
+        self.stats.record_failure(request_ns=0)
+        if self.metrics is not None:
+            self.metrics.record_failure(self.name, self.version, "REJECTED")
 
     def _batch_now(self) -> list[QueuedRequest]:
         """Under the lock: the batch the rule sends now (removed from the queue, its dispatch

@@ -155,9 +155,9 @@ async def infer(
 ) -> Answer:
     """One inference request, from path parameters, headers and a body reader to the answer;
     every error becomes its ``{"error"}`` answer. With ``batcher`` (of ``core``) the request
-    goes to ``core`` with the others of this loop iteration; without, alone. Tensors in ``shared_memory`` regions are read
-    and written there; the regions are held until the answer is built
-    (:class:`~frameserve.shm.SharedMemoryUse`).
+    goes to ``core`` with the others of this loop iteration; without, alone. Tensors in
+    ``shared_memory`` regions are read and written there; the regions are held until the
+    answer is built (:class:`~frameserve.shm.SharedMemoryUse`).
 
     Raises:
         ClientDisconnect: the client went away while its body was being read.
