@@ -141,6 +141,7 @@ class FakeService:
         self.pool = ThreadPoolExecutor(4)
         self.calls: list[tuple[str, dict[str, Array], int]] = []
         self.futures: list[Future[dict[str, Array]]] = []
+        self.bounds: dict[str, float | None] = {}  # model -> the run_here_under_us its last request had
         self.lock = threading.Lock()
 
     def model_config(self, name: str, version: int | None = None) -> ModelConfig:
@@ -163,6 +164,7 @@ class FakeService:
     def submit(self, request: InferRequest, *, run_here_under_us: float | None = None) -> Future[dict[str, Array]]:
         future: Future[dict[str, Array]] = Future()
         self.futures.append(future)
+        self.bounds[request.model_name] = run_here_under_us
         if run_here_under_us is not None and request.model_name not in self.always_queued:
             self._run(request, future)
         else:
@@ -257,7 +259,11 @@ def test_a_blocking_caller_starts_every_step_itself(under_us: float | None) -> N
         assert not future.done()  # a is queued: enqueue did not wait for it
         gate.set()
         future.result(timeout=30)
-        assert threading.get_ident() not in {t for _, _, t in fake.calls}
+        callers = {m: t for m, _, t in fake.calls}
+        assert threading.get_ident() not in callers.values()
+        # the steps a made ready run on a's thread, under the same bound (fast and idle)
+        assert callers["b"] == callers["c"] == callers["d"] == callers["a"]
+        assert fake.bounds == {"a": under_us, "b": under_us, "c": under_us, "d": under_us}
     np.testing.assert_array_equal(future.result()["OUT"], np.full((1, 2), 2.0, np.float32))
 
 

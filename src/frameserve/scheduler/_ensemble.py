@@ -203,8 +203,9 @@ class _Run:
     (the :class:`~frameserve.request.StatsSink` its step requests carry)."""
 
     __slots__ = (
-        "arrival_ns", "batch_size", "blocking", "deferred", "failed", "future", "here", "input_ns", "infer_ns",
-        "left", "lock", "output_ns", "pending", "queue_ns", "remaining", "request", "tensors", "under_us", "wake",
+        "arrival_ns", "batch_size", "blocking", "chained_under_us", "deferred", "failed", "future", "here",
+        "input_ns", "infer_ns", "left", "lock", "output_ns", "pending", "queue_ns", "remaining", "request",
+        "tensors", "under_us", "wake",
     )
 
     def __init__(self, request: InferRequest, batch_size: int, needs: list[int], arrival_ns: int) -> None:
@@ -224,6 +225,7 @@ class _Run:
         self.input_ns = self.infer_ns = self.output_ns = 0
         self.here: int | None = None  # the thread that may run steps itself (inline enqueue)
         self.under_us: float | None = None
+        self.chained_under_us: float | None = None  # for steps started on another step's thread
         self.blocking = False  # that thread waits in enqueue for the answer, starting every step
         self.deferred: list[int] = []  # steps made ready for that thread to start
 
@@ -332,9 +334,12 @@ class EnsembleScheduler:
                 the next ones start here too). With ``inline`` and no ``inline_under_ns`` (a
                 caller that blocks on the answer anyway: :meth:`InferenceService.run`) this
                 call returns once the request is answered, and every step starts from this
-                thread, as if the caller ran the steps one after another; otherwise steps that
+                thread, as if the caller ran the steps one after another. Otherwise steps that
                 become ready after this call returns start on the thread of the step that made
-                them ready, always queued.
+                them ready (a model's instance thread): with ``inline_under_ns`` they run right
+                there when their model is idle and its recent batches took under that bound
+                (the thread switches to a fast Python step cost more than the step), else
+                they are queued.
 
         Returns:
             A future completed with the requested ensemble outputs (every output when none is
@@ -352,6 +357,7 @@ class EnsembleScheduler:
             run.here = threading.get_ident()
             run.under_us = math.inf if inline_under_ns is None else inline_under_ns / 1000
             run.blocking = inline_under_ns is None
+            run.chained_under_us = None if inline_under_ns is None else run.under_us
         run.queue_ns = self.clock.now_ns() - run.arrival_ns
         try:
             ready = list(self._first)
@@ -414,7 +420,7 @@ class EnsembleScheduler:
                 id=run.request.id,
                 stats_sink=run,
             )
-            future = self._submit(request, run_here_under_us=run.under_us if here else None)
+            future = self._submit(request, run_here_under_us=run.under_us if here else run.chained_under_us)
         except BaseException as exc:  # refused at once: the ensemble request fails with it
             self._fail(run, i, exc)
             return

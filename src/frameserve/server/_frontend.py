@@ -493,6 +493,7 @@ async def _serve(config: FrontendConfig, sock: socket.socket, block: ch.SharedBl
 
     from frameserve.protocol.http._auth import HttpGate
     from frameserve.protocol.http._infer import InferFastPath, InferFirst
+    from frameserve.protocol.http._wire import uvicorn_config
 
     loop = asyncio.get_running_loop()
     channel = OwnerChannel(block)
@@ -507,12 +508,10 @@ async def _serve(config: FrontendConfig, sock: socket.socket, block: ch.SharedBl
         gate = HttpGate(config.tokens, auth_health=config.auth_health, loopback_hosts_only=config.loopback_hosts_only)
         app = InferFirst(HttpForwarder(channel, config.max_body_bytes), gate=gate, fast=fast, takes=channel.knows,
                          gate_all=False)
-        uv = uvicorn.Server(uvicorn.Config(
-            app, host=host, port=port, lifespan="off", log_config=None, log_level="warning", access_log=False,
-            timeout_graceful_shutdown=config.graceful_timeout_s, server_header=False, date_header=False,
-            timeout_keep_alive=30, ws="none",
-            ssl_certfile=None if config.tls_cert_file is None else str(config.tls_cert_file),
-            ssl_keyfile=None if config.tls_key_file is None else str(config.tls_key_file),
+        uv = uvicorn.Server(uvicorn_config(
+            app, host=host, port=port, graceful_timeout_s=config.graceful_timeout_s,
+            tls_cert_file=None if config.tls_cert_file is None else str(config.tls_cert_file),
+            tls_key_file=None if config.tls_key_file is None else str(config.tls_key_file),
         ))
         tasks.append(asyncio.create_task(uv.serve(sockets=[listen_reuseport(host, port)])))
     if config.grpc is not None:

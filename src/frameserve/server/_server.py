@@ -452,6 +452,8 @@ class Server:
     async def _main(self) -> None:
         import uvicorn
 
+        from frameserve.protocol.http._wire import uvicorn_config
+
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
         opts = self.options
@@ -474,12 +476,10 @@ class Server:
             )
         tasks: list[asyncio.Task[None]] = []
         for kind, app in apps.items():
-            config = uvicorn.Config(
-                app, host=opts.host_for(kind), port=self._ports[kind], lifespan="off", log_config=None,
-                log_level="warning", access_log=False, timeout_graceful_shutdown=opts.graceful_timeout_s,
-                server_header=False, date_header=False, timeout_keep_alive=30, ws="none",
-                ssl_certfile=None if opts.tls_cert_file is None else str(opts.tls_cert_file),
-                ssl_keyfile=None if opts.tls_key_file is None else str(opts.tls_key_file),
+            config = uvicorn_config(
+                app, host=opts.host_for(kind), port=self._ports[kind], graceful_timeout_s=opts.graceful_timeout_s,
+                tls_cert_file=None if opts.tls_cert_file is None else str(opts.tls_cert_file),
+                tls_key_file=None if opts.tls_key_file is None else str(opts.tls_key_file),
             )
             server = uvicorn.Server(config)
             self._uvicorn.append(server)
