@@ -32,10 +32,12 @@ ROUNDS = 5
 WARM_UP = 20
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+@pytest.fixture(scope="module", params=[(), ("--http-workers", "2")], ids=["one-process", "front-ends"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    """One process (its event loop batches), or two front-end processes (the owner batches
+    what one receive from a front end brings)."""
     root = tmp_path_factory.mktemp("loop_batching")
-    with ServeProcess(add_sub_repository(root / "repo"), root / "home") as srv:
+    with ServeProcess(add_sub_repository(root / "repo"), root / "home", *request.param) as srv:
         srv.wait_ready(timeout_s=120)
         yield srv
         assert srv.stop() == 0

@@ -133,20 +133,6 @@ class FrameReader:
         return out
 
 
-def read_frame(stream: Any) -> tuple[Any, ...] | None:
-    """The next message from a buffered binary stream (``socket.makefile("rb")``), or ``None``
-    at the end of the stream (the other process is gone)."""
-    head = stream.read(4)
-    if len(head) < 4:
-        return None
-    (size,) = _LENGTH.unpack(head)
-    payload = stream.read(size)
-    if len(payload) < size:
-        return None
-    message: tuple[Any, ...] = pickle.loads(payload)
-    return message
-
-
 def send_frame(sock: socket.socket, message: tuple[Any, ...], lock: threading.Lock) -> None:
     """Send one message on a blocking socket (threads share it: ``lock`` keeps frames whole).
 

@@ -1,10 +1,13 @@
 """The model-owning process's end of one front end's channel (``serve --http-workers N``):
 :class:`FrontendLink`.
 
-A reader thread per front end takes its messages in order. An inference request is built from
-the tensor specs (numpy views of the request arena) and submitted to the service on that thread
-with :data:`~frameserve.protocol.RUN_HERE_UNDER_US`: a fast model idle at once runs right there
-(no thread switch), anything else is queued and answered from the thread that completes it.
+A reader thread per front end takes its messages in order, all those one receive brings at
+once. An inference request is built from the tensor specs (numpy views of the request arena)
+and submitted to the service on that thread with :data:`~frameserve.protocol.RUN_HERE_UNDER_US`:
+a fast model idle at once runs right there (no thread switch), anything else is queued and
+answered from the thread that completes it. The requests of one receive go to the service
+together (``submit_many``), so a model with dynamic batching batches them as the
+single-process server's event loop batches its own.
 Inputs and outputs in client shared-memory regions are resolved here, in the one
 :class:`~frameserve.shm.SharedMemoryRegistry` of the server. Everything a front end hands on
 whole (HTTP requests, unary gRPC calls) runs on the owner's event loop with the same
@@ -14,6 +17,7 @@ application and servicer a single-process server serves, so its answer is theirs
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import socket
@@ -25,6 +29,7 @@ from typing import Any
 from frameserve.errors import FrameserveError
 from frameserve.protocol import RUN_HERE_UNDER_US
 from frameserve.request import InferRequest, RequestedOutput
+from frameserve.scheduler import failed_future
 from frameserve.server import _channel as ch
 from frameserve.service import InferenceService
 from frameserve.shm import SharedMemoryRegistry, SharedMemoryUse, client_shm_disabled
@@ -33,6 +38,8 @@ from frameserve.types import DataType
 __all__ = ["FrontendLink"]
 
 log = logging.getLogger("frameserve.server")
+
+_RECV_BYTES = 1 << 16  # one receive: every message the front end sent meanwhile, up to this much
 
 _MODEL_CHANGES = re.compile(r"/v2/repository/models/[^/]+/(load|unload)")
 _GRPC_MODEL_CHANGES = frozenset({
@@ -128,29 +135,48 @@ class FrontendLink:
     # -- the reader thread -------------------------------------------------------------------
 
     def _read(self) -> None:
-        stream = self.sock.makefile("rb", buffering=1 << 16)
+        reader = ch.FrameReader()
         try:
             while True:
                 try:
-                    message = ch.read_frame(stream)
-                except (OSError, ValueError):
+                    data = self.sock.recv(_RECV_BYTES)
+                except OSError:
                     return
-                if message is None:
+                if not data:
                     return
                 try:
-                    self._dispatch(message)
-                except Exception:  # one bad message must not stop the channel
-                    log.exception("front end %d: handling %r failed", self.index, message[0])
+                    messages = reader.feed(data)
+                except Exception:  # a frame that does not unpickle: the channel is broken
+                    log.exception("front end %d: unreadable message; closing its channel", self.index)
+                    return
+                self._handle(messages)
         finally:
             self._closed = True
             with self._acks:
                 self._acks.notify_all()
-            stream.close()
+
+    def _handle(self, messages: list[tuple[Any, ...]]) -> None:
+        """The messages of one receive, in order, except that the inference requests among them
+        go to the service together (:meth:`_infer_many`), before the next other message."""
+        infers: list[tuple[Any, ...]] = []
+        for message in messages:
+            if message[0] == ch.INFER:
+                infers.append(message)
+                continue
+            if infers:
+                self._infer_many(infers)
+                infers = []
+            try:
+                self._dispatch(message)
+            except Exception:  # one bad message must not stop the channel
+                log.exception("front end %d: handling %r failed", self.index, message[0])
+        if infers:
+            self._infer_many(infers)
 
     def _dispatch(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == ch.INFER:
-            self._infer(message)
+            self._infer_many([message])
         elif kind == ch.FREE:
             for offset in message[1]:
                 self.arena.free(offset)
@@ -172,12 +198,50 @@ class FrontendLink:
 
     # -- inference ---------------------------------------------------------------------------
 
-    def _infer(self, message: tuple[Any, ...]) -> None:
-        (_, rid, model, version, specs, outputs, parameters, priority, timeout_us, request_id, binary_output,
-         in_regions, out_regions, frees) = message
-        for offset in frees:
+    def _infer_many(self, messages: list[tuple[Any, ...]]) -> None:
+        """Build and submit the inference requests of ``messages`` (``INFER``, in arrival order):
+        several go through ``submit_many``, so those for one model batch with each other as
+        the single-process server's event loop batches them; one alone through ``submit``. A
+        request that cannot be built is answered with its error; the others go on."""
+        built: list[tuple[int, str, int | None, InferRequest, SharedMemoryUse | None]] = []
+        for message in messages:
+            try:
+                self._note_infer(message)
+                built.append(self._request(message))
+            except Exception as exc:  # noqa: BLE001 - answered to that request only
+                try:
+                    self.send((ch.ERROR, message[1], ch.picklable_error(exc)))
+                except Exception:  # noqa: BLE001 - a malformed message has no request id
+                    log.exception("front end %d: a malformed INFER message", self.index)
+        if not built:
+            return
+        try:
+            if len(built) == 1:
+                futures = [self.service.submit(built[0][3], run_here_under_us=RUN_HERE_UNDER_US)]
+            else:
+                futures = self.service.submit_many([b[3] for b in built], run_here_under_us=RUN_HERE_UNDER_US)
+        except Exception as exc:  # noqa: BLE001 - what submit raises for a lone request: its answer
+            futures = [failed_future(exc) for _ in built]
+        for (rid, model, version, _, use), future in zip(built, futures, strict=True):
+            if future.done():
+                self._answer(rid, model, version, future, use)
+            else:
+                future.add_done_callback(functools.partial(self._answer, rid, model, version, use=use))
+
+    def _note_infer(self, message: tuple[Any, ...]) -> None:
+        for offset in message[13]:  # the arena blocks of answers the front end is done with
             self.arena.free(offset)
         self.requests += 1
+
+    def _request(self, message: tuple[Any, ...]) -> tuple[int, str, int | None, InferRequest, SharedMemoryUse | None]:
+        """``(rid, model, version, the request, its use of client regions)`` of one ``INFER``.
+
+        Raises:
+            FrameserveError: a tensor that does not fit the channel's block, client shared
+                memory refused or a region the request names is wrong (the use is released).
+        """
+        (_, rid, model, version, specs, outputs, parameters, priority, timeout_us, request_id, binary_output,
+         in_regions, out_regions, _) = message
         use: SharedMemoryUse | None = None
         try:
             inputs = ch.unpack_tensors(specs, self.block)
@@ -189,21 +253,16 @@ class FrontendLink:
                     inputs[name] = use.input(name, DataType(datatype), shape, location)
                 for name, location in out_regions.items():
                     use.output(name, location)
-            request = InferRequest(
-                model_name=model, inputs=inputs, model_version=version,
-                outputs=tuple(RequestedOutput(n, b, p) for n, b, p in outputs), parameters=parameters,
-                priority=priority, timeout_us=timeout_us, id=request_id, binary_data_output=binary_output,
-            )
-            future = self.service.submit(request, run_here_under_us=RUN_HERE_UNDER_US)
-        except BaseException as exc:
+        except BaseException:
             if use is not None:
                 use.release()
-            self.send((ch.ERROR, rid, ch.picklable_error(exc)))
-            return
-        if future.done():
-            self._answer(rid, model, version, future, use)
-        else:
-            future.add_done_callback(lambda f: self._answer(rid, model, version, f, use))
+            raise
+        request = InferRequest(
+            model_name=model, inputs=inputs, model_version=version,
+            outputs=tuple(RequestedOutput(n, b, p) for n, b, p in outputs), parameters=parameters,
+            priority=priority, timeout_us=timeout_us, id=request_id, binary_data_output=binary_output,
+        )
+        return rid, model, version, request, use
 
     def _answer(self, rid: int, model: str, version: int | None, future: Future[Any], use: SharedMemoryUse | None) -> None:
         try:
