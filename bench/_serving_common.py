@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import resource
 import statistics
 import subprocess
 import sys
@@ -96,6 +97,7 @@ class PAResult:
     p99_us: float
     server_cpu_s_per_inf: float  # nan when no pid was given
     stable: bool = True  # perf_analyzer reached its stability criterion (10 % over 3 windows)
+    client_cpu_s_per_inf: float = float("nan")  # perf_analyzer's own CPU; nan when no pid was given
 
 
 def _inference_count(port: int, model: str) -> int:
@@ -139,7 +141,9 @@ def perf_analyzer(plan: Plan, model: str, protocol: str, ports: dict[str, int], 
                 ["--stability-percentage", "1000"],):
             cpu0 = _cpu_s(pid) if pid else 0.0
             n0 = _inference_count(ports["HTTP"], model) if pid else 0
+            client0 = _children_cpu_s()
             proc = subprocess.run(args + criterion, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+            client1 = _children_cpu_s()
             cpu1 = _cpu_s(pid) if pid else 0.0
             n1 = _inference_count(ports["HTTP"], model) if pid else 0
             out = proc.stdout + proc.stderr
@@ -154,8 +158,16 @@ def perf_analyzer(plan: Plan, model: str, protocol: str, ports: dict[str, int], 
         with report.open() as f:
             row = next(csv.DictReader(f))
     cpu = (cpu1 - cpu0) / (n1 - n0) if pid and n1 > n0 else float("nan")
+    client = (client1 - client0) / (n1 - n0) if pid and n1 > n0 else float("nan")
     return PAResult(float(row["Inferences/Second"]), float(row["p50 latency"]), float(row["p99 latency"]), cpu,
-                    stable)
+                    stable, client)
+
+
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of this process's finished children (perf_analyzer, run by bash
+    and waited for, counts in it: getrusage(2) RUSAGE_CHILDREN)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def spread(xs: list[float]) -> float:

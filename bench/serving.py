@@ -73,6 +73,7 @@ from _serving_common import (  # noqa: E402
     _time_split,
     add_sub_repository,
     check_add_sub,
+    cpu_count,
     infer,
     log,
     median,
@@ -236,8 +237,11 @@ def part_a(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
         check("after")
         assert srv.stop() == 0
     s_best, b = sweep[best_srv], inproc_sweep[best_in]
+    client_share = s_best.client_cpu_s_per_inf * s_best.throughput / max(cpu_count(), 1)
     why = (f"served {s_best.server_cpu_s_per_inf * 1e3:.2f} ms CPU/inf vs in-process {b.cpu_s_per_inf * 1e3:.2f}; "
-           f"per request in the server: {split}")
+           f"perf_analyzer itself {s_best.client_cpu_s_per_inf * 1e3:.2f} ms CPU/inf, {client_share:.0%} of the "
+           f"{cpu_count()} CPUs at the served rate (the in-process loop has no client); the model per call in "
+           f"process {b.p50_s * 1e3:.2f} ms (p50); per request in the server: {split}")
     rows.append(Row("(a) nudenet served / in-process throughput", median(thr), ">= 0.97", median(thr) >= 0.97, why))
     rows.append(Row("(a) nudenet p50 at c=1 / in-process p50", median(p50), "<= 1.03", median(p50) <= 1.03, why))
     rows.append(Row("(a) nudenet --shared-memory system / in-process", median(thr_shm), ">= 0.99",
@@ -300,8 +304,13 @@ def part_b(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
             floor_text = (f"an empty handler costs {floors['grpc_sync'].server_cpu_s_per_inf * 1e6:.0f} us/req on "
                           f"grpcio's thread-pool server (serve's mode, pinned alike), "
                           f"{floors['grpc'].server_cpu_s_per_inf * 1e6:.0f} on grpc.aio")
+        fs_client = median([a.client_cpu_s_per_inf for a in f]) * 1e6
+        tr_client = median([b.client_cpu_s_per_inf for b in t]) * 1e6
+        loop_text = (f"; HTTP runs on one event-loop thread, so {fs_cpu:.0f} us/inf caps it near "
+                     f"{1e6 / fs_cpu:.0f}/s on any number of cores" if protocol == "http" else "")
         why = (f"frameserve {fs_cpu:.0f} us CPU/inf on one interpreter (in-process: {profile[protocol]}), Triton "
-               f"{tr_cpu:.0f} us over its C++ threads and its Python stub; {floor_text}")
+               f"{tr_cpu:.0f} us over its C++ threads and its Python stub; {floor_text}; perf_analyzer itself "
+               f"{fs_client:.0f} us/inf against frameserve, {tr_client:.0f} against Triton{loop_text}")
         rows.append(Row(f"(b) add_sub {label}: frameserve / Triton", ratio, ">= 1.0", ratio >= 1.0, why))
         rows.append(Row(f"(b) add_sub {label}: server CPU-us/inf frameserve / Triton", cpu, "<= 1.0", cpu <= 1.0, why))
         fs_thr, tr_thr = [a.throughput for a in f], [b.throughput for b in t]
