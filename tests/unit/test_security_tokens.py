@@ -24,6 +24,7 @@ from frameserve.security import (
     grpc_roles,
     http_roles,
 )
+from frameserve.security.auth import host_refusal
 
 pytestmark = pytest.mark.unit
 
@@ -134,3 +135,22 @@ def test_cross_site_refusals() -> None:
         _refusal(path="/v2/systemsharedmemory/unregister", content_type=form, origin="http://evil.example"),
         PermissionDeniedError,
     )
+
+
+@pytest.mark.parametrize("host", [
+    "localhost", "LOCALHOST:8000", "api.localhost", "localhost.", "127.0.0.1", "127.1.2.3:8000", "[::1]", "[::1]:8000",
+])
+def test_hosts_that_name_this_machine_pass(host: str) -> None:
+    for _ in range(2):  # the second answer comes from the cache: the same
+        assert host_refusal(host) is None
+
+
+@pytest.mark.parametrize("host", [
+    "evil.example", "evil.example:8000", "10.0.0.1", "0.0.0.0", "[::2]", "localhost.evil.example", "127.0.0.1.nip.io",
+    "", ":8000", "[::1", "a" * 300 + ".localhost", "localhost:notaport",
+])
+def test_other_hosts_are_refused_without_echoing_them(host: str) -> None:
+    for _ in range(2):
+        refusal = host_refusal(host)
+        assert isinstance(refusal, PermissionDeniedError)
+        assert host[:20] not in str(refusal) or not host

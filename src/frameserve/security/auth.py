@@ -39,6 +39,7 @@ Origin scheme's default on both sides.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from urllib.parse import urlsplit
 
@@ -133,6 +134,25 @@ def _host_port(netloc: str, default_port: int) -> tuple[str, int] | None:
     return parts.hostname.lower().rstrip("."), default_port if port is None else port
 
 
+_MAX_HOST = 255
+
+
+@functools.lru_cache(maxsize=64)
+def _names_this_machine(host: str) -> bool:
+    """Whether a ``Host`` header names this machine: ``localhost``, ``*.localhost``, an address
+    in 127.0.0.0/8 or ``::1`` (with or without a port)."""
+    parsed = _host_port(host, 80)
+    if parsed is None:
+        return False
+    name = parsed[0].strip("[]")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def host_refusal(host: str | None) -> FrameserveError | None:
     """Why a request to a loopback-only server without tokens is refused because of its ``Host``
     header, or ``None`` when the header names this machine (``localhost``, ``*.localhost``, an
@@ -148,16 +168,10 @@ def host_refusal(host: str | None) -> FrameserveError | None:
     """
     if host is None:
         return None
-    parsed = _host_port(host, 80)
-    if parsed is not None:
-        name = parsed[0].strip("[]")
-        if name == "localhost" or name.endswith(".localhost"):
-            return None
-        try:
-            if ipaddress.ip_address(name).is_loopback:
-                return None
-        except ValueError:
-            pass
+    # A client sends the same Host on every request: the answer for a short one is remembered
+    # (a bounded cache; a name over 255 characters is no DNS name and never names this machine).
+    if len(host) <= _MAX_HOST and _names_this_machine(host):
+        return None
     return PermissionDeniedError(
         "this server answers only requests addressed to this machine (Host: localhost or a loopback "
         "address) while it runs without tokens; use --auth-token-file to serve other names"
