@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from typing import Any, Protocol
 
 import numpy as np
@@ -87,14 +87,14 @@ def _chain(future: Future[Outputs], waiter: asyncio.Future[Outputs]) -> None:
     def settle(done: Future[Outputs]) -> None:
         if waiter.done():
             return
-        if done.cancelled():
+        try:  # one look at the done future (each of its accessors takes its lock)
+            outputs = done.result()
+        except CancelledError:
             waiter.cancel()
-            return
-        exc = done.exception()
-        if exc is not None:
+        except BaseException as exc:  # noqa: BLE001 - the request's own error, for its awaiter
             waiter.set_exception(exc)
         else:
-            waiter.set_result(done.result())
+            waiter.set_result(outputs)
 
     if future.done():
         settle(future)
