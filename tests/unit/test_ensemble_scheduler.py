@@ -5,6 +5,7 @@ stop); and the service loading an ensemble's steps once."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,6 +21,7 @@ from frameserve.repository import EnsembleStep, ModelConfig, ModelRepository, pa
 from frameserve.repository._pbtxt import pbtxt_to_dict
 from frameserve.request import InferRequest
 from frameserve.scheduler import EnsembleScheduler
+from frameserve.scheduler._ensemble import MAX_CHAINED_STEPS
 from frameserve.service import InferenceService
 from frameserve.types import DataType, TensorSpec
 
@@ -265,6 +267,48 @@ def test_a_blocking_caller_starts_every_step_itself(under_us: float | None) -> N
         assert callers["b"] == callers["c"] == callers["d"] == callers["a"]
         assert fake.bounds == {"a": under_us, "b": under_us, "c": under_us, "d": under_us}
     np.testing.assert_array_equal(future.result()["OUT"], np.full((1, 2), 2.0, np.float32))
+
+
+def _stack_depth() -> int:
+    frame, depth = sys._getframe(), 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
+
+
+def test_a_long_chain_of_fast_steps_runs_on_the_thread_before_it_but_never_unboundedly_deep() -> None:
+    """Steps made ready on another step's thread run there, each started inside the previous
+    one's completion, at most MAX_CHAINED_STEPS deep; then one is queued, which ends the nesting
+    (a chain of 48 fast steps would otherwise be 48 calls deep)."""
+    n = 6 * MAX_CHAINED_STEPS
+    names = [f"s{i}" for i in range(n)]
+    steps = [{"model_name": m, "input_map": {"x": "IN" if i == 0 else f"t{i - 1}"},
+              "output_map": {"y": "OUT" if i == n - 1 else f"t{i}"}} for i, m in enumerate(names)]
+    gate = threading.Event()
+    depths: dict[str, int] = {}
+
+    def model(name: str) -> Callable[[dict[str, Array]], dict[str, Array]]:
+        def run(i: dict[str, Array]) -> dict[str, Array]:
+            if name == "s0":
+                gate.wait(30)  # finishes once enqueue returned: the chain runs on the pool's threads
+            depths[name] = _stack_depth()
+            return {"y": i["x"] + 1}
+        return run
+
+    fake = FakeService({m: model(m) for m in names}, {m: _model(m) for m in names}, always_queued=frozenset({"s0"}))
+    ens = _scheduler(fake, _ensemble(steps))
+    future = ens.enqueue(InferRequest("e", {"IN": np.zeros((1, 2), np.float32)}), inline=True, inline_under_ns=300_000)
+    assert not future.done()
+    gate.set()
+    np.testing.assert_array_equal(future.result(timeout=30)["OUT"], np.full((1, 2), float(n), np.float32))
+    # s1 ... s8 start inside s0's completion, one inside the other, with the request's bound
+    assert [fake.bounds[f"s{i}"] for i in range(1, MAX_CHAINED_STEPS + 1)] == [300.0] * MAX_CHAINED_STEPS
+    assert fake.bounds[f"s{MAX_CHAINED_STEPS + 1}"] is None  # queued: the nesting ends
+    per_step = depths["s2"] - depths["s1"]
+    assert per_step > 0
+    # a queued step may finish before its callback is added (then it runs inside too): a few more
+    assert max(depths.values()) <= depths["s1"] + per_step * (MAX_CHAINED_STEPS + 4), (per_step, depths)
+    assert sum(b is None for b in fake.bounds.values()) >= n // (MAX_CHAINED_STEPS + 1) - 1
 
 
 def test_a_failing_step_fails_the_request_with_its_error_and_cancels_the_rest() -> None:

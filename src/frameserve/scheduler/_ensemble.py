@@ -45,7 +45,7 @@ from frameserve.scheduler._request import failed_future
 from frameserve.scheduler._stats import ModelStats
 from frameserve.types import TensorSpec
 
-__all__ = ["EnsembleScheduler", "SubmitFn", "check_ensemble_steps", "load_ensemble_steps"]
+__all__ = ["MAX_CHAINED_STEPS", "EnsembleScheduler", "SubmitFn", "check_ensemble_steps", "load_ensemble_steps"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,13 @@ Outputs = dict[str, np.ndarray[Any, Any]]
 StepConfigFn = Callable[[str, int | None], ModelConfig]
 """``(model name, version or None for the newest loaded) -> its loaded config``; raises a
 :class:`~frameserve.errors.FrameserveError` when it is not loaded."""
+
+
+MAX_CHAINED_STEPS = 8
+"""Steps run one inside another on the thread of the step before them (each started from the
+previous one's completion), at most; the next one is queued (no unbounded call depth)."""
+
+_chained = threading.local()  # .depth: chained step starts in progress on this thread
 
 
 class SubmitFn(Protocol):
@@ -338,8 +345,8 @@ class EnsembleScheduler:
                 become ready after this call returns start on the thread of the step that made
                 them ready (a model's instance thread): with ``inline_under_ns`` they run right
                 there when their model is idle and its recent batches took under that bound
-                (the thread switches to a fast Python step cost more than the step), else
-                they are queued.
+                (the thread switches to a fast Python step cost more than the step), at most
+                :data:`MAX_CHAINED_STEPS` one inside another; else they are queued.
 
         Returns:
             A future completed with the requested ensemble outputs (every output when none is
@@ -404,8 +411,21 @@ class EnsembleScheduler:
     # -- one request -------------------------------------------------------------------------
 
     def _launch(self, run: _Run, i: int) -> None:
+        if run.here == threading.get_ident():
+            self._start(run, i, run.under_us)
+            return
+        # A step run here finishes before its submit returns and starts the next ready step
+        # from its completion, here again: one launch inside the other. Past MAX_CHAINED_STEPS
+        # deep on this thread the next one is queued (no bound), which ends the nesting.
+        depth = getattr(_chained, "depth", 0)
+        _chained.depth = depth + 1
+        try:
+            self._start(run, i, run.chained_under_us if depth < MAX_CHAINED_STEPS else None)
+        finally:
+            _chained.depth = depth
+
+    def _start(self, run: _Run, i: int, under_us: float | None) -> None:
         step = self._steps[i]
-        here = run.here == threading.get_ident()
         try:
             with run.lock:  # another branch may be adding its outputs meanwhile
                 inputs = {key: run.tensors[t] for key, t in step.inputs}
@@ -420,7 +440,7 @@ class EnsembleScheduler:
                 id=run.request.id,
                 stats_sink=run,
             )
-            future = self._submit(request, run_here_under_us=run.under_us if here else run.chained_under_us)
+            future = self._submit(request, run_here_under_us=under_us)
         except BaseException as exc:  # refused at once: the ensemble request fails with it
             self._fail(run, i, exc)
             return
