@@ -168,7 +168,7 @@ class TensorSpec:
         want = self.shape_with_batch(max_batch_size)
         if len(shape) != len(want):
             return False
-        for w, s in zip(want, shape):  # a plain loop: this runs for every input of every request
+        for w, s in zip(want, shape, strict=True):  # a plain loop: it runs for every input of every request
             if w != -1 and w != s:
                 return False
         return True
