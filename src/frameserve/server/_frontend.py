@@ -510,8 +510,7 @@ async def _serve(config: FrontendConfig, sock: socket.socket, block: ch.SharedBl
                          gate_all=False)
         uv = uvicorn.Server(uvicorn_config(
             app, host=host, port=port, graceful_timeout_s=config.graceful_timeout_s,
-            tls_cert_file=None if config.tls_cert_file is None else str(config.tls_cert_file),
-            tls_key_file=None if config.tls_key_file is None else str(config.tls_key_file),
+            tls_cert_file=config.tls_cert_file, tls_key_file=config.tls_key_file,
         ))
         tasks.append(asyncio.create_task(uv.serve(sockets=[listen_reuseport(host, port)])))
     if config.grpc is not None:

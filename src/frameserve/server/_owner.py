@@ -175,9 +175,7 @@ class FrontendLink:
 
     def _dispatch(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
-        if kind == ch.INFER:
-            self._infer_many([message])
-        elif kind == ch.FREE:
+        if kind == ch.FREE:  # INFER messages go to _infer_many (see _handle)
             for offset in message[1]:
                 self.arena.free(offset)
         elif kind == ch.FAIL:
@@ -206,7 +204,6 @@ class FrontendLink:
         built: list[tuple[int, str, int | None, InferRequest, SharedMemoryUse | None]] = []
         for message in messages:
             try:
-                self._note_infer(message)
                 built.append(self._request(message))
             except Exception as exc:  # noqa: BLE001 - answered to that request only
                 try:
@@ -228,20 +225,19 @@ class FrontendLink:
             else:
                 future.add_done_callback(functools.partial(self._answer, rid, model, version, use=use))
 
-    def _note_infer(self, message: tuple[Any, ...]) -> None:
-        for offset in message[13]:  # the arena blocks of answers the front end is done with
-            self.arena.free(offset)
-        self.requests += 1
-
     def _request(self, message: tuple[Any, ...]) -> tuple[int, str, int | None, InferRequest, SharedMemoryUse | None]:
-        """``(rid, model, version, the request, its use of client regions)`` of one ``INFER``.
+        """``(rid, model, version, the request, its use of client regions)`` of one ``INFER``,
+        after freeing the arena blocks of the answers it says the front end is done with.
 
         Raises:
             FrameserveError: a tensor that does not fit the channel's block, client shared
                 memory refused or a region the request names is wrong (the use is released).
         """
         (_, rid, model, version, specs, outputs, parameters, priority, timeout_us, request_id, binary_output,
-         in_regions, out_regions, _) = message
+         in_regions, out_regions, frees) = message
+        for offset in frees:  # the arena blocks of answers the front end is done with
+            self.arena.free(offset)
+        self.requests += 1
         use: SharedMemoryUse | None = None
         try:
             inputs = ch.unpack_tensors(specs, self.block)

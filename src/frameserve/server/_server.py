@@ -478,8 +478,7 @@ class Server:
         for kind, app in apps.items():
             config = uvicorn_config(
                 app, host=opts.host_for(kind), port=self._ports[kind], graceful_timeout_s=opts.graceful_timeout_s,
-                tls_cert_file=None if opts.tls_cert_file is None else str(opts.tls_cert_file),
-                tls_key_file=None if opts.tls_key_file is None else str(opts.tls_key_file),
+                tls_cert_file=opts.tls_cert_file, tls_key_file=opts.tls_key_file,
             )
             server = uvicorn.Server(config)
             self._uvicorn.append(server)

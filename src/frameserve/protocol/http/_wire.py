@@ -7,6 +7,7 @@ at concurrency 1 (perf_analyzer, 4 interleaved pairs), so uvicorn's two writes s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -16,7 +17,7 @@ __all__ = ["uvicorn_config"]
 
 def uvicorn_config(
     app: Any, *, host: str, port: int, graceful_timeout_s: float | None,
-    tls_cert_file: str | None = None, tls_key_file: str | None = None,
+    tls_cert_file: str | Path | None = None, tls_key_file: str | Path | None = None,
 ) -> uvicorn.Config:
     """The configuration of one HTTP listener: uvicorn's own choice of parser (httptools, which
     ``uvicorn[standard]`` installs), no lifespan, no access log, no
@@ -35,5 +36,6 @@ def uvicorn_config(
         # typed int by uvicorn, used as an asyncio.timeout delay (which takes a float)
         timeout_graceful_shutdown=graceful_timeout_s,  # type: ignore[arg-type]
         server_header=False, date_header=False, timeout_keep_alive=30, ws="none",
-        ssl_certfile=tls_cert_file, ssl_keyfile=tls_key_file,
+        ssl_certfile=None if tls_cert_file is None else str(tls_cert_file),
+        ssl_keyfile=None if tls_key_file is None else str(tls_key_file),
     )
