@@ -36,6 +36,7 @@ The tree (catch at any level)::
     ├── UnauthenticatedError            unauthenticated        401  UNAUTHENTICATED
     ├── PermissionDeniedError           permission_denied      403  PERMISSION_DENIED
     ├── ResourceExhaustedError          resource_exhausted     429  RESOURCE_EXHAUSTED
+    │   └── QuotaExceededError          quota_exceeded         429  RESOURCE_EXHAUSTED
     ├── DeadlineExceededError           deadline_exceeded      503  UNAVAILABLE
     ├── AssetError                      asset_error            502  UNAVAILABLE
     ├── InferenceError                  inference_failed       500  INTERNAL
@@ -83,6 +84,7 @@ __all__ = [
     "PipelineHookError",
     "PipelineNotFoundError",
     "PipelineSpecError",
+    "QuotaExceededError",
     "ResourceExhaustedError",
     "SchedulerStoppedError",
     "SharedMemoryError",
@@ -220,6 +222,35 @@ class ResourceExhaustedError(FrameserveError):
     """A bounded queue is full; the caller may retry later."""
 
     code = "resource_exhausted"
+
+
+class QuotaExceededError(ResourceExhaustedError):
+    """A tenant is at one of its limits (:mod:`frameserve.security.quotas`); retry after
+    :attr:`retry_after_s` seconds (HTTP ``Retry-After``).
+
+    Attributes:
+        tenant: the tenant (a token's NAME; ``""`` on a server without tokens).
+        limit: the limit's name as the quotas file spells it (``infer_rate``, ``queued_jobs``, ...).
+        value: the limit's value.
+        retry_after_s: seconds after which a retry may succeed (> 0).
+    """
+
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, *, tenant: str = "", limit: str = "", value: int = 0,
+                 retry_after_s: float = 1.0, detail: object | None = None) -> None:
+        super().__init__(message, detail=detail)
+        self.tenant = tenant
+        self.limit = limit
+        self.value = value
+        self.retry_after_s = retry_after_s
+
+    @classmethod
+    def of(cls, tenant: str, limit: str, value: int, *, retry_after_s: float) -> QuotaExceededError:
+        """The error for ``tenant`` at ``limit`` = ``value``, with its one-line message."""
+        who = f"tenant {tenant!r}" if tenant else "this server's one tenant"
+        return cls(f"{who} is at its quota {limit}={value} (--quotas); retry after {retry_after_s:.3g} s",
+                   tenant=tenant, limit=limit, value=value, retry_after_s=retry_after_s)
 
 
 class DeadlineExceededError(FrameserveError):
@@ -402,6 +433,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "backend_unavailable": (400, "FAILED_PRECONDITION"),
     "model_not_ready": (503, "UNAVAILABLE"),
     "resource_exhausted": (429, "RESOURCE_EXHAUSTED"),
+    "quota_exceeded": (429, "RESOURCE_EXHAUSTED"),
     "deadline_exceeded": (503, "UNAVAILABLE"),
     "asset_error": (502, "UNAVAILABLE"),
     "inference_failed": (500, "INTERNAL"),

@@ -18,6 +18,7 @@ from frameserve.security.guard import (
     embedded_ipv4,
 )
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.security.quotas import DEFAULT_QUOTA, ConcurrencyGate, Quotas, RateGate, TenantQuota
 from frameserve.security.redact import (
     REDACTED,
     quiet_http_logs,
@@ -35,13 +36,18 @@ from frameserve.security.tokens import (
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "DEFAULT_QUOTA",
     "IMPLICIT_OWNER",
     "MIN_TOKEN_CHARS",
     "REDACTED",
     "ROLES",
     "AddressGuard",
+    "ConcurrencyGate",
     "GuardedTransport",
     "Principal",
+    "Quotas",
+    "RateGate",
+    "TenantQuota",
     "TensorLimits",
     "TokenTable",
     "address_refusal",
