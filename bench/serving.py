@@ -177,7 +177,7 @@ def part_a(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
         inproc_cfgs[f"{T} sessions x 1 thread, batch 1"] = lambda: inprocess(singles, 1, plan.inproc_s)
     for fn in inproc_cfgs.values():  # warm-up
         fn()
-    with ServeProcess(repo, work / "home_a", "--threads", str(T), "--allow-client-shm") as srv:
+    with ServeProcess(repo, work / "home_a", "--threads", str(T), "--allow-client-shm", "--client-shm-prefix", "/") as srv:
         srv.wait_ready(timeout_s=180)
         pid = srv.proc.pid
         # correctness: served output equals the in-process output (same model, input, batch size)

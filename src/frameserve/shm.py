@@ -21,8 +21,16 @@ What frameserve adds to Triton's checks:
 
 - keys are single POSIX shm names (``/name``: ``[A-Za-z0-9._-]``, no ``..``), opened under
   ``/dev/shm`` with ``O_NOFOLLOW`` and ``O_NONBLOCK``, regular files only; never a path;
-- keys naming frameserve's own segments (:data:`OWN_SEGMENT_PREFIX`: the decode ring, the Python
-  backend's tensor blocks) are refused, as Triton refuses its Python backend's prefix;
+- regions belong to a tenant (the registering token's NAME, ``""`` without tokens): a tenant's
+  status lists its own regions, unregister (one or all) touches only its own, and a request may
+  name only its own (another tenant's region answers as an unknown one would); two tenants may
+  use the same region name. ``admin`` tokens see and unregister every tenant's regions;
+- only keys under the operator's prefix (``serve --client-shm-prefix``, default
+  :data:`DEFAULT_CLIENT_PREFIX`) can be registered, and never the server's own objects whatever
+  the prefix: keys of frameserve's own segments (:data:`OWN_SEGMENT_PREFIX`: the decode ring, the
+  Python backend's tensor blocks), POSIX semaphores (``sem.*``), objects with more than one name
+  (a hard link can give a server segment a client's name) and objects this process created or
+  attached (:func:`mark_own`, by device and inode);
 - any offset is accepted (the mapping starts at the page below it), and the segment's size is
   checked again each time a request uses the region, so a client that shrank its segment
   gets an error instead of the server dying of SIGBUS (a client truncating it *during* a request
@@ -61,6 +69,7 @@ from frameserve.errors import (
 from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
 
 __all__ = [
+    "DEFAULT_CLIENT_PREFIX",
     "DEFAULT_MAX_REGIONS",
     "EXTENSION",
     "OWN_SEGMENT_PREFIX",
@@ -71,6 +80,8 @@ __all__ = [
     "ShmLocation",
     "client_shm_disabled",
     "cuda_shm_unsupported",
+    "forget_own",
+    "mark_own",
     "shm_location",
 ]
 
@@ -78,6 +89,10 @@ OWN_SEGMENT_PREFIX = "frameserve-"
 """Name prefix of every POSIX shared-memory segment frameserve creates itself (the decode
 ring of ``pipeline._parallel``, the Python backend's tensor blocks); a client key with this prefix
 is refused."""
+
+DEFAULT_CLIENT_PREFIX = "/fsclient-"
+"""The key prefix client regions must have unless the operator names another
+(``serve --client-shm-prefix``; ``/`` allows any key but the server's own objects)."""
 
 EXTENSION = "system_shared_memory"
 """The extension's name in ``/v2`` and gRPC ``ServerMetadata`` (listed where a registry serves)."""
@@ -95,6 +110,36 @@ _KEY = re.compile(r"/?[A-Za-z0-9._-]{1,200}")
 _MAX_NAME_CHARS = 1024
 _PAGE = mmap.ALLOCATIONGRANULARITY
 _LE: dict[DataType, np.dtype[Any]] = {}
+
+_OWN_INODES: set[tuple[int, int]] = set()
+_OWN_LOCK = threading.Lock()
+
+
+def mark_own(name: str, *, root: str = SHM_ROOT) -> None:
+    """Record the POSIX shared-memory object ``name`` (``/name`` or ``name``) as one of this
+    process's own (created or attached by frameserve): it can never be registered as a client
+    region, whatever name it is given later. An object that is gone already is ignored."""
+    try:
+        info = os.stat(os.path.join(root, name.removeprefix("/")), follow_symlinks=False)
+    except OSError:
+        return
+    with _OWN_LOCK:
+        _OWN_INODES.add((info.st_dev, info.st_ino))
+
+
+def forget_own(name: str, *, root: str = SHM_ROOT) -> None:
+    """Undo :func:`mark_own` before the object ``name`` is unlinked (its inode may be reused)."""
+    try:
+        info = os.stat(os.path.join(root, name.removeprefix("/")), follow_symlinks=False)
+    except OSError:
+        return
+    with _OWN_LOCK:
+        _OWN_INODES.discard((info.st_dev, info.st_ino))
+
+
+def _is_own(info: os.stat_result) -> bool:
+    with _OWN_LOCK:
+        return (info.st_dev, info.st_ino) in _OWN_INODES
 
 
 def client_shm_disabled() -> SharedMemoryUnsupportedError:
@@ -162,9 +207,11 @@ def _non_negative(value: Any, key: str, where: str) -> int:
 class _Region:
     """One registered region: its mapping and how many requests use it."""
 
-    __slots__ = ("base", "byte_size", "key", "mm", "name", "offset", "retired", "users")
+    __slots__ = ("base", "byte_size", "key", "mm", "name", "offset", "retired", "tenant", "users")
 
-    def __init__(self, name: str, key: str, offset: int, byte_size: int, mm: mmap.mmap, base: int) -> None:
+    def __init__(self, name: str, key: str, offset: int, byte_size: int, mm: mmap.mmap, base: int,
+                 tenant: str = "") -> None:
+        self.tenant = tenant
         self.name = name
         self.key = key
         self.offset = offset
@@ -193,61 +240,75 @@ class SharedMemoryRegistry:
     One per server, given to both transports (a client registers over one connection and infers
     over others, as perf_analyzer does). Thread-safe: every method may be called from any thread.
 
+    Regions are kept per tenant (``tenant``: a token's NAME; ``""`` on a server without tokens);
+    ``everyone=True`` (an ``admin`` token) makes status and unregister span every tenant.
+
     Args:
         root: the folder of POSIX shared-memory objects (default :data:`SHM_ROOT`).
-        max_regions: most regions at once (default :data:`DEFAULT_MAX_REGIONS`).
+        max_regions: most regions at once, all tenants together (default :data:`DEFAULT_MAX_REGIONS`).
+        key_prefix: keys must start with it (``serve --client-shm-prefix``; default
+            :data:`DEFAULT_CLIENT_PREFIX`; a leading ``/`` is implied).
 
     Raises:
-        ValueError: ``max_regions`` < 1.
+        ValueError: ``max_regions`` < 1, or a ``key_prefix`` that is not the start of a shm name.
     """
 
-    def __init__(self, *, root: str = SHM_ROOT, max_regions: int = DEFAULT_MAX_REGIONS) -> None:
+    def __init__(self, *, root: str = SHM_ROOT, max_regions: int = DEFAULT_MAX_REGIONS,
+                 key_prefix: str = DEFAULT_CLIENT_PREFIX) -> None:
         if max_regions < 1:
             raise ValueError(f"max_regions must be >= 1, got {max_regions}")
+        prefix = "/" + key_prefix.removeprefix("/")
+        if prefix != "/" and (not _KEY.fullmatch(prefix) or ".." in prefix):
+            raise ValueError(f"--client-shm-prefix must be '/' or the start of a POSIX shm name ('/' then letters, "
+                             f"digits, '.', '_', '-'), got {key_prefix!r}")
         self.root = root
         self.max_regions = max_regions
+        self.key_prefix = prefix
         self._lock = threading.Lock()
-        self._regions: dict[str, _Region] = {}
+        self._regions: dict[tuple[str, str], _Region] = {}
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def register(self, name: str, key: str, offset: int, byte_size: int, *, tenant: str = "") -> None:
         """Map ``byte_size`` bytes at ``offset`` of the shared-memory object ``key`` as region ``name``.
 
         Args:
-            name: the region's name (what tensors' ``shared_memory_region`` will say).
+            name: the region's name (what tensors' ``shared_memory_region`` will say), unique
+                within ``tenant``.
             key: the object's POSIX shm name (``/name`` or ``name``).
             offset, byte_size: where the region lies in the object, in bytes (``byte_size`` > 0).
+            tenant: who registers it.
 
         Raises:
-            SharedMemoryExistsError: ``name`` is registered already.
-            SharedMemoryError: a bad name, a key that is not one shm name, names one of
-                frameserve's own segments, does not exist, is not a regular file or cannot be
-                opened for reading and writing; ``offset + byte_size`` past the object's end.
+            SharedMemoryExistsError: ``name`` is registered by ``tenant`` already.
+            SharedMemoryError: a bad name, a key that is not one shm name, is not under
+                :attr:`key_prefix`, names one of the server's own objects, does not exist, is not
+                a regular file or cannot be opened for reading and writing; ``offset +
+                byte_size`` past the object's end.
             ResourceExhaustedError: :attr:`max_regions` are registered, or no file descriptor is left.
         """
         if not isinstance(name, str) or not name:
             raise SharedMemoryError("'region name' is necessary to register a system shared memory region")
         if len(name) > _MAX_NAME_CHARS or not name.isprintable():
             raise SharedMemoryError(f"a region name is at most {_MAX_NAME_CHARS} printable characters")
-        file_name = self._file_name(name, key)
+        file_name = self._file_name(name, key, self.key_prefix)
         for value, what in ((offset, "offset"), (byte_size, "byte_size")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise SharedMemoryError(f"failed to register shared memory region {name!r}: {what} must be a non-negative integer")
         if byte_size == 0:
             raise SharedMemoryError(f"failed to register shared memory region {name!r}: byte_size must be > 0")
         with self._lock:
-            self._check_free(name)
+            self._check_free(tenant, name)
         mm, base = self._map(name, key, file_name, offset, byte_size)
-        region = _Region(name, key, offset, byte_size, mm, base)
+        region = _Region(name, key, offset, byte_size, mm, base, tenant)
         with self._lock:
             try:
-                self._check_free(name)
+                self._check_free(tenant, name)
             except BaseException:
                 region.unmap()
                 raise
-            self._regions[name] = region
+            self._regions[(tenant, name)] = region
 
-    def _check_free(self, name: str) -> None:
-        if name in self._regions:
+    def _check_free(self, tenant: str, name: str) -> None:
+        if (tenant, name) in self._regions:
             raise SharedMemoryExistsError(f"shared memory region {name!r} is already registered; unregister it first")
         if len(self._regions) >= self.max_regions:
             raise ResourceExhaustedError(
@@ -255,17 +316,22 @@ class SharedMemoryRegistry:
             )
 
     @staticmethod
-    def _file_name(name: str, key: Any) -> str:
+    def _file_name(name: str, key: Any, prefix: str = "/") -> str:
         if not isinstance(key, str) or not _KEY.fullmatch(key) or ".." in key or key.strip("/") == ".":
             raise SharedMemoryError(
                 f"cannot register shared memory region {name!r}: the key must be one POSIX shared memory name "
                 "('/name' of letters, digits, '.', '_' and '-'; no '..')"
             )
         file_name = key.removeprefix("/")
-        if file_name.startswith(OWN_SEGMENT_PREFIX):
+        if not ("/" + file_name).startswith(prefix):
             raise SharedMemoryError(
-                f"cannot register shared memory region {name!r}: keys starting with {OWN_SEGMENT_PREFIX!r} are "
-                "reserved for frameserve's own segments"
+                f"cannot register shared memory region {name!r}: this server registers only keys starting with "
+                f"{prefix!r} (serve --client-shm-prefix), got {key!r}"
+            )
+        if file_name.startswith((OWN_SEGMENT_PREFIX, "sem.")):
+            raise SharedMemoryError(
+                f"cannot register shared memory region {name!r}: keys starting with {OWN_SEGMENT_PREFIX!r} or "
+                "'sem.' name the server's own segments and semaphores"
             )
         return file_name
 
@@ -281,6 +347,11 @@ class SharedMemoryRegistry:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise SharedMemoryError(f"unable to open shared memory region {name!r}: {key!r} is not a shared memory object")
+            if info.st_nlink != 1 or _is_own(info):
+                raise SharedMemoryError(
+                    f"cannot register shared memory region {name!r}: {key!r} is one of the server's own objects "
+                    "(or another name of one)"
+                )
             if offset + byte_size > info.st_size:
                 raise SharedMemoryError(
                     f"failed to register shared memory region {name!r}: offset {offset} + byte_size {byte_size} "
@@ -306,16 +377,14 @@ class SharedMemoryRegistry:
             return SharedMemoryError(f"unable to open shared memory region {name!r}: {key!r} is a symbolic link")
         return SharedMemoryError(f"unable to open shared memory region {name!r} ({key!r}) for reading and writing: {exc.strerror}")
 
-    def unregister(self, name: str | None = None) -> None:
-        """Drop region ``name`` (``None`` or ``""``: every region). New requests can no longer
-        use it; requests using it now keep its mapping until they finish. An unknown name is
-        not an error (Triton's behaviour)."""
+    def unregister(self, name: str | None = None, *, tenant: str = "", everyone: bool = False) -> None:
+        """Drop ``tenant``'s region ``name`` (``None`` or ``""``: every region of ``tenant``;
+        ``everyone``: of every tenant). New requests can no longer use it; requests using it now
+        keep its mapping until they finish. An unknown name is not an error (Triton's
+        behaviour)."""
         with self._lock:
-            if name:
-                gone = [r for r in (self._regions.pop(name, None),) if r is not None]
-            else:
-                gone = list(self._regions.values())
-                self._regions.clear()
+            keys = [k for k in self._regions if (everyone or k[0] == tenant) and (not name or k[1] == name)]
+            gone = [self._regions.pop(k) for k in keys]
             idle = []
             for region in gone:
                 region.retired = True
@@ -324,32 +393,33 @@ class SharedMemoryRegistry:
         for region in idle:
             region.unmap()
 
-    def status(self, name: str | None = None) -> list[dict[str, Any]]:
-        """``[{"name", "key", "offset", "byte_size"}]`` of region ``name`` or (``None``/``""``) of
-        every region, sorted by name.
+    def status(self, name: str | None = None, *, tenant: str = "", everyone: bool = False) -> list[dict[str, Any]]:
+        """``[{"name", "key", "offset", "byte_size"}]`` of ``tenant``'s region ``name`` or
+        (``None``/``""``) of every region of ``tenant`` (``everyone``: of every tenant, another
+        tenant's with its ``"tenant"`` too), sorted by name.
 
         Raises:
-            SharedMemoryNotFoundError: ``name`` is not registered.
+            SharedMemoryNotFoundError: ``name`` is not registered (by ``tenant``).
         """
         with self._lock:
-            if not name:
-                return [self._regions[n].status() for n in sorted(self._regions)]
-            region = self._regions.get(name)
-            if region is None:
-                raise SharedMemoryNotFoundError(f"Unable to find system shared memory region: {name!r}")
-            return [region.status()]
+            found = [self._regions[k] for k in sorted(self._regions, key=lambda k: (k[1], k[0]))
+                     if (everyone or k[0] == tenant) and (not name or k[1] == name)]
+        if name and not found:
+            raise SharedMemoryNotFoundError(f"Unable to find system shared memory region: {name!r}")
+        # another tenant's (seen by an admin) says whose it is
+        return [r.status() if r.tenant == tenant else {**r.status(), "tenant": r.tenant} for r in found]
 
     def close(self) -> None:
-        """Unregister every region (:meth:`unregister` with no name)."""
-        self.unregister(None)
+        """Unregister every tenant's regions."""
+        self.unregister(None, everyone=True)
 
-    def use(self) -> SharedMemoryUse:
-        """A new per-request use of the regions (release it when the request is answered)."""
-        return SharedMemoryUse(self)
+    def use(self, tenant: str = "") -> SharedMemoryUse:
+        """A new per-request use of ``tenant``'s regions (release it when the request is answered)."""
+        return SharedMemoryUse(self, tenant)
 
-    def _acquire(self, location: ShmLocation, where: str) -> _Region:
+    def _acquire(self, location: ShmLocation, where: str, tenant: str = "") -> _Region:
         with self._lock:
-            region = self._regions.get(location.region)
+            region = self._regions.get((tenant, location.region))
             if region is None:
                 raise SharedMemoryNotFoundError(f"{where}: Unable to find shared memory region: {location.region!r}")
             if location.offset >= region.byte_size:
@@ -393,10 +463,11 @@ class SharedMemoryUse:
     the answer is built, whatever happened.
     """
 
-    __slots__ = ("_held", "_registry", "input_bytes", "outputs")
+    __slots__ = ("_held", "_registry", "input_bytes", "outputs", "tenant")
 
-    def __init__(self, registry: SharedMemoryRegistry) -> None:
+    def __init__(self, registry: SharedMemoryRegistry, tenant: str = "") -> None:
         self._registry = registry
+        self.tenant = tenant
         self._held: list[_Region] = []
         self.outputs: dict[str, tuple[_Region, ShmLocation]] = {}
         """Output name -> the region and place it is written to."""
@@ -404,7 +475,7 @@ class SharedMemoryUse:
         """Bytes of fixed-size inputs read from regions (views, not heap memory); kept after release."""
 
     def _acquire(self, location: ShmLocation, where: str) -> _Region:
-        region = self._registry._acquire(location, where)
+        region = self._registry._acquire(location, where, self.tenant)
         self._held.append(region)
         return region
 

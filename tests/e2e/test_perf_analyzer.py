@@ -76,7 +76,7 @@ def shm_server(
     one connection are the owner's, whichever front end its other connections reach."""
     root = tmp_path_factory.mktemp("pa_shm")
     workers = ["--http-workers", str(request.param), "--grpc-workers", str(request.param)]
-    with ServeProcess(make_repository(root / "repo"), root / "home", "--allow-client-shm", *workers) as srv:
+    with ServeProcess(make_repository(root / "repo"), root / "home", "--allow-client-shm", "--client-shm-prefix", "/", *workers) as srv:
         srv.wait_ready()
         yield srv
         assert srv.stop() == 0

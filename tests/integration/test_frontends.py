@@ -175,7 +175,7 @@ def _stats(server: Server, model: str) -> dict[str, int]:
 
 def test_shared_memory_registered_on_one_connection_used_on_others(server: Server) -> None:
     a = np.arange(8, dtype=np.float32).reshape(2, 4)
-    key = f"/fs-frontends-{os.getpid()}"
+    key = f"/fsclient-frontends-{os.getpid()}"
     handle = shm.create_shared_memory_region("fe_region", key, 4 * a.nbytes)
     try:
         shm.set_shared_memory_region(handle, [a, a])

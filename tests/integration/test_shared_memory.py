@@ -68,7 +68,7 @@ output [{ name: "y", data_type: TYPE_FP32, dims: [ 4 ] }]
 
 A = np.arange(8, dtype=np.float32).reshape(2, 4)
 B = np.full((2, 4), 0.5, np.float32)
-_KEY_PREFIX = f"fs_test_{os.getpid()}_"
+_KEY_PREFIX = f"fsclient-test_{os.getpid()}_"
 
 
 def _key(tag: str) -> str:
@@ -270,8 +270,10 @@ def test_register_refuses_bad_keys_and_sizes(protocol: str, http: Any, grpc: Any
         cases = [
             ("../etc/passwd", 0, 10, "one POSIX shared memory name"),
             ("/dev/shm/x", 0, 10, "one POSIX shared memory name"),
-            ("/frameserve-1234-abcd", 0, 10, "reserved for frameserve's own segments"),
-            ("frameserve-pb-1-00", 0, 10, "reserved for frameserve's own segments"),
+            ("/frameserve-1234-abcd", 0, 10, "only keys starting with '/fsclient-'"),
+            ("frameserve-pb-1-00", 0, 10, "only keys starting with '/fsclient-'"),
+            ("/sem.mp-abcd", 0, 10, "only keys starting with '/fsclient-'"),
+            ("/another_programs_segment", 0, 10, "only keys starting with '/fsclient-'"),
             (_key("missing"), 0, 10, "no shared memory object"),
             (_key(f"small_{protocol}"), 0, 101, "past the end"),  # byte_size bigger than the object
             (_key(f"small_{protocol}"), 100, 1, "past the end"),  # offset at its end
@@ -494,3 +496,72 @@ def test_shared_memory_needs_the_infer_role_once_tokens_are_on(repo: Path, tmp_p
             grpc.close()
     finally:
         srv.stop(timeout_s=30)
+
+
+ALICE_TOKEN = "alice-token-" + "a" * 24
+BOB_TOKEN = "bob-token-" + "b" * 26
+OPS_TOKEN = "ops-token-" + "o" * 26
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "http-workers-2"])
+def tenants_server(request: pytest.FixtureRequest, repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Three tenants (alice and bob: infer; ops: admin), in one process or with two front ends."""
+    tokens = tmp_path_factory.mktemp("tenants") / "tokens.txt"
+    tokens.write_text(f"{ALICE_TOKEN} infer alice\n{BOB_TOKEN} infer bob\n{OPS_TOKEN} admin ops\n")
+    tokens.chmod(0o600)
+    workers = int(request.param)
+    srv = _serving(repo, allow_client_shm=True, tokens=TokenTable.from_file(tokens), http_workers=workers,
+                   grpc_workers=workers)
+    yield srv
+    srv.stop(timeout_s=30)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_regions_belong_to_their_tenant(tenants_server: Server, protocol: str) -> None:
+    """Bob cannot list, read, overwrite or unregister Alice's regions, even under the same region
+    name; his unregister-all leaves hers; an admin sees every tenant's."""
+    srv, mod = tenants_server, _module(protocol)
+    port = srv.http_port if protocol == "http" else srv.grpc_port
+    client = mod.InferenceServerClient(f"127.0.0.1:{port}")
+    alice, bob, ops = ({"authorization": f"Bearer {t}"} for t in (ALICE_TOKEN, BOB_TOKEN, OPS_TOKEN))
+
+    def names(headers: dict[str, str]) -> list[str]:
+        status = client.get_system_shared_memory_status(headers=headers)
+        return sorted(r["name"] for r in status) if protocol == "http" else sorted(status.regions)
+
+    with _segment(f"t_alice_{protocol}", 64) as seg_a, _segment(f"t_bob_{protocol}", 64) as seg_b, \
+            _segment(f"t_out_{protocol}", 64) as seg_out:
+        shm.set_shared_memory_region(seg_a, [A, A])
+        shm.set_shared_memory_region(seg_b, [B, B])
+        shm.set_shared_memory_region(seg_out, [np.zeros_like(A), np.zeros_like(A)])
+        client.register_system_shared_memory("data", _key(f"t_alice_{protocol}"), 64, headers=alice)
+        client.register_system_shared_memory("alice-out", _key(f"t_out_{protocol}"), 64, headers=alice)
+        client.register_system_shared_memory("data", _key(f"t_bob_{protocol}"), 64, headers=bob)  # same name
+        try:
+            assert names(alice) == ["alice-out", "data"]
+            assert names(bob) == ["data"]
+            assert names(ops) == (["alice-out", "data", "data"] if protocol == "http" else ["alice/alice-out", "alice/data", "bob/data"])
+            with pytest.raises(InferenceServerException):  # another tenant's region is not found
+                client.get_system_shared_memory_status("alice-out", headers=bob)
+
+            inputs = [mod.InferInput(n, [2, 4], "FP32") for n in ("a", "b")]
+            inputs[0].set_shared_memory("data", 32)
+            inputs[1].set_shared_memory("data", 32, offset=32)
+            got = client.infer("add", inputs, headers=bob)  # bob's "data" is bob's segment
+            np.testing.assert_array_equal(got.as_numpy("sum"), B + B)
+
+            outputs = [mod.InferRequestedOutput("sum")]
+            outputs[0].set_shared_memory("alice-out", 32)
+            err = _refused(lambda: client.infer("add", inputs, outputs=outputs, headers=bob))
+            assert "alice-out" in err.message() and "Unable to find" in err.message()
+            np.testing.assert_array_equal(shm.get_contents_as_numpy(seg_out, np.float32, [2, 4]), np.zeros_like(A))
+
+            client.unregister_system_shared_memory("alice-out", headers=bob)  # not his: nothing happens
+            client.unregister_system_shared_memory(headers=bob)  # all of his, none of hers
+            assert names(bob) == [] and names(alice) == ["alice-out", "data"]
+            got = client.infer("add", inputs, headers=alice)
+            np.testing.assert_array_equal(got.as_numpy("sum"), A + A)
+        finally:
+            client.unregister_system_shared_memory(headers=ops)  # admin: every tenant's
+            assert names(alice) == [] and names(ops) == []
+            client.close()

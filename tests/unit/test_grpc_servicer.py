@@ -34,6 +34,9 @@ class _Context:
         self.code, self.details = code, details
         raise _Aborted(details)
 
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
 
 def _call(coro: Any) -> Any:
     return asyncio.run(coro)

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.unit
 @pytest.fixture
 def segment() -> Iterator[shared_memory.SharedMemory]:
     """A client's 8 KiB object (made the way tritonclient makes them), unlinked afterwards."""
-    seg = shared_memory.SharedMemory(name=f"fs_unit_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=8192)
+    seg = shared_memory.SharedMemory(name=f"fsclient-unit_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=8192)
     yield seg
     seg.close()
     seg.unlink()
@@ -91,14 +91,15 @@ def test_register_status_and_refusals(registry: SharedMemoryRegistry, segment: s
         ("/", "one POSIX shared memory name"),
         ("/.", "one POSIX shared memory name"),
         ("a" * 201, "one POSIX shared memory name"),
-        (f"/{OWN_SEGMENT_PREFIX}1-abcd", "reserved for frameserve's own segments"),
+        (f"/{OWN_SEGMENT_PREFIX}1-abcd", "only keys starting with '/fsclient-'"),
+        ("/sem.mp-abcd", "only keys starting with '/fsclient-'"),
         (f"/{name}_missing", "no shared memory object"),
     ):
         with pytest.raises(SharedMemoryError, match=message):
             registry.register("s", key, 0, 10)
     with pytest.raises(SharedMemoryError, match="past the end"):
         registry.register("s", _key(segment), 8000, 193)
-    fifo = Path("/dev/shm", f"fs_unit_fifo_{os.getpid()}")
+    fifo = Path("/dev/shm", f"fsclient-unit_fifo_{os.getpid()}")
     os.mkfifo(fifo)
     try:  # opened without blocking, then refused
         with pytest.raises(SharedMemoryError, match="not a shared memory object"):
@@ -237,3 +238,67 @@ def test_grpc_codec_reads_and_writes_regions(registry: SharedMemoryRegistry, seg
     req.raw_input_contents.append(b"\0" * 16)  # one entry per input not in shared memory
     with pytest.raises(InvalidInputError, match="raw_input_contents has 2 entries for 1 inputs"), registry.use() as use:
         decode_infer_request(req, shared_memory=use)
+
+
+def test_regions_are_per_tenant(segment: shared_memory.SharedMemory) -> None:
+    """Two tenants may use one region name; neither sees, uses nor unregisters the other's; an
+    admin (``everyone``) sees and drops all."""
+    reg = SharedMemoryRegistry()
+    try:
+        reg.register("r", _key(segment), 0, 64, tenant="a")
+        reg.register("r", _key(segment), 64, 64, tenant="b")  # the same name, another tenant
+        reg.register("only-a", _key(segment), 0, 8, tenant="a")
+        assert [r["offset"] for r in reg.status(tenant="b")] == [64]
+        assert [r["name"] for r in reg.status(tenant="a")] == ["only-a", "r"]
+        with pytest.raises(SharedMemoryNotFoundError):
+            reg.status("only-a", tenant="b")
+        assert len(reg.status(everyone=True)) == 3
+        with reg.use("b") as use, pytest.raises(SharedMemoryNotFoundError):
+            use.input("x", DataType.UINT8, (8,), ShmLocation("only-a", 8))
+        with reg.use("b") as use:  # b's own "r" is read, at b's offset
+            segment.buf[64:72] = bytes(range(8))
+            assert use.input("x", DataType.UINT8, (8,), ShmLocation("r", 8)).tolist() == list(range(8))
+        reg.unregister(tenant="b")  # b's unregister-all leaves a's regions
+        assert reg.status(tenant="b") == [] and len(reg.status(tenant="a")) == 2
+        reg.unregister("r", tenant="b")
+        assert len(reg.status(tenant="a")) == 2
+        reg.unregister(everyone=True)
+        assert reg.status(everyone=True) == []
+    finally:
+        reg.close()
+
+
+def test_the_servers_own_objects_are_never_registrable(segment: shared_memory.SharedMemory) -> None:
+    """Whatever the prefix: not frameserve's segments, not semaphores, not a second name of an
+    object (a hard link), not an object this process marked as its own."""
+    from frameserve.shm import forget_own, mark_own
+
+    reg = SharedMemoryRegistry(key_prefix="/")
+    own = shared_memory.SharedMemory(name=f"{OWN_SEGMENT_PREFIX}unit-{os.getpid()}", create=True, size=64)
+    sem = Path("/dev/shm", f"sem.fsunit-{os.getpid()}")
+    sem.write_bytes(b"\0" * 32)
+    link = Path("/dev/shm", f"fsclient-unit-link-{os.getpid()}")
+    renamed = Path("/dev/shm", f"fsclient-unit-renamed-{os.getpid()}")
+    try:
+        for key in ("/" + own.name.lstrip("/"), "/" + sem.name):
+            with pytest.raises(SharedMemoryError, match="own segments and semaphores"):
+                reg.register("x", key, 0, 8)
+        os.link(Path("/dev/shm", own.name.lstrip("/")), link)
+        with pytest.raises(SharedMemoryError, match="server's own objects"):
+            reg.register("x", "/" + link.name, 0, 8)
+        link.unlink()
+        mark_own(own.name)
+        os.rename(Path("/dev/shm", own.name.lstrip("/")), renamed)  # given a client's name
+        with pytest.raises(SharedMemoryError, match="server's own objects"):
+            reg.register("x", "/" + renamed.name, 0, 8)
+        os.rename(renamed, Path("/dev/shm", own.name.lstrip("/")))
+        forget_own(own.name)
+        reg.register("fine", _key(segment), 0, 8)  # a client's object is fine with prefix "/"
+        with pytest.raises(ValueError, match="client-shm-prefix"):
+            SharedMemoryRegistry(key_prefix="/../x")
+    finally:
+        reg.close()
+        own.close()
+        own.unlink()
+        for p in (sem, link, renamed):
+            p.unlink(missing_ok=True)

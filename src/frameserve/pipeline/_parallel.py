@@ -60,7 +60,7 @@ from frameserve.pipeline._decode_worker import (
 from frameserve.pipeline._stages import Layout, OutputStage, ProcessStage
 from frameserve.pipeline.contract import Batch, BatchItem, FrameInfo
 from frameserve.pipeline.timing import Timing
-from frameserve.shm import OWN_SEGMENT_PREFIX
+from frameserve.shm import OWN_SEGMENT_PREFIX, forget_own, mark_own
 from frameserve.video import StreamInfo
 
 __all__ = ["SHM_PREFIX", "DecodePool", "DecodeProcess", "run_parallel"]
@@ -362,6 +362,7 @@ class _Executor:
         ring, self.ring = self.ring, None
         if ring is not None:
             ring.release_views()
+            forget_own(ring.shm.name)
             _free_ring(ring.shm)
 
     def _guard(self, body: Callable[[], None]) -> None:
@@ -437,6 +438,7 @@ class _Executor:
             name=f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(4)}", create=True,
             size=max(1, n_slots * layout.slot_bytes),
         )
+        mark_own(shm.name)  # never registrable as a client region, whatever it is renamed to
         self.ring = Ring(shm, n_slots, layout)
         self.ctl_q.put(RingMsg(shm.name, n_slots, layout))
         for slot in range(n_slots):

@@ -181,6 +181,6 @@ class RegionSource(Protocol):
     :class:`~frameserve.shm.SharedMemoryRegistry`, or in a front-end process a stand-in whose
     uses defer every region to the owner."""
 
-    def use(self) -> SharedMemoryUse:
-        """A new per-request use of the regions (released once the request is answered)."""
+    def use(self, tenant: str = "") -> SharedMemoryUse:
+        """A new per-request use of ``tenant``'s regions (released once the request is answered)."""
         ...

@@ -96,7 +96,8 @@ class DeferredUse(SharedMemoryUse):
 
     __slots__ = ("_allowed", "_channel", "_blocks", "_released", "inputs_at")
 
-    def __init__(self, channel: OwnerChannel, allowed: bool) -> None:
+    def __init__(self, channel: OwnerChannel, allowed: bool, tenant: str = "") -> None:
+        self.tenant = tenant
         self._held = []
         self.outputs = {}
         self.input_bytes = 0
@@ -149,8 +150,8 @@ class DeferredRegions:
         self._channel = channel
         self._allowed = allowed
 
-    def use(self) -> SharedMemoryUse:
-        use = DeferredUse(self._channel, self._allowed)
+    def use(self, tenant: str = "") -> SharedMemoryUse:
+        use = DeferredUse(self._channel, self._allowed, tenant)
         _USE.set(use)
         return use
 
@@ -277,6 +278,7 @@ class OwnerChannel(asyncio.Protocol):
         message = (
             ch.INFER, rid, request.model_name, request.model_version, specs, outputs, dict(request.parameters),
             request.priority, request.timeout_us, request.id, request.binary_data_output, in_regions, out_regions, frees,
+            use.tenant if use is not None else "",
         )
         try:
             self.send(message)
@@ -335,11 +337,12 @@ class OwnerChannel(asyncio.Protocol):
 
     # -- handing requests on -----------------------------------------------------------------
 
-    async def forward_grpc(self, method: str, data: bytes) -> bytes:
-        """One unary gRPC call answered by the owner (raises ``RpcStatus``)."""
+    async def forward_grpc(self, method: str, data: bytes, authorization: str | None = None) -> bytes:
+        """One unary gRPC call answered by the owner, with the caller's ``authorization``
+        metadata (raises ``RpcStatus``)."""
         rid = next(self._ids)
         future: Future[bytes] = Future()
-        self.send((ch.GRPC, rid, method, data))
+        self.send((ch.GRPC, rid, method, data, authorization))
         self._pending[rid] = _Pending(future, [], None)
         from frameserve.protocol._core import outputs_of
 

@@ -234,7 +234,7 @@ class FrontendLink:
                 memory refused or a region the request names is wrong (the use is released).
         """
         (_, rid, model, version, specs, outputs, parameters, priority, timeout_us, request_id, binary_output,
-         in_regions, out_regions, frees) = message
+         in_regions, out_regions, frees, tenant) = message
         for offset in frees:  # the arena blocks of answers the front end is done with
             self.arena.free(offset)
         self.requests += 1
@@ -244,7 +244,7 @@ class FrontendLink:
             if in_regions or out_regions:
                 if self.shared_memory is None:
                     raise client_shm_disabled()
-                use = self.shared_memory.use()
+                use = self.shared_memory.use(tenant)  # the regions of the request's own tenant only
                 for name, (datatype, shape, location) in in_regions.items():
                     inputs[name] = use.input(name, DataType(datatype), shape, location)
                 for name, location in out_regions.items():
@@ -333,11 +333,11 @@ class FrontendLink:
             for message in held:
                 self.send(message)
 
-    async def _grpc(self, rid: int, method: str, data: bytes) -> None:
+    async def _grpc(self, rid: int, method: str, data: bytes, authorization: str | None = None) -> None:
         from frameserve.protocol.grpc._frontend import RpcStatus, call_unary
 
         try:
-            out = await call_unary(self.grpc_servicer, self.grpc_health, method, data)
+            out = await call_unary(self.grpc_servicer, self.grpc_health, method, data, authorization)
         except RpcStatus as exc:
             self.send((ch.GRPC_ERROR, rid, exc.code, exc.details))
             return

@@ -60,7 +60,7 @@ from frameserve.server._frontend import FrontendConfig
 from frameserve.server._poll import RepositoryWatcher
 from frameserve.server._workers import FrontendPool, reserve_port
 from frameserve.service import InferenceService
-from frameserve.shm import SharedMemoryRegistry
+from frameserve.shm import DEFAULT_CLIENT_PREFIX, SharedMemoryRegistry
 
 __all__ = ["Server", "ServerOptions"]
 
@@ -101,7 +101,10 @@ class ServerOptions:
             ``--allow-client-shm``): clients register regions of their POSIX shared-memory
             objects and pass tensors through them (:mod:`frameserve.shm`; one registry for HTTP
             and gRPC). Off by default: it lets any client with the ``infer`` role read and write
-            the server user's ``/dev/shm`` objects (frameserve's own excepted).
+            the server user's ``/dev/shm`` objects (frameserve's own excepted). Regions are
+            per tenant (:class:`~frameserve.shm.SharedMemoryRegistry`).
+        client_shm_prefix: only keys starting with it can be registered (``serve
+            --client-shm-prefix``; default :data:`~frameserve.shm.DEFAULT_CLIENT_PREFIX`).
         http_workers, grpc_workers: front-end processes serving HTTP / gRPC (``serve
             --http-workers N --grpc-workers N``); 1 and 1 (default): this process serves both
             itself; more: the listeners move to ``max(http_workers, grpc_workers)`` processes
@@ -137,6 +140,7 @@ class ServerOptions:
     tls_key_file: Path | None = None
     limits: TensorLimits = DEFAULT_LIMITS
     allow_client_shm: bool = False
+    client_shm_prefix: str = DEFAULT_CLIENT_PREFIX
     http_workers: int = 1
     grpc_workers: int = 1
     frontend_shm_bytes: int = DEFAULT_ARENA_BYTES
@@ -266,7 +270,8 @@ class Server:
         self._watcher: RepositoryWatcher | None = None
         self._poll_lock = threading.Lock()
         self._tls: tuple[bytes, bytes] | None = None
-        self.shared_memory = SharedMemoryRegistry() if self.options.allow_client_shm else None
+        self.shared_memory = (SharedMemoryRegistry(key_prefix=self.options.client_shm_prefix)
+                              if self.options.allow_client_shm else None)
         """The client shared-memory regions both transports serve (``None``: not allowed)."""
         self.failure: str | None = None
         """Why the server stopped by itself (front ends that keep dying), or ``None``."""
@@ -519,7 +524,7 @@ class Server:
         if "grpc" in self._reserved:
             servicer = GrpcInferenceServicer(
                 self.service, model_control_mode=opts.model_control_mode, limits=opts.limits,
-                shared_memory=self.shared_memory,
+                shared_memory=self.shared_memory, tokens=opts.tokens,
             )
             health = HealthServicer(servicer)
         n_http = opts.http_workers if "http" in self._reserved else 0

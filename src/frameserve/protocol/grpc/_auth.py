@@ -13,9 +13,22 @@ import grpc
 
 from frameserve.errors import FrameserveError
 from frameserve.security.auth import grpc_roles
-from frameserve.security.tokens import TokenTable
+from frameserve.security.tokens import IMPLICIT_OWNER, Principal, TokenTable, bearer_token
 
-__all__ = ["ThreadedTokenInterceptor", "TokenInterceptor"]
+__all__ = ["ThreadedTokenInterceptor", "TokenInterceptor", "principal_of"]
+
+
+def principal_of(tokens: TokenTable | None, metadata: Any) -> Principal:
+    """The principal of a call the interceptor admitted, from its ``authorization`` metadata
+    (:data:`IMPLICIT_OWNER` on a server without tokens, or when the call carries none)."""
+    if tokens is None:
+        return IMPLICIT_OWNER
+    for key, value in metadata or ():
+        if key == "authorization":
+            token = bearer_token(value if isinstance(value, str) else value.decode("latin-1"))
+            found = tokens.principal(token) if token is not None else None
+            return found if found is not None else Principal("", frozenset())
+    return Principal("", frozenset())
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]

@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2
 
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.protocol._core import InferCore, RegionSource
-from frameserve.protocol.grpc._auth import TokenInterceptor
+from frameserve.protocol.grpc._auth import TokenInterceptor, principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response
 from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request
 from frameserve.protocol.grpc._server import SERVICE_NAME, message_classes, method_handlers
@@ -34,9 +34,10 @@ from frameserve.security.tokens import TokenTable
 
 __all__ = ["RpcStatus", "call_unary", "create_frontend_server"]
 
-Forward = Callable[[str, bytes], Awaitable[bytes]]
-"""Hands one unary call (``/package.Service/Method``, serialized request) to the owner; returns
-the serialized response or raises :class:`RpcStatus`."""
+Forward = Callable[..., Awaitable[bytes]]
+"""Hands one unary call (``/package.Service/Method``, serialized request, and optionally the
+caller's ``authorization`` metadata) to the owner; returns the serialized response or raises
+:class:`RpcStatus`."""
 
 _MODEL_INFER = f"/{SERVICE_NAME}/ModelInfer"
 _HEALTH_CHECK = "/grpc.health.v1.Health/Check"
@@ -54,16 +55,20 @@ class RpcStatus(Exception):
 
 class _Context:
     """The servicer context of a call handed on by a front end: ``abort`` raises
-    :class:`RpcStatus` (what the servicer's handlers use of a context)."""
+    :class:`RpcStatus` (what the servicer's handlers use of a context); its metadata is the
+    caller's ``authorization`` (who the call comes from), nothing else."""
+
+    def __init__(self, authorization: str | None = None) -> None:
+        self._metadata = (("authorization", authorization),) if authorization else ()
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         raise RpcStatus(code.name, details)
 
     def invocation_metadata(self) -> tuple[Any, ...]:
-        return ()
+        return self._metadata
 
 
-async def call_unary(servicer: Any, health: Any, method: str, data: bytes) -> bytes:
+async def call_unary(servicer: Any, health: Any, method: str, data: bytes, authorization: str | None = None) -> bytes:
     """The owner's side: run one call a front end handed on with ``servicer`` (the
     :class:`~frameserve.protocol.grpc.GrpcInferenceServicer`) or ``health`` (its
     :class:`~frameserve.protocol.grpc.HealthServicer`) and serialize the answer.
@@ -71,7 +76,7 @@ async def call_unary(servicer: Any, health: Any, method: str, data: bytes) -> by
     Raises:
         RpcStatus: the call's status (UNIMPLEMENTED for an unknown or streaming method).
     """
-    context = _Context()
+    context = _Context(authorization)
     if method == _MODEL_INFER:
         out: bytes = await servicer.ModelInferRaw(data, context)
         return out
@@ -97,13 +102,20 @@ class _FrontServicer:
 
     def __init__(
         self, core: InferCore, knows: Callable[[str, str], bool], forward: Forward, limits: TensorLimits,
-        shared_memory: RegionSource | None,
+        shared_memory: RegionSource | None, tokens: TokenTable | None = None,
     ) -> None:
+        self.tokens = tokens
         self.core = core
         self.knows = knows
         self.forward = forward
         self.limits = limits
         self.shared_memory = shared_memory
+
+    def _tenant(self, context: Any) -> str:
+        """Whose client shared-memory regions the call may name."""
+        if self.shared_memory is None:
+            return ""
+        return principal_of(self.tokens, context.invocation_metadata()).name
 
     async def ModelInferRaw(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
@@ -112,7 +124,7 @@ class _FrontServicer:
                 return await self.forward(_MODEL_INFER, data)
             return await infer(
                 self.core, request, self.limits, self.shared_memory, raw_contents=raws,
-                encode=encode_infer_response_bytes,
+                encode=encode_infer_response_bytes, tenant=self._tenant(context),
             )
         except RpcStatus as exc:
             await context.abort(grpc.StatusCode[exc.code], exc.details)
@@ -128,7 +140,8 @@ class _FrontServicer:
             try:
                 if self.knows(request.model_name, request.model_version):
                     response = await infer(
-                        self.core, request, self.limits, self.shared_memory, encode=encode_infer_response
+                        self.core, request, self.limits, self.shared_memory, encode=encode_infer_response,
+                        tenant=self._tenant(context),
                     )
                 else:
                     response = pb.ModelInferResponse.FromString(
@@ -164,8 +177,12 @@ class _FrontServicer:
         """The handler of a unary RPC the owner answers."""
 
         async def call(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            authorization = None
+            for key, value in context.invocation_metadata() or ():
+                if key == "authorization":  # who the call comes from: its tenant's regions, jobs
+                    authorization = value if isinstance(value, str) else value.decode("latin-1")
             try:
-                return await self.forward(method, data)
+                return await self.forward(method, data, authorization)
             except RpcStatus as exc:
                 await context.abort(grpc.StatusCode[exc.code], exc.details)
             raise AssertionError("unreachable")
@@ -222,7 +239,7 @@ def create_frontend_server(
             ("grpc.so_reuseport", 1),
         ],
     )
-    front = _FrontServicer(core, knows, forward, limits, shared_memory)
+    front = _FrontServicer(core, knows, forward, limits, shared_memory, tokens)
     inference = method_handlers(
         SERVICE_NAME, _HandOn(front, SERVICE_NAME), raw_all=True,
         raw={"ModelInfer": front.ModelInferRaw}, streaming={"ModelStreamInfer": front.ModelStreamInfer},

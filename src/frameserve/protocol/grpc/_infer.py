@@ -147,6 +147,7 @@ async def infer(
     request: pb.ModelInferRequest,
     limits: TensorLimits = DEFAULT_LIMITS,
     shared_memory: RegionSource | None = None,
+    tenant: str = "",
     *,
     raw_contents: Sequence[bytes | memoryview] | None = None,
     encode: Callable[..., _R],
@@ -160,7 +161,7 @@ async def infer(
     Raises:
         FrameserveError: from decoding, the run or encoding (the transport answers its status).
     """
-    shm = shared_memory.use() if shared_memory is not None else None
+    shm = shared_memory.use(tenant) if shared_memory is not None else None
     try:
         if _costly(request):  # many BYTES elements or typed values: decode off the event loop
             call = await asyncio.to_thread(

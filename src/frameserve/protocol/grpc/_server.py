@@ -141,7 +141,7 @@ def create_server(
         ],
     )
     servicer = GrpcInferenceServicer(
-        service, model_control_mode=model_control_mode, limits=limits, shared_memory=shared_memory
+        service, model_control_mode=model_control_mode, limits=limits, shared_memory=shared_memory, tokens=tokens
     )
     loop = asyncio.new_event_loop()
     handlers = threaded_handlers(servicer, HealthServicer(servicer), loop)

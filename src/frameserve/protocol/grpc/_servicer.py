@@ -21,10 +21,12 @@ from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
 from frameserve._proto import model_config_pb2 as mc
 from frameserve.errors import FrameserveError, InvalidInputError, SharedMemoryNotFoundError
 from frameserve.protocol import check_model_control
+from frameserve.protocol.grpc._auth import principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response, parameter_value, parse_version
 from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request
 from frameserve.repository import config_override
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.security.tokens import Principal, TokenTable
 from frameserve.service import InferenceService
 from frameserve.shm import EXTENSION as SHM_EXTENSION
 from frameserve.shm import SharedMemoryRegistry, client_shm_disabled, cuda_shm_unsupported
@@ -93,11 +95,21 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         model_control_mode: str = "none",
         limits: TensorLimits = DEFAULT_LIMITS,
         shared_memory: SharedMemoryRegistry | None = None,
+        tokens: TokenTable | None = None,
     ) -> None:
         self.service = service
         self.model_control_mode = model_control_mode
         self.limits = limits
         self.shared_memory = shared_memory
+        self.tokens = tokens
+
+    def principal(self, context: Any) -> Principal:
+        """Who a call comes from (its bearer token, which the interceptor checked)."""
+        return principal_of(self.tokens, context.invocation_metadata())
+
+    def tenant_of(self, context: Any) -> str:
+        """The tenant whose shared-memory regions a call may name (``""`` without regions)."""
+        return self.principal(context).name if self.shared_memory is not None else ""
 
     # -- health ------------------------------------------------------------------------------
 
@@ -156,12 +168,13 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ---------------------------------------------------------------------------
 
-    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        return await infer(self.service, request, self.limits, self.shared_memory, encode=encode_infer_response)
+    async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        return await infer(self.service, request, self.limits, self.shared_memory, encode=encode_infer_response,
+                           tenant=self.tenant_of(context))
 
     @_handled
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
-        return await self._infer(request)
+        return await self._infer(request, context)
 
     @_handled
     async def ModelInferRaw(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -171,7 +184,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         request, raws = parse_infer_request(data)
         return await infer(
             self.service, request, self.limits, self.shared_memory, raw_contents=raws,
-            encode=encode_infer_response_bytes,
+            encode=encode_infer_response_bytes, tenant=self.tenant_of(context),
         )
 
     async def ModelStreamInfer(
@@ -181,7 +194,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         ``error_message`` (the stream stays open, as Triton's does)."""
         async for request in request_iterator:
             try:
-                response = await self._infer(request)
+                response = await self._infer(request, context)
             except Exception as exc:  # noqa: BLE001 - reported in the stream
                 _, message = status_of(exc)
                 yield pb.ModelStreamInferResponse(
@@ -252,10 +265,12 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.SystemSharedMemoryStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.SystemSharedMemoryStatusResponse:
         response = pb.SystemSharedMemoryStatusResponse()
-        for region in self._registry().status(request.name):
-            response.regions[region["name"]].CopyFrom(
-                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
-            )
+        registry = self._registry()
+        who = self.principal(context)
+        for region in registry.status(request.name, tenant=who.name, everyone=who.is_admin):
+            tenant = region.pop("tenant", who.name)
+            key = region["name"] if tenant == who.name else f"{tenant}/{region['name']}"  # the map is keyed by name
+            response.regions[key].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
         return response
 
     @_handled
@@ -263,14 +278,21 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.SystemSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
     ) -> pb.SystemSharedMemoryRegisterResponse:
         registry = self._registry()
-        await asyncio.to_thread(registry.register, request.name, request.key, request.offset, request.byte_size)
+        await asyncio.to_thread(functools.partial(
+            registry.register, request.name, request.key, request.offset, request.byte_size,
+            tenant=self.principal(context).name,
+        ))
         return pb.SystemSharedMemoryRegisterResponse()
 
     @_handled
     async def SystemSharedMemoryUnregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest, context: grpc.aio.ServicerContext
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        await asyncio.to_thread(self._registry().unregister, request.name)
+        registry = self._registry()
+        who = self.principal(context)
+        await asyncio.to_thread(functools.partial(
+            registry.unregister, request.name, tenant=who.name, everyone=who.is_admin
+        ))
         return pb.SystemSharedMemoryUnregisterResponse()
 
     # CUDA shared memory: nothing is ever registered (registration is refused, UNIMPLEMENTED), so

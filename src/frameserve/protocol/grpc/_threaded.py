@@ -78,7 +78,14 @@ class _Aborted(Exception):
 
 class _LoopContext:
     """The context the servicer's coroutines see: ``abort`` raises :class:`_Aborted`, which the
-    pool thread turns into the call's status."""
+    pool thread turns into the call's status; ``invocation_metadata`` is the call's own (who the
+    call comes from)."""
+
+    def __init__(self, metadata: Any = ()) -> None:
+        self._metadata = metadata
+
+    def invocation_metadata(self) -> Any:
+        return self._metadata
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         raise _Aborted(code, details)
@@ -96,9 +103,10 @@ def _abort(context: grpc.ServicerContext, exc: BaseException, what: str) -> None
 def infer_blocking(
     core: InferCore, request: pb.ModelInferRequest, limits: TensorLimits, shared_memory: RegionSource | None,
     working: threading.Semaphore, context: grpc.ServicerContext, *, raw_contents: Any = None,
-    encode: Any = encode_infer_response,
+    encode: Any = encode_infer_response, tenant: str = "",
 ) -> Any:
-    """:func:`frameserve.protocol.grpc._infer.infer` on a pool thread: decode and submit (a fast
+    """:func:`frameserve.protocol.grpc._infer.infer` on a pool thread (``tenant``: whose client
+    shared-memory regions the request may name): decode and submit (a fast
     model idle at once runs here), wait, encode; ``working`` is held while it computes, not
     while it waits. A call the client gives up on (deadline, cancel) cancels its request if it
     has not started.
@@ -107,7 +115,7 @@ def infer_blocking(
         FrameserveError: from decoding, the run or encoding.
         grpc.RpcError: the client went away.
     """
-    shm = shared_memory.use() if shared_memory is not None else None
+    shm = shared_memory.use(tenant) if shared_memory is not None else None
     try:
         with working:
             call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents)
@@ -143,7 +151,8 @@ class _Handlers:
         try:
             request, raws = parse_infer_request(data)
             out: bytes = infer_blocking(s.service, request, s.limits, s.shared_memory, self.working, context,
-                                        raw_contents=raws, encode=encode_infer_response_bytes)
+                                        raw_contents=raws, encode=encode_infer_response_bytes,
+                                        tenant=s.tenant_of(context))
             return out
         except Exception as exc:  # noqa: BLE001 - every error becomes a status
             _abort(context, exc, "ModelInfer")
@@ -155,7 +164,8 @@ class _Handlers:
         s = self.servicer
         for request in requests:
             try:
-                response = infer_blocking(s.service, request, s.limits, s.shared_memory, self.working, context)
+                response = infer_blocking(s.service, request, s.limits, s.shared_memory, self.working, context,
+                                          tenant=s.tenant_of(context))
             except Exception as exc:  # noqa: BLE001 - reported in the stream, as Triton does
                 yield pb.ModelStreamInferResponse(
                     error_message=status_of(exc)[1],
@@ -190,7 +200,7 @@ class _Handlers:
 
         def call(request: Any, context: grpc.ServicerContext) -> Any:
             try:
-                return asyncio.run_coroutine_threadsafe(method(request, _LoopContext()), self.loop).result()
+                return asyncio.run_coroutine_threadsafe(method(request, _LoopContext(context.invocation_metadata())), self.loop).result()
             except Exception as exc:  # noqa: BLE001 - every error becomes a status
                 _abort(context, exc, name)
                 raise AssertionError("unreachable") from None

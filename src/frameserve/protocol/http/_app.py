@@ -53,7 +53,7 @@ from frameserve.errors import (
 )
 from frameserve.protocol import check_model_control
 from frameserve.protocol.http import codec
-from frameserve.protocol.http._auth import HttpGate
+from frameserve.protocol.http._auth import HttpGate, principal_of
 from frameserve.protocol.http._infer import InferFastPath, InferFirst, InferHeaders, read_limited
 from frameserve.protocol.http._infer import infer as _infer
 from frameserve.protocol.http._infer import version_of as _version
@@ -208,7 +208,7 @@ def create_app(
         status, raw_headers, parts = await _infer(
             service, p["model"], p.get("version"), headers,
             lambda: read_limited(request.stream(), headers.content_length, max_body_bytes), max_body_bytes, limits,
-            shared_memory,
+            shared_memory, tenant=principal_of(request.scope).name,
         )
         response = Response(b"".join(parts), status)
         response.raw_headers = [*raw_headers, (b"content-length", str(len(response.body)).encode())]

@@ -20,12 +20,19 @@ from frameserve.errors import (
 )
 from frameserve.protocol.http import codec
 from frameserve.security.auth import cross_site_refusal, host_refusal, http_roles
-from frameserve.security.tokens import IMPLICIT_OWNER, TokenTable
+from frameserve.security.tokens import IMPLICIT_OWNER, Principal, TokenTable
 
-__all__ = ["HttpGate"]
+__all__ = ["HttpGate", "principal_of"]
 
 _WANTED = frozenset({b"authorization", b"origin", b"sec-fetch-site", b"content-type", b"host"})
 _REALM = 'Bearer realm="frameserve"'
+
+
+def principal_of(scope: Any) -> Principal:
+    """The principal the gate put in an ASGI ``scope`` (:data:`IMPLICIT_OWNER` when none did)."""
+    state = scope.get("state")
+    principal = state.get("principal") if isinstance(state, dict) else None
+    return principal if isinstance(principal, Principal) else IMPLICIT_OWNER
 
 
 class HttpGate:

@@ -32,7 +32,7 @@ from frameserve.errors import (
 from frameserve.protocol import RUN_HERE_UNDER_US
 from frameserve.protocol._core import BatchingCore, InferCore, LoopBatcher, RegionSource, outputs_of
 from frameserve.protocol.http import codec
-from frameserve.protocol.http._auth import HttpGate
+from frameserve.protocol.http._auth import HttpGate, principal_of
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.shm import SharedMemoryUse
 
@@ -152,19 +152,20 @@ async def infer(
     limits: TensorLimits = DEFAULT_LIMITS,
     shared_memory: RegionSource | None = None,
     batcher: LoopBatcher | None = None,
+    tenant: str = "",
 ) -> Answer:
     """One inference request, from path parameters, headers and a body reader to the answer;
     every error becomes its ``{"error"}`` answer. With ``batcher`` (of ``core``) the request
     goes to ``core`` with the others of this loop iteration; without, alone. Tensors in
-    ``shared_memory`` regions are read and written there; the regions are held until the
-    answer is built (:class:`~frameserve.shm.SharedMemoryUse`).
+    ``shared_memory`` regions (``tenant``'s own) are read and written there; the regions are
+    held until the answer is built (:class:`~frameserve.shm.SharedMemoryUse`).
 
     Raises:
         ClientDisconnect: the client went away while its body was being read.
     """
     if shared_memory is None:
         return await _infer_with(core, batcher, name, raw_version, headers, read_body, max_body_bytes, limits, None)
-    shm = shared_memory.use()
+    shm = shared_memory.use(tenant)
     try:
         return await _infer_with(core, batcher, name, raw_version, headers, read_body, max_body_bytes, limits, shm)
     finally:
@@ -300,6 +301,7 @@ class InferFastPath:
                 self.core, match.group(1), match.group(2), headers,
                 _asgi_reader(receive, headers.content_length, self.max_body_bytes),
                 self.max_body_bytes, self.limits, self.shared_memory, self.batcher,
+                principal_of(scope).name if self.shared_memory is not None else "",
             )
         except ClientDisconnect:
             return

@@ -12,11 +12,15 @@ Status is a GET and the others POSTs, as in Triton (another method: 405). Withou
 (the server was not started with ``--allow-client-shm``) every route answers 400 with
 :func:`~frameserve.shm.client_shm_disabled`. Registering and unregistering open, map and unmap
 files, so they run off the event loop.
+
+Regions belong to the tenant of the request's token (:class:`~frameserve.shm.SharedMemoryRegistry`):
+status and unregister see only the caller's own regions, an ``admin`` token's every tenant's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from frameserve.errors import SharedMemoryError, SharedMemoryNotFoundError
+from frameserve.protocol.http._auth import principal_of
 from frameserve.shm import SharedMemoryRegistry, client_shm_disabled, cuda_shm_unsupported
 
 __all__ = ["shared_memory_routes"]
@@ -32,6 +37,7 @@ __all__ = ["shared_memory_routes"]
 _JSON = "application/json"
 
 Handler = Callable[[Request], Awaitable[Response]]
+
 
 
 def shared_memory_routes(
@@ -50,7 +56,8 @@ def shared_memory_routes(
         return registry
 
     async def status(request: Request) -> Response:
-        return _json(regions().status(request.path_params.get("name")))
+        who = principal_of(request.scope)
+        return _json(regions().status(request.path_params.get("name"), tenant=who.name, everyone=who.is_admin))
 
     async def register(request: Request) -> Response:
         shm = regions()
@@ -60,13 +67,19 @@ def shared_memory_routes(
             raise SharedMemoryError("Shared memory register request has no string 'key' field")
         if "byte_size" not in doc:
             raise SharedMemoryError("Shared memory register request has no 'byte_size' field")
-        await asyncio.to_thread(shm.register, name, doc["key"], doc.get("offset", 0), doc["byte_size"])
+        tenant = principal_of(request.scope).name
+        await asyncio.to_thread(
+            functools.partial(shm.register, name, doc["key"], doc.get("offset", 0), doc["byte_size"], tenant=tenant)
+        )
         return Response(b"", 200, media_type=_JSON)
 
     async def unregister(request: Request) -> Response:
         shm = regions()
         await read_json(request)
-        await asyncio.to_thread(shm.unregister, request.path_params.get("name"))
+        who = principal_of(request.scope)
+        await asyncio.to_thread(
+            functools.partial(shm.unregister, request.path_params.get("name"), tenant=who.name, everyone=who.is_admin)
+        )
         return Response(b"", 200, media_type=_JSON)
 
     async def cuda_status(request: Request) -> Response:
