@@ -51,6 +51,7 @@ jobs = sa.Table(
     sa.Index("ix_jobs_lease", "state", "lease_expires_at"),
     sa.Index("ux_jobs_owner_idempotency_key", "owner", "idempotency_key", unique=True),
     sa.Index("ix_jobs_owner", "owner", "seq"),
+    sa.Index("ix_jobs_state_owner", "state", "owner"),
 )
 
 job_events = sa.Table(

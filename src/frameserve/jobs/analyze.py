@@ -233,7 +233,8 @@ class Analyzer:
 
 def _error(exc: FrameserveError) -> Response:
     """The error's one-line body with the status of its code (:func:`frameserve.errors.status_for`)."""
-    return Response(orjson.dumps({"error": exc.message}), status_code=status_for(exc.code)[0], media_type="application/json")
+    return Response(orjson.dumps({"error": exc.message}), status_code=status_for(exc.code)[0], media_type="application/json",
+                    headers=exc.http_headers)
 
 
 async def _limited(request: Request, limit: int, what: str = "the clip is") -> AsyncIterator[bytes]:
