@@ -90,6 +90,7 @@ from frameserve.errors import (
     PipelineHookError,
     PipelineNotFoundError,
     PipelineSpecError,
+    QuotaExceededError,
     SourceError,
     UnauthenticatedError,
     UnsupportedMediaTypeError,
@@ -586,7 +587,7 @@ def create_router(
             200: {"model": JobResource, "description": "the job an earlier request with this Idempotency-Key created"},
             **error_responses(
                 InvalidInputError, PipelineSpecError, SourceError, AddressRefusedError, PipelineNotFoundError,
-                PipelineHookError, IdempotencyConflictError, post=True,
+                PipelineHookError, IdempotencyConflictError, QuotaExceededError, post=True,
             ),
         },
     )(submit)
