@@ -336,8 +336,7 @@ class JobStore:
         self.is_sqlite = self.engine.dialect.name == "sqlite"
         self.signal = Signal()
         self.quotas = quotas
-        self._claim = claim_statement(quotas)
-        self._claim_lock = has_running_limits(quotas) and not self.is_sqlite
+        self._claim_for = (quotas, claim_statement(quotas), has_running_limits(quotas) and not self.is_sqlite)
         if migrate:
             self._migrate()
 
@@ -520,17 +519,22 @@ class JobStore:
 
     # ---------------------------------------------------------------- worker side
 
-    def claim(self, owner: str, *, lease_s: float) -> Lease | None:
+    def claim(self, owner: str, *, lease_s: float, quotas: Quotas | None = None) -> Lease | None:
         """Claim the next due queued job for ``lease_s`` seconds, in one statement: the job of the
         job owner with the fewest running jobs, higher priority first, then oldest, passing by
-        owners at their ``running_jobs`` quota (:mod:`frameserve.jobs._claim`). Returns ``None``
-        when no job is due (or every owner with one is at its limit)."""
+        owners at their ``running_jobs`` quota (``quotas``, default the store's;
+        :mod:`frameserve.jobs._claim`). Returns ``None`` when no job is due (or every owner with
+        one is at its limit)."""
+        quotas = quotas if quotas is not None else self.quotas
+        if quotas is not self._claim_for[0]:
+            self._claim_for = (quotas, claim_statement(quotas), has_running_limits(quotas) and not self.is_sqlite)
+        _, statement, lock = self._claim_for
         now = self.clock()
         params = {"now": now, "w_owner": owner, "until": now + lease_s}
         with self._tx() as conn:
-            if self._claim_lock:  # running limits on PostgreSQL: one claimer counts at a time
+            if lock:  # running limits on PostgreSQL: one claimer counts at a time
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": CLAIM_LOCK_KEY})
-            row = conn.execute(self._claim, params).mappings().first()
+            row = conn.execute(statement, params).mappings().first()
             if row is None:
                 return None
             job = Job.from_row(row)
@@ -693,6 +697,8 @@ class JobStore:
             assert isinstance(job, Lease)
             raise LeaseLostError(f"lease on job {job.job.id} (token {job.token}) is lost")
         done = Job.from_row(row)
+        if isinstance(job, Lease):  # a running slot is free: a tenant at its running_jobs may go on
+            notify(conn, "job", now)
         self._event(conn, done.id, state, now, **({"error": error} if error and state != "succeeded" else {}))
         if done.callback_url:
             payload = json.dumps(
