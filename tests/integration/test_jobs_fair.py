@@ -121,3 +121,24 @@ def test_queued_jobs_refuses_a_submit_over_it_and_names_the_limit(db_url: str) -
         assert queue_stats(store).by_tenant == {"alice": {"queued": 2, "running": 1}, "bob": {"queued": 1, "running": 0}}
     finally:
         store.close()
+
+
+def test_the_queue_gauges_show_each_tenants_queued_and_running(db_url: str) -> None:  # noqa: F811
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from frameserve.jobs._metrics import QueueCollector
+
+    store = JobStore(db_url, clock=lambda: NOW)
+    try:
+        for owner in ("alice", "alice", "alice", "bob"):
+            store.submit(spec(owner))
+        store.claim("w", lease_s=60)  # alice's
+        registry = CollectorRegistry()
+        registry.register(QueueCollector(store, cache_s=0.0))
+        (family,) = [f for f in text_string_to_metric_families(generate_latest(registry).decode())
+                     if f.name == "frameserve_jobs_by_tenant"]
+        got = {(s.labels["tenant"], s.labels["state"]): s.value for s in family.samples}
+        assert got == {("alice", "queued"): 2, ("alice", "running"): 1, ("bob", "queued"): 1, ("bob", "running"): 0}
+    finally:
+        store.close()
