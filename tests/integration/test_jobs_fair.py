@@ -142,3 +142,60 @@ def test_the_queue_gauges_show_each_tenants_queued_and_running(db_url: str) -> N
         assert got == {("alice", "queued"): 2, ("alice", "running"): 1, ("bob", "queued"): 1, ("bob", "running"): 0}
     finally:
         store.close()
+
+
+def test_two_workers_keep_a_tenants_running_jobs_and_a_finish_wakes_them(db_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """alice may run one job at a time: with two idle workers (no polling: an hour's wait) her
+    second job starts only when her first finishes, and that finish is what wakes a worker."""
+    from frameserve.jobs.storage import Storage
+    from frameserve.jobs.worker import Worker
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "v.mp4").write_bytes(b"v")
+    store = JobStore(db_url)
+    gate = threading.Event()
+    running: list[str] = []
+    most = [0]
+    lock = threading.Lock()
+
+    def work(video, job, workdir, progress):  # type: ignore[no-untyped-def]
+        with lock:
+            running.append(job.id)
+            most[0] = max(most[0], len(running))
+        gate.wait(timeout=60)
+        with lock:
+            running.remove(job.id)
+        out = workdir / "r.json"
+        out.write_text("{}")
+        return {"summary": {}}, {"r.json": out}
+
+    q = quotas(alice=TenantQuota(queued_jobs=None, running_jobs=1))
+    workers = [Worker(store, Storage(file_roots=[root]), work, lease_s=60, poll_s=3600, safety_poll_s=3600,
+                      listen=False, quotas=q) for _ in range(2)]
+    try:
+        ids = [store.submit(JobSpec(source=f"file://{root}/v.mp4", target=f"file://{root}/out/{i}", pipeline="noop",
+                                    owner="alice"))[0].id for i in range(2)]
+        for w in workers:
+            w.start()
+        _wait(lambda: store.get(ids[0]).state == "running", "alice's first job to start")
+        assert store.get(ids[1]).state == "queued"  # two idle workers, yet alice is at running_jobs
+        gate.set()
+        _wait(lambda: all(store.get(i).state == "succeeded" for i in ids), "both of alice's jobs to finish")
+        assert most[0] == 1
+    finally:
+        gate.set()
+        for w in workers:
+            w.stop()
+        for w in workers:
+            w.join(30)
+        store.close()
+
+
+def _wait(pred, what: str, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
