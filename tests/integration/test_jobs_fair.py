@@ -49,6 +49,25 @@ def test_a_second_tenant_is_claimed_before_the_first_tenants_backlog(db_url: str
         store.close()
 
 
+def test_one_worker_alone_alternates_between_tenants(db_url: str) -> None:  # noqa: F811
+    """No job runs while the one worker is free: the tie-break (the tenant claimed least recently
+    goes first) is what keeps alice's backlog from running before bob's jobs."""
+    ticks = iter(range(10**6))
+    store = JobStore(db_url, clock=lambda: NOW + next(ticks))
+    try:
+        for _ in range(4):
+            store.submit(spec("alice"))
+        for _ in range(2):
+            store.submit(spec("bob"))
+        order = []
+        while (lease := store.claim("w", lease_s=60)) is not None:
+            order.append(lease.job.owner)
+            store.complete(lease, {})
+        assert order == ["alice", "bob", "alice", "bob", "alice", "alice"]
+    finally:
+        store.close()
+
+
 def test_priority_orders_one_tenants_jobs_and_the_fewest_running_go_first(db_url: str) -> None:  # noqa: F811
     store = JobStore(db_url, clock=lambda: NOW)
     try:

@@ -1,20 +1,25 @@
 """The fair claim: which queued job a worker takes next, in one atomic statement.
 
 Algorithm — **least-running-first** across tenants (an owner is a tenant, a token's NAME):
-among the due queued jobs, the one whose owner has the fewest jobs running now goes first; ties
-(and every job of one tenant) go by priority (higher first), then FIFO (``seq``). An owner at its
+among the due queued jobs, the one whose owner has the fewest jobs running now goes first; among
+owners with as many running, the one whose last job was claimed longest ago (``tenant_claims``,
+written by every claim: round robin, so one worker alone alternates between tenants rather than
+draining the oldest backlog first); one tenant's jobs go by priority (higher first), then FIFO
+(``seq``). An owner at its
 ``running_jobs`` quota (:class:`~frameserve.security.quotas.Quotas`) is passed by. Each claim
 gives the free worker to the tenant with the smallest share of the running slots: this is the
 water-filling form of **max-min fairness** on the one resource the workers are, so a tenant with
 1,000 queued jobs and a tenant with one both get a worker as soon as one frees, and a tenant
 alone still gets every worker.
 
-Why not stride scheduling or deficit round robin: both keep per-tenant state across claims (a
-pass value, a deficit counter) that every claim must read and write in the same transaction, that
-a crashed worker or a rescue must not corrupt, and that must be created and aged as tenants come
-and go. Least-running-first needs no state: the running count is in the ``jobs`` table already,
-so the claim stays one statement on both databases and survives any crash. What it gives up:
-it equalises *concurrency*, not service time (a tenant of short jobs finishes more of them per
+Why not stride scheduling or deficit round robin: both keep per-tenant state that every claim
+must read and *correctly* update (a pass value advanced by the job's cost, a deficit counter
+refilled by a quantum), that a crashed worker or a rescue must not leave wrong, and that must be
+aged as tenants come and go; and a job's cost (its duration) is unknown when it is claimed.
+Least-running-first reads its main key from the ``jobs`` table itself (always right, whatever
+crashed), and its tie-break needs only a timestamp per owner that is harmless when stale: the
+worst a lost ``tenant_claims`` write does is order one tie differently. What it gives up: it
+equalises *concurrency*, not service time (a tenant of short jobs finishes more of them per
 second than one of long jobs with as many slots) and it has no weights; a quota's
 ``running_jobs`` is the knob for an unequal share.
 
@@ -24,11 +29,15 @@ The statement (``:now``, ``:w_owner``, ``:until`` bound at claim time)::
         SELECT q.seq FROM jobs AS q
         LEFT OUTER JOIN (SELECT owner, count(*) AS n FROM jobs WHERE state = 'running'
                          GROUP BY owner) AS r ON r.owner = q.owner
+        LEFT OUTER JOIN tenant_claims AS tc ON tc.owner = q.owner
         WHERE q.state = 'queued' AND q.run_at <= :now
           [AND coalesce(r.n, 0) < CASE q.owner WHEN :t1 THEN :l1 ... ELSE :default END]
-        ORDER BY coalesce(r.n, 0), q.priority DESC, q.seq
+        ORDER BY coalesce(r.n, 0), coalesce(tc.last_claim_at, 0), q.priority DESC, q.seq
         LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
       AND state = 'queued' RETURNING ...
+
+followed, in the same transaction, by an upsert of the owner's ``tenant_claims`` row
+(:func:`record_claim`), which only orders later claims: the pick itself stays one statement.
 
 Exactly-once is the old claim's: the row is locked (PostgreSQL; ``SKIP LOCKED`` passes rows
 other claimers hold) or the writer lock is held (SQLite, ``BEGIN IMMEDIATE``), and the outer
@@ -45,10 +54,13 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from frameserve.errors import QuotaExceededError
-from frameserve.jobs._schema import jobs
+from frameserve.jobs._schema import jobs, tenant_claims
 from frameserve.security.quotas import Quotas
 
-__all__ = ["CLAIM_LOCK_KEY", "NO_LIMIT", "QUEUED_RETRY_AFTER_S", "check_queued", "claim_statement", "has_running_limits"]
+__all__ = [
+    "CLAIM_LOCK_KEY", "NO_LIMIT", "QUEUED_RETRY_AFTER_S", "check_queued", "claim_statement", "has_running_limits",
+    "record_claim",
+]
 
 CLAIM_LOCK_KEY = 7213560429
 """The PostgreSQL advisory lock a claim takes when running limits are set."""
@@ -101,9 +113,10 @@ def claim_statement(quotas: Quotas | None = None) -> sa.Update:
         .subquery("r")
     )
     running = sa.func.coalesce(r.c.n, 0)
+    tc = tenant_claims.alias("tc")
     pick = (
         sa.select(q.c.seq)
-        .select_from(q.outerjoin(r, r.c.owner == q.c.owner))
+        .select_from(q.outerjoin(r, r.c.owner == q.c.owner).outerjoin(tc, tc.c.owner == q.c.owner))
         .where(q.c.state == "queued", q.c.run_at <= now)
     )
     if has_running_limits(quotas):
@@ -118,7 +131,7 @@ def claim_statement(quotas: Quotas | None = None) -> sa.Update:
         )
         pick = pick.where(running < limit)
     pick_seq = (
-        pick.order_by(running, q.c.priority.desc(), q.c.seq)
+        pick.order_by(running, sa.func.coalesce(tc.c.last_claim_at, 0.0), q.c.priority.desc(), q.c.seq)
         .limit(1)
         .with_for_update(skip_locked=True, of=q)
         .scalar_subquery()
@@ -134,3 +147,18 @@ def claim_statement(quotas: Quotas | None = None) -> sa.Update:
         )
         .returning(*jobs.c)
     )
+
+
+def record_claim(conn: sa.Connection, owner: str, now: float) -> None:
+    """Note that ``owner``'s job was claimed at ``now`` (epoch seconds), in the claim's
+    transaction: an upsert of its one ``tenant_claims`` row."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        pg = pg_insert(tenant_claims).values(owner=owner, last_claim_at=now)
+        conn.execute(pg.on_conflict_do_update(index_elements=["owner"], set_={"last_claim_at": now}))
+    else:
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        lite = sqlite_insert(tenant_claims).values(owner=owner, last_claim_at=now)
+        conn.execute(lite.on_conflict_do_update(index_elements=["owner"], set_={"last_claim_at": now}))

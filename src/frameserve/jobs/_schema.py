@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-__all__ = ["callback_deliveries", "job_events", "jobs", "metadata"]
+__all__ = ["callback_deliveries", "job_events", "jobs", "metadata", "tenant_claims"]
 
 metadata = sa.MetaData()
 
@@ -83,3 +83,11 @@ callback_deliveries = sa.Table(
     sa.UniqueConstraint("job_id", "type", name="uq_callback_job_type"),
     sa.Index("ix_callback_due", "state", "next_attempt_at"),
 )
+
+tenant_claims = sa.Table(
+    "tenant_claims",
+    metadata,
+    sa.Column("owner", sa.String(255), primary_key=True),
+    sa.Column("last_claim_at", sa.Double(), nullable=False),
+)
+"""When each owner's last job was claimed: the fair claim's tie-break (:mod:`frameserve.jobs._claim`)."""

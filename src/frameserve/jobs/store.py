@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from frameserve.jobs._claim import CLAIM_LOCK_KEY, check_queued, claim_statement, has_running_limits
+from frameserve.jobs._claim import CLAIM_LOCK_KEY, check_queued, claim_statement, has_running_limits, record_claim
 from frameserve.jobs._engine import make_engine
 from frameserve.jobs._errors import IdempotencyConflictError, JobNotFoundError, JobStateError, LeaseLostError
 from frameserve.jobs._schema import callback_deliveries, job_events, jobs
@@ -538,6 +538,7 @@ class JobStore:
             if row is None:
                 return None
             job = Job.from_row(row)
+            record_claim(conn, job.owner, now)
             self._event(conn, job.id, "claimed", now, worker=owner, attempt=job.attempt, token=job.token)
         return Lease(job=job, token=job.token, owner=owner, expires_at=now + lease_s)
 
