@@ -27,12 +27,13 @@ The statement (``:now``, ``:w_owner``, ``:until`` bound at claim time)::
 
     UPDATE jobs SET state = 'running', ... WHERE seq = (
         SELECT q.seq FROM jobs AS q
-        LEFT OUTER JOIN (SELECT owner, count(*) AS n FROM jobs WHERE state = 'running'
-                         GROUP BY owner) AS r ON r.owner = q.owner
-        LEFT OUTER JOIN tenant_claims AS tc ON tc.owner = q.owner
+        LEFT OUTER JOIN (SELECT tc.owner, tc.last_claim_at AS last, count(jr.seq) AS n
+                         FROM tenant_claims AS tc LEFT OUTER JOIN jobs AS jr
+                           ON jr.state = 'running' AND jr.owner = tc.owner
+                         GROUP BY tc.owner, tc.last_claim_at) AS r ON r.owner = q.owner
         WHERE q.state = 'queued' AND q.run_at <= :now
           [AND coalesce(r.n, 0) < CASE q.owner WHEN :t1 THEN :l1 ... ELSE :default END]
-        ORDER BY coalesce(r.n, 0), coalesce(tc.last_claim_at, 0), q.priority DESC, q.seq
+        ORDER BY coalesce(r.n, 0), coalesce(r.last, 0), q.priority DESC, q.seq
         LIMIT 1 FOR UPDATE OF q SKIP LOCKED)
       AND state = 'queued' RETURNING ...
 
@@ -46,7 +47,8 @@ the statement's snapshot: on PostgreSQL two claims at once may both see a tenant
 limit, so where any ``running_jobs`` limit is set the claim first takes a transaction-scoped
 advisory lock (:data:`CLAIM_LOCK_KEY`) that serialises claimers as SQLite's writer lock does;
 without limits claimers run side by side and fairness is exact up to the claims in flight.
-The ``(state, owner)`` index (migration 0003) serves the running counts.
+The ``(state, owner)`` index (migration 0003) serves the running counts; ``r`` has a row per
+owner ever claimed (few: the tokens' names), so each candidate job costs one lookup in it.
 """
 
 from __future__ import annotations
@@ -106,17 +108,19 @@ def claim_statement(quotas: Quotas | None = None) -> sa.Update:
     bound values, never SQL text."""
     now = sa.bindparam("now", type_=sa.Double())
     q = jobs.alias("q")
+    jr = jobs.alias("jr")
+    tc = tenant_claims
+    # one row per owner ever claimed (every running job's owner has one: the claim wrote it)
     r = (
-        sa.select(jobs.c.owner.label("owner"), sa.func.count().label("n"))
-        .where(jobs.c.state == "running")
-        .group_by(jobs.c.owner)
+        sa.select(tc.c.owner.label("owner"), tc.c.last_claim_at.label("last"), sa.func.count(jr.c.seq).label("n"))
+        .select_from(tc.outerjoin(jr, sa.and_(jr.c.state == "running", jr.c.owner == tc.c.owner)))
+        .group_by(tc.c.owner, tc.c.last_claim_at)
         .subquery("r")
     )
     running = sa.func.coalesce(r.c.n, 0)
-    tc = tenant_claims.alias("tc")
     pick = (
         sa.select(q.c.seq)
-        .select_from(q.outerjoin(r, r.c.owner == q.c.owner).outerjoin(tc, tc.c.owner == q.c.owner))
+        .select_from(q.outerjoin(r, r.c.owner == q.c.owner))
         .where(q.c.state == "queued", q.c.run_at <= now)
     )
     if has_running_limits(quotas):
@@ -131,7 +135,7 @@ def claim_statement(quotas: Quotas | None = None) -> sa.Update:
         )
         pick = pick.where(running < limit)
     pick_seq = (
-        pick.order_by(running, sa.func.coalesce(tc.c.last_claim_at, 0.0), q.c.priority.desc(), q.c.seq)
+        pick.order_by(running, sa.func.coalesce(r.c.last, 0.0), q.c.priority.desc(), q.c.seq)
         .limit(1)
         .with_for_update(skip_locked=True, of=q)
         .scalar_subquery()
