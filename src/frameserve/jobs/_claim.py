@@ -153,16 +153,14 @@ def claim_statement(quotas: Quotas | None = None) -> sa.Update:
     )
 
 
+_UPSERT_SQL = ("INSERT INTO tenant_claims (owner, last_claim_at) VALUES ({p}, {p}) "
+               "ON CONFLICT (owner) DO UPDATE SET last_claim_at = excluded.last_claim_at")
+"""The ``tenant_claims`` upsert, the same text on SQLite (3.24+) and PostgreSQL; run as driver SQL
+(the claim's hot path: no statement to build or look up)."""
+
+
 def record_claim(conn: sa.Connection, owner: str, now: float) -> None:
     """Note that ``owner``'s job was claimed at ``now`` (epoch seconds), in the claim's
     transaction: an upsert of its one ``tenant_claims`` row."""
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        pg = pg_insert(tenant_claims).values(owner=owner, last_claim_at=now)
-        conn.execute(pg.on_conflict_do_update(index_elements=["owner"], set_={"last_claim_at": now}))
-    else:
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-        lite = sqlite_insert(tenant_claims).values(owner=owner, last_claim_at=now)
-        conn.execute(lite.on_conflict_do_update(index_elements=["owner"], set_={"last_claim_at": now}))
+    mark = "%s" if conn.dialect.name == "postgresql" else "?"
+    conn.exec_driver_sql(_UPSERT_SQL.format(p=mark), (owner, now))
