@@ -6,9 +6,9 @@ One code path serves SQLite and PostgreSQL (psycopg 3):
   ``BEGIN IMMEDIATE``, so the single writer lock is taken before the read and two writers never
   act on the same stale read. Read-only transactions start ``BEGIN DEFERRED``.
 - The claim is one ``UPDATE ... WHERE seq = (SELECT ... ORDER BY <owner's running count>,
-  priority DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING ...`` statement: fair across
-  owners (least-running-first, :mod:`frameserve.jobs._claim`), an owner at its ``running_jobs``
-  quota passed by. PostgreSQL skips rows other claimers hold; SQLite ignores the locking clause
+  <owner's last claim>, priority DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING ...``
+  statement: fair across owners (least-running-first, ties round robin;
+  :mod:`frameserve.jobs._claim`), an owner at its ``running_jobs`` quota passed by. PostgreSQL skips rows other claimers hold; SQLite ignores the locking clause
   and its single writer serialises claimers.
 - With quotas, a submit over the owner's ``queued_jobs`` is refused
   (:class:`~frameserve.errors.QuotaExceededError`), counted in the submit's transaction.
@@ -521,7 +521,8 @@ class JobStore:
 
     def claim(self, owner: str, *, lease_s: float, quotas: Quotas | None = None) -> Lease | None:
         """Claim the next due queued job for ``lease_s`` seconds, in one statement: the job of the
-        job owner with the fewest running jobs, higher priority first, then oldest, passing by
+        job owner with the fewest running jobs (ties: the owner claimed least recently), higher
+        priority first, then oldest, passing by
         owners at their ``running_jobs`` quota (``quotas``, default the store's;
         :mod:`frameserve.jobs._claim`). Returns ``None`` when no job is due (or every owner with
         one is at its limit)."""
