@@ -8,8 +8,9 @@ One code path serves SQLite and PostgreSQL (psycopg 3):
 - The claim is one ``UPDATE ... WHERE seq = (SELECT ... ORDER BY <owner's running count>,
   <owner's last claim>, priority DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING ...``
   statement: fair across owners (least-running-first, ties round robin;
-  :mod:`frameserve.jobs._claim`), an owner at its ``running_jobs`` quota passed by. PostgreSQL skips rows other claimers hold; SQLite ignores the locking clause
-  and its single writer serialises claimers.
+  :mod:`frameserve.jobs._claim`), an owner at its ``running_jobs`` quota passed by. PostgreSQL
+  skips rows other claimers hold; SQLite ignores the locking clause and its single writer
+  serialises claimers.
 - With quotas, a submit over the owner's ``queued_jobs`` is refused
   (:class:`~frameserve.errors.QuotaExceededError`), counted in the submit's transaction.
 - Leases and fencing: a claim bumps the job's ``token`` (and ``attempt``) and sets
