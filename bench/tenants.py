@@ -134,6 +134,7 @@ def part_a(args: argparse.Namespace, rows: list[tuple[str, float, str, bool]]) -
             full, empty = [], []
             for i in range(args.pairs):  # interleaved: empty, backlog, empty, backlog ...
                 root = Path(tempfile.mkdtemp(prefix="fs-bench-root-"))
+                (root / "v.mp4").write_bytes(b"v")  # the source each job downloads (else every job fails at once)
                 empty.append(statistics.median(fair_latency(make(2 * i), root, backlog=0, probes=probes, job_s=0.05)))
                 full.append(statistics.median(fair_latency(make(2 * i + 1), root, backlog=backlog, probes=probes,
                                                            job_s=0.05)))

@@ -58,6 +58,8 @@ another attempt after a backoff (``LeaseLostError``, ``StorageError``) or fail i
 
 from __future__ import annotations
 
+import math
+
 __all__ = [
     "STATUS",
     "AddressRefusedError",
@@ -98,6 +100,7 @@ __all__ = [
     "UnauthenticatedError",
     "UnsupportedMediaTypeError",
     "VideoError",
+    "retry_after_header",
     "status_for",
 ]
 
@@ -130,6 +133,12 @@ class FrameserveError(Exception):
     def grpc_status(self) -> str:
         """The gRPC status code name for this error (from :data:`STATUS`)."""
         return status_for(self.code)[1]
+
+    @property
+    def http_headers(self) -> dict[str, str]:
+        """Headers an HTTP answer of this error carries beside its body (none; a
+        :class:`QuotaExceededError` adds ``Retry-After``). Every HTTP error path adds them."""
+        return {}
 
 
 class InvalidInputError(FrameserveError):
@@ -251,6 +260,16 @@ class QuotaExceededError(ResourceExhaustedError):
         who = f"tenant {tenant!r}" if tenant else "this server's one tenant"
         return cls(f"{who} is at its quota {limit}={value} (--quotas); retry after {retry_after_s:.3g} s",
                    tenant=tenant, limit=limit, value=value, retry_after_s=retry_after_s)
+
+    @property
+    def http_headers(self) -> dict[str, str]:
+        """``Retry-After`` (:func:`retry_after_header` of :attr:`retry_after_s`)."""
+        return {"Retry-After": retry_after_header(self.retry_after_s)}
+
+
+def retry_after_header(seconds: float) -> str:
+    """``Retry-After`` as RFC 9110 section 10.2.3 writes it: whole seconds, at least 1."""
+    return str(max(1, math.ceil(seconds)))
 
 
 class DeadlineExceededError(FrameserveError):

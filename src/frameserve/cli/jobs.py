@@ -126,7 +126,7 @@ def stats(
 ) -> None:
     """Print the database-wide queue figures: jobs by state, pending (queued and due) and active
     (pending plus running) counts, pending by priority, the oldest pending job's wait, the callback
-    outbox depth."""
+    outbox depth, and queued and running jobs per tenant."""
     from frameserve.jobs.queue import queue_stats
 
     with exit_on_error():
@@ -145,6 +145,9 @@ def stats(
     typer.echo(f"pending by priority: {prios}")
     typer.echo(f"oldest pending: {found.oldest_pending_age_s:.1f} s waiting")
     typer.echo(f"callback outbox: {found.callback_outbox_depth} to deliver")
+    tenants = "; ".join(f"{t or '(no token)'}: queued {c['queued']}, running {c['running']}"
+                        for t, c in sorted(found.by_tenant.items())) or "none"
+    typer.echo(f"by tenant: {tenants}")
 
 
 def register(app: typer.Typer) -> None:

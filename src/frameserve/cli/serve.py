@@ -33,6 +33,7 @@ from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 
 if TYPE_CHECKING:
     from frameserve.security import TokenTable
+    from frameserve.security.quotas import Quotas
 
 __all__ = ["register", "serve_command"]
 
@@ -92,6 +93,7 @@ def serve_command(
     analyze_max_bytes: Annotated[int, typer.Option("--analyze-max-bytes", min=1, help="Largest clip POST /v1/analyze accepts, bytes (413 beyond).")] = 64 * 1024 * 1024,
     analyze_max_duration_s: Annotated[float, typer.Option("--analyze-max-duration-s", min=0.001, help="Longest clip POST /v1/analyze accepts, seconds (413 beyond).")] = 60.0,
     analyze_concurrency: Annotated[int, typer.Option("--analyze-concurrency", min=1, help="Clips POST /v1/analyze runs at once (429 beyond).")] = 2,
+    quotas: Annotated[Path | None, typer.Option("--quotas", help="Per-tenant limits, YAML (a default row, per-tenant rows; deploy/quotas.example.yaml): queued and running jobs, analyze concurrency, infer rate and concurrency, connections (429 with Retry-After beyond). Default: queued_jobs 10000 per tenant, nothing else limited.")] = None,
 ) -> None:
     """Serve the models of a repository over the v2 protocol (HTTP, gRPC) with metrics, video jobs on /v1/jobs and short clips on /v1/analyze."""
     from frameserve import __version__
@@ -111,6 +113,7 @@ def serve_command(
         if model_repository is None:  # the default may not exist yet: an empty repository
             settings.model_repository.mkdir(parents=True, exist_ok=True)
         registry = PipelineRegistry(pipelines)  # a bad pipeline file stops the start here (exit 2)
+        tenant_quotas = _read_quotas(quotas)  # and so does a bad quotas file
         repository = ModelRepository(settings.model_repository)
         registry.check_models(set(repository.models()))  # and so does a model no pipeline can get
         options = ServerOptions(
@@ -138,6 +141,7 @@ def serve_command(
             http_workers=http_workers,
             grpc_workers=grpc_workers,
             grpc_cpus=grpc_cpus,
+            quotas=tenant_quotas,
         )
         _check_startup_models(options.startup_models, repository.models())
         _check_exposure(options, allow_unauthenticated=allow_unauthenticated)
@@ -152,14 +156,14 @@ def serve_command(
             source_idle_timeout_s=source_idle_timeout_s,
         )
         routers = list(_pipeline_routers(settings, service, registry, jobs_settings, analyze_max_bytes,
-                                         analyze_max_duration_s, analyze_concurrency))
+                                         analyze_max_duration_s, analyze_concurrency, tenant_quotas))
         embedded = None
         if jobs:
             from frameserve.jobs.embedded import EmbeddedJobs
 
             embedded = EmbeddedJobs(settings, service, jobs_settings=jobs_settings, pipelines=registry,
                                     run_worker=embedded_worker, registry=service.metrics.registry,
-                                    export_queue_metrics=export_queue_metrics)
+                                    export_queue_metrics=export_queue_metrics, quotas=tenant_quotas)
             routers.append(embedded.router)
         options = dataclasses.replace(options, http_routers=tuple(routers))
         # the service outlives the listeners: the embedded job worker finishes with it first
@@ -179,6 +183,7 @@ def serve_command(
         _say(f"frameserve {__version__}: model repository {repository.root}")
         _say(f"pipelines: {', '.join(registry.names())}" + (f" (folder {registry.folder})" if registry.folder else ""))
         _say(_security_line(options))
+        _say(f"quotas: {quotas}" if quotas is not None else "quotas: built-in defaults (queued_jobs 10000 per tenant; --quotas FILE)")
         try:
             server.start()
         except OSError as exc:
@@ -210,7 +215,7 @@ def serve_command(
 
 def _pipeline_routers(
     settings: object, service: object, registry: object, js: object, max_bytes: int, max_duration_s: float,
-    concurrency: int,
+    concurrency: int, quotas: object = None,
 ) -> tuple[object, ...]:
     """``GET /v1/pipelines`` and ``POST /v1/analyze`` (sources checked with the jobs' storage rules)."""
     from frameserve.config import Settings
@@ -218,12 +223,22 @@ def _pipeline_routers(
     from frameserve.jobs.api import create_pipelines_router
     from frameserve.jobs.settings import JobsSettings
     from frameserve.pipeline.registry import PipelineRegistry
+    from frameserve.security.quotas import Quotas
 
     assert isinstance(settings, Settings) and isinstance(registry, PipelineRegistry) and isinstance(js, JobsSettings)
     storage = js.storage()
     limits = AnalyzeLimits(max_bytes=max_bytes, max_duration_s=max_duration_s, concurrency=concurrency)
-    analyzer = Analyzer(service, registry, storage, settings, limits)
+    assert quotas is None or isinstance(quotas, Quotas)
+    analyzer = Analyzer(service, registry, storage, settings, limits, quotas=quotas)
     return create_pipelines_router(registry), create_analyze_router(analyzer)
+
+
+def _read_quotas(path: Path | None) -> Quotas:
+    """The quotas of ``--quotas`` (the built-in defaults without one). Raises
+    :class:`~frameserve.errors.InvalidInputError` naming the file and the key (exit 2)."""
+    from frameserve.security.quotas import Quotas
+
+    return Quotas() if path is None else Quotas.load(path)
 
 
 def _read_tokens(path: Path | None) -> TokenTable | None:

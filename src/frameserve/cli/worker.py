@@ -66,6 +66,7 @@ def worker_command(
     max_source_bytes: Annotated[int | None, typer.Option("--max-source-bytes", min=1, help="Largest job source downloaded, bytes (env FRAMESERVE_MAX_SOURCE_BYTES; default 2 GiB).", show_default=False)] = None,
     source_timeout_s: Annotated[float | None, typer.Option("--source-timeout-s", min=0.001, help="Longest download of a job source in all, seconds (env FRAMESERVE_SOURCE_TIMEOUT_S; default 1800).", show_default=False)] = None,
     source_idle_timeout_s: Annotated[float | None, typer.Option("--source-idle-timeout-s", min=0.001, help="Longest wait for a source's next byte, seconds (env FRAMESERVE_SOURCE_IDLE_TIMEOUT_S; default 30).", show_default=False)] = None,
+    quotas: Annotated[Path | None, typer.Option("--quotas", help="Per-tenant limits, YAML (serve's --quotas file): this worker passes by a tenant at its running_jobs; without it no tenant is limited (the claim is fair across tenants either way).")] = None,
     status_file: Annotated[Path | None, typer.Option("--status-file", hidden=True, help="Write busy/idle here on each change (the supervisor's children).")] = None,
 ) -> None:
     """Claim jobs, download, run the pipeline, upload the outputs, and call back; or, with --autoscale, supervise such workers."""
@@ -73,6 +74,7 @@ def worker_command(
     from frameserve.jobs.settings import JobsSettings
     from frameserve.pipeline.registry import PipelineRegistry
     from frameserve.repository import ModelRepository
+    from frameserve.security.quotas import Quotas
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -96,6 +98,7 @@ def worker_command(
             source_idle_timeout_s=source_idle_timeout_s,
         )
         registry = PipelineRegistry(pipelines)  # a bad pipeline file stops the start here (exit 2)
+        tenant_quotas = Quotas.load(quotas) if quotas is not None else None  # and so does a bad quotas file
         root = settings.model_repository
         registry.check_models(set(ModelRepository(root).models()) if root.is_dir() else set())
         if autoscale is not None:
@@ -112,6 +115,7 @@ def worker_command(
                 *(["--threads", str(threads)] if threads is not None else []),
                 *(["--pipelines", str(pipelines)] if pipelines is not None else []),
                 *(["--max-jobs", str(max_jobs)] if max_jobs is not None else []),
+                *(["--quotas", str(quotas)] if quotas is not None else []),
             ]
             run_supervisor(js, rule, child, poll_s=min(1.0, max(0.2, poll_s)), grace_s=grace_s, listen=listen,
                            listen_db=listen_db, metrics_port=metrics_port, metrics_address=metrics_address,
@@ -121,7 +125,7 @@ def worker_command(
                    pipelines=registry, listen=listen, listen_db=listen_db, grace_s=grace_s, max_jobs=max_jobs,
                    max_idle_s=max_idle_s,
                    metrics_port=metrics_port, metrics_address=metrics_address,
-                   export_queue_metrics=export_queue_metrics, status_file=status_file)
+                   export_queue_metrics=export_queue_metrics, status_file=status_file, quotas=tenant_quotas)
 
 
 def _serve_metrics(registry: Any, port: int | None, address: str) -> Any:
@@ -140,10 +144,12 @@ def run_worker(
     pipelines: object | None = None, listen: bool = True, listen_db: str | None = None, grace_s: float = 30.0,
     max_jobs: int | None = None, metrics_port: int | None = None, metrics_address: str = "127.0.0.1",
     export_queue_metrics: bool = False, status_file: Path | None = None, max_idle_s: float | None = None,
+    quotas: object = None,
 ) -> None:
     """Build the worker (and deliverer) from settings and run until drained (SIGTERM: within
     ``grace_s``; SIGUSR1: no deadline), ``max_jobs`` are done or ``max_idle_s`` pass without a
-    job; ``pipelines`` is the
+    job; ``quotas`` (:class:`~frameserve.security.quotas.Quotas`) bound the claim's running jobs
+    per tenant; ``pipelines`` is the
     :class:`~frameserve.pipeline.registry.PipelineRegistry` jobs may name (default: the built-ins)."""
     from frameserve.config import Settings
     from frameserve.jobs._metrics import JobMetrics, QueueCollector
@@ -155,12 +161,14 @@ def run_worker(
     from frameserve.pipeline import DecodePool
     from frameserve.pipeline.registry import PipelineRegistry
     from frameserve.repository import ModelRepository
+    from frameserve.security.quotas import Quotas
     from frameserve.service import InferenceService
 
     assert isinstance(settings, Settings) and isinstance(js, JobsSettings)
+    assert quotas is None or isinstance(quotas, Quotas)
     registry = pipelines if isinstance(pipelines, PipelineRegistry) else PipelineRegistry()
     fault = faults_from_env()
-    store = JobStore(js.db_url)
+    store = JobStore(js.db_url, quotas=quotas)
     storage = js.storage()
     repo = ModelRepository(settings.model_repository) if settings.model_repository.is_dir() else None
     service = InferenceService(repo, threads=settings.threads)

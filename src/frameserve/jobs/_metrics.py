@@ -36,6 +36,8 @@ queries of :mod:`frameserve.jobs.queue` at scrape time, cached ``cache_s``:
 ``frameserve_jobs_oldest_pending_age_seconds``      gauge  how long the longest-waiting pending job has
                                                            been due
 ``frameserve_jobs_callback_outbox_depth``           gauge  callback deliveries pending or in flight
+``frameserve_jobs_by_tenant``                       gauge  queued and running jobs per ``tenant`` (a
+                                                           token's NAME; few) and ``state``
 ==================================================  =====  ==============================================
 """
 
@@ -134,7 +136,7 @@ class QueueCollector(Collector):
         return [GaugeMetricFamily(n, "") for n in (
             "frameserve_jobs_queue_up", "frameserve_jobs_by_state", "frameserve_jobs_pending", "frameserve_jobs_active",
             "frameserve_jobs_pending_by_priority", "frameserve_jobs_oldest_pending_age_seconds",
-            "frameserve_jobs_callback_outbox_depth",
+            "frameserve_jobs_callback_outbox_depth", "frameserve_jobs_by_tenant",
         )]
 
     def stats(self) -> QueueStats | None:
@@ -179,3 +181,8 @@ class QueueCollector(Collector):
                                 value=stats.oldest_pending_age_s)
         yield GaugeMetricFamily("frameserve_jobs_callback_outbox_depth", "Callback deliveries pending or in flight",
                                 value=stats.callback_outbox_depth)
+        g = GaugeMetricFamily("frameserve_jobs_by_tenant", "Queued and running jobs per tenant", labels=["tenant", "state"])
+        for tenant, counts in sorted(stats.by_tenant.items()):
+            for state, n in counts.items():
+                g.add_metric([tenant, state], n)
+        yield g

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-__all__ = ["callback_deliveries", "job_events", "jobs", "metadata"]
+__all__ = ["callback_deliveries", "job_events", "jobs", "metadata", "tenant_claims"]
 
 metadata = sa.MetaData()
 
@@ -51,6 +51,7 @@ jobs = sa.Table(
     sa.Index("ix_jobs_lease", "state", "lease_expires_at"),
     sa.Index("ux_jobs_owner_idempotency_key", "owner", "idempotency_key", unique=True),
     sa.Index("ix_jobs_owner", "owner", "seq"),
+    sa.Index("ix_jobs_state_owner", "state", "owner"),
 )
 
 job_events = sa.Table(
@@ -82,3 +83,11 @@ callback_deliveries = sa.Table(
     sa.UniqueConstraint("job_id", "type", name="uq_callback_job_type"),
     sa.Index("ix_callback_due", "state", "next_attempt_at"),
 )
+
+tenant_claims = sa.Table(
+    "tenant_claims",
+    metadata,
+    sa.Column("owner", sa.String(255), primary_key=True),
+    sa.Column("last_claim_at", sa.Double(), nullable=False),
+)
+"""When each owner's last job was claimed: the fair claim's tie-break (:mod:`frameserve.jobs._claim`)."""

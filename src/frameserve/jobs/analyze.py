@@ -59,6 +59,7 @@ from frameserve.errors import (
     PipelineHookError,
     PipelineNotFoundError,
     PipelineSpecError,
+    QuotaExceededError,
     ResourceExhaustedError,
     SourceError,
     SourceTooLargeError,
@@ -67,10 +68,11 @@ from frameserve.errors import (
     status_for,
 )
 from frameserve.jobs._scratch import Scratch, sweep
-from frameserve.jobs.api import error_responses
+from frameserve.jobs.api import error_responses, request_principal
 from frameserve.jobs.storage import Storage
 from frameserve.pipeline.registry import PipelineRegistry
 from frameserve.security import redact_uri
+from frameserve.security.quotas import ConcurrencyGate, Quotas, TenantQuota
 
 __all__ = ["AnalyzeLimits", "Analyzer", "clip_duration_s", "create_analyze_router"]
 
@@ -144,11 +146,13 @@ class Analyzer:
         storage: how a ``source`` URI is checked and fetched (a job's rules).
         settings: process settings (the assets folder of built-in models).
         limits: sizes, duration, concurrency.
+        quotas: per-tenant limits; ``analyze_concurrency`` caps one tenant's clips at once,
+            beside the server-wide ``limits.concurrency`` (``None``: no per-tenant cap).
     """
 
     def __init__(
         self, service: Any, pipelines: PipelineRegistry, storage: Storage, settings: Settings,
-        limits: AnalyzeLimits | None = None,
+        limits: AnalyzeLimits | None = None, *, quotas: Quotas | None = None,
     ) -> None:
         self.service = service
         self.pipelines = pipelines
@@ -156,6 +160,8 @@ class Analyzer:
         self.settings = settings
         self.limits = limits or AnalyzeLimits()
         self._slots = threading.BoundedSemaphore(self.limits.concurrency)
+        q = quotas if quotas is not None else Quotas(default=TenantQuota(queued_jobs=None))
+        self._tenant_slots = ConcurrencyGate(lambda t: q.for_tenant(t).analyze_concurrency, "analyze_concurrency")
         self._scratch: Scratch | None = None
         self._scratch_lock = threading.Lock()
 
@@ -171,20 +177,25 @@ class Analyzer:
             self._scratch.touch()
             return Path(tempfile.mkdtemp(prefix="clip-", dir=self._scratch.path))
 
-    def acquire(self) -> None:
-        """Take a slot.
+    def acquire(self, tenant: str = "") -> None:
+        """Take one of ``tenant``'s slots, then one of the server's.
 
         Raises:
-            ResourceExhaustedError: every slot is taken (429).
+            QuotaExceededError: the tenant has its ``analyze_concurrency`` clips in flight (429,
+                ``Retry-After``).
+            ResourceExhaustedError: every slot of the server is taken (429).
         """
+        self._tenant_slots.try_acquire(tenant)
         if not self._slots.acquire(blocking=False):
+            self._tenant_slots.release(tenant)
             raise ResourceExhaustedError(
                 f"{self.limits.concurrency} clip(s) are being analysed already; retry later, or submit a job (POST /v1/jobs)"
             )
 
-    def release(self) -> None:
-        """Give a slot back."""
+    def release(self, tenant: str = "") -> None:
+        """Give ``tenant``'s slot (and the server's) back."""
         self._slots.release()
+        self._tenant_slots.release(tenant)
 
     def check(self, pipeline: str, params: Mapping[str, Any] | None) -> None:
         """Refuse an unknown pipeline or parameter before any byte of the clip is read."""
@@ -233,7 +244,8 @@ class Analyzer:
 
 def _error(exc: FrameserveError) -> Response:
     """The error's one-line body with the status of its code (:func:`frameserve.errors.status_for`)."""
-    return Response(orjson.dumps({"error": exc.message}), status_code=status_for(exc.code)[0], media_type="application/json")
+    return Response(orjson.dumps({"error": exc.message}), status_code=status_for(exc.code)[0], media_type="application/json",
+                    headers=exc.http_headers)
 
 
 async def _limited(request: Request, limit: int, what: str = "the clip is") -> AsyncIterator[bytes]:
@@ -390,19 +402,20 @@ def create_analyze_router(analyzer: Analyzer) -> APIRouter:
         responses=error_responses(
             InvalidInputError, VideoError, PipelineSpecError, SourceError, AddressRefusedError, PipelineNotFoundError,
             ModelNotFoundError, PayloadTooLargeError, SourceTooLargeError, PipelineHookError, ResourceExhaustedError,
-            StorageError, AssetError, validation=False,
+            QuotaExceededError, StorageError, AssetError, validation=False,
         ),
         openapi_extra={"requestBody": _REQUEST_BODY},
     )
     async def analyze(request: Request) -> Response:
+        tenant = str(request_principal(request).name)
         try:
-            analyzer.acquire()
+            analyzer.acquire(tenant)
         except FrameserveError as exc:
             return _error(exc)
         try:
             workdir = await asyncio.to_thread(analyzer.workdir)
         except BaseException:
-            analyzer.release()
+            analyzer.release(tenant)
             raise
         try:
             path, pipeline, params, label = await _read_request(analyzer, request, workdir)
@@ -418,7 +431,7 @@ def create_analyze_router(analyzer: Analyzer) -> APIRouter:
             body = orjson.dumps({"error": f"internal error: {type(exc).__name__}: {exc}"})
             return Response(body, status_code=500, media_type="application/json")
         finally:
-            analyzer.release()
+            analyzer.release(tenant)
             await asyncio.to_thread(shutil.rmtree, workdir, True)
 
     return router

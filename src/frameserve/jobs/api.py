@@ -90,6 +90,7 @@ from frameserve.errors import (
     PipelineHookError,
     PipelineNotFoundError,
     PipelineSpecError,
+    QuotaExceededError,
     SourceError,
     UnauthenticatedError,
     UnsupportedMediaTypeError,
@@ -452,13 +453,14 @@ def job_access(request: Request) -> JobAccess:
     return JobAccess(owner=str(principal.name), sees_all="admin" in principal.roles)
 
 
-def _error(status: int, message: str, detail: Any = None) -> JSONResponse:
-    return JSONResponse({"error": _shown(message, 2000), "detail": detail}, status_code=status)
+def _error(status: int, message: str, detail: Any = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": _shown(message, 2000), "detail": detail}, status_code=status, headers=headers)
 
 
 def _fail(exc: FrameserveError) -> JSONResponse:
-    """The error's body with the status of its code (:func:`frameserve.errors.status_for`)."""
-    return _error(status_for(exc.code)[0], exc.message, {"code": exc.code})
+    """The error's body with the status of its code (:func:`frameserve.errors.status_for`) and
+    its headers (:attr:`~frameserve.errors.FrameserveError.http_headers`: ``Retry-After`` of a quota)."""
+    return _error(status_for(exc.code)[0], exc.message, {"code": exc.code}, exc.http_headers)
 
 
 def _validation_detail(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -585,7 +587,7 @@ def create_router(
             200: {"model": JobResource, "description": "the job an earlier request with this Idempotency-Key created"},
             **error_responses(
                 InvalidInputError, PipelineSpecError, SourceError, AddressRefusedError, PipelineNotFoundError,
-                PipelineHookError, IdempotencyConflictError, post=True,
+                PipelineHookError, IdempotencyConflictError, QuotaExceededError, post=True,
             ),
         },
     )(submit)

@@ -31,6 +31,7 @@ from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import JobStore
 from frameserve.jobs.worker import Worker, faults_from_env, pipeline_process
 from frameserve.pipeline.registry import PipelineRegistry
+from frameserve.security.quotas import Quotas
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -53,6 +54,8 @@ class EmbeddedJobs:
             (scaled pods) claim the jobs.
         registry: the Prometheus registry of the server's metrics port, or ``None`` (no metrics).
         export_queue_metrics: also export the database-wide queue gauges there.
+        quotas: per-tenant limits (``serve --quotas``): ``queued_jobs`` at submit, ``running_jobs``
+            at the worker's claim (:class:`~frameserve.jobs.store.JobStore`).
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class EmbeddedJobs:
         run_worker: bool = True,
         registry: CollectorRegistry | None = None,
         export_queue_metrics: bool = True,
+        quotas: Quotas | None = None,
     ) -> None:
         from frameserve.jobs.api import create_router
 
@@ -74,7 +78,7 @@ class EmbeddedJobs:
         self.pipelines = pipelines if pipelines is not None else PipelineRegistry()
         for root in js.file_roots:
             root.mkdir(parents=True, exist_ok=True)
-        self.store = JobStore(js.db_url)
+        self.store = JobStore(js.db_url, quotas=quotas)
         self.storage: Storage = js.storage()
         fault = faults_from_env()
         self.router = create_router(

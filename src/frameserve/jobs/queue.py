@@ -151,6 +151,8 @@ class QueueStats:
             when none is pending).
         callback_outbox_depth: callback deliveries not yet done (pending or in flight).
         at: when counted, epoch seconds.
+        by_tenant: per owner (tenant) with a job queued or running, ``{"queued": n, "running": n}``
+            (queued counts every queued job, due or scheduled for a retry).
     """
 
     by_state: dict[str, int]
@@ -160,6 +162,7 @@ class QueueStats:
     oldest_pending_age_s: float = 0.0
     callback_outbox_depth: int = 0
     at: float = 0.0
+    by_tenant: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON (``frameserve jobs stats --json``); priorities become string keys."""
@@ -168,6 +171,7 @@ class QueueStats:
             "pending_by_priority": {str(k): v for k, v in sorted(self.pending_by_priority.items())},
             "oldest_pending_age_s": round(self.oldest_pending_age_s, 3),
             "callback_outbox_depth": self.callback_outbox_depth, "at": self.at,
+            "by_tenant": {t: dict(c) for t, c in sorted(self.by_tenant.items())},
         }
 
 
@@ -188,11 +192,17 @@ def queue_stats(store: JobStore) -> QueueStats:
         outbox = conn.execute(
             sa.select(sa.func.count()).select_from(callback_deliveries).where(cd.state.in_(("pending", "delivering")))
         ).scalar_one()
+        by_tenant: dict[str, dict[str, int]] = {}
+        for owner, state, n in conn.execute(  # the (state, owner) index alone
+            sa.select(jobs.c.owner, jobs.c.state, sa.func.count())
+            .where(jobs.c.state.in_(("queued", "running"))).group_by(jobs.c.owner, jobs.c.state)
+        ):
+            by_tenant.setdefault(str(owner), {"queued": 0, "running": 0})[str(state)] = int(n)
     pending = sum(by_priority.values())
     return QueueStats(
         by_state=by_state, pending=pending, active=pending + by_state["running"], pending_by_priority=by_priority,
         oldest_pending_age_s=max(0.0, now - float(oldest)) if oldest is not None else 0.0,
-        callback_outbox_depth=int(outbox), at=now,
+        callback_outbox_depth=int(outbox), at=now, by_tenant=by_tenant,
     )
 
 

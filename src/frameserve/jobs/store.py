@@ -5,9 +5,14 @@ One code path serves SQLite and PostgreSQL (psycopg 3):
 - SQLite runs in WAL mode; every transaction that reads then writes starts with
   ``BEGIN IMMEDIATE``, so the single writer lock is taken before the read and two writers never
   act on the same stale read. Read-only transactions start ``BEGIN DEFERRED``.
-- The claim is one ``UPDATE ... WHERE id = (SELECT ... ORDER BY priority DESC, seq LIMIT 1
-  FOR UPDATE SKIP LOCKED) RETURNING ...`` statement. PostgreSQL skips rows other claimers hold;
-  SQLite ignores the locking clause and its single writer serialises claimers.
+- The claim is one ``UPDATE ... WHERE seq = (SELECT ... ORDER BY <owner's running count>,
+  <owner's last claim>, priority DESC, seq LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING ...``
+  statement: fair across owners (least-running-first, ties round robin;
+  :mod:`frameserve.jobs._claim`), an owner at its ``running_jobs`` quota passed by. PostgreSQL
+  skips rows other claimers hold; SQLite ignores the locking clause and its single writer
+  serialises claimers.
+- With quotas, a submit over the owner's ``queued_jobs`` is refused
+  (:class:`~frameserve.errors.QuotaExceededError`), counted in the submit's transaction.
 - Leases and fencing: a claim bumps the job's ``token`` (and ``attempt``) and sets
   ``lease_expires_at``. Every later write of the worker (heartbeat, complete, fail, release)
   carries ``WHERE id = :id AND token = :token AND state = 'running'``; zero rows means the lease
@@ -41,11 +46,13 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
+from frameserve.jobs._claim import CLAIM_LOCK_KEY, check_queued, claim_statement, has_running_limits, record_claim
 from frameserve.jobs._engine import make_engine
 from frameserve.jobs._errors import IdempotencyConflictError, JobNotFoundError, JobStateError, LeaseLostError
 from frameserve.jobs._schema import callback_deliveries, job_events, jobs
 from frameserve.jobs.queue import Signal, notify, take_wakes
 from frameserve.security import redact_text, redact_uri
+from frameserve.security.quotas import Quotas
 
 __all__ = [
     "CALLBACK_SCHEDULE_S",
@@ -258,30 +265,6 @@ class Delivery:
     created_at: float
 
 
-def _claim_statement() -> sa.Update:
-    """The claim, built once (bind parameters ``now``, ``w_owner``, ``until``)."""
-    now = sa.bindparam("now", type_=sa.Double())
-    pick = (
-        sa.select(jobs.c.seq)
-        .where(jobs.c.state == "queued", jobs.c.run_at <= now)
-        .order_by(jobs.c.priority.desc(), jobs.c.seq)
-        .limit(1)
-        .with_for_update(skip_locked=True)
-        .scalar_subquery()
-    )
-    return (
-        jobs.update()
-        .where(jobs.c.seq == pick, jobs.c.state == "queued")
-        .values(
-            state="running", phase="download", progress=0.0, attempt=jobs.c.attempt + 1,
-            token=jobs.c.token + 1, lease_owner=sa.bindparam("w_owner"),
-            lease_expires_at=sa.bindparam("until", type_=sa.Double()),
-            started_at=sa.func.coalesce(jobs.c.started_at, now), updated_at=now,
-        )
-        .returning(*jobs.c)
-    )
-
-
 def _finish_statement(*, fenced: bool) -> sa.Update:
     """A move to a final state, built once; fenced by ``p_token`` (and state running) when asked."""
     where = jobs.c.id == sa.bindparam("p_id")
@@ -302,7 +285,6 @@ def _finish_statement(*, fenced: bool) -> sa.Update:
     )
 
 
-_CLAIM = _claim_statement()
 _FINISH_FENCED = _finish_statement(fenced=True)
 _FINISH_BY_ID = _finish_statement(fenced=False)
 _INSERT_EVENT = job_events.insert()
@@ -323,6 +305,8 @@ class JobStore:
         retry: backoff of failed attempts.
         callback_schedule_s: delay before each callback attempt (see :data:`CALLBACK_SCHEDULE_S`).
         migrate: apply migrations on open (default true).
+        quotas: per-owner limits (``serve/worker --quotas``): ``queued_jobs`` at submit,
+            ``running_jobs`` at claim; ``None``: no limits (the claim is still fair).
 
     Attributes:
         signal: in-process wake-ups (:class:`~frameserve.jobs.queue.Signal`), bumped after each
@@ -338,6 +322,7 @@ class JobStore:
         retry: RetryPolicy | None = None,
         callback_schedule_s: Sequence[float] = CALLBACK_SCHEDULE_S,
         migrate: bool = True,
+        quotas: Quotas | None = None,
     ) -> None:
         if url.startswith("postgresql://") or url.startswith("postgres://"):
             url = "postgresql+psycopg://" + url.split("://", 1)[1]
@@ -351,6 +336,8 @@ class JobStore:
         self.engine = make_engine(url)
         self.is_sqlite = self.engine.dialect.name == "sqlite"
         self.signal = Signal()
+        self.quotas = quotas
+        self._claim_for = (quotas, claim_statement(quotas), has_running_limits(quotas) and not self.is_sqlite)
         if migrate:
             self._migrate()
 
@@ -424,6 +411,7 @@ class JobStore:
 
         Raises:
             IdempotencyConflictError: the key was used with a different request.
+            QuotaExceededError: the owner has its ``queued_jobs`` queued already (:func:`check_queued`).
         """
         if spec.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {spec.max_attempts}")
@@ -443,6 +431,7 @@ class JobStore:
                                     f"(job {row[0]}); resend that request unchanged, or use a new key"
                                 )
                             return self._load(conn, row[0]), False
+                    check_queued(conn, self.quotas, spec.owner)
                     now = self.clock()
                     job_id = _new_id()
                     conn.execute(
@@ -531,16 +520,27 @@ class JobStore:
 
     # ---------------------------------------------------------------- worker side
 
-    def claim(self, owner: str, *, lease_s: float) -> Lease | None:
-        """Claim the next due queued job (higher priority first, then oldest) for ``lease_s``
-        seconds, in one statement. Returns ``None`` when no job is due."""
+    def claim(self, owner: str, *, lease_s: float, quotas: Quotas | None = None) -> Lease | None:
+        """Claim the next due queued job for ``lease_s`` seconds, in one statement: the job of the
+        job owner with the fewest running jobs (ties: the owner claimed least recently), higher
+        priority first, then oldest, passing by
+        owners at their ``running_jobs`` quota (``quotas``, default the store's;
+        :mod:`frameserve.jobs._claim`). Returns ``None`` when no job is due (or every owner with
+        one is at its limit)."""
+        quotas = quotas if quotas is not None else self.quotas
+        if quotas is not self._claim_for[0]:
+            self._claim_for = (quotas, claim_statement(quotas), has_running_limits(quotas) and not self.is_sqlite)
+        _, statement, lock = self._claim_for
         now = self.clock()
         params = {"now": now, "w_owner": owner, "until": now + lease_s}
         with self._tx() as conn:
-            row = conn.execute(_CLAIM, params).mappings().first()
+            if lock:  # running limits on PostgreSQL: one claimer counts at a time
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": CLAIM_LOCK_KEY})
+            row = conn.execute(statement, params).mappings().first()
             if row is None:
                 return None
             job = Job.from_row(row)
+            record_claim(conn, job.owner, now)
             self._event(conn, job.id, "claimed", now, worker=owner, attempt=job.attempt, token=job.token)
         return Lease(job=job, token=job.token, owner=owner, expires_at=now + lease_s)
 
@@ -700,6 +700,8 @@ class JobStore:
             assert isinstance(job, Lease)
             raise LeaseLostError(f"lease on job {job.job.id} (token {job.token}) is lost")
         done = Job.from_row(row)
+        if isinstance(job, Lease):  # a running slot is free: a tenant at its running_jobs may go on
+            notify(conn, "job", now)
         self._event(conn, done.id, state, now, **({"error": error} if error and state != "succeeded" else {}))
         if done.callback_url:
             payload = json.dumps(

@@ -59,6 +59,7 @@ from frameserve.jobs.queue import SAFETY_POLL_S, Listener, idle_wait, next_job_d
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import JobStore, Lease
 from frameserve.security import redact_text
+from frameserve.security.quotas import Quotas
 
 __all__ = ["CANCEL_POLL_S", "FaultHook", "ProcessFn", "Worker", "faults_from_env", "pipeline_process", "video_out_name"]
 
@@ -153,6 +154,9 @@ class Worker:
         metrics: where to count (:class:`~frameserve.jobs._metrics.JobMetrics`), or ``None``.
         on_busy: called with ``True`` when the worker takes a job while holding none, ``False``
             when it holds none again (the autoscaler's children report it).
+        quotas: per-tenant ``running_jobs`` limits the claim keeps to (default: the store's).
+            While every due job's tenant is at its limit the worker waits for a wake-up (a
+            finished job notifies), not for the due time.
     """
 
     def __init__(
@@ -173,6 +177,7 @@ class Worker:
         max_jobs: int | None = None,
         metrics: JobMetrics | None = None,
         on_busy: Callable[[bool], None] | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         if max_jobs is not None and max_jobs < 1:
             raise ValueError(f"max_jobs must be >= 1, got {max_jobs}")
@@ -207,6 +212,7 @@ class Worker:
         self.safety_poll_s = safety_poll_s
         self.metrics = metrics
         self.on_busy = on_busy
+        self.quotas = quotas
         self._busy = False
         self._report_lock = threading.Lock()
         self.listener = Listener(store, listen_url=listen_url) if listen else None
@@ -427,8 +433,10 @@ class Worker:
                         next_rescue = time.monotonic() + self.lease_s
                         for job_id, state in self.store.rescue():
                             log.warning("rescued job %s (lease expired) → %s", job_id, state)
-                    lease = self.store.claim(self.worker_id, lease_s=self.lease_s)
+                    lease = self.store.claim(self.worker_id, lease_s=self.lease_s, quotas=self.quotas)
                     due_at = next_job_due_at(self.store) if lease is None else None
+                    if due_at is not None and due_at <= self.store.clock():
+                        due_at = None  # due, yet every such tenant is at running_jobs: a finish wakes us
                 except Exception:
                     log.exception("claim failed")
                     self._slot.release()

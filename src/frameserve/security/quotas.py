@@ -34,7 +34,6 @@ job store's fair claim and ``/v1/analyze`` all read one :class:`Quotas`.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -43,7 +42,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from frameserve.errors import InvalidInputError, QuotaExceededError
+from frameserve.errors import InvalidInputError, QuotaExceededError, retry_after_header
 
 __all__ = [
     "DEFAULT_QUOTA",
@@ -209,11 +208,6 @@ class TokenBucket:
                 self._tokens = max(0.0, self._tokens - 1.0)
                 return 0.0
             return (1.0 - self._tokens) / self.rate_per_s
-
-
-def retry_after_header(seconds: float) -> str:
-    """``Retry-After`` as RFC 9110 section 10.2.3 writes it: whole seconds, at least 1."""
-    return str(max(1, math.ceil(seconds)))
 
 
 class ConcurrencyGate:

@@ -54,6 +54,7 @@ from frameserve.protocol.http import (
     create_metrics_app,
 )
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.security.quotas import Quotas
 from frameserve.security.tokens import TokenTable
 from frameserve.server._channel import DEFAULT_ARENA_BYTES
 from frameserve.server._frontend import FrontendConfig
@@ -61,6 +62,9 @@ from frameserve.server._poll import RepositoryWatcher
 from frameserve.server._workers import FrontendPool, reserve_port
 from frameserve.service import InferenceService
 from frameserve.shm import DEFAULT_CLIENT_PREFIX, SharedMemoryRegistry
+
+DEFAULT_QUOTAS = Quotas()
+"""The quotas without ``--quotas`` (:data:`~frameserve.security.quotas.DEFAULT_QUOTA` for every tenant)."""
 
 __all__ = ["Server", "ServerOptions"]
 
@@ -118,6 +122,8 @@ class ServerOptions:
             (:func:`~frameserve.config.pinned_cpus`). Model instances are not affected.
             Front-end processes (``grpc_workers`` above 1) serve gRPC on one event loop and are
             not pinned.
+        quotas: per-tenant limits (``serve --quotas``, :class:`~frameserve.security.quotas.Quotas`);
+            the job and analyze routers get theirs when built, the infer path reads these.
     """
 
     host: str = "127.0.0.1"
@@ -145,6 +151,7 @@ class ServerOptions:
     grpc_workers: int = 1
     frontend_shm_bytes: int = DEFAULT_ARENA_BYTES
     grpc_cpus: str = "auto"
+    quotas: Quotas = DEFAULT_QUOTAS
 
     @property
     def workers(self) -> int:

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 __all__ = ["HEAD", "upgrade"]
 
-HEAD = "0002"
+HEAD = "0003"
 """The newest revision."""
 
 

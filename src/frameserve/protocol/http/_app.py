@@ -87,7 +87,7 @@ def _json(obj: Any, status: int = 200) -> Response:
 
 
 def _error(exc: FrameserveError) -> Response:
-    return Response(codec.error_body(exc.message), status_code=exc.http_status, media_type=_JSON)
+    return Response(codec.error_body(exc.message), status_code=exc.http_status, media_type=_JSON, headers=exc.http_headers)
 
 
 _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
