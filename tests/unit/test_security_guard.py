@@ -9,7 +9,15 @@ import logging
 import pytest
 
 from frameserve.errors import AddressRefusedError, InvalidInputError
-from frameserve.security import AddressGuard, address_refusal, embedded_ipv4, quiet_http_logs, redact_text, redact_uri
+from frameserve.security import (
+    REDACTED,
+    AddressGuard,
+    address_refusal,
+    embedded_ipv4,
+    quiet_http_logs,
+    redact_text,
+    redact_uri,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -83,11 +91,31 @@ def test_redaction_hides_credentials_and_keeps_the_rest() -> None:
     for secret in ("hunter2", "user:", "AKIA123", "deadbeef", "t0k", "s1g", "=pw", "k3y"):
         assert secret not in shown, (secret, shown)
     assert shown.startswith("https://***@bucket.s3.amazonaws.com/v.mp4?X-Amz-Algorithm=AWS4-HMAC-SHA256&")
-    assert "keep=1" in shown and "X-Amz-Signature=REDACTED" in shown
+    assert "keep=REDACTED" in shown and "X-Amz-Signature=REDACTED" in shown
     plain = "file:///data/in/v.mp4"
     assert redact_uri(plain) is plain
     assert redact_text(f"source {uri!r}: HTTP 404") == f"source {shown!r}: HTTP 404"
     assert redact_uri("http://[::1") == "<unparseable URI>"
+
+
+@pytest.mark.parametrize("uri", [
+    "https://cdn.test/v.mp4?jwt=eyJhbGciOiJIUzI1NiJ9.e30.c2VjcmV0",
+    "https://cdn.test/v.mp4?sign=c2VjcmV0&t=10",
+    "https://cdn.test/v.mp4?md5=c2VjcmV0&expires=1700000000",
+    "https://cdn.test/v.mp4?hdnts=exp=1700000000~acl=/*~hmac=c2VjcmV0",
+    "https://cdn.test/hls/v.mp4;token=c2VjcmV0;width=640/seg.ts",
+    "https://cdn.test/v.mp4?Policy=c2VjcmV0&Signature=x&Key-Pair-Id=APKA",
+    "https://cdn.test/v.mp4?c2VjcmV0",
+    "https://cdn.test/v.mp4#access_token=c2VjcmV0",
+])
+def test_redaction_is_an_allow_list(uri: str) -> None:
+    """Every parameter value but a few harmless names is redacted, whatever the secret is called."""
+    shown = redact_uri(uri)
+    assert "c2VjcmV0" not in shown, shown
+    assert shown.startswith("https://cdn.test/") and REDACTED in shown
+    assert redact_uri("https://cdn.test/v.mp4?width=640&format=mp4") == "https://cdn.test/v.mp4?width=640&format=mp4"
+    assert ";width=640" in redact_uri("https://cdn.test/a;width=640;token=x/b") and "token=REDACTED" in redact_uri(
+        "https://cdn.test/a;width=640;token=x/b")
 
 
 def test_quiet_http_logs_keeps_request_urls_out_of_info_logs() -> None:
