@@ -273,6 +273,23 @@ def test_a_loopback_server_without_tokens_answers_only_requests_addressed_to_thi
         assert server.service.is_ready("add")  # the refused unload did nothing
 
 
+@pytest.mark.parametrize("bind", ["LOCALHOST", "Localhost"])
+def test_every_spelling_of_loopback_keeps_the_host_check(repo: Path, bind: str) -> None:
+    """One loopback definition for the bind, the token requirement and the Host check: a server
+    bound as ``LOCALHOST`` or ``localhost.`` (no tokens needed) still refuses rebinding."""
+    service = InferenceService(ModelRepository(repo), threads=1)
+    server = Server(service, ServerOptions(host=bind, http_port=0, grpc_port=None, metrics_port=None))
+    server.start()
+    try:
+        assert server.wait_ready(60)
+        with httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", timeout=30) as http:
+            r = http.get("/v2/health/ready", headers={"Host": "evil.example"})
+            assert r.status_code == 403 and "addressed to this machine" in r.json()["error"], r.text
+            assert http.get("/v2/health/ready").status_code == 200
+    finally:
+        server.stop(timeout_s=30)
+
+
 # -- cross-site requests --------------------------------------------------------------------
 
 

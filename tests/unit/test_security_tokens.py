@@ -154,3 +154,16 @@ def test_other_hosts_are_refused_without_echoing_them(host: str) -> None:
         refusal = host_refusal(host)
         assert isinstance(refusal, PermissionDeniedError)
         assert host[:20] not in str(refusal) or not host
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("localhost", True), ("LOCALHOST", True), ("localhost.", True), ("app.localhost", True), ("App.LocalHost.", True),
+    ("127.0.0.1", True), ("127.9.8.7", True), ("::1", True), ("[::1]", True), ("::ffff:127.0.0.1", True),
+    ("[::ffff:7f00:1]", True),
+    ("0.0.0.0", False), ("::", False), ("10.0.0.1", False), ("localhost.example", False), ("notlocalhost", False),
+    ("::ffff:10.0.0.1", False), ("", False), ("127.0.0.1.nip.io", False),
+])
+def test_one_loopback_definition(host: str, loopback: bool) -> None:
+    from frameserve.security.auth import is_loopback
+
+    assert is_loopback(host) is loopback

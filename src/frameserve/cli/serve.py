@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from frameserve.cli._common import exit_on_error
+from frameserve.security.auth import is_loopback
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 
 if TYPE_CHECKING:
@@ -268,17 +269,6 @@ def _check_startup_models(names: tuple[str, ...], available: list[str]) -> None:
         )
 
 
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: it may resolve anywhere
-        return False
-
-
 def _check_exposure(options: object, *, allow_unauthenticated: bool) -> None:
     """Refuse (exit 2) a listener on a non-loopback address without tokens, unless allowed;
     warn when tokens would cross the network in clear text."""
@@ -287,7 +277,7 @@ def _check_exposure(options: object, *, allow_unauthenticated: bool) -> None:
 
     assert isinstance(options, ServerOptions)
     kinds = [k for k, port in (("http", options.http_port), ("grpc", options.grpc_port), ("metrics", options.metrics_port)) if port is not None]
-    exposed = sorted({options.host_for(k) for k in kinds if not _is_loopback(options.host_for(k))})
+    exposed = sorted({options.host_for(k) for k in kinds if not is_loopback(options.host_for(k))})
     if not exposed:
         return
     if options.tokens is None:

@@ -137,20 +137,32 @@ def _host_port(netloc: str, default_port: int) -> tuple[str, int] | None:
 _MAX_HOST = 255
 
 
-@functools.lru_cache(maxsize=64)
-def _names_this_machine(host: str) -> bool:
-    """Whether a ``Host`` header names this machine: ``localhost``, ``*.localhost``, an address
-    in 127.0.0.0/8 or ``::1`` (with or without a port)."""
-    parsed = _host_port(host, 80)
-    if parsed is None:
-        return False
-    name = parsed[0].strip("[]")
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a bind address, a ``Host`` header's name) names this machine only: the
+    one definition the bind check, the token requirement and the ``Host`` check share.
+
+    Loopback: ``localhost`` and names under it (RFC 6761 section 6.3: they resolve to loopback),
+    any letter case, with or without the trailing root dot; an address in ``127.0.0.0/8``,
+    ``::1``, and the IPv6 forms of a 127/8 address (``::ffff:127.0.0.1``); brackets allowed.
+    Any other name is not, wherever it resolves today.
+    """
+    name = host.strip().strip("[]").lower().removesuffix(".")
     if name == "localhost" or name.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(name).is_loopback
+        address = ipaddress.ip_address(name)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+@functools.lru_cache(maxsize=64)
+def _names_this_machine(host: str) -> bool:
+    """Whether a ``Host`` header (with or without a port) names this machine (:func:`is_loopback`)."""
+    parsed = _host_port(host, 80)
+    return parsed is not None and is_loopback(parsed[0])
 
 
 def host_refusal(host: str | None) -> FrameserveError | None:

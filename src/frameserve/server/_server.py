@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import socket
 import ssl
@@ -53,6 +52,7 @@ from frameserve.protocol.http import (
     create_app,
     create_metrics_app,
 )
+from frameserve.security.auth import is_loopback
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.quotas import Quotas
 from frameserve.security.tokens import TokenTable
@@ -209,16 +209,6 @@ def _grpc_cpus(spec: str) -> frozenset[int] | None:
         return pinned_cpus(spec)
     except ValueError as exc:
         raise InvalidInputError(str(exc)) from None
-
-
-def _is_loopback(host: str) -> bool:
-    """Whether ``host`` (a bind address) is loopback only (``127.0.0.0/8``, ``::1``, ``localhost``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -476,7 +466,7 @@ class Server:
                 self.service, max_body_bytes=opts.max_body_bytes, ready_check=lambda: self.ready,
                 routers=opts.http_routers, model_control_mode=opts.model_control_mode,
                 tokens=opts.tokens, auth_health=opts.auth_health, limits=opts.limits,
-                loopback_hosts_only=opts.tokens is None and _is_loopback(opts.host_for("http")),
+                loopback_hosts_only=opts.tokens is None and is_loopback(opts.host_for("http")),
                 shared_memory=self.shared_memory,
             )
         if "http" in self._sockets:
@@ -484,7 +474,7 @@ class Server:
         if "metrics" in self._sockets:
             apps["metrics"] = create_metrics_app(
                 self.service, tokens=opts.tokens, auth_health=opts.auth_health,
-                loopback_hosts_only=opts.tokens is None and _is_loopback(opts.host_for("metrics")),
+                loopback_hosts_only=opts.tokens is None and is_loopback(opts.host_for("metrics")),
             )
         tasks: list[asyncio.Task[None]] = []
         for kind, app in apps.items():
@@ -542,7 +532,7 @@ class Server:
                 http=(opts.host_for("http"), self._ports["http"]) if i < n_http else None,
                 grpc=(opts.host_for("grpc"), self._ports["grpc"]) if i < n_grpc else None,
                 max_body_bytes=opts.max_body_bytes, limits=opts.limits, tokens=opts.tokens, auth_health=opts.auth_health,
-                loopback_hosts_only=opts.tokens is None and _is_loopback(opts.host_for("http")),
+                loopback_hosts_only=opts.tokens is None and is_loopback(opts.host_for("http")),
                 tls_cert_file=opts.tls_cert_file, tls_key_file=opts.tls_key_file, tls=self._tls,
                 allow_client_shm=opts.allow_client_shm, graceful_timeout_s=opts.graceful_timeout_s,
                 log_level=logging.getLogger().getEffectiveLevel(),
