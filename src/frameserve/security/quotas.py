@@ -34,6 +34,7 @@ job store's fair claim and ``/v1/analyze`` all read one :class:`Quotas`.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -47,6 +48,7 @@ from frameserve.errors import InvalidInputError, QuotaExceededError, retry_after
 __all__ = [
     "DEFAULT_QUOTA",
     "ConcurrencyGate",
+    "InferGate",
     "Quotas",
     "RateGate",
     "TenantQuota",
@@ -131,6 +133,28 @@ class Quotas:
     def for_tenant(self, tenant: str) -> TenantQuota:
         """The quota of ``tenant`` (its own row, else the default row)."""
         return self.tenants.get(tenant, self.default)
+
+    def share(self, n: int) -> Quotas:
+        """The part of these quotas one of ``n`` processes enforces on its own (``serve
+        --http-workers N`` front ends each count the requests they receive): ``infer_rate``,
+        ``infer_burst``, ``infer_concurrency`` and ``connections`` divided by ``n``, rounded up;
+        the job limits (counted in the database) unchanged."""
+        if n <= 1:
+            return self
+
+        def part(q: TenantQuota) -> TenantQuota:
+            def div(v: int | None) -> int | None:
+                return None if v is None else max(1, math.ceil(v / n))
+            return replace(q, infer_rate=div(q.infer_rate), infer_burst=div(q.infer_burst),
+                           infer_concurrency=div(q.infer_concurrency), connections=div(q.connections))
+
+        return Quotas(default=part(self.default), tenants={t: part(q) for t, q in self.tenants.items()})
+
+    @property
+    def limits_inference(self) -> bool:
+        """Whether any row limits ``infer_rate`` or ``infer_concurrency``."""
+        return any(q.infer_rate is not None or q.infer_concurrency is not None
+                   for q in (self.default, *self.tenants.values()))
 
     @classmethod
     def from_mapping(cls, raw: Any, *, where: str = "quotas") -> Quotas:
@@ -297,3 +321,49 @@ class RateGate:
         wait_s = bucket.take()
         if wait_s > 0.0:
             raise QuotaExceededError.of(tenant, "infer_rate", int(bucket.rate_per_s), retry_after_s=wait_s)
+
+
+class InferGate:
+    """The per-tenant inference limits (``infer_rate`` with ``infer_burst``, and
+    ``infer_concurrency``), checked by the transports on a request's headers, before its body is
+    read or decoded.
+
+    Args:
+        quotas: the quotas this process enforces (a front end's :meth:`Quotas.share`).
+        clock: monotonic seconds (injected for tests).
+    """
+
+    def __init__(self, quotas: Quotas, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._rate = RateGate(quotas, clock=clock)
+        self._inflight = ConcurrencyGate(lambda t: quotas.for_tenant(t).infer_concurrency, "infer_concurrency")
+
+    @classmethod
+    def of(cls, quotas: Quotas | None, *, share: int = 1) -> InferGate | None:
+        """The gate of ``quotas`` (``share``: :meth:`Quotas.share`), or ``None`` when nothing
+        limits inference (the transports then skip the check)."""
+        if quotas is None or not quotas.limits_inference:
+            return None
+        return cls(quotas.share(share))
+
+    def enter(self, tenant: str) -> None:
+        """Admit one request of ``tenant``; :meth:`leave` when it is answered.
+
+        Raises:
+            QuotaExceededError: over ``infer_rate`` (``retry_after_s``: until the next token) or
+                at ``infer_concurrency``.
+        """
+        self._rate.take(tenant)
+        self._inflight.try_acquire(tenant)
+
+    def leave(self, tenant: str) -> None:
+        """A request :meth:`enter` admitted is answered."""
+        self._inflight.release(tenant)
+
+    @contextmanager
+    def held(self, tenant: str) -> Iterator[None]:
+        """:meth:`enter` on entry (raising as it does), :meth:`leave` on exit."""
+        self.enter(tenant)
+        try:
+            yield
+        finally:
+            self.leave(tenant)

@@ -40,6 +40,7 @@ from frameserve.errors import ModelNotFoundError, ModelNotReadyError, PayloadToo
 from frameserve.protocol._core import Outputs
 from frameserve.request import InferRequest
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.security.quotas import InferGate, Quotas
 from frameserve.security.tokens import TokenTable
 from frameserve.server import _channel as ch
 from frameserve.shm import SharedMemoryUse, ShmLocation, client_shm_disabled
@@ -63,6 +64,8 @@ class FrontendConfig:
         tls_cert_file, tls_key_file, tls: the certificate files (uvicorn) and the
             ``(key, chain)`` PEM bytes (gRPC), or ``None``.
         allow_client_shm: whether tensors in client shared-memory regions are served.
+        quotas: this front end's part of the tenants' inference quotas (``Quotas.share`` over
+            the front ends: connections spread over them, each counts its own), ``None``: none.
         graceful_timeout_s: how long in-flight requests get when it stops.
         log_level: the ``logging`` level.
     """
@@ -79,6 +82,7 @@ class FrontendConfig:
     tls_key_file: Path | None = None
     tls: tuple[bytes, bytes] | None = None
     allow_client_shm: bool = False
+    quotas: Quotas | None = None
     graceful_timeout_s: float | None = 30.0
     log_level: int = logging.WARNING
 
@@ -502,12 +506,13 @@ async def _serve(config: FrontendConfig, sock: socket.socket, block: ch.SharedBl
     channel = OwnerChannel(block)
     await loop.connect_accepted_socket(lambda: channel, sock=sock)
     regions = DeferredRegions(channel, config.allow_client_shm)
+    infer_gate = InferGate.of(config.quotas)  # one for HTTP and gRPC: the quotas count both
     tasks: list[asyncio.Task[Any]] = []
     uv: uvicorn.Server | None = None
     grpc_server: Any = None
     if config.http is not None:
         host, port = config.http
-        fast = InferFastPath(channel, config.max_body_bytes, config.limits, regions)
+        fast = InferFastPath(channel, config.max_body_bytes, config.limits, regions, gate=infer_gate)
         gate = HttpGate(config.tokens, auth_health=config.auth_health, loopback_hosts_only=config.loopback_hosts_only)
         app = InferFirst(HttpForwarder(channel, config.max_body_bytes), gate=gate, fast=fast, takes=channel.knows,
                          gate_all=False)
@@ -523,7 +528,7 @@ async def _serve(config: FrontendConfig, sock: socket.socket, block: ch.SharedBl
         grpc_server, _ = create_frontend_server(
             channel, channel.knows, channel.forward_grpc, f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
             max_message_bytes=config.max_body_bytes, tokens=config.tokens, auth_health=config.auth_health,
-            tls=config.tls, limits=config.limits, shared_memory=regions,
+            tls=config.tls, limits=config.limits, shared_memory=regions, infer_gate=infer_gate,
         )
         await grpc_server.start()
     while uv is not None and not uv.started:

@@ -54,7 +54,7 @@ from frameserve.protocol.http import (
 )
 from frameserve.security.auth import is_loopback
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
-from frameserve.security.quotas import Quotas
+from frameserve.security.quotas import InferGate, Quotas
 from frameserve.security.tokens import TokenTable
 from frameserve.server._channel import DEFAULT_ARENA_BYTES
 from frameserve.server._frontend import FrontendConfig
@@ -467,7 +467,7 @@ class Server:
                 routers=opts.http_routers, model_control_mode=opts.model_control_mode,
                 tokens=opts.tokens, auth_health=opts.auth_health, limits=opts.limits,
                 loopback_hosts_only=opts.tokens is None and is_loopback(opts.host_for("http")),
-                shared_memory=self.shared_memory,
+                shared_memory=self.shared_memory, infer_gate=InferGate.of(opts.quotas),
             )
         if "http" in self._sockets:
             apps["http"] = http_app
@@ -521,7 +521,7 @@ class Server:
         if "grpc" in self._reserved:
             servicer = GrpcInferenceServicer(
                 self.service, model_control_mode=opts.model_control_mode, limits=opts.limits,
-                shared_memory=self.shared_memory, tokens=opts.tokens,
+                shared_memory=self.shared_memory, tokens=opts.tokens, infer_gate=InferGate.of(opts.quotas),
             )
             health = HealthServicer(servicer)
         n_http = opts.http_workers if "http" in self._reserved else 0
@@ -536,6 +536,7 @@ class Server:
                 tls_cert_file=opts.tls_cert_file, tls_key_file=opts.tls_key_file, tls=self._tls,
                 allow_client_shm=opts.allow_client_shm, graceful_timeout_s=opts.graceful_timeout_s,
                 log_level=logging.getLogger().getEffectiveLevel(),
+                quotas=opts.quotas.share(opts.workers) if opts.quotas.limits_inference else None,
             )
             for i in range(opts.workers)
         ]
@@ -573,7 +574,7 @@ class Server:
             self.service, address, model_control_mode=opts.model_control_mode, tokens=opts.tokens,
             auth_health=opts.auth_health, tls=self._tls, limits=opts.limits,
             max_message_bytes=opts.max_body_bytes, shared_memory=self.shared_memory,
-            cpus=_grpc_cpus(opts.grpc_cpus),
+            cpus=_grpc_cpus(opts.grpc_cpus), infer_gate=InferGate.of(opts.quotas),
         )
         server.start()
         self._ports["grpc"] = bound_port(server)

@@ -16,6 +16,7 @@ front ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, 
 from frameserve.protocol.grpc._server import SERVICE_NAME, message_classes, method_handlers
 from frameserve.protocol.grpc._servicer import status_of
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.security.quotas import InferGate
 from frameserve.security.tokens import TokenTable
 
 __all__ = ["RpcStatus", "call_unary", "create_frontend_server"]
@@ -103,8 +105,10 @@ class _FrontServicer:
     def __init__(
         self, core: InferCore, knows: Callable[[str, str], bool], forward: Forward, limits: TensorLimits,
         shared_memory: RegionSource | None, tokens: TokenTable | None = None,
+        infer_gate: InferGate | None = None,
     ) -> None:
         self.tokens = tokens
+        self.infer_gate = infer_gate
         self.core = core
         self.knows = knows
         self.forward = forward
@@ -112,20 +116,25 @@ class _FrontServicer:
         self.shared_memory = shared_memory
 
     def _tenant(self, context: Any) -> str:
-        """Whose client shared-memory regions the call may name."""
-        if self.shared_memory is None:
+        """Whose client shared-memory regions the call may name, whose quotas it counts against."""
+        if self.shared_memory is None and self.infer_gate is None:
             return ""
         return principal_of(self.tokens, context.invocation_metadata()).name
 
+    def _admitted(self, tenant: str) -> contextlib.AbstractContextManager[None]:
+        return self.infer_gate.held(tenant) if self.infer_gate is not None else contextlib.nullcontext()
+
     async def ModelInferRaw(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
-            request, raws = parse_infer_request(data)
-            if not self.knows(request.model_name, request.model_version):
-                return await self.forward(_MODEL_INFER, data)
-            return await infer(
-                self.core, request, self.limits, self.shared_memory, raw_contents=raws,
-                encode=encode_infer_response_bytes, tenant=self._tenant(context),
-            )
+            tenant = self._tenant(context)
+            with self._admitted(tenant):
+                request, raws = parse_infer_request(data)
+                if not self.knows(request.model_name, request.model_version):
+                    return await self.forward(_MODEL_INFER, data)
+                return await infer(
+                    self.core, request, self.limits, self.shared_memory, raw_contents=raws,
+                    encode=encode_infer_response_bytes, tenant=tenant,
+                )
         except RpcStatus as exc:
             await context.abort(grpc.StatusCode[exc.code], exc.details)
         except Exception as exc:  # noqa: BLE001 - every error becomes a status
@@ -139,10 +148,12 @@ class _FrontServicer:
         async for request in request_iterator:
             try:
                 if self.knows(request.model_name, request.model_version):
-                    response = await infer(
-                        self.core, request, self.limits, self.shared_memory, encode=encode_infer_response,
-                        tenant=self._tenant(context),
-                    )
+                    tenant = self._tenant(context)
+                    with self._admitted(tenant):
+                        response = await infer(
+                            self.core, request, self.limits, self.shared_memory, encode=encode_infer_response,
+                            tenant=tenant,
+                        )
                 else:
                     response = pb.ModelInferResponse.FromString(
                         await self.forward(_MODEL_INFER, request.SerializeToString())
@@ -213,6 +224,7 @@ def create_frontend_server(
     tls: tuple[bytes, bytes] | None = None,
     limits: TensorLimits = DEFAULT_LIMITS,
     shared_memory: RegionSource | None = None,
+    infer_gate: InferGate | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A front end's gRPC server (not started) on ``address``, sharing the port with the other
     front ends (``grpc.so_reuseport``); returns it and the bound port.
@@ -226,6 +238,7 @@ def create_frontend_server(
         max_message_bytes, tokens, auth_health, tls, limits: as
             :func:`~frameserve.protocol.grpc.create_server`.
         shared_memory: the front end's stand-in for the owner's region registry.
+        infer_gate: this front end's part of the tenants' inference quotas (``None``: none).
 
     Raises:
         RuntimeError: the address cannot be bound.
@@ -239,7 +252,7 @@ def create_frontend_server(
             ("grpc.so_reuseport", 1),
         ],
     )
-    front = _FrontServicer(core, knows, forward, limits, shared_memory, tokens)
+    front = _FrontServicer(core, knows, forward, limits, shared_memory, tokens, infer_gate)
     inference = method_handlers(
         SERVICE_NAME, _HandOn(front, SERVICE_NAME), raw_all=True,
         raw={"ModelInfer": front.ModelInferRaw}, streaming={"ModelStreamInfer": front.ModelStreamInfer},

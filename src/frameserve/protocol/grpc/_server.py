@@ -16,6 +16,7 @@ from frameserve.protocol.grpc._auth import ThreadedTokenInterceptor
 from frameserve.protocol.grpc._servicer import GrpcInferenceServicer
 from frameserve.protocol.grpc._threaded import DEFAULT_THREADS, ThreadedGrpcServer, threaded_handlers
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.security.quotas import InferGate
 from frameserve.security.tokens import TokenTable
 from frameserve.service import InferenceService
 from frameserve.shm import SharedMemoryRegistry
@@ -96,6 +97,7 @@ def create_server(
     shared_memory: SharedMemoryRegistry | None = None,
     threads: int = DEFAULT_THREADS,
     cpus: frozenset[int] | None = None,
+    infer_gate: InferGate | None = None,
 ) -> ThreadedGrpcServer:
     """Build (not start) the gRPC server for ``service`` listening on ``address``: a thread-pool
     ``grpc.server`` (:mod:`frameserve.protocol.grpc._threaded` says why not ``grpc.aio``).
@@ -121,6 +123,8 @@ def create_server(
         cpus: keep the threads that run the server's Python code on these CPUs
             (:func:`~frameserve.protocol.grpc._threaded.resolve_cpus`, ``serve --grpc-cpus``);
             ``None`` (default): no pinning.
+        infer_gate: the tenants' ``infer_rate`` / ``infer_concurrency`` quotas
+            (``RESOURCE_EXHAUSTED`` over them); ``None``: none.
 
     Raises:
         ValueError: ``max_message_bytes`` or ``threads`` < 1.
@@ -141,7 +145,8 @@ def create_server(
         ],
     )
     servicer = GrpcInferenceServicer(
-        service, model_control_mode=model_control_mode, limits=limits, shared_memory=shared_memory, tokens=tokens
+        service, model_control_mode=model_control_mode, limits=limits, shared_memory=shared_memory, tokens=tokens,
+        infer_gate=infer_gate,
     )
     loop = asyncio.new_event_loop()
     handlers = threaded_handlers(servicer, HealthServicer(servicer), loop)

@@ -8,6 +8,7 @@ exception with INTERNAL and ``"<type>: <message>"``. No error stops the server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,6 +27,7 @@ from frameserve.protocol.grpc._codec import encode_infer_response, parameter_val
 from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request
 from frameserve.repository import config_override
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.security.quotas import InferGate
 from frameserve.security.tokens import Principal, TokenTable
 from frameserve.service import InferenceService
 from frameserve.shm import EXTENSION as SHM_EXTENSION
@@ -96,7 +98,9 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         limits: TensorLimits = DEFAULT_LIMITS,
         shared_memory: SharedMemoryRegistry | None = None,
         tokens: TokenTable | None = None,
+        infer_gate: InferGate | None = None,
     ) -> None:
+        self.infer_gate = infer_gate
         self.service = service
         self.model_control_mode = model_control_mode
         self.limits = limits
@@ -108,8 +112,14 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return principal_of(self.tokens, context.invocation_metadata())
 
     def tenant_of(self, context: Any) -> str:
-        """The tenant whose shared-memory regions a call may name (``""`` without regions)."""
-        return self.principal(context).name if self.shared_memory is not None else ""
+        """The tenant of a call: whose shared-memory regions it may name, whose inference quotas
+        it counts against (``""`` when neither matters)."""
+        return self.principal(context).name if self.shared_memory is not None or self.infer_gate else ""
+
+    def admitted(self, tenant: str) -> contextlib.AbstractContextManager[None]:
+        """Holds one of ``tenant``'s inference quotas while a call runs (raises
+        :class:`~frameserve.errors.QuotaExceededError`, ``RESOURCE_EXHAUSTED``, over them)."""
+        return self.infer_gate.held(tenant) if self.infer_gate is not None else contextlib.nullcontext()
 
     # -- health ------------------------------------------------------------------------------
 
@@ -169,8 +179,10 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- inference ---------------------------------------------------------------------------
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        return await infer(self.service, request, self.limits, self.shared_memory, encode=encode_infer_response,
-                           tenant=self.tenant_of(context))
+        tenant = self.tenant_of(context)
+        with self.admitted(tenant):
+            return await infer(self.service, request, self.limits, self.shared_memory,
+                               encode=encode_infer_response, tenant=tenant)
 
     @_handled
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
@@ -181,11 +193,13 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """``ModelInfer`` as the server registers it: the request's bytes in, the response's
         bytes out (:mod:`frameserve.protocol.grpc._infer`: large raw contents are never copied
         out of the message)."""
-        request, raws = parse_infer_request(data)
-        return await infer(
-            self.service, request, self.limits, self.shared_memory, raw_contents=raws,
-            encode=encode_infer_response_bytes, tenant=self.tenant_of(context),
-        )
+        tenant = self.tenant_of(context)
+        with self.admitted(tenant):
+            request, raws = parse_infer_request(data)
+            return await infer(
+                self.service, request, self.limits, self.shared_memory, raw_contents=raws,
+                encode=encode_infer_response_bytes, tenant=tenant,
+            )
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext

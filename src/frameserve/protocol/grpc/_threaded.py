@@ -149,10 +149,11 @@ class _Handlers:
     def ModelInferRaw(self, data: bytes, context: grpc.ServicerContext) -> bytes:
         s = self.servicer
         try:
-            request, raws = parse_infer_request(data)
-            out: bytes = infer_blocking(s.service, request, s.limits, s.shared_memory, self.working, context,
-                                        raw_contents=raws, encode=encode_infer_response_bytes,
-                                        tenant=s.tenant_of(context))
+            tenant = s.tenant_of(context)
+            with s.admitted(tenant):
+                request, raws = parse_infer_request(data)
+                out: bytes = infer_blocking(s.service, request, s.limits, s.shared_memory, self.working, context,
+                                            raw_contents=raws, encode=encode_infer_response_bytes, tenant=tenant)
             return out
         except Exception as exc:  # noqa: BLE001 - every error becomes a status
             _abort(context, exc, "ModelInfer")
@@ -164,8 +165,10 @@ class _Handlers:
         s = self.servicer
         for request in requests:
             try:
-                response = infer_blocking(s.service, request, s.limits, s.shared_memory, self.working, context,
-                                          tenant=s.tenant_of(context))
+                tenant = s.tenant_of(context)
+                with s.admitted(tenant):
+                    response = infer_blocking(s.service, request, s.limits, s.shared_memory, self.working, context,
+                                              tenant=tenant)
             except Exception as exc:  # noqa: BLE001 - reported in the stream, as Triton does
                 yield pb.ModelStreamInferResponse(
                     error_message=status_of(exc)[1],

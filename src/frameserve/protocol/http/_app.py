@@ -60,6 +60,7 @@ from frameserve.protocol.http._infer import version_of as _version
 from frameserve.protocol.http._shm import shared_memory_routes
 from frameserve.repository import config_override
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.security.quotas import InferGate
 from frameserve.security.tokens import TokenTable
 from frameserve.service import InferenceService
 from frameserve.shm import EXTENSION as SHM_EXTENSION
@@ -131,6 +132,7 @@ def create_app(
     limits: TensorLimits = DEFAULT_LIMITS,
     shared_memory: SharedMemoryRegistry | None = None,
     loopback_hosts_only: bool = False,
+    infer_gate: InferGate | None = None,
 ) -> FastAPI:
     """Build the v2 HTTP application over ``service``.
 
@@ -149,6 +151,8 @@ def create_app(
         limits: caps on the JSON size, declared shapes and BYTES elements of inference requests.
         loopback_hosts_only: answer only requests whose ``Host`` names this machine (a server
             without tokens on a loopback address: the DNS-rebinding defence).
+        infer_gate: the per-tenant ``infer_rate`` / ``infer_concurrency`` quotas, checked on an
+            inference request's headers before its body is read (``None``: no such limits).
         shared_memory: the server's registry of client system shared-memory regions (shared
             with the gRPC servicer): the ``/v2/systemsharedmemory`` routes and tensors in
             regions; ``None``: both are refused (Triton's ``--allow-client-shm=false``).
@@ -216,7 +220,8 @@ def create_app(
 
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         route(prefix + "/infer", "POST")(infer)
-    app.infer_fast_path = InferFastPath(service, max_body_bytes, limits, shared_memory, batching=service)
+    app.infer_fast_path = InferFastPath(service, max_body_bytes, limits, shared_memory, batching=service,
+                                        gate=infer_gate)
 
     # -- health and metadata -----------------------------------------------------------------
 

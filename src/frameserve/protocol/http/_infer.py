@@ -28,12 +28,14 @@ from frameserve.errors import (
     ModelNotFoundError,
     ModelNotReadyError,
     PayloadTooLargeError,
+    QuotaExceededError,
 )
 from frameserve.protocol import RUN_HERE_UNDER_US
 from frameserve.protocol._core import BatchingCore, InferCore, LoopBatcher, RegionSource, outputs_of
 from frameserve.protocol.http import codec
 from frameserve.protocol.http._auth import HttpGate, principal_of
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.security.quotas import InferGate
 from frameserve.shm import SharedMemoryUse
 
 __all__ = ["INFER_PATH", "InferFastPath", "InferHeaders", "infer", "read_limited", "version_of"]
@@ -263,7 +265,8 @@ def _costly(body: bytes, header_length: int | None) -> bool:
 
 
 def _error_answer(exc: FrameserveError) -> Answer:
-    return exc.http_status, [_JSON], [codec.error_body(exc.message)]
+    headers = [_JSON, *((k.lower().encode(), v.encode()) for k, v in exc.http_headers.items())]
+    return exc.http_status, headers, [codec.error_body(exc.message)]
 
 
 class InferFastPath:
@@ -278,6 +281,8 @@ class InferFastPath:
         batching: the service itself (:class:`~frameserve.protocol._core.BatchingCore`): the
             requests of one loop iteration go to it together (:class:`LoopBatcher`); ``None``
             (a front end's channel): one by one, the owner batches.
+        gate: the tenants' inference quotas, checked on the headers, before the body is read:
+            429 with ``Retry-After`` over them (``None``: none).
     """
 
     def __init__(
@@ -287,14 +292,32 @@ class InferFastPath:
         limits: TensorLimits = DEFAULT_LIMITS,
         shared_memory: RegionSource | None = None,
         batching: BatchingCore | None = None,
+        gate: InferGate | None = None,
     ) -> None:
         self.core = core
         self.max_body_bytes = max_body_bytes
         self.limits = limits
         self.shared_memory = shared_memory
         self.batcher = LoopBatcher(batching, RUN_HERE_UNDER_US) if batching is not None else None
+        self.gate = gate
 
     async def __call__(self, match: re.Match[str], scope: Any, receive: Any, send: Any) -> None:
+        gate = self.gate
+        if gate is None:
+            await self._answer(match, scope, receive, send)
+            return
+        tenant = principal_of(scope).name
+        try:
+            gate.enter(tenant)
+        except QuotaExceededError as exc:  # refused on the headers: the body is never read
+            await send_answer(send, *_error_answer(exc))
+            return
+        try:
+            await self._answer(match, scope, receive, send)
+        finally:
+            gate.leave(tenant)
+
+    async def _answer(self, match: re.Match[str], scope: Any, receive: Any, send: Any) -> None:
         headers = InferHeaders.of(scope["headers"])
         try:
             status, out_headers, parts = await infer(
