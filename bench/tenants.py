@@ -335,7 +335,7 @@ def part_b(args: argparse.Namespace, rows: list[tuple[str, float, str, bool]]) -
     tokens.write_text(f"{good} infer,jobs good\n{bad} infer,jobs bad\n{admin} admin ops\n")
     quotas = tmp / "quotas.yaml"
     quotas.write_text("default:\n  infer_rate: 100\n  infer_concurrency: 8\n  analyze_concurrency: 1\n"
-                      "  connections: 32\ntenants:\n  good:\n    infer_rate: 1000\n")
+                      "tenants:\n  good:\n    infer_rate: 1000\n")
     try:
         for workers in (1, 2):
             base_h, base_i, ab_h, ab_i = [], [], [], []

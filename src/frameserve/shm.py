@@ -115,26 +115,30 @@ _OWN_INODES: set[tuple[int, int]] = set()
 _OWN_LOCK = threading.Lock()
 
 
+def _inode(name: str, root: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(os.path.join(root, name.removeprefix("/")), follow_symlinks=False)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
 def mark_own(name: str, *, root: str = SHM_ROOT) -> None:
     """Record the POSIX shared-memory object ``name`` (``/name`` or ``name``) as one of this
     process's own (created or attached by frameserve): it can never be registered as a client
     region, whatever name it is given later. An object that is gone already is ignored."""
-    try:
-        info = os.stat(os.path.join(root, name.removeprefix("/")), follow_symlinks=False)
-    except OSError:
-        return
-    with _OWN_LOCK:
-        _OWN_INODES.add((info.st_dev, info.st_ino))
+    inode = _inode(name, root)
+    if inode is not None:
+        with _OWN_LOCK:
+            _OWN_INODES.add(inode)
 
 
 def forget_own(name: str, *, root: str = SHM_ROOT) -> None:
     """Undo :func:`mark_own` before the object ``name`` is unlinked (its inode may be reused)."""
-    try:
-        info = os.stat(os.path.join(root, name.removeprefix("/")), follow_symlinks=False)
-    except OSError:
-        return
-    with _OWN_LOCK:
-        _OWN_INODES.discard((info.st_dev, info.st_ino))
+    inode = _inode(name, root)
+    if inode is not None:
+        with _OWN_LOCK:
+            _OWN_INODES.discard(inode)
 
 
 def _is_own(info: os.stat_result) -> bool:

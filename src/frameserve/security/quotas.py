@@ -10,7 +10,6 @@ tenant, and per-tenant rows under ``tenants`` that override single fields of it:
       infer_rate: 200            # v2 inference requests per second (token bucket refill) ...
       infer_burst: 400           # ... and the bucket's size (default: one second of infer_rate)
       infer_concurrency: 32      # v2 inference requests in flight at once
-      connections: 64            # open HTTP connections that authenticated as the tenant
     tenants:
       batch-team:
         queued_jobs: 100000
@@ -73,7 +72,6 @@ class TenantQuota:
         infer_burst: the bucket's size, in requests (``None``: ``max(1, infer_rate)``, one
             second's worth).
         infer_concurrency: most v2 inference requests of the tenant in flight at once.
-        connections: most open HTTP connections that authenticated as the tenant.
     """
 
     queued_jobs: int | None = 10_000
@@ -82,7 +80,6 @@ class TenantQuota:
     infer_rate: int | None = None
     infer_burst: int | None = None
     infer_concurrency: int | None = None
-    connections: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -137,7 +134,7 @@ class Quotas:
     def share(self, n: int) -> Quotas:
         """The part of these quotas one of ``n`` processes enforces on its own (``serve
         --http-workers N`` front ends each count the requests they receive): ``infer_rate``,
-        ``infer_burst``, ``infer_concurrency`` and ``connections`` divided by ``n``, rounded up;
+        ``infer_burst`` and ``infer_concurrency`` divided by ``n``, rounded up;
         the job limits (counted in the database) unchanged."""
         if n <= 1:
             return self
@@ -146,7 +143,7 @@ class Quotas:
             def div(v: int | None) -> int | None:
                 return None if v is None else max(1, math.ceil(v / n))
             return replace(q, infer_rate=div(q.infer_rate), infer_burst=div(q.infer_burst),
-                           infer_concurrency=div(q.infer_concurrency), connections=div(q.connections))
+                           infer_concurrency=div(q.infer_concurrency))
 
         return Quotas(default=part(self.default), tenants={t: part(q) for t, q in self.tenants.items()})
 
@@ -235,7 +232,7 @@ class TokenBucket:
 
 
 class ConcurrencyGate:
-    """Per-tenant counters of things held at once (requests in flight, connections, slots).
+    """Per-tenant counters of things held at once (requests in flight, slots).
 
     Args:
         limit_of: the limit of a tenant (``None``: no limit), e.g.
