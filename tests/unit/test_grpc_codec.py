@@ -278,3 +278,24 @@ def test_fuzz_decoder_on_arbitrary_wire_bytes(data: bytes) -> None:
         decode_infer_request(request)
     except FrameserveError:
         pass
+
+
+def test_grpc_decoding_goes_off_the_loop_by_the_work() -> None:
+    """Many small inputs add up (each checked on its own), and so do typed contents over all
+    inputs; one small raw tensor stays on the loop."""
+    from frameserve._proto import grpc_service_pb2 as pb_
+    from frameserve.protocol.grpc._infer import OFFLOAD_ELEMENTS, _costly
+
+    many = pb_.ModelInferRequest(model_name="m")
+    for i in range(65):
+        t = many.inputs.add(name=f"i{i}", datatype="FP32")
+        t.shape.append(1)
+    assert _costly(many)
+    split = pb_.ModelInferRequest(model_name="m")
+    for i in range(2):
+        t = split.inputs.add(name=f"i{i}", datatype="FP32")
+        t.shape.append(OFFLOAD_ELEMENTS // 2 + 1)
+    assert _costly(split)
+    small = pb_.ModelInferRequest(model_name="m", raw_input_contents=[b"\0" * 64])
+    small.inputs.add(name="a", datatype="FP32").shape.extend([1, 16])
+    assert not _costly(small)

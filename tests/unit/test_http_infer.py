@@ -57,3 +57,20 @@ def test_answers_are_written_whole_or_in_their_own_parts(sizes: list[int]) -> No
         assert all(m["body"] is p for m, p in zip(bodies, parts, strict=True))
     else:
         assert len(bodies) == 1
+
+
+def test_decoding_goes_off_the_loop_by_the_work_not_the_size() -> None:
+    """262,144 empty strings are 768 KiB of JSON (under the 1 MiB size bound) but a Python
+    object each: decoded off the event loop; a small request stays on it."""
+    import orjson
+
+    from frameserve.protocol.http._infer import _costly
+
+    n = 1 << 18
+    worst = orjson.dumps({"inputs": [{"name": "text", "shape": [n, 1], "datatype": "BYTES", "data": [""] * n}]})
+    assert len(worst) < 1 << 20 and _costly(worst, None)
+    many_numbers = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 30000], "datatype": "FP32",
+                                             "data": [0] * 30000}]})
+    assert len(many_numbers) < 1 << 20 and _costly(many_numbers, None)
+    small = orjson.dumps({"inputs": [{"name": "a", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}]})
+    assert not _costly(small, None)

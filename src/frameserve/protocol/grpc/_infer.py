@@ -42,18 +42,29 @@ _RAW_INPUT_FIELD = 7  # ModelInferRequest.raw_input_contents
 _RAW_OUTPUT_KEY = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_contents, length-delimited
 
 
+_OFFLOAD_TENSORS = 64  # requests with more inputs and outputs than this: the per-tensor work adds up
+
+
 def _costly(request: pb.ModelInferRequest) -> bool:
-    """Whether decoding ``request`` takes long enough to stall the event loop: BYTES inputs of
-    many elements (a Python object each) or large typed ``contents`` lists (raw fixed-size
-    tensors are zero-copy views and never are)."""
+    """Whether decoding ``request`` takes long enough to stall the event loop, judged by the work
+    it makes: BYTES inputs (a Python object per element), typed ``contents`` of more than
+    :data:`OFFLOAD_ELEMENTS` elements over all inputs, or more than 64 inputs and outputs (each
+    checked and converted on its own); raw fixed-size tensors are zero-copy views and cost
+    nothing per element."""
+    if len(request.inputs) + len(request.outputs) > _OFFLOAD_TENSORS:
+        return True
     raw = bool(request.raw_input_contents)
+    total = 0
     for tensor in request.inputs:
         if tensor.datatype == "BYTES":  # its size is not known without copying it out of the message
             return True
+        if raw:
+            continue
         count = 1
         for d in tensor.shape:
             count *= max(int(d), 0)
-        if not raw and count > OFFLOAD_ELEMENTS:
+        total += count
+        if total > OFFLOAD_ELEMENTS:
             return True
     return False
 

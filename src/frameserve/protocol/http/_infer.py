@@ -46,6 +46,7 @@ INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]*))?/infer")
 """The inference route: group 1 the model, group 2 the version (``None`` when absent)."""
 
 _OFFLOAD_BYTES = 1 << 20  # decode/encode bodies larger than this off the event loop
+_OFFLOAD_VALUES = 1 << 14  # ... and JSON with more values than this (each a Python object to build)
 _OFFLOAD_BYTES_BINARY = 64 << 10  # ... and BYTES binary data larger than this
 _SPLIT_BYTES = 64 << 10  # binary outputs larger than this are written as parts of their own
 _JSON = (b"content-type", b"application/json")
@@ -250,12 +251,15 @@ async def _infer_with(
 
 
 def _costly(body: bytes, header_length: int | None) -> bool:
-    """Whether decoding ``body`` may stall the event loop: a JSON part over 1 MiB, or binary
-    data beside a header that declares BYTES tensors (a Python object per element); fixed-size
-    binary tensors are zero-copy views and never are. BYTES tensors in a shared-memory region
-    (their size is not in the body) always are."""
+    """Whether decoding ``body`` may stall the event loop, judged by the work it makes rather
+    than its size alone: a JSON part over 1 MiB, or one of more than 16,384 values (counted as
+    its commas: 262,144 empty strings are 768 KiB of JSON but 109 ms of parsing and a Python
+    object each), or binary data beside a header that declares BYTES tensors (a Python object per
+    element); fixed-size binary tensors are zero-copy views and never are. BYTES tensors in a
+    shared-memory region (their size is not in the body) always are. The count is one scan in C
+    (``bytes.count``), microseconds for the bodies that stay on the loop."""
     end = len(body) if header_length is None else header_length
-    if end > _OFFLOAD_BYTES:
+    if end > _OFFLOAD_BYTES or body.count(b",", 0, end) > _OFFLOAD_VALUES:
         return True
     if body.find(b'"BYTES"', 0, end) < 0:
         return False
