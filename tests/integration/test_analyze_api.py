@@ -149,3 +149,33 @@ def test_a_busy_server_answers_429_and_serves_again_after(env: Env) -> None:
         env.analyzer.release()
     listed = httpx.get(f"{env.base}/v1/pipelines", timeout=10)
     assert listed.status_code == 200 and "brightness" in [p["name"] for p in listed.json()]
+
+
+def test_a_slow_upload_holds_no_slot(env: Env) -> None:
+    """The one slot is taken once the clip is in: while an upload is half sent (and within its
+    body deadline), another request is analysed; then the slow one finishes and is analysed too."""
+    clip = env.clip.read_bytes()
+    half = len(clip) // 2
+    with socket.create_connection(("127.0.0.1", env.port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/analyze?pipeline=brightness HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: video/mp4\r\n"
+                     + f"Content-Length: {len(clip)}\r\nConnection: close\r\n\r\n".encode() + clip[:half])
+        other = env.post(files={"file": ("clip.mp4", clip, "video/mp4")}, data={"pipeline": "brightness"})
+        assert other.status_code == 200, other.text
+        sock.sendall(clip[half:])
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["frames"] == other.json()["frames"]
+
+
+def test_a_busy_server_refuses_before_reading_the_body(env: Env) -> None:
+    env.analyzer.acquire()
+    try:
+        with socket.create_connection(("127.0.0.1", env.port), timeout=60) as sock:  # a promise, no body sent
+            sock.sendall(b"POST /v1/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: video/mp4\r\n"
+                         b"Content-Length: 150000\r\n\r\n")
+            head = sock.recv(65536).decode("latin-1")
+        assert head.startswith("HTTP/1.1 429"), head
+    finally:
+        env.analyzer.release()

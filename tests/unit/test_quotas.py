@@ -116,3 +116,30 @@ def test_quota_error_is_a_429_with_retry_after() -> None:
     assert status_for(err.code) == (429, "RESOURCE_EXHAUSTED")
     assert retry_after_header(err.retry_after_s) == "1" and retry_after_header(2.1) == "3"
     assert "one tenant" in err.message
+
+
+def test_connections_quota_counts_per_tenant_and_moves_with_the_tenant() -> None:
+    from frameserve.protocol.http._wire import Connection
+    from frameserve.security.quotas import connection_gate
+
+    assert DEFAULT_QUOTA.connections == 256 and Quotas.load(EXAMPLE).for_tenant("free-tier").connections == 8
+    q = Quotas.from_mapping({"default": {"connections": 2}, "tenants": {"free": {"connections": 1}}})
+    assert q.share(2).default.connections == 1 and q.share(3).for_tenant("free").connections == 1
+    assert connection_gate(Quotas.from_mapping({"default": {"connections": None}})) is None
+    gate = connection_gate(q)
+    assert gate is not None
+    first, second, third = Connection(gate), Connection(gate), Connection(gate)
+    first.claim("free")
+    first.claim("free")  # the same connection's next request: still one
+    with pytest.raises(QuotaExceededError, match="connections=1"):
+        second.claim("free")
+    second.claim("paid")
+    third.claim("paid")
+    with pytest.raises(QuotaExceededError, match="connections=2"):
+        Connection(gate).claim("paid")
+    first.claim("other")  # a connection moves to the tenant that last used it
+    second.claim("free")
+    assert gate.held("free") == 1 and gate.held("paid") == 1 and gate.held("other") == 1
+    for c in (first, second, third):
+        c.close()
+    assert gate.held("free") == gate.held("paid") == gate.held("other") == 0

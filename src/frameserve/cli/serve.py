@@ -30,13 +30,15 @@ import typer
 
 from frameserve.cli._common import exit_on_error
 from frameserve.security.auth import is_loopback
-from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 
 if TYPE_CHECKING:
     from frameserve.security import TokenTable
     from frameserve.security.quotas import Quotas
 
 __all__ = ["register", "serve_command"]
+
+_MULTIPART_SLACK_BYTES = 64 * 1024  # a multipart/form-data body's boundaries and small fields beside the clip
 
 
 def _say(line: str) -> None:
@@ -71,6 +73,10 @@ def serve_command(
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="Intra-op threads per model instance (default: the CPUs shared among all instances).")] = None,
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1, help="Largest request body (HTTP, /v1/jobs included) and gRPC message in bytes (413 / RESOURCE_EXHAUSTED beyond).")] = 256 * 1024 * 1024,
     max_json_bytes: Annotated[int, typer.Option("--max-json-bytes", min=1, help="Largest JSON part of an inference request in bytes (413 beyond; send large tensors as binary data).")] = DEFAULT_LIMITS.max_json_bytes,
+    header_timeout_s: Annotated[float, typer.Option("--header-timeout-s", min=0.001, help="Longest time an HTTP client may take to send a request's head (from the connection's opening, or a kept-alive request's first byte), seconds; the connection is closed beyond.")] = DEFAULT_DEADLINES.header_timeout_s,
+    body_timeout_s: Annotated[float, typer.Option("--body-timeout-s", min=0.001, help="Longest wait for an HTTP request body's first byte, seconds; each --body-min-rate bytes received add one second (Apache mod_reqtimeout's body=,MinRate=).")] = DEFAULT_DEADLINES.body_timeout_s,
+    body_min_rate: Annotated[int, typer.Option("--body-min-rate", min=1, help="Bytes per second an HTTP request body must keep up, on average, after --body-timeout-s.")] = DEFAULT_DEADLINES.body_min_rate,
+    keep_alive_timeout_s: Annotated[float, typer.Option("--keep-alive-timeout-s", min=0.001, help="Longest idle time of a kept-alive HTTP connection, seconds (also gRPC's max connection idle).")] = DEFAULT_DEADLINES.keep_alive_timeout_s,
     max_tensor_elements: Annotated[int, typer.Option("--max-tensor-elements", min=1, help="Most elements (and largest dimension) an input tensor's shape may declare (400 beyond).")] = DEFAULT_LIMITS.max_tensor_elements,
     max_bytes_elements: Annotated[int, typer.Option("--max-bytes-elements", min=1, help="Most BYTES elements in one inference request, all inputs together (400 beyond).")] = DEFAULT_LIMITS.max_bytes_elements,
     max_bytes_data_bytes: Annotated[int, typer.Option("--max-bytes-data-bytes", min=1, help="Most bytes of BYTES data in one inference request, all inputs together (400 beyond).")] = DEFAULT_LIMITS.max_bytes_data_bytes,
@@ -143,6 +149,12 @@ def serve_command(
             grpc_workers=grpc_workers,
             grpc_cpus=grpc_cpus,
             quotas=tenant_quotas,
+            http_deadlines=HttpDeadlines(
+                header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s, body_min_rate=body_min_rate,
+                keep_alive_timeout_s=keep_alive_timeout_s,
+            ),
+            # a front end reads at most this much of a clip before the owner's route sees it
+            route_body_bytes=(("/v1/analyze", analyze_max_bytes + _MULTIPART_SLACK_BYTES),),
         )
         _check_startup_models(options.startup_models, repository.models())
         _check_exposure(options, allow_unauthenticated=allow_unauthenticated)

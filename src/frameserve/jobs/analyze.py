@@ -22,6 +22,12 @@ stream's duration, else the container's, as :class:`~frameserve.video.StreamInfo
 a pipeline whose code failed (the message names the hook and frames), 429 when
 ``concurrency`` clips are already being analysed.
 
+A slot is taken only once the clip is in: an upload is spooled to scratch (under the byte cap,
+at the connection's body deadline, :class:`~frameserve.security.limits.HttpDeadlines`) and a
+``source`` fetched before the request takes one of the ``concurrency`` slots, so a slow upload
+holds a connection, never a slot. Requests seen to be unable to get a slot are refused before
+their body is read; at most :attr:`AnalyzeLimits.spooling` uploads are read at once (429 beyond).
+
 Scratch: each request's clip lives in ``$FRAMESERVE_HOME/tmp/analyze-<pid>-.../`` (one folder per
 process, with an owner file: :mod:`frameserve.jobs._scratch`), removed when the request ends;
 the folders of dead processes are removed when an :class:`Analyzer` starts.
@@ -101,6 +107,11 @@ class AnalyzeLimits:
         concurrency: clips analysed at once; one more is refused with 429.
     """
 
+    @property
+    def spooling(self) -> int:
+        """Requests whose clip is being read (uploaded or fetched) at once: four per slot."""
+        return 4 * self.concurrency
+
     max_bytes: int = 64 * 1024 * 1024
     max_duration_s: float = 60.0
     concurrency: int = 2
@@ -160,6 +171,7 @@ class Analyzer:
         self.settings = settings
         self.limits = limits or AnalyzeLimits()
         self._slots = threading.BoundedSemaphore(self.limits.concurrency)
+        self._spooling = threading.BoundedSemaphore(self.limits.spooling)
         q = quotas if quotas is not None else Quotas(default=TenantQuota(queued_jobs=None))
         self._tenant_slots = ConcurrencyGate(lambda t: q.for_tenant(t).analyze_concurrency, "analyze_concurrency")
         self._scratch: Scratch | None = None
@@ -177,6 +189,40 @@ class Analyzer:
             self._scratch.touch()
             return Path(tempfile.mkdtemp(prefix="clip-", dir=self._scratch.path))
 
+    def admits(self, tenant: str = "") -> None:
+        """A look, before a request's body is read, at whether it could get a slot now; holds
+        nothing (:meth:`acquire` decides).
+
+        Raises:
+            QuotaExceededError, ResourceExhaustedError: as :meth:`acquire` would now.
+        """
+        self._tenant_slots.try_acquire(tenant)  # taken and given back: the message is acquire's own
+        self._tenant_slots.release(tenant)
+        if not self._slots.acquire(blocking=False):
+            raise self._busy()
+        self._slots.release()
+
+    def _busy(self) -> ResourceExhaustedError:
+        return ResourceExhaustedError(
+            f"{self.limits.concurrency} clip(s) are being analysed already; retry later, or submit a job (POST /v1/jobs)"
+        )
+
+    def spool(self) -> None:
+        """Take one of the :attr:`AnalyzeLimits.spooling` places of a request whose clip is
+        being read; :meth:`unspool` gives it back.
+
+        Raises:
+            ResourceExhaustedError: that many clips are being read already (429).
+        """
+        if not self._spooling.acquire(blocking=False):
+            raise ResourceExhaustedError(
+                f"{self.limits.spooling} clip(s) are being uploaded or fetched already; retry later"
+            )
+
+    def unspool(self) -> None:
+        """Give back the place :meth:`spool` took."""
+        self._spooling.release()
+
     def acquire(self, tenant: str = "") -> None:
         """Take one of ``tenant``'s slots, then one of the server's.
 
@@ -188,9 +234,7 @@ class Analyzer:
         self._tenant_slots.try_acquire(tenant)
         if not self._slots.acquire(blocking=False):
             self._tenant_slots.release(tenant)
-            raise ResourceExhaustedError(
-                f"{self.limits.concurrency} clip(s) are being analysed already; retry later, or submit a job (POST /v1/jobs)"
-            )
+            raise self._busy()
 
     def release(self, tenant: str = "") -> None:
         """Give ``tenant``'s slot (and the server's) back."""
@@ -409,16 +453,23 @@ def create_analyze_router(analyzer: Analyzer) -> APIRouter:
     async def analyze(request: Request) -> Response:
         tenant = str(request_principal(request).name)
         try:
-            analyzer.acquire(tenant)
+            analyzer.admits(tenant)  # refused now rather than after the upload
+            analyzer.spool()
         except FrameserveError as exc:
             return _error(exc)
+        slot = False
         try:
             workdir = await asyncio.to_thread(analyzer.workdir)
         except BaseException:
-            analyzer.release(tenant)
+            analyzer.unspool()
             raise
         try:
-            path, pipeline, params, label = await _read_request(analyzer, request, workdir)
+            try:  # the clip comes in before a slot is taken: a slow upload holds no slot
+                path, pipeline, params, label = await _read_request(analyzer, request, workdir)
+            finally:
+                analyzer.unspool()
+            analyzer.acquire(tenant)
+            slot = True
             data = await asyncio.to_thread(analyzer.run, path, pipeline, params, label)
             body = await asyncio.to_thread(orjson.dumps, data, option=orjson.OPT_SERIALIZE_NUMPY)
             return Response(body, media_type="application/json")
@@ -431,7 +482,8 @@ def create_analyze_router(analyzer: Analyzer) -> APIRouter:
             body = orjson.dumps({"error": f"internal error: {type(exc).__name__}: {exc}"})
             return Response(body, status_code=500, media_type="application/json")
         finally:
-            analyzer.release(tenant)
+            if slot:
+                analyzer.release(tenant)
             await asyncio.to_thread(shutil.rmtree, workdir, True)
 
     return router

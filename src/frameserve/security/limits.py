@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from frameserve.errors import PayloadTooLargeError, TensorError
 
-__all__ = ["DEFAULT_LIMITS", "TensorLimits"]
+__all__ = ["DEFAULT_DEADLINES", "DEFAULT_LIMITS", "HttpDeadlines", "TensorLimits"]
 
 
 @dataclass(frozen=True)
@@ -121,3 +121,40 @@ class TensorLimits:
 
 DEFAULT_LIMITS = TensorLimits()
 """The caps ``serve`` applies unless told otherwise."""
+
+
+@dataclass(frozen=True)
+class HttpDeadlines:
+    """How long a client may take to send a request (:mod:`frameserve.protocol.http._wire` enforces them).
+
+    Attributes:
+        header_timeout_s: longest time from a connection's opening (or a kept-alive request's
+            first byte) to the end of the request's head, seconds (``serve
+            --header-timeout-s``; default 10, ``mod_reqtimeout``'s is 20, nginx's 60).
+        max_header_bytes: longest request head (request line and headers), bytes (default
+            64 KiB; Node's and Apache's are 16 KiB and 8 KiB per line; over it: 431).
+        body_timeout_s: longest wait for the body's first byte after the head, and the base of
+            the body's deadline, seconds (``serve --body-timeout-s``; default 20, as
+            ``mod_reqtimeout``'s).
+        body_min_rate: bytes per second that extend the body's deadline by one second each
+            (``serve --body-min-rate``; default 4096, a 32 kbit/s uplink).
+        keep_alive_timeout_s: longest idle time of a kept-alive connection, seconds (``serve
+            --keep-alive-timeout-s``; default 30).
+    """
+
+    header_timeout_s: float = 10.0
+    max_header_bytes: int = 64 * 1024
+    body_timeout_s: float = 20.0
+    body_min_rate: int = 4096
+    keep_alive_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.max_header_bytes < 1024 or self.body_min_rate < 1:
+            raise ValueError(f"max_header_bytes must be >= 1024 and body_min_rate >= 1, got "
+                             f"{self.max_header_bytes!r}, {self.body_min_rate!r}")
+
+
+DEFAULT_DEADLINES = HttpDeadlines()

@@ -10,6 +10,7 @@ tenant, and per-tenant rows under ``tenants`` that override single fields of it:
       infer_rate: 200            # v2 inference requests per second (token bucket refill) ...
       infer_burst: 400           # ... and the bucket's size (default: one second of infer_rate)
       infer_concurrency: 32      # v2 inference requests in flight at once
+      connections: 64            # HTTP connections open at once (counted once a request names the tenant)
     tenants:
       batch-team:
         queued_jobs: 100000
@@ -19,7 +20,7 @@ tenant, and per-tenant rows under ``tenants`` that override single fields of it:
 
 Every field is a positive integer or ``null`` (no limit of that kind). A field left out of the
 ``default`` row takes the built-in default of :class:`TenantQuota` (no limit, but
-``queued_jobs``: 10,000); a field left out of a tenant's row takes the ``default`` row's.
+``queued_jobs``: 10,000 and ``connections``: 256); a field left out of a tenant's row takes the ``default`` row's.
 Unknown fields or tenants' rows that are not mappings stop the start with the file's name and
 the offending key.
 
@@ -52,6 +53,7 @@ __all__ = [
     "RateGate",
     "TenantQuota",
     "TokenBucket",
+    "connection_gate",
     "retry_after_header",
 ]
 
@@ -72,6 +74,11 @@ class TenantQuota:
         infer_burst: the bucket's size, in requests (``None``: ``max(1, infer_rate)``, one
             second's worth).
         infer_concurrency: most v2 inference requests of the tenant in flight at once.
+        connections: most HTTP connections of the tenant open at once, counted from the first
+            request on a connection that names the tenant until the connection closes
+            (:mod:`frameserve.protocol.http._wire`); one more gets 429 and is closed. Default
+            256: perf_analyzer's and Triton's clients open one connection per concurrent
+            request, and a client at this many is far past what one server's cores answer.
     """
 
     queued_jobs: int | None = 10_000
@@ -80,6 +87,7 @@ class TenantQuota:
     infer_rate: int | None = None
     infer_burst: int | None = None
     infer_concurrency: int | None = None
+    connections: int | None = 256
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -134,7 +142,7 @@ class Quotas:
     def share(self, n: int) -> Quotas:
         """The part of these quotas one of ``n`` processes enforces on its own (``serve
         --http-workers N`` front ends each count the requests they receive): ``infer_rate``,
-        ``infer_burst`` and ``infer_concurrency`` divided by ``n``, rounded up;
+        ``infer_burst``, ``infer_concurrency`` and ``connections`` divided by ``n``, rounded up;
         the job limits (counted in the database) unchanged."""
         if n <= 1:
             return self
@@ -143,7 +151,7 @@ class Quotas:
             def div(v: int | None) -> int | None:
                 return None if v is None else max(1, math.ceil(v / n))
             return replace(q, infer_rate=div(q.infer_rate), infer_burst=div(q.infer_burst),
-                           infer_concurrency=div(q.infer_concurrency))
+                           infer_concurrency=div(q.infer_concurrency), connections=div(q.connections))
 
         return Quotas(default=part(self.default), tenants={t: part(q) for t, q in self.tenants.items()})
 
@@ -318,6 +326,14 @@ class RateGate:
         wait_s = bucket.take()
         if wait_s > 0.0:
             raise QuotaExceededError.of(tenant, "infer_rate", int(bucket.rate_per_s), retry_after_s=wait_s)
+
+
+def connection_gate(quotas: Quotas) -> ConcurrencyGate | None:
+    """The counter of each tenant's open HTTP connections (the ``connections`` quota), or
+    ``None`` when no row limits them."""
+    if all(q.connections is None for q in (quotas.default, *quotas.tenants.values())):
+        return None
+    return ConcurrencyGate(lambda t: quotas.for_tenant(t).connections, "connections")
 
 
 class InferGate:

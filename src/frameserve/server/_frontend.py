@@ -39,8 +39,8 @@ import numpy as np
 from frameserve.errors import ModelNotFoundError, ModelNotReadyError, PayloadTooLargeError
 from frameserve.protocol._core import Outputs
 from frameserve.request import InferRequest
-from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
-from frameserve.security.quotas import InferGate, Quotas
+from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
+from frameserve.security.quotas import InferGate, Quotas, connection_gate
 from frameserve.security.tokens import TokenTable
 from frameserve.server import _channel as ch
 from frameserve.shm import SharedMemoryUse, ShmLocation, client_shm_disabled
@@ -64,8 +64,10 @@ class FrontendConfig:
         tls_cert_file, tls_key_file, tls: the certificate files (uvicorn) and the
             ``(key, chain)`` PEM bytes (gRPC), or ``None``.
         allow_client_shm: whether tensors in client shared-memory regions are served.
-        quotas: this front end's part of the tenants' inference quotas (``Quotas.share`` over
-            the front ends: connections spread over them, each counts its own), ``None``: none.
+        quotas: this front end's part of the tenants' quotas (``Quotas.share`` over the front
+            ends: connections spread over them, each counts its own), ``None``: none.
+        deadlines, route_body_bytes: as :class:`~frameserve.server.ServerOptions`
+            (``http_deadlines``, ``route_body_bytes``).
         graceful_timeout_s: how long in-flight requests get when it stops.
         log_level: the ``logging`` level.
     """
@@ -83,6 +85,8 @@ class FrontendConfig:
     tls: tuple[bytes, bytes] | None = None
     allow_client_shm: bool = False
     quotas: Quotas | None = None
+    deadlines: HttpDeadlines = DEFAULT_DEADLINES
+    route_body_bytes: tuple[tuple[str, int], ...] = ()
     graceful_timeout_s: float | None = 30.0
     log_level: int = logging.WARNING
 
@@ -378,14 +382,23 @@ def _set(future: Future[Any], result: Any, exc: BaseException | None) -> bool:
 
 class HttpForwarder:
     """The ASGI application of every HTTP request a front end does not serve itself: read the
-    body (up to ``max_body_bytes``), hand the request to the owner, relay its answer (streamed
-    bodies stay streamed)."""
+    body (up to ``max_body_bytes``, or the lower cap of the first ``route_body_bytes`` prefix
+    the path starts with), hand the request to the owner, relay its answer (streamed bodies
+    stay streamed). The gate in front of it has authenticated the request: an unauthenticated
+    one costs only its headers."""
 
     _SCOPE_KEYS = ("method", "path", "raw_path", "query_string", "root_path", "scheme", "http_version", "client", "server")
 
-    def __init__(self, channel: OwnerChannel, max_body_bytes: int) -> None:
+    def __init__(
+        self, channel: OwnerChannel, max_body_bytes: int, route_body_bytes: tuple[tuple[str, int], ...] = ()
+    ) -> None:
         self.channel = channel
         self.max_body_bytes = max_body_bytes
+        self.route_body_bytes = tuple((p, min(n, max_body_bytes)) for p, n in route_body_bytes)
+
+    def limit_for(self, path: str) -> int:
+        """The largest body read for a request to ``path``, bytes."""
+        return next((n for prefix, n in self.route_body_bytes if path.startswith(prefix)), self.max_body_bytes)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -422,7 +435,7 @@ class HttpForwarder:
                 self.channel.arena.free(offset)
 
     async def _body(self, scope: Any, receive: Any) -> bytes:
-        limit = self.max_body_bytes
+        limit = self.limit_for(scope["path"])
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLargeError(f"the request body is {declared.decode()} bytes, over the limit of {limit} bytes")
@@ -514,11 +527,13 @@ async def _serve(config: FrontendConfig, sock: socket.socket, block: ch.SharedBl
         host, port = config.http
         fast = InferFastPath(channel, config.max_body_bytes, config.limits, regions, gate=infer_gate)
         gate = HttpGate(config.tokens, auth_health=config.auth_health, loopback_hosts_only=config.loopback_hosts_only)
-        app = InferFirst(HttpForwarder(channel, config.max_body_bytes), gate=gate, fast=fast, takes=channel.knows,
-                         gate_all=False)
+        # every request is gated here, before its body is read (the owner checks it again)
+        forwarder = HttpForwarder(channel, config.max_body_bytes, config.route_body_bytes)
+        app = InferFirst(forwarder, gate=gate, fast=fast, takes=channel.knows)
         uv = uvicorn.Server(uvicorn_config(
             app, host=host, port=port, graceful_timeout_s=config.graceful_timeout_s,
             tls_cert_file=config.tls_cert_file, tls_key_file=config.tls_key_file,
+            deadlines=config.deadlines, connections=None if config.quotas is None else connection_gate(config.quotas),
         ))
         tasks.append(asyncio.create_task(uv.serve(sockets=[listen_reuseport(host, port)])))
     if config.grpc is not None:
@@ -529,6 +544,7 @@ async def _serve(config: FrontendConfig, sock: socket.socket, block: ch.SharedBl
             channel, channel.knows, channel.forward_grpc, f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
             max_message_bytes=config.max_body_bytes, tokens=config.tokens, auth_health=config.auth_health,
             tls=config.tls, limits=config.limits, shared_memory=regions, infer_gate=infer_gate,
+            deadlines=config.deadlines,
         )
         await grpc_server.start()
     while uv is not None and not uv.started:

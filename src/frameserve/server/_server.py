@@ -53,8 +53,8 @@ from frameserve.protocol.http import (
     create_metrics_app,
 )
 from frameserve.security.auth import is_loopback
-from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
-from frameserve.security.quotas import InferGate, Quotas
+from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
+from frameserve.security.quotas import InferGate, Quotas, connection_gate
 from frameserve.security.tokens import TokenTable
 from frameserve.server._channel import DEFAULT_ARENA_BYTES
 from frameserve.server._frontend import FrontendConfig
@@ -123,7 +123,15 @@ class ServerOptions:
             Front-end processes (``grpc_workers`` above 1) serve gRPC on one event loop and are
             not pinned.
         quotas: per-tenant limits (``serve --quotas``, :class:`~frameserve.security.quotas.Quotas`);
-            the job and analyze routers get theirs when built, the infer path reads these.
+            the job and analyze routers get theirs when built, the infer path and the HTTP
+            listeners (``connections``) read these.
+        http_deadlines: the header, body and keep-alive deadlines of every HTTP connection
+            (:class:`~frameserve.security.limits.HttpDeadlines`; ``serve --header-timeout-s``,
+            ``--body-timeout-s``, ``--body-min-rate``, ``--keep-alive-timeout-s``).
+        route_body_bytes: ``(path prefix, bytes)`` pairs: the largest body a front end
+            (``http_workers`` above 1) reads for a request under that prefix before it hands
+            the request on, when lower than ``max_body_bytes`` (``/v1/analyze``: its
+            ``--analyze-max-bytes``); the owner's route enforces its own cap again.
     """
 
     host: str = "127.0.0.1"
@@ -152,6 +160,8 @@ class ServerOptions:
     frontend_shm_bytes: int = DEFAULT_ARENA_BYTES
     grpc_cpus: str = "auto"
     quotas: Quotas = DEFAULT_QUOTAS
+    http_deadlines: HttpDeadlines = DEFAULT_DEADLINES
+    route_body_bytes: tuple[tuple[str, int], ...] = ()
 
     @property
     def workers(self) -> int:
@@ -477,10 +487,12 @@ class Server:
                 loopback_hosts_only=opts.tokens is None and is_loopback(opts.host_for("metrics")),
             )
         tasks: list[asyncio.Task[None]] = []
+        connections = connection_gate(opts.quotas)  # one count over this process's listeners
         for kind, app in apps.items():
             config = uvicorn_config(
                 app, host=opts.host_for(kind), port=self._ports[kind], graceful_timeout_s=opts.graceful_timeout_s,
                 tls_cert_file=opts.tls_cert_file, tls_key_file=opts.tls_key_file,
+                deadlines=opts.http_deadlines, connections=connections,
             )
             server = uvicorn.Server(config)
             self._uvicorn.append(server)
@@ -536,7 +548,8 @@ class Server:
                 tls_cert_file=opts.tls_cert_file, tls_key_file=opts.tls_key_file, tls=self._tls,
                 allow_client_shm=opts.allow_client_shm, graceful_timeout_s=opts.graceful_timeout_s,
                 log_level=logging.getLogger().getEffectiveLevel(),
-                quotas=opts.quotas.share(opts.workers) if opts.quotas.limits_inference else None,
+                quotas=opts.quotas.share(opts.workers), deadlines=opts.http_deadlines,
+                route_body_bytes=opts.route_body_bytes,
             )
             for i in range(opts.workers)
         ]
@@ -574,7 +587,7 @@ class Server:
             self.service, address, model_control_mode=opts.model_control_mode, tokens=opts.tokens,
             auth_health=opts.auth_health, tls=self._tls, limits=opts.limits,
             max_message_bytes=opts.max_body_bytes, shared_memory=self.shared_memory,
-            cpus=_grpc_cpus(opts.grpc_cpus), infer_gate=InferGate.of(opts.quotas),
+            cpus=_grpc_cpus(opts.grpc_cpus), infer_gate=InferGate.of(opts.quotas), deadlines=opts.http_deadlines,
         )
         server.start()
         self._ports["grpc"] = bound_port(server)

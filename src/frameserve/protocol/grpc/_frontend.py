@@ -28,9 +28,9 @@ from frameserve.protocol._core import InferCore, RegionSource
 from frameserve.protocol.grpc._auth import TokenInterceptor, principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response
 from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request
-from frameserve.protocol.grpc._server import SERVICE_NAME, message_classes, method_handlers
+from frameserve.protocol.grpc._server import SERVICE_NAME, message_classes, method_handlers, server_options
 from frameserve.protocol.grpc._servicer import status_of
-from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 from frameserve.security.quotas import InferGate
 from frameserve.security.tokens import TokenTable
 
@@ -225,6 +225,7 @@ def create_frontend_server(
     limits: TensorLimits = DEFAULT_LIMITS,
     shared_memory: RegionSource | None = None,
     infer_gate: InferGate | None = None,
+    deadlines: HttpDeadlines = DEFAULT_DEADLINES,
 ) -> tuple[grpc.aio.Server, int]:
     """A front end's gRPC server (not started) on ``address``, sharing the port with the other
     front ends (``grpc.so_reuseport``); returns it and the bound port.
@@ -239,6 +240,8 @@ def create_frontend_server(
             :func:`~frameserve.protocol.grpc.create_server`.
         shared_memory: the front end's stand-in for the owner's region registry.
         infer_gate: this front end's part of the tenants' inference quotas (``None``: none).
+        deadlines: a connection's idle and handshake deadlines
+            (:func:`~frameserve.protocol.grpc._server.server_options`).
 
     Raises:
         RuntimeError: the address cannot be bound.
@@ -246,11 +249,7 @@ def create_frontend_server(
     interceptors = [TokenInterceptor(tokens, auth_health=auth_health)] if tokens is not None else []
     server = grpc.aio.server(
         interceptors=interceptors,
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 1),
-        ],
+        options=server_options(max_message_bytes, deadlines, reuseport=True),
     )
     front = _FrontServicer(core, knows, forward, limits, shared_memory, tokens, infer_gate)
     inference = method_handlers(

@@ -15,7 +15,7 @@ from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.protocol.grpc._auth import ThreadedTokenInterceptor
 from frameserve.protocol.grpc._servicer import GrpcInferenceServicer
 from frameserve.protocol.grpc._threaded import DEFAULT_THREADS, ThreadedGrpcServer, threaded_handlers
-from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
+from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 from frameserve.security.quotas import InferGate
 from frameserve.security.tokens import TokenTable
 from frameserve.service import InferenceService
@@ -84,6 +84,21 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]  # g
             await asyncio.sleep(self._watch_interval_s)
 
 
+def server_options(max_message_bytes: int, deadlines: HttpDeadlines, *, reuseport: bool) -> list[tuple[str, int]]:
+    """The gRPC core channel arguments of every frameserve gRPC server (``grpc/grpc_types.h``):
+    message caps, ``SO_REUSEPORT``, a connection with no call for
+    ``deadlines.keep_alive_timeout_s`` closed (``grpc.max_connection_idle_ms``, with GOAWAY:
+    clients reconnect on their next call), and the HTTP/2 (and TLS) handshake bounded by
+    ``deadlines.header_timeout_s`` (``grpc.server_handshake_timeout_ms``; gRPC's default is 120 s)."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", int(reuseport)),
+        ("grpc.max_connection_idle_ms", max(1, round(deadlines.keep_alive_timeout_s * 1000))),
+        ("grpc.server_handshake_timeout_ms", max(1, round(deadlines.header_timeout_s * 1000))),
+    ]
+
+
 def create_server(
     service: InferenceService,
     address: str = "0.0.0.0:8001",
@@ -98,6 +113,7 @@ def create_server(
     threads: int = DEFAULT_THREADS,
     cpus: frozenset[int] | None = None,
     infer_gate: InferGate | None = None,
+    deadlines: HttpDeadlines = DEFAULT_DEADLINES,
 ) -> ThreadedGrpcServer:
     """Build (not start) the gRPC server for ``service`` listening on ``address``: a thread-pool
     ``grpc.server`` (:mod:`frameserve.protocol.grpc._threaded` says why not ``grpc.aio``).
@@ -125,6 +141,7 @@ def create_server(
             ``None`` (default): no pinning.
         infer_gate: the tenants' ``infer_rate`` / ``infer_concurrency`` quotas
             (``RESOURCE_EXHAUSTED`` over them); ``None``: none.
+        deadlines: the idle and handshake deadlines of a connection (:func:`server_options`).
 
     Raises:
         ValueError: ``max_message_bytes`` or ``threads`` < 1.
@@ -138,11 +155,8 @@ def create_server(
     server = grpc.server(
         ThreadPoolExecutor(max_workers=threads, thread_name_prefix="frameserve-grpc"),
         interceptors=interceptors,
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 0),  # a second server on a taken port fails instead of sharing it
-        ],
+        # no SO_REUSEPORT: a second server on a taken port fails instead of sharing it
+        options=server_options(max_message_bytes, deadlines, reuseport=False),
     )
     servicer = GrpcInferenceServicer(
         service, model_control_mode=model_control_mode, limits=limits, shared_memory=shared_memory, tokens=tokens,

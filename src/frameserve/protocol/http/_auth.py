@@ -7,6 +7,11 @@ The policy (which role each route needs, which browser requests are refused) is
 :class:`~frameserve.security.Principal` in ``scope["state"]["principal"]`` (Starlette's
 ``request.state.principal``) for the routes that need one (job ownership). A server without
 tokens puts :data:`~frameserve.security.IMPLICIT_OWNER` there.
+
+Once the tenant is known, the request's connection is counted for it (the ``connections``
+quota; :class:`frameserve.protocol.http._wire.Connection`, when the listener counts them): a
+tenant at its limit gets 429 with ``Retry-After`` and the connection is closed. Health and
+metrics requests, open without a token, are not counted.
 """
 
 from __future__ import annotations
@@ -16,14 +21,19 @@ from typing import Any
 from frameserve.errors import (
     FrameserveError,
     PermissionDeniedError,
+    QuotaExceededError,
     UnauthenticatedError,
 )
 from frameserve.protocol.http import codec
 from frameserve.security.auth import cross_site_refusal, host_refusal, http_roles
 from frameserve.security.tokens import IMPLICIT_OWNER, Principal, TokenTable
 
-__all__ = ["HttpGate", "principal_of"]
+__all__ = ["CONNECTION_KEY", "HttpGate", "principal_of"]
 
+CONNECTION_KEY = "frameserve.connection"
+"""Where a listener that counts connections puts the request's connection in the ASGI scope
+(``scope["extensions"]``): an object with ``claim(tenant)`` (raising
+:class:`~frameserve.errors.QuotaExceededError`), :class:`frameserve.protocol.http._wire.Connection`."""
 _WANTED = frozenset({b"authorization", b"origin", b"sec-fetch-site", b"content-type", b"host"})
 _REALM = 'Bearer realm="frameserve"'
 
@@ -75,23 +85,34 @@ class HttpGate:
             await _refuse(send, refusal)
             return False
         if self.tokens is None:
-            scope.setdefault("state", {})["principal"] = IMPLICIT_OWNER
-            return True
-        roles = http_roles(method, path, auth_health=self.auth_health)
-        if roles is None:  # open: health and metrics
-            return True
-        try:
-            principal = self.tokens.authenticate(found.get(b"authorization"), roles)
-        except FrameserveError as exc:
-            await _refuse(send, exc, bad_token=b"authorization" in found)
-            return False
+            principal = IMPLICIT_OWNER
+        else:
+            roles = http_roles(method, path, auth_health=self.auth_health)
+            if roles is None:  # open: health and metrics
+                return True
+            try:
+                principal = self.tokens.authenticate(found.get(b"authorization"), roles)
+            except FrameserveError as exc:
+                await _refuse(send, exc, bad_token=b"authorization" in found)
+                return False
         scope.setdefault("state", {})["principal"] = principal
+        extensions = scope.get("extensions")
+        connection = extensions.get(CONNECTION_KEY) if extensions else None
+        if connection is not None and http_roles(method, path, auth_health=False) is not None:
+            try:
+                connection.claim(str(principal.name))
+            except QuotaExceededError as exc:
+                await _refuse(send, exc, close=True)
+                return False
         return True
 
 
-async def _refuse(send: Any, exc: FrameserveError, *, bad_token: bool = False) -> None:
+async def _refuse(send: Any, exc: FrameserveError, *, bad_token: bool = False, close: bool = False) -> None:
     body = codec.error_body(exc.message)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in exc.http_headers.items()]
+    if close:
+        headers.append((b"connection", b"close"))
     if isinstance(exc, UnauthenticatedError):  # RFC 6750 section 3
         challenge = _REALM + (', error="invalid_token"' if bad_token else "")
         headers.append((b"www-authenticate", challenge.encode()))

@@ -1,4 +1,30 @@
-"""The uvicorn configuration every frameserve HTTP listener runs with (:func:`uvicorn_config`).
+"""The uvicorn configuration every frameserve HTTP listener runs with (:func:`uvicorn_config`),
+and the connection deadlines it adds to uvicorn's HTTP/1.1 protocol
+(:class:`~frameserve.security.limits.HttpDeadlines`).
+
+uvicorn closes a keep-alive connection that stays idle after a response, but has no deadline on
+a request's head or body: a client that opens a connection and sends nothing, half a request
+line, or a body one byte every few seconds holds a connection (and what its handler took) for as
+long as it likes. The deadlines follow Apache's ``mod_reqtimeout`` (``header=``, ``body=`` with
+``MinRate=``):
+
+- **header**: a request's head (request line and headers) must be complete within
+  ``header_timeout_s`` of the connection opening, or of the request's first byte on a kept-alive
+  connection; and it may not pass ``max_header_bytes`` (431 when it does).
+- **body**: the body must start within ``body_timeout_s`` of the head; each ``body_min_rate``
+  bytes received extend the deadline by one second, so a slow but steady upload finishes and a
+  trickle does not. Time during which the server itself stopped reading (its handler has not
+  taken what came: uvicorn's flow control) does not count.
+- **idle**: a kept-alive connection with no request for ``keep_alive_timeout_s`` is closed
+  (uvicorn's ``timeout_keep_alive``).
+
+A connection past a deadline is closed (the handler, if one runs, sees ``http.disconnect``).
+
+Connections per tenant: with a :class:`~frameserve.security.quotas.ConcurrencyGate` over the
+``connections`` quota, the HTTP gate asks each connection, once it knows the request's tenant,
+to be counted for it (:class:`Connection`, put in the scope under :data:`CONNECTION_KEY`): a
+tenant at its limit gets 429 and the connection is closed; a connection is counted until it
+closes, for the last tenant that used it.
 
 Measured and not kept: sending a response's head in the same write as its body (a transport
 that holds the head for the body's write) gave no gain on add_sub at concurrency 8 and cost 5 %
@@ -7,35 +33,199 @@ at concurrency 1 (perf_analyzer, 4 interleaved pairs), so uvicorn's two writes s
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["uvicorn_config"]
+from frameserve.protocol.http._auth import CONNECTION_KEY
+from frameserve.security.limits import DEFAULT_DEADLINES, HttpDeadlines
+from frameserve.security.quotas import ConcurrencyGate
+
+__all__ = ["Connection", "uvicorn_config"]
+
+
+
+
+class Connection:
+    """One HTTP connection as the gate sees it: counted against the ``connections`` quota of
+    the tenant that last used it, until it closes. Used on the event loop's thread."""
+
+    __slots__ = ("_gate", "tenant")
+
+    def __init__(self, gate: ConcurrencyGate) -> None:
+        self._gate = gate
+        self.tenant: str | None = None
+
+    def claim(self, tenant: str) -> None:
+        """Count this connection for ``tenant`` (a no-op when it already is).
+
+        Raises:
+            QuotaExceededError: ``tenant`` holds its ``connections`` limit already.
+        """
+        if self.tenant == tenant:
+            return
+        self.close()
+        self._gate.try_acquire(tenant)
+        self.tenant = tenant
+
+    def close(self) -> None:
+        """The connection is closed (or moves to another tenant): no longer counted."""
+        if self.tenant is not None:
+            self._gate.release(self.tenant)
+            self.tenant = None
+
+
+class _Guarded(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the deadlines and the connection count."""
+
+    deadlines: HttpDeadlines = DEFAULT_DEADLINES
+    connection_gate: ConcurrencyGate | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
+        self._body_start = 0.0
+        self._body_bytes = 0
+        self._in_body = False
+        self._counted = Connection(self.connection_gate) if self.connection_gate is not None else None
+
+    # -- timers
+    def _arm(self, delay: float) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(delay, self._expired)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self._in_body:
+            now = time.monotonic()
+            if self.flow is not None and self.flow.read_paused:  # we are not reading: not the client's delay
+                self._body_start = now - (self._body_bytes / self.deadlines.body_min_rate)
+                self._arm(self.deadlines.body_timeout_s)
+                return
+            deadline = self._body_start + self.deadlines.body_timeout_s + self._body_bytes / self.deadlines.body_min_rate
+            if now < deadline:
+                self._arm(deadline - now)
+                return
+        self.transport.close()
+
+    # -- connection
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.deadlines.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self._counted is not None:
+            self._counted.close()
+        super().connection_lost(exc)
+
+    # -- parser callbacks
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        self._in_body = False
+        if self._timer is None:  # a kept-alive connection's next request: its head's deadline starts
+            self._arm(self.deadlines.header_timeout_s)
+        if self._counted is not None:
+            self.scope["extensions"] = {CONNECTION_KEY: self._counted}  # type: ignore[dict-item]
+
+    def _head(self, n: int) -> None:
+        self._head_bytes += n
+        if self._head_bytes > self.deadlines.max_header_bytes:
+            import httptools
+
+            raise httptools.HttpParserError("request head too large")
+
+    def on_url(self, url: bytes) -> None:
+        self._head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_body = True
+        self._body_start = time.monotonic()
+        self._body_bytes = 0
+        self._arm(self.deadlines.body_timeout_s)
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        self._disarm()
+        super().on_message_complete()
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_bytes > self.deadlines.max_header_bytes:
+            return
+        try:
+            super().data_received(data)
+        finally:
+            if self._head_bytes > self.deadlines.max_header_bytes and not self.transport.is_closing():
+                self._too_large()
+
+    def _too_large(self) -> None:
+        body = b'{"error":"the request head is over the limit of %d bytes"}' % self.deadlines.max_header_bytes
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        if self._head_bytes > self.deadlines.max_header_bytes:
+            return  # answered by _too_large
+        super().send_400_response(msg)
+
+
+def _protocol(deadlines: HttpDeadlines, connections: ConcurrencyGate | None) -> type[asyncio.Protocol]:
+    return type("FrameserveHttpProtocol", (_Guarded,), {"deadlines": deadlines, "connection_gate": connections})
 
 
 def uvicorn_config(
     app: Any, *, host: str, port: int, graceful_timeout_s: float | None,
     tls_cert_file: str | Path | None = None, tls_key_file: str | Path | None = None,
+    deadlines: HttpDeadlines = DEFAULT_DEADLINES, connections: ConcurrencyGate | None = None,
 ) -> uvicorn.Config:
-    """The configuration of one HTTP listener: uvicorn's own choice of parser (httptools, which
-    ``uvicorn[standard]`` installs), no lifespan, no access log, no
-    ``server``/``date`` headers, no WebSockets, a 30 s keep-alive, and TLS when
-    ``tls_cert_file`` and ``tls_key_file`` (PEM paths) are given.
+    """The configuration of one HTTP listener: uvicorn's httptools protocol (``uvicorn[standard]``
+    installs httptools) with the connection deadlines of the module docstring, no lifespan, no
+    access log, no ``server``/``date`` headers, no WebSockets, and TLS when ``tls_cert_file``
+    and ``tls_key_file`` (PEM paths) are given.
 
     Args:
         app: the ASGI application.
         host, port: where it listens (the socket itself is given to ``uvicorn.Server.serve``).
         graceful_timeout_s: how long requests in progress may finish at shutdown (seconds;
             ``None``: as long as they take).
+        deadlines: the header, body and keep-alive deadlines.
+        connections: counts each tenant's connections (the ``connections`` quota); ``None``:
+            not counted.
     """
     return uvicorn.Config(
         app, host=host, port=port, lifespan="off", log_config=None,
         log_level="warning", access_log=False,
         # typed int by uvicorn, used as an asyncio.timeout delay (which takes a float)
         timeout_graceful_shutdown=graceful_timeout_s,  # type: ignore[arg-type]
-        server_header=False, date_header=False, timeout_keep_alive=30, ws="none",
+        server_header=False, date_header=False,
+        timeout_keep_alive=deadlines.keep_alive_timeout_s,  # type: ignore[arg-type]
+        ws="none", http=_protocol(deadlines, connections),
         ssl_certfile=None if tls_cert_file is None else str(tls_cert_file),
         ssl_keyfile=None if tls_key_file is None else str(tls_key_file),
     )

@@ -1,0 +1,217 @@
+"""Connection deadlines and the per-tenant connection cap on real servers, one process and with
+``--http-workers 2`` front ends: a connection that sends nothing, half a head or a trickling body
+is closed; a head over the cap gets 431; an unauthenticated request with a huge declared body is
+refused on its headers (the front ends read no body before the token is checked); a tenant at its
+``connections`` quota gets 429 with ``Retry-After`` while another tenant is served; the gRPC
+server closes idle connections.
+
+No assertion is on a time: each waits (up to a long timeout) for the server to act, and the
+deadlines are set short so that it does soon."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from _serving import make_repository
+from frameserve.repository import ModelRepository
+from frameserve.security import TokenTable
+from frameserve.security.limits import HttpDeadlines
+from frameserve.security.quotas import Quotas
+from frameserve.server import Server, ServerOptions
+from frameserve.service import InferenceService
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import tritonclient.grpc as grpcclient
+
+A = "tenant-a-token-" + "a" * 24
+B = "tenant-b-token-" + "b" * 24
+C = "tenant-c-token-" + "c" * 24
+DEADLINES = HttpDeadlines(header_timeout_s=1.0, body_timeout_s=1.0, body_min_rate=1000, keep_alive_timeout_s=1.0)
+CONNECTIONS_A = 2
+WAIT_S = 60.0  # far longer than any deadline above: a server that never acts fails the test
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_repository(tmp_path_factory.mktemp("repo"))
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "workers-2"])
+def server(request: pytest.FixtureRequest, repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tokens = tmp_path_factory.mktemp("d") / "tokens.txt"
+    tokens.write_text(f"{A} infer a\n{B} infer b\n{C} admin c\n")
+    tokens.chmod(0o600)
+    n = int(request.param)
+    # with 2 front ends each counts ceil(limit / 2) of a tenant's connections
+    quotas = Quotas.from_mapping({"tenants": {"a": {"connections": CONNECTIONS_A * n}}})
+    service = InferenceService(ModelRepository(repo), threads=1)
+    srv = Server(service, ServerOptions(
+        host="127.0.0.1", http_port=0, grpc_port=0, metrics_port=None, tokens=TokenTable.from_file(tokens),
+        quotas=quotas, http_deadlines=DEADLINES, http_workers=n, grpc_workers=n,
+    ))
+    srv.start()
+    assert srv.wait_ready(120)
+    yield srv
+    srv.stop(timeout_s=30)
+
+
+def _closed_by_server(sock: socket.socket) -> bytes:
+    """Read until the server closes the connection (``WAIT_S`` at most); what it sent."""
+    sock.settimeout(WAIT_S)
+    got = b""
+    try:
+        while chunk := sock.recv(65536):
+            got += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        pytest.fail(f"the server kept the connection open for {WAIT_S:g} s (sent {got[:200]!r})")
+    return got
+
+
+@pytest.mark.parametrize("sent", [b"", b"POS", b"POST /v2/models/add/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"],
+                         ids=["nothing", "three-bytes", "half-a-head"])
+def test_a_connection_that_does_not_finish_its_head_is_closed(server: Server, sent: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
+        sock.sendall(sent)
+        assert _closed_by_server(sock) == b""
+
+
+def test_a_trickling_body_is_cut_and_a_steady_one_is_not(server: Server) -> None:
+    head = (f"POST /v2/models/add/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {A}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
+        sock.sendall(head)
+        cut = False
+        for _ in range(int(WAIT_S / 0.2)):  # one byte every 0.2 s: 5 B/s, far under the 1000 B/s asked
+            try:
+                sock.sendall(b" ")
+            except (BrokenPipeError, ConnectionResetError):
+                cut = True
+                break
+            sock.settimeout(0.2)
+            try:
+                if sock.recv(65536) == b"":
+                    cut = True
+                    break
+            except TimeoutError:
+                continue
+            except ConnectionResetError:
+                cut = True
+                break
+        assert cut, "a body of 5 bytes a second was read for a minute"
+    # a body sent in pieces over more than body_timeout_s, at far more than the minimum rate, is read
+    values = ",".join(["1"] * 4)
+    body = (f'{{"inputs":[{{"name":"a","shape":[1,4],"datatype":"FP32","data":[{values}]}},'
+            f'{{"name":"b","shape":[1,4],"datatype":"FP32","data":[{values}]}}]}}').encode() + b" " * 30_000
+    with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
+        sock.sendall((f"POST /v2/models/add/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {A}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode())
+        for i in range(0, len(body), 2000):
+            sock.sendall(body[i:i + 2000])
+            time.sleep(0.1)  # 20 kB/s over 1.5 s
+        answer = _closed_by_server(sock)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+
+
+def test_a_head_over_the_cap_is_431(server: Server) -> None:
+    with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        for i in range(80):
+            sock.sendall(f"X-Filler-{i}: {'x' * 1000}\r\n".encode())
+        answer = _closed_by_server(sock)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:300]
+    assert b"65536 bytes" in answer
+
+
+@pytest.mark.parametrize("path", ["/v2/models/add/infer", "/v2/repository/index", "/v2/models/add/load"])
+def test_no_token_costs_only_the_headers(server: Server, path: str) -> None:
+    """A 64 MiB body is declared and none is sent: the refusal comes on the headers, in the front
+    ends too (before, they waited for the whole body and handed it to the owner)."""
+    with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
+        sock.sendall((f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {64 << 20}\r\n\r\n").encode())
+        sock.settimeout(WAIT_S)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:300]
+
+
+def _get(conn: http.client.HTTPConnection, token: str) -> http.client.HTTPResponse:
+    conn.request("GET", "/v2/models/add", headers={"Authorization": f"Bearer {token}"})
+    response = conn.getresponse()
+    response.body = response.read()  # type: ignore[attr-defined]
+    return response
+
+
+def test_a_tenant_at_its_connections_quota_is_refused_and_another_is_not(server: Server) -> None:
+    workers = server.options.http_workers
+    most = CONNECTIONS_A * workers  # each front end admits its share; the kernel spreads connections
+    held = [http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=WAIT_S) for _ in range(most + 1)]
+    try:
+        statuses = []
+        refused = None
+        for conn in held:
+            r = _get(conn, A)
+            statuses.append(r.status)
+            if r.status == 429:
+                refused = r
+        assert statuses.count(200) >= CONNECTIONS_A and 429 in statuses, statuses
+        assert refused is not None and int(refused.headers["retry-after"]) >= 1
+        assert refused.headers["connection"] == "close"
+        assert b"'a'" in refused.body and b"connections" in refused.body, refused.body  # type: ignore[attr-defined]
+        # the other tenant is served on new connections meanwhile
+        other = [http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=WAIT_S) for _ in range(most + 1)]
+        try:
+            assert [_get(c, B).status for c in other] == [200] * (most + 1)
+        finally:
+            for c in other:
+                c.close()
+    finally:
+        for conn in held:
+            conn.close()
+    # closed connections are no longer counted: the tenant is served again
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=WAIT_S)
+        try:
+            if _get(conn, A).status == 200:
+                break
+        finally:
+            conn.close()
+        assert time.monotonic() < deadline, "tenant a stayed refused after closing its connections"
+        time.sleep(0.1)
+
+
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # RFC 9113 3.4, empty SETTINGS
+
+
+@pytest.mark.parametrize("sent", [b"", _H2_PREFACE], ids=["no-handshake", "idle-after-handshake"])
+def test_grpc_closes_connections_that_stay_silent(server: Server, sent: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", server.grpc_port)) as sock:
+        sock.sendall(sent)
+        _closed_by_server(sock)
+
+
+def test_grpc_clients_reconnect_after_an_idle_close(server: Server) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    try:
+        headers = {"authorization": f"Bearer {A}"}
+        assert client.is_model_ready("add", headers=headers)
+        time.sleep(DEADLINES.keep_alive_timeout_s * 3)  # the server closes the idle connection meanwhile
+        a = np.ones((1, 4), np.float32)
+        inputs = [grpcclient.InferInput(n, [1, 4], "FP32") for n in ("a", "b")]
+        for i in inputs:
+            i.set_data_from_numpy(a)
+        out = client.infer("add", inputs, headers=headers).as_numpy("sum")
+        np.testing.assert_array_equal(out, np.full((1, 4), 2.0, np.float32))
+    finally:
+        client.close()
