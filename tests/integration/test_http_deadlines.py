@@ -215,3 +215,33 @@ def test_grpc_clients_reconnect_after_an_idle_close(server: Server) -> None:
         np.testing.assert_array_equal(out, np.full((1, 4), 2.0, np.float32))
     finally:
         client.close()
+
+
+def test_serve_flags_set_the_deadlines_and_the_quotas_file_the_connections(
+    repo: Path, tmp_path: Path,
+) -> None:
+    """``frameserve serve --header-timeout-s ... --quotas FILE`` as an operator runs it, with front ends."""
+    from _serving import ServeProcess
+
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text("default:\n  connections: 2\n")
+    with ServeProcess(repo, tmp_path / "home", "--no-jobs", "--header-timeout-s", "0.5", "--body-timeout-s", "0.5",
+                      "--body-min-rate", "100", "--keep-alive-timeout-s", "0.5", "--quotas", str(quotas),
+                      "--http-workers", "2") as s:
+        s.wait_ready(120)
+        with socket.create_connection(("127.0.0.1", s.ports["HTTP"])) as sock:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
+            assert _closed_by_server(sock) == b""
+        conns = [http.client.HTTPConnection("127.0.0.1", s.ports["HTTP"], timeout=WAIT_S) for _ in range(3)]
+        try:
+            statuses = []
+            for conn in conns:
+                conn.request("GET", "/v2/models/add")
+                r = conn.getresponse()
+                r.read()
+                statuses.append(r.status)
+            assert 429 in statuses, statuses  # 2 in all (1 per front end), 3 held: one refused at least
+        finally:
+            for conn in conns:
+                conn.close()
+        assert s.stop() == 0
