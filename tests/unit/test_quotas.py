@@ -123,6 +123,7 @@ def test_connections_quota_counts_per_tenant_and_moves_with_the_tenant() -> None
     from frameserve.security.quotas import connection_gate
 
     assert DEFAULT_QUOTA.connections == 256 and Quotas.load(EXAMPLE).for_tenant("free-tier").connections == 8
+    assert DEFAULT_QUOTA.streams == 16 and Quotas().share(3).default.streams == 6
     q = Quotas.from_mapping({"default": {"connections": 2}, "tenants": {"free": {"connections": 1}}})
     assert q.share(2).default.connections == 1 and q.share(3).for_tenant("free").connections == 1
     assert connection_gate(Quotas.from_mapping({"default": {"connections": None}})) is None

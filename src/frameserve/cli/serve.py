@@ -100,7 +100,7 @@ def serve_command(
     analyze_max_bytes: Annotated[int, typer.Option("--analyze-max-bytes", min=1, help="Largest clip POST /v1/analyze accepts, bytes (413 beyond).")] = 64 * 1024 * 1024,
     analyze_max_duration_s: Annotated[float, typer.Option("--analyze-max-duration-s", min=0.001, help="Longest clip POST /v1/analyze accepts, seconds (413 beyond).")] = 60.0,
     analyze_concurrency: Annotated[int, typer.Option("--analyze-concurrency", min=1, help="Clips POST /v1/analyze runs at once (429 beyond).")] = 2,
-    quotas: Annotated[Path | None, typer.Option("--quotas", help="Per-tenant limits, YAML (a default row, per-tenant rows; deploy/quotas.example.yaml): queued and running jobs, analyze concurrency, infer rate and concurrency, connections (429 with Retry-After beyond). Default: queued_jobs 10000 and connections 256 per tenant, nothing else limited.")] = None,
+    quotas: Annotated[Path | None, typer.Option("--quotas", help="Per-tenant limits, YAML (a default row, per-tenant rows; deploy/quotas.example.yaml): queued and running jobs, analyze concurrency, infer rate and concurrency, connections, gRPC streams (429 with Retry-After beyond). Default: queued_jobs 10000, connections 256 and streams 16 per tenant, nothing else limited.")] = None,
 ) -> None:
     """Serve the models of a repository over the v2 protocol (HTTP, gRPC) with metrics, video jobs on /v1/jobs and short clips on /v1/analyze."""
     from frameserve import __version__
@@ -196,7 +196,7 @@ def serve_command(
         _say(f"frameserve {__version__}: model repository {repository.root}")
         _say(f"pipelines: {', '.join(registry.names())}" + (f" (folder {registry.folder})" if registry.folder else ""))
         _say(_security_line(options))
-        _say(f"quotas: {quotas}" if quotas is not None else "quotas: built-in defaults (queued_jobs 10000 and connections 256 per tenant; --quotas FILE)")
+        _say(f"quotas: {quotas}" if quotas is not None else "quotas: built-in defaults (queued_jobs 10000, connections 256, streams 16 per tenant; --quotas FILE)")
         try:
             server.start()
         except OSError as exc:

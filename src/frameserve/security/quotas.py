@@ -11,6 +11,7 @@ tenant, and per-tenant rows under ``tenants`` that override single fields of it:
       infer_burst: 400           # ... and the bucket's size (default: one second of infer_rate)
       infer_concurrency: 32      # v2 inference requests in flight at once
       connections: 64            # HTTP connections open at once (counted once a request names the tenant)
+      streams: 8                 # gRPC ModelStreamInfer streams open at once
     tenants:
       batch-team:
         queued_jobs: 100000
@@ -20,7 +21,7 @@ tenant, and per-tenant rows under ``tenants`` that override single fields of it:
 
 Every field is a positive integer or ``null`` (no limit of that kind). A field left out of the
 ``default`` row takes the built-in default of :class:`TenantQuota` (no limit, but
-``queued_jobs``: 10,000 and ``connections``: 256); a field left out of a tenant's row takes the ``default`` row's.
+``queued_jobs``: 10,000, ``connections``: 256 and ``streams``: 16); a field left out of a tenant's row takes the ``default`` row's.
 Unknown fields or tenants' rows that are not mappings stop the start with the file's name and
 the offending key.
 
@@ -38,7 +39,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,10 @@ class TenantQuota:
             (:mod:`frameserve.protocol.http._wire`); one more gets 429 and is closed. Default
             256: perf_analyzer's and Triton's clients open one connection per concurrent
             request, and a client at this many is far past what one server's cores answer.
+        streams: most gRPC ``ModelStreamInfer`` streams of the tenant open at once; one more is
+            refused with ``RESOURCE_EXHAUSTED``. Each stream holds one of the gRPC server's
+            threads (:data:`~frameserve.protocol.grpc._threaded.DEFAULT_THREADS`, 64) while it
+            lasts, so the default 16 leaves three quarters of them to other tenants.
     """
 
     queued_jobs: int | None = 10_000
@@ -88,6 +93,7 @@ class TenantQuota:
     infer_burst: int | None = None
     infer_concurrency: int | None = None
     connections: int | None = 256
+    streams: int | None = 16
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -142,7 +148,7 @@ class Quotas:
     def share(self, n: int) -> Quotas:
         """The part of these quotas one of ``n`` processes enforces on its own (``serve
         --http-workers N`` front ends each count the requests they receive): ``infer_rate``,
-        ``infer_burst``, ``infer_concurrency`` and ``connections`` divided by ``n``, rounded up;
+        ``infer_burst``, ``infer_concurrency``, ``connections`` and ``streams`` divided by ``n``, rounded up;
         the job limits (counted in the database) unchanged."""
         if n <= 1:
             return self
@@ -151,14 +157,14 @@ class Quotas:
             def div(v: int | None) -> int | None:
                 return None if v is None else max(1, math.ceil(v / n))
             return replace(q, infer_rate=div(q.infer_rate), infer_burst=div(q.infer_burst),
-                           infer_concurrency=div(q.infer_concurrency), connections=div(q.connections))
+                           infer_concurrency=div(q.infer_concurrency), connections=div(q.connections), streams=div(q.streams))
 
         return Quotas(default=part(self.default), tenants={t: part(q) for t, q in self.tenants.items()})
 
     @property
     def limits_inference(self) -> bool:
-        """Whether any row limits ``infer_rate`` or ``infer_concurrency``."""
-        return any(q.infer_rate is not None or q.infer_concurrency is not None
+        """Whether any row limits ``infer_rate``, ``infer_concurrency`` or ``streams``."""
+        return any(q.infer_rate is not None or q.infer_concurrency is not None or q.streams is not None
                    for q in (self.default, *self.tenants.values()))
 
     @classmethod
@@ -337,9 +343,9 @@ def connection_gate(quotas: Quotas) -> ConcurrencyGate | None:
 
 
 class InferGate:
-    """The per-tenant inference limits (``infer_rate`` with ``infer_burst``, and
-    ``infer_concurrency``), checked by the transports on a request's headers, before its body is
-    read or decoded.
+    """The per-tenant inference limits (``infer_rate`` with ``infer_burst``,
+    ``infer_concurrency``, and gRPC ``streams``), checked by the transports on a request's
+    headers, before its body is read or decoded.
 
     Args:
         quotas: the quotas this process enforces (a front end's :meth:`Quotas.share`).
@@ -349,6 +355,7 @@ class InferGate:
     def __init__(self, quotas: Quotas, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._rate = RateGate(quotas, clock=clock)
         self._inflight = ConcurrencyGate(lambda t: quotas.for_tenant(t).infer_concurrency, "infer_concurrency")
+        self._streams = ConcurrencyGate(lambda t: quotas.for_tenant(t).streams, "streams")
 
     @classmethod
     def of(cls, quotas: Quotas | None, *, share: int = 1) -> InferGate | None:
@@ -371,6 +378,14 @@ class InferGate:
     def leave(self, tenant: str) -> None:
         """A request :meth:`enter` admitted is answered."""
         self._inflight.release(tenant)
+
+    def stream(self, tenant: str) -> AbstractContextManager[None]:
+        """Holds one of ``tenant``'s ``streams`` while a gRPC stream is open.
+
+        Raises:
+            QuotaExceededError: the tenant has its ``streams`` open already.
+        """
+        return self._streams.hold(tenant)
 
     @contextmanager
     def held(self, tenant: str) -> Iterator[None]:

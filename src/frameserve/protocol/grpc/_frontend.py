@@ -24,6 +24,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from frameserve._proto import grpc_service_pb2 as pb
+from frameserve.errors import QuotaExceededError
 from frameserve.protocol._core import InferCore, RegionSource
 from frameserve.protocol.grpc._auth import TokenInterceptor, principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response
@@ -145,10 +146,22 @@ class _FrontServicer:
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        tenant = self._tenant(context)
+        with contextlib.ExitStack() as held:
+            try:
+                if self.infer_gate is not None:
+                    held.enter_context(self.infer_gate.stream(tenant))
+            except QuotaExceededError as exc:
+                await context.abort(*status_of(exc))
+            async for response in self._answers(request_iterator, tenant):
+                yield response
+
+    async def _answers(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], tenant: str
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         async for request in request_iterator:
             try:
                 if self.knows(request.model_name, request.model_version):
-                    tenant = self._tenant(context)
                     with self._admitted(tenant):
                         response = await infer(
                             self.core, request, self.limits, self.shared_memory, encode=encode_infer_response,

@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
 from frameserve._proto import model_config_pb2 as mc
-from frameserve.errors import FrameserveError, InvalidInputError, SharedMemoryNotFoundError
+from frameserve.errors import FrameserveError, InvalidInputError, QuotaExceededError, SharedMemoryNotFoundError
 from frameserve.protocol import check_model_control
 from frameserve.protocol.grpc._auth import principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response, parameter_value, parse_version
@@ -121,6 +121,11 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         :class:`~frameserve.errors.QuotaExceededError`, ``RESOURCE_EXHAUSTED``, over them)."""
         return self.infer_gate.held(tenant) if self.infer_gate is not None else contextlib.nullcontext()
 
+    def streaming(self, tenant: str) -> contextlib.AbstractContextManager[None]:
+        """Holds one of ``tenant``'s ``streams`` while a ``ModelStreamInfer`` stream is open
+        (raises :class:`~frameserve.errors.QuotaExceededError` at the limit)."""
+        return self.infer_gate.stream(tenant) if self.infer_gate is not None else contextlib.nullcontext()
+
     # -- health ------------------------------------------------------------------------------
 
     def server_live(self) -> bool:
@@ -205,7 +210,19 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Answers each streamed request in turn with one message: its result, or its error in
-        ``error_message`` (the stream stays open, as Triton's does)."""
+        ``error_message`` (the stream stays open, as Triton's does). A tenant at its ``streams``
+        quota gets ``RESOURCE_EXHAUSTED``."""
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(self.streaming(self.tenant_of(context)))
+            except QuotaExceededError as exc:
+                await context.abort(*status_of(exc))
+            async for response in self._answers(request_iterator, context):
+                yield response
+
+    async def _answers(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         async for request in request_iterator:
             try:
                 response = await self._infer(request, context)

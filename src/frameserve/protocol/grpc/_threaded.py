@@ -29,6 +29,7 @@ I/O, outside the lock) stay on every CPU: keeping them on the same CPU too gave 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -58,7 +59,12 @@ __all__ = ["DEFAULT_THREADS", "WORKING_THREADS", "ThreadedGrpcServer", "threaded
 log = logging.getLogger(__name__)
 
 DEFAULT_THREADS = 64
-"""Pool threads: calls in progress at once (a stream holds one while it lasts)."""
+"""Pool threads: calls in progress at once (a stream holds one while it lasts; a tenant's
+``ModelStreamInfer`` streams are capped by its ``streams`` quota)."""
+
+WATCH_STREAMS = 4
+"""Health ``Watch`` streams open at once (they need no token and each holds a pool thread; more:
+``RESOURCE_EXHAUSTED``). Kubernetes' gRPC probes and ``grpc_health_probe`` call ``Check``."""
 
 WORKING_THREADS = 4
 """Pool threads decoding, running or encoding an inference at once; the others wait for the
@@ -145,6 +151,7 @@ class _Handlers:
         self.health = health
         self.loop = loop
         self.working = threading.BoundedSemaphore(WORKING_THREADS)
+        self.watching = threading.BoundedSemaphore(WATCH_STREAMS)
 
     def ModelInferRaw(self, data: bytes, context: grpc.ServicerContext) -> bytes:
         s = self.servicer
@@ -163,9 +170,20 @@ class _Handlers:
         self, requests: Iterator[pb.ModelInferRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.ModelStreamInferResponse]:
         s = self.servicer
+        tenant = s.tenant_of(context)
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(s.streaming(tenant))
+            except Exception as exc:  # noqa: BLE001 - at the tenant's streams quota
+                _abort(context, exc, "ModelStreamInfer")
+            yield from self._answers(requests, context, tenant)
+
+    def _answers(
+        self, requests: Iterator[pb.ModelInferRequest], context: grpc.ServicerContext, tenant: str
+    ) -> Iterator[pb.ModelStreamInferResponse]:
+        s = self.servicer
         for request in requests:
             try:
-                tenant = s.tenant_of(context)
                 with s.admitted(tenant):
                     response = infer_blocking(s.service, request, s.limits, s.shared_memory, self.working, context,
                                               tenant=tenant)
@@ -186,6 +204,17 @@ class _Handlers:
         return health_pb2.HealthCheckResponse(status=status)
 
     def Watch(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext
+    ) -> Iterator[health_pb2.HealthCheckResponse]:
+        if not self.watching.acquire(blocking=False):  # each Watch holds a pool thread while it lasts
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{WATCH_STREAMS} health Watch streams are open already; poll with Check instead")
+        try:
+            yield from self._watch(request, context)
+        finally:
+            self.watching.release()
+
+    def _watch(
         self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext
     ) -> Iterator[health_pb2.HealthCheckResponse]:
         last: int | None = -1
