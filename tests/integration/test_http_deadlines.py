@@ -245,3 +245,36 @@ def test_serve_flags_set_the_deadlines_and_the_quotas_file_the_connections(
             for conn in conns:
                 conn.close()
         assert s.stop() == 0
+
+
+def test_front_ends_read_no_more_of_an_analyze_upload_than_its_cap(repo: Path, tmp_path: Path) -> None:
+    """``--http-workers 2``: a chunked ``/v1/analyze`` upload (no Content-Length) is cut near
+    ``--analyze-max-bytes`` in the front end, not read up to ``--max-body-bytes`` (256 MiB) first."""
+    from _serving import ServeProcess
+
+    with ServeProcess(repo, tmp_path / "home", "--no-jobs", "--http-workers", "2",
+                      "--analyze-max-bytes", "200000") as s:
+        s.wait_ready(120)
+        sent = 0
+        with socket.create_connection(("127.0.0.1", s.ports["HTTP"])) as sock:
+            sock.sendall(b"POST /v1/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: video/mp4\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n")
+            chunk = b"%x\r\n%s\r\n" % (1 << 16, b"\0" * (1 << 16))
+            sock.settimeout(0.05)
+            answer = b""
+            while sent < 300 << 20 and not answer:
+                try:
+                    sock.sendall(chunk)
+                    sent += 1 << 16
+                    answer = sock.recv(65536)
+                except TimeoutError:
+                    continue
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+            sock.settimeout(WAIT_S)
+            try:
+                answer += sock.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                pass
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
+        assert sent < 64 << 20, f"{sent} bytes were sent before the 413"
