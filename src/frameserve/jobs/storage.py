@@ -300,11 +300,11 @@ class Storage:
         for root in roots:
             if path == root or path.is_relative_to(root):
                 return path
-        whose = f"tenant {tenant!r}'s file roots" if tenant else "the file roots"
+        whose = f" of tenant {tenant!r}" if tenant else ""
         shown = ", ".join(str(r) for r in roots) or "none configured"
         raise SourceError(
-            f"{what} {_show(uri)!r} is not under {whose} ({shown}), symlinks and '..' resolved; see --file-root"
-            + self._withheld(tenant, s3=False)
+            f"{what} {_show(uri)!r} is not under an allowed file root{whose} ({shown}; symlinks and '..' resolved); "
+            "see --file-root" + self._withheld(tenant, s3=False)
         )
 
     def _bucket(self, uri: str, what: str, tenant: str) -> None:
