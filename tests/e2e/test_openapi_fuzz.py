@@ -91,7 +91,7 @@ def test_job_routes_survive_schemathesis(tmp_path: Path, tokens: bool, max_time_
     headers: dict[str, str] = {}
     if tokens:
         (tmp_path / "tokens").write_text(f"{TOKEN} jobs fuzzer\n")
-        extra += ["--auth-token-file", str(tmp_path / "tokens")]
+        extra += ["--auth-token-file", str(tmp_path / "tokens"), "--shared-file-root"]  # one tenant, one folder
         headers = {"Authorization": f"Bearer {TOKEN}"}
     (tmp_path / "schemathesis.toml").write_text(CONFIG)
     with ServeProcess(repo, home, *extra) as server:

@@ -25,8 +25,9 @@ TOKENS = {name: f"{name}-token-0123456789abcdefghijklmnopqrstuv" for name in ("b
 
 def test_the_example_quotas_file_bounds_a_tenants_running_jobs_and_stats_show_tenants(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    (home / "storage").mkdir(parents=True)
-    (home / "storage" / "in.mp4").write_bytes(b"not decoded: no worker here opens it")
+    for name in TOKENS:  # with tokens the default root is $FRAMESERVE_HOME/storage/{tenant}
+        (home / "storage" / name).mkdir(parents=True)
+        (home / "storage" / name / "in.mp4").write_bytes(b"not decoded: no worker here opens it")
     repo = tmp_path / "models"
     repo.mkdir()
     tokens = tmp_path / "tokens"
@@ -40,7 +41,7 @@ def test_the_example_quotas_file_bounds_a_tenants_running_jobs_and_stats_show_te
         base = f"http://127.0.0.1:{server.ports['HTTP']}"
         for name, n in (("free-tier", 4), ("web", 1), ("batch-team", 1)):
             for i in range(n):
-                body = {"source": f"file://{home}/storage/in.mp4", "target": f"file://{home}/storage/out/{name}-{i}",
+                body = {"source": f"file://{home}/storage/{name}/in.mp4", "target": f"file://{home}/storage/{name}/out/{i}",
                         "pipeline": "nudenet"}
                 r = httpx.post(f"{base}/v1/jobs", json=body, timeout=10, headers={"authorization": f"Bearer {TOKENS[name]}"})
                 assert r.status_code == 201, r.text

@@ -190,7 +190,7 @@ def test_two_workers_keep_a_tenants_running_jobs_and_a_finish_wakes_them(db_url:
         return {"summary": {}}, {"r.json": out}
 
     q = quotas(alice=TenantQuota(queued_jobs=None, running_jobs=1))
-    workers = [Worker(store, Storage(file_roots=[root]), work, lease_s=60, poll_s=3600, safety_poll_s=3600,
+    workers = [Worker(store, Storage(file_roots=[root], shared_file_root=True), work, lease_s=60, poll_s=3600, safety_poll_s=3600,
                       listen=False, quotas=q) for _ in range(2)]
     try:
         ids = [store.submit(JobSpec(source=f"file://{root}/v.mp4", target=f"file://{root}/out/{i}", pipeline="noop",

@@ -71,7 +71,7 @@ def store(tmp_path: Path) -> Iterator[JobStore]:
 
 
 def test_a_submit_over_queued_jobs_gets_429_with_retry_after_and_the_limit(store: JobStore, root: Path) -> None:
-    app = app_with(create_router(store, storage=Storage(file_roots=[root])))
+    app = app_with(create_router(store, storage=Storage(file_roots=[root], shared_file_root=True)))
 
     def submit(who: str, n: int) -> httpx.Response:
         body = {"source": f"file://{root}/in/v.mp4", "target": f"file://{root}/out/{who}-{n}", "pipeline": "nudenet"}

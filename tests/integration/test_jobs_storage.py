@@ -83,8 +83,8 @@ def test_file_uris_only_under_the_roots(tmp_path: Path) -> None:
     (tmp_path / "secret").write_bytes(b"s")
     (root / "escape").symlink_to(tmp_path / "secret")
     st = Storage(file_roots=[root])
-    st.check_source(f"file://{root}/in/v.mp4")
-    st.check_target(f"file://{root}/out/new/deeper")
+    st.check_source(f"file://{root}/in/v.mp4", tenant="")
+    st.check_target(f"file://{root}/out/new/deeper", tenant="")
     for bad, why in [
         (f"file://{tmp_path}/secret", "not under an allowed file root"),
         (f"file://{root}/escape", "not under an allowed file root"),  # a symlink out of the root
@@ -94,27 +94,27 @@ def test_file_uris_only_under_the_roots(tmp_path: Path) -> None:
         ("file://otherhost/v.mp4", "names host"),
     ]:
         with pytest.raises(SourceError, match=why):
-            st.check_source(bad)
+            st.check_source(bad, tenant="")
     with pytest.raises(SourceError, match="scheme 'http' is not supported"):
-        st.check_target("http://host/out")
+        st.check_target("http://host/out", tenant="")
     with pytest.raises(SourceError, match="none configured"):
-        Storage().check_source(f"file://{root}/in/v.mp4")
+        Storage().check_source(f"file://{root}/in/v.mp4", tenant="")
 
 
 def test_http_download_and_error_sorting(http_base: str, tmp_path: Path) -> None:
     st = Storage(http_timeout_s=0.3, sources_allow_private=True)  # the test server is on loopback
-    got = st.download(f"{http_base}/ok.mp4", tmp_path / "a")
+    got = st.download(f"{http_base}/ok.mp4", tmp_path / "a", tenant="")
     assert got.read_bytes() == PAYLOAD
     for code in (404, 403, 400):
         with pytest.raises(SourceError, match=f"HTTP {code}"):
-            st.download(f"{http_base}/{code}.mp4", tmp_path / "b")
+            st.download(f"{http_base}/{code}.mp4", tmp_path / "b", tenant="")
     for code in (500, 503, 429):
         with pytest.raises(StorageError, match=f"HTTP {code}"):
-            st.download(f"{http_base}/{code}.mp4", tmp_path / "c")
+            st.download(f"{http_base}/{code}.mp4", tmp_path / "c", tenant="")
     with pytest.raises(StorageError, match="timed out"):
-        st.download(f"{http_base}/slow.mp4", tmp_path / "d")
+        st.download(f"{http_base}/slow.mp4", tmp_path / "d", tenant="")
     with pytest.raises(StorageError):
-        st.download(f"http://127.0.0.1:{free_port()}/gone.mp4", tmp_path / "e")  # nobody listening
+        st.download(f"http://127.0.0.1:{free_port()}/gone.mp4", tmp_path / "e", tenant="")  # nobody listening
 
 
 def test_file_upload_replaces_the_final_name_atomically(tmp_path: Path) -> None:
@@ -124,7 +124,7 @@ def test_file_upload_replaces_the_final_name_atomically(tmp_path: Path) -> None:
     local = tmp_path / "results.json"
     for text in ("first", "second"):  # a retried attempt overwrites the same final key
         local.write_text(text)
-        out = st.upload({"results.json": local}, f"file://{root}/jobs/1/")
+        out = st.upload({"results.json": local}, f"file://{root}/jobs/1/", tenant="")
         assert out == {"results.json": f"file://{root}/jobs/1/results.json"}
     assert (root / "jobs/1/results.json").read_text() == "second"
     assert [p.name for p in (root / "jobs/1").iterdir()] == ["results.json"]
@@ -140,14 +140,14 @@ def test_a_retry_sweeps_the_temporary_objects_a_killed_attempt_left(s3_endpoint:
     # what an attempt SIGKILLed between writing its temporary object and moving it leaves behind
     fs.pipe("s3://out/jobs/8/.frameserve-tmp/0123456789ab/results.json", b"killed")
     (root / "jobs/2/.results.json.tmp-0123456789ab").write_text("killed")
-    st.upload({"results.json": local}, "s3://out/jobs/8")  # a first attempt does not look (no cost)
+    st.upload({"results.json": local}, "s3://out/jobs/8", tenant="")  # a first attempt does not look (no cost)
     assert fs.exists("s3://out/jobs/8/.frameserve-tmp/0123456789ab/results.json")
-    st.upload({"results.json": local}, "s3://out/jobs/8", sweep=True)
-    st.upload({"results.json": local}, f"file://{root}/jobs/2", sweep=True)
+    st.upload({"results.json": local}, "s3://out/jobs/8", sweep=True, tenant="")
+    st.upload({"results.json": local}, f"file://{root}/jobs/2", sweep=True, tenant="")
     assert sorted(fs.find("s3://out/jobs/8")) == ["out/jobs/8/results.json"]
     assert fs.cat("s3://out/jobs/8/results.json") == b"retry"
     assert [p.name for p in (root / "jobs/2").iterdir()] == ["results.json"]
-    st.upload({"results.json": local}, "s3://out/jobs/9", sweep=True)  # nothing to sweep: no error
+    st.upload({"results.json": local}, "s3://out/jobs/9", sweep=True, tenant="")  # nothing to sweep: no error
 
 
 def test_s3_upload_via_temporary_key_multipart_and_download(
@@ -159,7 +159,7 @@ def test_s3_upload_via_temporary_key_multipart_and_download(
     big.write_bytes(b"\x01" * (11 * 1024 * 1024))  # three parts of 5 MiB
     small = tmp_path / "results.json"
     small.write_text('{"frames": []}')
-    out = st.upload({"results.json": small, "annotated.mp4": big}, "s3://out/jobs/7")
+    out = st.upload({"results.json": small, "annotated.mp4": big}, "s3://out/jobs/7", tenant="")
     assert out == {"results.json": "s3://out/jobs/7/results.json", "annotated.mp4": "s3://out/jobs/7/annotated.mp4"}
     fs = st.s3()
     assert fs.cat("s3://out/jobs/7/results.json") == b'{"frames": []}'
@@ -170,9 +170,9 @@ def test_s3_upload_via_temporary_key_multipart_and_download(
     assert sum(f"PUT {tmp_key}" in m and "annotated.mp4?partNumber=" in m for m in requests) == 3
     assert not any("PUT /out/jobs/7/annotated.mp4?partNumber" in m for m in requests)  # the final key is never partial
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.find("s3://out/jobs/7")) == ["annotated.mp4", "results.json"]
-    got = st.download("s3://out/jobs/7/results.json", tmp_path / "dl" / "r.json")
+    got = st.download("s3://out/jobs/7/results.json", tmp_path / "dl" / "r.json", tenant="")
     assert got.read_text() == '{"frames": []}'
     with pytest.raises(SourceError):
-        st.download("s3://out/jobs/7/missing.mp4", tmp_path / "dl" / "m")
+        st.download("s3://out/jobs/7/missing.mp4", tmp_path / "dl" / "m", tenant="")
     with pytest.raises(SourceError):
-        st.upload({"results.json": small}, "s3://no-such-bucket/x")
+        st.upload({"results.json": small}, "s3://no-such-bucket/x", tenant="")

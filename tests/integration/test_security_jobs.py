@@ -243,7 +243,7 @@ def test_non_public_sources_are_refused_at_submit_and_at_download_and_never_conn
     assert r.json()["detail"] == {"code": "address_refused"} and "--sources-allow-private" in r.json()["error"]
     # the worker's own check, at connect (httpx itself refuses a few spellings as invalid URLs)
     with pytest.raises((AddressRefusedError, SourceError), match="non-public address|not a valid URL"):
-        storage.download(url, tmp_path / "dl")
+        storage.download(url, tmp_path / "dl", tenant="")
     assert store.counts()["queued"] == 0
     assert net.connects == [] and origin.requests == []
 
@@ -256,18 +256,18 @@ def test_non_public_sources_are_refused_at_submit_and_at_download_and_never_conn
 def test_every_redirect_hop_is_checked(target: str, net: Network, origin: Origin, tmp_path: Path) -> None:
     where = quote(target.format(port=origin.port), safe="")
     with pytest.raises(AddressRefusedError, match="non-public address"):
-        Storage().download(f"http://public.test/redirect?to={where}", tmp_path / "dl")
+        Storage().download(f"http://public.test/redirect?to={where}", tmp_path / "dl", tenant="")
     assert net.connects == [(PUBLIC, 80)]  # the public hop only
     assert [p for p, _ in origin.requests] == [f"/redirect?to={where}"]
 
 
 def test_redirects_are_capped_and_only_http_is_followed(net: Network, origin: Origin, tmp_path: Path) -> None:
     st = Storage()
-    assert st.download("http://public.test/chain?n=4", tmp_path / "a").read_bytes() == PAYLOAD  # 5 hops
+    assert st.download("http://public.test/chain?n=4", tmp_path / "a", tenant="").read_bytes() == PAYLOAD  # 5 hops
     with pytest.raises(SourceError, match="more than 5 redirects"):
-        st.download("http://public.test/chain?n=5", tmp_path / "b")
+        st.download("http://public.test/chain?n=5", tmp_path / "b", tenant="")
     with pytest.raises(SourceError, match="only http"):
-        st.download(f"http://public.test/redirect?to={quote('file:///etc/passwd', safe='')}", tmp_path / "c")
+        st.download(f"http://public.test/redirect?to={quote('file:///etc/passwd', safe='')}", tmp_path / "c", tenant="")
     assert {ip for ip, _ in net.connects} == {PUBLIC}
     assert {host for _, host in origin.requests} == {"public.test"}  # the original Host header, not the address
 
@@ -343,7 +343,7 @@ def test_s3_only_for_allowed_buckets(store: JobStore, root: Path) -> None:
     ok = call(app, "POST", "/v1/jobs", json={"source": "s3://media/in.mp4", "target": "s3://media/out"})
     assert ok.status_code == 201, ok.text
     with pytest.raises(SourceError, match="--s3-allow-bucket"):
-        Storage().download("s3://server-secrets/key.mp4", root / "dl")
+        Storage().download("s3://server-secrets/key.mp4", root / "dl", tenant="")
 
 
 # ---------------------------------------------------------------------------------------- download limits
@@ -353,20 +353,20 @@ def test_downloads_stop_at_the_size_cap(net: Network, origin: Origin, tmp_path: 
     st = Storage(file_roots=[root], sources_allow_private=True, max_source_bytes=1000)
     base = f"http://127.0.0.1:{origin.port}"
     with pytest.raises(SourceTooLargeError, match=r"is 1000000000000 bytes, over the limit of 1000 bytes \(--max-source-bytes\)"):
-        st.download(f"{base}/big", tmp_path / "big")  # refused from Content-Length
+        st.download(f"{base}/big", tmp_path / "big", tenant="")  # refused from Content-Length
     assert not (tmp_path / "big").exists()
     with pytest.raises(SourceTooLargeError, match=r"over the limit of 1000 bytes"):
-        st.download(f"{base}/endless", tmp_path / "endless")  # no length: counted as it comes
+        st.download(f"{base}/endless", tmp_path / "endless", tenant="")  # no length: counted as it comes
     assert (tmp_path / "endless").stat().st_size <= 1000
     with pytest.raises(SourceTooLargeError):
-        Storage(file_roots=[root], max_source_bytes=10).download(f"file://{root}/in/v.mp4", tmp_path / "f")
+        Storage(file_roots=[root], max_source_bytes=10).download(f"file://{root}/in/v.mp4", tmp_path / "f", tenant="")
 
 
 def test_a_trickling_source_hits_the_total_timeout(net: Network, origin: Origin, tmp_path: Path) -> None:
     st = Storage(sources_allow_private=True, source_timeout_s=1.0, http_timeout_s=30.0)
     t0 = time.monotonic()
     with pytest.raises(SourceError, match=r"did not download within 1 s \(--source-timeout-s\)"):
-        st.download(f"http://127.0.0.1:{origin.port}/slow?every=0.2", tmp_path / "s")
+        st.download(f"http://127.0.0.1:{origin.port}/slow?every=0.2", tmp_path / "s", tenant="")
     assert time.monotonic() - t0 < 5.0  # not the 30 s idle timeout, not the 10**9 bytes
 
 
@@ -377,7 +377,7 @@ def test_cancel_interrupts_a_download_within_a_second(net: Network, origin: Orig
     def run() -> None:
         try:
             Storage(sources_allow_private=True).download(f"http://127.0.0.1:{origin.port}/slow?every=5", tmp_path / "s",
-                                                         cancel=cancel)
+                                                         cancel=cancel, tenant="")
         except BaseException as exc:  # noqa: BLE001
             outcome.append(exc)
 
@@ -513,7 +513,7 @@ def test_file_uris_are_checked_in_linear_time_and_nul_is_a_400(store: JobStore, 
     st = Storage(file_roots=[root])
     t0 = time.perf_counter()
     with pytest.raises(SourceError, match="longer than 4096 bytes"):
-        st.check_source(long_uri)
+        st.check_source(long_uri, tenant="")
     assert time.perf_counter() - t0 < 0.5  # the old path handling took over a second (quadratic)
     app = jobs_app(store, st)
     t0 = time.perf_counter()
@@ -530,7 +530,7 @@ def test_file_uris_are_checked_in_linear_time_and_nul_is_a_400(store: JobStore, 
 
 
 def test_jobs_are_owned_listed_and_cancelled_only_by_their_owner(store: JobStore, root: Path) -> None:
-    app = jobs_app(store, Storage(file_roots=[root]))
+    app = jobs_app(store, Storage(file_roots=[root], shared_file_root=True))
     alice, bob, admin = ({"x-test-principal": p} for p in ("alice:jobs", "bob:jobs", "ops:admin"))
     body = {"source": f"file://{root}/in/v.mp4", "target": f"file://{root}/out/a"}
     a = call(app, "POST", "/v1/jobs", json=body, headers=alice).json()
@@ -547,7 +547,7 @@ def test_jobs_are_owned_listed_and_cancelled_only_by_their_owner(store: JobStore
 
 
 def test_idempotency_keys_are_per_owner_and_bound_to_the_body(store: JobStore, root: Path) -> None:
-    app = jobs_app(store, Storage(file_roots=[root]))
+    app = jobs_app(store, Storage(file_roots=[root], shared_file_root=True))
     body = {"source": f"file://{root}/in/v.mp4", "target": f"file://{root}/out/a"}
     alice = {"x-test-principal": "alice:jobs", "idempotency-key": "k-1"}
     bob = {"x-test-principal": "bob:jobs", "idempotency-key": "k-1"}
@@ -627,7 +627,7 @@ def test_with_the_servers_token_gate_each_token_sees_only_its_jobs(store: JobSto
     service = InferenceService(None, threads=1)
     server = Server(service, ServerOptions(
         host="127.0.0.1", http_port=0, grpc_port=None, metrics_port=None, tokens=TokenTable(tokens),
-        max_body_bytes=4096, http_routers=(create_router(store, storage=Storage(file_roots=[root])),),
+        max_body_bytes=4096, http_routers=(create_router(store, storage=Storage(file_roots=[root], shared_file_root=True)),),
     ))
     server.start()
     try:

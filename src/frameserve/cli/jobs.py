@@ -43,22 +43,30 @@ def submit(
     video_out: Annotated[bool, typer.Option("--video-out", help="Also write the pipeline's video (output.mp4).")] = False,
     pipelines: Annotated[Path | None, typer.Option("--pipelines", help="The workers' pipelines folder, so its pipelines may be named.")] = None,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Same key, same job.")] = None,
-    file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Allowed file:// root (repeatable).")] = None,
+    file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Allowed file:// root (repeatable; may hold {tenant}: the owner's folder).")] = None,
+    owner: Annotated[str, typer.Option("--owner", help="The tenant (a token NAME) the job belongs to; its source and target are checked against that tenant's storage. Default: the implicit owner of a server without tokens.")] = "",
+    shared_file_root: Annotated[bool | None, typer.Option("--shared-file-root/--no-shared-file-root", help="Let a named owner use roots and buckets without {tenant} (env FRAMESERVE_SHARED_FILE_ROOT=1).", show_default=False)] = None,
     callbacks_allow_private: Annotated[bool | None, typer.Option("--callbacks-allow-private/--callbacks-public-only")] = None,
     db: DbOpt = None,
 ) -> None:
-    """Record a queued job (checked like POST /v1/jobs) and print it."""
+    """Record a queued job (checked like POST /v1/jobs, for --owner) and print it."""
+    from frameserve.errors import InvalidInputError
     from frameserve.jobs.callbacks import check_callback_url
     from frameserve.jobs.store import JobSpec
     from frameserve.pipeline.registry import PipelineRegistry
+    from frameserve.security import is_tenant_name
 
     with exit_on_error():
+        if owner and not is_tenant_name(owner):
+            raise InvalidInputError(f"--owner {owner[:80]!r}: a tenant is 1 to 64 letters, digits and ._@- (starting with a letter or digit)")
+        # tenants=True: with no root given, a named owner gets $FRAMESERVE_HOME/storage/<owner>, as a worker sees it
         store, js = _store(db, file_roots=[str(p) for p in file_root or []] or None,
-                           callbacks_allow_private=callbacks_allow_private)
+                           callbacks_allow_private=callbacks_allow_private, shared_file_root=shared_file_root,
+                           tenants=True)
         PipelineRegistry(pipelines).resolve(pipeline)
         storage = js.storage()  # the service's rules: roots, buckets, source guard (from the environment)
-        storage.check_source(source)
-        storage.check_target(target)
+        storage.check_source(source, tenant=owner)  # the owner's own roots and buckets
+        storage.check_target(target, tenant=owner)
         if callback_url:
             check_callback_url(callback_url, allow_private=js.callbacks_allow_private)
         params: dict[str, Any] = {}
@@ -71,7 +79,7 @@ def submit(
             params["video_out"] = True
         job, _ = store.submit(
             JobSpec(source=source, target=target, pipeline=pipeline, params=params, callback_url=callback_url,
-                    priority=priority, max_attempts=js.max_attempts),
+                    priority=priority, max_attempts=js.max_attempts, owner=owner),
             idempotency_key=idempotency_key,
         )
         _print(job.to_resource())

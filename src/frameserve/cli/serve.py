@@ -86,13 +86,14 @@ def serve_command(
     embedded_worker: Annotated[bool, typer.Option("--embedded-worker/--no-embedded-worker", help="With --jobs: run the embedded job worker; --no-embedded-worker serves /v1/jobs and delivers callbacks but claims no job (separate `frameserve worker` processes, e.g. autoscaled pods, do the work).")] = True,
     export_queue_metrics: Annotated[bool, typer.Option("--export-queue-metrics/--no-export-queue-metrics", help="With --jobs: export the database-wide queue gauges (frameserve_jobs_by_state, _pending, ...) on the metrics port. Keep ONE exporter per database (this server, or one `worker --export-queue-metrics`) so Prometheus does not add them up.")] = True,
     db: Annotated[str | None, typer.Option("--db", help="Job database, an SQLAlchemy URL (env FRAMESERVE_DB; default: SQLite under $FRAMESERVE_HOME).")] = None,
-    file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Folder allowed for file:// job sources and targets; repeatable (env FRAMESERVE_FILE_ROOTS; default: $FRAMESERVE_HOME/storage).")] = None,
+    file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Folder allowed for file:// job and /v1/analyze sources and targets; repeatable; {tenant} in it (a whole segment: /data/{tenant}) confines each tenant (token NAME) to its folder, 'default' without tokens (env FRAMESERVE_FILE_ROOTS; default: $FRAMESERVE_HOME/storage, with tokens $FRAMESERVE_HOME/storage/{tenant}).")] = None,
+    shared_file_root: Annotated[bool | None, typer.Option("--shared-file-root/--no-shared-file-root", help="With tokens: let every tenant use the file roots and S3 entries without {tenant} (shared storage, on purpose); without it the server refuses to start with such a root (env FRAMESERVE_SHARED_FILE_ROOT=1).", show_default=False)] = None,
     s3_endpoint_url: Annotated[str | None, typer.Option("--s3-endpoint-url", help="S3-compatible endpoint for s3:// job sources and targets (env FRAMESERVE_S3_ENDPOINT_URL; default: AWS).")] = None,
     webhook_secret: Annotated[str | None, typer.Option("--webhook-secret", help="whsec_... key that signs job callbacks (env FRAMESERVE_WEBHOOK_SECRET).")] = None,
     callbacks_allow_private: Annotated[bool | None, typer.Option("--callbacks-allow-private/--no-callbacks-allow-private", help="Allow callbacks to private and loopback addresses (env FRAMESERVE_CALLBACKS_ALLOW_PRIVATE=1).", show_default=False)] = None,
     lease_s: Annotated[float | None, typer.Option("--lease-s", min=1, help="Job lease in seconds (env FRAMESERVE_LEASE_S; default 30).")] = None,
     sources_allow_private: Annotated[bool | None, typer.Option("--sources-allow-private/--no-sources-allow-private", help="Let http(s) job and /v1/analyze sources reach loopback, private and link-local addresses (env FRAMESERVE_SOURCES_ALLOW_PRIVATE=1; default refused).", show_default=False)] = None,
-    s3_allow_bucket: Annotated[list[str] | None, typer.Option("--s3-allow-bucket", help="Bucket s3:// job sources and targets may name; repeatable (env FRAMESERVE_S3_ALLOW_BUCKETS, comma-separated; default none).")] = None,
+    s3_allow_bucket: Annotated[list[str] | None, typer.Option("--s3-allow-bucket", help="BUCKET or BUCKET/PREFIX s3:// job and /v1/analyze sources and targets may name (keys under the prefix; {tenant} in the prefix confines each tenant: media/{tenant}/); repeatable (env FRAMESERVE_S3_ALLOW_BUCKETS, comma-separated; default none).")] = None,
     max_source_bytes: Annotated[int | None, typer.Option("--max-source-bytes", min=1, help="Largest job source downloaded, bytes (env FRAMESERVE_MAX_SOURCE_BYTES; default 2 GiB).", show_default=False)] = None,
     source_timeout_s: Annotated[float | None, typer.Option("--source-timeout-s", min=0.001, help="Longest download of a job source in all, seconds (env FRAMESERVE_SOURCE_TIMEOUT_S; default 1800).", show_default=False)] = None,
     source_idle_timeout_s: Annotated[float | None, typer.Option("--source-idle-timeout-s", min=0.001, help="Longest wait for a source's next byte, seconds (env FRAMESERVE_SOURCE_IDLE_TIMEOUT_S; default 30).", show_default=False)] = None,
@@ -166,8 +167,10 @@ def serve_command(
             callbacks_allow_private=callbacks_allow_private, lease_s=lease_s,
             sources_allow_private=sources_allow_private, s3_allow_buckets=s3_allow_bucket,
             max_source_bytes=max_source_bytes, source_timeout_s=source_timeout_s,
-            source_idle_timeout_s=source_idle_timeout_s,
+            source_idle_timeout_s=source_idle_timeout_s, shared_file_root=shared_file_root,
+            tenants=options.tokens is not None,
         )
+        storage_line = _check_tenancy(jobs_settings, tenants=options.tokens is not None)  # exit 2 on shared storage
         routers = list(_pipeline_routers(settings, service, registry, jobs_settings, analyze_max_bytes,
                                          analyze_max_duration_s, analyze_concurrency, tenant_quotas))
         embedded = None
@@ -196,6 +199,8 @@ def serve_command(
         _say(f"frameserve {__version__}: model repository {repository.root}")
         _say(f"pipelines: {', '.join(registry.names())}" + (f" (folder {registry.folder})" if registry.folder else ""))
         _say(_security_line(options))
+        if storage_line:
+            _say(storage_line)
         _say(f"quotas: {quotas}" if quotas is not None else "quotas: built-in defaults (queued_jobs 10000, connections 256, streams 16 per tenant; --quotas FILE)")
         try:
             server.start()
@@ -244,6 +249,40 @@ def _pipeline_routers(
     assert quotas is None or isinstance(quotas, Quotas)
     analyzer = Analyzer(service, registry, storage, settings, limits, quotas=quotas)
     return create_pipelines_router(registry), create_analyze_router(analyzer)
+
+
+def _check_tenancy(js: object, *, tenants: bool) -> str:
+    """Refuse (exit 2) storage shared between tenants by accident: with tokens, a file root or
+    S3 entry without ``{tenant}`` needs ``--shared-file-root``. Returns the line to print about
+    storage (``storage: per tenant: ...`` or ``storage: SHARED between tenants ...``; none
+    without tokens unless ``--shared-file-root`` was given).
+
+    Raises:
+        InvalidInputError: the root or entry, and both ways out (``{tenant}``, the flag).
+    """
+    from frameserve.errors import InvalidInputError
+    from frameserve.jobs.settings import JobsSettings
+
+    assert isinstance(js, JobsSettings)
+    shared = js.storage().shared()
+    if not tenants:
+        return "storage: shared between tenants (--shared-file-root)" if js.shared_file_root else ""
+    if shared and not js.shared_file_root:
+        first = shared[0]
+        if first.startswith("s3://"):
+            flag, fix = "--s3-allow-bucket", f"--s3-allow-bucket {first.removeprefix('s3://').rstrip('/')}/{{tenant}}/"
+            shown = first.removeprefix("s3://")
+        else:
+            flag, fix, shown = "--file-root", f"--file-root {first.rstrip('/')}/{{tenant}}", first
+        more = f" (and {len(shared) - 1} more: {', '.join(shared[1:])})" if len(shared) > 1 else ""
+        raise InvalidInputError(
+            f"{flag} {shown} has no {{tenant}}{more}: with --auth-token-file every tenant could read and overwrite the "
+            f"others' files there. Confine each tenant to its own prefix ({fix}), or pass --shared-file-root "
+            "(env FRAMESERVE_SHARED_FILE_ROOT=1) to share it between tenants on purpose"
+        )
+    if shared:
+        return f"storage: SHARED between tenants (--shared-file-root): {', '.join(shared)}"
+    return f"storage: per tenant: {', '.join([*map(str, js.file_roots), *(f's3://{b}' for b in js.s3_allow_buckets)])}"
 
 
 def _read_quotas(path: Path | None) -> Quotas:

@@ -38,7 +38,8 @@ log = logging.getLogger("frameserve.jobs.worker")
 def worker_command(
     db: Annotated[str | None, typer.Option("--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME).")] = None,
     storage: Annotated[list[str] | None, typer.Option("--storage", help="Storage: a folder or file:// URI adds a file root; an http(s):// URL is the S3-compatible endpoint for s3://.")] = None,
-    file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Folder allowed for file:// sources and targets (repeatable) (env FRAMESERVE_FILE_ROOTS; default $FRAMESERVE_HOME/storage).")] = None,
+    file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Folder allowed for file:// sources and targets (repeatable); {tenant} in it (a whole segment: /data/{tenant}) confines each job to its owner's folder, 'default' for the implicit owner (env FRAMESERVE_FILE_ROOTS; default $FRAMESERVE_HOME/storage for the implicit owner, $FRAMESERVE_HOME/storage/{tenant} for named tenants).")] = None,
+    shared_file_root: Annotated[bool | None, typer.Option("--shared-file-root/--no-shared-file-root", help="Let jobs of named tenants use the file roots and S3 entries without {tenant} (serve's flag; without it such jobs fail) (env FRAMESERVE_SHARED_FILE_ROOT=1).", show_default=False)] = None,
     s3_endpoint_url: Annotated[str | None, typer.Option("--s3-endpoint-url", help="S3-compatible endpoint (env FRAMESERVE_S3_ENDPOINT_URL; default AWS).")] = None,
     webhook_secret: Annotated[str | None, typer.Option("--webhook-secret", help="Standard Webhooks secret, whsec_... (env FRAMESERVE_WEBHOOK_SECRET).")] = None,
     callbacks_allow_private: Annotated[bool | None, typer.Option("--callbacks-allow-private/--callbacks-public-only", help="Allow callbacks to private/loopback addresses (env FRAMESERVE_CALLBACKS_ALLOW_PRIVATE=1).")] = None,
@@ -62,7 +63,7 @@ def worker_command(
     threads: Annotated[int | None, typer.Option(min=1, help="Inference threads (default: all CPUs).")] = None,
     pipelines: Annotated[Path | None, typer.Option("--pipelines", help="Folder of the operator's pipelines (*.py, *.yaml) jobs may name beside the built-ins; each is checked at start.")] = None,
     sources_allow_private: Annotated[bool | None, typer.Option("--sources-allow-private/--no-sources-allow-private", help="Let http(s) job sources reach loopback, private and link-local addresses (env FRAMESERVE_SOURCES_ALLOW_PRIVATE=1; default refused).", show_default=False)] = None,
-    s3_allow_bucket: Annotated[list[str] | None, typer.Option("--s3-allow-bucket", help="Bucket s3:// job sources and targets may name; repeatable (env FRAMESERVE_S3_ALLOW_BUCKETS, comma-separated; default none).")] = None,
+    s3_allow_bucket: Annotated[list[str] | None, typer.Option("--s3-allow-bucket", help="BUCKET or BUCKET/PREFIX s3:// job sources and targets may name (keys under the prefix; {tenant} in the prefix: the job owner's); repeatable (env FRAMESERVE_S3_ALLOW_BUCKETS, comma-separated; default none).")] = None,
     max_source_bytes: Annotated[int | None, typer.Option("--max-source-bytes", min=1, help="Largest job source downloaded, bytes (env FRAMESERVE_MAX_SOURCE_BYTES; default 2 GiB).", show_default=False)] = None,
     source_timeout_s: Annotated[float | None, typer.Option("--source-timeout-s", min=0.001, help="Longest download of a job source in all, seconds (env FRAMESERVE_SOURCE_TIMEOUT_S; default 1800).", show_default=False)] = None,
     source_idle_timeout_s: Annotated[float | None, typer.Option("--source-idle-timeout-s", min=0.001, help="Longest wait for a source's next byte, seconds (env FRAMESERVE_SOURCE_IDLE_TIMEOUT_S; default 30).", show_default=False)] = None,
@@ -95,8 +96,13 @@ def worker_command(
             webhook_secret=webhook_secret, callbacks_allow_private=callbacks_allow_private, lease_s=lease_s,
             sources_allow_private=sources_allow_private, s3_allow_buckets=s3_allow_bucket,
             max_source_bytes=max_source_bytes, source_timeout_s=source_timeout_s,
-            source_idle_timeout_s=source_idle_timeout_s,
+            source_idle_timeout_s=source_idle_timeout_s, shared_file_root=shared_file_root,
+            tenants=True,  # a worker cannot know whether the server has tokens: named owners get the default's {tenant}
         )
+        js.storage()  # a bad --file-root / --s3-allow-bucket template stops the start here (exit 2)
+        if js.shared_file_root:
+            print(f"storage: shared between tenants (--shared-file-root): {', '.join(js.storage().shared()) or 'no shared root'}",
+                  flush=True)
         registry = PipelineRegistry(pipelines)  # a bad pipeline file stops the start here (exit 2)
         tenant_quotas = Quotas.load(quotas) if quotas is not None else None  # and so does a bad quotas file
         root = settings.model_repository

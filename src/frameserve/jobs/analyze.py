@@ -8,9 +8,11 @@ with everything else the server runs. Three ways to send a clip::
     multipart/form-data         field ``file`` (the clip), optional fields ``pipeline`` (a name)
                                 and ``params`` (a JSON object of the pipeline's parameters)
     application/json            {"source": URI, "pipeline": name, "params": {...}}: the URI is
-                                checked and fetched as a job's source is (file:// only under the
-                                file roots, http(s):// through the address guard, s3:// in the
-                                allowed buckets); it is named with credentials redacted
+                                checked and fetched as the caller's job source is (file:// only
+                                under the caller's file roots, http(s):// through the address
+                                guard, s3:// in the caller's bucket entries: storage per tenant,
+                                :mod:`frameserve.jobs.storage`); it is named with credentials
+                                redacted
     video/* or application/octet-stream   the raw clip; ?pipeline=NAME&params=<JSON> in the query
 
 Answers: 200 with the run's results (``source``, ``pipeline``, ``models``, ``frames``,
@@ -36,6 +38,7 @@ the folders of dead processes are removed when an :class:`Analyzer` starts.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -154,7 +157,7 @@ class Analyzer:
     Args:
         service: the server's inference service.
         pipelines: the pipelines a request may name.
-        storage: how a ``source`` URI is checked and fetched (a job's rules).
+        storage: how a ``source`` URI is checked and fetched (a job's rules, per tenant).
         settings: process settings (the assets folder of built-in models).
         limits: sizes, duration, concurrency.
         quotas: per-tenant limits; ``analyze_concurrency`` caps one tenant's clips at once,
@@ -245,17 +248,18 @@ class Analyzer:
         """Refuse an unknown pipeline or parameter before any byte of the clip is read."""
         self.pipelines.check_params(pipeline, params)
 
-    def fetch(self, uri: str, workdir: Path) -> Path:
-        """Check and fetch ``uri`` as a job's source, at most ``max_bytes``.
+    def fetch(self, uri: str, workdir: Path, *, tenant: str) -> Path:
+        """Check and fetch ``uri`` as ``tenant``'s job source would be (its own file roots and
+        bucket entries), at most ``max_bytes``.
 
         Raises:
             SourceError: refused or missing source. SourceTooLargeError: over ``max_bytes``
                 (413). AddressRefusedError: a refused host. StorageError: a transient failure.
         """
-        self.storage.check_source(uri)
+        self.storage.check_source(uri, tenant=tenant)
         suffix = _suffix(urlsplit(uri).path)
         return self.storage.download(
-            uri, workdir / f"source{suffix}", max_bytes=self.limits.max_bytes, max_bytes_flag="--analyze-max-bytes"
+            uri, workdir / f"source{suffix}", tenant=tenant, max_bytes=self.limits.max_bytes, max_bytes_flag="--analyze-max-bytes"
         )
 
     def run(self, path: Path, pipeline: str, params: Mapping[str, Any] | None, label: str) -> dict[str, Any]:
@@ -346,9 +350,10 @@ def _copy(upload: UploadFile, dest: Path) -> None:
 
 
 async def _read_request(
-    analyzer: Analyzer, request: Request, workdir: Path
+    analyzer: Analyzer, request: Request, workdir: Path, tenant: str
 ) -> tuple[Path, str, dict[str, Any] | None, str]:
-    """``(local clip, pipeline, params, label)`` from any of the three request forms."""
+    """``(local clip, pipeline, params, label)`` from any of the three request forms; a JSON
+    ``source`` is fetched with ``tenant``'s storage rules."""
     limit = analyzer.limits.max_bytes
     declared = request.headers.get("content-length")
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -368,7 +373,8 @@ async def _read_request(
             raise InvalidInputError("source must be the clip's URI (file:// under a file root, http(s)://, s3://)")
         pipeline, params = _pipeline(doc.get("pipeline"), "pipeline"), _params(doc.get("params"), "params")
         analyzer.check(pipeline, params)
-        return await asyncio.to_thread(analyzer.fetch, source, workdir), pipeline, params, redact_uri(source)
+        path = await asyncio.to_thread(functools.partial(analyzer.fetch, source, workdir, tenant=tenant))
+        return path, pipeline, params, redact_uri(source)
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLargeError(f"the request body is {declared} bytes, over the limit of {limit} bytes (--analyze-max-bytes)")
     if ctype == "multipart/form-data":
@@ -465,7 +471,7 @@ def create_analyze_router(analyzer: Analyzer) -> APIRouter:
             raise
         try:
             try:  # the clip comes in before a slot is taken: a slow upload holds no slot
-                path, pipeline, params, label = await _read_request(analyzer, request, workdir)
+                path, pipeline, params, label = await _read_request(analyzer, request, workdir, tenant)
             finally:
                 analyzer.unspool()
             analyzer.acquire(tenant)

@@ -538,7 +538,8 @@ def create_router(
 
     Args:
         store: the job store.
-        storage: checks sources and targets at submit (schemes, file roots, writability).
+        storage: checks sources and targets at submit against the submitter's storage (schemes,
+            the tenant's file roots and bucket entries, writability).
         callbacks_allow_private: accept callback URLs on private / loopback addresses.
         max_attempts: attempts given to each submitted job.
         pipelines: the pipelines a job may name (default: the built-in pipelines).
@@ -547,7 +548,7 @@ def create_router(
     router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=_JobRoute)
     request_model = _request_model(registry.names())
 
-    def _check(req: JobRequest) -> None:
+    def _check(req: JobRequest, tenant: str) -> None:
         registry.check_params(req.pipeline, req.params.pipeline)  # unknown pipeline, unknown param
         if req.params.sampling is not None:
             from frameserve.video import Sampling
@@ -555,8 +556,8 @@ def create_router(
             Sampling.parse(req.params.sampling)
         if req.params.short and (req.params.video_out or req.params.sampling not in (None, "keyframes")):
             raise InvalidInputError("params.short reads key frames only and writes no video; leave out sampling and video_out")
-        storage.check_source(req.source)
-        storage.check_target(req.target)
+        storage.check_source(req.source, tenant=tenant)  # under the submitter's own roots and buckets
+        storage.check_target(req.target, tenant=tenant)
         if req.callback_url is not None:
             check_callback_url(req.callback_url, allow_private=callbacks_allow_private)
 
@@ -566,7 +567,7 @@ def create_router(
         idempotency_key: str | None = Header(None, alias="Idempotency-Key", max_length=255),
         access: JobAccess = Depends(job_access),
     ) -> Any:
-        _check(req)
+        _check(req, access.owner)
         job, created = store.submit(
             JobSpec(
                 source=req.source, target=req.target, pipeline=req.pipeline,

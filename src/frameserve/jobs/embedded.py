@@ -76,8 +76,8 @@ class EmbeddedJobs:
         self.settings = settings
         self.jobs_settings = js = jobs_settings or JobsSettings.from_env(settings)
         self.pipelines = pipelines if pipelines is not None else PipelineRegistry()
-        for root in js.file_roots:
-            root.mkdir(parents=True, exist_ok=True)
+        for folder in js.folders():
+            folder.mkdir(parents=True, exist_ok=True)
         self.store = JobStore(js.db_url, quotas=quotas)
         self.storage: Storage = js.storage()
         fault = faults_from_env()

@@ -5,18 +5,27 @@ CLI or the server from flags and environment variables.
 flag (``worker``; ``serve``)    environment variable                         default
 ==============================  ===========================================  ==============================
 ``--db URL``                    ``FRAMESERVE_DB``                            ``sqlite:///$FRAMESERVE_HOME/jobs.db``
-``--file-root DIR`` (repeat)    ``FRAMESERVE_FILE_ROOTS`` (os.pathsep list)  ``$FRAMESERVE_HOME/storage``
+``--file-root DIR`` (repeat)    ``FRAMESERVE_FILE_ROOTS`` (os.pathsep list)  ``$FRAMESERVE_HOME/storage`` (1)
+``--shared-file-root``          ``FRAMESERVE_SHARED_FILE_ROOT=1``            roots without ``{tenant}``: implicit owner only
 ``--s3-endpoint-url URL``       ``FRAMESERVE_S3_ENDPOINT_URL``               AWS (credentials: the AWS variables)
 ``--webhook-secret whsec_..``   ``FRAMESERVE_WEBHOOK_SECRET``                none: callbacks are unsigned
-``--callbacks-allow-private``   ``FRAMESERVE_CALLBACKS_ALLOW_PRIVATE=1``      refused
-``--sources-allow-private``     ``FRAMESERVE_SOURCES_ALLOW_PRIVATE=1``        refused
-``--s3-allow-bucket B`` (rep.)  ``FRAMESERVE_S3_ALLOW_BUCKETS`` (a,b,...)     none: every ``s3://`` refused
+``--callbacks-allow-private``   ``FRAMESERVE_CALLBACKS_ALLOW_PRIVATE=1``     refused
+``--sources-allow-private``     ``FRAMESERVE_SOURCES_ALLOW_PRIVATE=1``       refused
+``--s3-allow-bucket B[/P]``     ``FRAMESERVE_S3_ALLOW_BUCKETS`` (a,b/p,...)  none: every ``s3://`` refused
 ``--max-source-bytes N``        ``FRAMESERVE_MAX_SOURCE_BYTES``              2147483648 (2 GiB)
 ``--source-timeout-s S``        ``FRAMESERVE_SOURCE_TIMEOUT_S``              1800 (a whole download)
 ``--source-idle-timeout-s S``   ``FRAMESERVE_SOURCE_IDLE_TIMEOUT_S``         30 (no byte for that long)
 ``--lease-s S``                 ``FRAMESERVE_LEASE_S``                       30
 ``--max-attempts N``            ``FRAMESERVE_MAX_ATTEMPTS``                  5
 ==============================  ===========================================  ==============================
+
+(1) A root and a bucket prefix may hold ``{tenant}`` (``/data/{tenant}``, ``media/{tenant}/``):
+each tenant (a token's NAME) is confined to its own substitution, the implicit owner ``""`` of
+a server without tokens to ``default`` (:mod:`frameserve.jobs.storage`). Roots and entries
+without it are shared between named tenants only with ``--shared-file-root``; ``serve`` with
+tokens refuses to start otherwise. The default root (none given) is ``$FRAMESERVE_HOME/storage``
+for the implicit owner and ``$FRAMESERVE_HOME/storage/{tenant}`` for named tenants (``serve``
+with tokens, and every ``worker``: ``tenants=True``).
 """
 
 from __future__ import annotations
@@ -42,12 +51,19 @@ class JobsSettings:
 
     Attributes:
         db_url: SQLAlchemy URL of the job store.
-        file_roots: folders allowed for ``file://`` sources and targets.
+        file_roots: folders allowed for ``file://`` sources and targets; each may hold
+            ``{tenant}`` as one path segment.
+        implicit_file_root: the implicit owner's own root when it differs from ``file_roots``
+            substituted (the default root with ``tenants``: ``$FRAMESERVE_HOME/storage``), else
+            ``None``.
+        shared_file_root: let named tenants use the roots and bucket entries without
+            ``{tenant}`` (``--shared-file-root``).
         s3_endpoint_url: S3-compatible endpoint, or ``None`` for AWS.
         webhook_secret: Standard Webhooks signing secret (``whsec_`` + base64), or ``None``.
         callbacks_allow_private: allow callbacks to private / loopback addresses.
         sources_allow_private: allow ``http(s)`` sources on private / loopback addresses.
-        s3_allow_buckets: the buckets ``s3://`` sources and targets may name (none: all refused).
+        s3_allow_buckets: the ``bucket`` or ``bucket/prefix`` entries ``s3://`` sources and
+            targets may name (none: all refused); a prefix may hold ``{tenant}``.
         max_source_bytes: largest source a job (or ``/v1/analyze``) downloads, bytes.
         source_timeout_s: longest download in all, seconds.
         source_idle_timeout_s: longest wait for a source's next byte (and to connect), seconds.
@@ -67,6 +83,8 @@ class JobsSettings:
     max_source_bytes: int = DEFAULT_MAX_SOURCE_BYTES
     source_timeout_s: float = 1800.0
     source_idle_timeout_s: float = 30.0
+    shared_file_root: bool = False
+    implicit_file_root: Path | None = None
 
     def __post_init__(self) -> None:
         if self.lease_s <= 0:
@@ -85,15 +103,26 @@ class JobsSettings:
             file_roots=self.file_roots, s3_endpoint_url=self.s3_endpoint_url,
             sources_allow_private=self.sources_allow_private, s3_allow_buckets=self.s3_allow_buckets,
             max_source_bytes=self.max_source_bytes, source_timeout_s=self.source_timeout_s,
-            http_timeout_s=self.source_idle_timeout_s,
+            http_timeout_s=self.source_idle_timeout_s, shared_file_root=self.shared_file_root,
+            implicit_file_roots=None if self.implicit_file_root is None else (self.implicit_file_root,),
         )
+
+    def folders(self) -> list[Path]:
+        """The folders to make at start: each root up to its ``{tenant}`` segment (a tenant's
+        own folder is made by its first upload), and the implicit owner's root."""
+        out = [Path(str(r).split("{tenant}", 1)[0]) for r in self.file_roots]
+        return out + ([self.implicit_file_root] if self.implicit_file_root is not None else [])
 
     def to_env(self) -> dict[str, str]:
         """These settings as the environment variables :meth:`from_env` reads (the autoscaler
         hands them to its children this way: no secret on a command line)."""
         env = {
             "FRAMESERVE_DB": self.db_url,
-            "FRAMESERVE_FILE_ROOTS": os.pathsep.join(str(r) for r in self.file_roots),
+            # the default root is written as none given: the child derives the same default
+            "FRAMESERVE_FILE_ROOTS": (
+                "" if self.implicit_file_root is not None else os.pathsep.join(str(r) for r in self.file_roots)
+            ),
+            "FRAMESERVE_SHARED_FILE_ROOT": "1" if self.shared_file_root else "0",
             "FRAMESERVE_CALLBACKS_ALLOW_PRIVATE": "1" if self.callbacks_allow_private else "0",
             "FRAMESERVE_SOURCES_ALLOW_PRIVATE": "1" if self.sources_allow_private else "0",
             "FRAMESERVE_S3_ALLOW_BUCKETS": ",".join(self.s3_allow_buckets),
@@ -127,8 +156,15 @@ class JobsSettings:
         max_source_bytes: int | None = None,
         source_timeout_s: float | None = None,
         source_idle_timeout_s: float | None = None,
+        shared_file_root: bool | None = None,
+        tenants: bool = False,
     ) -> JobsSettings:
-        """Explicit arguments win over the environment, which wins over the defaults."""
+        """Explicit arguments win over the environment, which wins over the defaults.
+
+        ``tenants``: the jobs may belong to named tenants (``serve`` with tokens, and every
+        ``worker``, which cannot know): with no root given, named tenants then get
+        ``$FRAMESERVE_HOME/storage/{tenant}`` and the implicit owner ``$FRAMESERVE_HOME/storage``;
+        without ``tenants`` the default is ``$FRAMESERVE_HOME/storage``."""
         env = os.environ if environ is None else environ
         roots: list[Path]
         if file_roots:
@@ -136,13 +172,18 @@ class JobsSettings:
         elif env.get("FRAMESERVE_FILE_ROOTS"):
             roots = [Path(r).expanduser() for r in env["FRAMESERVE_FILE_ROOTS"].split(os.pathsep) if r]
         else:
-            roots = [settings.home / "storage"]
+            roots = [settings.home / "storage" / "{tenant}"] if tenants else [settings.home / "storage"]
+        implicit = settings.home / "storage" if tenants and not (file_roots or env.get("FRAMESERVE_FILE_ROOTS")) else None
         buckets = list(s3_allow_buckets or []) or [
             b.strip() for b in env.get("FRAMESERVE_S3_ALLOW_BUCKETS", "").split(",") if b.strip()
         ]
         return cls(
             db_url=db_url or env.get("FRAMESERVE_DB") or f"sqlite:///{settings.home / 'jobs.db'}",
             file_roots=tuple(roots),
+            implicit_file_root=implicit,
+            shared_file_root=(
+                shared_file_root if shared_file_root is not None else _flag(env.get("FRAMESERVE_SHARED_FILE_ROOT"))
+            ),
             s3_endpoint_url=s3_endpoint_url or env.get("FRAMESERVE_S3_ENDPOINT_URL") or None,
             webhook_secret=webhook_secret or env.get("FRAMESERVE_WEBHOOK_SECRET") or None,
             callbacks_allow_private=(

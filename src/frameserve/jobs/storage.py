@@ -11,7 +11,20 @@ What a client may make the server read is guarded (every byte from the network i
   checked (:class:`~frameserve.security.guard.GuardedTransport`: no DNS rebinding), redirects are
   followed here, at most ``max_redirects``, each hop checked again. Proxies from the environment
   are not used.
-- ``s3://``: only buckets in ``s3_allow_buckets`` (none by default), sources and targets alike.
+- ``s3://``: only the entries of ``s3_allow_buckets`` (none by default), sources and targets
+  alike: ``bucket`` (any key) or ``bucket/prefix`` (keys under the prefix, whole segments);
+  keys with ``.``, ``..`` or empty segments are refused.
+
+Storage per tenant: every check, download and upload takes the ``tenant`` (a token's NAME, the
+job's ``owner``; ``""`` is the implicit owner of a server without tokens). A file root or a
+bucket prefix may hold the placeholder ``{tenant}`` as one whole segment (``/data/{tenant}``,
+``media/{tenant}/``): the tenant sees only its own substitution (the implicit owner's is
+``default``, :data:`IMPLICIT_TENANT_FOLDER`); only a valid name (:func:`tenant_folder`) is
+substituted. A root or entry without the placeholder serves the implicit owner, and named
+tenants only with ``shared_file_root`` (``--shared-file-root``). A ``file://`` path is resolved
+(:func:`os.path.realpath`: symlinks and ``..``) and then checked against the tenant's resolved
+roots, so neither leaves the tenant's prefix. Refusals name the URI given and the tenant's own
+roots, never another tenant's.
 - Downloads stop at ``max_source_bytes`` (the declared ``Content-Length`` first, then the bytes
   received), after ``source_timeout_s`` in all, or after ``http_timeout_s`` without a byte; a
   ``cancel`` event cuts the connection within :data:`_WATCH_S` seconds, whatever the source sends.
@@ -42,12 +55,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from frameserve.errors import AddressRefusedError
+from frameserve.errors import AddressRefusedError, InvalidInputError
 from frameserve.jobs._errors import SourceError, SourceTooLargeError, StorageError
-from frameserve.security import AddressGuard, GuardedTransport, redact_uri
+from frameserve.security import AddressGuard, GuardedTransport, is_tenant_name, redact_uri
 from frameserve.security.redact import quiet_http_logs
 
-__all__ = ["DEFAULT_MAX_SOURCE_BYTES", "SOURCE_SCHEMES", "TARGET_SCHEMES", "Storage"]
+__all__ = [
+    "DEFAULT_MAX_SOURCE_BYTES",
+    "IMPLICIT_TENANT_FOLDER",
+    "SOURCE_SCHEMES",
+    "TARGET_SCHEMES",
+    "TENANT_PLACEHOLDER",
+    "BucketRule",
+    "Storage",
+    "tenant_folder",
+]
 
 SOURCE_SCHEMES = ("file", "http", "https", "s3")
 TARGET_SCHEMES = ("file", "s3")
@@ -59,6 +81,11 @@ _PATH_MAX_BYTES = 4096  # Linux PATH_MAX (limits.h), the longest path a system c
 _WATCH_S = 0.05  # how often a download's watcher looks at its cancel event and deadline
 _SHOWN_CHARS = 300
 
+TENANT_PLACEHOLDER = "{tenant}"
+"""Stands for the tenant's folder in a file root or a bucket prefix (one whole segment)."""
+IMPLICIT_TENANT_FOLDER = "default"
+"""What :data:`TENANT_PLACEHOLDER` becomes for the implicit owner ``""`` (a server without tokens)."""
+
 ChunkHook = Callable[[int], None]
 """Called with the bytes received so far after each downloaded chunk (may raise to abort)."""
 
@@ -69,13 +96,103 @@ def _show(uri: str) -> str:
     return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + f"...({len(text)} characters)"
 
 
+def tenant_folder(tenant: str) -> str:
+    """The one path segment ``tenant`` stands for in a template: the name itself, or
+    :data:`IMPLICIT_TENANT_FOLDER` for the implicit owner ``""``.
+
+    Raises:
+        SourceError: ``tenant`` is not a token name (1 to 64 letters, digits and ``._@-``,
+            starting with a letter or digit): nothing else is ever substituted.
+    """
+    if tenant == "":
+        return IMPLICIT_TENANT_FOLDER
+    if not is_tenant_name(tenant):
+        raise SourceError(
+            f"tenant {tenant[:80]!r} cannot name a storage folder: a tenant is 1 to 64 letters, digits and ._@- "
+            "(starting with a letter or digit)"
+        )
+    return tenant
+
+
+def _check_template(text: str, what: str) -> None:
+    """Refuse a template whose ``{tenant}`` is not a whole ``/``-segment, or that holds any other
+    brace (a misspelt placeholder would silently be a shared folder)."""
+    for seg in text.split("/"):
+        if seg != TENANT_PLACEHOLDER and ("{" in seg or "}" in seg):
+            raise InvalidInputError(
+                f"{what} {text[:200]!r}: {TENANT_PLACEHOLDER} must be a whole path segment "
+                f"(/data/{TENANT_PLACEHOLDER}, bucket/{TENANT_PLACEHOLDER}/) and is the only placeholder"
+            )
+
+
+@dataclass(frozen=True)
+class BucketRule:
+    """One ``--s3-allow-bucket`` entry: ``bucket`` (any key) or ``bucket/prefix`` (keys under it).
+
+    Attributes:
+        bucket: the bucket's name (never a placeholder).
+        prefix: the prefix's segments, ``()`` for the whole bucket; may hold
+            :data:`TENANT_PLACEHOLDER` as one segment.
+    """
+
+    bucket: str
+    prefix: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, entry: str) -> BucketRule:
+        """``bucket`` or ``bucket/prefix[/]``.
+
+        Raises:
+            InvalidInputError: no bucket, a placeholder in the bucket, ``.``/``..``/empty prefix
+                segments, a placeholder that is not a whole segment.
+        """
+        text = entry.strip()
+        bucket, _, rest = text.partition("/")
+        what = "--s3-allow-bucket"
+        if not bucket or "{" in bucket or "}" in bucket or "@" in bucket:
+            raise InvalidInputError(f"{what} {text[:200]!r}: expected BUCKET or BUCKET/PREFIX ({TENANT_PLACEHOLDER} "
+                                    "only in the prefix)")
+        rest = rest.rstrip("/")
+        segments = tuple(rest.split("/")) if rest else ()
+        if any(seg in ("", ".", "..") for seg in segments):
+            raise InvalidInputError(f"{what} {text[:200]!r}: the prefix has an empty, '.' or '..' segment")
+        _check_template(rest, what)
+        return cls(bucket, segments)
+
+    @property
+    def templated(self) -> bool:
+        """Whether the prefix holds :data:`TENANT_PLACEHOLDER` (the entry is per tenant)."""
+        return TENANT_PLACEHOLDER in self.prefix
+
+    def substitute(self, folder: str) -> BucketRule:
+        """This entry with :data:`TENANT_PLACEHOLDER` replaced by ``folder`` (a
+        :func:`tenant_folder`)."""
+        return BucketRule(self.bucket, tuple(folder if seg == TENANT_PLACEHOLDER else seg for seg in self.prefix))
+
+    def admits(self, bucket: str, key: tuple[str, ...], *, target: bool) -> bool:
+        """Whether ``bucket`` and the key's segments lie under this entry (a target may be the
+        prefix itself; a source is an object strictly under it)."""
+        n = len(self.prefix)
+        return bucket == self.bucket and key[:n] == self.prefix and (len(key) > n or (target and len(key) == n))
+
+    def __str__(self) -> str:
+        return self.bucket + "".join(f"/{seg}" for seg in self.prefix) + ("/" if self.prefix else "")
+
+
 @dataclass
 class Storage:
     """Reads sources and writes outputs.
 
     Attributes:
         file_roots: folders ``file://`` sources and targets must lie under (after resolving
-            symlinks); empty refuses every ``file://`` URI.
+            symlinks), each may hold :data:`TENANT_PLACEHOLDER` as one segment; empty refuses
+            every ``file://`` URI.
+        shared_file_root: let named tenants use the roots and bucket entries without
+            :data:`TENANT_PLACEHOLDER` (``--shared-file-root``); without it those serve only the
+            implicit owner ``""``.
+        implicit_file_roots: the implicit owner's roots instead of ``file_roots`` substituted,
+            or ``None`` (the default root: ``$FRAMESERVE_HOME/storage`` for ``""`` beside
+            ``$FRAMESERVE_HOME/storage/{tenant}`` for named tenants).
         s3_endpoint_url: an S3-compatible endpoint (MinIO, moto), or ``None`` for AWS.
         s3_options: extra ``s3fs.S3FileSystem`` keyword arguments (``key``, ``secret``, ...).
         http_timeout_s: connect timeout and idle-read timeout of HTTP downloads (the longest
@@ -83,13 +200,14 @@ class Storage:
         multipart_chunk_bytes: S3 uploads larger than this go in parts of this size.
         sources_allow_private: let ``http(s)`` sources reach loopback, private and link-local
             addresses (``--sources-allow-private``).
-        s3_allow_buckets: the buckets ``s3://`` sources and targets may name (``--s3-allow-bucket``).
+        s3_allow_buckets: the ``bucket`` or ``bucket/prefix`` entries (:class:`BucketRule`)
+            ``s3://`` sources and targets may name (``--s3-allow-bucket``).
         max_source_bytes: largest source, bytes (``--max-source-bytes``).
         source_timeout_s: longest download in all, seconds (``--source-timeout-s``).
         max_redirects: HTTP redirects followed per download.
     """
 
-    file_roots: Sequence[Path] = ()
+    file_roots: Sequence[str | os.PathLike[str]] = ()
     s3_endpoint_url: str | None = None
     s3_options: Mapping[str, Any] = field(default_factory=dict)
     http_timeout_s: float = 30.0
@@ -99,11 +217,19 @@ class Storage:
     max_source_bytes: int = DEFAULT_MAX_SOURCE_BYTES
     source_timeout_s: float = 1800.0
     max_redirects: int = 5
+    shared_file_root: bool = False
+    implicit_file_roots: Sequence[str | os.PathLike[str]] | None = None
     _s3: Any = field(default=None, init=False, repr=False)
+    _rules: tuple[BucketRule, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.file_roots = tuple(Path(os.path.realpath(r)) for r in self.file_roots)
+        self.file_roots = tuple(Path(os.path.abspath(os.fspath(r))) for r in self.file_roots)
+        for root in self.file_roots:
+            _check_template(str(root), "--file-root")
+        if self.implicit_file_roots is not None:
+            self.implicit_file_roots = tuple(Path(os.path.abspath(os.fspath(r))) for r in self.implicit_file_roots)
         self.s3_allow_buckets = tuple(self.s3_allow_buckets)
+        self._rules = tuple(BucketRule.parse(b) for b in self.s3_allow_buckets)
         if self.max_source_bytes < 1:
             raise ValueError(f"max_source_bytes must be >= 1, got {self.max_source_bytes}")
         if not self.source_timeout_s > 0 or not self.http_timeout_s > 0:
@@ -117,7 +243,50 @@ class Storage:
 
     # ------------------------------------------------------------ checks at submit
 
-    def _local(self, uri: str) -> Path:
+    def shared(self) -> list[str]:
+        """The roots and bucket entries without :data:`TENANT_PLACEHOLDER` (shared between named
+        tenants when ``shared_file_root``, else theirs are refused), as the flags spell them."""
+        roots = [str(r) for r in self.file_roots if TENANT_PLACEHOLDER not in str(r)]
+        return roots + [f"s3://{rule}" for rule in self._rules if not rule.templated]
+
+    def roots_for(self, tenant: str) -> tuple[Path, ...]:
+        """``tenant``'s ``file://`` roots, resolved (symlinks followed) now: the templates with
+        its folder substituted, then the roots without placeholder when it may use them.
+
+        Raises:
+            SourceError: ``tenant`` is not a valid name (:func:`tenant_folder`).
+        """
+        if tenant == "" and self.implicit_file_roots is not None:
+            return tuple(Path(os.path.realpath(r)) for r in self.implicit_file_roots)
+        folder = tenant_folder(tenant)
+        out: list[Path] = []
+        for root in self.file_roots:
+            text = str(root)
+            if TENANT_PLACEHOLDER in text:
+                out.append(Path(os.path.realpath(text.replace(TENANT_PLACEHOLDER, folder))))
+            elif tenant == "" or self.shared_file_root:
+                out.append(Path(os.path.realpath(text)))
+        return tuple(out)
+
+    def rules_for(self, tenant: str) -> tuple[BucketRule, ...]:
+        """``tenant``'s ``s3://`` entries: the templated ones substituted, then the others when it
+        may use them. Raises :class:`SourceError` for an invalid name."""
+        folder = tenant_folder(tenant)
+        return tuple(
+            rule.substitute(folder) if rule.templated else rule
+            for rule in self._rules
+            if rule.templated or tenant == "" or self.shared_file_root
+        )
+
+    def _withheld(self, tenant: str, s3: bool) -> str:
+        """Why a named tenant lacks roots the operator configured (shared ones, withheld)."""
+        kept = [x for x in self.shared() if x.startswith("s3://") == s3]
+        if not tenant or self.shared_file_root or not kept:
+            return ""
+        return (f"; roots without {TENANT_PLACEHOLDER} ({', '.join(kept)}) are shared between tenants only with "
+                "--shared-file-root")
+
+    def _local(self, uri: str, tenant: str, what: str) -> Path:
         parts = urlsplit(uri)
         if parts.netloc not in ("", "localhost"):
             raise SourceError(f"file URI {_show(uri)!r} names host {parts.netloc[:100]!r}; only local files are read")
@@ -126,24 +295,46 @@ class Storage:
             raise SourceError(f"file URI {_show(uri)!r} holds a NUL byte (%00); a path cannot")
         if len(raw.encode("utf-8", "surrogateescape")) > _PATH_MAX_BYTES:
             raise SourceError(f"file URI {_show(uri)!r}: the path is longer than {_PATH_MAX_BYTES} bytes")
+        roots = self.roots_for(tenant)
         path = Path(os.path.realpath(raw))
-        for root in self.file_roots:
+        for root in roots:
             if path == root or path.is_relative_to(root):
                 return path
-        roots = ", ".join(str(r) for r in self.file_roots) or "none configured"
-        raise SourceError(f"{_show(uri)!r} is not under an allowed file root ({roots}); see --file-root")
+        whose = f" of tenant {tenant!r}" if tenant else ""
+        shown = ", ".join(str(r) for r in roots) or "none configured"
+        raise SourceError(
+            f"{what} {_show(uri)!r} is not under an allowed file root{whose} ({shown}; symlinks and '..' resolved); "
+            "see --file-root" + self._withheld(tenant, s3=False)
+        )
 
-    def _bucket(self, uri: str, what: str) -> None:
-        parts = urlsplit(uri)
-        if not parts.netloc:
+    def _bucket(self, uri: str, what: str, tenant: str) -> None:
+        rest = uri.split("://", 1)[1] if "://" in uri else ""
+        bucket, _, key_text = rest.partition("/")
+        if not bucket:
             raise SourceError(f"{what} {_show(uri)!r} has no bucket")
-        if "@" in parts.netloc:
+        if "@" in bucket:
             raise SourceError(f"{what} {_show(uri)!r} carries credentials; the server's own S3 credentials are used")
-        if parts.netloc not in self.s3_allow_buckets:
+        target = what == "target"
+        if target:
+            key_text = key_text.rstrip("/")  # a prefix: <target>/<name> is written
+        key = tuple(key_text.split("/")) if key_text else ()
+        if any(seg in ("", ".", "..") for seg in key) or (not target and not key):
+            raise SourceError(f"{what} {_show(uri)!r}: an S3 key has no empty, '.' or '..' segments"
+                              + ("" if target else " and names an object"))
+        rules = self.rules_for(tenant)
+        if any(rule.admits(bucket, key, target=target) for rule in rules):
+            return
+        if not rules:
             raise SourceError(
-                f"{what} {_show(uri)!r}: bucket {parts.netloc[:100]!r} is not allowed; allow it with "
-                f"--s3-allow-bucket {parts.netloc[:100]} (env FRAMESERVE_S3_ALLOW_BUCKETS)"
+                f"{what} {_show(uri)!r}: no bucket is allowed" + (f" to tenant {tenant!r}" if tenant else "")
+                + "; allow one with --s3-allow-bucket BUCKET[/PREFIX] (env FRAMESERVE_S3_ALLOW_BUCKETS)"
+                + self._withheld(tenant, s3=True)
             )
+        allowed = ", ".join(f"s3://{rule}" for rule in rules)
+        raise SourceError(
+            f"{what} {_show(uri)!r} is not under " + (f"tenant {tenant!r}'s" if tenant else "the")
+            + f" allowed buckets and prefixes ({allowed}); see --s3-allow-bucket" + self._withheld(tenant, s3=True)
+        )
 
     def _scheme(self, uri: str, accepted: tuple[str, ...], what: str) -> str:
         try:
@@ -154,17 +345,18 @@ class Storage:
             raise SourceError(f"{what} scheme {scheme[:20]!r} is not supported; use one of {', '.join(accepted)}")
         return scheme
 
-    def check_source(self, uri: str) -> None:
-        """Refuse a source that can never be read: a refused scheme, a file outside the roots or
-        missing, an ``http(s)`` host with a non-public address (resolved now; checked again at
-        download), a bucket not allowed.
+    def check_source(self, uri: str, *, tenant: str) -> None:
+        """Refuse a source ``tenant`` can never read: a refused scheme, a file outside the
+        tenant's roots or missing, an ``http(s)`` host with a non-public address (resolved now;
+        checked again at download), a bucket or key outside the tenant's entries.
 
         Raises:
-            SourceError: with the reason. AddressRefusedError: the host is refused.
+            SourceError: with the reason (and the tenant's own roots or entries).
+            AddressRefusedError: the host is refused.
         """
         scheme = self._scheme(uri, SOURCE_SCHEMES, "source")
         if scheme == "file":
-            path = self._local(uri)
+            path = self._local(uri, tenant, "source")
             try:
                 is_file = path.is_file()
             except OSError as exc:  # a name over NAME_MAX, EACCES...: not a file this server reads
@@ -174,13 +366,14 @@ class Storage:
         elif scheme in ("http", "https"):
             self.guard.check_url(uri, _show(uri))
         else:
-            self._bucket(uri, "source")
+            self._bucket(uri, "source", tenant)
 
-    def check_target(self, uri: str) -> None:
-        """Refuse a target prefix that can never be written. Raises :class:`SourceError`."""
+    def check_target(self, uri: str, *, tenant: str) -> None:
+        """Refuse a target prefix ``tenant`` can never write: outside its roots or bucket entries,
+        or not writable. Raises :class:`SourceError`."""
         scheme = self._scheme(uri, TARGET_SCHEMES, "target")
         if scheme == "file":
-            path = self._local(uri)
+            path = self._local(uri, tenant, "target")
             probe = path
             try:
                 while not probe.exists():
@@ -191,19 +384,21 @@ class Storage:
             if not writable:
                 raise SourceError(f"target {_show(uri)!r} is not writable")
         else:
-            self._bucket(uri, "target")
+            self._bucket(uri, "target", tenant)
 
     # ------------------------------------------------------------ download
 
     def download(
-        self, uri: str, dest: Path, *, on_chunk: ChunkHook | None = None, cancel: threading.Event | None = None,
-        max_bytes: int | None = None, max_bytes_flag: str = "--max-source-bytes",
+        self, uri: str, dest: Path, *, tenant: str, on_chunk: ChunkHook | None = None,
+        cancel: threading.Event | None = None, max_bytes: int | None = None, max_bytes_flag: str = "--max-source-bytes",
     ) -> Path:
-        """Fetch ``uri`` to ``dest`` (or return the local path of a ``file://`` source).
+        """Fetch ``uri`` to ``dest`` (or return the resolved local path of a ``file://`` source),
+        checked again against ``tenant``'s roots and bucket entries.
 
         Args:
             uri: the source.
             dest: where a downloaded source is written.
+            tenant: whose source it is (the job's owner; ``""`` the implicit owner).
             on_chunk: called with the bytes received so far (may raise to abort).
             cancel: when set, the download stops within :data:`_WATCH_S` s (:class:`StorageError`).
             max_bytes: a lower cap than ``max_source_bytes`` (``/v1/analyze``), named in errors by
@@ -220,7 +415,7 @@ class Storage:
         scheme = self._scheme(uri, SOURCE_SCHEMES, "source")
         dest.parent.mkdir(parents=True, exist_ok=True)
         if scheme == "file":
-            path = self._local(uri)
+            path = self._local(uri, tenant, "source")
             if not path.is_file():
                 raise SourceError(f"source {_show(uri)!r} does not exist")
             size = path.stat().st_size
@@ -231,7 +426,7 @@ class Storage:
             return path
         if scheme in ("http", "https"):
             return self._download_http(uri, dest, on_chunk, cancel, limit, flag)
-        self._bucket(uri, "source")
+        self._bucket(uri, "source", tenant)
         return self._download_s3(uri, dest, on_chunk, cancel, limit, flag)
 
     def _download_s3(
@@ -362,9 +557,10 @@ class Storage:
             self._s3 = s3fs.S3FileSystem(**opts)
         return self._s3
 
-    def upload(self, files: Mapping[str, Path], target: str, *, sweep: bool = False) -> dict[str, str]:
+    def upload(self, files: Mapping[str, Path], target: str, *, tenant: str, sweep: bool = False) -> dict[str, str]:
         """Put each local file at ``<target>/<name>``: written under a temporary key first, then
-        moved to the final key. Returns ``{name: final_uri}``.
+        moved to the final key. Returns ``{name: final_uri}``. ``target`` is checked against
+        ``tenant``'s roots and bucket entries first (:meth:`check_target`).
 
         ``sweep`` first removes the temporary objects earlier attempts left under ``target``
         (file: ``.<name>.tmp-*``; S3: ``<target>/.frameserve-tmp/``): an attempt killed between
@@ -376,12 +572,12 @@ class Storage:
             SourceError: the target is refused or access is denied (permanent).
             StorageError: a transient failure (retryable).
         """
-        self.check_target(target)
+        self.check_target(target, tenant=tenant)
         base = target.rstrip("/")
         tag = uuid.uuid4().hex[:12]
         out: dict[str, str] = {}
         if urlsplit(target).scheme == "file":
-            folder = self._local(base)
+            folder = self._local(base, tenant, "target")
             try:
                 folder.mkdir(parents=True, exist_ok=True)
                 if sweep:

@@ -29,6 +29,12 @@ downloaded but not started, and finishes the job being processed and uploaded;
 held back to the queue at once (:meth:`Worker.abandon`: lease released, attempt not counted).
 ``max_jobs`` makes the worker stop claiming after that many jobs (a KEDA ScaledJob's pod runs one).
 
+Storage per tenant: before it downloads, the worker checks the job's source and target again
+against the storage of the job's ``owner`` (:meth:`Storage.check_target`, then
+:meth:`Storage.download`, which checks the source), and the upload checks the target once more:
+a job whose root or bucket entry changed since it was submitted (or that a tenant could never
+use on this worker's settings) fails at once with the reason (a :class:`SourceError`), never runs.
+
 Failures: errors whose :func:`~frameserve.jobs.is_retryable` is true (timeouts, storage 5xx,
 lost lease, crashes) are retried with backoff; user errors (bad video, unknown pipeline, a 4xx
 source) fail the job at once with the reason.
@@ -484,7 +490,11 @@ class Worker:
             if a.cancel.is_set():
                 raise _Cancelled()
 
-        item.video = self.storage.download(a.lease.job.source, item.workdir / "source", on_chunk=on_chunk, cancel=a.cancel)
+        job = a.lease.job
+        # the rules may have changed since submit: both ends are checked against the owner's storage now
+        self.storage.check_target(job.target, tenant=job.owner)
+        item.video = self.storage.download(job.source, item.workdir / "source", tenant=job.owner, on_chunk=on_chunk,
+                                           cancel=a.cancel)
         self._end_phase(a, "download")
 
     def _process_loop(self) -> None:
@@ -532,7 +542,8 @@ class Worker:
                 self._phase(a, "upload")
                 assert item.files is not None and item.result is not None
                 # a retry (token > 1) first removes what a killed attempt left under temporary keys
-                outputs = self.storage.upload(item.files, a.lease.job.target, sweep=a.lease.token > 1)
+                outputs = self.storage.upload(item.files, a.lease.job.target, tenant=a.lease.job.owner,
+                                              sweep=a.lease.token > 1)
                 self._end_phase(a, "upload")
                 if self.fault is not None:
                     self.fault("after_upload")

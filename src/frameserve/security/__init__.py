@@ -32,6 +32,7 @@ from frameserve.security.tokens import (
     Principal,
     TokenTable,
     bearer_token,
+    is_tenant_name,
 )
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "embedded_ipv4",
     "grpc_roles",
     "http_roles",
+    "is_tenant_name",
     "quiet_http_logs",
     "redact_text",
     "redact_uri",

@@ -46,6 +46,7 @@ __all__ = [
     "Principal",
     "TokenTable",
     "bearer_token",
+    "is_tenant_name",
 ]
 
 ROLES: tuple[str, ...] = ("admin", "infer", "jobs")
@@ -86,6 +87,13 @@ class Principal:
 
 IMPLICIT_OWNER = Principal("", frozenset(ROLES))
 """The one principal of a server without tokens: every request is its, with every role."""
+
+
+def is_tenant_name(name: str) -> bool:
+    """Whether ``name`` is a token NAME (a tenant): 1 to 64 letters, digits and ``._@-``, starting
+    with a letter or digit, so one path segment that is neither ``.`` nor ``..``. The implicit
+    owner ``""`` is not one."""
+    return _NAME.fullmatch(name) is not None
 
 
 def bearer_token(authorization: str | None) -> str | None:

@@ -1,0 +1,480 @@
+"""A job's pipeline in a child process: pipeline code never runs in the process that serves
+inference, so a segfault, ``os._exit``, an out-of-memory kill or a hook that never returns ends
+that job's attempt, not ``serve`` or ``frameserve worker``.
+
+:class:`IsolatedPipeline` is a :data:`~frameserve.jobs._pipeline.ProcessFn`. It keeps one
+child process per worker (multiprocessing's ``spawn`` context: a fresh interpreter, nothing of
+the parent's threads or locks), started on the first job and again after it dies or is stopped.
+The child runs :func:`~frameserve.jobs._pipeline.pipeline_process` (decoding, the pipeline's
+hooks, encoding, writing ``results.json``) over a :class:`RemoteService`: each model call is a
+message to the parent, which runs it on its own :class:`~frameserve.service.InferenceService`,
+so models are loaded once, in the parent, and a job's requests are dynamically batched with
+everything else the parent serves.
+
+Channel: a ``multiprocessing`` pipe of pickled tuples (protocol 5), the first item the kind::
+
+    parent -> child   ("job", video, job, workdir)   ("result", call_id, ok, value)   ("stop",)
+    child -> parent   ("submit", call_id, InferRequest)   ("call", call_id, method, args, kwargs)
+                      ("progress", done, expected)   ("done", summary, files)   ("failed", error)
+
+Tensors cross it as pickled numpy arrays (one copy each way). The front ends' shared-memory
+channel (:mod:`frameserve.server._channel`) was not used: it needs an event loop at both ends and
+an arena per child; a job's tensors are a few MiB per batch, and the copy costs far less than the
+inference it feeds (``bench/jobs.py``, "isolation price", measures the whole job).
+
+What the parent does while the child works: every :data:`POLL_S` seconds it calls the worker's
+``progress`` callback (which raises when the job is cancelled or past its deadline) and looks at
+whether the child is alive. On a raise it kills the child (``SIGKILL``: a hook that never
+returns cannot delay it) and re-raises; a dead child becomes
+:class:`~frameserve.errors.WorkerCrashedError` naming the signal or exit code, the frames done,
+and the innermost Python frames of the crash (from :mod:`faulthandler`, which the child writes
+to a file on a fatal signal).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import signal
+import tempfile
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from frameserve.config import Settings
+from frameserve.errors import FrameserveError, InvalidInputError, WorkerCrashedError
+from frameserve.jobs._pipeline import FaultHook, ProgressCb
+from frameserve.jobs.store import Job
+
+__all__ = ["POLL_S", "IsolatedPipeline", "RemoteService"]
+
+log = logging.getLogger("frameserve.jobs.isolated")
+
+POLL_S = 0.2
+"""How often the parent looks at a running job's cancel flag, deadline and child, seconds: a
+cancelled job's child is killed within this (plus the worker's cancel poll) of the request."""
+
+_CALLS = frozenset({"is_ready", "load", "register", "model_config", "session_info", "metadata"})
+"""The service methods a child may call besides ``submit`` (what pipelines and the runner use)."""
+
+_TRACE_LINES = 6  # innermost Python frames of a crash named in its message
+
+
+class _RemoteError(FrameserveError):
+    """An error raised in the child whose own class could not cross the pipe: its code,
+    message and retryability, as they were."""
+
+    def __init__(self, message: str, code: str, user_error: bool, retryable: bool | None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.user_error = user_error
+        if retryable is not None:
+            self.retryable = retryable
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a :class:`_RemoteError` (or ``RuntimeError``) that
+    says the same."""
+    try:
+        back = pickle.loads(pickle.dumps(exc))
+        if isinstance(back, BaseException) and str(back) == str(exc):
+            return exc
+    except Exception:  # noqa: BLE001 - any class that cannot round-trip
+        pass
+    if isinstance(exc, FrameserveError):
+        flag = getattr(exc, "retryable", None)
+        return _RemoteError(exc.message, exc.code, exc.user_error, flag if isinstance(flag, bool) else None)
+    return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+# ------------------------------------------------------------------------------------------------
+# the child
+
+
+class RemoteService:
+    """The child's stand-in for the parent's :class:`~frameserve.service.InferenceService`:
+    ``submit`` and ``infer`` send the request to the parent; ``is_ready``, ``load``,
+    ``register``, ``model_config``, ``session_info`` and ``metadata`` are calls answered there.
+
+    Args:
+        conn: the child's end of the pipe.
+        threads: the parent service's thread budget (``threads``).
+        repository_root: the parent's model repository folder, or ``None``.
+    """
+
+    def __init__(self, conn: Any, threads: int | None, repository_root: str | None) -> None:
+        from frameserve.repository import ModelRepository
+
+        self.threads = threads
+        self.repository = ModelRepository(Path(repository_root)) if repository_root else None
+        self._conn = conn
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, Future[Any]] = {}
+        self._next = 0
+        self._lock = threading.Lock()
+        self.jobs: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
+        threading.Thread(target=self._read, name="frameserve-pipeline-reader", daemon=True).start()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Send one message to the parent."""
+        with self._send_lock:
+            self._conn.send(message)
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):  # the parent is gone: nothing more to do
+                os._exit(0)
+            kind = message[0]
+            if kind == "result":
+                with self._lock:
+                    future = self._pending.pop(message[1], None)
+                if future is not None:
+                    if message[2]:
+                        future.set_result(message[3])
+                    else:
+                        future.set_exception(message[3])
+            elif kind == "job":
+                self.jobs.put(message[1:])
+            else:  # "stop"
+                self.jobs.put(None)
+
+    def _ask(self, message: tuple[Any, ...]) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            cid = self._next = self._next + 1
+            self._pending[cid] = future
+        self.send((message[0], cid, *message[1:]))
+        return future
+
+    def submit(self, request: Any) -> Future[Any]:
+        """Queue one :class:`~frameserve.request.InferRequest` in the parent; its outputs' future."""
+        return self._ask(("submit", request))
+
+    def infer(self, name: str, inputs: Mapping[str, Any]) -> Any:
+        """Run model ``name`` on ``inputs`` in the parent and wait: ``{output name: array}``."""
+        from frameserve.request import InferRequest
+
+        return self.submit(InferRequest(name, inputs)).result()
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._ask(("call", method, args, kwargs)).result()
+
+    def is_ready(self, name: str) -> bool:
+        """As the parent service's ``is_ready``."""
+        return bool(self._call("is_ready", name))
+
+    def load(self, name: str, **kwargs: Any) -> Any:
+        """As the parent service's ``load``."""
+        return self._call("load", name, **kwargs)
+
+    def register(self, name: str, path: Any, **kwargs: Any) -> Any:
+        """As the parent service's ``register``."""
+        return self._call("register", name, path, **kwargs)
+
+    def model_config(self, name: str) -> Any:
+        """As the parent service's ``model_config``."""
+        return self._call("model_config", name)
+
+    def session_info(self, name: str) -> Any:
+        """As the parent service's ``session_info``."""
+        return self._call("session_info", name)
+
+    def metadata(self, name: str) -> Any:
+        """As the parent service's ``metadata``."""
+        return self._call("metadata", name)
+
+    def close(self) -> None:
+        """Nothing to close: the parent owns the models."""
+
+
+def _child_main(conn: Any, settings: Settings, folder: str | None, threads: int | None, repository_root: str | None,
+                memory_limit_bytes: int | None, crash_file: str) -> None:
+    """The child process: run each job the parent sends, until ``("stop",)`` or the pipe closes."""
+    import faulthandler
+
+    if memory_limit_bytes is not None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
+    crash = open(crash_file, "w")  # noqa: SIM115 - held open for faulthandler until the process ends
+    faulthandler.enable(file=crash, all_threads=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this process stops
+    from frameserve.jobs._pipeline import pipeline_process
+    from frameserve.pipeline import DecodePool
+    from frameserve.pipeline.registry import PipelineRegistry
+
+    remote = RemoteService(conn, threads, repository_root)
+    pool = DecodePool(1)
+    process = pipeline_process(settings, remote, None, decode_pool=pool,
+                               pipelines=PipelineRegistry(Path(folder) if folder else None))
+
+    def progress(done: int, expected: int | None) -> None:
+        remote.send(("progress", done, expected))
+
+    try:
+        while (job := remote.jobs.get()) is not None:
+            video, spec, workdir = job
+            try:
+                summary, files = process(Path(video), spec, Path(workdir), progress)
+                remote.send(("done", summary, {k: str(v) for k, v in files.items()}))
+            except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
+                remote.send(("failed", _portable(exc)))
+    finally:
+        pool.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# the parent
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (an out-of-memory kill sends SIGKILL)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+def _crash_trace(path: Path) -> str:
+    """The innermost Python frames faulthandler wrote for the thread that crashed, or ``""``."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if "most recent call first" in line and "Current thread" in line), None)
+    if start is None:
+        return ""
+    frames = []
+    for line in lines[start + 1:]:
+        line = line.strip()
+        if not line.startswith("File "):
+            break
+        frames.append(line)
+    return "; ".join(frames[:_TRACE_LINES])
+
+
+class _Child:
+    """One child process and the parent's side of its pipe (see the module docstring)."""
+
+    def __init__(self, settings: Settings, service: Any, folder: Path | None, memory_limit_bytes: int | None) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.service = service
+        self.busy = False  # a job sent and not yet answered
+        fd, crash = tempfile.mkstemp(prefix="frameserve-pipeline-crash-", suffix=".txt")
+        os.close(fd)
+        self.crash_file = Path(crash)
+        mine, theirs = ctx.Pipe(duplex=True)
+        repo = getattr(service, "repository", None)
+        root = getattr(repo, "root", None)
+        self.proc = ctx.Process(
+            target=_child_main, name="frameserve-pipeline", daemon=True,
+            args=(theirs, settings, None if folder is None else str(folder), getattr(service, "threads", None),
+                  None if root is None else str(root), memory_limit_bytes, crash),
+        )
+        self.proc.start()
+        theirs.close()
+        self.conn = mine
+        self._send_lock = threading.Lock()
+        self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._calls = ThreadPoolExecutor(4, thread_name_prefix="frameserve-pipeline-calls")
+        threading.Thread(target=self._read, name="frameserve-pipeline-link", daemon=True).start()
+
+    def _send(self, message: tuple[Any, ...]) -> bool:
+        try:
+            with self._send_lock:
+                self.conn.send(message)
+            return True
+        except (OSError, ValueError):  # the child is gone (or the pipe closed by kill)
+            return False
+
+    def _reply(self, cid: int, ok: bool, value: Any) -> None:
+        if not ok:
+            value = _portable(value)
+        try:
+            pickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001 - an answer that cannot cross: say so instead
+            ok, value = False, RuntimeError(f"the answer cannot be sent to the pipeline's process: {exc}")
+        self._send(("result", cid, ok, value))
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                self.events.put(("gone",))
+                return
+            except Exception as exc:  # noqa: BLE001 - a message that cannot be read: the link is broken
+                log.warning("pipeline process sent an unreadable message (%s); stopping it", exc)
+                self.kill()
+                self.events.put(("gone",))
+                return
+            kind = message[0]
+            if kind == "submit":
+                self._submit(message[1], message[2])
+            elif kind == "call":
+                self._calls.submit(self._call, *message[1:])
+            else:
+                self.events.put(message)
+
+    def _submit(self, cid: int, request: Any) -> None:
+        try:
+            future = self.service.submit(request)
+        except Exception as exc:  # noqa: BLE001 - refused at once: the child's future gets it
+            self._reply(cid, False, exc)
+            return
+
+        def done(f: Future[Any]) -> None:
+            exc = f.exception()
+            self._reply(cid, exc is None, f.result() if exc is None else exc)
+
+        future.add_done_callback(done)
+
+    def _call(self, cid: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if method not in _CALLS:
+            self._reply(cid, False, InvalidInputError(f"the pipeline's process may not call {method!r}"))
+            return
+        try:
+            value = getattr(self.service, method)(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the child raises it
+            self._reply(cid, False, exc)
+            return
+        self._reply(cid, True, value)
+
+    def run(self, video: Path, job: Job, workdir: Path, progress: ProgressCb,
+            fault: FaultHook | None) -> tuple[dict[str, Any], dict[str, Path]]:
+        if not self._send(("job", str(video), job, str(workdir))):
+            raise self.crashed(0, None)
+        self.busy = True
+        done, expected = 0, None
+        first = True
+        while True:
+            try:
+                message = self.events.get(timeout=POLL_S)
+            except queue.Empty:
+                if not self.proc.is_alive():
+                    raise self.crashed(done, expected) from None
+                progress(done, expected)  # raises when cancelled or past the deadline
+                continue
+            kind = message[0]
+            if kind == "progress":
+                done, expected = message[1], message[2]
+                if first and fault is not None:
+                    first = False
+                    fault("mid_inference")
+                progress(done, expected)
+            elif kind == "done":
+                self.busy = False
+                return message[1], {k: Path(v) for k, v in message[2].items()}
+            elif kind == "failed":
+                self.busy = False
+                raise message[1]
+            else:  # "gone"
+                self.proc.join(5.0)
+                raise self.crashed(done, expected)
+
+    def crashed(self, done: int, expected: int | None) -> WorkerCrashedError:
+        """The error of a child that died during a job."""
+        self.proc.join(5.0)
+        how = _describe_exit(self.proc.exitcode)
+        where = f" after {done} of {expected} frames" if expected else f" after {done} frames"
+        trace = _crash_trace(self.crash_file)
+        return WorkerCrashedError(
+            f"the pipeline's process {how}{where}" + (f"; innermost Python frames: {trace}" if trace else ""),
+            detail={"exitcode": self.proc.exitcode, "frames_done": done},
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.is_alive()
+
+    def kill(self) -> None:
+        """Stop the child now (``SIGKILL``)."""
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5.0)
+        self.close()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask the child to finish (it ends after its current job), then kill it if it has not."""
+        self._send(("stop",))
+        self.proc.join(timeout_s)
+        self.kill()
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        self._calls.shutdown(wait=False, cancel_futures=True)
+        self.crash_file.unlink(missing_ok=True)
+
+
+class IsolatedPipeline:
+    """The worker's pipeline step in a child process (see the module docstring): a
+    :data:`~frameserve.jobs._pipeline.ProcessFn`.
+
+    Args:
+        settings: process settings (the child gets a copy: home, assets, threads).
+        service: the parent's inference service; the child's model calls run on it.
+        pipelines: the registry jobs may name (the child loads the same folder), or ``None``
+            for the built-ins.
+        fault: test hook; ``mid_inference`` is called here, in the parent, at the child's first
+            progress report (:func:`~frameserve.jobs.worker.faults_from_env`).
+        memory_limit_bytes: the child's address-space limit (``RLIMIT_AS``; ``serve`` and
+            ``worker --job-memory-limit-mb``), or ``None``: none. Over it, allocations fail
+            (``MemoryError``: the job fails with its hook's error) or the child is killed
+            (:class:`~frameserve.errors.WorkerCrashedError`).
+
+    Raises (from a call):
+        WorkerCrashedError: the child died (retryable).
+        whatever the worker's ``progress`` raises (cancelled, past the deadline), the child
+        killed first; the pipeline's own errors as :func:`~frameserve.jobs._pipeline.pipeline_process`
+        raises them.
+    """
+
+    def __init__(self, settings: Settings, service: Any, *, pipelines: Any = None, fault: FaultHook | None = None,
+                 memory_limit_bytes: int | None = None) -> None:
+        self.settings = settings
+        self.service = service
+        self.folder: Path | None = getattr(pipelines, "folder", None)
+        self.fault = fault
+        self.memory_limit_bytes = memory_limit_bytes
+        self._child: _Child | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, video: Path, job: Job, workdir: Path, progress: ProgressCb) -> tuple[dict[str, Any], dict[str, Path]]:
+        with self._lock:  # one job at a time per child, as the worker runs them
+            if self._child is None or not self._child.alive:
+                if self._child is not None:
+                    self._child.close()
+                self._child = _Child(self.settings, self.service, self.folder, self.memory_limit_bytes)
+            child = self._child
+            try:
+                return child.run(video, job, workdir, progress, self.fault)
+            except BaseException:
+                if child.busy:  # cancelled, past the deadline, or dead: its hook may still run
+                    child.kill()
+                    self._child = None
+                raise
+
+    def close(self) -> None:
+        """Stop the child process (after its current job, at most ten seconds)."""
+        with self._lock:
+            if self._child is not None:
+                self._child.stop()
+                self._child = None
+
