@@ -62,6 +62,8 @@ import math
 
 __all__ = [
     "STATUS",
+    "JobTimeoutError",
+    "WorkerCrashedError",
     "AddressRefusedError",
     "AssetError",
     "AssetNotFoundError",
@@ -436,6 +438,31 @@ class StorageError(FrameserveError):
     retryable = True
 
 
+class JobTimeoutError(FrameserveError):
+    """A job's attempt ran past its ``timeout_s`` and was stopped (its pipeline's process is
+    killed). Retryable: the next attempt gets the whole deadline again.
+
+    Attributes:
+        phase: the phase the attempt was in (``process``).
+    """
+
+    code = "timeout"
+    retryable = True
+
+    def __init__(self, message: str, *, phase: str) -> None:
+        super().__init__(message, detail={"phase": phase})
+        self.phase = phase
+
+
+class WorkerCrashedError(FrameserveError):
+    """The process running a job's pipeline died (a segfault, ``os._exit``, an out-of-memory
+    kill); the message says how (signal or exit code) and where, when known. Retryable, until the
+    job's attempts run out."""
+
+    code = "worker_crashed"
+    retryable = True
+
+
 STATUS: dict[str, tuple[int, str]] = {
     "internal": (500, "INTERNAL"),
     "invalid_input": (400, "INVALID_ARGUMENT"),
@@ -471,6 +498,8 @@ STATUS: dict[str, tuple[int, str]] = {
     "idempotency_conflict": (422, "FAILED_PRECONDITION"),
     "lease_lost": (409, "ABORTED"),
     "storage_error": (502, "UNAVAILABLE"),
+    "timeout": (504, "DEADLINE_EXCEEDED"),
+    "worker_crashed": (500, "INTERNAL"),
     "invalid_shared_memory": (400, "INVALID_ARGUMENT"),
     "shared_memory_exists": (400, "ALREADY_EXISTS"),
     "shared_memory_unsupported": (400, "UNIMPLEMENTED"),

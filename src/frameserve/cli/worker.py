@@ -39,6 +39,9 @@ def worker_command(
     db: Annotated[str | None, typer.Option("--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME).")] = None,
     storage: Annotated[list[str] | None, typer.Option("--storage", help="Storage: a folder or file:// URI adds a file root; an http(s):// URL is the S3-compatible endpoint for s3://.")] = None,
     file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Folder allowed for file:// sources and targets (repeatable); {tenant} in it (a whole segment: /data/{tenant}) confines each job to its owner's folder, 'default' for the implicit owner (env FRAMESERVE_FILE_ROOTS; default $FRAMESERVE_HOME/storage for the implicit owner, $FRAMESERVE_HOME/storage/{tenant} for named tenants).")] = None,
+    job_timeout_s: Annotated[float | None, typer.Option("--job-timeout-s", min=0.001, help="Longest processing of one job attempt, seconds; past it the pipeline is stopped and the attempt fails with code timeout (retried while attempts are left) (env FRAMESERVE_JOB_TIMEOUT_S; default 14400).", show_default=False)] = None,
+    job_memory_limit_mb: Annotated[int | None, typer.Option("--job-memory-limit-mb", min=64, help="Address-space limit of the process that runs a job's pipeline, MiB (env FRAMESERVE_JOB_MEMORY_LIMIT_MB; default none).", show_default=False)] = None,
+    isolate_pipelines: Annotated[bool | None, typer.Option("--isolate-pipelines/--no-isolate-pipelines", help="Run job pipelines in a child process, so a crash or a hang ends the job, not this process (env FRAMESERVE_ISOLATE_PIPELINES=0 turns it off; default on).", show_default=False)] = None,
     shared_file_root: Annotated[bool | None, typer.Option("--shared-file-root/--no-shared-file-root", help="Let jobs of named tenants use the file roots and S3 entries without {tenant} (serve's flag; without it such jobs fail) (env FRAMESERVE_SHARED_FILE_ROOT=1).", show_default=False)] = None,
     s3_endpoint_url: Annotated[str | None, typer.Option("--s3-endpoint-url", help="S3-compatible endpoint (env FRAMESERVE_S3_ENDPOINT_URL; default AWS).")] = None,
     webhook_secret: Annotated[str | None, typer.Option("--webhook-secret", help="Standard Webhooks secret, whsec_... (env FRAMESERVE_WEBHOOK_SECRET).")] = None,
@@ -97,6 +100,7 @@ def worker_command(
             sources_allow_private=sources_allow_private, s3_allow_buckets=s3_allow_bucket,
             max_source_bytes=max_source_bytes, source_timeout_s=source_timeout_s,
             source_idle_timeout_s=source_idle_timeout_s, shared_file_root=shared_file_root,
+            job_timeout_s=job_timeout_s, job_memory_limit_mb=job_memory_limit_mb, isolate_pipelines=isolate_pipelines,
             tenants=True,  # a worker cannot know whether the server has tokens: named owners get the default's {tenant}
         )
         js.storage()  # a bad --file-root / --s3-allow-bucket template stops the start here (exit 2)
@@ -158,6 +162,7 @@ def run_worker(
     per tenant; ``pipelines`` is the
     :class:`~frameserve.pipeline.registry.PipelineRegistry` jobs may name (default: the built-ins)."""
     from frameserve.config import Settings
+    from frameserve.jobs._isolated import IsolatedPipeline
     from frameserve.jobs._metrics import JobMetrics, QueueCollector
     from frameserve.jobs.callbacks import CallbackDeliverer
     from frameserve.jobs.settings import JobsSettings
@@ -188,10 +193,18 @@ def run_worker(
         if status_file is not None and "worker" in holder:
             write_status(status_file, busy=busy, worker_id=holder["worker"].worker_id, claimed=holder["worker"].claimed)
 
+    isolated = None
+    if js.isolate_pipelines:  # a crash or a hang in a pipeline ends its job, not this worker
+        isolated = process = IsolatedPipeline(
+            settings, service, pipelines=registry, fault=fault,
+            memory_limit_bytes=None if js.job_memory_limit_mb is None else js.job_memory_limit_mb << 20,
+        )
+    else:
+        process = pipeline_process(settings, service, fault, decode_pool=pool, pipelines=registry)
     worker = Worker(
-        store, storage, pipeline_process(settings, service, fault, decode_pool=pool, pipelines=registry), lease_s=js.lease_s,
+        store, storage, process, lease_s=js.lease_s,
         poll_s=poll_s, fault=fault, scratch_root=settings.home / "tmp", listen=listen, listen_url=listen_db,
-        max_jobs=max_jobs, metrics=metrics, on_busy=on_busy,
+        max_jobs=max_jobs, metrics=metrics, on_busy=on_busy, job_timeout_s=js.job_timeout_s,
     )
     holder["worker"] = worker
     deliverer = (
@@ -248,6 +261,8 @@ def run_worker(
             sys.stdout.flush()
             os._exit(0)
         pool.close()
+        if isolated is not None:
+            isolated.close()
         service.close()
         store.close()
 

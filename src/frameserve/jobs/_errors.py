@@ -13,7 +13,9 @@ backoff (true) or fail the job at once with the reason (false)::
     ├── JobStateError                job_conflict          the job's state does not allow this (cancel a finished job)
     ├── IdempotencyConflictError     idempotency_conflict  an Idempotency-Key reused with another body
     ├── LeaseLostError               lease_lost            the worker's lease expired or was taken over; retryable
-    └── StorageError                 storage_error         download/upload failed for a transient reason; retryable
+    ├── StorageError                 storage_error         download/upload failed for a transient reason; retryable
+    ├── JobTimeoutError              timeout               an attempt ran past its timeout_s and was stopped; retryable
+    └── WorkerCrashedError           worker_crashed        the pipeline's process died (signal, exit code); retryable
 """
 
 from __future__ import annotations
@@ -23,20 +25,24 @@ from frameserve.errors import (
     IdempotencyConflictError,
     JobNotFoundError,
     JobStateError,
+    JobTimeoutError,
     LeaseLostError,
     SourceError,
     SourceTooLargeError,
     StorageError,
+    WorkerCrashedError,
 )
 
 __all__ = [
     "IdempotencyConflictError",
     "JobNotFoundError",
     "JobStateError",
+    "JobTimeoutError",
     "LeaseLostError",
     "SourceError",
     "SourceTooLargeError",
     "StorageError",
+    "WorkerCrashedError",
     "is_retryable",
 ]
 

@@ -23,7 +23,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from frameserve.config import Settings
+from frameserve.jobs._isolated import IsolatedPipeline
 from frameserve.jobs._metrics import JobMetrics, QueueCollector
+from frameserve.jobs._pipeline import ProcessFn
 from frameserve.jobs.callbacks import CallbackDeliverer
 from frameserve.jobs.queue import Listener
 from frameserve.jobs.settings import JobsSettings
@@ -95,13 +97,21 @@ class EmbeddedJobs:
         self.listener = Listener(self.store)  # one per process: wakes the worker and the deliverer
         self.decode_pool: DecodePool | None = None
         self.worker: Worker | None = None
+        self.isolated: IsolatedPipeline | None = None
         if run_worker:
-            self.decode_pool = DecodePool(1)
+            process: ProcessFn
+            if js.isolate_pipelines:  # pipeline code never runs in the process that serves inference
+                self.isolated = process = IsolatedPipeline(
+                    settings, service, pipelines=self.pipelines, fault=fault,
+                    memory_limit_bytes=None if js.job_memory_limit_mb is None else js.job_memory_limit_mb << 20,
+                )
+            else:
+                self.decode_pool = DecodePool(1)
+                process = pipeline_process(settings, service, fault, decode_pool=self.decode_pool, pipelines=self.pipelines)
             self.worker = Worker(
-                self.store, self.storage,
-                pipeline_process(settings, service, fault, decode_pool=self.decode_pool, pipelines=self.pipelines),
+                self.store, self.storage, process,
                 lease_s=js.lease_s, poll_s=poll_s, fault=fault, scratch_root=settings.home / "tmp",
-                metrics=self.metrics, listen=False,
+                metrics=self.metrics, listen=False, job_timeout_s=js.job_timeout_s,
             )
         self.deliverer = CallbackDeliverer(
             self.store, secret=js.webhook_secret, allow_private=js.callbacks_allow_private,
@@ -129,4 +139,6 @@ class EmbeddedJobs:
             self._started = False
         if self.decode_pool is not None:
             self.decode_pool.close()
+        if self.isolated is not None:
+            self.isolated.close()
         self.store.close()

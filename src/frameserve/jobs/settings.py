@@ -17,6 +17,9 @@ flag (``worker``; ``serve``)    environment variable                         def
 ``--source-idle-timeout-s S``   ``FRAMESERVE_SOURCE_IDLE_TIMEOUT_S``         30 (no byte for that long)
 ``--lease-s S``                 ``FRAMESERVE_LEASE_S``                       30
 ``--max-attempts N``            ``FRAMESERVE_MAX_ATTEMPTS``                  5
+``--job-timeout-s S``           ``FRAMESERVE_JOB_TIMEOUT_S``                 14400 (4 h of processing per attempt)
+``--job-memory-limit-mb N``     ``FRAMESERVE_JOB_MEMORY_LIMIT_MB``           none (the pipeline process's RLIMIT_AS)
+``--no-isolate-pipelines``      ``FRAMESERVE_ISOLATE_PIPELINES=0``           isolated: each worker's pipelines in a child
 ==============================  ===========================================  ==============================
 
 (1) A root and a bucket prefix may hold ``{tenant}`` (``/data/{tenant}``, ``media/{tenant}/``):
@@ -69,6 +72,12 @@ class JobsSettings:
         source_idle_timeout_s: longest wait for a source's next byte (and to connect), seconds.
         lease_s: job lease length, seconds; heartbeats come every ``lease_s / 3``.
         max_attempts: attempts per job before a retryable failure is final.
+        job_timeout_s: longest process phase of one attempt, seconds
+            (:class:`~frameserve.jobs.worker.Worker`'s ``job_timeout_s``).
+        job_memory_limit_mb: the address-space limit of the process that runs a job's pipeline,
+            MiB (``None``: none; :class:`~frameserve.jobs._isolated.IsolatedPipeline`).
+        isolate_pipelines: run job pipelines in a child process (the default; off: in the
+            worker's own process, where a crash or a hang takes the process down with it).
     """
 
     db_url: str
@@ -85,6 +94,9 @@ class JobsSettings:
     source_idle_timeout_s: float = 30.0
     shared_file_root: bool = False
     implicit_file_root: Path | None = None
+    job_timeout_s: float = 14400.0
+    job_memory_limit_mb: int | None = None
+    isolate_pipelines: bool = True
 
     def __post_init__(self) -> None:
         if self.lease_s <= 0:
@@ -95,6 +107,10 @@ class JobsSettings:
             raise ValueError(f"max_source_bytes must be >= 1, got {self.max_source_bytes}")
         if not self.source_timeout_s > 0 or not self.source_idle_timeout_s > 0:
             raise ValueError("source_timeout_s and source_idle_timeout_s must be > 0")
+        if not self.job_timeout_s > 0:
+            raise ValueError(f"job_timeout_s must be > 0, got {self.job_timeout_s}")
+        if self.job_memory_limit_mb is not None and self.job_memory_limit_mb < 64:
+            raise ValueError(f"job_memory_limit_mb must be >= 64, got {self.job_memory_limit_mb}")
 
     def storage(self) -> Storage:
         """The :class:`Storage` these settings describe (roots, S3 endpoint and buckets, the
@@ -131,7 +147,11 @@ class JobsSettings:
             "FRAMESERVE_SOURCE_IDLE_TIMEOUT_S": repr(self.source_idle_timeout_s),
             "FRAMESERVE_LEASE_S": repr(self.lease_s),
             "FRAMESERVE_MAX_ATTEMPTS": str(self.max_attempts),
+            "FRAMESERVE_JOB_TIMEOUT_S": repr(self.job_timeout_s),
+            "FRAMESERVE_ISOLATE_PIPELINES": "1" if self.isolate_pipelines else "0",
         }
+        if self.job_memory_limit_mb is not None:
+            env["FRAMESERVE_JOB_MEMORY_LIMIT_MB"] = str(self.job_memory_limit_mb)
         if self.s3_endpoint_url:
             env["FRAMESERVE_S3_ENDPOINT_URL"] = self.s3_endpoint_url
         if self.webhook_secret:
@@ -158,6 +178,9 @@ class JobsSettings:
         source_idle_timeout_s: float | None = None,
         shared_file_root: bool | None = None,
         tenants: bool = False,
+        job_timeout_s: float | None = None,
+        job_memory_limit_mb: int | None = None,
+        isolate_pipelines: bool | None = None,
     ) -> JobsSettings:
         """Explicit arguments win over the environment, which wins over the defaults.
 
@@ -209,5 +232,16 @@ class JobsSettings:
             source_idle_timeout_s=float(
                 source_idle_timeout_s if source_idle_timeout_s is not None
                 else env.get("FRAMESERVE_SOURCE_IDLE_TIMEOUT_S") or 30.0
+            ),
+            job_timeout_s=float(
+                job_timeout_s if job_timeout_s is not None else env.get("FRAMESERVE_JOB_TIMEOUT_S") or 14400.0
+            ),
+            job_memory_limit_mb=(
+                job_memory_limit_mb if job_memory_limit_mb is not None
+                else int(env["FRAMESERVE_JOB_MEMORY_LIMIT_MB"]) if env.get("FRAMESERVE_JOB_MEMORY_LIMIT_MB") else None
+            ),
+            isolate_pipelines=(
+                isolate_pipelines if isolate_pipelines is not None
+                else env.get("FRAMESERVE_ISOLATE_PIPELINES", "1").strip().lower() not in ("0", "false", "no", "off")
             ),
         )

@@ -37,7 +37,16 @@ use on this worker's settings) fails at once with the reason (a :class:`SourceEr
 
 Failures: errors whose :func:`~frameserve.jobs.is_retryable` is true (timeouts, storage 5xx,
 lost lease, crashes) are retried with backoff; user errors (bad video, unknown pipeline, a 4xx
-source) fail the job at once with the reason.
+source) fail the job at once with the reason. Every recorded error names the phase the attempt
+was in (``error.phase``).
+
+Deadline: the process phase of one attempt may last ``job_timeout_s`` (``serve`` / ``worker
+--job-timeout-s``); past it the attempt stops with :class:`~frameserve.errors.JobTimeoutError`
+(``code: "timeout"``, retried while attempts are left). The deadline and a cancellation are seen
+at each progress report of the pipeline step; with
+:class:`~frameserve.jobs._isolated.IsolatedPipeline` (what ``serve`` and ``frameserve worker``
+run) also every :data:`~frameserve.jobs._isolated.POLL_S` seconds, whatever the pipeline does:
+its process is killed.
 """
 
 from __future__ import annotations
@@ -56,7 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from frameserve.errors import FrameserveError
+from frameserve.errors import FrameserveError, JobTimeoutError
 from frameserve.jobs._errors import LeaseLostError, is_retryable
 from frameserve.jobs._metrics import JobMetrics
 from frameserve.jobs._pipeline import FaultHook, ProcessFn, pipeline_process, video_out_name
@@ -163,6 +172,8 @@ class Worker:
         quotas: per-tenant ``running_jobs`` limits the claim keeps to (default: the store's).
             While every due job's tenant is at its limit the worker waits for a wake-up (a
             finished job notifies), not for the due time.
+        job_timeout_s: longest process phase of one attempt, seconds (``None``: no deadline);
+            see the module docstring.
     """
 
     def __init__(
@@ -184,6 +195,7 @@ class Worker:
         metrics: JobMetrics | None = None,
         on_busy: Callable[[bool], None] | None = None,
         quotas: Quotas | None = None,
+        job_timeout_s: float | None = None,
     ) -> None:
         if max_jobs is not None and max_jobs < 1:
             raise ValueError(f"max_jobs must be >= 1, got {max_jobs}")
@@ -219,6 +231,9 @@ class Worker:
         self.metrics = metrics
         self.on_busy = on_busy
         self.quotas = quotas
+        if job_timeout_s is not None and not job_timeout_s > 0:
+            raise ValueError(f"job_timeout_s must be > 0 seconds, got {job_timeout_s!r}")
+        self.job_timeout_s = job_timeout_s
         self._busy = False
         self._report_lock = threading.Lock()
         self.listener = Listener(store, listen_url=listen_url) if listen else None
@@ -373,7 +388,8 @@ class Worker:
                 retry = is_retryable(exc)
                 code = exc.code if isinstance(exc, FrameserveError) else "internal"
                 message = redact_text(str(exc) or exc.__class__.__name__)
-                got = self.store.fail(a.lease, {"code": code, "message": message}, retryable=retry, timings=self._timings(a))
+                error = {"code": code, "message": message, "phase": a.phase}
+                got = self.store.fail(a.lease, error, retryable=retry, timings=self._timings(a))
                 self._count(job.pipeline, got.state, job.attempt)
                 log.info("job %s attempt %d failed (%s): %s → %s", job.id, job.attempt, code, message, got.state)
         except LeaseLostError:
@@ -519,12 +535,20 @@ class Worker:
     def _run_pipeline(self, item: _Item) -> None:
         a = item.active
         self._phase(a, "process")
+        limit = self.job_timeout_s
+        deadline = None if limit is None else time.monotonic() + limit
 
         def progress(done: int, expected: int | None) -> None:
             if expected:
                 a.fraction = done / expected
             if a.cancel.is_set():
                 raise _Cancelled()
+            if deadline is not None and time.monotonic() > deadline:
+                raise JobTimeoutError(
+                    f"the process phase ran past the job's deadline of {limit:g} s (--job-timeout-s) after {done} "
+                    + (f"of {expected} " if expected else "") + "frames; the pipeline was stopped",
+                    phase="process",
+                )
 
         assert item.video is not None
         out = item.workdir / "out"
