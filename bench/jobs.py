@@ -17,6 +17,13 @@
 3. idle CPU of a real ``frameserve worker`` (callbacks on) with nothing to do, % of one core over
    ``--idle-s`` seconds (psutil, the process tree), on PostgreSQL and SQLite, with the wake-ups
    and with ``--no-listen`` (polling every 50 ms). Goal < 0.5 %.
+4. ``--part isolation`` (issue 22): the price of running a job's pipeline in a child process. One
+   nudenet job end to end (submit -> succeeded: claim, the file source, the pipeline over
+   bikes.mp4, results.json written) on a :class:`~frameserve.jobs.worker.Worker` whose pipeline
+   runs in its own process (:func:`~frameserve.jobs._pipeline.pipeline_process`) and on one whose
+   pipeline runs in a child (:class:`~frameserve.jobs._isolated.IsolatedPipeline`), both on one
+   :class:`~frameserve.service.InferenceService`, each warmed by one job, then interleaved A B A B;
+   the ratio is the in-process median time ÷ the isolated median time. Goal >= 0.95.
 
 The CPU model (bench/_cpu.py) and the machine's load are printed with the figures.
 """
@@ -249,6 +256,60 @@ def idle_cpu(url: str, home: Path, seconds: float, *extra: str) -> float:
     return used
 
 
+def isolation(pairs: int) -> tuple[float, float]:
+    """(in-process median s, isolated median s) of one nudenet job end to end (see the docstring)."""
+    import shutil
+
+    from frameserve import assets
+    from frameserve.config import Settings
+    from frameserve.jobs._isolated import IsolatedPipeline
+    from frameserve.jobs._pipeline import pipeline_process
+    from frameserve.jobs.storage import Storage
+    from frameserve.jobs.worker import Worker
+    from frameserve.pipeline import DecodePool
+    from frameserve.service import InferenceService
+
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings.from_env()
+        root = Path(tmp) / "root"
+        (root / "in").mkdir(parents=True)
+        shutil.copyfile(assets.ensure("bikes.mp4", settings.assets_dir), root / "in" / "v.mp4")
+        assets.ensure("nudenet-320n.onnx", settings.assets_dir)
+        service = InferenceService(None, threads=settings.threads)
+        pool = DecodePool(1)
+        isolated = IsolatedPipeline(settings, service)
+        modes = {"in-process": pipeline_process(settings, service, decode_pool=pool), "isolated": isolated}
+        stores = {m: JobStore(f"sqlite:///{tmp}/{m}.db") for m in modes}
+        workers = {m: Worker(stores[m], Storage(file_roots=[root], shared_file_root=True), fn, lease_s=60, poll_s=0.01,
+                             listen=False, workdir=Path(tmp) / f"w-{m}") for m, fn in modes.items()}
+        for w in workers.values():
+            w.start()
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        try:
+            for i in range(pairs + 1):
+                for m in modes:
+                    spec = JobSpec(source=f"file://{root}/in/v.mp4", target=f"file://{root}/out/{m}-{i}", pipeline="nudenet")
+                    t0 = time.perf_counter()
+                    job_id = stores[m].submit(spec)[0].id
+                    while (job := stores[m].get(job_id)).state not in ("succeeded", "failed"):
+                        time.sleep(0.005)
+                    if job.state != "succeeded":
+                        raise RuntimeError(f"{m} job failed: {job.error}")
+                    if i > 0:  # the first of each warms (the child's start, the model's load)
+                        times[m].append(time.perf_counter() - t0)
+        finally:
+            for w in workers.values():
+                w.stop()
+                w.join(60)
+            isolated.close()
+            pool.close()
+            service.close()
+        print(f"isolation: nudenet job on bikes.mp4, {pairs} interleaved pairs: "
+              + ", ".join(f"{m} median {statistics.median(v):.2f} s (all {', '.join(f'{x:.2f}' for x in v)})"
+                          for m, v in times.items()))
+        return statistics.median(times["in-process"]), statistics.median(times["isolated"])
+
+
 def main() -> None:
     import psutil
 
@@ -257,7 +318,14 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2000)
     ap.add_argument("--poll-s", type=float, default=0.05, help="the polling baseline's interval")
     ap.add_argument("--idle-s", type=float, default=20.0, help="seconds of idle CPU measured per figure")
+    ap.add_argument("--part", choices=("queue", "isolation"), default="queue", help="what to measure (the docstring)")
+    ap.add_argument("--pairs", type=int, default=5, help="--part isolation: interleaved pairs")
     args = ap.parse_args()
+    if args.part == "isolation":
+        print(f"CPU: {cpu_model()}, {len(os.sched_getaffinity(0))} CPUs; load average {os.getloadavg()[0]:.1f}")
+        inproc, isolated = isolation(2 if args.quick else args.pairs)
+        print(f"isolation price: in-process ÷ isolated job time {inproc / isolated:.3f} (goal >= 0.95)")
+        return
     n = 200 if args.quick else args.jobs
     seconds = 2.0 if args.quick else 10.0
     idle_s = 5.0 if args.quick else args.idle_s

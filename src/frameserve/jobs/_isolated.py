@@ -11,16 +11,21 @@ message to the parent, which runs it on its own :class:`~frameserve.service.Infe
 so models are loaded once, in the parent, and a job's requests are dynamically batched with
 everything else the parent serves.
 
-Channel: a ``multiprocessing`` pipe of pickled tuples (protocol 5), the first item the kind::
+Channel: a ``multiprocessing`` pipe of pickled tuples, the first item the kind, and one
+anonymous shared-memory block (:class:`~frameserve._ipc.SharedBlock`, the one the ``serve``
+front ends use; its descriptor is passed over the pipe) that tensors cross in::
 
-    parent -> child   ("job", video, job, workdir)   ("result", call_id, ok, value)   ("stop",)
-    child -> parent   ("submit", call_id, InferRequest)   ("call", call_id, method, args, kwargs)
+    parent -> child   ("job", video, job, workdir)   ("result", call_id, ok, value)
+                      ("outputs", call_id, output specs, response-half offsets)   ("stop",)
+    child -> parent   ("submit", call_id, InferRequest without inputs, input specs)
+                      ("call", call_id, method, args, kwargs)   ("free", response-half offsets)
                       ("progress", done, expected)   ("done", summary, files)   ("failed", error)
 
-Tensors cross it as pickled numpy arrays (one copy each way). The front ends' shared-memory
-channel (:mod:`frameserve.server._channel`) was not used: it needs an event loop at both ends and
-an arena per child; a job's tensors are a few MiB per batch, and the copy costs far less than the
-inference it feeds (``bench/jobs.py``, "isolation price", measures the whole job).
+The child copies a request's inputs into the block's request half once; the parent reads them
+there as views, runs the request and writes the outputs into the response half, which the child
+copies out and gives back. Pickling the tensors through the pipe instead (three copies of each,
+and the parent's reader holding the GIL while it unpickles) made a nudenet job 1.5 times as long
+(``bench/jobs.py --part isolation``, 2 CPUs).
 
 What the parent does while the child works: every :data:`POLL_S` seconds it calls the worker's
 ``progress`` callback (which raises when the job is cancelled or past its deadline) and looks at
@@ -33,6 +38,7 @@ to a file on a fatal signal).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -45,8 +51,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from frameserve._ipc import Arena, SharedBlock, pack_tensors, picklable_error, unpack_tensors
 from frameserve.config import Settings
-from frameserve.errors import FrameserveError, InvalidInputError, WorkerCrashedError
+from frameserve.errors import InvalidInputError, WorkerCrashedError
 from frameserve.jobs._pipeline import FaultHook, ProgressCb
 from frameserve.jobs.store import Job
 
@@ -62,33 +71,7 @@ _CALLS = frozenset({"is_ready", "load", "register", "model_config", "session_inf
 """The service methods a child may call besides ``submit`` (what pipelines and the runner use)."""
 
 _TRACE_LINES = 6  # innermost Python frames of a crash named in its message
-
-
-class _RemoteError(FrameserveError):
-    """An error raised in the child whose own class could not cross the pipe: its code,
-    message and retryability, as they were."""
-
-    def __init__(self, message: str, code: str, user_error: bool, retryable: bool | None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.user_error = user_error
-        if retryable is not None:
-            self.retryable = retryable
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """``exc`` if it survives pickling, else a :class:`_RemoteError` (or ``RuntimeError``) that
-    says the same."""
-    try:
-        back = pickle.loads(pickle.dumps(exc))
-        if isinstance(back, BaseException) and str(back) == str(exc):
-            return exc
-    except Exception:  # noqa: BLE001 - any class that cannot round-trip
-        pass
-    if isinstance(exc, FrameserveError):
-        flag = getattr(exc, "retryable", None)
-        return _RemoteError(exc.message, exc.code, exc.user_error, flag if isinstance(flag, bool) else None)
-    return RuntimeError(f"{type(exc).__name__}: {exc}")
+_BLOCK_BYTES = 64 << 20  # the shared block per child (both halves): a few batches of 640x640 frames
 
 
 # ------------------------------------------------------------------------------------------------
@@ -104,12 +87,16 @@ class RemoteService:
         conn: the child's end of the pipe.
         threads: the parent service's thread budget (``threads``).
         repository_root: the parent's model repository folder, or ``None``.
+        block: the shared block tensors cross in (this side writes its request half).
     """
 
-    def __init__(self, conn: Any, threads: int | None, repository_root: str | None) -> None:
+    def __init__(self, conn: Any, threads: int | None, repository_root: str | None, block: SharedBlock) -> None:
         from frameserve.repository import ModelRepository
 
         self.threads = threads
+        self._block = block
+        self._arena = Arena(*block.request_half)
+        self._taken: dict[int, list[int]] = {}
         self.repository = ModelRepository(Path(repository_root)) if repository_root else None
         self._conn = conn
         self._send_lock = threading.Lock()
@@ -131,30 +118,45 @@ class RemoteService:
             except (EOFError, OSError):  # the parent is gone: nothing more to do
                 os._exit(0)
             kind = message[0]
-            if kind == "result":
+            if kind in ("result", "outputs"):
                 with self._lock:
                     future = self._pending.pop(message[1], None)
-                if future is not None:
-                    if message[2]:
-                        future.set_result(message[3])
-                    else:
-                        future.set_exception(message[3])
+                    taken = self._taken.pop(message[1], ())
+                for offset in taken:  # the parent is done with the inputs
+                    self._arena.free(offset)
+                if future is None:
+                    continue
+                if kind == "outputs":
+                    views = unpack_tensors(message[2], self._block)
+                    outputs = {k: np.array(v) for k, v in views.items()}  # copied out of the block
+                    del views
+                    if message[3]:
+                        self.send(("free", message[3]))
+                    future.set_result(outputs)
+                elif message[2]:
+                    future.set_result(message[3])
+                else:
+                    future.set_exception(message[3])
             elif kind == "job":
                 self.jobs.put(message[1:])
             else:  # "stop"
                 self.jobs.put(None)
 
-    def _ask(self, message: tuple[Any, ...]) -> Future[Any]:
+    def _ask(self, message: tuple[Any, ...], taken: list[int] | None = None) -> Future[Any]:
         future: Future[Any] = Future()
         with self._lock:
             cid = self._next = self._next + 1
             self._pending[cid] = future
+            if taken:
+                self._taken[cid] = taken
         self.send((message[0], cid, *message[1:]))
         return future
 
     def submit(self, request: Any) -> Future[Any]:
-        """Queue one :class:`~frameserve.request.InferRequest` in the parent; its outputs' future."""
-        return self._ask(("submit", request))
+        """Queue one :class:`~frameserve.request.InferRequest` in the parent (its inputs copied
+        into the shared block); its outputs' future."""
+        specs, taken = pack_tensors(request.inputs, self._block, self._arena)
+        return self._ask(("submit", dataclasses.replace(request, inputs={}), specs), taken)
 
     def infer(self, name: str, inputs: Mapping[str, Any]) -> Any:
         """Run model ``name`` on ``inputs`` in the parent and wait: ``{output name: array}``."""
@@ -205,11 +207,14 @@ def _child_main(conn: Any, settings: Settings, folder: str | None, threads: int 
     crash = open(crash_file, "w")  # noqa: SIM115 - held open for faulthandler until the process ends
     faulthandler.enable(file=crash, all_threads=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this process stops
+    from multiprocessing.reduction import recv_handle
+
     from frameserve.jobs._pipeline import pipeline_process
     from frameserve.pipeline import DecodePool
     from frameserve.pipeline.registry import PipelineRegistry
 
-    remote = RemoteService(conn, threads, repository_root)
+    block = SharedBlock(fd=recv_handle(conn))  # first message: the shared block's descriptor
+    remote = RemoteService(conn, threads, repository_root, block)
     pool = DecodePool(1)
     process = pipeline_process(settings, remote, None, decode_pool=pool,
                                pipelines=PipelineRegistry(Path(folder) if folder else None))
@@ -224,7 +229,7 @@ def _child_main(conn: Any, settings: Settings, folder: str | None, threads: int 
                 summary, files = process(Path(video), spec, Path(workdir), progress)
                 remote.send(("done", summary, {k: str(v) for k, v in files.items()}))
             except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
-                remote.send(("failed", _portable(exc)))
+                remote.send(("failed", picklable_error(exc)))
     finally:
         pool.close()
 
@@ -285,9 +290,14 @@ class _Child:
             args=(theirs, settings, None if folder is None else str(folder), getattr(service, "threads", None),
                   None if root is None else str(root), memory_limit_bytes, crash),
         )
+        self.block = SharedBlock(_BLOCK_BYTES, name="frameserve-pipeline")
+        self.arena = Arena(*self.block.response_half)
         self.proc.start()
         theirs.close()
         self.conn = mine
+        from multiprocessing.reduction import send_handle
+
+        send_handle(mine, self.block.fd, self.proc.pid)
         self._send_lock = threading.Lock()
         self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._calls = ThreadPoolExecutor(4, thread_name_prefix="frameserve-pipeline-calls")
@@ -303,7 +313,7 @@ class _Child:
 
     def _reply(self, cid: int, ok: bool, value: Any) -> None:
         if not ok:
-            value = _portable(value)
+            value = picklable_error(value)
         try:
             pickle.dumps(value)
         except Exception as exc:  # noqa: BLE001 - an answer that cannot cross: say so instead
@@ -324,22 +334,35 @@ class _Child:
                 return
             kind = message[0]
             if kind == "submit":
-                self._submit(message[1], message[2])
+                self._submit(message[1], message[2], message[3])
+            elif kind == "free":
+                for offset in message[1]:
+                    self.arena.free(offset)
             elif kind == "call":
                 self._calls.submit(self._call, *message[1:])
             else:
                 self.events.put(message)
 
-    def _submit(self, cid: int, request: Any) -> None:
-        try:
-            future = self.service.submit(request)
+    def _submit(self, cid: int, request: Any, specs: list[tuple[Any, ...]]) -> None:
+        try:  # the inputs are read-only views into the child's half, valid until we answer
+            future = self.service.submit(dataclasses.replace(request, inputs=unpack_tensors(specs, self.block)))
         except Exception as exc:  # noqa: BLE001 - refused at once: the child's future gets it
             self._reply(cid, False, exc)
             return
 
         def done(f: Future[Any]) -> None:
             exc = f.exception()
-            self._reply(cid, exc is None, f.result() if exc is None else exc)
+            if exc is not None:
+                self._reply(cid, False, exc)
+                return
+            try:
+                out_specs, taken = pack_tensors(f.result(), self.block, self.arena)
+            except Exception as err:  # noqa: BLE001 - an output that cannot cross
+                self._reply(cid, False, err)
+                return
+            if not self._send(("outputs", cid, out_specs, taken)):
+                for offset in taken:
+                    self.arena.free(offset)
 
         future.add_done_callback(done)
 
@@ -420,6 +443,7 @@ class _Child:
         except OSError:
             pass
         self._calls.shutdown(wait=False, cancel_futures=True)
+        self.block.close()  # unmapped once the last view of a request still running is dropped
         self.crash_file.unlink(missing_ok=True)
 
 

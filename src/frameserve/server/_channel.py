@@ -7,40 +7,34 @@ Two pieces per front end, both made by the owner and inherited by the front end'
   tuple whose first item names the message (:data:`INFER`, :data:`DONE`, ...). Only the two
   processes of one server hold it (no name on the file system), and both ends are frameserve's
   own code: a frame never carries anything a network client chose but plain values and bytes.
-- one anonymous shared-memory block (``memfd_create``: no name under ``/dev/shm``, nothing to
-  leak, nothing a client can register) in two halves: the *request arena* the front end writes
-  input tensors into, the *response arena* the owner writes output tensors into. Each side
-  allocates only in its own half (:class:`Arena`: blocks taken in order, given back in any
-  order) and tells the other when a block of the other's half may be reused. A tensor is copied
-  once into its arena and read there as a numpy view; tensors under :data:`INLINE_MAX_BYTES`
-  (and any that finds its arena full) travel inside the frame instead.
+- one anonymous shared-memory block (:class:`~frameserve._ipc.SharedBlock`: nothing to leak,
+  nothing a client can register): the front end writes input tensors into its request half, the
+  owner output tensors into its response half; frames carry tensor specs
+  (:func:`~frameserve._ipc.pack_tensors`, the format in :mod:`frameserve._ipc`).
 
 Input views into the request arena are valid until the request is answered (the front end
 reuses the block after the answer), as views into a client's shared-memory region are in
 Triton: a model that keeps an input array past its request must copy it.
-
-Tensor *specs* in frames: ``(name, datatype, shape, data)`` where ``data`` is ``bytes`` (inline),
-an ``(offset, size_bytes)`` pair in the sender's arena, or ``None`` for an output the owner wrote
-into a client's shared-memory region. Datatypes are the v2 names; BYTES tensors travel in their
-wire form (:func:`~frameserve.types.encode_bytes_elements`).
 """
 
 from __future__ import annotations
 
-import collections
-import mmap
-import os
 import pickle
 import socket
 import struct
 import threading
-from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
-
-from frameserve.errors import FrameserveError, InferenceError
-from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
+from frameserve._ipc import (
+    DEFAULT_ARENA_BYTES,
+    INLINE_MAX_BYTES,
+    Arena,
+    SharedBlock,
+    pack_tensors,
+    picklable_error,
+    unpack_tensors,
+)
+from frameserve.errors import FrameserveError
 
 __all__ = [
     "DEFAULT_ARENA_BYTES",
@@ -72,28 +66,9 @@ GRPC_DONE = "gdone"  # owner -> front end: (GRPC_DONE, rid, response bytes)
 GRPC_ERROR = "gerror"  # owner -> front end: (GRPC_ERROR, rid, status code name, details)
 STOP = "stop"  # owner -> front end: (STOP, grace seconds or None)
 
-DEFAULT_ARENA_BYTES = 32 << 20
-"""Shared memory per front end (both halves together), bytes: 32 MiB. In-flight tensors beyond
-it travel inside frames (slower, never refused)."""
-
-INLINE_MAX_BYTES = 16 << 10
-"""Tensors smaller than this (16 KiB) travel inside the frame: a copy through the socket costs
-less than the arena's bookkeeping."""
-
 _LENGTH = struct.Struct("<I")
-_ALIGN = 64
 MAX_FRAME_BYTES = (1 << 32) - 1
 """The largest frame (the 4-byte length)."""
-
-
-def picklable_error(exc: BaseException) -> BaseException:
-    """``exc`` if it crosses the channel as it is (frameserve's errors do), else an
-    :class:`~frameserve.errors.InferenceError` saying what it was."""
-    try:
-        pickle.dumps(exc)
-        return exc
-    except Exception:
-        return InferenceError(f"{type(exc).__name__}: {exc}")
 
 
 def frame(message: tuple[Any, ...]) -> bytes:
@@ -144,207 +119,3 @@ def send_frame(sock: socket.socket, message: tuple[Any, ...], lock: threading.Lo
         sock.sendall(data)
 
 
-class SharedBlock:
-    """The anonymous shared memory of one front end's channel (``memfd_create``), mapped.
-
-    Args:
-        size_bytes: its size (rounded up to whole pages), or ``fd`` to map an inherited one.
-        fd: the file descriptor of a block made by the other process (the front end's side).
-
-    Raises:
-        OSError: no memory for it (``posix_fallocate`` reserves every page at creation, so a
-            full memory cgroup fails here, not later with SIGBUS).
-    """
-
-    def __init__(self, size_bytes: int = DEFAULT_ARENA_BYTES, *, fd: int | None = None) -> None:
-        if fd is None:
-            page = mmap.PAGESIZE
-            size_bytes = max(page * 2, -(-size_bytes // (2 * page)) * 2 * page)
-            fd = os.memfd_create("frameserve-frontend", os.MFD_CLOEXEC)
-            try:
-                os.ftruncate(fd, size_bytes)
-                os.posix_fallocate(fd, 0, size_bytes)
-            except BaseException:
-                os.close(fd)
-                raise
-        self.fd = fd
-        self.size_bytes = os.fstat(fd).st_size
-        self.mm = mmap.mmap(fd, self.size_bytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        self.buf = memoryview(self.mm)
-        half = self.size_bytes // 2
-        self.request_half = (0, half)
-        """``(offset, size)`` of the half the front end writes."""
-        self.response_half = (half, self.size_bytes - half)
-        """``(offset, size)`` of the half the owner writes."""
-
-    def close(self) -> None:
-        """Unmap (later, if numpy views of it still live: the mapping goes with the last one)
-        and close the descriptor."""
-        self.buf.release()
-        try:
-            self.mm.close()
-        except BufferError:  # a model still holds an input view: unmapped when it is dropped
-            pass
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
-
-
-class Arena:
-    """The blocks of one half of a :class:`SharedBlock` (thread-safe).
-
-    Blocks are taken in order around the half (a ring) and given back in any order; the
-    space of a block given back is reused once every block taken before it is back too, so
-    one long request holds up reuse but never corrupts anything: :meth:`alloc` then answers
-    ``None`` and the tensor travels inline.
-
-    Args:
-        offset, size_bytes: the half, in bytes from the start of the mapping.
-    """
-
-    def __init__(self, offset: int, size_bytes: int) -> None:
-        self.offset = offset
-        self.size_bytes = size_bytes
-        self._lock = threading.Lock()
-        self._live: collections.deque[list[int]] = collections.deque()  # [start, end, freed]
-        self._by_start: dict[int, list[int]] = {}
-        self._head = 0
-
-    def alloc(self, size_bytes: int) -> int | None:
-        """A block of at least ``size_bytes``: its offset in the mapping, or ``None`` when the
-        half has no such space now."""
-        n = -(-max(size_bytes, 1) // _ALIGN) * _ALIGN
-        cap = self.size_bytes
-        if n > cap:
-            return None
-        with self._lock:
-            live = self._live
-            if not live:  # everything is back: start over at the beginning
-                start = self._head = 0
-            else:
-                head, tail = self._head, live[0][0]
-                if head > tail:  # live blocks in [tail, head): free space at the end, then the start
-                    if cap - head >= n:
-                        start = head
-                    elif tail >= n:
-                        if head < cap:  # the unused end of the ring, given back already
-                            live.append([head, cap, 1])
-                        start = 0
-                    else:
-                        return None
-                elif tail - head >= n:  # wrapped: free space in [head, tail)
-                    start = head
-                else:
-                    return None
-            block = [start, start + n, 0]
-            live.append(block)
-            self._by_start[start] = block
-            self._head = start + n
-            return self.offset + start
-
-    def free(self, offset: int) -> None:
-        """Give back the block at ``offset`` (an offset :meth:`alloc` returned; unknown ones
-        are ignored)."""
-        with self._lock:
-            block = self._by_start.pop(offset - self.offset, None)
-            if block is None:
-                return
-            block[2] = 1
-            live = self._live
-            while live and live[0][2]:
-                live.popleft()
-
-    @property
-    def used_bytes(self) -> int:
-        """Bytes between the oldest block still out and the newest (what is not reusable now)."""
-        with self._lock:
-            if not self._live:
-                return 0
-            tail = self._live[0][0]
-            return self._head - tail if self._head > tail else self.size_bytes - tail + self._head
-
-
-_NUMPY: dict[str, np.dtype[Any]] = {}
-
-
-def _dtype(datatype: str) -> np.dtype[Any]:
-    got = _NUMPY.get(datatype)
-    if got is None:
-        got = _NUMPY[datatype] = DataType(datatype).to_numpy()
-    return got
-
-
-def pack_tensors(
-    arrays: Mapping[str, np.ndarray[Any, Any]], block: SharedBlock | None, arena: Arena | None,
-    skip: Iterable[str] = (),
-) -> tuple[list[tuple[Any, ...]], list[int]]:
-    """Specs of ``arrays`` (see the module docstring), large ones copied into ``arena``.
-
-    Args:
-        arrays: name -> array, in order.
-        block, arena: the mapping and this side's half of it (``None``: everything inline).
-        skip: names sent as ``None`` data (outputs already written to a client's region).
-
-    Returns:
-        ``(specs, offsets)``: the specs, and the arena blocks taken (give them back once the
-        other side is done with them).
-
-    Raises:
-        TensorError: an array whose dtype has no v2 datatype.
-    """
-    specs: list[tuple[Any, ...]] = []
-    taken: list[int] = []
-    skipped = set(skip)
-    for name, array in arrays.items():
-        datatype = DataType.from_numpy(array.dtype)
-        shape = tuple(int(d) for d in array.shape)
-        if name in skipped:
-            specs.append((name, datatype.value, shape, None))
-            continue
-        if datatype is DataType.BYTES:
-            raw: Any = encode_bytes_elements(array)
-            size = len(raw)
-        else:
-            if not array.flags.c_contiguous or not array.dtype.isnative:
-                array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
-            raw = array
-            size = array.nbytes
-        offset = arena.alloc(size) if arena is not None and block is not None and size >= INLINE_MAX_BYTES else None
-        if offset is None:
-            specs.append((name, datatype.value, shape, raw if isinstance(raw, bytes) else raw.tobytes()))
-            continue
-        assert block is not None
-        block.buf[offset : offset + size] = raw if isinstance(raw, bytes) else memoryview(raw.reshape(-1)).cast("B")
-        taken.append(offset)
-        specs.append((name, datatype.value, shape, (offset, size)))
-    return specs, taken
-
-
-def unpack_tensors(specs: Iterable[tuple[Any, ...]], block: SharedBlock | None) -> dict[str, np.ndarray[Any, Any]]:
-    """The arrays of ``specs``: read-only views into ``block`` (arena data) or into the frame's
-    bytes; BYTES tensors are split into ``bytes`` elements (copies); ``None`` data gives a
-    zero-strided placeholder of the right dtype and shape (an output written to a region)."""
-    out: dict[str, np.ndarray[Any, Any]] = {}
-    for name, datatype, shape, data in specs:
-        dtype = _dtype(datatype)
-        count = 1
-        for d in shape:
-            count *= d
-        if data is None:
-            out[name] = np.broadcast_to(np.zeros((), dtype=dtype), shape)
-            continue
-        if isinstance(data, tuple):
-            assert block is not None
-            offset, size = data
-            raw: Any = block.buf[offset : offset + size]
-        else:
-            raw = data
-        if datatype == "BYTES":
-            out[name] = decode_bytes_elements(raw, count).reshape(shape)
-            continue
-        array = np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
-        if array.flags.writeable:
-            array.flags.writeable = False
-        out[name] = array
-    return out
