@@ -23,7 +23,7 @@ from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.shm import SHM_PARAMETERS, SharedMemoryUse, ShmLocation, client_shm_disabled, shm_location
 from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
 
-__all__ = ["decode_infer_request", "encode_infer_response", "parameter_value", "parse_version"]
+__all__ = ["check_counts", "decode_infer_request", "encode_infer_response", "parameter_value", "parse_version"]
 
 # Typed-contents list for each datatype (FP16 / BF16 have none).
 _CONTENTS_FIELD: dict[DataType, str] = {
@@ -95,8 +95,9 @@ def decode_infer_request(
     of raw contents, element counts of typed contents, BYTES framing, duplicate names, parameter
     types. Whether the inputs fit the model is the service's check.
 
-    ``limits`` caps every declared shape and the request's BYTES elements before any tensor is
-    built (:class:`~frameserve.security.TensorLimits`).
+    ``limits`` caps the counts of inputs, outputs and parameters before any of them is read
+    (:func:`check_counts`), and every declared shape and the request's BYTES elements before any
+    tensor is built (:class:`~frameserve.security.TensorLimits`).
 
     ``raw_contents``, when given, stands for ``request.raw_input_contents`` (the entries taken
     off the wire as views, see :func:`frameserve.protocol.grpc._infer.parse_infer_request`; the
@@ -111,7 +112,8 @@ def decode_infer_request(
     Raises:
         TensorError: a tensor's datatype, shape, byte size, element count or BYTES framing is
             wrong (the message names the tensor, what was given and what was expected), or a
-            shape or the BYTES element count is over a cap of ``limits``.
+            shape, the BYTES element count, or the count of inputs, outputs or parameters is
+            over a cap of ``limits``.
         InvalidInputError: a malformed request otherwise (raw and typed contents mixed, raw entry
             count not the input count, bad version, bad parameter, unsupported feature).
         SharedMemoryError, SharedMemoryNotFoundError: a tensor's shared-memory parameters or
@@ -119,6 +121,7 @@ def decode_infer_request(
     """
     if not request.model_name:
         raise InvalidInputError("the request names no model (model_name is empty)")
+    check_counts(request, limits)
     version = parse_version(request.model_version)
     params = {k: parameter_value(v) for k, v in request.parameters.items()}
     priority = _non_negative_int(params, "priority")
@@ -195,6 +198,23 @@ def decode_infer_request(
         timeout_us=timeout_us,
         id=request.id,
     )
+
+
+def check_counts(request: pb.ModelInferRequest, limits: TensorLimits) -> None:
+    """Refuse a parsed request with more inputs, outputs or parameters than ``limits`` allow,
+    counted on the message (``len`` of its repeated fields; the per-tensor parameters are counted
+    only once the tensor counts are known to be within their caps).
+
+    Raises:
+        TensorError: a count over its cap (:meth:`TensorLimits.check_counts`).
+    """
+    inputs, outputs = request.inputs, request.outputs
+    limits.check_counts(inputs=len(inputs), outputs=len(outputs), parameters=len(request.parameters))
+    n = len(request.parameters)
+    for tensors in (inputs, outputs):
+        for tensor in tensors:
+            n += len(tensor.parameters)
+    limits.check_counts(parameters=n)
 
 
 def _shm_params(tensor: pb.ModelInferRequest.InferInputTensor, where: str) -> ShmLocation | None:

@@ -195,7 +195,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         out of the message)."""
         tenant = self.tenant_of(context)
         with self.admitted(tenant):
-            request, raws = parse_infer_request(data)
+            request, raws = parse_infer_request(data, self.limits)
             return await infer(
                 self.service, request, self.limits, self.shared_memory, raw_contents=raws,
                 encode=encode_infer_response_bytes, tenant=tenant,

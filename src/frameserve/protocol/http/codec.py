@@ -165,8 +165,10 @@ def decode_request(
             ``None`` when the whole body is JSON (see :func:`parse_header_length`).
         model_name, model_version: the model (and version, ``None`` = the highest loaded) the
             URL names.
-        limits: the caps on the JSON size, declared shapes and BYTES elements, checked before
-            anything is parsed or allocated (:class:`~frameserve.security.TensorLimits`).
+        limits: the caps on the JSON size (checked before it is parsed), on the counts of
+            inputs, outputs and parameters (checked on the parsed JSON before any tensor is
+            read), and on declared shapes and BYTES elements (checked before anything is
+            allocated) (:class:`~frameserve.security.TensorLimits`).
         shared_memory: this request's use of the server's shared-memory regions: inputs and
             outputs with ``shared_memory_region`` parameters are read from (zero-copy views) and
             noted in it (:mod:`frameserve.shm`); ``None``: the server takes none (such a
@@ -180,8 +182,9 @@ def decode_request(
         InvalidInputError: malformed JSON, a missing or mistyped field, a binary section whose
             size differs from what the inputs declare, an unsupported extension
             (classification, sequences).
-        TensorError: an input whose data does not fit its shape and datatype, or a shape or
-            BYTES element count over a cap of ``limits``.
+        TensorError: an input whose data does not fit its shape and datatype, or a shape,
+            BYTES element count, or count of inputs, outputs or parameters over a cap of
+            ``limits``.
         PayloadTooLargeError: the JSON is longer than ``limits.max_json_bytes``.
         SharedMemoryError, SharedMemoryNotFoundError: a tensor's shared-memory parameters or
             place are refused (:class:`~frameserve.shm.SharedMemoryUse`).
@@ -201,6 +204,7 @@ def decode_request(
         raise InvalidInputError(f"malformed JSON in the {where}: {exc}") from None
     if not isinstance(doc, dict):
         raise InvalidInputError(f"an inference request must be a JSON object, got {_kind(doc)}")
+    _check_counts(doc, limits)
 
     req_id = doc.get("id", "")
     if type(req_id) is not str:
@@ -266,6 +270,25 @@ def decode_request(
         model_name=model_name, inputs=inputs, model_version=model_version, outputs=outputs, parameters=params,
         priority=priority, timeout_us=timeout_us, id=req_id, binary_data_output=binary_output,
     )
+
+
+def _check_counts(doc: dict[str, Any], limits: TensorLimits) -> None:
+    """Refuse a parsed request with more inputs, outputs or parameters than ``limits`` allow,
+    before any tensor is read (the per-tensor parameters are counted only once the tensor counts
+    are known to be within their caps; what is not a list or an object is left to the checks
+    that name it)."""
+    inputs, outputs, params = doc.get("inputs"), doc.get("outputs"), doc.get("parameters")
+    n_in = len(inputs) if type(inputs) is list else 0
+    n_out = len(outputs) if type(outputs) is list else 0
+    n_params = len(params) if type(params) is dict else 0
+    limits.check_counts(inputs=n_in, outputs=n_out, parameters=n_params)
+    for tensors in (inputs if n_in else None, outputs if n_out else None):
+        for item in tensors or ():
+            if type(item) is dict:
+                tensor_params = item.get("parameters")
+                if type(tensor_params) is dict:
+                    n_params += len(tensor_params)
+    limits.check_counts(parameters=n_params)
 
 
 _DATATYPES: dict[str, DataType] = {m.value: m for m in DataType}
