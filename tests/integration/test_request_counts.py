@@ -127,3 +127,35 @@ def test_counts_over_the_flags_are_refused_by_front_ends(capped: ServeProcess, p
         within = client.infer("add", _add_inputs(module), outputs=[module.InferRequestedOutput(n) for n in ("sum", "diff")],
                               parameters={"p0": 0})
         assert within.as_numpy("sum").tolist() == [[2.0] * 4]
+
+
+def _long(i: int) -> str:
+    return f"unknown_input_{i:04d}_" + "x" * 300
+
+
+def test_an_error_never_grows_with_the_request(default_server: ServeProcess) -> None:
+    """1,000 unknown inputs of 300-character names (within the caps) once came back as an error
+    naming every one twice; now a few names, each cut, and how many more: HTTP and gRPC alike."""
+    url = f"http://127.0.0.1:{default_server.ports['HTTP']}/v2/models/add/infer"
+    body = {"inputs": [{"name": _long(i), "shape": [1, 4], "datatype": "FP32", "data": [0] * 4} for i in range(1000)]}
+    r = httpx.post(url, json=body, timeout=60)
+    assert r.status_code == 400 and len(r.content) < 2048, len(r.content)
+    error = r.json()["error"]
+    assert "and 995 more" in error and "(missing ['a', 'b'])" in error and "(319 characters)" in error, error
+    with tg.InferenceServerClient(f"127.0.0.1:{default_server.ports['gRPC']}") as client:
+        inputs = []
+        for i in range(1000):
+            x = tg.InferInput(_long(i), [1, 4], "FP32")
+            x.set_data_from_numpy(np.zeros((1, 4), np.float32))
+            inputs.append(x)
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("add", inputs)
+        assert len(str(info.value)) < 2048 and "and 995 more" in str(info.value), len(str(info.value))
+    # one name of a megabyte, and 1,000 unknown requested outputs
+    huge = {"inputs": [{"name": "n" * 1_000_000, "shape": [1], "datatype": "NOPE", "data": [0]}]}
+    r = httpx.post(url, json=huge, timeout=60)
+    assert r.status_code == 400 and len(r.content) < 1024 and "(1,000,000 characters)" in r.text, r.text[:300]
+    ok_inputs = [{"name": n, "shape": [1, 4], "datatype": "FP32", "data": [0] * 4} for n in ("a", "b")]
+    outs = {"inputs": ok_inputs, "outputs": [{"name": _long(i)} for i in range(1000)]}
+    r = httpx.post(url, json=outs, timeout=60)
+    assert r.status_code == 400 and len(r.content) < 1024 and "(319 characters)" in r.text, (r.status_code, r.text[:300])
