@@ -4,6 +4,8 @@ the small model repository and the synthetic videos they run on."""
 
 from __future__ import annotations
 
+import io
+import struct
 from fractions import Fraction
 from pathlib import Path
 
@@ -106,4 +108,52 @@ def make_video(path: Path, frames: int = 10, size: int = 64, gop: int = 5, fps: 
                 c.mux(p)
         for p in s.encode():
             c.mux(p)
+    return path
+
+
+class _Pipe(io.RawIOBase):
+    """A write-only, non-seekable sink, as a pipe is: a muxer cannot go back to write a duration."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def write(self, b: bytes) -> int:  # type: ignore[override]
+        self.data += b
+        return len(b)
+
+
+def piped_matroska(frames: int, fps: int = 5, gop: int = 1, size: int = 16) -> bytes:
+    """A Matroska clip as written to a pipe: its header declares no duration (FFmpeg reads
+    ``None`` for the stream's and the container's). Frame ``i`` is grey ``i * 20`` at pts
+    ``i / fps`` s; ``gop=1``: every frame a key frame (all-intra)."""
+    pipe = _Pipe()
+    with av.open(pipe, "w", format="matroska") as c:
+        s = c.add_stream("libx264", rate=fps, options={"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"})
+        s.width, s.height, s.pix_fmt = size, size, "yuv420p"
+        for i in range(frames):
+            f = av.VideoFrame.from_ndarray(np.full((size, size, 3), (i * 20) % 256, np.uint8), format="rgb24")
+            f.pts, f.time_base = i, Fraction(1, fps)
+            for p in s.encode(f):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return bytes(pipe.data)
+
+
+def lying_matroska(path: Path, frames: int, declared_s: float, fps: int = 5) -> Path:
+    """A Matroska file whose header declares ``declared_s`` seconds whatever it holds: its
+    Duration element (ID 0x4489, an 8-byte float of milliseconds) overwritten."""
+    make_video(path.with_suffix(".tmp.mkv"), frames=frames, size=16, gop=1, fps=fps)
+    data = bytearray(path.with_suffix(".tmp.mkv").read_bytes())
+    at = data.find(b"\x44\x89\x88")
+    assert at >= 0, "no 8-byte Duration element in the Matroska header"
+    data[at + 3:at + 11] = struct.pack(">d", declared_s * 1000.0)
+    path.write_bytes(bytes(data))
+    path.with_suffix(".tmp.mkv").unlink()
     return path

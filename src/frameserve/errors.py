@@ -46,6 +46,11 @@ The tree (catch at any level)::
     ├── LeaseLostError                  lease_lost             409  ABORTED
     └── StorageError                    storage_error          502  UNAVAILABLE
 
+A message never grows with the request: one names at most :data:`SHOWN_NAMES` of a request's
+names or values (:func:`shown_names`), each cut to :data:`SHOWN_CHARS` characters (:func:`shown`),
+and how many more there are; and every message is cut to :data:`MAX_MESSAGE_CHARS` characters
+(a 300,000-input request once got a 6.4 MB error, every name echoed twice).
+
 ``InvalidInputError``, ``NotFoundError``, ``ModelConfigError`` and ``BackendUnavailableError``
 are *user errors* (:attr:`FrameserveError.user_error` is true): the caller asked for something
 wrong, and the CLI exits with code 2 and a one-line message for them.
@@ -59,8 +64,12 @@ another attempt after a backoff (``LeaseLostError``, ``StorageError``) or fail i
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 __all__ = [
+    "MAX_MESSAGE_CHARS",
+    "SHOWN_CHARS",
+    "SHOWN_NAMES",
     "STATUS",
     "JobTimeoutError",
     "WorkerCrashedError",
@@ -103,15 +112,46 @@ __all__ = [
     "UnsupportedMediaTypeError",
     "VideoError",
     "retry_after_header",
+    "shown",
+    "shown_names",
     "status_for",
 ]
+
+MAX_MESSAGE_CHARS = 4096
+"""The longest error message, characters: a longer one is cut, with the count of the rest."""
+SHOWN_NAMES = 5
+"""The most names or values of a request one message lists (:func:`shown_names`)."""
+SHOWN_CHARS = 64
+"""The most characters of one name or value of a request a message shows (:func:`shown`)."""
+
+
+def shown(value: object, *, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` for a message, bounded: a string longer than ``limit`` characters is
+    shown by its first ``limit`` and its length (``'aaaa...'... (300,000 characters)``), any
+    other value whose repr is longer than ``limit`` by the start of that."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}... ({len(value):,} characters)"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def shown_names(values: Iterable[object], *, most: int = SHOWN_NAMES, limit: int = SHOWN_CHARS) -> str:
+    """A list of a request's names or values for a message, bounded: at most ``most`` of them,
+    each as :func:`shown`, then how many more (``['a', 'b', 'c', 'd', 'e'] and 299,995 more``).
+    Give them in the order to show (sorted where the order means nothing)."""
+    items = values if isinstance(values, (list, tuple)) else list(values)
+    text = "[" + ", ".join(shown(v, limit=limit) for v in items[:most]) + "]"
+    return text if len(items) <= most else f"{text} and {len(items) - most:,} more"
 
 
 class FrameserveError(Exception):
     """Base of every error frameserve raises on purpose.
 
     Args:
-        message: one line that says what was wrong and, where it helps, what is accepted.
+        message: one line that says what was wrong and, where it helps, what is accepted; cut
+            to :data:`MAX_MESSAGE_CHARS` characters.
         detail: optional structured detail (JSON-serialisable) for the job API's ``detail``.
     """
 
@@ -119,6 +159,8 @@ class FrameserveError(Exception):
     user_error: bool = False
 
     def __init__(self, message: str, *, detail: object | None = None) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:  # a backstop: messages name requests' parts bounded
+            message = f"{message[:MAX_MESSAGE_CHARS]}... ({len(message) - MAX_MESSAGE_CHARS:,} more characters)"
         super().__init__(message)
         self.message = message
         self.detail = detail

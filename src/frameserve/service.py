@@ -37,6 +37,7 @@ from frameserve.errors import (
     ModelNotReadyError,
     ResourceExhaustedError,
     TensorError,
+    shown,
 )
 from frameserve.metrics import Metrics
 from frameserve.repository import ModelConfig, ModelRepository, check_inputs, parse_config
@@ -726,9 +727,9 @@ class InferenceService:
         if self.repository is None:
             return exc
         root = self.repository.root
-        for shown in dict.fromkeys((str(root.resolve()), str(root.absolute()))):
-            if shown != "/" and shown in exc.message:
-                exc.message = exc.message.replace(shown + "/", "").replace(shown, "<model repository>")
+        for root_text in dict.fromkeys((str(root.resolve()), str(root.absolute()))):
+            if root_text != "/" and root_text in exc.message:
+                exc.message = exc.message.replace(root_text + "/", "").replace(root_text, "<model repository>")
         exc.args = (exc.message,)
         return exc
 
@@ -744,7 +745,7 @@ class InferenceService:
         if name in self._registered:
             return
         if self.repository is None:
-            raise ModelNotFoundError(f"no model {name!r}; loaded: {', '.join(self.model_names()) or '(none)'}")
+            raise ModelNotFoundError(f"no model {shown(name)}; loaded: {', '.join(self.model_names()) or '(none)'}")
         self.repository.model_dir(name)
 
     def _entry(self, name: str, version: int | None) -> _Loaded:
@@ -752,15 +753,15 @@ class InferenceService:
             versions = self._models.get(name)
             if not versions:
                 self._check_known(name)
-                raise ModelNotReadyError(f"model {name!r} is not loaded")
+                raise ModelNotReadyError(f"model {shown(name)} is not loaded")
             if version is None:
                 return versions[max(versions)]
             entry = versions.get(int(version))
             if entry is None:
                 if self.repository is not None and name not in self._registered:
                     if int(version) in self.repository.all_versions(name):
-                        raise ModelNotReadyError(f"model {name!r} version {version} is not loaded")
+                        raise ModelNotReadyError(f"model {shown(name)} version {version} is not loaded")
                 raise ModelNotFoundError(
-                    f"model {name!r} has no loaded version {version}; loaded versions: {sorted(versions)}"
+                    f"model {shown(name)} has no loaded version {version}; loaded versions: {sorted(versions)}"
                 )
             return entry

@@ -65,6 +65,7 @@ from frameserve.errors import (
     SharedMemoryNotFoundError,
     SharedMemoryUnsupportedError,
     TensorError,
+    shown,
 )
 from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
 
@@ -157,7 +158,7 @@ def client_shm_disabled() -> SharedMemoryUnsupportedError:
 def cuda_shm_unsupported(name: str) -> SharedMemoryUnsupportedError:
     """The error of a CUDA shared-memory registration (frameserve maps no CUDA IPC handles)."""
     return SharedMemoryUnsupportedError(
-        f"failed to register CUDA shared memory region {name!r}: CUDA shared memory is not supported by "
+        f"failed to register CUDA shared memory region {shown(name)}: CUDA shared memory is not supported by "
         "frameserve; use system shared memory"
     )
 
@@ -204,7 +205,7 @@ def shm_location(params: Mapping[str, Any], where: str) -> ShmLocation | None:
 
 def _non_negative(value: Any, key: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SharedMemoryError(f"{where}: {key!r} must be a non-negative integer, got {value!r}")
+        raise SharedMemoryError(f"{where}: {shown(key)} must be a non-negative integer, got {shown(value)}")
     return value
 
 
@@ -296,9 +297,9 @@ class SharedMemoryRegistry:
         file_name = self._file_name(name, key, self.key_prefix)
         for value, what in ((offset, "offset"), (byte_size, "byte_size")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SharedMemoryError(f"failed to register shared memory region {name!r}: {what} must be a non-negative integer")
+                raise SharedMemoryError(f"failed to register shared memory region {shown(name)}: {what} must be a non-negative integer")
         if byte_size == 0:
-            raise SharedMemoryError(f"failed to register shared memory region {name!r}: byte_size must be > 0")
+            raise SharedMemoryError(f"failed to register shared memory region {shown(name)}: byte_size must be > 0")
         with self._lock:
             self._check_free(tenant, name)
         mm, base = self._map(name, key, file_name, offset, byte_size)
@@ -313,7 +314,7 @@ class SharedMemoryRegistry:
 
     def _check_free(self, tenant: str, name: str) -> None:
         if (tenant, name) in self._regions:
-            raise SharedMemoryExistsError(f"shared memory region {name!r} is already registered; unregister it first")
+            raise SharedMemoryExistsError(f"shared memory region {shown(name)} is already registered; unregister it first")
         if len(self._regions) >= self.max_regions:
             raise ResourceExhaustedError(
                 f"{self.max_regions} shared memory regions are registered, the most this server keeps; unregister some"
@@ -323,18 +324,18 @@ class SharedMemoryRegistry:
     def _file_name(name: str, key: Any, prefix: str = "/") -> str:
         if not isinstance(key, str) or not _KEY.fullmatch(key) or ".." in key or key.strip("/") == ".":
             raise SharedMemoryError(
-                f"cannot register shared memory region {name!r}: the key must be one POSIX shared memory name "
+                f"cannot register shared memory region {shown(name)}: the key must be one POSIX shared memory name "
                 "('/name' of letters, digits, '.', '_' and '-'; no '..')"
             )
         file_name = key.removeprefix("/")
         if not ("/" + file_name).startswith(prefix):
             raise SharedMemoryError(
-                f"cannot register shared memory region {name!r}: this server registers only keys starting with "
-                f"{prefix!r} (serve --client-shm-prefix), got {key!r}"
+                f"cannot register shared memory region {shown(name)}: this server registers only keys starting with "
+                f"{prefix!r} (serve --client-shm-prefix), got {shown(key)}"
             )
         if file_name.startswith((OWN_SEGMENT_PREFIX, "sem.")):
             raise SharedMemoryError(
-                f"cannot register shared memory region {name!r}: keys starting with {OWN_SEGMENT_PREFIX!r} or "
+                f"cannot register shared memory region {shown(name)}: keys starting with {OWN_SEGMENT_PREFIX!r} or "
                 "'sem.' name the server's own segments and semaphores"
             )
         return file_name
@@ -344,22 +345,22 @@ class SharedMemoryRegistry:
         try:
             fd = os.open(os.path.join(self.root, file_name), flags)
         except FileNotFoundError:
-            raise SharedMemoryError(f"unable to open shared memory region {name!r}: no shared memory object {key!r}") from None
+            raise SharedMemoryError(f"unable to open shared memory region {shown(name)}: no shared memory object {shown(key)}") from None
         except OSError as exc:
             raise self._os_error(name, key, exc) from None
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                raise SharedMemoryError(f"unable to open shared memory region {name!r}: {key!r} is not a shared memory object")
+                raise SharedMemoryError(f"unable to open shared memory region {shown(name)}: {shown(key)} is not a shared memory object")
             if info.st_nlink != 1 or _is_own(info):
                 raise SharedMemoryError(
-                    f"cannot register shared memory region {name!r}: {key!r} is one of the server's own objects "
+                    f"cannot register shared memory region {shown(name)}: {shown(key)} is one of the server's own objects "
                     "(or another name of one)"
                 )
             if offset + byte_size > info.st_size:
                 raise SharedMemoryError(
-                    f"failed to register shared memory region {name!r}: offset {offset} + byte_size {byte_size} "
-                    f"is past the end of {key!r} ({info.st_size} bytes)"
+                    f"failed to register shared memory region {shown(name)}: offset {offset} + byte_size {byte_size} "
+                    f"is past the end of {shown(key)} ({info.st_size} bytes)"
                 )
             start = offset - offset % _PAGE
             try:
@@ -376,10 +377,10 @@ class SharedMemoryRegistry:
     @staticmethod
     def _os_error(name: str, key: str, exc: OSError) -> Exception:
         if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
-            return ResourceExhaustedError(f"cannot map shared memory region {name!r} now: {exc.strerror}")
+            return ResourceExhaustedError(f"cannot map shared memory region {shown(name)} now: {exc.strerror}")
         if exc.errno == errno.ELOOP:
-            return SharedMemoryError(f"unable to open shared memory region {name!r}: {key!r} is a symbolic link")
-        return SharedMemoryError(f"unable to open shared memory region {name!r} ({key!r}) for reading and writing: {exc.strerror}")
+            return SharedMemoryError(f"unable to open shared memory region {shown(name)}: {shown(key)} is a symbolic link")
+        return SharedMemoryError(f"unable to open shared memory region {shown(name)} ({shown(key)}) for reading and writing: {exc.strerror}")
 
     def unregister(self, name: str | None = None, *, tenant: str = "", everyone: bool = False) -> None:
         """Drop ``tenant``'s region ``name`` (``None`` or ``""``: every region of ``tenant``;
@@ -409,7 +410,7 @@ class SharedMemoryRegistry:
             found = [self._regions[k] for k in sorted(self._regions, key=lambda k: (k[1], k[0]))
                      if (everyone or k[0] == tenant) and (not name or k[1] == name)]
         if name and not found:
-            raise SharedMemoryNotFoundError(f"Unable to find system shared memory region: {name!r}")
+            raise SharedMemoryNotFoundError(f"Unable to find system shared memory region: {shown(name)}")
         # another tenant's (seen by an admin) says whose it is
         return [r.status() if r.tenant == tenant else {**r.status(), "tenant": r.tenant} for r in found]
 
@@ -425,15 +426,15 @@ class SharedMemoryRegistry:
         with self._lock:
             region = self._regions.get((tenant, location.region))
             if region is None:
-                raise SharedMemoryNotFoundError(f"{where}: Unable to find shared memory region: {location.region!r}")
+                raise SharedMemoryNotFoundError(f"{where}: Unable to find shared memory region: {shown(location.region)}")
             if location.offset >= region.byte_size:
                 raise SharedMemoryError(
-                    f"{where}: Invalid offset {location.offset} for shared memory region {region.name!r} "
+                    f"{where}: Invalid offset {location.offset} for shared memory region {shown(region.name)} "
                     f"({region.byte_size} bytes)"
                 )
             if location.offset + location.byte_size > region.byte_size:
                 raise SharedMemoryError(
-                    f"{where}: Invalid offset + byte size for shared memory region {region.name!r}: offset "
+                    f"{where}: Invalid offset + byte size for shared memory region {shown(region.name)}: offset "
                     f"{location.offset} + byte_size {location.byte_size} is past its {region.byte_size} bytes"
                 )
             mm = region.mm
@@ -444,7 +445,7 @@ class SharedMemoryRegistry:
                 size = -1
             if size < region.offset + region.byte_size:
                 raise SharedMemoryError(
-                    f"{where}: the shared memory object {region.key!r} of region {region.name!r} shrank below "
+                    f"{where}: the shared memory object {shown(region.key)} of region {shown(region.name)} shrank below "
                     f"the registered offset + byte_size ({region.offset + region.byte_size} bytes); register it again"
                 )
             region.users += 1
@@ -496,7 +497,7 @@ class SharedMemoryUse:
             TensorError: ``byte_size`` is not what ``shape`` of ``datatype`` takes, or the BYTES
                 data does not hold ``prod(shape)`` elements exactly.
         """
-        where = f"input {name!r}"
+        where = f"input {shown(name)}"
         region = self._acquire(location, where)
         mm = region.mm
         assert mm is not None
@@ -530,7 +531,7 @@ class SharedMemoryUse:
             SharedMemoryNotFoundError: the region is not registered.
             SharedMemoryError: the place is outside the region (or its object shrank).
         """
-        self.outputs[name] = (self._acquire(location, f"output {name!r}"), location)
+        self.outputs[name] = (self._acquire(location, f"output {shown(name)}"), location)
 
     def write_output(self, name: str, array: np.ndarray[Any, Any]) -> None:
         """Write output ``name`` (noted with :meth:`output`) into its place in its wire form.
@@ -547,7 +548,7 @@ class SharedMemoryUse:
         size = len(encoded) if encoded is not None else int(array.size) * _le(datatype).itemsize
         if size > location.byte_size:
             raise SharedMemoryError(
-                f"shared memory size specified with the request for output {name!r} ({location.byte_size} bytes) "
+                f"shared memory size specified with the request for output {shown(name)} ({location.byte_size} bytes) "
                 f"should be at least {size} bytes to hold the results"
             )
         start = region.base + location.offset

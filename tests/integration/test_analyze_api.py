@@ -3,7 +3,9 @@ a short clip uploaded or named by URI comes back as its key frames' results; an 
 size limit is refused with 413 before its body is read (from Content-Length) or as soon as the
 bytes read pass the limit (chunked); a clip over the duration limit, not a video, an unknown
 pipeline or param, a pipeline that raises, and a busy server each get their status and one-line
-``{"error"}``."""
+``{"error"}``. The duration limit holds on the decoded pts too: a clip whose header declares no
+duration (Matroska through a pipe) or a short one (a lying header) is refused at the first frame
+past the limit."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from _user_pipelines import make_pipelines, make_repository, make_video
+from _user_pipelines import lying_matroska, make_pipelines, make_repository, make_video, piped_matroska
 from frameserve.config import Settings
 from frameserve.jobs.analyze import AnalyzeLimits, Analyzer, create_analyze_router
 from frameserve.jobs.api import create_pipelines_router
@@ -110,6 +112,25 @@ def test_over_the_duration_limit_is_413(env: Env) -> None:
     r = env.post(files={"file": ("long.mp4", env.long_clip.read_bytes(), "video/mp4")}, data={"pipeline": "brightness"})
     assert r.status_code == 413, r.text
     assert r.json()["error"].startswith("'long.mp4' lasts 6.000 s, over the limit of 5 s (--analyze-max-duration-s)")
+
+
+def test_a_clip_without_a_declared_duration_stops_at_the_limit(env: Env, tmp_path: Path) -> None:
+    long_pipe = piped_matroska(frames=30)  # all-intra, pts 0 .. 5.8 s; the header says nothing
+    r = httpx.post(f"{env.base}/v1/analyze", params={"pipeline": "brightness"}, content=long_pipe,
+                   headers={"Content-Type": "video/x-matroska"}, timeout=60)
+    assert r.status_code == 413, r.text
+    assert r.json() == {"error": "'upload' runs past the limit of 5 s (--analyze-max-duration-s): a frame at 5.200 s "
+                        "after the first (the container declares no duration); submit longer videos as jobs (POST /v1/jobs)"}
+    lying = lying_matroska(tmp_path / "lying.mkv", frames=30, declared_s=1.0)  # says 1 s, holds 6
+    r = env.post(files={"file": ("lying.mkv", lying.read_bytes(), "video/x-matroska")}, data={"pipeline": "brightness"})
+    assert r.status_code == 413, r.text
+    assert r.json()["error"].startswith("'lying.mkv' runs past the limit of 5 s (--analyze-max-duration-s): a frame at 5.200 s "
+                                        "after the first (the container declares 1.000 s)")
+    short_pipe = piped_matroska(frames=26)  # pts up to 5.0 s: at the limit, not past it
+    ok = httpx.post(f"{env.base}/v1/analyze", params={"pipeline": "brightness"}, content=short_pipe,
+                    headers={"Content-Type": "video/x-matroska"}, timeout=60)
+    assert ok.status_code == 200, ok.text  # the server goes on, and a clip within the limit runs in full
+    assert [f["index"] for f in ok.json()["frames"]] == list(range(26))
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import frameserve
 RUN_PARAMS = [
     "video", "pipeline", "out", "video_out", "sampling", "batch", "params", "backend", "threads", "settings",
     "service", "progress", "decode_workers", "decode_threads", "keep_frames", "trace", "decode_pool", "short",
+    "max_duration_s", "max_duration_flag",
 ]
 
 

@@ -98,3 +98,14 @@ def test_every_error_class_in_the_package_has_a_status_row() -> None:
     )
     assert not elsewhere, f"error classes with a code of their own outside frameserve.errors: {elsewhere}"
     assert len(skipped) <= 3, skipped
+
+
+def test_shown_names_bound_what_a_message_echoes() -> None:
+    from frameserve.errors import InvalidInputError, shown, shown_names
+
+    assert shown("abc") == "'abc'" and shown("a" * 70) == f"{'a' * 64!r}... (70 characters)"
+    assert shown_names(["a", "b"]) == "['a', 'b']"
+    text = shown_names([f"n{i}" * 100 for i in range(300_000)])
+    assert text.endswith("] and 299,995 more") and len(text) < 600, text
+    long = InvalidInputError("x" * 1_000_000)
+    assert len(long.message) < 4200 and long.message.endswith("... (995,904 more characters)")

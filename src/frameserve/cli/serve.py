@@ -80,6 +80,9 @@ def serve_command(
     max_tensor_elements: Annotated[int, typer.Option("--max-tensor-elements", min=1, help="Most elements (and largest dimension) an input tensor's shape may declare (400 beyond).")] = DEFAULT_LIMITS.max_tensor_elements,
     max_bytes_elements: Annotated[int, typer.Option("--max-bytes-elements", min=1, help="Most BYTES elements in one inference request, all inputs together (400 beyond).")] = DEFAULT_LIMITS.max_bytes_elements,
     max_bytes_data_bytes: Annotated[int, typer.Option("--max-bytes-data-bytes", min=1, help="Most bytes of BYTES data in one inference request, all inputs together (400 beyond).")] = DEFAULT_LIMITS.max_bytes_data_bytes,
+    max_inputs: Annotated[int, typer.Option("--max-inputs", min=1, help="Most input tensors in one inference request (400 / INVALID_ARGUMENT beyond, before any tensor is read).")] = DEFAULT_LIMITS.max_inputs,
+    max_outputs: Annotated[int, typer.Option("--max-outputs", min=1, help="Most requested outputs in one inference request (400 / INVALID_ARGUMENT beyond).")] = DEFAULT_LIMITS.max_outputs,
+    max_parameters: Annotated[int, typer.Option("--max-parameters", min=1, help="Most parameters in one inference request: the request's own, its inputs' and its outputs' together (400 / INVALID_ARGUMENT beyond).")] = DEFAULT_LIMITS.max_parameters,
     graceful_timeout: Annotated[float, typer.Option("--graceful-timeout", min=0, help="Seconds in-flight requests get to finish on shutdown.")] = 30.0,
     log_level: Annotated[str, typer.Option("--log-level", help="debug | info | warning | error.")] = "info",
     jobs: Annotated[bool, typer.Option("--jobs/--no-jobs", help="Also serve /v1/jobs and run one embedded job worker.")] = True,
@@ -147,6 +150,7 @@ def serve_command(
             limits=TensorLimits(
                 max_tensor_elements=max_tensor_elements, max_bytes_elements=max_bytes_elements,
                 max_json_bytes=max_json_bytes, max_bytes_data_bytes=max_bytes_data_bytes,
+                max_inputs=max_inputs, max_outputs=max_outputs, max_parameters=max_parameters,
             ),
             allow_client_shm=allow_client_shm, client_shm_prefix=client_shm_prefix,
             http_workers=http_workers,

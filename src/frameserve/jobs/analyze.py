@@ -19,8 +19,10 @@ Answers: 200 with the run's results (``source``, ``pipeline``, ``models``, ``fra
 ``summary``, ``timing``...); every error is ``{"error": "<message>"}`` with the status of its
 code (:data:`frameserve.errors.STATUS`): 400 not a video or a bad parameter, 404 unknown
 pipeline, 413 a clip over ``max_bytes`` (refused from ``Content-Length`` before any of it is
-read, else as soon as the bytes read pass the limit) or longer than ``max_duration_s`` (the
-stream's duration, else the container's, as :class:`~frameserve.video.StreamInfo` has it), 422
+read, else as soon as the bytes read pass the limit) or longer than ``max_duration_s`` (refused
+up front when the header declares a longer duration, else as soon as a decoded frame's pts lies
+more than ``max_duration_s`` after the first frame's: a header without a duration, or a short
+one, does not lift the limit), 422
 a pipeline whose code failed (the message names the hook and frames), 429 when
 ``concurrency`` clips are already being analysed.
 
@@ -91,6 +93,8 @@ _JSON_BODY_BYTES = 1 << 20
 _COPY_CHUNK = 1 << 20
 _FAST_PROBE = {"probesize": "32", "analyzeduration": "0"}
 _SUFFIX = re.compile(r"\.[A-Za-z0-9]{1,7}")
+_DURATION_FLAG = "--analyze-max-duration-s"
+_JOBS_HINT = "; submit longer videos as jobs (POST /v1/jobs)"
 
 
 def _suffix(name: str) -> str:
@@ -136,19 +140,13 @@ def clip_duration_s(path: str | os.PathLike[str]) -> float | None:
     Raises:
         VideoError: not a readable video, or no video stream.
     """
-    import av
-
-    from frameserve.video import open_input
+    from frameserve.video import declared_duration_s, open_input
 
     with open_input(path, options=_FAST_PROBE) as container:
         stream = next(iter(container.streams.video), None)
         if stream is None:
             raise VideoError(f"no video stream in {os.fspath(path)!r}; expected a file with at least one video stream")
-        if stream.duration is not None and stream.time_base is not None:
-            return float(stream.duration * stream.time_base)
-        if container.duration is not None:
-            return float(container.duration / av.time_base)
-    return None
+        return declared_duration_s(container, stream)
 
 
 class Analyzer:
@@ -265,8 +263,14 @@ class Analyzer:
     def run(self, path: Path, pipeline: str, params: Mapping[str, Any] | None, label: str) -> dict[str, Any]:
         """Analyse the clip at ``path`` (``label`` names it in the results and messages).
 
+        The duration is checked twice: up front, when the header declares one (a cheap refusal
+        of a long clip before any frame is decoded); and while decoding, on every frame's pts
+        counted from the first frame's, so a clip whose header declares no duration (Matroska
+        written to a pipe) or a short one (a lying header) still stops at the limit.
+
         Raises:
-            PayloadTooLargeError: longer than ``max_duration_s``.
+            PayloadTooLargeError: longer than ``max_duration_s`` (declared, or as soon as a
+                decoded pts passes it).
             VideoError, PipelineSpecError, PipelineHookError, ...: as :func:`frameserve.pipeline.runner.run`.
         """
         from frameserve.pipeline.runner import run
@@ -277,13 +281,16 @@ class Analyzer:
             limit = self.limits.max_duration_s
             if duration is not None and duration > limit:
                 raise PayloadTooLargeError(
-                    f"{label!r} lasts {duration:.3f} s, over the limit of {limit:g} s (--analyze-max-duration-s); "
-                    "submit longer videos as jobs (POST /v1/jobs)"
+                    f"{label!r} lasts {duration:.3f} s, over the limit of {limit:g} s ({_DURATION_FLAG}){_JOBS_HINT}"
                 )
-            result = run(path, pdef, short=True, service=self.service, settings=self.settings, params=params)
+            result = run(path, pdef, short=True, service=self.service, settings=self.settings, params=params,
+                         max_duration_s=limit, max_duration_flag=_DURATION_FLAG)
         except FrameserveError as exc:
-            if str(path) in exc.message:  # name the clip, not the server's scratch file
-                raise type(exc)(exc.message.replace(str(path), label)) from None
+            message = exc.message.replace(str(path), label)  # name the clip, not the server's scratch file
+            if isinstance(exc, PayloadTooLargeError) and _JOBS_HINT not in message:
+                message += _JOBS_HINT
+            if message != exc.message:
+                raise type(exc)(message) from None
             raise
         data = {**result, "frames": list(result["frames"])}
         data["source"] = {**dict(data.get("source") or {}), "uri": label}

@@ -111,6 +111,8 @@ def run(
     trace: str | os.PathLike[str] | None = None,
     decode_pool: DecodePool | None = None,
     short: bool = False,
+    max_duration_s: float | None = None,
+    max_duration_flag: str | None = None,
 ) -> RunResult:
     """Run a pipeline over a video and return the results.
 
@@ -143,6 +145,10 @@ def run(
         short: the short-video mode: key frames only, read with a fast open
             (:class:`~frameserve.pipeline.shortvideo.KeyframeReader`), in this process, the first
             key frame's result first.
+        max_duration_s: (short mode only) stop with :class:`PayloadTooLargeError` as soon as a
+            frame's pts lies more than this many seconds after the first frame's, whatever the
+            container declares (:class:`~frameserve.pipeline.shortvideo.KeyframeReader`).
+        max_duration_flag: the setting named in that error (``"--analyze-max-duration-s"``).
 
     Raises:
         VideoError: the video is missing, empty, not a video or has no video stream.
@@ -150,7 +156,10 @@ def run(
         PipelineHookError: the pipeline's code failed or broke the contract (names the hook).
         ModelNotFoundError, ModelConfigError, BackendUnavailableError: a model cannot be loaded.
         AssetError: a needed asset could not be fetched.
+        PayloadTooLargeError: a frame past ``max_duration_s``.
     """
+    if max_duration_s is not None and not short:
+        raise PipelineSpecError("max_duration_s is checked in the short-video mode only; pass short=True or leave it out")
     settings = settings or Settings.from_env(threads=threads)
     pdef = load_pipeline(pipeline)
     cls = pdef.load_class()
@@ -196,6 +205,7 @@ def run(
                 uri=uri, sampling=sampling_obj, batch_size=batch_size, timing=timing, out=out,
                 video_out=video_out, progress=progress, keep_frames=keep_frames, trace=trace,
                 decode_threads=decode_threads, notes=notes, short=short,
+                max_duration_s=max_duration_s, max_duration_flag=max_duration_flag,
             )
             result = run.execute(proc)
             ok = True
@@ -251,6 +261,8 @@ class _Run:
     decode_threads: int
     notes: list[str] = field(default_factory=list)
     short: bool = False
+    max_duration_s: float | None = None
+    max_duration_flag: str | None = None
 
     def _output(self, info: StreamInfo | None) -> OutputStage:
         header_models = models_header(self.service, self.roles)
@@ -345,7 +357,7 @@ class _Run:
         from frameserve.pipeline.shortvideo import KeyframeReader, timed_frames
 
         marks: dict[str, float] = {}
-        with KeyframeReader(self.uri) as reader:
+        with KeyframeReader(self.uri, max_duration_s=self.max_duration_s, max_duration_flag=self.max_duration_flag) as reader:
             output = self._output(None)
             try:
                 run_inline(

@@ -15,7 +15,10 @@ rank the key frames. :class:`KeyframeReader` therefore:
   it after each one, and counts every packet's pts to give each key frame its exact display
   index (final once the next key-frame packet, or the end, is demuxed: demuxing costs little);
 * decodes with the stream's own codec context, so the display matrix (rotation) and the
-  container's colour tags reach the frame exactly as in :class:`~frameserve.video.VideoSource`.
+  container's colour tags reach the frame exactly as in :class:`~frameserve.video.VideoSource`;
+* with ``max_duration_s``, stops as soon as a demuxed pts lies more than that after the first
+  (smallest) pts, whatever duration the container declares (none, when Matroska is written to a
+  pipe; a short one, when a header lies): the cap counts what is decoded, not what is declared.
 
 Reusing one codec context across files (``CodecContext.create`` fed packets through
 ``h264_mp4toannexb``) was measured too: its frames are bit-exact, but it saves ~0.1 ms a file on
@@ -41,12 +44,12 @@ from av.video.frame import VideoFrame
 
 from frameserve import assets
 from frameserve.config import Settings, cpu_count
-from frameserve.errors import FrameserveError, VideoError
+from frameserve.errors import FrameserveError, PayloadTooLargeError, VideoError
 from frameserve.pipeline._inline import run_inline
 from frameserve.pipeline._stages import OutputStage, ProcessStage
 from frameserve.pipeline.timing import Timing
 from frameserve.service import InferenceService
-from frameserve.video import Frame, Orientation, frame_orientation, open_input
+from frameserve.video import Frame, Orientation, declared_duration_s, frame_orientation, open_input
 
 __all__ = ["KeyframeReader", "ShortVideoRunner"]
 
@@ -64,6 +67,11 @@ class KeyframeReader:
         uri: a local path, ``file://`` URI, or another URI FFmpeg opens.
         fast_open: open with a minimal probe (see the module docstring); ``False`` probes as
             FFmpeg does by default.
+        max_duration_s: longest span of pts read, seconds from the first frame's pts (``None``:
+            no limit); every demuxed packet counts, the key frames decoded and the frames skipped
+            between them, so a clip stops at the limit whatever its container declares.
+        max_duration_flag: the setting that sets ``max_duration_s``, named in the error
+            (``"--analyze-max-duration-s"``).
 
     Attributes:
         codec: the decoder's name (``h264``...).
@@ -73,11 +81,19 @@ class KeyframeReader:
 
     Raises:
         VideoError: missing, empty, unreadable file, no video stream, or a decode error.
+        PayloadTooLargeError: (while iterating) a pts more than ``max_duration_s`` after the first.
     """
 
-    def __init__(self, uri: str | os.PathLike[str], *, fast_open: bool = True) -> None:
+    def __init__(
+        self, uri: str | os.PathLike[str], *, fast_open: bool = True, max_duration_s: float | None = None,
+        max_duration_flag: str | None = None,
+    ) -> None:
+        if max_duration_s is not None and not max_duration_s > 0:
+            raise ValueError(f"max_duration_s must be > 0 seconds or None, got {max_duration_s}")
         t0 = time.perf_counter()
         self.uri = os.fspath(uri)
+        self.max_duration_s = max_duration_s
+        self._max_duration_flag = max_duration_flag
         self._container = _open(self.uri, fast_open)
         try:
             stream = next((s for s in self._container.streams.video
@@ -127,6 +143,8 @@ class KeyframeReader:
                 ts = packet.pts if packet.pts is not None else packet.dts
                 if ts is None:
                     continue
+                if self.max_duration_s is not None and seen:
+                    self._check_duration(max(seen[-1], ts) - min(seen[0], ts))
                 if packet.is_keyframe:
                     if pending is not None:
                         yield self._frame(pending, seen)
@@ -139,6 +157,21 @@ class KeyframeReader:
             raise VideoError(f"decoding {self.uri!r} failed: {exc}") from exc
         finally:
             self.close()
+
+    def _check_duration(self, ticks: int) -> None:
+        """Raise :class:`PayloadTooLargeError` when ``ticks`` (the span of pts read) pass the cap."""
+        limit = self.max_duration_s
+        assert limit is not None
+        elapsed_s = float(ticks * self.time_base)
+        if elapsed_s <= limit:
+            return
+        flag = f" ({self._max_duration_flag})" if self._max_duration_flag else ""
+        declared = declared_duration_s(self._container, self._stream)
+        says = f"the container declares {declared:.3f} s" if declared is not None else "the container declares no duration"
+        raise PayloadTooLargeError(
+            f"{self.uri!r} runs past the limit of {limit:g} s{flag}: a frame at {elapsed_s:.3f} s after the first "
+            f"({says})"
+        )
 
     def _decode_key(self, cc: Any, packet: av.Packet) -> VideoFrame | None:
         frames = cc.decode(packet)

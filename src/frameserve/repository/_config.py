@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from frameserve.errors import ModelConfigError, TensorError
+from frameserve.errors import ModelConfigError, TensorError, shown
 from frameserve.repository._ensemble import EnsembleScheduling, check_ensemble_graph
 from frameserve.repository._policy import VersionPolicy
 from frameserve.repository._schema import validate_config
@@ -268,7 +268,7 @@ def _find(specs: tuple[TensorSpec, ...], name: str, kind: str, model: str) -> Te
         if spec.name == name:
             return spec
     names = ", ".join(s.name for s in specs) or "(none)"
-    raise TensorError(f"model {model!r} has no {kind} {name!r}; its {kind}s: {names}")
+    raise TensorError(f"model {model!r} has no {kind} {shown(name)}; its {kind}s: {names}")
 
 
 def _tensor_dict(spec: TensorSpec, *, with_format: bool) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from frameserve.errors import FrameserveError, TensorError
+from frameserve.errors import FrameserveError, TensorError, shown_names
 from frameserve.repository._config import ModelConfig
 from frameserve.types import DataType
 
@@ -47,9 +47,9 @@ def check_inputs(
     if missing or len(inputs) != len(expected):
         unknown = [n for n in inputs if n not in expected]
         raise TensorError(
-            f"model {cfg.name!r}: inputs {sorted(inputs)} given, the model expects {expected}"
-            + (f" (missing {missing})" if missing else "")
-            + (f" (unknown {unknown})" if unknown else "")
+            f"model {cfg.name!r}: inputs {shown_names(sorted(inputs))} given, the model expects {shown_names(expected)}"
+            + (f" (missing {shown_names(missing)})" if missing else "")
+            + (f" (unknown {shown_names(unknown)})" if unknown else "")
         )
     mbs = cfg.max_batch_size or 0
     changed = list(inputs) != expected

@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from frameserve.errors import InvalidInputError
+from frameserve.errors import InvalidInputError, shown, shown_names
 
 __all__ = ["config_override"]
 
@@ -30,7 +30,7 @@ def config_override(model: str, parameters: Mapping[str, Any]) -> dict[str, Any]
     files = [k for k in parameters if isinstance(k, str) and k.startswith("file:")]
     if files:
         raise InvalidInputError(
-            f"load {model!r}: model files in the request ({', '.join(files)}) are not supported; "
+            f"load {shown(model)}: model files in the request ({shown_names(files)}) are not supported; "
             "put them in the model repository"
         )
     value = parameters.get("config")
@@ -40,14 +40,14 @@ def config_override(model: str, parameters: Mapping[str, Any]) -> dict[str, Any]
         value = value.decode("utf-8", errors="replace")
     if not isinstance(value, str):
         raise InvalidInputError(
-            f"load {model!r}: parameter 'config' must be a string holding a JSON model config, got {type(value).__name__}"
+            f"load {shown(model)}: parameter 'config' must be a string holding a JSON model config, got {type(value).__name__}"
         )
     try:
         parsed = json.loads(value)
     except ValueError as exc:
-        raise InvalidInputError(f"load {model!r}: parameter 'config' is not valid JSON: {exc}") from None
+        raise InvalidInputError(f"load {shown(model)}: parameter 'config' is not valid JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise InvalidInputError(
-            f"load {model!r}: parameter 'config' must be a JSON object, got {type(parsed).__name__}"
+            f"load {shown(model)}: parameter 'config' must be a JSON object, got {type(parsed).__name__}"
         )
     return parsed

@@ -31,6 +31,7 @@ from frameserve.errors import (  # BatchOutputError, SchedulerStoppedError: re-e
     InferenceError,
     ResourceExhaustedError,
     SchedulerStoppedError,
+    shown_names,
 )
 from frameserve.metrics import Metrics
 from frameserve.repository import ModelConfig
@@ -588,7 +589,7 @@ class Scheduler:
             wanted = self._outputs
         missing = [n for n in wanted if n not in out]
         if missing:
-            return InferenceError(f"model {self.name!r} version {self.version}: backend returned no output {missing}")
+            return InferenceError(f"model {self.name!r} version {self.version}: backend returned no output {shown_names(missing)}")
         return {n: out[n] for n in wanted}
 
     def _split(self, batch: list[QueuedRequest], out: Outputs, total: int) -> list[Outputs | BaseException]:

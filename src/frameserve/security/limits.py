@@ -15,6 +15,14 @@ Why each cap exists (measured on a 2-core AMD EPYC, CPython 3.11):
 - ``max_json_bytes``: orjson parses about 8 ms per MiB in one call that holds the GIL (nothing
   else in the process runs meanwhile, wherever it runs), and a JSON number takes ~10 bytes where
   binary takes 4: large tensors belong in the binary tensor data extension.
+- ``max_inputs``, ``max_outputs``, ``max_parameters``: every tensor and parameter of a request is
+  checked and converted on its own (~7 us of Python per input here), so the cost follows their
+  count, not the bytes: a 7 MB ``ModelInfer`` of 300,000 one-element inputs took 6.1 s of server
+  CPU before it was refused. The counts are checked before any tensor is looked at (gRPC: while
+  the message's top-level fields are split, and on the parsed message; HTTP: on the parsed JSON).
+  Triton sets no such caps; the defaults leave room for the models that take hundreds of feature
+  inputs (recommenders) and for every tensor in shared memory (three parameters each), and bound
+  a request's per-tensor work to ~10 ms.
 
 A request over a cap is refused with :class:`~frameserve.errors.TensorError` (400) or, for the JSON
 size, :class:`~frameserve.errors.PayloadTooLargeError` (413), naming the cap and its ``serve`` flag.
@@ -46,15 +54,28 @@ class TensorLimits:
         max_json_bytes: the largest JSON document of a request (the whole body without binary
             data, or the JSON header before it), in bytes (``serve --max-json-bytes``; default
             8 MiB).
+        max_inputs: the most input tensors in one request (``serve --max-inputs``; default
+            1,024). On gRPC it also caps the ``raw_input_contents`` entries.
+        max_outputs: the most requested outputs in one request (``serve --max-outputs``;
+            default 1,024).
+        max_parameters: the most parameters in one request: the request's own, every input's
+            and every output's together (``serve --max-parameters``; default 8,192: three
+            shared-memory parameters on each of the most inputs and outputs, and more).
     """
 
     max_tensor_elements: int = 1 << 27
     max_bytes_elements: int = 1 << 18
     max_bytes_data_bytes: int = 16 << 20
     max_json_bytes: int = 8 << 20
+    max_inputs: int = 1024
+    max_outputs: int = 1024
+    max_parameters: int = 8192
 
     def __post_init__(self) -> None:
-        for name in ("max_tensor_elements", "max_bytes_elements", "max_bytes_data_bytes", "max_json_bytes"):
+        for name in (
+            "max_tensor_elements", "max_bytes_elements", "max_bytes_data_bytes", "max_json_bytes", "max_inputs",
+            "max_outputs", "max_parameters",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -103,6 +124,23 @@ class TensorLimits:
                 f"{where}: {size_bytes} bytes of BYTES data in this request, over the server's cap of "
                 f"{self.max_bytes_data_bytes} (serve --max-bytes-data-bytes)"
             )
+
+    def check_counts(self, *, inputs: int = 0, outputs: int = 0, parameters: int = 0) -> None:
+        """Refuse a request with more inputs, requested outputs or parameters (its own, its
+        inputs' and its outputs' together) than the caps; a count may be partial, as long as it
+        is already over its cap (a counter stops at the first one over).
+
+        Raises:
+            TensorError: a count is over its cap (the message names the cap and its flag, never
+                the request's names).
+        """
+        for count, cap, what, flag in (
+            (inputs, self.max_inputs, "inputs", "--max-inputs"),
+            (outputs, self.max_outputs, "requested outputs", "--max-outputs"),
+            (parameters, self.max_parameters, "parameters (its own, its inputs' and its outputs')", "--max-parameters"),
+        ):
+            if count > cap:
+                raise TensorError(f"this request has more than {cap} {what}, the server's cap (serve {flag})")
 
     def check_json(self, size_bytes: int) -> None:
         """Refuse a JSON document longer than ``max_json_bytes`` before it is parsed.

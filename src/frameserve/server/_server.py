@@ -98,8 +98,8 @@ class ServerOptions:
             no authentication.
         auth_health: ask for a token on health and metrics too (with ``tokens``).
         tls_cert_file, tls_key_file: PEM certificate chain and private key; both or neither.
-        limits: the caps on declared shapes, BYTES elements and JSON size of v2 inference
-            requests, HTTP and gRPC alike (:class:`~frameserve.security.TensorLimits`); the
+        limits: the caps on declared shapes, BYTES elements, JSON size and the counts of
+            inputs, outputs and parameters of v2 inference requests, HTTP and gRPC alike (:class:`~frameserve.security.TensorLimits`); the
             gRPC message cap is ``max_body_bytes`` too.
         allow_client_shm: serve Triton's system shared-memory extension (Triton's
             ``--allow-client-shm``): clients register regions of their POSIX shared-memory

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ._frame import DecodeStats, Frame
 from ._info import StreamInfo
-from ._open import open_input
+from ._open import declared_duration_s, open_input
 from ._orientation import Orientation, frame_orientation, orientation_from_matrix
 from ._sampling import FrameSelector, Sampling, select_indices, timestamp_targets
 from ._scan import keyframe_times
@@ -32,6 +32,7 @@ __all__ = [
     "StreamInfo",
     "VideoSource",
     "VideoWriter",
+    "declared_duration_s",
     "frame_orientation",
     "keyframe_times",
     "open_input",

@@ -21,7 +21,9 @@ import av.container
 
 from frameserve.errors import VideoError
 
-__all__ = ["MULTI_FILE_DEMUXERS", "describe_streams", "local_input_options", "open_input", "resolve_uri"]
+__all__ = [
+    "MULTI_FILE_DEMUXERS", "declared_duration_s", "describe_streams", "local_input_options", "open_input", "resolve_uri",
+]
 
 _ACCEPTED = "a path or file:// URI of a video FFmpeg can read (mp4, mkv, webm, mov, avi, ...)"
 
@@ -153,3 +155,14 @@ def describe_streams(container: av.container.InputContainer) -> str:
         codec = s.codec_context.name if s.codec_context is not None else None
         parts.append(f"#{s.index} {s.type}" + (f" ({codec})" if codec else ""))
     return ", ".join(parts) or "none"
+
+
+def declared_duration_s(container: av.container.InputContainer, stream: Any) -> float | None:
+    """The duration a header declares, seconds: the video ``stream``'s, else the container's;
+    ``None`` when neither says (Matroska written to a pipe, a raw elementary stream). What a
+    header declares may be wrong: a cap on what is decoded counts the frames' pts instead."""
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None:
+        return float(container.duration / av.time_base)
+    return None

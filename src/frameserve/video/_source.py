@@ -21,7 +21,7 @@ from frameserve.errors import PipelineSpecError, VideoError
 from ._convert import BitDepth, RgbConverter
 from ._frame import DecodeStats, Frame
 from ._info import HDR_TRANSFERS, StreamInfo, color_name
-from ._open import describe_streams, open_input
+from ._open import declared_duration_s, describe_streams, open_input
 from ._orientation import Orientation, frame_orientation
 from ._sampling import FrameSelector, Sampling, timestamp_targets
 from ._scan import PacketScan, Unwrap, pick_video_stream, scan_packets
@@ -580,12 +580,7 @@ def _build_info(
     width, height = first.width, first.height
     if orientation.swaps_size:
         width, height = height, width
-    if stream.duration is not None:
-        duration_s: float | None = float(stream.duration * tb)
-    elif container.duration is not None:
-        duration_s = container.duration / av.time_base
-    else:
-        duration_s = None
+    duration_s = declared_duration_s(container, stream)
     rate = stream.average_rate
     start = stream.start_time if stream.start_time is not None else first.pts
     trc = color_name("trc", first.color_trc)

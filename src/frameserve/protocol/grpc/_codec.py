@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 
 from frameserve._proto import grpc_service_pb2 as pb
-from frameserve.errors import InvalidInputError, TensorError
+from frameserve.errors import InvalidInputError, TensorError, shown
 from frameserve.request import InferRequest, RequestedOutput
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.shm import SHM_PARAMETERS, SharedMemoryUse, ShmLocation, client_shm_disabled, shm_location
 from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
 
-__all__ = ["decode_infer_request", "encode_infer_response", "parameter_value", "parse_version"]
+__all__ = ["check_counts", "decode_infer_request", "encode_infer_response", "parameter_value", "parse_version"]
 
 # Typed-contents list for each datatype (FP16 / BF16 have none).
 _CONTENTS_FIELD: dict[DataType, str] = {
@@ -56,7 +56,7 @@ def parse_version(version: str) -> int | None:
     if version == "":
         return None
     if not version.isdigit() or not version.isascii():
-        raise InvalidInputError(f"model version {version!r} is not a version number (a non-negative integer)")
+        raise InvalidInputError(f"model version {shown(version)} is not a version number (a non-negative integer)")
     return int(version)
 
 
@@ -71,7 +71,7 @@ def _non_negative_int(params: dict[str, Any], key: str) -> int:
     if value is None:
         return 0  # Triton: 0 means "the model's default"
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInputError(f"request parameter {key!r} must be a non-negative integer, got {value!r}")
+        raise InvalidInputError(f"request parameter {shown(key)} must be a non-negative integer, got {shown(value)}")
     return value
 
 
@@ -95,8 +95,9 @@ def decode_infer_request(
     of raw contents, element counts of typed contents, BYTES framing, duplicate names, parameter
     types. Whether the inputs fit the model is the service's check.
 
-    ``limits`` caps every declared shape and the request's BYTES elements before any tensor is
-    built (:class:`~frameserve.security.TensorLimits`).
+    ``limits`` caps the counts of inputs, outputs and parameters before any of them is read
+    (:func:`check_counts`), and every declared shape and the request's BYTES elements before any
+    tensor is built (:class:`~frameserve.security.TensorLimits`).
 
     ``raw_contents``, when given, stands for ``request.raw_input_contents`` (the entries taken
     off the wire as views, see :func:`frameserve.protocol.grpc._infer.parse_infer_request`; the
@@ -111,7 +112,8 @@ def decode_infer_request(
     Raises:
         TensorError: a tensor's datatype, shape, byte size, element count or BYTES framing is
             wrong (the message names the tensor, what was given and what was expected), or a
-            shape or the BYTES element count is over a cap of ``limits``.
+            shape, the BYTES element count, or the count of inputs, outputs or parameters is
+            over a cap of ``limits``.
         InvalidInputError: a malformed request otherwise (raw and typed contents mixed, raw entry
             count not the input count, bad version, bad parameter, unsupported feature).
         SharedMemoryError, SharedMemoryNotFoundError: a tensor's shared-memory parameters or
@@ -119,13 +121,14 @@ def decode_infer_request(
     """
     if not request.model_name:
         raise InvalidInputError("the request names no model (model_name is empty)")
+    check_counts(request, limits)
     version = parse_version(request.model_version)
     params = {k: parameter_value(v) for k, v in request.parameters.items()}
     priority = _non_negative_int(params, "priority")
     timeout_us = _non_negative_int(params, "timeout")
     for key in _SEQUENCE_PARAMS:  # as the HTTP codec: refused, not silently ignored
         if params.get(key) not in (None, 0, False, ""):
-            raise InvalidInputError(f"request parameter {key!r}: sequence batching is not supported by this server")
+            raise InvalidInputError(f"request parameter {shown(key)}: sequence batching is not supported by this server")
 
     raw: Sequence[bytes | memoryview] = request.raw_input_contents if raw_contents is None else raw_contents
     # One pass over the inputs reads each one's fields once (every protobuf field read builds
@@ -136,16 +139,16 @@ def decode_infer_request(
         name = tensor.name
         datatype = _BY_NAME.get(tensor.datatype)
         if datatype is None:
-            raise TensorError(f"input {name!r}: unknown datatype {tensor.datatype!r}; accepted: {_ACCEPTED}")
+            raise TensorError(f"input {shown(name)}: unknown datatype {shown(tensor.datatype)}; accepted: {_ACCEPTED}")
         shape = list(tensor.shape)
         if len(shape) > _MAX_DIMS:
-            raise TensorError(f"input {name!r}: shape has {len(shape)} dimensions, at most {_MAX_DIMS} are supported")
+            raise TensorError(f"input {shown(name)}: shape has {len(shape)} dimensions, at most {_MAX_DIMS} are supported")
         if any(d < 0 for d in shape):
-            raise TensorError(f"input {name!r}: shape {shape} has a negative dimension")
-        count = limits.check_shape(f"input {name!r}", shape)
+            raise TensorError(f"input {shown(name)}: shape {shape} has a negative dimension")
+        count = limits.check_shape(f"input {shown(name)}", shape)
         if datatype is DataType.BYTES:
             bytes_elements += count
-        location = _shm_params(tensor, f"input {name!r}") if tensor.parameters else None
+        location = _shm_params(tensor, f"input {shown(name)}") if tensor.parameters else None
         n_raw += location is None
         heads.append((tensor, name, datatype, shape, count, location))
     if raw and len(raw) != n_raw:
@@ -159,7 +162,7 @@ def decode_infer_request(
     j = 0  # the next raw_input_contents entry
     for tensor, name, datatype, shape, count, location in heads:
         if name in inputs:
-            raise TensorError(f"input {name!r} is given twice")
+            raise TensorError(f"input {shown(name)} is given twice")
         if location is not None:
             inputs[name] = _decode_tensor(tensor, name, datatype, shape, count, None, limits, budget, location, shared_memory)
             continue
@@ -170,14 +173,14 @@ def decode_infer_request(
     seen: set[str] = set()
     for out in request.outputs:
         if out.name in seen:
-            raise TensorError(f"output {out.name!r} is requested twice")
+            raise TensorError(f"output {shown(out.name)} is requested twice")
         seen.add(out.name)
         out_params: dict[str, Any] = {}
         if out.parameters:
             out_params = {k: parameter_value(v) for k, v in out.parameters.items()}
             if out_params.get("classification"):
-                raise InvalidInputError(f"output {out.name!r}: the classification extension is not supported")
-            location = shm_location(out_params, f"output {out.name!r}")
+                raise InvalidInputError(f"output {shown(out.name)}: the classification extension is not supported")
+            location = shm_location(out_params, f"output {shown(out.name)}")
             if location is not None:  # written into the region; its answer carries no data
                 if shared_memory is None:
                     raise client_shm_disabled()
@@ -195,6 +198,23 @@ def decode_infer_request(
         timeout_us=timeout_us,
         id=request.id,
     )
+
+
+def check_counts(request: pb.ModelInferRequest, limits: TensorLimits) -> None:
+    """Refuse a parsed request with more inputs, outputs or parameters than ``limits`` allow,
+    counted on the message (``len`` of its repeated fields; the per-tensor parameters are counted
+    only once the tensor counts are known to be within their caps).
+
+    Raises:
+        TensorError: a count over its cap (:meth:`TensorLimits.check_counts`).
+    """
+    inputs, outputs = request.inputs, request.outputs
+    limits.check_counts(inputs=len(inputs), outputs=len(outputs), parameters=len(request.parameters))
+    n = len(request.parameters)
+    for tensors in (inputs, outputs):
+        for tensor in tensors:
+            n += len(tensor.parameters)
+    limits.check_counts(parameters=n)
 
 
 def _shm_params(tensor: pb.ModelInferRequest.InferInputTensor, where: str) -> ShmLocation | None:
@@ -218,14 +238,14 @@ def _decode_tensor(
     has_typed = tensor.HasField("contents") and any(len(getattr(tensor.contents, f)) for f in _ALL_CONTENTS_FIELDS)
     if location is not None:
         if has_typed:
-            raise InvalidInputError(f"input {name!r}: unexpected 'contents' given with a shared memory region")
+            raise InvalidInputError(f"input {shown(name)}: unexpected 'contents' given with a shared memory region")
         if shared_memory is None:
             raise client_shm_disabled()
         return shared_memory.input(name, datatype, tuple(shape), location)
     if raw is not None:
         if has_typed:
             raise InvalidInputError(
-                f"input {name!r}: both raw_input_contents and typed contents given; use one of them"
+                f"input {shown(name)}: both raw_input_contents and typed contents given; use one of them"
             )
         if datatype is DataType.BYTES:
             budget[0] -= len(raw)
@@ -241,13 +261,13 @@ def _decode_tensor(
 
 def _from_raw(name: str, datatype: DataType, shape: list[int], count: int, raw: bytes | memoryview) -> np.ndarray[Any, Any]:
     if datatype is DataType.BYTES:
-        return decode_bytes_elements(raw, count, where=f"input {name!r}").reshape(shape)
+        return decode_bytes_elements(raw, count, where=f"input {shown(name)}").reshape(shape)
     item = datatype.size_bytes
     assert item is not None
     want = count * item
     if len(raw) != want:
         raise TensorError(
-            f"input {name!r}: {len(raw)} bytes of raw contents given, shape {shape} of {datatype.value} "
+            f"input {shown(name)}: {len(raw)} bytes of raw contents given, shape {shape} of {datatype.value} "
             f"needs {want} ({count} elements x {item} bytes)"
         )
     dtype = _LITTLE_ENDIAN.get(datatype)
@@ -262,14 +282,14 @@ def _from_contents(
     field_name = _CONTENTS_FIELD.get(datatype)
     if field_name is None:
         raise TensorError(
-            f"input {name!r}: {datatype.value} has no typed contents; send it in raw_input_contents"
+            f"input {shown(name)}: {datatype.value} has no typed contents; send it in raw_input_contents"
         )
     values = getattr(contents, field_name)
     if len(values) != count:
         others = [f for f in _ALL_CONTENTS_FIELDS if f != field_name and len(getattr(contents, f))]
         hint = f" ({', '.join(others)} given instead)" if others and not len(values) else ""
         raise TensorError(
-            f"input {name!r}: {len(values)} values in contents.{field_name} given, shape {shape} needs {count}{hint}"
+            f"input {shown(name)}: {len(values)} values in contents.{field_name} given, shape {shape} needs {count}{hint}"
         )
     if datatype is DataType.BYTES:
         out = np.empty(count, dtype=object)
@@ -282,7 +302,7 @@ def _from_contents(
         lo, hi = int(wide.min()), int(wide.max())
         if lo < info.min or hi > info.max:
             raise TensorError(
-                f"input {name!r}: value {lo if lo < info.min else hi} in contents.{field_name} is out of "
+                f"input {shown(name)}: value {lo if lo < info.min else hi} in contents.{field_name} is out of "
                 f"range for {datatype.value} [{info.min}, {info.max}]"
             )
     return wide.astype(target, copy=False).reshape(shape)

@@ -129,7 +129,7 @@ class _FrontServicer:
         try:
             tenant = self._tenant(context)
             with self._admitted(tenant):
-                request, raws = parse_infer_request(data)
+                request, raws = parse_infer_request(data, self.limits)
                 if not self.knows(request.model_name, request.model_version):
                     return await self.forward(_MODEL_INFER, data)
                 return await infer(

@@ -39,6 +39,10 @@ thread; requests with BYTES inputs and responses with BYTES outputs too."""
 
 _SPLIT_BYTES = 64 << 10  # requests larger than this have their raw contents taken off the wire
 _RAW_INPUT_FIELD = 7  # ModelInferRequest.raw_input_contents
+_PARAMETERS_FIELD, _INPUTS_FIELD, _OUTPUTS_FIELD = 4, 5, 6  # ModelInferRequest.parameters (map entries), inputs, outputs
+_MAX_OTHER_FIELDS = 64
+"""The most top-level fields of a ``ModelInferRequest`` besides parameters, inputs, outputs and raw
+contents that :func:`parse_infer_request` walks (protobuf allows a field to repeat, last one wins)."""
 _RAW_OUTPUT_KEY = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_contents, length-delimited
 
 
@@ -82,13 +86,22 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def parse_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[memoryview] | None]:
+def parse_infer_request(
+    data: bytes, limits: TensorLimits = DEFAULT_LIMITS
+) -> tuple[pb.ModelInferRequest, list[memoryview] | None]:
     """A serialized ``ModelInferRequest`` as the message and, for a large one, its
     ``raw_input_contents`` entries as views of ``data`` (then the message holds none; ``None``:
     the message holds them, a small request).
 
+    A large one's top-level fields are walked in Python, so they are counted as they come: more
+    inputs, ``raw_input_contents`` entries, outputs or request parameters than ``limits`` allow
+    stop the walk at the first one over (a small one is parsed by protobuf in C, and
+    :func:`~frameserve.protocol.grpc._codec.decode_infer_request` counts it); so do more than
+    :data:`_MAX_OTHER_FIELDS` other top-level fields (a name, version and id each come once).
+
     Raises:
-        InvalidInputError: not a well-formed ModelInferRequest.
+        InvalidInputError: not a well-formed ModelInferRequest, or too many other fields.
+        TensorError: a count over its cap (:meth:`TensorLimits.check_counts`).
     """
     if len(data) <= _SPLIT_BYTES:
         try:
@@ -98,8 +111,10 @@ def parse_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[memoryv
     view = memoryview(data)
     rest: list[memoryview] = []
     raws: list[memoryview] = []
-    pos = last = 0
+    pos = last = others = 0
     end = len(data)
+    counts = {_PARAMETERS_FIELD: 0, _INPUTS_FIELD: 0, _OUTPUTS_FIELD: 0}
+    caps = {_PARAMETERS_FIELD: limits.max_parameters, _INPUTS_FIELD: limits.max_inputs, _OUTPUTS_FIELD: limits.max_outputs}
     while pos < end:
         start = pos
         key, pos = _varint(data, pos)
@@ -112,15 +127,33 @@ def parse_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[memoryv
             pos += 4
         elif wire == 2:
             size, pos = _varint(data, pos)
-            if key >> 3 == _RAW_INPUT_FIELD:
+            field = key >> 3
+            if field == _RAW_INPUT_FIELD:
                 if pos + size > end:
                     break  # protobuf reports it below
                 rest.append(view[last:start])
                 raws.append(view[pos : pos + size])
                 last = pos + size
+                if len(raws) > limits.max_inputs:
+                    limits.check_counts(inputs=len(raws))
+            elif field in counts:
+                counts[field] += 1
+                if counts[field] > caps[field]:
+                    limits.check_counts(
+                        inputs=counts[_INPUTS_FIELD], outputs=counts[_OUTPUTS_FIELD], parameters=counts[_PARAMETERS_FIELD]
+                    )
+            else:
+                others += 1
             pos += size
         else:
             raise InvalidInputError(f"malformed ModelInferRequest: wire type {wire} at byte {start}")
+        if wire != 2:
+            others += 1
+        if others > _MAX_OTHER_FIELDS:
+            raise InvalidInputError(
+                f"malformed ModelInferRequest: more than {_MAX_OTHER_FIELDS} top-level fields besides its parameters, "
+                "inputs, outputs and raw_input_contents (model_name, model_version and id come once each)"
+            )
     rest.append(view[last:])
     try:
         return pb.ModelInferRequest.FromString(b"".join(rest)), raws

@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
 from frameserve._proto import model_config_pb2 as mc
-from frameserve.errors import FrameserveError, InvalidInputError, QuotaExceededError, SharedMemoryNotFoundError
+from frameserve.errors import FrameserveError, InvalidInputError, QuotaExceededError, SharedMemoryNotFoundError, shown
 from frameserve.protocol import check_model_control
 from frameserve.protocol.grpc._auth import principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response, parameter_value, parse_version
@@ -200,7 +200,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         out of the message)."""
         tenant = self.tenant_of(context)
         with self.admitted(tenant):
-            request, raws = parse_infer_request(data)
+            request, raws = parse_infer_request(data, self.limits)
             return await infer(
                 self.service, request, self.limits, self.shared_memory, raw_contents=raws,
                 encode=encode_infer_response_bytes, tenant=tenant,
@@ -336,7 +336,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.CudaSharedMemoryStatusResponse:
         self._registry()
         if request.name:
-            raise SharedMemoryNotFoundError(f"Unable to find cuda shared memory region: {request.name!r}")
+            raise SharedMemoryNotFoundError(f"Unable to find cuda shared memory region: {shown(request.name)}")
         return pb.CudaSharedMemoryStatusResponse()
 
     @_handled

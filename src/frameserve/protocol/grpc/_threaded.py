@@ -158,7 +158,7 @@ class _Handlers:
         try:
             tenant = s.tenant_of(context)
             with s.admitted(tenant):
-                request, raws = parse_infer_request(data)
+                request, raws = parse_infer_request(data, s.limits)
                 out: bytes = infer_blocking(s.service, request, s.limits, s.shared_memory, self.working, context,
                                             raw_contents=raws, encode=encode_infer_response_bytes, tenant=tenant)
             return out

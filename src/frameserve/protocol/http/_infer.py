@@ -29,6 +29,7 @@ from frameserve.errors import (
     ModelNotReadyError,
     PayloadTooLargeError,
     QuotaExceededError,
+    shown,
 )
 from frameserve.protocol import RUN_HERE_UNDER_US
 from frameserve.protocol._core import BatchingCore, InferCore, LoopBatcher, RegionSource, outputs_of
@@ -88,7 +89,7 @@ def version_of(raw: str | None) -> int | None:
     if raw is None or raw == "":
         return None
     if not raw.isascii() or not raw.isdigit():
-        raise ModelNotFoundError(f"model version {raw!r} is not a version number")
+        raise ModelNotFoundError(f"model version {shown(raw)} is not a version number")
     return int(raw)
 
 
@@ -221,7 +222,7 @@ async def _infer_with(
         return _error_answer(exc)
     except Exception as exc:
         log.exception("model %r failed", name)
-        err = InferenceError(f"model {name!r}: {type(exc).__name__}: {exc}")
+        err = InferenceError(f"model {shown(name)}: {type(exc).__name__}: {exc}")
         core.record_failure(name, model_version, err)
         return _error_answer(err)
     encode = functools.partial(

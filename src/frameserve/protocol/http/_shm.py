@@ -28,7 +28,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from frameserve.errors import SharedMemoryError, SharedMemoryNotFoundError
+from frameserve.errors import SharedMemoryError, SharedMemoryNotFoundError, shown
 from frameserve.protocol.http._auth import principal_of
 from frameserve.shm import SharedMemoryRegistry, client_shm_disabled, cuda_shm_unsupported
 
@@ -86,7 +86,7 @@ def shared_memory_routes(
         regions()
         name = request.path_params.get("name")
         if name:
-            raise SharedMemoryNotFoundError(f"Unable to find cuda shared memory region: {name!r}")
+            raise SharedMemoryNotFoundError(f"Unable to find cuda shared memory region: {shown(name)}")
         return _json([])
 
     async def cuda_register(request: Request) -> Response:

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from frameserve.errors import InvalidInputError, PayloadTooLargeError, TensorError
+from frameserve.errors import InvalidInputError, PayloadTooLargeError, TensorError, shown
 from frameserve.request import InferRequest, RequestedOutput
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.shm import SHM_PARAMETERS, SharedMemoryUse, ShmLocation, client_shm_disabled, shm_location
@@ -113,13 +113,13 @@ def _flag(params: Mapping[str, Any], key: str, where: str) -> bool | None:
         return None
     value = params[key]
     if not isinstance(value, bool):
-        raise InvalidInputError(f"{where} parameter {key!r} must be a boolean, got {_kind(value)}")
+        raise InvalidInputError(f"{where} parameter {shown(key)} must be a boolean, got {_kind(value)}")
     return value
 
 
 def _count(value: Any, key: str, where: str) -> int:
     if not _is_int(value) or value < 0:
-        raise InvalidInputError(f"{where} parameter {key!r} must be a non-negative integer, got {value!r}")
+        raise InvalidInputError(f"{where} parameter {shown(key)} must be a non-negative integer, got {shown(value)}")
     return int(value)
 
 
@@ -136,7 +136,7 @@ def parse_header_length(value: str | None, body_size: int) -> int | None:
         return None
     text = value.strip()
     if not text.isdigit() or not text.isascii():
-        raise InvalidInputError(f"Inference-Header-Content-Length must be a non-negative integer, got {value!r}")
+        raise InvalidInputError(f"Inference-Header-Content-Length must be a non-negative integer, got {shown(value)}")
     n = int(text)
     if n > body_size:
         raise InvalidInputError(
@@ -165,8 +165,10 @@ def decode_request(
             ``None`` when the whole body is JSON (see :func:`parse_header_length`).
         model_name, model_version: the model (and version, ``None`` = the highest loaded) the
             URL names.
-        limits: the caps on the JSON size, declared shapes and BYTES elements, checked before
-            anything is parsed or allocated (:class:`~frameserve.security.TensorLimits`).
+        limits: the caps on the JSON size (checked before it is parsed), on the counts of
+            inputs, outputs and parameters (checked on the parsed JSON before any tensor is
+            read), and on declared shapes and BYTES elements (checked before anything is
+            allocated) (:class:`~frameserve.security.TensorLimits`).
         shared_memory: this request's use of the server's shared-memory regions: inputs and
             outputs with ``shared_memory_region`` parameters are read from (zero-copy views) and
             noted in it (:mod:`frameserve.shm`); ``None``: the server takes none (such a
@@ -180,8 +182,9 @@ def decode_request(
         InvalidInputError: malformed JSON, a missing or mistyped field, a binary section whose
             size differs from what the inputs declare, an unsupported extension
             (classification, sequences).
-        TensorError: an input whose data does not fit its shape and datatype, or a shape or
-            BYTES element count over a cap of ``limits``.
+        TensorError: an input whose data does not fit its shape and datatype, or a shape,
+            BYTES element count, or count of inputs, outputs or parameters over a cap of
+            ``limits``.
         PayloadTooLargeError: the JSON is longer than ``limits.max_json_bytes``.
         SharedMemoryError, SharedMemoryNotFoundError: a tensor's shared-memory parameters or
             place are refused (:class:`~frameserve.shm.SharedMemoryUse`).
@@ -201,6 +204,7 @@ def decode_request(
         raise InvalidInputError(f"malformed JSON in the {where}: {exc}") from None
     if not isinstance(doc, dict):
         raise InvalidInputError(f"an inference request must be a JSON object, got {_kind(doc)}")
+    _check_counts(doc, limits)
 
     req_id = doc.get("id", "")
     if type(req_id) is not str:
@@ -217,7 +221,7 @@ def decode_request(
         for key in _SEQUENCE_PARAMS:
             if params.get(key) not in (None, 0, False, ""):
                 raise InvalidInputError(
-                    f"request parameter {key!r}: sequence batching is not supported by this server"
+                    f"request parameter {shown(key)}: sequence batching is not supported by this server"
                 )
             params.pop(key, None)
 
@@ -236,21 +240,21 @@ def decode_request(
         limits.check_bytes_data("request", sum(size or 0 for _, datatype, _, size, _ in heads if datatype is DataType.BYTES))
     for item, (name, datatype, shape, size, tensor_params) in zip(raw_inputs, heads, strict=True):
         if name in inputs:
-            raise InvalidInputError(f"input {name!r} is given twice")
+            raise InvalidInputError(f"input {shown(name)} is given twice")
         # the system shared-memory extension (parameters other than binary_data_size alone)
         if tensor_params and (size is None or len(tensor_params) > 1):
-            location = shm_location(tensor_params, f"input {name!r}")
+            location = shm_location(tensor_params, f"input {shown(name)}")
             if location is not None:
                 inputs[name] = _shm_input(shared_memory, item, name, datatype, shape, size, location)
                 continue
         if size is None:
             if "data" not in item:
-                raise InvalidInputError(f"input {name!r} has neither 'data' nor a 'binary_data_size' parameter")
+                raise InvalidInputError(f"input {shown(name)} has neither 'data' nor a 'binary_data_size' parameter")
             inputs[name] = _from_json(name, datatype, shape, item["data"])
         else:
             if offset + size > len(binary):
                 raise InvalidInputError(
-                    f"input {name!r}: binary_data_size {size} runs past the binary data after the JSON header "
+                    f"input {shown(name)}: binary_data_size {size} runs past the binary data after the JSON header "
                     f"({len(binary)} bytes, {offset} already used by earlier inputs)"
                 )
             inputs[name] = _from_binary(name, datatype, shape, binary[offset : offset + size])
@@ -268,6 +272,25 @@ def decode_request(
     )
 
 
+def _check_counts(doc: dict[str, Any], limits: TensorLimits) -> None:
+    """Refuse a parsed request with more inputs, outputs or parameters than ``limits`` allow,
+    before any tensor is read (the per-tensor parameters are counted only once the tensor counts
+    are known to be within their caps; what is not a list or an object is left to the checks
+    that name it)."""
+    inputs, outputs, params = doc.get("inputs"), doc.get("outputs"), doc.get("parameters")
+    n_in = len(inputs) if type(inputs) is list else 0
+    n_out = len(outputs) if type(outputs) is list else 0
+    n_params = len(params) if type(params) is dict else 0
+    limits.check_counts(inputs=n_in, outputs=n_out, parameters=n_params)
+    for tensors in (inputs if n_in else None, outputs if n_out else None):
+        for item in tensors or ():
+            if type(item) is dict:
+                tensor_params = item.get("parameters")
+                if type(tensor_params) is dict:
+                    n_params += len(tensor_params)
+    limits.check_counts(parameters=n_params)
+
+
 _DATATYPES: dict[str, DataType] = {m.value: m for m in DataType}
 
 
@@ -282,24 +305,24 @@ def _input_head(
         raise InvalidInputError(f"inputs[{index}] needs a non-empty string 'name'")
     raw_dt = item.get("datatype")
     if type(raw_dt) is not str:
-        raise TensorError(f"input {name!r} needs a string 'datatype' (FP32, INT64, BYTES, ...)")
+        raise TensorError(f"input {shown(name)} needs a string 'datatype' (FP32, INT64, BYTES, ...)")
     datatype = _DATATYPES.get(raw_dt)
     if datatype is None:
         accepted = ", ".join(m.value for m in DataType)
-        raise TensorError(f"input {name!r}: unknown datatype {raw_dt!r}; accepted: {accepted}")
+        raise TensorError(f"input {shown(name)}: unknown datatype {shown(raw_dt)}; accepted: {accepted}")
     raw_shape = item.get("shape")
     if type(raw_shape) is not list or len(raw_shape) > _MAX_RANK or not all(type(d) is int and d >= 0 for d in raw_shape):
         raise TensorError(
-            f"input {name!r}: 'shape' must be an array of at most {_MAX_RANK} non-negative integers, got "
+            f"input {shown(name)}: 'shape' must be an array of at most {_MAX_RANK} non-negative integers, got "
             f"{str(raw_shape)[:80]}"
         )
     params = item.get("parameters")
     size = None
     if params is not None:
-        params = _mapping(params, f"input {name!r} 'parameters'")
+        params = _mapping(params, f"input {shown(name)} 'parameters'")
         size = params.get("binary_data_size")
         if size is not None:
-            size = _count(size, "binary_data_size", f"input {name!r}")
+            size = _count(size, "binary_data_size", f"input {shown(name)}")
     return name, datatype, tuple(raw_shape), size, params or {}
 
 
@@ -309,7 +332,7 @@ def _shm_input(
 ) -> np.ndarray[Any, Any]:
     if size is not None or "data" in item:
         raise InvalidInputError(
-            f"input {name!r} must set only one of 'data', 'binary_data_size' and 'shared_memory_region'"
+            f"input {shown(name)} must set only one of 'data', 'binary_data_size' and 'shared_memory_region'"
         )
     if use is None:
         raise client_shm_disabled()
@@ -330,23 +353,23 @@ def _requested_outputs(raw: Any, shared_memory: SharedMemoryUse | None = None) -
         if not isinstance(name, str) or not name:
             raise InvalidInputError(f"outputs[{i}] needs a non-empty string 'name'")
         if name in seen:
-            raise InvalidInputError(f"output {name!r} is requested twice")
+            raise InvalidInputError(f"output {shown(name)} is requested twice")
         seen.add(name)
         raw_params = item.get("parameters")
         if raw_params is None:  # most outputs: nothing more to read
             out.append(RequestedOutput(name, None, {}))
             continue
-        params = dict(_mapping(raw_params, f"output {name!r} 'parameters'"))
+        params = dict(_mapping(raw_params, f"output {shown(name)} 'parameters'"))
         if params.get("classification") not in (None, 0):
             raise InvalidInputError(
-                f"output {name!r}: the classification extension is not supported by this server"
+                f"output {shown(name)}: the classification extension is not supported by this server"
             )
-        binary = _flag(params, "binary_data", f"output {name!r}")
+        binary = _flag(params, "binary_data", f"output {shown(name)}")
         params.pop("binary_data", None)
-        location = shm_location(params, f"output {name!r}") if params else None
+        location = shm_location(params, f"output {shown(name)}") if params else None
         if location is not None:  # written into the region; its answer carries no data
             if binary:
-                raise InvalidInputError(f"output {name!r} can't set both 'shared_memory_region' and 'binary_data'")
+                raise InvalidInputError(f"output {shown(name)} can't set both 'shared_memory_region' and 'binary_data'")
             if shared_memory is None:
                 raise client_shm_disabled()
             shared_memory.output(name, location)
@@ -382,11 +405,11 @@ def _from_json(name: str, datatype: DataType, shape: tuple[int, ...], data: Any)
     if datatype is DataType.BYTES:
         flat = _flatten(data)
         if len(flat) != n:
-            raise TensorError(f"input {name!r}: shape {list(shape)} needs {n} elements, 'data' has {len(flat)}")
+            raise TensorError(f"input {shown(name)}: shape {list(shape)} needs {n} elements, 'data' has {len(flat)}")
         elements = np.empty(n, dtype=object)
         for i, value in enumerate(flat):
             if not isinstance(value, str):
-                raise TensorError(f"input {name!r}: BYTES elements in JSON must be strings, got {_kind(value)}")
+                raise TensorError(f"input {shown(name)}: BYTES elements in JSON must be strings, got {_kind(value)}")
             elements[i] = value.encode("utf-8", "surrogatepass")
         return elements.reshape(shape)
     arr: np.ndarray[Any, Any] | None
@@ -404,40 +427,40 @@ def _from_json(name: str, datatype: DataType, shape: tuple[int, ...], data: Any)
     kind = arr.dtype.kind
     if kind == "O" or kind not in ("b" if datatype is DataType.BOOL else "biuf"):
         want = "booleans" if datatype is DataType.BOOL else "numbers"
-        raise TensorError(f"input {name!r}: {datatype.value} 'data' must hold only {want}")
+        raise TensorError(f"input {shown(name)}: {datatype.value} 'data' must hold only {want}")
     if arr.size != n:
-        raise TensorError(f"input {name!r}: shape {list(shape)} needs {n} elements, 'data' has {arr.size}")
+        raise TensorError(f"input {shown(name)}: shape {list(shape)} needs {n} elements, 'data' has {arr.size}")
     target = datatype.to_numpy()
     if datatype is not DataType.BOOL and kind == "b":
-        raise TensorError(f"input {name!r}: {datatype.value} 'data' must hold numbers, not booleans")
+        raise TensorError(f"input {shown(name)}: {datatype.value} 'data' must hold numbers, not booleans")
     if target.kind in "iu":
         if kind == "f":
-            raise TensorError(f"input {name!r}: {datatype.value} 'data' must hold integers")
+            raise TensorError(f"input {shown(name)}: {datatype.value} 'data' must hold integers")
         if arr.size:
             info = np.iinfo(target)
             lo, hi = int(arr.min()), int(arr.max())
             if lo < info.min or hi > info.max:
                 raise TensorError(
-                    f"input {name!r}: values from {lo} to {hi} do not fit {datatype.value} "
+                    f"input {shown(name)}: values from {lo} to {hi} do not fit {datatype.value} "
                     f"[{info.min}, {info.max}]"
                 )
     try:
         with np.errstate(over="raise", invalid="raise"):
             return arr.astype(target, copy=False).reshape(shape)
     except FloatingPointError:
-        raise TensorError(f"input {name!r}: 'data' holds values out of the range of {datatype.value}") from None
+        raise TensorError(f"input {shown(name)}: 'data' holds values out of the range of {datatype.value}") from None
     except (ValueError, TypeError, OverflowError) as exc:  # pragma: no cover - guarded above
-        raise TensorError(f"input {name!r}: cannot convert 'data' to {datatype.value}: {exc}") from None
+        raise TensorError(f"input {shown(name)}: cannot convert 'data' to {datatype.value}: {exc}") from None
 
 
 def _from_binary(name: str, datatype: DataType, shape: tuple[int, ...], raw: memoryview) -> np.ndarray[Any, Any]:
     n = _elements(shape)
     if datatype is DataType.BYTES:
-        return decode_bytes_elements(raw, n, where=f"input {name!r}").reshape(shape)
+        return decode_bytes_elements(raw, n, where=f"input {shown(name)}").reshape(shape)
     itemsize = _le(datatype).itemsize
     if len(raw) != n * itemsize:
         raise TensorError(
-            f"input {name!r}: binary_data_size is {len(raw)} bytes but shape {list(shape)} of {datatype.value} "
+            f"input {shown(name)}: binary_data_size is {len(raw)} bytes but shape {list(shape)} of {datatype.value} "
             f"takes {n * itemsize} bytes"
         )
     if datatype is DataType.BOOL:
