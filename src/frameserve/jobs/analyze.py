@@ -76,6 +76,7 @@ from frameserve.errors import (
     SourceTooLargeError,
     StorageError,
     VideoError,
+    shown_names,
     status_for,
 )
 from frameserve.jobs._scratch import Scratch, sweep
@@ -374,7 +375,7 @@ async def _read_request(
             raise InvalidInputError('the request body must be a JSON object {"source": URI, "pipeline": name, "params": {...}}')
         unknown = sorted(set(doc) - {"source", "pipeline", "params"})
         if unknown:
-            raise InvalidInputError(f"unknown field(s) {unknown}; accepted: source, pipeline, params")
+            raise InvalidInputError(f"unknown field(s) {shown_names(unknown)}; accepted: source, pipeline, params")
         source = doc.get("source")
         if not isinstance(source, str) or not source:
             raise InvalidInputError("source must be the clip's URI (file:// under a file root, http(s)://, s3://)")

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import yaml
 
-from frameserve.errors import FrameserveError, PipelineHookError, PipelineNotFoundError, PipelineSpecError
+from frameserve.errors import FrameserveError, PipelineHookError, PipelineNotFoundError, PipelineSpecError, shown
 from frameserve.pipeline.contract import ModelInput, Pipeline
 
 __all__ = [
@@ -336,7 +336,7 @@ def merge_params(
             out[head] = merge_params(out[head], {rest: value}, origin=f"{origin}: {head}", strict=strict)
             continue
         if strict and key not in out:
-            raise PipelineSpecError(f"{origin}: unknown param {key!r}; accepted: {', '.join(sorted(out)) or 'none'}")
+            raise PipelineSpecError(f"{origin}: unknown param {shown(key)}; accepted: {', '.join(sorted(out)) or 'none'}")
         if isinstance(out.get(key), Mapping) and isinstance(value, Mapping):
             out[key] = merge_params(out[key], value, origin=f"{origin}: {key}", strict=False)
         elif isinstance(out.get(key), Mapping) and value is not None:
