@@ -278,3 +278,35 @@ def test_front_ends_read_no_more_of_an_analyze_upload_than_its_cap(repo: Path, t
                 pass
         assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
         assert sent < 64 << 20, f"{sent} bytes were sent before the 413"
+
+
+def test_a_refused_body_is_not_read_to_its_end(server: Server) -> None:
+    """401 on the headers of a 64 MiB POST: at most LINGER_BYTES more of its body are read,
+    then the connection is closed (before: all 64 MiB were received and dropped)."""
+    sent = 0
+    with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
+        sock.sendall((f"POST /v2/models/add/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {64 << 20}\r\n\r\n").encode())
+        chunk = b" " * (1 << 16)
+        sock.settimeout(WAIT_S)
+        try:
+            while sent < 64 << 20:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    assert sent < 32 << 20, f"the server read {sent} bytes of a refused body"
+
+
+def test_a_small_body_sent_after_an_early_answer_keeps_the_connection(server: Server) -> None:
+    """A body under LINGER_BYTES that is still coming when the refusal is sent is read: the
+    client reads its answer, and the connection serves the next request."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=WAIT_S)
+    try:
+        conn.request("POST", "/v2/models/add/infer", body=b" " * 200_000, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 401
+        assert _get(conn, A).status == 200  # the same connection, still open
+    finally:
+        conn.close()

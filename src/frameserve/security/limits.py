@@ -47,7 +47,10 @@ class TensorLimits:
             single dimension (``serve --max-tensor-elements``; default 2**27 = 134,217,728,
             512 MiB of FP32).
         max_bytes_elements: the most BYTES elements one request may carry over all its inputs
-            (``serve --max-bytes-elements``; default 2**18 = 262,144).
+            (``serve --max-bytes-elements``; default 2**14 = 16,384: onnxruntime converts a
+            string tensor in one call that holds the GIL, about 100 ns per element here, and
+            decoding takes as long again; 262,144 elements stalled every thread of the server
+            for 60 ms or more per request).
         max_bytes_data_bytes: the most bytes of BYTES data (length prefixes included) one
             request may carry over all its inputs (``serve --max-bytes-data-bytes``; default
             16 MiB).
@@ -64,7 +67,7 @@ class TensorLimits:
     """
 
     max_tensor_elements: int = 1 << 27
-    max_bytes_elements: int = 1 << 18
+    max_bytes_elements: int = 1 << 14
     max_bytes_data_bytes: int = 16 << 20
     max_json_bytes: int = 8 << 20
     max_inputs: int = 1024

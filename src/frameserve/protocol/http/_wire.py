@@ -18,7 +18,11 @@ long as it likes. The deadlines follow Apache's ``mod_reqtimeout`` (``header=``,
 - **idle**: a kept-alive connection with no request for ``keep_alive_timeout_s`` is closed
   (uvicorn's ``timeout_keep_alive``).
 
-A connection past a deadline is closed (the handler, if one runs, sees ``http.disconnect``).
+A connection past a deadline is closed (the handler, if one runs, sees ``http.disconnect``). A
+request answered before its body was read (a refusal on the headers: 401, 413, 429) has at most
+:data:`LINGER_BYTES` more of its body read and dropped (so a client still sending a small body
+reads its answer rather than a reset: nginx's lingering close), then its connection is closed,
+instead of reading what it declared (up to ``--max-body-bytes``).
 
 Connections per tenant: with a :class:`~frameserve.security.quotas.ConcurrencyGate` over the
 ``connections`` quota, the HTTP gate asks each connection, once it knows the request's tenant,
@@ -45,7 +49,11 @@ from frameserve.protocol.http._auth import CONNECTION_KEY
 from frameserve.security.limits import DEFAULT_DEADLINES, HttpDeadlines
 from frameserve.security.quotas import ConcurrencyGate
 
-__all__ = ["Connection", "uvicorn_config"]
+__all__ = ["LINGER_BYTES", "Connection", "uvicorn_config"]
+
+LINGER_BYTES = 1 << 20
+"""How much more of a refused request's body is read and dropped before the connection is
+closed, bytes (1 MiB)."""
 
 
 
@@ -92,6 +100,7 @@ class _Guarded(HttpToolsProtocol):
         self._body_start = 0.0
         self._body_bytes = 0
         self._in_body = False
+        self._linger: int | None = None  # bytes of an answered request's body still read and dropped
         self._counted = Connection(self.connection_gate) if self.connection_gate is not None else None
 
     # -- timers
@@ -165,12 +174,23 @@ class _Guarded(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
+        if self._linger is not None:
+            self._linger -= len(body)
+            if self._linger < 0 and not self.transport.is_closing():
+                self.transport.close()  # more than LINGER_BYTES of a body nobody reads: stop here
+                return
         super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._in_body = False
+        self._linger = None
         self._disarm()
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        if self._in_body:  # answered before its body was read (401, 413, 429...): linger a little
+            self._linger = LINGER_BYTES
+        super().on_response_complete()
 
     def data_received(self, data: bytes) -> None:
         if self._head_bytes > self.deadlines.max_header_bytes:
