@@ -1,6 +1,6 @@
-"""Pipelines that crash or hang end their job, not the process that serves inference: inside
-``frameserve serve`` (inference requests keep succeeding throughout: asserted) and inside
-``frameserve worker``. A segfault (``ctypes.string_at(0)``) and ``os._exit`` fail the attempt as
+"""Pipelines that crash or hang end their job (or their ``/v1/analyze`` request), not the
+process that serves inference: inside ``frameserve serve`` (inference requests keep succeeding
+throughout: asserted) and inside ``frameserve worker``. A segfault (``ctypes.string_at(0)``) and ``os._exit`` fail the attempt as
 ``worker_crashed`` with how the process died, retried until the job's attempts run out; a hook
 that never returns is stopped at ``--job-timeout-s`` (``code: "timeout"``, the phase named) or
 by a cancel; a memory hog under ``--job-memory-limit-mb`` fails its job; the next job runs."""
@@ -34,7 +34,7 @@ class {cls}(frameserve.Pipeline):
         return {{"v": np.array([frame.index], np.int32)}}
 
     def process(self, batch, models):
-        if batch[0].frame.index == 3:
+        if batch[0].frame.index >= 3:
 {body}
         return [{{"v": int(item.inputs["v"][0])}} for item in batch]
 '''
@@ -108,7 +108,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProc
     os.environ["FRAMESERVE_MAX_ATTEMPTS"] = "2"  # serve's attempts per job (read at start)
     try:
         s = ServeProcess(repo, home, "--pipelines", str(folder), "--job-timeout-s", "4", "--job-memory-limit-mb", "1024",
-                         "--no-allow-grpc", "--no-allow-metrics")
+                         "--analyze-timeout-s", "4", "--no-allow-grpc", "--no-allow-metrics")
     finally:
         del os.environ["FRAMESERVE_MAX_ATTEMPTS"]
     with s:
@@ -222,3 +222,22 @@ def test_frameserve_worker_survives_a_segfaulting_pipeline(tmp_path: Path) -> No
     assert o.state == "succeeded", o.error
     store.close()
     assert sys.platform.startswith("linux")
+
+
+@pytest.mark.parametrize(("pipeline", "status", "code"), [("segfault", 500, "SIGSEGV"), ("exit7", 500, "code 7"),
+                                                          ("hang", 504, "--analyze-timeout-s")])
+def test_analyze_with_a_crashing_or_hanging_pipeline_costs_one_request(
+    served: tuple[ServeProcess, Path], pipeline: str, status: int, code: str,
+) -> None:
+    s, root = served
+    base = f"http://127.0.0.1:{s.ports['HTTP']}"
+    clip = (root / "in" / "v.mp4").read_bytes()
+    with Prober(base) as probe:
+        r = httpx.post(f"{base}/v1/analyze", params={"pipeline": pipeline}, content=clip,
+                       headers={"Content-Type": "video/mp4"}, timeout=120)
+        ok = httpx.post(f"{base}/v1/analyze", params={"pipeline": "brightness"}, content=clip,
+                        headers={"Content-Type": "video/mp4"}, timeout=120)
+    assert r.status_code == status, r.text
+    assert code in r.json()["error"], r.text
+    assert ok.status_code == 200, ok.text
+    assert s.proc.poll() is None and probe.ok > 0 and not probe.failures, probe.failures[:3]

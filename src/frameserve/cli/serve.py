@@ -106,6 +106,7 @@ def serve_command(
     pipelines: Annotated[Path | None, typer.Option("--pipelines", help="Folder of the operator's pipelines (*.py, *.yaml), offered beside the built-ins to jobs and /v1/analyze; each is checked at start.")] = None,
     analyze_max_bytes: Annotated[int, typer.Option("--analyze-max-bytes", min=1, help="Largest clip POST /v1/analyze accepts, bytes (413 beyond).")] = 64 * 1024 * 1024,
     analyze_max_duration_s: Annotated[float, typer.Option("--analyze-max-duration-s", min=0.001, help="Longest clip POST /v1/analyze accepts, seconds (413 beyond).")] = 60.0,
+    analyze_timeout_s: Annotated[float, typer.Option("--analyze-timeout-s", min=0.001, help="Longest analysis of one POST /v1/analyze clip, seconds; past it the pipeline's process is stopped and the request answered 504.")] = 120.0,
     analyze_concurrency: Annotated[int, typer.Option("--analyze-concurrency", min=1, help="Clips POST /v1/analyze runs at once (429 beyond).")] = 2,
     quotas: Annotated[Path | None, typer.Option("--quotas", help="Per-tenant limits, YAML (a default row, per-tenant rows; deploy/quotas.example.yaml): queued and running jobs, analyze concurrency, infer rate and concurrency, connections, gRPC streams (429 with Retry-After beyond). Default: queued_jobs 10000, connections 256 and streams 16 per tenant, nothing else limited.")] = None,
 ) -> None:
@@ -180,7 +181,8 @@ def serve_command(
         )
         storage_line = _check_tenancy(jobs_settings, tenants=options.tokens is not None)  # exit 2 on shared storage
         routers = list(_pipeline_routers(settings, service, registry, jobs_settings, analyze_max_bytes,
-                                         analyze_max_duration_s, analyze_concurrency, tenant_quotas))
+                                         analyze_max_duration_s, analyze_concurrency, tenant_quotas,
+                                         analyze_timeout_s))
         embedded = None
         if jobs:
             from frameserve.jobs.embedded import EmbeddedJobs
@@ -241,7 +243,7 @@ def serve_command(
 
 def _pipeline_routers(
     settings: object, service: object, registry: object, js: object, max_bytes: int, max_duration_s: float,
-    concurrency: int, quotas: object = None,
+    concurrency: int, quotas: object = None, timeout_s: float = 120.0,
 ) -> tuple[object, ...]:
     """``GET /v1/pipelines`` and ``POST /v1/analyze`` (sources checked with the jobs' storage rules)."""
     from frameserve.config import Settings
@@ -253,9 +255,10 @@ def _pipeline_routers(
 
     assert isinstance(settings, Settings) and isinstance(registry, PipelineRegistry) and isinstance(js, JobsSettings)
     storage = js.storage()
-    limits = AnalyzeLimits(max_bytes=max_bytes, max_duration_s=max_duration_s, concurrency=concurrency)
+    limits = AnalyzeLimits(max_bytes=max_bytes, max_duration_s=max_duration_s, concurrency=concurrency,
+                           timeout_s=timeout_s)
     assert quotas is None or isinstance(quotas, Quotas)
-    analyzer = Analyzer(service, registry, storage, settings, limits, quotas=quotas)
+    analyzer = Analyzer(service, registry, storage, settings, limits, quotas=quotas, isolate=js.isolate_pipelines)
     return create_pipelines_router(registry), create_analyze_router(analyzer)
 
 

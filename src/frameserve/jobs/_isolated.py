@@ -55,7 +55,7 @@ import numpy as np
 
 from frameserve._ipc import Arena, SharedBlock, pack_tensors, picklable_error, unpack_tensors
 from frameserve.config import Settings
-from frameserve.errors import InvalidInputError, WorkerCrashedError
+from frameserve.errors import InvalidInputError, JobTimeoutError, WorkerCrashedError
 from frameserve.jobs._pipeline import FaultHook, ProgressCb
 from frameserve.jobs.store import Job
 
@@ -137,8 +137,8 @@ class RemoteService:
                     future.set_result(message[3])
                 else:
                     future.set_exception(message[3])
-            elif kind == "job":
-                self.jobs.put(message[1:])
+            elif kind in ("job", "short"):
+                self.jobs.put(message)
             else:  # "stop"
                 self.jobs.put(None)
 
@@ -216,18 +216,27 @@ def _child_main(conn: Any, settings: Settings, folder: str | None, threads: int 
     block = SharedBlock(fd=recv_handle(conn))  # first message: the shared block's descriptor
     remote = RemoteService(conn, threads, repository_root, block)
     pool = DecodePool(1)
-    process = pipeline_process(settings, remote, None, decode_pool=pool,
-                               pipelines=PipelineRegistry(Path(folder) if folder else None))
+    registry = PipelineRegistry(Path(folder) if folder else None)
+    process = pipeline_process(settings, remote, None, decode_pool=pool, pipelines=registry)
 
     def progress(done: int, expected: int | None) -> None:
         remote.send(("progress", done, expected))
 
     try:
-        while (job := remote.jobs.get()) is not None:
-            video, spec, workdir = job
+        while (work := remote.jobs.get()) is not None:
             try:
-                summary, files = process(Path(video), spec, Path(workdir), progress)
-                remote.send(("done", summary, {k: str(v) for k, v in files.items()}))
+                if work[0] == "job":
+                    _, video, spec, workdir = work
+                    summary, files = process(Path(video), spec, Path(workdir), progress)
+                    remote.send(("done", summary, {k: str(v) for k, v in files.items()}))
+                else:  # ("short", clip, pipeline, params, max_duration_s, flag)
+                    from frameserve.pipeline.runner import run
+
+                    _, clip, name, params, max_duration_s, flag = work
+                    result = run(Path(clip), registry.resolve(name), short=True, service=remote, settings=settings,
+                                 params=params, max_duration_s=max_duration_s, max_duration_flag=flag,
+                                 progress=progress)
+                    remote.send(("done", {**result, "frames": list(result["frames"])}, None))
             except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
                 remote.send(("failed", picklable_error(exc)))
     finally:
@@ -377,9 +386,10 @@ class _Child:
             return
         self._reply(cid, True, value)
 
-    def run(self, video: Path, job: Job, workdir: Path, progress: ProgressCb,
-            fault: FaultHook | None) -> tuple[dict[str, Any], dict[str, Path]]:
-        if not self._send(("job", str(video), job, str(workdir))):
+    def run(self, work: tuple[Any, ...], progress: ProgressCb, fault: FaultHook | None) -> tuple[Any, Any]:
+        """Send ``work`` (``("job", ...)`` or ``("short", ...)``) and wait for its answer:
+        ``("done", result, files)``'s last two items, or its error raised."""
+        if not self._send(work):
             raise self.crashed(0, None)
         self.busy = True
         done, expected = 0, None
@@ -401,7 +411,7 @@ class _Child:
                 progress(done, expected)
             elif kind == "done":
                 self.busy = False
-                return message[1], {k: Path(v) for k, v in message[2].items()}
+                return message[1], message[2]
             elif kind == "failed":
                 self.busy = False
                 raise message[1]
@@ -481,14 +491,43 @@ class IsolatedPipeline:
         self._lock = threading.Lock()
 
     def __call__(self, video: Path, job: Job, workdir: Path, progress: ProgressCb) -> tuple[dict[str, Any], dict[str, Path]]:
-        with self._lock:  # one job at a time per child, as the worker runs them
+        summary, files = self._run(("job", str(video), job, str(workdir)), progress, self.fault)
+        return summary, {k: Path(v) for k, v in files.items()}
+
+    def run_short(self, clip: Path, pipeline: str, params: Mapping[str, Any] | None, *, max_duration_s: float,
+                  duration_flag: str, timeout_s: float, timeout_flag: str) -> dict[str, Any]:
+        """:func:`frameserve.pipeline.runner.run` in short-video mode over ``clip`` with the
+        pipeline named ``pipeline`` (``POST /v1/analyze``), in the child; its result.
+
+        Raises:
+            JobTimeoutError: the run took longer than ``timeout_s`` seconds (the child killed).
+            WorkerCrashedError: the child died. The runner's errors as it raises them.
+        """
+        import time
+
+        deadline = time.monotonic() + timeout_s
+
+        def watch(done: int, expected: int | None) -> None:
+            if time.monotonic() > deadline:
+                raise JobTimeoutError(
+                    f"the clip's analysis ran past {timeout_s:g} s ({timeout_flag}) after {done} key frames; "
+                    "the pipeline was stopped",
+                    phase="process",
+                )
+
+        result, _ = self._run(("short", str(clip), pipeline, None if params is None else dict(params),
+                               max_duration_s, duration_flag), watch, None)
+        return dict(result)
+
+    def _run(self, work: tuple[Any, ...], progress: ProgressCb, fault: FaultHook | None) -> tuple[Any, Any]:
+        with self._lock:  # one run at a time per child
             if self._child is None or not self._child.alive:
                 if self._child is not None:
                     self._child.close()
                 self._child = _Child(self.settings, self.service, self.folder, self.memory_limit_bytes)
             child = self._child
             try:
-                return child.run(video, job, workdir, progress, self.fault)
+                return child.run(work, progress, fault)
             except BaseException:
                 if child.busy:  # cancelled, past the deadline, or dead: its hook may still run
                     child.kill()

@@ -43,6 +43,7 @@ import asyncio
 import functools
 import logging
 import os
+import queue
 import re
 import shutil
 import tempfile
@@ -113,6 +114,9 @@ class AnalyzeLimits:
         max_bytes: largest clip, bytes (the request body of an upload; the object of a URI).
         max_duration_s: longest clip, seconds.
         concurrency: clips analysed at once; one more is refused with 429.
+        timeout_s: longest analysis of one clip, seconds (``serve --analyze-timeout-s``); past
+            it the pipeline's process is killed and the request answered 504 (with isolated
+            pipelines, the default).
     """
 
     @property
@@ -123,6 +127,7 @@ class AnalyzeLimits:
     max_bytes: int = 64 * 1024 * 1024
     max_duration_s: float = 60.0
     concurrency: int = 2
+    timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.max_bytes < 1:
@@ -161,11 +166,15 @@ class Analyzer:
         limits: sizes, duration, concurrency.
         quotas: per-tenant limits; ``analyze_concurrency`` caps one tenant's clips at once,
             beside the server-wide ``limits.concurrency`` (``None``: no per-tenant cap).
+        isolate: run each clip's pipeline in a child process
+            (:class:`~frameserve.jobs._isolated.IsolatedPipeline`, one per slot, models served by
+            this process), so a crash or a hang in a pipeline's code costs one request, never
+            the server (``serve``: on unless ``--no-isolate-pipelines``).
     """
 
     def __init__(
         self, service: Any, pipelines: PipelineRegistry, storage: Storage, settings: Settings,
-        limits: AnalyzeLimits | None = None, *, quotas: Quotas | None = None,
+        limits: AnalyzeLimits | None = None, *, quotas: Quotas | None = None, isolate: bool = False,
     ) -> None:
         self.service = service
         self.pipelines = pipelines
@@ -178,6 +187,13 @@ class Analyzer:
         self._tenant_slots = ConcurrencyGate(lambda t: q.for_tenant(t).analyze_concurrency, "analyze_concurrency")
         self._scratch: Scratch | None = None
         self._scratch_lock = threading.Lock()
+        self._children: queue.SimpleQueue[Any] | None = None
+        if isolate:
+            from frameserve.jobs._isolated import IsolatedPipeline
+
+            self._children = queue.SimpleQueue()
+            for _ in range(self.limits.concurrency):  # each started on its first clip
+                self._children.put(IsolatedPipeline(settings, service, pipelines=pipelines))
 
     def workdir(self) -> Path:
         """A new scratch folder for one request, under this process's
@@ -284,8 +300,16 @@ class Analyzer:
                 raise PayloadTooLargeError(
                     f"{label!r} lasts {duration:.3f} s, over the limit of {limit:g} s ({_DURATION_FLAG}){_JOBS_HINT}"
                 )
-            result = run(path, pdef, short=True, service=self.service, settings=self.settings, params=params,
-                         max_duration_s=limit, max_duration_flag=_DURATION_FLAG)
+            if self._children is not None:  # a slot is held: a child is free
+                child = self._children.get()
+                try:
+                    result = child.run_short(path, pipeline, params, max_duration_s=limit, duration_flag=_DURATION_FLAG,
+                                             timeout_s=self.limits.timeout_s, timeout_flag="--analyze-timeout-s")
+                finally:
+                    self._children.put(child)
+            else:
+                result = run(path, pdef, short=True, service=self.service, settings=self.settings, params=params,
+                             max_duration_s=limit, max_duration_flag=_DURATION_FLAG)
         except FrameserveError as exc:
             message = exc.message.replace(str(path), label)  # name the clip, not the server's scratch file
             if isinstance(exc, PayloadTooLargeError) and _JOBS_HINT not in message:
