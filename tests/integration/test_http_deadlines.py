@@ -124,13 +124,24 @@ def test_a_trickling_body_is_cut_and_a_steady_one_is_not(server: Server) -> None
 
 
 def test_a_head_over_the_cap_is_431(server: Server) -> None:
+    """The head is cut at 64 KiB: the answer is 431 (or, when the close reaches the client while
+    it still sends, a reset instead of the answer); never a head read on and on."""
+    cut = False
     with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        for i in range(80):
-            sock.sendall(f"X-Filler-{i}: {'x' * 1000}\r\n".encode())
-        answer = _closed_by_server(sock)
-    assert answer.startswith(b"HTTP/1.1 431"), answer[:300]
-    assert b"65536 bytes" in answer
+        try:
+            for i in range(200):  # 200 KB of headers, far over the cap
+                sock.sendall(f"X-Filler-{i}: {'x' * 1000}\r\n".encode())
+        except (BrokenPipeError, ConnectionResetError):
+            cut = True
+        try:
+            answer = _closed_by_server(sock)
+        except OSError:
+            answer = b""
+    assert cut or answer, "200 KB of headers were read without an answer"
+    if answer:
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:300]
+        assert b"65536 bytes" in answer
 
 
 @pytest.mark.parametrize("path", ["/v2/models/add/infer", "/v2/repository/index", "/v2/models/add/load"])
