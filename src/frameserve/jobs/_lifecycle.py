@@ -77,7 +77,7 @@ class LifecycleMixin:
 
     # ---------------------------------------------------------------- retry
 
-    def retry(
+    def retry_job(
         self, job_id: str, *, owner: str | None = None, caller: str = "", idempotency_key: str | None = None
     ) -> tuple[Job, bool]:
         """Queue a failed or cancelled job (``owner``'s when given) again under its id: attempts
@@ -148,7 +148,7 @@ class LifecycleMixin:
 
     # ---------------------------------------------------------------- delete
 
-    def delete(
+    def delete_job(
         self, job_id: str, *, owner: str | None = None, outputs: Callable[[Job], Sequence[str]] | None = None
     ) -> tuple[Job, list[str]]:
         """Remove a finished job (``owner``'s when given) with its events, callback rows and retry
