@@ -10,10 +10,12 @@ A job's retries wait ``min(max_s, initial_s * factor**(n-1)) * (1 + jitter * u)`
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
-__all__ = ["BACKOFF_LIMITS", "MAX_RUN_AHEAD_S", "RetryPolicy"]
+__all__ = ["BACKOFF_LIMITS", "MAX_RUN_AHEAD_S", "RetryPolicy", "parse_run_at"]
 
 BACKOFF_LIMITS: dict[str, tuple[float, float]] = {
     "initial_s": (0.0, 86_400.0),
@@ -61,3 +63,18 @@ class RetryPolicy:
             base_s=float(backoff.get("initial_s", self.base_s)), max_s=float(backoff.get("max_s", self.max_s)),
             jitter=self.jitter, factor=float(backoff.get("factor", self.factor)),
         )
+
+
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+def parse_run_at(text: str) -> float:
+    """An RFC 3339 date-time with an offset (``2030-01-01T08:00:00Z``) → epoch seconds.
+    Raises ``ValueError`` saying what is accepted."""
+    if not _RFC3339.match(text):
+        raise ValueError("must be an RFC 3339 date-time with an offset, e.g. 2030-01-01T08:00:00Z")
+    try:
+        when = datetime.fromisoformat(text.upper().replace(" ", "T").replace("Z", "+00:00"))
+        return when.timestamp()
+    except (ValueError, OverflowError):
+        raise ValueError("must be an RFC 3339 date-time with an offset, e.g. 2030-01-01T08:00:00Z") from None

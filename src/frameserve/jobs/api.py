@@ -67,8 +67,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
-from datetime import datetime
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union, get_args
@@ -114,7 +112,7 @@ from frameserve.errors import (
     UnsupportedMediaTypeError,
     status_for,
 )
-from frameserve.jobs._policy import BACKOFF_LIMITS, MAX_RUN_AHEAD_S
+from frameserve.jobs._policy import BACKOFF_LIMITS, MAX_RUN_AHEAD_S, parse_run_at
 from frameserve.jobs.callbacks import check_callback_url
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import STATES, JobSpec, JobStore
@@ -314,21 +312,6 @@ class JobBackoff(BaseModel):
         if self.initial_s is not None and self.max_s is not None and self.max_s < self.initial_s:
             raise ValueError(f"backoff.max_s ({self.max_s:g}) must be >= backoff.initial_s ({self.initial_s:g})")
         return self
-
-
-_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
-
-
-def parse_run_at(text: str) -> float:
-    """An RFC 3339 date-time with an offset (``2030-01-01T08:00:00Z``) → epoch seconds.
-    Raises ``ValueError`` saying what is accepted."""
-    if not _RFC3339.match(text):
-        raise ValueError("must be an RFC 3339 date-time with an offset, e.g. 2030-01-01T08:00:00Z")
-    try:
-        when = datetime.fromisoformat(text.upper().replace(" ", "T").replace("Z", "+00:00"))
-        return when.timestamp()
-    except (ValueError, OverflowError):
-        raise ValueError("must be an RFC 3339 date-time with an offset, e.g. 2030-01-01T08:00:00Z") from None
 
 
 class JobParams(BaseModel):

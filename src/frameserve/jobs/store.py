@@ -426,7 +426,7 @@ class JobStore(LifecycleMixin):
                             return self._load(conn, row[0]), False
                     check_queued(conn, self.quotas, spec.owner)
                     now = self.clock()
-                    run_at = now if spec.run_at is None else float(spec.run_at)
+                    run_at = now if spec.run_at is None else max(now, float(spec.run_at))  # past: at once
                     job_id = _new_id()
                     conn.execute(
                         jobs.insert().values(
