@@ -397,6 +397,7 @@ def test_retention_removes_only_old_finished_jobs_in_batches_with_two_pruners_ra
     pruners = {"a": Pruner(store, policy, batch=100, pause_s=0.005, counter=counters["a"], owner="a"),
                "b": Pruner(other, policy, batch=100, pause_s=0.005, counter=counters["b"], owner="b")}
     passes: dict[str, list[tuple[float, float, int]]] = {"a": [], "b": []}
+    refused = {"a": 0, "b": 0}
     go = threading.Barrier(2)
 
     def run(name: str) -> None:
@@ -404,7 +405,9 @@ def test_retention_removes_only_old_finished_jobs_in_batches_with_two_pruners_ra
         for _ in range(200):
             t0 = time.monotonic()
             got = pruners[name].prune_once()
-            if got is not None:
+            if got is None:
+                refused[name] += 1
+            else:
                 passes[name].append((t0, time.monotonic(), sum(got.values())))
                 if not got:
                     return
@@ -422,6 +425,7 @@ def test_retention_removes_only_old_finished_jobs_in_batches_with_two_pruners_ra
     assert counters["a"].total() + counters["b"].total() == len(old)  # nothing double-counted
     assert sum(n for _, _, n in log) == len(old) and all(0 < n <= 100 for _, _, n in log)  # batches of 100 at most
     assert len(log) >= 12
+    assert refused["a"] + refused["b"] > 0  # they did race: one was refused the lease while the other pruned
     # one pruner at a time: the batches of one pass are never interleaved with the other's
     for name, mine in passes.items():
         for t0, t1, n in mine:
