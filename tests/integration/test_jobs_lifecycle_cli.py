@@ -44,6 +44,10 @@ def make(store: JobStore, state: str, *, age_d: float = 0.0, outputs: dict[str, 
         store.complete(lease, {"summary": {}, "outputs": outputs or {}})
     elif state == "failed":
         store.fail(lease, {"code": "bad_video", "message": "no"}, retryable=False)
+    else:
+        store.cancel(job.id)
+        store.cancelled(lease)
+    assert store.get(job.id).state == state
     if age_d:
         with store.engine.begin() as c:
             c.execute(jobs.update().where(jobs.c.id == job.id).values(finished_at=time.time() - age_d * 86400))
