@@ -34,9 +34,9 @@ from _models import add_model
 from _serving import ServeProcess
 
 TOKEN = "fuzz-jobs-token-0123456789abcdefghijklmnop"  # >= 32 characters (frameserve.security.MIN_TOKEN_CHARS)
-OPERATIONS = 6
-"""POST and GET /v1/jobs, GET /v1/jobs/{id}, POST /v1/jobs/{id}/cancel, GET /v1/jobs/{id}/events,
-GET /v1/pipelines."""
+OPERATIONS = 8
+"""POST and GET /v1/jobs, GET and DELETE /v1/jobs/{id}, POST /v1/jobs/{id}/cancel, POST
+/v1/jobs/{id}/retry, GET /v1/jobs/{id}/events, GET /v1/pipelines."""
 
 CONFIG = """\
 # POST /v1/jobs refuses schema-valid requests for reasons only the server's state decides (see the
