@@ -15,8 +15,11 @@ can say: that a `file://` source exists under the server's file roots, that an `
 resolves to a public address, that `params.pipeline` holds the named pipeline's own parameters
 (with values its check accepts), that an Idempotency-Key is not reused with another body
 (422 as draft-ietf-httpapi-idempotency-key-header says). Those refusals are the documented 400 and
-422 of their error codes (frameserve.errors.STATUS), so for that operation alone 400 and 422
-join the statuses ST202 accepts; every other operation, and every other check, runs as shipped.
+422 of their error codes (frameserve.errors.STATUS), so for that operation 400 and 422
+join the statuses ST202 accepts. `POST /v1/jobs/{id}/retry` honours an Idempotency-Key the same
+way (a key that retried one job is a 422 for another: the stateful phase reuses keys across the
+jobs it made), so 422 joins its statuses too; every other operation, and every other check, runs
+as shipped.
 """
 
 from __future__ import annotations
@@ -47,6 +50,11 @@ database = "none"
 [[operations]]
 include-name = "POST /v1/jobs"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "409", "422", "429", "5xx"]
+
+# POST /v1/jobs/{id}/retry: an Idempotency-Key that retried another job is its documented 422
+[[operations]]
+include-name = "POST /v1/jobs/{job_id}/retry"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]
 """
 
 

@@ -375,16 +375,16 @@ def _seed(store: JobStore, n_old: int) -> tuple[set[str], set[str]]:
         job_id = f"job_{i:032d}"
         (old if i < n_old else keep).add(job_id)
         at = now - age_d * 86400
-        values.append(dict(
-            id=job_id, owner="", state=state, progress=0.0, source="file:///in", target="file:///out",
-            pipeline="nudenet", params="{}", priority=0, attempt=1, max_attempts=3, token=1,
-            cancel_requested=False, run_at=at, created_at=at, updated_at=at, timings="{}",
-            finished_at=at if state not in ("queued", "running") else None,
-            lease_owner="w" if state == "running" else None, lease_expires_at=now + 30 if state == "running" else None,
-        ))
+        values.append({
+            "id": job_id, "owner": "", "state": state, "progress": 0.0, "source": "file:///in", "target": "file:///out",
+            "pipeline": "nudenet", "params": "{}", "priority": 0, "attempt": 1, "max_attempts": 3, "token": 1,
+            "cancel_requested": False, "run_at": at, "created_at": at, "updated_at": at, "timings": "{}",
+            "finished_at": at if state not in ("queued", "running") else None,
+            "lease_owner": "w" if state == "running" else None, "lease_expires_at": now + 30 if state == "running" else None,
+        })
     with store.engine.begin() as c:
         c.execute(jobs.insert(), values)
-        c.execute(job_events.insert(), [dict(job_id=v["id"], at=v["created_at"], type="submitted", data="{}") for v in values])
+        c.execute(job_events.insert(), [{"job_id": v["id"], "at": v["created_at"], "type": "submitted", "data": "{}"} for v in values])
     return old, keep
 
 
