@@ -15,8 +15,11 @@ can say: that a `file://` source exists under the server's file roots, that an `
 resolves to a public address, that `params.pipeline` holds the named pipeline's own parameters
 (with values its check accepts), that an Idempotency-Key is not reused with another body
 (422 as draft-ietf-httpapi-idempotency-key-header says). Those refusals are the documented 400 and
-422 of their error codes (frameserve.errors.STATUS), so for that operation alone 400 and 422
-join the statuses ST202 accepts; every other operation, and every other check, runs as shipped.
+422 of their error codes (frameserve.errors.STATUS), so for that operation 400 and 422
+join the statuses ST202 accepts. `POST /v1/jobs/{id}/retry` honours an Idempotency-Key the same
+way (a key that retried one job is a 422 for another: the stateful phase reuses keys across the
+jobs it made), so 422 joins its statuses too; every other operation, and every other check, runs
+as shipped.
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ from _models import add_model
 from _serving import ServeProcess
 
 TOKEN = "fuzz-jobs-token-0123456789abcdefghijklmnop"  # >= 32 characters (frameserve.security.MIN_TOKEN_CHARS)
-OPERATIONS = 6
-"""POST and GET /v1/jobs, GET /v1/jobs/{id}, POST /v1/jobs/{id}/cancel, GET /v1/jobs/{id}/events,
-GET /v1/pipelines."""
+OPERATIONS = 8
+"""POST and GET /v1/jobs, GET and DELETE /v1/jobs/{id}, POST /v1/jobs/{id}/cancel, POST
+/v1/jobs/{id}/retry, GET /v1/jobs/{id}/events, GET /v1/pipelines."""
 
 CONFIG = """\
 # POST /v1/jobs refuses schema-valid requests for reasons only the server's state decides (see the
@@ -47,6 +50,11 @@ database = "none"
 [[operations]]
 include-name = "POST /v1/jobs"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "409", "422", "429", "5xx"]
+
+# POST /v1/jobs/{id}/retry: an Idempotency-Key that retried another job is its documented 422
+[[operations]]
+include-name = "POST /v1/jobs/{job_id}/retry"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]
 """
 
 

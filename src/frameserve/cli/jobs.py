@@ -1,5 +1,7 @@
-"""``frameserve jobs``: submit, inspect and cancel video jobs directly in the job database
-(the same checks as ``POST /v1/jobs``; output is the job resource as JSON)."""
+"""``frameserve jobs``: submit, inspect, cancel, retry and delete video jobs directly in the job
+database (the same checks as ``POST /v1/jobs``; output is the job resource as JSON), and purge
+old finished ones (``jobs purge --older-than 30d``: the retention pass of
+:mod:`frameserve.jobs._retention`, under its lease, so it never runs beside a server's)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from frameserve.cli._common import exit_on_error
 
 __all__ = ["register"]
 
-jobs_app = typer.Typer(help="Submit, list, inspect and cancel video jobs in the job database.", no_args_is_help=True)
+jobs_app = typer.Typer(help="Submit, list, inspect, cancel, retry, delete and purge video jobs in the job database.", no_args_is_help=True)
 
 DbOpt = Annotated[str | None, typer.Option("--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME).")]
 
@@ -39,10 +41,12 @@ def submit(
     pipeline: Annotated[str, typer.Option("--pipeline", "-p", help="Pipeline name.")] = "nudenet",
     callback_url: Annotated[str | None, typer.Option("--callback-url", help="Standard Webhooks receiver.")] = None,
     priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
-    sampling: Annotated[str | None, typer.Option(help="all | every:N | fps:R | keyframes.")] = None,
+    sampling: Annotated[str | None, typer.Option(help="all | every:N | fps:R | keyframes | timestamps:T1,T2,... (seconds).")] = None,
     video_out: Annotated[bool, typer.Option("--video-out", help="Also write the pipeline's video (output.mp4).")] = False,
     pipelines: Annotated[Path | None, typer.Option("--pipelines", help="The workers' pipelines folder, so its pipelines may be named.")] = None,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Same key, same job.")] = None,
+    max_attempts: Annotated[int | None, typer.Option("--max-attempts", min=1, help="Attempts before a retryable failure is final: 1 to the service's --max-attempts (env FRAMESERVE_MAX_ATTEMPTS; its default).", show_default=False)] = None,
+    run_at: Annotated[str | None, typer.Option("--run-at", help="Earliest start, RFC 3339 with an offset (2030-01-01T08:00:00Z); at most 366 days ahead.", show_default=False)] = None,
     file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Allowed file:// root (repeatable; may hold {tenant}: the owner's folder).")] = None,
     owner: Annotated[str, typer.Option("--owner", help="The tenant (a token NAME) the job belongs to; its source and target are checked against that tenant's storage. Default: the implicit owner of a server without tokens.")] = "",
     shared_file_root: Annotated[bool | None, typer.Option("--shared-file-root/--no-shared-file-root", help="Let a named owner use roots and buckets without {tenant} (env FRAMESERVE_SHARED_FILE_ROOT=1).", show_default=False)] = None,
@@ -77,9 +81,23 @@ def submit(
             params["sampling"] = sampling
         if video_out:
             params["video_out"] = True
+        from frameserve.errors import InvalidInputError
+        from frameserve.jobs._policy import MAX_RUN_AHEAD_S, parse_run_at
+
+        if max_attempts is not None and max_attempts > js.max_attempts:
+            raise InvalidInputError(f"--max-attempts must be between 1 and {js.max_attempts} (the service's --max-attempts)")
+        when = None
+        if run_at is not None:
+            try:
+                when = parse_run_at(run_at)
+            except ValueError as exc:
+                raise InvalidInputError(f"--run-at {exc}") from None
+            if when > store.clock() + MAX_RUN_AHEAD_S:
+                raise InvalidInputError(f"--run-at must be at most {MAX_RUN_AHEAD_S / 86400:g} days ahead")
         job, _ = store.submit(
             JobSpec(source=source, target=target, pipeline=pipeline, params=params, callback_url=callback_url,
-                    priority=priority, max_attempts=js.max_attempts, owner=owner),
+                    priority=priority, max_attempts=max_attempts or js.max_attempts, run_at=when,
+                    asked_max_attempts=max_attempts is not None, owner=owner),
             idempotency_key=idempotency_key,
         )
         _print(job.to_resource())
@@ -116,6 +134,84 @@ def cancel(job_id: str, db: DbOpt = None) -> None:
         store, _ = _store(db)
         _print(store.cancel(job_id).to_resource())
         store.close()
+
+
+@jobs_app.command("retry")
+def retry(
+    job_id: str,
+    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Same key, one retry.")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Queue a failed or cancelled job again under its id (attempts reset) and print it."""
+    with exit_on_error():
+        store, _ = _store(db)
+        try:
+            job, _retried = store.retry_job(job_id, idempotency_key=idempotency_key)
+            _print(job.to_resource())
+        finally:
+            store.close()
+
+
+@jobs_app.command("delete")
+def delete(
+    job_id: str,
+    outputs: Annotated[bool, typer.Option("--outputs", help="Also delete the outputs its result lists, under its target.")] = False,
+    file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Allowed file:// root (repeatable; the service's, for --outputs).")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Delete a finished job (succeeded, failed, cancelled) with its events and callback rows; a queued or running one is refused."""
+    with exit_on_error():
+        store, js = _store(db, file_roots=[str(p) for p in file_root or []] or None)
+        try:
+            storage = js.storage()
+
+            def remove(job: Any) -> list[str]:
+                listed = (job.result or {}).get("outputs") or {}
+                return storage.delete_outputs(job.target, listed if isinstance(listed, dict) else {}, tenant=job.owner)
+
+            job, removed = store.delete_job(job_id, outputs=remove if outputs else None)
+            from frameserve.security import redact_uri
+
+            _print({"id": job.id, "outputs_deleted": [redact_uri(u) for u in removed]})
+        finally:
+            store.close()
+
+
+@jobs_app.command("purge")
+def purge(
+    older_than: Annotated[str, typer.Option("--older-than", help="Remove finished jobs that finished longer ago than this: N[s|m|h|d|w] (30d, 12h).")],
+    state: Annotated[list[str] | None, typer.Option("--state", help="Only this finished state (succeeded | failed | cancelled; repeatable; default all three).")] = None,
+    batch: Annotated[int, typer.Option("--batch", min=1, max=100000, help="Jobs deleted per transaction.")] = 500,
+    wait_s: Annotated[float, typer.Option("--wait-s", min=0, help="How long to wait for the retention lease while another process prunes, seconds.")] = 60.0,
+    db: DbOpt = None,
+) -> None:
+    """Remove old finished jobs with their events and callback rows (outputs stay), in batches, under the retention lease; prints what was removed."""
+    import time
+
+    from frameserve.errors import InvalidInputError
+    from frameserve.jobs._lifecycle import FINISHED
+    from frameserve.jobs._retention import Pruner, RetentionPolicy, parse_duration_s
+
+    with exit_on_error():
+        try:
+            days = parse_duration_s(older_than) / 86400.0
+        except ValueError as exc:
+            raise InvalidInputError(f"--older-than: {exc}") from None
+        for s in state or []:
+            if s not in FINISHED:
+                raise InvalidInputError(f"--state {s[:40]!r}: one of {', '.join(FINISHED)}")
+        policy = RetentionPolicy(dict.fromkeys(state or FINISHED, days))
+        store, _ = _store(db)
+        try:
+            pruner = Pruner(store, policy, batch=batch, pause_s=0.0)
+            deadline = time.monotonic() + wait_s
+            while (removed := pruner.prune_once()) is None:
+                if time.monotonic() >= deadline:
+                    raise InvalidInputError(f"another process holds the retention lease (waited {wait_s:g} s); try again later")
+                time.sleep(0.5)
+        finally:
+            store.close()
+        _print({"removed": removed, "total": sum(removed.values())})
 
 
 @jobs_app.command("events")

@@ -29,6 +29,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from frameserve.cli._common import exit_on_error
+from frameserve.cli._retention import (
+    RetentionCancelled,
+    RetentionDays,
+    RetentionFailed,
+    RetentionInterval,
+    RetentionSucceeded,
+)
+from frameserve.cli._retention import policy as retention_policy
 from frameserve.security.auth import is_loopback
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 
@@ -98,6 +106,12 @@ def serve_command(
     webhook_secret: Annotated[str | None, typer.Option("--webhook-secret", help="whsec_... key that signs job callbacks (env FRAMESERVE_WEBHOOK_SECRET).")] = None,
     callbacks_allow_private: Annotated[bool | None, typer.Option("--callbacks-allow-private/--no-callbacks-allow-private", help="Allow callbacks to private and loopback addresses (env FRAMESERVE_CALLBACKS_ALLOW_PRIVATE=1).", show_default=False)] = None,
     lease_s: Annotated[float | None, typer.Option("--lease-s", min=1, help="Job lease in seconds (env FRAMESERVE_LEASE_S; default 30).")] = None,
+    max_attempts: Annotated[int | None, typer.Option("--max-attempts", min=1, help="Attempts per job before a retryable failure is final: the default, and the cap of a job's own max_attempts (env FRAMESERVE_MAX_ATTEMPTS; default 5).", show_default=False)] = None,
+    retention_days: RetentionDays = None,
+    retention_days_succeeded: RetentionSucceeded = None,
+    retention_days_failed: RetentionFailed = None,
+    retention_days_cancelled: RetentionCancelled = None,
+    retention_interval_s: RetentionInterval = 300.0,
     sources_allow_private: Annotated[bool | None, typer.Option("--sources-allow-private/--no-sources-allow-private", help="Let http(s) job and /v1/analyze sources reach loopback, private and link-local addresses (env FRAMESERVE_SOURCES_ALLOW_PRIVATE=1; default refused).", show_default=False)] = None,
     s3_allow_bucket: Annotated[list[str] | None, typer.Option("--s3-allow-bucket", help="BUCKET or BUCKET/PREFIX s3:// job and /v1/analyze sources and targets may name (keys under the prefix; {tenant} in the prefix confines each tenant: media/{tenant}/); repeatable (env FRAMESERVE_S3_ALLOW_BUCKETS, comma-separated; default none).")] = None,
     max_source_bytes: Annotated[int | None, typer.Option("--max-source-bytes", min=1, help="Largest job source downloaded, bytes (env FRAMESERVE_MAX_SOURCE_BYTES; default 2 GiB).", show_default=False)] = None,
@@ -172,7 +186,7 @@ def serve_command(
         jobs_settings = JobsSettings.from_env(
             settings, db_url=db, file_roots=file_root or None, s3_endpoint_url=s3_endpoint_url,
             webhook_secret=webhook_secret,
-            callbacks_allow_private=callbacks_allow_private, lease_s=lease_s,
+            callbacks_allow_private=callbacks_allow_private, lease_s=lease_s, max_attempts=max_attempts,
             sources_allow_private=sources_allow_private, s3_allow_buckets=s3_allow_bucket,
             max_source_bytes=max_source_bytes, source_timeout_s=source_timeout_s,
             source_idle_timeout_s=source_idle_timeout_s, shared_file_root=shared_file_root,
@@ -189,7 +203,10 @@ def serve_command(
 
             embedded = EmbeddedJobs(settings, service, jobs_settings=jobs_settings, pipelines=registry,
                                     run_worker=embedded_worker, registry=service.metrics.registry,
-                                    export_queue_metrics=export_queue_metrics, quotas=tenant_quotas)
+                                    export_queue_metrics=export_queue_metrics, quotas=tenant_quotas,
+                                    retention=retention_policy(retention_days, retention_days_succeeded,
+                                                               retention_days_failed, retention_days_cancelled),
+                                    retention_interval_s=retention_interval_s)
             routers.append(embedded.router)
         options = dataclasses.replace(options, http_routers=tuple(routers))
         # the service outlives the listeners: the embedded job worker finishes with it first

@@ -9,6 +9,10 @@ with no deadline (the autoscaler's scale-down). ``--max-jobs N`` exits after N j
 Idle workers wait for a wake-up (``LISTEN`` on PostgreSQL, a watch of the SQLite file) and poll
 only as a safety net; ``--no-listen`` polls every ``--poll-s``.
 
+``--retention-days N`` (and ``--retention-days-failed`` ...) also prunes old finished jobs, one
+process at a time over the database (:mod:`frameserve.jobs._retention`); under ``--autoscale``
+the supervisor prunes, not its children.
+
 ``--metrics-port`` serves ``/metrics`` (the job counters; the database-wide queue gauges too with
 ``--export-queue-metrics``); under ``--autoscale`` the supervisor serves the children's counters
 summed.
@@ -29,6 +33,14 @@ from typing import Annotated, Any
 import typer
 
 from frameserve.cli._common import exit_on_error
+from frameserve.cli._retention import (
+    RetentionCancelled,
+    RetentionDays,
+    RetentionFailed,
+    RetentionInterval,
+    RetentionSucceeded,
+)
+from frameserve.cli._retention import policy as retention_policy
 
 __all__ = ["register", "worker_command"]
 
@@ -71,6 +83,11 @@ def worker_command(
     source_timeout_s: Annotated[float | None, typer.Option("--source-timeout-s", min=0.001, help="Longest download of a job source in all, seconds (env FRAMESERVE_SOURCE_TIMEOUT_S; default 1800).", show_default=False)] = None,
     source_idle_timeout_s: Annotated[float | None, typer.Option("--source-idle-timeout-s", min=0.001, help="Longest wait for a source's next byte, seconds (env FRAMESERVE_SOURCE_IDLE_TIMEOUT_S; default 30).", show_default=False)] = None,
     quotas: Annotated[Path | None, typer.Option("--quotas", help="Per-tenant limits, YAML (serve's --quotas file): this worker passes by a tenant at its running_jobs; without it no tenant is limited (the claim is fair across tenants either way).")] = None,
+    retention_days: RetentionDays = None,
+    retention_days_succeeded: RetentionSucceeded = None,
+    retention_days_failed: RetentionFailed = None,
+    retention_days_cancelled: RetentionCancelled = None,
+    retention_interval_s: RetentionInterval = 300.0,
     status_file: Annotated[Path | None, typer.Option("--status-file", hidden=True, help="Write busy/idle here on each change (the supervisor's children).")] = None,
 ) -> None:
     """Claim jobs, download, run the pipeline, upload the outputs, and call back; or, with --autoscale, supervise such workers."""
@@ -109,6 +126,8 @@ def worker_command(
                   flush=True)
         registry = PipelineRegistry(pipelines)  # a bad pipeline file stops the start here (exit 2)
         tenant_quotas = Quotas.load(quotas) if quotas is not None else None  # and so does a bad quotas file
+        retention = retention_policy(retention_days, retention_days_succeeded, retention_days_failed,
+                                     retention_days_cancelled)
         root = settings.model_repository
         registry.check_models(set(ModelRepository(root).models()) if root.is_dir() else set())
         if autoscale is not None:
@@ -129,13 +148,15 @@ def worker_command(
             ]
             run_supervisor(js, rule, child, poll_s=min(1.0, max(0.2, poll_s)), grace_s=grace_s, listen=listen,
                            listen_db=listen_db, metrics_port=metrics_port, metrics_address=metrics_address,
-                           export_queue_metrics=export_queue_metrics)
+                           export_queue_metrics=export_queue_metrics, retention=retention,
+                           retention_interval_s=retention_interval_s)
             return
         run_worker(settings, js, callbacks=callbacks, poll_s=poll_s, callback_timeout_s=callback_timeout_s,
                    pipelines=registry, listen=listen, listen_db=listen_db, grace_s=grace_s, max_jobs=max_jobs,
                    max_idle_s=max_idle_s,
                    metrics_port=metrics_port, metrics_address=metrics_address,
-                   export_queue_metrics=export_queue_metrics, status_file=status_file, quotas=tenant_quotas)
+                   export_queue_metrics=export_queue_metrics, status_file=status_file, quotas=tenant_quotas,
+                   retention=retention, retention_interval_s=retention_interval_s)
 
 
 def _serve_metrics(registry: Any, port: int | None, address: str) -> Any:
@@ -154,12 +175,13 @@ def run_worker(
     pipelines: object | None = None, listen: bool = True, listen_db: str | None = None, grace_s: float = 30.0,
     max_jobs: int | None = None, metrics_port: int | None = None, metrics_address: str = "127.0.0.1",
     export_queue_metrics: bool = False, status_file: Path | None = None, max_idle_s: float | None = None,
-    quotas: object = None,
+    quotas: object = None, retention: object = None, retention_interval_s: float = 300.0,
 ) -> None:
     """Build the worker (and deliverer) from settings and run until drained (SIGTERM: within
     ``grace_s``; SIGUSR1: no deadline), ``max_jobs`` are done or ``max_idle_s`` pass without a
     job; ``quotas`` (:class:`~frameserve.security.quotas.Quotas`) bound the claim's running jobs
-    per tenant; ``pipelines`` is the
+    per tenant; ``retention`` (:class:`~frameserve.jobs._retention.RetentionPolicy`) prunes old
+    finished jobs every ``retention_interval_s``; ``pipelines`` is the
     :class:`~frameserve.pipeline.registry.PipelineRegistry` jobs may name (default: the built-ins)."""
     from frameserve.config import Settings
     from frameserve.jobs._isolated import IsolatedPipeline
@@ -232,6 +254,7 @@ def run_worker(
     worker.start()
     if deliverer is not None:
         deliverer.start()
+    pruner = _pruner(store, retention, retention_interval_s, metrics.pruned)
     forced = False
     idle_since = time.monotonic()
     try:
@@ -252,6 +275,8 @@ def run_worker(
     finally:
         if deliverer is not None:
             deliverer.stop()
+        if pruner is not None:
+            pruner.stop()
         if http is not None:
             http.shutdown()
         if forced:  # a stage is stuck in user code: its job is back in the queue; leave now
@@ -265,6 +290,19 @@ def run_worker(
             isolated.close()
         service.close()
         store.close()
+
+
+def _pruner(store: Any, retention: object, interval_s: float, counter: Any) -> Any:
+    """A started :class:`~frameserve.jobs._retention.Pruner` when ``retention`` is set, else ``None``."""
+    if not retention:
+        return None
+    from frameserve.jobs._retention import Pruner, RetentionPolicy
+
+    assert isinstance(retention, RetentionPolicy)
+    pruner = Pruner(store, retention, interval_s=interval_s, counter=counter)
+    log.info("retention: %s (every %.0f s, one process at a time)", retention.describe(), interval_s)
+    pruner.start()
+    return pruner
 
 
 def _kill_children() -> None:
@@ -281,6 +319,7 @@ def _kill_children() -> None:
 def run_supervisor(
     js: object, rule: object, child: list[str], *, poll_s: float, grace_s: float, listen: bool,
     listen_db: str | None, metrics_port: int | None, metrics_address: str, export_queue_metrics: bool,
+    retention: object = None, retention_interval_s: float = 300.0,
 ) -> None:
     """Run the autoscaler (:class:`~frameserve.jobs.supervisor.Supervisor`) until SIGTERM/SIGINT,
     then drain the children. With ``metrics_port`` the children count into a shared folder
@@ -324,9 +363,12 @@ def run_supervisor(
     log.info("autoscale %d:%d (cooldown %.0f s, %.3g active jobs per worker, %d schedule window(s)) on %s",
              rule.min_workers, rule.max_workers, rule.cooldown_s, rule.target_pending_per_worker,
              len(rule.schedules), store.engine.url.render_as_string())
+    pruner = _pruner(store, retention, retention_interval_s, None)
     try:
         sup.run(stop)
     finally:
+        if pruner is not None:
+            pruner.stop()
         if http is not None:
             http.shutdown()
         store.close()

@@ -21,6 +21,7 @@ name                                                type       meaning (labels)
 ``frameserve_jobs_callback_deliveries_total``       counter    callback attempts (``outcome``: delivered;
                                                                retry — failed, tried again later; failed —
                                                                given up; stale — re-claimed meanwhile)
+``frameserve_jobs_pruned_total``                    counter    finished jobs removed by retention (``state``)
 ==================================================  =========  ===============================================
 
 Database-wide (:class:`QueueCollector`; ONE exporter per database — ``serve`` by default, or a
@@ -99,6 +100,10 @@ class JobMetrics:
         self.callbacks = Counter(
             "frameserve_jobs_callback_deliveries",
             "Callback delivery attempts by outcome (delivered, retry, failed, stale)", ["outcome"], registry=r,
+        )
+        self.pruned = Counter(
+            "frameserve_jobs_pruned", "Finished jobs removed by retention (with events and callback rows)", ["state"],
+            registry=r,
         )
 
     def finished(self, pipeline: str, state: str, attempt: int) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-__all__ = ["callback_deliveries", "job_events", "jobs", "metadata", "tenant_claims"]
+__all__ = [
+    "callback_deliveries", "job_events", "jobs", "maintenance_leases", "metadata", "retry_keys", "tenant_claims",
+]
 
 metadata = sa.MetaData()
 
@@ -47,11 +49,13 @@ jobs = sa.Table(
     sa.Column("timings", sa.Text(), nullable=False),
     sa.Column("result", sa.Text()),
     sa.Column("error", sa.Text()),
+    sa.Column("backoff", sa.Text()),
     sa.Index("ix_jobs_claim", "state", "priority", "seq"),
     sa.Index("ix_jobs_lease", "state", "lease_expires_at"),
     sa.Index("ux_jobs_owner_idempotency_key", "owner", "idempotency_key", unique=True),
     sa.Index("ix_jobs_owner", "owner", "seq"),
     sa.Index("ix_jobs_state_owner", "state", "owner"),
+    sa.Index("ix_jobs_state_finished", "state", "finished_at"),
 )
 
 job_events = sa.Table(
@@ -91,3 +95,23 @@ tenant_claims = sa.Table(
     sa.Column("last_claim_at", sa.Double(), nullable=False),
 )
 """When each owner's last job was claimed: the fair claim's tie-break (:mod:`frameserve.jobs._claim`)."""
+
+retry_keys = sa.Table(
+    "retry_keys",
+    metadata,
+    sa.Column("owner", sa.String(255), primary_key=True),
+    sa.Column("idempotency_key", sa.String(255), primary_key=True),
+    sa.Column("job_id", sa.String(40), nullable=False, index=True),
+    sa.Column("created_at", sa.Double(), nullable=False),
+)
+"""The ``Idempotency-Key`` of each retry (migration 0004), unique per owner, bound to its job."""
+
+maintenance_leases = sa.Table(
+    "maintenance_leases",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("owner", sa.String(255)),
+    sa.Column("token", sa.Integer(), nullable=False),
+    sa.Column("expires_at", sa.Double(), nullable=False),
+)
+"""Singleton tasks' leases (``retention``): holder, expiry, fencing token (:mod:`frameserve.jobs._retention`)."""

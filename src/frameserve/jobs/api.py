@@ -15,6 +15,13 @@ FastAPI).
                             result ``{summary, outputs}``, error, callback state)
 ``GET /v1/jobs``            ``?state=&limit=&cursor=`` → ``{"jobs": [...], "next_cursor": ...}``, newest first
 ``POST /v1/jobs/{id}/cancel``  202 with the job; 409 when it already succeeded or failed
+``POST /v1/jobs/{id}/retry``   202 with the job queued again (a failed or cancelled one: attempts
+                            reset, a ``retried`` event); ``Idempotency-Key``: the same key again
+                            answers 200 with the job and retries nothing; 409 any other state
+``DELETE /v1/jobs/{id}``    200 ``{id, outputs_deleted}``: a finished job removed with its events
+                            and callback rows; ``?outputs=true`` also deletes its outputs (the
+                            keys its result lists, through the storage layer); 409 a queued or
+                            running job (:mod:`frameserve.jobs._lifecycle` fences it)
 ``GET /v1/jobs/{id}/events``   ``{"events": [{at, type, data}]}``, oldest first
 ``GET /v1/pipelines``       ``[{name, kind, models, sampling, batch, params}]``: the pipelines a
                             job may name (:meth:`PipelineRegistry.describe`)
@@ -46,6 +53,12 @@ the server's ``--max-body-bytes``; ``source``, ``target`` and ``callback_url`` a
 :data:`MAX_PARAMS_DEPTH` levels, its numbers finite IEEE-754 doubles (integers exact within 64
 bits; a larger one is read as a double, as most JSON parsers read it).
 
+Per-job policy at submit: ``max_attempts`` (1 to the server's ``--max-attempts``, its default),
+``backoff`` ``{initial_s, max_s, factor}`` within :data:`~frameserve.jobs._policy.BACKOFF_LIMITS`
+(jitter always on), ``run_at`` (RFC 3339 with an offset, at most
+:data:`~frameserve.jobs._policy.MAX_RUN_AHEAD_S` ahead; a past time starts at once): a value
+outside is a 422 naming the field and the accepted range.
+
 Every error body is ``{"error": "<message>", "detail": ...}`` (``detail``: ``{"code": ...}``, or
 the validation errors).
 """
@@ -64,6 +77,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -73,6 +87,7 @@ from pydantic import (
     StrictStr,
     create_model,
     field_validator,
+    model_validator,
 )
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -92,15 +107,17 @@ from frameserve.errors import (
     PipelineSpecError,
     QuotaExceededError,
     SourceError,
+    StorageError,
     UnauthenticatedError,
     UnsupportedMediaTypeError,
     status_for,
 )
+from frameserve.jobs._policy import BACKOFF_LIMITS, MAX_RUN_AHEAD_S, parse_run_at
 from frameserve.jobs.callbacks import check_callback_url
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import STATES, JobSpec, JobStore
 from frameserve.pipeline.registry import PipelineRegistry
-from frameserve.security import IMPLICIT_OWNER
+from frameserve.security import IMPLICIT_OWNER, redact_uri
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -111,6 +128,8 @@ __all__ = [
     "MAX_URI_CHARS",
     "ErrorBody",
     "JobAccess",
+    "JobBackoff",
+    "JobDeleted",
     "JobEvent",
     "JobEvents",
     "JobPage",
@@ -261,6 +280,40 @@ cannot say "at most :data:`MAX_PARAMS_DEPTH` levels"; the field's description do
 _Uri = Annotated[StrictStr, Field(min_length=1, max_length=MAX_URI_CHARS)]
 
 
+def _in_range(low: float, high: float, why: str = "") -> Callable[[Any], Any]:
+    """An after-validator: ``low <= value <= high``, else a message with the accepted range."""
+
+    def check(value: Any) -> Any:
+        if not low <= value <= high:  # NaN too (json.loads reads it)
+            raise ValueError(f"must be between {low:g} and {high:g}{why}, got {value!r}")
+        return value
+
+    return check
+
+
+def _bounded_seconds(name: str) -> Any:
+    low, high = BACKOFF_LIMITS[name]
+    return Annotated[float, Strict(), AfterValidator(_in_range(low, high)),
+                     Field(json_schema_extra={"minimum": low, "maximum": high})]
+
+
+class JobBackoff(BaseModel):
+    """A job's retry backoff: the ``n``-th failed attempt waits
+    ``min(max_s, initial_s * factor**(n-1))``, plus up to the server's jitter (25 %); a field
+    left out is the server's."""
+
+    model_config = ConfigDict(extra="forbid")
+    initial_s: _bounded_seconds("initial_s") | None = Field(None, description="delay after the first failed attempt, seconds")  # type: ignore[valid-type]
+    max_s: _bounded_seconds("max_s") | None = Field(None, description="cap on the delay before jitter, seconds; >= initial_s")  # type: ignore[valid-type]
+    factor: _bounded_seconds("factor") | None = Field(None, description="growth of the delay per attempt")  # type: ignore[valid-type]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> JobBackoff:
+        if self.initial_s is not None and self.max_s is not None and self.max_s < self.initial_s:
+            raise ValueError(f"backoff.max_s ({self.max_s:g}) must be >= backoff.initial_s ({self.initial_s:g})")
+        return self
+
+
 class JobParams(BaseModel):
     """Pipeline parameters of a job."""
 
@@ -308,6 +361,21 @@ class JobRequest(BaseModel):
     params: JobParams = Field(default_factory=JobParams)
     callback_url: _Uri | None = Field(None, description="Standard Webhooks receiver for job.succeeded/failed/cancelled")
     priority: _Priority = Field(0, description="higher runs first")
+    max_attempts: Annotated[int, Strict(), BeforeValidator(_whole_number)] | None = Field(
+        None, description="attempts before a retryable failure is final: 1 to the server's --max-attempts (its default)",
+    )
+    backoff: JobBackoff | None = Field(None, description="the job's retry backoff (default: the server's)")
+    run_at: StrictStr | None = Field(
+        None, max_length=64, json_schema_extra={"format": "date-time"},
+        description="earliest start, RFC 3339 with an offset; at most 366 days ahead; a past time starts at once",
+    )
+
+    @field_validator("run_at")
+    @classmethod
+    def _run_at(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_run_at(value)
+        return value
 
     @field_validator("params")
     @classmethod
@@ -318,16 +386,23 @@ class JobRequest(BaseModel):
         return value
 
 
-def _request_model(pipelines: Sequence[str]) -> type[JobRequest]:
+def _request_model(pipelines: Sequence[str], max_attempts: int) -> type[JobRequest]:
     """:class:`JobRequest` whose schema lists ``pipelines`` as the ``pipeline`` enum (validation
-    is unchanged: another name is the registry's 404, with the names there are)."""
+    is unchanged: another name is the registry's 404, with the names there are) and bounds
+    ``max_attempts`` by the server's cap."""
     field = JobRequest.model_fields["pipeline"]
+    attempts = JobRequest.model_fields["max_attempts"]
+    why = " (the server's --max-attempts)"
     return create_model(
         "JobRequest", __base__=JobRequest, __doc__=JobRequest.__doc__,
         pipeline=(StrictStr, Field(
             field.default, min_length=1, max_length=MAX_PIPELINE_CHARS, description=field.description,
             json_schema_extra={"enum": list(pipelines)},
         )),
+        max_attempts=(
+            Annotated[int, Strict(), BeforeValidator(_whole_number), AfterValidator(_in_range(1, max_attempts, why))] | None,
+            Field(None, description=attempts.description, json_schema_extra={"minimum": 1, "maximum": max_attempts}),
+        ),
     )
 
 
@@ -378,6 +453,7 @@ class JobResource(_Out):
     callback_url: str | None
     attempts: int
     max_attempts: int
+    backoff: dict[str, float] | None = Field(..., description="the job's own retry backoff; null: the server's")
     cancel_requested: bool
     created_at: _Time
     started_at: _Time | None
@@ -394,6 +470,13 @@ class JobPage(_Out):
 
     jobs: list[JobResource]
     next_cursor: str | None = Field(..., description="the cursor of the next page; null on the last")
+
+
+class JobDeleted(_Out):
+    """``DELETE /v1/jobs/{id}``: the job is gone, with what of its outputs was removed."""
+
+    id: str
+    outputs_deleted: list[str] = Field(..., description="the output URIs removed (credentials redacted); [] without ?outputs=true")
 
 
 class JobEvent(_Out):
@@ -546,7 +629,7 @@ def create_router(
     """
     registry = pipelines if pipelines is not None else PipelineRegistry()
     router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=_JobRoute)
-    request_model = _request_model(registry.names())
+    request_model = _request_model(registry.names(), max_attempts)
 
     def _check(req: JobRequest, tenant: str) -> None:
         registry.check_params(req.pipeline, req.params.pipeline)  # unknown pipeline, unknown param
@@ -568,11 +651,19 @@ def create_router(
         access: JobAccess = Depends(job_access),
     ) -> Any:
         _check(req, access.owner)
+        run_at = None if req.run_at is None else parse_run_at(req.run_at)
+        if run_at is not None and run_at > store.clock() + MAX_RUN_AHEAD_S:
+            raise RequestValidationError([{
+                "loc": ("body", "run_at"), "type": "value_error",
+                "msg": f"must be at most {MAX_RUN_AHEAD_S / 86400:g} days ahead of the server's clock",
+            }])
+        backoff = req.backoff.model_dump(exclude_none=True) if req.backoff is not None else None
         job, created = store.submit(
             JobSpec(
                 source=req.source, target=req.target, pipeline=req.pipeline,
                 params=req.params.model_dump(exclude_defaults=True), callback_url=req.callback_url,
-                priority=req.priority, max_attempts=max_attempts, owner=access.owner,
+                priority=req.priority, max_attempts=req.max_attempts or max_attempts, owner=access.owner,
+                run_at=run_at, backoff=backoff or None, asked_max_attempts=req.max_attempts is not None,
             ),
             idempotency_key=idempotency_key,
         )
@@ -615,6 +706,42 @@ def create_router(
     )
     def cancel(job_id: str = _JobId, access: JobAccess = Depends(job_access)) -> Any:
         return store.cancel(job_id, owner=access.scope).to_resource()
+
+    @router.post(
+        "/{job_id}/retry", status_code=202, summary="Retry a failed or cancelled job", response_model=JobResource,
+        response_description="the job, queued again under its id (attempts reset)",
+        responses={
+            200: {"model": JobResource, "description": "the job an earlier retry with this Idempotency-Key queued "
+                  "(nothing retried again)"},
+            **error_responses(JobNotFoundError, JobStateError, IdempotencyConflictError, QuotaExceededError, post=True),
+        },
+    )
+    def retry(
+        response: Response,
+        job_id: str = _JobId,
+        idempotency_key: str | None = Header(None, alias="Idempotency-Key", max_length=255),
+        access: JobAccess = Depends(job_access),
+    ) -> Any:
+        job, retried = store.retry_job(job_id, owner=access.scope, caller=access.owner, idempotency_key=idempotency_key)
+        response.status_code = 202 if retried else 200
+        return job.to_resource()
+
+    @router.delete(
+        "/{job_id}", summary="Delete a finished job", response_model=JobDeleted,
+        response_description="the job, its events and callback rows removed (and its outputs with ?outputs=true)",
+        responses=error_responses(JobNotFoundError, JobStateError, SourceError, StorageError, UnsupportedMediaTypeError),
+    )
+    def delete(
+        job_id: str = _JobId,
+        outputs: bool = Query(False, description="also delete the outputs its result lists, under its target"),
+        access: JobAccess = Depends(job_access),
+    ) -> Any:
+        def remove(job: Any) -> list[str]:
+            listed = (job.result or {}).get("outputs") or {}
+            return storage.delete_outputs(job.target, listed if isinstance(listed, dict) else {}, tenant=job.owner)
+
+        job, removed = store.delete_job(job_id, owner=access.scope, outputs=remove if outputs else None)
+        return {"id": job.id, "outputs_deleted": [redact_uri(u) for u in removed]}
 
     @router.get("/{job_id}/events", summary="A job's events", response_model=JobEvents, responses=_ONE_JOB)
     def events(job_id: str = _JobId, access: JobAccess = Depends(job_access)) -> Any:

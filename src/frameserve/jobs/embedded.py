@@ -9,7 +9,9 @@ worker's counters (:class:`~frameserve.jobs._metrics.JobMetrics`) and, unless
 ``export_queue_metrics`` is false, the database-wide queue gauges
 (:class:`~frameserve.jobs._metrics.QueueCollector`) are registered there: the server is the one
 exporter of those by default. The crash tests' fault points (:func:`~frameserve.jobs.worker.faults_from_env`)
-reach this worker as they reach ``frameserve worker``.
+reach this worker as they reach ``frameserve worker``. With a ``retention`` the server prunes old
+finished jobs (:class:`~frameserve.jobs._retention.Pruner`; one process at a time whatever else
+runs on the database).
 
 Use::
 
@@ -26,6 +28,7 @@ from frameserve.config import Settings
 from frameserve.jobs._isolated import IsolatedPipeline
 from frameserve.jobs._metrics import JobMetrics, QueueCollector
 from frameserve.jobs._pipeline import ProcessFn
+from frameserve.jobs._retention import Pruner, RetentionPolicy
 from frameserve.jobs.callbacks import CallbackDeliverer
 from frameserve.jobs.queue import Listener
 from frameserve.jobs.settings import JobsSettings
@@ -58,6 +61,8 @@ class EmbeddedJobs:
         export_queue_metrics: also export the database-wide queue gauges there.
         quotas: per-tenant limits (``serve --quotas``): ``queued_jobs`` at submit, ``running_jobs``
             at the worker's claim (:class:`~frameserve.jobs.store.JobStore`).
+        retention: how long finished jobs are kept (``serve --retention-days``), or ``None``.
+        retention_interval_s: time between pruning passes, seconds.
     """
 
     def __init__(
@@ -72,6 +77,8 @@ class EmbeddedJobs:
         registry: CollectorRegistry | None = None,
         export_queue_metrics: bool = True,
         quotas: Quotas | None = None,
+        retention: RetentionPolicy | None = None,
+        retention_interval_s: float = 300.0,
     ) -> None:
         from frameserve.jobs.api import create_router
 
@@ -117,6 +124,11 @@ class EmbeddedJobs:
             self.store, secret=js.webhook_secret, allow_private=js.callbacks_allow_private,
             lease_s=js.lease_s, poll_s=poll_s, fault=fault, metrics=self.metrics,
         )
+        self.pruner = (
+            Pruner(self.store, retention, interval_s=retention_interval_s,
+                   counter=self.metrics.pruned if self.metrics is not None else None)
+            if retention else None
+        )
         self._started = False
 
     def start(self) -> None:
@@ -126,6 +138,8 @@ class EmbeddedJobs:
             if self.worker is not None:
                 self.worker.start()
             self.deliverer.start()
+            if self.pruner is not None:
+                self.pruner.start()
             self._started = True
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -135,6 +149,8 @@ class EmbeddedJobs:
             if self.worker is not None:
                 self.worker.drain(timeout_s)
             self.deliverer.stop()
+            if self.pruner is not None:
+                self.pruner.stop()
             self.listener.stop()
             self._started = False
         if self.decode_pool is not None:

@@ -35,6 +35,10 @@ concurrent attempt never leaves a half-written object under the final name. A wo
 between the write and the move leaves its temporary object; the job's retry removes it
 (``upload(..., sweep=True)``), so a finished job leaves only its final objects.
 
+A deleted job's outputs (``DELETE /v1/jobs/{id}?outputs=true``) are removed by
+:meth:`Storage.delete_outputs`: only the keys its result lists, each exactly ``<target>/<name>``,
+checked against the rules a target is checked with now (file roots, allowed buckets).
+
 Errors are sorted for the worker: :class:`SourceError` (refused, missing, 4xx, too large, too
 slow: the job fails at once) and :class:`StorageError` (idle timeouts, connection errors, 5xx: the
 attempt is retried). Messages name URIs with their credentials redacted
@@ -615,3 +619,43 @@ class Storage:
         except OSError as exc:
             raise StorageError(f"target {_show(target)!r}: {exc}") from exc
         return out
+
+    # ------------------------------------------------------------ delete
+
+    def delete_outputs(self, target: str, outputs: Mapping[str, str], *, tenant: str) -> list[str]:
+        """Remove a finished job's outputs: each ``{name: uri}`` of its ``result.outputs`` whose
+        URI is exactly ``<target>/<name>`` (a plain name: no ``/``, not ``.`` or ``..``), and
+        nothing else (the folder, other objects under the target, stay). A missing object is
+        not an error (already gone). Returns the URIs removed. ``tenant`` is the job's owner:
+        the target must lie in that tenant's storage today.
+
+        Raises:
+            SourceError: the target is no longer allowed (the owner's file roots, buckets), or
+                an output is not the job's own key (nothing is removed then).
+            StorageError: a transient failure (the caller may try again).
+        """
+        self.check_target(target, tenant=tenant)
+        base = target.rstrip("/")
+        for name, uri in outputs.items():
+            if not name or "/" in name or name in (".", "..") or uri != f"{base}/{name}":
+                raise SourceError(f"output {_show(uri)!r} is not {_show(base)}/<name>; it is not removed")
+        removed: list[str] = []
+        try:
+            if urlsplit(target).scheme == "file":
+                folder = self._local(base, tenant, "target")
+                for name, uri in outputs.items():
+                    path = folder / name
+                    if path.is_file() or path.is_symlink():
+                        path.unlink(missing_ok=True)
+                        removed.append(uri)
+                return removed
+            fs = self.s3()
+            for _name, uri in outputs.items():
+                if fs.exists(uri):
+                    fs.rm_file(uri)
+                    removed.append(uri)
+        except PermissionError as exc:
+            raise SourceError(f"target {_show(target)!r}: {exc}") from exc
+        except OSError as exc:
+            raise StorageError(f"target {_show(target)!r}: {exc}") from exc
+        return removed

@@ -49,6 +49,8 @@ import sqlalchemy as sa
 from frameserve.jobs._claim import CLAIM_LOCK_KEY, check_queued, claim_statement, has_running_limits, record_claim
 from frameserve.jobs._engine import make_engine
 from frameserve.jobs._errors import IdempotencyConflictError, JobNotFoundError, JobStateError, LeaseLostError
+from frameserve.jobs._lifecycle import LifecycleMixin
+from frameserve.jobs._policy import RetryPolicy
 from frameserve.jobs._schema import callback_deliveries, job_events, jobs
 from frameserve.jobs.queue import Signal, notify, take_wakes
 from frameserve.security import redact_text, redact_uri
@@ -88,29 +90,6 @@ def iso(ts: float | None) -> str | None:
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
-    """Exponential backoff with jitter for job attempts.
-
-    Attempt ``n`` (1-based) that failed with a retryable error is re-queued after
-    ``min(max_s, base_s * 2**(n-1)) * (1 + jitter * u)``, ``u`` uniform in [0, 1).
-
-    Attributes:
-        base_s: delay after the first failed attempt, seconds.
-        max_s: cap on the delay before jitter, seconds.
-        jitter: relative jitter, >= 0.
-    """
-
-    base_s: float = 2.0
-    max_s: float = 600.0
-    jitter: float = 0.25
-
-    def delay_s(self, attempt: int, rng: random.Random) -> float:
-        """Seconds to wait before the attempt after ``attempt`` (>= 1)."""
-        base = min(self.max_s, self.base_s * 2.0 ** max(0, attempt - 1))
-        return base * (1.0 + self.jitter * rng.random())
-
-
-@dataclass(frozen=True)
 class JobSpec:
     """What a client asks for (validated by the API before it reaches the store).
 
@@ -123,6 +102,10 @@ class JobSpec:
         priority: higher runs first.
         max_attempts: attempts before a retryable failure becomes final, >= 1.
         owner: the principal submitting it (``""``: the implicit owner of a server without tokens).
+        run_at: the earliest start, epoch seconds (``None``: at once).
+        backoff: the job's retry backoff ``{"initial_s", "max_s", "factor"}`` (``None``: the store's;
+            :meth:`~frameserve.jobs._policy.RetryPolicy.for_job`).
+        asked_max_attempts: the client chose ``max_attempts`` (it is then part of the request hash).
     """
 
     source: str
@@ -133,11 +116,18 @@ class JobSpec:
     priority: int = 0
     max_attempts: int = 5
     owner: str = ""
+    run_at: float | None = None
+    backoff: Mapping[str, float] | None = None
+    asked_max_attempts: bool = False
 
     def request_hash(self) -> str:
         """SHA-256 (hex) of what the client asked for (source, target, pipeline, params,
-        callback, priority): the same request always hashes the same."""
-        doc = [self.source, self.target, self.pipeline, dict(self.params), self.callback_url, int(self.priority)]
+        callback, priority, and the per-job policy it set): the same request always hashes the same."""
+        doc: list[Any] = [self.source, self.target, self.pipeline, dict(self.params), self.callback_url, int(self.priority)]
+        policy = {k: v for k, v in (("max_attempts", self.max_attempts if self.asked_max_attempts else None),
+                                    ("run_at", self.run_at), ("backoff", dict(self.backoff or {}) or None)) if v is not None}
+        if policy:  # absent without one: a request hashed before migration 0004 hashes the same
+            doc.append(policy)
         return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -173,6 +163,7 @@ class Job:
     idempotency_key: str | None = None
     callback: dict[str, Any] | None = None
     owner: str = ""
+    backoff: dict[str, float] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], callback: dict[str, Any] | None = None) -> Job:
@@ -188,6 +179,7 @@ class Job:
             result=json.loads(d["result"]) if d["result"] else None,
             error=json.loads(d["error"]) if d["error"] else None,
             idempotency_key=d["idempotency_key"], callback=callback, owner=d.get("owner") or "",
+            backoff=json.loads(d["backoff"]) if d.get("backoff") else None,
         )
 
     def to_resource(self) -> dict[str, Any]:
@@ -213,6 +205,7 @@ class Job:
             "callback_url": redact_uri(self.callback_url) if self.callback_url is not None else None,
             "attempts": self.attempt,
             "max_attempts": self.max_attempts,
+            "backoff": self.backoff,
             "cancel_requested": self.cancel_requested,
             "created_at": iso(self.created_at),
             "started_at": iso(self.started_at),
@@ -294,7 +287,7 @@ def _new_id() -> str:
     return "job_" + uuid.uuid4().hex
 
 
-class JobStore:
+class JobStore(LifecycleMixin):
     """The job database.
 
     Args:
@@ -433,6 +426,7 @@ class JobStore:
                             return self._load(conn, row[0]), False
                     check_queued(conn, self.quotas, spec.owner)
                     now = self.clock()
+                    run_at = now if spec.run_at is None else max(now, float(spec.run_at))  # past: at once
                     job_id = _new_id()
                     conn.execute(
                         jobs.insert().values(
@@ -442,12 +436,14 @@ class JobStore:
                             params=json.dumps(dict(spec.params)), callback_url=spec.callback_url,
                             priority=int(spec.priority), attempt=0, max_attempts=int(spec.max_attempts),
                             token=0, lease_owner=None, lease_expires_at=None, cancel_requested=False,
-                            run_at=now, created_at=now, started_at=None, finished_at=None, updated_at=now,
+                            run_at=run_at, created_at=now, started_at=None, finished_at=None, updated_at=now,
                             timings="{}", result=None, error=None,
+                            backoff=json.dumps(dict(spec.backoff)) if spec.backoff else None,
                         )
                     )
-                    self._event(conn, job_id, "submitted", now, priority=int(spec.priority))
-                    notify(conn, "job", now)
+                    self._event(conn, job_id, "submitted", now, priority=int(spec.priority),
+                                **({"run_at": iso(run_at)} if spec.run_at is not None else {}))
+                    notify(conn, "job", run_at)
                     return self._load(conn, job_id), True
             except sa.exc.IntegrityError:
                 if idempotency_key is None:
@@ -662,7 +658,7 @@ class JobStore:
         return Job.from_row(row)
 
     def _requeue(self, conn: sa.Connection, job: Job, now: float, err: dict[str, Any]) -> None:
-        delay = self.retry.delay_s(job.attempt, self.rng)
+        delay = self.retry.for_job(job.backoff).delay_s(job.attempt, self.rng)
         conn.execute(
             jobs.update().where(jobs.c.id == job.id).values(
                 state="queued", phase=None, lease_owner=None, lease_expires_at=None,

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 __all__ = ["HEAD", "upgrade"]
 
-HEAD = "0003"
+HEAD = "0004"
 """The newest revision."""
 
 

@@ -1,0 +1,234 @@
+"""Retention: finished jobs older than their state's retention are removed, in small batches,
+by one process at a time.
+
+``serve --retention-days N`` and ``worker --retention-days N`` (per state:
+``--retention-days-succeeded / -failed / -cancelled``, e.g. failed jobs kept longer) each run a
+:class:`Pruner` thread; ``frameserve jobs purge --older-than DURATION`` runs one pass. Whichever
+of them holds the ``retention`` row of ``maintenance_leases`` prunes; the others pass. A pass
+deletes at most ``batch`` jobs per transaction (:meth:`~frameserve.jobs._lifecycle.LifecycleMixin.purge_batch`,
+500 by default), and pauses ``pause_s`` between batches, so claims, heartbeats and submits get
+the database between them (the point of small batches on SQLite's single writer).
+
+Why a lease row, on PostgreSQL as on SQLite, and not an advisory lock or the writer lock:
+
+- a pass spans many transactions, so a transaction-scoped lock (SQLite's writer lock,
+  ``pg_advisory_xact_lock``) would let two pruners interleave their batches;
+- a session-scoped ``pg_advisory_lock`` needs one connection held for the whole pass and is
+  silently wrong behind a transaction-mode pooler (PgBouncer), which the workers support
+  (``worker --listen-db``); SQLite has no such lock at all;
+- the lease row is fenced as job leases are: taking it bumps its ``token``, and every batch
+  renews it (``WHERE owner = :me AND token = :t AND expires_at >= now``) in the batch's own
+  transaction, so a pruner paused past its lease (a GC pause, a stopped container) deletes
+  nothing once another has taken over, and a pruner that dies frees it within ``lease_s``.
+
+What it removed is counted by ``frameserve_jobs_pruned_total{state}`` (the process that
+deleted the rows counts them: summed over processes, each job once).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from frameserve.jobs._lifecycle import FINISHED
+from frameserve.jobs._schema import maintenance_leases
+
+if TYPE_CHECKING:
+    from frameserve.jobs.store import JobStore
+
+__all__ = ["DAY_S", "LEASE_NAME", "Pruner", "RetentionPolicy", "acquire_lease", "parse_duration_s", "release_lease"]
+
+log = logging.getLogger("frameserve.jobs.retention")
+
+DAY_S = 86_400.0
+LEASE_NAME = "retention"
+"""The ``maintenance_leases`` row of the pruner."""
+
+_UNITS_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY_S, "w": 7 * DAY_S}
+
+
+def parse_duration_s(text: str) -> float:
+    """``"30d"``, ``"12h"``, ``"90m"``, ``"45s"``, ``"2w"`` (or a bare number of seconds) →
+    seconds. Raises ``ValueError`` naming the accepted forms."""
+    t = text.strip().lower()
+    unit = _UNITS_S.get(t[-1:], None) if t else None
+    try:
+        value = float(t[:-1] if unit is not None else t) * (unit or 1.0)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"duration {text[:40]!r} is not one of N, Ns, Nm, Nh, Nd, Nw (N >= 0)")
+    return value
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """How long finished jobs are kept, per state.
+
+    Attributes:
+        days: state → days kept after the job finished (``succeeded``, ``failed``,
+            ``cancelled``); a state absent is kept for ever.
+    """
+
+    days: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for state, d in self.days.items():
+            if state not in FINISHED:
+                raise ValueError(f"retention of {state!r}: only {', '.join(FINISHED)} jobs are removed")
+            if not d >= 0:
+                raise ValueError(f"retention of {state} jobs must be >= 0 days, got {d}")
+
+    @classmethod
+    def of(cls, days: float | None = None, **per_state: float | None) -> RetentionPolicy:
+        """``days`` for every finished state, ``per_state`` (``failed=90``...) overriding it."""
+        out = {s: days for s in FINISHED if days is not None}
+        out.update({s: d for s, d in per_state.items() if d is not None})
+        return cls(out)
+
+    def __bool__(self) -> bool:
+        return bool(self.days)
+
+    def cutoffs(self, now: float) -> dict[str, float]:
+        """State → jobs that finished before this (epoch seconds) are removed."""
+        return {s: now - d * DAY_S for s, d in self.days.items()}
+
+    def describe(self) -> str:
+        return ", ".join(f"{s} {d:g} d" for s, d in sorted(self.days.items())) or "kept for ever"
+
+
+def acquire_lease(store: JobStore, owner: str, lease_s: float, name: str = LEASE_NAME) -> int | None:
+    """Take the ``name`` lease for ``owner`` (free, or lapsed) for ``lease_s`` seconds; returns its
+    new fencing token, or ``None`` while another holds it."""
+    ml = maintenance_leases.c
+    try:
+        with store._tx() as conn:
+            now = store.clock()
+            row = conn.execute(sa.select(ml.owner, ml.token, ml.expires_at).where(ml.name == name).with_for_update()).first()
+            if row is None:
+                conn.execute(maintenance_leases.insert().values(name=name, owner=owner, token=1, expires_at=now + lease_s))
+                return 1
+            if row.expires_at >= now and row.owner is not None:
+                return None
+            n = conn.execute(
+                maintenance_leases.update().where(ml.name == name, ml.token == row.token)
+                .values(owner=owner, token=row.token + 1, expires_at=now + lease_s)
+            ).rowcount
+            return int(row.token) + 1 if n == 1 else None
+    except sa.exc.IntegrityError:  # another took it first, in a race on the first insert
+        return None
+
+
+def renew_lease(conn: sa.Connection, store: JobStore, owner: str, token: int, lease_s: float,
+                name: str = LEASE_NAME) -> bool:
+    """Extend the lease inside the caller's transaction; false when it is no longer ours."""
+    ml = maintenance_leases.c
+    now = store.clock()
+    return conn.execute(
+        maintenance_leases.update()
+        .where(ml.name == name, ml.owner == owner, ml.token == token, ml.expires_at >= now)
+        .values(expires_at=now + lease_s)
+    ).rowcount == 1
+
+
+def release_lease(store: JobStore, owner: str, token: int, name: str = LEASE_NAME) -> None:
+    """Free the lease at once (when it is still ours)."""
+    ml = maintenance_leases.c
+    with store._tx() as conn:
+        conn.execute(maintenance_leases.update().where(ml.name == name, ml.owner == owner, ml.token == token)
+                     .values(owner=None, expires_at=0.0))
+
+
+class Pruner:
+    """Removes finished jobs past their retention (module docstring).
+
+    Args:
+        store: the job store.
+        policy: how long each state is kept.
+        batch: jobs deleted per transaction at most.
+        interval_s: time between passes of the thread (:meth:`start`), seconds.
+        lease_s: the retention lease, renewed by each batch, seconds.
+        pause_s: pause between batches of a pass, seconds.
+        counter: a Prometheus counter with a ``state`` label (``frameserve_jobs_pruned_total``),
+            or ``None``.
+        owner: this pruner's name in the lease row (default host, pid and a nonce).
+    """
+
+    def __init__(
+        self, store: JobStore, policy: RetentionPolicy, *, batch: int = 500, interval_s: float = 300.0,
+        lease_s: float = 60.0, pause_s: float = 0.05, counter: Any = None, owner: str | None = None,
+    ) -> None:
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self.store = store
+        self.policy = policy
+        self.batch = batch
+        self.interval_s = interval_s
+        self.lease_s = lease_s
+        self.pause_s = pause_s
+        self.counter = counter
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def prune_once(self) -> dict[str, int] | None:
+        """One pass: take the lease, delete batches until none is full (or the lease is lost),
+        free the lease. Returns the jobs removed per state, or ``None`` when another pruner
+        holds the lease (nothing done)."""
+        token = acquire_lease(self.store, self.owner, self.lease_s)
+        if token is None:
+            return None
+        removed: dict[str, int] = {}
+        try:
+            while not self._stop.is_set():
+                cut = self.policy.cutoffs(self.store.clock())
+                got = self.store.purge_batch(
+                    cut, limit=self.batch,
+                    fence=lambda conn: renew_lease(conn, self.store, self.owner, token, self.lease_s),
+                )
+                if got is None:
+                    log.warning("retention: the lease was lost to another pruner; this pass stops")
+                    break
+                for state, n in got.items():
+                    removed[state] = removed.get(state, 0) + n
+                    if self.counter is not None:
+                        self.counter.labels(state).inc(n)
+                if sum(got.values()) < self.batch:
+                    break
+                self._stop.wait(self.pause_s)
+        finally:
+            release_lease(self.store, self.owner, token)
+        if removed:
+            log.info("retention: removed %s", ", ".join(f"{n} {s}" for s, n in sorted(removed.items())))
+        return removed
+
+    def start(self) -> None:
+        """Prune every ``interval_s`` in a daemon thread, the first pass at once."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="frameserve-retention", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop after the batch in progress."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.prune_once()
+            except Exception as exc:  # noqa: BLE001 - a database hiccup: the next pass tries again
+                log.warning("retention pass failed: %s: %s", type(exc).__name__, exc)
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
