@@ -123,7 +123,7 @@ def rows(store: JobStore, table: sa.Table, job_id: str) -> int:
 def test_retry_queues_a_failed_or_cancelled_job_again_with_its_attempts_reset(
     store: JobStore, root: Path, end: str
 ) -> None:
-    app = make_app(store, Storage(file_roots=[root]))
+    app = make_app(store, Storage(file_roots=[root], shared_file_root=True))
     job = call(app, "POST", "/v1/jobs", json=body(root, callback_url="http://127.0.0.1:9/cb"), headers=ALICE).json()
     finished(store, job["id"], end)
     assert rows(store, callback_deliveries, job["id"]) == 1
@@ -143,7 +143,7 @@ def test_retry_queues_a_failed_or_cancelled_job_again_with_its_attempts_reset(
 
 
 def test_retry_refuses_queued_running_and_succeeded_jobs(store: JobStore, root: Path) -> None:
-    app = make_app(store, Storage(file_roots=[root]))
+    app = make_app(store, Storage(file_roots=[root], shared_file_root=True))
     done, running, queued = (call(app, "POST", "/v1/jobs", json=body(root)).json()["id"] for _ in range(3))
     finished(store, done, "succeeded")
     lease = store.claim("w", lease_s=30)
@@ -158,7 +158,7 @@ def test_retry_refuses_queued_running_and_succeeded_jobs(store: JobStore, root: 
 
 
 def test_retry_honours_the_idempotency_key(store: JobStore, root: Path) -> None:
-    app = make_app(store, Storage(file_roots=[root]))
+    app = make_app(store, Storage(file_roots=[root], shared_file_root=True))
     a, b = (call(app, "POST", "/v1/jobs", json=body(root)).json()["id"] for _ in range(2))
     finished(store, a, "failed")
     finished(store, b, "failed")
@@ -181,7 +181,7 @@ def test_retry_honours_the_idempotency_key(store: JobStore, root: Path) -> None:
 
 
 def test_delete_removes_a_finished_job_its_events_callbacks_and_retry_keys(store: JobStore, root: Path) -> None:
-    app = make_app(store, Storage(file_roots=[root]))
+    app = make_app(store, Storage(file_roots=[root], shared_file_root=True))
     job_id = call(app, "POST", "/v1/jobs", json=body(root, callback_url="http://127.0.0.1:9/cb")).json()["id"]
     finished(store, job_id, "failed")
     assert call(app, "POST", f"/v1/jobs/{job_id}/retry", headers={"Idempotency-Key": "k"}).status_code == 202
@@ -201,7 +201,7 @@ def test_delete_removes_a_finished_job_its_events_callbacks_and_retry_keys(store
 
 
 def test_delete_with_outputs_removes_only_the_jobs_own_files(store: JobStore, root: Path) -> None:
-    app = make_app(store, Storage(file_roots=[root]))
+    app = make_app(store, Storage(file_roots=[root], shared_file_root=True))
     job_id = call(app, "POST", "/v1/jobs", json=body(root)).json()["id"]
     out = root / "out" / "1"
     out.mkdir(parents=True)
@@ -217,7 +217,7 @@ def test_delete_with_outputs_removes_only_the_jobs_own_files(store: JobStore, ro
 
 
 def test_delete_with_outputs_refuses_a_result_naming_another_key(store: JobStore, root: Path) -> None:
-    app = make_app(store, Storage(file_roots=[root]))
+    app = make_app(store, Storage(file_roots=[root], shared_file_root=True))
     job_id = call(app, "POST", "/v1/jobs", json=body(root)).json()["id"]
     (root / "in" / "keep.txt").write_text("x")
     finished(store, job_id, "succeeded", {"results.json": f"file://{root}/in/keep.txt"})
@@ -254,13 +254,13 @@ def s3_endpoint() -> Iterator[str]:
 def test_delete_with_outputs_on_s3(store: JobStore, root: Path, s3_endpoint: str, tmp_path: Path) -> None:
     import boto3
 
-    storage = Storage(file_roots=[root], s3_endpoint_url=s3_endpoint, s3_allow_buckets=["out"])
+    storage = Storage(file_roots=[root], s3_endpoint_url=s3_endpoint, s3_allow_buckets=["out"], shared_file_root=True)
     app = make_app(store, storage)
     target = f"s3://out/{tmp_path.name}/job"
     job_id = call(app, "POST", "/v1/jobs", json=body(root, target=target)).json()["id"]
     local = tmp_path / "results.json"
     local.write_text("{}")
-    outputs = storage.upload({"results.json": local}, target)
+    outputs = storage.upload({"results.json": local}, target, tenant="")
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
     s3.put_object(Bucket="out", Key=f"{tmp_path.name}/job/other.txt", Body=b"not the job's")
     finished(store, job_id, "succeeded", outputs)
@@ -271,7 +271,7 @@ def test_delete_with_outputs_on_s3(store: JobStore, root: Path, s3_endpoint: str
 
 
 def test_retry_and_delete_are_owner_isolated(store: JobStore, root: Path) -> None:
-    app = make_app(store, Storage(file_roots=[root]))
+    app = make_app(store, Storage(file_roots=[root], shared_file_root=True))
     out = root / "out" / "1"
     out.mkdir(parents=True)
     (out / "results.json").write_text("{}")
@@ -287,7 +287,7 @@ def test_retry_and_delete_are_owner_isolated(store: JobStore, root: Path) -> Non
 
 
 def test_delete_of_a_queued_or_running_job_is_refused(store: JobStore, root: Path) -> None:
-    app = make_app(store, Storage(file_roots=[root]))
+    app = make_app(store, Storage(file_roots=[root], shared_file_root=True))
     running, queued = (call(app, "POST", "/v1/jobs", json=body(root)).json()["id"] for _ in range(2))
     lease = store.claim("w", lease_s=30)
     assert lease is not None and lease.job.id == running
@@ -456,7 +456,7 @@ def rfc3339(ts: float) -> str:
 
 
 def test_run_at_is_honoured(store: JobStore, clock: FakeClock, root: Path) -> None:
-    app = make_app(store, Storage(file_roots=[root]))
+    app = make_app(store, Storage(file_roots=[root], shared_file_root=True))
     later = call(app, "POST", "/v1/jobs", json=body(root, run_at=rfc3339(T0 + 3600), priority=9))
     assert later.status_code == 201, later.text
     assert later.json()["next_attempt_at"] == rfc3339(T0 + 3600).replace("Z", ".000Z")
@@ -471,7 +471,7 @@ def test_run_at_is_honoured(store: JobStore, clock: FakeClock, root: Path) -> No
 
 
 def test_per_job_max_attempts_and_backoff_are_honoured(store: JobStore, clock: FakeClock, root: Path) -> None:
-    app = make_app(store, Storage(file_roots=[root]))
+    app = make_app(store, Storage(file_roots=[root], shared_file_root=True))
     r = call(app, "POST", "/v1/jobs", json=body(root, max_attempts=3, backoff={"initial_s": 100, "max_s": 250, "factor": 3}))
     assert r.status_code == 201 and r.json()["max_attempts"] == 3, r.text
     assert r.json()["backoff"] == {"initial_s": 100, "max_s": 250, "factor": 3}
@@ -516,7 +516,7 @@ def test_per_job_max_attempts_and_backoff_are_honoured(store: JobStore, clock: F
 def test_a_bad_policy_field_is_a_422_naming_it_and_the_range(
     store: JobStore, root: Path, patch: dict[str, Any], field: str, reason: str
 ) -> None:
-    app = make_app(store, Storage(file_roots=[root]))
+    app = make_app(store, Storage(file_roots=[root], shared_file_root=True))
     r = call(app, "POST", "/v1/jobs", json=body(root, **patch))
     assert r.status_code == 422, r.text
     assert r.json()["error"].startswith(f"invalid request: {field}: ") and reason in r.json()["error"], r.json()
@@ -524,7 +524,7 @@ def test_a_bad_policy_field_is_a_422_naming_it_and_the_range(
 
 
 def test_openapi_declares_the_new_routes_and_fields(store: JobStore, root: Path) -> None:
-    doc = make_app(store, Storage(file_roots=[root])).openapi()
+    doc = make_app(store, Storage(file_roots=[root], shared_file_root=True)).openapi()
     paths = doc["paths"]
     retry = paths["/v1/jobs/{job_id}/retry"]["post"]
     assert {"200", "202", "404", "409", "422", "429"} <= set(retry["responses"])
