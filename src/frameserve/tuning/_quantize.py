@@ -47,6 +47,7 @@ from frameserve.tuning._accuracy import GateLimits, GateResult, at_threshold, co
 from frameserve.tuning._nncf import Restorer, batch_of_one, nncf_available, quantize_nncf
 from frameserve.tuning._opset import check_quantized, qdq_ready
 from frameserve.tuning._sysinfo import SystemInfo, system_info
+from frameserve.tuning._tensors import tensor_frames, tensor_gate
 from frameserve.tuning._targets import resolve_model
 
 __all__ = [
@@ -73,7 +74,9 @@ class CalibrationFrames:
     """Preprocessed frames for calibration and for the gate.
 
     Attributes:
-        pipeline: the pipeline that preprocessed them.
+        pipeline: the pipeline that preprocessed them; ``None`` for tensors or images fed as
+            they are (:func:`~frameserve.tuning._tensors.tensor_frames`: the gate then compares
+            raw outputs).
         role: the pipeline's role of the model being tuned.
         inputs: per frame, what ``preprocess`` returned (``{name: array}``).
         frames: per frame, its :class:`~frameserve.pipeline.contract.FrameInfo` (RGB kept only
@@ -83,7 +86,7 @@ class CalibrationFrames:
         fps: the first video's frame rate (``None`` for images only).
     """
 
-    pipeline: PipelineDef
+    pipeline: PipelineDef | None
     role: str
     inputs: tuple[Mapping[str, np.ndarray[Any, Any]], ...]
     frames: tuple[FrameInfo, ...]
@@ -104,7 +107,7 @@ class CalibrationFrames:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (no arrays)."""
         return {
-            "pipeline": self.pipeline.origin or self.pipeline.ref,
+            "pipeline": None if self.pipeline is None else (self.pipeline.origin or self.pipeline.ref),
             "role": self.role,
             "frames": len(self.inputs),
             "calibration_frames": len(self.calibration),
@@ -433,6 +436,7 @@ def _results(
     service: InferenceService, name: str, frames: CalibrationFrames, positions: Sequence[int],
     params: Mapping[str, Any] | None = None,
 ) -> list[Any]:
+    assert frames.pipeline is not None
     cls = frames.pipeline.load_class()
     inst = instantiate(cls, params=params, model_inputs={frames.role: model_input_specs(service.model_config(name))})
     handle = ModelHandle(service, frames.role, name)
@@ -460,12 +464,17 @@ def gate(
     less than the gate allows is matched, not lost, when it crosses the threshold); the share
     at the pipeline's own threshold is recorded beside it.
 
+    Frames without a pipeline (tensors, images fed as they are) are gated on the raw outputs
+    (:func:`~frameserve.tuning._tensors.tensor_gate`: the metric by each output's kind).
+
     Raises:
         ModelConfigError, BackendUnavailableError: a variant does not load.
         InvalidInputError: the pipeline's results are neither detections nor class scores.
     """
     limits = limits or GateLimits()
     budget = threads or system_info().cpu_budget
+    if frames.pipeline is None:
+        return tensor_gate(reference, candidate, frames, limits=limits, threads=budget)
     held = list(frames.held_apart)
     lowered = _lowered(frames, limits)
     with InferenceService(threads=budget) as service:
@@ -584,8 +593,11 @@ def quantize(
 
     Args:
         model_dir: one model folder (its name is the model's).
-        calibration: a video, image or folder (with ``pipeline``), or frames already read.
-        pipeline: the pipeline whose ``preprocess`` makes the model's inputs.
+        calibration: a video, image or folder (with ``pipeline``), or frames already read;
+            without ``pipeline``: ``.npy`` / ``.npz`` tensors or images fed as they are
+            (:func:`~frameserve.tuning._tensors.tensor_frames`).
+        pipeline: the pipeline whose ``preprocess`` makes the model's inputs (``None``: the
+            model's pipeline is not known; the gate compares raw outputs).
         out: where to write ``<model>/`` when the gate passes: the source's version folders,
             a new version folder with the int8 ``model.onnx``, and config.yaml with
             ``parameters.precision: int8`` and a version policy serving the new version.
@@ -630,10 +642,11 @@ def quantize(
     if isinstance(calibration, CalibrationFrames):
         frames = calibration
     else:
-        if pipeline is None:
-            raise InvalidInputError("--calibration needs --pipeline: its preprocess makes the model's inputs")
         completed = _completed_config(reference)
-        frames = calibration_frames(calibration, pipeline, completed, model=name, params=params, max_frames=max_frames)
+        if pipeline is None:
+            frames = tensor_frames(calibration, completed, model=name, max_frames=max_frames)
+        else:
+            frames = calibration_frames(calibration, pipeline, completed, model=name, params=params, max_frames=max_frames)
     if reduce_range is None:
         reduce_range = not machine.int8_accelerated
     tmp = tempfile.TemporaryDirectory(prefix="frameserve-int8-") if work_dir is None else None
@@ -703,7 +716,7 @@ def _quantize_with_nncf(
                                 len(frames.calibration), plain.seconds, engine="nncf", checked=tuple(loaders),
                                 notes=tuple(refusals))
     verdict = gate(reference, candidate, frames, limits=limits, threads=threads)
-    if verdict.passed or not (accuracy_control and keep_head_float):
+    if verdict.passed or not (accuracy_control and keep_head_float and frames.pipeline is not None):
         return settings, verdict
     with _GateMetric(reference, frames, limits, threads) as metric:
         restored = quantize_nncf(path, int8, frames.calibration, float_nodes=excluded, restorer=Restorer(
@@ -756,6 +769,8 @@ class _GateMetric:
 
 def _lowered(frames: CalibrationFrames, limits: GateLimits) -> tuple[dict[str, Any], float, float] | None:
     """The candidate's parameter override of the gate's hysteresis (:func:`lowered_threshold`)."""
+    if frames.pipeline is None:
+        return None
     return lowered_threshold(frames.pipeline.load_class().params, limits.max_detection_score_change)
 
 
