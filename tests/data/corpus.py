@@ -24,6 +24,7 @@ Importing this module needs no torch; :func:`build_model` does (tests skip witho
 from __future__ import annotations
 
 import shutil
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,7 +204,9 @@ def build_model(spec: CorpusModel, root: Path) -> Path:
         axes = {names_in[0]: {**batch_axis, **spatial}, names_out[0]: dict(batch_axis)}
         if spec.net == "superres":
             axes[names_out[0]] = {**batch_axis, **spatial}
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # the TorchScript exporter (dynamo=False) is the one that writes opsets 11 and 13 as asked
+        warnings.simplefilter("ignore", DeprecationWarning)  # and the deprecations inside it
         torch.onnx.export(net, args, str(folder / "1" / "model.onnx"), opset_version=spec.opset, dynamo=False,
                           input_names=names_in, output_names=names_out,
                           dynamic_axes={k: v for k, v in axes.items() if v} or None)
