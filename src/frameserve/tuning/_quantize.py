@@ -47,8 +47,8 @@ from frameserve.tuning._accuracy import GateLimits, GateResult, at_threshold, co
 from frameserve.tuning._nncf import Restorer, batch_of_one, nncf_available, quantize_nncf
 from frameserve.tuning._opset import check_quantized, qdq_ready
 from frameserve.tuning._sysinfo import SystemInfo, system_info
-from frameserve.tuning._tensors import tensor_frames, tensor_gate
 from frameserve.tuning._targets import resolve_model
+from frameserve.tuning._tensors import tensor_frames, tensor_gate
 
 __all__ = [
     "CalibrationFrames",
@@ -696,7 +696,7 @@ def _result(
         written = write_model_folder(repo, name, Path(out), new_config, new_version=(number, int8))
     return QuantizeResult(
         name, version, number, settings, verdict, frames.to_dict(), written,
-        None if written is None else written / str(number) / "model.onnx", machine, tuple([*settings.notes, *notes]),
+        None if written is None else written / str(number) / "model.onnx", machine, (*settings.notes, *notes),
     )
 
 

@@ -216,7 +216,8 @@ def _probabilities(x: np.ndarray[Any, Any], as_is: bool) -> np.ndarray[Any, Any]
         return x.astype(np.float64)
     z = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
     e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
+    out: np.ndarray[Any, Any] = e / e.sum(axis=-1, keepdims=True)
+    return out
 
 
 def psnr_db(reference: np.ndarray[Any, Any], candidate: np.ndarray[Any, Any]) -> float:

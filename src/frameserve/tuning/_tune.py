@@ -50,8 +50,8 @@ from frameserve.tuning._space import (
     default_options,
 )
 from frameserve.tuning._sysinfo import SystemInfo, system_info
-from frameserve.tuning._tensors import tensor_frames
 from frameserve.tuning._targets import ServiceTarget, make_inputs, resolve_model
+from frameserve.tuning._tensors import tensor_frames
 
 __all__ = ["TUNE_FILES", "TuneResult", "tune"]
 
