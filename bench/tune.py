@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/tune.py --quick       # smoke run (a few minutes), figures meaningless
     .venv/bin/python bench/tune.py               # the measurement (about 40 minutes on 2 cores)
+    .venv/bin/python bench/tune.py --corpus      # every corpus model (issue 26; bench/_tune_corpus.py)
 
 Figures, each against its goal (medians of interleaved repeats; the machine is shared):
 
@@ -153,7 +154,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per comparison (default 3; quick 1)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the work folder here (tune outputs, reports)")
     ap.add_argument("--int8-only", action="store_true", help="only the last figure: quantize, then int8 alone / fp32")
+    ap.add_argument("--corpus", action="store_true", help="tune every corpus model (bench/_tune_corpus.py)")
+    ap.add_argument("--models", default=None, help="--corpus: only these models (comma-separated)")
+    ap.add_argument("--window-s", type=float, default=1.0, help="--corpus: perf's window, seconds")
+    ap.add_argument("--no-exhaustive", action="store_true", help="--corpus: skip the three exhaustive sweeps")
     args = ap.parse_args()
+    if args.corpus:
+        from _tune_corpus import run_corpus
+
+        args.budget_s = float(args.budget) if args.budget else 30.0
+        args.max_configs = 24 if args.quick else 60
+        run_corpus(args, log)
+        return
     args.budget_s = float(args.budget) if args.budget else (40.0 if args.quick else 480.0)
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.max_configs = 24 if args.quick else 150

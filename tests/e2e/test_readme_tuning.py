@@ -11,6 +11,11 @@ environment, run in the temp dir), ``$(.venv/bin/frameserve assets path NAME)`` 
 budgets are cut so the file takes a few minutes on two cores, and ``serve`` runs on free ports
 (tests/_serving.py) with ``perf --url`` pointed at it. The ``mkdir``/``cp`` line that makes
 ``my-models/nudenet`` runs first.
+
+Nothing here depends on the machine's load (issue 26: a busy machine measured a 712 ms p99 and
+``plan --p99-ms 100`` found no configuration): the tune's outputs are checked for their shape and
+their consistency with the bound, not for meeting it, and ``plan`` runs with a bound derived from
+what the tune measured (:func:`plan_bound`).
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
     "tune": (r"^\.venv/bin/frameserve tune my-models/nudenet ", {"--time-budget 8m": "--time-budget 40s"}),
     "serve": (r"^\.venv/bin/frameserve serve --model-repository tuned/$", {}),
     "quantize": (r"^\.venv/bin/frameserve quantize my-models/nudenet ", {}),
-    "plan": (r"^\.venv/bin/frameserve plan --tune tuned/ ", {}),
+    "plan": (r"^\.venv/bin/frameserve plan --tune tuned/ ", {"--p99-ms 100": "--p99-ms {bound}"}),
 }
 # the order they run in: the model folder first, then the README's order
 ORDER = ["mkdir", "sysinfo", "perf", "tune", "serve", "perf-url", "quantize", "plan"]
@@ -117,6 +122,15 @@ class Run:
     cwd: Path
     procs: dict[str, subprocess.CompletedProcess[str]] = field(default_factory=dict)
     served: dict[str, Any] = field(default_factory=dict)
+    plan_bound_ms: float = 0.0
+
+
+def plan_bound(tune_json: Path) -> float:
+    """``plan``'s p99 bound: twice the largest p99 the tune measured (whole ms), so every
+    measured configuration meets it whatever the machine's load was."""
+    data = json.loads(tune_json.read_text())
+    worst = max(float(r["p99_ms"]) for r in data["trials"] if r.get("p99_ms") is not None)
+    return float(math.ceil(2 * worst))
 
 
 def _shell(text: str, cwd: Path, home: Path, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -148,6 +162,9 @@ def readme_run(tmp_path_factory: pytest.TempPathFactory, test_home: Path, real_a
         command = commands[kind]
         if kind == "serve":
             _serve_tuned(run, commands["perf-url"], real_asset, step)
+        elif kind == "plan":
+            run.plan_bound_ms = plan_bound(run.cwd / "tuned" / "tune.json")
+            step(kind, as_run(command, real_asset, bound=f"{run.plan_bound_ms:g}"))
         elif kind != "perf-url":
             step(kind, as_run(command, real_asset))
     # the optional [--json] the README offers for sysinfo and plan (plan with all its options)
@@ -155,7 +172,7 @@ def readme_run(tmp_path_factory: pytest.TempPathFactory, test_home: Path, real_a
     step("sysinfo-json", commands["sysinfo"].text + " --json")
     plan = commands["plan"]
     assert plan.optional == ("--headroom 0.3", "--video-hours 50", "--json"), plan
-    step("plan-json", as_run(plan, real_asset) + " " + " ".join(plan.optional))
+    step("plan-json", as_run(plan, real_asset, bound=f"{run.plan_bound_ms:g}") + " " + " ".join(plan.optional))
     return run
 
 
@@ -240,7 +257,10 @@ def test_tune_writes_exactly_its_four_outputs(readme_run: Run) -> None:
     assert len(rows) == len(data["trials"]) >= 4 and rows[0]["phase"] == "default"
     assert all(r["instances"] * r["threads"] <= data["machine"]["cpu_budget"] for r in data["trials"])
     comparison = data["comparison"]
-    assert comparison["best"]["config"] == winner["config"] and comparison["best"]["p99_ms"] <= 100  # the bound
+    assert comparison["best"]["config"] == winner["config"]
+    for row in data["trials"]:  # feasible means within the bound, whatever the load made the figures
+        if row["status"] == "measured":
+            assert row["feasible"] == (row["p99_ms"] <= 100), row
     assert comparison["ratio_best_over_default"]["throughput"] == pytest.approx(
         comparison["best"]["throughput"] / comparison["default"]["throughput"])
 
@@ -277,7 +297,9 @@ def test_plan_prints_the_nodes_and_its_json_parses(readme_run: Run) -> None:
     data = json.loads((readme_run.cwd / "tuned" / "tune.json").read_text())
     p = json.loads(readme_run.procs["plan-json"].stdout)
     node = p["online"]["node"]
-    assert node["cpus"] == data["machine"]["cpu_budget"] and node["p99_ms"] <= 100 and node["throughput"] > 0
+    bound = readme_run.plan_bound_ms
+    assert bound >= 1 and f"--p99-ms {bound:g}" in " ".join(map(str, readme_run.procs["plan"].args))
+    assert node["cpus"] == data["machine"]["cpu_budget"] and node["p99_ms"] <= bound and node["throughput"] > 0
     assert p["online"]["nodes"] == math.ceil(2000 * 1.3 / node["throughput"])
     assert p["video"]["video_hours_per_hour"] == 50 and p["video"]["nodes"] >= 1
     text = readme_run.procs["plan"].stdout

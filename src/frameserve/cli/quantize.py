@@ -19,9 +19,9 @@ __all__ = ["quantize_command", "register"]
 
 def quantize_command(
     model_dir: Annotated[Path, typer.Argument(metavar="MODEL_DIR", help="One model folder (its name is the model's) with an fp32 ONNX model.")],
-    calibration: Annotated[Path, typer.Option("--calibration", help="A video, image or folder of them (every other frame calibrates, the others check).")],
-    pipeline: Annotated[str, typer.Option("--pipeline", "-p", help="The pipeline whose preprocess makes the model's inputs (built-in name, .yaml or .py).")],
+    calibration: Annotated[Path, typer.Option("--calibration", help="A video, image or folder of them (every other frame calibrates, the others check); without --pipeline: .npy/.npz tensors or images fed as they are.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Write DIR/<model>/ (the fp32 versions kept, int8 in a new version folder served by its version policy) and DIR/quantize.json.")],
+    pipeline: Annotated[str | None, typer.Option("--pipeline", "-p", help="The pipeline whose preprocess makes the model's inputs (built-in name, .yaml or .py); without it the gate compares raw outputs.")] = None,
     max_drop: Annotated[float, typer.Option("--max-drop", help="Largest share of fp32 detections without an int8 match (IoU >= 0.5, same label); classifiers: of frames whose top-1 changed.")] = 0.01,
     max_box_error_px: Annotated[float, typer.Option("--max-box-error-px", help="Largest mean box error over matched detections, source pixels.")] = 2.0,
     param: Annotated[list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable).")] = None,
@@ -59,6 +59,7 @@ def quantize_command(
             lines = [
                 f"{result.model} version {result.source_version} -> int8 ({result.settings.describe()})",
                 f"gate on {result.gate.frames} held-apart frames: {result.gate.summary()}",
+                f"gate metric: {result.gate.metric}",
                 *result.notes,
             ]
             lines += [f"  unmatched: frame {e['frame']} {e['label']} {e['score']}" for e in result.gate.examples]

@@ -48,7 +48,7 @@ def tune_command(
     p99_ms: Annotated[float | None, typer.Option("--p99-ms", help="Throughput objective: the p99 latency bound, ms (default: none).")] = None,
     min_throughput: Annotated[float | None, typer.Option("--min-throughput", help="Latency objective: the throughput it must keep, inferences/s.")] = None,
     time_budget: Annotated[str, typer.Option("--time-budget", help="Measuring time: 10m, 90s, 1h (quantization comes on top).")] = "10m",
-    calibration: Annotated[Path | None, typer.Option("--calibration", help="A video, image or folder of them: int8 calibration and the accuracy gate (with --pipeline).")] = None,
+    calibration: Annotated[Path | None, typer.Option("--calibration", help="A video, image or folder of them: int8 calibration and the accuracy gate (with --pipeline); without --pipeline: .npy/.npz tensors or images fed as they are.")] = None,
     video: Annotated[Path | None, typer.Option("--video", help="Co-tune the pipeline's decode workers, decoder threads and batch with the winner, end to end on this video (with --pipeline).")] = None,
     pipeline: Annotated[str | None, typer.Option("--pipeline", "-p", help="The pipeline whose preprocess makes the model's inputs from frames (built-in name, .yaml or .py).")] = None,
     param: Annotated[list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable).")] = None,
@@ -94,7 +94,10 @@ def tune_command(
             err_console.print(f"interrupted: kept the {len(result.search.trials)} trials measured"
                               + (f"; outputs in {out}" if out is not None else ""))
             raise typer.Exit(code=130)
-        if result.search.winner is None:
+        default = [t for t in result.search.trials if t.candidate == result.search.baseline]
+        if not any(t.measurement is not None for t in default):
+            why = next((t.error for t in default if t.error), "it was not measured")
+            err_console.print(f"error: the model's default configuration does not run: {why}", highlight=False, markup=False)
             raise typer.Exit(code=1)
 
 

@@ -19,7 +19,10 @@ results:
   changes far below any accuracy loss (OpenVINO bf16 loses 3 of bigbuckbunny's 67 detections that
   way). The share at the pipeline's own threshold is reported beside it (``strict_matched``);
 * classifiers (``scores: {LABEL: score}``): 1 - top-1 agreement (<= ``max_drop``) and the largest
-  change of any class score (<= 0.02).
+  change of any class score (<= 0.02);
+* a model without a pipeline (kind ``tensors``): its raw outputs, each by its kind
+  (:mod:`frameserve.tuning._tensors`: top-1/top-k agreement and score change for a classifier's,
+  PSNR for image-to-image and other outputs).
 """
 
 from __future__ import annotations
@@ -48,12 +51,18 @@ class GateLimits:
         max_detection_score_change: the largest score change of a matched detection; also how
             far the gate lowers the pipeline's score threshold for the candidate's detections.
         max_class_score_change: the largest change of any class score of a classifier.
+        min_psnr_db: raw outputs without a pipeline (image-to-image and others): the lowest
+            PSNR in dB against the fp32 output's peak-to-peak range (30 dB: the low end of
+            acceptable lossy 8-bit image coding, 30-50 dB).
+        top_k: raw classifier outputs: the ``k`` of the reported top-k agreement.
     """
 
     max_drop: float = 0.01
     max_box_error_px: float = 2.0
     max_detection_score_change: float = 0.1
     max_class_score_change: float = 0.02
+    min_psnr_db: float = 30.0
+    top_k: int = 5
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_drop < 1:
@@ -61,6 +70,8 @@ class GateLimits:
         for name in ("max_box_error_px", "max_detection_score_change", "max_class_score_change"):
             if not getattr(self, name) >= 0:
                 raise InvalidInputError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.top_k < 1:
+            raise InvalidInputError(f"top_k must be >= 1, got {self.top_k}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON."""
@@ -69,6 +80,8 @@ class GateLimits:
             "max_box_error_px": self.max_box_error_px,
             "max_detection_score_change": self.max_detection_score_change,
             "max_class_score_change": self.max_class_score_change,
+            "min_psnr_db": self.min_psnr_db,
+            "top_k": self.top_k,
         }
 
 
@@ -94,9 +107,13 @@ class GateResult:
             own score threshold (``None`` when the gate did not lower it: classifiers, or a
             pipeline without a ``score_threshold`` parameter).
         threshold: ``(the pipeline's score threshold, the candidate's)`` when lowered, else ``None``.
+        psnr_db: ``tensors``: the lowest PSNR (dB) over image and value outputs (``None``: none).
+        top_k_share: ``tensors``: the share of classifier samples whose candidate top-1 is in the
+            reference's top ``limits.top_k``.
+        metrics: ``tensors``: one line per output: its kind, metric and figures.
     """
 
-    kind: Literal["detections", "scores"]
+    kind: Literal["detections", "scores", "tensors"]
     frames: int
     reference_count: int
     matched: int
@@ -110,6 +127,19 @@ class GateResult:
     examples: tuple[dict[str, Any], ...] = field(default=())
     strict_matched: int | None = None
     threshold: tuple[float, float] | None = None
+    psnr_db: float | None = None
+    top_k_share: float | None = None
+    metrics: tuple[str, ...] = ()
+
+    @property
+    def metric(self) -> str:
+        """The metric the gate used, in words (chosen by the model's kind)."""
+        if self.kind == "detections":
+            return f"detection matching (same label, IoU >= {IOU_MATCH:g}): unmatched share, box error, score change"
+        if self.kind == "scores":
+            return "classification: top-1 agreement and class score change"
+        kinds = sorted({m.split(": ", 1)[1].split(",")[0].split(" (")[0] for m in self.metrics if ": " in m})
+        return "raw outputs by kind (" + ", ".join(kinds) + "): top-1/top-k agreement and score change, PSNR"
 
     @property
     def matched_share(self) -> float:
@@ -129,6 +159,8 @@ class GateResult:
                     f" (candidate detections from score {self.threshold[1]:g}; at the pipeline's own "
                     f"{self.threshold[0]:g}: {self.strict_matched}/{self.reference_count} matched)"
                 )
+        elif self.kind == "tensors":
+            text = f"{self.frames} samples; " + "; ".join(self.metrics)
         else:
             text = (
                 f"top-1 agreement {self.matched}/{self.frames} ({self.matched_share:.1%}), "
@@ -154,6 +186,10 @@ class GateResult:
             "examples": list(self.examples),
             "strict_matched": self.strict_matched,
             "threshold": None if self.threshold is None else {"pipeline": self.threshold[0], "candidate": self.threshold[1]},
+            "psnr_db": None if self.psnr_db is None or math.isinf(self.psnr_db) else self.psnr_db,
+            "top_k_share": self.top_k_share,
+            "metrics": list(self.metrics),
+            "metric": self.metric,
             "summary": self.summary(),
         }
 

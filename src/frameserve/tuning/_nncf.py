@@ -100,7 +100,8 @@ def quantize_nncf(
     restorer: Restorer | None = None,
 ) -> NncfResult:
     """Quantize an ONNX model with NNCF on ``calibration`` (one input dict per sample, without
-    the batch dim), keeping ``float_nodes`` in float; with ``restorer``, NNCF's accuracy control
+    the batch dim), keeping ``float_nodes`` in float (a model below opset 13 converted first,
+    :func:`~frameserve.tuning._opset.qdq_ready`); with ``restorer``, NNCF's accuracy control
     reverts operations to float until ``restorer.validate``'s metric is within ``max_drop``.
 
     Raises:
@@ -116,7 +117,14 @@ def quantize_nncf(
 
     nncf.set_log_level(logging.ERROR)
     t0 = time.perf_counter()
-    model = onnx.load(str(model_path))
+    from frameserve.tuning._opset import qdq_ready
+
+    try:
+        model, plan = qdq_ready(onnx.load(str(model_path)), per_channel=True)
+    except ModelConfigError as exc:
+        raise ModelConfigError(f"{model_path.name}: {exc.message}") from None
+    if not plan.per_channel:
+        raise ModelConfigError(f"{model_path.name}: NNCF quantizes per channel, which opset {plan.source_opset} lacks ({plan.note})")
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{i}"

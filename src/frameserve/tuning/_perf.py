@@ -257,6 +257,8 @@ def _one(
         raise
     except FrameserveError as exc:
         return PerfRow(n_inst, n_threads, batch, conc, None, error=exc.message, note=oversubscribed)
+    except Exception as exc:  # a backend's own error: this configuration is refused, the sweep goes on
+        return PerfRow(n_inst, n_threads, batch, conc, None, error=f"{type(exc).__name__}: {exc}", note=oversubscribed)
     return PerfRow(n_inst, n_threads, batch, conc, m, note=_note(m, oversubscribed=oversubscribed))
 
 
@@ -283,7 +285,18 @@ def _perf_in_process(
     info: dict[str, Any] = {}
     prof: Profile | None = None
     for n_inst, n_threads in pairs:
-        with SessionPool.open(config, path, instances=n_inst, threads=n_threads) as pool:
+        try:
+            opened = SessionPool.open(config, path, instances=n_inst, threads=n_threads)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # this layout cannot load: its rows are refused, the sweep goes on
+            why = exc.message if isinstance(exc, FrameserveError) else f"{type(exc).__name__}: {exc}"
+            for b, c in itertools.product(batches, concurrencies):
+                rows.append(PerfRow(n_inst, n_threads, b, c, None, error=f"cannot load: {why}"))
+                if progress:
+                    progress(len(rows), total, rows[-1])
+            continue
+        with opened as pool:
             info = info or pool.info
             mbs = pool.config.max_batch_size or 0
             sessions_inputs = pool.sessions[0].inputs

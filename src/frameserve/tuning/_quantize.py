@@ -45,8 +45,10 @@ from frameserve.repository import ModelRepository
 from frameserve.service import InferenceService
 from frameserve.tuning._accuracy import GateLimits, GateResult, at_threshold, compare_results, lowered_threshold
 from frameserve.tuning._nncf import Restorer, batch_of_one, nncf_available, quantize_nncf
+from frameserve.tuning._opset import check_quantized, qdq_ready
 from frameserve.tuning._sysinfo import SystemInfo, system_info
 from frameserve.tuning._targets import resolve_model
+from frameserve.tuning._tensors import tensor_frames, tensor_gate
 
 __all__ = [
     "CalibrationFrames",
@@ -72,7 +74,9 @@ class CalibrationFrames:
     """Preprocessed frames for calibration and for the gate.
 
     Attributes:
-        pipeline: the pipeline that preprocessed them.
+        pipeline: the pipeline that preprocessed them; ``None`` for tensors or images fed as
+            they are (:func:`~frameserve.tuning._tensors.tensor_frames`: the gate then compares
+            raw outputs).
         role: the pipeline's role of the model being tuned.
         inputs: per frame, what ``preprocess`` returned (``{name: array}``).
         frames: per frame, its :class:`~frameserve.pipeline.contract.FrameInfo` (RGB kept only
@@ -82,7 +86,7 @@ class CalibrationFrames:
         fps: the first video's frame rate (``None`` for images only).
     """
 
-    pipeline: PipelineDef
+    pipeline: PipelineDef | None
     role: str
     inputs: tuple[Mapping[str, np.ndarray[Any, Any]], ...]
     frames: tuple[FrameInfo, ...]
@@ -103,7 +107,7 @@ class CalibrationFrames:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (no arrays)."""
         return {
-            "pipeline": self.pipeline.origin or self.pipeline.ref,
+            "pipeline": None if self.pipeline is None else (self.pipeline.origin or self.pipeline.ref),
             "role": self.role,
             "frames": len(self.inputs),
             "calibration_frames": len(self.calibration),
@@ -287,6 +291,11 @@ class QuantizeSettings:
         engine: ``nncf`` (:mod:`frameserve.tuning._nncf`) or ``onnxruntime`` (``quantize_static``).
         accuracy_control: whether NNCF's accuracy control ran (the plain int8 model was refused).
         reverted: operations accuracy control put back to float.
+        opset: the default-domain opset the int8 model was written at; source_opset: the fp32
+            model's (:func:`~frameserve.tuning._opset.qdq_ready` converts below 13).
+        checked: the loaders the int8 file passed before it was gated
+            (:func:`~frameserve.tuning._opset.check_quantized`).
+        notes: what was done to make the file valid (opset conversion, per-tensor fallback).
     """
 
     format: str
@@ -301,6 +310,10 @@ class QuantizeSettings:
     engine: str = "onnxruntime"
     accuracy_control: bool = False
     reverted: tuple[str, ...] = ()
+    opset: int | None = None
+    source_opset: int | None = None
+    checked: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (the float nodes counted, the first 20 named)."""
@@ -310,6 +323,7 @@ class QuantizeSettings:
             "float_nodes": len(self.float_nodes), "float_nodes_first": list(self.float_nodes[:20]),
             "calibration_frames": self.calibration_frames, "seconds": round(self.seconds, 2),
             "engine": self.engine, "accuracy_control": self.accuracy_control, "reverted": list(self.reverted),
+            "opset": self.opset, "source_opset": self.source_opset, "checked": list(self.checked), "notes": list(self.notes),
         }
 
     def describe(self) -> str:
@@ -321,6 +335,8 @@ class QuantizeSettings:
         )
         if self.accuracy_control:
             text += f", accuracy control reverted {len(self.reverted)} op(s) to float"
+        if self.opset is not None and self.source_opset is not None and self.opset != self.source_opset:
+            text += f", opset {self.source_opset} -> {self.opset}"
         return f"{text}, {self.seconds:.1f} s"
 
 
@@ -352,12 +368,20 @@ def quantize_onnx(
         raise ModelConfigError(f"{model_path.name}: int8 quantization here takes an ONNX model (onnxruntime's QDQ)")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="frameserve-quantize-") as tmp:
+        try:
+            source, plan = qdq_ready(onnx.load(str(model_path)), per_channel=per_channel)
+        except ModelConfigError as exc:
+            raise ModelConfigError(f"{model_path.name}: {exc.message}") from None
+        except Exception as exc:
+            raise ModelConfigError(f"{model_path.name}: not an ONNX model onnx reads: {type(exc).__name__}: {exc}") from None
+        src = Path(tmp) / "source.onnx"
+        onnx.save(source, str(src))
         pre = Path(tmp) / "pre.onnx"
         try:
-            quant_pre_process(str(model_path), str(pre), skip_symbolic_shape=True)
+            quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
             model = onnx.load(str(pre))
         except Exception:  # pre-processing is an optimisation: quantize the file as it is
-            model = onnx.load(str(model_path))
+            model = source
         onnx.save(_named(model), str(pre))
         excluded = float_head_nodes(model) if keep_head_float else []
 
@@ -371,16 +395,29 @@ def quantize_onnx(
 
         methods = {"minmax": q.CalibrationMethod.MinMax, "percentile": q.CalibrationMethod.Percentile,
                    "entropy": q.CalibrationMethod.Entropy}
-        try:
-            q.quantize_static(
-                str(pre), str(out_path), Reader(), quant_format=q.QuantFormat.QDQ,
-                activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, per_channel=per_channel,
-                reduce_range=reduce_range, nodes_to_exclude=excluded, calibrate_method=methods[method],
-            )
-        except Exception as exc:
-            raise ModelConfigError(f"{model_path.name}: onnxruntime cannot quantize it: {type(exc).__name__}: {exc}") from None
-    return QuantizeSettings("QDQ", "uint8", "int8", per_channel, reduce_range, method, tuple(excluded),
-                            len(calibration), time.perf_counter() - t0)
+        notes = [plan.note] if plan.note else []
+        channel_wise = plan.per_channel
+        while True:
+            try:
+                q.quantize_static(
+                    str(pre), str(out_path), Reader(), quant_format=q.QuantFormat.QDQ,
+                    activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, per_channel=channel_wise,
+                    reduce_range=reduce_range, nodes_to_exclude=excluded, calibrate_method=methods[method],
+                )
+            except Exception as exc:
+                raise ModelConfigError(f"{model_path.name}: onnxruntime cannot quantize it: {type(exc).__name__}: {exc}") from None
+            try:
+                loaders, refusals = check_quantized(out_path)
+                notes += refusals
+                break
+            except ModelConfigError as exc:
+                if not channel_wise:
+                    raise
+                notes.append(f"per-channel int8 refused by a loader ({exc.message}); quantized again per tensor")
+                channel_wise = False
+    return QuantizeSettings("QDQ", "uint8", "int8", channel_wise, reduce_range, method, tuple(excluded),
+                            len(calibration), time.perf_counter() - t0, opset=plan.opset,
+                            source_opset=plan.source_opset, checked=tuple(loaders), notes=tuple(notes))
 
 
 # -- the gate ----------------------------------------------------------------------------------
@@ -399,6 +436,7 @@ def _results(
     service: InferenceService, name: str, frames: CalibrationFrames, positions: Sequence[int],
     params: Mapping[str, Any] | None = None,
 ) -> list[Any]:
+    assert frames.pipeline is not None
     cls = frames.pipeline.load_class()
     inst = instantiate(cls, params=params, model_inputs={frames.role: model_input_specs(service.model_config(name))})
     handle = ModelHandle(service, frames.role, name)
@@ -426,12 +464,17 @@ def gate(
     less than the gate allows is matched, not lost, when it crosses the threshold); the share
     at the pipeline's own threshold is recorded beside it.
 
+    Frames without a pipeline (tensors, images fed as they are) are gated on the raw outputs
+    (:func:`~frameserve.tuning._tensors.tensor_gate`: the metric by each output's kind).
+
     Raises:
         ModelConfigError, BackendUnavailableError: a variant does not load.
         InvalidInputError: the pipeline's results are neither detections nor class scores.
     """
     limits = limits or GateLimits()
     budget = threads or system_info().cpu_budget
+    if frames.pipeline is None:
+        return tensor_gate(reference, candidate, frames, limits=limits, threads=budget)
     held = list(frames.held_apart)
     lowered = _lowered(frames, limits)
     with InferenceService(threads=budget) as service:
@@ -550,8 +593,11 @@ def quantize(
 
     Args:
         model_dir: one model folder (its name is the model's).
-        calibration: a video, image or folder (with ``pipeline``), or frames already read.
-        pipeline: the pipeline whose ``preprocess`` makes the model's inputs.
+        calibration: a video, image or folder (with ``pipeline``), or frames already read;
+            without ``pipeline``: ``.npy`` / ``.npz`` tensors or images fed as they are
+            (:func:`~frameserve.tuning._tensors.tensor_frames`).
+        pipeline: the pipeline whose ``preprocess`` makes the model's inputs (``None``: the
+            model's pipeline is not known; the gate compares raw outputs).
         out: where to write ``<model>/`` when the gate passes: the source's version folders,
             a new version folder with the int8 ``model.onnx``, and config.yaml with
             ``parameters.precision: int8`` and a version policy serving the new version.
@@ -596,10 +642,11 @@ def quantize(
     if isinstance(calibration, CalibrationFrames):
         frames = calibration
     else:
-        if pipeline is None:
-            raise InvalidInputError("--calibration needs --pipeline: its preprocess makes the model's inputs")
         completed = _completed_config(reference)
-        frames = calibration_frames(calibration, pipeline, completed, model=name, params=params, max_frames=max_frames)
+        if pipeline is None:
+            frames = tensor_frames(calibration, completed, model=name, max_frames=max_frames)
+        else:
+            frames = calibration_frames(calibration, pipeline, completed, model=name, params=params, max_frames=max_frames)
     if reduce_range is None:
         reduce_range = not machine.int8_accelerated
     tmp = tempfile.TemporaryDirectory(prefix="frameserve-int8-") if work_dir is None else None
@@ -617,25 +664,40 @@ def quantize(
         if engine == "nncf" or (engine == "auto" and not verdict.passed and nncf_available()):
             if engine == "auto":
                 notes.append(f"onnxruntime's QDQ refused ({verdict.summary()}); NNCF tried next")
-            settings, verdict = _quantize_with_nncf(
-                path, int8, reference, candidate, frames, limits=limits, keep_head_float=keep_head_float,
-                accuracy_control=accuracy_control, threads=machine.cpu_budget,
-            )
+            try:
+                settings, verdict = _quantize_with_nncf(
+                    path, int8, reference, candidate, frames, limits=limits, keep_head_float=keep_head_float,
+                    accuracy_control=accuracy_control, threads=machine.cpu_budget,
+                )
+            except ModelConfigError as exc:
+                if engine == "nncf":
+                    raise
+                notes.append(f"NNCF failed, onnxruntime's refused model kept as the verdict: {exc.message}")
+                return _result(repo, name, raw, version, settings, verdict, frames, None, int8, machine, notes)
             notes.append("NNCF's QDQ quantizes only the convolutions' inputs: onnxruntime dequantizes between them, "
                          "so it may run no faster than fp32 there (0.5x on nudenet, AMX Xeon); `frameserve tune` measures it")
-        number = next_version(repo, name)
-        written: Path | None = None
-        if verdict.passed and out is not None:
-            new_config = {**raw, "parameters": {**dict(raw.get("parameters") or {}), "precision": "int8"},
-                          "version_policy": {"specific": {"versions": [number]}}}
-            written = write_model_folder(repo, name, Path(out), new_config, new_version=(number, int8))
-        return QuantizeResult(
-            name, version, number, settings, verdict, frames.to_dict(), written,
-            None if written is None else written / str(number) / "model.onnx", machine, tuple(notes),
-        )
+        return _result(repo, name, raw, version, settings, verdict, frames, out, int8, machine, notes)
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _result(
+    repo: ModelRepository, name: str, raw: Mapping[str, Any], version: int, settings: QuantizeSettings,
+    verdict: GateResult, frames: CalibrationFrames, out: Path | str | None, int8: Path, machine: SystemInfo,
+    notes: list[str],
+) -> QuantizeResult:
+    """The result, the model folder written to ``out`` when the gate passed."""
+    number = next_version(repo, name)
+    written: Path | None = None
+    if verdict.passed and out is not None:
+        new_config = {**raw, "parameters": {**dict(raw.get("parameters") or {}), "precision": "int8"},
+                      "version_policy": {"specific": {"versions": [number]}}}
+        written = write_model_folder(repo, name, Path(out), new_config, new_version=(number, int8))
+    return QuantizeResult(
+        name, version, number, settings, verdict, frames.to_dict(), written,
+        None if written is None else written / str(number) / "model.onnx", machine, (*settings.notes, *notes),
+    )
 
 
 def _quantize_with_nncf(
@@ -648,17 +710,20 @@ def _quantize_with_nncf(
 
     excluded = float_head_nodes(_named(onnx.load(str(path)))) if keep_head_float else []
     plain = quantize_nncf(path, int8, frames.calibration, float_nodes=excluded)
+    loaders, refusals = check_quantized(int8)
     settings = QuantizeSettings("QDQ", "8-bit asymmetric", "int8 symmetric", True, False,
                                 "NNCF MIXED preset + fast bias correction", tuple(excluded),
-                                len(frames.calibration), plain.seconds, engine="nncf")
+                                len(frames.calibration), plain.seconds, engine="nncf", checked=tuple(loaders),
+                                notes=tuple(refusals))
     verdict = gate(reference, candidate, frames, limits=limits, threads=threads)
-    if verdict.passed or not (accuracy_control and keep_head_float):
+    if verdict.passed or not (accuracy_control and keep_head_float and frames.pipeline is not None):
         return settings, verdict
     with _GateMetric(reference, frames, limits, threads) as metric:
         restored = quantize_nncf(path, int8, frames.calibration, float_nodes=excluded, restorer=Restorer(
             items=list(frames.held_apart), feed=lambda p: batch_of_one(frames.inputs[p]),
             validate=metric, max_drop=limits.max_drop,
         ))
+    check_quantized(int8)
     settings = dataclasses.replace(settings, seconds=plain.seconds + restored.seconds, accuracy_control=True,
                                    reverted=tuple(sorted(plain.ops - restored.ops)))
     return settings, gate(reference, candidate, frames, limits=limits, threads=threads)
@@ -704,6 +769,8 @@ class _GateMetric:
 
 def _lowered(frames: CalibrationFrames, limits: GateLimits) -> tuple[dict[str, Any], float, float] | None:
     """The candidate's parameter override of the gate's hysteresis (:func:`lowered_threshold`)."""
+    if frames.pipeline is None:
+        return None
     return lowered_threshold(frames.pipeline.load_class().params, limits.max_detection_score_change)
 
 

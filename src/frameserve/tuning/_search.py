@@ -98,7 +98,7 @@ class Objective:
         return {"kind": self.kind, "p99_ms": self.p99_ms, "min_throughput": self.min_throughput, "text": self.describe()}
 
 
-Phase = Literal["default", "search", "backoff", "repeat", "exhaustive"]
+Phase = Literal["default", "search", "backoff", "repeat", "exhaustive", "gate"]
 
 
 @dataclass(frozen=True)
@@ -110,9 +110,12 @@ class Trial:
         candidate: what was measured.
         concurrency: requests in flight.
         phase: ``default`` (the model's own config), ``search``, ``backoff`` (again at a lower
-            concurrency for the p99 bound), ``repeat`` (a finalist, longer windows) or ``exhaustive``.
+            concurrency for the p99 bound), ``repeat`` (a finalist, longer windows), ``exhaustive``,
+            or ``gate`` (refused before the search: an int8/bf16 model that could not be built or
+            that the accuracy gate refused; ``tune`` adds these).
         measurement: the figures, or ``None`` when it failed.
-        error: why it failed.
+        error: why it failed (the candidate could not be built, loaded or run, or was refused):
+            the row's ``status`` is then ``refused``.
         elapsed_s: wall seconds the trial took (load included).
         window_s: the measurement window used.
         feasible: whether it met the objective's bound.
@@ -132,14 +135,16 @@ class Trial:
 
 
 TRIAL_FIELDS: tuple[str, ...] = (
-    "trial", "phase", "config", "backend", "precision", "instances", "threads", "pin", "max_batch_size",
+    "trial", "phase", "status", "config", "backend", "precision", "instances", "threads", "pin", "max_batch_size",
     "dynamic_batching", "preferred_batch_size", "max_queue_delay_us", "ort_allow_spinning",
     "ort_graph_optimization_level", "ort_execution_mode", "performance_hint", "num_streams", "concurrency",
     "throughput", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "cpu_s_per_infer", "requests", "windows", "stable",
     "window_s", "feasible", "score", "repeat", "repeats", "elapsed_s", "error",
 )
 """The columns of ``trials.csv``: every parameter, the figures (throughput in inferences/s,
-latencies in ms, CPU seconds per inference), and ``repeat`` (0 = the candidate's first
+latencies in ms, CPU seconds per inference), ``status`` (``measured``, or ``refused`` with the
+reason in ``error``: a candidate that could not be built, loaded or run, or that the accuracy gate
+refused), and ``repeat`` (0 = the candidate's first
 measurement) of ``repeats`` (its measurements in the run)."""
 
 
@@ -155,7 +160,8 @@ def trial_rows(trials: Sequence[Trial]) -> list[dict[str, Any]]:
         seen[t.candidate] = n + 1
         m = t.measurement.to_dict() if t.measurement is not None else {}
         row: dict[str, Any] = {
-            "trial": t.index, "phase": t.phase, "config": t.candidate.key, **t.candidate.params(),
+            "trial": t.index, "phase": t.phase, "status": "measured" if t.measurement is not None else "refused",
+            "config": t.candidate.key, **t.candidate.params(),
             "concurrency": t.concurrency, "window_s": t.window_s, "feasible": t.feasible, "score": t.score,
             "repeat": n, "repeats": total[t.candidate], "elapsed_s": round(t.elapsed_s, 3), "error": t.error,
         }

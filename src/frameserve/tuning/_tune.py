@@ -12,6 +12,7 @@ the model loaded from a staging repository whose config.yaml is each candidate's
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 import time
@@ -37,7 +38,7 @@ from frameserve.tuning._quantize import (
     next_version,
     quantize,
 )
-from frameserve.tuning._search import Budget, Objective, Phase, Progress, Search, SearchResult, trial_rows
+from frameserve.tuning._search import Budget, Objective, Phase, Progress, Search, SearchResult, Trial, trial_rows
 from frameserve.tuning._space import (
     Batching,
     Candidate,
@@ -50,6 +51,7 @@ from frameserve.tuning._space import (
 )
 from frameserve.tuning._sysinfo import SystemInfo, system_info
 from frameserve.tuning._targets import ServiceTarget, make_inputs, resolve_model
+from frameserve.tuning._tensors import tensor_frames
 
 __all__ = ["TUNE_FILES", "TuneResult", "tune"]
 
@@ -79,6 +81,10 @@ class TuneResult:
         elapsed_s: wall seconds of the whole run.
         notes: what to know when reading it.
         video: the video co-tuning (``--video``): its trials and the best decode settings.
+        refused: candidates refused before the search measured them (an int8 model that could
+            not be built or that the accuracy gate refused, a bf16 one the gate refused), as
+            trials of phase ``gate`` with the reason in ``error``; they are rows of
+            ``trials.csv`` and the report after the search's own.
     """
 
     model: str
@@ -99,6 +105,13 @@ class TuneResult:
     elapsed_s: float = 0.0
     notes: tuple[str, ...] = field(default=())
     video: Mapping[str, Any] | None = None
+    refused: tuple[Trial, ...] = field(default=())
+
+    @property
+    def all_trials(self) -> tuple[Trial, ...]:
+        """The search's trials, then the candidates refused before it (numbered on)."""
+        n = len(self.search.trials)
+        return (*self.search.trials, *(dataclasses.replace(t, index=n + i) for i, t in enumerate(self.refused)))
 
     def comparison(self) -> dict[str, Any]:
         """The default config against the winner, from their interleaved repeats (the search's
@@ -129,7 +142,7 @@ class TuneResult:
             "model": self.model, "version": self.version, "objective": self.objective.to_dict(),
             "machine": self.machine.to_dict(), "space": self.space.to_dict(), "search": self.search.to_dict(),
             "settings": self.settings.to_dict(), "repeat_settings": self.repeat_settings.to_dict(),
-            "trials": trial_rows(self.search.trials),
+            "trials": trial_rows(self.all_trials),
             "winner": None if self.search.winner is None else {
                 "config": self.search.winner.key, **self.search.winner.params(), "version": self.winner_version,
                 "concurrency": self.search.winner_concurrency, "config_yaml": dict(self.winner_config or {}),
@@ -252,8 +265,8 @@ def tune(
     goal = Objective(objective, p99_ms, min_throughput)  # type: ignore[arg-type]
     if not time_budget_s > 0:
         raise InvalidInputError(f"--time-budget must be > 0 seconds, got {time_budget_s}")
-    if (calibration is not None or video is not None) and pipeline is None:
-        raise InvalidInputError("--calibration and --video need --pipeline: its preprocess makes the model's inputs")
+    if video is not None and pipeline is None:
+        raise InvalidInputError("--video needs --pipeline: its preprocess makes the model's inputs")
     out_dir = Path(out) if out is not None else None
     if out_dir is not None and out_dir.exists() and any(out_dir.iterdir()):
         raise InvalidInputError(f"--out {out_dir} is not empty; tune writes a repository there: give a new or empty folder")
@@ -289,25 +302,17 @@ def tune(
             if "openvino" not in found and backends is None:
                 not_tried.append("openvino: not installed (pip install 'frameserve[openvino]')")
             bf16_ok = False
-            if calibration is not None and pipeline is not None:
-                stage(f"calibration frames from {calibration}")
-                frames = calibration_frames(calibration, pipeline, completed, model=name, params=params)
-                stage("int8: quantizing and gating against fp32")
-                int8 = quantize(Path(model_dir), calibration=frames, max_drop=max_drop, work_dir=tmp, machine=machine)
-                stage(f"int8: {int8.settings.describe()}; gate {int8.gate.summary()}")
-                if int8.passed:
+            refused: list[Trial] = []
+            if calibration is not None:
+                frames, int8, bf16_gate = _precisions(
+                    Path(model_dir), name, raw, path, completed, calibration=calibration, pipeline=pipeline, params=params,
+                    max_drop=max_drop, tmp=tmp, machine=machine, found=found, stage=stage, not_tried=not_tried,
+                    refused=refused, baseline=_baseline(raw, completed, machine),
+                )
+                if int8 is not None and int8.passed:
                     (staging / str(int8_version)).mkdir()
                     (tmp / f"{name}.int8.onnx").rename(staging / str(int8_version) / "model.onnx")
-                else:
-                    not_tried.append(f"int8: refused by the accuracy gate ({int8.gate.summary()})")
-                if machine.bf16_native and "openvino" in found:
-                    stage("bf16: gating OpenVINO bf16 against fp32")
-                    ref = Variant({**raw, "backend": "onnxruntime", "parameters": {"precision": "fp32"}}, path)
-                    cand = Variant({**raw, "backend": "openvino", "parameters": {"precision": "bf16"}}, path)
-                    bf16_gate = gate(ref, cand, frames, limits=GateLimits(max_drop=max_drop), threads=machine.cpu_budget)
-                    bf16_ok = bf16_gate.passed
-                    if not bf16_ok:
-                        not_tried.append(f"bf16: refused by the accuracy gate ({bf16_gate.summary()})")
+                bf16_ok = bf16_gate is not None and bf16_gate.passed
             else:
                 not_tried.append("int8 not tried: no --calibration (the accuracy gate needs the pipeline's frames)")
                 if machine.bf16_native and "openvino" in found:
@@ -337,13 +342,16 @@ def tune(
             video_result = None
             if video is not None and pipeline is not None and winner is not None and not result.interrupted:
                 stage(f"video: co-tuning decode workers, decoder threads and batch on {video}")
-                video_result = _cotune(service, staging, name, winner, winner_config or {}, video, pipeline, params, machine)
+                try:
+                    video_result = _cotune(service, staging, name, winner, winner_config or {}, video, pipeline, params, machine)
+                except FrameserveError as exc:
+                    notes.append(f"video co-tuning failed: {exc.message}")
         finally:
             service.close()
         tuned = TuneResult(
             name, version, goal, space, result, machine, raw, winner_config, winner_version, int8, bf16_gate,
             None if frames is None else frames.to_dict(), short, long, out_dir, time.monotonic() - started,
-            tuple(notes + list(result.notes)), video_result,
+            tuple(notes + list(result.notes)), video_result, tuple(refused),
         )
         if out_dir is not None:
             from frameserve.tuning._tune_report import write_tune_outputs
@@ -351,6 +359,54 @@ def tune(
             int8_file = staging / str(int8_version) / "model.onnx"
             write_tune_outputs(tuned, repo, out_dir, int8_file=int8_file if winner_version == int8_version else None)
     return tuned
+
+
+def _precisions(
+    model_dir: Path, name: str, raw: Mapping[str, Any], path: Path, completed: Any, *, calibration: Path | str,
+    pipeline: str | Path | None, params: Mapping[str, Any] | None, max_drop: float, tmp: Path, machine: SystemInfo,
+    found: tuple[str, ...], stage: Callable[[str], None], not_tried: list[str], refused: list[Trial], baseline: Candidate,
+) -> tuple[CalibrationFrames | None, QuantizeResult | None, GateResult | None]:
+    """Calibration frames, the int8 model and its gate, the bf16 gate: each step that fails (a
+    calibration the model cannot take, a quantization that raises, a gate that refuses) is a
+    line of ``not_tried`` and a refused trial, and tuning goes on in fp32."""
+    def refuse(precision: str, backend: str, reason: str) -> None:
+        not_tried.append(f"{precision}: {reason}")
+        cand = dataclasses.replace(baseline, engine=Engine(backend, precision))
+        refused.append(Trial(0, cand, 1, "gate", None, f"refused: {reason}", 0.0, 0.0))
+
+    try:
+        stage(f"calibration frames from {calibration}")
+        if pipeline is None:
+            frames = tensor_frames(calibration, completed, model=name)
+        else:
+            frames = calibration_frames(calibration, pipeline, completed, model=name, params=params)
+    except FrameserveError as exc:
+        refuse("int8", "onnxruntime", f"no calibration frames ({exc.message})")
+        return None, None, None
+    int8: QuantizeResult | None = None
+    try:
+        stage("int8: quantizing and gating against fp32")
+        int8 = quantize(model_dir, calibration=frames, max_drop=max_drop, work_dir=tmp, machine=machine)
+        stage(f"int8: {int8.settings.describe()}; gate {int8.gate.summary()}")
+        if not int8.passed:
+            refuse("int8", "onnxruntime", f"refused by the accuracy gate ({int8.gate.summary()})")
+    except Exception as exc:  # a candidate that cannot be built or loaded is refused, not the run
+        reason = exc.message if isinstance(exc, FrameserveError) else f"{type(exc).__name__}: {exc}"
+        refuse("int8", "onnxruntime", f"could not be built or loaded ({reason})")
+        int8 = None
+    bf16_gate: GateResult | None = None
+    if machine.bf16_native and "openvino" in found:
+        try:
+            stage("bf16: gating OpenVINO bf16 against fp32")
+            ref = Variant({**raw, "backend": "onnxruntime", "parameters": {"precision": "fp32"}}, path)
+            cand = Variant({**raw, "backend": "openvino", "parameters": {"precision": "bf16"}}, path)
+            bf16_gate = gate(ref, cand, frames, limits=GateLimits(max_drop=max_drop), threads=machine.cpu_budget)
+            if not bf16_gate.passed:
+                refuse("bf16", "openvino", f"refused by the accuracy gate ({bf16_gate.summary()})")
+        except Exception as exc:
+            reason = exc.message if isinstance(exc, FrameserveError) else f"{type(exc).__name__}: {exc}"
+            refuse("bf16", "openvino", f"could not be loaded or run ({reason})")
+    return frames, int8, bf16_gate
 
 
 def _cotune(
@@ -391,7 +447,8 @@ def _inputs(completed: Any, shapes: Mapping[str, tuple[int, ...]] | None, frames
     mbs = int(completed.max_batch_size or 0)
     if frames is not None and frames.inputs:
         first = frames.inputs[0]
-        return {k: (np.ascontiguousarray(v[None]) if mbs > 0 else np.ascontiguousarray(v)) for k, v in first.items()}
+        ranks = {t.name: len(t.dims) for t in completed.inputs}
+        return {k: np.ascontiguousarray(v[None] if mbs > 0 or v.ndim < ranks.get(k, v.ndim) else v) for k, v in first.items()}
     return make_inputs(completed.inputs, max_batch_size=mbs, batch=1, shapes=shapes)
 
 
@@ -418,3 +475,5 @@ class _Runner:
             return measure(target, self.inputs, batch=1, concurrency=conc, settings=settings), None
         except FrameserveError as exc:
             return None, exc.message
+        except Exception as exc:  # a backend's own error: the candidate is refused, the search goes on
+            return None, f"{type(exc).__name__}: {exc}"

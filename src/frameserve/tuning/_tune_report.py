@@ -181,9 +181,11 @@ def _gates(data: Mapping[str, Any]) -> str:
     if data.get("int8"):
         q = data["int8"]
         rows.append(("int8 (onnxruntime static QDQ)", q["gate"]["summary"]))
+        rows.append(("int8 gate metric", q["gate"]["metric"]))
         rows.append(("int8 settings", ", ".join(f"{k} {v}" for k, v in q["settings"].items() if k != "float_nodes_first")))
     else:
-        rows.append(("int8", "not tried: no --calibration"))
+        refusal = next((r["error"] for r in data["trials"] if r["phase"] == "gate" and r["precision"] == "int8"), None)
+        rows.append(("int8", refusal or "not tried: no --calibration"))
     if data.get("bf16_gate"):
         rows.append(("bf16 (OpenVINO)", data["bf16_gate"]["summary"]))
     return html_table(("candidate", "accuracy against fp32 on held-apart frames"), rows, css_class="gates")
@@ -227,8 +229,8 @@ def _report(result: Any, data: Mapping[str, Any], tmp: Path) -> str:
         sections.append(("Video pipeline, co-tuned", _video(data["video"])))
     sections.append(("The search space", _space(data)))
     sections.append(("Machine", machine_section(data["machine"])))
-    rows = trial_rows(result.search.trials)
-    cols = ("trial", "phase", "config", "concurrency", "throughput", "p50_ms", "p90_ms", "p99_ms", "cpu_s_per_infer",
+    rows = trial_rows(result.all_trials)
+    cols = ("trial", "phase", "status", "config", "concurrency", "throughput", "p50_ms", "p90_ms", "p99_ms", "cpu_s_per_infer",
             "stable", "feasible", "repeat", "error")
     sections.append(("Every trial", html_table(cols, ([r[k] for k in cols] for r in rows), css_class="trials",
                                                caption="throughput in inferences/s; latency in ms; CPU seconds per inference")))

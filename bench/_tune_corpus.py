@@ -1,0 +1,133 @@
+"""``bench/tune.py --corpus`` (issue 26): ``tune`` on every corpus model (tests/data/corpus.py:
+the torch models and the built-in assets), calibrated without a pipeline (images, or the .npz of
+the two-input model).
+
+Per model: tuned / default throughput, both served by ``frameserve serve`` (the default
+repository: the model folder as it is; the tuned one: tune's ``--out``) and measured by ``perf``
+over HTTP, batch 1, the best over concurrencies 1 and 4 (goal: median >= 1.3x, none below
+1.0x); the int8 gate's verdict with its metric. On three models, tune's best / an exhaustive
+sweep's best (each run's own best median; goal >= 0.95 using <= 1/3 of the sweep's trials).
+The CPU model and its ISA flags are printed first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "data"))
+
+import corpus  # noqa: E402
+
+__all__ = ["run_corpus"]
+
+SHAPES: dict[str, dict[str, tuple[int, ...]]] = {
+    "mobilenetv3-o17": {"x": (3, 64, 64)}, "superres-x2": {"lr": (3, 32, 32)},
+    "ppocr-det": {"x": (3, 320, 320)}, "ppocr-cls": {"x": (3, 48, 192)}, "ppocr-rec": {"x": (3, 48, 320)},
+    "mtcnn-pnet": {"input_1": (96, 128, 3)}, "nudenet": {"images": (3, 320, 320)},
+}
+EXHAUSTIVE = ("resnet18-o17", "mobilenetv3-o13", "two-in-three-out")
+
+
+def _best_served(url: str, name: str, settings: Any) -> float:
+    from frameserve.tuning import perf
+
+    res = perf(url=url, model=name, shapes=SHAPES.get(name), batches=[1], concurrencies=[1, 4], settings=settings)
+    return max((r.measurement.throughput for r in res.rows if r.measurement is not None), default=0.0)
+
+
+def run_corpus(args: argparse.Namespace, log: Any) -> None:
+    """Run the corpus benchmark and print its table (see the module docstring)."""
+    from _cpu import cpu_model
+    from _serving import ServeProcess
+
+    from frameserve import assets
+    from frameserve.assets import builtin_model
+    from frameserve.config import Settings
+    from frameserve.tuning import MeasureSettings, system_info, tune
+
+    machine = system_info()
+    print(f"CPU: {cpu_model()}, {machine.cpu_budget} CPUs budget; ISA: {' '.join(sorted(machine.flags))}", flush=True)
+    work = Path(tempfile.mkdtemp(prefix="frameserve-bench-corpus-"))
+    images = corpus.calibration_images(work / "images")
+    npz = corpus.calibration_npz(work / "two.npz")
+    wanted = set(args.models.split(",")) if args.models else None
+    folders: dict[str, Path] = {}
+    for spec in corpus.TORCH_MODELS:
+        if wanted is None or spec.name in wanted:
+            folders[spec.name] = corpus.build_model(spec, work / "models" / spec.name)
+    for name in corpus.BUILTIN_MODELS:
+        if wanted is None or name in wanted:
+            path = assets.ensure(builtin_model(name).asset, Settings.from_env().assets_dir)
+            folders[name] = corpus.builtin_folder(name, work / "models" / name, path)
+    settings = MeasureSettings(window_s=args.window_s, warmup_s=args.window_s / 2, max_windows=3)
+    rows = []
+    for name, folder in folders.items():
+        log(f"== {name}: tune ({args.budget_s:g} s)")
+        cal = npz if name == "two-in-three-out" else images
+        out = work / "tuned" / name
+        try:
+            result = tune(folder, time_budget_s=args.budget_s, calibration=cal, shapes=SHAPES.get(name), out=out,
+                          max_configs=args.max_configs)
+        except Exception as exc:  # the benchmark reports it and goes on
+            rows.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        gate = result.int8.gate if result.int8 is not None else None
+        refusal = next((t.error for t in result.refused if t.candidate.engine.precision == "int8"), None)
+        row: dict[str, Any] = {
+            "model": name, "trials": len(result.search.trials), "winner": result.search.winner.key if result.search.winner else None,
+            "int8": ("passed" if gate.passed else "refused") if gate is not None else "refused",
+            "metric": gate.metric if gate is not None else (refusal or "-"),
+            "gate": gate.summary() if gate is not None else (refusal or "-"),
+        }
+        log("   served: default vs tuned, perf over HTTP")
+        with ServeProcess(folder.parent, work / "home" / name / "a", "--no-jobs") as a, \
+                ServeProcess(out, work / "home" / name / "b", "--no-jobs") as b:
+            a.wait_ready(120)
+            b.wait_ready(120)
+            d = [_best_served(f"http://127.0.0.1:{a.ports['HTTP']}", name, settings)]
+            t = [_best_served(f"http://127.0.0.1:{b.ports['HTTP']}", name, settings)]
+            d.append(_best_served(f"http://127.0.0.1:{a.ports['HTTP']}", name, settings))
+            a.stop()
+            b.stop()
+        row["default_per_s"], row["tuned_per_s"] = statistics.median(d), t[0]
+        row["served_ratio"] = row["tuned_per_s"] / row["default_per_s"] if row["default_per_s"] > 0 else math.nan
+        if name in EXHAUSTIVE and not args.no_exhaustive:
+            log(f"   exhaustive sweep of {name}")
+            e = tune(folder, time_budget_s=args.budget_s, calibration=cal, shapes=SHAPES.get(name), max_configs=args.max_configs,
+                     exhaustive=True)
+            best_t = result.comparison().get("best", {}).get("throughput")
+            best_e = e.comparison().get("best", {}).get("throughput")
+            row["vs_exhaustive"] = best_t / best_e if best_t and best_e else math.nan
+            row["trial_share"] = len(result.search.trials) / max(1, len(e.search.trials))
+        rows.append(row)
+    _table(rows)
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
+    print("\n| model | trials | served default /s | served tuned /s | tuned/default (>= 1.0; median >= 1.3) | "
+          "tune/exhaustive (>= 0.95) | trials share (<= 0.33) | int8 gate | metric |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    ratios = []
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['model']} | error: {r['error'][:120]} | | | | | | | |")
+            continue
+        ratios.append(r["served_ratio"])
+        ex = f"{r['vs_exhaustive']:.2f}" if "vs_exhaustive" in r else "-"
+        share = f"{r['trial_share']:.2f}" if "trial_share" in r else "-"
+        print(f"| {r['model']} | {r['trials']} | {r['default_per_s']:.1f} | {r['tuned_per_s']:.1f} | {r['served_ratio']:.2f} | "
+              f"{ex} | {share} | {r['int8']} | {r['metric'][:90]} |")
+    finite = [x for x in ratios if math.isfinite(x)]
+    if finite:
+        print(f"\nserved tuned/default: median {statistics.median(finite):.2f}x (goal >= 1.3x), "
+              f"min {min(finite):.2f}x (goal >= 1.0x), {sum(x < 1.0 for x in finite)} model(s) below 1.0x")
+    for r in rows:
+        if "gate" in r:
+            print(f"  {r['model']}: int8 {r['gate'][:300]}")
