@@ -30,6 +30,7 @@ The tree (catch at any level)::
     │   └── JobNotFoundError            job_not_found          404  NOT_FOUND
     ├── ModelConfigError                invalid_model_config   400  INVALID_ARGUMENT
     ├── BackendUnavailableError         backend_unavailable    400  FAILED_PRECONDITION
+    ├── RepositoryPollError             repository_poll_failed 500  INTERNAL
     ├── ModelNotReadyError              model_not_ready        503  UNAVAILABLE
     │   └── SchedulerStoppedError       model_unloading        503  UNAVAILABLE
     ├── ModelControlDisabledError       model_control_disabled 503  UNAVAILABLE
@@ -71,8 +72,6 @@ __all__ = [
     "SHOWN_CHARS",
     "SHOWN_NAMES",
     "STATUS",
-    "JobTimeoutError",
-    "WorkerCrashedError",
     "AddressRefusedError",
     "AssetError",
     "AssetNotFoundError",
@@ -86,6 +85,7 @@ __all__ = [
     "InvalidModelNameError",
     "JobNotFoundError",
     "JobStateError",
+    "JobTimeoutError",
     "LeaseLostError",
     "ModelConfigError",
     "ModelControlDisabledError",
@@ -98,6 +98,7 @@ __all__ = [
     "PipelineNotFoundError",
     "PipelineSpecError",
     "QuotaExceededError",
+    "RepositoryPollError",
     "ResourceExhaustedError",
     "SchedulerStoppedError",
     "SharedMemoryError",
@@ -111,6 +112,8 @@ __all__ = [
     "UnauthenticatedError",
     "UnsupportedMediaTypeError",
     "VideoError",
+    "WorkerCrashedError",
+    "poll_failed",
     "retry_after_header",
     "shown",
     "shown_names",
@@ -263,6 +266,20 @@ class BackendUnavailableError(FrameserveError):
 
     code = "backend_unavailable"
     user_error = True
+
+
+class RepositoryPollError(FrameserveError):
+    """A load request names no model of the repository, or its ``config`` override cannot be
+    read: Triton's ``failed to load '<model>', failed to poll from model repository``, with
+    Triton's status (500 / INTERNAL), then what was wrong (:func:`poll_failed`)."""
+
+    code = "repository_poll_failed"
+    user_error = True
+
+
+def poll_failed(model: str, why: str) -> RepositoryPollError:
+    """The :class:`RepositoryPollError` of a load of ``model``: Triton's words, then ``why``."""
+    return RepositoryPollError(f"failed to load {shown(model)}, failed to poll from model repository: {why}")
 
 
 class ModelNotReadyError(FrameserveError):
@@ -520,6 +537,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "invalid_model_config": (400, "INVALID_ARGUMENT"),
     "backend_unavailable": (400, "FAILED_PRECONDITION"),
     "model_not_ready": (503, "UNAVAILABLE"),
+    "repository_poll_failed": (500, "INTERNAL"),
     "resource_exhausted": (429, "RESOURCE_EXHAUSTED"),
     "quota_exceeded": (429, "RESOURCE_EXHAUSTED"),
     "deadline_exceeded": (503, "UNAVAILABLE"),

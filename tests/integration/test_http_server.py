@@ -267,8 +267,9 @@ def test_repository_index_unload_load_and_config_override(client: httpclient.Inf
     finally:
         client.load_model("scale")
     assert client.get_model_metadata("scale")["versions"] == ["1", "2"]
-    with pytest.raises(InferenceServerException, match="not valid JSON"):
+    with pytest.raises(InferenceServerException, match="failed to load 'scale', failed to poll from model repository: .*not valid JSON") as info:
         client.load_model("scale", config="{nope")
+    assert info.value.status() == "500"  # Triton's status
     with pytest.raises(InferenceServerException, match="no model 'ghost'"):
         client.load_model("ghost")
 

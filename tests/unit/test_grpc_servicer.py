@@ -129,7 +129,8 @@ def test_load_rejects_bad_config_parameter_before_calling_the_service() -> None:
         ctx = _Context()
         with pytest.raises(_Aborted):
             _call(servicer.RepositoryModelLoad(req, ctx))
-        assert ctx.code is grpc.StatusCode.INVALID_ARGUMENT and message in ctx.details
+        assert ctx.code is grpc.StatusCode.INTERNAL and ctx.details.startswith(  # Triton's status and words
+            "failed to load 'm', failed to poll from model repository: ") and message in ctx.details
     req = pb.RepositoryModelLoadRequest(model_name="m")
     req.parameters["file:1/model.onnx"].bytes_param = b"\0"
     ctx = _Context()
