@@ -118,6 +118,8 @@ __all__ = [
     "shown",
     "shown_names",
     "status_for",
+    "unavailable_model",
+    "unknown_model",
 ]
 
 MAX_MESSAGE_CHARS = 4096
@@ -275,6 +277,22 @@ class RepositoryPollError(FrameserveError):
 
     code = "repository_poll_failed"
     user_error = True
+
+
+def unknown_model(name: str, version: int | None = None, *, hint: str = "") -> ModelNotFoundError:
+    """Triton's words for a model (or a version of it) that is not served, 404 / NOT_FOUND:
+    ``Request for unknown model: 'm' is not found`` (``... 'm' version 3 is not found``), then
+    ``; <hint>`` when given (what is served)."""
+    what = "is not found" if version is None else f"version {version} is not found"
+    return ModelNotFoundError(f"Request for unknown model: {shown(name)} {what}" + (f"; {hint}" if hint else ""))
+
+
+def unavailable_model(name: str, version: int | None = None) -> ModelNotReadyError:
+    """Triton's words for a model of the repository with no version loaded (``Request for
+    unknown model: 'm' has no available versions``) or a version of it on disk but not loaded
+    (``... 'm' version 3 is not at ready state``), 503 / UNAVAILABLE."""
+    what = "has no available versions" if version is None else f"version {version} is not at ready state"
+    return ModelNotReadyError(f"Request for unknown model: {shown(name)} {what}")
 
 
 def poll_failed(model: str, why: str) -> RepositoryPollError:

@@ -32,12 +32,16 @@ from frameserve.errors import (
     FrameserveError,
     InferenceError,
     InvalidInputError,
+    InvalidModelNameError,
     ModelConfigError,
     ModelNotFoundError,
     ModelNotReadyError,
     ResourceExhaustedError,
     TensorError,
+    poll_failed,
     shown,
+    unavailable_model,
+    unknown_model,
 )
 from frameserve.metrics import Metrics
 from frameserve.repository import ModelConfig, ModelRepository, check_inputs, parse_config
@@ -183,15 +187,30 @@ class InferenceService:
             version replaced by its reload); on any error nothing changes.
 
         Raises:
-            ModelNotFoundError: no repository, no such model, or no such version (or none under
-                the version policy).
+            RepositoryPollError: no such model in the repository (Triton's ``failed to load
+                '<name>', failed to poll from model repository``, 500 / INTERNAL).
+            ModelNotFoundError: no repository, or no such version (or none under the version
+                policy).
             ModelConfigError, BackendUnavailableError: from the config, the instance groups
-                (``KIND_GPU`` without a GPU ...) or the backend.
+                (``KIND_GPU`` without a usable GPU ...) or the backend.
+
+        Every error but the first two begins with Triton's ``load failed for model '<name>': ``,
+        and one of a version that failed to start goes on with ``version N is at UNAVAILABLE
+        state: `` before what was wrong.
         """
+        repo = self._require_repository(name)
+        try:
+            repo.model_dir(name)
+        except InvalidModelNameError as exc:
+            raise poll_failed(name, exc.message) from None
+        except ModelNotFoundError:
+            raise poll_failed(name, "no such model in the model repository") from None
         try:
             return self._load(name, version, config_override=config_override, plan=None)
         except FrameserveError as exc:
             self._without_root(exc)  # the same error, its message cleaned
+            exc.message = f"load failed for model {shown(name)}: {exc.message}"  # Triton's words first
+            exc.args = (exc.message,)
             raise
 
     def load_models(self, names: Sequence[str]) -> dict[str, list[int]]:
@@ -268,8 +287,13 @@ class InferenceService:
                         ens = EnsembleScheduler(config, v, self.submit, self.model_config, clock=self.clock, metrics=self.metrics)
                         loaded[v] = _Loaded(v, ens, repo.model_dir(name) / str(v))
                         continue
-                    path = repo.model_file(name, v, config=config)
-                    loaded[v] = self._start(config, v, path, specs, model_dir=repo.model_dir(name))
+                    try:
+                        path = repo.model_file(name, v, config=config)
+                        loaded[v] = self._start(config, v, path, specs, model_dir=repo.model_dir(name))
+                    except FrameserveError as exc:  # Triton's words for a version that failed
+                        exc.message = f"version {v} is at UNAVAILABLE state: {exc.message}"
+                        exc.args = (exc.message,)
+                        raise
             except BaseException:
                 for entry in loaded.values():
                     entry.scheduler.stop(drain=False)
@@ -745,7 +769,7 @@ class InferenceService:
         if name in self._registered:
             return
         if self.repository is None:
-            raise ModelNotFoundError(f"no model {shown(name)}; loaded: {', '.join(self.model_names()) or '(none)'}")
+            raise unknown_model(name, hint=f"loaded: {', '.join(self.model_names()) or '(none)'}")
         self.repository.model_dir(name)
 
     def _entry(self, name: str, version: int | None) -> _Loaded:
@@ -753,15 +777,13 @@ class InferenceService:
             versions = self._models.get(name)
             if not versions:
                 self._check_known(name)
-                raise ModelNotReadyError(f"model {shown(name)} is not loaded")
+                raise unavailable_model(name)
             if version is None:
                 return versions[max(versions)]
             entry = versions.get(int(version))
             if entry is None:
                 if self.repository is not None and name not in self._registered:
                     if int(version) in self.repository.all_versions(name):
-                        raise ModelNotReadyError(f"model {shown(name)} version {version} is not loaded")
-                raise ModelNotFoundError(
-                    f"model {shown(name)} has no loaded version {version}; loaded versions: {sorted(versions)}"
-                )
+                        raise unavailable_model(name, int(version))
+                raise unknown_model(name, int(version), hint=f"loaded versions: {sorted(versions)}")
             return entry

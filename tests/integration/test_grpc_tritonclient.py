@@ -366,7 +366,8 @@ def test_repository_index_unload_load(client: tc.InferenceServerClient, channel:
     assert client.get_model_config("spare").config.max_batch_size == 3
     with pytest.raises(InferenceServerException) as err:
         client.load_model("no_such_model")
-    assert _status(err) == "StatusCode.NOT_FOUND"
+    assert _status(err) == "StatusCode.INTERNAL"  # Triton's status and words
+    assert err.value.message().startswith("failed to load 'no_such_model', failed to poll from model repository")
     assert client.is_model_ready("spare")
 
 

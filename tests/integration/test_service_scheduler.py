@@ -197,7 +197,7 @@ def test_server_state_metadata_and_statistics_shape(service: InferenceService) -
     assert service.is_server_live() and service.is_server_ready()
     loaded = service.load_models(["add", "missing"])
     assert loaded == {"add": [1]}
-    assert "no model 'missing'" in service.load_errors["missing"]
+    assert "Request for unknown model: 'missing' is not found" in service.load_errors["missing"]
     assert not service.is_server_ready()  # a model asked for at start is not loaded
     assert service.server_metadata(["binary_tensor_data"]) == {
         "name": "frameserve",

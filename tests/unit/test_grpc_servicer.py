@@ -71,7 +71,9 @@ def test_metadata_live_ready_and_statistics() -> None:
     assert _call(servicer.ServerLive(pb.ServerLiveRequest(), _Context())).live
     assert _call(servicer.ServerReady(pb.ServerReadyRequest(), _Context())).ready
     assert _call(servicer.ModelReady(pb.ModelReadyRequest(name="m", version="3"), _Context())).ready
-    assert not _call(servicer.ModelReady(pb.ModelReadyRequest(name="m", version="x"), _Context())).ready
+    with pytest.raises(_Aborted, match="failed to get model version from specified version string 'x'"):  # as Triton
+        _call(servicer.ModelReady(pb.ModelReadyRequest(name="m", version="x"), ctx := _Context()))
+    assert ctx.code is grpc.StatusCode.INVALID_ARGUMENT
     _call(servicer.ModelInfer(_request(), _Context()))
     stats = _call(servicer.ModelStatistics(pb.ModelStatisticsRequest(name="m"), _Context()))
     assert [(s.version, s.inference_stats.success.count) for s in stats.model_stats] == [("1", 0), ("3", 1)]

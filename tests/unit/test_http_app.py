@@ -74,7 +74,7 @@ def test_error_mapping_and_unexpected_exceptions() -> None:
     assert _call(app, "DELETE", "/v2/models/m/infer").status_code == 405
     svc.unload("m")
     r = _call(app, "GET", "/v2/models/m/ready")
-    assert r.status_code == 503 and "not loaded" in r.json()["error"]
+    assert r.status_code == 503 and r.json()["error"] == "Request for unknown model: 'm' has no available versions"
 
 
 def test_infer_hands_the_service_one_request_and_counts_protocol_failures() -> None:

@@ -148,10 +148,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_handled
     async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
-        try:
-            version = parse_version(request.version)
-        except InvalidInputError:
-            return pb.ModelReadyResponse(ready=False)
+        version = parse_version(request.version)  # a bad one is INVALID_ARGUMENT, as Triton answers
         return pb.ModelReadyResponse(ready=self.service.is_ready(request.name, version))
 
     # -- metadata ----------------------------------------------------------------------------
