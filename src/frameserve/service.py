@@ -137,6 +137,8 @@ class InferenceService:
         strict_readiness: Triton's ``--strict-readiness``: true (default) = the server is ready
             while every model it was asked to serve (:meth:`load_models`) is loaded; a model
             unloaded on purpose no longer counts. False = ready while any model is loaded.
+        server_name: the ``name`` of the server metadata (Triton's ``--id``; ``serve
+            --server-name``).
 
     Thread safety: every method may be called from many threads at once. Loads and unloads of
     one model are serialised; requests never wait for a lock held during a load.
@@ -151,6 +153,7 @@ class InferenceService:
         metrics: Metrics | None = None,
         max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
         strict_readiness: bool = True,
+        server_name: str = "frameserve",
     ) -> None:
         if threads is not None and threads < 1:
             raise ModelConfigError(f"threads must be >= 1, got {threads}")
@@ -162,6 +165,9 @@ class InferenceService:
         self.metrics = metrics if metrics is not None else Metrics()
         self.max_queue_size = max_queue_size
         self.strict_readiness = strict_readiness
+        if not server_name:
+            raise ModelConfigError("server_name must not be empty")
+        self.server_name = server_name
         self._lock = threading.RLock()
         self._load_lock = threading.Lock()  # one load/unload at a time (thread budget bookkeeping)
         self._models: dict[str, dict[int, _Loaded]] = {}
@@ -459,11 +465,12 @@ class InferenceService:
             return all(self._models.get(n) for n in self._required)
 
     def server_metadata(self, transport_extensions: Sequence[str] = ()) -> dict[str, Any]:
-        """v2 server metadata: ``{"name": "frameserve", "version", "extensions": [...]}``; the
-        extensions are :data:`EXTENSIONS` and those the asking transport adds (HTTP's
-        ``binary_tensor_data``), sorted."""
+        """v2 server metadata: ``{"name": server_name, "version", "extensions": [...]}`` (the name
+        is ``frameserve`` unless ``serve --server-name`` says otherwise, e.g. ``triton`` for
+        clients that check it); the extensions are :data:`EXTENSIONS` and those the asking
+        transport adds (HTTP's ``binary_tensor_data``), sorted."""
         extensions = sorted({*EXTENSIONS, *transport_extensions})
-        return {"name": "frameserve", "version": __version__, "extensions": extensions}
+        return {"name": self.server_name, "version": __version__, "extensions": extensions}
 
     def statistics(self, name: str | None = None, version: int | None = None) -> dict[str, Any]:
         """Triton's statistics extension: ``{"model_stats": [$model_stat, ...]}``, one per loaded
