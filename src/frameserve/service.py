@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from frameserve import __version__
-from frameserve.backends import BackendContext, Session, load_session
+from frameserve.backends import BackendContext, Session, load_session, usable_gpus
 from frameserve.config import cpu_count
 from frameserve.errors import (
     FrameserveError,
@@ -107,6 +107,15 @@ def _run_here(run_here_under_us: float | None) -> tuple[bool, int | None]:
     if run_here_under_us == math.inf:
         return True, None
     return True, int(run_here_under_us * 1000)
+
+
+def _gpus(config: ModelConfig) -> dict[str, Any]:
+    """:func:`~frameserve.scheduler.plan_instances`'s ``gpus`` and ``gpu_why`` for ``config``:
+    the GPUs its backend can use, asked only when an instance group may want one."""
+    if not any(g.kind in ("KIND_GPU", "KIND_AUTO") for g in config.instance_group):
+        return {"gpus": 0}
+    n, why = usable_gpus(config.backend)
+    return {"gpus": n, "gpu_why": why}
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -245,7 +254,7 @@ class InferenceService:
                     ensembles.add(name)
                     continue
                 n_versions = max(1, len(cfg.version_policy.select(repo.all_versions(name))))
-                specs = plan_instances(cfg, threads=self.threads, gpus=None)
+                specs = plan_instances(cfg, threads=self.threads, **_gpus(cfg))
                 sharing += n_versions * sum(1 for s in specs if s.cpu_set is None)
             except FrameserveError:
                 continue  # reported by its own load below
@@ -331,7 +340,7 @@ class InferenceService:
         budget taken from the CPUs the other loaded versions leave free."""
         if plan is not None:
             free, sharing = plan
-            return plan_instances(config, threads=self.threads, free_cpus=free, instances_sharing=sharing)
+            return plan_instances(config, threads=self.threads, free_cpus=free, instances_sharing=sharing, **_gpus(config))
         with self._lock:
             used = 0
             for n, entries in self._models.items():
@@ -340,10 +349,10 @@ class InferenceService:
                     if not same:
                         used += entry.threads
         free = max(1, cpu_count() - used)
-        probe = plan_instances(config, threads=self.threads, free_cpus=free)
+        probe = plan_instances(config, threads=self.threads, free_cpus=free, **_gpus(config))
         unpinned = sum(1 for s in probe if s.cpu_set is None)
         return plan_instances(
-            config, threads=self.threads, free_cpus=free, instances_sharing=max(1, unpinned * len(versions))
+            config, threads=self.threads, free_cpus=free, instances_sharing=max(1, unpinned * len(versions)), **_gpus(config)
         )
 
     def _start(
@@ -356,6 +365,7 @@ class InferenceService:
                 model_version=version,
                 instance_name=spec.name,
                 device="gpu" if spec.kind == "KIND_GPU" else "cpu",
+                gpu=spec.gpu,
             )
             return load_session(config, path, threads=spec.threads, context=context)
 

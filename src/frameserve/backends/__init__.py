@@ -8,6 +8,7 @@ their backend is used.
 from __future__ import annotations
 
 from frameserve.backends._complete import complete_config, detect_signature
+from frameserve.backends._devices import usable_gpus
 from frameserve.backends._loader import AVAILABLE_BACKENDS, load_session
 from frameserve.backends.base import DEFAULT_MAX_BATCH_SIZE, BackendContext, ModelSignature, Session
 
@@ -20,4 +21,5 @@ __all__ = [
     "complete_config",
     "detect_signature",
     "load_session",
+    "usable_gpus",
 ]
