@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from frameserve import __version__
-from frameserve.backends import BackendContext, Session, load_session, usable_gpus
+from frameserve.backends import BackendContext, Session, load_session
+from frameserve.backends import instance_gpus as _gpus
 from frameserve.config import cpu_count
 from frameserve.errors import (
     FrameserveError,
@@ -35,7 +36,6 @@ from frameserve.errors import (
     InvalidModelNameError,
     ModelConfigError,
     ModelNotFoundError,
-    ModelNotReadyError,
     ResourceExhaustedError,
     TensorError,
     poll_failed,
@@ -107,15 +107,6 @@ def _run_here(run_here_under_us: float | None) -> tuple[bool, int | None]:
     if run_here_under_us == math.inf:
         return True, None
     return True, int(run_here_under_us * 1000)
-
-
-def _gpus(config: ModelConfig) -> dict[str, Any]:
-    """:func:`~frameserve.scheduler.plan_instances`'s ``gpus`` and ``gpu_why`` for ``config``:
-    the GPUs its backend can use, asked only when an instance group may want one."""
-    if not any(g.kind in ("KIND_GPU", "KIND_AUTO") for g in config.instance_group):
-        return {"gpus": 0}
-    n, why = usable_gpus(config.backend)
-    return {"gpus": n, "gpu_why": why}
 
 
 def failure_reason(exc: BaseException) -> str:

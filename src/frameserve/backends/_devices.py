@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
-__all__ = ["nvidia_gpus", "usable_gpus"]
+from frameserve.repository import ModelConfig
+
+__all__ = ["instance_gpus", "nvidia_gpus", "usable_gpus"]
 
 
 def nvidia_gpus() -> int:
@@ -55,3 +58,12 @@ def usable_gpus(backend: str) -> tuple[int, str]:
         return int(torch.cuda.device_count()), ""
     n = nvidia_gpus()
     return n, "" if n else "this machine has no NVIDIA GPU (no /proc/driver/nvidia/gpus)"
+
+
+def instance_gpus(config: ModelConfig) -> dict[str, Any]:
+    """:func:`~frameserve.scheduler.plan_instances`'s ``gpus`` and ``gpu_why`` for ``config``:
+    the GPUs its backend can use, asked only when an instance group may want one."""
+    if not any(g.kind in ("KIND_GPU", "KIND_AUTO") for g in config.instance_group):
+        return {"gpus": 0}
+    n, why = usable_gpus(config.backend)
+    return {"gpus": n, "gpu_why": why}

@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
 from frameserve._proto import model_config_pb2 as mc
-from frameserve.errors import FrameserveError, InvalidInputError, QuotaExceededError, SharedMemoryNotFoundError, shown
+from frameserve.errors import FrameserveError, QuotaExceededError, SharedMemoryNotFoundError, shown
 from frameserve.protocol import check_model_control
 from frameserve.protocol.grpc._auth import principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response, parameter_value, parse_version
