@@ -35,9 +35,9 @@ def setup_peer(timeout_s: float = 900.0) -> tuple[bool, str]:
 
 
 @contextlib.contextmanager
-def running_peer(repo: Path, timeout_s: float = 120.0) -> Iterator[TritonPeer]:
-    """The peer serving ``repo``, ready; skips the test when it cannot be installed, or fails it
-    when ``FRAMESERVE_REQUIRE_TRITON_PEER=1`` (CI)."""
+def running_peer(repo: Path, *extra: str, timeout_s: float = 120.0) -> Iterator[TritonPeer]:
+    """The peer serving ``repo`` (with tritonserver's ``extra`` arguments), ready; skips the test
+    when it cannot be installed, or fails it when ``FRAMESERVE_REQUIRE_TRITON_PEER=1`` (CI)."""
     import pytest
 
     ok, why = setup_peer()
@@ -46,7 +46,7 @@ def running_peer(repo: Path, timeout_s: float = 120.0) -> Iterator[TritonPeer]:
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(reason)
         pytest.skip(reason)
-    with TritonPeer(repo) as peer:
+    with TritonPeer(repo, *extra) as peer:
         peer.wait_ready(timeout_s=timeout_s)
         yield peer
 

@@ -30,6 +30,7 @@ The tree (catch at any level)::
     │   └── JobNotFoundError            job_not_found          404  NOT_FOUND
     ├── ModelConfigError                invalid_model_config   400  INVALID_ARGUMENT
     ├── BackendUnavailableError         backend_unavailable    400  FAILED_PRECONDITION
+    ├── RepositoryPollError             repository_poll_failed 500  INTERNAL
     ├── ModelNotReadyError              model_not_ready        503  UNAVAILABLE
     │   └── SchedulerStoppedError       model_unloading        503  UNAVAILABLE
     ├── ModelControlDisabledError       model_control_disabled 503  UNAVAILABLE
@@ -97,6 +98,7 @@ __all__ = [
     "PipelineNotFoundError",
     "PipelineSpecError",
     "QuotaExceededError",
+    "RepositoryPollError",
     "ResourceExhaustedError",
     "SchedulerStoppedError",
     "SharedMemoryError",
@@ -111,10 +113,13 @@ __all__ = [
     "UnsupportedMediaTypeError",
     "VideoError",
     "WorkerCrashedError",
+    "poll_failed",
     "retry_after_header",
     "shown",
     "shown_names",
     "status_for",
+    "unavailable_model",
+    "unknown_model",
 ]
 
 MAX_MESSAGE_CHARS = 4096
@@ -263,6 +268,36 @@ class BackendUnavailableError(FrameserveError):
 
     code = "backend_unavailable"
     user_error = True
+
+
+class RepositoryPollError(FrameserveError):
+    """A load request names no model of the repository, or its ``config`` override cannot be
+    read: Triton's ``failed to load '<model>', failed to poll from model repository``, with
+    Triton's status (500 / INTERNAL), then what was wrong (:func:`poll_failed`)."""
+
+    code = "repository_poll_failed"
+    user_error = True
+
+
+def unknown_model(name: str, version: int | None = None, *, hint: str = "") -> ModelNotFoundError:
+    """Triton's words for a model (or a version of it) that is not served, 404 / NOT_FOUND:
+    ``Request for unknown model: 'm' is not found`` (``... 'm' version 3 is not found``), then
+    ``; <hint>`` when given (what is served)."""
+    what = "is not found" if version is None else f"version {version} is not found"
+    return ModelNotFoundError(f"Request for unknown model: {shown(name)} {what}" + (f"; {hint}" if hint else ""))
+
+
+def unavailable_model(name: str, version: int | None = None) -> ModelNotReadyError:
+    """Triton's words for a model of the repository with no version loaded (``Request for
+    unknown model: 'm' has no available versions``) or a version of it on disk but not loaded
+    (``... 'm' version 3 is not at ready state``), 503 / UNAVAILABLE."""
+    what = "has no available versions" if version is None else f"version {version} is not at ready state"
+    return ModelNotReadyError(f"Request for unknown model: {shown(name)} {what}")
+
+
+def poll_failed(model: str, why: str) -> RepositoryPollError:
+    """The :class:`RepositoryPollError` of a load of ``model``: Triton's words, then ``why``."""
+    return RepositoryPollError(f"failed to load {shown(model)}, failed to poll from model repository: {why}")
 
 
 class ModelNotReadyError(FrameserveError):
@@ -520,6 +555,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "invalid_model_config": (400, "INVALID_ARGUMENT"),
     "backend_unavailable": (400, "FAILED_PRECONDITION"),
     "model_not_ready": (503, "UNAVAILABLE"),
+    "repository_poll_failed": (500, "INTERNAL"),
     "resource_exhausted": (429, "RESOURCE_EXHAUSTED"),
     "quota_exceeded": (429, "RESOURCE_EXHAUSTED"),
     "deadline_exceeded": (503, "UNAVAILABLE"),

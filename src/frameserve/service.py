@@ -27,17 +27,21 @@ import numpy as np
 
 from frameserve import __version__
 from frameserve.backends import BackendContext, Session, load_session
+from frameserve.backends import instance_gpus as _gpus
 from frameserve.config import cpu_count
 from frameserve.errors import (
     FrameserveError,
     InferenceError,
     InvalidInputError,
+    InvalidModelNameError,
     ModelConfigError,
     ModelNotFoundError,
-    ModelNotReadyError,
     ResourceExhaustedError,
     TensorError,
+    poll_failed,
     shown,
+    unavailable_model,
+    unknown_model,
 )
 from frameserve.metrics import Metrics
 from frameserve.repository import ModelConfig, ModelRepository, check_inputs, parse_config
@@ -133,6 +137,8 @@ class InferenceService:
         strict_readiness: Triton's ``--strict-readiness``: true (default) = the server is ready
             while every model it was asked to serve (:meth:`load_models`) is loaded; a model
             unloaded on purpose no longer counts. False = ready while any model is loaded.
+        server_name: the ``name`` of the server metadata (Triton's ``--id``; ``serve
+            --server-name``).
 
     Thread safety: every method may be called from many threads at once. Loads and unloads of
     one model are serialised; requests never wait for a lock held during a load.
@@ -147,6 +153,7 @@ class InferenceService:
         metrics: Metrics | None = None,
         max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
         strict_readiness: bool = True,
+        server_name: str = "frameserve",
     ) -> None:
         if threads is not None and threads < 1:
             raise ModelConfigError(f"threads must be >= 1, got {threads}")
@@ -158,6 +165,9 @@ class InferenceService:
         self.metrics = metrics if metrics is not None else Metrics()
         self.max_queue_size = max_queue_size
         self.strict_readiness = strict_readiness
+        if not server_name:
+            raise ModelConfigError("server_name must not be empty")
+        self.server_name = server_name
         self._lock = threading.RLock()
         self._load_lock = threading.Lock()  # one load/unload at a time (thread budget bookkeeping)
         self._models: dict[str, dict[int, _Loaded]] = {}
@@ -183,15 +193,30 @@ class InferenceService:
             version replaced by its reload); on any error nothing changes.
 
         Raises:
-            ModelNotFoundError: no repository, no such model, or no such version (or none under
-                the version policy).
+            RepositoryPollError: no such model in the repository (Triton's ``failed to load
+                '<name>', failed to poll from model repository``, 500 / INTERNAL).
+            ModelNotFoundError: no repository, or no such version (or none under the version
+                policy).
             ModelConfigError, BackendUnavailableError: from the config, the instance groups
-                (``KIND_GPU`` without a GPU ...) or the backend.
+                (``KIND_GPU`` without a usable GPU ...) or the backend.
+
+        Every error but the first two begins with Triton's ``load failed for model '<name>': ``,
+        and one of a version that failed to start goes on with ``version N is at UNAVAILABLE
+        state: `` before what was wrong.
         """
+        repo = self._require_repository(name)
+        try:
+            repo.model_dir(name)
+        except InvalidModelNameError as exc:
+            raise poll_failed(name, exc.message) from None
+        except ModelNotFoundError:
+            raise poll_failed(name, "no such model in the model repository") from None
         try:
             return self._load(name, version, config_override=config_override, plan=None)
         except FrameserveError as exc:
             self._without_root(exc)  # the same error, its message cleaned
+            exc.message = f"load failed for model {shown(name)}: {exc.message}"  # Triton's words first
+            exc.args = (exc.message,)
             raise
 
     def load_models(self, names: Sequence[str]) -> dict[str, list[int]]:
@@ -220,7 +245,7 @@ class InferenceService:
                     ensembles.add(name)
                     continue
                 n_versions = max(1, len(cfg.version_policy.select(repo.all_versions(name))))
-                specs = plan_instances(cfg, threads=self.threads, gpus=None)
+                specs = plan_instances(cfg, threads=self.threads, **_gpus(cfg))
                 sharing += n_versions * sum(1 for s in specs if s.cpu_set is None)
             except FrameserveError:
                 continue  # reported by its own load below
@@ -268,8 +293,13 @@ class InferenceService:
                         ens = EnsembleScheduler(config, v, self.submit, self.model_config, clock=self.clock, metrics=self.metrics)
                         loaded[v] = _Loaded(v, ens, repo.model_dir(name) / str(v))
                         continue
-                    path = repo.model_file(name, v, config=config)
-                    loaded[v] = self._start(config, v, path, specs, model_dir=repo.model_dir(name))
+                    try:
+                        path = repo.model_file(name, v, config=config)
+                        loaded[v] = self._start(config, v, path, specs, model_dir=repo.model_dir(name))
+                    except FrameserveError as exc:  # Triton's words for a version that failed
+                        exc.message = f"version {v} is at UNAVAILABLE state: {exc.message}"
+                        exc.args = (exc.message,)
+                        raise
             except BaseException:
                 for entry in loaded.values():
                     entry.scheduler.stop(drain=False)
@@ -301,7 +331,7 @@ class InferenceService:
         budget taken from the CPUs the other loaded versions leave free."""
         if plan is not None:
             free, sharing = plan
-            return plan_instances(config, threads=self.threads, free_cpus=free, instances_sharing=sharing)
+            return plan_instances(config, threads=self.threads, free_cpus=free, instances_sharing=sharing, **_gpus(config))
         with self._lock:
             used = 0
             for n, entries in self._models.items():
@@ -310,10 +340,10 @@ class InferenceService:
                     if not same:
                         used += entry.threads
         free = max(1, cpu_count() - used)
-        probe = plan_instances(config, threads=self.threads, free_cpus=free)
+        probe = plan_instances(config, threads=self.threads, free_cpus=free, **_gpus(config))
         unpinned = sum(1 for s in probe if s.cpu_set is None)
         return plan_instances(
-            config, threads=self.threads, free_cpus=free, instances_sharing=max(1, unpinned * len(versions))
+            config, threads=self.threads, free_cpus=free, instances_sharing=max(1, unpinned * len(versions)), **_gpus(config)
         )
 
     def _start(
@@ -326,6 +356,7 @@ class InferenceService:
                 model_version=version,
                 instance_name=spec.name,
                 device="gpu" if spec.kind == "KIND_GPU" else "cpu",
+                gpu=spec.gpu,
             )
             return load_session(config, path, threads=spec.threads, context=context)
 
@@ -435,11 +466,12 @@ class InferenceService:
             return all(self._models.get(n) for n in self._required)
 
     def server_metadata(self, transport_extensions: Sequence[str] = ()) -> dict[str, Any]:
-        """v2 server metadata: ``{"name": "frameserve", "version", "extensions": [...]}``; the
-        extensions are :data:`EXTENSIONS` and those the asking transport adds (HTTP's
-        ``binary_tensor_data``), sorted."""
+        """v2 server metadata: ``{"name": server_name, "version", "extensions": [...]}`` (the name
+        is ``frameserve`` unless ``serve --server-name`` says otherwise, e.g. ``triton`` for
+        clients that check it); the extensions are :data:`EXTENSIONS` and those the asking
+        transport adds (HTTP's ``binary_tensor_data``), sorted."""
         extensions = sorted({*EXTENSIONS, *transport_extensions})
-        return {"name": "frameserve", "version": __version__, "extensions": extensions}
+        return {"name": self.server_name, "version": __version__, "extensions": extensions}
 
     def statistics(self, name: str | None = None, version: int | None = None) -> dict[str, Any]:
         """Triton's statistics extension: ``{"model_stats": [$model_stat, ...]}``, one per loaded
@@ -745,7 +777,7 @@ class InferenceService:
         if name in self._registered:
             return
         if self.repository is None:
-            raise ModelNotFoundError(f"no model {shown(name)}; loaded: {', '.join(self.model_names()) or '(none)'}")
+            raise unknown_model(name, hint=f"loaded: {', '.join(self.model_names()) or '(none)'}")
         self.repository.model_dir(name)
 
     def _entry(self, name: str, version: int | None) -> _Loaded:
@@ -753,15 +785,13 @@ class InferenceService:
             versions = self._models.get(name)
             if not versions:
                 self._check_known(name)
-                raise ModelNotReadyError(f"model {shown(name)} is not loaded")
+                raise unavailable_model(name)
             if version is None:
                 return versions[max(versions)]
             entry = versions.get(int(version))
             if entry is None:
                 if self.repository is not None and name not in self._registered:
                     if int(version) in self.repository.all_versions(name):
-                        raise ModelNotReadyError(f"model {shown(name)} version {version} is not loaded")
-                raise ModelNotFoundError(
-                    f"model {shown(name)} has no loaded version {version}; loaded versions: {sorted(versions)}"
-                )
+                        raise unavailable_model(name, int(version))
+                raise unknown_model(name, int(version), hint=f"loaded versions: {sorted(versions)}")
             return entry

@@ -1,5 +1,6 @@
 """`frameserve serve` as a subprocess: start-up lines, readiness after loading, a model that
-fails to load, and graceful SIGTERM (an in-flight request completes)."""
+fails to load (exit, as Triton's --exit-on-error; or serving the others with
+--no-exit-on-error), --server-name, and graceful SIGTERM (an in-flight request completes)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,22 @@ from _serving import SLOW_WIDTH, ServeProcess, make_repository
 pytestmark = pytest.mark.e2e
 
 
-def test_a_model_that_fails_to_load_leaves_the_others_serving(tmp_path: Path) -> None:
+def test_a_model_that_fails_to_load_at_start_makes_serve_exit_naming_it(tmp_path: Path) -> None:
+    """Triton's --exit-on-error, its default: the server does not stay up without a model."""
     repo = make_repository(tmp_path / "repo", with_bad=True)
     with ServeProcess(repo, tmp_path / "home") as srv:
+        assert srv.proc.wait(60) == 1, srv.lines
+        errors = [line for line in srv.lines if line.startswith("error: ")]
+        assert errors[0].startswith("error: failed to load 'bad': version 1 is at UNAVAILABLE state: "), srv.lines
+        assert "protobuf" in errors[0].lower() or "onnx" in errors[0].lower(), errors  # and why
+        assert errors[-1].startswith("error: failed to load all models"), srv.lines
+        assert not any(line.startswith(("ready:", "not ready:")) for line in srv.lines), srv.lines
+
+
+@pytest.mark.parametrize("flag", ["--no-exit-on-error", "--exit-on-error=false"])  # ours, and Triton's spelling
+def test_a_model_that_fails_to_load_leaves_the_others_serving(tmp_path: Path, flag: str) -> None:
+    repo = make_repository(tmp_path / "repo", with_bad=True)
+    with ServeProcess(repo, tmp_path / "home", flag) as srv:
         line = srv.wait_line("not ready:")
         assert "(bad)" in line and "add" in line, line
         assert srv.wait_stderr("'bad' failed to load"), srv.stderr
@@ -89,3 +103,21 @@ def test_serve_bad_repository_is_a_user_error(tmp_path: Path) -> None:
     with ServeProcess(tmp_path / "missing", tmp_path / "home") as srv:
         assert srv.proc.wait(60) == 2
         assert "is not a folder" in srv.stderr
+
+
+def test_server_name_is_what_the_server_metadata_reports(tmp_path: Path) -> None:
+    """--server-name triton: clients that check for Triton's name are served (HTTP and gRPC)."""
+    import tritonclient.grpc as grpcclient
+
+    repo = make_repository(tmp_path / "repo")
+    with ServeProcess(repo, tmp_path / "home", "--server-name", "triton") as srv:
+        srv.wait_ready()
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{srv.ports['HTTP']}")
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.ports['gRPC']}")
+        try:
+            assert http.get_server_metadata()["name"] == "triton"
+            assert grpc.get_server_metadata().name == "triton"
+        finally:
+            http.close()
+            grpc.close()
+        assert srv.stop() == 0

@@ -131,7 +131,7 @@ def _bad(**change: Any) -> dict[str, Any]:
 
 
 BAD = {
-    "missing_step": (_bad(step=(1, "model_name", "no_such_model")), r"step 1 \('no_such_model'\) cannot be loaded: no model 'no_such_model'"),
+    "missing_step": (_bad(step=(1, "model_name", "no_such_model")), r"step 1 \('no_such_model'\) cannot be loaded: Request for unknown model: 'no_such_model' is not found"),
     "unused_input": (_bad(step=(0, "input_map", {"RAW": "TOP"})), r"ensemble input 'RAW' is not read by any step"),
     "cycle_between_steps": (
         {**_bad(), "ensemble_scheduling": {"step": [

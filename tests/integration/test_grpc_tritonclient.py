@@ -360,10 +360,14 @@ def test_repository_index_unload_load(client: tc.InferenceServerClient, channel:
     assert client.get_model_config("spare").config.max_batch_size == 2
     with pytest.raises(InferenceServerException) as err:
         client.load_model("spare", config="{not json")
-    assert _status(err) == "StatusCode.INVALID_ARGUMENT" and "not valid JSON" in err.value.message()
+    assert _status(err) == "StatusCode.INTERNAL" and "failed to load 'spare', failed to poll from model repository" in err.value.message()
+    assert "not valid JSON" in err.value.message()
+    client.load_model("spare", config='{"max_batch_size": "3"}')  # protobuf JSON: an int64 as a string, as Triton takes it
+    assert client.get_model_config("spare").config.max_batch_size == 3
     with pytest.raises(InferenceServerException) as err:
         client.load_model("no_such_model")
-    assert _status(err) == "StatusCode.NOT_FOUND"
+    assert _status(err) == "StatusCode.INTERNAL"  # Triton's status and words
+    assert err.value.message().startswith("failed to load 'no_such_model', failed to poll from model repository")
     assert client.is_model_ready("spare")
 
 

@@ -98,16 +98,16 @@ def test_example_repository_entry_loads_and_runs(service: InferenceService) -> N
 
 def test_not_found_not_ready_and_unload(service: InferenceService) -> None:
     x = {"x": np.ones((1, 3, 2, 2), np.float32)}
-    with pytest.raises(ModelNotFoundError, match="no model 'nope' in the model repository; available: add, example, scale"):
+    with pytest.raises(ModelNotFoundError, match="Request for unknown model: 'nope' is not found; available: add, example, scale"):
         service.infer("nope", x)
-    with pytest.raises(ModelNotReadyError, match="model 'scale' is not loaded"):
+    with pytest.raises(ModelNotReadyError, match="Request for unknown model: 'scale' has no available versions"):
         service.infer("scale", x)
     assert not service.is_ready("scale")
     service.load("scale", 1)
     assert service.is_ready("scale") and service.is_ready("scale", 1) and not service.is_ready("scale", 2)
-    with pytest.raises(ModelNotReadyError, match="version 2 is not loaded"):
+    with pytest.raises(ModelNotReadyError, match="Request for unknown model: 'scale' version 2 is not at ready state"):
         service.infer("scale", x, version=2)
-    with pytest.raises(ModelNotFoundError, match=r"no loaded version 7; loaded versions: \[1\]"):
+    with pytest.raises(ModelNotFoundError, match=r"Request for unknown model: 'scale' version 7 is not found; loaded versions: \[1\]"):
         service.infer("scale", x, version=7)
     assert service.model_names() == ["scale"]
     assert {"name": "add", "version": "", "state": "UNAVAILABLE"} in service.repository_index()

@@ -25,7 +25,7 @@ from frameserve.errors import (
 )
 from frameserve.repository import ModelRepository
 from frameserve.request import InferRequest
-from frameserve.scheduler import gpu_count
+from frameserve.backends import usable_gpus
 from frameserve.service import InferenceService
 from _models import add_model, conv_model, scale_model
 
@@ -197,7 +197,7 @@ def test_server_state_metadata_and_statistics_shape(service: InferenceService) -
     assert service.is_server_live() and service.is_server_ready()
     loaded = service.load_models(["add", "missing"])
     assert loaded == {"add": [1]}
-    assert "no model 'missing'" in service.load_errors["missing"]
+    assert "Request for unknown model: 'missing' is not found" in service.load_errors["missing"]
     assert not service.is_server_ready()  # a model asked for at start is not loaded
     assert service.server_metadata(["binary_tensor_data"]) == {
         "name": "frameserve",
@@ -230,11 +230,26 @@ def test_server_state_metadata_and_statistics_shape(service: InferenceService) -
     assert not service.is_server_live() and not service.is_server_ready()
 
 
-@pytest.mark.skipif(gpu_count() > 0, reason="this machine has a GPU")
-def test_gpu_instances_without_a_gpu_fail_clearly(service: InferenceService) -> None:
-    with pytest.raises(ModelConfigError, match="KIND_GPU but this machine has no GPU"):
-        service.load("conv", config_override={"instance_group": [{"count": 1, "kind": "KIND_GPU"}]})
+@pytest.mark.skipif(usable_gpus("onnxruntime")[0] > 0, reason="onnxruntime can use a GPU here")
+def test_gpu_instances_without_a_gpu_the_backend_can_use_fail_saying_why(service: InferenceService) -> None:
+    with pytest.raises(ModelConfigError, match=r"KIND_GPU but backend 'onnxruntime' cannot use a GPU here: onnxruntime \S+ "
+                       r"has no CUDAExecutionProvider \(its providers: .*CPUExecutionProvider"):
+        service.load("conv", config_override={"instance_group": [{"count": 1, "kind": "KIND_GPU", "gpus": [0]}]})
     assert not service.is_ready("conv")
+    service.load("conv", config_override={"instance_group": [{"count": 1, "kind": "KIND_AUTO"}]})  # what is there: the CPU
+    assert [i["kind"] for i in service.session_info("conv")["instances"]] == ["KIND_CPU"]
+    assert service.session_info("conv")["providers"] == ["CPUExecutionProvider"]
+
+
+def test_gpu_instances_run_on_the_gpu(service: InferenceService) -> None:
+    """GPU only: a KIND_GPU instance runs with onnxruntime's CUDA provider on its GPU."""
+    n, why = usable_gpus("onnxruntime")
+    if n == 0:
+        pytest.skip(f"no GPU onnxruntime can use on this machine: {why}")
+    service.load("conv", config_override={"instance_group": [{"count": 1, "kind": "KIND_GPU", "gpus": [0]}]})
+    info = service.session_info("conv")
+    assert info["device"] == "GPU:0" and info["providers"][0] == "CUDAExecutionProvider", info
+    assert [i["kind"] for i in info["instances"]] == ["KIND_GPU"]
 
 
 def test_default_thread_budget_shares_the_cores(repo: ModelRepository, monkeypatch: pytest.MonkeyPatch) -> None:

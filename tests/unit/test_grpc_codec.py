@@ -131,10 +131,23 @@ def test_request_level_errors() -> None:
         decode_infer_request(_request(("a", "FP32", [1]), ("a", "FP32", [1]), raw=[b"\0" * 4] * 2))
     mixed = _request(("a", "FP32", [1]), raw=[b"\0" * 4])
     mixed.inputs[0].contents.fp32_contents.append(1.0)
-    with pytest.raises(InvalidInputError, match="both raw_input_contents and typed contents"):
+    triton_mixed = "contents field must not be specified when using raw_input_contents for 'a' for model 'm'"  # Triton's words
+    with pytest.raises(InvalidInputError, match=triton_mixed):
         decode_infer_request(mixed)
-    with pytest.raises(InvalidInputError, match="model version 'v1' is not a version number"):
+    across = _request(("a", "FP32", [1]), ("b", "FP32", [1]), raw=[b"\0" * 4])  # typed a, raw for one input only
+    across.inputs[0].contents.fp32_contents.append(1.0)
+    across.inputs[1].contents.fp32_contents.append(1.0)
+    with pytest.raises(InvalidInputError, match=triton_mixed):  # Triton's client example's request
+        decode_infer_request(across)
+    with pytest.raises(InvalidInputError, match=r"failed to get model version from specified version string 'v1' \(details: stol\), "
+                       "version should be an integral value > 0"):
         decode_infer_request(_request(model_version="v1"))
+    for bad in ("99999999999999999999", " ", "x7"):  # past int64, no digits
+        with pytest.raises(InvalidInputError, match="failed to get model version from specified version string"):
+            decode_infer_request(_request(model_version=bad))
+    with pytest.raises(InvalidInputError, match="invalid model version specified '-1' , version should be an integral value > 0"):
+        decode_infer_request(_request(model_version="-1"))
+    assert decode_infer_request(_request(model_version="7")).model_version == 7
     with pytest.raises(InvalidInputError, match="names no model"):
         decode_infer_request(pb.ModelInferRequest())
 

@@ -71,7 +71,9 @@ def test_metadata_live_ready_and_statistics() -> None:
     assert _call(servicer.ServerLive(pb.ServerLiveRequest(), _Context())).live
     assert _call(servicer.ServerReady(pb.ServerReadyRequest(), _Context())).ready
     assert _call(servicer.ModelReady(pb.ModelReadyRequest(name="m", version="3"), _Context())).ready
-    assert not _call(servicer.ModelReady(pb.ModelReadyRequest(name="m", version="x"), _Context())).ready
+    with pytest.raises(_Aborted, match="failed to get model version from specified version string 'x'"):  # as Triton
+        _call(servicer.ModelReady(pb.ModelReadyRequest(name="m", version="x"), ctx := _Context()))
+    assert ctx.code is grpc.StatusCode.INVALID_ARGUMENT
     _call(servicer.ModelInfer(_request(), _Context()))
     stats = _call(servicer.ModelStatistics(pb.ModelStatisticsRequest(name="m"), _Context()))
     assert [(s.version, s.inference_stats.success.count) for s in stats.model_stats] == [("1", 0), ("3", 1)]
@@ -129,7 +131,8 @@ def test_load_rejects_bad_config_parameter_before_calling_the_service() -> None:
         ctx = _Context()
         with pytest.raises(_Aborted):
             _call(servicer.RepositoryModelLoad(req, ctx))
-        assert ctx.code is grpc.StatusCode.INVALID_ARGUMENT and message in ctx.details
+        assert ctx.code is grpc.StatusCode.INTERNAL and ctx.details.startswith(  # Triton's status and words
+            "failed to load 'm', failed to poll from model repository: ") and message in ctx.details
     req = pb.RepositoryModelLoadRequest(model_name="m")
     req.parameters["file:1/model.onnx"].bytes_param = b"\0"
     ctx = _Context()

@@ -74,7 +74,7 @@ def test_error_mapping_and_unexpected_exceptions() -> None:
     assert _call(app, "DELETE", "/v2/models/m/infer").status_code == 405
     svc.unload("m")
     r = _call(app, "GET", "/v2/models/m/ready")
-    assert r.status_code == 503 and "not loaded" in r.json()["error"]
+    assert r.status_code == 503 and r.json()["error"] == "Request for unknown model: 'm' has no available versions"
 
 
 def test_infer_hands_the_service_one_request_and_counts_protocol_failures() -> None:
@@ -125,11 +125,17 @@ def test_repository_routes() -> None:
     assert r.status_code == 200 and svc.calls[-1] == ("load", ("n", {"max_batch_size": 2}))
     assert svc.model_config("n").max_batch_size == 2
     assert _call(app, "POST", "/v2/repository/models/n/load").status_code == 200 and svc.calls[-1] == ("load", ("n", None))
-    bad = [({"parameters": {"config": "[1]"}}, "must be a JSON object"), ({"parameters": {"file:1/model.onnx": "AA=="}}, "not supported"),
-           ({"parameters": {"config": 3}}, "must be a string"), ({"parameters": {"config": "{"}}, "not valid JSON")]
-    for body, match in bad:
+    r = _call(app, "POST", "/v2/repository/models/n/load", json={"parameters": {"config": '{"max_batch_size": "16"}'}})
+    assert r.status_code == 200 and svc.calls[-1] == ("load", ("n", {"max_batch_size": 16}))  # protobuf JSON: int64 as a string
+    poll = "failed to load 'n', failed to poll from model repository: parameter 'config'"  # Triton's words and 500
+    bad = [({"parameters": {"config": "[1]"}}, 500, f"{poll}: a model configuration must be a JSON object"),
+           ({"parameters": {"file:1/model.onnx": "AA=="}}, 400, "not supported"),
+           ({"parameters": {"config": 3}}, 500, "must be a string"), ({"parameters": {"config": "{"}}, 500, f"{poll}: not valid JSON"),
+           ({"parameters": {"config": '{"max_batch_size": "x"}'}}, 500, f"{poll}: not a valid model configuration"),
+           ({"parameters": {"config": '{"bogus": 1}'}}, 500, 'has no field named "bogus"')]
+    for body, status, match in bad:
         r = _call(app, "POST", "/v2/repository/models/n/load", json=body)
-        assert r.status_code == 400 and match in r.json()["error"]
+        assert r.status_code == status and match in r.json()["error"], (body, r.status_code, r.text)
     assert _call(app, "POST", "/v2/repository/models/m/unload").status_code == 200 and svc.loaded["m"] == []
     assert _call(app, "POST", "/v2/repository/models/zz/unload").status_code == 404
 

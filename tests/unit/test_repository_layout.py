@@ -66,7 +66,7 @@ def test_models_versions_and_policy_from_config(tmp_path: Path) -> None:
 
 def test_missing_model_lists_available(tmp_path: Path) -> None:
     repo = _repo(tmp_path, {"alpha/1/model.onnx": "", "beta/1/model.onnx": ""})
-    with pytest.raises(ModelNotFoundError, match="no model 'gamma' in the model repository; available: alpha, beta") as info:
+    with pytest.raises(ModelNotFoundError, match="Request for unknown model: 'gamma' is not found; available: alpha, beta") as info:
         repo.config("gamma")
     assert str(tmp_path) not in str(info.value)  # a network client learns nothing of the file system
     with pytest.raises(InvalidModelNameError, match="one folder name") as bad:

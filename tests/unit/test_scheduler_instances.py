@@ -32,6 +32,7 @@ def test_default_budget_shares_free_cpus_without_oversubscribing() -> None:
         _cfg(instance_group=[{"count": 1, "name": "a"}, {"count": 2, "kind": "KIND_AUTO", "name": "b"}]),
         free_cpus=12,
         instances_sharing=6,
+        gpus=0,
     )
     assert [(s.name, s.kind, s.threads) for s in specs] == [("a_0", "KIND_CPU", 2), ("b_0", "KIND_CPU", 2), ("b_1", "KIND_CPU", 2)]
     assert [s.threads for s in plan_instances(_cfg(), free_cpus=0)] == [1]  # at least one thread
@@ -93,14 +94,21 @@ def test_pin_rule_gives_each_instance_its_own_cpus_at_load(monkeypatch: pytest.M
     assert plan_instances(_cfg(parameters={"pin": "none"}))[0].cpu_set is None
 
 
-def test_gpu_instances_need_a_gpu() -> None:
+def test_gpu_instances_need_a_gpu_the_backend_can_use() -> None:
     cfg = _cfg(instance_group=[{"count": 2, "kind": "KIND_GPU"}])
-    with pytest.raises(ModelConfigError, match="asks for KIND_GPU but this machine has no GPU; use KIND_CPU"):
-        plan_instances(cfg, gpus=0)
+    with pytest.raises(ModelConfigError, match="asks for KIND_GPU but backend 'onnxruntime' cannot use a GPU here: "
+                       "no CUDA provider; use KIND_CPU"):
+        plan_instances(cfg, gpus=0, gpu_why="no CUDA provider")
     specs = plan_instances(_cfg(instance_group=[{"count": 1, "kind": "KIND_GPU", "gpus": [0, 1]}]), gpus=2)
     assert [(s.kind, s.gpu) for s in specs] == [("KIND_GPU", 0), ("KIND_GPU", 1)]
     with pytest.raises(ModelConfigError, match=r"names GPUs \[3\]; this machine has 2"):
         plan_instances(_cfg(instance_group=[{"kind": "KIND_GPU", "gpus": [3]}]), gpus=2)
+
+
+def test_kind_auto_takes_the_gpus_there_are_else_the_cpu() -> None:
+    auto = _cfg(instance_group=[{"count": 1, "kind": "KIND_AUTO"}])
+    assert [(s.kind, s.gpu) for s in plan_instances(auto, gpus=0)] == [("KIND_CPU", None)]
+    assert [(s.kind, s.gpu) for s in plan_instances(auto, gpus=2)] == [("KIND_GPU", 0), ("KIND_GPU", 1)]  # as Triton
 
 
 @pytest.mark.skipif(not LINUX, reason="CPU affinity is Linux-only")

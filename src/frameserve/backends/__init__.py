@@ -8,6 +8,7 @@ their backend is used.
 from __future__ import annotations
 
 from frameserve.backends._complete import complete_config, detect_signature
+from frameserve.backends._devices import instance_gpus, usable_gpus
 from frameserve.backends._loader import AVAILABLE_BACKENDS, load_session
 from frameserve.backends.base import DEFAULT_MAX_BATCH_SIZE, BackendContext, ModelSignature, Session
 
@@ -19,5 +20,7 @@ __all__ = [
     "Session",
     "complete_config",
     "detect_signature",
+    "instance_gpus",
     "load_session",
+    "usable_gpus",
 ]

@@ -50,16 +50,17 @@ def load_session(
     if backend not in BACKENDS:
         raise BackendUnavailableError(f"backend {backend!r} unknown; accepted: {', '.join(BACKENDS)}")
     path = Path(model_path)
+    gpu = context.gpu if context is not None else None  # a KIND_GPU instance's device
     if not path.is_file():
         raise ModelConfigError(f"model {config.name!r}: model file {path} does not exist")
     if backend == "onnxruntime":
         from frameserve.backends._onnxruntime import OrtSession
 
-        return OrtSession(config, path, threads=threads, profile_dir=profile_dir)
+        return OrtSession(config, path, threads=threads, profile_dir=profile_dir, gpu=gpu)
     if backend == "openvino":
         from frameserve.backends._openvino import OpenVinoSession
 
-        return OpenVinoSession(config, path, threads=threads, perf_count=profile_dir is not None)
+        return OpenVinoSession(config, path, threads=threads, perf_count=profile_dir is not None, gpu=gpu)
     if profile_dir is not None:
         raise BackendUnavailableError(
             f"backend {backend!r} has no per-operator profiler; profiling works with onnxruntime and openvino"
@@ -71,7 +72,7 @@ def load_session(
     if backend == "torch":
         from frameserve.backends._torch import TorchSession
 
-        return TorchSession(config, path, threads=threads)
+        return TorchSession(config, path, threads=threads, gpu=gpu)
     raise BackendUnavailableError(
         f"backend {backend!r} is not available in this version; available: {', '.join(AVAILABLE_BACKENDS)}"
     )

@@ -106,7 +106,9 @@ class OrtSession:
             or a config that contradicts the model.
     """
 
-    def __init__(self, config: ModelConfig, model_path: Path, *, threads: int, profile_dir: Path | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, model_path: Path, *, threads: int, profile_dir: Path | None = None, gpu: int | None = None
+    ) -> None:
         import onnxruntime as ort
 
         spinning = config.parameters.get("ort_allow_spinning")
@@ -144,7 +146,11 @@ class OrtSession:
             opts.add_session_config_entry("session.intra_op.allow_spinning", spinning)
             opts.add_session_config_entry("session.inter_op.allow_spinning", spinning)
         try:
-            self._sess = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+            # a KIND_GPU instance: CUDA on its GPU (the service checked the provider is there), the CPU for the rest
+            providers: list[Any] = ["CPUExecutionProvider"]
+            if gpu is not None:
+                providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(gpu)}))
+            self._sess = ort.InferenceSession(str(model_path), sess_options=opts, providers=providers)
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
             raise ModelConfigError(f"model {config.name!r}: onnxruntime cannot load {model_path}: {exc}") from None
         sig = detect_signature(_raw(self._sess.get_inputs(), model_path), _raw(self._sess.get_outputs(), model_path))
@@ -175,7 +181,7 @@ class OrtSession:
             "precision": model_precision,
             "threads": threads,
             "inter_op_threads": inter,
-            "device": "CPU",
+            "device": "CPU" if gpu is None else f"GPU:{gpu}",
             "providers": self._sess.get_providers(),
             "performance_hint": None,
             "execution_mode": mode,

@@ -101,7 +101,9 @@ class OpenVinoSession:
             that contradicts the model.
     """
 
-    def __init__(self, config: ModelConfig, model_path: Path, *, threads: int, perf_count: bool = False) -> None:
+    def __init__(
+        self, config: ModelConfig, model_path: Path, *, threads: int, perf_count: bool = False, gpu: int | None = None
+    ) -> None:
         ov = _import_openvino()
         if config.precision not in _PRECISION_HINT:
             raise ModelConfigError(
@@ -149,6 +151,7 @@ class OpenVinoSession:
         self.inputs: tuple[TensorSpec, ...] = sig.inputs
         self.outputs: tuple[TensorSpec, ...] = sig.outputs
         self.max_batch_size: int = sig.max_batch_size
+        self._device = "CPU" if gpu is None else f"GPU.{gpu}"  # a KIND_GPU instance: that GPU device
         props = {
             "INFERENCE_NUM_THREADS": int(threads),
             "PERFORMANCE_HINT": hint,
@@ -158,8 +161,10 @@ class OpenVinoSession:
             props["NUM_STREAMS"] = int(streams) if streams.isdigit() else "AUTO"
         if perf_count:
             props["PERF_COUNT"] = True
+        if gpu is not None:  # a CPU property: the GPU plugin refuses it
+            del props["INFERENCE_NUM_THREADS"]
         try:
-            self._compiled = core.compile_model(model, "CPU", props)
+            self._compiled = core.compile_model(model, self._device, props)
         except Exception as exc:
             raise ModelConfigError(f"model {config.name!r}: openvino cannot compile {model_path}: {exc}") from None
         self._request = self._compiled.create_infer_request()
@@ -171,8 +176,8 @@ class OpenVinoSession:
             "version": ov.__version__,
             "precision": "int8" if config.precision == "int8" else _HINT_PRECISION.get(used, used),
             "inference_precision_hint": used,
-            "threads": int(self._compiled.get_property("INFERENCE_NUM_THREADS")),
-            "device": "CPU",
+            "threads": int(self._compiled.get_property("INFERENCE_NUM_THREADS")) if gpu is None else int(threads),
+            "device": self._device,
             "performance_hint": str(self._compiled.get_property("PERFORMANCE_HINT")),
             "num_streams": int(self._compiled.get_property("NUM_STREAMS")),
             "optimal_infer_requests": int(self._compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")),

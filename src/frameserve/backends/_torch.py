@@ -99,9 +99,11 @@ class TorchSession:
             that contradicts the model.
     """
 
-    def __init__(self, config: ModelConfig, model_path: Path, *, threads: int) -> None:
+    def __init__(self, config: ModelConfig, model_path: Path, *, threads: int, gpu: int | None = None) -> None:
         torch = _import_torch()
         self._torch = torch
+        # a KIND_GPU instance: the module and its inputs on that CUDA device (outputs come back to the CPU)
+        self._device = torch.device("cpu") if gpu is None else torch.device(f"cuda:{int(gpu)}")
         name = config.name
         if config.precision not in _PRECISIONS:
             raise ModelConfigError(
@@ -119,11 +121,11 @@ class TorchSession:
         try:
             if self._exported:
                 program = torch.export.load(str(model_path))
-                self._module = program.module()
+                self._module = program.module().to(self._device)
             else:
                 with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript; we still serve it
                     warnings.filterwarnings("ignore", message=".*torch.jit.load.* is deprecated", category=DeprecationWarning)
-                    self._module = torch.jit.load(str(model_path), map_location="cpu")
+                    self._module = torch.jit.load(str(model_path), map_location=self._device)
         except Exception as exc:
             kind = "torch.export.load" if self._exported else "torch.jit.load"
             raise ModelConfigError(f"model {name!r}: {kind} cannot load {model_path}: {exc}") from None
@@ -151,7 +153,7 @@ class TorchSession:
             "precision": _precision_of(params),
             "threads": torch.get_num_threads(),
             "inter_op_threads": torch.get_num_interop_threads(),
-            "device": "CPU",
+            "device": "CPU" if gpu is None else f"GPU:{gpu}",
             "performance_hint": None,
             "format": "torch.export" if self._exported else "torchscript",
             "model_path": str(model_path),
@@ -242,7 +244,7 @@ class TorchSession:
             tensor = torch.from_dlpack(arr)
         if self._compute is not None and tensor.is_floating_point():
             tensor = tensor.to(self._compute)
-        return tensor
+        return tensor if self._device.type == "cpu" else tensor.to(self._device)
 
     def _collect(self, result: Any) -> dict[str, np.ndarray[Any, Any]]:
         name = self.config.name

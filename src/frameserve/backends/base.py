@@ -59,7 +59,9 @@ class BackendContext:
             ``args["model_repository"]``; ``None`` = the parent of the version folder.
         model_version: the version being loaded; ``None`` = the version folder's name.
         instance_name: the instance's name (Triton's ``<model>_<index>``); ``None`` = ``<model>_0``.
-        device: ``"cpu"`` (``"gpu"`` reserved for GPU instances).
+        device: ``"cpu"``, or ``"gpu"`` for a ``KIND_GPU`` instance.
+        gpu: the GPU index of a ``KIND_GPU`` instance (Triton's ``model_instance_device_id``),
+            else ``None``.
     """
 
     infer: InferFn | None = None
@@ -67,6 +69,7 @@ class BackendContext:
     model_version: int | None = None
     instance_name: str | None = None
     device: str = "cpu"
+    gpu: int | None = None
 
 
 @runtime_checkable

@@ -44,4 +44,9 @@ def _register() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``frameserve`` console script."""
     _register()
-    app(args=argv if argv is not None else sys.argv[1:], prog_name="frameserve")
+    args = list(argv if argv is not None else sys.argv[1:])
+    if args[:1] == ["serve"]:
+        from frameserve.cli.serve import triton_bool_args
+
+        args = triton_bool_args(args)
+    app(args=args, prog_name="frameserve")

@@ -3,9 +3,11 @@ flag names.
 
 Prints one line per listener on stdout as soon as it listens (``HTTP listening on HOST:PORT``,
 ``gRPC listening on ...``, ``metrics listening on ...``; port 0 shows the port chosen), then
-``ready: ...`` once every model of the repository has loaded, or ``not ready: ...`` naming the
-models that failed to load (the others serve; readiness stays false, as Triton's strict
-readiness has it). SIGTERM or SIGINT stops it
+``ready: ...`` once every model of the repository has loaded. A model that fails to load at
+start makes it exit with code 1 (``error: failed to load 'm': why`` for each, as Triton's
+``--exit-on-error``, the default); with ``--no-exit-on-error`` (or Triton's spelling
+``--exit-on-error=false``) it prints ``not ready: ...`` naming those models instead and serves
+the others (readiness stays false, as Triton's strict readiness has it). SIGTERM or SIGINT stops it
 gracefully (in-flight requests finish); a second signal cuts connections.
 
 Safe by default: every listener binds 127.0.0.1; model control mode ``none`` (clients may not
@@ -44,9 +46,27 @@ if TYPE_CHECKING:
     from frameserve.security import TokenTable
     from frameserve.security.quotas import Quotas
 
-__all__ = ["register", "serve_command"]
+__all__ = ["TRITON_BOOL_FLAGS", "register", "serve_command", "triton_bool_args"]
+
+TRITON_BOOL_FLAGS: tuple[str, ...] = ("--exit-on-error", "--strict-readiness", "--allow-grpc", "--allow-metrics")
+"""Boolean flags ``serve`` shares with tritonserver, which also takes them as ``--flag=false``."""
+
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 _MULTIPART_SLACK_BYTES = 64 * 1024  # a multipart/form-data body's boundaries and small fields beside the clip
+
+
+def triton_bool_args(args: list[str]) -> list[str]:
+    """``serve``'s arguments with Triton's ``--exit-on-error=false`` (``=true``, ``=0``, ``=1``
+    ...) of a :data:`TRITON_BOOL_FLAGS` flag written as ``--no-exit-on-error`` (``--exit-on-error``);
+    everything else as given (an unknown value is left for the parser to refuse)."""
+    out = []
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        if eq and flag in TRITON_BOOL_FLAGS and value.lower() in (*_TRUE, *_FALSE):
+            arg = flag if value.lower() in _TRUE else "--no-" + flag.removeprefix("--")
+        out.append(arg)
+    return out
 
 
 def _say(line: str) -> None:
@@ -67,6 +87,8 @@ def serve_command(
     model_control_mode: Annotated[str, typer.Option("--model-control-mode", help="none: load every model at start, refuse load/unload requests; explicit: load the --load-model models, accept load/unload; poll: load every model and re-scan the repository, refuse load/unload (Triton's modes).")] = "none",
     load_model: Annotated[list[str] | None, typer.Option("--load-model", help="With --model-control-mode explicit: a model to load at start; repeatable; '*' = every model.")] = None,
     repository_poll_secs: Annotated[float, typer.Option("--repository-poll-secs", min=0.01, help="With --model-control-mode poll: seconds between two scans of the repository.")] = 15.0,
+    exit_on_model_error: Annotated[bool, typer.Option("--exit-on-error/--no-exit-on-error", help="Exit (code 1) when a model fails to load at start, naming each one and why, as Triton's --exit-on-error does (its default); --no-exit-on-error (or --exit-on-error=false) stays up serving the others, not ready under strict readiness.")] = True,
+    server_name: Annotated[str, typer.Option("--server-name", help="The name the server metadata reports (GET /v2, gRPC ServerMetadata); 'triton' serves clients that check for Triton.")] = "frameserve",
     strict_readiness: Annotated[bool, typer.Option("--strict-readiness/--no-strict-readiness", help="Ready only while every model asked for (and not unloaded since) is loaded; --no-strict-readiness: ready while any model is.")] = True,
     auth_token_file: Annotated[Path | None, typer.Option("--auth-token-file", help="Bearer tokens, one 'TOKEN ROLE[,ROLE...] [NAME]' a line (roles: infer, jobs, admin); every request but health and metrics then needs one.")] = None,
     auth_health: Annotated[bool, typer.Option("--auth-health/--no-auth-health", help="With --auth-token-file: ask for a token on /v2/health/*, gRPC health and /metrics too.")] = False,
@@ -182,7 +204,7 @@ def serve_command(
         _check_startup_models(options.startup_models, repository.models())
         _check_exposure(options, allow_unauthenticated=allow_unauthenticated)
         # threads=None lets the service plan the budget so instances never oversubscribe the cores
-        service = InferenceService(repository, threads=threads, strict_readiness=strict_readiness)
+        service = InferenceService(repository, threads=threads, strict_readiness=strict_readiness, server_name=server_name)
         jobs_settings = JobsSettings.from_env(
             settings, db_url=db, file_roots=file_root or None, s3_endpoint_url=s3_endpoint_url,
             webhook_secret=webhook_secret,
@@ -244,7 +266,9 @@ def serve_command(
             js = embedded.jobs_settings
             _say(f"jobs: /v1/jobs, database {_redact(js.db_url)}, file roots {os.pathsep.join(map(str, js.file_roots))}"
                  + ("" if embedded_worker else "; no embedded worker (--no-embedded-worker)"))
-        waiter = threading.Thread(target=_announce_ready, args=(server, service, stop), daemon=True)
+        failed_start = threading.Event()  # --exit-on-error and a model failed to load at start
+        waiter = threading.Thread(target=_announce_ready, args=(server, stop, failed_start if exit_on_model_error else None),
+                                  daemon=True)
         waiter.start()
         try:
             server.serve_forever(stop)
@@ -254,6 +278,8 @@ def serve_command(
             service.close()
         if server.failure is not None:  # it stopped by itself: fail loudly
             _say(f"error: {server.failure}")
+            raise typer.Exit(code=1)
+        if failed_start.is_set():
             raise typer.Exit(code=1)
         _say("stopped")
 
@@ -399,12 +425,23 @@ def _redact(url: str) -> str:
         return "<unparseable URL>"
 
 
-def _announce_ready(server: object, service: object, stop: threading.Event) -> None:
+def _announce_ready(server: object, stop: threading.Event, failed_start: threading.Event | None) -> None:
+    """Say ``ready: ...`` or ``not ready: ...`` once start-up loading is over; with
+    ``failed_start`` (``--exit-on-error``) and a model that failed, say which and why, set it
+    and stop the server instead (Triton's ``--exit-on-error``)."""
     from frameserve.server import Server
 
     assert isinstance(server, Server)
     ready = server.wait_ready()
     if stop.is_set() or not server.loaded:
+        return
+    if failed_start is not None and server.load_errors:
+        for name, why in sorted(server.load_errors.items()):
+            _say(f"error: failed to load {name!r}: {why}")
+        _say(f"error: failed to load all models: {len(server.load_errors)} did not load "
+             "(--no-exit-on-error serves the others)")
+        failed_start.set()
+        stop.set()
         return
     from frameserve.server._gc import settle_heap
 

@@ -30,13 +30,14 @@ The text is parsed with ``google.protobuf.text_format`` against frameserve's cop
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from frameserve.errors import ModelConfigError
 
-__all__ = ["pbtxt_to_dict", "read_pbtxt"]
+__all__ = ["json_to_dict", "message_to_dict", "pbtxt_to_dict", "read_pbtxt"]
 
 _log = logging.getLogger(__name__)
 
@@ -54,6 +55,11 @@ _DROPPED = (
 )
 _GROUP_DROPPED = ("rate_limiter", "profile", "passive", "host_policy", "secondary_devices")
 _QUEUE_INTS = ("default_timeout_microseconds", "max_queue_size")
+
+
+def _cut(text: str, most: int = 300) -> str:
+    """A parser's message, at most ``most`` characters (it may quote the request's text)."""
+    return text if len(text) <= most else f"{text[:most]}... ({len(text):,} characters)"
 
 
 def _int(value: Any) -> int:
@@ -120,7 +126,7 @@ def pbtxt_to_dict(text: str, *, source: str = "config.pbtxt") -> tuple[dict[str,
         ModelConfigError: a syntax error or unknown field (``<source>:<line>:<column>: ...``), or
             a field frameserve refuses.
     """
-    from google.protobuf import json_format, text_format
+    from google.protobuf import text_format
 
     from frameserve._proto import model_config_pb2
 
@@ -133,6 +139,52 @@ def pbtxt_to_dict(text: str, *, source: str = "config.pbtxt") -> tuple[dict[str,
         prefix = f"{line}:{column} : "
         detail = detail.removeprefix(prefix)
         raise ModelConfigError(f"{source}:{line}:{column}: not a valid Triton config.pbtxt: {detail}") from None
+    return message_to_dict(message, source=source)
+
+
+def json_to_dict(text: str, *, source: str) -> tuple[dict[str, Any], list[str]]:
+    """Parse a model configuration in protobuf's JSON form (``inference.ModelConfig``, as a
+    load request's ``config`` override holds it: ``{"max_batch_size": "16"}`` is valid, a 64-bit
+    integer being a JSON string there) into config.yaml's mapping, mapped as config.pbtxt is.
+
+    Returns:
+        ``(mapping, dropped)``, as :func:`pbtxt_to_dict`.
+
+    Raises:
+        ModelConfigError: not JSON, not a JSON object, an unknown field or a value of the wrong
+            type (``<source>: not a valid model configuration: ...``), or a field frameserve refuses.
+    """
+    from google.protobuf import json_format
+
+    from frameserve._proto import model_config_pb2
+
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ModelConfigError(f"{source}: not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ModelConfigError(f"{source}: a model configuration must be a JSON object, got {type(doc).__name__}")
+    message = model_config_pb2.ModelConfig()
+    try:
+        json_format.ParseDict(doc, message)
+    except json_format.ParseError as exc:  # its first line says what; the next lists every field
+        raise ModelConfigError(f"{source}: not a valid model configuration: {_cut(str(exc).splitlines()[0])}") from None
+    return message_to_dict(message, source=source)
+
+
+def message_to_dict(message: Any, *, source: str) -> tuple[dict[str, Any], list[str]]:
+    """An ``inference.ModelConfig`` message as config.yaml's mapping: the one mapping of
+    Triton's configuration fields, whichever text (config.pbtxt, a load request's JSON) held
+    them (see the module docstring).
+
+    Returns:
+        ``(mapping, dropped)``, as :func:`pbtxt_to_dict`.
+
+    Raises:
+        ModelConfigError: a field frameserve refuses.
+    """
+    from google.protobuf import json_format
+
     raw: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
     for key in _REFUSED:
         if key in raw:

@@ -24,6 +24,7 @@ from frameserve.errors import (
     InvalidModelNameError,
     ModelConfigError,
     ModelNotFoundError,
+    unknown_model,
 )
 from frameserve.repository._config import (
     ModelConfig,
@@ -103,7 +104,7 @@ class ModelRepository:
         path = self.root / name
         if name.startswith(".") or not path.is_dir():
             available = ", ".join(self.models()) or "(none)"
-            raise ModelNotFoundError(f"no model {name!r} in the model repository; available: {available}")
+            raise unknown_model(name, hint=f"available: {available}")
         return path
 
     def all_versions(self, name: str) -> list[int]:

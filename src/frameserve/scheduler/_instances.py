@@ -137,6 +137,7 @@ def plan_instances(
     free_cpus: int | None = None,
     instances_sharing: int | None = None,
     gpus: int | None = None,
+    gpu_why: str = "",
 ) -> list[InstanceSpec]:
     """The instances of one model version, with their thread budgets and CPU sets.
 
@@ -148,13 +149,17 @@ def plan_instances(
             use).
         instances_sharing: how many unpinned instances share ``free_cpus`` (default: this
             version's); a caller loading several models at once passes their total.
-        gpus: GPUs present (default: :func:`gpu_count`).
+        gpus: GPUs the model's backend can use (the service asks
+            :func:`frameserve.backends.usable_gpus`; default: :func:`gpu_count`). ``KIND_AUTO``
+            takes them when there are (``count`` instances on each, as Triton), else the CPU.
+        gpu_why: why ``gpus`` is 0, for the message of a ``KIND_GPU`` group.
 
     Returns:
         One :class:`InstanceSpec` per instance (empty ``instance_group`` = one CPU instance).
 
     Raises:
-        ModelConfigError: ``KIND_GPU`` without a GPU (or a GPU index that does not exist), a
+        ModelConfigError: ``KIND_GPU`` without a GPU the backend can use (the message says
+            why, from ``gpu_why``), or a GPU index that does not exist, a
             bad ``threads``, ``cpu_set`` or ``pin`` (or both of the last two), or a CPU outside
             this process's affinity.
     """
@@ -192,12 +197,14 @@ def plan_instances(
         layout.append((config.name, "KIND_CPU", None))
     for gi, group in enumerate(groups):
         gname = group.name or f"{config.name}_{gi}"
-        kind = "KIND_CPU" if group.kind == "KIND_AUTO" else group.kind
+        kind = group.kind
+        if kind == "KIND_AUTO":  # Triton: the GPUs when there are, else the CPU
+            kind = "KIND_GPU" if n_gpus > 0 else "KIND_CPU"
         if kind == "KIND_GPU":
             if n_gpus == 0:
                 raise ModelConfigError(
-                    f"model {config.name!r}: instance_group[{gi}] asks for KIND_GPU but this machine has no GPU; "
-                    f"use KIND_CPU (or KIND_AUTO)"
+                    f"model {config.name!r}: instance_group[{gi}] asks for KIND_GPU but backend {config.backend!r} "
+                    f"cannot use a GPU here: {gpu_why or 'this machine has no GPU'}; use KIND_CPU (or KIND_AUTO)"
                 )
             devices = list(group.gpus) or list(range(n_gpus))
             missing = [g for g in devices if g >= n_gpus]

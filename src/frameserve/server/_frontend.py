@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from frameserve.errors import ModelNotFoundError, ModelNotReadyError, PayloadTooLargeError
+from frameserve.errors import ModelNotReadyError, PayloadTooLargeError, unavailable_model, unknown_model
 from frameserve.protocol._core import Outputs
 from frameserve.request import InferRequest
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
@@ -264,11 +264,11 @@ class OwnerChannel(asyncio.Protocol):
     def version_for(self, name: str, version: int | None = None) -> int:
         versions = self.models.get(name)
         if not versions:
-            raise ModelNotReadyError(f"model {name!r} is not loaded")
+            raise unavailable_model(name)
         if version is None:
             return max(versions)
         if version not in versions:
-            raise ModelNotFoundError(f"model {name!r} has no loaded version {version}; loaded versions: {sorted(versions)}")
+            raise unknown_model(name, version, hint=f"loaded versions: {sorted(versions)}")
         return version
 
     def submit(self, request: InferRequest, *, run_here_under_us: float | None = None) -> Future[Outputs]:

@@ -389,7 +389,7 @@ def initialize_args(config: ModelConfig, model_file: Path, context: BackendConte
         "model_config": json.dumps(config.to_dict()),
         "model_instance_kind": "GPU" if context.device.lower() == "gpu" else "CPU",
         "model_instance_name": context.instance_name or f"{config.name}_0",
-        "model_instance_device_id": "0",
+        "model_instance_device_id": str(context.gpu or 0),
         "model_repository": str(repo),
         "model_version": str(version),
         "model_name": config.name,

@@ -11,6 +11,7 @@ Outputs are always answered in ``raw_output_contents`` (what tritonclient reads)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,19 +46,30 @@ _ACCEPTED = ", ".join(d.value for d in DataType)
 _BY_NAME: dict[str, DataType] = {d.value: d for d in DataType}
 _LITTLE_ENDIAN: dict[DataType, np.dtype[Any]] = {}  # raw contents' numpy dtypes, filled as met
 _MAX_DIMS = 32
+_VERSION = re.compile(r"\s*[+-]?[0-9]+", re.ASCII)  # what std::stol reads (it ignores what follows)
 
 
 def parse_version(version: str) -> int | None:
-    """A request's ``version`` string: ``""`` -> ``None``, ``"3"`` -> 3.
+    """A request's ``version`` string: ``""`` -> ``None``, ``"3"`` -> 3 (read as Triton reads it:
+    a decimal 64-bit integer, optionally signed, after leading white space).
 
     Raises:
-        InvalidInputError: not a non-negative decimal integer.
+        InvalidInputError: not such an integer (Triton's ``failed to get model version from
+            specified version string '<v>' ...``), or a negative one (``invalid model version
+            specified '<v>' ...``).
     """
     if version == "":
         return None
-    if not version.isdigit() or not version.isascii():
-        raise InvalidInputError(f"model version {shown(version)} is not a version number (a non-negative integer)")
-    return int(version)
+    match = _VERSION.match(version)
+    number = int(match.group(0)) if match else None
+    if number is None or number >= 2**63 or number < -(2**63):
+        raise InvalidInputError(
+            f"failed to get model version from specified version string {shown(version)} (details: stol), "
+            "version should be an integral value > 0"
+        )
+    if number < 0:
+        raise InvalidInputError(f"invalid model version specified {shown(version)} , version should be an integral value > 0")
+    return number
 
 
 def parameter_value(param: Any) -> Any:
@@ -152,6 +164,9 @@ def decode_infer_request(
         n_raw += location is None
         heads.append((tensor, name, datatype, shape, count, location))
     if raw and len(raw) != n_raw:
+        for tensor, name, *_ in heads:  # Triton's answer when typed contents are there too
+            if _has_typed(tensor):
+                raise mixed_contents(name, request.model_name)
         raise InvalidInputError(
             f"raw_input_contents has {len(raw)} entries for {n_raw} inputs not in shared memory; "
             "it needs one entry per such input, in the order of inputs"
@@ -166,6 +181,8 @@ def decode_infer_request(
         if location is not None:
             inputs[name] = _decode_tensor(tensor, name, datatype, shape, count, None, limits, budget, location, shared_memory)
             continue
+        if raw and _has_typed(tensor):
+            raise mixed_contents(name, request.model_name)
         inputs[name] = _decode_tensor(tensor, name, datatype, shape, count, raw[j] if raw else None, limits, budget)
         j += 1
 
@@ -198,6 +215,19 @@ def decode_infer_request(
         timeout_us=timeout_us,
         id=request.id,
     )
+
+
+def mixed_contents(name: str, model: str) -> InvalidInputError:
+    """Triton's error for an input with typed ``contents`` in a request that uses
+    ``raw_input_contents`` (the two may not be mixed, not even across inputs)."""
+    return InvalidInputError(
+        f"contents field must not be specified when using raw_input_contents for {shown(name)} for model {shown(model)}"
+    )
+
+
+def _has_typed(tensor: pb.ModelInferRequest.InferInputTensor) -> bool:
+    """Whether ``tensor`` carries values in its typed ``contents``."""
+    return tensor.HasField("contents") and any(len(getattr(tensor.contents, f)) for f in _ALL_CONTENTS_FIELDS)
 
 
 def check_counts(request: pb.ModelInferRequest, limits: TensorLimits) -> None:
@@ -235,18 +265,14 @@ def _decode_tensor(
     shared_memory: SharedMemoryUse | None = None,
 ) -> np.ndarray[Any, Any]:
     """One input from its fields as :func:`decode_infer_request` read and checked them."""
-    has_typed = tensor.HasField("contents") and any(len(getattr(tensor.contents, f)) for f in _ALL_CONTENTS_FIELDS)
+    has_typed = _has_typed(tensor)
     if location is not None:
         if has_typed:
             raise InvalidInputError(f"input {shown(name)}: unexpected 'contents' given with a shared memory region")
         if shared_memory is None:
             raise client_shm_disabled()
         return shared_memory.input(name, datatype, tuple(shape), location)
-    if raw is not None:
-        if has_typed:
-            raise InvalidInputError(
-                f"input {shown(name)}: both raw_input_contents and typed contents given; use one of them"
-            )
+    if raw is not None:  # typed contents beside it were refused (mixed_contents)
         if datatype is DataType.BYTES:
             budget[0] -= len(raw)
             if budget[0] < 0:

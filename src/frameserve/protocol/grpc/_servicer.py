@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
 from frameserve._proto import model_config_pb2 as mc
-from frameserve.errors import FrameserveError, InvalidInputError, QuotaExceededError, SharedMemoryNotFoundError, shown
+from frameserve.errors import FrameserveError, QuotaExceededError, SharedMemoryNotFoundError, shown
 from frameserve.protocol import check_model_control
 from frameserve.protocol.grpc._auth import principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response, parameter_value, parse_version
@@ -148,10 +148,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @_handled
     async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
-        try:
-            version = parse_version(request.version)
-        except InvalidInputError:
-            return pb.ModelReadyResponse(ready=False)
+        version = parse_version(request.version)  # a bad one is INVALID_ARGUMENT, as Triton answers
         return pb.ModelReadyResponse(ready=self.service.is_ready(request.name, version))
 
     # -- metadata ----------------------------------------------------------------------------
