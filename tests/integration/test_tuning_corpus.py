@@ -186,14 +186,14 @@ def _batch_one_only(path: Path) -> Path:
 def _frameserve(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "FRAMESERVE_HOME": str(cwd / "home"), "COLUMNS": "160"}
     return subprocess.run([sys.executable, "-m", "frameserve", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=240, stdin=subprocess.DEVNULL)
+                          timeout=400, stdin=subprocess.DEVNULL)
 
 
 def test_a_failing_candidate_is_a_refused_row_and_tune_exits_0(tmp_path: Path) -> None:
     folder = tmp_path / "models" / "batchone"
     _batch_one_only(folder / "1" / "model.onnx")
     (folder / "config.yaml").write_text(yaml.safe_dump({"backend": "onnxruntime", "max_batch_size": 8}))
-    proc = _frameserve("tune", str(folder), "--time-budget", "10s", "--max-trials", "24", "--max-configs", "8",
+    proc = _frameserve("tune", str(folder), "--time-budget", "90s", "--max-trials", "24", "--max-configs", "8",
                        "--backend", "onnxruntime", "--out", "tuned", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with (tmp_path / "tuned" / "trials.csv").open() as f:
