@@ -229,26 +229,10 @@ def test_delete_with_outputs_refuses_a_result_naming_another_key(store: JobStore
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    import os
+    from _s3 import moto_s3
 
-    from moto.server import ThreadedMotoServer
-
-    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    import boto3
-
-    boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket="out")
-    yield url
-    server.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with moto_s3("out") as url:
+        yield url
 
 
 def test_delete_with_outputs_on_s3(store: JobStore, root: Path, s3_endpoint: str, tmp_path: Path) -> None:

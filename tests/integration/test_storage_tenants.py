@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-from _pg import free_port
 from _serving import ServeProcess, frameserve_command
 from fastapi import FastAPI, Request
 
@@ -131,24 +130,10 @@ def test_analyze_json_sources_are_confined_to_the_callers_folder(data: Path, tes
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
+    from _s3 import moto_s3
 
-    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    import boto3
-
-    boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket="media")
-    yield url
-    server.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with moto_s3("media") as url:
+        yield url
 
 
 def test_s3_is_confined_to_the_tenants_prefix(s3_endpoint: str, tmp_path: Path) -> None:

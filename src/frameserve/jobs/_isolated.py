@@ -41,11 +41,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import pickle
 import queue
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -323,11 +323,10 @@ class _Child:
     def _reply(self, cid: int, ok: bool, value: Any) -> None:
         if not ok:
             value = picklable_error(value)
-        try:
-            pickle.dumps(value)
-        except Exception as exc:  # noqa: BLE001 - an answer that cannot cross: say so instead
-            ok, value = False, RuntimeError(f"the answer cannot be sent to the pipeline's process: {exc}")
-        self._send(("result", cid, ok, value))
+        try:  # Connection.send pickles before it writes: an answer that cannot cross writes nothing
+            self._send(("result", cid, ok, value))
+        except Exception as exc:  # noqa: BLE001 - say so instead
+            self._send(("result", cid, False, RuntimeError(f"the answer cannot be sent to the pipeline's process: {exc}")))
 
     def _read(self) -> None:
         while True:
@@ -503,8 +502,6 @@ class IsolatedPipeline:
             JobTimeoutError: the run took longer than ``timeout_s`` seconds (the child killed).
             WorkerCrashedError: the child died. The runner's errors as it raises them.
         """
-        import time
-
         deadline = time.monotonic() + timeout_s
 
         def watch(done: int, expected: int | None) -> None:

@@ -267,14 +267,18 @@ class ConcurrencyGate:
             QuotaExceededError: the tenant holds its limit already.
         """
         limit = self._limit_of(tenant)
+        if limit is None:  # nothing to keep: no lock, no count (the limits never change)
+            return
         with self._lock:
             held = self._held.get(tenant, 0)
-            if limit is not None and held >= limit:
+            if held >= limit:
                 raise QuotaExceededError.of(tenant, self.what, limit, retry_after_s=1.0)
             self._held[tenant] = held + 1
 
     def release(self, tenant: str) -> None:
         """Give one back (a release without an acquire is ignored)."""
+        if self._limit_of(tenant) is None:
+            return
         with self._lock:
             held = self._held.get(tenant, 0) - 1
             if held > 0:
@@ -283,7 +287,7 @@ class ConcurrencyGate:
                 self._held.pop(tenant, None)
 
     def held(self, tenant: str) -> int:
-        """How many ``tenant`` holds now."""
+        """How many ``tenant`` holds now (0 for a tenant without a limit: not counted)."""
         with self._lock:
             return self._held.get(tenant, 0)
 
