@@ -14,6 +14,7 @@ metrics of requests a transport refuses (:meth:`InferenceService.record_failure`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import threading
@@ -48,11 +49,14 @@ from frameserve.scheduler import (
     Clock,
     EnsembleScheduler,
     InstanceSpec,
+    ResponseCache,
+    ResponsePath,
     Scheduler,
     SchedulerStoppedError,
     failed_future,
     load_ensemble_steps,
     plan_instances,
+    run_warmup,
 )
 
 __all__ = ["EXTENSIONS", "InferenceService", "failure_reason"]
@@ -60,6 +64,7 @@ __all__ = ["EXTENSIONS", "InferenceService", "failure_reason"]
 log = logging.getLogger(__name__)
 
 EXTENSIONS: tuple[str, ...] = (
+    "classification",
     "model_configuration",
     "model_repository",
     "parameters",
@@ -79,6 +84,7 @@ class _Loaded:
     version: int
     scheduler: Scheduler | EnsembleScheduler
     model_path: Path
+    respond: ResponsePath
 
     @property
     def session(self) -> Session:
@@ -133,6 +139,8 @@ class InferenceService:
         strict_readiness: Triton's ``--strict-readiness``: true (default) = the server is ready
             while every model it was asked to serve (:meth:`load_models`) is loaded; a model
             unloaded on purpose no longer counts. False = ready while any model is loaded.
+        cache: the response cache (Triton's ``--cache-config local,size=N``) that models with
+            ``response_cache { enable: true }`` use; ``None`` = no cache.
 
     Thread safety: every method may be called from many threads at once. Loads and unloads of
     one model are serialised; requests never wait for a lock held during a load.
@@ -147,6 +155,7 @@ class InferenceService:
         metrics: Metrics | None = None,
         max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
         strict_readiness: bool = True,
+        cache: ResponseCache | None = None,
     ) -> None:
         if threads is not None and threads < 1:
             raise ModelConfigError(f"threads must be >= 1, got {threads}")
@@ -158,6 +167,9 @@ class InferenceService:
         self.metrics = metrics if metrics is not None else Metrics()
         self.max_queue_size = max_queue_size
         self.strict_readiness = strict_readiness
+        self.cache = cache
+        if cache is not None:
+            self.metrics.cache_enabled = True
         self._lock = threading.RLock()
         self._load_lock = threading.Lock()  # one load/unload at a time (thread budget bookkeeping)
         self._models: dict[str, dict[int, _Loaded]] = {}
@@ -266,7 +278,8 @@ class InferenceService:
                 for v in versions:
                     if config.ensemble_scheduling is not None:
                         ens = EnsembleScheduler(config, v, self.submit, self.model_config, clock=self.clock, metrics=self.metrics)
-                        loaded[v] = _Loaded(v, ens, repo.model_dir(name) / str(v))
+                        loaded[v] = _Loaded(v, ens, repo.model_dir(name) / str(v), ResponsePath.open(
+                            config, v, ens.stats, repo.model_dir(name), cache=self.cache, metrics=self.metrics))
                         continue
                     path = repo.model_file(name, v, config=config)
                     loaded[v] = self._start(config, v, path, specs, model_dir=repo.model_dir(name))
@@ -327,7 +340,13 @@ class InferenceService:
                 instance_name=spec.name,
                 device="gpu" if spec.kind == "KIND_GPU" else "cpu",
             )
-            return load_session(config, path, threads=spec.threads, context=context)
+            session = load_session(config, path, threads=spec.threads, context=context)
+            try:  # Triton's model_warmup: on every instance, before the version is served
+                run_warmup(session, model_dir)
+            except BaseException:
+                session.close()
+                raise
+            return session
 
         scheduler = Scheduler(
             config,
@@ -338,7 +357,13 @@ class InferenceService:
             metrics=self.metrics,
             max_queue_size=self.max_queue_size,
         )
-        return _Loaded(version, scheduler, path)
+        try:
+            respond = ResponsePath.open(scheduler.config, version, scheduler.stats, model_dir or path.parent,
+                                        cache=self.cache, metrics=self.metrics)
+        except BaseException:
+            scheduler.stop(drain=False)
+            raise
+        return _Loaded(version, scheduler, path, respond)
 
     def register(
         self, name: str, model_file: Path, *, config: dict[str, Any] | None = None, version: int = 1
@@ -590,12 +615,14 @@ class InferenceService:
         entry = self._entry(request.model_name, request.model_version)
         checked, batch_size = self._check(entry, request)
         try:
-            return entry.scheduler.enqueue(checked, batch_size=batch_size, inline=inline, inline_under_ns=under_ns)
+            return entry.respond.submit(checked, lambda r: entry.scheduler.enqueue(
+                r, batch_size=batch_size, inline=inline, inline_under_ns=under_ns))
         except SchedulerStoppedError:
             # Reloaded (or unloaded) meanwhile: take the version now served, or answer not ready.
             entry = self._entry(request.model_name, request.model_version)
             checked, batch_size = self._check(entry, request)
-            return entry.scheduler.enqueue(checked, batch_size=batch_size, inline=inline, inline_under_ns=under_ns)
+            return entry.respond.submit(checked, lambda r: entry.scheduler.enqueue(
+                r, batch_size=batch_size, inline=inline, inline_under_ns=under_ns))
 
     def submit_many(
         self, requests: Sequence[InferRequest], *, run_here_under_us: float | None = None
@@ -624,7 +651,8 @@ class InferenceService:
         inline, under_ns = _run_here(run_here_under_us)
         for entry, where, checked_requests in groups.values():
             try:
-                futures = entry.scheduler.enqueue_many(checked_requests, inline=inline, inline_under_ns=under_ns)
+                enqueue_many = functools.partial(entry.scheduler.enqueue_many, inline=inline, inline_under_ns=under_ns)
+                futures = entry.respond.submit_many(checked_requests, enqueue_many)
             except SchedulerStoppedError:  # reloaded or unloaded meanwhile: one by one, as submit does
                 futures = []
                 for i in where:
@@ -712,6 +740,8 @@ class InferenceService:
             arrays, batch_size = check_inputs(cfg, request.inputs)
             for out in request.outputs:
                 cfg.output(out.name)  # raises TensorError listing the outputs
+            if request.outputs:
+                entry.respond.check(request)  # classification counts
         except FrameserveError:
             self._count_refused(entry)
             raise

@@ -14,7 +14,13 @@ from typing import Any, Literal
 
 from frameserve.errors import ModelConfigError, TensorError, shown
 from frameserve.repository._ensemble import EnsembleScheduling, check_ensemble_graph
-from frameserve.repository._features import WarmupSample, check_bare_filename, is_bare_filename, parse_warmup, reshape_of
+from frameserve.repository._features import (
+    WarmupSample,
+    check_bare_filename,
+    is_bare_filename,
+    parse_warmup,
+    reshape_of,
+)
 from frameserve.repository._policy import VersionPolicy
 from frameserve.repository._schema import validate_config
 from frameserve.types import DataType, TensorSpec
