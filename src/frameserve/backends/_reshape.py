@@ -6,8 +6,9 @@ batches, is kept in front and never reshaped.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -84,6 +85,8 @@ class ReshapedSession:
         self._batching = bool(self.config.max_batch_size)
         self._in = {n: tuple(s) for n, s in config.input_reshape.items()}
         self._out = {s.name: s.dims for s in self.config.outputs if s.name in config.output_reshape}
+        if callable(getattr(inner, "run_requests", None)):
+            self.run_requests = self._run_requests
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
@@ -115,11 +118,15 @@ class ReshapedSession:
         Raises:
             InferenceError: the inner session failed, or an array cannot take the new shape.
         """
+        return self._back(self._inner.run(self._feed(inputs)))
+
+    def _feed(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
         try:
-            feed = {n: a.reshape(self._shape(a, self._in[n])) if n in self._in else a for n, a in inputs.items()}
+            return {n: a.reshape(self._shape(a, self._in[n])) if n in self._in else a for n, a in inputs.items()}
         except ValueError as exc:
             raise InferenceError(f"model {self.config.name!r}: cannot reshape an input: {exc}") from None
-        out = self._inner.run(feed)
+
+    def _back(self, out: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
         try:
             for name, dims in self._out.items():
                 if name in out:
@@ -127,6 +134,21 @@ class ReshapedSession:
         except ValueError as exc:
             raise InferenceError(f"model {self.config.name!r}: cannot reshape output {name!r}: {exc}") from None
         return out
+
+    def _run_requests(self, requests: Sequence[Any]) -> list[Any]:
+        """The Python backend's per-request form (one ``execute`` call for several requests):
+        each request's reshaped inputs to ``reshape.shape``, each answer's outputs back to
+        ``dims``; an answer that is an error is passed on.
+
+        Offered as ``run_requests`` only where the inner session has it.
+        """
+        reqs = []
+        for r in requests:
+            inputs = r.inputs if hasattr(r, "inputs") else r
+            fed = self._feed(inputs)
+            reqs.append(dataclasses.replace(r, inputs=fed) if hasattr(r, "inputs") else fed)
+        answers = self._inner.run_requests(reqs)  # type: ignore[attr-defined]
+        return [a if isinstance(a, BaseException) else self._back(a) for a in answers]
 
     def close(self) -> None:
         """Close the inner session."""
