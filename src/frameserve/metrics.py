@@ -19,6 +19,11 @@ name                                          type       meaning
 ``nv_inference_compute_infer_duration_us``    counter    cumulative model execution time
 ``nv_inference_compute_output_duration_us``   counter    cumulative output preparation time (splitting)
 ``nv_inference_*_duration_histogram_us``      histogram  the same five durations, per request, in buckets
+``nv_cache_num_hits_per_model``               counter    response cache hits (only while the server has a
+                                                         response cache: ``--cache-config``)
+``nv_cache_num_misses_per_model``             counter    response cache misses
+``nv_cache_hit_duration_per_model``           counter    cumulative time to look up and extract hits, in µs
+``nv_cache_miss_duration_per_model``          counter    cumulative time to look up and insert misses, in µs
 ===========================================  =========  ===================================================
 
 Counters keep their Triton names, without the ``_total`` suffix prometheus_client gives
@@ -63,6 +68,7 @@ _COUNTERS = frozenset(
         "nv_inference_count",
         "nv_inference_exec_count",
         *(f"nv_inference_{k}_duration_us" for k in ("request", "queue", "compute_input", "compute_infer", "compute_output")),
+        *(f"nv_cache_{k}_per_model" for k in ("num_hits", "num_misses", "hit_duration", "miss_duration")),
     ]
 )
 _DURATIONS = ("request", "queue", "compute_input", "compute_infer", "compute_output")
@@ -99,6 +105,7 @@ class _Series:
     pending: int = 0
     duration_ns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_DURATIONS, 0))
     histograms: dict[str, _Histogram] = field(default_factory=dict)
+    cache: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("hits", "misses", "hit_ns", "miss_ns"), 0))
 
     def __post_init__(self) -> None:
         self.histograms = {k: _Histogram(self.bounds) for k in _DURATIONS}
@@ -123,6 +130,7 @@ class Metrics(Collector):
         self._bounds = bounds
         self._lock = threading.Lock()
         self._series: dict[tuple[str, str], _Series] = {}
+        self.cache_enabled = False  # set by the server with a response cache: nv_cache_* are exported
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -247,6 +255,19 @@ class Metrics(Collector):
             compute_input_ns=0, compute_infer_ns=0, compute_output_ns=0,
         )
 
+    def record_cache(self, model: str, version: int | str, *, hit: bool, cache_ns: int, request_ns: int = 0) -> None:
+        """One response cache lookup: a hit (``cache_ns``: lookup and extraction; the request,
+        answered from the cache, also counts as a success of ``request_ns`` end to end, with no
+        queue or compute time, as in Triton) or a miss (``cache_ns``: lookup and insertion; the
+        request's success is recorded by its execution). Durations in nanoseconds."""
+        with self._lock:
+            series = self._get(model, version)
+            key = "hit" if hit else "miss"
+            series.cache["hits" if hit else "misses"] += 1
+            series.cache[key + "_ns"] += max(0, int(cache_ns))
+            if hit:
+                self._record_successes(series, [request_ns], [0], 0, 0, 0)
+
     def add_pending(self, model: str, version: int | str, delta: int) -> None:
         """Change the pending (queued) request gauge by ``delta``."""
         with self._lock:
@@ -268,6 +289,7 @@ class Metrics(Collector):
                     s.pending,
                     dict(s.duration_ns),
                     {k: (list(h.counts), h.total) for k, h in s.histograms.items()},
+                    dict(s.cache),
                 )
                 for (m, v), s in items
             ]
@@ -328,6 +350,14 @@ class Metrics(Collector):
                     buckets.append((floatToGoString(bound), cumulative))
                 hist.add_metric([row[0]["model"], row[0]["version"]], buckets, total)
             yield hist
+        if self.cache_enabled:
+            for name, key, scale, doc in (
+                ("num_hits", "hits", 1, "Number of response cache hits per model"),
+                ("num_misses", "misses", 1, "Number of response cache misses per model"),
+                ("hit_duration", "hit_ns", 1000, "Total cache hit duration per model, in microseconds"),
+                ("miss_duration", "miss_ns", 1000, "Total cache miss (insertion) duration per model, in microseconds"),
+            ):
+                yield counter(f"nv_cache_{name}_per_model", doc, ((row[0], row[8][key] // scale) for row in snapshot))
 
     def exposition(self) -> bytes:
         """Everything in this registry in the Prometheus text format (0.0.4), counters under

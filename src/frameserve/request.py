@@ -45,8 +45,9 @@ class RequestedOutput:
         binary_data: HTTP's ``parameters.binary_data``: send it as binary (``True``) or JSON
             (``False``); ``None`` follows the request's :attr:`InferRequest.binary_data_output`.
             gRPC always answers raw bytes and ignores it.
-        parameters: the output's other parameters as given (e.g. ``classification``, which the
-            codecs refuse today).
+        parameters: the output's other parameters as given, e.g. ``classification`` (Triton's
+            classification extension: the top N classes per batch item as BYTES, see
+            :mod:`frameserve.scheduler._classify`).
     """
 
     name: str

@@ -14,6 +14,7 @@ metrics of requests a transport refuses (:meth:`InferenceService.record_failure`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import threading
@@ -52,11 +53,14 @@ from frameserve.scheduler import (
     Clock,
     EnsembleScheduler,
     InstanceSpec,
+    ResponseCache,
+    ResponsePath,
     Scheduler,
     SchedulerStoppedError,
     failed_future,
     load_ensemble_steps,
     plan_instances,
+    run_warmup,
 )
 
 __all__ = ["EXTENSIONS", "InferenceService", "failure_reason"]
@@ -64,6 +68,7 @@ __all__ = ["EXTENSIONS", "InferenceService", "failure_reason"]
 log = logging.getLogger(__name__)
 
 EXTENSIONS: tuple[str, ...] = (
+    "classification",
     "model_configuration",
     "model_repository",
     "parameters",
@@ -83,6 +88,7 @@ class _Loaded:
     version: int
     scheduler: Scheduler | EnsembleScheduler
     model_path: Path
+    respond: ResponsePath
 
     @property
     def session(self) -> Session:
@@ -139,6 +145,8 @@ class InferenceService:
             unloaded on purpose no longer counts. False = ready while any model is loaded.
         server_name: the ``name`` of the server metadata (Triton's ``--id``; ``serve
             --server-name``).
+        cache: the response cache (Triton's ``--cache-config local,size=N``) that models with
+            ``response_cache { enable: true }`` use; ``None`` = no cache.
 
     Thread safety: every method may be called from many threads at once. Loads and unloads of
     one model are serialised; requests never wait for a lock held during a load.
@@ -154,6 +162,7 @@ class InferenceService:
         max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
         strict_readiness: bool = True,
         server_name: str = "frameserve",
+        cache: ResponseCache | None = None,
     ) -> None:
         if threads is not None and threads < 1:
             raise ModelConfigError(f"threads must be >= 1, got {threads}")
@@ -168,6 +177,9 @@ class InferenceService:
         if not server_name:
             raise ModelConfigError("server_name must not be empty")
         self.server_name = server_name
+        self.cache = cache
+        if cache is not None:
+            self.metrics.cache_enabled = True
         self._lock = threading.RLock()
         self._load_lock = threading.Lock()  # one load/unload at a time (thread budget bookkeeping)
         self._models: dict[str, dict[int, _Loaded]] = {}
@@ -291,7 +303,8 @@ class InferenceService:
                 for v in versions:
                     if config.ensemble_scheduling is not None:
                         ens = EnsembleScheduler(config, v, self.submit, self.model_config, clock=self.clock, metrics=self.metrics)
-                        loaded[v] = _Loaded(v, ens, repo.model_dir(name) / str(v))
+                        loaded[v] = _Loaded(v, ens, repo.model_dir(name) / str(v), ResponsePath.open(
+                            config, v, ens.stats, repo.model_dir(name), cache=self.cache, metrics=self.metrics))
                         continue
                     try:
                         path = repo.model_file(name, v, config=config)
@@ -358,7 +371,13 @@ class InferenceService:
                 device="gpu" if spec.kind == "KIND_GPU" else "cpu",
                 gpu=spec.gpu,
             )
-            return load_session(config, path, threads=spec.threads, context=context)
+            session = load_session(config, path, threads=spec.threads, context=context)
+            try:  # Triton's model_warmup: on every instance, before the version is served
+                run_warmup(session, model_dir)
+            except BaseException:
+                session.close()
+                raise
+            return session
 
         scheduler = Scheduler(
             config,
@@ -369,7 +388,13 @@ class InferenceService:
             metrics=self.metrics,
             max_queue_size=self.max_queue_size,
         )
-        return _Loaded(version, scheduler, path)
+        try:
+            respond = ResponsePath.open(scheduler.config, version, scheduler.stats, model_dir or path.parent,
+                                        cache=self.cache, metrics=self.metrics)
+        except BaseException:
+            scheduler.stop(drain=False)
+            raise
+        return _Loaded(version, scheduler, path, respond)
 
     def register(
         self, name: str, model_file: Path, *, config: dict[str, Any] | None = None, version: int = 1
@@ -622,12 +647,14 @@ class InferenceService:
         entry = self._entry(request.model_name, request.model_version)
         checked, batch_size = self._check(entry, request)
         try:
-            return entry.scheduler.enqueue(checked, batch_size=batch_size, inline=inline, inline_under_ns=under_ns)
+            return entry.respond.submit(checked, lambda r: entry.scheduler.enqueue(
+                r, batch_size=batch_size, inline=inline, inline_under_ns=under_ns))
         except SchedulerStoppedError:
             # Reloaded (or unloaded) meanwhile: take the version now served, or answer not ready.
             entry = self._entry(request.model_name, request.model_version)
             checked, batch_size = self._check(entry, request)
-            return entry.scheduler.enqueue(checked, batch_size=batch_size, inline=inline, inline_under_ns=under_ns)
+            return entry.respond.submit(checked, lambda r: entry.scheduler.enqueue(
+                r, batch_size=batch_size, inline=inline, inline_under_ns=under_ns))
 
     def submit_many(
         self, requests: Sequence[InferRequest], *, run_here_under_us: float | None = None
@@ -656,7 +683,8 @@ class InferenceService:
         inline, under_ns = _run_here(run_here_under_us)
         for entry, where, checked_requests in groups.values():
             try:
-                futures = entry.scheduler.enqueue_many(checked_requests, inline=inline, inline_under_ns=under_ns)
+                enqueue_many = functools.partial(entry.scheduler.enqueue_many, inline=inline, inline_under_ns=under_ns)
+                futures = entry.respond.submit_many(checked_requests, enqueue_many)
             except SchedulerStoppedError:  # reloaded or unloaded meanwhile: one by one, as submit does
                 futures = []
                 for i in where:
@@ -744,6 +772,8 @@ class InferenceService:
             arrays, batch_size = check_inputs(cfg, request.inputs)
             for out in request.outputs:
                 cfg.output(out.name)  # raises TensorError listing the outputs
+            if request.outputs:
+                entry.respond.check(request)  # classification counts
         except FrameserveError:
             self._count_refused(entry)
             raise

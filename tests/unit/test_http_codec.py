@@ -106,7 +106,6 @@ def test_binary_bytes_elements_are_length_prefixed_and_mixed_with_json() -> None
         ({"id": 5, "inputs": []}, InvalidInputError, "'id' must be a string"),
         ({"inputs": [], "parameters": {"timeout": -1}}, InvalidInputError, "'timeout' must be a non-negative integer"),
         ({"inputs": [], "parameters": {"sequence_id": 3}}, InvalidInputError, "sequence batching is not supported"),
-        ({"inputs": [], "outputs": [{"name": "y", "parameters": {"classification": 2}}]}, InvalidInputError, "classification"),
         ({"inputs": [], "outputs": [{"name": "y"}, {"name": "y"}]}, InvalidInputError, "requested twice"),
     ],
 )

@@ -99,7 +99,52 @@ def test_every_used_field_is_read_with_ints_and_defaults() -> None:
     assert cfg.precision == "fp16"
     assert cfg.parameters == {"ort_allow_spinning": "0"}
     assert cfg.default_model_filename == "det.onnx"
-    assert sorted(dropped) == ["model_warmup", "optimization", "output[0].label_filename"]
+    assert sorted(dropped) == ["optimization"]
+    assert cfg.label_filenames == {"scores": "labels.txt"}
+    (sample,) = cfg.model_warmup
+    assert (sample.name, sample.batch_size, sample.runs) == ("w", 1, 1)
+    assert sample.inputs["images"].dims == (3, 8, 8) and sample.inputs["images"].data == "zero_data"
+
+
+def test_reshape_warmup_and_cache_are_read_and_written_back() -> None:
+    text = """
+max_batch_size: 0
+input [ { name: "data_0" data_type: TYPE_FP32 dims: [ 3, 4 ] reshape { shape: [ 1, 3, 4 ] } } ]
+output [ { name: "prob" data_type: TYPE_FP32 dims: [ 10 ] reshape { shape: [ 1, 10, 1, 1 ] } label_filename: "l.txt" } ]
+model_warmup [ { name: "f" batch_size: 1 count: 3
+  inputs { key: "data_0" value: { data_type: TYPE_FP32 dims: [ 3, 4 ] input_data_file: "raw_in" } } } ]
+response_cache { enable: true }
+"""
+    data, dropped = pbtxt_to_dict(text)
+    cfg = parse_config(data, default_name="m")
+    assert dropped == []
+    assert cfg.input_reshape == {"data_0": (1, 3, 4)}
+    assert cfg.output_reshape == {"prob": (1, 10, 1, 1)}
+    assert cfg.response_cache is True
+    assert cfg.model_warmup[0].runs == 3 and cfg.model_warmup[0].inputs["data_0"].data_file == "raw_in"
+    out = cfg.to_dict()
+    assert out["input"][0]["reshape"] == {"shape": [1, 3, 4]}
+    assert out["output"][0]["label_filename"] == "l.txt"
+    assert out["response_cache"] == {"enable": True}
+    again = parse_config({k: v for k, v in out.items() if k != "platform"}, default_name="m")
+    for field in ("input_reshape", "output_reshape", "label_filenames", "model_warmup", "response_cache"):
+        assert getattr(again, field) == getattr(cfg, field)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [4] label_filename: "../etc/passwd" } ]',
+        'model_warmup [ { batch_size: 1 inputs { key: "x" value: { data_type: TYPE_FP32 dims: [1] input_data_file: "/x" } } } ]',
+        'model_warmup [ { batch_size: 0 inputs { key: "x" value: { data_type: TYPE_FP32 dims: [1] zero_data: true } } } ]',
+        'model_warmup [ { batch_size: 1 inputs { key: "x" value: { data_type: TYPE_FP32 dims: [-1] zero_data: true } } } ]',
+        'model_warmup [ { batch_size: 1 inputs { key: "x" value: { data_type: TYPE_FP32 dims: [1] } } } ]',
+    ],
+)
+def test_bad_labels_and_warmup_are_refused(text: str) -> None:
+    data, _ = pbtxt_to_dict(text)
+    with pytest.raises(ModelConfigError):
+        parse_config(data, default_name="m")
 
 
 def test_empty_dynamic_batching_turns_it_on() -> None:
@@ -131,7 +176,6 @@ def test_unknown_field_and_bad_enum_name_line_and_column() -> None:
     [
         ("sequence_batching { }", "sequence_batching"),
         ("model_transaction_policy { decoupled: true }", "decoupled"),
-        ('input [ { name: "x" data_type: TYPE_FP32 dims: [4] reshape: { shape: [2, 2] } } ]', "reshape"),
         ('input [ { name: "x" dims: [4] } ]', "data_type"),
     ],
 )

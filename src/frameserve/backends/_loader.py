@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from frameserve.backends.base import BackendContext, Session
@@ -43,9 +44,23 @@ def load_session(
         ModelConfigError: the file is missing or unreadable, a bad parameter or precision, or a
             config that contradicts the model.
         BackendUnavailableError: ``profile_dir`` for a backend without a profiler (torch, python).
+
+    With Triton's ``reshape`` in the config the backend opens the file with each reshaped
+    tensor's ``reshape.shape`` and the session returned takes and gives the config's ``dims``
+    (:class:`~frameserve.backends._reshape.ReshapedSession`).
     """
     if threads < 1:
         raise ModelConfigError(f"model {config.name!r}: threads must be >= 1, got {threads}")
+    if config.input_reshape or config.output_reshape:  # Triton's reshape: the model sees reshape.shape
+        from frameserve.backends._reshape import ReshapedSession, model_side_config
+
+        inner = load_session(replace(model_side_config(config), input_reshape={}, output_reshape={}), model_path,
+                             threads=threads, context=context, profile_dir=profile_dir)
+        try:
+            return ReshapedSession(inner, config)
+        except BaseException:
+            inner.close()
+            raise
     backend = str(config.backend)
     if backend not in BACKENDS:
         raise BackendUnavailableError(f"backend {backend!r} unknown; accepted: {', '.join(BACKENDS)}")

@@ -43,6 +43,7 @@ from frameserve.security.auth import is_loopback
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 
 if TYPE_CHECKING:
+    from frameserve.scheduler import ResponseCache
     from frameserve.security import TokenTable
     from frameserve.security.quotas import Quotas
 
@@ -69,6 +70,19 @@ def triton_bool_args(args: list[str]) -> list[str]:
     return out
 
 
+def _response_cache(text: str | None) -> ResponseCache | None:
+    """The response cache of ``--cache-config`` (``None`` without it)."""
+    from frameserve.errors import ModelConfigError
+    from frameserve.scheduler import ResponseCache, parse_cache_config
+
+    if text is None:
+        return None
+    try:
+        return ResponseCache(parse_cache_config(text))
+    except ModelConfigError as exc:
+        raise typer.BadParameter(exc.message, param_hint="--cache-config") from None
+
+
 def _say(line: str) -> None:
     print(line, flush=True)
 
@@ -89,6 +103,7 @@ def serve_command(
     repository_poll_secs: Annotated[float, typer.Option("--repository-poll-secs", min=0.01, help="With --model-control-mode poll: seconds between two scans of the repository.")] = 15.0,
     exit_on_model_error: Annotated[bool, typer.Option("--exit-on-error/--no-exit-on-error", help="Exit (code 1) when a model fails to load at start, naming each one and why, as Triton's --exit-on-error does (its default); --no-exit-on-error (or --exit-on-error=false) stays up serving the others, not ready under strict readiness.")] = True,
     server_name: Annotated[str, typer.Option("--server-name", help="The name the server metadata reports (GET /v2, gRPC ServerMetadata); 'triton' serves clients that check for Triton.")] = "frameserve",
+    cache_config: Annotated[str | None, typer.Option("--cache-config", help="Triton's response cache: local,size=BYTES (an LRU cache of results bounded by that many bytes) for the models whose config has response_cache {enable: true}; default: none.")] = None,
     strict_readiness: Annotated[bool, typer.Option("--strict-readiness/--no-strict-readiness", help="Ready only while every model asked for (and not unloaded since) is loaded; --no-strict-readiness: ready while any model is.")] = True,
     auth_token_file: Annotated[Path | None, typer.Option("--auth-token-file", help="Bearer tokens, one 'TOKEN ROLE[,ROLE...] [NAME]' a line (roles: infer, jobs, admin); every request but health and metrics then needs one.")] = None,
     auth_health: Annotated[bool, typer.Option("--auth-health/--no-auth-health", help="With --auth-token-file: ask for a token on /v2/health/*, gRPC health and /metrics too.")] = False,
@@ -204,7 +219,8 @@ def serve_command(
         _check_startup_models(options.startup_models, repository.models())
         _check_exposure(options, allow_unauthenticated=allow_unauthenticated)
         # threads=None lets the service plan the budget so instances never oversubscribe the cores
-        service = InferenceService(repository, threads=threads, strict_readiness=strict_readiness, server_name=server_name)
+        service = InferenceService(repository, threads=threads, strict_readiness=strict_readiness,
+                                   server_name=server_name, cache=_response_cache(cache_config))
         jobs_settings = JobsSettings.from_env(
             settings, db_url=db, file_roots=file_root or None, s3_endpoint_url=s3_endpoint_url,
             webhook_secret=webhook_secret,

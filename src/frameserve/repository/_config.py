@@ -14,6 +14,13 @@ from typing import Any, Literal
 
 from frameserve.errors import ModelConfigError, TensorError, shown
 from frameserve.repository._ensemble import EnsembleScheduling, check_ensemble_graph
+from frameserve.repository._features import (
+    WarmupSample,
+    check_bare_filename,
+    is_bare_filename,
+    parse_warmup,
+    reshape_of,
+)
 from frameserve.repository._policy import VersionPolicy
 from frameserve.repository._schema import validate_config
 from frameserve.types import DataType, TensorSpec
@@ -26,9 +33,6 @@ BACKENDS: tuple[str, ...] = ("onnxruntime", "openvino", "torch", "python")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8")
 """Values of ``parameters.precision``."""
 
-_MAX_FILENAME_BYTES = 255  # Linux's NAME_MAX
-
-
 def check_model_filename(value: object, where: str = "model config") -> None:
     """Refuse a ``default_model_filename`` that is not a bare file name of the version folder.
 
@@ -39,13 +43,7 @@ def check_model_filename(value: object, where: str = "model config") -> None:
         ModelConfigError: not a string, empty, ``.`` or ``..``, over 255 bytes of UTF-8, or
             holding ``/``, ``\\``, ``:`` (a drive) or NUL (HTTP 400).
     """
-    ok = (
-        isinstance(value, str)
-        and value not in ("", ".", "..")
-        and not any(c in value for c in "/\\:\0")
-        and len(value.encode("utf-8", "surrogatepass")) <= _MAX_FILENAME_BYTES
-    )
-    if not ok:
+    if not is_bare_filename(value):
         raise ModelConfigError(
             f"{where}: default_model_filename must be a bare file name inside the version folder "
             "(at most 255 bytes; no '/', '\\', ':', NUL, '.' or '..')"
@@ -136,6 +134,15 @@ class ModelConfig:
             ``ensemble``): it declares its inputs and outputs, has no instance_group or
             dynamic_batching, and ``max_batch_size`` defaults to 0; its graph is checked here
             (:func:`~frameserve.repository.check_ensemble_graph`). ``None`` for every other model.
+        input_reshape: input name -> the shape the model sees instead of ``dims`` (Triton's
+            ``reshape``; batch dim excluded when batching, same element count); clients send
+            ``dims``.
+        output_reshape: output name -> the shape the model produces, answered as ``dims``.
+        label_filenames: output name -> its ``label_filename`` (a file of the model's folder,
+            one label per line; the classification extension's labels).
+        model_warmup: warmup samples run on each instance at load, before the model is ready.
+        response_cache: Triton's ``response_cache.enable``: identical requests may be answered
+            from the server's response cache (when the server has one).
 
     A frozen value; it holds dicts, so it is not hashable.
     """
@@ -153,6 +160,11 @@ class ModelConfig:
     parameters: dict[str, str] = field(default_factory=dict)
     default_model_filename: str | None = None
     ensemble_scheduling: EnsembleScheduling | None = None
+    input_reshape: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    output_reshape: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    label_filenames: Mapping[str, str] = field(default_factory=dict)
+    model_warmup: tuple[WarmupSample, ...] = ()
+    response_cache: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -171,6 +183,9 @@ class ModelConfig:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "instance_group", tuple(self.instance_group))
+        object.__setattr__(self, "model_warmup", tuple(self.model_warmup))
+        for output, filename in self.label_filenames.items():
+            check_bare_filename(filename, f"model {self.name!r} output {output!r}: label_filename")
         if ensemble:
             self._check_ensemble()
 
@@ -232,8 +247,8 @@ class ModelConfig:
                 "backend": "",
                 "version_policy": self.version_policy.to_dict(),
                 "max_batch_size": self.max_batch_size or 0,
-                "input": [_tensor_dict(s, with_format=True) for s in self.inputs],
-                "output": [_tensor_dict(s, with_format=False) for s in self.outputs],
+                "input": [self._tensor_dict(s, kind="input") for s in self.inputs],
+                "output": [self._tensor_dict(s, kind="output") for s in self.outputs],
                 "ensemble_scheduling": self.ensemble_scheduling.to_dict(),
                 "instance_group": [],
                 "parameters": {k: {"string_value": v} for k, v in sorted(self.parameters.items())},
@@ -245,8 +260,8 @@ class ModelConfig:
             "backend": self.backend,
             "version_policy": self.version_policy.to_dict(),
             "max_batch_size": self.max_batch_size or 0,
-            "input": [_tensor_dict(s, with_format=True) for s in self.inputs],
-            "output": [_tensor_dict(s, with_format=False) for s in self.outputs],
+            "input": [self._tensor_dict(s, kind="input") for s in self.inputs],
+            "output": [self._tensor_dict(s, kind="output") for s in self.outputs],
             "instance_group": [g.to_dict() for g in self.instance_group] or [{"count": 1, "kind": "KIND_CPU"}],
             "parameters": {k: {"string_value": v} for k, v in sorted(params.items())},
         }
@@ -254,6 +269,19 @@ class ModelConfig:
             out["dynamic_batching"] = dict(self.dynamic_batching)
         if self.default_model_filename:
             out["default_model_filename"] = self.default_model_filename
+        if self.model_warmup:
+            out["model_warmup"] = [w.to_dict() for w in self.model_warmup]
+        if self.response_cache:
+            out["response_cache"] = {"enable": True}
+        return out
+
+    def _tensor_dict(self, spec: TensorSpec, *, kind: Literal["input", "output"]) -> dict[str, Any]:
+        out = _tensor_dict(spec, with_format=kind == "input")
+        shape = (self.input_reshape if kind == "input" else self.output_reshape).get(spec.name)
+        if shape is not None:
+            out["reshape"] = {"shape": list(shape)}
+        if kind == "output" and spec.name in self.label_filenames:
+            out["label_filename"] = self.label_filenames[spec.name]
         return out
 
     def __repr__(self) -> str:
@@ -354,6 +382,14 @@ def parse_config(
     )
     batching = data.get("dynamic_batching")
     ensemble = data.get("ensemble_scheduling")
+    reshapes: dict[str, dict[str, tuple[int, ...]]] = {"input": {}, "output": {}}
+    for kind in ("input", "output"):
+        for i, t in enumerate(data.get(kind) or ()):
+            shape = reshape_of(t, f"{source}: {kind}[{i}]")
+            if shape is not None:
+                reshapes[kind][t["name"]] = shape
+    labels = {t["name"]: t["label_filename"] for t in data.get("output") or () if t.get("label_filename")}
+    cache = data.get("response_cache") or {}
     return ModelConfig(
         name=name,
         backend=backend or default_backend or "onnxruntime",
@@ -368,4 +404,9 @@ def parse_config(
         parameters=params,
         default_model_filename=data.get("default_model_filename"),
         ensemble_scheduling=EnsembleScheduling.from_dict(ensemble, where=source) if ensemble is not None else None,
+        input_reshape=reshapes["input"],
+        output_reshape=reshapes["output"],
+        label_filenames=labels,
+        model_warmup=parse_warmup(data.get("model_warmup"), source),
+        response_cache=bool(cache.get("enable", False)),
     )

@@ -7,24 +7,25 @@ The text is parsed with ``google.protobuf.text_format`` against frameserve's cop
 
 - kept as they are: ``name``, ``platform``, ``backend``, ``max_batch_size``, ``input``
   (``name``, ``data_type``, ``format``, ``dims``), ``output`` (``name``, ``data_type``,
-  ``dims``), ``version_policy``, ``instance_group`` (``name``, ``kind``, ``count``, ``gpus``),
+  ``dims``, ``reshape``, an output's ``label_filename``), ``version_policy``, ``instance_group`` (``name``, ``kind``, ``count``, ``gpus``),
   ``dynamic_batching``, ``parameters``, ``default_model_filename``, ``ensemble_scheduling``
   (``step``: ``model_name``, ``model_version`` -- absent means 0, as protobuf reads it and Triton
-  runs it --, ``input_map``, ``output_map``). 64-bit integers, which
+  runs it --, ``input_map``, ``output_map``), ``model_warmup`` (``name``, ``batch_size``,
+  ``inputs``, ``count``) and ``response_cache``. 64-bit integers, which
   protobuf's JSON form writes as strings, become ints; an instance group without ``count``
   gets Triton's 1, without ``kind`` Triton's ``KIND_AUTO``.
 - refused with :class:`~frameserve.errors.ModelConfigError` (they change what a model
   computes or how requests are grouped, and frameserve does not do them): ``sequence_batching``,
   ``batch_input``, ``batch_output``, an ensemble step's ``model_namespace``, a decoupled
-  ``model_transaction_policy``, ``reshape``, shape tensors and ragged batching of a tensor.
+  ``model_transaction_policy``, shape tensors and ragged batching of a tensor.
 - dropped, with a log line at INFO level naming them (:func:`pbtxt_to_dict` also returns
   them): tuning and bookkeeping frameserve does not use, which change no result:
-  ``optimization``, ``model_warmup``, ``response_cache``, ``metric_tags``,
+  ``optimization``, ``metric_tags``,
   ``cc_model_filenames``, ``model_repository_agents``, ``model_operations``, ``runtime``,
   ``model_metrics``, a non-decoupled ``model_transaction_policy``,
   ``ensemble_scheduling.max_inflight_requests`` (every frameserve queue is bounded already), an
   input's ``optional``
-  flag (frameserve asks for every input), an output's ``label_filename``, and an instance
+  flag (frameserve asks for every input), and an instance
   group's ``rate_limiter``, ``profile``, ``passive``, ``host_policy``, ``secondary_devices``.
 """
 
@@ -44,8 +45,6 @@ _log = logging.getLogger(__name__)
 _REFUSED = ("sequence_batching", "batch_input", "batch_output")
 _DROPPED = (
     "optimization",
-    "model_warmup",
-    "response_cache",
     "metric_tags",
     "cc_model_filenames",
     "model_repository_agents",
@@ -78,7 +77,7 @@ def _tensors(items: list[dict[str, Any]], kind: str, source: str, dropped: list[
     out = []
     for i, item in enumerate(items):
         where = f"{source}: {kind}[{i}] ({item.get('name', '?')!r})"
-        for key in ("reshape", "is_shape_tensor", "allow_ragged_batch"):
+        for key in ("is_shape_tensor", "allow_ragged_batch"):
             if item.get(key):
                 raise ModelConfigError(f"{where}: {key} is not supported by frameserve")
         entry: dict[str, Any] = {"name": item.get("name", ""), "data_type": item.get("data_type", "TYPE_INVALID")}
@@ -87,10 +86,27 @@ def _tensors(items: list[dict[str, Any]], kind: str, source: str, dropped: list[
         if kind == "input" and "format" in item:
             entry["format"] = item["format"]
         entry["dims"] = [_int(d) for d in item.get("dims", [])]
-        for key in ("optional", "label_filename"):
-            if key in item:
-                dropped.append(f"{kind}[{i}].{key}")
+        if "reshape" in item:
+            entry["reshape"] = {"shape": [_int(d) for d in item["reshape"].get("shape", [])]}
+        if kind == "output" and item.get("label_filename"):
+            entry["label_filename"] = item["label_filename"]
+        if "optional" in item:
+            dropped.append(f"{kind}[{i}].optional")
         out.append(entry)
+    return out
+
+
+def _warmup(sample: dict[str, Any]) -> dict[str, Any]:
+    """One ``model_warmup`` sample in config.yaml's form (64-bit dims as ints)."""
+    inputs = {}
+    for name, item in sample.get("inputs", {}).items():
+        entry = {k: v for k, v in item.items() if k != "dims"}
+        entry["dims"] = [_int(d) for d in item.get("dims", [])]
+        inputs[name] = entry
+    out: dict[str, Any] = {"batch_size": _int(sample.get("batch_size", 0)), "inputs": inputs,
+                           "count": _int(sample.get("count", 0))}
+    if sample.get("name"):
+        out["name"] = sample["name"]
     return out
 
 
@@ -234,6 +250,10 @@ def message_to_dict(message: Any, *, source: str) -> tuple[dict[str, Any], list[
         out["dynamic_batching"] = db
     if "ensemble_scheduling" in raw:
         out["ensemble_scheduling"] = _ensemble(raw["ensemble_scheduling"], source, dropped)
+    if "model_warmup" in raw:
+        out["model_warmup"] = [_warmup(w) for w in raw["model_warmup"]]
+    if "response_cache" in raw:
+        out["response_cache"] = {"enable": bool(raw["response_cache"].get("enable", False))}
     if "parameters" in raw:
         out["parameters"] = {k: {"string_value": str(v.get("string_value", ""))} for k, v in raw["parameters"].items()}
     return out, dropped

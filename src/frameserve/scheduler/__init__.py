@@ -9,14 +9,18 @@ It knows the :class:`~frameserve.backends.Session` protocol and no backend.
 
 from __future__ import annotations
 
+from frameserve.scheduler._cache import ResponseCache, parse_cache_config
+from frameserve.scheduler._classify import read_labels
 from frameserve.scheduler._clock import Clock, FakeClock, MonotonicClock
 from frameserve.scheduler._ensemble import EnsembleScheduler, SubmitFn, check_ensemble_steps, load_ensemble_steps
 from frameserve.scheduler._instances import InstanceSpec, gpu_count, parse_cpu_list, plan_instances
 from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE, BatchingPolicy, QueuePolicy
 from frameserve.scheduler._queue import BatchQueue
 from frameserve.scheduler._request import QueuedRequest, failed_future
+from frameserve.scheduler._respond import ResponsePath
 from frameserve.scheduler._scheduler import BatchOutputError, Scheduler, SchedulerStoppedError
 from frameserve.scheduler._stats import ModelStats
+from frameserve.scheduler._warmup import run_warmup
 
 __all__ = [
     "DEFAULT_MAX_QUEUE_SIZE",
@@ -31,6 +35,8 @@ __all__ = [
     "MonotonicClock",
     "QueuePolicy",
     "QueuedRequest",
+    "ResponseCache",
+    "ResponsePath",
     "Scheduler",
     "SchedulerStoppedError",
     "SubmitFn",
@@ -38,6 +44,9 @@ __all__ = [
     "failed_future",
     "gpu_count",
     "load_ensemble_steps",
+    "parse_cache_config",
     "parse_cpu_list",
     "plan_instances",
+    "read_labels",
+    "run_warmup",
 ]

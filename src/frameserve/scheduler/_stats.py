@@ -130,6 +130,21 @@ class ModelStats:
             d.count += n
             d.ns += n * max(0, int(ns))
 
+    def record_cache_hit(self, *, request_ns: int, cache_ns: int) -> None:
+        """One request answered from the response cache (Triton: ``success`` and ``cache_hit``
+        count it; ``cache_ns`` is the lookup and extraction time, ``request_ns`` the request's
+        whole time; no queue, compute, inference or execution count)."""
+        with self._lock:
+            self._req["success"].add(request_ns)
+            self._req["cache_hit"].add(cache_ns)
+            self._last_inference_ms = self._wall_ns() // 1_000_000
+
+    def record_cache_miss(self, *, cache_ns: int) -> None:
+        """One request the response cache did not hold, executed and then inserted: ``cache_ns``
+        is the lookup and insertion time (Triton's ``cache_miss``)."""
+        with self._lock:
+            self._req["cache_miss"].add(cache_ns)
+
     def record_failure(self, *, request_ns: int) -> None:
         """One request answered with an error (rejected, timed out, cancelled or failed)."""
         with self._lock:

@@ -195,8 +195,6 @@ def decode_infer_request(
         out_params: dict[str, Any] = {}
         if out.parameters:
             out_params = {k: parameter_value(v) for k, v in out.parameters.items()}
-            if out_params.get("classification"):
-                raise InvalidInputError(f"output {shown(out.name)}: the classification extension is not supported")
             location = shm_location(out_params, f"output {shown(out.name)}")
             if location is not None:  # written into the region; its answer carries no data
                 if shared_memory is None:

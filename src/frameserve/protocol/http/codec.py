@@ -181,7 +181,7 @@ def decode_request(
     Raises:
         InvalidInputError: malformed JSON, a missing or mistyped field, a binary section whose
             size differs from what the inputs declare, an unsupported extension
-            (classification, sequences).
+            (sequences).
         TensorError: an input whose data does not fit its shape and datatype, or a shape,
             BYTES element count, or count of inputs, outputs or parameters over a cap of
             ``limits``.
@@ -360,10 +360,6 @@ def _requested_outputs(raw: Any, shared_memory: SharedMemoryUse | None = None) -
             out.append(RequestedOutput(name, None, {}))
             continue
         params = dict(_mapping(raw_params, f"output {shown(name)} 'parameters'"))
-        if params.get("classification") not in (None, 0):
-            raise InvalidInputError(
-                f"output {shown(name)}: the classification extension is not supported by this server"
-            )
         binary = _flag(params, "binary_data", f"output {shown(name)}")
         params.pop("binary_data", None)
         location = shm_location(params, f"output {shown(name)}") if params else None
