@@ -33,21 +33,37 @@ samples with the counters typed ``untyped``. The histograms take the names propo
 (core pull request 474, ``--metrics-config histogram_latencies=true``) next to its summaries
 (``nv_inference_*_summary_us``); Triton's own are summaries with quantiles over a sliding
 window, which cannot be aggregated across servers, hence histograms here (server issue 7672).
+
+Triton's CPU gauges (``--allow-cpu-metrics``, :class:`CpuMetrics`), system-wide as Triton's are:
+
+===============================  =====  =====================================================
+``nv_cpu_utilization``           gauge  busy share of all cores since the previous sample,
+                                        0.0 to 1.0 (``/proc/stat``)
+``nv_cpu_memory_total_bytes``    gauge  the machine's RAM (``MemTotal`` of ``/proc/meminfo``)
+``nv_cpu_memory_used_bytes``     gauge  RAM in use: ``MemTotal - MemAvailable``
+===============================  =====  =====================================================
+
+psutil reads those ``/proc`` files (``cpu_times``, ``virtual_memory``). Triton samples every
+``--metrics-interval-ms`` (2000 ms); here a scrape takes a new sample when the last one is at
+least :data:`CPU_MIN_INTERVAL_S` old, so a scrape right after another repeats its figure rather
+than dividing a few ticks by a few ticks.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import psutil
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["CONTENT_TYPE", "DEFAULT_BUCKETS_US", "FAILURE_REASONS", "Metrics"]
+__all__ = ["CONTENT_TYPE", "CPU_MIN_INTERVAL_S", "DEFAULT_BUCKETS_US", "FAILURE_REASONS", "CpuMetrics", "Metrics", "busy_share"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The Content-Type of :meth:`Metrics.exposition` (Prometheus text format 0.0.4)."""
@@ -381,6 +397,63 @@ class Metrics(Collector):
                 if s.name == name and all(s.labels.get(k) == str(v) for k, v in labels.items()):
                     return float(s.value)
         return None
+
+
+CPU_MIN_INTERVAL_S = 1.0
+"""Seconds between two utilisation samples (Triton's interval is 2 s; scrapes are rarer still)."""
+
+_IDLE_FIELDS = ("idle", "iowait")
+# guest time is already counted in user (and guest_nice in nice) by the kernel: proc(5).
+_NOT_SUMMED = ("guest", "guest_nice")
+
+
+def busy_share(before: Mapping[str, float], after: Mapping[str, float]) -> float:
+    """The busy share of CPU time between two samples of ``psutil.cpu_times()._asdict()``
+    (seconds per field, all cores summed): 1 - Δ(idle + iowait) ÷ Δ(every field but guest and
+    guest_nice), clamped to 0.0..1.0; 0.0 when no time passed. A field missing from ``before``
+    counts as 0."""
+    fields = [f for f in after if f not in _NOT_SUMMED]
+    total = sum(after[f] - before.get(f, 0.0) for f in fields)
+    idle = sum(after[f] - before.get(f, 0.0) for f in _IDLE_FIELDS if f in after)
+    if total <= 0:
+        return 0.0
+    return float(min(1.0, max(0.0, 1.0 - idle / total)))
+
+
+class CpuMetrics(Collector):
+    """A prometheus_client collector of Triton's three CPU gauges; register it beside
+    :class:`frameserve.metrics.Metrics` (``registry.register(CpuMetrics())``). Thread-safe.
+
+    Args:
+        clock: monotonic seconds (tests give their own).
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._at = clock()
+        self._times: dict[str, float] = psutil.cpu_times()._asdict()
+        self._share = 0.0
+
+    def utilization(self) -> float:
+        """The busy share of all cores (0.0..1.0) from the last sample to now, or the last figure
+        when that sample is younger than :data:`CPU_MIN_INTERVAL_S`."""
+        with self._lock:
+            now = self._clock()
+            if now - self._at >= CPU_MIN_INTERVAL_S:
+                times = psutil.cpu_times()._asdict()
+                self._share = busy_share(self._times, times)
+                self._times, self._at = times, now
+            return self._share
+
+    def collect(self) -> Iterable[Metric]:
+        """The three gauges (prometheus_client's collector protocol)."""
+        memory = psutil.virtual_memory()
+        yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", value=self.utilization())
+        yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", value=float(memory.total))
+        yield GaugeMetricFamily(
+            "nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", value=float(memory.total - memory.available)
+        )
 
 
 def _escape(value: str) -> str:

@@ -166,7 +166,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def frameserve(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    with ServeProcess(repo, tmp_path_factory.mktemp("fs_home"), "--no-strict-readiness", *CACHE) as srv:
+    with ServeProcess(repo, tmp_path_factory.mktemp("fs_home"), "--no-strict-readiness", "--no-exit-on-error",
+                      *CACHE) as srv:
         srv.wait_line("ready:", 180)
         yield srv
 
@@ -328,3 +329,42 @@ def test_bad_class_count_and_unclassifiable_type_are_refused(protocol: str, fram
     t.set_data_from_numpy(np.arange(6, dtype=np.float32))
     with pytest.raises(InferenceServerException, match="classification"):
         client.infer("reshaped", [t], outputs=[mod.InferRequestedOutput("OUT", class_count=-1)])
+
+
+_CPU_GAUGES = ("nv_cpu_utilization", "nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes")
+
+
+def _cpu_gauges(text: str) -> dict[str, tuple[str, str, float]]:
+    """``{name: (HELP text, TYPE, value)}`` of Triton's CPU gauges in a /metrics page."""
+    out = {}
+    for name in _CPU_GAUGES:
+        doc = re.search(rf"^# HELP {name} (.*)$", text, re.M)
+        kind = re.search(rf"^# TYPE {name} (\S+)$", text, re.M)
+        value = re.search(rf"^{name}(?:\{{\}})? (\S+)$", text, re.M)
+        assert doc and kind and value, f"{name} missing from /metrics"
+        out[name] = (doc.group(1), kind.group(1), float(value.group(1)))
+    return out
+
+
+def test_cpu_gauges_as_triton(frameserve: ServeProcess, triton: TritonPeer | None) -> None:
+    seen = {}
+    for server, ports in _servers(frameserve, triton):
+        url = f"http://127.0.0.1:{ports['metrics']}/metrics"
+        httpx.get(url, timeout=10)
+        gauges = _cpu_gauges(httpx.get(url, timeout=10).text)
+        assert 0.0 <= gauges["nv_cpu_utilization"][2] <= 1.0, server
+        total, used = gauges["nv_cpu_memory_total_bytes"][2], gauges["nv_cpu_memory_used_bytes"][2]
+        assert 0 < used <= total, server
+        seen[server] = gauges
+    if "triton" in seen:
+        for name in _CPU_GAUGES:  # same words and types as Triton's; the same machine's RAM
+            assert seen["frameserve"][name][:2] == seen["triton"][name][:2], name
+        assert seen["frameserve"]["nv_cpu_memory_total_bytes"][2] == seen["triton"]["nv_cpu_memory_total_bytes"][2]
+
+
+def test_cpu_gauges_off_with_no_allow_cpu_metrics(tmp_path: Path, repo: Path) -> None:
+    with ServeProcess(repo, tmp_path, "--no-strict-readiness", "--no-exit-on-error",
+                      "--allow-cpu-metrics=false") as srv:
+        srv.wait_line("ready:", 180)
+        text = httpx.get(f"http://127.0.0.1:{srv.ports['metrics']}/metrics", timeout=10).text
+    assert "nv_cpu_utilization" not in text

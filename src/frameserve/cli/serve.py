@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 
 __all__ = ["TRITON_BOOL_FLAGS", "register", "serve_command", "triton_bool_args"]
 
-TRITON_BOOL_FLAGS: tuple[str, ...] = ("--exit-on-error", "--strict-readiness", "--allow-grpc", "--allow-metrics")
+TRITON_BOOL_FLAGS: tuple[str, ...] = ("--exit-on-error", "--strict-readiness", "--allow-grpc", "--allow-metrics",
+                                     "--allow-cpu-metrics")
 """Boolean flags ``serve`` shares with tritonserver, which also takes them as ``--flag=false``."""
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
@@ -94,6 +95,7 @@ def serve_command(
     metrics_port: Annotated[int, typer.Option("--metrics-port", min=0, max=65535, help="Prometheus /metrics port (0 = any free port).")] = 8002,
     allow_grpc: Annotated[bool, typer.Option("--allow-grpc/--no-allow-grpc", help="Serve gRPC.")] = True,
     allow_metrics: Annotated[bool, typer.Option("--allow-metrics/--no-allow-metrics", help="Serve metrics on their own port.")] = True,
+    allow_cpu_metrics: Annotated[bool, typer.Option("--allow-cpu-metrics/--no-allow-cpu-metrics", help="Export Triton's system-wide CPU gauges (nv_cpu_utilization, nv_cpu_memory_total_bytes, nv_cpu_memory_used_bytes) on /metrics.")] = True,
     host: Annotated[str, typer.Option("--host", help="Address every listener binds (0.0.0.0 = all IPv4, :: = all); another address than loopback needs --auth-token-file or --allow-unauthenticated.")] = "127.0.0.1",
     http_address: Annotated[str | None, typer.Option("--http-address", help="Address of the HTTP listener (Triton's flag; default: --host).")] = None,
     grpc_address: Annotated[str | None, typer.Option("--grpc-address", help="Address of the gRPC listener (Triton's flag; default: --host).")] = None,
@@ -221,6 +223,10 @@ def serve_command(
         # threads=None lets the service plan the budget so instances never oversubscribe the cores
         service = InferenceService(repository, threads=threads, strict_readiness=strict_readiness,
                                    server_name=server_name, cache=_response_cache(cache_config))
+        if allow_cpu_metrics:
+            from frameserve.metrics import CpuMetrics
+
+            service.metrics.registry.register(CpuMetrics())
         jobs_settings = JobsSettings.from_env(
             settings, db_url=db, file_roots=file_root or None, s3_endpoint_url=s3_endpoint_url,
             webhook_secret=webhook_secret,
