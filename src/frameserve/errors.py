@@ -15,6 +15,7 @@ The tree (catch at any level)::
     │   ├── TensorError                 invalid_tensor         400  INVALID_ARGUMENT
     │   ├── PayloadTooLargeError        payload_too_large      413  RESOURCE_EXHAUSTED
     │   ├── UnsupportedMediaTypeError   unsupported_media_type 415  INVALID_ARGUMENT
+    │   ├── UnsupportedSettingError     unsupported_setting    501  UNIMPLEMENTED
     │   ├── AddressRefusedError         address_refused        400  INVALID_ARGUMENT
     │   ├── SharedMemoryError           invalid_shared_memory  400  INVALID_ARGUMENT
     │   │   ├── SharedMemoryExistsError shared_memory_exists   400  ALREADY_EXISTS
@@ -111,6 +112,7 @@ __all__ = [
     "TensorError",
     "UnauthenticatedError",
     "UnsupportedMediaTypeError",
+    "UnsupportedSettingError",
     "VideoError",
     "WorkerCrashedError",
     "poll_failed",
@@ -389,6 +391,14 @@ class UnsupportedMediaTypeError(InvalidInputError):
     code = "unsupported_media_type"
 
 
+class UnsupportedSettingError(InvalidInputError):
+    """A server setting that the network may not change, e.g. the log file of Triton's logging
+    extension: Triton answers "log file location can not be updated through network protocol"
+    with ``Status::Code::UNSUPPORTED`` (HTTP 501, gRPC ``UNIMPLEMENTED``), and so does frameserve."""
+
+    code = "unsupported_setting"
+
+
 class ModelControlDisabledError(FrameserveError):
     """A model load or unload request while the server's model control mode is ``none`` or
     ``poll`` (only ``explicit`` lets clients load and unload).
@@ -563,6 +573,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "inference_failed": (500, "INTERNAL"),
     "payload_too_large": (413, "RESOURCE_EXHAUSTED"),
     "unsupported_media_type": (415, "INVALID_ARGUMENT"),
+    "unsupported_setting": (501, "UNIMPLEMENTED"),
     "model_control_disabled": (503, "UNAVAILABLE"),
     "unauthenticated": (401, "UNAUTHENTICATED"),
     "permission_denied": (403, "PERMISSION_DENIED"),

@@ -100,6 +100,7 @@ def test_route_roles() -> None:
     assert grpc_roles(svc + "ServerReady", auth_health=True) == frozenset()
     assert grpc_roles(svc + "ModelInfer") == infer and grpc_roles(svc + "ModelStreamInfer") == infer
     assert grpc_roles(svc + "RepositoryModelLoad") == admin and grpc_roles(svc + "LogSettings") == admin
+    assert http_roles("GET", "/v2/logging") == admin and http_roles("POST", "/v2/logging") == admin
 
 
 def _refusal(method: str = "POST", path: str = "/v2/repository/models/m/load", **headers: str | None) -> object:

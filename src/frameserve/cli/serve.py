@@ -176,6 +176,10 @@ def serve_command(
     if not isinstance(level, int):
         raise typer.BadParameter(f"{log_level!r}; accepted: debug, info, warning, error", param_hint="--log-level")
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from frameserve.protocol._logsettings import LogSettings
+
+    log_settings = LogSettings()  # --log-level's, changed at run time through /v2/logging
+    log_settings.install()
     with exit_on_error():
         settings = Settings.from_env(model_repository=model_repository, threads=threads)
         if model_repository is None:  # the default may not exist yet: an empty repository
@@ -185,6 +189,7 @@ def serve_command(
         repository = ModelRepository(settings.model_repository)
         registry.check_models(set(repository.models()))  # and so does a model no pipeline can get
         options = ServerOptions(
+            log_settings=log_settings,
             host=host,
             http_host=http_address,
             grpc_host=grpc_address,

@@ -7,6 +7,7 @@ Roles per route (``admin`` may always; an empty set: any valid token; ``None``: 
     /v2/health/live, /v2/health/ready, /metrics         open (tokens asked with auth_health)
     gRPC ServerLive, ServerReady, grpc.health.v1.Health  open (likewise)
     /v2/repository/models/{m}/load|unload                admin     (gRPC RepositoryModelLoad/Unload)
+    /v2/logging                                          admin     (gRPC LogSettings)
     gRPC TraceSetting, LogSettings                       admin
     every other /v2 route and GRPCInferenceService RPC   infer     (inference, metadata, config,
                                                                     statistics, index, shared memory)
@@ -96,7 +97,7 @@ def http_roles(method: str, path: str, *, auth_health: bool = False) -> frozense
     if path.startswith("/v2"):
         if path in _HEALTH_PATHS:
             return ANY_TOKEN if auth_health else None
-        if path.startswith("/v2/repository/models/") and path.endswith(("/load", "/unload")):
+        if path.startswith("/v2/repository/models/") and path.endswith(("/load", "/unload")) or path == "/v2/logging":
             return ADMIN
         return INFER
     if path == "/metrics":

@@ -47,6 +47,7 @@ from typing import Any
 from frameserve.config import pinned_cpus
 from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.protocol import MODEL_CONTROL_MODES
+from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.http import (
     DEFAULT_MAX_BODY_BYTES,
     create_app,
@@ -89,6 +90,8 @@ class ServerOptions:
             ``None`` = as long as they take.
         load_models: load models at start (those the model control mode names); false: none.
         http_routers: more FastAPI routers mounted on the HTTP port (the embedded ``/v1/jobs``).
+        log_settings: the process's live log settings, served by Triton's logging extension
+            (``/v2/logging``, gRPC ``LogSettings``); ``None``: not served.
         model_control_mode: ``none`` (default), ``explicit`` or ``poll`` (the module docstring).
         startup_models: the models ``explicit`` mode loads at start (Triton's ``--load-model``);
             ``("*",)`` = every model; only with ``explicit``.
@@ -142,6 +145,7 @@ class ServerOptions:
     graceful_timeout_s: float | None = 30.0
     load_models: bool = True
     http_routers: tuple[Any, ...] = ()
+    log_settings: LogSettings | None = None
     http_host: str | None = None
     grpc_host: str | None = None
     metrics_host: str | None = None
@@ -477,7 +481,7 @@ class Server:
                 routers=opts.http_routers, model_control_mode=opts.model_control_mode,
                 tokens=opts.tokens, auth_health=opts.auth_health, limits=opts.limits,
                 loopback_hosts_only=opts.tokens is None and is_loopback(opts.host_for("http")),
-                shared_memory=self.shared_memory, infer_gate=InferGate.of(opts.quotas),
+                shared_memory=self.shared_memory, infer_gate=InferGate.of(opts.quotas), log_settings=opts.log_settings,
             )
         if "http" in self._sockets:
             apps["http"] = http_app
@@ -534,6 +538,7 @@ class Server:
             servicer = GrpcInferenceServicer(
                 self.service, model_control_mode=opts.model_control_mode, limits=opts.limits,
                 shared_memory=self.shared_memory, tokens=opts.tokens, infer_gate=InferGate.of(opts.quotas),
+                log_settings=opts.log_settings,
             )
             health = HealthServicer(servicer)
         n_http = opts.http_workers if "http" in self._reserved else 0
@@ -588,6 +593,7 @@ class Server:
             auth_health=opts.auth_health, tls=self._tls, limits=opts.limits,
             max_message_bytes=opts.max_body_bytes, shared_memory=self.shared_memory,
             cpus=_grpc_cpus(opts.grpc_cpus), infer_gate=InferGate.of(opts.quotas), deadlines=opts.http_deadlines,
+            log_settings=opts.log_settings,
         )
         server.start()
         self._ports["grpc"] = bound_port(server)

@@ -12,6 +12,7 @@ from google.protobuf import message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from frameserve._proto import grpc_service_pb2 as pb
+from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.grpc._auth import ThreadedTokenInterceptor
 from frameserve.protocol.grpc._servicer import GrpcInferenceServicer
 from frameserve.protocol.grpc._threaded import DEFAULT_THREADS, ThreadedGrpcServer, threaded_handlers
@@ -114,6 +115,7 @@ def create_server(
     cpus: frozenset[int] | None = None,
     infer_gate: InferGate | None = None,
     deadlines: HttpDeadlines = DEFAULT_DEADLINES,
+    log_settings: LogSettings | None = None,
 ) -> ThreadedGrpcServer:
     """Build (not start) the gRPC server for ``service`` listening on ``address``: a thread-pool
     ``grpc.server`` (:mod:`frameserve.protocol.grpc._threaded` says why not ``grpc.aio``).
@@ -142,6 +144,7 @@ def create_server(
         infer_gate: the tenants' ``infer_rate`` / ``infer_concurrency`` quotas
             (``RESOURCE_EXHAUSTED`` over them); ``None``: none.
         deadlines: the idle and handshake deadlines of a connection (:func:`server_options`).
+        log_settings: the live log settings the ``LogSettings`` RPC reads and changes.
 
     Raises:
         ValueError: ``max_message_bytes`` or ``threads`` < 1.
@@ -160,7 +163,7 @@ def create_server(
     )
     servicer = GrpcInferenceServicer(
         service, model_control_mode=model_control_mode, limits=limits, shared_memory=shared_memory, tokens=tokens,
-        infer_gate=infer_gate,
+        infer_gate=infer_gate, log_settings=log_settings,
     )
     loop = asyncio.new_event_loop()
     handlers = threaded_handlers(servicer, HealthServicer(servicer), loop)

@@ -22,6 +22,7 @@ from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
 from frameserve._proto import model_config_pb2 as mc
 from frameserve.errors import FrameserveError, QuotaExceededError, SharedMemoryNotFoundError, shown
 from frameserve.protocol import check_model_control
+from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.grpc._auth import principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response, parameter_value, parse_version
 from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request
@@ -88,6 +89,9 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ``shared_memory``: the server's registry of client system shared-memory regions (the same
     one the HTTP routes use); ``None``: the shared-memory RPCs and tensors in shared memory are
     refused (:func:`~frameserve.shm.client_shm_disabled`).
+
+    ``log_settings``: the process's live log settings, read and changed by ``LogSettings``
+    (Triton's logging extension); ``None``: that RPC answers UNIMPLEMENTED.
     """
 
     def __init__(
@@ -99,8 +103,10 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         shared_memory: SharedMemoryRegistry | None = None,
         tokens: TokenTable | None = None,
         infer_gate: InferGate | None = None,
+        log_settings: LogSettings | None = None,
     ) -> None:
         self.infer_gate = infer_gate
+        self.log_settings = log_settings
         self.service = service
         self.model_control_mode = model_control_mode
         self.limits = limits
@@ -157,7 +163,8 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerMetadataResponse:
-        meta = self.service.server_metadata((SHM_EXTENSION,) if self.shared_memory is not None else ())
+        meta = self.service.server_metadata((*((SHM_EXTENSION,) if self.shared_memory is not None else ()),
+                                             *(("logging",) if self.log_settings is not None else ())))
         return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"], extensions=meta["extensions"])
 
     @_handled
@@ -350,14 +357,36 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._registry()
         return pb.CudaSharedMemoryUnregisterResponse()
 
+    # -- logging extension -------------------------------------------------------------------
+
+    @_handled
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: grpc.aio.ServicerContext) -> pb.LogSettingsResponse:
+        if self.log_settings is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "log settings are not served by this server")
+        assert self.log_settings is not None
+        changes = {}
+        for name, value in request.settings.items():
+            kind = value.WhichOneof("parameter_choice")
+            changes[name] = None if kind is None else getattr(value, kind)
+        current = self.log_settings.update(changes) if changes else self.log_settings.current()
+        response = pb.LogSettingsResponse()
+        for name, value in current.items():
+            slot = response.settings[name]
+            if isinstance(value, bool):
+                slot.bool_param = value
+            elif isinstance(value, int):
+                slot.uint32_param = value
+            else:
+                slot.string_param = str(value)
+        return response
+
     # -- not served --------------------------------------------------------------------------
-    # Triton's trace and log RPCs are part of the service definition, so they are answered, with
-    # UNIMPLEMENTED and the feature's name: frameserve has no runtime trace/log settings yet.
+    # Triton's trace RPC is part of the service definition, so it is answered, with
+    # UNIMPLEMENTED and the feature's name: frameserve has no trace settings yet.
     # (The NotImplementedError defaults in the generated `grpc_service_pb2_grpc.py` base class are
     # protoc's; this class overrides every RPC.)
 
     TraceSetting = _unimplemented("TraceSetting", "trace settings")
-    LogSettings = _unimplemented("LogSettings", "log settings")
 
 
 def config_message(config: dict[str, Any]) -> mc.ModelConfig:

@@ -52,6 +52,7 @@ from frameserve.errors import (
     InvalidInputError,
 )
 from frameserve.protocol import check_model_control
+from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.http import codec
 from frameserve.protocol.http._auth import HttpGate, principal_of
 from frameserve.protocol.http._infer import InferFastPath, InferFirst, InferHeaders, read_limited
@@ -133,6 +134,7 @@ def create_app(
     shared_memory: SharedMemoryRegistry | None = None,
     loopback_hosts_only: bool = False,
     infer_gate: InferGate | None = None,
+    log_settings: LogSettings | None = None,
 ) -> FastAPI:
     """Build the v2 HTTP application over ``service``.
 
@@ -156,6 +158,8 @@ def create_app(
         shared_memory: the server's registry of client system shared-memory regions (shared
             with the gRPC servicer): the ``/v2/systemsharedmemory`` routes and tensors in
             regions; ``None``: both are refused (Triton's ``--allow-client-shm=false``).
+        log_settings: the process's live log settings: ``GET``/``POST /v2/logging`` (Triton's
+            logging extension, :mod:`frameserve.protocol._logsettings`); ``None``: no such route.
 
     Returns:
         The FastAPI application (ASGI); it owns no threads and does not close ``service``.
@@ -166,6 +170,8 @@ def create_app(
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
 
+    extensions = (*HTTP_EXTENSIONS, *((SHM_EXTENSION,) if shared_memory is not None else ()),
+                  *(("logging",) if log_settings is not None else ()))
     def is_ready() -> bool:
         return (ready_check is None or ready_check()) and service.is_server_ready()
 
@@ -239,7 +245,7 @@ def create_app(
 
     @route("/v2", "GET")
     async def server_metadata(request: Request) -> Response:
-        return _json(service.server_metadata(HTTP_EXTENSIONS if shared_memory is None else (*HTTP_EXTENSIONS, SHM_EXTENSION)))
+        return _json(service.server_metadata(extensions))
 
     # Statistics routes come before the model routes: /v2/models/stats is not a model.
     @route("/v2/models/stats", "GET")
@@ -308,6 +314,17 @@ def create_app(
 
     for path, method, handler in shared_memory_routes(shared_memory, lambda r: _optional_json(r, max_body_bytes)):
         route(path, method)(handler)
+
+    if log_settings is not None:
+        settings = log_settings
+
+        @route("/v2/logging", "GET")
+        async def get_logging(request: Request) -> Response:
+            return _json(settings.current())
+
+        @route("/v2/logging", "POST")
+        async def set_logging(request: Request) -> Response:
+            return _json(settings.update(await _optional_json(request, max_body_bytes)))
 
     @route("/metrics", "GET")
     async def metrics(request: Request) -> Response:
