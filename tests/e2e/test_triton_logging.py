@@ -4,7 +4,6 @@ read-only log file, and settings that really change what the server writes."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -14,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 import tritonclient.grpc as tgrpc
-from _peer import TritonPeer, setup_peer
 from _models import add_model
+from _peer import TritonPeer, optional_peer
 from _serving import ServeProcess
 from _workers import wait_for
 from tritonclient.utils import InferenceServerException
@@ -36,14 +35,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonPeer | None]:
-    ok, why = setup_peer()
-    if not ok:
-        if os.environ.get("FRAMESERVE_REQUIRE_TRITON_PEER") == "1":
-            pytest.fail(f"Triton 2.51 peer cannot be installed: {why}")
-        yield None
-        return
-    with TritonPeer(tmp_path_factory.mktemp("triton_empty_repo")) as peer:  # its settings need no model
-        peer.wait_ready(timeout_s=180)
+    with optional_peer(tmp_path_factory.mktemp("triton_empty_repo")) as peer:  # its settings need no model
         yield peer
 
 
