@@ -11,11 +11,10 @@ import re
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from _wait import wait_for
 
 SLOW = '''
 import time
@@ -47,13 +46,6 @@ def make_slow_pipeline(folder: Path) -> Path:
     (folder / "slow.py").write_text(SLOW)
     return folder
 
-
-def wait_for(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 _METRICS = re.compile(r"^metrics listening on (.+):(\d+)$")

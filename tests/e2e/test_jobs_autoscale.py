@@ -11,7 +11,8 @@ from pathlib import Path
 
 import psutil
 from _user_pipelines import make_video
-from _workers import WorkerProcess, make_slow_pipeline, sample, wait_for
+from _wait import wait_for
+from _workers import WorkerProcess, make_slow_pipeline, sample
 
 from frameserve.jobs import JobSpec, JobStore
 

@@ -50,7 +50,8 @@ import psutil
 import pytest
 from _pg import PgServer, pg_server  # noqa: F401  (fixture)
 from _videogen import make_video
-from _workers import WorkerProcess, make_slow_pipeline, wait_for
+from _wait import wait_for
+from _workers import WorkerProcess, make_slow_pipeline
 
 from frameserve.jobs import JobSpec, JobStore
 

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from fractions import Fraction
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -35,6 +35,7 @@ import pytest
 from _pg import db_url, pg_server  # noqa: F401  (fixtures)
 from _serving import ServeProcess
 from _user_pipelines import make_repository
+from _wait import wait_for
 
 from frameserve.jobs import JobSpec, JobStore
 
@@ -94,13 +95,6 @@ def receiver() -> Iterator[Receiver]:
     yield r
     r.close()
 
-
-def wait_for(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_killed_and_paused_workers_complete_every_job_exactly_once(

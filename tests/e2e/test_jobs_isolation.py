@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import httpx
 import pytest
 from _serving import ServeProcess, frameserve_command
 from _user_pipelines import BRIGHTNESS, make_repository, make_video
+from _wait import wait_for
 
 _BASE = '''
 import numpy as np
@@ -54,13 +55,6 @@ def _pipelines(folder: Path) -> Path:
         (folder / f"{name}.py").write_text(_BASE.format(cls=name.capitalize(), name=name, body=body))
     return folder
 
-
-def wait_for(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 class Prober:

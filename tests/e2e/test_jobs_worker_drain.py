@@ -17,7 +17,8 @@ import pytest
 from _pg import db_url, pg_server  # noqa: F401  (fixtures)
 from _serving import ServeProcess
 from _user_pipelines import make_video
-from _workers import WorkerProcess, make_slow_pipeline, sample, wait_for
+from _wait import wait_for
+from _workers import WorkerProcess, make_slow_pipeline, sample
 
 from frameserve.jobs import JobSpec, JobStore
 

@@ -16,7 +16,7 @@ import tritonclient.grpc as tgrpc
 from _models import add_model
 from _peer import TritonPeer, optional_peer
 from _serving import ServeProcess
-from _workers import wait_for
+from _wait import wait_for
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e

@@ -11,19 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _wait import wait_for
 from prometheus_client import CollectorRegistry
 
 from frameserve.jobs import JobSpec, JobStore
 from frameserve.jobs._metrics import JobMetrics
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.worker import Worker
-
-
-def wait_for(pred: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 @pytest.fixture

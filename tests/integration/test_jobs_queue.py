@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _pg import PgServer, db_url, pg_server  # noqa: F401  (fixtures)
+from _wait import wait_for
 
 from frameserve.errors import StorageError
 from frameserve.jobs import JobSpec, JobStore, RetryPolicy
@@ -35,12 +36,6 @@ class FakeClock:
 def spec(root: Path | str = "/in", **kw: Any) -> JobSpec:
     return JobSpec(source=f"file://{root}/v.mp4", target=f"file://{root}/out", pipeline="nudenet", **kw)
 
-
-def wait_for(pred: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
 
 
 def noop(video: Path, job: Any, workdir: Path, progress: Any) -> tuple[dict[str, Any], dict[str, Path]]:

@@ -12,19 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _wait import wait_for
 
 from frameserve.errors import VideoError
 from frameserve.jobs import JobSpec, JobStore, RetryPolicy, StorageError
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.worker import Worker
-
-
-def wait_for(pred: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import secrets
 import shutil
 import ssl
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from _models import add_model, scale_model
 from _serving import ServeProcess, frameserve_command
+from _wait import wait_for
 from fastapi import APIRouter, Request
 from tritonclient.utils import InferenceServerException
 
@@ -109,12 +109,6 @@ def _grpc_code(call: Callable[[], Any]) -> str | None:
         return str(exc.status())
     return None
 
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.05)
 
 
 def _infer_http(client: httpclient.InferenceServerClient, **kwargs: Any) -> np.ndarray:
@@ -199,11 +193,11 @@ def test_poll_mode_follows_the_repository(repo: Path, tmp_path: Path) -> None:
         staging = tmp_path / "staging"
         scale_model(staging / "1" / "model.onnx", shape=("batch", 4), scale=3.0)
         staging.rename(polled / "triple")  # complete when it appears
-        _wait_for(lambda: client.is_model_ready("triple"), "the added model loaded")
+        wait_for(lambda: client.is_model_ready("triple"), 60, "the added model loaded")
         (polled / "half" / "config.yaml").write_text("max_batch_size: 2\n")
-        _wait_for(lambda: client.get_model_config("half").get("max_batch_size") == 2, "the changed model reloaded")
+        wait_for(lambda: client.get_model_config("half").get("max_batch_size") == 2, 60, "the changed model reloaded")
         shutil.rmtree(polled / "triple")
-        _wait_for(lambda: not client.is_model_ready("triple"), "the removed model unloaded")
+        wait_for(lambda: not client.is_model_ready("triple"), 60, "the removed model unloaded")
         assert client.is_server_ready()
         with pytest.raises(InferenceServerException, match="not allowed in model control mode 'poll'"):
             client.load_model("half")

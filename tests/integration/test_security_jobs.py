@@ -28,6 +28,7 @@ import av
 import httpx
 import pytest
 from _user_pipelines import make_pipelines, make_repository, make_video
+from _wait import wait_for
 from fastapi import FastAPI, Request
 
 from frameserve.config import Settings
@@ -206,12 +207,6 @@ def call(app: FastAPI, method: str, url: str, **kw: Any) -> httpx.Response:
 
     return asyncio.run(go())
 
-
-def wait_for(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def fake_process(video: Path, job: Any, workdir: Path, progress: Any) -> tuple[dict[str, Any], dict[str, Path]]:

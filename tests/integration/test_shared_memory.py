@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,9 +20,10 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
+from _serving import make_repository
+from _wait import wait_for
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from _serving import make_repository
 from frameserve.repository import ModelRepository
 from frameserve.security import TokenTable
 from frameserve.server import Server, ServerOptions
@@ -90,12 +90,6 @@ def _mapped(key: str) -> int:
     with open("/proc/self/maps") as f:
         return sum(1 for line in f if line.rstrip().endswith("/dev/shm" + key))
 
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.01)
 
 
 @pytest.fixture(scope="module")
@@ -395,7 +389,7 @@ def test_unregister_while_a_request_is_in_flight(
         worker = threading.Thread(target=lambda: results.append(_outcome(in_flight)))
         worker.start()
         try:
-            _wait_for((gate_dir / "started").exists, "the gate model started")
+            wait_for((gate_dir / "started").exists, 30, "the gate model started")
             client.unregister_system_shared_memory()  # returns at once, the request still running
             assert http.get_system_shared_memory_status() == []
             err = _refused(lambda: request(client))  # unusable for new requests at once
@@ -406,7 +400,7 @@ def test_unregister_while_a_request_is_in_flight(
             worker.join(60)
         assert results and not isinstance(results[0], BaseException), results
         np.testing.assert_array_equal(shm.get_contents_as_numpy(seg_out, np.float32, [4]), x + 1)
-        _wait_for(lambda: _mapped(out_key) == 1, "the server unmapped the unregistered region")
+        wait_for(lambda: _mapped(out_key) == 1, 30, "the server unmapped the unregistered region")
 
 
 def _outcome(call: Callable[[], Any]) -> Any:

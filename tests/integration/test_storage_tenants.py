@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from _serving import ServeProcess, frameserve_command
+from _wait import wait_for
 from fastapi import FastAPI, Request
 
 from frameserve.config import Settings
@@ -71,12 +71,6 @@ def call(app: FastAPI, method: str, url: str, **kw: Any) -> httpx.Response:
 
     return asyncio.run(go())
 
-
-def wait_for(pred: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def test_three_tenants_each_submit_only_within_their_own_folder(store: JobStore, data: Path) -> None:
@@ -184,7 +178,7 @@ def test_the_worker_fails_a_job_outside_its_owners_storage_and_never_runs_it(sto
     w.start()
     try:
         wait_for(lambda: all(store.get(j).state in ("failed", "succeeded") for j in (theirs, into_theirs, escapes, mine)),
-                 "the four jobs to finish")
+                 15, "the four jobs to finish")
     finally:
         w.stop()
         w.join(10)
