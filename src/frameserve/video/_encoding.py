@@ -155,7 +155,7 @@ def rgb_frame(rgb: np.ndarray[Any, Any], pixel_format: str) -> av.VideoFrame:
     height, width = rgb.shape[:2]
     frame = av.VideoFrame(width, height, pixel_format)
     plane = frame.planes[0]
-    buf = np.frombuffer(plane, dtype=np.uint8).reshape(-1, plane.line_size)
+    buf = np.frombuffer(memoryview(plane), dtype=np.uint8).reshape(-1, plane.line_size)
     px = buf[:height, : width * bpp].reshape(height, width, bpp)
     px[..., r], px[..., g], px[..., b] = rgb[..., 0], rgb[..., 1], rgb[..., 2]
     if extra is not None:

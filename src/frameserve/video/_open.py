@@ -92,7 +92,8 @@ def open_input(uri: str | os.PathLike[str], **av_options: Any) -> av.container.I
             raise VideoError(f"video file is empty (0 bytes): {str(path)!r}; expected {_ACCEPTED}")
         av_options = {**av_options, "options": {**dict(av_options.get("options") or {}), **local_input_options()}}
     try:
-        return av.open(target, mode="r", **av_options)
+        container: av.container.InputContainer = av.open(target, mode="r", **av_options)
+        return container
     except av.error.FFmpegError as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         hint = _missing_moov(path) if path is not None else None

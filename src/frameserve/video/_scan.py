@@ -103,7 +103,11 @@ def scan_packets(uri: str | os.PathLike[str], stream_index: int | None = None) -
                     f"no video stream in {os.fspath(uri)!r}: streams found: {describe_streams(container)}"
                 )
         else:
-            stream = container.streams[stream_index]
+            chosen = container.streams[stream_index]
+            if not isinstance(chosen, VideoStream):
+                raise VideoError(f"stream {stream_index} of {os.fspath(uri)!r} is {chosen.type}, not video: "
+                                 f"streams found: {describe_streams(container)}")
+            stream = chosen
         tb = Fraction(stream.time_base or Fraction(1, 1))
         scan = PacketScan(time_base=tb)
         unwrap = Unwrap(container.format.name, tb)

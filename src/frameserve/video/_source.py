@@ -6,7 +6,7 @@ import math
 import os
 import time
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from fractions import Fraction
 from typing import Any
 
@@ -147,7 +147,7 @@ class VideoSource:
         self._fallback_step: Fraction | None = None
         self._last_pts_s: Fraction | None = None
         self._scan: PacketScan | None = None
-        self._decoded: Iterator[VideoFrame] | None = None
+        self._decoded: Generator[VideoFrame, None, None] | None = None
         self._first: VideoFrame | None = None
         self._converter = RgbConverter(bit_depth)
         self._sizes_seen: tuple[int, int] | None = None
@@ -332,12 +332,12 @@ class VideoSource:
             return frame
         if self._decoded is None:  # closed while iterating
             return None
-        frame = next(self._decoded, None)
-        if frame is not None:
-            pts = self._frame_pts(frame)
+        decoded = next(self._decoded, None)
+        if decoded is not None:
+            pts = self._frame_pts(decoded)
             if pts is not None:
                 self._position = pts
-        return frame
+        return decoded
 
     def _goto(self, target: int) -> None:
         """Make the next frames lead to pts ``target``: seek to the key frame before it when one
@@ -380,6 +380,8 @@ class VideoSource:
             self._container.close()
         self._container = open_input(self._uri)
         stream = self._container.streams[self._stream.index]
+        if not isinstance(stream, VideoStream):  # the same file, opened again: the same stream
+            raise VideoError(f"stream {self._stream.index} of {self._uri!r} is no longer a video stream")
         self._configure(stream)
         self._unwrap = Unwrap(self._container.format.name, self._time_base)
         self._position = None
@@ -388,7 +390,7 @@ class VideoSource:
 
     # -- decoding ------------------------------------------------------------------------------
 
-    def _decode_packets(self) -> Iterator[VideoFrame]:
+    def _decode_packets(self) -> Generator[VideoFrame, None, None]:
         """Demux and decode, skipping packets the decoder rejects (damage is counted, not raised)."""
         assert self._container is not None
         packets = self._container.demux(self._stream)
@@ -424,7 +426,7 @@ class VideoSource:
             if packet is None:
                 return
 
-    def _decode_one(self, packet: av.Packet | None) -> list[Any]:
+    def _decode_one(self, packet: av.Packet[VideoStream] | None) -> list[Any]:
         try:
             if packet is None:
                 return list(self._stream.codec_context.decode(None))

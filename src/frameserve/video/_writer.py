@@ -10,6 +10,8 @@ from typing import Any
 import av
 import av.container
 import numpy as np
+from av.stream import Stream
+from av.video.stream import VideoStream
 
 from frameserve.errors import VideoError
 
@@ -161,19 +163,24 @@ class VideoWriter:
         self._audio_in: av.container.InputContainer | None = None
         self._audio_packets: Any = None
         self._audio_out: Any = None
-        self._audio_next: av.Packet | None = None
+        self._audio_next: av.Packet[Stream] | None = None
         try:
             self._container: av.container.OutputContainer | None = av.open(self.path, mode="w")
         except (av.error.FFmpegError, OSError, ValueError) as exc:
             raise VideoError(f"cannot open output video {self.path!r}: {exc}") from exc
         try:
-            self._stream = self._container.add_stream(codec, rate=rate)
+            added = self._container.add_stream(codec, rate=rate)
         except (av.error.FFmpegError, ValueError) as exc:
             self._container.close()
             self._container = None
             raise VideoError(
                 f"cannot encode with codec {codec!r}: {exc}; try 'libx264' or 'mpeg4'"
             ) from exc
+        if not isinstance(added, VideoStream):
+            self._container.close()
+            self._container = None
+            raise VideoError(f"codec {codec!r} is not a video encoder ({added.type}); try 'libx264' or 'mpeg4'")
+        self._stream: VideoStream = added
         stream = self._stream
         stream.width, stream.height = self.coded_size
         stream.pix_fmt = self.pixel_format
@@ -276,7 +283,7 @@ class VideoWriter:
                 if packet.size == 0 or (packet.dts is None and packet.pts is None):
                     continue
             ts = packet.dts if packet.dts is not None else packet.pts
-            if until_s is not None and ts * self._audio_tb > until_s:
+            if until_s is not None and ts is not None and ts * self._audio_tb > until_s:
                 self._audio_next = packet
                 return
             self._audio_next = None
@@ -324,7 +331,7 @@ class VideoWriter:
         self.frames_written += 1
         self._copy_audio(pts * self.time_base)
 
-    def _encode(self, frame: av.VideoFrame | None) -> list[av.Packet]:
+    def _encode(self, frame: av.VideoFrame | None) -> list[av.Packet[VideoStream]]:
         try:
             packets = self._stream.encode(frame)
         except av.error.FFmpegError as exc:
@@ -339,7 +346,7 @@ class VideoWriter:
                 packet.dts = packet.pts
         return packets
 
-    def _mux(self, packets: list[av.Packet]) -> None:
+    def _mux(self, packets: list[av.Packet[Stream]] | list[av.Packet[VideoStream]]) -> None:
         assert self._container is not None
         try:
             self._container.mux(packets)

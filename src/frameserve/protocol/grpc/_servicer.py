@@ -359,10 +359,13 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- logging extension -------------------------------------------------------------------
 
-    @_handled
     async def LogSettings(self, request: pb.LogSettingsRequest, context: grpc.aio.ServicerContext) -> pb.LogSettingsResponse:
         if self.log_settings is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "log settings are not served by this server")
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "LogSettings: log settings are not served by this server")
+        return await self._log_settings(request, context)
+
+    @_handled
+    async def _log_settings(self, request: pb.LogSettingsRequest, context: grpc.aio.ServicerContext) -> pb.LogSettingsResponse:
         assert self.log_settings is not None
         changes = {}
         for name, value in request.settings.items():
