@@ -61,7 +61,7 @@ import psutil
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
+from prometheus_client.utils import floatToGoString as _untyped_go_float
 
 __all__ = ["CONTENT_TYPE", "CPU_MIN_INTERVAL_S", "DEFAULT_BUCKETS_US", "FAILURE_REASONS", "CpuMetrics", "Metrics", "busy_share"]
 
@@ -363,7 +363,7 @@ class Metrics(Collector):
                 cumulative, buckets = 0, []
                 for bound, n in zip((*self._bounds, float("inf")), counts, strict=True):
                     cumulative += n
-                    buckets.append((floatToGoString(bound), cumulative))
+                    buckets.append((_go_float(bound), cumulative))
                 hist.add_metric([row[0]["model"], row[0]["version"]], buckets, total)
             yield hist
         if self.cache_enabled:
@@ -387,7 +387,7 @@ class Metrics(Collector):
                 if s.name.endswith("_created"):
                     continue
                 labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(s.labels.items()))
-                lines.append(f"{s.name}{{{labels}}} {floatToGoString(s.value)}" if labels else f"{s.name} {floatToGoString(s.value)}")
+                lines.append(f"{s.name}{{{labels}}} {_go_float(s.value)}" if labels else f"{s.name} {_go_float(s.value)}")
         return ("\n".join(lines) + "\n").encode("utf-8")
 
     def value(self, name: str, **labels: str) -> float | None:
@@ -398,6 +398,8 @@ class Metrics(Collector):
                     return float(s.value)
         return None
 
+
+_go_float: Callable[[float], str] = _untyped_go_float  # prometheus_client ships it without annotations
 
 CPU_MIN_INTERVAL_S = 1.0
 """Seconds between two utilisation samples (Triton's interval is 2 s; scrapes are rarer still)."""

@@ -22,9 +22,12 @@ RawTensor = tuple[str, DataType, Sequence[int]]
 
 
 class _HasSignature(Protocol):
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    max_batch_size: int
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]: ...
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]: ...
+    @property
+    def max_batch_size(self) -> int: ...
 
 
 def detect_signature(inputs: Sequence[RawTensor], outputs: Sequence[RawTensor]) -> ModelSignature:

@@ -234,17 +234,21 @@ def _to_ort(name: str, arr: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     if arr.dtype != np.object_ or arr.size == 0:
         return arr
     try:
-        return np.vectorize(
+        decoded: np.ndarray[Any, Any] = np.vectorize(
             lambda v: v.decode("utf-8") if isinstance(v, (bytes, bytearray)) else str(v), otypes=[object]
         )(arr)
+        return decoded
     except UnicodeDecodeError as exc:
         raise TensorError(
             f"input {name!r}: a BYTES element is not UTF-8 text, which onnxruntime string tensors need ({exc})"
         ) from None
 
 
-def _from_ort(arr: Any) -> np.ndarray[Any, Any]:
+def _from_ort(arr: Any) -> np.ndarray[Any, Any]:  # Any: onnxruntime's run() is untyped
     """onnxruntime string outputs (object arrays of str) -> object arrays of UTF-8 bytes."""
-    if isinstance(arr, np.ndarray) and arr.dtype == np.object_ and arr.size:
-        return np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[object])(arr)
-    return arr
+    out: np.ndarray[Any, Any] = np.asarray(arr)
+    if out.dtype == np.object_ and out.size:
+        encoded: np.ndarray[Any, Any] = np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v,
+                                                     otypes=[object])(out)
+        return encoded
+    return out

@@ -333,4 +333,4 @@ def _rename_by_position(config: ModelConfig, sig: ModelSignature) -> ModelSignat
     for kind, given, have in (("inputs", config.inputs, sig.inputs), ("outputs", config.outputs, sig.outputs)):
         if given and {s.name for s in given} - {s.name for s in have} and len(given) == len(have):
             renamed[kind] = tuple(replace(h, name=g.name) for g, h in zip(given, have, strict=True))
-    return replace(sig, **renamed)
+    return replace(sig, inputs=renamed.get("inputs", sig.inputs), outputs=renamed.get("outputs", sig.outputs))

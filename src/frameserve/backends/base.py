@@ -85,11 +85,17 @@ class Session(Protocol):
             ``threads``, ``device``, ``performance_hint`` and backend-specific keys.
     """
 
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    max_batch_size: int
-    config: ModelConfig
-    info: dict[str, Any]
+    # read-only members: a plain attribute and a property (a wrapping session's) both satisfy them
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]: ...
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def config(self) -> ModelConfig: ...
+    @property
+    def info(self) -> dict[str, Any]: ...
 
     def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
         """Run one batch: every model input by name (batch dim first when batching) in, every

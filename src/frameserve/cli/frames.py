@@ -126,7 +126,7 @@ def write_frames(
                 np.save(out / name, next(iter(arrays.values())), allow_pickle=False)
             elif file_format == "npy":
                 name = f"{stem}.npz"
-                np.savez(out / name, **arrays)
+                np.savez(out / name, allow_pickle=False, **arrays)
             else:
                 name = f"{stem}.png"
                 img = preprocess(frame.rgb, picture)[0] if picture is not None else _picture(arrays, cls.name)

@@ -104,7 +104,7 @@ def print_timing(result: dict[str, Any], out: Console) -> None:
     """Print the summary line, warnings and the per-stage timing table of a run result."""
     frames = result["frames_processed"]
     wall = result["wall_s"]
-    models = result.get("models") if "models" in result else {"model": result["model"]}
+    models: dict[str, Any] = result["models"] if "models" in result else {"model": result["model"]}
     used = ", ".join(
         f"{m.get('name')} on {m.get('backend')} {m.get('precision', '')}".rstrip() for m in models.values()
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from frameserve.errors import ModelConfigError, TensorError, shown
 from frameserve.repository._ensemble import EnsembleScheduling, check_ensemble_graph
@@ -392,7 +392,7 @@ def parse_config(
     cache = data.get("response_cache") or {}
     return ModelConfig(
         name=name,
-        backend=backend or default_backend or "onnxruntime",
+        backend=cast(Backend, backend or default_backend or "onnxruntime"),  # ModelConfig checks it against BACKENDS
         platform=platform,
         max_batch_size=data.get("max_batch_size"),
         inputs=tuple(_spec(t, f"{source}: input[{i}]") for i, t in enumerate(data.get("input") or ())),

@@ -322,7 +322,7 @@ class RateGate:
             QuotaExceededError: the tenant's bucket is empty (``limit`` ``infer_rate``, with the
                 seconds until the next token as ``retry_after_s``).
         """
-        bucket = self._buckets.get(tenant, False)
+        bucket: TokenBucket | None | bool = self._buckets.get(tenant, False)
         if bucket is False:
             with self._lock:
                 bucket = self._buckets.get(tenant, False)
@@ -331,7 +331,7 @@ class RateGate:
                     bucket = (None if quota.infer_rate is None
                               else TokenBucket(quota.infer_rate, quota.burst or 1, clock=self._clock))
                     self._buckets[tenant] = bucket
-        if bucket is None:
+        if not isinstance(bucket, TokenBucket):  # None: no infer_rate for this tenant
             return
         wait_s = bucket.take()
         if wait_s > 0.0:

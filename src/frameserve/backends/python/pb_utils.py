@@ -176,7 +176,7 @@ def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray[Any, Any]) -> np
     Raises:
         TritonModelException: a length prefix runs past the end of the buffer.
     """
-    buf = memoryview(encoded_tensor if isinstance(encoded_tensor, bytes) else np.ascontiguousarray(encoded_tensor))
+    buf = memoryview(encoded_tensor) if isinstance(encoded_tensor, bytes) else np.ascontiguousarray(encoded_tensor).data
     try:
         return decode_bytes_elements(buf, where="BYTES buffer")
     except TensorError as exc:

@@ -119,7 +119,9 @@ def unpack_tensors(shm: shared_memory.SharedMemory | None, descs: Sequence[Desc]
             if shm is None or not size:
                 out[name] = decode_bytes_elements(b"", where=f"tensor {name!r}").reshape(shape)
                 continue
-            with shm.buf[offset : offset + size] as raw:  # released before the block may close
+            block = shm.buf
+            assert block is not None  # an open block has its buffer
+            with block[offset : offset + size] as raw:  # released before the block may close
                 out[name] = decode_bytes_elements(raw, where=f"tensor {name!r}").reshape(shape)
             continue
         dt = _dtype(dtype)
@@ -177,7 +179,8 @@ class _Channel:
         self.messages += 1
         self.pickled_bytes += len(data)
         self.largest_message_bytes = max(self.largest_message_bytes, len(data))
-        return pickle.loads(data)  # noqa: S301 - our own child process, same code
+        message: tuple[Any, ...] = pickle.loads(data)  # noqa: S301 - our own child process, same code
+        return message
 
 
 # -- the worker process --------------------------------------------------------------------
