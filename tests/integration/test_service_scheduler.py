@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+import frameserve
 import frameserve.service as service_module
+import frameserve.service._loading as loading_module
 from frameserve.backends import load_session
 from frameserve.errors import (
     DeadlineExceededError,
@@ -78,7 +80,7 @@ def service(repo: ModelRepository, monkeypatch: pytest.MonkeyPatch) -> Inference
         session = load_session(config, path, threads=threads, context=context)
         return _Slow(session) if config.name == "slow" else session
 
-    monkeypatch.setattr(service_module, "load_session", load)
+    monkeypatch.setattr(loading_module, "load_session", load)
     svc = InferenceService(repo, threads=1)
     yield svc  # type: ignore[misc]
     svc.close()
@@ -201,7 +203,7 @@ def test_server_state_metadata_and_statistics_shape(service: InferenceService) -
     assert not service.is_server_ready()  # a model asked for at start is not loaded
     assert service.server_metadata(["binary_tensor_data"]) == {
         "name": "frameserve",
-        "version": service_module.__version__,
+        "version": frameserve.__version__,
         "extensions": sorted([*service_module.EXTENSIONS, "binary_tensor_data"]),
     }
     assert "schedule_policy" in service.server_metadata()["extensions"]
@@ -253,7 +255,7 @@ def test_gpu_instances_run_on_the_gpu(service: InferenceService) -> None:
 
 
 def test_default_thread_budget_shares_the_cores(repo: ModelRepository, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service_module, "cpu_count", lambda: 6)
+    monkeypatch.setattr(loading_module, "cpu_count", lambda: 6)
     with InferenceService(repo) as svc:
         svc.load_models(["add", "conv"])  # 2 + 1 instances share 6 CPUs
         add_threads = [i["threads"] for i in svc.session_info("add")["instances"]]
