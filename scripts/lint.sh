@@ -8,4 +8,4 @@ bash scripts/setup.sh --dev
 .venv/bin/mypy -p frameserve.types -p frameserve.errors -p frameserve.request -p frameserve.shm -p frameserve.service \
     -p frameserve.scheduler -p frameserve.protocol -m frameserve.config -m frameserve.cgroup -m frameserve.metrics \
     -m frameserve._memory -m frameserve._ipc -m frameserve.pb_utils -p frameserve.assets -p frameserve.repository \
-    -p frameserve.backends -p frameserve.security -p frameserve.video -m frameserve.cli.run -m frameserve.cli.frames
+    -p frameserve.backends -p frameserve.security -p frameserve.video -p frameserve.pipeline -m frameserve.cli.run -m frameserve.cli.frames

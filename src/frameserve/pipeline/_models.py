@@ -64,7 +64,7 @@ def prepare_models(
             config["backend"] = backend
         configs[name] = (asset_name, config)
     counts = {
-        name: sum(int(g.get("count", 1)) for g in (cfg.get("instance_group") or ({},)) if g.get("kind", "KIND_AUTO") in ("KIND_CPU", "KIND_AUTO"))
+        name: sum(int(g.get("count", 1)) for g in _groups(cfg) if g.get("kind", "KIND_AUTO") in ("KIND_CPU", "KIND_AUTO"))
         for name, (_, cfg) in configs.items()
     }
     # one batch calls its models one after another, and the runner keeps as many batches in
@@ -116,3 +116,9 @@ def model_inputs(service: InferenceService, roles: Mapping[str, str]) -> dict[st
 def models_header(service: InferenceService, roles: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """role → ``{name, backend, precision, threads, version, instances, ...}`` for the results."""
     return {role: {"name": name, **service.session_info(name)} for role, name in roles.items()}
+
+
+def _groups(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A model config's ``instance_group`` list; one default group when it has none."""
+    groups: list[dict[str, Any]] = list(config.get("instance_group") or ({},))
+    return groups

@@ -365,6 +365,7 @@ class OutputStage:
                 options = dict(pipe.encoding())
             except Exception as exc:
                 raise hook_error(pipe, "encoding", exc) from None
+            assert self.video_out is not None, "render() runs only with a video out"
             self._writer = VideoWriter(
                 self.video_out, img.shape[1], img.shape[0], fps=self.info.fps, time_base=self.info.time_base,
                 audio_from=self.info.uri if self.info.has_audio else None, **options,
@@ -385,7 +386,8 @@ class OutputStage:
             raise PipelineHookError(
                 f"pipeline {self.pipeline.name!r}: aggregator().result() returned {type(summary).__name__}; expected a dict"
             )
-        return to_jsonable(summary, where=f"pipeline {self.pipeline.name!r}: summary")
+        plain: dict[str, Any] = to_jsonable(summary, where=f"pipeline {self.pipeline.name!r}: summary")
+        return plain
 
     def finish(self, tail: dict[str, Any]) -> dict[str, Any]:
         """Close the sinks; returns ``{**header, "frames": ..., **tail}``."""

@@ -241,7 +241,7 @@ class ModelHandle:
         self.role = role
         self.name = name
         cfg = service.model_config(name)
-        self.max_batch_size = int(cfg.max_batch_size)
+        self.max_batch_size = int(cfg.max_batch_size or 0)  # a served model's config is completed
         self.inputs: dict[str, ModelInput] = model_input_specs(cfg)
         self.output_names: tuple[str, ...] = tuple(t.name for t in cfg.outputs)
 

@@ -30,6 +30,7 @@ import importlib
 import importlib.resources
 import importlib.util
 import math
+import os
 import sys
 import threading
 from collections.abc import Mapping
@@ -152,7 +153,7 @@ def builtin_pipelines() -> list[str]:
     return sorted(names | set(BUILTIN_CLASSES))
 
 
-def load_pipeline(ref: str | Path | PipelineDef) -> PipelineDef:
+def load_pipeline(ref: str | os.PathLike[str] | PipelineDef) -> PipelineDef:
     """Resolve a pipeline name or path (see the module docstring) to a :class:`PipelineDef`,
     with its class loaded and checked once here.
 

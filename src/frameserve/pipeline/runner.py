@@ -78,17 +78,20 @@ class RunResult(dict[str, Any]):
     @property
     def summary(self) -> dict[str, Any]:
         """The aggregator's result."""
-        return self["summary"]
+        summary: dict[str, Any] = self["summary"]
+        return summary
 
     @property
     def frames(self) -> Sequence[dict[str, Any]]:
         """The per-frame entries."""
-        return self["frames"]
+        frames: Sequence[dict[str, Any]] = self["frames"]
+        return frames
 
     @property
     def warnings(self) -> list[str]:
         """What was found and worked around (damage, capped batch sizes...)."""
-        return self["warnings"]
+        warnings: list[str] = self["warnings"]
+        return warnings
 
 
 def run(

@@ -173,7 +173,7 @@ class KeyframeReader:
             f"({says})"
         )
 
-    def _decode_key(self, cc: Any, packet: av.Packet) -> VideoFrame | None:
+    def _decode_key(self, cc: Any, packet: av.Packet[Any]) -> VideoFrame | None:
         frames = cc.decode(packet)
         frames += cc.decode(None)  # drain: the key frame now, not after the decoder's delay
         cc.flush_buffers()

@@ -191,7 +191,7 @@ def box_score_fast(bitmap: Array, box_in: Array) -> float:
     mask = np.zeros((ymax - ymin + 1, xmax - xmin + 1), dtype=np.uint8)
     box[:, 0] = box[:, 0] - xmin
     box[:, 1] = box[:, 1] - ymin
-    cv2.fillPoly(mask, box.reshape(1, -1, 2).astype(np.int32), 1)
+    cv2.fillPoly(mask, [box.reshape(-1, 2).astype(np.int32)], 1)
     return float(cv2.mean(bitmap[ymin : ymax + 1, xmin : xmax + 1], mask)[0])
 
 
@@ -204,7 +204,7 @@ def _box_score_slow(bitmap: Array, contour: Array) -> float:
     mask = np.zeros((ymax - ymin + 1, xmax - xmin + 1), dtype=np.uint8)
     c[:, 0] -= xmin
     c[:, 1] -= ymin
-    cv2.fillPoly(mask, c.reshape(1, -1, 2).astype(np.int32), 1)
+    cv2.fillPoly(mask, [c.reshape(-1, 2).astype(np.int32)], 1)
     return float(cv2.mean(bitmap[ymin : ymax + 1, xmin : xmax + 1], mask)[0])
 
 

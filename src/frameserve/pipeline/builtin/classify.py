@@ -195,7 +195,7 @@ class ClassAggregator:
                 **base,
             }
         negatives = [c for c, st in stats.items() if c not in self.positive and st.count]
-        label = max(negatives, key=lambda c: stats[c].total / stats[c].count, default=None)
+        likeliest = max(negatives, key=lambda c: stats[c].total / stats[c].count, default=None)
         score = stats[best_pos].max if best_pos is not None else 0.0
         if best_pos is None:
             reason = "no positive class was scored" if self.positive else "no positive classes configured"
@@ -204,7 +204,7 @@ class ClassAggregator:
                 f"no positive class had {self.min_frames_over} frame(s) at or over {self.threshold:g} "
                 f"({best_pos} max {score:.4f})"
             )
-        return {"label": label, "flagged": False, "score": round(score, 6), "reason": reason, **base}
+        return {"label": likeliest, "flagged": False, "score": round(score, 6), "reason": reason, **base}
 
     def result(self) -> dict[str, Any]:
         """``{"frames_total", "classes", "verdict"}`` (see the module docstring)."""
@@ -214,7 +214,8 @@ class ClassAggregator:
 def _softmax(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     z = x.astype(np.float64) - x.max(axis=1, keepdims=True)
     e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
+    probs: np.ndarray[Any, Any] = e / e.sum(axis=1, keepdims=True)
+    return probs
 
 
 class Classifier(Pipeline):

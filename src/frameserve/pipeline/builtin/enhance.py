@@ -139,7 +139,8 @@ class Enhance(Pipeline):
             inp = inputs[str(name)]
         else:
             raise self._fail(f"params.input {name!r} is not an input of model {self.models.get('model')!r} (it has {sorted(inputs)})")
-        shape, lead = inp.shape, ()
+        shape = inp.shape
+        lead: tuple[int, ...] = ()
         if inp.max_batch_size <= 0 and len(shape) == 4:
             shape, lead = shape[1:], (1,)
         if len(shape) != 3:

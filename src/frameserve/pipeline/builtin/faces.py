@@ -209,7 +209,7 @@ class Faces(Pipeline):
         boxes = [ops.whole_pixels(b) for b in boxes]
         cut = [_crops(item.frame, b, 48) for item, b in zip(batch, boxes, strict=True)]
         out = _infer_split(models["onet"], cut)
-        results = []
+        results: list[dict[str, Any]] = []
         for b, c, o in zip(boxes, cut, out, strict=True):
             if c is None or b.shape[0] == 0:
                 results.append({"faces": []})

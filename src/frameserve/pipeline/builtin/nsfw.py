@@ -104,6 +104,7 @@ def opennsfw_preprocess(
             img.save(buf, format="JPEG")  # PIL's defaults, as the package: quality 75, 4:2:0
             buf.seek(0)
             crop = np.asarray(image.open(buf).convert("RGB"))
+    assert crop is not None  # set by the resize branch or by the JPEG round trip
     if out is None:
         out = np.empty((_CROP, _CROP, 3), dtype=np.float32)
     np.subtract(crop[:, :, ::-1], MEAN_BGR, out=out, casting="unsafe")

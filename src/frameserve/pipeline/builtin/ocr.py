@@ -200,7 +200,7 @@ class Ocr(Pipeline):
         img = cv2.resize(g.image(rgb), (g.det_w, g.det_h))
         out = np.empty((3, g.det_h, g.det_w), dtype=np.float32)
         for c in range(3):  # model channel c is BGR channel c = RGB channel 2 - c
-            np.take(self.lut[c], img[:, :, 2 - c], out=out[c])
+            np.take(self.lut[c], np.asarray(img[:, :, 2 - c], dtype=np.uint8), out=out[c])
         return {self._input("det"): out}
 
     def process(self, batch: Batch, models: Mapping[str, ModelHandle]) -> list[dict[str, Any]]:
@@ -215,7 +215,7 @@ class Ocr(Pipeline):
             frames.append((g, g.image(item.frame.rgb) if boxes else None, boxes))
         source = self._reuse_plan(frames) if p["reuse"] else {}
         todo = [(i, j) for i, (_, _, boxes) in enumerate(frames) for j in range(len(boxes)) if (i, j) not in source]
-        crops = {(i, j): ops.rotate_crop(frames[i][1], frames[i][2][j]) for i, j in todo}
+        crops = {(i, j): ops.rotate_crop(_image_of(frames[i][1]), frames[i][2][j]) for i, j in todo}
         if p["use_cls"] and crops:
             self._classify(crops, models["cls"])
         read = self._recognise(crops, frames, models["rec"])
@@ -326,3 +326,9 @@ class Ocr(Pipeline):
             label = t["text"].encode("ascii", "replace").decode()
             cv2.putText(img, label, (int(pts[0, 0, 0]), max(int(pts[0, 0, 1]) - 6, 12)), cv2.FONT_HERSHEY_SIMPLEX, 0.8, (0, 255, 0), 2)
         return img
+
+
+def _image_of(image: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
+    """A frame's detector image: only frames with boxes have one, and only their boxes are cropped."""
+    assert image is not None
+    return image
