@@ -29,6 +29,7 @@ __all__ = [
     "comment",
     "encode",
     "parse_last_event_id",
+    "retry_field",
 ]
 
 CONTENT_TYPE = "text/event-stream; charset=utf-8"
@@ -91,6 +92,14 @@ def encode(data: str | Any, *, event: str | None = None, id: str | int | None = 
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
     lines.extend("data: " + part for part in payload.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
     return ("\n".join(lines) + "\n\n").encode("utf-8")
+
+
+def retry_field(ms: int) -> bytes:
+    """A block that only sets the client's reconnection delay to ``ms`` milliseconds (no event is
+    dispatched). Raises ``ValueError`` when ``ms`` is negative."""
+    if ms < 0:
+        raise ValueError(f"retry ms must be >= 0, got {ms}")
+    return f"retry: {int(ms)}\n\n".encode()
 
 
 def comment(text: str = "") -> bytes:
