@@ -51,6 +51,7 @@ from frameserve.jobs._engine import make_engine
 from frameserve.jobs._errors import IdempotencyConflictError, JobNotFoundError, JobStateError, LeaseLostError
 from frameserve.jobs._lifecycle import LifecycleMixin
 from frameserve.jobs._live import LiveMixin
+from frameserve.jobs._outbox import Delivery, OutboxMixin
 from frameserve.jobs._policy import RetryPolicy
 from frameserve.jobs._schema import callback_deliveries, job_events, jobs
 from frameserve.jobs.queue import Signal, notify, take_wakes
@@ -254,29 +255,6 @@ class Lease:
     expires_at: float
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """A claimed callback delivery (one row of the outbox).
-
-    Attributes:
-        id: the ``webhook-id``, the same for every attempt.
-        job_id: the job it reports.
-        type: ``job.succeeded`` | ``job.failed`` | ``job.cancelled``.
-        url: the receiver.
-        payload: the exact body, fixed when the job finished.
-        attempts: attempts made, this one included.
-        created_at: when the job finished (epoch seconds).
-    """
-
-    id: str
-    job_id: str
-    type: str
-    url: str
-    payload: str
-    attempts: int
-    created_at: float
-
-
 def _finish_statement(*, fenced: bool) -> sa.Update:
     """A move to a final state, built once; fenced by ``p_token`` (and state running) when asked."""
     where = jobs.c.id == sa.bindparam("p_id")
@@ -306,7 +284,7 @@ def _new_id() -> str:
     return "job_" + uuid.uuid4().hex
 
 
-class JobStore(LifecycleMixin, LiveMixin):
+class JobStore(LifecycleMixin, LiveMixin, OutboxMixin):
     """The job database.
 
     Args:
@@ -724,69 +702,6 @@ class JobStore(LifecycleMixin, LiveMixin):
             )
             notify(conn, "callback", now + self.callback_schedule_s[0])
         return done
-
-    # ---------------------------------------------------------------- callback outbox
-
-    def claim_delivery(self, *, lease_s: float) -> Delivery | None:
-        """Claim the next due callback delivery (pending and due, or in flight with an expired
-        lease, i.e. its deliverer died) for ``lease_s`` seconds. Returns ``None`` when none is due."""
-        now = self.clock()
-        cd = callback_deliveries.c
-        due = sa.or_(
-            sa.and_(cd.state == "pending", cd.next_attempt_at <= now),
-            sa.and_(cd.state == "delivering", cd.lease_expires_at < now),
-        )
-        pick = (
-            sa.select(cd.id).where(due).order_by(cd.next_attempt_at).limit(1)
-            .with_for_update(skip_locked=True).scalar_subquery()
-        )
-        stmt = (
-            callback_deliveries.update()
-            .where(cd.id == pick, due)
-            .values(state="delivering", attempts=cd.attempts + 1, lease_expires_at=now + lease_s)
-            .returning(cd.id, cd.job_id, cd.type, cd.url, cd.payload, cd.attempts, cd.created_at)
-        )
-        with self._tx() as conn:
-            row = conn.execute(stmt).mappings().first()
-        if row is None:
-            return None
-        return Delivery(**dict(row))
-
-    def delivery_result(
-        self, delivery: Delivery, *, status: int | None, error: str | None = None, permanent: bool = False
-    ) -> str:
-        """Record one delivery attempt: 2xx → ``delivered``; 410 or ``permanent`` → ``failed`` (no
-        more tries); anything else (``status`` None for a network error) → ``pending`` with the
-        next delay of the schedule, or ``failed`` when it is spent. Returns the new state, or
-        ``"stale"`` when the delivery was meanwhile re-claimed (this attempt's lease expired)."""
-        now = self.clock()
-        cd = callback_deliveries.c
-        values: dict[str, Any] = {"last_status": status, "last_error": error, "lease_expires_at": None}
-        if status is not None and 200 <= status < 300:
-            values.update(state="delivered", delivered_at=now, last_error=None)
-        elif status == 410 or permanent or delivery.attempts >= len(self.callback_schedule_s):
-            values.update(state="failed")
-        else:
-            values.update(state="pending", next_attempt_at=now + self.callback_schedule_s[delivery.attempts])
-        with self._tx() as conn:
-            n = conn.execute(
-                callback_deliveries.update()
-                .where(cd.id == delivery.id, cd.state == "delivering", cd.attempts == delivery.attempts)
-                .values(**values)
-            ).rowcount
-            if n:
-                self._event(
-                    conn, delivery.job_id, f"callback_{values['state']}", now,
-                    webhook_id=delivery.id, attempt=delivery.attempts, status=status, error=error,
-                )
-        return str(values["state"]) if n else "stale"
-
-    def deliveries(self, job_id: str) -> list[dict[str, Any]]:
-        """The job's outbox rows (for tests and operators)."""
-        with self._tx(write=False) as conn:
-            return [dict(r) for r in conn.execute(
-                sa.select(callback_deliveries).where(callback_deliveries.c.job_id == job_id)
-            ).mappings()]
 
     def counts(self) -> dict[str, int]:
         """Jobs per state (every state present, zero where none)."""
