@@ -53,7 +53,7 @@ def spec(**kw: object) -> JobSpec:
 
 def test_migrations_are_applied_once_and_reopen_is_a_no_op(store: JobStore) -> None:
     with store.engine.connect() as c:
-        assert c.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == HEAD == "0004"
+        assert c.execute(sa.text("SELECT version_num FROM alembic_version")).scalar() == HEAD == "0005"
     again = JobStore(store.url)
     assert again.counts()["queued"] == 0
     again.close()

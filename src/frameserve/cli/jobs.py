@@ -15,7 +15,7 @@ from frameserve.cli._common import exit_on_error
 
 __all__ = ["register"]
 
-jobs_app = typer.Typer(help="Submit, list, inspect, cancel, retry, delete and purge video jobs in the job database.", no_args_is_help=True)
+jobs_app = typer.Typer(help="Submit, list, inspect, watch, cancel, retry, delete and purge video jobs in the job database.", no_args_is_help=True)
 
 DbOpt = Annotated[str | None, typer.Option("--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME).")]
 
@@ -46,6 +46,7 @@ def submit(
     pipelines: Annotated[Path | None, typer.Option("--pipelines", help="The workers' pipelines folder, so its pipelines may be named.")] = None,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Same key, same job.")] = None,
     max_attempts: Annotated[int | None, typer.Option("--max-attempts", min=1, help="Attempts before a retryable failure is final: 1 to the service's --max-attempts (env FRAMESERVE_MAX_ATTEMPTS; its default).", show_default=False)] = None,
+    timeout_s: Annotated[float | None, typer.Option("--timeout-s", min=0.001, help="Longest processing of one attempt, seconds, up to the service's --max-job-timeout-s (env FRAMESERVE_MAX_JOB_TIMEOUT_S); default its --job-timeout-s.", show_default=False)] = None,
     run_at: Annotated[str | None, typer.Option("--run-at", help="Earliest start, RFC 3339 with an offset (2030-01-01T08:00:00Z); at most 366 days ahead.", show_default=False)] = None,
     file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Allowed file:// root (repeatable; may hold {tenant}: the owner's folder).")] = None,
     owner: Annotated[str, typer.Option("--owner", help="The tenant (a token NAME) the job belongs to; its source and target are checked against that tenant's storage. Default: the implicit owner of a server without tokens.")] = "",
@@ -86,6 +87,8 @@ def submit(
 
         if max_attempts is not None and max_attempts > js.max_attempts:
             raise InvalidInputError(f"--max-attempts must be between 1 and {js.max_attempts} (the service's --max-attempts)")
+        if timeout_s is not None and timeout_s > js.job_timeout_cap_s:
+            raise InvalidInputError(f"--timeout-s must be between 0.001 and {js.job_timeout_cap_s:g} seconds (the service's --max-job-timeout-s)")
         when = None
         if run_at is not None:
             try:
@@ -97,7 +100,7 @@ def submit(
         job, _ = store.submit(
             JobSpec(source=source, target=target, pipeline=pipeline, params=params, callback_url=callback_url,
                     priority=priority, max_attempts=max_attempts or js.max_attempts, run_at=when,
-                    asked_max_attempts=max_attempts is not None, owner=owner),
+                    asked_max_attempts=max_attempts is not None, owner=owner, timeout_s=timeout_s),
             idempotency_key=idempotency_key,
         )
         _print(job.to_resource())
@@ -221,6 +224,19 @@ def events(job_id: str, db: DbOpt = None) -> None:
         store, _ = _store(db)
         _print({"events": store.events(job_id)})
         store.close()
+
+
+@jobs_app.command("watch")
+def watch(
+    job_id: str,
+    url: Annotated[str, typer.Option("--url", help="The server's HTTP endpoint (env FRAMESERVE_URL).", envvar="FRAMESERVE_URL")] = "http://127.0.0.1:8000",
+    token: Annotated[str | None, typer.Option("--token", help="Bearer token of a server with --auth-token-file (env FRAMESERVE_TOKEN).", envvar="FRAMESERVE_TOKEN", show_default=False)] = None,
+    give_up_s: Annotated[float, typer.Option("--give-up-s", min=0, help="Stop reconnecting after this long without a connection, seconds.")] = 60.0,
+) -> None:
+    """Show a job's progress bar (frames, %, fps, phase, state) from the server's event stream until it ends; exit 0 when it succeeded, 1 when it failed or was cancelled, 2 when the server refused or is gone. A dropped connection resumes after the last event seen (Last-Event-ID)."""
+    from frameserve.cli._watch import watch as follow
+
+    raise typer.Exit(code=follow(url, job_id, token=token, give_up_s=give_up_s))
 
 
 @jobs_app.command("stats")

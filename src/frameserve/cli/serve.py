@@ -138,6 +138,7 @@ def serve_command(
     db: Annotated[str | None, typer.Option("--db", help="Job database, an SQLAlchemy URL (env FRAMESERVE_DB; default: SQLite under $FRAMESERVE_HOME).")] = None,
     file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Folder allowed for file:// job and /v1/analyze sources and targets; repeatable; {tenant} in it (a whole segment: /data/{tenant}) confines each tenant (token NAME) to its folder, 'default' without tokens (env FRAMESERVE_FILE_ROOTS; default: $FRAMESERVE_HOME/storage, with tokens $FRAMESERVE_HOME/storage/{tenant}).")] = None,
     job_timeout_s: Annotated[float | None, typer.Option("--job-timeout-s", min=0.001, help="Longest processing of one job attempt, seconds; past it the pipeline is stopped and the attempt fails with code timeout (retried while attempts are left) (env FRAMESERVE_JOB_TIMEOUT_S; default 14400).", show_default=False)] = None,
+    max_job_timeout_s: Annotated[float | None, typer.Option("--max-job-timeout-s", min=0.001, help="Cap on a job's own timeout_s (POST /v1/jobs; 422 above it), seconds (env FRAMESERVE_MAX_JOB_TIMEOUT_S; default 86400, or --job-timeout-s when larger).", show_default=False)] = None,
     job_memory_limit_mb: Annotated[int | None, typer.Option("--job-memory-limit-mb", min=64, help="Address-space limit of the process that runs a job's pipeline, MiB (env FRAMESERVE_JOB_MEMORY_LIMIT_MB; default none).", show_default=False)] = None,
     isolate_pipelines: Annotated[bool | None, typer.Option("--isolate-pipelines/--no-isolate-pipelines", help="Run job pipelines in a child process, so a crash or a hang ends the job, not this process (env FRAMESERVE_ISOLATE_PIPELINES=0 turns it off; default on).", show_default=False)] = None,
     shared_file_root: Annotated[bool | None, typer.Option("--shared-file-root/--no-shared-file-root", help="With tokens: let every tenant use the file roots and S3 entries without {tenant} (shared storage, on purpose); without it the server refuses to start with such a root (env FRAMESERVE_SHARED_FILE_ROOT=1).", show_default=False)] = None,
@@ -240,6 +241,7 @@ def serve_command(
             max_source_bytes=max_source_bytes, source_timeout_s=source_timeout_s,
             source_idle_timeout_s=source_idle_timeout_s, shared_file_root=shared_file_root,
             job_timeout_s=job_timeout_s, job_memory_limit_mb=job_memory_limit_mb, isolate_pipelines=isolate_pipelines,
+            max_job_timeout_s=max_job_timeout_s,
             tenants=options.tokens is not None,
         )
         storage_line = _check_tenancy(jobs_settings, tenants=options.tokens is not None)  # exit 2 on shared storage

@@ -52,6 +52,7 @@ def worker_command(
     storage: Annotated[list[str] | None, typer.Option("--storage", help="Storage: a folder or file:// URI adds a file root; an http(s):// URL is the S3-compatible endpoint for s3://.")] = None,
     file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Folder allowed for file:// sources and targets (repeatable); {tenant} in it (a whole segment: /data/{tenant}) confines each job to its owner's folder, 'default' for the implicit owner (env FRAMESERVE_FILE_ROOTS; default $FRAMESERVE_HOME/storage for the implicit owner, $FRAMESERVE_HOME/storage/{tenant} for named tenants).")] = None,
     job_timeout_s: Annotated[float | None, typer.Option("--job-timeout-s", min=0.001, help="Longest processing of one job attempt, seconds; past it the pipeline is stopped and the attempt fails with code timeout (retried while attempts are left) (env FRAMESERVE_JOB_TIMEOUT_S; default 14400).", show_default=False)] = None,
+    max_job_timeout_s: Annotated[float | None, typer.Option("--max-job-timeout-s", min=0.001, help="Cap on a job's own timeout_s (POST /v1/jobs; 422 above it), seconds (env FRAMESERVE_MAX_JOB_TIMEOUT_S; default 86400, or --job-timeout-s when larger).", show_default=False)] = None,
     job_memory_limit_mb: Annotated[int | None, typer.Option("--job-memory-limit-mb", min=64, help="Address-space limit of the process that runs a job's pipeline, MiB (env FRAMESERVE_JOB_MEMORY_LIMIT_MB; default none).", show_default=False)] = None,
     isolate_pipelines: Annotated[bool | None, typer.Option("--isolate-pipelines/--no-isolate-pipelines", help="Run job pipelines in a child process, so a crash or a hang ends the job, not this process (env FRAMESERVE_ISOLATE_PIPELINES=0 turns it off; default on).", show_default=False)] = None,
     shared_file_root: Annotated[bool | None, typer.Option("--shared-file-root/--no-shared-file-root", help="Let jobs of named tenants use the file roots and S3 entries without {tenant} (serve's flag; without it such jobs fail) (env FRAMESERVE_SHARED_FILE_ROOT=1).", show_default=False)] = None,
@@ -118,6 +119,7 @@ def worker_command(
             max_source_bytes=max_source_bytes, source_timeout_s=source_timeout_s,
             source_idle_timeout_s=source_idle_timeout_s, shared_file_root=shared_file_root,
             job_timeout_s=job_timeout_s, job_memory_limit_mb=job_memory_limit_mb, isolate_pipelines=isolate_pipelines,
+            max_job_timeout_s=max_job_timeout_s,
             tenants=True,  # a worker cannot know whether the server has tokens: named owners get the default's {tenant}
         )
         js.storage()  # a bad --file-root / --s3-allow-bucket template stops the start here (exit 2)
@@ -227,6 +229,7 @@ def run_worker(
         store, storage, process, lease_s=js.lease_s,
         poll_s=poll_s, fault=fault, scratch_root=settings.home / "tmp", listen=listen, listen_url=listen_db,
         max_jobs=max_jobs, metrics=metrics, on_busy=on_busy, job_timeout_s=js.job_timeout_s,
+        max_job_timeout_s=js.job_timeout_cap_s,
     )
     holder["worker"] = worker
     deliverer = (

@@ -144,7 +144,8 @@ def claim_statement(quotas: Quotas | None = None) -> sa.Update:
         jobs.update()
         .where(jobs.c.seq == pick_seq, jobs.c.state == "queued")
         .values(
-            state="running", phase="download", progress=0.0, attempt=jobs.c.attempt + 1,
+            state="running", phase="download", progress=0.0, frames_done=None, frames_expected=None, fps=None,
+            attempt=jobs.c.attempt + 1,
             token=jobs.c.token + 1, lease_owner=sa.bindparam("w_owner"),
             lease_expires_at=sa.bindparam("until", type_=sa.Double()),
             started_at=sa.func.coalesce(jobs.c.started_at, now), updated_at=now,

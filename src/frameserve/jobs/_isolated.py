@@ -59,13 +59,17 @@ from frameserve.errors import InvalidInputError, JobTimeoutError, WorkerCrashedE
 from frameserve.jobs._pipeline import FaultHook, ProgressCb
 from frameserve.jobs.store import Job
 
-__all__ = ["POLL_S", "IsolatedPipeline", "RemoteService"]
+__all__ = ["POLL_S", "PROGRESS_MESSAGE_S", "IsolatedPipeline", "RemoteService"]
 
 log = logging.getLogger("frameserve.jobs.isolated")
 
 POLL_S = 0.2
 """How often the parent looks at a running job's cancel flag, deadline and child, seconds: a
 cancelled job's child is killed within this (plus the worker's cancel poll) of the request."""
+
+PROGRESS_MESSAGE_S = 0.1
+"""Least time between two progress messages of the child, seconds (reports in between are
+coalesced into the latest; the last one is always sent before the job's answer)."""
 
 _CALLS = frozenset({"is_ready", "load", "register", "model_config", "session_info", "metadata"})
 """The service methods a child may call besides ``submit`` (what pipelines and the runner use)."""
@@ -219,15 +223,32 @@ def _child_main(conn: Any, settings: Settings, folder: str | None, threads: int 
     registry = PipelineRegistry(Path(folder) if folder else None)
     process = pipeline_process(settings, remote, None, decode_pool=pool, pipelines=registry)
 
+    sent = [0.0]  # when the last progress message left (monotonic; 0: none yet this run)
+    held: list[tuple[int, int | None]] = []  # the latest report not sent yet
+
     def progress(done: int, expected: int | None) -> None:
+        now = time.monotonic()
+        if sent[0] and now - sent[0] < PROGRESS_MESSAGE_S:  # coalesced: the parent gets the latest
+            held[:] = [(done, expected)]
+            return
+        sent[0] = now
+        held.clear()
         remote.send(("progress", done, expected))
+
+    def flush() -> None:
+        if held:
+            remote.send(("progress", *held.pop()))
+        sent[0] = 0.0
 
     try:
         while (work := remote.jobs.get()) is not None:
             try:
                 if work[0] == "job":
                     _, video, spec, workdir = work
-                    summary, files = process(Path(video), spec, Path(workdir), progress)
+                    try:
+                        summary, files = process(Path(video), spec, Path(workdir), progress)
+                    finally:
+                        flush()  # the last value is never dropped
                     remote.send(("done", summary, {k: str(v) for k, v in files.items()}))
                 else:  # ("short", clip, pipeline, params, max_duration_s, flag)
                     from frameserve.pipeline.runner import run

@@ -131,7 +131,8 @@ class LifecycleMixin:
             jobs.update()
             .where(jobs.c.id == job_id, jobs.c.state == job.state, jobs.c.token == job.token, self._not_deleting(now))
             .values(
-                state="queued", phase=None, progress=0.0, attempt=0, cancel_requested=False, lease_owner=None,
+                state="queued", phase=None, progress=0.0, frames_done=None, frames_expected=None, fps=None, attempt=0,
+                cancel_requested=False, lease_owner=None,
                 lease_expires_at=None, run_at=now, started_at=None, finished_at=None, updated_at=now,
                 result=None, error=None, timings="{}",
             )

@@ -11,7 +11,8 @@ FastAPI).
                             ``params``), a refused scheme / file root / bucket / address / target,
                             a bad callback URL; 413 a body over ``--max-body-bytes``; 422 a body
                             that does not validate (a field over its cap, below)
-``GET /v1/jobs/{id}``       the job resource (state, phase, progress %, attempts, timings,
+``GET /v1/jobs/{id}``       the job resource (state, phase, progress %, frames_done,
+                            frames_expected, fps, timeout_s, attempts, timings,
                             result ``{summary, outputs}``, error, callback state)
 ``GET /v1/jobs``            ``?state=&limit=&cursor=`` → ``{"jobs": [...], "next_cursor": ...}``, newest first
 ``POST /v1/jobs/{id}/cancel``  202 with the job; 409 when it already succeeded or failed
@@ -22,7 +23,10 @@ FastAPI).
                             and callback rows; ``?outputs=true`` also deletes its outputs (the
                             keys its result lists, through the storage layer); 409 a queued or
                             running job (:mod:`frameserve.jobs._lifecycle` fences it)
-``GET /v1/jobs/{id}/events``   ``{"events": [{at, type, data}]}``, oldest first
+``GET /v1/jobs/{id}/events``   ``{"events": [{at, type, data}]}``, oldest first; ``?follow=true``:
+                            a Server-Sent Events stream of them and of the live progress until
+                            the job is finished (:mod:`frameserve.jobs._stream`), resumed after
+                            ``Last-Event-ID``; 429 past :data:`MAX_FOLLOW_STREAMS` per tenant
 ``GET /v1/pipelines``       ``[{name, kind, models, sampling, batch, params}]``: the pipelines a
                             job may name (:meth:`PipelineRegistry.describe`)
 ==========================  =================================================================
@@ -55,7 +59,8 @@ bits; a larger one is read as a double, as most JSON parsers read it).
 
 Per-job policy at submit: ``max_attempts`` (1 to the server's ``--max-attempts``, its default),
 ``backoff`` ``{initial_s, max_s, factor}`` within :data:`~frameserve.jobs._policy.BACKOFF_LIMITS`
-(jitter always on), ``run_at`` (RFC 3339 with an offset, at most
+(jitter always on), ``timeout_s`` (seconds of processing per attempt, up to the server's
+``--max-job-timeout-s``), ``run_at`` (RFC 3339 with an offset, at most
 :data:`~frameserve.jobs._policy.MAX_RUN_AHEAD_S` ahead; a past time starts at once): a value
 outside is a 422 naming the field and the accepted range.
 
@@ -65,34 +70,25 @@ the validation errors).
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import math
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import Any
 
-import orjson
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import (
-    AfterValidator,
     BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
-    Strict,
-    StrictBool,
-    StrictStr,
-    create_model,
-    field_validator,
-    model_validator,
 )
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
-from typing_extensions import TypeAliasType
 
+from frameserve._sse import CONTENT_TYPE as SSE_CONTENT_TYPE
+from frameserve._sse import MAX_EVENT_ID_CHARS, parse_last_event_id
 from frameserve.errors import (
     AddressRefusedError,
     FrameserveError,
@@ -112,12 +108,33 @@ from frameserve.errors import (
     UnsupportedMediaTypeError,
     status_for,
 )
-from frameserve.jobs._policy import BACKOFF_LIMITS, MAX_RUN_AHEAD_S, parse_run_at
+from frameserve.jobs._models import (
+    MAX_PARAMS_BYTES,
+    MAX_PARAMS_DEPTH,
+    MAX_PIPELINE_CHARS,
+    MAX_URI_CHARS,
+    JobBackoff,
+    JobDeleted,
+    JobEvent,
+    JobEvents,
+    JobPage,
+    JobParams,
+    JobRequest,
+    JobResource,
+    JobState,
+    PipelineInfo,
+    _request_model,
+    _shown,
+)
+from frameserve.jobs._policy import MAX_RUN_AHEAD_S, parse_run_at
+from frameserve.jobs._stream import follow as follow_events
 from frameserve.jobs.callbacks import check_callback_url
+from frameserve.jobs.settings import DEFAULT_MAX_JOB_TIMEOUT_S
 from frameserve.jobs.storage import Storage
-from frameserve.jobs.store import STATES, JobSpec, JobStore
+from frameserve.jobs.store import JobSpec, JobStore
 from frameserve.pipeline.registry import PipelineRegistry
 from frameserve.security import IMPLICIT_OWNER, redact_uri
+from frameserve.security.quotas import ConcurrencyGate
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -125,6 +142,7 @@ __all__ = [
     "MAX_PARAMS_BYTES",
     "MAX_PARAMS_DEPTH",
     "MAX_PIPELINE_CHARS",
+    "MAX_FOLLOW_STREAMS",
     "MAX_URI_CHARS",
     "ErrorBody",
     "JobAccess",
@@ -146,24 +164,14 @@ __all__ = [
 
 log = logging.getLogger("frameserve.jobs.api")
 
-MAX_URI_CHARS = 8192
-"""Longest ``source``, ``target`` or ``callback_url`` (8 KiB; browsers and proxies cap URLs near it)."""
-MAX_PIPELINE_CHARS = 256
-"""Longest pipeline name."""
-MAX_PARAMS_BYTES = 64 * 1024
-"""Largest ``params`` object, bytes of compact JSON."""
-MAX_PARAMS_DEPTH = 32
-"""Deepest nesting of ``params.pipeline`` (objects and arrays; the built-ins nest 4 levels, and
-orjson, which writes results, stops at 255)."""
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 """Body cap when the app that mounts the router sets none (``app.state.max_body_bytes``)."""
+MAX_FOLLOW_STREAMS = 8
+"""Event streams (``GET /v1/jobs/{id}/events?follow=true``) one tenant may hold open at once."""
 VALIDATION_STATUS = 422
 """A body that does not validate (FastAPI's status for it, as the OpenAPI document says)."""
 _MAX_DETAIL_ERRORS = 20
 """Validation errors listed in ``detail`` at most (a union can fail a thousand ways)."""
-_DOUBLE_MAX = 1.7976931348623157e308  # sys.float_info.max: the largest finite IEEE-754 double
-_INT64 = (-(2**63), 2**63 - 1)
-
 GATE_ERRORS: tuple[type[FrameserveError], ...] = (UnauthenticatedError, PermissionDeniedError)
 """What the server's auth gate (:mod:`frameserve.protocol.http._auth`, policy in
 :mod:`frameserve.security.auth`) answers on any job route before it runs: 401 without a valid
@@ -172,10 +180,6 @@ request, or a ``Host`` that is not this machine."""
 _GATE_STATE_CHANGING: tuple[type[FrameserveError], ...] = (UnsupportedMediaTypeError, PayloadTooLargeError)
 """And on ``POST``: 415 a CORS-safelisted Content-Type (the gate), 413 a body over
 ``--max-body-bytes`` (this router sizes every ``POST`` body)."""
-
-JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-"""A job's state (:data:`frameserve.jobs.store.STATES`)."""
-assert set(get_args(JobState)) == set(STATES), "JobState must list frameserve.jobs.store.STATES"
 
 
 class ErrorBody(BaseModel):
@@ -204,304 +208,6 @@ def error_responses(*errors: type[FrameserveError], validation: bool = True, pos
     return {
         status: {"model": ErrorBody, "description": "; ".join(names)} for status, names in sorted(codes.items())
     }
-
-
-def _shown(text: str, limit: int = 80) -> str:
-    """``text`` as an error message may carry it: cut to ``limit`` characters, a lone surrogate
-    (which no UTF-8 body can hold) written as its ``\\udXXX`` escape."""
-    cut = text if len(text) <= limit else text[:limit] + "..."
-    return cut.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _whole_number(value: Any) -> Any:
-    """JSON has one number type: a whole float (``88.0``) is the integer it equals (a JSON
-    Schema ``integer``, as the OpenAPI document says); anything else is left to strict checks."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-_Batch = Annotated[int, Field(ge=1, le=256), Strict(), BeforeValidator(_whole_number)]  # this order: the bounds reach the schema
-"""Frames per batch: a whole JSON number (``8`` or ``8.0``; not ``"8"``, ``true`` or ``8.5``)."""
-_Priority = Annotated[int, Field(ge=-1000, le=1000), Strict(), BeforeValidator(_whole_number)]
-
-
-def _text(value: str, where: str) -> str:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"{where} is not valid Unicode text (it holds a lone surrogate)") from None
-    return value
-
-
-def _plain_json(value: Any, where: str, depth: int = 0) -> Any:
-    """``value`` checked as the JSON a job stores and every later step writes back: objects
-    with string keys, arrays, strings of valid Unicode, booleans, null, finite numbers (an
-    integer beyond 64 bits becomes the double nearest it), at most :data:`MAX_PARAMS_DEPTH`
-    levels of nesting. Raises ``ValueError`` naming the place (a 422)."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        return _text(value, where)
-    if isinstance(value, int):
-        if _INT64[0] <= value <= _INT64[1]:
-            return value
-        if abs(value) <= _DOUBLE_MAX:
-            return float(value)
-        raise ValueError(f"{where}: the number is beyond the largest finite double ({_DOUBLE_MAX:.17g})")
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        raise ValueError(f"{where}: {value!r} is not a finite number")
-    if isinstance(value, (list, dict)):
-        if depth >= MAX_PARAMS_DEPTH:
-            raise ValueError(f"{_shown(where, 60)}: nested deeper than {MAX_PARAMS_DEPTH} levels")
-        if isinstance(value, list):
-            return [_plain_json(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
-        out: dict[str, Any] = {}
-        for key, v in value.items():
-            if not isinstance(key, str):
-                raise ValueError(f"{where}: a key is not a string")
-            out[_text(key, f"{where}: a key")] = _plain_json(v, f"{where}.{_shown(key, 40)}", depth + 1)
-        return out
-    raise ValueError(f"{where}: a {type(value).__name__} is not a JSON value")
-
-
-JsonValue: Any = TypeAliasType(  # Any for mypy, which does not follow this recursive alias
-    "JsonValue",
-    Union[  # noqa: UP007 (a recursive alias needs the Union form)
-        None, StrictBool, Annotated[float, Field(ge=-_DOUBLE_MAX, le=_DOUBLE_MAX)], StrictStr,
-        list["JsonValue"], dict[str, "JsonValue"],  # type: ignore[misc]
-    ],
-)
-"""A JSON value as ``params.pipeline`` holds them: what :func:`_plain_json` accepts (the schema
-cannot say "at most :data:`MAX_PARAMS_DEPTH` levels"; the field's description does)."""
-
-_Uri = Annotated[StrictStr, Field(min_length=1, max_length=MAX_URI_CHARS)]
-
-
-def _in_range(low: float, high: float, why: str = "") -> Callable[[Any], Any]:
-    """An after-validator: ``low <= value <= high``, else a message with the accepted range."""
-
-    def check(value: Any) -> Any:
-        if not low <= value <= high:  # NaN too (json.loads reads it)
-            raise ValueError(f"must be between {low:g} and {high:g}{why}, got {value!r}")
-        return value
-
-    return check
-
-
-def _bounded_seconds(name: str) -> Any:
-    low, high = BACKOFF_LIMITS[name]
-    return Annotated[float, Strict(), AfterValidator(_in_range(low, high)),
-                     Field(json_schema_extra={"minimum": low, "maximum": high})]
-
-
-class JobBackoff(BaseModel):
-    """A job's retry backoff: the ``n``-th failed attempt waits
-    ``min(max_s, initial_s * factor**(n-1))``, plus up to the server's jitter (25 %); a field
-    left out is the server's."""
-
-    model_config = ConfigDict(extra="forbid")
-    initial_s: _bounded_seconds("initial_s") | None = Field(None, description="delay after the first failed attempt, seconds")  # type: ignore[valid-type]
-    max_s: _bounded_seconds("max_s") | None = Field(None, description="cap on the delay before jitter, seconds; >= initial_s")  # type: ignore[valid-type]
-    factor: _bounded_seconds("factor") | None = Field(None, description="growth of the delay per attempt")  # type: ignore[valid-type]
-
-    @model_validator(mode="after")
-    def _ordered(self) -> JobBackoff:
-        if self.initial_s is not None and self.max_s is not None and self.max_s < self.initial_s:
-            raise ValueError(f"backoff.max_s ({self.max_s:g}) must be >= backoff.initial_s ({self.initial_s:g})")
-        return self
-
-
-class JobParams(BaseModel):
-    """Pipeline parameters of a job."""
-
-    model_config = ConfigDict(extra="forbid")
-    sampling: StrictStr | None = Field(
-        None, max_length=256,
-        description="all | every:N | fps:R | keyframes | timestamps:T1,T2,... (default: the pipeline's)",
-    )
-    batch: _Batch | None = Field(None, description="frames per inference batch")
-    video_out: StrictBool = Field(
-        False, description="also write the pipeline's video (its render(): boxes drawn, an enhanced picture...) as "
-        "output.mp4 (output.mkv for a lossless codec), listed in result.outputs",
-    )
-    short: StrictBool = Field(
-        False, description="the short-video mode: key frames only, read with a fast open, the first key frame "
-        "first (no sampling and no video_out with it)",
-    )
-    pipeline: dict[str, Any] | None = Field(
-        None, description="the pipeline's own parameters (keys of its params; dotted keys reach nested ones), "
-        f"as GET /v1/pipelines lists them; JSON values nested at most {MAX_PARAMS_DEPTH} levels",
-    )
-
-    @field_validator("pipeline", mode="plain", json_schema_input_type=Union[dict[str, JsonValue], None])  # noqa: UP007
-    @classmethod
-    def _pipeline_json(cls, value: Any) -> dict[str, Any] | None:
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise ValueError("must be a JSON object of the pipeline's params (GET /v1/pipelines lists them)")
-        return _plain_json(value, "params.pipeline")  # type: ignore[no-any-return]
-
-
-class JobRequest(BaseModel):
-    """A job submission. The router's own model (:func:`create_router`) also lists the server's
-    pipelines as the ``pipeline`` field's ``enum``; a name outside it is a 404."""
-
-    model_config = ConfigDict(extra="forbid")
-    source: _Uri = Field(
-        ..., description="video URI: file:// (under an allowed root), http(s):// (public hosts), s3:// (allowed buckets)",
-    )
-    target: _Uri = Field(..., description="output prefix URI (file:// or s3://); results.json is written under it")
-    pipeline: StrictStr = Field(
-        "nudenet", min_length=1, max_length=MAX_PIPELINE_CHARS, description="pipeline name (GET /v1/pipelines lists them)",
-    )
-    params: JobParams = Field(default_factory=JobParams)
-    callback_url: _Uri | None = Field(None, description="Standard Webhooks receiver for job.succeeded/failed/cancelled")
-    priority: _Priority = Field(0, description="higher runs first")
-    max_attempts: Annotated[int, Strict(), BeforeValidator(_whole_number)] | None = Field(
-        None, description="attempts before a retryable failure is final: 1 to the server's --max-attempts (its default)",
-    )
-    backoff: JobBackoff | None = Field(None, description="the job's retry backoff (default: the server's)")
-    run_at: StrictStr | None = Field(
-        None, max_length=64, json_schema_extra={"format": "date-time"},
-        description="earliest start, RFC 3339 with an offset; at most 366 days ahead; a past time starts at once",
-    )
-
-    @field_validator("run_at")
-    @classmethod
-    def _run_at(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_run_at(value)
-        return value
-
-    @field_validator("params")
-    @classmethod
-    def _params_size(cls, value: JobParams) -> JobParams:
-        size = len(orjson.dumps(value.model_dump()))  # safe: _plain_json admitted only what orjson writes
-        if size > MAX_PARAMS_BYTES:
-            raise ValueError(f"params are {size} bytes of JSON, over the limit of {MAX_PARAMS_BYTES} bytes")
-        return value
-
-
-def _request_model(pipelines: Sequence[str], max_attempts: int) -> type[JobRequest]:
-    """:class:`JobRequest` whose schema lists ``pipelines`` as the ``pipeline`` enum (validation
-    is unchanged: another name is the registry's 404, with the names there are) and bounds
-    ``max_attempts`` by the server's cap."""
-    field = JobRequest.model_fields["pipeline"]
-    attempts = JobRequest.model_fields["max_attempts"]
-    why = " (the server's --max-attempts)"
-    return create_model(
-        "JobRequest", __base__=JobRequest, __doc__=JobRequest.__doc__,
-        pipeline=(StrictStr, Field(
-            field.default, min_length=1, max_length=MAX_PIPELINE_CHARS, description=field.description,
-            json_schema_extra={"enum": list(pipelines)},
-        )),
-        max_attempts=(
-            Annotated[int, Strict(), BeforeValidator(_whole_number), AfterValidator(_in_range(1, max_attempts, why))] | None,
-            Field(None, description=attempts.description, json_schema_extra={"minimum": 1, "maximum": max_attempts}),
-        ),
-    )
-
-
-_Time = Annotated[str, Field(json_schema_extra={"format": "date-time"}, description="ISO-8601 UTC, milliseconds")]
-
-
-class _Out(BaseModel):
-    """A response model: it lists every key the route writes (another is a bug the tests see)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class JobErrorInfo(BaseModel):
-    """Why a job failed or was cancelled: ``{code, message}`` and, from a worker,
-    ``retryable`` and ``attempt``."""
-
-    model_config = ConfigDict(extra="allow")
-    code: str
-    message: str
-
-
-class CallbackState(_Out):
-    """The job's callback delivery (``None`` until the job finishes with a ``callback_url``)."""
-
-    webhook_id: str
-    type: str = Field(..., description="job.succeeded | job.failed | job.cancelled")
-    state: str = Field(..., description="pending | delivering | delivered | failed")
-    attempts: int
-    last_status: int | None
-    last_error: str | None
-    next_attempt_at: _Time | None
-    delivered_at: _Time | None
-
-
-class JobResource(_Out):
-    """A job as ``GET /v1/jobs/{id}`` returns it (:meth:`frameserve.jobs.store.Job.to_resource`)."""
-
-    id: str
-    owner: str = Field(..., description='the principal that submitted it ("" without tokens)')
-    state: JobState
-    phase: Literal["download", "process", "upload"] | None
-    progress: float = Field(..., ge=0, le=100, description="percent")
-    priority: int
-    source: str = Field(..., description="credentials redacted")
-    target: str = Field(..., description="credentials redacted")
-    pipeline: str
-    params: dict[str, Any]
-    callback_url: str | None
-    attempts: int
-    max_attempts: int
-    backoff: dict[str, float] | None = Field(..., description="the job's own retry backoff; null: the server's")
-    cancel_requested: bool
-    created_at: _Time
-    started_at: _Time | None
-    finished_at: _Time | None
-    next_attempt_at: _Time | None
-    timings: dict[str, float] = Field(..., description="seconds per phase of the last attempt")
-    result: dict[str, Any] | None = Field(..., description="{summary, outputs: {name: URI}} once succeeded")
-    error: JobErrorInfo | None
-    callback: CallbackState | None
-
-
-class JobPage(_Out):
-    """One page of ``GET /v1/jobs``, newest first."""
-
-    jobs: list[JobResource]
-    next_cursor: str | None = Field(..., description="the cursor of the next page; null on the last")
-
-
-class JobDeleted(_Out):
-    """``DELETE /v1/jobs/{id}``: the job is gone, with what of its outputs was removed."""
-
-    id: str
-    outputs_deleted: list[str] = Field(..., description="the output URIs removed (credentials redacted); [] without ?outputs=true")
-
-
-class JobEvent(_Out):
-    """One event of a job (``submitted``, ``claimed``, ``phase``, ``cancelled``, ...)."""
-
-    at: _Time
-    type: str
-    data: dict[str, Any]
-
-
-class JobEvents(_Out):
-    """``GET /v1/jobs/{id}/events``: oldest first."""
-
-    events: list[JobEvent]
-
-
-class PipelineInfo(_Out):
-    """One pipeline a job or ``/v1/analyze`` may name (:meth:`PipelineRegistry.describe`)."""
-
-    name: str
-    kind: Literal["builtin", "yaml", "python"]
-    models: dict[str, str] = Field(..., description="the pipeline's model handles: handle name -> model name")
-    sampling: str
-    batch: int
-    params: dict[str, Any] = Field(..., description="the defaults a job's params.pipeline overrides")
 
 
 def request_principal(request: Request) -> Any:
@@ -605,6 +311,33 @@ class _JobRoute(APIRoute):
         return route
 
 
+class _Held:
+    """An event stream's body that gives its slot back once, however it ends: finished, failed,
+    cancelled (the client went away), or dropped unstarted."""
+
+    def __init__(self, inner: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        self._inner = inner
+        self._release: Callable[[], None] | None = release
+
+    def __aiter__(self) -> _Held:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._inner.__anext__()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 _JobId = Path(..., min_length=1, max_length=64, description="the job's id (job_...)")
 _ONE_JOB = error_responses(JobNotFoundError)
 
@@ -616,6 +349,8 @@ def create_router(
     callbacks_allow_private: bool = False,
     max_attempts: int = 5,
     pipelines: PipelineRegistry | None = None,
+    max_job_timeout_s: float = DEFAULT_MAX_JOB_TIMEOUT_S,
+    max_follow_streams: int = MAX_FOLLOW_STREAMS,
 ) -> APIRouter:
     """Build the ``/v1/jobs`` router over a store.
 
@@ -626,10 +361,15 @@ def create_router(
         callbacks_allow_private: accept callback URLs on private / loopback addresses.
         max_attempts: attempts given to each submitted job.
         pipelines: the pipelines a job may name (default: the built-in pipelines).
+        max_job_timeout_s: the largest ``timeout_s`` a job may ask (``--max-job-timeout-s``), seconds;
+            a job without one is stored without (its worker's ``--job-timeout-s`` applies).
+        max_follow_streams: event streams (``?follow=true``) one tenant may hold open at once;
+            one more is a 429 ``quota_exceeded``.
     """
     registry = pipelines if pipelines is not None else PipelineRegistry()
     router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=_JobRoute)
-    request_model = _request_model(registry.names(), max_attempts)
+    request_model = _request_model(registry.names(), max_attempts, max_job_timeout_s)
+    streams = ConcurrencyGate(lambda _tenant: max_follow_streams, "event_streams")
 
     def _check(req: JobRequest, tenant: str) -> None:
         registry.check_params(req.pipeline, req.params.pipeline)  # unknown pipeline, unknown param
@@ -664,6 +404,7 @@ def create_router(
                 params=req.params.model_dump(exclude_defaults=True), callback_url=req.callback_url,
                 priority=req.priority, max_attempts=req.max_attempts or max_attempts, owner=access.owner,
                 run_at=run_at, backoff=backoff or None, asked_max_attempts=req.max_attempts is not None,
+                timeout_s=req.timeout_s,
             ),
             idempotency_key=idempotency_key,
         )
@@ -743,9 +484,39 @@ def create_router(
         job, removed = store.delete_job(job_id, owner=access.scope, outputs=remove if outputs else None)
         return {"id": job.id, "outputs_deleted": [redact_uri(u) for u in removed]}
 
-    @router.get("/{job_id}/events", summary="A job's events", response_model=JobEvents, responses=_ONE_JOB)
-    def events(job_id: str = _JobId, access: JobAccess = Depends(job_access)) -> Any:
-        return {"events": store.events(job_id, owner=access.scope)}
+    @router.get(
+        "/{job_id}/events", summary="A job's events (a page, or a live stream with ?follow=true)",
+        response_model=JobEvents,
+        response_description="the events, oldest first; with ?follow=true a text/event-stream (frameserve.jobs._stream)",
+        responses={
+            200: {"content": {"text/event-stream": {"schema": {
+                "type": "string", "description": "Server-Sent Events: each event (event: <type>, id: <seq>, "
+                "data: {at, type, data}), event: progress {state, phase, progress, frames_done, frames_expected, "
+                "fps}, ': keep-alive' comments; ends when the job is finished"}}}},
+            **error_responses(JobNotFoundError, InvalidInputError, QuotaExceededError),
+        },
+    )
+    async def events(
+        job_id: str = _JobId,
+        follow: bool = Query(False, description="stream the events as Server-Sent Events until the job is finished"),
+        last_event_id: str | None = Header(
+            None, alias="Last-Event-ID", max_length=MAX_EVENT_ID_CHARS,
+            description="with follow: resume after this event (the id: of the last event seen)",
+        ),
+        access: JobAccess = Depends(job_access),
+    ) -> Any:
+        if not follow:
+            return {"events": await asyncio.to_thread(store.events, job_id, owner=access.scope)}
+        try:
+            after = parse_last_event_id(last_event_id)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        first = await asyncio.to_thread(store.events_since, job_id, after, owner=access.scope)  # 404 before a byte
+        streams.try_acquire(access.owner)  # 429 past max_follow_streams
+        body = _Held(follow_events(store, job_id, access.scope, after, first=first),
+                     lambda: streams.release(access.owner))
+        return StreamingResponse(body, media_type=SSE_CONTENT_TYPE,
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     return router
 

@@ -92,7 +92,8 @@ class EmbeddedJobs:
         fault = faults_from_env()
         self.router = create_router(
             self.store, storage=self.storage, callbacks_allow_private=js.callbacks_allow_private,
-            max_attempts=js.max_attempts, pipelines=self.pipelines,
+            max_attempts=js.max_attempts, pipelines=self.pipelines, job_timeout_s=js.job_timeout_s,
+            max_job_timeout_s=js.job_timeout_cap_s,
         )
         from frameserve.pipeline import DecodePool
 
@@ -119,6 +120,7 @@ class EmbeddedJobs:
                 self.store, self.storage, process,
                 lease_s=js.lease_s, poll_s=poll_s, fault=fault, scratch_root=settings.home / "tmp",
                 metrics=self.metrics, listen=False, job_timeout_s=js.job_timeout_s,
+                max_job_timeout_s=js.job_timeout_cap_s,
             )
         self.deliverer = CallbackDeliverer(
             self.store, secret=js.webhook_secret, allow_private=js.callbacks_allow_private,

@@ -33,6 +33,7 @@ import math
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -68,13 +69,14 @@ __all__ = [
 
 log = logging.getLogger("frameserve.jobs.queue")
 
-Kind = Literal["job", "callback"]
+Kind = Literal["job", "callback", "event"]
 
 POSTGRESQL_NOW = "extract(epoch FROM now())"
 """The database's now in the unit of the ``*_at`` columns (epoch seconds), on PostgreSQL."""
 
 CHANNEL = "frameserve_jobs"
-"""The PostgreSQL ``NOTIFY`` channel; payloads are ``job:<run_at>`` or ``callback:<due_at>``."""
+"""The PostgreSQL ``NOTIFY`` channel; payloads are ``job:<run_at>``, ``callback:<due_at>`` or
+``event:<at>`` (a job's event or progress was written: its event streams look)."""
 
 SAFETY_POLL_S = 5.0
 """Longest idle wait of a worker or deliverer that is woken by notifications, seconds: a missed
@@ -228,7 +230,8 @@ def take_wakes(conn: sa.Connection) -> set[str]:
 
 
 class Signal:
-    """In-process wake-ups, one generation counter per kind (``job``, ``callback``). Thread-safe.
+    """In-process wake-ups, one generation counter per kind (``job``, ``callback``, ``event``).
+    Thread-safe.
 
     A waiter reads :meth:`generation` before it looks for work, and :meth:`wait` returns as soon as
     the generation moved past that (so a wake-up between the look and the wait is not lost).
@@ -240,7 +243,8 @@ class Signal:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._gen = {"job": 0, "callback": 0}
+        self._gen = {"job": 0, "callback": 0, "event": 0}
+        self._subscribers: list[Callable[[], None]] = []
         self._reliable: set[int] = set()
 
     @property
@@ -263,6 +267,22 @@ class Signal:
             for k in kinds or tuple(self._gen):
                 self._gen[k] += 1
             self._cond.notify_all()
+            subscribers = list(self._subscribers) if "event" in kinds or not kinds else []
+        for fn in subscribers:
+            fn()
+
+    def subscribe(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` (from the notifying thread; it must not block) after each ``event``
+        wake-up: how an asyncio event stream is woken without holding a thread
+        (``loop.call_soon_threadsafe``)."""
+        with self._cond:
+            self._subscribers.append(fn)
+
+    def unsubscribe(self, fn: Callable[[], None]) -> None:
+        """Stop calling ``fn`` (one not subscribed is ignored)."""
+        with self._cond:
+            if fn in self._subscribers:
+                self._subscribers.remove(fn)
 
     def wait(self, kind: Kind, seen: int, timeout_s: float) -> bool:
         """Block until ``kind``'s generation is past ``seen`` or ``timeout_s`` seconds passed;
@@ -428,7 +448,7 @@ class Listener:
 
     def _wake(self, payload: str) -> None:
         kind = payload.split(":", 1)[0]
-        if kind in ("job", "callback"):
+        if kind in ("job", "callback", "event"):
             self.store.signal.notify(kind)
 
 

@@ -18,6 +18,7 @@ flag (``worker``; ``serve``)    environment variable                         def
 ``--lease-s S``                 ``FRAMESERVE_LEASE_S``                       30
 ``--max-attempts N``            ``FRAMESERVE_MAX_ATTEMPTS``                  5
 ``--job-timeout-s S``           ``FRAMESERVE_JOB_TIMEOUT_S``                 14400 (4 h of processing per attempt)
+``--max-job-timeout-s S``       ``FRAMESERVE_MAX_JOB_TIMEOUT_S``             86400, or ``--job-timeout-s`` when larger
 ``--job-memory-limit-mb N``     ``FRAMESERVE_JOB_MEMORY_LIMIT_MB``           none (the pipeline process's RLIMIT_AS)
 ``--no-isolate-pipelines``      ``FRAMESERVE_ISOLATE_PIPELINES=0``           isolated: each worker's pipelines in a child
 ==============================  ===========================================  ==============================
@@ -41,7 +42,11 @@ from pathlib import Path
 from frameserve.config import Settings
 from frameserve.jobs.storage import DEFAULT_MAX_SOURCE_BYTES, Storage
 
-__all__ = ["JobsSettings"]
+__all__ = ["DEFAULT_MAX_JOB_TIMEOUT_S", "JobsSettings"]
+
+DEFAULT_MAX_JOB_TIMEOUT_S = 86400.0
+"""The cap on a job's own ``timeout_s`` when ``--max-job-timeout-s`` is not given (a day of
+processing per attempt), seconds."""
 
 
 def _flag(value: str | None) -> bool:
@@ -74,6 +79,9 @@ class JobsSettings:
         max_attempts: attempts per job before a retryable failure is final.
         job_timeout_s: longest process phase of one attempt, seconds
             (:class:`~frameserve.jobs.worker.Worker`'s ``job_timeout_s``).
+        max_job_timeout_s: the cap on a job's own ``timeout_s`` at submit (and in the worker),
+            seconds; ``None``: :data:`DEFAULT_MAX_JOB_TIMEOUT_S`, or ``job_timeout_s`` when larger
+            (:attr:`job_timeout_cap_s`).
         job_memory_limit_mb: the address-space limit of the process that runs a job's pipeline,
             MiB (``None``: none; :class:`~frameserve.jobs._isolated.IsolatedPipeline`).
         isolate_pipelines: run job pipelines in a child process (the default; off: in the
@@ -97,6 +105,7 @@ class JobsSettings:
     job_timeout_s: float = 14400.0
     job_memory_limit_mb: int | None = None
     isolate_pipelines: bool = True
+    max_job_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.lease_s <= 0:
@@ -109,8 +118,18 @@ class JobsSettings:
             raise ValueError("source_timeout_s and source_idle_timeout_s must be > 0")
         if not self.job_timeout_s > 0:
             raise ValueError(f"job_timeout_s must be > 0, got {self.job_timeout_s}")
+        if self.max_job_timeout_s is not None and not self.job_timeout_s <= self.max_job_timeout_s:
+            raise ValueError(f"job_timeout_s ({self.job_timeout_s:g}) must be <= max_job_timeout_s "
+                             f"({self.max_job_timeout_s:g}): the default deadline is within the cap")
         if self.job_memory_limit_mb is not None and self.job_memory_limit_mb < 64:
             raise ValueError(f"job_memory_limit_mb must be >= 64, got {self.job_memory_limit_mb}")
+
+    @property
+    def job_timeout_cap_s(self) -> float:
+        """The largest ``timeout_s`` a job may ask, seconds (see :attr:`max_job_timeout_s`)."""
+        if self.max_job_timeout_s is not None:
+            return self.max_job_timeout_s
+        return max(DEFAULT_MAX_JOB_TIMEOUT_S, self.job_timeout_s)
 
     def storage(self) -> Storage:
         """The :class:`Storage` these settings describe (roots, S3 endpoint and buckets, the
@@ -150,6 +169,8 @@ class JobsSettings:
             "FRAMESERVE_JOB_TIMEOUT_S": repr(self.job_timeout_s),
             "FRAMESERVE_ISOLATE_PIPELINES": "1" if self.isolate_pipelines else "0",
         }
+        if self.max_job_timeout_s is not None:
+            env["FRAMESERVE_MAX_JOB_TIMEOUT_S"] = repr(self.max_job_timeout_s)
         if self.job_memory_limit_mb is not None:
             env["FRAMESERVE_JOB_MEMORY_LIMIT_MB"] = str(self.job_memory_limit_mb)
         if self.s3_endpoint_url:
@@ -181,6 +202,7 @@ class JobsSettings:
         job_timeout_s: float | None = None,
         job_memory_limit_mb: int | None = None,
         isolate_pipelines: bool | None = None,
+        max_job_timeout_s: float | None = None,
     ) -> JobsSettings:
         """Explicit arguments win over the environment, which wins over the defaults.
 
@@ -239,6 +261,10 @@ class JobsSettings:
             job_memory_limit_mb=(
                 job_memory_limit_mb if job_memory_limit_mb is not None
                 else int(env["FRAMESERVE_JOB_MEMORY_LIMIT_MB"]) if env.get("FRAMESERVE_JOB_MEMORY_LIMIT_MB") else None
+            ),
+            max_job_timeout_s=(
+                max_job_timeout_s if max_job_timeout_s is not None
+                else float(env["FRAMESERVE_MAX_JOB_TIMEOUT_S"]) if env.get("FRAMESERVE_MAX_JOB_TIMEOUT_S") else None
             ),
             isolate_pipelines=(
                 isolate_pipelines if isolate_pipelines is not None

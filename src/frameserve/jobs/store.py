@@ -50,6 +50,8 @@ from frameserve.jobs._claim import CLAIM_LOCK_KEY, check_queued, claim_statement
 from frameserve.jobs._engine import make_engine
 from frameserve.jobs._errors import IdempotencyConflictError, JobNotFoundError, JobStateError, LeaseLostError
 from frameserve.jobs._lifecycle import LifecycleMixin
+from frameserve.jobs._live import LiveMixin
+from frameserve.jobs._outbox import Delivery, OutboxMixin
 from frameserve.jobs._policy import RetryPolicy
 from frameserve.jobs._schema import callback_deliveries, job_events, jobs
 from frameserve.jobs.queue import Signal, notify, take_wakes
@@ -82,6 +84,10 @@ Phase = Literal["download", "process", "upload"]
 Clock = Callable[[], float]
 
 
+def _opt(value: Any, kind: Callable[[Any], Any]) -> Any:
+    return None if value is None else kind(value)
+
+
 def iso(ts: float | None) -> str | None:
     """Seconds since the epoch → ISO-8601 UTC with milliseconds (``None`` stays ``None``)."""
     if ts is None:
@@ -106,6 +112,8 @@ class JobSpec:
         backoff: the job's retry backoff ``{"initial_s", "max_s", "factor"}`` (``None``: the store's;
             :meth:`~frameserve.jobs._policy.RetryPolicy.for_job`).
         asked_max_attempts: the client chose ``max_attempts`` (it is then part of the request hash).
+        timeout_s: the job's deadline on the processing of one attempt, seconds (``None``: the
+            worker's ``--job-timeout-s``).
     """
 
     source: str
@@ -119,13 +127,15 @@ class JobSpec:
     run_at: float | None = None
     backoff: Mapping[str, float] | None = None
     asked_max_attempts: bool = False
+    timeout_s: float | None = None
 
     def request_hash(self) -> str:
         """SHA-256 (hex) of what the client asked for (source, target, pipeline, params,
         callback, priority, and the per-job policy it set): the same request always hashes the same."""
         doc: list[Any] = [self.source, self.target, self.pipeline, dict(self.params), self.callback_url, int(self.priority)]
         policy = {k: v for k, v in (("max_attempts", self.max_attempts if self.asked_max_attempts else None),
-                                    ("run_at", self.run_at), ("backoff", dict(self.backoff or {}) or None)) if v is not None}
+                                    ("run_at", self.run_at), ("backoff", dict(self.backoff or {}) or None),
+                                    ("timeout_s", self.timeout_s)) if v is not None}
         if policy:  # absent without one: a request hashed before migration 0004 hashes the same
             doc.append(policy)
         return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -164,6 +174,10 @@ class Job:
     callback: dict[str, Any] | None = None
     owner: str = ""
     backoff: dict[str, float] | None = None
+    timeout_s: float | None = None
+    frames_done: int | None = None
+    frames_expected: int | None = None
+    fps: float | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], callback: dict[str, Any] | None = None) -> Job:
@@ -180,6 +194,8 @@ class Job:
             error=json.loads(d["error"]) if d["error"] else None,
             idempotency_key=d["idempotency_key"], callback=callback, owner=d.get("owner") or "",
             backoff=json.loads(d["backoff"]) if d.get("backoff") else None,
+            timeout_s=_opt(d.get("timeout_s"), float), frames_done=_opt(d.get("frames_done"), int),
+            frames_expected=_opt(d.get("frames_expected"), int), fps=_opt(d.get("fps"), float),
         )
 
     def to_resource(self) -> dict[str, Any]:
@@ -206,6 +222,10 @@ class Job:
             "attempts": self.attempt,
             "max_attempts": self.max_attempts,
             "backoff": self.backoff,
+            "timeout_s": self.timeout_s,
+            "frames_done": self.frames_done,
+            "frames_expected": self.frames_expected,
+            "fps": None if self.fps is None else round(self.fps, 2),
             "cancel_requested": self.cancel_requested,
             "created_at": iso(self.created_at),
             "started_at": iso(self.started_at),
@@ -233,29 +253,6 @@ class Lease:
     token: int
     owner: str
     expires_at: float
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """A claimed callback delivery (one row of the outbox).
-
-    Attributes:
-        id: the ``webhook-id``, the same for every attempt.
-        job_id: the job it reports.
-        type: ``job.succeeded`` | ``job.failed`` | ``job.cancelled``.
-        url: the receiver.
-        payload: the exact body, fixed when the job finished.
-        attempts: attempts made, this one included.
-        created_at: when the job finished (epoch seconds).
-    """
-
-    id: str
-    job_id: str
-    type: str
-    url: str
-    payload: str
-    attempts: int
-    created_at: float
 
 
 def _finish_statement(*, fenced: bool) -> sa.Update:
@@ -287,7 +284,7 @@ def _new_id() -> str:
     return "job_" + uuid.uuid4().hex
 
 
-class JobStore(LifecycleMixin):
+class JobStore(LifecycleMixin, LiveMixin, OutboxMixin):
     """The job database.
 
     Args:
@@ -363,6 +360,7 @@ class JobStore(LifecycleMixin):
 
     def _event(self, conn: sa.Connection, job_id: str, type_: str, now: float, **data: Any) -> None:
         conn.execute(_INSERT_EVENT, {"job_id": job_id, "at": now, "type": type_, "data": json.dumps(data)})
+        notify(conn, "event", now)  # the job's event streams (GET /v1/jobs/{id}/events?follow=true)
 
     def _callback_state(self, conn: sa.Connection, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         if not job_ids:
@@ -439,6 +437,7 @@ class JobStore(LifecycleMixin):
                             run_at=run_at, created_at=now, started_at=None, finished_at=None, updated_at=now,
                             timings="{}", result=None, error=None,
                             backoff=json.dumps(dict(spec.backoff)) if spec.backoff else None,
+                            timeout_s=None if spec.timeout_s is None else float(spec.timeout_s),
                         )
                     )
                     self._event(conn, job_id, "submitted", now, priority=int(spec.priority),
@@ -479,16 +478,6 @@ class JobStore(LifecycleMixin):
             cb = self._callback_state(conn, [r["id"] for r in page])
             found = [Job.from_row(r, cb.get(r["id"])) for r in page]
         return found, (found[-1].seq if len(rows) > limit and found else None)
-
-    def events(self, job_id: str, *, owner: str | None = None) -> list[dict[str, Any]]:
-        """The job's events, oldest first: ``[{at, type, data}]`` (of ``owner``'s job when given).
-        Raises :class:`JobNotFoundError`."""
-        with self._tx(write=False) as conn:
-            self._load(conn, job_id, owner)
-            rows = conn.execute(
-                sa.select(job_events).where(job_events.c.job_id == job_id).order_by(job_events.c.seq)
-            ).mappings()
-            return [{"at": iso(r["at"]), "type": r["type"], "data": json.loads(r["data"])} for r in rows]
 
     def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
         """Cancel a job (``owner``'s when given): a queued one at once (its callback is queued), a
@@ -713,69 +702,6 @@ class JobStore(LifecycleMixin):
             )
             notify(conn, "callback", now + self.callback_schedule_s[0])
         return done
-
-    # ---------------------------------------------------------------- callback outbox
-
-    def claim_delivery(self, *, lease_s: float) -> Delivery | None:
-        """Claim the next due callback delivery (pending and due, or in flight with an expired
-        lease, i.e. its deliverer died) for ``lease_s`` seconds. Returns ``None`` when none is due."""
-        now = self.clock()
-        cd = callback_deliveries.c
-        due = sa.or_(
-            sa.and_(cd.state == "pending", cd.next_attempt_at <= now),
-            sa.and_(cd.state == "delivering", cd.lease_expires_at < now),
-        )
-        pick = (
-            sa.select(cd.id).where(due).order_by(cd.next_attempt_at).limit(1)
-            .with_for_update(skip_locked=True).scalar_subquery()
-        )
-        stmt = (
-            callback_deliveries.update()
-            .where(cd.id == pick, due)
-            .values(state="delivering", attempts=cd.attempts + 1, lease_expires_at=now + lease_s)
-            .returning(cd.id, cd.job_id, cd.type, cd.url, cd.payload, cd.attempts, cd.created_at)
-        )
-        with self._tx() as conn:
-            row = conn.execute(stmt).mappings().first()
-        if row is None:
-            return None
-        return Delivery(**dict(row))
-
-    def delivery_result(
-        self, delivery: Delivery, *, status: int | None, error: str | None = None, permanent: bool = False
-    ) -> str:
-        """Record one delivery attempt: 2xx → ``delivered``; 410 or ``permanent`` → ``failed`` (no
-        more tries); anything else (``status`` None for a network error) → ``pending`` with the
-        next delay of the schedule, or ``failed`` when it is spent. Returns the new state, or
-        ``"stale"`` when the delivery was meanwhile re-claimed (this attempt's lease expired)."""
-        now = self.clock()
-        cd = callback_deliveries.c
-        values: dict[str, Any] = {"last_status": status, "last_error": error, "lease_expires_at": None}
-        if status is not None and 200 <= status < 300:
-            values.update(state="delivered", delivered_at=now, last_error=None)
-        elif status == 410 or permanent or delivery.attempts >= len(self.callback_schedule_s):
-            values.update(state="failed")
-        else:
-            values.update(state="pending", next_attempt_at=now + self.callback_schedule_s[delivery.attempts])
-        with self._tx() as conn:
-            n = conn.execute(
-                callback_deliveries.update()
-                .where(cd.id == delivery.id, cd.state == "delivering", cd.attempts == delivery.attempts)
-                .values(**values)
-            ).rowcount
-            if n:
-                self._event(
-                    conn, delivery.job_id, f"callback_{values['state']}", now,
-                    webhook_id=delivery.id, attempt=delivery.attempts, status=status, error=error,
-                )
-        return str(values["state"]) if n else "stale"
-
-    def deliveries(self, job_id: str) -> list[dict[str, Any]]:
-        """The job's outbox rows (for tests and operators)."""
-        with self._tx(write=False) as conn:
-            return [dict(r) for r in conn.execute(
-                sa.select(callback_deliveries).where(callback_deliveries.c.job_id == job_id)
-            ).mappings()]
 
     def counts(self) -> dict[str, int]:
         """Jobs per state (every state present, zero where none)."""

@@ -6,8 +6,11 @@ downloading (claimed, lease held) and job *n-1* is uploading::
     fetch:    claim ─ download ──▶ [ready: 1] ──▶ process: pipeline ──▶ [done: 1] ──▶ upload: put ─ complete
 
 A fourth thread heartbeats every lease the worker holds each ``lease_s / 3`` seconds: it extends
-the lease and writes phase and progress; between heartbeats it looks at each job's cancel flag
-every :data:`CANCEL_POLL_S` seconds. A requested cancellation, or a lost lease, aborts that job's
+the lease and writes phase and progress; between heartbeats it writes a job's live progress
+(frames done, frames expected, frames per second) when it changed, at most about once a second
+(:data:`~frameserve.jobs._live.PROGRESS_WRITE_S`; throttled and coalesced: the pipeline reports
+each batch in memory, the latest value is written, and the last one always at the end of the
+process phase), and looks at each job's cancel flag every :data:`CANCEL_POLL_S` seconds. A requested cancellation, or a lost lease, aborts that job's
 work: a download at once (its connection is cut), processing at the next batch; a lost lease
 writes nothing more (the store's fencing token rejects any late write). The fetch thread also runs
 the rescuer (expired leases → re-queued or failed) about once per lease.
@@ -40,7 +43,8 @@ lost lease, crashes) are retried with backoff; user errors (bad video, unknown p
 source) fail the job at once with the reason. Every recorded error names the phase the attempt
 was in (``error.phase``).
 
-Deadline: the process phase of one attempt may last ``job_timeout_s`` (``serve`` / ``worker
+Deadline: the process phase of one attempt may last the job's own ``timeout_s`` (capped by
+``max_job_timeout_s``, ``--max-job-timeout-s``), else ``job_timeout_s`` (``serve`` / ``worker
 --job-timeout-s``); past it the attempt stops with :class:`~frameserve.errors.JobTimeoutError`
 (``code: "timeout"``, retried while attempts are left). The deadline and a cancellation are seen
 at each progress report of the pipeline step; with
@@ -67,22 +71,27 @@ from typing import Any
 
 from frameserve.errors import FrameserveError, JobTimeoutError
 from frameserve.jobs._errors import LeaseLostError, is_retryable
+from frameserve.jobs._live import PROGRESS_WRITE_S
 from frameserve.jobs._metrics import JobMetrics
 from frameserve.jobs._pipeline import FaultHook, ProcessFn, pipeline_process, video_out_name
 from frameserve.jobs._scratch import Scratch, sweep
 from frameserve.jobs.queue import SAFETY_POLL_S, Listener, idle_wait, next_job_due_at
 from frameserve.jobs.storage import Storage
-from frameserve.jobs.store import JobStore, Lease
+from frameserve.jobs.store import Job, JobStore, Lease
 from frameserve.security import redact_text
 from frameserve.security.quotas import Quotas
 
-__all__ = ["CANCEL_POLL_S", "FaultHook", "ProcessFn", "Worker", "faults_from_env", "pipeline_process", "video_out_name"]
+__all__ = ["CANCEL_POLL_S", "PROGRESS_TICK_S", "FaultHook", "ProcessFn", "Worker", "faults_from_env", "pipeline_process", "video_out_name"]
 
 log = logging.getLogger("frameserve.jobs.worker")
 
 CANCEL_POLL_S = 0.5
 """How often a worker looks at the cancel flag of each job it holds, seconds (a cancelled
 download stops within about this long of the request)."""
+
+PROGRESS_TICK_S = 0.25
+"""How often the heartbeat thread looks at the jobs it holds, seconds (progress writes are
+throttled to :data:`~frameserve.jobs._live.PROGRESS_WRITE_S` on top)."""
 
 
 _WEIGHTS = {"download": (0.0, 0.1), "process": (0.1, 0.9), "upload": (0.9, 1.0)}
@@ -130,11 +139,24 @@ class _Active:
     cancel: threading.Event = field(default_factory=threading.Event)
     lost: threading.Event = field(default_factory=threading.Event)
     timings: dict[str, float] = field(default_factory=dict)
+    frames_done: int | None = None
+    frames_expected: int | None = None
+    process_start: float | None = None  # monotonic
+    written: tuple[Any, ...] | None = None  # the progress last written
+    written_at: float = 0.0  # monotonic
 
     @property
     def progress(self) -> float:
         lo, hi = _WEIGHTS[self.phase]
         return lo + (hi - lo) * min(1.0, self.fraction)
+
+    def live(self) -> tuple[float, int | None, int | None, float | None]:
+        """``(progress 0..1, frames done, frames expected, frames per second of the process phase)``."""
+        fps = None
+        if self.frames_done is not None and self.process_start is not None:
+            spent = time.monotonic() - self.process_start
+            fps = round(self.frames_done / spent, 3) if spent > 0 else None
+        return round(self.progress, 4), self.frames_done, self.frames_expected, fps
 
 
 @dataclass
@@ -172,8 +194,10 @@ class Worker:
         quotas: per-tenant ``running_jobs`` limits the claim keeps to (default: the store's).
             While every due job's tenant is at its limit the worker waits for a wake-up (a
             finished job notifies), not for the due time.
-        job_timeout_s: longest process phase of one attempt, seconds (``None``: no deadline);
-            see the module docstring.
+        job_timeout_s: longest process phase of one attempt, seconds (``None``: no deadline), for a
+            job without its own ``timeout_s``; see the module docstring.
+        max_job_timeout_s: cap on a job's own ``timeout_s`` (``--max-job-timeout-s``; ``None``:
+            none): a job asking more (submitted to a server with a higher cap) gets this.
     """
 
     def __init__(
@@ -196,6 +220,7 @@ class Worker:
         on_busy: Callable[[bool], None] | None = None,
         quotas: Quotas | None = None,
         job_timeout_s: float | None = None,
+        max_job_timeout_s: float | None = None,
     ) -> None:
         if max_jobs is not None and max_jobs < 1:
             raise ValueError(f"max_jobs must be >= 1, got {max_jobs}")
@@ -234,6 +259,9 @@ class Worker:
         if job_timeout_s is not None and not job_timeout_s > 0:
             raise ValueError(f"job_timeout_s must be > 0 seconds, got {job_timeout_s!r}")
         self.job_timeout_s = job_timeout_s
+        if max_job_timeout_s is not None and not max_job_timeout_s > 0:
+            raise ValueError(f"max_job_timeout_s must be > 0 seconds, got {max_job_timeout_s!r}")
+        self.max_job_timeout_s = max_job_timeout_s
         self._busy = False
         self._report_lock = threading.Lock()
         self.listener = Listener(store, listen_url=listen_url) if listen else None
@@ -353,7 +381,22 @@ class Worker:
     def _quota_reached(self) -> bool:
         return self.max_jobs is not None and self.claimed >= self.max_jobs
 
+    def _write_progress(self, a: _Active) -> None:
+        """Write the job's live progress (and extend its lease); sets ``cancel`` when requested.
+        Raises :class:`LeaseLostError`."""
+        values = a.live()
+        if self.store.report_progress(a.lease, lease_s=self.lease_s, progress=values[0], frames_done=values[1],
+                                      frames_expected=values[2], fps=values[3]):
+            a.cancel.set()
+        a.written, a.written_at = values[:3], time.monotonic()
+
     def _phase(self, a: _Active, phase: str) -> None:
+        if a.frames_done is not None and a.written != a.live()[:3]:  # the last value, never dropped
+            try:
+                self._write_progress(a)
+            except LeaseLostError:
+                a.lost.set()
+                a.cancel.set()
         a.phase, a.fraction = phase, 0.0
         a.timings[f"{phase}_start"] = time.monotonic()
         try:
@@ -417,24 +460,33 @@ class Worker:
     # ------------------------------------------------------------ threads
 
     def _heartbeat_loop(self) -> None:
-        tick = min(self.heartbeat_s, CANCEL_POLL_S)
+        """Every :data:`PROGRESS_TICK_S`: per job, a heartbeat (each ``lease_s / 3``), else its
+        progress when it changed and :data:`~frameserve.jobs._live.PROGRESS_WRITE_S` passed since
+        the last write (throttled and coalesced: the latest value, at most about once a second),
+        else a look at its cancel flag (each :data:`CANCEL_POLL_S`)."""
+        tick = min(self.heartbeat_s, PROGRESS_TICK_S)
         next_beat = time.monotonic() + self.heartbeat_s
+        next_poll = time.monotonic() + CANCEL_POLL_S
         while not self._hb_stop.wait(tick):
             with self._lock:
                 active = list(self._active.values())
-            beat = time.monotonic() >= next_beat
+            now = time.monotonic()
+            beat = now >= next_beat
+            poll = now >= next_poll
             if beat:
-                next_beat = time.monotonic() + self.heartbeat_s
+                next_beat = now + self.heartbeat_s
                 if self._scratch is not None:
                     self._scratch.touch()
+            if poll:
+                next_poll = now + CANCEL_POLL_S
             for a in active:
                 if a.lost.is_set() or (a.cancel.is_set() and not beat):
                     continue
                 try:
-                    if beat:
-                        if self.store.heartbeat(a.lease, lease_s=self.lease_s, progress=a.progress):
-                            a.cancel.set()
-                    elif self.store.is_cancel_requested(a.lease.job.id):
+                    due = a.frames_done is not None and now - a.written_at >= PROGRESS_WRITE_S
+                    if beat or (due and a.written != a.live()[:3]):
+                        self._write_progress(a)
+                    elif poll and self.store.is_cancel_requested(a.lease.job.id):
                         a.cancel.set()
                 except LeaseLostError:
                     a.lost.set()
@@ -532,20 +584,32 @@ class Worker:
         finally:
             self._done.put(None)
 
+    def deadline_of(self, job: Job) -> tuple[float | None, str]:
+        """The longest process phase of one attempt of ``job``, seconds (``None``: none), and
+        where it comes from: the job's ``timeout_s`` (capped by ``max_job_timeout_s``), else
+        ``job_timeout_s``."""
+        if job.timeout_s is not None:
+            if self.max_job_timeout_s is not None and job.timeout_s > self.max_job_timeout_s:
+                return self.max_job_timeout_s, "the job's timeout_s, capped by --max-job-timeout-s"
+            return job.timeout_s, "the job's timeout_s"
+        return self.job_timeout_s, "--job-timeout-s"
+
     def _run_pipeline(self, item: _Item) -> None:
         a = item.active
         self._phase(a, "process")
-        limit = self.job_timeout_s
-        deadline = None if limit is None else time.monotonic() + limit
+        limit, why = self.deadline_of(a.lease.job)
+        a.process_start = time.monotonic()
+        deadline = None if limit is None else a.process_start + limit
 
         def progress(done: int, expected: int | None) -> None:
+            a.frames_done, a.frames_expected = done, expected
             if expected:
                 a.fraction = done / expected
             if a.cancel.is_set():
                 raise _Cancelled()
             if deadline is not None and time.monotonic() > deadline:
                 raise JobTimeoutError(
-                    f"the process phase ran past the job's deadline of {limit:g} s (--job-timeout-s) after {done} "
+                    f"the process phase ran past the job's deadline of {limit:g} s ({why}) after {done} "
                     + (f"of {expected} " if expected else "") + "frames; the pipeline was stopped",
                     phase="process",
                 )

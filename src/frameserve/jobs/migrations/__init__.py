@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 __all__ = ["HEAD", "upgrade"]
 
-HEAD = "0004"
+HEAD = "0005"
 """The newest revision."""
 
 
