@@ -3,6 +3,7 @@
     .venv/bin/python bench/tune.py --quick       # smoke run (a few minutes), figures meaningless
     .venv/bin/python bench/tune.py               # the measurement (about 40 minutes on 2 cores)
     .venv/bin/python bench/tune.py --corpus      # every corpus model (issue 26; bench/_tune_corpus.py)
+    .venv/bin/python bench/tune.py --corpus --quick   # the same, small budgets (about 20 minutes on 2 cores)
 
 Figures, each against its goal (medians of interleaved repeats; the machine is shared):
 
@@ -162,8 +163,11 @@ def main() -> None:
     if args.corpus:
         from _tune_corpus import run_corpus
 
-        args.budget_s = float(args.budget) if args.budget else 30.0
-        args.max_configs = 24 if args.quick else 60
+        args.budget_s = float(args.budget) if args.budget else (10.0 if args.quick else 30.0)
+        args.max_configs = 18 if args.quick else 60
+        args.rounds = args.rounds or (1 if args.quick else 3)
+        if args.quick and args.window_s == 1.0:
+            args.window_s = 0.4
         run_corpus(args, log)
         return
     args.budget_s = float(args.budget) if args.budget else (40.0 if args.quick else 480.0)

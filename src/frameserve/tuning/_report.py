@@ -130,7 +130,7 @@ def line_plot(
             if xs:
                 ax.set_xticks(xs, [f"{x:g}" for x in xs])
                 ax.minorticks_off()
-        if series:
+        if ax.get_legend_handles_labels()[0]:  # a series with finite points (a panel can have none)
             ax.legend(fontsize="small", loc="best")
     fig.suptitle(title)
     fig.tight_layout()

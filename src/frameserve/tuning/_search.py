@@ -347,7 +347,7 @@ class Search:
         return self.budget.repeat_trials * mean * max(1.0, ratio)
 
     def _trial(self, c: Candidate, conc: int, phase: Phase, settings: MeasureSettings, *, reserve: bool = True) -> Trial:
-        if phase != "repeat":
+        if phase not in ("repeat", "default"):  # the default is always measured: it is what a winner must beat
             if len(self.trials) >= self.budget.max_trials - (self.budget.repeat_trials if reserve else 0):
                 raise _Stop("trial budget")
             if self.trials and self._left_s() < (self._reserve_s() if reserve else 0.0):

@@ -32,6 +32,7 @@ __all__ = [
     "ServerTarget",
     "ServiceTarget",
     "SessionPool",
+    "config_dims",
     "make_inputs",
     "parse_shape",
     "resolve_model",
@@ -56,17 +57,32 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, tuple(int(p) for p in parts)
 
 
+def config_dims(spec: TensorSpec, max_batch_size: int, given: tuple[int, ...]) -> tuple[int, ...]:
+    """An input's dims as its config declares them, with ``given`` (a ``--shape``) in place of
+    its variable (-1) dims: without the batch dim when the model batches (``max_batch_size >
+    0``; a leading batch dim in ``given`` is dropped), with the model's leading dim when it does
+    not (``max_batch_size`` 0; a ``given`` without it, the per-sample dims, gets the leading 1
+    back, so ``lr:3x32x32`` fits dims ``[1, 3, -1, -1]``). NCHW and NHWC alike: dims are matched
+    by position.
+
+    Raises:
+        InvalidInputError: ``given`` does not fit the dims (rank, or a fixed dim that differs).
+    """
+    dims = tuple(spec.dims)
+    if max_batch_size > 0 and len(given) == len(dims) + 1:
+        given = given[1:]  # a leading batch dim: each --batch value replaces it
+    elif max_batch_size == 0 and len(given) == len(dims) - 1 and dims and dims[0] in (1, -1):
+        given = (1, *given)  # the per-sample dims of a model fed one sample at a time
+    if len(given) != len(dims) or any(d != -1 and d != g for d, g in zip(dims, given, strict=True)):
+        raise InvalidInputError(
+            f"--shape {spec.name}:{'x'.join(map(str, given))} does not fit the model's dims {list(dims)} "
+            f"(-1 = any size{'; the batch dim is left out' if max_batch_size > 0 else ''})"
+        )
+    return tuple(given)
+
+
 def _shape_for(spec: TensorSpec, max_batch_size: int, batch: int, given: tuple[int, ...] | None) -> tuple[int, ...]:
-    dims = spec.dims
-    if given is not None:
-        if max_batch_size > 0 and len(given) == len(dims) + 1:
-            given = given[1:]  # a leading batch dim: each --batch value replaces it
-        if len(given) != len(dims) or any(d != -1 and d != g for d, g in zip(dims, given, strict=True)):
-            raise InvalidInputError(
-                f"--shape {spec.name}:{'x'.join(map(str, given))} does not fit the model's dims {list(dims)} "
-                f"(-1 = any size{'; the batch dim is left out' if max_batch_size > 0 else ''})"
-            )
-        dims = given
+    dims = tuple(spec.dims) if given is None else config_dims(spec, max_batch_size, given)
     if any(d == -1 for d in dims):
         raise InvalidInputError(
             f"input {spec.name!r} has variable dims {list(dims)} (-1 = any size); give its shape with "
