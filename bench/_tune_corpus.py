@@ -132,7 +132,7 @@ def _table(rows: list[dict[str, Any]]) -> None:
         ratios.append(r["served_ratio"])
         ex = f"{r['vs_exhaustive']:.2f}" if "vs_exhaustive" in r else "-"
         share = f"{r['trial_share']:.2f}" if "trial_share" in r else "-"
-        print(f"| {r['model']} | {r['trials']} | {r['winner'][:60]} | {r['default_per_s']:.1f} | {r['tuned_per_s']:.1f} | {r['served_ratio']:.2f} | "
+        print(f"| {r['model']} | {r['trials']} | {r['winner'][:60].replace('|', '/')} | {r['default_per_s']:.1f} | {r['tuned_per_s']:.1f} | {r['served_ratio']:.2f} | "
               f"{ex} | {share} | {r['int8']} | {r['metric'][:90]} |")
     finite = [x for x in ratios if math.isfinite(x)]
     if finite:
