@@ -25,7 +25,7 @@ from _models import conv_model
 from _plan_bound import plan_bound
 from _serving import ServeProcess, frameserve_command
 
-from frameserve.tuning import TRIAL_FIELDS
+from frameserve.tuning._search import TRIAL_FIELDS
 
 pytestmark = pytest.mark.e2e
 

@@ -9,16 +9,9 @@ import pytest
 
 from frameserve.cli.perf import parse_int_list, parse_percent
 from frameserve.errors import InvalidInputError
-from frameserve.tuning import (
-    ROW_FIELDS,
-    Measurement,
-    PerfRow,
-    Profile,
-    aggregate_ort_trace,
-    make_inputs,
-    openvino_trace,
-    parse_shape,
-)
+from frameserve.tuning import Measurement, PerfRow, make_inputs, parse_shape
+from frameserve.tuning._perf_result import ROW_FIELDS
+from frameserve.tuning._profile import Profile, aggregate_ort_trace, openvino_trace
 from frameserve.tuning._targets import config_dims
 from frameserve.types import DataType, TensorSpec
 

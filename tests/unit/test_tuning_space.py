@@ -12,8 +12,8 @@ import pytest
 
 from frameserve.errors import InvalidInputError
 from frameserve.repository import parse_config
-from frameserve.tuning import Measurement, MeasureSettings, Objective
-from frameserve.tuning._search import Budget, Search, saturating_concurrency, trial_rows
+from frameserve.tuning import Measurement, MeasureSettings
+from frameserve.tuning._search import Budget, Objective, Search, saturating_concurrency, trial_rows
 from frameserve.tuning._space import Batching, Candidate, Engine, Layout, build_space, default_options
 from frameserve.tuning._sysinfo import CgroupLimits, SystemInfo
 

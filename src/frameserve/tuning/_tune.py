@@ -28,12 +28,11 @@ from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.repository import ModelRepository
 from frameserve.service import InferenceService
 from frameserve.tuning._accuracy import GateLimits, GateResult
+from frameserve.tuning._calibration import CalibrationFrames, calibration_frames
 from frameserve.tuning._measure import Measurement, MeasureSettings, measure
 from frameserve.tuning._quantize import (
-    CalibrationFrames,
     QuantizeResult,
     Variant,
-    calibration_frames,
     gate,
     next_version,
     quantize,
