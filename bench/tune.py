@@ -168,7 +168,7 @@ def main() -> None:
 
         args.budget_s = float(args.budget) if args.budget else (10.0 if args.quick else 30.0)
         args.max_configs = 18 if args.quick else 60
-        args.rounds = args.rounds or (1 if args.quick else 3)
+        args.rounds = args.rounds or (2 if args.quick else 3)
         if args.quick and args.window_s == 1.0:
             args.window_s = 0.4
         run_corpus(args, log)
