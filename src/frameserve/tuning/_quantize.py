@@ -467,8 +467,8 @@ def quantize(
             (its layout, every activation quantized, lets onnxruntime fuse each convolution into
             an int8 ``QLinearConv``: the fast one on onnxruntime), and NNCF when the gate refuses
             it and NNCF is installed (more accurate, but its QDQ quantizes only the convolutions'
-            inputs, so onnxruntime dequantizes between them: measured 0.5x fp32's speed on
-            nudenet, against 1.46x for onnxruntime's own, on a Xeon with AMX).
+            inputs, so onnxruntime dequantizes between them and can run slower than fp32; the
+            figures are in bench/README.md, ``bench/tune.py --int8-only``).
         accuracy_control: with NNCF and the head kept in float, when the gate refuses the plain
             int8 model, run NNCF's accuracy control with the gate's metric (operations put back
             to float, most harmful first, until the gate's matched share is within ``max_drop``),
@@ -529,7 +529,7 @@ def quantize(
                 notes.append(f"NNCF failed, onnxruntime's refused model kept as the verdict: {exc.message}")
                 return _result(repo, name, raw, version, settings, verdict, frames, None, int8, machine, notes)
             notes.append("NNCF's QDQ quantizes only the convolutions' inputs: onnxruntime dequantizes between them, "
-                         "so it may run no faster than fp32 there (0.5x on nudenet, AMX Xeon); `frameserve tune` measures it")
+                         "so it may run no faster than fp32 there; `frameserve tune` measures it")
         return _result(repo, name, raw, version, settings, verdict, frames, out, int8, machine, notes)
     finally:
         if tmp is not None:

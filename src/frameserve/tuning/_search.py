@@ -435,10 +435,9 @@ class Search:
 
         After the first round, one restart (a multi-start local search): a round from the best
         configuration measured with another engine, which replaces the incumbent if it ends
-        ahead. Engine, layout and batching interact (measured on an AMX Xeon with 2 CPUs:
-        onnxruntime int8 beats OpenVINO bf16 at 2 single-thread instances, while OpenVINO bf16 at
-        one 2-thread instance with batching beats both by 25 %), so a single path can stop at a
-        configuration that no one-coordinate move leaves."""
+        ahead. Engine, layout and batching interact (an engine that loses at one layout can win at
+        another once batching is on; bench/README.md, ``bench/tune.py``), so a single path can
+        stop at a configuration that no one-coordinate move leaves."""
         incumbent = start if start in self.space else self.space.candidates[0]
         if incumbent not in self._latest:
             self._evaluate(incumbent, "search")
