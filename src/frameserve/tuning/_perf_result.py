@@ -31,8 +31,8 @@ class PerfRow:
     """One configuration of the sweep and what was measured.
 
     Attributes:
-        instances: sessions in the pool (in process; ``None`` against a server: its own config).
-        threads: intra-op threads per session (``None`` against a server).
+        instances: model instances (in process; ``None`` against a server: its own config).
+        threads: intra-op threads per instance (``None`` against a server).
         batch: samples per request.
         concurrency: requests in flight.
         measurement: the figures; ``None`` when the configuration failed (see ``error``).
@@ -71,8 +71,9 @@ class PerfResult:
         target: the model file (in process) or the server's address.
         settings: windows and stability.
         machine: the machine the measurement ran on (this one; for a server, where the client ran).
-        session: what ran: the first session's ``info`` (backend, precision, threads ...) in
-            process, the served config's backend, instance groups and parameters for a server.
+        session: what ran: the loaded version's ``session_info`` (backend, precision, threads,
+            instances ...) in process, the served config's backend, instance groups and
+            parameters for a server.
         rows: one per configuration, in sweep order.
         profile: per-operator times (``--profile``), or ``None``.
     """
