@@ -3,6 +3,7 @@
     .venv/bin/python bench/tune.py --quick       # smoke run (a few minutes), figures meaningless
     .venv/bin/python bench/tune.py               # the measurement (about 40 minutes on 2 cores)
     .venv/bin/python bench/tune.py --corpus      # every corpus model (issue 26; bench/_tune_corpus.py)
+    .venv/bin/python bench/tune.py --corpus --quick   # the same, small budgets (about 20 minutes on 2 cores)
 
 Figures, each against its goal (medians of interleaved repeats; the machine is shared):
 
@@ -41,12 +42,11 @@ from _serving import ServeProcess  # noqa: E402
 
 from frameserve import assets  # noqa: E402
 from frameserve.config import Settings  # noqa: E402
-from frameserve.repository import ModelConfig, ModelRepository  # noqa: E402
+from frameserve.repository import ModelRepository  # noqa: E402
 from frameserve.service import InferenceService  # noqa: E402
 from frameserve.tuning import (  # noqa: E402
     MeasureSettings,
     ServiceTarget,
-    SessionPool,
     TuneResult,
     make_inputs,
     measure,
@@ -135,10 +135,14 @@ def int8_alone(model: Path, int8_file: Path, settings: MeasureSettings, rounds: 
     for r in range(rounds):
         for backend in ("onnxruntime", "openvino"):
             for precision in (("fp32", "int8") if r % 2 == 0 else ("int8", "fp32")):
-                cfg = ModelConfig("nudenet", backend=backend, precision=precision)  # type: ignore[arg-type]
-                with SessionPool.open(cfg, files[precision], instances=1, threads=budget) as pool:
-                    x = make_inputs(pool.sessions[0].inputs, max_batch_size=pool.config.max_batch_size or 0, batch=1, shapes=SHAPE)
-                    m = measure(pool, x, batch=1, concurrency=1, settings=settings)
+                service = InferenceService()  # measured as tune and perf measure: through the server's path
+                try:
+                    cfg = service.register("nudenet", files[precision], config={
+                        "backend": backend, "parameters": {"precision": precision, "threads": str(budget)}})
+                    x = make_inputs(cfg.inputs, max_batch_size=cfg.max_batch_size or 0, batch=1, shapes=SHAPE)
+                    m = measure(ServiceTarget(service, "nudenet"), x, batch=1, concurrency=1, settings=settings)
+                finally:
+                    service.close()
                 got.setdefault((backend, precision), []).append(m.throughput)
                 log(f"   round {r + 1} {backend} {precision}: {m.throughput:.1f}/s")
     return {b: med(got[(b, "int8")]) / med(got[(b, "fp32")]) for b in ("onnxruntime", "openvino")} | {
@@ -162,8 +166,11 @@ def main() -> None:
     if args.corpus:
         from _tune_corpus import run_corpus
 
-        args.budget_s = float(args.budget) if args.budget else 30.0
-        args.max_configs = 24 if args.quick else 60
+        args.budget_s = float(args.budget) if args.budget else (10.0 if args.quick else 30.0)
+        args.max_configs = 18 if args.quick else 60
+        args.rounds = args.rounds or (2 if args.quick else 3)
+        if args.quick and args.window_s == 1.0:
+            args.window_s = 0.4
         run_corpus(args, log)
         return
     args.budget_s = float(args.budget) if args.budget else (40.0 if args.quick else 480.0)

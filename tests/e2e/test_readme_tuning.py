@@ -37,6 +37,7 @@ import onnxruntime as ort
 import pytest
 import yaml
 from _browser import chromium, open_in_browser
+from _plan_bound import plan_bound
 from _serving import ServeProcess, frameserve_command
 
 pytestmark = pytest.mark.e2e
@@ -123,14 +124,6 @@ class Run:
     procs: dict[str, subprocess.CompletedProcess[str]] = field(default_factory=dict)
     served: dict[str, Any] = field(default_factory=dict)
     plan_bound_ms: float = 0.0
-
-
-def plan_bound(tune_json: Path) -> float:
-    """``plan``'s p99 bound: twice the largest p99 the tune measured (whole ms), so every
-    measured configuration meets it whatever the machine's load was."""
-    data = json.loads(tune_json.read_text())
-    worst = max(float(r["p99_ms"]) for r in data["trials"] if r.get("p99_ms") is not None)
-    return float(math.ceil(2 * worst))
 
 
 def _shell(text: str, cwd: Path, home: Path, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,9 @@ from _serving import broken_model
 from PIL import Image
 
 from frameserve.errors import InvalidInputError, ModelNotFoundError
-from frameserve.tuning import PERF_FILES, ROW_FIELDS, MeasureSettings, perf, system_info
+from frameserve.tuning import MeasureSettings, perf, system_info
+from frameserve.tuning._perf_result import ROW_FIELDS
+from frameserve.tuning._report import PERF_FILES
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,8 @@ from frameserve.backends import load_session
 from frameserve.backends._onnxruntime import is_quantized
 from frameserve.repository import ModelConfig, ModelRepository
 from frameserve.service import InferenceService
-from frameserve.tuning import calibration_frames, quantize
+from frameserve.tuning import quantize
+from frameserve.tuning._calibration import calibration_frames
 
 pytestmark = pytest.mark.integration
 

@@ -76,3 +76,52 @@ def test_no_file_past_what_one_person_holds() -> None:
     for path in FILES:
         lines = len(path.read_text(encoding="utf-8").splitlines())
         assert lines <= 800, f"{path.relative_to(SRC)} has {lines} lines"
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _module_imports(path: Path, known: set[str]) -> set[str]:
+    """The frameserve modules ``path`` imports, at module level or inside a function."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("frameserve"):
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.startswith("frameserve")]
+        found.update(n for n in names if n in known)
+    return found
+
+
+def _circle(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """A path start -> ... -> start in ``graph``, or ``None``."""
+    stack, seen = [(start, [start])], set()
+    while stack:
+        node, path = stack.pop()
+        for nxt in graph.get(node, ()):
+            if nxt == start:
+                return [*path, start]
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, [*path, nxt]))
+    return None
+
+
+# the packages checked (issue 25: no import circles); backends, jobs and protocol still have some
+CIRCLE_FREE = ("frameserve.assets", "frameserve.cli", "frameserve.pipeline", "frameserve.repository", "frameserve.scheduler",
+               "frameserve.server", "frameserve.tuning", "frameserve.video")
+
+
+@pytest.mark.parametrize("package", CIRCLE_FREE)
+def test_no_import_circles_between_a_packages_modules(package: str) -> None:
+    """No module of the package imports one that imports it back, not even through a
+    function-level import (the package's ``__init__``, which re-exports, left out)."""
+    files = {_module(p): p for p in FILES if _module(p).startswith(package + ".")}
+    known = set(files)
+    graph = {m: _module_imports(p, known) - {m} for m, p in files.items()}
+    circles = [c for m in sorted(graph) if (c := _circle(graph, m)) is not None]
+    assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)

@@ -10,7 +10,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from frameserve.errors import InvalidInputError
-from frameserve.tuning import GateLimits, box_iou, compare_results, float_head_nodes
+from frameserve.tuning import GateLimits
+from frameserve.tuning._accuracy import box_iou, compare_results
+from frameserve.tuning._quantize import float_head_nodes
 
 pytestmark = pytest.mark.unit
 

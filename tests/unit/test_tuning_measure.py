@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from frameserve.errors import InferenceError, InvalidInputError
-from frameserve.tuning import Measurement, MeasureSettings, Window, measure, percentile, settle, windows_agree
+from frameserve.tuning import Measurement, MeasureSettings, measure
+from frameserve.tuning._measure import Window, percentile, settle, windows_agree
 
 pytestmark = pytest.mark.unit
 

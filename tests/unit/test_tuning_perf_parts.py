@@ -9,16 +9,10 @@ import pytest
 
 from frameserve.cli.perf import parse_int_list, parse_percent
 from frameserve.errors import InvalidInputError
-from frameserve.tuning import (
-    ROW_FIELDS,
-    Measurement,
-    PerfRow,
-    Profile,
-    aggregate_ort_trace,
-    make_inputs,
-    openvino_trace,
-    parse_shape,
-)
+from frameserve.tuning import Measurement, PerfRow, make_inputs, parse_shape
+from frameserve.tuning._perf_result import ROW_FIELDS
+from frameserve.tuning._profile import Profile, aggregate_ort_trace, openvino_trace
+from frameserve.tuning._targets import config_dims
 from frameserve.types import DataType, TensorSpec
 
 pytestmark = pytest.mark.unit
@@ -89,6 +83,34 @@ def test_inputs_follow_the_declared_dims_and_the_given_shape() -> None:
     assert again["images"].shape == (4, 3, 32, 48)
     fixed = make_inputs((TensorSpec("t", DataType.BYTES, (2,)), TensorSpec("b", DataType.BOOL, (3,))), max_batch_size=0, batch=1)
     assert fixed["t"].shape == (2,) and fixed["t"][0] == b"frameserve" and fixed["b"].dtype == np.bool_
+
+
+@pytest.mark.parametrize(
+    ("dims", "mbs", "given", "want"),
+    [
+        ((1, 3, -1, -1), 0, (3, 32, 32), (1, 3, 32, 32)),  # the per-sample dims of a model that does not batch
+        ((1, 3, -1, -1), 0, (1, 3, 32, 32), (1, 3, 32, 32)),
+        ((-1, -1, -1, 3), 0, (96, 128, 3), (1, 96, 128, 3)),  # NHWC, a variable leading dim fed as 1
+        ((1, 3, 64, 64), 0, (3, 64, 64), (1, 3, 64, 64)),  # fixed dims
+        ((3, -1, -1), 8, (3, 48, 64), (3, 48, 64)),
+        ((3, -1, -1), 8, (4, 3, 48, 64), (3, 48, 64)),  # a leading batch dim dropped
+        ((224, 224, 3), 16, (224, 224, 3), (224, 224, 3)),
+    ],
+)
+def test_a_shape_becomes_the_configs_dims(dims: tuple[int, ...], mbs: int, given: tuple[int, ...], want: tuple[int, ...]) -> None:
+    spec = TensorSpec("x", DataType.FP32, dims)
+    assert config_dims(spec, mbs, given) == want
+    shape = make_inputs((spec,), max_batch_size=mbs, batch=1, shapes={"x": given})["x"].shape
+    assert shape == (want if mbs == 0 else (1, *want))
+
+
+@pytest.mark.parametrize(
+    ("dims", "mbs", "given"),
+    [((2, 3, -1, -1), 0, (3, 8, 8)), ((1, 3, 64, 64), 0, (3, 32, 32)), ((3, -1, -1), 8, (8, 8)), ((3, 64, 64), 4, (1, 3, 64, 32))],
+)
+def test_a_shape_that_does_not_fit_is_refused(dims: tuple[int, ...], mbs: int, given: tuple[int, ...]) -> None:
+    with pytest.raises(InvalidInputError, match="does not fit the model's dims"):
+        config_dims(TensorSpec("x", DataType.FP32, dims), mbs, given)
 
 
 @pytest.mark.parametrize(

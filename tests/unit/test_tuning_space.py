@@ -12,8 +12,8 @@ import pytest
 
 from frameserve.errors import InvalidInputError
 from frameserve.repository import parse_config
-from frameserve.tuning import Measurement, MeasureSettings, Objective
-from frameserve.tuning._search import Budget, Search, saturating_concurrency, trial_rows
+from frameserve.tuning import Measurement, MeasureSettings
+from frameserve.tuning._search import Budget, Objective, Search, saturating_concurrency, trial_rows
 from frameserve.tuning._space import Batching, Candidate, Engine, Layout, build_space, default_options
 from frameserve.tuning._sysinfo import CgroupLimits, SystemInfo
 
@@ -144,6 +144,39 @@ def test_a_restart_from_another_engine_leaves_a_local_optimum() -> None:
     assert len(result.trials) <= limit
     assert result.winner is not None and interacting(result.winner) >= 0.95 * interacting(best), (result.winner, result.moves)
     assert "restart" in {m["dimension"] for m in result.moves}, result.moves
+
+
+def test_the_default_is_kept_when_nothing_repeats_faster() -> None:
+    """Tune never returns a configuration measured slower than the default: here every other
+    candidate is slower, except one that looked faster once in the search (a noisy window) and
+    is slower in the interleaved repeats; the winner is the default."""
+    space = build_space(machine(cpus=2), max_batch_size=8)
+    default = Candidate(Engine("onnxruntime", "fp32"), Layout(1, 2), Batching(False, 8), default_options("onnxruntime"))
+    lucky = default.with_dim("layout", Layout(2, 1))
+
+    def run(c: Candidate, conc: int, phase: str, settings: MeasureSettings) -> tuple[Measurement | None, str | None]:
+        if c == default:
+            return fake_measurement(100.0, 10.0), None
+        if c == lucky:
+            return fake_measurement(150.0 if phase != "repeat" else 90.0, 10.0), None
+        return fake_measurement(50.0, 10.0), None
+
+    result = Search(space, Objective("throughput"), run, budget(40)).run(default, default)
+    assert lucky in {f.candidate for f in result.finalists}
+    assert result.winner == default, (result.winner, result.finalists)
+
+
+def test_the_default_is_measured_even_when_the_trial_budget_is_all_repeats() -> None:
+    space = build_space(machine(cpus=2), max_batch_size=8)
+    default = Candidate(Engine("onnxruntime", "fp32"), Layout(1, 2), Batching(False, 8), default_options("onnxruntime"))
+
+    def run(c: Candidate, conc: int, phase: str, settings: MeasureSettings) -> tuple[Measurement | None, str | None]:
+        return fake_measurement(100.0, 10.0), None
+
+    tiny = budget(2)
+    assert tiny.repeat_trials >= 2  # the budget is spoken for by the repeats
+    result = Search(space, Objective("throughput"), run, tiny).run(default, default)
+    assert result.trials[0].phase == "default" and result.winner == default
 
 
 def test_coordinate_search_finds_the_optimum_with_a_third_of_the_trials() -> None:

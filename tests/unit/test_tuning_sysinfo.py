@@ -17,8 +17,8 @@ from frameserve.cgroup import (
     parse_proc_cgroup,
     read_cgroup_limits,
 )
-from frameserve.tuning import ISA_FLAGS, NumaNode, SystemInfo, system_info
-from frameserve.tuning._sysinfo import parse_cache_size, parse_cpuinfo, parse_cpulist, parse_meminfo_total
+from frameserve.tuning import ISA_FLAGS, SystemInfo, system_info
+from frameserve.tuning._sysinfo import NumaNode, parse_cache_size, parse_cpuinfo, parse_cpulist, parse_meminfo_total
 
 pytestmark = pytest.mark.unit
 

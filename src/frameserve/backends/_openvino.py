@@ -168,7 +168,7 @@ class OpenVinoSession:
         except Exception as exc:
             raise ModelConfigError(f"model {config.name!r}: openvino cannot compile {model_path}: {exc}") from None
         self._request = self._compiled.create_infer_request()
-        self._names = [p.get_any_name() for p in self._compiled.outputs]
+        self._names = _output_names(self._compiled.outputs, [o.name for o in sig.outputs])
         self._lock = threading.Lock()
         used = self._compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         self.info: dict[str, Any] = {
@@ -255,6 +255,20 @@ class OpenVinoSession:
 
     def __repr__(self) -> str:
         return f"OpenVinoSession({self.config.name!r}, threads={self.info['threads']})"
+
+
+def _output_names(ports: Any, declared: list[str]) -> list[str]:
+    """The name each compiled output is answered under: the one of its tensor names that the
+    model declares. Compilation can give an output tensor more names (a fused ``DepthToSpace``
+    keeps its own next to the graph output's ``hr``) and ``get_any_name()`` may return the
+    other one; the compiled outputs keep the model's order, so the declared name by position is
+    the fallback."""
+    wanted = set(declared)
+    names = []
+    for i, port in enumerate(ports):
+        mine = sorted(port.get_names() & wanted)
+        names.append(mine[0] if len(mine) == 1 else declared[i] if i < len(declared) else port.get_any_name())
+    return names
 
 
 def _with_dynamic_batch(ov: Any, shape: Any) -> Any:

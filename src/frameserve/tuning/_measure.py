@@ -2,7 +2,7 @@
 keep one request in flight; a warm-up is thrown away; then fixed windows are measured until two
 consecutive ones agree (or a maximum is reached), and the agreeing pair is reported.
 
-Anything that can run a request is a :class:`LoadTarget` (an in-process session pool, a v2
+Anything that can run a request is a :class:`LoadTarget` (a model in an in-process service, a v2
 server, ...); :func:`measure` is the one function that drives it, for ``perf`` and for ``tune``.
 """
 
@@ -229,7 +229,7 @@ class Measurement:
 
 
 class Worker(Protocol):
-    """What one caller thread uses to send requests (a session pool handle, a client)."""
+    """What one caller thread uses to send requests (a service handle, a client)."""
 
     def infer(self, inputs: Inputs) -> None:
         """Run one request and wait for its answer; raise on failure."""

@@ -7,113 +7,19 @@ from __future__ import annotations
 import itertools
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from frameserve.errors import FrameserveError, InvalidInputError
+from frameserve.service import InferenceService
 from frameserve.tuning._measure import Measurement, MeasureSettings, measure
+from frameserve.tuning._perf_result import PerfResult, PerfRow
 from frameserve.tuning._profile import Profile, profile_model
+from frameserve.tuning._report import require_matplotlib, write_perf_report
 from frameserve.tuning._sysinfo import SystemInfo, system_info
-from frameserve.tuning._targets import ServerTarget, SessionPool, make_inputs, resolve_model
+from frameserve.tuning._targets import ServerTarget, ServiceTarget, layout_override, make_inputs, resolve_model
 
-__all__ = ["ROW_FIELDS", "PerfResult", "PerfRow", "perf"]
-
-Mode = Literal["in-process", "http", "grpc"]
-
-ROW_FIELDS: tuple[str, ...] = (
-    "instances", "threads", "batch", "concurrency", "throughput", "p50_ms", "p90_ms", "p99_ms", "mean_ms",
-    "cpu_s_per_infer", "requests", "duration_s", "windows", "stable", "note", "error",
-)
-"""The columns of ``perf.csv``, in order: throughput in inferences (samples) per second, latencies
-in milliseconds, CPU seconds per inference (empty = unknown)."""
-
-
-@dataclass(frozen=True)
-class PerfRow:
-    """One configuration of the sweep and what was measured.
-
-    Attributes:
-        instances: sessions in the pool (in process; ``None`` against a server: its own config).
-        threads: intra-op threads per session (``None`` against a server).
-        batch: samples per request.
-        concurrency: requests in flight.
-        measurement: the figures; ``None`` when the configuration failed (see ``error``).
-        error: why it failed, or ``None``.
-        note: what to know when reading the row (not stable, oversubscribed CPUs ...), or ``""``.
-    """
-
-    instances: int | None
-    threads: int | None
-    batch: int
-    concurrency: int
-    measurement: Measurement | None
-    error: str | None = None
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """One flat row with the :data:`ROW_FIELDS` keys (figures ``None`` for a failed row)."""
-        figures = self.measurement.to_dict() if self.measurement is not None else {}
-        row: dict[str, Any] = {
-            "instances": self.instances, "threads": self.threads, "batch": self.batch,
-            "concurrency": self.concurrency, "note": self.note, "error": self.error,
-        }
-        for key in ROW_FIELDS:
-            row.setdefault(key, figures.get(key))
-        return {key: row[key] for key in ROW_FIELDS}
-
-
-@dataclass(frozen=True)
-class PerfResult:
-    """A whole ``perf`` run.
-
-    Attributes:
-        model: the model's name.
-        version: the version measured (``None``: the server's choice).
-        mode: ``in-process``, ``http`` or ``grpc``.
-        target: the model file (in process) or the server's address.
-        settings: windows and stability.
-        machine: the machine the measurement ran on (this one; for a server, where the client ran).
-        session: what ran: the first session's ``info`` (backend, precision, threads ...) in
-            process, the served config's backend, instance groups and parameters for a server.
-        rows: one per configuration, in sweep order.
-        profile: per-operator times (``--profile``), or ``None``.
-    """
-
-    model: str
-    version: int | None
-    mode: Mode
-    target: str
-    settings: MeasureSettings
-    machine: SystemInfo
-    session: dict[str, Any]
-    rows: tuple[PerfRow, ...]
-    profile: Profile | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON: the run, the machine (as ``sysinfo --json``), the rows, the profile."""
-        return {
-            "model": self.model,
-            "version": self.version,
-            "mode": self.mode,
-            "target": self.target,
-            "settings": self.settings.to_dict(),
-            "session": _jsonable(self.session),
-            "machine": self.machine.to_dict(),
-            "rows": [r.to_dict() for r in self.rows],
-            "profile": self.profile.to_dict() if self.profile is not None else None,
-        }
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
-
+__all__ = ["perf"]
 
 def _note(m: Measurement | None, *, oversubscribed: str = "") -> str:
     parts = []
@@ -151,8 +57,10 @@ def perf(
     process) with :func:`~frameserve.tuning.measure`.
 
     In process (``source``: a model folder or a repository with ``model``): each (instances,
-    threads) pair loads that many sessions through the backends the server uses; requests take a
-    free session. Against a server (``url`` for HTTP, ``grpc`` for gRPC; ``model`` names it):
+    threads) pair loads the model into an in-process
+    :class:`~frameserve.service.InferenceService` with that many instances of that many threads
+    (its config.yaml otherwise as it is, dynamic batching included), and requests go through its
+    batcher and instances as on ``serve``: the path ``tune`` measures its candidates through. Against a server (``url`` for HTTP, ``grpc`` for gRPC; ``model`` names it):
     Triton's client, one per caller; ``server_pid`` lets the server's CPU time be measured.
 
     Args:
@@ -196,8 +104,6 @@ def perf(
     if (source is None) == (not servers) or len(servers) > 1:
         raise InvalidInputError("give a model folder / repository, or one server (--url or --grpc), not both")
     if out is not None:
-        from frameserve.tuning._report import require_matplotlib
-
         require_matplotlib()
     if servers:
         result = _perf_server(
@@ -213,8 +119,6 @@ def perf(
             profile=profile, progress=progress, machine=machine,
         )
     if out is not None:
-        from frameserve.tuning._report import write_perf_report
-
         write_perf_report(result, Path(out))
     return result
 
@@ -278,33 +182,38 @@ def _perf_in_process(
             raise InvalidInputError(f"model {name!r} has no version folder its version policy serves")
         version = served[-1]
     path = repo.model_file(name, version, config=config)
+    raw = {k: v for k, v in repo.raw_config(name).items() if k != "name"}
     budget = machine.cpu_budget
     pairs = [(i, t) for i in instances for t in (threads or [max(1, budget // i)])]
     total = len(pairs) * len(batches) * len(concurrencies)
     rows: list[PerfRow] = []
     info: dict[str, Any] = {}
     prof: Profile | None = None
-    for n_inst, n_threads in pairs:
-        try:
-            opened = SessionPool.open(config, path, instances=n_inst, threads=n_threads)
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:  # this layout cannot load: its rows are refused, the sweep goes on
-            why = exc.message if isinstance(exc, FrameserveError) else f"{type(exc).__name__}: {exc}"
-            for b, c in itertools.product(batches, concurrencies):
-                rows.append(PerfRow(n_inst, n_threads, b, c, None, error=f"cannot load: {why}"))
-                if progress:
-                    progress(len(rows), total, rows[-1])
-            continue
-        with opened as pool:
-            info = info or pool.info
-            mbs = pool.config.max_batch_size or 0
-            sessions_inputs = pool.sessions[0].inputs
-            inputs = {b: make_inputs(sessions_inputs, max_batch_size=mbs, batch=b, shapes=shapes) for b in batches}
+    service = InferenceService(repo)
+    try:
+        for n_inst, n_threads in pairs:
+            try:  # the layout as serve runs it: the model's config with these instances and threads
+                if service.is_ready(name):
+                    service.unload(name)
+                service.load(name, version, config_override=layout_override(raw, n_inst, n_threads))
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # this layout cannot load: its rows are refused, the sweep goes on
+                why = exc.message if isinstance(exc, FrameserveError) else f"{type(exc).__name__}: {exc}"
+                for b, c in itertools.product(batches, concurrencies):
+                    rows.append(PerfRow(n_inst, n_threads, b, c, None, error=f"cannot load: {why}"))
+                    if progress:
+                        progress(len(rows), total, rows[-1])
+                continue
+            info = info or service.session_info(name, version)
+            completed = service.model_config(name, version)
+            mbs = completed.max_batch_size or 0
+            inputs = {b: make_inputs(completed.inputs, max_batch_size=mbs, batch=b, shapes=shapes) for b in batches}
             over = n_inst * n_threads
             oversubscribed = f"oversubscribed: {over} threads on a budget of {budget} CPUs" if over > budget else ""
+            target = ServiceTarget(service, name, version)
             for b, c in itertools.product(batches, concurrencies):
-                row = _one(pool, inputs[b], n_inst, n_threads, b, c, settings, oversubscribed)
+                row = _one(target, inputs[b], n_inst, n_threads, b, c, settings, oversubscribed)
                 rows.append(row)
                 if progress:
                     progress(len(rows), total, row)
@@ -314,4 +223,6 @@ def _perf_in_process(
                         config, path, inputs[batches[0]], batch=batches[0], threads=pairs[0][1],
                         duration_s=settings.window_s, work_dir=Path(tmp),
                     )
+    finally:
+        service.close()
     return PerfResult(name, version, "in-process", str(path), settings, machine, info, tuple(rows), prof)

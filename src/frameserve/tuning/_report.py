@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from frameserve.errors import BackendUnavailableError
+from frameserve.tuning._perf_result import ROW_FIELDS, PerfResult
 
 __all__ = [
     "PERF_FILES",
@@ -130,7 +131,7 @@ def line_plot(
             if xs:
                 ax.set_xticks(xs, [f"{x:g}" for x in xs])
                 ax.minorticks_off()
-        if series:
+        if ax.get_legend_handles_labels()[0]:  # a series with finite points (a panel can have none)
             ax.legend(fontsize="small", loc="best")
     fig.suptitle(title)
     fig.tight_layout()
@@ -278,7 +279,7 @@ def _label(r: Mapping[str, Any], *keys: str) -> str:
     return " ".join(f"{short[k]} {r[k]}" for k in keys if r.get(k) is not None) or "all"
 
 
-def write_perf_report(result: Any, out: Path) -> dict[str, Path]:
+def write_perf_report(result: PerfResult, out: Path) -> dict[str, Path]:
     """Write a :class:`~frameserve.tuning.PerfResult` into ``out`` (created if missing):
     :data:`PERF_FILES`, plus ``profile_ops.csv`` and ``profile_trace.json`` with a profile.
     Only those names are written; other files in ``out`` are left alone. Returns name -> path.
@@ -286,8 +287,6 @@ def write_perf_report(result: Any, out: Path) -> dict[str, Path]:
     Raises:
         BackendUnavailableError: matplotlib is not installed.
     """
-    from frameserve.tuning._perf import ROW_FIELDS
-
     out.mkdir(parents=True, exist_ok=True)
     data = result.to_dict()
     rows = data["rows"]

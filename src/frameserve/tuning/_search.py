@@ -347,7 +347,7 @@ class Search:
         return self.budget.repeat_trials * mean * max(1.0, ratio)
 
     def _trial(self, c: Candidate, conc: int, phase: Phase, settings: MeasureSettings, *, reserve: bool = True) -> Trial:
-        if phase != "repeat":
+        if phase not in ("repeat", "default"):  # the default is always measured: it is what a winner must beat
             if len(self.trials) >= self.budget.max_trials - (self.budget.repeat_trials if reserve else 0):
                 raise _Stop("trial budget")
             if self.trials and self._left_s() < (self._reserve_s() if reserve else 0.0):
@@ -435,10 +435,9 @@ class Search:
 
         After the first round, one restart (a multi-start local search): a round from the best
         configuration measured with another engine, which replaces the incumbent if it ends
-        ahead. Engine, layout and batching interact (measured on an AMX Xeon with 2 CPUs:
-        onnxruntime int8 beats OpenVINO bf16 at 2 single-thread instances, while OpenVINO bf16 at
-        one 2-thread instance with batching beats both by 25 %), so a single path can stop at a
-        configuration that no one-coordinate move leaves."""
+        ahead. Engine, layout and batching interact (an engine that loses at one layout can win at
+        another once batching is on; bench/README.md, ``bench/tune.py``), so a single path can
+        stop at a configuration that no one-coordinate move leaves."""
         incumbent = start if start in self.space else self.space.candidates[0]
         if incumbent not in self._latest:
             self._evaluate(incumbent, "search")

@@ -1,13 +1,13 @@
-"""What ``perf`` and ``tune`` load: a pool of backend sessions in this process, a model behind
-the server's own batcher and instances in this process (:class:`ServiceTarget`), or a v2 server
-over HTTP or gRPC (Triton's client, ``tritonclient``); and the random inputs they send, shaped by
-the model's declared dims.
+"""What ``perf`` and ``tune`` measure, both through one path: a model behind the server's own
+batcher and instances in this process (:class:`ServiceTarget`, each layout loaded with
+:func:`layout_override` or a tuned config), or a v2 server over HTTP or gRPC (:class:`ServerTarget`,
+Triton's client, ``tritonclient``); and the random inputs they send, shaped by the model's
+declared dims (:func:`make_inputs`, :func:`config_dims`).
 """
 
 from __future__ import annotations
 
 import math
-import queue
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from frameserve.backends import Session, load_session
 from frameserve.errors import (
     BackendUnavailableError,
     FrameserveError,
@@ -23,7 +22,7 @@ from frameserve.errors import (
     InvalidInputError,
     ModelNotFoundError,
 )
-from frameserve.repository import ModelConfig, ModelRepository
+from frameserve.repository import ModelRepository
 from frameserve.request import InferRequest
 from frameserve.types import DataType, TensorSpec
 
@@ -31,7 +30,8 @@ __all__ = [
     "MAX_INPUT_BYTES",
     "ServerTarget",
     "ServiceTarget",
-    "SessionPool",
+    "config_dims",
+    "layout_override",
     "make_inputs",
     "parse_shape",
     "resolve_model",
@@ -56,17 +56,32 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, tuple(int(p) for p in parts)
 
 
+def config_dims(spec: TensorSpec, max_batch_size: int, given: tuple[int, ...]) -> tuple[int, ...]:
+    """An input's dims as its config declares them, with ``given`` (a ``--shape``) in place of
+    its variable (-1) dims: without the batch dim when the model batches (``max_batch_size >
+    0``; a leading batch dim in ``given`` is dropped), with the model's leading dim when it does
+    not (``max_batch_size`` 0; a ``given`` without it, the per-sample dims, gets the leading 1
+    back, so ``lr:3x32x32`` fits dims ``[1, 3, -1, -1]``). NCHW and NHWC alike: dims are matched
+    by position.
+
+    Raises:
+        InvalidInputError: ``given`` does not fit the dims (rank, or a fixed dim that differs).
+    """
+    dims = tuple(spec.dims)
+    if max_batch_size > 0 and len(given) == len(dims) + 1:
+        given = given[1:]  # a leading batch dim: each --batch value replaces it
+    elif max_batch_size == 0 and len(given) == len(dims) - 1 and dims and dims[0] in (1, -1):
+        given = (1, *given)  # the per-sample dims of a model fed one sample at a time
+    if len(given) != len(dims) or any(d != -1 and d != g for d, g in zip(dims, given, strict=True)):
+        raise InvalidInputError(
+            f"--shape {spec.name}:{'x'.join(map(str, given))} does not fit the model's dims {list(dims)} "
+            f"(-1 = any size{'; the batch dim is left out' if max_batch_size > 0 else ''})"
+        )
+    return tuple(given)
+
+
 def _shape_for(spec: TensorSpec, max_batch_size: int, batch: int, given: tuple[int, ...] | None) -> tuple[int, ...]:
-    dims = spec.dims
-    if given is not None:
-        if max_batch_size > 0 and len(given) == len(dims) + 1:
-            given = given[1:]  # a leading batch dim: each --batch value replaces it
-        if len(given) != len(dims) or any(d != -1 and d != g for d, g in zip(dims, given, strict=True)):
-            raise InvalidInputError(
-                f"--shape {spec.name}:{'x'.join(map(str, given))} does not fit the model's dims {list(dims)} "
-                f"(-1 = any size{'; the batch dim is left out' if max_batch_size > 0 else ''})"
-            )
-        dims = given
+    dims = tuple(spec.dims) if given is None else config_dims(spec, max_batch_size, given)
     if any(d == -1 for d in dims):
         raise InvalidInputError(
             f"input {spec.name!r} has variable dims {list(dims)} (-1 = any size); give its shape with "
@@ -153,6 +168,14 @@ def resolve_model(source: Path | str, model: str | None) -> tuple[ModelRepositor
     return repo, model
 
 
+def layout_override(raw: Mapping[str, Any], instances: int, threads: int) -> dict[str, Any]:
+    """The load override (:meth:`InferenceService.load`'s ``config_override``) that runs a model
+    as ``instances`` CPU instances of ``threads`` intra-op threads each, the rest of its
+    config.yaml (``raw``) as it is: how ``perf`` sweeps layouts through the server's own path."""
+    params = {**dict(raw.get("parameters") or {}), "threads": str(int(threads))}
+    return {"instance_group": [{"count": int(instances), "kind": "KIND_CPU"}], "parameters": params}
+
+
 def _process_cpu_s(pid: int | None) -> float | None:
     """CPU seconds (user + system, all threads) of process ``pid`` (``None`` = this one) and its
     children; ``None`` when the process is gone or not ours to read."""
@@ -170,93 +193,6 @@ def _process_cpu_s(pid: int | None) -> float | None:
         return total
     except psutil.Error:
         return None
-
-
-class _PoolWorker:
-    def __init__(self, free: queue.Queue[Session]) -> None:
-        self._free = free
-
-    def infer(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> None:
-        session = self._free.get()
-        try:
-            session.run(inputs)
-        finally:
-            self._free.put(session)
-
-    def close(self) -> None:
-        return None
-
-
-class SessionPool:
-    """``instances`` sessions of one model version in this process, each with ``threads``
-    intra-op threads; a caller takes a free session for each request (as the server's instance
-    pool does, without its batcher).
-
-    Args:
-        sessions: the open sessions (the pool closes them).
-
-    Use :meth:`open` to load them; the pool is a :class:`~frameserve.tuning.LoadTarget`.
-    """
-
-    def __init__(self, sessions: Sequence[Session]) -> None:
-        if not sessions:
-            raise InvalidInputError("a session pool needs at least one session")
-        self.sessions = tuple(sessions)
-        self._free: queue.Queue[Session] = queue.Queue()
-        for s in self.sessions:
-            self._free.put(s)
-
-    @classmethod
-    def open(
-        cls, config: ModelConfig, model_path: Path, *, instances: int = 1, threads: int = 1, profile_dir: Path | None = None
-    ) -> SessionPool:
-        """Load ``instances`` sessions with :func:`frameserve.backends.load_session`, the loader
-        the inference service uses.
-
-        Raises:
-            InvalidInputError: ``instances`` < 1.
-            ModelConfigError, BackendUnavailableError: from the backend.
-        """
-        if instances < 1:
-            raise InvalidInputError(f"instances must be >= 1, got {instances}")
-        sessions: list[Session] = []
-        try:
-            for _ in range(instances):
-                sessions.append(load_session(config, model_path, threads=threads, profile_dir=profile_dir))
-        except BaseException:
-            for s in sessions:
-                s.close()
-            raise
-        return cls(sessions)
-
-    @property
-    def config(self) -> ModelConfig:
-        """The completed config of the first session."""
-        return self.sessions[0].config
-
-    @property
-    def info(self) -> dict[str, Any]:
-        """What the first session runs (backend, precision, threads ...)."""
-        return dict(self.sessions[0].info)
-
-    def worker(self) -> _PoolWorker:
-        """A handle that runs each request on a free session."""
-        return _PoolWorker(self._free)
-
-    def cpu_seconds(self) -> float | None:
-        """CPU seconds of this process (every thread: the sessions' pools and the callers)."""
-        return _process_cpu_s(None)
-
-    def close(self) -> None:
-        """Close every session."""
-        for s in self.sessions:
-            s.close()
-
-    def __enter__(self) -> SessionPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class _ServiceWorker:

@@ -40,10 +40,10 @@ import numpy as np
 
 from frameserve.errors import InvalidInputError
 from frameserve.tuning._accuracy import GateLimits, GateResult
+from frameserve.tuning._calibration import IMAGE_SUFFIXES, CalibrationFrames, gate_config
 
 __all__ = ["OutputKind", "compare_tensors", "output_kind", "psnr_db", "sample_dims", "tensor_frames", "tensor_gate"]
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 OutputKind = Literal["scores", "image", "values"]
 _SPATIAL_MIN = 8
 _LOGITS_MIN = 10
@@ -137,7 +137,7 @@ def tensor_frames(source: Path | str, model_config: Any, *, model: str, max_fram
         max_frames: samples at most (the first ones).
 
     Returns:
-        A :class:`~frameserve.tuning.CalibrationFrames` with ``pipeline`` ``None``: even samples
+        A :class:`~frameserve.tuning._calibration.CalibrationFrames` with ``pipeline`` ``None``: even samples
         calibrate, odd ones are the gate's; each sample without the batch dim
         (:func:`sample_dims`), fed as a batch of one.
 
@@ -146,7 +146,6 @@ def tensor_frames(source: Path | str, model_config: Any, *, model: str, max_fram
             or fewer than 2 samples.
     """
     from frameserve.pipeline.contract import FrameInfo
-    from frameserve.tuning._quantize import CalibrationFrames
 
     path = Path(source)
     if not path.exists():
@@ -315,13 +314,12 @@ def tensor_gate(reference: Any, candidate: Any, frames: Any, *, limits: GateLimi
         InferenceError: a variant does not run.
     """
     from frameserve.service import InferenceService
-    from frameserve.tuning._quantize import _gate_config
 
     held = list(frames.held_apart)
     results: list[list[dict[str, np.ndarray[Any, Any]]]] = []
     with InferenceService(threads=threads) as service:
         for name, variant in (("reference", reference), ("candidate", candidate)):
-            service.register(name, variant.path, config=_gate_config(variant.config, threads))
+            service.register(name, variant.path, config=gate_config(variant.config, threads))
             cfg = service.model_config(name)
             ranks = {s.name: len(s.dims) for s in cfg.inputs}
             one = int(cfg.max_batch_size or 0) > 0 or any(v.ndim < ranks[k] for k, v in frames.inputs[held[0]].items())

@@ -28,12 +28,11 @@ from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.repository import ModelRepository
 from frameserve.service import InferenceService
 from frameserve.tuning._accuracy import GateLimits, GateResult
+from frameserve.tuning._calibration import CalibrationFrames, calibration_frames
 from frameserve.tuning._measure import Measurement, MeasureSettings, measure
 from frameserve.tuning._quantize import (
-    CalibrationFrames,
     QuantizeResult,
     Variant,
-    calibration_frames,
     gate,
     next_version,
     quantize,
@@ -50,8 +49,9 @@ from frameserve.tuning._space import (
     default_options,
 )
 from frameserve.tuning._sysinfo import SystemInfo, system_info
-from frameserve.tuning._targets import ServiceTarget, make_inputs, resolve_model
+from frameserve.tuning._targets import ServiceTarget, config_dims, make_inputs, resolve_model
 from frameserve.tuning._tensors import tensor_frames
+from frameserve.types import DataType
 
 __all__ = ["TUNE_FILES", "TuneResult", "tune"]
 
@@ -292,6 +292,11 @@ def tune(
             service.load(name, version)
             completed = service.model_config(name)
             service.unload(name)
+            base = _base_config(raw, completed, shapes)  # checks --shape before any work
+            if shapes:  # calibration, gate and measured inputs take the fixed dims too
+                fixed = {e["name"]: tuple(e["dims"]) for e in base["input"]}
+                completed = dataclasses.replace(completed, inputs=tuple(
+                    dataclasses.replace(s, dims=fixed[s.name]) for s in completed.inputs))
             notes: list[str] = []
             not_tried: list[str] = []
             frames: CalibrationFrames | None = None
@@ -321,7 +326,6 @@ def tune(
                 machine, max_batch_size=int(completed.max_batch_size or 0), backends=found,
                 int8=int8 is not None and int8.passed, bf16=bf16_ok, not_tried=not_tried, max_configs=max_configs,
             )
-            base = _base_config(raw, completed, shapes)
             baseline = _baseline(raw, completed, machine)
             searched = max_trials or max(12 + 12, len(space) // 3)
             budget_trials = len(space) + 20 if exhaustive else searched
@@ -338,7 +342,9 @@ def tune(
             winner_version = int8_version if winner is not None and winner.engine.precision == "int8" else version
             winner_config = None
             if winner is not None:
-                winner_config = {**winner.config(base), "version_policy": {"specific": {"versions": [winner_version]}}}
+                # the default won: keep it as it was measured (the model's own config, --shape dims fixed)
+                chosen = dict(base) if winner == baseline else winner.config(base)
+                winner_config = {**chosen, "version_policy": {"specific": {"versions": [winner_version]}}}
             video_result = None
             if video is not None and pipeline is not None and winner is not None and not result.interrupted:
                 stage(f"video: co-tuning decode workers, decoder threads and batch on {video}")
@@ -432,14 +438,32 @@ def _cotune(
 
 
 def _base_config(raw: Mapping[str, Any], completed: Any, shapes: Mapping[str, tuple[int, ...]] | None) -> dict[str, Any]:
+    """The config every candidate starts from: the model's own, with the ``--shape`` dims fixed
+    in its ``input`` entries (dims as config.yaml declares them, see :func:`config_dims`; the
+    entries' other fields, ``format`` included, kept)."""
     base = {k: v for k, v in raw.items() if k != "version_policy"}
     if shapes:
-        dims = {s.name: s for s in completed.inputs}
-        base["input"] = [
-            {"name": n, "data_type": f"TYPE_{dims[n].datatype.value}", "dims": list(shapes.get(n, dims[n].dims))}
-            for n in dims
-        ]
+        mbs = int(completed.max_batch_size or 0)
+        unknown = sorted(set(shapes) - {s.name for s in completed.inputs})
+        if unknown:
+            raise InvalidInputError(f"--shape names no input of the model: {', '.join(unknown)}; "
+                                    f"inputs: {', '.join(s.name for s in completed.inputs)}")
+        declared = {str(e.get("name")): dict(e) for e in raw.get("input") or () if isinstance(e, Mapping)}
+        entries = []
+        for spec in completed.inputs:
+            entry = declared.get(spec.name) or {"name": spec.name, "data_type": _config_type(spec.datatype)}
+            if spec.layout and "format" not in entry:
+                entry["format"] = f"FORMAT_{spec.layout}"
+            given = shapes.get(spec.name)
+            entry["dims"] = list(spec.dims if given is None else config_dims(spec, mbs, given))
+            entries.append(entry)
+        base["input"] = entries
     return base
+
+
+def _config_type(dt: DataType) -> str:
+    """config.yaml's ``data_type`` of ``dt`` (Triton's names: BYTES is ``TYPE_STRING``)."""
+    return "TYPE_STRING" if dt is DataType.BYTES else f"TYPE_{dt.value}"
 
 
 def _inputs(completed: Any, shapes: Mapping[str, tuple[int, ...]] | None, frames: CalibrationFrames | None) -> dict[str, np.ndarray[Any, Any]]:
@@ -463,7 +487,7 @@ class _Runner:
         self.baseline, self.inputs, self.versions, self.fp32_version = baseline, inputs, versions, fp32_version
 
     def __call__(self, c: Candidate, conc: int, phase: Phase, settings: MeasureSettings) -> tuple[Measurement | None, str | None]:
-        config = dict(self.raw) if c == self.baseline else c.config(self.base)
+        config = dict(self.base) if c == self.baseline else c.config(self.base)  # the default: the model's own config (--shape dims fixed)
         version = self.versions.get(c.engine.precision, self.fp32_version)
         config.pop("version_policy", None)
         (self.staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
