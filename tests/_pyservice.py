@@ -18,6 +18,7 @@ from typing import Any
 
 from frameserve.repository import ModelRepository
 from frameserve.request import InferRequest
+from frameserve.scheduler import Dispatch
 from frameserve.service import InferenceService
 
 MODEL_PY = '''
@@ -70,7 +71,7 @@ class RecordingService(InferenceService):
         super().__init__(ModelRepository(python_repository(root)), threads=1)
         self.load_models(["m"])
         self.calls: list[tuple[str, Any]] = []
-        self.submitted: list[tuple[InferRequest, float | None]] = []
+        self.submitted: list[tuple[InferRequest, Dispatch]] = []
         self.fail_with: BaseException | None = None
 
     @property
@@ -83,11 +84,13 @@ class RecordingService(InferenceService):
                 out[entry["name"]].append(int(entry["version"]))
         return out
 
-    def submit(self, request: InferRequest, *, run_here_under_us: float | None = None) -> Future[dict[str, Any]]:
-        self.submitted.append((request, run_here_under_us))
+    def _submit(self, request: InferRequest, dispatch: Dispatch) -> Future[dict[str, Any]]:
+        """Every request's one way in (``submit``, the clients', the ensembles'): recorded with
+        the policy it came under."""
+        self.submitted.append((request, dispatch))
         if self.fail_with is not None:
             raise self.fail_with
-        return super().submit(request, run_here_under_us=run_here_under_us)
+        return super()._submit(request, dispatch)
 
     def load(self, name: str, version: int | None = None, **kwargs: Any) -> list[int]:
         self.calls.append(("load", (name, kwargs.get("config_override"))))

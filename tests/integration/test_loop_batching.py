@@ -113,12 +113,12 @@ def test_submit_many_answers_each_request_and_batches_the_valid_ones(tmp_path: P
         rng = np.random.default_rng(3)
         a, b = (rng.standard_normal((2, 16)).astype(np.float32) for _ in range(2))
         ok = InferRequest("add_sub", {"INPUT0": a, "INPUT1": b})
-        futures = service.submit_many([
+        futures = service.client(inline_under_us=math.inf).submit_many([
             ok,
             InferRequest("no_such_model", {"INPUT0": a, "INPUT1": b}),
             InferRequest("add_sub", {"INPUT0": a[:, :15], "INPUT1": b[:, :15]}),
             InferRequest("add_sub", {"INPUT0": b, "INPUT1": a}),
-        ], run_here_under_us=math.inf)
+        ])
         assert all(f.done() for f in futures)  # run on this thread
         np.testing.assert_array_equal(futures[0].result()["OUTPUT0"], a + b)
         np.testing.assert_array_equal(futures[3].result()["OUTPUT1"], b - a)

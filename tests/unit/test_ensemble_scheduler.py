@@ -20,7 +20,7 @@ from frameserve.protocol.grpc._servicer import config_message
 from frameserve.repository import EnsembleStep, ModelConfig, ModelRepository, parse_config
 from frameserve.repository._pbtxt import pbtxt_to_dict
 from frameserve.request import InferRequest
-from frameserve.scheduler import EnsembleScheduler
+from frameserve.scheduler import BLOCKING, QUEUED, Dispatch, EnsembleScheduler
 from frameserve.scheduler._ensemble import MAX_CHAINED_STEPS
 from frameserve.service import InferenceService
 from frameserve.types import DataType, TensorSpec
@@ -143,7 +143,7 @@ class FakeService:
         self.pool = ThreadPoolExecutor(4)
         self.calls: list[tuple[str, dict[str, Array], int]] = []
         self.futures: list[Future[dict[str, Array]]] = []
-        self.bounds: dict[str, float | None] = {}  # model -> the run_here_under_us its last request had
+        self.bounds: dict[str, Dispatch] = {}  # model -> the dispatch its last request had
         self.lock = threading.Lock()
 
     def model_config(self, name: str, version: int | None = None) -> ModelConfig:
@@ -163,11 +163,11 @@ class FakeService:
         request.stats_sink.add_step_times(queue_ns=5, compute_input_ns=1, compute_infer_ns=100, compute_output_ns=10)
         future.set_result({n: out[n] for n in (request.output_names or out)})
 
-    def submit(self, request: InferRequest, *, run_here_under_us: float | None = None) -> Future[dict[str, Array]]:
+    def submit(self, request: InferRequest, dispatch: Dispatch) -> Future[dict[str, Array]]:
         future: Future[dict[str, Array]] = Future()
         self.futures.append(future)
-        self.bounds[request.model_name] = run_here_under_us
-        if run_here_under_us is not None and request.model_name not in self.always_queued:
+        self.bounds[request.model_name] = dispatch
+        if dispatch.here and request.model_name not in self.always_queued:
             self._run(request, future)
         else:
             self.pool.submit(self._run, request, future)
@@ -210,7 +210,7 @@ def test_independent_steps_run_at_the_same_time_and_arrays_pass_without_copies()
     fake = FakeService({"a": a, "b": branch("b", 2.0), "c": branch("c", 3.0), "d": d}, DIAMOND_CONFIGS)
     ens = _scheduler(fake, _ensemble(DIAMOND))
     x = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
-    out = ens.enqueue(InferRequest("e", {"IN": x}), batch_size=2).result(timeout=30)
+    out = ens.enqueue([(InferRequest("e", {"IN": x}), 2)])[0].result(timeout=30)
     np.testing.assert_array_equal(out["OUT"], (x + 1) * 2 - (x + 1) * 3)
     assert seen["a.in"] is x  # the request's array itself
     assert seen["b.in"] is seen["a.out"] and seen["c.in"] is seen["a.out"]  # one step's output, not a copy
@@ -228,7 +228,7 @@ def test_inline_runs_every_step_on_the_calling_thread() -> None:
     fake = FakeService({n: (lambda i: {"y": i["x"] + 1}) for n in "abc"} | {"d": lambda i: {"y": i["x"] + i["z"]}},
                        DIAMOND_CONFIGS)
     ens = _scheduler(fake, _ensemble(DIAMOND))
-    future = ens.enqueue(InferRequest("e", {"IN": np.zeros((1, 2), np.float32)}), inline=True)
+    future = ens.enqueue([(InferRequest("e", {"IN": np.zeros((1, 2), np.float32)}), 1)], dispatch=BLOCKING)[0]
     assert future.done()  # answered before enqueue returned
     np.testing.assert_array_equal(future.result()["OUT"], np.full((1, 2), 4.0, np.float32))
     assert {t for _, _, t in fake.calls} == {threading.get_ident()}
@@ -251,13 +251,13 @@ def test_a_blocking_caller_starts_every_step_itself(under_us: float | None) -> N
     request = InferRequest("e", {"IN": np.ones((1, 2), np.float32)})
     if under_us is None:
         threading.Timer(0.05, gate.set).start()
-        future = ens.enqueue(request, inline=True)
+        future = ens.enqueue([(request, 1)], dispatch=BLOCKING)[0]
         assert future.done()
         callers = {m: t for m, _, t in fake.calls}
         assert callers["a"] != threading.get_ident()
         assert callers["b"] == callers["c"] == callers["d"] == threading.get_ident()
     else:
-        future = ens.enqueue(request, inline=True, inline_under_ns=int(under_us * 1000))
+        future = ens.enqueue([(request, 1)], dispatch=Dispatch.of(under_us))[0]
         assert not future.done()  # a is queued: enqueue did not wait for it
         gate.set()
         future.result(timeout=30)
@@ -265,7 +265,7 @@ def test_a_blocking_caller_starts_every_step_itself(under_us: float | None) -> N
         assert threading.get_ident() not in callers.values()
         # the steps a made ready run on a's thread, under the same bound (fast and idle)
         assert callers["b"] == callers["c"] == callers["d"] == callers["a"]
-        assert fake.bounds == {"a": under_us, "b": under_us, "c": under_us, "d": under_us}
+        assert fake.bounds == dict.fromkeys("abcd", Dispatch.of(under_us))
     np.testing.assert_array_equal(future.result()["OUT"], np.full((1, 2), 2.0, np.float32))
 
 
@@ -297,18 +297,18 @@ def test_a_long_chain_of_fast_steps_runs_on_the_thread_before_it_but_never_unbou
 
     fake = FakeService({m: model(m) for m in names}, {m: _model(m) for m in names}, always_queued=frozenset({"s0"}))
     ens = _scheduler(fake, _ensemble(steps))
-    future = ens.enqueue(InferRequest("e", {"IN": np.zeros((1, 2), np.float32)}), inline=True, inline_under_ns=300_000)
+    future = ens.enqueue([(InferRequest("e", {"IN": np.zeros((1, 2), np.float32)}), 1)], dispatch=Dispatch.of(300))[0]
     assert not future.done()
     gate.set()
     np.testing.assert_array_equal(future.result(timeout=30)["OUT"], np.full((1, 2), float(n), np.float32))
     # s1 ... s8 start inside s0's completion, one inside the other, with the request's bound
-    assert [fake.bounds[f"s{i}"] for i in range(1, MAX_CHAINED_STEPS + 1)] == [300.0] * MAX_CHAINED_STEPS
-    assert fake.bounds[f"s{MAX_CHAINED_STEPS + 1}"] is None  # queued: the nesting ends
+    assert [fake.bounds[f"s{i}"] for i in range(1, MAX_CHAINED_STEPS + 1)] == [Dispatch.of(300)] * MAX_CHAINED_STEPS
+    assert fake.bounds[f"s{MAX_CHAINED_STEPS + 1}"] == QUEUED  # queued: the nesting ends
     per_step = depths["s2"] - depths["s1"]
     assert per_step > 0
     # a queued step may finish before its callback is added (then it runs inside too): a few more
     assert max(depths.values()) <= depths["s1"] + per_step * (MAX_CHAINED_STEPS + 4), (per_step, depths)
-    assert sum(b is None for b in fake.bounds.values()) >= n // (MAX_CHAINED_STEPS + 1) - 1
+    assert sum(b == QUEUED for b in fake.bounds.values()) >= n // (MAX_CHAINED_STEPS + 1) - 1
 
 
 def test_a_failing_step_fails_the_request_with_its_error_and_cancels_the_rest() -> None:
@@ -323,7 +323,7 @@ def test_a_failing_step_fails_the_request_with_its_error_and_cancels_the_rest() 
 
     fake = FakeService({"a": lambda i: {"y": i["x"]}, "b": b, "c": c, "d": lambda i: {"y": i["x"]}}, DIAMOND_CONFIGS)
     ens = _scheduler(fake, _ensemble(DIAMOND))
-    future = ens.enqueue(InferRequest("e", {"IN": np.zeros((1, 2), np.float32)}))
+    future = ens.enqueue([(InferRequest("e", {"IN": np.zeros((1, 2), np.float32)}), 1)])[0]
     with pytest.raises(InvalidInputError, match=r"^in ensemble 'e', step 'b': b refuses this input$"):
         future.result(timeout=30)
     release.set()
@@ -333,12 +333,12 @@ def test_a_failing_step_fails_the_request_with_its_error_and_cancels_the_rest() 
 
 
 def test_a_request_refused_by_a_step_at_once_fails_the_ensemble_request() -> None:
-    def refuse(request: InferRequest, *, run_here_under_us: float | None = None) -> Future[dict[str, Array]]:
+    def refuse(request: InferRequest, dispatch: Dispatch) -> Future[dict[str, Array]]:
         raise SchedulerStoppedError("model 'a' version 1 is being unloaded")
 
     ens = EnsembleScheduler(_ensemble(DIAMOND), 1, refuse, lambda n, v: DIAMOND_CONFIGS[n])
     with pytest.raises(SchedulerStoppedError, match=r"^in ensemble 'e', step 'a': model 'a'"):
-        ens.enqueue(InferRequest("e", {"IN": np.zeros((1, 2), np.float32)})).result(timeout=5)
+        ens.enqueue([(InferRequest("e", {"IN": np.zeros((1, 2), np.float32)}), 1)])[0].result(timeout=5)
 
 
 def test_stop_waits_for_requests_in_flight_then_refuses_new_ones() -> None:
@@ -351,7 +351,7 @@ def test_stop_waits_for_requests_in_flight_then_refuses_new_ones() -> None:
     steps = [{"model_name": "a", "input_map": {"x": "IN"}, "output_map": {"y": "OUT"}}]
     fake = FakeService({"a": slow}, {"a": _model("a")})
     ens = _scheduler(fake, _ensemble(steps))
-    future = ens.enqueue(InferRequest("e", {"IN": np.zeros((1, 2), np.float32)}))
+    future = ens.enqueue([(InferRequest("e", {"IN": np.zeros((1, 2), np.float32)}), 1)])[0]
     stopper = threading.Thread(target=ens.stop)
     stopper.start()
     stopper.join(0.2)
@@ -360,7 +360,7 @@ def test_stop_waits_for_requests_in_flight_then_refuses_new_ones() -> None:
     stopper.join(30)
     assert not stopper.is_alive() and future.result().keys() == {"OUT"}
     with pytest.raises(SchedulerStoppedError):
-        ens.enqueue(InferRequest("e", {"IN": np.zeros((1, 2), np.float32)}))
+        ens.enqueue([(InferRequest("e", {"IN": np.zeros((1, 2), np.float32)}), 1)])[0]
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from frameserve._proto import grpc_service_pb2 as pb
-from frameserve.errors import InvalidInputError
+from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_response
 from frameserve.protocol.grpc._infer import encode_infer_response_bytes, parse_infer_request
 from frameserve.request import InferRequest
@@ -24,7 +24,8 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd_c
 
 
 def test_frames_split_at_any_byte() -> None:
-    messages = [(ch.INFER, i, "m" * i, b"\x00" * (i * 37)) for i in range(20)]
+    messages: list[ch.Message] = [ch.HttpBody(i, b"\x00" * (i * 37), i % 2 == 0) for i in range(20)]
+    messages += [ch.Grpc(i, "m" * i, b"x", None) for i in range(3)]
     stream = b"".join(ch.frame(m) for m in messages)
     for step in (1, 3, 64, 1000, len(stream)):
         reader = ch.FrameReader()
@@ -32,6 +33,30 @@ def test_frames_split_at_any_byte() -> None:
         for start in range(0, len(stream), step):
             got += reader.feed(stream[start : start + step])
         assert got == messages
+
+
+def test_every_message_kind_round_trips_typed() -> None:
+    """Each kind comes back as itself, field by field; a frame of something else is refused."""
+    infer = ch.Infer(7, "m", None, [("x", "FP32", (1, 2), b"\x00" * 8)], (("y", True, {}),), {"p": 1}, 2, 300,
+                     "id", None, {}, {}, [64, 128], "tenant")
+    messages: list[ch.Message] = [
+        infer, ch.Done(7, [("y", "INT64", (1,), b"\x01" * 8)]), ch.Error(7, ValueError("bad")), ch.Up(12),
+        ch.Models(3, {"m": (1, 2)}), ch.Ack(3), ch.Free([64]), ch.Fail("m", "", ValueError("x")),
+        ch.Http(8, {"path": "/v2"}, []), ch.HttpStart(8, 200, [(b"a", b"b")]), ch.HttpBody(8, b"data: 1\n\n", True),
+        ch.HttpWindow(8, 10), ch.HttpCancel(8), ch.Grpc(9, "/x", b"", "Bearer t"), ch.GrpcDone(9, b"r"),
+        ch.GrpcError(9, "INTERNAL", "no"), ch.Stop(None), ch.Hello({"index": 0}),
+    ]
+    assert {type(m) for m in messages} == set(ch.Message.__args__)  # type: ignore[attr-defined]
+    got = ch.FrameReader().feed(b"".join(ch.frame(m) for m in messages))
+    assert [type(m) for m in got] == [type(m) for m in messages]
+    assert got[0] == infer and got[0].frees == [64, 128] and got[0].tenant == "tenant"
+    assert str(got[2].error) == "bad"  # type: ignore[union-attr]
+    import pickle
+
+    for broken in ((99, 1), (0, 1, 2, 3), "hello"):
+        payload = pickle.dumps(broken)
+        with pytest.raises(FrameserveError, match="not a front-end channel message"):
+            ch.FrameReader().feed(len(payload).to_bytes(4, "little") + payload)
 
 
 def test_arena_wraps_and_reuses_space_once_older_blocks_are_back() -> None:

@@ -15,6 +15,7 @@ from _pyservice import RecordingService
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import DeadlineExceededError, ModelNotFoundError, ResourceExhaustedError
 from frameserve.protocol import RUN_HERE_UNDER_US
+from frameserve.scheduler import Dispatch
 from frameserve.protocol.grpc import GrpcInferenceServicer, config_message
 from frameserve.service import EXTENSIONS
 
@@ -57,7 +58,7 @@ def test_infer_submits_one_request_and_reports_the_version_it_ran_on() -> None:
     np.testing.assert_array_equal(np.frombuffer(resp.raw_output_contents[0], "<f4"), [2, 4])
     ((request, run_here),) = svc.submitted
     assert (request.model_name, request.model_version, request.id, request.output_names) == ("m", None, "q", None)
-    assert run_here == RUN_HERE_UNDER_US
+    assert run_here == Dispatch.of(RUN_HERE_UNDER_US)  # the transport's policy
     versioned = _request()
     versioned.model_version = "1"
     assert _call(servicer.ModelInfer(versioned, _Context())).model_version == "1"

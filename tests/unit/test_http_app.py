@@ -15,6 +15,7 @@ import frameserve
 from _pyservice import RecordingService
 from frameserve.errors import ResourceExhaustedError
 from frameserve.protocol import RUN_HERE_UNDER_US
+from frameserve.scheduler import Dispatch
 from frameserve.protocol.http import HTTP_EXTENSIONS, create_app, create_metrics_app
 from frameserve.request import RequestedOutput
 from frameserve.service import EXTENSIONS
@@ -87,7 +88,7 @@ def test_infer_hands_the_service_one_request_and_counts_protocol_failures() -> N
     ((request, run_here),) = svc.submitted
     assert (request.model_name, request.model_version, request.id, request.priority, request.timeout_us) == ("m", 1, "q", 2, 1500)
     assert request.outputs == (RequestedOutput("y", None, {}),) and request.parameters == {"tag": "t"}
-    assert run_here == RUN_HERE_UNDER_US
+    assert run_here == Dispatch.of(RUN_HERE_UNDER_US)  # the transport's policy
     assert _call(app, "POST", "/v2/models/m/infer", content=b"{").status_code == 400
     assert _call(app, "POST", "/v2/models/m/infer", content=b" " * 201).status_code == 413
     assert _failures(svc, "REJECTED") == 2  # refused by the routes before the service saw them

@@ -29,7 +29,7 @@ class FakeCore:
     model ``"nope"`` at submit; records each call."""
 
     def __init__(self, later: bool = False, broken: bool = False) -> None:
-        self.calls: list[tuple[str, list[float], float | None]] = []
+        self.calls: list[tuple[str, list[float]]] = []
         self.later = later
         self.broken = broken
         self.threads: list[threading.Thread] = []
@@ -54,16 +54,14 @@ class FakeCore:
             future.set_result(result)
         return future
 
-    def submit(self, request: InferRequest, *, run_here_under_us: float | None = None) -> Future[Outputs]:
-        self.calls.append(("submit", [float(request.inputs["x"][0, 0])], run_here_under_us))
+    def submit(self, request: InferRequest) -> Future[Outputs]:
+        self.calls.append(("submit", [float(request.inputs["x"][0, 0])]))
         if request.model_name == "nope":
             raise ModelNotFoundError("no model 'nope'")
         return self._answer(request)
 
-    def submit_many(
-        self, requests: Sequence[InferRequest], *, run_here_under_us: float | None = None
-    ) -> list[Future[Outputs]]:
-        self.calls.append(("submit_many", [float(r.inputs["x"][0, 0]) for r in requests], run_here_under_us))
+    def submit_many(self, requests: Sequence[InferRequest]) -> list[Future[Outputs]]:
+        self.calls.append(("submit_many", [float(r.inputs["x"][0, 0]) for r in requests]))
         if self.broken:
             raise RuntimeError("channel closed")
         return [self._answer(r) for r in requests]
@@ -75,19 +73,19 @@ def _run(coro: Any) -> Any:
 
 def test_requests_of_one_iteration_go_together() -> None:
     core = FakeCore()
-    batcher = LoopBatcher(core, 300)
+    batcher = LoopBatcher(core)
 
     async def main() -> list[Outputs]:
         return await asyncio.gather(*(batcher.outputs(_req(v)) for v in (1.0, 2.0, 3.0)))
 
     answers = _run(main())
     assert [a["y"][0, 0] for a in answers] == [2.0, 4.0, 6.0]
-    assert core.calls == [("submit_many", [1.0, 2.0, 3.0], 300)]
+    assert core.calls == [("submit_many", [1.0, 2.0, 3.0])]
 
 
 def test_a_lone_request_takes_submit_and_later_ones_form_a_new_group() -> None:
     core = FakeCore()
-    batcher = LoopBatcher(core, None)
+    batcher = LoopBatcher(core)
 
     async def main() -> None:
         assert (await batcher.outputs(_req(1.0)))["y"][0, 0] == 2.0
@@ -95,12 +93,12 @@ def test_a_lone_request_takes_submit_and_later_ones_form_a_new_group() -> None:
         assert [a["y"][0, 0] for a in both] == [4.0, 6.0]
 
     _run(main())
-    assert core.calls == [("submit", [1.0], None), ("submit_many", [2.0, 3.0], None)]
+    assert core.calls == [("submit", [1.0]), ("submit_many", [2.0, 3.0])]
 
 
 def test_errors_reach_their_own_request_only() -> None:
     core = FakeCore()
-    batcher = LoopBatcher(core, 300)
+    batcher = LoopBatcher(core)
 
     async def main() -> list[Any]:
         return await asyncio.gather(batcher.outputs(_req(1.0)), batcher.outputs(_req(2.0, "nope")),
@@ -118,7 +116,7 @@ def test_errors_reach_their_own_request_only() -> None:
 
 def test_a_request_cancelled_before_the_flush_is_never_sent() -> None:
     core = FakeCore()
-    batcher = LoopBatcher(core, 300)
+    batcher = LoopBatcher(core)
 
     async def main() -> None:
         keep = asyncio.ensure_future(batcher.outputs(_req(1.0)))
@@ -131,12 +129,12 @@ def test_a_request_cancelled_before_the_flush_is_never_sent() -> None:
             await drop
 
     _run(main())
-    assert core.calls == [("submit_many", [1.0, 3.0], 300)]
+    assert core.calls == [("submit_many", [1.0, 3.0])]
 
 
 def test_answers_from_another_thread_wake_the_waiters() -> None:
     core = FakeCore(later=True)
-    batcher = LoopBatcher(core, 300)
+    batcher = LoopBatcher(core)
 
     async def main() -> list[Outputs]:
         return await asyncio.wait_for(asyncio.gather(*(batcher.outputs(_req(v)) for v in (1.0, 2.0))), 10)
@@ -149,7 +147,7 @@ def test_answers_from_another_thread_wake_the_waiters() -> None:
 
 def test_a_failing_core_fails_every_waiter_and_the_next_requests_go_on() -> None:
     core = FakeCore(broken=True)
-    batcher = LoopBatcher(core, 300)
+    batcher = LoopBatcher(core)
 
     async def main() -> None:
         got = await asyncio.gather(batcher.outputs(_req(1.0)), batcher.outputs(_req(2.0)), return_exceptions=True)
@@ -164,7 +162,7 @@ def test_a_failing_core_fails_every_waiter_and_the_next_requests_go_on() -> None
 def test_each_loop_has_its_own_group() -> None:
     """Two loops on two threads share one batcher: each flush sends its own loop's requests."""
     core = FakeCore()
-    batcher = LoopBatcher(core, 300)
+    batcher = LoopBatcher(core)
     errors: list[BaseException] = []
 
     def on_thread(base: float) -> None:
@@ -184,7 +182,7 @@ def test_each_loop_has_its_own_group() -> None:
     for t in threads:
         t.join(30)
     assert not errors
-    assert all(len(values) == 2 and values[0] == values[1] for _, values, _ in core.calls)
+    assert all(len(values) == 2 and values[0] == values[1] for _, values in core.calls)
 
 
 def test_tensor_errors_keep_their_type() -> None:
@@ -194,7 +192,7 @@ def test_tensor_errors_keep_their_type() -> None:
             future.set_exception(TensorError("input 'x': FP64 given, FP32 expected"))
             return future
 
-    batcher = LoopBatcher(Refusing(), 300)
+    batcher = LoopBatcher(Refusing())
 
     async def main() -> list[Any]:
         return await asyncio.gather(batcher.outputs(_req(1.0)), batcher.outputs(_req(2.0)), return_exceptions=True)

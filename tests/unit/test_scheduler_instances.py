@@ -139,7 +139,7 @@ def test_instance_thread_is_pinned_before_its_session_opens() -> None:
     spec = InstanceSpec(index=0, kind="KIND_CPU", threads=1, cpu_set=frozenset({cpu}), group="m")
     sched = Scheduler(Session.config, 1, [spec], load)  # type: ignore[arg-type]
     try:
-        req = sched.enqueue(InferRequest("m", {"x": np.ones((1, 1), np.float32)}))
+        (req,) = sched.enqueue([(InferRequest("m", {"x": np.ones((1, 1), np.float32)}), 1)])
         req.result(10)
     finally:
         sched.stop()

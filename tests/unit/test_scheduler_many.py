@@ -1,6 +1,6 @@
-"""``Scheduler.enqueue_many``: requests that arrived together (an event loop's iteration) batch
+"""``Scheduler.enqueue`` of several requests: requests that arrived together (an event loop's iteration) batch
 with each other under the batching rule, run on the calling thread when asked, and a refused
-or delayed one is handled as ``enqueue`` handles it. FakeClock, no sleeps."""
+or delayed one is handled as a lone one is. FakeClock, no sleeps."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from test_scheduler_threads import WAIT_S, FakeSession, _config, _req, _start, _
 from frameserve.errors import ResourceExhaustedError
 from frameserve.metrics import Metrics
 from frameserve.repository import ModelConfig
-from frameserve.scheduler import FakeClock, InstanceSpec, Scheduler, SchedulerStoppedError
+from frameserve.scheduler import BLOCKING, Dispatch, FakeClock, InstanceSpec, Scheduler, SchedulerStoppedError
 
 pytestmark = pytest.mark.unit
 
@@ -52,8 +52,8 @@ def test_requests_queued_together_run_as_one_batch_on_the_calling_thread() -> No
     metrics = Metrics()
     sched, sessions = _start_threads(_config(max_queue_delay_microseconds=0), clock, metrics=metrics)
     try:
-        futures = sched.enqueue_many([_req(3.0), _req(4.0, 2), _req(5.0)], inline=True)
-        assert all(f.done() for f in futures)  # ran before enqueue_many returned
+        futures = sched.enqueue([_req(3.0), _req(4.0, 2), _req(5.0)], dispatch=BLOCKING)
+        assert all(f.done() for f in futures)  # ran before enqueue returned
         assert [f.result()["y"].tolist() for f in futures] == [[[6.0, 6.0]], [[8.0, 8.0]] * 2, [[10.0, 10.0]]]
         assert [b.shape[0] for b in sessions[0].batches] == [4]
         assert sessions[0].threads == [threading.get_ident()]
@@ -68,7 +68,7 @@ def test_past_max_batch_size_the_rest_forms_the_next_batch() -> None:
     clock = FakeClock()
     sched, sessions = _start_threads(_config(max_queue_delay_microseconds=0), clock)  # max_batch_size 4
     try:
-        futures = sched.enqueue_many([_req(3.0, 2), _req(4.0, 2), _req(5.0, 1)], inline=True)
+        futures = sched.enqueue([_req(3.0, 2), _req(4.0, 2), _req(5.0, 1)], dispatch=BLOCKING)
         assert [f.result(0)["y"][:, 0].tolist() for f in futures] == [[6.0, 6.0], [8.0, 8.0], [10.0]]
     finally:
         sched.stop()
@@ -80,7 +80,7 @@ def test_without_dynamic_batching_each_request_runs_alone() -> None:
     config = _config()  # max_batch_size 4, no dynamic_batching
     sched, sessions = _start_threads(config, clock)
     try:
-        futures = sched.enqueue_many([_req(3.0), _req(4.0), _req(5.0)], inline=True)
+        futures = sched.enqueue([_req(3.0), _req(4.0), _req(5.0)], dispatch=BLOCKING)
         assert [f.result(0)["y"][0, 0] for f in futures] == [6.0, 8.0, 10.0]
     finally:
         sched.stop()
@@ -91,7 +91,7 @@ def test_not_inline_the_batch_runs_on_the_instance_thread() -> None:
     clock = FakeClock()
     sched, sessions = _start_threads(_config(max_queue_delay_microseconds=0), clock)
     try:
-        futures = sched.enqueue_many([_req(3.0), _req(4.0)])
+        futures = sched.enqueue([_req(3.0), _req(4.0)])
         assert [f.result(WAIT_S)["y"][0, 0] for f in futures] == [6.0, 8.0]
         assert sessions[0].threads and threading.get_ident() not in sessions[0].threads
     finally:
@@ -104,7 +104,7 @@ def test_a_model_measured_slow_is_not_run_on_the_calling_thread() -> None:
     sched, sessions = _start_threads(_config(max_queue_delay_microseconds=0), clock)
     try:
         # Nothing measured yet: with a budget, the batch goes to the instance's thread.
-        futures = sched.enqueue_many([_req(3.0), _req(4.0)], inline=True, inline_under_ns=300_000)
+        futures = sched.enqueue([_req(3.0), _req(4.0)], dispatch=Dispatch.of(300))
         assert [f.result(WAIT_S)["y"][0, 0] for f in futures] == [6.0, 8.0]
         assert threading.get_ident() not in sessions[0].threads
     finally:
@@ -118,7 +118,7 @@ def test_a_full_queue_refuses_only_the_requests_past_it() -> None:
     try:
         running = _submit(sched, clock, _req(1.0))  # blocks the only instance
         assert sessions[0].started.wait(WAIT_S)
-        queued, refused = sched.enqueue_many([_req(3.0), _req(4.0)], inline=True)
+        queued, refused = sched.enqueue([_req(3.0), _req(4.0)], dispatch=BLOCKING)
         with pytest.raises(ResourceExhaustedError, match="queue full"):
             refused.result(0)
         assert not queued.done()
@@ -139,7 +139,7 @@ def test_a_batch_that_waits_for_its_delay_goes_when_the_delay_passes() -> None:
     sched, sessions = _start_threads(_config(max_queue_delay_microseconds=2000), clock)
     try:
         before = clock.waits
-        futures = sched.enqueue_many([_req(3.0), _req(4.0)], inline=True)
+        futures = sched.enqueue([_req(3.0), _req(4.0)], dispatch=BLOCKING)
         assert not any(f.done() for f in futures) and sessions[0].batches == []  # 2 < max_batch_size 4
         clock.wait_blocked(after=before)
         assert clock.timeouts_ns[-1] == 2 * MS
@@ -155,4 +155,4 @@ def test_a_stopping_scheduler_takes_none_of_them() -> None:
     sched, _ = _start_threads(_config(max_queue_delay_microseconds=0), clock)
     sched.stop()
     with pytest.raises(SchedulerStoppedError, match="being unloaded"):
-        sched.enqueue_many([_req(3.0), _req(4.0)], inline=True)
+        sched.enqueue([_req(3.0), _req(4.0)], dispatch=BLOCKING)

@@ -16,7 +16,9 @@ from frameserve.metrics import Metrics
 from frameserve.repository import ModelConfig
 from frameserve.request import InferRequest
 from frameserve.scheduler import (
+    BLOCKING,
     BatchOutputError,
+    Dispatch,
     FakeClock,
     InstanceSpec,
     ModelStats,
@@ -90,16 +92,17 @@ def _req(value: float, n: int = 1, **kw: Any) -> tuple[InferRequest, int]:
 
 
 def _enqueue(sched: Scheduler, req: tuple[InferRequest, int], **kw: Any) -> Future[dict[str, Any]]:
-    return sched.enqueue(req[0], batch_size=req[1], **kw)
+    return sched.enqueue([req], **kw)[0]
 
 
 def _submit(sched: Scheduler, clock: FakeClock, req: tuple[InferRequest, int]) -> Future[dict[str, Any]]:
     """Enqueue ``(request, batch size)`` and wait until the batcher has reacted and sleeps
     again (unless enqueue handed the request to an idle instance itself, which leaves the
-    batcher asleep); the request's future."""
-    before, fast = clock.waits, sched._fast_handovers
-    future = sched.enqueue(req[0], batch_size=req[1])
-    if sched._fast_handovers == fast:
+    batcher asleep); the request's future. Queued, the request is still pending, or the
+    batcher has left its wait to take it (it leaves before it takes it)."""
+    before = clock.waits
+    future = sched.enqueue([req])[0]
+    if sched.pending_count > 0 or clock.waits > before or clock.blocked == 0:
         clock.wait_blocked(after=before)
     return future
 
@@ -355,9 +358,9 @@ def test_stop_without_draining_refuses_queued_requests() -> None:
 def test_stop_waits_for_a_batch_handed_over_by_enqueue() -> None:
     clock = FakeClock()
     sched, sessions, gate = _start(_config(), clock)
-    running = _enqueue(sched, _req(1.0))  # handed to the idle instance by enqueue itself
-    assert sched._fast_handovers == 1 and sessions[0].started.wait(WAIT_S)
     before = clock.waits
+    running = _enqueue(sched, _req(1.0))  # handed to the idle instance by enqueue itself
+    assert sessions[0].started.wait(WAIT_S) and clock.waits == before  # the batcher never woke
     stopper = threading.Thread(target=sched.stop)
     stopper.start()
     clock.wait_blocked(after=before)  # the batcher saw the stop and sleeps again...
@@ -373,7 +376,7 @@ def test_inline_enqueue_runs_on_the_calling_thread() -> None:
     sched, sessions, gate = _start(_config(), clock)
     gate.set()
     try:
-        fut = _enqueue(sched, _req(3.0), inline=True)
+        fut = _enqueue(sched, _req(3.0), dispatch=BLOCKING)
         assert fut.done() and fut.result()["y"][0, 0] == 6.0
     finally:
         sched.stop()
@@ -429,10 +432,10 @@ def test_run_here_only_for_a_model_measured_faster_than_the_budget(cost_ns: int,
     here = threading.get_ident()
     try:
         # Nothing measured yet: the first request never runs on the caller's thread.
-        first = _enqueue(sched, _req(1.0), inline=True, inline_under_ns=300_000)
+        first = _enqueue(sched, _req(1.0), dispatch=Dispatch.of(300))
         assert first.result(WAIT_S)["y"][0, 0] == 1.0 and sessions[0].threads[-1] != here
         for value in (2.0, 3.0):
-            future = _enqueue(sched, _req(value), inline=True, inline_under_ns=300_000)
+            future = _enqueue(sched, _req(value), dispatch=Dispatch.of(300))
             assert future.result(WAIT_S)["y"][0, 0] == value
             assert (sessions[0].threads[-1] == here) is runs_here
         assert sched.stats.to_dict()["inference_stats"]["success"]["count"] == 3

@@ -10,9 +10,9 @@ This package imports nothing itself, so importing one transport never loads the 
 """
 
 RUN_HERE_UNDER_US = 300
-"""A request goes straight to an idle instance of a model whose recent batches took under this
-many microseconds is run on the event loop's own thread (``InferenceService.submit``'s
-``run_here_under_us``): for such a model (a trivial Python model) the two thread switches and
+"""The transports' dispatch policy (``service.client(inline_under_us=RUN_HERE_UNDER_US)``, made
+once by each transport): a request that goes straight to an idle instance of a model whose
+recent batches took under this many microseconds is run on the event loop's own thread: for such a model (a trivial Python model) the two thread switches and
 the wake-up of the loop cost more than the model; a slower one never blocks the loop longer than
 about one request's own decoding does."""
 

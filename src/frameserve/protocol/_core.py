@@ -39,8 +39,10 @@ class InferCore(Protocol):
         """
         ...
 
-    def submit(self, request: InferRequest, *, run_here_under_us: float | None = None) -> Future[Outputs]:
-        """Queue a request; the future completes with its outputs or its error.
+    def submit(self, request: InferRequest) -> Future[Outputs]:
+        """Queue a request (where its batch runs is the core's own policy: a service's
+        :class:`~frameserve.service.InferClient` holds one); the future completes with its
+        outputs or its error.
 
         Raises:
             FrameserveError: refused at once (unknown model, mismatched inputs, a full queue).
@@ -53,12 +55,10 @@ class InferCore(Protocol):
 
 
 class BatchingCore(InferCore, Protocol):
-    """A core that takes requests which arrived together at once (the service; not a front
-    end's channel, whose owner batches)."""
+    """A core that takes requests which arrived together at once (a service's
+    :class:`~frameserve.service.InferClient`; not a front end's channel, whose owner batches)."""
 
-    def submit_many(
-        self, requests: Sequence[InferRequest], *, run_here_under_us: float | None = None
-    ) -> list[Future[Outputs]]:
+    def submit_many(self, requests: Sequence[InferRequest]) -> list[Future[Outputs]]:
         """:meth:`submit` for requests that arrived together, so that they can batch with each
         other; one future per request, in order, completed with the error :meth:`submit` would
         raise for it. Never raises for one request."""
@@ -123,18 +123,16 @@ class LoopBatcher:
     (:meth:`BatchingCore.submit_many`, from a callback scheduled with ``call_soon`` when the
     first of them arrives), so requests from several connections batch with each other under
     the model's batching rule. One by one, each would find the instance idle and run alone on
-    the loop (``run_here_under_us``), and a fast model would never see a batch. The price is
+    the loop (the core's :class:`~frameserve.scheduler.Dispatch`), and a fast model would never see a batch. The price is
     one more loop iteration per request: measured on add_sub over HTTP, ~5 % fewer requests/s
     at concurrency 1 and ~16 % more at 8 (batches of 2.8 on average).
 
     Args:
-        core: where requests go.
-        run_here_under_us: :meth:`InferCore.submit`'s, for each batch formed.
+        core: where requests go (its policy holds for each batch formed).
     """
 
-    def __init__(self, core: BatchingCore, run_here_under_us: float | None) -> None:
+    def __init__(self, core: BatchingCore) -> None:
         self.core = core
-        self.run_here_under_us = run_here_under_us
         self._pending: dict[asyncio.AbstractEventLoop, list[tuple[InferRequest, asyncio.Future[Outputs]]]] = {}
 
     async def outputs(self, request: InferRequest) -> Outputs:
@@ -160,7 +158,7 @@ class LoopBatcher:
             if len(live) == 1:  # alone: the scheduler's own fast path for a lone request
                 futures = [self._submit_one(live[0][0])]
             else:
-                futures = self.core.submit_many([r for r, _ in live], run_here_under_us=self.run_here_under_us)
+                futures = self.core.submit_many([r for r, _ in live])
         except Exception as exc:  # the core itself failed: answer every waiter
             for _, w in live:
                 if not w.done():
@@ -171,7 +169,7 @@ class LoopBatcher:
 
     def _submit_one(self, request: InferRequest) -> Future[Outputs]:
         try:
-            return self.core.submit(request, run_here_under_us=self.run_here_under_us)
+            return self.core.submit(request)
         except Exception as exc:  # refused at once: the service counted it
             return failed_future(exc)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from frameserve.scheduler._cache import ResponseCache, parse_cache_config
 from frameserve.scheduler._classify import read_labels
 from frameserve.scheduler._clock import Clock, FakeClock, MonotonicClock
+from frameserve.scheduler._dispatch import BLOCKING, QUEUED, Dispatch
 from frameserve.scheduler._ensemble import EnsembleScheduler, SubmitFn, check_ensemble_steps, load_ensemble_steps
 from frameserve.scheduler._instances import InstanceSpec, gpu_count, parse_cpu_list, plan_instances
 from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE, BatchingPolicy, QueuePolicy
@@ -23,11 +24,14 @@ from frameserve.scheduler._stats import ModelStats
 from frameserve.scheduler._warmup import run_warmup
 
 __all__ = [
+    "BLOCKING",
     "DEFAULT_MAX_QUEUE_SIZE",
+    "QUEUED",
     "BatchOutputError",
     "BatchQueue",
     "BatchingPolicy",
     "Clock",
+    "Dispatch",
     "EnsembleScheduler",
     "FakeClock",
     "InstanceSpec",

@@ -78,6 +78,12 @@ class FakeClock:
         with self._lock:
             return self._entries
 
+    @property
+    def blocked(self) -> int:
+        """How many threads are in :meth:`wait` now."""
+        with self._lock:
+            return self._blocked
+
     def wait(self, cond: threading.Condition, timeout_ns: int | None) -> None:
         with self._lock:
             self._entries += 1

@@ -18,14 +18,14 @@ sums of its steps' compute times (each step's scheduler reports them through the
 one, ``batch_stats`` by its batch size; a failed request counts as ``fail`` with reason
 ``OTHER``. The steps' models keep their own statistics as for any request.
 
-This module knows neither a backend nor the service: the service hands it ``submit`` and the
+This module knows neither a backend nor the service: the service hands it ``submit`` (with the
+:class:`~frameserve.scheduler.Dispatch` of each step) and the
 loaded configs of the step models (``step_config``).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, InvalidStateError
@@ -39,6 +39,7 @@ from frameserve.metrics import Metrics
 from frameserve.repository import ModelConfig
 from frameserve.request import InferRequest, RequestedOutput
 from frameserve.scheduler._clock import Clock, MonotonicClock
+from frameserve.scheduler._dispatch import QUEUED, Dispatch
 from frameserve.scheduler._instances import InstanceSpec
 from frameserve.scheduler._policy import BatchingPolicy
 from frameserve.scheduler._request import failed_future
@@ -63,9 +64,10 @@ _chained = threading.local()  # .depth: chained step starts in progress on this 
 
 
 class SubmitFn(Protocol):
-    """The service's entry point (:meth:`frameserve.service.InferenceService.submit`)."""
+    """The service's entry point with the policy of the step's caller (what an
+    :class:`~frameserve.service.InferClient` of that policy's ``submit`` does)."""
 
-    def __call__(self, request: InferRequest, *, run_here_under_us: float | None = None) -> Future[Outputs]: ...
+    def __call__(self, request: InferRequest, dispatch: Dispatch, /) -> Future[Outputs]: ...
 
 
 def _where(config: ModelConfig, i: int) -> str:
@@ -210,9 +212,9 @@ class _Run:
     (the :class:`~frameserve.request.StatsSink` its step requests carry)."""
 
     __slots__ = (
-        "arrival_ns", "batch_size", "blocking", "chained_under_us", "deferred", "failed", "future", "here",
+        "arrival_ns", "batch_size", "blocking", "chained", "deferred", "dispatch", "failed", "future", "here",
         "input_ns", "infer_ns", "left", "lock", "output_ns", "pending", "queue_ns", "remaining", "request",
-        "tensors", "under_us", "wake",
+        "tensors", "wake",
     )
 
     def __init__(self, request: InferRequest, batch_size: int, needs: list[int], arrival_ns: int) -> None:
@@ -230,9 +232,9 @@ class _Run:
         self.arrival_ns = arrival_ns
         self.queue_ns = 0
         self.input_ns = self.infer_ns = self.output_ns = 0
-        self.here: int | None = None  # the thread that may run steps itself (inline enqueue)
-        self.under_us: float | None = None
-        self.chained_under_us: float | None = None  # for steps started on another step's thread
+        self.here: int | None = None  # the thread that may run steps itself (its caller's Dispatch.here)
+        self.dispatch = QUEUED  # for steps started from that thread: the caller's policy
+        self.chained = QUEUED  # for steps started on another step's thread
         self.blocking = False  # that thread waits in enqueue for the answer, starting every step
         self.deferred: list[int] = []  # steps made ready for that thread to start
 
@@ -261,7 +263,8 @@ class EnsembleScheduler:
     Args:
         config: the ensemble's config (``ensemble_scheduling`` set; its graph already checked).
         version: the ensemble's version (labels and messages).
-        submit: the service's entry point; each step request goes through it.
+        submit: the service's entry point; each step request goes through it, with the policy
+            its ensemble request's caller gave (see :meth:`enqueue`).
         step_config: the loaded config of a step model (for :func:`check_ensemble_steps`).
         clock: for durations (default: monotonic).
         metrics: where to record Prometheus metrics, or ``None``.
@@ -327,44 +330,55 @@ class EnsembleScheduler:
         """None: an ensemble opens no session."""
         return []
 
-    def enqueue(
-        self, request: InferRequest, *, batch_size: int = 1, inline: bool = False, inline_under_ns: int | None = None
-    ) -> Future[Outputs]:
-        """Start a checked ensemble request: the steps whose inputs are all ensemble inputs are
-        sent at once, the others as their inputs arrive.
+    def enqueue(self, requests: Sequence[tuple[InferRequest, int]], *, dispatch: Dispatch = QUEUED) -> list[Future[Outputs]]:
+        """Start checked ensemble requests ``(request, batch size)``, in order (each step's own
+        scheduler batches the steps of concurrent requests): the steps whose inputs are all
+        ensemble inputs are sent at once, the others as their inputs arrive.
 
         Args:
-            request: checked against the ensemble's config by the service.
-            batch_size: its batch (the leading dim when the ensemble batches, else 1).
-            inline, inline_under_ns: as for :meth:`Scheduler.enqueue`, passed on to the steps
-                sent from this thread while this call runs (a step that finishes here makes
-                the next ones start here too). With ``inline`` and no ``inline_under_ns`` (a
-                caller that blocks on the answer anyway: :meth:`InferenceService.run`) this
-                call returns once the request is answered, and every step starts from this
-                thread, as if the caller ran the steps one after another. Otherwise steps that
-                become ready after this call returns start on the thread of the step that made
-                them ready (a model's instance thread): with ``inline_under_ns`` they run right
-                there when their model is idle and its recent batches took under that bound
-                (the thread switches to a fast Python step cost more than the step), at most
-                :data:`MAX_CHAINED_STEPS` one inside another; else they are queued.
+            requests: each checked against the ensemble's config by the service, with its batch
+                (the leading dim when the ensemble batches, else 1).
+            dispatch: the caller's policy, passed on to the steps sent from this thread while
+                this call runs (a step that finishes here makes the next ones start here too).
+                A blocking one (:data:`~frameserve.scheduler.BLOCKING`: a caller that waits on
+                the answer anyway, :meth:`InferenceService.run`) makes this call return once
+                each request is answered, every step started from this thread, as if the
+                caller ran the steps one after another. Otherwise steps that become ready after
+                this call returns start on the thread of the step that made them ready (a
+                model's instance thread): with a bounded ``dispatch`` they run right there when
+                their model is idle and measured under that bound (the thread switches to a
+                fast Python step cost more than the step), at most :data:`MAX_CHAINED_STEPS`
+                one inside another; else they are queued.
 
         Returns:
-            A future completed with the requested ensemble outputs (every output when none is
-            named), or with the error of the first step that failed.
+            One future per request, completed with the requested ensemble outputs (every output
+            when none is named), or with the error of the first step that failed.
 
         Raises:
-            SchedulerStoppedError: the ensemble is being unloaded.
+            SchedulerStoppedError: the ensemble is being unloaded (for the first request:
+                nothing was started; a later one's future completes with it).
         """
+        futures: list[Future[Outputs]] = []
+        for request, size in requests:
+            try:
+                futures.append(self._enqueue_one(request, size, dispatch))
+            except SchedulerStoppedError as exc:
+                if not futures:
+                    raise
+                futures.append(failed_future(exc))
+        return futures
+
+    def _enqueue_one(self, request: InferRequest, batch_size: int, dispatch: Dispatch) -> Future[Outputs]:
         with self._cond:
             if not self._accepting:
                 raise SchedulerStoppedError(f"ensemble {self.name!r} version {self.version} is being unloaded")
             self._running += 1
         run = _Run(request, batch_size, self._needs, self.clock.now_ns())
-        if inline:
+        if dispatch.here:
             run.here = threading.get_ident()
-            run.under_us = math.inf if inline_under_ns is None else inline_under_ns / 1000
-            run.blocking = inline_under_ns is None
-            run.chained_under_us = None if inline_under_ns is None else run.under_us
+            run.dispatch = dispatch
+            run.blocking = dispatch.blocking
+            run.chained = QUEUED if dispatch.blocking else dispatch
         run.queue_ns = self.clock.now_ns() - run.arrival_ns
         try:
             ready = list(self._first)
@@ -380,26 +394,6 @@ class EnsembleScheduler:
                 run.here, run.blocking = None, False
         return run.future
 
-    def enqueue_many(
-        self, requests: Sequence[tuple[InferRequest, int]], *, inline: bool = False, inline_under_ns: int | None = None
-    ) -> list[Future[Outputs]]:
-        """:meth:`enqueue` for each ``(request, batch_size)``, in order (each step's own
-        scheduler batches the steps of concurrent requests). ``SchedulerStoppedError`` for the
-        first request means nothing was started; the error of a later one completes its future.
-
-        Raises:
-            SchedulerStoppedError: the ensemble is being unloaded.
-        """
-        futures: list[Future[Outputs]] = []
-        for request, size in requests:
-            try:
-                futures.append(self.enqueue(request, batch_size=size, inline=inline, inline_under_ns=inline_under_ns))
-            except SchedulerStoppedError as exc:
-                if not futures:
-                    raise
-                futures.append(failed_future(exc))
-        return futures
-
     def stop(self, *, drain: bool = True) -> None:
         """Stop taking requests; with ``drain``, return once every request in flight has its
         answer (their steps run on the step models' schedulers, which must still run)."""
@@ -412,7 +406,7 @@ class EnsembleScheduler:
 
     def _launch(self, run: _Run, i: int) -> None:
         if run.here == threading.get_ident():
-            self._start(run, i, run.under_us)
+            self._start(run, i, run.dispatch)
             return
         # A step run here finishes before its submit returns and starts the next ready step
         # from its completion, here again: one launch inside the other. Past MAX_CHAINED_STEPS
@@ -420,11 +414,11 @@ class EnsembleScheduler:
         depth = getattr(_chained, "depth", 0)
         _chained.depth = depth + 1
         try:
-            self._start(run, i, run.chained_under_us if depth < MAX_CHAINED_STEPS else None)
+            self._start(run, i, run.chained if depth < MAX_CHAINED_STEPS else QUEUED)
         finally:
             _chained.depth = depth
 
-    def _start(self, run: _Run, i: int, under_us: float | None) -> None:
+    def _start(self, run: _Run, i: int, dispatch: Dispatch) -> None:
         step = self._steps[i]
         try:
             with run.lock:  # another branch may be adding its outputs meanwhile
@@ -440,7 +434,7 @@ class EnsembleScheduler:
                 id=run.request.id,
                 stats_sink=run,
             )
-            future = self._submit(request, run_here_under_us=under_us)
+            future = self._submit(request, dispatch)
         except BaseException as exc:  # refused at once: the ensemble request fails with it
             self._fail(run, i, exc)
             return

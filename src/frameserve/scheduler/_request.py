@@ -15,7 +15,7 @@ __all__ = ["QueuedRequest", "failed_future"]
 
 def failed_future(exc: BaseException) -> Future[dict[str, np.ndarray[Any, Any]]]:
     """A request's future already completed with ``exc``: the answer to a request refused
-    among others that go on (``submit_many``, ``enqueue_many``)."""
+    among others that go on (several submitted together)."""
     future: Future[dict[str, np.ndarray[Any, Any]]] = Future()
     future.set_exception(exc)
     return future

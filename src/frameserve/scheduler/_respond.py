@@ -102,29 +102,26 @@ class ResponsePath:
     def _active(self, request: InferRequest) -> bool:
         return self.cache is not None or any(o.parameters.get("classification") for o in request.outputs)
 
-    def submit(self, request: InferRequest, enqueue: Callable[[InferRequest], Future[Outputs]]) -> Future[Outputs]:
-        """Answer ``request`` (checked already): from the cache on a hit, else through
-        ``enqueue`` (the scheduler), classifying and caching its result on the way back.
+    def submit(
+        self, requests: Sequence[tuple[InferRequest, int]],
+        enqueue: Callable[[Sequence[tuple[InferRequest, int]]], list[Future[Outputs]]],
+    ) -> list[Future[Outputs]]:
+        """Answer requests ``(request, batch size)`` (checked already) that arrived together:
+        from the cache on a hit, else through ``enqueue`` (the scheduler's, the misses in one
+        call), classifying and caching their results on the way back; one future per request,
+        in order.
 
         Raises:
             Whatever ``enqueue`` raises (nothing is cached then).
         """
-        if not self._active(request):
-            return enqueue(request)
-        plan = self._lookup(request)
-        return plan[2] if plan[2] is not None else self._wrap(enqueue(request), request, plan)
-
-    def submit_many(
-        self, requests: Sequence[tuple[InferRequest, int]],
-        enqueue_many: Callable[[list[tuple[InferRequest, int]]], list[Future[Outputs]]],
-    ) -> list[Future[Outputs]]:
-        """:meth:`submit` for requests ``(request, batch size)`` queued together: the cache's
-        misses go to ``enqueue_many`` in one call; one future per request, in order."""
-        if not any(self._active(r) for r, _ in requests):
-            return enqueue_many(list(requests))
+        for request, _ in requests:
+            if self._active(request):
+                break
+        else:
+            return enqueue(requests)
         plans = [self._lookup(r) for r, _ in requests]
         misses = [i for i, p in enumerate(plans) if p[2] is None]
-        futures = enqueue_many([requests[i] for i in misses]) if misses else []
+        futures = enqueue([requests[i] for i in misses]) if misses else []
         out: list[Future[Outputs] | None] = [p[2] for p in plans]
         for i, future in zip(misses, futures, strict=True):
             out[i] = self._wrap(future, requests[i][0], plans[i])

@@ -37,6 +37,7 @@ from frameserve.metrics import Metrics
 from frameserve.repository import ModelConfig
 from frameserve.request import InferRequest
 from frameserve.scheduler._clock import Clock, MonotonicClock
+from frameserve.scheduler._dispatch import QUEUED, Dispatch
 from frameserve.scheduler._instances import InstanceSpec
 from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE, BatchingPolicy
 from frameserve.scheduler._queue import BatchQueue
@@ -147,7 +148,6 @@ class Scheduler:
         self._accepting = True
         self._stopping = False
         self._sequencer = _Sequencer() if self.policy.preserve_ordering else None
-        self._fast_handovers = 0  # requests handed over by enqueue itself (tests read it)
         self._chained = 0  # batches an instance formed itself after its previous one (tests read it)
         self._exec_avg_ns: float | None = None  # moving average of a batch's execution time
         self._instances = [_Instance(spec) for spec in instances]
@@ -207,80 +207,33 @@ class Scheduler:
         with self._cond:
             return len(self._queue)
 
-    def enqueue(
-        self, request: InferRequest, *, batch_size: int = 1, inline: bool = False, inline_under_ns: int | None = None
-    ) -> Future[Outputs]:
-        """Queue a checked request; the future it returns completes with the outputs or the error.
-
-        Args:
-            request: the request, checked against the model (the service does that).
-            batch_size: its batch (the leading dim of its inputs when the model batches, else 1).
-            inline: when nothing else is queued, an instance (without a CPU set) is idle and
-                the batching rule sends the request at once, run it on the calling thread
-                (for callers that would block on the future anyway: two thread switches
-                fewer). The future is done when this returns in that case.
-            inline_under_ns: with ``inline``, run here only when the model's recent batches
-                took less than this (ns; a moving average of the last ~16 executions, failed
-                ones included, none before the first): for an event loop that must not block
-                on a slow model but gains most from not switching threads for a fast one (a
-                trivial Python model costs less than the two thread switches it would need).
-
-        Raises:
-            ResourceExhaustedError: its priority level's queue is full (counted as a failure,
-                reason ``REJECTED``).
-            SchedulerStoppedError: the scheduler is stopping.
-        """
-        queued = QueuedRequest(request, batch_size=batch_size)
-        target: _Instance | None = None
-        with self._cond:
-            if not self._accepting:
-                raise SchedulerStoppedError(f"model {self.name!r} version {self.version} is being unloaded")
-            queued.arrival_ns = self.clock.now_ns()
-            if self._idle and self._queue.admit_alone(queued):
-                # Fast path: nothing queued, an instance idle and the rule sends it now: hand
-                # it over from this thread (one thread switch fewer), never queued (so never
-                # counted as pending).
-                target = self._idle.pop()
-                queued.dispatch_ns = queued.arrival_ns
-                self._fast_handovers += 1
-                if inline and inline_under_ns is not None:
-                    inline = self._exec_avg_ns is not None and self._exec_avg_ns < inline_under_ns
-            else:
-                try:
-                    self._queue.add(queued)
-                except ResourceExhaustedError:
-                    self._count_rejected()
-                    raise
-                if self.metrics is not None:
-                    self.metrics.add_pending(self.name, self.version, 1)
-                self._cond.notify_all()  # the batcher decides (delay, deadlines)
-        if target is not None:
-            self._hand_over(target, [queued], counted=True, here=inline and target.spec.cpu_set is None)
-        return queued.future
-
-    def enqueue_many(
-        self, requests: Sequence[tuple[InferRequest, int]], *, inline: bool = False, inline_under_ns: int | None = None
-    ) -> list[Future[Outputs]]:
-        """Queue checked requests that arrived together (an event loop's requests of one
+    def enqueue(self, requests: Sequence[tuple[InferRequest, int]], *, dispatch: Dispatch = QUEUED) -> list[Future[Outputs]]:
+        """Queue checked requests that arrived together (one, or an event loop's requests of one
         iteration), then send at once the batches the batching rule forms of them while an
-        instance is idle: they batch with each other, where :meth:`enqueue` one by one would
-        send each alone to an idle instance.
+        instance is idle: several batch with each other; a lone one with nothing else queued
+        goes straight to an idle instance (never queued, so never counted as pending).
 
         Args:
-            requests: ``(request, batch_size)`` pairs, as :meth:`enqueue` takes them, in
-                arrival order.
-            inline, inline_under_ns: as :meth:`enqueue`: run the formed batches on the calling
-                thread (one after another) when the model's recent batches were fast enough;
-                otherwise they go to the idle instances' threads.
+            requests: ``(request, batch_size)`` pairs in arrival order: each request checked
+                against the model (the service does that), its batch the leading dim of its
+                inputs when the model batches, else 1.
+            dispatch: whether the batches formed here may run on the calling thread (one after
+                another; see :class:`~frameserve.scheduler.Dispatch`); the future of a request
+                run here is done when this returns.
 
         Returns:
-            One future per request, in order. A request its priority level's full queue
-            refused has its future failed with :class:`~frameserve.errors.ResourceExhaustedError`
-            (counted as :meth:`enqueue` counts it); nothing is raised for it.
+            One future per request, in order, completed with its outputs or its error. A request
+            its priority level's full queue refused has its future failed with
+            :class:`~frameserve.errors.ResourceExhaustedError` (counted as a failure, reason
+            ``REJECTED``), except a lone request: that is raised.
 
         Raises:
+            ResourceExhaustedError: a lone request's queue is full (nothing queued).
             SchedulerStoppedError: the scheduler is stopping (nothing was queued).
         """
+        if len(requests) == 1:
+            request, batch_size = requests[0]
+            return [self._enqueue_one(QueuedRequest(request, batch_size=batch_size), dispatch)]
         queued = [QueuedRequest(request, batch_size=size) for request, size in requests]
         refused: list[tuple[QueuedRequest, ResourceExhaustedError]] = []
         with self._cond:
@@ -295,9 +248,8 @@ class Scheduler:
                     refused.append((q, error))
             if self.metrics is not None and len(queued) > len(refused):
                 self.metrics.add_pending(self.name, self.version, len(queued) - len(refused))
-            if inline and inline_under_ns is not None:
-                inline = self._exec_avg_ns is not None and self._exec_avg_ns < inline_under_ns
-        for q, full in refused:  # never queued: counted as enqueue counts it, no place in any order
+            here = dispatch.runs_here(self._exec_avg_ns)
+        for q, full in refused:  # never queued: counted as a lone refusal is, no place in any order
             self._count_rejected()
             _settle(q.future, None, full)
         # At most one batch per request given: requests other threads queue meanwhile never
@@ -310,8 +262,33 @@ class Scheduler:
                         self._cond.notify_all()  # the batcher decides (delay, deadlines, busy instances)
                     break
                 target = self._idle.pop()
-            self._hand_over(target, batch, here=inline and target.spec.cpu_set is None)
+            self._hand_over(target, batch, here=here and target.spec.cpu_set is None)
         return [q.future for q in queued]
+
+    def _enqueue_one(self, queued: QueuedRequest, dispatch: Dispatch) -> Future[Outputs]:
+        """:meth:`enqueue` of a lone request: straight to an idle instance when nothing is queued
+        and the batching rule sends it now (one thread switch fewer), else queued."""
+        target: _Instance | None = None
+        with self._cond:
+            if not self._accepting:
+                raise SchedulerStoppedError(f"model {self.name!r} version {self.version} is being unloaded")
+            queued.arrival_ns = self.clock.now_ns()
+            if self._idle and self._queue.admit_alone(queued):
+                target = self._idle.pop()
+                queued.dispatch_ns = queued.arrival_ns
+            else:
+                try:
+                    self._queue.add(queued)
+                except ResourceExhaustedError:
+                    self._count_rejected()
+                    raise
+                if self.metrics is not None:
+                    self.metrics.add_pending(self.name, self.version, 1)
+                self._cond.notify_all()  # the batcher decides (delay, deadlines)
+        if target is not None:
+            here = target.spec.cpu_set is None and dispatch.runs_here(self._exec_avg_ns)
+            self._hand_over(target, [queued], counted=True, here=here)
+        return queued.future
 
     def _count_rejected(self) -> None:
         """A request its level's full queue refused (never queued, so no queue time)."""
@@ -576,7 +553,7 @@ class Scheduler:
 
     def _note_execution(self, elapsed_ns: int) -> None:
         """Add one batch's execution time (ns, successful or failed) to the moving average
-        that ``enqueue``'s ``inline_under_ns`` compares with."""
+        that a :class:`~frameserve.scheduler.Dispatch` bound compares with."""
         avg = self._exec_avg_ns  # a benign race between instances: any recent value will do
         self._exec_avg_ns = float(elapsed_ns) if avg is None else avg + (elapsed_ns - avg) / 16
 

@@ -3,14 +3,46 @@
 
 Two pieces per front end, both made by the owner and inherited by the front end's process:
 
-- a Unix stream socket pair carrying *frames*: a 4-byte little-endian length, then a pickled
-  tuple whose first item names the message (:data:`INFER`, :data:`DONE`, ...). Only the two
-  processes of one server hold it (no name on the file system), and both ends are frameserve's
-  own code: a frame never carries anything a network client chose but plain values and bytes.
+- a Unix stream socket pair carrying *frames*: a 4-byte little-endian length, then one message
+  (:func:`encode`: a pickled tuple of the message's tag and its fields in order; :func:`decode`
+  builds the message back). Only the two processes of one server hold it (no name on the file
+  system), and both ends are frameserve's own code: a frame never carries anything a network
+  client chose but plain values and bytes.
 - one anonymous shared-memory block (:class:`~frameserve._ipc.SharedBlock`: nothing to leak,
   nothing a client can register): the front end writes input tensors into its request half, the
-  owner output tensors into its response half; frames carry tensor specs
+  owner output tensors into its response half; messages carry tensor specs
   (:func:`~frameserve._ipc.pack_tensors`, the format in :mod:`frameserve._ipc`).
+
+Messages (frozen dataclasses; ``rid`` is the front end's number for one request)::
+
+    owner → front end                              front end → owner
+    ─────────────────                              ─────────────────
+    Hello(config)          its configuration,      Up(pid)               it listens
+                           the first message       Ack(generation)       it applied Models
+    Models(generation,     the loaded versions     Infer(rid, ...)       an inference request
+           models)         (acknowledged)                                (tensor specs, regions,
+    Done(rid, outputs)     Infer's answer                                arena blocks to free)
+    Error(rid, error)      Infer's error           Free(offsets)         response-arena blocks
+    HttpStart(rid,         a handed-on HTTP                              it is done with
+      status, headers)     request's answer:       Fail(model, version,  count a request it
+    HttpBody(rid, body,    each body part as the        error)           refused itself
+      more_body)           owner's app sends it    Http(rid, scope,      an HTTP request handed
+                           (the last one: more_         body)            on whole
+                           body false)             HttpWindow(rid,       the client took this
+    GrpcDone(rid, data)    a handed-on unary            size_bytes)      much more of a streamed
+    GrpcError(rid, code,   gRPC call's answer                            answer (back-pressure)
+              details)     or status               HttpCancel(rid)       its client went away:
+    Stop(grace_s)          stop (in-flight                               stop streaming
+                           requests get grace_s)   Grpc(rid, method,     a unary gRPC call
+                                                        data, auth)      handed on whole
+
+A streamed HTTP answer (one whose app sends body parts with ``more_body``, e.g. Server-Sent
+Events) is relayed part by part: ``HttpStart``, then ``HttpBody`` parts as they come, ending
+with one whose ``more_body`` is false. The owner keeps at most :data:`STREAM_WINDOW_BYTES` of
+body sent and not yet taken by the client (``HttpWindow``) before its app's next ``send``
+waits; on ``HttpCancel`` the app's ``receive`` says ``http.disconnect`` and its ``send``
+raises ``OSError`` (ASGI's word for a client that is gone), so a stream that never ends stops
+when its client leaves.
 
 Input views into the request arena are valid until the request is answered (the front end
 reuses the block after the answer), as views into a client's shared-memory region are in
@@ -19,11 +51,14 @@ Triton: a model that keeps an input array past its request must copy it.
 
 from __future__ import annotations
 
+import operator
 import pickle
 import socket
 import struct
 import threading
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, TypeAlias
 
 from frameserve._ipc import (
     DEFAULT_ARENA_BYTES,
@@ -39,45 +74,274 @@ from frameserve.errors import FrameserveError
 __all__ = [
     "DEFAULT_ARENA_BYTES",
     "INLINE_MAX_BYTES",
+    "MAX_FRAME_BYTES",
+    "STREAM_WINDOW_BYTES",
+    "Ack",
     "Arena",
+    "Done",
+    "Error",
+    "Fail",
     "FrameReader",
+    "Free",
+    "Grpc",
+    "GrpcDone",
+    "GrpcError",
+    "Hello",
+    "Http",
+    "HttpBody",
+    "HttpCancel",
+    "HttpStart",
+    "HttpWindow",
+    "Infer",
+    "Message",
+    "Models",
     "SharedBlock",
+    "Stop",
+    "Up",
+    "decode",
+    "encode",
     "frame",
     "pack_tensors",
     "picklable_error",
+    "read_message",
+    "send_frame",
     "unpack_tensors",
 ]
 
-# message kinds (the first item of every frame)
-HELLO = "hello"  # owner -> front end: (HELLO, FrontendConfig)
-UP = "up"  # front end -> owner: (UP, pid) once it listens
-MODELS = "models"  # owner -> front end: (MODELS, generation, {name: versions})
-ACK = "ack"  # front end -> owner: (ACK, generation)
-INFER = "infer"  # front end -> owner: (INFER, rid, request fields, input specs, shm inputs, shm outputs, frees, tenant)
-DONE = "done"  # owner -> front end: (DONE, rid, output specs)
-ERROR = "error"  # owner -> front end: (ERROR, rid, exception)
-FREE = "free"  # front end -> owner: (FREE, [response-arena offsets])
-FAIL = "fail"  # front end -> owner: (FAIL, model, version, exception): count a refused request
-HTTP = "http"  # front end -> owner: (HTTP, rid, scope fields, body)
-HTTP_START = "hstart"  # owner -> front end: (HTTP_START, rid, status, headers)
-HTTP_BODY = "hbody"  # owner -> front end: (HTTP_BODY, rid, body, more_body)
-GRPC = "grpc"  # front end -> owner: (GRPC, rid, method path, request bytes, the caller's authorization or None)
-GRPC_DONE = "gdone"  # owner -> front end: (GRPC_DONE, rid, response bytes)
-GRPC_ERROR = "gerror"  # owner -> front end: (GRPC_ERROR, rid, status code name, details)
-STOP = "stop"  # owner -> front end: (STOP, grace seconds or None)
+STREAM_WINDOW_BYTES = 1 << 20
+"""Body bytes of one streamed HTTP answer the owner sends ahead of its client (1 MiB): a slow
+client holds at most this much of the owner's memory per stream."""
+
+Spec: TypeAlias = tuple[Any, ...]
+"""A tensor spec ``(name, datatype, shape, data)`` (:mod:`frameserve._ipc`)."""
+
+
+# -- owner → front end ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """The front end's configuration (a :class:`~frameserve.server._frontend.FrontendConfig`)."""
+
+    config: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Models:
+    """The loaded versions, ``{name: versions}``, numbered by ``generation`` (answered by Ack)."""
+
+    generation: int
+    models: dict[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The answer to ``Infer`` ``rid``: output tensor specs (data in the response arena)."""
+
+    rid: int
+    outputs: list[Spec]
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """``Infer`` or ``Http`` ``rid`` failed with ``error`` (a :func:`picklable_error`)."""
+
+    rid: int
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class HttpStart:
+    """The status and headers (``[(name, value)]``, bytes) of handed-on HTTP request ``rid``."""
+
+    rid: int
+    status: int
+    headers: list[tuple[bytes, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpBody:
+    """One body part of HTTP request ``rid``'s answer; the last has ``more_body`` false."""
+
+    rid: int
+    body: bytes
+    more_body: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcDone:
+    """The serialized response to handed-on gRPC call ``rid``."""
+
+    rid: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcError:
+    """gRPC call ``rid`` ended with status ``code`` (a ``grpc.StatusCode`` name) and ``details``."""
+
+    rid: int
+    code: str
+    details: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop serving; in-flight requests get ``grace_s`` seconds (``None``: the configured grace)."""
+
+    grace_s: float | None
+
+
+# -- front end → owner ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Up:
+    """The front end listens; ``pid`` is its process id."""
+
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """The front end applied ``Models`` ``generation``."""
+
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Infer:
+    """One inference request, decoded by the front end.
+
+    Attributes:
+        rid: its number. model, version: the model and version (``None`` = the highest).
+        inputs: tensor specs of the inputs not in client regions (data in the request arena).
+        outputs: ``[(name, binary_data, parameters)]`` requested (empty = every output).
+        parameters, priority, timeout_us, request_id, binary_output: as
+            :class:`~frameserve.request.InferRequest`.
+        in_regions: input name -> ``(datatype, shape, ShmLocation)`` of inputs in client regions.
+        out_regions: output name -> ``ShmLocation`` of outputs to write into client regions.
+        frees: response-arena blocks of earlier answers the front end is done with.
+        tenant: the request's tenant (whose regions it may name).
+    """
+
+    rid: int
+    model: str
+    version: int | None
+    inputs: list[Spec]
+    outputs: tuple[tuple[str, bool | None, dict[str, Any]], ...]
+    parameters: dict[str, Any]
+    priority: int
+    timeout_us: int
+    request_id: str
+    binary_output: bool
+    in_regions: dict[str, tuple[str, tuple[int, ...], Any]]
+    out_regions: dict[str, Any]
+    frees: list[int]
+    tenant: str
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    """Response-arena blocks (offsets) the front end is done with."""
+
+    offsets: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """Count a request the front end refused itself in the failure metrics."""
+
+    model: str
+    version: int | str
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Http:
+    """An HTTP request handed on whole: the ASGI scope's plain fields (``method``, ``path``,
+    ``headers``, ...) and the body as one tensor spec named ``body`` (UINT8)."""
+
+    rid: int
+    scope: dict[str, Any]
+    body: list[Spec]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpWindow:
+    """The client of streamed answer ``rid`` took ``size_bytes`` more of its body."""
+
+    rid: int
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class HttpCancel:
+    """The client of HTTP request ``rid`` went away."""
+
+    rid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Grpc:
+    """A unary gRPC call handed on whole: its method path, serialized request and the caller's
+    ``authorization`` metadata (``None``: none)."""
+
+    rid: int
+    method: str
+    data: bytes
+    authorization: str | None
+
+
+Message: TypeAlias = (
+    Hello | Models | Done | Error | HttpStart | HttpBody | GrpcDone | GrpcError | Stop
+    | Up | Ack | Infer | Free | Fail | Http | HttpWindow | HttpCancel | Grpc
+)
+
+_KINDS: tuple[type[Any], ...] = (
+    Hello, Models, Done, Error, HttpStart, HttpBody, GrpcDone, GrpcError, Stop,
+    Up, Ack, Infer, Free, Fail, Http, HttpWindow, HttpCancel, Grpc,
+)
+_TAG: dict[type[Any], int] = {kind: tag for tag, kind in enumerate(_KINDS)}
+_FIELDS: dict[type[Any], Callable[[Any], Any]] = {}
+for _kind in _KINDS:
+    _names = [f.name for f in fields(_kind)]
+    _get = operator.attrgetter(*_names)
+    _FIELDS[_kind] = _get if len(_names) > 1 else (lambda m, g=_get: (g(m),))  # type: ignore[misc]
 
 _LENGTH = struct.Struct("<I")
 MAX_FRAME_BYTES = (1 << 32) - 1
 """The largest frame (the 4-byte length)."""
 
 
-def frame(message: tuple[Any, ...]) -> bytes:
-    """One frame: the length, then the pickled message.
+def encode(message: Message) -> bytes:
+    """The pickled form of ``message``: ``(tag, *fields)``, a plain tuple (fast to pickle)."""
+    kind = type(message)
+    return pickle.dumps((_TAG[kind], *_FIELDS[kind](message)), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(payload: bytes | memoryview) -> Message:
+    """The message :func:`encode` made ``payload`` of.
 
     Raises:
-        FrameserveError: the message pickles to more than :data:`MAX_FRAME_BYTES`.
+        FrameserveError: not a message of this channel (an unknown tag or the wrong fields).
     """
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    data = pickle.loads(payload)
+    try:
+        kind = _KINDS[data[0]]
+        message: Message = kind(*data[1:])
+    except (IndexError, TypeError, KeyError) as exc:
+        raise FrameserveError(f"not a front-end channel message: {exc}") from None
+    return message
+
+
+def frame(message: Message) -> bytes:
+    """One frame: the length, then the encoded message.
+
+    Raises:
+        FrameserveError: the message encodes to more than :data:`MAX_FRAME_BYTES`.
+    """
+    payload = encode(message)
     if len(payload) > MAX_FRAME_BYTES:
         raise FrameserveError(f"a channel message of {len(payload)} bytes is over {MAX_FRAME_BYTES}")
     return _LENGTH.pack(len(payload)) + payload
@@ -90,25 +354,51 @@ class FrameReader:
     def __init__(self) -> None:
         self._buffer = bytearray()
 
-    def feed(self, data: bytes) -> list[tuple[Any, ...]]:
-        """The messages completed by ``data``, in order."""
+    def feed(self, data: bytes) -> list[Message]:
+        """The messages completed by ``data``, in order.
+
+        Raises:
+            FrameserveError: a frame that is not a message (the channel is broken).
+        """
         buf = self._buffer
         buf += data
-        out: list[tuple[Any, ...]] = []
+        out: list[Message] = []
         start, end = 0, len(buf)
         with memoryview(buf) as view:
             while end - start >= 4:
                 (size,) = _LENGTH.unpack_from(view, start)
                 if end - start - 4 < size:
                     break
-                out.append(pickle.loads(view[start + 4 : start + 4 + size]))
+                out.append(decode(view[start + 4 : start + 4 + size]))
                 start += 4 + size
         if start:
             del buf[:start]
         return out
 
 
-def send_frame(sock: socket.socket, message: tuple[Any, ...], lock: threading.Lock) -> None:
+def read_message(sock: socket.socket) -> Message:
+    """One message read from a blocking socket without reading past it (the front end's first,
+    before its event loop owns the socket).
+
+    Raises:
+        ConnectionError: the other process closed the channel first.
+        FrameserveError: not a message.
+    """
+
+    def exactly(n: int) -> bytes:
+        data = bytearray()
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("the model-owning process closed the channel before configuring this front end")
+            data += chunk
+        return bytes(data)
+
+    (size,) = _LENGTH.unpack(exactly(4))
+    return decode(exactly(size))
+
+
+def send_frame(sock: socket.socket, message: Message, lock: threading.Lock) -> None:
     """Send one message on a blocking socket (threads share it: ``lock`` keeps frames whole).
 
     Raises:
@@ -117,5 +407,3 @@ def send_frame(sock: socket.socket, message: tuple[Any, ...], lock: threading.Lo
     data = frame(message)
     with lock:
         sock.sendall(data)
-
-

@@ -187,7 +187,7 @@ class OwnerChannel(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
-        self._streams: dict[int, asyncio.Queue[tuple[Any, ...]]] = {}
+        self._streams: dict[int, asyncio.Queue[ch.HttpStart | ch.HttpBody]] = {}
         self._frees: list[int] = []
         self._flush_scheduled = False
 
@@ -201,7 +201,7 @@ class OwnerChannel(asyncio.Protocol):
             try:
                 self._dispatch(message)
             except Exception:  # one bad message must not stop the channel
-                log.exception("front end: handling %r from the owner failed", message[0])
+                log.exception("front end: handling %s from the owner failed", type(message).__name__)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.stop_grace.done():
@@ -211,43 +211,45 @@ class OwnerChannel(asyncio.Protocol):
                 pending.future.set_exception(ModelNotReadyError("the model-owning process is gone"))
         self._pending.clear()
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: ch.Message) -> None:
         """Send one message (buffered by the transport; never blocks)."""
         if self._transport is None or self._transport.is_closing():
             raise ModelNotReadyError("the model-owning process is gone")
         self._transport.write(ch.frame(message))
 
-    def _dispatch(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == ch.DONE:
-            self._done(message[1], message[2])
-        elif kind == ch.ERROR:
-            pending = self._pending.pop(message[1], None)
-            if pending is not None:
-                self._free_request(pending)
-                _set(pending.future, None, message[2])
-        elif kind in (ch.HTTP_START, ch.HTTP_BODY):
-            queue = self._streams.get(message[1])
-            if queue is not None:
-                queue.put_nowait(message)
-        elif kind in (ch.GRPC_DONE, ch.GRPC_ERROR):
-            pending = self._pending.pop(message[1], None)
-            if pending is not None:
-                self._free_request(pending)
-                if kind == ch.GRPC_DONE:
-                    _set(pending.future, message[2], None)
-                else:
+    def _dispatch(self, message: ch.Message) -> None:
+        match message:
+            case ch.Done(rid, outputs):
+                self._done(rid, outputs)
+            case ch.Error(rid, error):
+                pending = self._pending.pop(rid, None)
+                if pending is not None:
+                    self._free_request(pending)
+                    _set(pending.future, None, error)
+            case ch.HttpStart() | ch.HttpBody():
+                queue = self._streams.get(message.rid)
+                if queue is not None:
+                    queue.put_nowait(message)
+            case ch.GrpcDone(rid, data):
+                pending = self._pending.pop(rid, None)
+                if pending is not None:
+                    self._free_request(pending)
+                    _set(pending.future, data, None)
+            case ch.GrpcError(rid, code, details):
+                pending = self._pending.pop(rid, None)
+                if pending is not None:
                     from frameserve.protocol.grpc._frontend import RpcStatus
 
-                    _set(pending.future, None, RpcStatus(message[2], message[3]))
-        elif kind == ch.MODELS:
-            self.models = message[2]
-            self.send((ch.ACK, message[1]))
-        elif kind == ch.STOP:
-            if not self.stop_grace.done():
-                self.stop_grace.set_result(message[1])
-        else:
-            log.warning("front end: unknown message %r from the owner", kind)
+                    self._free_request(pending)
+                    _set(pending.future, None, RpcStatus(code, details))
+            case ch.Models(generation, models):
+                self.models = models
+                self.send(ch.Ack(generation))
+            case ch.Stop(grace_s):
+                if not self.stop_grace.done():
+                    self.stop_grace.set_result(grace_s)
+            case _:
+                log.warning("front end: unexpected message %s from the owner", type(message).__name__)
 
     # -- InferCore ---------------------------------------------------------------------------
 
@@ -271,7 +273,7 @@ class OwnerChannel(asyncio.Protocol):
             raise unknown_model(name, version, hint=f"loaded versions: {sorted(versions)}")
         return version
 
-    def submit(self, request: InferRequest, *, run_here_under_us: float | None = None) -> Future[Outputs]:
+    def submit(self, request: InferRequest) -> Future[Outputs]:
         """Send ``request`` to the owner (which decides where it runs); the future completes
         on this thread when the answer comes back."""
         use = _USE.get()
@@ -283,8 +285,8 @@ class OwnerChannel(asyncio.Protocol):
         rid = next(self._ids)
         future: Future[Outputs] = Future()
         frees, self._frees = self._frees, []
-        message = (
-            ch.INFER, rid, request.model_name, request.model_version, specs, outputs, dict(request.parameters),
+        message = ch.Infer(
+            rid, request.model_name, request.model_version, specs, outputs, dict(request.parameters),
             request.priority, request.timeout_us, request.id, request.binary_data_output, in_regions, out_regions, frees,
             use.tenant if use is not None else "",
         )
@@ -301,7 +303,7 @@ class OwnerChannel(asyncio.Protocol):
 
     def record_failure(self, name: str, version: int | str, exc: BaseException) -> None:
         try:
-            self.send((ch.FAIL, name, version, ch.picklable_error(exc)))
+            self.send(ch.Fail(name, version, ch.picklable_error(exc)))
         except Exception:  # metrics must never turn one error into another
             log.exception("front end: counting a failed request of %r failed", name)
 
@@ -339,7 +341,7 @@ class OwnerChannel(asyncio.Protocol):
         if self._frees:
             frees, self._frees = self._frees, []
             try:
-                self.send((ch.FREE, frees))
+                self.send(ch.Free(frees))
             except Exception:  # the owner is gone: nothing to give back
                 pass
 
@@ -350,16 +352,18 @@ class OwnerChannel(asyncio.Protocol):
         metadata (raises ``RpcStatus``)."""
         rid = next(self._ids)
         future: Future[bytes] = Future()
-        self.send((ch.GRPC, rid, method, data, authorization))
+        self.send(ch.Grpc(rid, method, data, authorization))
         self._pending[rid] = _Pending(future, [], None)
         from frameserve.protocol._core import outputs_of
 
         return await outputs_of(future)  # type: ignore[arg-type, return-value]
 
-    def open_stream(self) -> tuple[int, asyncio.Queue[tuple[Any, ...]]]:
-        """An id and the queue the owner's answer to a handed-on HTTP request arrives in."""
+    def open_stream(self) -> tuple[int, asyncio.Queue[ch.HttpStart | ch.HttpBody]]:
+        """An id and the queue the owner's answer to a handed-on HTTP request arrives in (its
+        length is bounded by the owner: :data:`~frameserve.server._channel.STREAM_WINDOW_BYTES`
+        of body ahead of what :meth:`~HttpForwarder` relayed)."""
         rid = next(self._ids)
-        queue: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        queue: asyncio.Queue[ch.HttpStart | ch.HttpBody] = asyncio.Queue()
         self._streams[rid] = queue
         return rid, queue
 
@@ -419,17 +423,27 @@ class HttpForwarder:
         fields["headers"] = list(scope["headers"])
         rid, queue = self.channel.open_stream()
         specs, taken = ch.pack_tensors({"body": np.frombuffer(body, np.uint8)}, self.channel.block, self.channel.arena)
+        gone: asyncio.Task[None] | None = None  # watches the client once the answer streams
         try:
-            self.channel.send((ch.HTTP, rid, fields, specs))
+            self.channel.send(ch.Http(rid, fields, specs))
             while True:
-                message = await queue.get()
-                if message[0] == ch.HTTP_START:
-                    await send({"type": "http.response.start", "status": message[2], "headers": message[3]})
-                    continue
-                await send({"type": "http.response.body", "body": message[2], "more_body": message[3]})
-                if not message[3]:
+                message = await queue.get() if gone is None else await _first(queue, gone)
+                if message is None:  # the client went away: the owner stops streaming
+                    self.channel.send(ch.HttpCancel(rid))
                     return
+                if type(message) is ch.HttpStart:
+                    await send({"type": "http.response.start", "status": message.status, "headers": message.headers})
+                    continue
+                assert type(message) is ch.HttpBody
+                await send({"type": "http.response.body", "body": message.body, "more_body": message.more_body})
+                if not message.more_body:
+                    return
+                self.channel.send(ch.HttpWindow(rid, len(message.body)))
+                if gone is None:
+                    gone = asyncio.ensure_future(_disconnected(receive))
         finally:
+            if gone is not None:
+                gone.cancel()
             self.channel.close_stream(rid)
             for offset in taken:
                 self.channel.arena.free(offset)
@@ -452,6 +466,26 @@ class HttpForwarder:
             parts.append(chunk)
             if not message.get("more_body", False):
                 return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _disconnected(receive: Any) -> None:
+    """Return once the ASGI server says the client went away."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _first(queue: asyncio.Queue[ch.HttpStart | ch.HttpBody], gone: asyncio.Task[None]) -> ch.HttpStart | ch.HttpBody | None:
+    """The next message of ``queue``, or ``None`` once ``gone`` is done (the client left)."""
+    if gone.done():
+        return None
+    if not queue.empty():
+        return queue.get_nowait()
+    getter = asyncio.ensure_future(queue.get())
+    await asyncio.wait((getter, gone), return_when=asyncio.FIRST_COMPLETED)
+    if getter.done():
+        return getter.result()
+    getter.cancel()
+    return None
 
 
 def bind_reuseport(host: str, port: int) -> socket.socket:
@@ -487,24 +521,10 @@ def listen_reuseport(host: str, port: int) -> socket.socket:
 def _read_hello(sock: socket.socket) -> FrontendConfig:
     """The owner's first message, read without buffering past it (the rest of the stream is
     the event loop's)."""
-
-    def exactly(n: int) -> bytes:
-        data = bytearray()
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("the model-owning process closed the channel before configuring this front end")
-            data += chunk
-        return bytes(data)
-
-    import pickle
-    import struct
-
-    (size,) = struct.unpack("<I", exactly(4))
-    message = pickle.loads(exactly(size))
-    if message[0] != ch.HELLO:
-        raise ConnectionError(f"expected the owner's hello, got {message[0]!r}")
-    config: FrontendConfig = message[1]
+    message = ch.read_message(sock)
+    if not isinstance(message, ch.Hello):
+        raise ConnectionError(f"expected the owner's Hello, got {type(message).__name__}")
+    config: FrontendConfig = message.config
     return config
 
 
@@ -555,7 +575,7 @@ async def _serve(config: FrontendConfig, sock: socket.socket, block: ch.SharedBl
     from frameserve.server._gc import settle_heap
 
     settle_heap()
-    channel.send((ch.UP, os.getpid()))
+    channel.send(ch.Up(os.getpid()))
     stopped = asyncio.ensure_future(asyncio.shield(channel.stop_grace))
     done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
     if stopped in done and stopped.exception() is not None:  # the owner is gone: nobody can answer

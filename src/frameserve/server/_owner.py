@@ -3,7 +3,8 @@
 
 A reader thread per front end takes its messages in order, all those one receive brings at
 once. An inference request is built from the tensor specs (numpy views of the request arena)
-and submitted to the service on that thread with :data:`~frameserve.protocol.RUN_HERE_UNDER_US`:
+and submitted on that thread through the link's client of the service
+(``service.client(inline_under_us=RUN_HERE_UNDER_US)``, :data:`~frameserve.protocol.RUN_HERE_UNDER_US`):
 a fast model idle at once runs right there (no thread switch), anything else is queued and
 answered from the thread that completes it. The requests of one receive go to the service
 together (``submit_many``), so a model with dynamic batching batches them as the
@@ -82,6 +83,7 @@ class FrontendLink:
         self.block = block
         self.arena = ch.Arena(*block.response_half)
         self.service = service
+        self.client = service.client(inline_under_us=RUN_HERE_UNDER_US)
         self.shared_memory = shared_memory
         self.loop = loop
         self.http_app = http_app
@@ -91,20 +93,19 @@ class FrontendLink:
         self.pid: int | None = None
         self.up = threading.Event()
         """Set once the front end listens (its first message)."""
-        self.requests = 0
-        """Inference requests it sent (served by the fast path of that front end)."""
         self.acked = 0
         self._acks = threading.Condition()
         self._send_lock = threading.Lock()
+        self._streams: dict[int, _Stream] = {}  # handed-on HTTP answers, on the event loop only
         self._closed = False
         self._reader = threading.Thread(target=self._read, name=f"frameserve-frontend-{index}", daemon=True)
 
-    def start(self, hello: tuple[Any, ...]) -> None:
+    def start(self, hello: ch.Hello) -> None:
         """Send the front end its configuration and start reading its messages."""
         self.send(hello)
         self._reader.start()
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: ch.Message) -> None:
         """Send one message from any thread (a front end that is gone is ignored)."""
         if self._closed:
             return
@@ -128,6 +129,7 @@ class FrontendLink:
             pass
         if self._reader.is_alive() and self._reader is not threading.current_thread():
             self._reader.join(5.0)
+        self._cancel_streams()
         self.block.close()
         with self._acks:
             self._acks.notify_all()
@@ -152,15 +154,23 @@ class FrontendLink:
                 self._handle(messages)
         finally:
             self._closed = True
+            self._cancel_streams()
             with self._acks:
                 self._acks.notify_all()
 
-    def _handle(self, messages: list[tuple[Any, ...]]) -> None:
+    def _cancel_streams(self) -> None:
+        """The front end is gone: every answer it was streaming stops (on the event loop)."""
+        try:
+            self.loop.call_soon_threadsafe(self._cancel_all)
+        except RuntimeError:  # the loop is closed: nothing streams any more
+            pass
+
+    def _handle(self, messages: list[ch.Message]) -> None:
         """The messages of one receive, in order, except that the inference requests among them
         go to the service together (:meth:`_infer_many`), before the next other message."""
-        infers: list[tuple[Any, ...]] = []
+        infers: list[ch.Infer] = []
         for message in messages:
-            if message[0] == ch.INFER:
+            if type(message) is ch.Infer:
                 infers.append(message)
                 continue
             if infers:
@@ -169,34 +179,38 @@ class FrontendLink:
             try:
                 self._dispatch(message)
             except Exception:  # one bad message must not stop the channel
-                log.exception("front end %d: handling %r failed", self.index, message[0])
+                log.exception("front end %d: handling %s failed", self.index, type(message).__name__)
         if infers:
             self._infer_many(infers)
 
-    def _dispatch(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == ch.FREE:  # INFER messages go to _infer_many (see _handle)
-            for offset in message[1]:
-                self.arena.free(offset)
-        elif kind == ch.FAIL:
-            self.service.record_failure(message[1], message[2], message[3])
-        elif kind == ch.HTTP:
-            asyncio.run_coroutine_threadsafe(self._http(*message[1:]), self.loop)
-        elif kind == ch.GRPC:
-            asyncio.run_coroutine_threadsafe(self._grpc(*message[1:]), self.loop)
-        elif kind == ch.ACK:
-            with self._acks:
-                self.acked = max(self.acked, message[1])
-                self._acks.notify_all()
-        elif kind == ch.UP:
-            self.pid = message[1]
-            self.up.set()
-        else:
-            log.warning("front end %d: unknown message %r", self.index, kind)
+    def _dispatch(self, message: ch.Message) -> None:
+        match message:  # Infer messages go to _infer_many (see _handle)
+            case ch.Free(offsets):
+                for offset in offsets:
+                    self.arena.free(offset)
+            case ch.HttpWindow(rid, size_bytes):
+                self.loop.call_soon_threadsafe(self._window, rid, size_bytes)
+            case ch.HttpCancel(rid):
+                self.loop.call_soon_threadsafe(self._window, rid, None)
+            case ch.Fail(model, version, error):
+                self.service.record_failure(model, version, error)
+            case ch.Http():
+                asyncio.run_coroutine_threadsafe(self._http(message), self.loop)
+            case ch.Grpc():
+                asyncio.run_coroutine_threadsafe(self._grpc(message), self.loop)
+            case ch.Ack(generation):
+                with self._acks:
+                    self.acked = max(self.acked, generation)
+                    self._acks.notify_all()
+            case ch.Up(pid):
+                self.pid = pid
+                self.up.set()
+            case _:
+                log.warning("front end %d: unexpected message %s", self.index, type(message).__name__)
 
     # -- inference ---------------------------------------------------------------------------
 
-    def _infer_many(self, messages: list[tuple[Any, ...]]) -> None:
+    def _infer_many(self, messages: list[ch.Infer]) -> None:
         """Build and submit the inference requests of ``messages`` (``INFER``, in arrival order):
         several go through ``submit_many``, so those for one model batch with each other as
         the single-process server's event loop batches them; one alone through ``submit``. A
@@ -206,17 +220,14 @@ class FrontendLink:
             try:
                 built.append(self._request(message))
             except Exception as exc:  # noqa: BLE001 - answered to that request only
-                try:
-                    self.send((ch.ERROR, message[1], ch.picklable_error(exc)))
-                except Exception:  # noqa: BLE001 - a malformed message has no request id
-                    log.exception("front end %d: a malformed INFER message", self.index)
+                self.send(ch.Error(message.rid, ch.picklable_error(exc)))
         if not built:
             return
         try:
             if len(built) == 1:
-                futures = [self.service.submit(built[0][3], run_here_under_us=RUN_HERE_UNDER_US)]
+                futures = [self.client.submit(built[0][3])]
             else:
-                futures = self.service.submit_many([b[3] for b in built], run_here_under_us=RUN_HERE_UNDER_US)
+                futures = self.client.submit_many([b[3] for b in built])
         except Exception as exc:  # noqa: BLE001 - what submit raises for a lone request: its answer
             futures = [failed_future(exc) for _ in built]
         for (rid, model, version, _, use), future in zip(built, futures, strict=True):
@@ -225,26 +236,24 @@ class FrontendLink:
             else:
                 future.add_done_callback(functools.partial(self._answer, rid, model, version, use=use))
 
-    def _request(self, message: tuple[Any, ...]) -> tuple[int, str, int | None, InferRequest, SharedMemoryUse | None]:
-        """``(rid, model, version, the request, its use of client regions)`` of one ``INFER``,
+    def _request(self, message: ch.Infer) -> tuple[int, str, int | None, InferRequest, SharedMemoryUse | None]:
+        """``(rid, model, version, the request, its use of client regions)`` of one ``Infer``,
         after freeing the arena blocks of the answers it says the front end is done with.
 
         Raises:
             FrameserveError: a tensor that does not fit the channel's block, client shared
                 memory refused or a region the request names is wrong (the use is released).
         """
-        (_, rid, model, version, specs, outputs, parameters, priority, timeout_us, request_id, binary_output,
-         in_regions, out_regions, frees, tenant) = message
-        for offset in frees:  # the arena blocks of answers the front end is done with
+        in_regions, out_regions = message.in_regions, message.out_regions
+        for offset in message.frees:  # the arena blocks of answers the front end is done with
             self.arena.free(offset)
-        self.requests += 1
         use: SharedMemoryUse | None = None
         try:
-            inputs = ch.unpack_tensors(specs, self.block)
+            inputs = ch.unpack_tensors(message.inputs, self.block)
             if in_regions or out_regions:
                 if self.shared_memory is None:
                     raise client_shm_disabled()
-                use = self.shared_memory.use(tenant)  # the regions of the request's own tenant only
+                use = self.shared_memory.use(message.tenant)  # the regions of the request's own tenant only
                 for name, (datatype, shape, location) in in_regions.items():
                     inputs[name] = use.input(name, DataType(datatype), shape, location)
                 for name, location in out_regions.items():
@@ -254,18 +263,19 @@ class FrontendLink:
                 use.release()
             raise
         request = InferRequest(
-            model_name=model, inputs=inputs, model_version=version,
-            outputs=tuple(RequestedOutput(n, b, p) for n, b, p in outputs), parameters=parameters,
-            priority=priority, timeout_us=timeout_us, id=request_id, binary_data_output=binary_output,
+            model_name=message.model, inputs=inputs, model_version=message.version,
+            outputs=tuple(RequestedOutput(n, b, p) for n, b, p in message.outputs), parameters=message.parameters,
+            priority=message.priority, timeout_us=message.timeout_us, id=message.request_id,
+            binary_data_output=message.binary_output,
         )
-        return rid, model, version, request, use
+        return message.rid, message.model, message.version, request, use
 
     def _answer(self, rid: int, model: str, version: int | None, future: Future[Any], use: SharedMemoryUse | None) -> None:
         try:
             try:
                 outputs = future.result()
             except BaseException as exc:  # the service counted it
-                self.send((ch.ERROR, rid, ch.picklable_error(exc)))
+                self.send(ch.Error(rid, ch.picklable_error(exc)))
                 return
             try:
                 skip = []
@@ -277,19 +287,34 @@ class FrontendLink:
                 specs, _ = ch.pack_tensors(outputs, self.block, self.arena, skip)
             except FrameserveError as exc:
                 self.service.record_failure(model, "" if version is None else version, exc)
-                self.send((ch.ERROR, rid, ch.picklable_error(exc)))
+                self.send(ch.Error(rid, ch.picklable_error(exc)))
                 return
-            self.send((ch.DONE, rid, specs))
+            self.send(ch.Done(rid, specs))
         finally:
             if use is not None:
                 use.release()
 
     # -- requests handed on whole ------------------------------------------------------------
 
-    async def _http(self, rid: int, fields: dict[str, Any], specs: list[tuple[Any, ...]]) -> None:
-        body = bytes(ch.unpack_tensors(specs, self.block)["body"].data)
+    def _window(self, rid: int, size_bytes: int | None) -> None:
+        """On the loop: the client of stream ``rid`` took ``size_bytes`` (``None``: went away)."""
+        stream = self._streams.get(rid)
+        if stream is not None:
+            if size_bytes is None:
+                stream.cancel()
+            else:
+                stream.taken(size_bytes)
+
+    def _cancel_all(self) -> None:
+        for stream in list(self._streams.values()):
+            stream.cancel()
+
+    async def _http(self, message: ch.Http) -> None:
+        rid, fields = message.rid, message.scope
+        body = bytes(ch.unpack_tensors(message.body, self.block)["body"].data)
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, **fields, "state": {}}
-        finished = asyncio.Event()
+        stream = _Stream()
+        self._streams[rid] = stream
         given = False
 
         async def receive() -> dict[str, Any]:
@@ -297,56 +322,104 @@ class FrontendLink:
             if not given:
                 given = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            await finished.wait()
+            await stream.gone.wait()
             return {"type": "http.disconnect"}
 
-        held: list[tuple[Any, ...]] | None = [] if _MODEL_CHANGES.fullmatch(fields.get("path") or "") else None
-        started = False
+        held: list[ch.Message] | None = [] if _MODEL_CHANGES.fullmatch(fields.get("path") or "") else None
+        started = ended = False
 
         async def send(event: dict[str, Any]) -> None:
-            nonlocal started
+            nonlocal started, ended
+            if stream.cancelled:
+                raise OSError("the client went away")
+            reply: ch.Message
             if event["type"] == "http.response.start":
                 started = True
-                message: tuple[Any, ...] = (ch.HTTP_START, rid, event["status"], list(event.get("headers", [])))
+                reply = ch.HttpStart(rid, event["status"], list(event.get("headers", [])))
             elif event["type"] == "http.response.body":
-                message = (ch.HTTP_BODY, rid, bytes(event.get("body", b"")), bool(event.get("more_body", False)))
+                part, more = bytes(event.get("body", b"")), bool(event.get("more_body", False))
+                ended = not more
+                if more and held is None:  # streamed: at most STREAM_WINDOW_BYTES ahead of the client
+                    await stream.room()
+                    stream.ahead += len(part)
+                reply = ch.HttpBody(rid, part, more)
             else:
                 return
             if held is not None:  # a load or unload: answered once every front end knows
-                held.append(message)
+                held.append(reply)
             else:
-                self.send(message)
+                self.send(reply)
 
         try:
             await self.http_app(scope, receive, send)
         except Exception:
-            log.exception("front end %d: %s %s failed in the owner", self.index, fields.get("method"), fields.get("path"))
-            if not started:
+            if not stream.cancelled:
+                log.exception("front end %d: %s %s failed in the owner", self.index, fields.get("method"), fields.get("path"))
+            if not started and not stream.cancelled:
                 error = b'{"error": "internal error"}'
                 await send({"type": "http.response.start", "status": 500,
                             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(error)).encode())]})
                 await send({"type": "http.response.body", "body": error})
+            elif not ended and not stream.cancelled:  # a stream cut short: end it, its client waits
+                self.send(ch.HttpBody(rid, b"", False))
         finally:
-            finished.set()
+            stream.cancel()
+            self._streams.pop(rid, None)
         if held is not None:
             await asyncio.to_thread(self.publish)
-            for message in held:
-                self.send(message)
+            for reply in held:
+                self.send(reply)
 
-    async def _grpc(self, rid: int, method: str, data: bytes, authorization: str | None = None) -> None:
+    async def _grpc(self, message: ch.Grpc) -> None:
         from frameserve.protocol.grpc._frontend import RpcStatus, call_unary
 
+        rid, method = message.rid, message.method
         try:
-            out = await call_unary(self.grpc_servicer, self.grpc_health, method, data, authorization)
+            out = await call_unary(self.grpc_servicer, self.grpc_health, method, message.data, message.authorization)
         except RpcStatus as exc:
-            self.send((ch.GRPC_ERROR, rid, exc.code, exc.details))
+            self.send(ch.GrpcError(rid, exc.code, exc.details))
             return
         except Exception as exc:  # noqa: BLE001 - every error becomes a status
             log.exception("front end %d: %s failed in the owner", self.index, method)
-            self.send((ch.GRPC_ERROR, rid, "INTERNAL", f"{type(exc).__name__}: {exc}"))
+            self.send(ch.GrpcError(rid, "INTERNAL", f"{type(exc).__name__}: {exc}"))
             return
         if method in _GRPC_MODEL_CHANGES:
             await asyncio.to_thread(self.publish)
-        self.send((ch.GRPC_DONE, rid, out))
+        self.send(ch.GrpcDone(rid, out))
 
 
+class _Stream:
+    """One handed-on HTTP answer in the owner, on the event loop: how far its body runs ahead
+    of the client, and whether the client is gone."""
+
+    __slots__ = ("ahead", "cancelled", "gone", "_changed")
+
+    def __init__(self) -> None:
+        self.ahead = 0
+        """Body bytes sent and not yet taken by the client."""
+        self.cancelled = False
+        self.gone = asyncio.Event()
+        """Set once the answer is over (sent, or its client went away)."""
+        self._changed = asyncio.Event()
+
+    def taken(self, size_bytes: int) -> None:
+        self.ahead = max(0, self.ahead - size_bytes)
+        self._changed.set()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.gone.set()
+        self._changed.set()
+
+    async def room(self) -> None:
+        """Wait until the body is under :data:`~frameserve.server._channel.STREAM_WINDOW_BYTES`
+        ahead of the client.
+
+        Raises:
+            OSError: the client went away meanwhile.
+        """
+        while self.ahead >= ch.STREAM_WINDOW_BYTES and not self.cancelled:
+            self._changed.clear()
+            await self._changed.wait()
+        if self.cancelled:
+            raise OSError("the client went away")

@@ -313,11 +313,6 @@ class Server:
         return self._pool.pids if self._pool is not None else []
 
     @property
-    def frontend_requests(self) -> list[int]:
-        """Inference requests each front end handed to this process; ``[]`` without front ends."""
-        return self._pool.requests if self._pool is not None else []
-
-    @property
     def loaded(self) -> bool:
         """Start-up model loading is over (each model loaded or failed)."""
         return self._ready.is_set()

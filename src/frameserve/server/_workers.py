@@ -68,7 +68,6 @@ class _Slot:
         self.link: FrontendLink | None = None
         self.started = 0.0
         self.quick_deaths = 0
-        self.served = 0  # inference requests of the processes that were in this slot before
 
 
 class FrontendPool:
@@ -115,12 +114,6 @@ class FrontendPool:
             for slot in self._slots
         ]
 
-    @property
-    def requests(self) -> list[int]:
-        """Inference requests each front end's fast path sent here (its earlier processes'
-        included)."""
-        return [slot.served + (slot.link.requests if slot.link is not None else 0) for slot in self._slots]
-
     def start(self, timeout_s: float = UP_TIMEOUT_S) -> None:
         """Start every front end and wait until each listens.
 
@@ -148,7 +141,7 @@ class FrontendPool:
                 generation = self._generation
                 self._models = _loaded(self.service)
                 links = [s.link for s in self._slots if s.link is not None]
-                message = (ch.MODELS, generation, self._models)
+                message = ch.Models(generation, self._models)
             for link in links:
                 link.send(message)
             for link in links:
@@ -163,7 +156,7 @@ class FrontendPool:
             slots = list(self._slots)
         for slot in slots:
             if slot.link is not None:
-                slot.link.send((ch.STOP, grace_s))
+                slot.link.send(ch.Stop(grace_s))
         deadline = time.monotonic() + (grace_s if grace_s is not None else 3600.0) + 5.0
         for slot in slots:
             proc = slot.proc
@@ -198,11 +191,9 @@ class FrontendPool:
             child_end.close()
         link = FrontendLink(slot.index, owner_end, block, self.service, publish=self.publish, **self.link_options)
         with self._lock:
-            if slot.link is not None:
-                slot.served += slot.link.requests
             slot.proc, slot.link, slot.started = proc, link, time.monotonic()
-            models = (ch.MODELS, self._generation, self._models)
-        link.start((ch.HELLO, config))
+            models = ch.Models(self._generation, self._models)
+        link.start(ch.Hello(config))
         link.send(models)
         threading.Thread(target=self._watch, args=(slot, proc, link), name=f"frameserve-frontend-watch-{slot.index}",
                          daemon=True).start()

@@ -14,6 +14,6 @@ Modules: ``_loading`` (the table of loaded versions and their lifecycle), ``_ser
 service: server state, views and the request path).
 """
 
-from frameserve.service._service import EXTENSIONS, InferenceService, failure_reason
+from frameserve.service._service import EXTENSIONS, InferClient, InferenceService, failure_reason
 
-__all__ = ["EXTENSIONS", "InferenceService", "failure_reason"]
+__all__ = ["EXTENSIONS", "InferClient", "InferenceService", "failure_reason"]

@@ -37,6 +37,7 @@ from frameserve.request import InferRequest
 from frameserve.scheduler import (
     BatchingPolicy,
     Clock,
+    Dispatch,
     EnsembleScheduler,
     InstanceSpec,
     ResponseCache,
@@ -99,8 +100,7 @@ class ModelTable:
     _closed: bool
 
     if TYPE_CHECKING:  # the request half, defined by InferenceService
-        def submit(self, request: InferRequest, *, run_here_under_us: float | None = None
-                   ) -> Future[dict[str, np.ndarray[Any, Any]]]: ...
+        def _submit(self, request: InferRequest, dispatch: Dispatch) -> Future[dict[str, np.ndarray[Any, Any]]]: ...
 
         def run(self, request: InferRequest) -> dict[str, np.ndarray[Any, Any]]: ...
 
@@ -218,7 +218,7 @@ class ModelTable:
             try:
                 for v in versions:
                     if config.ensemble_scheduling is not None:
-                        ens = EnsembleScheduler(config, v, self.submit, self.model_config, clock=self.clock, metrics=self.metrics)
+                        ens = EnsembleScheduler(config, v, self._submit, self.model_config, clock=self.clock, metrics=self.metrics)
                         loaded[v] = _Loaded(v, ens, repo.model_dir(name) / str(v), ResponsePath.open(
                             config, v, ens.stats, repo.model_dir(name), cache=self.cache, metrics=self.metrics))
                         continue

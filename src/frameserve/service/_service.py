@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -27,15 +26,18 @@ from frameserve.metrics import Metrics
 from frameserve.repository import ModelRepository, check_inputs
 from frameserve.request import InferRequest, RequestedOutput
 from frameserve.scheduler import (
+    BLOCKING,
     DEFAULT_MAX_QUEUE_SIZE,
+    QUEUED,
     Clock,
+    Dispatch,
     ResponseCache,
     SchedulerStoppedError,
     failed_future,
 )
 from frameserve.service._loading import ModelTable, _Loaded
 
-__all__ = ["EXTENSIONS", "InferenceService", "failure_reason"]
+__all__ = ["EXTENSIONS", "InferClient", "InferenceService", "failure_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +51,6 @@ EXTENSIONS: tuple[str, ...] = (
 )
 """Triton protocol extensions the service implements on every transport (``/v2`` and gRPC
 ``ServerMetadata`` list them, with the ones a transport adds: see :meth:`InferenceService.server_metadata`)."""
-
-def _run_here(run_here_under_us: float | None) -> tuple[bool, int | None]:
-    """:meth:`InferenceService.submit`'s ``run_here_under_us`` as the scheduler's ``(inline,
-    inline_under_ns)``."""
-    if run_here_under_us is None:
-        return False, None
-    if run_here_under_us == math.inf:
-        return True, None
-    return True, int(run_here_under_us * 1000)
-
 
 def failure_reason(exc: BaseException) -> str:
     """Triton's ``nv_inference_request_failure`` reason for an error: ``REJECTED`` (invalid
@@ -250,21 +242,33 @@ class InferenceService(ModelTable):
 
     # -- inference ---------------------------------------------------------------------------
 
-    def submit(
-        self, request: InferRequest, *, run_here_under_us: float | None = None
-    ) -> Future[dict[str, np.ndarray[Any, Any]]]:
+    def client(self, *, inline_under_us: float | None = None) -> InferClient:
+        """The service as one caller uses it: every request of that caller dispatched under one
+        policy (:class:`~frameserve.scheduler.Dispatch`), given once here. Transports make one
+        when they start; nothing else about where a batch runs travels with a request.
+
+        Args:
+            inline_under_us: run a batch on the submitting thread, before ``submit`` returns,
+                when it would go at once to an idle instance and the model's recent batches took
+                less than this many microseconds (``math.inf``: whenever an instance is idle;
+                ``None``: always queue). For an event loop: a fast model then costs no thread
+                switch, a slow one never blocks it.
+
+        Raises:
+            ValueError: a negative bound.
+        """
+        return InferClient(self, Dispatch.of(inline_under_us))
+
+    def submit(self, request: InferRequest) -> Future[dict[str, np.ndarray[Any, Any]]]:
         """Check a request against its model and queue it on that model's scheduler: the one
-        way into inference (:meth:`run`, :meth:`infer`, both transports and BLS calls come here).
+        way into inference (:meth:`run`, :meth:`infer`, the transports' clients and BLS calls
+        come here). Its batch runs on an instance's thread (:meth:`client` for a caller that
+        may run it itself).
 
         Args:
             request: the request. Its version ``None`` is the highest loaded; its inputs are
                 every model input by name, with ``max_batch_size > 0`` each with a leading
                 batch dim (the same n, 1 <= n <= max_batch_size) before ``dims``.
-            run_here_under_us: run the request on the calling thread, before this returns,
-                when it would go at once to an idle instance and the model's recent batches
-                took less than this many microseconds (``math.inf``: whenever an instance is
-                idle; ``None``: always queue). For an event loop: a fast model then costs no
-                thread switch, a slow one never blocks it.
 
         Returns:
             A future completed with ``{output name: array}`` (the batch dim first when the
@@ -280,31 +284,24 @@ class InferenceService(ModelTable):
                 the model expects), an unknown output, a bad batch size.
             ResourceExhaustedError: the queue of the request's priority level is full.
         """
-        inline, under_ns = _run_here(run_here_under_us)
+        return self._submit(request, QUEUED)
+
+    def _submit(self, request: InferRequest, dispatch: Dispatch) -> Future[dict[str, np.ndarray[Any, Any]]]:
+        """:meth:`submit` under ``dispatch`` (the clients' and the ensembles' way in)."""
         entry = self._entry(request.model_name, request.model_version)
-        checked, batch_size = self._check(entry, request)
+        checked = self._check(entry, request)
         try:
-            return entry.respond.submit(checked, lambda r: entry.scheduler.enqueue(
-                r, batch_size=batch_size, inline=inline, inline_under_ns=under_ns))
+            return entry.respond.submit((checked,), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
         except SchedulerStoppedError:
             # Reloaded (or unloaded) meanwhile: take the version now served, or answer not ready.
             entry = self._entry(request.model_name, request.model_version)
-            checked, batch_size = self._check(entry, request)
-            return entry.respond.submit(checked, lambda r: entry.scheduler.enqueue(
-                r, batch_size=batch_size, inline=inline, inline_under_ns=under_ns))
+            checked = self._check(entry, request)
+            return entry.respond.submit((checked,), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
 
-    def submit_many(
-        self, requests: Sequence[InferRequest], *, run_here_under_us: float | None = None
+    def _submit_many(
+        self, requests: Sequence[InferRequest], dispatch: Dispatch
     ) -> list[Future[dict[str, np.ndarray[Any, Any]]]]:
-        """:meth:`submit` for requests that arrived together (an event loop's requests of one
-        iteration): each model's share is queued at once, so they batch with each other under
-        that model's batching rule even when each alone would have gone straight to an idle
-        instance; ``run_here_under_us`` as for :meth:`submit`, for each batch formed.
-
-        Returns:
-            One future per request, in order. What :meth:`submit` would raise for a request
-            completes its future instead (counted the same way); the other requests go on.
-        """
+        """:meth:`InferClient.submit_many`: each model's share queued at once under ``dispatch``."""
         out: dict[int, Future[dict[str, np.ndarray[Any, Any]]]] = {}
         groups: dict[int, tuple[_Loaded, list[int], list[tuple[InferRequest, int]]]] = {}
         for i, request in enumerate(requests):
@@ -317,26 +314,27 @@ class InferenceService(ModelTable):
             group = groups.setdefault(id(entry), (entry, [], []))
             group[1].append(i)
             group[2].append(checked)
-        inline, under_ns = _run_here(run_here_under_us)
         for entry, where, checked_requests in groups.values():
             try:
-                enqueue_many = functools.partial(entry.scheduler.enqueue_many, inline=inline, inline_under_ns=under_ns)
-                futures = entry.respond.submit_many(checked_requests, enqueue_many)
+                futures = entry.respond.submit(checked_requests, functools.partial(entry.scheduler.enqueue, dispatch=dispatch))
             except SchedulerStoppedError:  # reloaded or unloaded meanwhile: one by one, as submit does
                 futures = []
                 for i in where:
                     try:
-                        futures.append(self.submit(requests[i], run_here_under_us=run_here_under_us))
-                    except FrameserveError as exc:
-                        futures.append(failed_future(exc))
+                        futures.append(self._submit(requests[i], dispatch))
+                    except FrameserveError as one:
+                        futures.append(failed_future(one))
+            except FrameserveError as exc:  # a lone request refused (a full queue), counted already
+                futures = [failed_future(exc) for _ in where]
             for i, future in zip(where, futures, strict=True):
                 out[i] = future
         return [out[i] for i in range(len(requests))]
 
     def run(self, request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
         """Run one request and wait for it: :meth:`submit`, on this thread when an instance is
-        idle (the caller blocks anyway), then the result. The ``infer`` that BLS calls of
-        Python models reach (:class:`~frameserve.backends.BackendContext`).
+        idle (the caller blocks anyway: :data:`~frameserve.scheduler.BLOCKING`), then the
+        result. The ``infer`` that BLS calls of Python models reach
+        (:class:`~frameserve.backends.BackendContext`).
 
         Returns:
             ``{output name: array}`` with the batch dim first when the model batches.
@@ -345,7 +343,7 @@ class InferenceService(ModelTable):
             Everything :meth:`submit` raises, and what its future completes with:
             DeadlineExceededError, InferenceError (carries the backend's message).
         """
-        return self.submit(request, run_here_under_us=math.inf).result()
+        return self._submit(request, BLOCKING).result()
 
     def infer(
         self,
@@ -417,3 +415,47 @@ class InferenceService(ModelTable):
         if arrays is not None:
             request = dataclasses.replace(request, inputs=arrays)
         return request, batch_size
+
+
+class InferClient:
+    """One caller's view of an :class:`InferenceService` (:meth:`InferenceService.client`): its
+    requests dispatched under one :class:`~frameserve.scheduler.Dispatch`; the transports'
+    :class:`~frameserve.protocol._core.InferCore`. Safe to share between threads.
+
+    Attributes:
+        service: the service. dispatch: the policy.
+    """
+
+    __slots__ = ("dispatch", "service")
+
+    def __init__(self, service: InferenceService, dispatch: Dispatch) -> None:
+        self.service = service
+        self.dispatch = dispatch
+
+    def version_for(self, name: str, version: int | None = None) -> int:
+        """:meth:`InferenceService.version_for`."""
+        return self.service.version_for(name, version)
+
+    def submit(self, request: InferRequest) -> Future[dict[str, np.ndarray[Any, Any]]]:
+        """:meth:`InferenceService.submit` under this client's policy (a batch formed at once
+        may run on this thread before this returns)."""
+        return self.service._submit(request, self.dispatch)
+
+    def submit_many(self, requests: Sequence[InferRequest]) -> list[Future[dict[str, np.ndarray[Any, Any]]]]:
+        """:meth:`submit` for requests that arrived together (an event loop's requests of one
+        iteration): each model's share is queued at once, so they batch with each other under
+        that model's batching rule even when each alone would have gone straight to an idle
+        instance; the policy holds for each batch formed.
+
+        Returns:
+            One future per request, in order. What :meth:`submit` would raise for a request
+            completes its future instead (counted the same way); the other requests go on.
+        """
+        return self.service._submit_many(requests, self.dispatch)
+
+    def record_failure(self, name: str, version: int | str, exc: BaseException) -> None:
+        """:meth:`InferenceService.record_failure`."""
+        self.service.record_failure(name, version, exc)
+
+    def __repr__(self) -> str:
+        return f"InferClient({self.dispatch})"

@@ -22,7 +22,6 @@ from google.protobuf.message import DecodeError
 from frameserve._memory import trim_after
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import FrameserveError, InvalidInputError
-from frameserve.protocol import RUN_HERE_UNDER_US
 from frameserve.protocol._core import InferCore, Outputs, RegionSource, outputs_of
 from frameserve.protocol.grpc._codec import decode_infer_request, response_parts
 from frameserve.request import InferRequest
@@ -213,7 +212,7 @@ async def infer(
             )
         else:
             call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents)
-        outputs = await outputs_of(core.submit(call, run_here_under_us=RUN_HERE_UNDER_US))
+        outputs = await outputs_of(core.submit(call))
         version = version_used(core, call)
         if sum(a.size for a in outputs.values()) > OFFLOAD_ELEMENTS or any(a.dtype == object for a in outputs.values()):
             response = await asyncio.to_thread(encode, call, outputs, model_version=version, shared_memory=shm)

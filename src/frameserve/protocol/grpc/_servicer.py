@@ -21,7 +21,7 @@ from frameserve._proto import grpc_service_pb2 as pb
 from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
 from frameserve._proto import model_config_pb2 as mc
 from frameserve.errors import FrameserveError, QuotaExceededError, SharedMemoryNotFoundError, shown
-from frameserve.protocol import check_model_control
+from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
 from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.grpc._auth import principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response, parameter_value, parse_version
@@ -108,6 +108,8 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.infer_gate = infer_gate
         self.log_settings = log_settings
         self.service = service
+        self.core = service.client(inline_under_us=RUN_HERE_UNDER_US)
+        """Where inference requests go: fast models run on the event loop's thread."""
         self.model_control_mode = model_control_mode
         self.limits = limits
         self.shared_memory = shared_memory
@@ -190,7 +192,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         tenant = self.tenant_of(context)
         with self.admitted(tenant):
-            return await infer(self.service, request, self.limits, self.shared_memory,
+            return await infer(self.core, request, self.limits, self.shared_memory,
                                encode=encode_infer_response, tenant=tenant)
 
     @_handled
@@ -206,7 +208,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         with self.admitted(tenant):
             request, raws = parse_infer_request(data, self.limits)
             return await infer(
-                self.service, request, self.limits, self.shared_memory, raw_contents=raws,
+                self.core, request, self.limits, self.shared_memory, raw_contents=raws,
                 encode=encode_infer_response_bytes, tenant=tenant,
             )
 

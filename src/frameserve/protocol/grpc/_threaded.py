@@ -42,7 +42,6 @@ from grpc_health.v1 import health_pb2
 
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import FrameserveError
-from frameserve.protocol import RUN_HERE_UNDER_US
 from frameserve.protocol._core import InferCore, RegionSource
 from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_response
 from frameserve.protocol.grpc._infer import (
@@ -125,7 +124,7 @@ def infer_blocking(
     try:
         with working:
             call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents)
-            future = core.submit(call, run_here_under_us=RUN_HERE_UNDER_US)
+            future = core.submit(call)
         while True:
             try:
                 outputs = future.result(timeout=_POLL_S)
@@ -159,7 +158,7 @@ class _Handlers:
             tenant = s.tenant_of(context)
             with s.admitted(tenant):
                 request, raws = parse_infer_request(data, s.limits)
-                out: bytes = infer_blocking(s.service, request, s.limits, s.shared_memory, self.working, context,
+                out: bytes = infer_blocking(s.core, request, s.limits, s.shared_memory, self.working, context,
                                             raw_contents=raws, encode=encode_infer_response_bytes, tenant=tenant)
             return out
         except Exception as exc:  # noqa: BLE001 - every error becomes a status
@@ -185,7 +184,7 @@ class _Handlers:
         for request in requests:
             try:
                 with s.admitted(tenant):
-                    response = infer_blocking(s.service, request, s.limits, s.shared_memory, self.working, context,
+                    response = infer_blocking(s.core, request, s.limits, s.shared_memory, self.working, context,
                                               tenant=tenant)
             except Exception as exc:  # noqa: BLE001 - reported in the stream, as Triton does
                 yield pb.ModelStreamInferResponse(

@@ -51,7 +51,7 @@ from frameserve.errors import (
     FrameserveError,
     InvalidInputError,
 )
-from frameserve.protocol import check_model_control
+from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
 from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.http import codec
 from frameserve.protocol.http._auth import HttpGate, principal_of
@@ -212,11 +212,13 @@ def create_app(
 
     # Inference: POSTs are answered by _InferFastPath before FastAPI sees them; these routes
     # serve when the app is mounted elsewhere, and give other methods their 405.
+    client = service.client(inline_under_us=RUN_HERE_UNDER_US)  # fast models run on the loop's thread
+
     async def infer(request: Request) -> Response:
         p = request.path_params
         headers = InferHeaders.of(request.scope["headers"])
         status, raw_headers, parts = await _infer(
-            service, p["model"], p.get("version"), headers,
+            client, p["model"], p.get("version"), headers,
             lambda: read_limited(request.stream(), headers.content_length, max_body_bytes), max_body_bytes, limits,
             shared_memory, tenant=principal_of(request.scope).name,
         )
@@ -226,8 +228,7 @@ def create_app(
 
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         route(prefix + "/infer", "POST")(infer)
-    app.infer_fast_path = InferFastPath(service, max_body_bytes, limits, shared_memory, batching=service,
-                                        gate=infer_gate)
+    app.infer_fast_path = InferFastPath(client, max_body_bytes, limits, shared_memory, batching=client, gate=infer_gate)
 
     # -- health and metadata -----------------------------------------------------------------
 

@@ -31,7 +31,6 @@ from frameserve.errors import (
     QuotaExceededError,
     shown,
 )
-from frameserve.protocol import RUN_HERE_UNDER_US
 from frameserve.protocol._core import BatchingCore, InferCore, LoopBatcher, RegionSource, outputs_of
 from frameserve.protocol.http import codec
 from frameserve.protocol.http._auth import HttpGate, principal_of
@@ -215,7 +214,7 @@ async def _infer_with(
         return _error_answer(exc)
     try:
         if batcher is None:
-            outputs = await outputs_of(core.submit(req, run_here_under_us=RUN_HERE_UNDER_US))
+            outputs = await outputs_of(core.submit(req))
         else:
             outputs = await batcher.outputs(req)
     except FrameserveError as exc:  # the service counts the failures it sees itself
@@ -287,9 +286,10 @@ class InferFastPath:
         max_body_bytes: largest body (413 beyond).
         limits: caps on the JSON size, shapes and BYTES elements.
         shared_memory: where client shared-memory regions are found (``None``: refused).
-        batching: the service itself (:class:`~frameserve.protocol._core.BatchingCore`): the
-            requests of one loop iteration go to it together (:class:`LoopBatcher`); ``None``
-            (a front end's channel): one by one, the owner batches.
+        batching: ``core`` again where it takes requests together (a service's client, a
+            :class:`~frameserve.protocol._core.BatchingCore`): the requests of one loop
+            iteration go to it at once (:class:`LoopBatcher`); ``None`` (a front end's
+            channel): one by one, the owner batches.
         gate: the tenants' inference quotas, checked on the headers, before the body is read:
             429 with ``Retry-After`` over them (``None``: none).
     """
@@ -307,7 +307,7 @@ class InferFastPath:
         self.max_body_bytes = max_body_bytes
         self.limits = limits
         self.shared_memory = shared_memory
-        self.batcher = LoopBatcher(batching, RUN_HERE_UNDER_US) if batching is not None else None
+        self.batcher = LoopBatcher(batching) if batching is not None else None
         self.gate = gate
 
     async def __call__(self, match: re.Match[str], scope: Any, receive: Any, send: Any) -> None:
