@@ -207,7 +207,8 @@ def timeline_from_doc(doc: Mapping[str, Any], *, size_hint: int = 0) -> Timeline
         "pipeline": doc.get("pipeline"), "sampling": doc.get("sampling"), "frames": n,
         "width": source.get("width"), "height": source.get("height"), "duration_s": source.get("duration_s"),
         "verdict": summary.get("verdict"), "start_s": float(pts[0]) if n else 0.0,
-        "end_s": float(pts[-1]) if n else 0.0,
+        "end_s": float(pts[-1]) if n else 0.0, "source_uri": source.get("uri"),
+        "video_out": doc.get("video_out") if isinstance(doc.get("video_out"), str) else None,
     }
     size = size_hint + pts.nbytes + index.nbytes + sum(c.nbytes for c in series.values())
     return Timeline(pts, index, series, segments, threshold, meta, recs, size)
