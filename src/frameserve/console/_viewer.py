@@ -121,7 +121,8 @@ class ViewerData:
 
     def _local(self, uri: str, owner: str, name: str) -> Path:
         # one local copy per (owner, uri): a remote file is fetched once, then reused
-        dest = self.scratch / f"{hashlib.sha256(f'{owner}\0{uri}'.encode()).hexdigest()[:24]}-{name}"
+        digest = hashlib.sha256(owner.encode() + b"\0" + uri.encode()).hexdigest()[:24]
+        dest = self.scratch / f"{digest}-{name}"
         if dest.is_file():
             return dest
         return self.storage.download(uri, dest, tenant=owner, max_bytes=MAX_RESULTS_BYTES,
