@@ -244,4 +244,15 @@ def test_timeline_api_refuses_bad_sizes_with_422(served: dict[str, Any]) -> None
         r = httpx.get(f"{url}?{q}", headers=h, timeout=10)
         assert r.status_code == 422 and word in r.json()["error"], (q, r.text)
     r = httpx.get(f"{url}?width=4", headers=h, timeout=10)
-    assert r.status_code == 200 and r.json()["mode"] == "minmax" and len(r.json()["x"]) <= 4
+    doc = r.json()
+    assert r.status_code == 200 and doc["mode"] == "minmax" and len(doc["x"]) <= 4
+    # a column's highest verdict, asked for by its frame ordinal, is a real frame of the results
+    frames = sorted(_results(served["done"]["a1"])["frames"], key=lambda f: f["pts_s"])
+    c = max(range(len(doc["x"])), key=lambda i: doc["series"]["verdict"]["max"][i])
+    ordinal = doc["i0"][c] + doc["series"]["verdict"]["max_k"][c]
+    img = httpx.get(f"{url.removesuffix('/timeline')}/frame?frame={ordinal}&format=png", headers=h, timeout=60)
+    assert img.status_code == 200 and img.headers["content-type"] == "image/png" and img.content[:4] == b"\x89PNG"
+    assert float(img.headers["x-frame-pts"]) == pytest.approx(frames[ordinal]["pts_s"], abs=1e-3)
+    assert json.loads(img.headers["x-frame-boxes"])[0]["box"] == pytest.approx(frames[ordinal]["detections"][0]["box"], abs=1e-3)
+    bad = httpx.get(f"{url.removesuffix('/timeline')}/frame?frame=999999", headers=h, timeout=10)
+    assert bad.status_code == 422 and "frame must be" in bad.json()["error"]

@@ -75,6 +75,15 @@ class Timeline:
     records: list[dict[str, Any]] = field(repr=False, default_factory=list)
     size_bytes: int = 0
 
+    def pts_at_ordinal(self, ordinal: int) -> float:
+        """The pts (seconds) of the ``ordinal``-th frame in ``pts_s`` order.
+
+        Raises:
+            InvalidInputError: ``ordinal`` outside ``0..N-1``."""
+        if not 0 <= ordinal < len(self.pts_s):
+            raise InvalidInputError(f"frame must be 0..{len(self.pts_s) - 1} (a frame's ordinal in this run), got {ordinal}")
+        return float(self.pts_s[ordinal])
+
     def record_at(self, pts_s: float) -> dict[str, Any] | None:
         """The frame record whose ``pts_s`` is nearest ``pts_s`` (``None`` with no frames)."""
         if not len(self.pts_s):
@@ -246,10 +255,12 @@ def decimate(tl: Timeline, start_s: float | None, end_s: float | None, width: in
 
     Returns:
         ``{"mode": "exact", "pts": [...], "series": {name: [...]}}`` when the range holds at most
-        ``width`` frames, else ``{"mode": "minmax", "x": [column start s], "series": {name:
-        {"min": [...], "max": [...], "min_pts": [...], "max_pts": [...]}}}`` (columns with no
-        frame left out); plus ``start_s``, ``end_s``, ``frames`` (in range), ``width``. Scores
-        are rounded to 4 decimals, times to 6 (the microsecond: a frame's pts survives).
+        ``width`` frames, else ``{"mode": "minmax", "x": [column start s], "i0": [the ordinal of
+        each column's first frame], "series": {name: {"min": [...], "max": [...], "min_k": [...],
+        "max_k": [...]}}}`` (columns with no frame left out; the frame holding a column's extreme
+        is ordinal ``i0[c] + max_k[c]``, :meth:`Timeline.pts_at_ordinal`: offsets, not times,
+        keep the payload small); plus ``start_s``, ``end_s``, ``frames`` (in range), ``width``.
+        Scores are rounded to 4 decimals (exact) or 3 (min/max), times to 6 (the microsecond).
 
     Raises:
         InvalidInputError: ``width`` outside 1..:data:`MAX_WIDTH`, a non-finite bound,
@@ -281,16 +292,17 @@ def decimate(tl: Timeline, start_s: float | None, end_s: float | None, width: in
     counts = np.diff(np.concatenate([starts, [len(pts)]]))
     out["mode"] = "minmax"
     out["x"] = _r(lo + colidx[starts] * (span / width), 6)
+    out["i0"] = (starts + a).tolist()  # each column's first frame, as an ordinal into the timeline
     res: dict[str, Any] = {}
+    pos = np.arange(len(pts))
+    big = len(pts) + 1
     for s in names:
         v = tl.series[s][a:b]
         mn, mx = np.minimum.reduceat(v, starts), np.maximum.reduceat(v, starts)
-        # the first frame of each column holding its extreme: argmax of (v == extreme) per column
-        pos = np.arange(len(v))
-        big = len(v) + 1
-        at_min = np.minimum.reduceat(np.where(v == np.repeat(mn, counts), pos, big), starts)
-        at_max = np.minimum.reduceat(np.where(v == np.repeat(mx, counts), pos, big), starts)
-        res[s] = {"min": _r(mn, 4), "max": _r(mx, 4), "min_pts": _r(pts[at_min], 6), "max_pts": _r(pts[at_max], 6)}
+        # the first frame of each column holding its extreme, as an offset from the column's first
+        at_min = np.minimum.reduceat(np.where(v == np.repeat(mn, counts), pos, big), starts) - starts
+        at_max = np.minimum.reduceat(np.where(v == np.repeat(mx, counts), pos, big), starts) - starts
+        res[s] = {"min": _r(mn, 3), "max": _r(mx, 3), "min_k": at_min.tolist(), "max_k": at_max.tolist()}
     out["series"] = res
     return out
 

@@ -77,6 +77,22 @@ def _floatq(request: Request, name: str) -> float | None:
         raise InvalidInputError(f"{name} must be a number of seconds, got {raw[:40]!r}") from None
 
 
+def _frame_pts(request: Request, tl: Timeline | None) -> float:
+    """The pts asked for: ``pts_s`` (seconds) or ``frame`` (an ordinal into the run's frames, as
+    the min/max timeline gives them)."""
+    raw = request.query_params.get("frame")
+    if raw is not None:
+        if not raw.isdigit() or len(raw) > 9:
+            raise InvalidInputError(f"frame must be a whole number (a frame's ordinal in this run), got {raw[:20]!r}")
+        if tl is None:
+            raise InvalidInputError("this run has no frames yet; ask by pts_s")
+        return tl.pts_at_ordinal(int(raw))
+    pts = _floatq(request, "pts_s")
+    if pts is None or not 0 <= pts < 1e7:
+        raise InvalidInputError("pts_s (the frame's time in seconds, 0 <= pts_s < 1e7) or frame (its ordinal) is required")
+    return pts
+
+
 def _query(request: Request) -> tuple[float | None, float | None, int, list[str] | None]:
     """``(start_s, end_s, width, series)`` from the query; :class:`InvalidInputError` when bad."""
     raw_w = request.query_params.get("width", "1000")
@@ -273,12 +289,10 @@ def create_viewer_router(data: ViewerData) -> APIRouter:
     @router.get("/jobs/{job_id}/frame")
     @guarded
     async def job_frame(job_id: str, request: Request, access: JobAccess = Depends(job_access)) -> Response:
-        pts = _floatq(request, "pts_s")
         fmt = request.query_params.get("format", "jpeg")
-        if pts is None or not 0 <= pts < 1e7:
-            raise InvalidInputError("pts_s is required: the frame's time in seconds, 0 <= pts_s < 1e7")
         job = await asyncio.to_thread(data.job, job_id, access)
         tl = await asyncio.to_thread(data.job_timeline, job)
+        pts = _frame_pts(request, tl)
 
         def build() -> DrawnFrame:
             source = data._local(job.source, job.owner, "source")
@@ -327,10 +341,8 @@ def create_viewer_router(data: ViewerData) -> APIRouter:
     @guarded
     async def upload_frame(uid: str, request: Request, access: JobAccess = Depends(job_access)) -> Response:
         owner, tl, source = data.upload(uid, access)
-        pts = _floatq(request, "pts_s")
+        pts = _frame_pts(request, tl)
         fmt = request.query_params.get("format", "jpeg")
-        if pts is None or not 0 <= pts < 1e7:
-            raise InvalidInputError("pts_s is required: the frame's time in seconds, 0 <= pts_s < 1e7")
         if source is None:
             raise NotFoundError("this results file names no source the server may read")
 

@@ -48,18 +48,19 @@
     return { names: names, data: cols };
   }
 
-  // The frame pts of a click at column idx: the extreme nearest the pointer among the series.
-  function pickPts(doc, xIdx, yVal) {
-    if (doc.mode === "exact") return doc.pts[xIdx];
+  // The frame behind a click at column idx: the extreme nearest the pointer among the series,
+  // {pts} in exact mode, else {frame: its ordinal} (i0 + the extreme's offset in the column).
+  function pick(doc, xIdx, yVal) {
+    if (doc.mode === "exact") return { pts: doc.pts[xIdx] };
     var best = null, bestD = Infinity;
     Object.keys(doc.series).forEach(function (n) {
       var s = doc.series[n];
-      [["max", "max_pts"], ["min", "min_pts"]].forEach(function (k) {
+      [["max", "max_k"], ["min", "min_k"]].forEach(function (k) {
         var d = Math.abs(s[k[0]][xIdx] - yVal);
-        if (d < bestD) { bestD = d; best = s[k[1]][xIdx]; }
+        if (d < bestD) { bestD = d; best = doc.i0[xIdx] + s[k[1]][xIdx]; }
       });
     });
-    return best;
+    return { frame: best };
   }
 
   function drawSegments(u) {
@@ -118,7 +119,7 @@
     if (plot) plot.destroy();
     plot = new uPlot(opts, joined, chartEl);
     plot.over.addEventListener("click", onClick);
-    plot.root.querySelectorAll(".u-legend th").forEach(function (th) { if (/\(min\)$/.test(th.textContent)) th.parentNode.hidden = true; });
+    plot.root.querySelectorAll(".u-legend th").forEach(function (th) { if (/\(min\)/.test(th.textContent)) th.parentNode.style.display = "none"; });
     chartEl.dataset.mode = main.doc.mode;
     chartEl.dataset.frames = String(main.doc.frames);
     chartEl.dataset.series = a.names.join(",");
@@ -180,13 +181,16 @@
     var mainIdx = (main.doc.mode === "exact" ? main.doc.pts : main.doc.x).indexOf(x);
     if (mainIdx < 0) return;
     var yVal = plot.posToVal(plot.cursor.top, "y");
-    showFrame(pickPts(main.doc, mainIdx, yVal));
+    showFrame(pick(main.doc, mainIdx, yVal));
   }
 
-  async function showFrame(pts) {
-    caption.textContent = "Decoding the frame at " + pts.toFixed(3) + " s…";
+  // which: {pts} (seconds) or {frame} (an ordinal into the run's frames); a number means {pts}.
+  async function showFrame(which) {
+    if (typeof which === "number") which = { pts: which };
+    var q = which.frame != null ? "frame=" + which.frame : "pts_s=" + encodeURIComponent(which.pts);
+    caption.textContent = "Decoding the frame " + (which.frame != null ? "#" + which.frame : "at " + which.pts.toFixed(3) + " s") + "…";
     try {
-      var r = await fetch(main.doc.frame_url + "?pts_s=" + encodeURIComponent(pts), { credentials: "same-origin" });
+      var r = await fetch(main.doc.frame_url + "?" + q, { credentials: "same-origin" });
       if (!r.ok) { var e = await r.json(); throw new Error(e.error || ("HTTP " + r.status)); }
       var blob = await r.blob();
       var shown = r.headers.get("X-Frame-Pts"), size = (r.headers.get("X-Frame-Size") || "0x0").split("x").map(Number);
@@ -195,7 +199,7 @@
       img.onload = function () { placeBoxes(boxes, size); };
       img.src = URL.createObjectURL(blob);
       img.hidden = false;
-      img.dataset.pts = shown; img.dataset.requested = String(pts); img.dataset.index = r.headers.get("X-Frame-Index");
+      img.dataset.pts = shown; img.dataset.requested = q; img.dataset.index = r.headers.get("X-Frame-Index");
       img.dataset.width = String(size[0]); img.dataset.height = String(size[1]);
       caption.textContent = "Frame " + r.headers.get("X-Frame-Index") + " at " + Number(shown).toFixed(3) + " s · " +
         boxes.length + " box(es): " + boxes.map(function (b) { return b.label + " " + b.score.toFixed(2); }).join(", ");
