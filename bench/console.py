@@ -54,7 +54,7 @@ def synthesise(path: Path, frames: int, seed: int = 24) -> int:
     with a score that wanders in [0.25, 1] (the detector's threshold is 0.25)."""
     rng = random.Random(seed)
     on = dict.fromkeys(LABELS, False)
-    level = {lab: 0.5 for lab in LABELS}
+    level = dict.fromkeys(LABELS, 0.5)
     summary = Summary(min_score=0.25, segment_gap_s=1.0)
     header = {"source": {"uri": "synthetic.mp4", "width": 1280, "height": 720, "fps": 25.0,
                          "duration_s": frames / 2, "frame_count": frames * 12},

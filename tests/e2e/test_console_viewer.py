@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from _serving import ServeProcess
 from _user_pipelines import make_repository
 
@@ -229,9 +227,12 @@ def test_a_tenant_cannot_open_another_tenants_job_results(served: dict[str, Any]
             resp = b.page.goto(f"{served['base']}/console/jobs/{alice_job}/results")
             assert resp is not None and resp.status == 404
             assert "job" in b.page.inner_text("#error").lower()
+            b.page.set_viewport_size({"width": 390, "height": 844})  # a phone
             resp = b.page.goto(f"{served['base']}/console/jobs/{served['jobs']['b1']}/results")
             assert resp is not None and resp.status == 200
             _chart_ready(b.page)
+            assert b.page.evaluate("() => document.scrollingElement.scrollWidth") <= 392  # no sideways scrolling
+            b.shot(served["art"], "viewer-phone")
         finally:
             b.close()
 

@@ -74,7 +74,7 @@ def boxes_of(record: Mapping[str, Any] | None) -> list[dict[str, Any]]:
                     pts = np.asarray(box, np.float64).reshape(-1, 2)
                     xyxy = [float(pts[:, 0].min()), float(pts[:, 1].min()), float(pts[:, 0].max()), float(pts[:, 1].max())]
                 else:
-                    xyxy = [float(v) for v in box][:4]
+                    xyxy = [float(v) for v in (box if isinstance(box, (list, tuple)) else ())][:4]
                     if len(xyxy) != 4:
                         continue
             except (TypeError, ValueError):
