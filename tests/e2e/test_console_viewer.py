@@ -183,6 +183,12 @@ def test_a_results_file_from_frameserve_run_opens_in_the_viewer(served: dict[str
             b.page.wait_for_url("**/console/results/*", timeout=30_000)
             _chart_ready(b.page)
             assert int(b.page.get_attribute("#chart", "data-frames")) == len(frames)
+            # its source lies under alice's file root: the frame decodes with her storage rights
+            hit = max(frames, key=lambda f: max([d["score"] for d in f["detections"]], default=0))
+            b.page.evaluate("(pts) => window.frameserveViewer.showFrame(pts)", hit["pts_s"])
+            b.page.wait_for_selector("#frame[data-pts]", timeout=30_000)
+            assert float(b.page.get_attribute("#frame", "data-pts")) == pytest.approx(hit["pts_s"], abs=1e-3)
+            assert b.page.locator("#boxes .box").count() == len(hit["detections"])
             b.shot(served["art"], "results-file")
             # bob cannot open alice's upload by its URL
             url = b.page.url
