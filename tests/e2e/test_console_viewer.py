@@ -135,7 +135,9 @@ def test_viewer_shows_the_highest_score_frame_with_its_box_and_follows_the_video
     with sync_playwright() as pw:
         b = _Browser(pw, served["base"], "alice")
         try:
-            b.page.goto(f"{served['base']}/console/jobs/{job_id}/results")
+            resp = b.page.goto(f"{served['base']}/console/jobs/{job_id}/results")
+            assert resp is not None and "script-src 'self'" in resp.headers["content-security-policy"]
+            assert not b.page.locator("script:not([src])").count()  # no inline script
             _chart_ready(b.page)
             assert b.page.get_attribute("#chart", "data-mode") == "exact"
             # click the highest point: its pixel from the chart's own scales
@@ -190,6 +192,8 @@ def test_a_results_file_from_frameserve_run_opens_in_the_viewer(served: dict[str
             assert float(b.page.get_attribute("#frame", "data-pts")) == pytest.approx(hit["pts_s"], abs=1e-3)
             assert b.page.locator("#boxes .box").count() == len(hit["detections"])
             b.shot(served["art"], "results-file")
+            b.only_this_server()
+            assert not b.errors, b.errors
             # bob cannot open alice's upload by its URL
             url = b.page.url
         finally:
