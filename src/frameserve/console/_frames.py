@@ -28,6 +28,7 @@ from frameserve.pipeline.sinks import draw_detections
 
 __all__ = ["DrawnFrame", "FrameCache", "boxes_of", "draw_frame", "encode_image", "render_frame"]
 
+_NUDGE_S = 1e-5
 _FORMATS = {"jpeg": (".jpg", "image/jpeg"), "png": (".png", "image/png")}
 
 
@@ -131,7 +132,10 @@ def render_frame(video: Path, pts_s: float, record: Mapping[str, Any] | None, fm
     """
     from frameserve.video import VideoSource
 
-    src = VideoSource(str(video), sampling=f"timestamps:{max(0.0, float(pts_s))!r}", threads=1)
+    # 10 us later: a frame's pts as a float (35035/30000 s -> 1.1678333333333333) times the time
+    # base can fall just short of its integer pts (35034.999...), and the video layer then picks
+    # the frame before it; frames are never 10 us apart, so this moves no other request
+    src = VideoSource(str(video), sampling=f"timestamps:{max(0.0, float(pts_s)) + _NUDGE_S!r}", threads=1)
     try:
         frame = next(iter(src), None)
     finally:
