@@ -267,3 +267,36 @@ def test_timeline_api_refuses_bad_sizes_with_422(served: dict[str, Any]) -> None
     assert json.loads(img.headers["x-frame-boxes"])[0]["box"] == pytest.approx(frames[ordinal]["detections"][0]["box"], abs=1e-3)
     bad = httpx.get(f"{url.removesuffix('/timeline')}/frame?frame=999999", headers=h, timeout=10)
     assert bad.status_code == 422 and "frame must be" in bad.json()["error"]
+
+
+def test_a_long_run_opens_decimated_and_zooming_in_reaches_every_frame(served: dict[str, Any]) -> None:
+    sync_playwright = _need_browser()
+    n = 6000  # 50 minutes at fps:2
+    frames = [{"index": i, "pts_s": i / 2, "is_keyframe": False,
+               "detections": [{"label": "A", "score": round(0.3 + 0.6 * ((i * 7919) % 97) / 97, 4), "box": [0, 0, 5, 5]}]}
+              for i in range(n)]
+    body = json.dumps({"pipeline": "nudenet", "sampling": "fps:2", "frames": frames, "summary": {"labels": {}}})
+    h = {"Authorization": f"Bearer {TOKENS['alice']}", "Content-Type": "application/json"}
+    up = httpx.post(f"{served['base']}/console/api/results", content=body, headers=h, timeout=60)
+    assert up.status_code == 201, up.text
+    with sync_playwright() as pw:
+        b = _Browser(pw, served["base"], "alice")
+        try:
+            b.page.goto(served["base"] + up.json()["url"])
+            _chart_ready(b.page)
+            assert b.page.get_attribute("#chart", "data-mode") == "minmax"
+            for _ in range(6):  # each halves the range: 3000 s -> ~47 s, fewer frames than pixels
+                before = b.page.get_attribute("#chart", "data-drawn")
+                b.page.click("#zoom-in")
+                b.page.wait_for_function("(t) => document.querySelector('#chart').dataset.drawn !== t", arg=before, timeout=30_000)
+            assert b.page.get_attribute("#chart", "data-mode") == "exact"
+            assert int(b.page.get_attribute("#chart", "data-frames")) < 200
+            before = b.page.get_attribute("#chart", "data-drawn")
+            b.page.click("#pan-right")
+            b.page.wait_for_function("(t) => document.querySelector('#chart').dataset.drawn !== t", arg=before, timeout=30_000)
+            b.page.click("#zoom-reset")
+            b.page.wait_for_function("() => document.querySelector('#chart').dataset.mode === 'minmax'", timeout=30_000)
+            b.only_this_server()
+            assert not b.errors, b.errors
+        finally:
+            b.close()
