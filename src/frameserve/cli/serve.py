@@ -259,6 +259,7 @@ def serve_command(
                                                                retention_days_failed, retention_days_cancelled),
                                     retention_interval_s=retention_interval_s)
             routers.append(embedded.router)
+            routers.extend(_viewer_routers(settings, embedded, registry, analyze_max_bytes))
         options = dataclasses.replace(options, http_routers=tuple(routers))
         # the service outlives the listeners: the embedded job worker finishes with it first
         server = Server(service, options, close_service=False)
@@ -311,6 +312,22 @@ def serve_command(
         if failed_start.is_set():
             raise typer.Exit(code=1)
         _say("stopped")
+
+
+def _viewer_routers(settings: object, embedded: object, registry: object, max_upload_bytes: int) -> tuple[object, ...]:
+    """The console's results viewer (``/console/api/...``, its pages and the Pipelines page) over
+    the embedded job service's store and storage."""
+    from frameserve.config import Settings
+    from frameserve.console._viewer import ViewerData, create_viewer_router
+    from frameserve.console._viewer_pages import create_viewer_pages
+    from frameserve.jobs.embedded import EmbeddedJobs
+    from frameserve.pipeline.registry import PipelineRegistry
+
+    assert isinstance(settings, Settings) and isinstance(embedded, EmbeddedJobs) and isinstance(registry, PipelineRegistry)
+    scratch = settings.home / "tmp" / "console"
+    scratch.mkdir(parents=True, exist_ok=True)
+    data = ViewerData(embedded.store, embedded.storage, registry, scratch, max_upload_bytes=max(64 << 20, max_upload_bytes))
+    return create_viewer_router(data), create_viewer_pages(data, registry)
 
 
 def _pipeline_routers(

@@ -1,0 +1,1 @@
+"""The web console served by ``serve`` (``/console``)."""
