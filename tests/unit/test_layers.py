@@ -17,7 +17,7 @@ RANK = {
     "video": 4,
     "pipeline": 5,
     "tuning": 6, "jobs": 6,
-    "protocol": 7,
+    "protocol": 7, "console": 7,
     "server": 8,
     "cli": 9, "__main__": 9,
 }
