@@ -260,7 +260,7 @@ def serve_command(
                                     retention_interval_s=retention_interval_s)
             routers.append(embedded.router)
         if console:
-            sessions, console_router = _console_router(service, options, embedded, reports)
+            sessions, console_router = _console_router(service, options, embedded, reports, list(registry.names()))
             routers.append(console_router)
             options = dataclasses.replace(options, console_sessions=sessions)
         options = dataclasses.replace(options, http_routers=tuple(routers))
@@ -317,7 +317,9 @@ def serve_command(
         _say("stopped")
 
 
-def _console_router(service: object, options: object, embedded: object, reports: Path | None) -> tuple[object, object]:
+def _console_router(
+    service: object, options: object, embedded: object, reports: Path | None, pipelines: list[str],
+) -> tuple[object, object]:
     """The web console's session table and router over the service and the embedded job
     service (:mod:`frameserve.console`)."""
     from frameserve.console import Console, create_console
@@ -328,7 +330,7 @@ def _console_router(service: object, options: object, embedded: object, reports:
     sessions = SessionTable()
     console = Console(service, sessions, tokens=options.tokens, model_control_mode=options.model_control_mode,
                       store=getattr(embedded, "store", None), storage=getattr(embedded, "storage", None),
-                      extra={"embedded": embedded}, reports_dir=reports.resolve() if reports is not None else None)
+                      extra={"embedded": embedded, "pipelines": pipelines}, reports_dir=reports.resolve() if reports is not None else None)
     return sessions, create_console(console)
 
 

@@ -44,9 +44,9 @@ Page = Callable[[Console], APIRouter]
 
 
 def _pages() -> list[Page]:
-    from frameserve.console import _login
+    from frameserve.console import _jobs, _login
 
-    return [_login.router]
+    return [_login.router, _jobs.router]
 
 
 PAGES: Sequence[Page] = ()
