@@ -133,6 +133,8 @@ def serve_command(
     graceful_timeout: Annotated[float, typer.Option("--graceful-timeout", min=0, help="Seconds in-flight requests get to finish on shutdown.")] = 30.0,
     log_level: Annotated[str, typer.Option("--log-level", help="debug | info | warning | error.")] = "info",
     jobs: Annotated[bool, typer.Option("--jobs/--no-jobs", help="Also serve /v1/jobs and run one embedded job worker.")] = True,
+    console: Annotated[bool, typer.Option("--console/--no-console", help="Serve the web console at /console on the HTTP port (GET / redirects there).")] = True,
+    reports: Annotated[Path | None, typer.Option("--reports", help="A folder whose report.html files (frameserve perf/tune) the console's Reports page lists and opens.")] = None,
     embedded_worker: Annotated[bool, typer.Option("--embedded-worker/--no-embedded-worker", help="With --jobs: run the embedded job worker; --no-embedded-worker serves /v1/jobs and delivers callbacks but claims no job (separate `frameserve worker` processes, e.g. autoscaled pods, do the work).")] = True,
     export_queue_metrics: Annotated[bool, typer.Option("--export-queue-metrics/--no-export-queue-metrics", help="With --jobs: export the database-wide queue gauges (frameserve_jobs_by_state, _pending, ...) on the metrics port. Keep ONE exporter per database (this server, or one `worker --export-queue-metrics`) so Prometheus does not add them up.")] = True,
     db: Annotated[str | None, typer.Option("--db", help="Job database, an SQLAlchemy URL (env FRAMESERVE_DB; default: SQLite under $FRAMESERVE_HOME).")] = None,
@@ -259,7 +261,12 @@ def serve_command(
                                                                retention_days_failed, retention_days_cancelled),
                                     retention_interval_s=retention_interval_s)
             routers.append(embedded.router)
-            routers.extend(_viewer_routers(settings, embedded, registry, analyze_max_bytes))
+            if console:  # the results viewer and the Pipelines page read the job service's store
+                routers.extend(_viewer_routers(settings, embedded, registry, analyze_max_bytes))
+        if console:
+            sessions, console_router = _console_router(service, options, embedded, reports, list(registry.names()))
+            routers.append(console_router)
+            options = dataclasses.replace(options, console_sessions=sessions)
         options = dataclasses.replace(options, http_routers=tuple(routers))
         # the service outlives the listeners: the embedded job worker finishes with it first
         server = Server(service, options, close_service=False)
@@ -328,6 +335,23 @@ def _viewer_routers(settings: object, embedded: object, registry: object, max_up
     scratch.mkdir(parents=True, exist_ok=True)
     data = ViewerData(embedded.store, embedded.storage, registry, scratch, max_upload_bytes=max(64 << 20, max_upload_bytes))
     return create_viewer_router(data), create_viewer_pages(data, registry)
+
+
+def _console_router(
+    service: object, options: object, embedded: object, reports: Path | None, pipelines: list[str],
+) -> tuple[object, object]:
+    """The web console's session table and router over the service and the embedded job
+    service (:mod:`frameserve.console`)."""
+    from frameserve.console import Console, create_console
+    from frameserve.security.sessions import SessionTable
+    from frameserve.server import ServerOptions
+
+    assert isinstance(options, ServerOptions)
+    sessions = SessionTable()
+    console = Console(service, sessions, tokens=options.tokens, model_control_mode=options.model_control_mode,
+                      store=getattr(embedded, "store", None), storage=getattr(embedded, "storage", None),
+                      extra={"embedded": embedded, "pipelines": pipelines}, reports_dir=reports.resolve() if reports is not None else None)
+    return sessions, create_console(console)
 
 
 def _pipeline_routers(

@@ -25,7 +25,9 @@ another site can reach a loopback server): on ``POST``/``PUT``/``PATCH``/``DELET
   ``multipart/form-data``: the ones a page may send without a preflight, Fetch standard
   "CORS-safelisted request-header") on a JSON route is refused with 415
   (:class:`~frameserve.errors.UnsupportedMediaTypeError`). ``/v1/analyze`` takes
-  ``multipart/form-data`` uploads, so only the first check applies there. A request without a
+  ``multipart/form-data`` uploads, and the web console's forms post
+  ``application/x-www-form-urlencoded`` to ``/console`` (each with its session's CSRF token,
+  :mod:`frameserve.security.sessions`), so only the first check applies there. A request without a
   ``Content-Type`` (tritonclient sends none on load and unload) is accepted. The shared-memory
   routes (``/v2/systemsharedmemory/``, ``/v2/cudasharedmemory/``) also accept
   ``application/x-www-form-urlencoded``: Triton's C++ client (perf_analyzer) posts them with
@@ -84,7 +86,7 @@ _GRPC_ADMIN = frozenset({
     _GRPC_SERVICE + "RepositoryModelLoad", _GRPC_SERVICE + "RepositoryModelUnload",
     _GRPC_SERVICE + "TraceSetting", _GRPC_SERVICE + "LogSettings",
 })
-_NOT_JSON_PREFIXES = ("/v1/analyze",)
+_NOT_JSON_PREFIXES = ("/v1/analyze", "/console")
 _FORM_TYPE = "application/x-www-form-urlencoded"
 _FORM_TYPE_PREFIXES = ("/v2/systemsharedmemory/", "/v2/cudasharedmemory/")
 """Routes that accept libcurl's default POST type (the module docstring says why)."""

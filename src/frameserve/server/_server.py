@@ -90,6 +90,8 @@ class ServerOptions:
             ``None`` = as long as they take.
         load_models: load models at start (those the model control mode names); false: none.
         http_routers: more FastAPI routers mounted on the HTTP port (the embedded ``/v1/jobs``).
+        console_sessions: the web console's :class:`~frameserve.security.sessions.SessionTable`
+            (its routers among ``http_routers``); ``None``: no console.
         log_settings: the process's live log settings, served by Triton's logging extension
             (``/v2/logging``, gRPC ``LogSettings``); ``None``: not served.
         model_control_mode: ``none`` (default), ``explicit`` or ``poll`` (the module docstring).
@@ -145,6 +147,7 @@ class ServerOptions:
     graceful_timeout_s: float | None = 30.0
     load_models: bool = True
     http_routers: tuple[Any, ...] = ()
+    console_sessions: Any = None
     log_settings: LogSettings | None = None
     http_host: str | None = None
     grpc_host: str | None = None
@@ -477,6 +480,7 @@ class Server:
                 tokens=opts.tokens, auth_health=opts.auth_health, limits=opts.limits,
                 loopback_hosts_only=opts.tokens is None and is_loopback(opts.host_for("http")),
                 shared_memory=self.shared_memory, infer_gate=InferGate.of(opts.quotas), log_settings=opts.log_settings,
+                console_sessions=opts.console_sessions,
             )
         if "http" in self._sockets:
             apps["http"] = http_app

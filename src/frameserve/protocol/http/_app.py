@@ -62,6 +62,7 @@ from frameserve.protocol.http._shm import shared_memory_routes
 from frameserve.repository import config_override
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.quotas import InferGate
+from frameserve.security.sessions import SessionTable
 from frameserve.security.tokens import TokenTable
 from frameserve.service import InferenceService
 from frameserve.shm import EXTENSION as SHM_EXTENSION
@@ -135,6 +136,7 @@ def create_app(
     loopback_hosts_only: bool = False,
     infer_gate: InferGate | None = None,
     log_settings: LogSettings | None = None,
+    console_sessions: SessionTable | None = None,
 ) -> FastAPI:
     """Build the v2 HTTP application over ``service``.
 
@@ -160,6 +162,8 @@ def create_app(
             regions; ``None``: both are refused (Triton's ``--allow-client-shm=false``).
         log_settings: the process's live log settings: ``GET``/``POST /v2/logging`` (Triton's
             logging extension, :mod:`frameserve.protocol._logsettings`); ``None``: no such route.
+        console_sessions: the web console's sessions: the gate admits ``/console`` paths by
+            their session cookie (:mod:`frameserve.protocol.http._auth`); ``None``: no console.
 
     Returns:
         The FastAPI application (ASGI); it owns no threads and does not close ``service``.
@@ -177,7 +181,8 @@ def create_app(
 
     app = _V2App(title="frameserve", docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
     app.state.max_body_bytes = max_body_bytes
-    app.gate = HttpGate(tokens, auth_health=auth_health, loopback_hosts_only=loopback_hosts_only)
+    app.gate = HttpGate(tokens, auth_health=auth_health, loopback_hosts_only=loopback_hosts_only,
+                        sessions=console_sessions)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
