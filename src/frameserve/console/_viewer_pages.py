@@ -52,7 +52,9 @@ def create_viewer_pages(data: ViewerData, pipelines: PipelineRegistry) -> APIRou
     listing = [{**p, "params_json": json.dumps(p.get("params", {}), indent=1)} for p in pipelines.describe()]
 
     def page(name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
-        csrf = ctx.pop("request").cookies.get("frameserve_csrf") if "request" in ctx else None
+        request = ctx.pop("request", None)  # the console session's CSRF token, for the scripts' POSTs
+        session = getattr(request.state, "console_session", None) if request is not None else None
+        csrf = getattr(session, "csrf", None)
         html = env.get_template(name).render(csrf_token=csrf, **ctx)
         return HTMLResponse(html, status, headers=_HEADERS)
 

@@ -92,7 +92,7 @@ class EmbeddedJobs:
         fault = faults_from_env()
         self.router = create_router(
             self.store, storage=self.storage, callbacks_allow_private=js.callbacks_allow_private,
-            max_attempts=js.max_attempts, pipelines=self.pipelines, job_timeout_s=js.job_timeout_s,
+            max_attempts=js.max_attempts, pipelines=self.pipelines,
             max_job_timeout_s=js.job_timeout_cap_s,
         )
         from frameserve.pipeline import DecodePool

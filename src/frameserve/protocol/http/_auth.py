@@ -111,7 +111,7 @@ class HttpGate:
             admitted = await self._console(state, send, method, path, found)
             if admitted is None:
                 return True  # an open console path
-            if admitted is False:
+            if not isinstance(admitted, Principal):  # False: refused, the answer sent
                 return False
             principal = admitted
         elif self.tokens is None:
