@@ -116,6 +116,19 @@ def main() -> None:
         results = Path(tmp) / "results.json"
         size = synthesise(results, args.frames)
         print(f"results file: {args.frames} frames, {len(LABELS)} labels, {size} bytes")
+        from frameserve.console._timeline import decimate, parse_results
+
+        raw = results.read_bytes()
+        parse_s, dec_s = [], []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            tl = parse_results(raw)
+            t1 = time.perf_counter()
+            decimate(tl, None, None, 1248)
+            parse_s.append(t1 - t0)
+            dec_s.append(time.perf_counter() - t1)
+        print(f"server side, in process: parse the file {statistics.median(parse_s) * 1000:.0f} ms (once per job, cached), "
+              f"decimate to 1248 columns {statistics.median(dec_s) * 1000:.1f} ms (per request); medians of 3")
         proc, base = _serve(Path(tmp) / "home")
         try:
             up = httpx.post(f"{base}/console/api/results", content=results.read_bytes(),
