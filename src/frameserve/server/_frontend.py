@@ -22,6 +22,7 @@ requests finish first), when its channel closes (the owner is gone: at once), or
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import itertools
 import logging
@@ -424,19 +425,19 @@ class HttpForwarder:
         rid, queue = self.channel.open_stream()
         specs, taken = ch.pack_tensors({"body": np.frombuffer(body, np.uint8)}, self.channel.block, self.channel.arena)
         gone: asyncio.Task[None] | None = None  # watches the client once the answer streams
+        complete = False
         try:
             self.channel.send(ch.Http(rid, fields, specs))
             while True:
                 message = await queue.get() if gone is None else await _first(queue, gone)
-                if message is None:  # the client went away: the owner stops streaming
-                    self.channel.send(ch.HttpCancel(rid))
+                if message is None:  # the client went away: the owner stops streaming (finally)
                     return
-                if type(message) is ch.HttpStart:
+                if isinstance(message, ch.HttpStart):
                     await send({"type": "http.response.start", "status": message.status, "headers": message.headers})
                     continue
-                assert type(message) is ch.HttpBody
                 await send({"type": "http.response.body", "body": message.body, "more_body": message.more_body})
                 if not message.more_body:
+                    complete = True
                     return
                 self.channel.send(ch.HttpWindow(rid, len(message.body)))
                 if gone is None:
@@ -444,6 +445,9 @@ class HttpForwarder:
         finally:
             if gone is not None:
                 gone.cancel()
+            if not complete:  # the client left, or this task was cancelled: the owner stops too
+                with contextlib.suppress(ModelNotReadyError):
+                    self.channel.send(ch.HttpCancel(rid))
             self.channel.close_stream(rid)
             for offset in taken:
                 self.channel.arena.free(offset)

@@ -7,7 +7,9 @@ The HTTP routes, the gRPC servicer, the video pipeline and the job worker all ca
 :class:`~frameserve.request.InferRequest`: :meth:`InferenceService.submit` (the one way in)
 resolves its version, checks it against the model, counts a refusal and queues it there;
 :meth:`InferenceService.run` waits for the answer, :meth:`InferenceService.infer` builds the
-request from plain arguments first. The protocol extensions (:data:`EXTENSIONS`) and the failure
+request from plain arguments first. Where a caller's batches may run (on its own thread when the
+model is fast, or always on an instance's thread) is a policy given once:
+:meth:`InferenceService.client` returns the :class:`InferClient` a transport holds. The protocol extensions (:data:`EXTENSIONS`) and the failure
 metrics of requests a transport refuses (:meth:`InferenceService.record_failure`) live here too.
 
 Modules: ``_loading`` (the table of loaded versions and their lifecycle), ``_service`` (the
