@@ -39,8 +39,10 @@ KEEPALIVE = b": keep-alive\n\n"
 """A comment line a server sends when it has nothing else to say, so proxies and clients do
 not time an idle stream out (the standard suggests one about every 15 seconds)."""
 
-MAX_EVENT_ID_CHARS = 64
-"""Longest ``Last-Event-ID`` :func:`parse_last_event_id` accepts (ids here are decimal numbers)."""
+MAX_EVENT_ID_CHARS = 18
+"""Longest ``Last-Event-ID`` :func:`parse_last_event_id` accepts: ids here are decimal event
+sequence numbers, and every 18-digit number fits the stores' signed 64-bit ids (19 digits may
+not: 2**63 - 1 has 19), so any id of this length can be compared with the ids in a store."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,12 @@ front ends use; its descriptor is passed over the pipe) that tensors cross in::
                       ("outputs", call_id, output specs, response-half offsets)   ("stop",)
     child -> parent   ("submit", call_id, InferRequest without inputs, input specs)
                       ("call", call_id, method, args, kwargs)   ("free", response-half offsets)
-                      ("progress", done, expected)   ("done", summary, files)   ("failed", error)
+                      ("done", summary, files)   ("failed", error)
+
+Progress does not cross the pipe: the child writes each batch's ``(frames done, frames expected)``
+into two shared 64-bit counters (``multiprocessing.RawArray``, expected first, then done) and the
+parent reads them. A hook that then hangs, or a child that then dies, leaves its last count where
+the parent sees it; nothing is held back or coalesced in the child.
 
 The child copies a request's inputs into the block's request half once; the parent reads them
 there as views, runs the request and writes the outputs into the response half, which the child
@@ -28,7 +33,8 @@ and the parent's reader holding the GIL while it unpickles) made a nudenet job 1
 (``bench/jobs.py --part isolation``, 2 CPUs).
 
 What the parent does while the child works: every :data:`POLL_S` seconds it calls the worker's
-``progress`` callback (which raises when the job is cancelled or past its deadline) and looks at
+``progress`` callback with the counters (``None`` frames done before the first batch; the
+callback raises when the job is cancelled or past its deadline) and looks at
 whether the child is alive. On a raise it kills the child (``SIGKILL``: a hook that never
 returns cannot delay it) and re-raises; a dead child becomes
 :class:`~frameserve.errors.WorkerCrashedError` naming the signal or exit code, the frames done,
@@ -59,17 +65,13 @@ from frameserve.errors import InvalidInputError, JobTimeoutError, WorkerCrashedE
 from frameserve.jobs._pipeline import FaultHook, ProgressCb
 from frameserve.jobs.store import Job
 
-__all__ = ["POLL_S", "PROGRESS_MESSAGE_S", "IsolatedPipeline", "RemoteService"]
+__all__ = ["POLL_S", "IsolatedPipeline", "RemoteService"]
 
 log = logging.getLogger("frameserve.jobs.isolated")
 
 POLL_S = 0.2
 """How often the parent looks at a running job's cancel flag, deadline and child, seconds: a
 cancelled job's child is killed within this (plus the worker's cancel poll) of the request."""
-
-PROGRESS_MESSAGE_S = 0.1
-"""Least time between two progress messages of the child, seconds (reports in between are
-coalesced into the latest; the last one is always sent before the job's answer)."""
 
 _CALLS = frozenset({"is_ready", "load", "register", "model_config", "session_info", "metadata"})
 """The service methods a child may call besides ``submit`` (what pipelines and the runner use)."""
@@ -200,8 +202,9 @@ class RemoteService:
 
 
 def _child_main(conn: Any, settings: Settings, folder: str | None, threads: int | None, repository_root: str | None,
-                memory_limit_bytes: int | None, crash_file: str) -> None:
-    """The child process: run each job the parent sends, until ``("stop",)`` or the pipe closes."""
+                memory_limit_bytes: int | None, crash_file: str, counters: Any) -> None:
+    """The child process: run each job the parent sends, until ``("stop",)`` or the pipe closes;
+    ``counters`` is the shared ``[frames done, frames expected]`` (``-1``: none)."""
     import faulthandler
 
     if memory_limit_bytes is not None:
@@ -223,32 +226,16 @@ def _child_main(conn: Any, settings: Settings, folder: str | None, threads: int 
     registry = PipelineRegistry(Path(folder) if folder else None)
     process = pipeline_process(settings, remote, None, decode_pool=pool, pipelines=registry)
 
-    sent = [0.0]  # when the last progress message left (monotonic; 0: none yet this run)
-    held: list[tuple[int, int | None]] = []  # the latest report not sent yet
-
-    def progress(done: int, expected: int | None) -> None:
-        now = time.monotonic()
-        if sent[0] and now - sent[0] < PROGRESS_MESSAGE_S:  # coalesced: the parent gets the latest
-            held[:] = [(done, expected)]
-            return
-        sent[0] = now
-        held.clear()
-        remote.send(("progress", done, expected))
-
-    def flush() -> None:
-        if held:
-            remote.send(("progress", *held.pop()))
-        sent[0] = 0.0
+    def progress(done: int | None, expected: int | None) -> None:
+        counters[1] = -1 if expected is None else expected  # expected first: a reader never sees a
+        counters[0] = -1 if done is None else done  # count newer than the total it belongs to
 
     try:
         while (work := remote.jobs.get()) is not None:
             try:
                 if work[0] == "job":
                     _, video, spec, workdir = work
-                    try:
-                        summary, files = process(Path(video), spec, Path(workdir), progress)
-                    finally:
-                        flush()  # the last value is never dropped
+                    summary, files = process(Path(video), spec, Path(workdir), progress)
                     remote.send(("done", summary, {k: str(v) for k, v in files.items()}))
                 else:  # ("short", clip, pipeline, params, max_duration_s, flag)
                     from frameserve.pipeline.runner import run
@@ -313,12 +300,14 @@ class _Child:
         os.close(fd)
         self.crash_file = Path(crash)
         mine, theirs = ctx.Pipe(duplex=True)
+        self.counters = ctx.RawArray("q", 2)  # [frames done, frames expected] of the running job; -1: none
+        self.counters[0] = self.counters[1] = -1
         repo = getattr(service, "repository", None)
         root = getattr(repo, "root", None)
         self.proc = ctx.Process(
             target=_child_main, name="frameserve-pipeline", daemon=True,
             args=(theirs, settings, None if folder is None else str(folder), getattr(service, "threads", None),
-                  None if root is None else str(root), memory_limit_bytes, crash),
+                  None if root is None else str(root), memory_limit_bytes, crash, self.counters),
         )
         self.block = SharedBlock(_BLOCK_BYTES, name="frameserve-pipeline")
         self.arena = Arena(*self.block.response_half)
@@ -408,41 +397,45 @@ class _Child:
 
     def run(self, work: tuple[Any, ...], progress: ProgressCb, fault: FaultHook | None) -> tuple[Any, Any]:
         """Send ``work`` (``("job", ...)`` or ``("short", ...)``) and wait for its answer:
-        ``("done", result, files)``'s last two items, or its error raised."""
+        ``("done", result, files)``'s last two items, or its error raised. ``progress`` gets the
+        shared counters every :data:`POLL_S` and once more before the answer is returned."""
+        self.counters[0] = self.counters[1] = -1
         if not self._send(work):
-            raise self.crashed(0, None)
+            raise self.crashed(None, None)
         self.busy = True
-        done, expected = 0, None
-        first = True
         while True:
             try:
                 message = self.events.get(timeout=POLL_S)
             except queue.Empty:
+                done, expected = self.count()
                 if not self.proc.is_alive():
                     raise self.crashed(done, expected) from None
+                if done is not None and fault is not None:
+                    fault("mid_inference")  # the fault hook itself fires once
                 progress(done, expected)  # raises when cancelled or past the deadline
                 continue
             kind = message[0]
-            if kind == "progress":
-                done, expected = message[1], message[2]
-                if first and fault is not None:
-                    first = False
-                    fault("mid_inference")
-                progress(done, expected)
-            elif kind == "done":
+            if kind == "done":
                 self.busy = False
+                progress(*self.count())  # the last count is never dropped
                 return message[1], message[2]
-            elif kind == "failed":
+            if kind == "failed":
                 self.busy = False
                 raise message[1]
-            else:  # "gone"
-                self.proc.join(5.0)
-                raise self.crashed(done, expected)
+            # "gone"
+            self.proc.join(5.0)
+            raise self.crashed(*self.count())
 
-    def crashed(self, done: int, expected: int | None) -> WorkerCrashedError:
+    def count(self) -> tuple[int | None, int | None]:
+        """``(frames done, frames expected)`` the child last wrote for the running work (``None``: none)."""
+        expected, done = self.counters[1], self.counters[0]  # the order the child writes in, reversed
+        return (None if done < 0 else done), (None if expected < 0 else expected)
+
+    def crashed(self, done: int | None, expected: int | None) -> WorkerCrashedError:
         """The error of a child that died during a job."""
         self.proc.join(5.0)
         how = _describe_exit(self.proc.exitcode)
+        done = done or 0
         where = f" after {done} of {expected} frames" if expected else f" after {done} frames"
         trace = _crash_trace(self.crash_file)
         return WorkerCrashedError(
@@ -525,10 +518,10 @@ class IsolatedPipeline:
         """
         deadline = time.monotonic() + timeout_s
 
-        def watch(done: int, expected: int | None) -> None:
+        def watch(done: int | None, expected: int | None) -> None:
             if time.monotonic() > deadline:
                 raise JobTimeoutError(
-                    f"the clip's analysis ran past {timeout_s:g} s ({timeout_flag}) after {done} key frames; "
+                    f"the clip's analysis ran past {timeout_s:g} s ({timeout_flag}) after {done or 0} key frames; "
                     "the pipeline was stopped",
                     phase="process",
                 )

@@ -21,7 +21,10 @@ FaultHook = Callable[[str], None]
 """Test hook called at named points: ``mid_download``, ``mid_inference``, ``after_upload``,
 ``mid_callback``."""
 
-ProgressCb = Callable[[int, int | None], None]
+ProgressCb = Callable[[int | None, int | None], None]
+"""``progress(frames_done, frames_expected)`` after each batch; it raises to stop the work
+(cancelled, past the deadline). ``frames_done`` is ``None`` when no batch has been counted yet
+(a pipeline in a child process: the parent's periodic check before the first count)."""
 ProcessFn = Callable[[Path, Job, Path, ProgressCb], tuple[dict[str, Any], dict[str, Path]]]
 """``(local_video, job, workdir, progress) -> (summary_result, {output_name: local_file})``."""
 

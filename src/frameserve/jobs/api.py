@@ -139,10 +139,10 @@ from frameserve.security.quotas import ConcurrencyGate
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "GATE_ERRORS",
+    "MAX_FOLLOW_STREAMS",
     "MAX_PARAMS_BYTES",
     "MAX_PARAMS_DEPTH",
     "MAX_PIPELINE_CHARS",
-    "MAX_FOLLOW_STREAMS",
     "MAX_URI_CHARS",
     "ErrorBody",
     "JobAccess",
@@ -489,28 +489,26 @@ def create_router(
         response_model=JobEvents,
         response_description="the events, oldest first; with ?follow=true a text/event-stream (frameserve.jobs._stream)",
         responses={
-            200: {"content": {"text/event-stream": {"schema": {
-                "type": "string", "description": "Server-Sent Events: each event (event: <type>, id: <seq>, "
-                "data: {at, type, data}), event: progress {state, phase, progress, frames_done, frames_expected, "
-                "fps}, ': keep-alive' comments; ends when the job is finished"}}}},
+            200: {"content": {"text/event-stream": {"schema": _SSE_EVENT_SCHEMA}}},
             **error_responses(JobNotFoundError, InvalidInputError, QuotaExceededError),
         },
     )
     async def events(
         job_id: str = _JobId,
         follow: bool = Query(False, description="stream the events as Server-Sent Events until the job is finished"),
-        last_event_id: str | None = Header(
-            None, alias="Last-Event-ID", max_length=MAX_EVENT_ID_CHARS,
+        last_event_id: str = Header(
+            "", alias="Last-Event-ID", max_length=MAX_EVENT_ID_CHARS,
             description="with follow: resume after this event (the id: of the last event seen)",
+            json_schema_extra={"pattern": f"^([0-9]{{1,{MAX_EVENT_ID_CHARS}}})?$"},  # empty: none (WHATWG)
         ),
         access: JobAccess = Depends(job_access),
     ) -> Any:
-        if not follow:
-            return {"events": await asyncio.to_thread(store.events, job_id, owner=access.scope)}
-        try:
+        try:  # checked with or without follow: a header the stream would refuse is refused on the page too
             after = parse_last_event_id(last_event_id)
         except ValueError as exc:
             raise InvalidInputError(str(exc)) from None
+        if not follow:
+            return {"events": await asyncio.to_thread(store.events, job_id, owner=access.scope)}
         first = await asyncio.to_thread(store.events_since, job_id, after, owner=access.scope)  # 404 before a byte
         streams.try_acquire(access.owner)  # 429 past max_follow_streams
         body = _Held(follow_events(store, job_id, access.scope, after, first=first),
@@ -519,6 +517,23 @@ def create_router(
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     return router
+
+
+
+_SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "One Server-Sent Event of the stream (the schema of each event, as OpenAPI 3.2's itemSchema "
+    "reads it; WHATWG HTML, server-sent events): a job event (event: <type>, id: <seq>, data: the JSON "
+    "{at, type, data} of the JSON page), event: progress (no id; data: {state, phase, progress, frames_done, "
+    "frames_expected, fps}), a first retry: field, ': keep-alive' comments; the stream ends when the job is "
+    "finished",
+    "properties": {
+        "event": {"type": "string"},
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+        "retry": {"type": "integer", "minimum": 0},
+    },
+}
 
 
 def create_pipelines_router(registry: PipelineRegistry) -> APIRouter:

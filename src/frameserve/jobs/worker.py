@@ -601,15 +601,16 @@ class Worker:
         a.process_start = time.monotonic()
         deadline = None if limit is None else a.process_start + limit
 
-        def progress(done: int, expected: int | None) -> None:
-            a.frames_done, a.frames_expected = done, expected
-            if expected:
-                a.fraction = done / expected
+        def progress(done: int | None, expected: int | None) -> None:
+            if done is not None:  # None: no batch counted yet, only the checks below
+                a.frames_done, a.frames_expected = done, expected
+                if expected:
+                    a.fraction = done / expected
             if a.cancel.is_set():
                 raise _Cancelled()
             if deadline is not None and time.monotonic() > deadline:
                 raise JobTimeoutError(
-                    f"the process phase ran past the job's deadline of {limit:g} s ({why}) after {done} "
+                    f"the process phase ran past the job's deadline of {limit:g} s ({why}) after {done or 0} "
                     + (f"of {expected} " if expected else "") + "frames; the pipeline was stopped",
                     phase="process",
                 )
