@@ -146,6 +146,7 @@ class EventReader:
         self.retry_ms: int | None = None
         self.comments = 0
         self._buf = b""
+        self._after_cr = False  # the last chunk ended with \r
         self._first = True
         self._event = ""
         self._data: list[str] = []
@@ -156,16 +157,21 @@ class EventReader:
         self._buf += chunk
         out: list[Event] = []
         while True:
+            if self._after_cr and self._buf:  # the \n of a \r\n split across two chunks
+                self._after_cr = False
+                if self._buf[0] == 10:
+                    self._buf = self._buf[1:]
             found = [i for i in (self._buf.find(b"\n"), self._buf.find(b"\r")) if i >= 0]
             cut = min(found) if found else -1
             if cut < 0:
                 if len(self._buf) > self.max_line_bytes:
                     raise ValueError(f"an SSE line is longer than {self.max_line_bytes} bytes")
                 return out
-            if self._buf[cut] == 13 and cut + 1 == len(self._buf):
-                return out  # a \r at the end: wait for a possible \n
             line = self._buf[:cut]
-            skip = 2 if self._buf[cut] == 13 and self._buf[cut + 1] == 10 else 1
+            if self._buf[cut] == 13 and cut + 1 == len(self._buf):  # a \r at the end ends the line now;
+                skip, self._after_cr = 1, True  # a \n first in the next chunk belongs to it
+            else:
+                skip = 2 if self._buf[cut] == 13 and self._buf[cut + 1] == 10 else 1
             self._buf = self._buf[cut + skip:]
             text = line.decode("utf-8", "replace")
             if self._first:

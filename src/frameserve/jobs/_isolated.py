@@ -411,13 +411,16 @@ class _Child:
                 if not self.proc.is_alive():
                     raise self.crashed(done, expected) from None
                 if done is not None and fault is not None:
-                    fault("mid_inference")  # the fault hook itself fires once
+                    fault("mid_inference")  # after the first count; the hook itself fires once
                 progress(done, expected)  # raises when cancelled or past the deadline
                 continue
             kind = message[0]
             if kind == "done":
+                done, expected = self.count()
+                if done is not None and fault is not None:
+                    fault("mid_inference")  # a job shorter than one poll: still before its phase ends
                 self.busy = False
-                progress(*self.count())  # the last count is never dropped
+                progress(done, expected)  # the last count is never dropped
                 return message[1], message[2]
             if kind == "failed":
                 self.busy = False
