@@ -17,10 +17,41 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from frameserve.errors import TensorError
+from frameserve.errors import InvalidInputError, TensorError
 from frameserve.types import DataType
 
-__all__ = ["InferRequest", "RequestedOutput", "StatsSink"]
+__all__ = ["MAX_SEQUENCE_ID_CHARS", "InferRequest", "RequestedOutput", "StatsSink", "pop_sequence_parameters"]
+
+MAX_SEQUENCE_ID_CHARS = 1024
+"""The longest string ``sequence_id`` a request may carry (a UUID takes 36)."""
+
+
+def pop_sequence_parameters(params: dict[str, Any]) -> tuple[int | str, bool, bool]:
+    """Take Triton's sequence parameters out of a request's decoded ``parameters`` (HTTP JSON
+    or gRPC ``InferParameter`` values): ``sequence_id`` (an unsigned 64-bit integer or a string,
+    0 / "" / absent = none), ``sequence_start`` and ``sequence_end`` (booleans, absent = false).
+    The one reading of them for every transport.
+
+    Returns:
+        ``(sequence_id, sequence_start, sequence_end)``; ``params`` no longer holds them.
+
+    Raises:
+        InvalidInputError: a ``sequence_id`` that is neither (a negative, too large or boolean
+            number, a string over :data:`MAX_SEQUENCE_ID_CHARS`), a flag that is not a boolean.
+    """
+    sid = params.pop("sequence_id", 0)
+    start = params.pop("sequence_start", False)
+    end = params.pop("sequence_end", False)
+    if isinstance(sid, bool) or not isinstance(sid, int | str):
+        raise InvalidInputError(f"request parameter 'sequence_id' must be an unsigned integer or a string, got {sid!r}"[:300])
+    if isinstance(sid, int) and not 0 <= sid < 1 << 64:
+        raise InvalidInputError(f"request parameter 'sequence_id' {sid} is not an unsigned 64-bit integer"[:300])
+    if isinstance(sid, str) and len(sid) > MAX_SEQUENCE_ID_CHARS:
+        raise InvalidInputError(f"request parameter 'sequence_id' is {len(sid)} characters long; at most {MAX_SEQUENCE_ID_CHARS}")
+    for key, flag in (("sequence_start", start), ("sequence_end", end)):
+        if not isinstance(flag, bool):
+            raise InvalidInputError(f"request parameter {key!r} must be a boolean, got {type(flag).__name__}")
+    return sid, start, end
 
 
 class StatsSink(Protocol):
@@ -80,10 +111,15 @@ class InferRequest:
             :attr:`RequestedOutput.binary_data` (and of every output when none is named).
         stats_sink: also told the request's queue and compute times when it succeeds (an
             ensemble's step requests carry one); ``None`` for every other request.
+        sequence_id: the sequence (Triton's correlation id) the request belongs to: an
+            unsigned 64-bit integer or a string; ``0`` / ``""`` = none. Read by the sequence
+            batcher of a model with ``sequence_batching``, ignored by other models.
+        sequence_start: the first request of its sequence (``sequence_start``).
+        sequence_end: the last request of its sequence (``sequence_end``).
 
     Raises:
-        TensorError: a negative ``priority`` or ``timeout_us``, or ``inputs`` that is not a
-            mapping.
+        TensorError: a negative ``priority`` or ``timeout_us``, ``inputs`` that is not a
+            mapping, or a numeric ``sequence_id`` outside [0, 2**64).
     """
 
     model_name: str
@@ -96,6 +132,9 @@ class InferRequest:
     id: str = ""
     binary_data_output: bool = False
     stats_sink: StatsSink | None = None
+    sequence_id: int | str = 0
+    sequence_start: bool = False
+    sequence_end: bool = False
 
     def __post_init__(self) -> None:
         if self.priority < 0:
@@ -104,6 +143,8 @@ class InferRequest:
             raise TensorError(f"timeout {self.timeout_us} given; a timeout is >= 0 microseconds (0 = none)")
         if not isinstance(self.inputs, Mapping):
             raise TensorError(f"a request's inputs map names to arrays; got {type(self.inputs).__name__}")
+        if isinstance(self.sequence_id, int) and not 0 <= self.sequence_id < 1 << 64:
+            raise TensorError(f"sequence_id {self.sequence_id} given; a numeric sequence id is an unsigned 64-bit integer")
 
     @property
     def output_names(self) -> tuple[str, ...] | None:

@@ -174,7 +174,7 @@ def test_unknown_field_and_bad_enum_name_line_and_column() -> None:
 @pytest.mark.parametrize(
     ("text", "what"),
     [
-        ("sequence_batching { }", "sequence_batching"),
+        ("batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: \"n\" data_type: TYPE_INT32 } ]", "batch_input"),
         ("model_transaction_policy { decoupled: true }", "decoupled"),
         ('input [ { name: "x" dims: [4] } ]', "data_type"),
     ],

@@ -23,6 +23,7 @@ from frameserve.repository._features import (
 )
 from frameserve.repository._policy import VersionPolicy
 from frameserve.repository._schema import validate_config
+from frameserve.repository._sequence import SequenceBatching, parse_sequence_batching
 from frameserve.types import DataType, TensorSpec
 
 __all__ = ["BACKENDS", "ENSEMBLE", "PRECISIONS", "InstanceGroup", "ModelConfig", "check_model_filename", "parse_config"]
@@ -143,6 +144,9 @@ class ModelConfig:
         model_warmup: warmup samples run on each instance at load, before the model is ready.
         response_cache: Triton's ``response_cache.enable``: identical requests may be answered
             from the server's response cache (when the server has one).
+        sequence_batching: Triton's ``sequence_batching`` fields as a dict (checked by
+            :func:`~frameserve.repository.parse_sequence_batching`; excludes ``dynamic_batching``),
+            or ``None`` for a model without sequences. :attr:`sequence` is its parsed form.
 
     A frozen value; it holds dicts, so it is not hashable.
     """
@@ -165,6 +169,8 @@ class ModelConfig:
     label_filenames: Mapping[str, str] = field(default_factory=dict)
     model_warmup: tuple[WarmupSample, ...] = ()
     response_cache: bool = False
+    sequence_batching: dict[str, Any] | None = None
+    _sequence: SequenceBatching | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -188,6 +194,17 @@ class ModelConfig:
             check_bare_filename(filename, f"model {self.name!r} output {output!r}: label_filename")
         if ensemble:
             self._check_ensemble()
+        if self.sequence_batching is not None:
+            if self.dynamic_batching is not None:
+                raise ModelConfigError(f"model {self.name!r}: give dynamic_batching or sequence_batching, not both")
+            if ensemble:
+                raise ModelConfigError(f"ensemble {self.name!r}: an ensemble has no sequence_batching")
+        object.__setattr__(self, "_sequence", parse_sequence_batching(self.sequence_batching, where=f"model {self.name!r}: sequence_batching"))
+
+    @property
+    def sequence(self) -> SequenceBatching | None:
+        """The parsed ``sequence_batching`` section, or ``None``."""
+        return self._sequence
 
     def _check_ensemble(self) -> None:
         where = f"ensemble {self.name!r}"
@@ -273,6 +290,8 @@ class ModelConfig:
             out["model_warmup"] = [w.to_dict() for w in self.model_warmup]
         if self.response_cache:
             out["response_cache"] = {"enable": True}
+        if self.sequence_batching is not None:
+            out["sequence_batching"] = dict(self.sequence_batching)
         return out
 
     def _tensor_dict(self, spec: TensorSpec, *, kind: Literal["input", "output"]) -> dict[str, Any]:
@@ -409,4 +428,5 @@ def parse_config(
         label_filenames=labels,
         model_warmup=parse_warmup(data.get("model_warmup"), source),
         response_cache=bool(cache.get("enable", False)),
+        sequence_batching=dict(data["sequence_batching"]) if data.get("sequence_batching") is not None else None,
     )
