@@ -233,7 +233,8 @@ def parse_sequence_batching(data: Mapping[str, Any] | None, *, where: str = "seq
     if "direct" in data and "oldest" in data:
         raise ModelConfigError(f"{where}: give the direct or the oldest strategy, not both")
     idle = _int(data.get("max_sequence_idle_microseconds", 0), f"{where}.max_sequence_idle_microseconds") or DEFAULT_IDLE_US
-    strategy, candidates, preferred, delay = "direct", 0, (), 0
+    strategy, candidates, delay = "direct", 0, 0
+    preferred: tuple[int, ...] = ()
     if "oldest" in data:
         old = _section(data["oldest"], f"{where}.oldest")
         _unknown(old, ("max_candidate_sequences", "preferred_batch_size", "max_queue_delay_microseconds"), f"{where}.oldest")

@@ -424,7 +424,8 @@ class InferenceRequest:
         inputs: the input tensors.
         requested_output_names: the outputs wanted (empty = every configured output).
         request_id: an id echoed in logs and responses.
-        correlation_id: sequence correlation id (kept, not used: no sequence batching).
+        correlation_id: sequence correlation id (kept, not used by BLS calls; the requests
+            ``execute`` receives carry their sequence's id).
         model_version: the version to call; ``-1`` = the highest loaded.
         flags, timeout, preferred_memory, trace: accepted for compatibility; ``timeout`` (µs)
             is kept but not enforced on BLS calls.
@@ -577,7 +578,7 @@ def wrap_request(request: InferRequest, output_names: Sequence[str]) -> Inferenc
     wrapped._inputs = [Tensor(n, a) for n, a in request.inputs.items()]
     names = request.output_names
     wrapped._outputs = list(names) if names is not None else list(output_names)
-    wrapped._correlation_id = 0
+    wrapped._correlation_id = request.sequence_id
     wrapped._flags = 0
     wrapped._timeout = 0
     return wrapped

@@ -253,7 +253,7 @@ def worker_main(conn: multiprocessing.connection.Connection, model_file: str, mo
 def _execute(
     host: ModelHost,
     block_name: str | None,
-    requests: Sequence[tuple[list[Desc], tuple[str, ...] | None, dict[str, Any], str]],
+    requests: Sequence[tuple[list[Desc], tuple[str, ...] | None, dict[str, Any], str, int | str]],
     output_names: Sequence[str],
     leaked: list[shared_memory.SharedMemory],
 ) -> tuple[Any, ...]:
@@ -266,8 +266,9 @@ def _execute(
                 outputs=tuple(RequestedOutput(n) for n in outputs or ()),
                 parameters=params,
                 id=rid,
+                sequence_id=sid,
             )
-            for descs, outputs, params, rid in requests
+            for descs, outputs, params, rid, sid in requests
         ]
         try:
             raw = host.execute(reqs, output_names)
@@ -563,7 +564,7 @@ class PythonProcessSession:
                 index, name = d[0].split("/", 1)
                 by_request[int(index)].append((name, *d[1:]))
             self._stats["shm_bytes"] += sum(d[5] for d in descs)
-            payload = [(by_request[i], r.output_names, dict(r.parameters), r.id) for i, r in enumerate(reqs)]
+            payload = [(by_request[i], r.output_names, dict(r.parameters), r.id, r.sequence_id) for i, r in enumerate(reqs)]
             if block is not None:
                 block.close()
                 self._pending_unlink.append(block.name)
