@@ -12,7 +12,7 @@ sequence (the oldest ready ones first; ``direct``: at most ``max(1, max_batch_si
 ``oldest``: at most ``max_batch_size``), and a sequence's next request waits until its previous
 one has run, so the order within a sequence and its state are kept. With a queue delay, a batch
 that is not full (or, ``oldest``, not a preferred size) waits up to that long for more, unless
-every sequence of the instance has a request ready.
+every slot of the instance holds a sequence with a request ready.
 
 The batcher gives the model the configured control inputs (START, END, READY -- always true:
 frameserve fills no empty slots -- and CORRID, shaped ``[batch, 1]`` when the model batches,
@@ -337,9 +337,9 @@ class SequenceScheduler(Scheduler):
             take.append(seq)
             total += size
         if self._delay_ns and not self._stopping and total < limit:
-            occupied = sum(1 for s in lane.slots if s is not None and not s.running)
-            preferred = self.sequence.preferred_batch_size
-            if len(take) < occupied and total not in preferred:
+            # every slot taken and every sequence ready: nothing else can join
+            everyone = not lane.free and len(take) == len(lane.slots)
+            if not everyone and total not in self.sequence.preferred_batch_size:
                 due = ready[0].pending[0].arrival_ns + self._delay_ns
                 if now < due:
                     return [], due
