@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from _wait import wait_for
+
 from frameserve.errors import InvalidInputError, ModelConfigError
 from frameserve.repository import ModelConfig, parse_config
 from frameserve.request import InferRequest
