@@ -170,7 +170,6 @@ class ModelConfig:
     model_warmup: tuple[WarmupSample, ...] = ()
     response_cache: bool = False
     sequence_batching: dict[str, Any] | None = None
-    _sequence: SequenceBatching | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -199,12 +198,17 @@ class ModelConfig:
                 raise ModelConfigError(f"model {self.name!r}: give dynamic_batching or sequence_batching, not both")
             if ensemble:
                 raise ModelConfigError(f"ensemble {self.name!r}: an ensemble has no sequence_batching")
-        object.__setattr__(self, "_sequence", parse_sequence_batching(self.sequence_batching, where=f"model {self.name!r}: sequence_batching"))
+        self.sequence  # noqa: B018 - a bad section fails here, when the config is read
 
     @property
     def sequence(self) -> SequenceBatching | None:
-        """The parsed ``sequence_batching`` section, or ``None``."""
-        return self._sequence
+        """The parsed ``sequence_batching`` section, or ``None`` (parsed on each call: read it
+        once, at load).
+
+        Raises:
+            ModelConfigError: a bad section (checked when the config is built already).
+        """
+        return parse_sequence_batching(self.sequence_batching, where=f"model {self.name!r}: sequence_batching")
 
     def _check_ensemble(self) -> None:
         where = f"ensemble {self.name!r}"
