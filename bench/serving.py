@@ -570,12 +570,13 @@ def part_c(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
 
 
 PARTS = {"a": "nudenet served vs in process", "b": "add_sub vs Triton", "c": "nudenet vs LitServe",
-         "d": "ensembles", "e": "front-end processes"}
+         "d": "ensembles", "e": "front-end processes", "f": "sequences vs Triton"}
 
 
 def main(argv: list[str] | None = None) -> int:
     from _serving_ensembles import part_d
     from _serving_frontends import part_e
+    from _serving_sequence import part_f
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny windows, 1 pair, figures meaningless")
@@ -596,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         work = Path(tmp)
-        for name, fn in (("a", part_a), ("b", part_b), ("c", part_c), ("d", part_d), ("e", part_e)):
+        for name, fn in (("a", part_a), ("b", part_b), ("c", part_c), ("d", part_d), ("e", part_e), ("f", part_f)):
             if name in parts:
                 fn(plan, work, rows, notes)
     print_table(plan, rows, notes, time.monotonic() - t0)
