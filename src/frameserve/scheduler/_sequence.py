@@ -206,8 +206,9 @@ class SequenceScheduler(Scheduler):
             return len(self._seqs)
 
     def enqueue(self, requests: Sequence[tuple[InferRequest, int]], *, dispatch: Dispatch = QUEUED) -> list[Future[dict[str, Array]]]:
-        """Queue requests of sequences (see :meth:`Scheduler.enqueue`; ``dispatch`` is
-        ignored: a sequence's batches always run on its instance's thread).
+        """Queue requests of sequences (see :meth:`Scheduler.enqueue`); a batch an idle
+        instance can run at once is formed here and handed to it (or, as ``dispatch`` allows,
+        run on this thread with its session), else the batcher decides.
 
         Raises (for a lone request; among several, its future fails instead):
             InvalidInputError: no sequence id, or no START on a sequence that is not live.
@@ -216,10 +217,12 @@ class SequenceScheduler(Scheduler):
         """
         futures: list[Future[dict[str, Array]]] = []
         refused: list[tuple[Future[dict[str, Array]], BaseException]] = []
+        formed: list[tuple[_Lane, list[QueuedRequest]]] = []
         with self._cond:
             if not self._accepting:
                 raise SchedulerStoppedError(f"model {self.name!r} version {self.version} is being unloaded")
             now = self.clock.now_ns()
+            lanes: list[_Lane] = []
             for request, batch_size in requests:
                 try:
                     q = self._admit(request, batch_size, now)
@@ -232,10 +235,30 @@ class SequenceScheduler(Scheduler):
                     futures.append(future)
                     continue
                 futures.append(q.future)
-            self._cond.notify_all()
+                lane = q.sequence.lane
+                if lane is not None and lane.idle and lane not in lanes:
+                    lanes.append(lane)
+            for lane in lanes:
+                batch, wake = self._form(lane, now)
+                if batch:
+                    formed.append((lane, batch))
+                elif wake is not None:
+                    self._cond.notify_all()  # the batcher waits out the delay
+            if not formed:
+                self._cond.notify_all()
+            here = dispatch.runs_here(self._exec_avg_ns)
         for future, error in refused:
             self._count_rejected()
             future.set_exception(error)
+        for lane, batch in formed:
+            inst = self._instances[lane.index]
+            running = self._start(batch, counted=True)
+            if not running:
+                self._release(inst)
+            elif here and inst.spec.cpu_set is None:
+                self._run_batch(inst, running)  # then _release(inst)
+            else:
+                inst.slot.put(running)
         return futures
 
     def stop(self, *, drain: bool = True) -> None:
@@ -437,14 +460,20 @@ class SequenceScheduler(Scheduler):
                 if running:
                     self._instances[lane.index].slot.put(running)
                 else:
-                    with self._cond:
-                        self._finish(lane, self.clock.now_ns())
-                        lane.idle = True
-                        self._cond.notify_all()
+                    self._release(self._instances[lane.index])
             if done:
                 for inst in self._instances:
                     inst.slot.put(None)
                 return
+
+    def _release(self, inst: _Instance) -> None:
+        """After a batch run on another thread than ``inst``'s (or none ran): free its
+        sequences; the instance goes idle and the batcher decides what comes next."""
+        lane = self._lane_of(inst)
+        with self._cond:
+            self._finish(lane, self.clock.now_ns())
+            lane.idle = True
+            self._cond.notify_all()
 
     def _next_batch(self, inst: _Instance) -> list[QueuedRequest] | None:
         """After a batch on ``inst``'s thread: free its sequences, then its next batch if one
