@@ -50,6 +50,19 @@ def _config(initial: dict[str, object], strategy: dict[str, object]) -> dict[str
     }
 
 
+PY_STATE_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            total = pb_utils.get_input_tensor_by_name(r, "STATE_IN").as_numpy() + pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", total), pb_utils.Tensor("STATE_OUT", total)]))
+        return out
+'''
+
 PY_MODEL = '''
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -84,6 +97,9 @@ def service(tmp_path: Path) -> InferenceService:
         "output": [{"name": "CID", "data_type": "TYPE_STRING", "dims": [1]}],
         "sequence_batching": {},
     }))
+    (tmp_path / "py_state" / "1").mkdir(parents=True)
+    (tmp_path / "py_state" / "1" / "model.py").write_text(PY_STATE_MODEL)
+    (tmp_path / "py_state" / "config.yaml").write_text(yaml.safe_dump({**_config({"zero_data": True}, {}), "backend": "python"}))
     svc = InferenceService(ModelRepository(tmp_path), threads=1)
     yield svc  # type: ignore[misc]
     svc.close()
@@ -111,6 +127,12 @@ def test_onnx_implicit_state_runs_a_sum_per_sequence(service: InferenceService, 
         _run(service, model, "two", 1)
     assert service.metadata(model)["inputs"] == [{"name": "INPUT", "datatype": "INT32", "shape": [-1, 1]}]
     assert service.statistics(model)["model_stats"][0]["inference_count"] == 5
+
+
+def test_python_model_implicit_state(service: InferenceService) -> None:
+    assert service.load("py_state") == [1]
+    got = [_run(service, "py_state", 3, 2, sequence_start=True), _run(service, "py_state", 3, 5, sequence_end=True)]
+    assert [g["OUTPUT"].item() for g in got] == [2, 7] and set(got[1]) == {"OUTPUT"}
 
 
 def test_python_model_in_a_process_sees_the_correlation_id(service: InferenceService) -> None:
