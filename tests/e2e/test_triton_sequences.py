@@ -8,7 +8,8 @@ echoing its START/END/READY controls) under a ``direct`` and an ``oldest`` confi
 ``examples.py`` under the configurations of Triton's example models ``simple_sequence``,
 ``simple_dyna_sequence`` and ``simple_string_dyna_sequence``, which the logic of Triton's client
 examples ``simple_http_sequence_sync_infer_client.py`` / ``simple_grpc_sequence_stream_infer_client.py``
-(written here from their public behaviour) checks. Triton 2.51's Python backend fails every
+and ``simple_grpc_sequence_sync_infer_client.py`` (written here from their public behaviour)
+checks. Triton 2.51's Python backend fails every
 request to a model whose CORRID control is TYPE_STRING ("unexpected number of string elements
 2 for inference input 'CORRID', expecting 1"); frameserve runs it.
 """
@@ -223,9 +224,9 @@ def _example(protocol: str, ports: dict[str, int], *, dyna: bool, offset: int) -
 
 
 @pytest.mark.parametrize("dyna", [False, True], ids=["simple_sequence", "dyna"])
-@pytest.mark.parametrize("protocol", ["http", "stream"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_triton_sequence_client_examples_pass(frameserve: ServeProcess, triton: TritonPeer, protocol: str, dyna: bool) -> None:
-    offset = 10 * (protocol == "stream") + 20 * dyna
+    offset = 10 * PROTOCOLS.index(protocol) + 40 * dyna
     assert _example(protocol, frameserve.ports, dyna=dyna, offset=offset) == "PASS: Sequence"
     on_triton = _example(protocol, triton.ports, dyna=dyna, offset=offset)
     assert on_triton == (STRING_CORRID_BUG if dyna else "PASS: Sequence")
