@@ -63,6 +63,28 @@ class TritonPythonModel:
         return out
 '''
 
+BLS_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            flags = 0
+            for name, bit in (("START", pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
+                              ("END", pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)):
+                if pb_utils.get_input_tensor_by_name(r, name).as_numpy().item():
+                    flags |= bit
+            call = pb_utils.InferenceRequest(model_name="py_state", inputs=[pb_utils.get_input_tensor_by_name(r, "INPUT")],
+                                             requested_output_names=["OUTPUT"], correlation_id=r.correlation_id(), flags=flags)
+            answer = call.exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            out.append(pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(answer, "OUTPUT")]))
+        return out
+'''
+
 PY_MODEL = '''
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -100,6 +122,20 @@ def service(tmp_path: Path) -> InferenceService:
     (tmp_path / "py_state" / "1").mkdir(parents=True)
     (tmp_path / "py_state" / "1" / "model.py").write_text(PY_STATE_MODEL)
     (tmp_path / "py_state" / "config.yaml").write_text(yaml.safe_dump({**_config({"zero_data": True}, {}), "backend": "python"}))
+    end = {"name": "END", "control": [{"kind": "CONTROL_SEQUENCE_END", "int32_false_true": [0, 1]}]}
+    bls = _config({"zero_data": True}, {})
+    bls["sequence_batching"] = {"control_input": [*bls["sequence_batching"]["control_input"], end]}  # type: ignore[index]
+    (tmp_path / "bls" / "1").mkdir(parents=True)
+    (tmp_path / "bls" / "1" / "model.py").write_text(BLS_MODEL)
+    (tmp_path / "bls" / "config.yaml").write_text(yaml.safe_dump({**bls, "backend": "python", "parameters": {"isolation": "process"}}))
+    (tmp_path / "ens" / "1").mkdir(parents=True)
+    (tmp_path / "ens" / "config.yaml").write_text(yaml.safe_dump({
+        "platform": "ensemble", "max_batch_size": 4,
+        "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [1]}],
+        "output": [{"name": "Y", "data_type": "TYPE_INT32", "dims": [1]}],
+        "ensemble_scheduling": {"step": [{"model_name": "py_state", "model_version": -1,
+                                          "input_map": {"INPUT": "X"}, "output_map": {"OUTPUT": "Y"}}]},
+    }))
     svc = InferenceService(ModelRepository(tmp_path), threads=1)
     yield svc  # type: ignore[misc]
     svc.close()
@@ -133,6 +169,17 @@ def test_python_model_implicit_state(service: InferenceService) -> None:
     assert service.load("py_state") == [1]
     got = [_run(service, "py_state", 3, 2, sequence_start=True), _run(service, "py_state", 3, 5, sequence_end=True)]
     assert [g["OUTPUT"].item() for g in got] == [2, 7] and set(got[1]) == {"OUTPUT"}
+
+
+def test_bls_calls_and_ensemble_steps_carry_the_sequence(service: InferenceService) -> None:
+    assert service.load("bls") == [1] and service.load("ens") == [1]
+    got = [_run(service, "bls", 11, 2, sequence_start=True), _run(service, "bls", 11, 3, sequence_end=True)]
+    assert [g["OUTPUT"].item() for g in got] == [2, 5]  # py_state's sum over the BLS calls of sequence 11
+    with pytest.raises(InvalidInputError, match="sequence 11 .* START flag"):  # ended by the last BLS call
+        _run(service, "py_state", 11, 1)
+    ens = [service.run(InferRequest("ens", {"X": np.full((1, 1), v, np.int32)}, sequence_id="e", sequence_start=v == 4))
+           for v in (4, 6)]
+    assert [e["Y"].item() for e in ens] == [4, 10]
 
 
 def test_python_model_in_a_process_sees_the_correlation_id(service: InferenceService) -> None:

@@ -198,7 +198,8 @@ def worker_main(conn: multiprocessing.connection.Connection, model_file: str, mo
 
     def bls(request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
         shm, descs = pack_tensors(request.inputs)
-        parts = (request.model_name, request.model_version, request.output_names, dict(request.parameters), request.id)
+        parts = (request.model_name, request.model_version, request.output_names, dict(request.parameters), request.id,
+                 (request.sequence_id, request.sequence_start, request.sequence_end))
         try:
             # The server unlinks the result block when it gets our next message, so copy it
             # out before another thread may send one.
@@ -485,7 +486,7 @@ class PythonProcessSession:
 
     def _serve_bls(self, msg: tuple[Any, ...]) -> None:
         assert self._chan is not None
-        _, (model, version, outputs, parameters, request_id), block_name, descs = msg
+        _, (model, version, outputs, parameters, request_id, sequence), block_name, descs = msg
         self._stats["bls_calls"] += 1
         block = _open(block_name) if block_name else None
         try:
@@ -509,6 +510,9 @@ class PythonProcessSession:
                     outputs=tuple(RequestedOutput(n) for n in outputs or ()),
                     parameters=parameters,
                     id=request_id,
+                    sequence_id=sequence[0],
+                    sequence_start=sequence[1],
+                    sequence_end=sequence[2],
                 )
             )
         except Exception as exc:
