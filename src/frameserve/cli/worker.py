@@ -221,7 +221,7 @@ def run_worker(
     if js.isolate_pipelines:  # a crash or a hang in a pipeline ends its job, not this worker
         isolated = process = IsolatedPipeline(
             settings, service, pipelines=registry, fault=fault,
-            memory_limit_bytes=None if js.job_memory_limit_mb is None else js.job_memory_limit_mb << 20,
+            memory_limit_bytes=None if js.job_memory_limit_mb is None else js.job_memory_limit_mb << 20, prestart=True,
         )
     else:
         process = pipeline_process(settings, service, fault, decode_pool=pool, pipelines=registry)
