@@ -334,8 +334,8 @@ class _Child:
         root = getattr(repo, "root", None)
         # Not daemonic: a daemonic process may not start processes, and the child runs its video
         # through a decode process as an in-process run does (decode and preprocess overlapping
-        # the parent's inference; inline, one job took 1.3 to 1.4 times as long: bench/jobs.py
-        # --part isolation). multiprocessing joins non-daemonic children at exit, so the children
+        # the parent's inference; run inline they take turns with it: bench/jobs.py --part
+        # isolation and bench/README.md). multiprocessing joins non-daemonic children at exit, so the children
         # still running then are killed first (_kill_at_exit).
         self.proc = ctx.Process(
             target=_child_main, name="frameserve-pipeline", daemon=False,
