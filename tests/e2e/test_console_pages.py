@@ -361,6 +361,10 @@ def test_api_docs_render_with_no_request_to_another_host(served: dict[str, Any])
                 assert b.page.locator(".opblock-summary-path", has_text="/v1/jobs").count() >= 1
                 if path == "/console/docs":
                     b.shot(served["art"], "docs")
+                    b.fits_a_phone(path)
+                    b.page.wait_for_selector(".opblock", timeout=30_000)
+                    assert b.page.evaluate("() => fetch('/console/static/swagger/LICENSE').then(r => r.text())").startswith(
+                        "\n                                 Apache License")
                 b.only_this_server()
                 assert not b.errors, (path, b.errors)
             finally:

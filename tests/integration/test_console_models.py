@@ -102,3 +102,4 @@ def test_bucket_quantile_interpolates_within_the_bucket_as_prometheus_does() -> 
     assert bucket_quantile(0.9, bounds, counts) == pytest.approx(float(np.quantile(values, 0.9)), rel=0.02)
     assert [format_us(v) for v in (None, 350.0, 1250.0, 2.5e6, math.inf)] == [
         "-", "350 µs", "1.25 ms", "2.5 s", "above the last bucket"]
+    assert format_us(42.0, 100.0) == "≤ 100 µs" and format_us(150.0, 100.0) == "150 µs"

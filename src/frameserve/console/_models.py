@@ -88,13 +88,16 @@ def bucket_quantile(q: float, bounds_us: Sequence[float], counts: Sequence[int])
     return math.inf
 
 
-def format_us(value: float | None) -> str:
-    """A duration in µs for a person: ``350 µs``, ``1.25 ms``, ``2.5 s``, ``> 10 s`` (the
-    ``+Inf`` bucket: above ``last_bound_us``), ``-`` for none."""
+def format_us(value: float | None, first_bound_us: float = 0.0) -> str:
+    """A duration in µs for a person: ``350 µs``, ``1.25 ms``, ``2.5 s``; ``above the last
+    bucket`` for ``math.inf``, ``-`` for none; ``≤ 100 µs`` for a value in the first bucket
+    (up to ``first_bound_us``), where an interpolation from 0 would pretend to know more."""
     if value is None:
         return "-"
     if math.isinf(value):
         return "above the last bucket"
+    if value <= first_bound_us:
+        return "≤ " + format_us(first_bound_us)
     if value < 1000:
         return f"{value:.0f} µs"
     if value < 1_000_000:
@@ -255,12 +258,12 @@ def _models(service: InferenceService) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _row(stats: WindowStats) -> dict[str, Any]:
+def _row(stats: WindowStats, first_us: float) -> dict[str, Any]:
     """What the list shows of a version's window, formatted."""
     pct = stats.percentiles
     return {"requests": stats.requests, "executions": stats.executions, "pending": stats.pending,
-            "queue_p50": format_us(pct["queue"]["p50"]), "queue_p99": format_us(pct["queue"]["p99"]),
-            "compute_p50": format_us(pct["compute_infer"]["p50"]), "compute_p99": format_us(pct["compute_infer"]["p99"])}
+            **{f"{name}_{p}": format_us(pct[d][p], first_us)
+               for name, d in (("queue", "queue"), ("compute", "compute_infer")) for p in ("p50", "p99")}}
 
 
 def _histogram(stats: WindowStats) -> list[dict[str, Any]]:
@@ -281,6 +284,7 @@ def router(console: Console) -> APIRouter:
         console.extra["stats_window"] = stats
     window_q = Query(5, description="window in minutes (1, 5 or 15)")
     explicit = console.model_control_mode == "explicit"
+    first_us = service.metrics.buckets_us[0]
 
     def refused(request: Request, viewer: Viewer) -> Response | None:
         if viewer.may("infer"):
@@ -302,7 +306,7 @@ def router(console: Console) -> APIRouter:
             now = stats.read()
             rows = []
             for m in _models(service).values():
-                m["window"] = {v: _row(stats.window(m["name"], v, win * 60.0, now)) for v in m["versions"]}
+                m["window"] = {v: _row(stats.window(m["name"], v, win * 60.0, now), first_us) for v in m["versions"]}
                 rows.append(m)
             return rows
 
@@ -334,7 +338,7 @@ def router(console: Console) -> APIRouter:
                 versions.append({
                     "version": v, "config_json": json.dumps(cfg, indent=1, default=str), "info": _info(info),
                     "instances": info.get("instances", []), "stats": w, "histogram": _histogram(w),
-                    "percentiles": {d: {p: format_us(x) for p, x in w.percentiles[d].items()} for d in DURATIONS},
+                    "percentiles": {d: {p: format_us(x, first_us) for p, x in w.percentiles[d].items()} for d in DURATIONS},
                 })
             return {**m, "loaded": versions}
 
