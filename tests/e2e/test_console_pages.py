@@ -261,6 +261,9 @@ def test_admin_unloads_and_loads_the_model_from_the_page(served: dict[str, Any])
         try:
             b.goto("/console/models")
             b.shot(served["art"], "models-admin")
+            # the pipeline's model, registered from its asset file, can be unloaded but not loaded by name
+            assert b.page.locator('button[aria-label="Unload nudenet"]').count() == 1
+            assert b.page.locator('button[aria-label="Reload nudenet"]').count() == 0
             b.page.click('button[aria-label="Unload scale"]')
             b.page.wait_for_url(re.compile(r"/console/models\?done=unloaded&model=scale$"))
             assert "Unloaded scale." in b.page.inner_text(".note")

@@ -246,10 +246,14 @@ class StatsWindow:
 
 
 def _models(service: InferenceService) -> dict[str, dict[str, Any]]:
-    """``{name: {"name", "versions": [str], "state", "reason"}}`` from the repository index."""
+    """``{name: {"name", "versions": [str], "state", "reason", "in_repository"}}`` from the
+    repository index (``in_repository`` false: registered from a file, e.g. a pipeline's asset,
+    which can be unloaded but not loaded by name)."""
+    known = set(service.repository.models()) if service.repository is not None else set()
     out: dict[str, dict[str, Any]] = {}
     for row in service.repository_index():
-        m = out.setdefault(row["name"], {"name": row["name"], "versions": [], "state": "UNAVAILABLE", "reason": ""})
+        m = out.setdefault(row["name"], {"name": row["name"], "versions": [], "state": "UNAVAILABLE", "reason": "",
+                                         "in_repository": row["name"] in known})
         if row.get("state") == "READY":
             m["state"] = "READY"
             m["versions"].append(str(row["version"]))
