@@ -103,3 +103,44 @@ def test_bucket_quantile_interpolates_within_the_bucket_as_prometheus_does() -> 
     assert [format_us(v) for v in (None, 350.0, 1250.0, 2.5e6, math.inf)] == [
         "-", "350 µs", "1.25 ms", "2.5 s", "above the last bucket"]
     assert format_us(42.0, 100.0) == "≤ 100 µs" and format_us(150.0, 100.0) == "150 µs"
+
+
+def test_without_explicit_mode_no_buttons_and_a_post_is_503_and_docs_and_reports_work_in_process(
+        service: InferenceService) -> None:
+    import asyncio
+    import re
+
+    import httpx
+
+    from frameserve.console import Console, create_console
+    from frameserve.protocol.http import create_app
+    from frameserve.security.sessions import SessionTable
+
+    sessions = SessionTable()
+    console = Console(service, sessions, model_control_mode="none")  # no tokens: the implicit owner, admin
+    app = create_app(service, routers=(create_console(console),), console_sessions=sessions)
+
+    async def run() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="https://t") as c:
+            page = await c.get("/console/models")
+            assert page.status_code == 200 and 'data-model="scale"' in page.text
+            assert "<button" not in page.text.split('<table id="models">')[1]  # no load / unload
+            assert "load and unload only in mode explicit" in page.text
+            found = re.search(r'name="csrf-token" content="([^"]+)"', page.text)
+            assert found is not None
+            r = await c.post("/console/models/scale/unload", data={"csrf_token": found.group(1)})
+            assert r.status_code == 503 and "--model-control-mode explicit" in r.text
+            assert service.is_ready("scale")
+            assert (await c.get("/console/models/nope")).status_code == 404
+            reports = await c.get("/console/reports")
+            assert reports.status_code == 200 and "serve --reports DIR" in reports.text
+            assert (await c.get("/console/reports/raw", params={"id": "x"})).status_code == 404
+            docs = await c.get("/docs")
+            assert docs.status_code == 200 and "script-src 'self'" in docs.headers["content-security-policy"]
+            assert "<script>" not in docs.text and "//" not in docs.text.replace("<!doctype", "")
+            js = await c.get("/docs/static/swagger-ui-bundle.js")
+            assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+            assert (await c.get("/docs/static/index.html")).status_code == 404  # a fixed list of files
+
+    asyncio.run(run())
+    console.extra["stats_window"].stop()
