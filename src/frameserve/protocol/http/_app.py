@@ -55,6 +55,7 @@ from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
 from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.http import codec
 from frameserve.protocol.http._auth import HttpGate, principal_of
+from frameserve.protocol.http._docs import add_docs_routes
 from frameserve.protocol.http._infer import InferFastPath, InferFirst, InferHeaders, read_limited
 from frameserve.protocol.http._infer import infer as _infer
 from frameserve.protocol.http._infer import version_of as _version
@@ -179,7 +180,8 @@ def create_app(
     def is_ready() -> bool:
         return (ready_check is None or ready_check()) and service.is_server_ready()
 
-    app = _V2App(title="frameserve", docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+    app = _V2App(title="frameserve", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    add_docs_routes(app, path="/docs", openapi_url="/openapi.json", static_prefix="/docs/static/")  # no CDN
     app.state.max_body_bytes = max_body_bytes
     app.gate = HttpGate(tokens, auth_health=auth_health, loopback_hosts_only=loopback_hosts_only,
                         sessions=console_sessions)
