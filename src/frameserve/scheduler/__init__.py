@@ -21,6 +21,8 @@ from frameserve.scheduler._request import QueuedRequest, failed_future
 from frameserve.scheduler._respond import ResponsePath
 from frameserve.scheduler._scheduler import BatchOutputError, Scheduler, SchedulerStoppedError
 from frameserve.scheduler._stats import ModelStats
+from frameserve.scheduler._trace import RequestTrace, TraceConfig, Tracer, parse_trace_config
+from frameserve.scheduler._tracesink import OtlpSink, TraceFileWriter, make_sink
 from frameserve.scheduler._warmup import run_warmup
 
 __all__ = [
@@ -38,18 +40,25 @@ __all__ = [
     "ModelStats",
     "MonotonicClock",
     "QueuePolicy",
+    "OtlpSink",
     "QueuedRequest",
+    "RequestTrace",
     "ResponseCache",
     "ResponsePath",
     "Scheduler",
     "SchedulerStoppedError",
     "SubmitFn",
+    "TraceConfig",
+    "TraceFileWriter",
+    "Tracer",
     "check_ensemble_steps",
     "failed_future",
     "gpu_count",
     "load_ensemble_steps",
+    "make_sink",
     "parse_cache_config",
     "parse_cpu_list",
+    "parse_trace_config",
     "plan_instances",
     "read_labels",
     "run_warmup",

@@ -543,6 +543,9 @@ class Scheduler:
                 compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns,
             )
         for r, outcome in ok:
+            trace = r.request.trace
+            if trace is not None:  # sampled by the tracer (Triton's trace extension)
+                trace.computed(r.arrival_ns, t0, t1, t2, t3)
             sink = r.request.stats_sink
             if sink is not None:  # an ensemble's step: its times count for the ensemble too
                 sink.add_step_times(
