@@ -43,7 +43,7 @@ from frameserve.security.auth import is_loopback
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 
 if TYPE_CHECKING:
-    from frameserve.scheduler import ResponseCache, Tracer
+    from frameserve.scheduler import RateLimiter, ResponseCache, Tracer
     from frameserve.security import TokenTable
     from frameserve.security.quotas import Quotas
 
@@ -99,6 +99,24 @@ def _tracer(items: list[str] | None) -> Tracer:
         raise typer.BadParameter(str(exc), param_hint="--trace-config") from None
 
 
+def _rate_limiter(mode: str, resources: list[str] | None) -> RateLimiter | None:
+    """The rate limiter of ``--rate-limit`` / ``--rate-limit-resource`` (``None`` when off)."""
+    from frameserve.scheduler import RATE_LIMIT_MODES, RateLimiter, parse_rate_limit_resource
+
+    if mode not in RATE_LIMIT_MODES:
+        raise typer.BadParameter(f"{mode!r}; accepted: {', '.join(RATE_LIMIT_MODES)}", param_hint="--rate-limit")
+    counts = {}
+    for text in resources or []:
+        try:
+            key, count = parse_rate_limit_resource(text)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--rate-limit-resource") from None
+        counts[key] = count
+    if mode == "off":
+        return None
+    return RateLimiter(counts)
+
+
 def _say(line: str) -> None:
     print(line, flush=True)
 
@@ -122,6 +140,8 @@ def serve_command(
     server_name: Annotated[str, typer.Option("--server-name", help="The name the server metadata reports (GET /v2, gRPC ServerMetadata); 'triton' serves clients that check for Triton.")] = "frameserve",
     cache_config: Annotated[str | None, typer.Option("--cache-config", help="Triton's response cache: local,size=BYTES (an LRU cache of results bounded by that many bytes) for the models whose config has response_cache {enable: true}; default: none.")] = None,
     trace_config: Annotated[list[str] | None, typer.Option("--trace-config", help="Triton's tracing, repeatable: rate=N, level=OFF|TIMESTAMPS|TENSORS, count=N, mode=triton|opentelemetry; triton,file=PATH (the JSON trace file), triton,log-frequency=N; opentelemetry,url=URL (OTLP/HTTP), opentelemetry,resource=KEY=VALUE. Settings change at run time through /v2/trace/setting (admin); the file never does.")] = None,
+    rate_limit: Annotated[str, typer.Option("--rate-limit", help="Triton's rate limiter: off (default: an instance runs a batch as soon as it is idle) or execution_count (an instance whose instance_group has a rate_limiter runs only while it holds the resources listed there; waiting instances take turns by rate_limiter.priority).")] = "off",
+    rate_limit_resource: Annotated[list[str] | None, typer.Option("--rate-limit-resource", help="With --rate-limit execution_count: NAME:COUNT (every device and the global pool) or NAME:COUNT:DEVICE copies of a resource; repeatable; default: the largest need of any loaded instance.")] = None,
     strict_readiness: Annotated[bool, typer.Option("--strict-readiness/--no-strict-readiness", help="Ready only while every model asked for (and not unloaded since) is loaded; --no-strict-readiness: ready while any model is.")] = True,
     auth_token_file: Annotated[Path | None, typer.Option("--auth-token-file", help="Bearer tokens, one 'TOKEN ROLE[,ROLE...] [NAME]' a line (roles: infer, jobs, admin); every request but health and metrics then needs one.")] = None,
     auth_health: Annotated[bool, typer.Option("--auth-health/--no-auth-health", help="With --auth-token-file: ask for a token on /v2/health/*, gRPC health and /metrics too.")] = False,
@@ -247,7 +267,8 @@ def serve_command(
         # threads=None lets the service plan the budget so instances never oversubscribe the cores
         service = InferenceService(repository, threads=threads, strict_readiness=strict_readiness,
                                    server_name=server_name, cache=_response_cache(cache_config),
-                                   tracer=_tracer(trace_config))
+                                   tracer=_tracer(trace_config),
+                                   rate_limiter=_rate_limiter(rate_limit.lower(), rate_limit_resource))
         if allow_cpu_metrics:
             from frameserve.metrics import CpuMetrics
 

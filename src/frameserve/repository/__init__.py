@@ -9,6 +9,7 @@ from frameserve.repository._config import (
     PRECISIONS,
     InstanceGroup,
     ModelConfig,
+    RateLimiterSpec,
     check_model_filename,
     parse_config,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "EnsembleScheduling",
     "EnsembleStep",
     "InstanceGroup",
+    "RateLimiterSpec",
     "ModelConfig",
     "ModelRepository",
     "VersionPolicy",

@@ -17,6 +17,7 @@ from frameserve.scheduler._ensemble import EnsembleScheduler, SubmitFn, check_en
 from frameserve.scheduler._instances import InstanceSpec, gpu_count, parse_cpu_list, plan_instances
 from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE, BatchingPolicy, QueuePolicy
 from frameserve.scheduler._queue import BatchQueue
+from frameserve.scheduler._ratelimit import RATE_LIMIT_MODES, RateLimiter, RateSlot, parse_rate_limit_resource
 from frameserve.scheduler._request import QueuedRequest, failed_future
 from frameserve.scheduler._respond import ResponsePath
 from frameserve.scheduler._scheduler import BatchOutputError, Scheduler, SchedulerStoppedError
@@ -29,6 +30,7 @@ __all__ = [
     "BLOCKING",
     "DEFAULT_MAX_QUEUE_SIZE",
     "QUEUED",
+    "RATE_LIMIT_MODES",
     "BatchOutputError",
     "BatchQueue",
     "BatchingPolicy",
@@ -42,6 +44,8 @@ __all__ = [
     "QueuePolicy",
     "OtlpSink",
     "QueuedRequest",
+    "RateLimiter",
+    "RateSlot",
     "RequestTrace",
     "ResponseCache",
     "ResponsePath",
@@ -58,6 +62,7 @@ __all__ = [
     "make_sink",
     "parse_cache_config",
     "parse_cpu_list",
+    "parse_rate_limit_resource",
     "parse_trace_config",
     "plan_instances",
     "read_labels",

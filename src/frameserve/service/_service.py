@@ -32,6 +32,7 @@ from frameserve.scheduler import (
     QUEUED,
     Clock,
     Dispatch,
+    RateLimiter,
     ResponseCache,
     SchedulerStoppedError,
     Tracer,
@@ -89,6 +90,8 @@ class InferenceService(ModelTable):
         tracer: Triton's trace extension (``--trace-config``): samples requests while
             :attr:`~frameserve.scheduler.Tracer.on`; the transports serve its settings.
             ``None`` = no tracing and no trace settings served.
+        rate_limiter: Triton's rate limiter (``--rate-limit execution_count``) every model's
+            scheduler shares; ``None`` = off.
 
     Thread safety: every method may be called from many threads at once. Loads and unloads of
     one model are serialised; requests never wait for a lock held during a load.
@@ -106,6 +109,7 @@ class InferenceService(ModelTable):
         server_name: str = "frameserve",
         cache: ResponseCache | None = None,
         tracer: Tracer | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         if threads is not None and threads < 1:
             raise ModelConfigError(f"threads must be >= 1, got {threads}")
@@ -122,6 +126,7 @@ class InferenceService(ModelTable):
         self.server_name = server_name
         self.cache = cache
         self.tracer = tracer
+        self.rate_limiter = rate_limiter
         if cache is not None:
             self.metrics.cache_enabled = True
         self._lock = threading.RLock()
