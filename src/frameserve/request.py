@@ -20,7 +20,11 @@ import numpy as np
 from frameserve.errors import TensorError
 from frameserve.types import DataType
 
-__all__ = ["InferRequest", "RequestTraceSink", "RequestedOutput", "StatsSink"]
+__all__ = ["TRACEPARENT_CHARS", "InferRequest", "RequestTraceSink", "RequestedOutput", "StatsSink"]
+
+TRACEPARENT_CHARS = 55
+"""Length of a W3C ``traceparent`` of version 00 (``00-<32 hex>-<16 hex>-<2 hex>``); the
+transports pass on only values of this length (the exporter checks the form)."""
 
 
 class StatsSink(Protocol):

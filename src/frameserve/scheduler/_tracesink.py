@@ -155,10 +155,12 @@ class OtlpSink(_QueuedSink):
             raise ModuleNotFoundError(f"--trace-config mode=opentelemetry needs the OpenTelemetry SDK: "
                                       f"pip install 'frameserve[trace]' ({exc})") from None
         self._provider = TracerProvider(resource=Resource.create(dict(config.resource)))
-        bsp = {"max_queue_size": config.bsp.get("bsp_max_queue_size", 2048),
-               "schedule_delay_millis": config.bsp.get("bsp_schedule_delay", 5000),
-               "max_export_batch_size": config.bsp.get("bsp_max_export_batch_size", 512)}
-        self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.url), **bsp))
+        self._provider.add_span_processor(BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=config.url),
+            max_queue_size=config.bsp.get("bsp_max_queue_size", 2048),
+            schedule_delay_millis=config.bsp.get("bsp_schedule_delay", 5000),
+            max_export_batch_size=config.bsp.get("bsp_max_export_batch_size", 512),
+        ))
         self._tracer = self._provider.get_tracer("frameserve")
         self._offset_ns = time.time_ns() - time.monotonic_ns()
         super().__init__("fs-trace-otlp", max_pending)

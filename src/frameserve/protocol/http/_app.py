@@ -335,26 +335,26 @@ def create_app(
 
     tracer = getattr(service, "tracer", None)
     if tracer is not None:  # Triton's trace extension (frameserve.scheduler._trace)
-        live = tracer
+        trace_settings = tracer
 
         @route("/v2/trace/setting", "GET")
         async def get_trace(request: Request) -> Response:
-            return _json(live.current())
+            return _json(trace_settings.current())
 
         @route("/v2/trace/setting", "POST")
         async def set_trace(request: Request) -> Response:
-            return _json(live.update(await _optional_json(request, max_body_bytes)))
+            return _json(trace_settings.update(await _optional_json(request, max_body_bytes)))
 
         @route("/v2/models/{model}/trace/setting", "GET")
         async def get_model_trace(request: Request) -> Response:
             service.version_for(request.path_params["model"])  # an unknown model is refused
-            return _json(live.current(request.path_params["model"]))
+            return _json(trace_settings.current(request.path_params["model"]))
 
         @route("/v2/models/{model}/trace/setting", "POST")
         async def set_model_trace(request: Request) -> Response:
             name = request.path_params["model"]
             service.version_for(name)
-            return _json(live.update(await _optional_json(request, max_body_bytes), name))
+            return _json(trace_settings.update(await _optional_json(request, max_body_bytes), name))
 
     @route("/metrics", "GET")
     async def metrics(request: Request) -> Response:
