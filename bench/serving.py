@@ -577,9 +577,9 @@ PARTS = {"a": "nudenet served vs in process", "b": "add_sub vs Triton", "c": "nu
 
 
 def main(argv: list[str] | None = None) -> int:
+    from _serving_cache import part_h
     from _serving_ensembles import part_d
     from _serving_frontends import part_e
-    from _serving_cache import part_h
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny windows, 1 pair, figures meaningless")
