@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from _peer import TritonPeer, optional_peer
+from _peer import optional_peer
 from _serving import ServeProcess
 from _wait import wait_for
 
