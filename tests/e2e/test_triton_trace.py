@@ -253,10 +253,13 @@ def receiver() -> Iterator[_Receiver]:
     server.server_close()
 
 
-def test_opentelemetry_export_honours_traceparent(tmp_path: Path, repo: Path, receiver: _Receiver) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_opentelemetry_export_honours_traceparent(tmp_path: Path, repo: Path, receiver: _Receiver, workers: str) -> None:
+    """In the server's process, and through front-end processes (``--http-workers 2``)."""
     url = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
     trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    with ServeProcess(repo, tmp_path / "home", "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+    with ServeProcess(repo, tmp_path / "home", "--http-workers", workers, "--grpc-workers", workers,
+                      "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
                       "--trace-config", "rate=0", "--trace-config", f"opentelemetry,url={url}",
                       "--trace-config", "opentelemetry,resource=service.name=fs-test",
                       "--trace-config", "opentelemetry,bsp_schedule_delay=50") as srv:

@@ -25,7 +25,7 @@ from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
 from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.grpc._auth import principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response, parameter_value, parse_version
-from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request
+from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request, traceparent_of
 from frameserve.repository import config_override
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.quotas import InferGate
@@ -194,7 +194,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         tenant = self.tenant_of(context)
         with self.admitted(tenant):
             return await infer(self.core, request, self.limits, self.shared_memory,
-                               encode=encode_infer_response, tenant=tenant)
+                               encode=encode_infer_response, tenant=tenant, traceparent=traceparent_of(self.core, context))
 
     @_handled
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
@@ -210,7 +210,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             request, raws = parse_infer_request(data, self.limits)
             return await infer(
                 self.core, request, self.limits, self.shared_memory, raw_contents=raws,
-                encode=encode_infer_response_bytes, tenant=tenant,
+                encode=encode_infer_response_bytes, tenant=tenant, traceparent=traceparent_of(self.core, context),
             )
 
     async def ModelStreamInfer(

@@ -48,11 +48,11 @@ from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_r
 from frameserve.protocol.grpc._infer import (
     encode_infer_response_bytes,
     parse_infer_request,
+    traceparent_of,
     trim_after_request,
     version_used,
 )
 from frameserve.protocol.grpc._servicer import GrpcInferenceServicer, status_of
-from frameserve.request import TRACEPARENT_CHARS
 from frameserve.security.limits import TensorLimits
 
 __all__ = ["DEFAULT_THREADS", "WORKING_THREADS", "ThreadedGrpcServer", "threaded_handlers"]
@@ -107,18 +107,6 @@ def _abort(context: grpc.ServicerContext, exc: BaseException, what: str) -> None
     context.abort(code, message)
 
 
-def _traceparent(core: InferCore, context: grpc.ServicerContext) -> str:
-    """The call's W3C ``traceparent`` metadata when the server traces in ``opentelemetry`` mode
-    (Triton's context propagation), else ``""``; the metadata is not read otherwise."""
-    tracer = getattr(getattr(core, "service", None), "tracer", None)
-    if tracer is None or not tracer.on or tracer.mode != "opentelemetry":
-        return ""
-    for key, value in context.invocation_metadata() or ():
-        if key == "traceparent" and isinstance(value, str) and len(value) == TRACEPARENT_CHARS:
-            return value
-    return ""
-
-
 def infer_blocking(
     core: InferCore, request: pb.ModelInferRequest, limits: TensorLimits, shared_memory: RegionSource | None,
     working: threading.Semaphore, context: grpc.ServicerContext, *, raw_contents: Any = None,
@@ -138,7 +126,7 @@ def infer_blocking(
     try:
         with working:
             call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents)
-            parent = _traceparent(core, context)
+            parent = traceparent_of(core, context)
             if parent:
                 call = dataclasses.replace(call, traceparent=parent)
             future = core.submit(call)
