@@ -81,11 +81,17 @@ def test_file_and_mode_are_read_only_and_bad_values_change_nothing() -> None:
     assert tracer.update({"trace_file": "/t.json", "trace_mode": "triton"}) == before  # their own values: no change
 
 
-def test_opentelemetry_settings_are_not_changed_over_the_network() -> None:
-    tracer = Tracer(TraceConfig(level=("TIMESTAMPS",), mode="opentelemetry"), lambda t: None)
-    with pytest.raises(UnsupportedSettingError, match="opentelemetry mode"):
-        tracer.update({"trace_rate": "1"})
-    assert tracer.current()["trace_mode"] == "opentelemetry"
+def test_opentelemetry_settings_have_tritons_shape() -> None:
+    tracer = Tracer(TraceConfig(level=("TIMESTAMPS",), rate=1, mode="opentelemetry", bsp={"bsp_schedule_delay": 50}),
+                    lambda t: None)
+    assert tracer.update({"trace_rate": "5"}) == {  # Triton 2.51's answer in this mode
+        "trace_level": ["TIMESTAMPS"], "trace_rate": "5", "trace_count": "-1", "trace_mode": "opentelemetry",
+        "bsp_max_export_batch_size": "512", "bsp_schedule_delay": "50", "bsp_max_queue_size": "2048"}
+    with pytest.raises(UnsupportedSettingError, match="bsp_schedule_delay can not be updated"):
+        tracer.update({"bsp_schedule_delay": "100"})
+    with pytest.raises(InvalidInputError, match="triton only"):
+        tracer.update({"log_frequency": "3"})
+    assert tracer.update({"bsp_schedule_delay": "50"})["trace_rate"] == "5"  # its own value: no change
 
 
 def test_rate_samples_every_nth_request_and_count_stops_it() -> None:

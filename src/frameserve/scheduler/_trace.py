@@ -279,15 +279,26 @@ class Tracer:
         self.on = writable and any(v["trace_level"] != ("OFF",) for v in scopes)
 
     def current(self, model: str | None = None) -> dict[str, Any]:
-        """The settings that apply to ``model`` (``None``: the global ones) in Triton's JSON form:
-        ``{"trace_level": [str], "trace_rate": str, "trace_count": str (what is left),
-        "log_frequency": str, "trace_file": str, "trace_mode": str}``."""
+        """The settings that apply to ``model`` (``None``: the global ones) in Triton 2.51's JSON
+        form: ``{"trace_level": [str], "trace_rate": str, "trace_count": str (what is left),
+        "log_frequency": str, "trace_file": str, "trace_mode": "triton"}``; in ``opentelemetry``
+        mode ``trace_level``, ``trace_rate``, ``trace_count``, ``trace_mode`` and the batch span
+        processor's ``bsp_max_export_batch_size``, ``bsp_schedule_delay`` (ms), ``bsp_max_queue_size``."""
         with self._lock:
             values = self._effective(model)
             owner = self._count_owner(model)
-            return {"trace_level": list(values["trace_level"]), "trace_rate": str(values["trace_rate"]),
-                    "trace_count": str(owner.remaining), "log_frequency": str(values["log_frequency"]),
-                    "trace_file": self.config.file, "trace_mode": self.mode}
+            head = {"trace_level": list(values["trace_level"]), "trace_rate": str(values["trace_rate"]),
+                    "trace_count": str(owner.remaining)}
+            if self.mode == "opentelemetry":
+                return {**head, "trace_mode": self.mode, **{k: str(v) for k, v in self._bsp().items()}}
+            return {**head, "log_frequency": str(values["log_frequency"]), "trace_file": self.config.file,
+                    "trace_mode": self.mode}
+
+    def _bsp(self) -> dict[str, int]:
+        bsp = self.config.bsp
+        return {"bsp_max_export_batch_size": bsp.get("bsp_max_export_batch_size", 512),
+                "bsp_schedule_delay": bsp.get("bsp_schedule_delay", 5000),
+                "bsp_max_queue_size": bsp.get("bsp_max_queue_size", 2048)}
 
     def _count_owner(self, model: str | None) -> _Scope:
         scope = self._models.get(model) if model is not None else None
@@ -302,9 +313,10 @@ class Tracer:
 
         Raises:
             InvalidInputError: not an object, an unknown name, a value of the wrong type or
-                out of range; nothing is changed then.
-            UnsupportedSettingError: ``trace_file`` or ``trace_mode`` changed (read-only over the
-                network, as in Triton 2.51), or any change in ``opentelemetry`` mode.
+                out of range, ``log_frequency`` in ``opentelemetry`` mode; nothing is changed then.
+            UnsupportedSettingError: ``trace_file`` changed (read-only over the network, as in
+                Triton 2.51), ``trace_mode`` or a ``bsp_*`` setting changed (Triton answers 200
+                and ignores those).
         """
         if not isinstance(changes, Mapping):
             raise InvalidInputError(f"trace settings must be a JSON object; accepted: {_ACCEPTED}")
@@ -316,6 +328,11 @@ class Tracer:
             elif name == "trace_mode":
                 if value is not None and value != self.mode:
                     raise UnsupportedSettingError("trace mode can not be updated through network protocol")
+            elif name in _BSP and self.mode == "opentelemetry":
+                if value is not None and value != str(self._bsp()[name]):
+                    raise UnsupportedSettingError(f"{name} can not be updated through network protocol")
+            elif name == "log_frequency" and self.mode == "opentelemetry":
+                raise InvalidInputError("trace setting 'log_frequency' applies to trace mode triton only")
             elif name == "trace_level":
                 if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
                     raise InvalidInputError("trace setting 'trace_level' must be a list of strings "
@@ -328,9 +345,6 @@ class Tracer:
                 new[name] = None if value is None else _int(name, value, -1 if name == "trace_count" else 0)
             else:
                 raise InvalidInputError(f"unknown trace setting {str(name)[:64]!r}; accepted: {_ACCEPTED}")
-        if new and self.mode == "opentelemetry":
-            raise UnsupportedSettingError("trace settings can not be updated through network protocol in "
-                                          "opentelemetry mode")
         with self._lock:
             if model is None:
                 scope = self._global
