@@ -8,6 +8,7 @@ The peer is skipped only when Triton cannot be installed (FRAMESERVE_REQUIRE_TRI
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import threading
@@ -225,7 +226,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
         body = self.rfile.read(int(self.headers["Content-Length"]))
         request = ExportTraceServiceRequest()
-        request.ParseFromString(body)
+        if "json" in (self.headers.get("Content-Type") or ""):  # OTLP/HTTP's JSON encoding (Triton's exporter)
+            from google.protobuf import json_format
+
+            json_format.ParseDict(_ids_as_base64(json.loads(body)), request, ignore_unknown_fields=True)
+        else:
+            request.ParseFromString(body)
         server = self.server
         assert isinstance(server, _Receiver)
         with server.lock:
@@ -242,6 +248,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def _ids_as_base64(doc: Any) -> Any:
+    """OTLP/JSON writes trace and span ids as hex, protobuf's JSON mapping reads bytes as base64."""
+    if isinstance(doc, dict):
+        return {k: base64.b64encode(bytes.fromhex(v)).decode() if k in ("traceId", "spanId", "parentSpanId") and v
+                else _ids_as_base64(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_ids_as_base64(v) for v in doc]
+    return doc
+
+
 @pytest.fixture
 def receiver() -> Iterator[_Receiver]:
     pytest.importorskip("opentelemetry.proto")
@@ -253,22 +269,31 @@ def receiver() -> Iterator[_Receiver]:
     server.server_close()
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
-def test_opentelemetry_export_honours_traceparent(tmp_path: Path, repo: Path, receiver: _Receiver, workers: str) -> None:
-    """In the server's process, and through front-end processes (``--http-workers 2``)."""
+@pytest.mark.parametrize("server", ["frameserve", "frameserve-frontends", "triton"])
+def test_opentelemetry_export_honours_traceparent(tmp_path: Path, repo: Path, receiver: _Receiver, server: str) -> None:
+    """The same spans from frameserve (in the server's process, and through front-end processes)
+    and from Triton 2.51: InferRequest -> the model's span -> compute, Triton's attributes and events."""
     url = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
     trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    with ServeProcess(repo, tmp_path / "home", "--http-workers", workers, "--grpc-workers", workers,
-                      "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
-                      "--trace-config", "rate=0", "--trace-config", f"opentelemetry,url={url}",
-                      "--trace-config", "opentelemetry,resource=service.name=fs-test",
-                      "--trace-config", "opentelemetry,bsp_schedule_delay=50") as srv:
-        srv.wait_ready(120)
+    args = ("--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=0",
+            "--trace-config", f"opentelemetry,url={url}", "--trace-config", "opentelemetry,resource=service.name=fs-test",
+            "--trace-config", "opentelemetry,bsp_schedule_delay=50")
+    if server == "triton":
+        from _peer import running_peer
+
+        process: Any = running_peer(repo, *args)
+    else:
+        workers = "2" if server == "frameserve-frontends" else "1"
+        process = ServeProcess(repo, tmp_path / "home", "--http-workers", workers, "--grpc-workers", workers, *args)
+    with process as srv:
+        if server != "triton":
+            srv.wait_ready(120)
         base = f"http://127.0.0.1:{srv.ports['HTTP']}/v2/trace/setting"
         assert httpx.get(base, timeout=10).json()["trace_mode"] == "opentelemetry"
-        assert set(httpx.get(base, timeout=10).json()) == {"trace_level", "trace_rate", "trace_count", "trace_mode",
-                                                           "bsp_max_export_batch_size", "bsp_schedule_delay",
-                                                           "bsp_max_queue_size"}  # Triton 2.51's keys in this mode
+        assert httpx.get(base, timeout=10).json() == {  # Triton 2.51's answer in this mode
+            "trace_level": ["TIMESTAMPS"], "trace_rate": "0", "trace_count": "-1", "trace_mode": "opentelemetry",
+            "url": url, "resource": "service.name=fs-test", "bsp_max_export_batch_size": "512",
+            "bsp_schedule_delay": "50", "bsp_max_queue_size": "2048"}
         _infer_http(srv.ports["HTTP"], "ident", "plain")  # rate 0, no context: not traced
         _infer_http(srv.ports["HTTP"], "ident", "via-http", {"traceparent": f"00-{trace_id}-{parent_id}-01"})
         _infer_grpc(srv.ports["gRPC"], "ident", "via-grpc", {"traceparent": f"00-{trace_id}-{'1' * 16}-01"})
@@ -288,6 +313,9 @@ def test_opentelemetry_export_honours_traceparent(tmp_path: Path, repo: Path, re
     attributes = sorted({a.key: (a.value.string_value or a.value.int_value) for a in m.attributes}["triton.request_id"]
                         for m in models)
     assert attributes == ["via-grpc", "via-http"]
+    for root in (s for s in spans if s.name == "InferRequest"):
+        assert "INFER_RESPONSE_COMPLETE" in [e.name for e in root.events]
+    assert {s.kind for s in spans} == {2}  # SPAN_KIND_SERVER, as Triton's
     for model in models:
         assert [e.name for e in model.events] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
         (compute,) = [s for s in spans if s.parent_span_id == model.span_id]

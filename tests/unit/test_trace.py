@@ -32,6 +32,7 @@ def test_triton_spellings_parse() -> None:
                                "triton,log_frequency=3", "opentelemetry,bsp_schedule_delay=100"])
     assert otel.url == "http://localhost:4318/v1/traces" and otel.resource == {"service.name": "fs", "a": "b=c"}
     assert otel.log_frequency == 3 and otel.bsp == {"bsp_schedule_delay": 100}
+    assert otel.given == (("url", "localhost:4318/v1/traces"), ("resource", "service.name=fs"), ("resource", "a=b=c"))
     assert parse_trace_config([]).wire() == {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
                                              "log_frequency": "0", "trace_file": "", "trace_mode": "triton"}
 

@@ -69,6 +69,9 @@ class TraceConfig:
         url: the OTLP/HTTP endpoint (``opentelemetry`` mode).
         resource: resource attributes of the exported spans.
         bsp: the batch span processor's ``bsp_*`` settings given (ms for the delay).
+        given: the ``opentelemetry,url=`` and ``opentelemetry,resource=`` values as given, in
+            order (``(("url", "host:4318/v1/traces"), ("resource", "k=v"))``), which the trace
+            settings show as Triton 2.51 does.
     """
 
     level: tuple[str, ...] = ("OFF",)
@@ -80,6 +83,7 @@ class TraceConfig:
     url: str = DEFAULT_OTLP_URL
     resource: Mapping[str, str] = field(default_factory=lambda: {"service.name": "triton-inference-server"})
     bsp: Mapping[str, int] = field(default_factory=dict)
+    given: tuple[tuple[str, str], ...] = ()
 
     def wire(self) -> dict[str, Any]:
         """The six settings in Triton's JSON form (every value a string, the level a list)."""
@@ -123,6 +127,7 @@ def parse_trace_config(items: Sequence[str]) -> TraceConfig:
     levels: list[str] = []
     resource: dict[str, str] = {}
     bsp: dict[str, int] = {}
+    given: list[tuple[str, str]] = []
     for item in items:
         scope, _, rest = item.partition(",") if "," in item.split("=", 1)[0] else ("", "", item)
         name, eq, value = rest.partition("=")
@@ -154,11 +159,13 @@ def parse_trace_config(items: Sequence[str]) -> TraceConfig:
         elif scope == "opentelemetry":
             if name == "url":
                 config = replace(config, url=value if "://" in value else f"http://{value}")
+                given.append(("url", value))
             elif name == "resource":
                 key, eq2, val = value.partition("=")
                 if not eq2 or not key:
                     raise InvalidInputError(f"--trace-config {item!r}: resource takes KEY=VALUE")
                 resource[key] = val
+                given.append(("resource", value))
             elif name in _BSP:
                 bsp[name] = _int(name, value, 1)
             else:
@@ -172,6 +179,8 @@ def parse_trace_config(items: Sequence[str]) -> TraceConfig:
         config = replace(config, resource={**config.resource, **resource})
     if bsp:
         config = replace(config, bsp=bsp)
+    if given:
+        config = replace(config, given=tuple(given))
     return config
 
 
@@ -282,15 +291,17 @@ class Tracer:
         """The settings that apply to ``model`` (``None``: the global ones) in Triton 2.51's JSON
         form: ``{"trace_level": [str], "trace_rate": str, "trace_count": str (what is left),
         "log_frequency": str, "trace_file": str, "trace_mode": "triton"}``; in ``opentelemetry``
-        mode ``trace_level``, ``trace_rate``, ``trace_count``, ``trace_mode`` and the batch span
-        processor's ``bsp_max_export_batch_size``, ``bsp_schedule_delay`` (ms), ``bsp_max_queue_size``."""
+        mode ``trace_level``, ``trace_rate``, ``trace_count``, ``trace_mode``, the ``url`` and
+        ``resource`` given at start (when given), and the batch span processor's ``bsp_max_export_batch_size``, ``bsp_schedule_delay`` (ms), ``bsp_max_queue_size``."""
         with self._lock:
             values = self._effective(model)
             owner = self._count_owner(model)
             head = {"trace_level": list(values["trace_level"]), "trace_rate": str(values["trace_rate"]),
                     "trace_count": str(owner.remaining)}
             if self.mode == "opentelemetry":
-                return {**head, "trace_mode": self.mode, **{k: str(v) for k, v in self._bsp().items()}}
+                # the url and resource as given, as Triton shows them (it repeats "resource"; JSON keeps the last)
+                return {**head, "trace_mode": self.mode, **dict(self.config.given),
+                        **{k: str(v) for k, v in self._bsp().items()}}
             return {**head, "log_frequency": str(values["log_frequency"]), "trace_file": self.config.file,
                     "trace_mode": self.mode}
 

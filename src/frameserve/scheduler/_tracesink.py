@@ -135,7 +135,8 @@ class TraceFileWriter(_QueuedSink):
 class OtlpSink(_QueuedSink):
     """OpenTelemetry spans over OTLP/HTTP (the SDK's ``BatchSpanProcessor`` and
     ``OTLPSpanExporter``), in Triton's shape: a root span ``InferRequest`` (REQUEST_START to
-    REQUEST_END; the child of the request's W3C ``traceparent`` when it came with one), a model
+    REQUEST_END; event INFER_RESPONSE_COMPLETE; the child of the request's W3C ``traceparent`` when
+    it came with one; the frontends' HTTP_* / GRPC_* events of Triton's are not recorded), a model
     span named after the model (attributes ``triton.model_name``, ``triton.model_version``,
     ``triton.trace_id``, ``triton.request_id``; events REQUEST_START, QUEUE_START, REQUEST_END)
     and its child ``compute`` (events COMPUTE_START ... COMPUTE_END). Monotonic stamps become
@@ -179,12 +180,16 @@ class OtlpSink(_QueuedSink):
     def _write(self, trace: RequestTrace) -> None:
         from opentelemetry import trace as otel
 
+        server = otel.SpanKind.SERVER  # Triton's kind for all three
         stamps = {name: ns + self._offset_ns for name, ns in trace.stamps}
         start = stamps.get("REQUEST_START", min(stamps.values()))
         end = stamps.get("REQUEST_END", max(stamps.values()))
         root = self._tracer.start_span("InferRequest", context=self._context(trace.traceparent) if trace.traceparent
-                                       else None, start_time=start)
-        model = self._tracer.start_span(trace.model_name, context=otel.set_span_in_context(root), start_time=start)
+                                       else None, kind=server, start_time=start)
+        if "INFER_RESPONSE_COMPLETE" in stamps:
+            root.add_event("INFER_RESPONSE_COMPLETE", timestamp=stamps["INFER_RESPONSE_COMPLETE"])
+        model = self._tracer.start_span(trace.model_name, context=otel.set_span_in_context(root), kind=server,
+                                        start_time=start)
         model.set_attributes({"triton.model_name": trace.model_name, "triton.model_version": trace.model_version,
                               "triton.trace_id": trace.id, "triton.trace_parent_id": 0,
                               "triton.request_id": trace.request_id})
@@ -192,7 +197,7 @@ class OtlpSink(_QueuedSink):
             if name in stamps:
                 model.add_event(name, timestamp=stamps[name])
         if "COMPUTE_START" in stamps:
-            compute = self._tracer.start_span("compute", context=otel.set_span_in_context(model),
+            compute = self._tracer.start_span("compute", context=otel.set_span_in_context(model), kind=server,
                                               start_time=stamps["COMPUTE_START"])
             for name in ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"):
                 compute.add_event(name, timestamp=stamps[name])
