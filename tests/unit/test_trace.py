@@ -178,3 +178,9 @@ def test_a_full_queue_drops_instead_of_blocking(tmp_path: Path) -> None:
         writer(_finished(i, 0))  # never blocks
     writer.close()
     assert writer.written + writer.dropped == 51
+
+
+def test_a_trace_file_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:
+    for bad in (tmp_path / "missing" / "t.json", tmp_path):
+        with pytest.raises(ValueError, match="must exist and be writable"):
+            TraceFileWriter(bad)

@@ -95,7 +95,7 @@ def _tracer(items: list[str] | None) -> Tracer:
         raise typer.BadParameter(exc.message, param_hint="--trace-config") from None
     try:
         return Tracer(config, make_sink(config))
-    except ModuleNotFoundError as exc:
+    except (ModuleNotFoundError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--trace-config") from None
 
 

@@ -87,10 +87,16 @@ class TraceFileWriter(_QueuedSink):
     Args:
         path: the file (the operator's ``--trace-config triton,file=``, never a client's).
         max_pending: traces held before new ones are dropped.
+
+    Raises:
+        ValueError: ``path``'s folder does not exist or cannot be written, or ``path`` is a folder.
     """
 
     def __init__(self, path: str | Path, *, max_pending: int = DEFAULT_MAX_PENDING) -> None:
         self.path = Path(path)
+        folder = self.path.parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK) or self.path.is_dir():
+            raise ValueError(f"trace file {str(path)!r}: its folder must exist and be writable, and it must not be a folder")
         self._stream: Any = None
         self._batch: list[dict[str, Any]] = []
         self._batch_traces = 0
@@ -216,6 +222,7 @@ def make_sink(config: TraceConfig, *, max_pending: int = DEFAULT_MAX_PENDING) ->
 
     Raises:
         ModuleNotFoundError: ``opentelemetry`` mode without the SDK installed.
+        ValueError: a trace file that cannot be written (:class:`TraceFileWriter`).
     """
     if config.mode == "opentelemetry":
         return OtlpSink(config, max_pending=max_pending)
