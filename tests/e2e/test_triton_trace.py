@@ -96,8 +96,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _repo(tmp_path_factory.mktemp("trace_repo"), {"ident": ""})
 
 
-def _trace_args(path: Path) -> tuple[str, ...]:
-    return ("--trace-config", f"triton,file={path}", "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1")
+def _trace_args(path: Path, *levels: str) -> tuple[str, ...]:
+    more = tuple(a for level in levels for a in ("--trace-config", f"level={level}"))
+    return ("--trace-config", f"triton,file={path}", "--trace-config", "level=TIMESTAMPS", *more, "--trace-config", "rate=1")
 
 
 def _without_file(doc: dict[str, Any]) -> dict[str, Any]:
@@ -161,9 +162,11 @@ def test_trace_settings_answered_as_triton(tmp_path: Path, repo: Path) -> None:
 def _by_trace(entries: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     traces: dict[int, dict[str, Any]] = {}
     for entry in entries:
-        trace = traces.setdefault(entry["id"], {"head": None, "stamps": []})
+        trace = traces.setdefault(entry["id"], {"head": None, "stamps": [], "tensors": []})
         if "timestamps" in entry:
             trace["stamps"] += [(t["name"], t["ns"]) for t in entry["timestamps"]]
+        elif "activity" in entry:
+            trace["tensors"].append({"activity": entry["activity"], **entry["tensor"]})
         else:
             trace["head"] = entry
     return traces
@@ -177,14 +180,14 @@ def _read_traces(path: Path) -> list[dict[str, Any]]:
 
 def test_trace_file_fields_and_order_as_triton(tmp_path: Path, repo: Path) -> None:
     files = {"frameserve": tmp_path / "fs.json", "triton": tmp_path / "triton.json"}
-    with ServeProcess(repo, tmp_path / "home", *_trace_args(files["frameserve"])) as frameserve:
+    with ServeProcess(repo, tmp_path / "home", *_trace_args(files["frameserve"], "TENSORS")) as frameserve:
         frameserve.wait_ready(120)
         for i in range(3):
             _infer_http(frameserve.ports["HTTP"], "ident", f"http-{i}")
         _infer_grpc(frameserve.ports["gRPC"], "ident", "grpc-0")
         assert frameserve.stop() == 0  # the array is complete at shutdown, as Triton's
     servers = ["frameserve"]
-    with optional_peer(repo, *_trace_args(files["triton"])) as triton:
+    with optional_peer(repo, *_trace_args(files["triton"], "TENSORS")) as triton:
         if triton is not None:
             for i in range(3):
                 _infer_http(triton.ports["HTTP"], "ident", f"http-{i}")
@@ -204,6 +207,10 @@ def test_trace_file_fields_and_order_as_triton(tmp_path: Path, repo: Path) -> No
             times = [stamps[name] for name in CORE]
             assert times == sorted(times), (server, trace["stamps"])  # each happens in Triton's order
             assert stamps["INFER_RESPONSE_COMPLETE"] <= stamps["REQUEST_END"]
+            assert trace["tensors"] == [  # level TENSORS: the input as queued, the output
+                {"activity": "TENSOR_QUEUE_INPUT", "name": "INPUT0", "data": "0,1,2,3,4", "shape": "1,5", "dtype": "FP32"},
+                {"activity": "TENSOR_BACKEND_OUTPUT", "name": "OUTPUT0", "data": "0,1,2,3,4", "shape": "1,5",
+                 "dtype": "FP32"}], server
         shapes[server] = sorted({n for t in traces.values() for n, _ in t["stamps"]} & {*CORE, "INFER_RESPONSE_COMPLETE"})
     if "triton" in shapes:
         assert shapes["frameserve"] == shapes["triton"]

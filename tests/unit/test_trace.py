@@ -184,3 +184,44 @@ def test_a_trace_file_that_cannot_be_written_is_refused_at_start(tmp_path: Path)
     for bad in (tmp_path / "missing" / "t.json", tmp_path):
         with pytest.raises(ValueError, match="must exist and be writable"):
             TraceFileWriter(bad)
+
+
+def test_tensors_level_writes_tritons_tensor_entries() -> None:
+    import numpy as np
+
+    got: list[RequestTrace] = []
+    tracer = Tracer(TraceConfig(level=("TIMESTAMPS", "TENSORS"), rate=1, file="/t"), got.append)
+    trace = tracer.sample("m", 1)
+    assert trace is not None and trace.tensors == {}
+    trace.stamp("REQUEST_START", 1)
+    trace.tensors["TENSOR_QUEUE_INPUT"] = {"x": np.array([[0.5, 1.0, 1e-7]], np.float32),
+                                           "s": np.array([b"ab", b"c"], dtype=object)}
+    trace.computed(2, 3, 4, 5, 6)
+    trace.finish(7, {"y": np.array([[1, -2]], np.int64)})
+    entries = got[0].entries()
+    names = [e.get("activity") or (e["timestamps"][0]["name"] if "timestamps" in e else "head") for e in entries]
+    assert names == ["head", "REQUEST_START", "QUEUE_START", "TENSOR_QUEUE_INPUT", "TENSOR_QUEUE_INPUT",
+                     "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END",
+                     "TENSOR_BACKEND_OUTPUT", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
+    tensors = [e["tensor"] for e in entries if "tensor" in e]
+    assert tensors == [{"name": "x", "data": "0.5,1,1e-07", "shape": "1,3", "dtype": "FP32"},
+                       {"name": "s", "data": "ab,c", "shape": "2", "dtype": "BYTES"},
+                       {"name": "y", "data": "1,-2", "shape": "1,2", "dtype": "INT64"}]
+
+
+def test_large_tensors_are_traced_without_their_data() -> None:
+    import numpy as np
+
+    from frameserve.scheduler._trace import MAX_TRACED_ELEMENTS
+
+    trace = RequestTrace(1, "m", 1, "")
+    trace.tensors = {"TENSOR_QUEUE_INPUT": {"x": np.zeros((1, MAX_TRACED_ELEMENTS + 1), np.float32)}}
+    trace.stamp("QUEUE_START", 1)
+    (entry,) = [e for e in trace.entries() if "tensor" in e]
+    assert entry["tensor"] == {"name": "x", "data": "", "shape": f"1,{MAX_TRACED_ELEMENTS + 1}", "dtype": "FP32"}
+
+
+def test_tensors_are_not_kept_below_level_tensors() -> None:
+    _, tracer = _sink()
+    trace = tracer.sample("m", 1)
+    assert trace is not None and trace.tensors is None

@@ -5,9 +5,13 @@ and gRPC ``TraceSetting`` read and change, sampling, and one request's trace.
 =================  ===============================  =============================================
 setting (wire)     ``--trace-config``               meaning
 =================  ===============================  =============================================
-``trace_level``    ``level=OFF|TIMESTAMPS|TENSORS``  what is traced (a list; ``OFF`` = nothing).
-                   (may repeat)                     ``TENSORS`` is accepted and shown; only the
-                                                    timestamps are written
+``trace_level``    ``level=OFF|TIMESTAMPS|TENSORS``  what is traced (a list; ``OFF`` = nothing):
+                   (may repeat)                     timestamps, and with ``TENSORS`` the inputs
+                                                    as queued and the outputs (Triton's
+                                                    ``TENSOR_QUEUE_INPUT`` / ``TENSOR_BACKEND_OUTPUT``
+                                                    entries; a trace whose tensors hold more than
+                                                    :data:`MAX_TRACED_ELEMENTS` elements gets their
+                                                    name, shape and dtype with empty data)
 ``trace_rate``     ``rate=N``                       the N-th, 2N-th ... request is traced (0: none)
 ``trace_count``    ``count=N``                      traces left to take (-1 = no limit); shown as
                                                     what is left
@@ -39,15 +43,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from frameserve.errors import InvalidInputError, UnsupportedSettingError
+from frameserve.errors import InvalidInputError, TensorError, UnsupportedSettingError
+from frameserve.types import DataType
 
-__all__ = ["TRACE_LEVELS", "TRACE_MODES", "RequestTrace", "TraceConfig", "Tracer", "parse_trace_config"]
+__all__ = ["MAX_TRACED_ELEMENTS", "TRACE_LEVELS", "TRACE_MODES", "RequestTrace", "TraceConfig", "Tracer", "parse_trace_config"]
 
 TRACE_LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 """Triton's trace levels."""
 TRACE_MODES = ("triton", "opentelemetry")
 """Triton's trace modes."""
 DEFAULT_OTLP_URL = "http://localhost:4318/v1/traces"
+MAX_TRACED_ELEMENTS = 1 << 16
+"""Most tensor elements (inputs and outputs together) one ``TENSORS`` trace keeps with their data:
+a trace holds its arrays until the writer thread has written them, and the writer's queue is
+bounded in traces, so this bounds the memory tracing can hold."""
 _SETTINGS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_mode")
 _ACCEPTED = ("trace_level (a list of OFF, TIMESTAMPS, TENSORS), trace_rate, trace_count, log_frequency "
              "(strings of integers), trace_file, trace_mode (read-only); null resets one")
@@ -193,9 +202,12 @@ class RequestTrace:
         traceparent: the W3C ``traceparent`` it came with (``""`` when none).
         log_frequency: traces per file of the setting that sampled it.
         stamps: ``(name, ns)`` pairs, ns on the monotonic clock.
+        tensors: with level ``TENSORS``, ``{"TENSOR_QUEUE_INPUT": inputs, "TENSOR_BACKEND_OUTPUT":
+            outputs}`` (name -> array) as they become known; ``None`` otherwise.
     """
 
-    __slots__ = ("_done", "id", "log_frequency", "model_name", "model_version", "request_id", "stamps", "traceparent")
+    __slots__ = ("_done", "id", "log_frequency", "model_name", "model_version", "request_id", "stamps", "tensors",
+                 "traceparent")
 
     def __init__(self, trace_id: int, model_name: str, model_version: int, request_id: str, *, traceparent: str = "",
                  log_frequency: int = 0, done: Callable[[RequestTrace], None] | None = None) -> None:
@@ -206,6 +218,7 @@ class RequestTrace:
         self.traceparent = traceparent
         self.log_frequency = log_frequency
         self.stamps: list[tuple[str, int]] = []
+        self.tensors: dict[str, Mapping[str, Any]] | None = None  # level TENSORS: activity -> {name: array}
         self._done = done
 
     def stamp(self, name: str, ns: int) -> None:
@@ -217,10 +230,12 @@ class RequestTrace:
         self.stamps += [("QUEUE_START", queue_start_ns), ("COMPUTE_START", start_ns), ("COMPUTE_INPUT_END", input_end_ns),
                         ("COMPUTE_OUTPUT_START", output_start_ns), ("COMPUTE_END", end_ns)]
 
-    def finish(self, ns: int) -> None:
-        """The answer is complete at ``ns``: the last two stamps, and the trace goes to its sink
-        (a bounded queue; never blocks)."""
+    def finish(self, ns: int, outputs: Mapping[str, Any] | None = None) -> None:
+        """The answer is complete at ``ns`` (with ``outputs``, name -> array, when it succeeded):
+        the last two stamps, and the trace goes to its sink (a bounded queue; never blocks)."""
         self.stamps += [("INFER_RESPONSE_COMPLETE", ns), ("REQUEST_END", ns)]
+        if self.tensors is not None and outputs is not None:
+            self.tensors["TENSOR_BACKEND_OUTPUT"] = outputs
         if self._done is not None:
             self._done(self)
 
@@ -229,10 +244,43 @@ class RequestTrace:
         head: dict[str, Any] = {"id": self.id, "model_name": self.model_name, "model_version": self.model_version}
         if self.request_id:
             head["request_id"] = self.request_id
-        return [head, *({"id": self.id, "timestamps": [{"name": n, "ns": ns}]} for n, ns in self.stamps)]
+        out = [head]
+        tensors = self.tensors or {}
+        total = sum(int(getattr(a, "size", 0)) for group in tensors.values() for a in group.values())
+        for name, ns in self.stamps:
+            if name == "INFER_RESPONSE_COMPLETE":  # the outputs come before it, as in Triton's file
+                out += _tensor_entries(self.id, "TENSOR_BACKEND_OUTPUT", tensors, total)
+            out.append({"id": self.id, "timestamps": [{"name": name, "ns": ns}]})
+            if name == "QUEUE_START":
+                out += _tensor_entries(self.id, "TENSOR_QUEUE_INPUT", tensors, total)
+        return out
 
     def __repr__(self) -> str:
         return f"RequestTrace(id={self.id}, model={self.model_name!r}, stamps={len(self.stamps)})"
+
+
+def _tensor_entries(trace_id: int, activity: str, tensors: Mapping[str, Mapping[str, Any]], total: int) -> list[dict[str, Any]]:
+    """Triton's TENSORS entries of one activity: ``{"id", "activity", "tensor": {"name", "data"
+    (the elements comma-separated, floats as C's ``%g``), "shape" ("1,5"), "dtype"}}``."""
+    out = []
+    for name, array in (tensors.get(activity) or {}).items():
+        try:
+            dtype = DataType.from_numpy(array.dtype).value
+        except (AttributeError, TensorError):
+            continue
+        data = "" if total > MAX_TRACED_ELEMENTS else _data(array, dtype)
+        out.append({"id": trace_id, "activity": activity, "tensor": {
+            "name": name, "data": data, "shape": ",".join(str(d) for d in array.shape), "dtype": dtype}})
+    return out
+
+
+def _data(array: Any, dtype: str) -> str:
+    flat = array.reshape(-1).tolist()
+    if dtype == "BYTES":
+        return ",".join(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat)
+    if dtype in ("FP16", "BF16", "FP32", "FP64"):
+        return ",".join(format(float(v), "g") for v in flat)
+    return ",".join(str(int(v)) for v in flat)
 
 
 class _Scope:
@@ -401,8 +449,11 @@ class Tracer:
                     owner.remaining -= 1
             trace_id = next(self._ids)
             frequency = int(values["log_frequency"])
-        return RequestTrace(trace_id, model, version, request_id, traceparent=traceparent if forced else "",
-                            log_frequency=frequency, done=self.sink)
+        trace = RequestTrace(trace_id, model, version, request_id, traceparent=traceparent if forced else "",
+                             log_frequency=frequency, done=self.sink)
+        if "TENSORS" in values["trace_level"] and self.mode == "triton":
+            trace.tensors = {}
+        return trace
 
     def close(self) -> None:
         """Finish the sink's output (the trace file's array, the OTLP export); call after the

@@ -325,13 +325,20 @@ class InferenceService(ModelTable):
         if trace is None:
             return entry.respond.submit((checked,), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
         trace.stamp("REQUEST_START", time.monotonic_ns())
+        if trace.tensors is not None:  # level TENSORS: the inputs as queued
+            trace.tensors["TENSOR_QUEUE_INPUT"] = request.inputs
         request = dataclasses.replace(request, trace=trace)
         try:
             future = entry.respond.submit(((request, size),), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
         except BaseException:
             trace.finish(time.monotonic_ns())
             raise
-        future.add_done_callback(lambda _: trace.finish(time.monotonic_ns()))
+
+        def finished(done: Future[dict[str, np.ndarray[Any, Any]]]) -> None:
+            ok = not done.cancelled() and done.exception() is None
+            trace.finish(time.monotonic_ns(), done.result() if ok and trace.tensors is not None else None)
+
+        future.add_done_callback(finished)
         return future
 
     def _submit_many(
