@@ -20,7 +20,19 @@ import numpy as np
 from frameserve.errors import InvalidInputError, TensorError
 from frameserve.types import DataType
 
-__all__ = ["MAX_SEQUENCE_ID_CHARS", "InferRequest", "RequestedOutput", "StatsSink", "pop_sequence_parameters"]
+__all__ = [
+    "MAX_SEQUENCE_ID_CHARS",
+    "TRACEPARENT_CHARS",
+    "InferRequest",
+    "RequestTraceSink",
+    "RequestedOutput",
+    "StatsSink",
+    "pop_sequence_parameters",
+]
+
+TRACEPARENT_CHARS = 55
+"""Length of a W3C ``traceparent`` of version 00 (``00-<32 hex>-<16 hex>-<2 hex>``); the
+transports pass on only values of this length (the exporter checks the form)."""
 
 MAX_SEQUENCE_ID_CHARS = 1024
 """The longest string ``sequence_id`` a request may carry (a UUID takes 36)."""
@@ -64,6 +76,15 @@ class StatsSink(Protocol):
     ) -> None:
         """One request answered with outputs: its time in the queue and its batch's compute
         times (ns), called before the request's future completes."""
+        ...
+
+
+class RequestTraceSink(Protocol):
+    """A sampled request's trace (Triton's trace extension,
+    :class:`frameserve.scheduler.RequestTrace`): the scheduler adds the times it took."""
+
+    def computed(self, queue_start_ns: int, start_ns: int, input_end_ns: int, output_start_ns: int, end_ns: int) -> None:
+        """Queued at ``queue_start_ns``; its batch ran from ``start_ns`` to ``end_ns`` (ns)."""
         ...
 
 
@@ -111,6 +132,10 @@ class InferRequest:
             :attr:`RequestedOutput.binary_data` (and of every output when none is named).
         stats_sink: also told the request's queue and compute times when it succeeds (an
             ensemble's step requests carry one); ``None`` for every other request.
+        trace: the request's trace when the server's tracer sampled it (set by the service);
+            ``None`` otherwise.
+        traceparent: the W3C ``traceparent`` header it came with (``""`` when none); traced
+            whatever the sampling in ``opentelemetry`` trace mode, as in Triton.
         sequence_id: the sequence (Triton's correlation id) the request belongs to: an
             unsigned 64-bit integer or a string; ``0`` / ``""`` = none. Read by the sequence
             batcher of a model with ``sequence_batching``, ignored by other models.
@@ -132,6 +157,8 @@ class InferRequest:
     id: str = ""
     binary_data_output: bool = False
     stats_sink: StatsSink | None = None
+    trace: RequestTraceSink | None = None
+    traceparent: str = ""
     sequence_id: int | str = 0
     sequence_start: bool = False
     sequence_end: bool = False

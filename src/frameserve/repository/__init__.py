@@ -9,6 +9,7 @@ from frameserve.repository._config import (
     PRECISIONS,
     InstanceGroup,
     ModelConfig,
+    RateLimiterSpec,
     check_model_filename,
     parse_config,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "InstanceGroup",
     "ModelConfig",
     "ModelRepository",
+    "RateLimiterSpec",
     "SequenceBatching",
     "SequenceControl",
     "SequenceState",

@@ -48,6 +48,7 @@ from frameserve.scheduler._clock import Clock
 from frameserve.scheduler._dispatch import QUEUED, Dispatch
 from frameserve.scheduler._instances import InstanceSpec
 from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE
+from frameserve.scheduler._ratelimit import RateLimiter
 from frameserve.scheduler._request import QueuedRequest
 from frameserve.scheduler._scheduler import Scheduler, _Instance
 from frameserve.scheduler._stats import ModelStats
@@ -141,7 +142,7 @@ class SequenceScheduler(Scheduler):
 
     Args:
         config: the model config; ``config.sequence`` must be set.
-        version, instances, load, clock, stats, metrics, max_queue_size: as
+        version, instances, load, clock, stats, metrics, max_queue_size, rate_limiter: as
             :class:`~frameserve.scheduler.Scheduler` (``max_queue_size`` bounds the requests
             queued over all sequences).
         model_dir: the model's folder (for ``initial_state`` data files).
@@ -163,6 +164,7 @@ class SequenceScheduler(Scheduler):
         metrics: Metrics | None = None,
         max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
         model_dir: Path | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         seq = config.sequence
         if seq is None:
@@ -184,7 +186,7 @@ class SequenceScheduler(Scheduler):
         self._delay_ns = seq.max_queue_delay_us * 1000
         self._idle_ns = seq.max_sequence_idle_us * 1000
         super().__init__(config, version, instances, load, clock=clock, stats=stats, metrics=metrics,
-                         max_queue_size=max_queue_size)
+                         max_queue_size=max_queue_size, rate_limiter=rate_limiter)
         if seq.strategy == "direct" and (self.config.max_batch_size or 0) != (config.max_batch_size or 0):
             n_slots = max(1, self.config.max_batch_size or 0)  # completed from the model: resize the idle lanes
             with self._cond:

@@ -40,6 +40,7 @@ from frameserve.scheduler import (
     Dispatch,
     EnsembleScheduler,
     InstanceSpec,
+    RateLimiter,
     ResponseCache,
     ResponsePath,
     Scheduler,
@@ -92,6 +93,7 @@ class ModelTable:
     metrics: Metrics
     max_queue_size: int
     cache: ResponseCache | None
+    rate_limiter: RateLimiter | None
     load_errors: dict[str, str]
     _lock: threading.RLock
     _load_lock: threading.Lock
@@ -299,7 +301,8 @@ class ModelTable:
         scheduler: Scheduler
         if config.sequence is not None:  # a stateful model: the sequence batcher
             scheduler = SequenceScheduler(config, version, specs, open_session, clock=self.clock, metrics=self.metrics,
-                                          max_queue_size=self.max_queue_size, model_dir=model_dir or path.parent)
+                                          max_queue_size=self.max_queue_size, model_dir=model_dir or path.parent,
+                                          rate_limiter=self.rate_limiter)
         else:
             scheduler = Scheduler(
                 config,
@@ -308,6 +311,7 @@ class ModelTable:
                 open_session,
                 clock=self.clock,
                 metrics=self.metrics,
+                rate_limiter=self.rate_limiter,
                 max_queue_size=self.max_queue_size,
             )
         try:

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -31,8 +32,10 @@ from frameserve.scheduler import (
     QUEUED,
     Clock,
     Dispatch,
+    RateLimiter,
     ResponseCache,
     SchedulerStoppedError,
+    Tracer,
     failed_future,
 )
 from frameserve.service._loading import ModelTable, _Loaded
@@ -84,6 +87,11 @@ class InferenceService(ModelTable):
             --server-name``).
         cache: the response cache (Triton's ``--cache-config local,size=N``) that models with
             ``response_cache { enable: true }`` use; ``None`` = no cache.
+        tracer: Triton's trace extension (``--trace-config``): samples requests while
+            :attr:`~frameserve.scheduler.Tracer.on`; the transports serve its settings.
+            ``None`` = no tracing and no trace settings served.
+        rate_limiter: Triton's rate limiter (``--rate-limit execution_count``) every model's
+            scheduler shares; ``None`` = off.
 
     Thread safety: every method may be called from many threads at once. Loads and unloads of
     one model are serialised; requests never wait for a lock held during a load.
@@ -100,6 +108,8 @@ class InferenceService(ModelTable):
         strict_readiness: bool = True,
         server_name: str = "frameserve",
         cache: ResponseCache | None = None,
+        tracer: Tracer | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         if threads is not None and threads < 1:
             raise ModelConfigError(f"threads must be >= 1, got {threads}")
@@ -115,6 +125,8 @@ class InferenceService(ModelTable):
             raise ModelConfigError("server_name must not be empty")
         self.server_name = server_name
         self.cache = cache
+        self.tracer = tracer
+        self.rate_limiter = rate_limiter
         if cache is not None:
             self.metrics.cache_enabled = True
         self._lock = threading.RLock()
@@ -291,17 +303,56 @@ class InferenceService(ModelTable):
         entry = self._entry(request.model_name, request.model_version)
         checked = self._check(entry, request)
         try:
+            if self.tracer is not None and self.tracer.on:
+                return self._traced(entry, checked, dispatch)
             return entry.respond.submit((checked,), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
         except SchedulerStoppedError:
             # Reloaded (or unloaded) meanwhile: take the version now served, or answer not ready.
             entry = self._entry(request.model_name, request.model_version)
             checked = self._check(entry, request)
+            if self.tracer is not None and self.tracer.on:
+                return self._traced(entry, checked, dispatch)
             return entry.respond.submit((checked,), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
+
+    def _traced(
+        self, entry: _Loaded, checked: tuple[InferRequest, int], dispatch: Dispatch
+    ) -> Future[dict[str, np.ndarray[Any, Any]]]:
+        """:meth:`_submit` of a checked request while tracing is on: sampled by the tracer
+        (REQUEST_START now, the scheduler's times on the way, REQUEST_END when its future is done)."""
+        request, size = checked
+        assert self.tracer is not None
+        trace = self.tracer.sample(entry.config.name, entry.version, request.id, request.traceparent)
+        if trace is None:
+            return entry.respond.submit((checked,), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
+        trace.stamp("REQUEST_START", time.monotonic_ns())
+        if trace.tensors is not None:  # level TENSORS: the inputs as queued
+            trace.tensors["TENSOR_QUEUE_INPUT"] = request.inputs
+        request = dataclasses.replace(request, trace=trace)
+        try:
+            future = entry.respond.submit(((request, size),), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
+        except BaseException:
+            trace.finish(time.monotonic_ns())
+            raise
+
+        def finished(done: Future[dict[str, np.ndarray[Any, Any]]]) -> None:
+            ok = not done.cancelled() and done.exception() is None
+            trace.finish(time.monotonic_ns(), done.result() if ok and trace.tensors is not None else None)
+
+        future.add_done_callback(finished)
+        return future
 
     def _submit_many(
         self, requests: Sequence[InferRequest], dispatch: Dispatch
     ) -> list[Future[dict[str, np.ndarray[Any, Any]]]]:
         """:meth:`InferClient.submit_many`: each model's share queued at once under ``dispatch``."""
+        if self.tracer is not None and self.tracer.on:  # traced one by one (sampling, REQUEST_END)
+            out_one: list[Future[dict[str, np.ndarray[Any, Any]]]] = []
+            for request in requests:
+                try:
+                    out_one.append(self._submit(request, dispatch))
+                except FrameserveError as exc:
+                    out_one.append(failed_future(exc))
+            return out_one
         out: dict[int, Future[dict[str, np.ndarray[Any, Any]]]] = {}
         groups: dict[int, tuple[_Loaded, list[int], list[tuple[InferRequest, int]]]] = {}
         for i, request in enumerate(requests):
