@@ -64,7 +64,7 @@ from frameserve._ipc import Arena, SharedBlock, pack_tensors, picklable_error, u
 from frameserve.config import Settings
 from frameserve.errors import InvalidInputError, JobTimeoutError, WorkerCrashedError
 from frameserve.jobs._pipeline import FaultHook, ProgressCb
-from frameserve.jobs.store import Job
+from frameserve.jobs._records import Job
 
 __all__ = ["POLL_S", "IsolatedPipeline", "RemoteService"]
 

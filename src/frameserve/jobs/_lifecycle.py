@@ -33,17 +33,17 @@ import sqlalchemy as sa
 
 from frameserve.jobs._claim import check_queued
 from frameserve.jobs._errors import IdempotencyConflictError, JobStateError
+from frameserve.jobs._records import Job
 from frameserve.jobs._schema import callback_deliveries, job_events, jobs, retry_keys
 from frameserve.jobs.queue import notify
 
 if TYPE_CHECKING:
-    from frameserve.jobs.store import Job
     from frameserve.security.quotas import Quotas
 
 __all__ = ["DELETE_LEASE_S", "FINISHED", "RETRYABLE_STATES", "LifecycleMixin"]
 
 FINISHED = ("succeeded", "failed", "cancelled")
-"""The states a job may be deleted or purged in (:data:`frameserve.jobs.store.TERMINAL`)."""
+"""The states a job may be deleted or purged in (:data:`frameserve.jobs._records.TERMINAL`)."""
 
 RETRYABLE_STATES = ("failed", "cancelled")
 """The states ``POST /v1/jobs/{id}/retry`` accepts."""

@@ -26,7 +26,7 @@ from pydantic import (
 from typing_extensions import TypeAliasType
 
 from frameserve.jobs._policy import BACKOFF_LIMITS, parse_run_at
-from frameserve.jobs.store import STATES
+from frameserve.jobs._records import STATES
 
 MAX_URI_CHARS = 8192
 """Longest ``source``, ``target`` or ``callback_url`` (8 KiB; browsers and proxies cap URLs near it)."""
@@ -41,8 +41,8 @@ _DOUBLE_MAX = 1.7976931348623157e308  # sys.float_info.max: the largest finite I
 _INT64 = (-(2**63), 2**63 - 1)
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-"""A job's state (:data:`frameserve.jobs.store.STATES`)."""
-assert set(get_args(JobState)) == set(STATES), "JobState must list frameserve.jobs.store.STATES"
+"""A job's state (:data:`frameserve.jobs._records.STATES`)."""
+assert set(get_args(JobState)) == set(STATES), "JobState must list frameserve.jobs._records.STATES"
 
 def _shown(text: str, limit: int = 80) -> str:
     """``text`` as an error message may carry it: cut to ``limit`` characters, a lone surrogate
@@ -291,7 +291,7 @@ class CallbackState(_Out):
 
 
 class JobResource(_Out):
-    """A job as ``GET /v1/jobs/{id}`` returns it (:meth:`frameserve.jobs.store.Job.to_resource`)."""
+    """A job as ``GET /v1/jobs/{id}`` returns it (:meth:`frameserve.jobs._records.Job.to_resource`)."""
 
     id: str
     owner: str = Field(..., description='the principal that submitted it ("" without tokens)')

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frameserve.config import Settings
-from frameserve.jobs.store import Job
+from frameserve.jobs._records import Job
 
 if TYPE_CHECKING:
     from frameserve.pipeline.loader import PipelineDef

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
 
+from frameserve.jobs._records import STATES
 from frameserve.jobs._schema import callback_deliveries, jobs
 
 if TYPE_CHECKING:
@@ -179,8 +180,6 @@ class QueueStats:
 
 def queue_stats(store: JobStore) -> QueueStats:
     """Count everything of :class:`QueueStats` in one read transaction."""
-    from frameserve.jobs.store import STATES
-
     now = store.clock()
     due = sa.and_(jobs.c.state == "queued", jobs.c.run_at <= now)
     cd = callback_deliveries.c
