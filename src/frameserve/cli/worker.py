@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -41,6 +41,9 @@ from frameserve.cli._retention import (
     RetentionSucceeded,
 )
 from frameserve.cli._retention import policy as retention_policy
+
+if TYPE_CHECKING:
+    from frameserve.jobs.worker import ProcessFn
 
 __all__ = ["register", "worker_command"]
 
@@ -218,6 +221,7 @@ def run_worker(
             write_status(status_file, busy=busy, worker_id=holder["worker"].worker_id, claimed=holder["worker"].claimed)
 
     isolated = None
+    process: ProcessFn
     if js.isolate_pipelines:  # a crash or a hang in a pipeline ends its job, not this worker
         isolated = process = IsolatedPipeline(
             settings, service, pipelines=registry, fault=fault,

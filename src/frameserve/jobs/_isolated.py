@@ -56,7 +56,7 @@ import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -65,6 +65,9 @@ from frameserve.config import Settings
 from frameserve.errors import InvalidInputError, JobTimeoutError, WorkerCrashedError
 from frameserve.jobs._pipeline import FaultHook, ProgressCb
 from frameserve.jobs._records import Job
+
+if TYPE_CHECKING:
+    from frameserve.service import InferenceService
 
 __all__ = ["POLL_S", "IsolatedPipeline", "RemoteService"]
 
@@ -224,11 +227,12 @@ def _child_main(conn: Any, settings: Settings, folder: str | None, threads: int 
 
     block = SharedBlock(fd=recv_handle(conn))  # first message: the shared block's descriptor
     remote = RemoteService(conn, threads, repository_root, block)
+    service = cast("InferenceService", remote)  # the stand-in: the calls the runner makes, answered by the parent
     pool = DecodePool(1)
     if warm:
         pool.warm()
     registry = PipelineRegistry(Path(folder) if folder else None)
-    process = pipeline_process(settings, remote, None, decode_pool=pool, pipelines=registry)
+    process = pipeline_process(settings, service, None, decode_pool=pool, pipelines=registry)
 
     def progress(done: int | None, expected: int | None) -> None:
         counters[1] = -1 if expected is None else expected  # expected first: a reader never sees a
@@ -245,7 +249,7 @@ def _child_main(conn: Any, settings: Settings, folder: str | None, threads: int 
                     from frameserve.pipeline.runner import run
 
                     _, clip, name, params, max_duration_s, flag = work
-                    result = run(Path(clip), registry.resolve(name), short=True, service=remote, settings=settings,
+                    result = run(Path(clip), registry.resolve(name), short=True, service=service, settings=settings,
                                  params=params, max_duration_s=max_duration_s, max_duration_flag=flag,
                                  progress=progress)
                     remote.send(("done", {**result, "frames": list(result["frames"])}, None))

@@ -157,20 +157,20 @@ class JobParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     sampling: StrictStr | None = Field(
-        None, max_length=256,
+        default=None, max_length=256,
         description="all | every:N | fps:R | keyframes | timestamps:T1,T2,... (default: the pipeline's)",
     )
-    batch: _Batch | None = Field(None, description="frames per inference batch")
+    batch: _Batch | None = Field(default=None, description="frames per inference batch")
     video_out: StrictBool = Field(
-        False, description="also write the pipeline's video (its render(): boxes drawn, an enhanced picture...) as "
+        default=False, description="also write the pipeline's video (its render(): boxes drawn, an enhanced picture...) as "
         "output.mp4 (output.mkv for a lossless codec), listed in result.outputs",
     )
     short: StrictBool = Field(
-        False, description="the short-video mode: key frames only, read with a fast open, the first key frame "
+        default=False, description="the short-video mode: key frames only, read with a fast open, the first key frame "
         "first (no sampling and no video_out with it)",
     )
     pipeline: dict[str, Any] | None = Field(
-        None, description="the pipeline's own parameters (keys of its params; dotted keys reach nested ones), "
+        default=None, description="the pipeline's own parameters (keys of its params; dotted keys reach nested ones), "
         f"as GET /v1/pipelines lists them; JSON values nested at most {MAX_PARAMS_DEPTH} levels",
     )
 
@@ -240,6 +240,7 @@ def _request_model(pipelines: Sequence[str], max_attempts: int, max_timeout_s: f
     attempts = JobRequest.model_fields["max_attempts"]
     timeout = JobRequest.model_fields["timeout_s"]
     why = " (the server's --max-attempts)"
+    why_s = " seconds (the server's --max-job-timeout-s)"  # a name: a str literal in Annotated reads as a type to mypy
     return create_model(
         "JobRequest", __base__=JobRequest, __doc__=JobRequest.__doc__,
         pipeline=(StrictStr, Field(
@@ -251,8 +252,7 @@ def _request_model(pipelines: Sequence[str], max_attempts: int, max_timeout_s: f
             Field(None, description=attempts.description, json_schema_extra={"minimum": 1, "maximum": max_attempts}),
         ),
         timeout_s=(
-            Annotated[float, Strict(), AfterValidator(_in_range(MIN_TIMEOUT_S, max_timeout_s,
-                                                                " seconds (the server's --max-job-timeout-s)"))] | None,
+            Annotated[float, Strict(), AfterValidator(_in_range(MIN_TIMEOUT_S, max_timeout_s, why_s))] | None,
             Field(None, description=timeout.description,
                   json_schema_extra={"minimum": MIN_TIMEOUT_S, "maximum": max_timeout_s}),
         ),

@@ -14,9 +14,12 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from frameserve.security import redact_text, redact_uri
+
+if TYPE_CHECKING:
+    from sqlalchemy import RowMapping
 
 __all__ = ["STATES", "TERMINAL", "Job", "JobSpec", "Lease", "Phase", "iso"]
 
@@ -124,7 +127,7 @@ class Job:
     fps: float | None = None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any], callback: dict[str, Any] | None = None) -> Job:
+    def from_row(cls, row: RowMapping, callback: dict[str, Any] | None = None) -> Job:
         d = dict(row)
         return cls(
             seq=int(d["seq"]), id=d["id"], state=d["state"], phase=d["phase"], progress=float(d["progress"]),

@@ -48,7 +48,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -328,7 +328,7 @@ def _error(exc: FrameserveError) -> Response:
                     headers=exc.http_headers)
 
 
-async def _limited(request: Request, limit: int, what: str = "the clip is") -> AsyncIterator[bytes]:
+async def _limited(request: Request, limit: int, what: str = "the clip is") -> AsyncGenerator[bytes, None]:
     """The body's chunks; raises :class:`PayloadTooLargeError` once more than ``limit`` bytes came."""
     total = 0
     async for chunk in request.stream():

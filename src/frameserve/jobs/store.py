@@ -83,7 +83,7 @@ def _finish_statement(*, fenced: bool) -> sa.Update:
     where = jobs.c.id == sa.bindparam("p_id")
     if fenced:
         where = sa.and_(where, jobs.c.token == sa.bindparam("p_token"), jobs.c.state == "running")
-    now = sa.bindparam("p_now", type_=sa.Double())
+    now: sa.BindParameter[float] = sa.bindparam("p_now", type_=sa.Double())
     return (
         jobs.update()
         .where(where)

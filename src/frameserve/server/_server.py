@@ -240,7 +240,8 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
         return asyncio.new_event_loop
-    return uvloop.new_event_loop  # type: ignore[no-any-return]
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 class Server:
