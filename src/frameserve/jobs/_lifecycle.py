@@ -27,7 +27,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
@@ -63,7 +63,7 @@ class LifecycleMixin:
 
         def _tx(self, *, write: bool = True) -> AbstractContextManager[sa.Connection]: ...
         def _load(self, conn: sa.Connection, job_id: str, owner: str | None = None) -> Job: ...
-        def _event(self, conn: sa.Connection, job_id: str, type_: str, now: float, **data: Any) -> None: ...
+        def _event(self, conn: sa.Connection, job_id: str, type_: str, now: float, **data: object) -> None: ...
 
     @staticmethod
     def _not_deleting(now: float) -> sa.ColumnElement[bool]:

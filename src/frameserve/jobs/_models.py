@@ -51,7 +51,7 @@ def _shown(text: str, limit: int = 80) -> str:
     return cut.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _whole_number(value: Any) -> Any:
+def _whole_number(value: object) -> object:
     """JSON has one number type: a whole float (``88.0``) is the integer it equals (a JSON
     Schema ``integer``, as the OpenAPI document says); anything else is left to strict checks."""
     if isinstance(value, float) and value.is_integer():
@@ -118,10 +118,10 @@ cannot say "at most :data:`MAX_PARAMS_DEPTH` levels"; the field's description do
 _Uri = Annotated[StrictStr, Field(min_length=1, max_length=MAX_URI_CHARS)]
 
 
-def _in_range(low: float, high: float, why: str = "") -> Callable[[Any], Any]:
+def _in_range(low: float, high: float, why: str = "") -> Callable[[float], float]:
     """An after-validator: ``low <= value <= high``, else a message with the accepted range."""
 
-    def check(value: Any) -> Any:
+    def check(value: float) -> float:
         if not low <= value <= high:  # NaN too (json.loads reads it)
             raise ValueError(f"must be between {low:g} and {high:g}{why}, got {value!r}")
         return value

@@ -86,6 +86,7 @@ from frameserve.jobs.storage import Storage
 from frameserve.pipeline.registry import PipelineRegistry
 from frameserve.security import redact_uri
 from frameserve.security.quotas import ConcurrencyGate, Quotas, TenantQuota
+from frameserve.service import InferenceService
 
 __all__ = ["AnalyzeLimits", "Analyzer", "clip_duration_s", "create_analyze_router"]
 
@@ -173,7 +174,7 @@ class Analyzer:
     """
 
     def __init__(
-        self, service: Any, pipelines: PipelineRegistry, storage: Storage, settings: Settings,
+        self, service: InferenceService, pipelines: PipelineRegistry, storage: Storage, settings: Settings,
         limits: AnalyzeLimits | None = None, *, quotas: Quotas | None = None, isolate: bool = False,
     ) -> None:
         self.service = service
@@ -339,7 +340,7 @@ async def _limited(request: Request, limit: int, what: str = "the clip is") -> A
         yield chunk
 
 
-def _params(raw: Any, where: str) -> dict[str, Any] | None:
+def _params(raw: object, where: str) -> dict[str, Any] | None:
     if raw is None or raw == "":
         return None
     if isinstance(raw, str):
@@ -352,7 +353,7 @@ def _params(raw: Any, where: str) -> dict[str, Any] | None:
     return raw
 
 
-def _pipeline(raw: Any, where: str) -> str:
+def _pipeline(raw: object, where: str) -> str:
     if raw is None or raw == "":
         return "nudenet"
     if not isinstance(raw, str):

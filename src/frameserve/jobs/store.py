@@ -181,7 +181,7 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin):
         if wakes:
             self.signal.notify(*wakes)
 
-    def _event(self, conn: sa.Connection, job_id: str, type_: str, now: float, **data: Any) -> None:
+    def _event(self, conn: sa.Connection, job_id: str, type_: str, now: float, **data: object) -> None:
         conn.execute(_INSERT_EVENT, {"job_id": job_id, "at": now, "type": type_, "data": json.dumps(data)})
         notify(conn, "event", now)  # the job's event streams (GET /v1/jobs/{id}/events?follow=true)
 
