@@ -38,7 +38,7 @@ def _store(
     return JobStore(js.db_url), js
 
 
-def _print(obj: Any) -> None:
+def _print(obj: object) -> None:
     typer.echo(json.dumps(obj, indent=2))
 
 

@@ -43,6 +43,12 @@ from frameserve.cli._retention import (
 from frameserve.cli._retention import policy as retention_policy
 
 if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client import CollectorRegistry, Counter
+
+    from frameserve.jobs._retention import Pruner
+    from frameserve.jobs.store import JobStore
     from frameserve.jobs.worker import ProcessFn
 
 __all__ = ["register", "worker_command"]
@@ -164,7 +170,7 @@ def worker_command(
                    retention=retention, retention_interval_s=retention_interval_s)
 
 
-def _serve_metrics(registry: Any, port: int | None, address: str) -> Any:
+def _serve_metrics(registry: CollectorRegistry, port: int | None, address: str) -> WSGIServer | None:
     """Serve ``registry`` on ``address:port`` (a thread); prints ``metrics listening on HOST:PORT``."""
     if port is None:
         return None
@@ -299,7 +305,7 @@ def run_worker(
         store.close()
 
 
-def _pruner(store: Any, retention: object, interval_s: float, counter: Any) -> Any:
+def _pruner(store: JobStore, retention: object, interval_s: float, counter: Counter | None) -> Pruner | None:
     """A started :class:`~frameserve.jobs._retention.Pruner` when ``retention`` is set, else ``None``."""
     if not retention:
         return None

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frameserve.config import pinned_cpus
 from frameserve.errors import FrameserveError, InvalidInputError
@@ -63,6 +63,9 @@ from frameserve.server._poll import RepositoryWatcher
 from frameserve.server._workers import FrontendPool, reserve_port
 from frameserve.service import InferenceService
 from frameserve.shm import DEFAULT_CLIENT_PREFIX, SharedMemoryRegistry
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
 
 DEFAULT_QUOTAS = Quotas()
 """The quotas without ``--quotas`` (:data:`~frameserve.security.quotas.DEFAULT_QUOTA` for every tenant)."""
@@ -527,7 +530,7 @@ class Server:
         await asyncio.gather(*tasks, return_exceptions=True)
         await loader
 
-    async def _start_frontends(self, http_app: Any) -> None:
+    async def _start_frontends(self, http_app: ASGIApp | None) -> None:
         """Workers mode: start the front-end processes over this process's application and
         servicers (they answer what the front ends hand on), and wait until each listens."""
         from frameserve.protocol.grpc import GrpcInferenceServicer, HealthServicer
