@@ -33,6 +33,8 @@ from rich.text import Text
 from frameserve.cli._common import err_console, exit_on_error
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from frameserve.config import Settings
 
 __all__ = ["frames_command", "register", "write_frames"]
@@ -159,7 +161,7 @@ def write_frames(
     return index
 
 
-def _picture(arrays: dict[str, Any], name: str) -> Any:
+def _picture(arrays: dict[str, np.ndarray[Any, Any]], name: str) -> np.ndarray[Any, Any]:
     """The one uint8 (H, W, 3) array of a frame's preprocessed arrays (for ``--format png``)."""
     from frameserve.errors import InvalidInputError
 

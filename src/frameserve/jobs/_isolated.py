@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     from typing import TypeAlias
 
     from frameserve.pipeline.registry import PipelineRegistry
+    from frameserve.repository import ModelConfig
     from frameserve.request import InferRequest
     from frameserve.service import InferenceService
 
@@ -194,25 +195,30 @@ class RemoteService:
         """As the parent service's ``is_ready``."""
         return bool(self._call("is_ready", name))
 
-    def load(self, name: str, **kwargs: object) -> Any:
+    def load(self, name: str, **kwargs: object) -> list[int]:
         """As the parent service's ``load``."""
-        return self._call("load", name, **kwargs)
+        versions: list[int] = self._call("load", name, **kwargs)
+        return versions
 
-    def register(self, name: str, path: Path, **kwargs: object) -> Any:
+    def register(self, name: str, path: Path, **kwargs: object) -> ModelConfig:
         """As the parent service's ``register``."""
-        return self._call("register", name, path, **kwargs)
+        config: ModelConfig = self._call("register", name, path, **kwargs)
+        return config
 
-    def model_config(self, name: str) -> Any:
+    def model_config(self, name: str) -> ModelConfig:
         """As the parent service's ``model_config``."""
-        return self._call("model_config", name)
+        config: ModelConfig = self._call("model_config", name)
+        return config
 
-    def session_info(self, name: str) -> Any:
+    def session_info(self, name: str) -> dict[str, Any]:
         """As the parent service's ``session_info``."""
-        return self._call("session_info", name)
+        info: dict[str, Any] = self._call("session_info", name)
+        return info
 
-    def metadata(self, name: str) -> Any:
+    def metadata(self, name: str) -> dict[str, Any]:
         """As the parent service's ``metadata``."""
-        return self._call("metadata", name)
+        meta: dict[str, Any] = self._call("metadata", name)
+        return meta
 
     def close(self) -> None:
         """Nothing to close: the parent owns the models."""

@@ -72,7 +72,7 @@ def _text(value: str, where: str) -> str:
     return value
 
 
-def _plain_json(value: Any, where: str, depth: int = 0) -> Any:
+def _plain_json(value: object, where: str, depth: int = 0) -> Any:  # Any: a JSON value
     """``value`` checked as the JSON a job stores and every later step writes back: objects
     with string keys, arrays, strings of valid Unicode, booleans, null, finite numbers (an
     integer beyond 64 bits becomes the double nearest it), at most :data:`MAX_PARAMS_DEPTH`
@@ -129,7 +129,7 @@ def _in_range(low: float, high: float, why: str = "") -> Callable[[float], float
     return check
 
 
-def _bounded_seconds(name: str) -> Any:
+def _bounded_seconds(name: str) -> Any:  # Any: a type form (Annotated[float, ...]) used as a field type
     low, high = BACKOFF_LIMITS[name]
     return Annotated[float, Strict(), AfterValidator(_in_range(low, high)),
                      Field(json_schema_extra={"minimum": low, "maximum": high})]
@@ -176,7 +176,7 @@ class JobParams(BaseModel):
 
     @field_validator("pipeline", mode="plain", json_schema_input_type=Union[dict[str, JsonValue], None])  # noqa: UP007
     @classmethod
-    def _pipeline_json(cls, value: Any) -> dict[str, Any] | None:
+    def _pipeline_json(cls, value: object) -> dict[str, Any] | None:
         if value is None:
             return None
         if not isinstance(value, dict):

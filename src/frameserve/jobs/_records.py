@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from frameserve.security import redact_text, redact_uri
 
@@ -30,8 +30,10 @@ TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 Phase = Literal["download", "process", "upload"]
 
+_T = TypeVar("_T")
 
-def _opt(value: Any, kind: Callable[[Any], Any]) -> Any:
+
+def _opt(value: Any, kind: Callable[[Any], _T]) -> _T | None:  # Any: a SQLAlchemy row's value
     return None if value is None else kind(value)
 
 

@@ -133,7 +133,7 @@ from frameserve.jobs.settings import DEFAULT_MAX_JOB_TIMEOUT_S
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import Job, JobSpec, JobStore
 from frameserve.pipeline.registry import PipelineRegistry
-from frameserve.security import IMPLICIT_OWNER, redact_uri
+from frameserve.security import IMPLICIT_OWNER, Principal, redact_uri
 from frameserve.security.quotas import ConcurrencyGate
 
 __all__ = [
@@ -210,7 +210,7 @@ def error_responses(*errors: type[FrameserveError], validation: bool = True, pos
     }
 
 
-def request_principal(request: Request) -> Any:
+def request_principal(request: Request) -> Principal:
     """The caller: ``request.state.principal`` (an object with ``name: str`` and
     ``roles: frozenset[str]``, set by the server's auth gate), or
     :data:`~frameserve.security.IMPLICIT_OWNER` (name ``""``, every role) when there is none."""

@@ -553,7 +553,7 @@ class Storage:
 
     # ------------------------------------------------------------ upload
 
-    def s3(self) -> Any:
+    def s3(self) -> Any:  # Any: an s3fs.S3FileSystem (s3fs ships no types)
         """The (cached) s3fs file system."""
         if self._s3 is None:
             import s3fs

@@ -59,13 +59,15 @@ from frameserve.security.quotas import InferGate, Quotas, connection_gate
 from frameserve.security.tokens import TokenTable
 from frameserve.server._channel import DEFAULT_ARENA_BYTES
 from frameserve.server._frontend import FrontendConfig
-from frameserve.server._poll import RepositoryWatcher
+from frameserve.server._poll import PollChanges, RepositoryWatcher
 from frameserve.server._workers import FrontendPool, reserve_port
 from frameserve.service import InferenceService
 from frameserve.shm import DEFAULT_CLIENT_PREFIX, SharedMemoryRegistry
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
+
+    from frameserve.protocol.grpc._threaded import ThreadedGrpcServer
 
 DEFAULT_QUOTAS = Quotas()
 """The quotas without ``--quotas`` (:data:`~frameserve.security.quotas.DEFAULT_QUOTA` for every tenant)."""
@@ -342,7 +344,7 @@ class Server:
                 lines.append(f"{label} listening on {f'[{host}]' if ':' in host else host}:{self._ports[kind]}")
         return lines
 
-    def poll_repository(self) -> Any:
+    def poll_repository(self) -> PollChanges:
         """Model control mode ``poll``: scan the repository now and apply what changed (the
         poller does this every ``repository_poll_s``); returns the
         :class:`~frameserve.server._poll.PollChanges`.
@@ -579,7 +581,7 @@ class Server:
             await asyncio.to_thread(self._pool.stop, 0.0)
             raise
 
-    async def _start_grpc(self) -> Any:
+    async def _start_grpc(self) -> ThreadedGrpcServer | None:
         if "grpc" not in self._ports or self.options.workers:
             return None
         port = self._ports["grpc"]

@@ -60,6 +60,8 @@ from frameserve.tuning._tensors import tensor_frames, tensor_gate
 if TYPE_CHECKING:
     import onnx
 
+    from frameserve.repository import ModelConfig
+
 __all__ = [
     "QuantizeResult",
     "float_head_nodes",
@@ -628,7 +630,7 @@ def _lowered(frames: CalibrationFrames, limits: GateLimits) -> tuple[dict[str, A
     return lowered_threshold(frames.pipeline.load_class().params, limits.max_detection_score_change)
 
 
-def _completed_config(variant: Variant) -> Any:
+def _completed_config(variant: Variant) -> ModelConfig:
     """The variant's config completed from its model file (inputs, outputs, max_batch_size)."""
     from frameserve.backends import load_session
     from frameserve.repository import parse_config

@@ -42,7 +42,7 @@ PERF_FILES: tuple[str, ...] = (
 """What :func:`write_perf_report` writes (plus ``profile_ops.csv`` and ``profile_trace.json`` with a profile)."""
 
 
-def require_matplotlib() -> Any:
+def require_matplotlib() -> Any:  # Any: the matplotlib.pyplot module
     """``matplotlib.pyplot`` on the Agg backend (no display needed).
 
     Raises:

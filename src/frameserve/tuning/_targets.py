@@ -236,7 +236,7 @@ class ServiceTarget:
 Transport = Literal["http", "grpc"]
 
 
-def _tritonclient(protocol: Transport) -> Any:
+def _tritonclient(protocol: Transport) -> Any:  # Any: tritonclient.http or .grpc (modules without types)
     try:
         if protocol == "http":
             import tritonclient.http as client
