@@ -137,7 +137,7 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin):
         migrate: bool = True,
         quotas: Quotas | None = None,
     ) -> None:
-        if url.startswith("postgresql://") or url.startswith("postgres://"):
+        if url.startswith(("postgresql://", "postgres://")):
             url = "postgresql+psycopg://" + url.split("://", 1)[1]
         self.url = url
         self.clock = clock
