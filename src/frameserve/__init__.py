@@ -39,7 +39,7 @@ _LAZY = {
 """Entry point name -> the module that defines it (imported on first access)."""
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> Any:  # Any: one of the lazily imported names of _LAZY
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'frameserve' has no attribute {name!r}")

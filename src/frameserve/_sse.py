@@ -59,7 +59,7 @@ class Event:
     data: str
     id: str
 
-    def json(self) -> Any:
+    def json(self) -> Any:  # Any: a JSON value
         """``data`` parsed as JSON. Raises ``ValueError`` when it is not JSON."""
         return json.loads(self.data)
 

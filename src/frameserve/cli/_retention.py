@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from frameserve.jobs._retention import RetentionPolicy
 
 __all__ = ["RetentionCancelled", "RetentionDays", "RetentionFailed", "RetentionInterval", "RetentionSucceeded", "policy"]
 
@@ -17,7 +20,7 @@ RetentionCancelled = Annotated[float | None, typer.Option("--retention-days-canc
 RetentionInterval = Annotated[float, typer.Option("--retention-interval-s", min=0.1, help="With a retention: time between pruning passes, seconds (the first runs at start).")]
 
 
-def policy(days: float | None, succeeded: float | None, failed: float | None, cancelled: float | None) -> Any:
+def policy(days: float | None, succeeded: float | None, failed: float | None, cancelled: float | None) -> RetentionPolicy | None:
     """The :class:`~frameserve.jobs._retention.RetentionPolicy` of the flags, or ``None`` when none is set."""
     from frameserve.jobs._retention import RetentionPolicy
 

@@ -25,12 +25,17 @@ import json
 import re
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.text import Text
 
 from frameserve.cli._common import err_console, exit_on_error
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from frameserve.config import Settings
 
 __all__ = ["frames_command", "register", "write_frames"]
 
@@ -50,7 +55,7 @@ def write_frames(
     assets_dir: Path | None = None,
     overwrite: bool = False,
     params: dict[str, Any] | None = None,
-    settings: Any = None,
+    settings: Settings | None = None,
 ) -> dict[str, Any]:
     """Decode ``video``, run ``pipeline``'s own ``preprocess`` on every selected frame, write the
     arrays to ``out``.
@@ -156,7 +161,7 @@ def write_frames(
     return index
 
 
-def _picture(arrays: dict[str, Any], name: str) -> Any:
+def _picture(arrays: dict[str, np.ndarray[Any, Any]], name: str) -> np.ndarray[Any, Any]:
     """The one uint8 (H, W, 3) array of a frame's preprocessed arrays (for ``--format png``)."""
     from frameserve.errors import InvalidInputError
 

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from frameserve.cli._common import exit_on_error
+
+if TYPE_CHECKING:
+    from frameserve.jobs import Job, JobStore
+    from frameserve.jobs.settings import JobsSettings
 
 __all__ = ["register"]
 
@@ -20,17 +24,21 @@ jobs_app = typer.Typer(help="Submit, list, inspect, watch, cancel, retry, delete
 DbOpt = Annotated[str | None, typer.Option("--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME).")]
 
 
-def _store(db: str | None, **kw: Any) -> Any:
+def _store(
+    db: str | None, *, file_roots: list[str] | None = None, callbacks_allow_private: bool | None = None,
+    shared_file_root: bool | None = None, tenants: bool = False,
+) -> tuple[JobStore, JobsSettings]:
     from frameserve.config import Settings
     from frameserve.jobs.settings import JobsSettings
     from frameserve.jobs.store import JobStore
 
     settings = Settings.from_env()
-    js = JobsSettings.from_env(settings, db_url=db, **kw)
+    js = JobsSettings.from_env(settings, db_url=db, file_roots=file_roots, callbacks_allow_private=callbacks_allow_private,
+                               shared_file_root=shared_file_root, tenants=tenants)
     return JobStore(js.db_url), js
 
 
-def _print(obj: Any) -> None:
+def _print(obj: object) -> None:
     typer.echo(json.dumps(obj, indent=2))
 
 
@@ -168,7 +176,7 @@ def delete(
         try:
             storage = js.storage()
 
-            def remove(job: Any) -> list[str]:
+            def remove(job: Job) -> list[str]:
                 listed = (job.result or {}).get("outputs") or {}
                 return storage.delete_outputs(job.target, listed if isinstance(listed, dict) else {}, tenant=job.owner)
 

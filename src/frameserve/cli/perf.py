@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich import box
@@ -48,7 +48,7 @@ def parse_percent(text: str) -> float:
     return value / 100.0
 
 
-def _fmt(value: Any, digits: str = ".3g") -> str:
+def _fmt(value: object, digits: str = ".3g") -> str:
     if value is None:
         return "-"
     if isinstance(value, float):

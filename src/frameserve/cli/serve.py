@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from frameserve.scheduler import RateLimiter, ResponseCache, Tracer
     from frameserve.security import TokenTable
     from frameserve.security.quotas import Quotas
+    from frameserve.service import InferenceService
 
 __all__ = ["TRITON_BOOL_FLAGS", "register", "serve_command", "triton_bool_args"]
 
@@ -395,7 +396,7 @@ def _console_router(
 
 
 def _pipeline_routers(
-    settings: object, service: object, registry: object, js: object, max_bytes: int, max_duration_s: float,
+    settings: object, service: InferenceService, registry: object, js: object, max_bytes: int, max_duration_s: float,
     concurrency: int, quotas: object = None, timeout_s: float = 120.0,
 ) -> tuple[object, ...]:
     """``GET /v1/pipelines`` and ``POST /v1/analyze`` (sources checked with the jobs' storage rules)."""

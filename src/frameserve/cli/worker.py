@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -41,6 +41,15 @@ from frameserve.cli._retention import (
     RetentionSucceeded,
 )
 from frameserve.cli._retention import policy as retention_policy
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client import CollectorRegistry, Counter
+
+    from frameserve.jobs._retention import Pruner
+    from frameserve.jobs.store import JobStore
+    from frameserve.jobs.worker import ProcessFn
 
 __all__ = ["register", "worker_command"]
 
@@ -161,7 +170,7 @@ def worker_command(
                    retention=retention, retention_interval_s=retention_interval_s)
 
 
-def _serve_metrics(registry: Any, port: int | None, address: str) -> Any:
+def _serve_metrics(registry: CollectorRegistry, port: int | None, address: str) -> WSGIServer | None:
     """Serve ``registry`` on ``address:port`` (a thread); prints ``metrics listening on HOST:PORT``."""
     if port is None:
         return None
@@ -218,6 +227,7 @@ def run_worker(
             write_status(status_file, busy=busy, worker_id=holder["worker"].worker_id, claimed=holder["worker"].claimed)
 
     isolated = None
+    process: ProcessFn
     if js.isolate_pipelines:  # a crash or a hang in a pipeline ends its job, not this worker
         isolated = process = IsolatedPipeline(
             settings, service, pipelines=registry, fault=fault,
@@ -295,7 +305,7 @@ def run_worker(
         store.close()
 
 
-def _pruner(store: Any, retention: object, interval_s: float, counter: Any) -> Any:
+def _pruner(store: JobStore, retention: object, interval_s: float, counter: Counter | None) -> Pruner | None:
     """A started :class:`~frameserve.jobs._retention.Pruner` when ``retention`` is set, else ``None``."""
     if not retention:
         return None

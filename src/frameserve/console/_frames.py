@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,11 +169,11 @@ class FrameCache:
 
     def __init__(self, max_bytes: int = 64 << 20) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[Any, DrawnFrame] = OrderedDict()
+        self._items: OrderedDict[Hashable, DrawnFrame] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: Any) -> DrawnFrame | None:
+    def get(self, key: Hashable) -> DrawnFrame | None:
         """The frame under ``key`` (marked recently used), or ``None``."""
         with self._lock:
             f = self._items.get(key)
@@ -181,7 +181,7 @@ class FrameCache:
                 self._items.move_to_end(key)
             return f
 
-    def put(self, key: Any, frame: DrawnFrame) -> None:
+    def put(self, key: Hashable, frame: DrawnFrame) -> None:
         """Keep ``frame``; the least recently used go past the budget."""
         with self._lock:
             old = self._items.pop(key, None)

@@ -74,7 +74,7 @@ def timeline_of(events: list[dict[str, Any]], resource: dict[str, Any]) -> list[
     end = _epoch(resource.get("finished_at"))
     if end is None and marks:
         end = max(m[1] for m in marks) if resource.get("state") != "running" else datetime.now(UTC).timestamp()
-    out = []
+    out: list[dict[str, Any]] = []
     for i, (phase, start) in enumerate(marks):
         stop = marks[i + 1][1] if i + 1 < len(marks) else (end or start)
         out.append({"phase": phase, "start": start, "seconds": max(0.0, stop - start)})

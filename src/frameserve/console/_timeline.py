@@ -94,7 +94,7 @@ class Timeline:
         return self.records[i]
 
 
-def _best(items: Any, key: str = "score") -> float:
+def _best(items: object, key: str = "score") -> float:
     best = 0.0
     if isinstance(items, Sequence):
         for it in items:

@@ -31,7 +31,7 @@ import hashlib
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +165,7 @@ class ViewerData:
                 return self._local(str(uri), job.owner, str(name))
         return None
 
-    def renderer(self, pipeline: str | None, params: Any) -> Any | None:
+    def renderer(self, pipeline: str | None, params: object) -> Any | None:
         """A built-in pipeline's instance for ``render`` (a user's Python pipeline: ``None``, its
         code never runs in the serving process)."""
         if not pipeline or pipeline not in self.pipelines:
@@ -217,7 +217,7 @@ class ViewerData:
 
     # -- frames ----------------------------------------------------------------------------
 
-    async def frame(self, key: Any, build: Callable[[], DrawnFrame]) -> DrawnFrame:
+    async def frame(self, key: Hashable, build: Callable[[], DrawnFrame]) -> DrawnFrame:
         """The drawn frame under ``key``: from the cache, else built in a thread (bounded)."""
         got = self.frames.get(key)
         if got is not None:

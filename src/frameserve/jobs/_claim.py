@@ -106,7 +106,7 @@ def claim_statement(quotas: Quotas | None = None) -> sa.Update:
     """The claim (see the module docstring), built once per quotas; bind parameters ``now``,
     ``w_owner``, ``until`` (epoch seconds, worker id, lease end). Tenant names and limits are
     bound values, never SQL text."""
-    now = sa.bindparam("now", type_=sa.Double())
+    now: sa.BindParameter[float] = sa.bindparam("now", type_=sa.Double())
     q = jobs.alias("q")
     jr = jobs.alias("jr")
     tc = tenant_claims

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import sqlite3
 
 import sqlalchemy as sa
+from sqlalchemy.pool import ConnectionPoolEntry
 
 __all__ = ["make_engine"]
 
@@ -24,7 +25,7 @@ def make_engine(url: str) -> sa.Engine:
         engine = sa.create_engine(u, connect_args={"timeout": 60.0, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        def _on_connect(dbapi_conn: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
             dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")

@@ -44,6 +44,7 @@ to a file on a fatal signal).
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
 import os
@@ -56,7 +57,7 @@ import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -64,7 +65,22 @@ from frameserve._ipc import Arena, SharedBlock, pack_tensors, picklable_error, u
 from frameserve.config import Settings
 from frameserve.errors import InvalidInputError, JobTimeoutError, WorkerCrashedError
 from frameserve.jobs._pipeline import FaultHook, ProgressCb
-from frameserve.jobs.store import Job
+from frameserve.jobs._records import Job
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from typing import TypeAlias
+
+    from frameserve.pipeline.registry import PipelineRegistry
+    from frameserve.repository import ModelConfig
+    from frameserve.request import InferRequest
+    from frameserve.service import InferenceService
+
+    # One end of the pipe: tuples whose first item is the kind (the table in the module
+    # docstring); the other items are whatever that kind carries, unpickled (hence Any).
+    _Pipe: TypeAlias = Connection[tuple[Any, ...], tuple[Any, ...]]
+    # The shared [frames done, frames expected] (-1: none).
+    _Counters: TypeAlias = ctypes.Array[ctypes.c_longlong]
 
 __all__ = ["POLL_S", "IsolatedPipeline", "RemoteService"]
 
@@ -97,7 +113,7 @@ class RemoteService:
         block: the shared block tensors cross in (this side writes its request half).
     """
 
-    def __init__(self, conn: Any, threads: int | None, repository_root: str | None, block: SharedBlock) -> None:
+    def __init__(self, conn: _Pipe, threads: int | None, repository_root: str | None, block: SharedBlock) -> None:
         from frameserve.repository import ModelRepository
 
         self.threads = threads
@@ -107,7 +123,7 @@ class RemoteService:
         self.repository = ModelRepository(Path(repository_root)) if repository_root else None
         self._conn = conn
         self._send_lock = threading.Lock()
-        self._pending: dict[int, Future[Any]] = {}
+        self._pending: dict[int, Future[Any]] = {}  # Any: an answer unpickled from the pipe
         self._next = 0
         self._lock = threading.Lock()
         self.jobs: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
@@ -159,51 +175,57 @@ class RemoteService:
         self.send((message[0], cid, *message[1:]))
         return future
 
-    def submit(self, request: Any) -> Future[Any]:
+    def submit(self, request: InferRequest) -> Future[Any]:
         """Queue one :class:`~frameserve.request.InferRequest` in the parent (its inputs copied
         into the shared block); its outputs' future."""
         specs, taken = pack_tensors(request.inputs, self._block, self._arena)
         return self._ask(("submit", dataclasses.replace(request, inputs={}), specs), taken)
 
-    def infer(self, name: str, inputs: Mapping[str, Any]) -> Any:
+    def infer(self, name: str, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
         """Run model ``name`` on ``inputs`` in the parent and wait: ``{output name: array}``."""
         from frameserve.request import InferRequest
 
-        return self.submit(InferRequest(name, inputs)).result()
+        outputs: dict[str, np.ndarray[Any, Any]] = self.submit(InferRequest(name, inputs)).result()
+        return outputs
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, method: str, *args: object, **kwargs: object) -> Any:  # Any: the parent's answer, unpickled
         return self._ask(("call", method, args, kwargs)).result()
 
     def is_ready(self, name: str) -> bool:
         """As the parent service's ``is_ready``."""
         return bool(self._call("is_ready", name))
 
-    def load(self, name: str, **kwargs: Any) -> Any:
+    def load(self, name: str, **kwargs: object) -> list[int]:
         """As the parent service's ``load``."""
-        return self._call("load", name, **kwargs)
+        versions: list[int] = self._call("load", name, **kwargs)
+        return versions
 
-    def register(self, name: str, path: Any, **kwargs: Any) -> Any:
+    def register(self, name: str, path: Path, **kwargs: object) -> ModelConfig:
         """As the parent service's ``register``."""
-        return self._call("register", name, path, **kwargs)
+        config: ModelConfig = self._call("register", name, path, **kwargs)
+        return config
 
-    def model_config(self, name: str) -> Any:
+    def model_config(self, name: str) -> ModelConfig:
         """As the parent service's ``model_config``."""
-        return self._call("model_config", name)
+        config: ModelConfig = self._call("model_config", name)
+        return config
 
-    def session_info(self, name: str) -> Any:
+    def session_info(self, name: str) -> dict[str, Any]:
         """As the parent service's ``session_info``."""
-        return self._call("session_info", name)
+        info: dict[str, Any] = self._call("session_info", name)
+        return info
 
-    def metadata(self, name: str) -> Any:
+    def metadata(self, name: str) -> dict[str, Any]:
         """As the parent service's ``metadata``."""
-        return self._call("metadata", name)
+        meta: dict[str, Any] = self._call("metadata", name)
+        return meta
 
     def close(self) -> None:
         """Nothing to close: the parent owns the models."""
 
 
-def _child_main(conn: Any, settings: Settings, folder: str | None, threads: int | None, repository_root: str | None,
-                memory_limit_bytes: int | None, crash_file: str, counters: Any, warm: bool = False) -> None:
+def _child_main(conn: _Pipe, settings: Settings, folder: str | None, threads: int | None, repository_root: str | None,
+                memory_limit_bytes: int | None, crash_file: str, counters: _Counters, warm: bool = False) -> None:
     """The child process: run each job the parent sends, until ``("stop",)`` or the pipe closes;
     ``counters`` is the shared ``[frames done, frames expected]`` (``-1``: none); ``warm``: start
     the decode process now, before the first job (a job child; a short-clip child never uses it)."""
@@ -224,11 +246,12 @@ def _child_main(conn: Any, settings: Settings, folder: str | None, threads: int 
 
     block = SharedBlock(fd=recv_handle(conn))  # first message: the shared block's descriptor
     remote = RemoteService(conn, threads, repository_root, block)
+    service = cast("InferenceService", remote)  # the stand-in: the calls the runner makes, answered by the parent
     pool = DecodePool(1)
     if warm:
         pool.warm()
     registry = PipelineRegistry(Path(folder) if folder else None)
-    process = pipeline_process(settings, remote, None, decode_pool=pool, pipelines=registry)
+    process = pipeline_process(settings, service, None, decode_pool=pool, pipelines=registry)
 
     def progress(done: int | None, expected: int | None) -> None:
         counters[1] = -1 if expected is None else expected  # expected first: a reader never sees a
@@ -245,7 +268,7 @@ def _child_main(conn: Any, settings: Settings, folder: str | None, threads: int 
                     from frameserve.pipeline.runner import run
 
                     _, clip, name, params, max_duration_s, flag = work
-                    result = run(Path(clip), registry.resolve(name), short=True, service=remote, settings=settings,
+                    result = run(Path(clip), registry.resolve(name), short=True, service=service, settings=settings,
                                  params=params, max_duration_s=max_duration_s, max_duration_flag=flag,
                                  progress=progress)
                     remote.send(("done", {**result, "frames": list(result["frames"])}, None))
@@ -317,7 +340,7 @@ def _kill_live() -> None:
 class _Child:
     """One child process and the parent's side of its pipe (see the module docstring)."""
 
-    def __init__(self, settings: Settings, service: Any, folder: Path | None, memory_limit_bytes: int | None,
+    def __init__(self, settings: Settings, service: InferenceService, folder: Path | None, memory_limit_bytes: int | None,
                  warm: bool = False) -> None:
         import multiprocessing as mp
 
@@ -327,8 +350,10 @@ class _Child:
         fd, crash = tempfile.mkstemp(prefix="frameserve-pipeline-crash-", suffix=".txt")
         os.close(fd)
         self.crash_file = Path(crash)
+        mine: _Pipe
+        theirs: _Pipe
         mine, theirs = ctx.Pipe(duplex=True)
-        self.counters = ctx.RawArray("q", 2)  # [frames done, frames expected] of the running job; -1: none
+        self.counters: _Counters = ctx.RawArray(ctypes.c_longlong, 2)  # "q"  # [frames done, frames expected] of the running job; -1: none
         self.counters[0] = self.counters[1] = -1
         repo = getattr(service, "repository", None)
         root = getattr(repo, "root", None)
@@ -364,8 +389,9 @@ class _Child:
         except (OSError, ValueError):  # the child is gone (or the pipe closed by kill)
             return False
 
-    def _reply(self, cid: int, ok: bool, value: Any) -> None:
+    def _reply(self, cid: int, ok: bool, value: object) -> None:
         if not ok:
+            assert isinstance(value, BaseException)
             value = picklable_error(value)
         try:  # Connection.send pickles before it writes: an answer that cannot cross writes nothing
             self._send(("result", cid, ok, value))
@@ -395,7 +421,7 @@ class _Child:
             else:
                 self.events.put(message)
 
-    def _submit(self, cid: int, request: Any, specs: list[tuple[Any, ...]]) -> None:
+    def _submit(self, cid: int, request: InferRequest, specs: list[tuple[Any, ...]]) -> None:
         try:  # the inputs are read-only views into the child's half, valid until we answer
             future = self.service.submit(dataclasses.replace(request, inputs=unpack_tensors(specs, self.block)))
         except Exception as exc:  # noqa: BLE001 - refused at once: the child's future gets it
@@ -534,8 +560,8 @@ class IsolatedPipeline:
         raises them.
     """
 
-    def __init__(self, settings: Settings, service: Any, *, pipelines: Any = None, fault: FaultHook | None = None,
-                 memory_limit_bytes: int | None = None, prestart: bool = False) -> None:
+    def __init__(self, settings: Settings, service: InferenceService, *, pipelines: PipelineRegistry | None = None,
+                 fault: FaultHook | None = None, memory_limit_bytes: int | None = None, prestart: bool = False) -> None:
         self.settings = settings
         self.service = service
         self.folder: Path | None = getattr(pipelines, "folder", None)

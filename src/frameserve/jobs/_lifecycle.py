@@ -27,23 +27,23 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
 from frameserve.jobs._claim import check_queued
 from frameserve.jobs._errors import IdempotencyConflictError, JobStateError
+from frameserve.jobs._records import Job
 from frameserve.jobs._schema import callback_deliveries, job_events, jobs, retry_keys
 from frameserve.jobs.queue import notify
 
 if TYPE_CHECKING:
-    from frameserve.jobs.store import Job
     from frameserve.security.quotas import Quotas
 
 __all__ = ["DELETE_LEASE_S", "FINISHED", "RETRYABLE_STATES", "LifecycleMixin"]
 
 FINISHED = ("succeeded", "failed", "cancelled")
-"""The states a job may be deleted or purged in (:data:`frameserve.jobs.store.TERMINAL`)."""
+"""The states a job may be deleted or purged in (:data:`frameserve.jobs._records.TERMINAL`)."""
 
 RETRYABLE_STATES = ("failed", "cancelled")
 """The states ``POST /v1/jobs/{id}/retry`` accepts."""
@@ -63,7 +63,7 @@ class LifecycleMixin:
 
         def _tx(self, *, write: bool = True) -> AbstractContextManager[sa.Connection]: ...
         def _load(self, conn: sa.Connection, job_id: str, owner: str | None = None) -> Job: ...
-        def _event(self, conn: sa.Connection, job_id: str, type_: str, now: float, **data: Any) -> None: ...
+        def _event(self, conn: sa.Connection, job_id: str, type_: str, now: float, **data: object) -> None: ...
 
     @staticmethod
     def _not_deleting(now: float) -> sa.ColumnElement[bool]:

@@ -22,11 +22,9 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from frameserve.jobs._errors import LeaseLostError
+from frameserve.jobs._records import Job, Lease, iso
 from frameserve.jobs._schema import job_events, jobs
 from frameserve.jobs.queue import notify
-
-if TYPE_CHECKING:
-    from frameserve.jobs.store import Job, Lease
 
 __all__ = ["PROGRESS_WRITE_S", "LiveMixin"]
 
@@ -63,8 +61,6 @@ class LiveMixin:
         ``None``), oldest first, ``limit`` at most: ``[{seq, at, type, data}]``, read in one
         transaction (so an event of the job's end is never missed behind its state).
         Raises :class:`~frameserve.jobs._errors.JobNotFoundError`."""
-        from frameserve.jobs.store import iso
-
         with self._tx(write=False) as conn:
             job = self._load(conn, job_id, owner)
             q = sa.select(job_events).where(job_events.c.job_id == job_id).order_by(job_events.c.seq)

@@ -26,7 +26,7 @@ from pydantic import (
 from typing_extensions import TypeAliasType
 
 from frameserve.jobs._policy import BACKOFF_LIMITS, parse_run_at
-from frameserve.jobs.store import STATES
+from frameserve.jobs._records import STATES
 
 MAX_URI_CHARS = 8192
 """Longest ``source``, ``target`` or ``callback_url`` (8 KiB; browsers and proxies cap URLs near it)."""
@@ -41,8 +41,8 @@ _DOUBLE_MAX = 1.7976931348623157e308  # sys.float_info.max: the largest finite I
 _INT64 = (-(2**63), 2**63 - 1)
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-"""A job's state (:data:`frameserve.jobs.store.STATES`)."""
-assert set(get_args(JobState)) == set(STATES), "JobState must list frameserve.jobs.store.STATES"
+"""A job's state (:data:`frameserve.jobs._records.STATES`)."""
+assert set(get_args(JobState)) == set(STATES), "JobState must list frameserve.jobs._records.STATES"
 
 def _shown(text: str, limit: int = 80) -> str:
     """``text`` as an error message may carry it: cut to ``limit`` characters, a lone surrogate
@@ -51,7 +51,7 @@ def _shown(text: str, limit: int = 80) -> str:
     return cut.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _whole_number(value: Any) -> Any:
+def _whole_number(value: object) -> object:
     """JSON has one number type: a whole float (``88.0``) is the integer it equals (a JSON
     Schema ``integer``, as the OpenAPI document says); anything else is left to strict checks."""
     if isinstance(value, float) and value.is_integer():
@@ -72,7 +72,7 @@ def _text(value: str, where: str) -> str:
     return value
 
 
-def _plain_json(value: Any, where: str, depth: int = 0) -> Any:
+def _plain_json(value: object, where: str, depth: int = 0) -> Any:  # Any: a JSON value
     """``value`` checked as the JSON a job stores and every later step writes back: objects
     with string keys, arrays, strings of valid Unicode, booleans, null, finite numbers (an
     integer beyond 64 bits becomes the double nearest it), at most :data:`MAX_PARAMS_DEPTH`
@@ -118,10 +118,10 @@ cannot say "at most :data:`MAX_PARAMS_DEPTH` levels"; the field's description do
 _Uri = Annotated[StrictStr, Field(min_length=1, max_length=MAX_URI_CHARS)]
 
 
-def _in_range(low: float, high: float, why: str = "") -> Callable[[Any], Any]:
+def _in_range(low: float, high: float, why: str = "") -> Callable[[float], float]:
     """An after-validator: ``low <= value <= high``, else a message with the accepted range."""
 
-    def check(value: Any) -> Any:
+    def check(value: float) -> float:
         if not low <= value <= high:  # NaN too (json.loads reads it)
             raise ValueError(f"must be between {low:g} and {high:g}{why}, got {value!r}")
         return value
@@ -129,7 +129,7 @@ def _in_range(low: float, high: float, why: str = "") -> Callable[[Any], Any]:
     return check
 
 
-def _bounded_seconds(name: str) -> Any:
+def _bounded_seconds(name: str) -> Any:  # Any: a type form (Annotated[float, ...]) used as a field type
     low, high = BACKOFF_LIMITS[name]
     return Annotated[float, Strict(), AfterValidator(_in_range(low, high)),
                      Field(json_schema_extra={"minimum": low, "maximum": high})]
@@ -157,26 +157,26 @@ class JobParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     sampling: StrictStr | None = Field(
-        None, max_length=256,
+        default=None, max_length=256,
         description="all | every:N | fps:R | keyframes | timestamps:T1,T2,... (default: the pipeline's)",
     )
-    batch: _Batch | None = Field(None, description="frames per inference batch")
+    batch: _Batch | None = Field(default=None, description="frames per inference batch")
     video_out: StrictBool = Field(
-        False, description="also write the pipeline's video (its render(): boxes drawn, an enhanced picture...) as "
+        default=False, description="also write the pipeline's video (its render(): boxes drawn, an enhanced picture...) as "
         "output.mp4 (output.mkv for a lossless codec), listed in result.outputs",
     )
     short: StrictBool = Field(
-        False, description="the short-video mode: key frames only, read with a fast open, the first key frame "
+        default=False, description="the short-video mode: key frames only, read with a fast open, the first key frame "
         "first (no sampling and no video_out with it)",
     )
     pipeline: dict[str, Any] | None = Field(
-        None, description="the pipeline's own parameters (keys of its params; dotted keys reach nested ones), "
+        default=None, description="the pipeline's own parameters (keys of its params; dotted keys reach nested ones), "
         f"as GET /v1/pipelines lists them; JSON values nested at most {MAX_PARAMS_DEPTH} levels",
     )
 
     @field_validator("pipeline", mode="plain", json_schema_input_type=Union[dict[str, JsonValue], None])  # noqa: UP007
     @classmethod
-    def _pipeline_json(cls, value: Any) -> dict[str, Any] | None:
+    def _pipeline_json(cls, value: object) -> dict[str, Any] | None:
         if value is None:
             return None
         if not isinstance(value, dict):
@@ -240,6 +240,7 @@ def _request_model(pipelines: Sequence[str], max_attempts: int, max_timeout_s: f
     attempts = JobRequest.model_fields["max_attempts"]
     timeout = JobRequest.model_fields["timeout_s"]
     why = " (the server's --max-attempts)"
+    why_s = " seconds (the server's --max-job-timeout-s)"  # a name: a str literal in Annotated reads as a type to mypy
     return create_model(
         "JobRequest", __base__=JobRequest, __doc__=JobRequest.__doc__,
         pipeline=(StrictStr, Field(
@@ -251,8 +252,7 @@ def _request_model(pipelines: Sequence[str], max_attempts: int, max_timeout_s: f
             Field(None, description=attempts.description, json_schema_extra={"minimum": 1, "maximum": max_attempts}),
         ),
         timeout_s=(
-            Annotated[float, Strict(), AfterValidator(_in_range(MIN_TIMEOUT_S, max_timeout_s,
-                                                                " seconds (the server's --max-job-timeout-s)"))] | None,
+            Annotated[float, Strict(), AfterValidator(_in_range(MIN_TIMEOUT_S, max_timeout_s, why_s))] | None,
             Field(None, description=timeout.description,
                   json_schema_extra={"minimum": MIN_TIMEOUT_S, "maximum": max_timeout_s}),
         ),
@@ -291,7 +291,7 @@ class CallbackState(_Out):
 
 
 class JobResource(_Out):
-    """A job as ``GET /v1/jobs/{id}`` returns it (:meth:`frameserve.jobs.store.Job.to_resource`)."""
+    """A job as ``GET /v1/jobs/{id}`` returns it (:meth:`frameserve.jobs._records.Job.to_resource`)."""
 
     id: str
     owner: str = Field(..., description='the principal that submitted it ("" without tokens)')

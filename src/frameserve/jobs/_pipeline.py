@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frameserve.config import Settings
-from frameserve.jobs.store import Job
+from frameserve.jobs._records import Job
 
 if TYPE_CHECKING:
+    from frameserve.pipeline import DecodePool
     from frameserve.pipeline.loader import PipelineDef
     from frameserve.pipeline.registry import PipelineRegistry
+    from frameserve.service import InferenceService
 
 __all__ = ["FaultHook", "ProcessFn", "ProgressCb", "pipeline_process", "video_out_name"]
 
@@ -30,7 +32,7 @@ ProcessFn = Callable[[Path, Job, Path, ProgressCb], tuple[dict[str, Any], dict[s
 
 
 def pipeline_process(
-    settings: Settings, service: Any, fault: FaultHook | None = None, *, decode_pool: Any | None = None,
+    settings: Settings, service: InferenceService, fault: FaultHook | None = None, *, decode_pool: DecodePool | None = None,
     pipelines: PipelineRegistry | None = None,
 ) -> ProcessFn:
     """The pipeline step: :func:`frameserve.pipeline.runner.run` over the local video with the

@@ -41,7 +41,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
@@ -49,6 +49,8 @@ from frameserve.jobs._lifecycle import FINISHED
 from frameserve.jobs._schema import maintenance_leases
 
 if TYPE_CHECKING:
+    from prometheus_client import Counter
+
     from frameserve.jobs.store import JobStore
 
 __all__ = ["DAY_S", "LEASE_NAME", "Pruner", "RetentionPolicy", "acquire_lease", "parse_duration_s", "release_lease"]
@@ -175,7 +177,7 @@ class Pruner:
 
     def __init__(
         self, store: JobStore, policy: RetentionPolicy, *, batch: int = 500, interval_s: float = 300.0,
-        lease_s: float = 60.0, pause_s: float = 0.05, duty: float = 0.1, counter: Any = None,
+        lease_s: float = 60.0, pause_s: float = 0.05, duty: float = 0.1, counter: Counter | None = None,
         owner: str | None = None,
     ) -> None:
         if batch < 1:

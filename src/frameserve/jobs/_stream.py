@@ -30,9 +30,10 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from frameserve._sse import KEEPALIVE, encode, retry_field
+from frameserve.jobs._records import Job
 
 if TYPE_CHECKING:
-    from frameserve.jobs.store import Job, JobStore
+    from frameserve.jobs.store import JobStore
 
 __all__ = ["FALLBACK_POLL_S", "KEEPALIVE_S", "RETRY_MS", "follow", "snapshot"]
 

@@ -48,7 +48,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +86,7 @@ from frameserve.jobs.storage import Storage
 from frameserve.pipeline.registry import PipelineRegistry
 from frameserve.security import redact_uri
 from frameserve.security.quotas import ConcurrencyGate, Quotas, TenantQuota
+from frameserve.service import InferenceService
 
 __all__ = ["AnalyzeLimits", "Analyzer", "clip_duration_s", "create_analyze_router"]
 
@@ -173,7 +174,7 @@ class Analyzer:
     """
 
     def __init__(
-        self, service: Any, pipelines: PipelineRegistry, storage: Storage, settings: Settings,
+        self, service: InferenceService, pipelines: PipelineRegistry, storage: Storage, settings: Settings,
         limits: AnalyzeLimits | None = None, *, quotas: Quotas | None = None, isolate: bool = False,
     ) -> None:
         self.service = service
@@ -328,7 +329,7 @@ def _error(exc: FrameserveError) -> Response:
                     headers=exc.http_headers)
 
 
-async def _limited(request: Request, limit: int, what: str = "the clip is") -> AsyncIterator[bytes]:
+async def _limited(request: Request, limit: int, what: str = "the clip is") -> AsyncGenerator[bytes, None]:
     """The body's chunks; raises :class:`PayloadTooLargeError` once more than ``limit`` bytes came."""
     total = 0
     async for chunk in request.stream():
@@ -339,7 +340,7 @@ async def _limited(request: Request, limit: int, what: str = "the clip is") -> A
         yield chunk
 
 
-def _params(raw: Any, where: str) -> dict[str, Any] | None:
+def _params(raw: object, where: str) -> dict[str, Any] | None:
     if raw is None or raw == "":
         return None
     if isinstance(raw, str):
@@ -352,7 +353,7 @@ def _params(raw: Any, where: str) -> dict[str, Any] | None:
     return raw
 
 
-def _pipeline(raw: Any, where: str) -> str:
+def _pipeline(raw: object, where: str) -> str:
     if raw is None or raw == "":
         return "nudenet"
     if not isinstance(raw, str):

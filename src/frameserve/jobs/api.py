@@ -131,9 +131,9 @@ from frameserve.jobs._stream import follow as follow_events
 from frameserve.jobs.callbacks import check_callback_url
 from frameserve.jobs.settings import DEFAULT_MAX_JOB_TIMEOUT_S
 from frameserve.jobs.storage import Storage
-from frameserve.jobs.store import JobSpec, JobStore
+from frameserve.jobs.store import Job, JobSpec, JobStore
 from frameserve.pipeline.registry import PipelineRegistry
-from frameserve.security import IMPLICIT_OWNER, redact_uri
+from frameserve.security import IMPLICIT_OWNER, Principal, redact_uri
 from frameserve.security.quotas import ConcurrencyGate
 
 __all__ = [
@@ -210,7 +210,7 @@ def error_responses(*errors: type[FrameserveError], validation: bool = True, pos
     }
 
 
-def request_principal(request: Request) -> Any:
+def request_principal(request: Request) -> Principal:
     """The caller: ``request.state.principal`` (an object with ``name: str`` and
     ``roles: frozenset[str]``, set by the server's auth gate), or
     :data:`~frameserve.security.IMPLICIT_OWNER` (name ``""``, every role) when there is none."""
@@ -242,7 +242,7 @@ def job_access(request: Request) -> JobAccess:
     return JobAccess(owner=str(principal.name), sees_all="admin" in principal.roles)
 
 
-def _error(status: int, message: str, detail: Any = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
+def _error(status: int, message: str, detail: object = None, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": _shown(message, 2000), "detail": detail}, status_code=status, headers=headers)
 
 
@@ -477,7 +477,7 @@ def create_router(
         outputs: bool = Query(False, description="also delete the outputs its result lists, under its target"),
         access: JobAccess = Depends(job_access),
     ) -> Any:
-        def remove(job: Any) -> list[str]:
+        def remove(job: Job) -> list[str]:
             listed = (job.result or {}).get("outputs") or {}
             return storage.delete_outputs(job.target, listed if isinstance(listed, dict) else {}, tenant=job.owner)
 

@@ -22,7 +22,7 @@ Use::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from frameserve.config import Settings
 from frameserve.jobs._isolated import IsolatedPipeline
@@ -40,6 +40,8 @@ from frameserve.security.quotas import Quotas
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    from frameserve.service import InferenceService
 
 __all__ = ["EmbeddedJobs"]
 
@@ -68,7 +70,7 @@ class EmbeddedJobs:
     def __init__(
         self,
         settings: Settings,
-        service: Any,
+        service: InferenceService,
         *,
         jobs_settings: JobsSettings | None = None,
         poll_s: float = 0.05,

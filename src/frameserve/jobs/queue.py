@@ -40,9 +40,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
 
+from frameserve.jobs._records import STATES
 from frameserve.jobs._schema import callback_deliveries, jobs
 
 if TYPE_CHECKING:
+    import psycopg
+
     from frameserve.jobs.store import JobStore
 
 __all__ = [
@@ -179,8 +182,6 @@ class QueueStats:
 
 def queue_stats(store: JobStore) -> QueueStats:
     """Count everything of :class:`QueueStats` in one read transaction."""
-    from frameserve.jobs.store import STATES
-
     now = store.clock()
     due = sa.and_(jobs.c.state == "queued", jobs.c.run_at <= now)
     cd = callback_deliveries.c
@@ -434,7 +435,7 @@ class Listener:
                 self._stop.wait(backoff_s)
                 backoff_s = min(30.0, backoff_s * 2)
 
-    def _probe(self, conn: Any) -> bool:
+    def _probe(self, conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
         token = "probe:" + uuid.uuid4().hex
         with self.store.engine.begin() as c:
             c.execute(sa.text("SELECT pg_notify(:channel, :payload)"), {"channel": CHANNEL, "payload": token})

@@ -56,13 +56,16 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from frameserve.errors import AddressRefusedError, InvalidInputError
 from frameserve.jobs._errors import SourceError, SourceTooLargeError, StorageError
 from frameserve.security import AddressGuard, GuardedTransport, is_tenant_name, redact_uri
 from frameserve.security.redact import quiet_http_logs
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "DEFAULT_MAX_SOURCE_BYTES",
@@ -528,7 +531,7 @@ class Storage:
             watcher.join()
 
     @staticmethod
-    def _write_body(resp: Any, dest: Path, shown: str, on_chunk: ChunkHook | None, limit: int, flag: str) -> None:
+    def _write_body(resp: httpx.Response, dest: Path, shown: str, on_chunk: ChunkHook | None, limit: int, flag: str) -> None:
         if resp.status_code in (408, 429) or resp.status_code >= 500:
             raise StorageError(f"source {shown!r}: HTTP {resp.status_code}")
         if resp.status_code >= 400:
@@ -550,7 +553,7 @@ class Storage:
 
     # ------------------------------------------------------------ upload
 
-    def s3(self) -> Any:
+    def s3(self) -> Any:  # Any: an s3fs.S3FileSystem (s3fs ships no types)
         """The (cached) s3fs file system."""
         if self._s3 is None:
             import s3fs

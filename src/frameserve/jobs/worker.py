@@ -74,10 +74,11 @@ from frameserve.jobs._errors import LeaseLostError, is_retryable
 from frameserve.jobs._live import PROGRESS_WRITE_S
 from frameserve.jobs._metrics import JobMetrics
 from frameserve.jobs._pipeline import FaultHook, ProcessFn, pipeline_process, video_out_name
+from frameserve.jobs._records import Job, Lease
 from frameserve.jobs._scratch import Scratch, sweep
 from frameserve.jobs.queue import SAFETY_POLL_S, Listener, idle_wait, next_job_due_at
 from frameserve.jobs.storage import Storage
-from frameserve.jobs.store import Job, JobStore, Lease
+from frameserve.jobs.store import JobStore
 from frameserve.security import redact_text
 from frameserve.security.quotas import Quotas
 

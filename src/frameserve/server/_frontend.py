@@ -33,7 +33,7 @@ import sys
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -46,6 +46,11 @@ from frameserve.security.tokens import TokenTable
 from frameserve.server import _channel as ch
 from frameserve.shm import SharedMemoryUse, ShmLocation, client_shm_disabled
 from frameserve.types import DataType
+
+if TYPE_CHECKING:
+    from starlette.types import Receive, Scope, Send
+
+_T = TypeVar("_T")
 
 __all__ = ["DeferredRegions", "FrontendConfig", "OwnerChannel", "main"]
 
@@ -372,7 +377,7 @@ class OwnerChannel(asyncio.Protocol):
         self._streams.pop(rid, None)
 
 
-def _set(future: Future[Any], result: Any, exc: BaseException | None) -> bool:
+def _set(future: Future[_T], result: _T, exc: BaseException | None) -> bool:
     try:
         if exc is not None:
             future.set_exception(exc)
@@ -405,7 +410,7 @@ class HttpForwarder:
         """The largest body read for a request to ``path``, bytes."""
         return next((n for prefix, n in self.route_body_bytes if path.startswith(prefix)), self.max_body_bytes)
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return  # lifespan is off; websockets are not served
         from frameserve.protocol.http import codec
@@ -452,7 +457,7 @@ class HttpForwarder:
             for offset in taken:
                 self.channel.arena.free(offset)
 
-    async def _body(self, scope: Any, receive: Any) -> bytes:
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self.limit_for(scope["path"])
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -472,7 +477,7 @@ class HttpForwarder:
                 return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-async def _disconnected(receive: Any) -> None:
+async def _disconnected(receive: Receive) -> None:
     """Return once the ASGI server says the client went away."""
     while (await receive())["type"] != "http.disconnect":
         pass

@@ -25,7 +25,7 @@ import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frameserve.errors import FrameserveError
 from frameserve.protocol import RUN_HERE_UNDER_US
@@ -35,6 +35,11 @@ from frameserve.server import _channel as ch
 from frameserve.service import InferenceService
 from frameserve.shm import SharedMemoryRegistry, SharedMemoryUse, client_shm_disabled
 from frameserve.types import DataType
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message
+
+    from frameserve.protocol.grpc import GrpcInferenceServicer, HealthServicer
 
 __all__ = ["FrontendLink"]
 
@@ -73,9 +78,9 @@ class FrontendLink:
         *,
         shared_memory: SharedMemoryRegistry | None,
         loop: asyncio.AbstractEventLoop,
-        http_app: Any = None,
-        grpc_servicer: Any = None,
-        grpc_health: Any = None,
+        http_app: ASGIApp | None = None,
+        grpc_servicer: GrpcInferenceServicer | None = None,
+        grpc_health: HealthServicer | None = None,
         publish: Callable[[], None] = lambda: None,
     ) -> None:
         self.index = index
@@ -317,7 +322,7 @@ class FrontendLink:
         self._streams[rid] = stream
         given = False
 
-        async def receive() -> dict[str, Any]:
+        async def receive() -> Message:
             nonlocal given
             if not given:
                 given = True
@@ -328,7 +333,7 @@ class FrontendLink:
         held: list[ch.Message] | None = [] if _MODEL_CHANGES.fullmatch(fields.get("path") or "") else None
         started = ended = False
 
-        async def send(event: dict[str, Any]) -> None:
+        async def send(event: Message) -> None:
             nonlocal started, ended
             if stream.cancelled:
                 raise OSError("the client went away")
@@ -351,6 +356,7 @@ class FrontendLink:
                 self.send(reply)
 
         try:
+            assert self.http_app is not None  # a front end hands on HTTP only when the server serves it
             await self.http_app(scope, receive, send)
         except Exception:
             if not stream.cancelled:

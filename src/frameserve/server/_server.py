@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frameserve.config import pinned_cpus
 from frameserve.errors import FrameserveError, InvalidInputError
@@ -59,10 +59,15 @@ from frameserve.security.quotas import InferGate, Quotas, connection_gate
 from frameserve.security.tokens import TokenTable
 from frameserve.server._channel import DEFAULT_ARENA_BYTES
 from frameserve.server._frontend import FrontendConfig
-from frameserve.server._poll import RepositoryWatcher
+from frameserve.server._poll import PollChanges, RepositoryWatcher
 from frameserve.server._workers import FrontendPool, reserve_port
 from frameserve.service import InferenceService
 from frameserve.shm import DEFAULT_CLIENT_PREFIX, SharedMemoryRegistry
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
+
+    from frameserve.protocol.grpc._threaded import ThreadedGrpcServer
 
 DEFAULT_QUOTAS = Quotas()
 """The quotas without ``--quotas`` (:data:`~frameserve.security.quotas.DEFAULT_QUOTA` for every tenant)."""
@@ -240,7 +245,8 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
         return asyncio.new_event_loop
-    return uvloop.new_event_loop  # type: ignore[no-any-return]
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 class Server:
@@ -338,7 +344,7 @@ class Server:
                 lines.append(f"{label} listening on {f'[{host}]' if ':' in host else host}:{self._ports[kind]}")
         return lines
 
-    def poll_repository(self) -> Any:
+    def poll_repository(self) -> PollChanges:
         """Model control mode ``poll``: scan the repository now and apply what changed (the
         poller does this every ``repository_poll_s``); returns the
         :class:`~frameserve.server._poll.PollChanges`.
@@ -526,7 +532,7 @@ class Server:
         await asyncio.gather(*tasks, return_exceptions=True)
         await loader
 
-    async def _start_frontends(self, http_app: Any) -> None:
+    async def _start_frontends(self, http_app: ASGIApp | None) -> None:
         """Workers mode: start the front-end processes over this process's application and
         servicers (they answer what the front ends hand on), and wait until each listens."""
         from frameserve.protocol.grpc import GrpcInferenceServicer, HealthServicer
@@ -575,7 +581,7 @@ class Server:
             await asyncio.to_thread(self._pool.stop, 0.0)
             raise
 
-    async def _start_grpc(self) -> Any:
+    async def _start_grpc(self) -> ThreadedGrpcServer | None:
         if "grpc" not in self._ports or self.options.workers:
             return None
         port = self._ports["grpc"]

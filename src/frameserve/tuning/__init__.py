@@ -24,7 +24,8 @@ from frameserve.tuning._quantize import QuantizeResult, quantize
 from frameserve.tuning._search import Trial
 from frameserve.tuning._sysinfo import ISA_FLAGS, SystemInfo, system_info
 from frameserve.tuning._targets import ServerTarget, ServiceTarget, make_inputs, parse_shape
-from frameserve.tuning._tune import TuneResult, tune
+from frameserve.tuning._tune import tune
+from frameserve.tuning._tune_result import TuneResult
 
 __all__ = [
     "GateLimits",

@@ -30,11 +30,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from frameserve.errors import InvalidInputError
 
-__all__ = ["GateLimits", "GateResult", "box_iou", "compare_results", "lowered_threshold"]
+__all__ = ["GateLimits", "GateResult", "Variant", "box_iou", "compare_results", "lowered_threshold"]
 
 IOU_MATCH = 0.5
 """IoU from which a candidate detection matches a reference one (PASCAL VOC / COCO AP50)."""
@@ -345,3 +346,12 @@ def _compare_scores(reference: Sequence[Mapping[str, Any]], candidate: Sequence[
     if change > limits.max_class_score_change:
         reasons.append(f"a class score moved by {change:.4f} > {limits.max_class_score_change:g}")
     return GateResult("scores", n, n, agree, drop, None, change, n, limits, not reasons, tuple(reasons))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to run the model for the gate: its config fields (config.yaml's, without name and
+    version policy) and its model file."""
+
+    config: Mapping[str, Any]
+    path: Path

@@ -12,13 +12,16 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from frameserve.errors import InvalidInputError, PipelineSpecError
 from frameserve.pipeline.contract import FrameInfo, Pipeline, model_input_specs
 from frameserve.pipeline.loader import PipelineDef, instantiate, load_pipeline
+
+if TYPE_CHECKING:
+    from frameserve.repository import ModelConfig
 
 __all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "CalibrationFrames", "calibration_frames", "gate_config"]
 
@@ -100,7 +103,7 @@ def _sources(source: Path) -> list[Path]:
 def calibration_frames(
     source: Path | str,
     pipeline: str | Path | PipelineDef,
-    model_config: Any,
+    model_config: ModelConfig,
     *,
     model: str,
     params: Mapping[str, Any] | None = None,

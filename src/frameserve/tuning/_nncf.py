@@ -19,12 +19,15 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
 
 from frameserve.errors import BackendUnavailableError, ModelConfigError
 
@@ -81,7 +84,7 @@ class NncfResult:
     accuracy_control: bool
 
 
-def quantized_ops(model: Any) -> set[str]:
+def quantized_ops(model: onnx.ModelProto) -> set[str]:
     """Names of the nodes that take an input from a ``DequantizeLinear`` (the int8 operations
     of a QDQ model; the Q/DQ nodes themselves excluded)."""
     dq = {out for n in model.graph.node if n.op_type == "DequantizeLinear" for out in n.output}
@@ -138,7 +141,7 @@ def quantize_nncf(
         if restorer is None:
             quantized = nncf.quantize(model, cal, **common)
         else:
-            def validation_fn(candidate: Any, items: Any) -> tuple[float, list[float]]:
+            def validation_fn(candidate: onnx.ModelProto, items: Iterable[Any]) -> tuple[float, list[float]]:
                 with tempfile.TemporaryDirectory(prefix="frameserve-nncf-") as tmp:
                     path = Path(tmp) / "candidate.onnx"
                     onnx.save(candidate, str(path))

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from frameserve.errors import ModelConfigError
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["PER_CHANNEL_OPSET", "QDQ_OPSET", "OpsetPlan", "check_quantized", "default_opset", "qdq_ready"]
 
@@ -52,7 +55,7 @@ class OpsetPlan:
     note: str = ""
 
 
-def default_opset(model: Any) -> int:
+def default_opset(model: onnx.ModelProto) -> int:
     """The default-domain opset of an ``onnx.ModelProto`` (1 when the file imports none)."""
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
@@ -60,7 +63,7 @@ def default_opset(model: Any) -> int:
     return 1
 
 
-def qdq_ready(model: Any, *, per_channel: bool) -> tuple[Any, OpsetPlan]:
+def qdq_ready(model: onnx.ModelProto, *, per_channel: bool) -> tuple[onnx.ModelProto, OpsetPlan]:
     """The model at an opset its QDQ form is valid in.
 
     Args:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.service import InferenceService
-from frameserve.tuning._measure import Measurement, MeasureSettings, measure
+from frameserve.tuning._measure import Inputs, LoadTarget, Measurement, MeasureSettings, measure
 from frameserve.tuning._perf_result import PerfResult, PerfRow
 from frameserve.tuning._profile import Profile, profile_model
 from frameserve.tuning._report import require_matplotlib, write_perf_report
@@ -152,7 +152,7 @@ def _perf_server(
 
 
 def _one(
-    target: Any, inputs: Any, n_inst: int | None, n_threads: int | None, batch: int, conc: int,
+    target: LoadTarget, inputs: Inputs, n_inst: int | None, n_threads: int | None, batch: int, conc: int,
     settings: MeasureSettings, oversubscribed: str,
 ) -> PerfRow:
     try:

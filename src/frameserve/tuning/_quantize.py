@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import yaml
@@ -42,7 +42,14 @@ from frameserve.pipeline.contract import Batch, BatchItem, ModelHandle, model_in
 from frameserve.pipeline.loader import PipelineDef, instantiate
 from frameserve.repository import ModelRepository
 from frameserve.service import InferenceService
-from frameserve.tuning._accuracy import GateLimits, GateResult, at_threshold, compare_results, lowered_threshold
+from frameserve.tuning._accuracy import (
+    GateLimits,
+    GateResult,
+    Variant,
+    at_threshold,
+    compare_results,
+    lowered_threshold,
+)
 from frameserve.tuning._calibration import CalibrationFrames, calibration_frames, gate_config
 from frameserve.tuning._nncf import Restorer, batch_of_one, nncf_available, quantize_nncf
 from frameserve.tuning._opset import check_quantized, qdq_ready
@@ -50,9 +57,13 @@ from frameserve.tuning._sysinfo import SystemInfo, system_info
 from frameserve.tuning._targets import resolve_model
 from frameserve.tuning._tensors import tensor_frames, tensor_gate
 
+if TYPE_CHECKING:
+    import onnx
+
+    from frameserve.repository import ModelConfig
+
 __all__ = [
     "QuantizeResult",
-    "Variant",
     "float_head_nodes",
     "gate",
     "next_version",
@@ -68,7 +79,7 @@ Engine = Literal["auto", "nncf", "onnxruntime"]
 # -- the float head ------------------------------------------------------------------------------
 
 
-def float_head_nodes(model: Any) -> list[str]:
+def float_head_nodes(model: onnx.ModelProto) -> list[str]:
     """The nodes to keep in float: everything after the last convolution of each head.
 
     A YOLOv8-style detector ends with, per scale, a box and a class branch whose last ``Conv``
@@ -86,12 +97,12 @@ def float_head_nodes(model: Any) -> list[str]:
     """
     nodes = list(model.graph.node)
     producer = {out: n for n in nodes for out in n.output}
-    consumers: dict[str, list[Any]] = {}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
     for n in nodes:
         for name in n.input:
             consumers.setdefault(name, []).append(n)
 
-    def after(node: Any) -> set[str]:
+    def after(node: onnx.NodeProto) -> set[str]:
         seen: set[str] = set()
         stack = [node]
         while stack:
@@ -103,7 +114,7 @@ def float_head_nodes(model: Any) -> list[str]:
                         stack.append(nxt)
         return seen
 
-    def is_dfl(node: Any) -> bool:
+    def is_dfl(node: onnx.NodeProto) -> bool:
         src = producer.get(node.input[0]) if node.input else None
         while src is not None and src.op_type in ("Reshape", "Transpose"):
             src = producer.get(src.input[0])
@@ -122,7 +133,7 @@ def float_head_nodes(model: Any) -> list[str]:
     return sorted(tail)
 
 
-def _named(model: Any) -> Any:
+def _named(model: onnx.ModelProto) -> onnx.ModelProto:
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{i}"
@@ -275,15 +286,6 @@ def quantize_onnx(
 
 
 # -- the gate ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One way to run the model for the gate: its config fields (config.yaml's, without name and
-    version policy) and its model file."""
-
-    config: Mapping[str, Any]
-    path: Path
 
 
 def _results(
@@ -628,7 +630,7 @@ def _lowered(frames: CalibrationFrames, limits: GateLimits) -> tuple[dict[str, A
     return lowered_threshold(frames.pipeline.load_class().params, limits.max_detection_score_change)
 
 
-def _completed_config(variant: Variant) -> Any:
+def _completed_config(variant: Variant) -> ModelConfig:
     """The variant's config completed from its model file (inputs, outputs, max_batch_size)."""
     from frameserve.backends import load_session
     from frameserve.repository import parse_config

@@ -42,7 +42,7 @@ PERF_FILES: tuple[str, ...] = (
 """What :func:`write_perf_report` writes (plus ``profile_ops.csv`` and ``profile_trace.json`` with a profile)."""
 
 
-def require_matplotlib() -> Any:
+def require_matplotlib() -> Any:  # Any: the matplotlib.pyplot module
     """``matplotlib.pyplot`` on the Agg backend (no display needed).
 
     Raises:
@@ -60,7 +60,7 @@ def require_matplotlib() -> Any:
     return plt
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
@@ -80,7 +80,7 @@ def write_csv(path: Path, fields: Sequence[str], rows: Iterable[Mapping[str, Any
     return path
 
 
-def _json_safe(value: Any) -> Any:
+def _json_safe(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, Mapping):
@@ -90,7 +90,7 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def write_json(path: Path, data: Any) -> Path:
+def write_json(path: Path, data: object) -> Path:
     """Write plain JSON (strict: ``nan`` / ``inf`` become ``null``), indented."""
     path.write_text(json.dumps(_json_safe(data), indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return path
@@ -201,7 +201,7 @@ def bar_plot(path: Path, panels: Sequence[tuple[str, str, Mapping[str, float]]],
 def html_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, caption: str = "", css_class: str = "") -> str:
     """An HTML table; every cell is escaped; numbers are right-aligned (4 significant digits,
     whole numbers from 1000 up), text left-aligned."""
-    def td(v: Any) -> str:
+    def td(v: object) -> str:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             return f"<td>{html.escape(_cell(v))}</td>"
         text = _cell(v) if isinstance(v, int) or not math.isfinite(v) else (
@@ -257,7 +257,7 @@ def machine_section(machine: Mapping[str, Any]) -> str:
     return html_table(("fact", "value"), facts, css_class="machine") + f'<ul class="notes">{notes}</ul>'
 
 
-def _size(value: Any) -> str:
+def _size(value: object) -> str:
     if not isinstance(value, int):
         return "?"
     return f"{value >> 20} MiB" if value >= 1 << 20 else f"{value >> 10} KiB"

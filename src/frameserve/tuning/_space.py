@@ -128,6 +128,10 @@ def default_options(backend: str) -> Options:
     return _options(performance_hint="LATENCY", num_streams="1")
 
 
+Coordinate = Engine | Layout | Batching | Options
+"""A value of one of a candidate's dimensions (:data:`DIMENSIONS`)."""
+
+
 @dataclass(frozen=True, order=True)
 class Candidate:
     """One deployment to measure."""
@@ -142,13 +146,19 @@ class Candidate:
         """A stable, readable id: ``ort-fp32 2x1 pinned | b8 d2000us | spin=0 ...``."""
         return f"{self.engine.label} {self.layout.label} | {self.batching.label} | {self.options.label}"
 
-    def with_dim(self, dim: str, value: Any) -> Candidate:
+    def with_dim(self, dim: str, value: Coordinate) -> Candidate:
         """This candidate with one coordinate changed; changing the engine's backend resets the
         options to that backend's defaults."""
-        if dim == "engine":
+        if dim == "engine" and isinstance(value, Engine):
             options = self.options if value.backend == self.engine.backend else default_options(value.backend)
             return replace(self, engine=value, options=options)
-        return replace(self, **{dim: value})
+        if dim == "layout" and isinstance(value, Layout):
+            return replace(self, layout=value)
+        if dim == "batching" and isinstance(value, Batching):
+            return replace(self, batching=value)
+        if dim == "options" and isinstance(value, Options):
+            return replace(self, options=value)
+        raise InvalidInputError(f"dimension {dim!r} has no value {value!r}; dimensions: {', '.join(DIMENSIONS)}")
 
     def params(self) -> dict[str, Any]:
         """Every parameter as a flat row (CSV / JSON)."""
@@ -250,10 +260,10 @@ class SearchSpace:
     def __contains__(self, item: object) -> bool:
         return item in self._index
 
-    def values(self, dim: str, at: Candidate) -> list[Any]:
+    def values(self, dim: str, at: Candidate) -> list[Coordinate]:
         """The values of ``dim`` that keep ``at``'s other coordinates inside the space."""
         if dim == "engine":
-            pool: Sequence[Any] = self.engines
+            pool: Sequence[Coordinate] = self.engines
         elif dim == "layout":
             pool = self.layouts
         elif dim == "batching":

@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from frameserve.errors import (
 from frameserve.repository import ModelRepository
 from frameserve.request import InferRequest
 from frameserve.types import DataType, TensorSpec
+
+if TYPE_CHECKING:
+    from frameserve.service import InferenceService
 
 __all__ = [
     "MAX_INPUT_BYTES",
@@ -218,7 +221,7 @@ class ServiceTarget:
         version: the version (``None``: the highest loaded).
     """
 
-    def __init__(self, service: Any, model: str, version: int | None = None) -> None:
+    def __init__(self, service: InferenceService, model: str, version: int | None = None) -> None:
         self.service, self.model, self.version = service, model, version
 
     def worker(self) -> _ServiceWorker:
@@ -233,7 +236,7 @@ class ServiceTarget:
 Transport = Literal["http", "grpc"]
 
 
-def _tritonclient(protocol: Transport) -> Any:
+def _tritonclient(protocol: Transport) -> Any:  # Any: tritonclient.http or .grpc (modules without types)
     try:
         if protocol == "http":
             import tritonclient.http as client

@@ -34,13 +34,17 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from frameserve.errors import InvalidInputError
-from frameserve.tuning._accuracy import GateLimits, GateResult
+from frameserve.tuning._accuracy import GateLimits, GateResult, Variant
 from frameserve.tuning._calibration import IMAGE_SUFFIXES, CalibrationFrames, gate_config
+
+if TYPE_CHECKING:
+    from frameserve.repository import ModelConfig
+    from frameserve.types import TensorSpec
 
 __all__ = ["OutputKind", "compare_tensors", "output_kind", "psnr_db", "sample_dims", "tensor_frames", "tensor_gate"]
 
@@ -49,14 +53,14 @@ _SPATIAL_MIN = 8
 _LOGITS_MIN = 10
 
 
-def sample_dims(spec: Any, batched: bool) -> tuple[int, ...]:
+def sample_dims(spec: TensorSpec, batched: bool) -> tuple[int, ...]:
     """An input's dims per sample: its dims when the model batches (``max_batch_size > 0``),
     else its dims without a leading dim of 1 (or -1), the batch of one it is fed with."""
     dims = tuple(int(d) for d in spec.dims)
     return dims[1:] if not batched and len(dims) >= 2 and dims[0] in (1, -1) else dims
 
 
-def _image_layout(spec: Any, batched: bool) -> tuple[str, int, int, int] | None:
+def _image_layout(spec: TensorSpec, batched: bool) -> tuple[str, int, int, int] | None:
     """``(layout, channels, height, width)`` of a float image input, else None."""
     dims = sample_dims(spec, batched)
     if len(dims) != 3 or np.dtype(spec.datatype.to_numpy()).kind != "f":
@@ -73,7 +77,7 @@ def _image_layout(spec: Any, batched: bool) -> tuple[str, int, int, int] | None:
     return layout, (3 if c == -1 else c), h, w
 
 
-def _read_images(paths: Sequence[Path], spec: Any, name: str, batched: bool) -> list[dict[str, np.ndarray[Any, Any]]]:
+def _read_images(paths: Sequence[Path], spec: TensorSpec, name: str, batched: bool) -> list[dict[str, np.ndarray[Any, Any]]]:
     import cv2
 
     found = _image_layout(spec, batched)
@@ -125,7 +129,7 @@ def _check(sample: Mapping[str, np.ndarray[Any, Any]], inputs: Sequence[Any], wh
     return out
 
 
-def tensor_frames(source: Path | str, model_config: Any, *, model: str, max_frames: int = 200) -> Any:
+def tensor_frames(source: Path | str, model_config: ModelConfig, *, model: str, max_frames: int = 200) -> CalibrationFrames:
     """Calibration and gate samples from tensors or images, without a pipeline (see the module
     docstring for what fits).
 
@@ -304,8 +308,8 @@ def compare_tensors(
     )
 
 
-def tensor_gate(reference: Any, candidate: Any, frames: Any, *, limits: GateLimits, threads: int) -> GateResult:
-    """Run both variants (:class:`~frameserve.tuning._quantize.Variant`) on the held-apart
+def tensor_gate(reference: Variant, candidate: Variant, frames: CalibrationFrames, *, limits: GateLimits, threads: int) -> GateResult:
+    """Run both variants (:class:`~frameserve.tuning._accuracy.Variant`) on the held-apart
     samples of ``frames`` (one sample per request, through one in-process
     :class:`~frameserve.service.InferenceService`) and :func:`compare_tensors` their outputs.
 

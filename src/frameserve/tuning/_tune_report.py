@@ -27,13 +27,14 @@ from frameserve.tuning._report import (
     write_json,
 )
 from frameserve.tuning._search import TRIAL_FIELDS, trial_rows
+from frameserve.tuning._tune_result import TuneResult
 
 __all__ = ["write_tune_outputs"]
 
 _FIGURES = ("throughput", "p50_ms", "p90_ms", "p99_ms", "cpu_s_per_infer")
 
 
-def write_tune_outputs(result: Any, repo: ModelRepository, out: Path, *, int8_file: Path | None) -> dict[str, Path]:
+def write_tune_outputs(result: TuneResult, repo: ModelRepository, out: Path, *, int8_file: Path | None) -> dict[str, Path]:
     """Write a :class:`~frameserve.tuning.TuneResult` into ``out`` (created if missing).
 
     Returns name -> path for ``<model>``, ``trials.csv``, ``tune.json`` and ``report.html``.
@@ -60,7 +61,7 @@ def write_tune_outputs(result: Any, repo: ModelRepository, out: Path, *, int8_fi
     return files
 
 
-def _num(value: Any) -> float:
+def _num(value: object) -> float:
     return float(value) if isinstance(value, (int, float)) and value is not None and math.isfinite(value) else math.nan
 
 
@@ -68,7 +69,7 @@ def _img(alt: str, path: Path) -> str:
     return f'<img alt="{html.escape(alt)}" src="{png_data_uri(path)}">'
 
 
-def _plots(result: Any, data: Mapping[str, Any], tmp: Path) -> list[tuple[str, str]]:
+def _plots(result: TuneResult, data: Mapping[str, Any], tmp: Path) -> list[tuple[str, str]]:
     rows = [r for r in data["trials"] if r.get("throughput") is not None]
     comp = data["comparison"]
     out: list[tuple[str, str]] = []
@@ -117,7 +118,7 @@ def _side_by_side(data: Mapping[str, Any]) -> str:
     d, b = comp.get("default", {}), comp.get("best", {})
     trials = data["trials"]
 
-    def params_of(key: Any) -> Mapping[str, Any]:
+    def params_of(key: object) -> Mapping[str, Any]:
         return next((r for r in trials if r["config"] == key), {})
 
     pd, pb = params_of(d.get("config")), params_of(b.get("config"))
@@ -199,7 +200,7 @@ def _video(video: Mapping[str, Any]) -> str:
     return head + html_table(cols, ([r.get(k) for k in cols] for r in video["trials"]), css_class="video")
 
 
-def _report(result: Any, data: Mapping[str, Any], tmp: Path) -> str:
+def _report(result: TuneResult, data: Mapping[str, Any], tmp: Path) -> str:
     search = data["search"]
     comp = data["comparison"]
     ratio = comp.get("ratio_best_over_default", {})

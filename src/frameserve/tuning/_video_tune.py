@@ -17,15 +17,18 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frameserve.errors import FrameserveError
+
+if TYPE_CHECKING:
+    from frameserve.service import InferenceService
 
 __all__ = ["cotune_video"]
 
 
 def cotune_video(
-    service: Any,
+    service: InferenceService,
     video: Path | str,
     pipeline: str | Path,
     *,
