@@ -19,7 +19,7 @@ front ends use; its descriptor is passed over the pipe) that tensors cross in::
                       ("outputs", call_id, output specs, response-half offsets)   ("stop",)
     child -> parent   ("submit", call_id, InferRequest without inputs, input specs)
                       ("call", call_id, method, args, kwargs)   ("free", response-half offsets)
-                      ("done", summary, files)   ("failed", error)
+                      ("done", summary, files)   ("failed", error)   ("ready",) once set up
 
 Progress does not cross the pipe: the child writes each batch's ``(frames done, frames expected)``
 into two shared 64-bit counters (``multiprocessing.RawArray``, expected first, then done) and the
@@ -54,7 +54,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -82,13 +82,17 @@ if TYPE_CHECKING:
     # The shared [frames done, frames expected] (-1: none).
     _Counters: TypeAlias = ctypes.Array[ctypes.c_longlong]
 
-__all__ = ["POLL_S", "IsolatedPipeline", "RemoteService"]
+__all__ = ["POLL_S", "START_TIMEOUT_S", "IsolatedPipeline", "RemoteService"]
 
 log = logging.getLogger("frameserve.jobs.isolated")
 
 POLL_S = 0.2
 """How often the parent looks at a running job's cancel flag, deadline and child, seconds: a
 cancelled job's child is killed within this (plus the worker's cancel poll) of the request."""
+
+START_TIMEOUT_S = 300.0
+"""Longest a pipeline's process may take to start (interpreter, imports, its decode process)
+before it counts as crashed, seconds; not part of any job's deadline."""
 
 _CALLS = frozenset({"is_ready", "load", "register", "model_config", "session_info", "metadata"})
 """The service methods a child may call besides ``submit`` (what pipelines and the runner use)."""
@@ -252,6 +256,7 @@ def _child_main(conn: _Pipe, settings: Settings, folder: str | None, threads: in
         pool.warm()
     registry = PipelineRegistry(Path(folder) if folder else None)
     process = pipeline_process(settings, service, None, decode_pool=pool, pipelines=registry)
+    remote.send(("ready",))  # set up (and the decode process started when warm): jobs may come
 
     def progress(done: int | None, expected: int | None) -> None:
         counters[1] = -1 if expected is None else expected  # expected first: a reader never sees a
@@ -378,6 +383,7 @@ class _Child:
         send_handle(mine, self.block.fd, self.proc.pid)
         self._send_lock = threading.Lock()
         self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.ready = threading.Event()  # the child said it is set up (its "ready" message)
         self._calls = ThreadPoolExecutor(4, thread_name_prefix="frameserve-pipeline-calls")
         threading.Thread(target=self._read, name="frameserve-pipeline-link", daemon=True).start()
 
@@ -418,6 +424,8 @@ class _Child:
                     self.arena.free(offset)
             elif kind == "call":
                 self._calls.submit(self._call, *message[1:])
+            elif kind == "ready":
+                self.ready.set()
             else:
                 self.events.put(message)
 
@@ -488,6 +496,25 @@ class _Child:
             # "gone"
             self.proc.join(5.0)
             raise self.crashed(*self.count())
+
+    def wait_ready(self, cancelled: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait until the child is set up (``True``), or ``cancelled()`` turns true (``False``,
+        looked at every :data:`POLL_S`).
+
+        Raises:
+            WorkerCrashedError: the child died, or was not set up within ``timeout_s`` (killed).
+        """
+        deadline = time.monotonic() + timeout_s
+        while not self.ready.wait(POLL_S):
+            if cancelled():
+                return False
+            if not self.proc.is_alive():
+                raise self.crashed(None, None)
+            if time.monotonic() > deadline:
+                self.kill()
+                raise WorkerCrashedError(f"the pipeline's process was not ready within {timeout_s:g} s of its start; "
+                                         "it was stopped")
+        return True
 
     def count(self) -> tuple[int | None, int | None]:
         """``(frames done, frames expected)`` the child last wrote for the running work (``None``: none)."""
@@ -581,6 +608,29 @@ class IsolatedPipeline:
         summary, files = self._run(("job", str(video), job, str(workdir)), progress, self.fault)
         return summary, {k: Path(v) for k, v in files.items()}
 
+    def wait_ready(self, cancelled: Callable[[], bool] = lambda: False) -> bool:
+        """Start the child if there is none (or it died), and wait until it is set up — its
+        interpreter, imports, pipelines and (prestarted) decode process — so that a job's deadline
+        counts the job's own work, not a process start (the worker calls this before it starts
+        the process phase's clock). ``False`` when ``cancelled()`` turned true first.
+
+        Raises:
+            WorkerCrashedError: the child died while starting, or took longer than
+                :data:`START_TIMEOUT_S`.
+        """
+        with self._lock:
+            if self._child is None or not self._child.alive:
+                if self._child is not None:
+                    self._child.close()
+                self._child = self._new_child()
+            child = self._child
+            try:
+                return child.wait_ready(lambda: self._closed or cancelled(), START_TIMEOUT_S)
+            except BaseException:
+                child.kill()
+                self._child = self._new_child() if self.prestart and not self._closed else None
+                raise
+
     def run_short(self, clip: Path, pipeline: str, params: Mapping[str, Any] | None, *, max_duration_s: float,
                   duration_flag: str, timeout_s: float, timeout_flag: str) -> dict[str, Any]:
         """:func:`frameserve.pipeline.runner.run` in short-video mode over ``clip`` with the
@@ -590,6 +640,7 @@ class IsolatedPipeline:
             JobTimeoutError: the run took longer than ``timeout_s`` seconds (the child killed).
             WorkerCrashedError: the child died. The runner's errors as it raises them.
         """
+        self.wait_ready()  # a process start is not the clip's analysis time
         deadline = time.monotonic() + timeout_s
 
         def watch(done: int | None, expected: int | None) -> None:
@@ -621,8 +672,8 @@ class IsolatedPipeline:
 
     def close(self) -> None:
         """Stop the child process (after its current job, at most ten seconds)."""
+        self._closed = True  # before the lock: a wait_ready holding it gives up
         with self._lock:
-            self._closed = True
             if self._child is not None:
                 self._child.stop()
                 self._child = None

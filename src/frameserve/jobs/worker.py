@@ -50,7 +50,10 @@ Deadline: the process phase of one attempt may last the job's own ``timeout_s`` 
 at each progress report of the pipeline step; with
 :class:`~frameserve.jobs._isolated.IsolatedPipeline` (what ``serve`` and ``frameserve worker``
 run) also every :data:`~frameserve.jobs._isolated.POLL_S` seconds, whatever the pipeline does:
-its process is killed.
+its process is killed. The clock starts when the pipeline's process is ready (a pipeline step
+with a ``wait_ready(cancelled)`` method, as ``IsolatedPipeline`` has, is waited for first): a
+process that is still starting — after a crash, on a loaded machine — takes nothing from a job's
+deadline, and has its own bound (:data:`~frameserve.jobs._isolated.START_TIMEOUT_S`).
 """
 
 from __future__ import annotations
@@ -599,6 +602,9 @@ class Worker:
         a = item.active
         self._phase(a, "process")
         limit, why = self.deadline_of(a.lease.job)
+        wait_ready = getattr(self.process, "wait_ready", None)
+        if wait_ready is not None:  # a pipeline process still starting: its start is not the job's time
+            wait_ready(a.cancel.is_set)
         a.process_start = time.monotonic()
         deadline = None if limit is None else a.process_start + limit
 
