@@ -601,6 +601,14 @@ class IsolatedPipeline:
         if prestart:
             self._child = self._new_child()
 
+    def _live_child(self) -> _Child:
+        """The child, started anew when there is none or it died (under ``_lock``)."""
+        if self._child is None or not self._child.alive:
+            if self._child is not None:
+                self._child.close()
+            self._child = self._new_child()
+        return self._child
+
     def _new_child(self) -> _Child:
         return _Child(self.settings, self.service, self.folder, self.memory_limit_bytes, warm=self.prestart)
 
@@ -619,11 +627,7 @@ class IsolatedPipeline:
                 :data:`START_TIMEOUT_S`.
         """
         with self._lock:
-            if self._child is None or not self._child.alive:
-                if self._child is not None:
-                    self._child.close()
-                self._child = self._new_child()
-            child = self._child
+            child = self._live_child()
             try:
                 return child.wait_ready(lambda: self._closed or cancelled(), START_TIMEOUT_S)
             except BaseException:
@@ -657,11 +661,7 @@ class IsolatedPipeline:
 
     def _run(self, work: tuple[Any, ...], progress: ProgressCb, fault: FaultHook | None) -> tuple[Any, Any]:
         with self._lock:  # one run at a time per child
-            if self._child is None or not self._child.alive:
-                if self._child is not None:
-                    self._child.close()
-                self._child = self._new_child()
-            child = self._child
+            child = self._live_child()
             try:
                 return child.run(work, progress, fault)
             except BaseException:
