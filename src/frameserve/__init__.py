@@ -33,7 +33,7 @@ _LAZY = {
     "FrameOutput": "frameserve.pipeline.contract",
     "Pipeline": "frameserve.pipeline.contract",
     "RunResult": "frameserve.pipeline.runner",
-    "RunSpec": "frameserve.pipeline._spec",
+    "RunSpec": "frameserve.pipeline.runner",
     "preprocess": "frameserve.pipeline.preprocess",
     "run": "frameserve.pipeline.runner",
 }

@@ -73,7 +73,8 @@ class RunSpec:
     short: bool = False
     """The short-video mode: key frames only, read with a fast open
     (:class:`~frameserve.pipeline.shortvideo.KeyframeReader`), in the calling thread, the first
-    key frame processed alone so that its result comes first. Same :class:`RunResult`; its
+    key frame processed alone so that its result comes first. Same
+    :class:`~frameserve.pipeline.runner.RunResult`; its
     ``source`` holds ``uri, codec, width, height, fps, open_s`` (no frame count: nothing is
     probed)."""
     max_duration_s: float | None = None
