@@ -4,7 +4,7 @@ The Python entry points re-exported here are the ones a user calls directly; eve
 lives in its layer's module (see DESIGN.md "Layers").
 
 * :func:`run` is :func:`frameserve.pipeline.runner.run`: run a pipeline over a video; it returns
-  a :class:`RunResult`.
+  a :class:`RunResult`. Its options are a :class:`RunSpec` (or the same names as keywords).
 * :class:`Pipeline` and :class:`FrameOutput` are the pipeline contract
   (:mod:`frameserve.pipeline.contract`): subclass ``Pipeline`` to write your own.
 * :func:`preprocess` is :func:`frameserve.pipeline.preprocess.preprocess`: preprocess one RGB
@@ -20,19 +20,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["FrameOutput", "Pipeline", "RunResult", "__version__", "preprocess", "run"]
+__all__ = ["FrameOutput", "Pipeline", "RunResult", "RunSpec", "__version__", "preprocess", "run"]
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from frameserve.pipeline.contract import FrameOutput, Pipeline
     from frameserve.pipeline.preprocess import preprocess
-    from frameserve.pipeline.runner import RunResult, run
+    from frameserve.pipeline.runner import RunResult, RunSpec, run
 
 _LAZY = {
     "FrameOutput": "frameserve.pipeline.contract",
     "Pipeline": "frameserve.pipeline.contract",
     "RunResult": "frameserve.pipeline.runner",
+    "RunSpec": "frameserve.pipeline.runner",
     "preprocess": "frameserve.pipeline.preprocess",
     "run": "frameserve.pipeline.runner",
 }

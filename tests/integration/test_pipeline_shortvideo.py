@@ -10,7 +10,9 @@ import pytest
 
 from frameserve.config import Settings
 from frameserve.errors import VideoError
-from frameserve.pipeline.shortvideo import KeyframeReader, ShortVideoRunner
+from frameserve.errors import FrameserveError
+from frameserve.pipeline.runner import RunResult, ShortVideoRunner
+from frameserve.pipeline.shortvideo import KeyframeReader
 from frameserve.video import VideoSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -81,22 +83,29 @@ def test_runner_many_files_key_frames_and_callbacks(runner, tmp_path: Path) -> N
         with lock:
             seen.append((Path(uri).name, frame["index"]))
 
-    results = {Path(r["uri"]).name: r for r in runner.run_many([red, green, bad], on_frame=on_frame)}
+    results = {Path(uri).name: r for uri, r in runner.run_many([red, green, bad], on_frame=on_frame)}
     assert set(results) == {"red.mp4", "green.mp4", "bad.mp4"}
-    assert results["bad.mp4"]["error"]["code"] == "invalid_video"
-    assert [[d["label"] for d in f["detections"]] for f in results["red.mp4"]["frames"]] == [["RED"]]
-    assert [[d["label"] for d in f["detections"]] for f in results["green.mp4"]["frames"]] == [["GREEN"]]
+    assert isinstance(results["bad.mp4"], FrameserveError) and results["bad.mp4"].code == "invalid_video"
+    red_result, green_result = results["red.mp4"], results["green.mp4"]
+    assert isinstance(red_result, RunResult) and isinstance(green_result, RunResult)
+    assert [[d["label"] for d in f["detections"]] for f in red_result.frames] == [["RED"]]
+    assert [[d["label"] for d in f["detections"]] for f in green_result.frames] == [["GREEN"]]
     assert sorted(seen) == [("green.mp4", 0), ("red.mp4", 0)]
-    t = results["red.mp4"]["timing"]
-    assert 0 < t["open_s"] <= t["first_keyframe_s"] <= t["first_result_s"] <= t["total_s"]
-    assert results["red.mp4"]["source"] == {"codec": "h264", "width": 64, "height": 64, "fps": 10.0}
+    # the short mode's RunResult, as run(short=True) gives it
+    source = red_result["source"]
+    assert {k: source[k] for k in ("uri", "codec", "width", "height", "fps")} == {
+        "uri": str(red), "codec": "h264", "width": 64, "height": 64, "fps": 10.0,
+    }
+    assert 0 < source["open_s"] and red_result["sampling"] == "keyframes" and red_result["decode_workers"] == 0
+    assert red_result["frames_processed"] == 1 and red_result["timing"]["decode"]["total_s"] > 0
 
 
 def test_submit_gives_a_future_with_every_key_frame(runner, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     made = make_video(tmp_path / "k.mp4", 50, size=(64, 48), gop=10, fill=(255, 0, 0))
     result = runner.submit(made.path).result(timeout=60)
-    assert [f["index"] for f in result["frames"]] == [0, 10, 20, 30, 40]
-    assert all(f["is_keyframe"] for f in result["frames"])
+    assert isinstance(result, RunResult)
+    assert [f["index"] for f in result.frames] == [0, 10, 20, 30, 40]
+    assert all(f["is_keyframe"] for f in result.frames)
     assert result["summary"]["frames_total"] == 5
     with pytest.raises(VideoError):
         runner.submit(tmp_path / "missing.mp4").result(timeout=60)

@@ -76,3 +76,23 @@ def test_layout_may_change_shape_but_not_keys_or_dtypes() -> None:
 def test_default_decode_workers() -> None:
     assert default_decode_workers(1) == 0
     assert default_decode_workers(2) == 1 and default_decode_workers(64) == 1
+
+
+def test_the_parallel_runner_waits_without_timed_polls() -> None:
+    """Issue 25: the inference process's threads wake on a condition, the queue's pipe, the
+    decode process's sentinel or the wake-up pipe, never on a timeout that re-checks a flag."""
+    import ast
+    import inspect
+
+    from frameserve.pipeline import _parallel
+
+    tree = ast.parse(inspect.getsource(_parallel))
+    waiting = [n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name in ("_Executor", "_get", "run_parallel")]
+    assert len(waiting) == 3
+    timed = [
+        f"{node.func.attr if isinstance(node.func, ast.Attribute) else ast.dump(node.func)} (line {node.lineno})"
+        for part in waiting for node in ast.walk(part)
+        if isinstance(node, ast.Call) and any(k.arg == "timeout" for k in node.keywords)
+    ]
+    assert not timed, timed
+    assert not hasattr(_parallel, "_POLL_S")

@@ -39,7 +39,7 @@ def run_command(
     """Run a pipeline over VIDEO: per-frame results, a summary, and where the time went."""
     from frameserve.config import Settings
     from frameserve.pipeline.loader import parse_param
-    from frameserve.pipeline.runner import run
+    from frameserve.pipeline.runner import RunSpec, run
 
     with exit_on_error():
         params = dict(parse_param(p) for p in param or ())
@@ -57,13 +57,14 @@ def run_command(
             def progress(done: int, expected: int | None) -> None:
                 bar.update(task, completed=done, total=expected)
 
-            result = run(
-                video, pipeline, out=out, video_out=video_out, sampling=sampling, batch=batch,
-                backend=backend, threads=threads, settings=settings, progress=progress,
-                decode_workers=decode_workers, decode_threads=decode_threads, trace=trace,
+            spec = RunSpec(
+                out=out, video_out=video_out, sampling=sampling, batch=batch,
+                backend=backend,  # type: ignore[arg-type]  # any string: RunSpec names the accepted ones
+                threads=threads, decode_workers=decode_workers, decode_threads=decode_threads, trace=trace,
                 keep_frames=False,  # streamed to --out; the CLI prints only the summary
                 params=params, short=short,
             )
+            result = run(video, pipeline, spec, settings=settings, progress=progress)
         print_timing(result, Console())
         if out is not None:
             Console().print(f"results: {out}", markup=False, highlight=False)

@@ -270,11 +270,11 @@ def _child_main(conn: _Pipe, settings: Settings, folder: str | None, threads: in
                     summary, files = process(Path(video), spec, Path(workdir), progress)
                     remote.send(("done", summary, {k: str(v) for k, v in files.items()}))
                 else:  # ("short", clip, pipeline, params, max_duration_s, flag)
-                    from frameserve.pipeline.runner import run
+                    from frameserve.pipeline.runner import RunSpec, run
 
                     _, clip, name, params, max_duration_s, flag = work
-                    result = run(Path(clip), registry.resolve(name), short=True, service=service, settings=settings,
-                                 params=params, max_duration_s=max_duration_s, max_duration_flag=flag,
+                    spec = RunSpec(short=True, params=params, max_duration_s=max_duration_s, max_duration_flag=flag)
+                    result = run(Path(clip), registry.resolve(name), spec, service=service, settings=settings,
                                  progress=progress)
                     remote.send(("done", {**result, "frames": list(result["frames"])}, None))
             except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent

@@ -51,7 +51,7 @@ def pipeline_process(
     frames; not retried). The worker runs one job at a time through this step, as the pool
     requires."""
     from frameserve.pipeline.registry import PipelineRegistry
-    from frameserve.pipeline.runner import run
+    from frameserve.pipeline.runner import RunSpec, run
 
     pool = decode_pool
     registry = pipelines if pipelines is not None else PipelineRegistry()
@@ -70,12 +70,12 @@ def pipeline_process(
                 fault("mid_inference")
             progress(done, expected)
 
-        res = run(
-            video, pdef, out=out, video_out=video_out, sampling=params.get("sampling"),
-            batch=params.get("batch"), params=pipeline_params, settings=settings, service=service,
-            progress=on_batch, keep_frames=False, decode_pool=None if params.get("short") else pool,
-            short=bool(params.get("short")),
+        spec = RunSpec(
+            out=out, video_out=video_out, sampling=params.get("sampling"), batch=params.get("batch"),
+            params=pipeline_params, keep_frames=False, short=bool(params.get("short")),
         )
+        res = run(video, pdef, spec, settings=settings, service=service, progress=on_batch,
+                  decode_pool=None if spec.short else pool)
         files = {"results.json": out}
         if video_out is not None:
             files[video_out.name] = video_out

@@ -291,7 +291,7 @@ class Analyzer:
                 decoded pts passes it).
             VideoError, PipelineSpecError, PipelineHookError, ...: as :func:`frameserve.pipeline.runner.run`.
         """
-        from frameserve.pipeline.runner import run
+        from frameserve.pipeline.runner import RunSpec, run
 
         pdef = self.pipelines.resolve(pipeline)
         try:
@@ -309,8 +309,8 @@ class Analyzer:
                 finally:
                     self._children.put(child)
             else:
-                result = run(path, pdef, short=True, service=self.service, settings=self.settings, params=params,
-                             max_duration_s=limit, max_duration_flag=_DURATION_FLAG)
+                spec = RunSpec(short=True, params=params, max_duration_s=limit, max_duration_flag=_DURATION_FLAG)
+                result = run(path, pdef, spec, service=self.service, settings=self.settings)
         except FrameserveError as exc:
             message = exc.message.replace(str(path), label)  # name the clip, not the server's scratch file
             if isinstance(exc, PayloadTooLargeError) and _JOBS_HINT not in message:

@@ -1,5 +1,5 @@
 """The video pipeline: the contract (:class:`Pipeline` and its value types), the loader, the
-runner with its two executors, the built-in pipelines, preprocessing, post-processing,
+runner (one :class:`RunSpec` in, one :class:`RunResult` out), the built-in pipelines, preprocessing, post-processing,
 aggregation, timing and sinks."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from frameserve.pipeline.contract import (
 from frameserve.pipeline.loader import PipelineDef, builtin_class, builtin_pipelines, load_pipeline
 from frameserve.pipeline.postprocess import Detection, YoloV8Detect
 from frameserve.pipeline.preprocess import PreprocessSpec, Transform, preprocess, preprocess_into
-from frameserve.pipeline.shortvideo import KeyframeReader, ShortVideoRunner
+from frameserve.pipeline.runner import RunResult, RunSpec, ShortVideoRunner, run
+from frameserve.pipeline.shortvideo import KeyframeReader
 from frameserve.pipeline.timing import STAGES, Timing, Trace
 
 __all__ = [
@@ -39,6 +40,8 @@ __all__ = [
     "Pipeline",
     "PipelineDef",
     "PreprocessSpec",
+    "RunResult",
+    "RunSpec",
     "ShortVideoRunner",
     "Summary",
     "Timing",
@@ -50,4 +53,5 @@ __all__ = [
     "load_pipeline",
     "preprocess",
     "preprocess_into",
+    "run",
 ]

@@ -32,14 +32,15 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
-import queue
 import secrets
 import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from multiprocessing.connection import wait as wait_ready
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
@@ -69,8 +70,6 @@ SHM_PREFIX = OWN_SEGMENT_PREFIX
 """Name prefix of the shared-memory rings (``/dev/shm/frameserve-<pid>-<token>`` on Linux):
 frameserve's own prefix, which clients may not register as a shared-memory region."""
 
-_POLL_S = 0.25
-"""How often a blocked wait looks whether the other side is still alive."""
 
 
 class DecodeProcess:
@@ -238,20 +237,28 @@ def _main_module_hidden() -> Iterator[None]:
         main.__dict__.update(saved)
 
 
-def _get(out_q: Any, proc: Any, uri: str, frames: int) -> Any:
-    """Next message from the decode process; a dead process without a message is a VideoError."""
-    while True:
-        try:
-            return out_q.get(timeout=_POLL_S)
-        except queue.Empty:
-            if not proc.is_alive():
-                try:
-                    return out_q.get(timeout=_POLL_S)
-                except queue.Empty:
-                    raise VideoError(
-                        f"decoding {uri!r} failed after {frames} frames: the decode process exited "
-                        f"unexpectedly (exit code {proc.exitcode})"
-                    ) from None
+def _get(out_q: Any, proc: Any, uri: str, frames: int, wake: int | None = None) -> Any:
+    """Next message from the decode process, waiting on the queue's pipe and the process's
+    sentinel at once (no timed poll); a process that died without a message is a
+    :class:`VideoError`. Returns :data:`_WOKEN` when the ``wake`` file descriptor became readable
+    first (the run is stopping)."""
+    reader = out_q._reader  # noqa: SLF001 - the queue's receiving Connection: wait() needs it
+    ready = wait_ready([reader, proc.sentinel, *([wake] if wake is not None else [])])
+    if reader in ready:
+        return out_q.get()  # the message has begun to arrive; the child writes it whole
+    if wake is not None and wake in ready:
+        return _WOKEN
+    if reader.poll(0):  # the process exited after its last message
+        return out_q.get()
+    proc.join()
+    raise VideoError(
+        f"decoding {uri!r} failed after {frames} frames: the decode process exited "
+        f"unexpectedly (exit code {proc.exitcode})"
+    )
+
+
+_WOKEN = object()
+"""What :func:`_get` returns when its ``wake`` descriptor woke it."""
 
 
 def _cleanup(proc: Any, ctl_q: Any, out_q: Any, shm: SharedMemory | None) -> None:
@@ -303,7 +310,7 @@ class _Executor:
     """The inference process's side of a parallel run::
 
         main thread:    decode messages → batches → process pool (``in_flight`` threads)
-                        └──(post_q: batches with their futures, in frame order)──▶
+                        └──(pending: batches with their futures, in frame order)──▶
         output thread:  each batch's results, in order → OutputStage → slots given back
 
     The main thread only assembles batches and watches the decode process, so Ctrl-C (which
@@ -311,6 +318,11 @@ class _Executor:
     to the decode process once the output stage is done with it (a result may still hold views
     of its inputs until then). Any thread's error stops the others and is raised from
     :meth:`run`.
+
+    No thread polls: the threads share one condition (``_cond``) over the pending batches, the
+    slots handed out and the futures' completion (each future notifies it when done); the main
+    thread waits on the decode process's queue and sentinel and on a wake-up pipe. A failure
+    (:meth:`_abort`) notifies the condition and writes the pipe, so every waiting thread wakes.
     """
 
     def __init__(
@@ -321,13 +333,15 @@ class _Executor:
         self.batch_size, self.in_flight = batch_size, in_flight
         self.ctl_q, self.out_q, self.proc = ctl_q, out_q, proc
         self.pool = futures.ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="frameserve-process")
-        self.post_q: queue.Queue[Any] = queue.Queue(maxsize=in_flight + 1)
+        self.pending: deque[Any] = deque()  # (batch, slots, future), or None at the end; at most in_flight + 1
+        self.max_pending = in_flight + 1
         self.ring: Ring | None = None
         self.outstanding = 0  # slots handed out in Frames messages and not yet given back
         self._cond = threading.Condition()
         self.stop = threading.Event()
         self.failure: BaseException | None = None
         self.frames_seen = 0
+        self._wake_r, self._wake_w = os.pipe()  # written once on abort: wakes the main thread's wait
 
     def run(self) -> tuple[list[str], dict[str, Any]]:
         timing = self.timing
@@ -341,8 +355,7 @@ class _Executor:
             warnings, stats = self._collect()
             self._put(None)  # end of stream: the output thread finishes what it holds
         except BaseException as exc:
-            self.failure = self.failure or exc
-            self.stop.set()
+            self._abort(exc)
             raise
         finally:
             out_thread.join()
@@ -358,7 +371,14 @@ class _Executor:
         return warnings, stats
 
     def free(self) -> None:
-        """Free the ring (after :meth:`run`, whatever happened)."""
+        """Free the ring and the wake-up pipe (after :meth:`run`, whatever happened)."""
+        self._drop_ring()
+        fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
+
+    def _drop_ring(self) -> None:
         ring, self.ring = self.ring, None
         if ring is not None:
             ring.release_views()
@@ -369,22 +389,35 @@ class _Executor:
         try:
             body()
         except BaseException as exc:
+            self._abort(exc)
+
+    def _abort(self, exc: BaseException) -> None:
+        """Record the first failure and wake every waiting thread."""
+        with self._cond:
+            if self.stop.is_set():
+                return
             self.failure = self.failure or exc
             self.stop.set()
+            self._cond.notify_all()
+        os.write(self._wake_w, b"x")
 
     def _check(self) -> None:
         if self.stop.is_set():
             raise self.failure or RuntimeError("stopped")
 
+    def _notify(self, _: Any = None) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
     def _put(self, item: Any) -> None:
-        """Put on ``post_q`` with backpressure, giving up when the run is stopping."""
-        while True:
+        """Queue a batch (or the end, ``None``) for the output thread; waits while
+        ``max_pending`` are queued (backpressure), raises when the run is stopping."""
+        with self._cond:
+            while len(self.pending) >= self.max_pending and not self.stop.is_set():
+                self._cond.wait()
             self._check()
-            try:
-                self.post_q.put(item, timeout=_POLL_S)
-                return
-            except queue.Full:
-                continue
+            self.pending.append(item)
+            self._cond.notify_all()
 
     # -- main thread: messages → batches ------------------------------------------------------
 
@@ -393,15 +426,12 @@ class _Executor:
         while True:
             self._check()
             w0 = time.perf_counter()
-            try:
-                msg = self.out_q.get(timeout=_POLL_S)
-            except queue.Empty:
-                self.timing.add_wait("infer", "in", time.perf_counter() - w0)
-                if self.proc.is_alive():
-                    continue
-                msg = _get(self.out_q, self.proc, self.uri, self.frames_seen)
+            msg = _get(self.out_q, self.proc, self.uri, self.frames_seen, self._wake_r)
             # inference (the process pool) waits for frames from the decode process
             self.timing.add_wait("infer", "in", time.perf_counter() - w0)
+            if msg is _WOKEN:
+                self._check()
+                raise RuntimeError("woken without a failure")  # pragma: no cover - _abort sets it first
             if isinstance(msg, Frames):
                 with self._cond:
                     self.outstanding += len(msg.frames)
@@ -429,10 +459,10 @@ class _Executor:
     def _new_ring(self, layout: Layout) -> None:
         """Wait until every slot of the old ring is back, then make one for ``layout``."""
         with self._cond:
-            while self.outstanding > 0:
-                self._check()
-                self._cond.wait(timeout=_POLL_S)
-        self.free()
+            while self.outstanding > 0 and not self.stop.is_set():
+                self._cond.wait()
+            self._check()
+        self._drop_ring()
         n_slots = (self.in_flight + 4) * self.batch_size
         shm = SharedMemory(
             name=f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(4)}", create=True,
@@ -461,6 +491,7 @@ class _Executor:
         batch = Batch(items, stacked)
         slots = [m.slot for m in msgs]
         future = self.pool.submit(self.stage, batch)
+        future.add_done_callback(self._notify)  # wakes the output thread waiting for it
         with self.timing.wait("infer", "out"):  # a full queue: the output stage is behind
             self._put((batch, slots, future))
 
@@ -476,24 +507,24 @@ class _Executor:
             if item is None:
                 return
             batch, slots, future = item
-            while True:
+            with self._cond:
+                while not future.done() and not self.stop.is_set():
+                    self._cond.wait()
                 self._check()
-                try:
-                    results = future.result(timeout=_POLL_S)
-                    break
-                except futures.TimeoutError:
-                    continue
+            results = future.result()
             self.output.add([i.frame for i in batch], results)
             del batch, results, item
             self._release(slots)
 
     def _take(self) -> Any:
-        while True:
+        """The next pending batch (or ``None``, the end); waits for one, raises when stopping."""
+        with self._cond:
+            while not self.pending and not self.stop.is_set():
+                self._cond.wait()
             self._check()
-            try:
-                return self.post_q.get(timeout=_POLL_S)
-            except queue.Empty:
-                continue
+            item = self.pending.popleft()
+            self._cond.notify_all()  # room for the main thread's next batch
+            return item
 
     def _release(self, slots: list[int]) -> None:
         with self._cond:

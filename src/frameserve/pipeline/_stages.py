@@ -31,7 +31,7 @@ from frameserve.pipeline.contract import (
 from frameserve.pipeline.loader import user_line
 from frameserve.pipeline.sinks import ResultsWriter, StreamedFrames, write_json
 from frameserve.pipeline.timing import Timing
-from frameserve.video import StreamInfo, VideoWriter
+from frameserve.video import Frame, StreamInfo, VideoWriter
 
 __all__ = ["CallMeter", "Layout", "OutputStage", "ProcessStage", "checked_preprocess", "hook_error"]
 
@@ -108,7 +108,7 @@ class Layout:
             )
 
 
-def checked_preprocess(pipeline: Pipeline, frame: Any) -> dict[str, np.ndarray[Any, Any]]:
+def checked_preprocess(pipeline: Pipeline, frame: Frame) -> dict[str, np.ndarray[Any, Any]]:
     """Call ``pipeline.preprocess(frame)`` and check it returned a dict of str → numeric numpy
     arrays (numpy scalars are made 0-d arrays; arrays made C-contiguous).
 

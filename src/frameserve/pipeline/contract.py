@@ -56,6 +56,7 @@ from frameserve.request import InferRequest
 
 if TYPE_CHECKING:
     from frameserve.service import InferenceService
+    from frameserve.video import Frame
 
 __all__ = [
     "RESERVED_KEYS",
@@ -346,10 +347,19 @@ class Pipeline:
         """Once per instance, in the inference process, before the first batch (load a
         dictionary, warm a cache...). ``models[role]`` is a :class:`ModelHandle`."""
 
-    def preprocess(self, frame: Any) -> dict[str, np.ndarray[Any, Any]]:
-        """Per frame, where decoding runs: turn ``frame`` (``frame.rgb`` uint8 ``(H, W, 3)``
-        RGB upright, ``frame.index``, ``frame.pts_s``, ``frame.is_keyframe``) into named numpy
-        arrays (each frame the same keys and dtypes). Required."""
+    def preprocess(self, frame: Frame) -> dict[str, np.ndarray[Any, Any]]:
+        """Per frame, where decoding runs: turn ``frame`` into named numpy arrays (each frame
+        the same keys and dtypes). Required.
+
+        Args:
+            frame: a :class:`frameserve.video.Frame`: ``rgb`` uint8 ``(H, W, 3)`` RGB, upright,
+                C-contiguous; ``index`` (0-based display position); ``pts_s`` (seconds);
+                ``is_keyframe``.
+
+        Returns:
+            ``{name: array}``: numeric numpy arrays (bool, int, uint, float); what
+            :meth:`process` finds as ``batch[i].inputs`` (and ``batch.stacked``).
+        """
         # the loader refuses a subclass that does not define it, before anything runs
         raise NotImplementedError(f"pipeline {self.name!r} defines no preprocess(self, frame)")
 

@@ -24,7 +24,8 @@ Reusing one codec context across files (``CodecContext.create`` fed packets thro
 ``h264_mp4toannexb``) was measured too: its frames are bit-exact, but it saves ~0.1 ms a file on
 CPU and loses the container-level side data (the display matrix), so contexts are not reused.
 What stays warm between files is everything else: the loaded model, the worker threads, and
-their preprocessing buffers (:class:`ShortVideoRunner`).
+their preprocessing buffers (:class:`~frameserve.pipeline.runner.ShortVideoRunner`, which runs
+files through the runner's short-video mode, ``RunSpec(short=True)``).
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ from __future__ import annotations
 import os
 import time
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from collections.abc import Iterable, Iterator
 from fractions import Fraction
 from typing import Any
 
@@ -42,16 +42,11 @@ import av.container
 import numpy as np
 from av.video.frame import VideoFrame
 
-from frameserve import assets
-from frameserve.config import Settings, cpu_count
-from frameserve.errors import FrameserveError, PayloadTooLargeError, VideoError
-from frameserve.pipeline._inline import run_inline
-from frameserve.pipeline._stages import OutputStage, ProcessStage
+from frameserve.errors import PayloadTooLargeError, VideoError
 from frameserve.pipeline.timing import Timing
-from frameserve.service import InferenceService
 from frameserve.video import Frame, Orientation, declared_duration_s, frame_orientation, open_input
 
-__all__ = ["KeyframeReader", "ShortVideoRunner"]
+__all__ = ["KeyframeReader", "timed_frames"]
 
 _FAST_PROBE = {"probesize": "32", "analyzeduration": "0"}
 
@@ -210,10 +205,6 @@ def _open(uri: str, fast: bool) -> av.container.InputContainer:
         return open_input(uri)
 
 
-FrameCallback = Callable[[str, dict[str, Any]], None]
-"""Called with ``(uri, frame_result)`` as soon as a key frame's result exists."""
-
-
 def timed_frames(reader: Iterable[Frame], timing: Timing, marks: dict[str, float], t0: float) -> Iterator[Frame]:
     """Iterate a reader's frames, timing each as the ``decode`` stage; ``marks`` gets
     ``first_keyframe_s`` (seconds from ``t0`` to the first frame), the first frame's upright
@@ -232,134 +223,3 @@ def timed_frames(reader: Iterable[Frame], timing: Timing, marks: dict[str, float
         if "first_keyframe_s" not in marks:
             marks.update(first_keyframe_s=now - t0, width=frame.width, height=frame.height)
         yield frame
-
-
-class ShortVideoRunner:
-    """Run a pipeline over many short videos, key frames only, with the models and workers warm.
-
-    Example::
-
-        with ShortVideoRunner("nudenet") as runner:
-            for result in runner.run_many(paths):      # in completion order
-                print(result["uri"], result["summary"])
-            fut = runner.submit("clip.mp4", on_frame=lambda uri, f: print(f))
-            fut.result()
-
-    Args:
-        pipeline: a pipeline name or file, as :func:`~frameserve.pipeline.runner.run` takes.
-        settings: process settings (default: :meth:`Settings.from_env`).
-        service: an already-built service (its models stay loaded afterwards).
-        backend: ``onnxruntime`` or ``openvino``; overrides the models' configured backend.
-        threads: inference thread budget (default: all CPUs).
-        workers: files processed at once (default: ``min(4, CPUs)``); each file's batches go
-            through the service, which batches the models' calls across files.
-        fast_open: see :class:`KeyframeReader`.
-        params: overrides of the pipeline's ``params``.
-
-    Each result: ``uri``, ``source`` (``codec``, ``width``, ``height``, ``fps``), ``pipeline``,
-    ``sampling`` (``"keyframes"``), ``frames`` (as :func:`~frameserve.pipeline.runner.run`),
-    ``summary``, ``timing`` (``open_s``, ``first_keyframe_s`` — from submit to the first key
-    frame's RGB —, ``first_result_s``, ``decode_s``, ``infer_s``, ``total_s``). The first key
-    frame is processed alone, as soon as it is decoded; the rest in batches of the pipeline's size.
-
-    Raises:
-        VideoError (per file, from the future / as ``error`` in :meth:`run_many`), and at
-        construction the model-loading errors of :func:`~frameserve.pipeline.runner.run`.
-    """
-
-    def __init__(
-        self, pipeline: Any = "nudenet", *, settings: Settings | None = None,
-        service: InferenceService | None = None, backend: str | None = None, threads: int | None = None,
-        workers: int | None = None, fast_open: bool = True, params: dict[str, Any] | None = None,
-    ) -> None:
-        from frameserve.pipeline._models import model_inputs, prepare_models, repository_for
-        from frameserve.pipeline.loader import instantiate, load_pipeline, merge_params
-
-        self.settings = settings or Settings.from_env(threads=threads)
-        cls = load_pipeline(pipeline).load_class()
-        merged = merge_params(cls.params, dict(params or {}), origin=f"pipeline {cls.name!r}", strict=True)
-        self._own_service = service is None
-        self.service = service or InferenceService(repository_for(self.settings), threads=threads or self.settings.threads)
-        try:
-            self.roles = prepare_models(self.service, cls, self.settings, backend)
-            self.pipeline = instantiate(cls, params=merged, model_inputs=model_inputs(self.service, self.roles))
-            ProcessStage(self.pipeline, self.service, self.roles, Timing()).setup()
-        except BaseException:
-            if self._own_service:
-                self.service.close()
-            raise
-        self.batch_size = int(cls.batch)
-        self.fast_open = fast_open
-        self._pool = ThreadPoolExecutor(max_workers=workers or min(4, cpu_count()), thread_name_prefix="frameserve-short")
-
-    def submit(self, video: str | os.PathLike[str], *, on_frame: FrameCallback | None = None) -> Future[dict[str, Any]]:
-        """Queue one file; the future's result is its result mapping (or its error)."""
-        submitted = time.perf_counter()
-        return self._pool.submit(self._process, str(video), submitted, on_frame)
-
-    def run_many(self, videos: Iterable[str | os.PathLike[str]], *, on_frame: FrameCallback | None = None) -> Iterator[dict[str, Any]]:
-        """Process files concurrently and yield each result as soon as it is complete
-        (completion order). A file that fails yields ``{"uri", "error": {"code", "message"}}``."""
-        futures = {self.submit(v, on_frame=on_frame): str(v) for v in videos}
-        for fut in as_completed(futures):
-            exc = fut.exception()
-            if isinstance(exc, FrameserveError):
-                yield {"uri": futures[fut], "error": {"code": exc.code, "message": exc.message}}
-            elif exc is not None:
-                raise exc
-            else:
-                yield fut.result()
-
-    def _process(self, video: str, submitted: float, on_frame: FrameCallback | None) -> dict[str, Any]:
-        uri = assets.resolve_uri(video, self.settings.assets_dir)
-        timing = Timing()
-        stage = ProcessStage(self.pipeline, self.service, self.roles, timing)
-        marks: dict[str, float] = {}
-        with KeyframeReader(uri, fast_open=self.fast_open) as reader:
-            output: OutputStage
-
-            def progress(done: int, expected: int | None) -> None:
-                marks.setdefault("first_result_s", time.perf_counter() - submitted)
-                if on_frame is not None:
-                    for res in output.results[int(marks.get("reported", 0)):]:
-                        on_frame(video, res)
-                marks["reported"] = len(output.results)
-
-            output = OutputStage(
-                pipeline=self.pipeline, info=None, header={"uri": video, "pipeline": self.pipeline.name, "sampling": "keyframes"},
-                timing=timing, out=None, keep_frames=True, video_out=None, progress=progress, expected=None,
-            )
-            run_inline(
-                timed_frames(reader, timing, marks, submitted), pipeline=self.pipeline, process=stage,
-                output=output, batch_size=self.batch_size, timing=timing, first_alone=True,
-            )
-            open_s = reader.open_s
-            source = {
-                "codec": reader.codec, "width": int(marks.get("width", reader.width)),
-                "height": int(marks.get("height", reader.height)), "fps": reader.fps,
-            }
-        result = output.finish({
-            "summary": output.summary(),
-            "timing": {
-                "open_s": round(open_s, 6),
-                "first_keyframe_s": round(marks.get("first_keyframe_s", 0.0), 6),
-                "first_result_s": round(marks.get("first_result_s", 0.0), 6),
-                "decode_s": round(marks.get("decode_s", 0.0), 6),
-                "infer_s": round(timing.stages["infer"].wall_s, 6),
-                "total_s": round(time.perf_counter() - submitted, 6),
-            },
-        })
-        result["source"] = source
-        return result
-
-    def close(self) -> None:
-        """Wait for queued files, stop the workers, release the models (if this runner loaded them)."""
-        self._pool.shutdown(wait=True)
-        if self._own_service:
-            self.service.close()
-
-    def __enter__(self) -> ShortVideoRunner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

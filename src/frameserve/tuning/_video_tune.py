@@ -56,7 +56,7 @@ def cotune_video(
         ``{decode_workers, decode_threads, batch, frames, wall_s, frames_per_s, error}``.
     """
     from frameserve.pipeline.loader import load_pipeline
-    from frameserve.pipeline.runner import run
+    from frameserve.pipeline.runner import RunSpec, run
 
     cls = load_pipeline(pipeline).load_class()
     sizes = sorted({int(cls.batch), *(int(b) for b in batches if b >= 1)})
@@ -69,8 +69,9 @@ def cotune_video(
         t0 = time.monotonic()
         try:
             with tempfile.TemporaryDirectory(prefix="frameserve-cotune-") as tmp:
-                result = run(video, pipeline, service=service, params=params, decode_workers=w, decode_threads=t,
-                             batch=b, keep_frames=False, out=Path(tmp) / "results.json")
+                spec = RunSpec(params=params, decode_workers=w, decode_threads=t, batch=b, keep_frames=False,
+                               out=Path(tmp) / "results.json")
+                result = run(video, pipeline, spec, service=service)
             row.update(frames=int(result["frames_processed"]), wall_s=float(result["wall_s"]), error=None)
             row["frames_per_s"] = row["frames"] / row["wall_s"] if row["wall_s"] > 0 else 0.0
         except FrameserveError as exc:

@@ -34,6 +34,7 @@ import numpy as np
 from frameserve.errors import PipelineSpecError
 from frameserve.pipeline.contract import Batch, FrameInfo, ModelHandle, Pipeline
 from frameserve.pipeline.preprocess import PreprocessSpec, preprocess_into
+from frameserve.video import Frame
 
 __all__ = ["ClassAggregator", "Classifier"]
 
@@ -301,7 +302,7 @@ class Classifier(Pipeline):
             )
         return inp.name
 
-    def preprocess(self, frame: Any) -> dict[str, np.ndarray[Any, Any]]:
+    def preprocess(self, frame: Frame) -> dict[str, np.ndarray[Any, Any]]:
         """The frame as the model's input (see :meth:`preprocess_frame`)."""
         return {self.input_name: self.preprocess_frame(frame.rgb)}
 

@@ -24,6 +24,7 @@ from frameserve.pipeline.contract import Batch, FrameInfo, ModelHandle, Pipeline
 from frameserve.pipeline.postprocess import YoloV8Detect
 from frameserve.pipeline.preprocess import PreprocessSpec, preprocess_into, transform_for
 from frameserve.pipeline.sinks import draw_detections
+from frameserve.video import Frame
 
 __all__ = ["Detector", "SummaryAggregator"]
 
@@ -112,7 +113,7 @@ class Detector(Pipeline):
             )
         return inp.name
 
-    def preprocess(self, frame: Any) -> dict[str, np.ndarray[Any, Any]]:
+    def preprocess(self, frame: Frame) -> dict[str, np.ndarray[Any, Any]]:
         """The frame letterboxed / padded and normalised as ``params["preprocess"]`` says."""
         spec = self.spec
         out = np.empty(spec.input_shape(), dtype=spec.numpy_dtype)

@@ -39,7 +39,7 @@ import numpy as np
 from frameserve.errors import PipelineSpecError, VideoError
 from frameserve.pipeline.contract import Batch, FrameOutput, ModelHandle, Pipeline
 from frameserve.pipeline.preprocess import _INTERPOLATION
-from frameserve.video import VideoWriter
+from frameserve.video import Frame, VideoWriter
 
 __all__ = ["Enhance"]
 
@@ -171,7 +171,7 @@ class Enhance(Pipeline):
         if out is not None and str(out) not in names:
             raise PipelineSpecError(f"params.output {out!r} is not an output of model {models['model'].name!r} (it has {list(names)})")
 
-    def preprocess(self, frame: Any) -> dict[str, np.ndarray[Any, Any]]:
+    def preprocess(self, frame: Frame) -> dict[str, np.ndarray[Any, Any]]:
         """The frame as the model's input: resized (if a size applies), channel order, scale,
         layout; float ``(3, H, W)`` for NCHW or ``(H, W, 3)`` for NHWC (the model's dtype)."""
         io = self.io

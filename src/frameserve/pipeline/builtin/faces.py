@@ -48,6 +48,7 @@ from frameserve.errors import PipelineSpecError
 from frameserve.pipeline.builtin import _mtcnn_ops as ops
 from frameserve.pipeline.contract import Batch, FrameInfo, ModelHandle, Pipeline
 from frameserve.pipeline.sinks import draw_detections
+from frameserve.video import Frame
 
 __all__ = ["Faces", "FacesSummary", "MtcnnParams"]
 
@@ -188,7 +189,7 @@ class Faces(Pipeline):
                     f"{list(h.output_names)}, max_batch_size {h.max_batch_size}"
                 )
 
-    def preprocess(self, frame: Any) -> dict[str, np.ndarray[Any, Any]]:
+    def preprocess(self, frame: Frame) -> dict[str, np.ndarray[Any, Any]]:
         """The frame's scale pyramid, packed: ``{"pyramid": uint8 [L]}`` (see the module docstring)."""
         rgb = frame.rgb
         return {PYRAMID_KEY: ops.build_pyramid(rgb, self.mtcnn.levels(rgb.shape[1], rgb.shape[0]))}

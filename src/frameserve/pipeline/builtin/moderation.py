@@ -42,6 +42,7 @@ from frameserve.pipeline.builtin.detect import Detector, SummaryAggregator
 from frameserve.pipeline.builtin.nsfw import Nsfw
 from frameserve.pipeline.contract import Batch, BatchItem, FrameInfo, ModelHandle, Pipeline
 from frameserve.pipeline.loader import instantiate
+from frameserve.video import Frame
 
 __all__ = ["EXPOSED_LABELS", "FusionRule", "Moderation", "ModerationAggregator"]
 
@@ -250,7 +251,7 @@ class Moderation(Pipeline):
         self._check()
         _ = self.rule, self.classifier
 
-    def preprocess(self, frame: Any) -> dict[str, np.ndarray[Any, Any]]:
+    def preprocess(self, frame: Frame) -> dict[str, np.ndarray[Any, Any]]:
         """Both models' inputs: ``det/<input>`` (the Detector's) and ``cls/<input>`` (Nsfw's)."""
         det = self.detector.preprocess(frame)
         cls = self.classifier.preprocess(frame)

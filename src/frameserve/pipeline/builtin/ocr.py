@@ -57,6 +57,7 @@ import numpy as np
 from frameserve.errors import PipelineSpecError
 from frameserve.pipeline.builtin import _ocr_ops as ops
 from frameserve.pipeline.contract import Batch, FrameInfo, ModelHandle, Pipeline
+from frameserve.video import Frame
 
 __all__ = ["Ocr", "TextTracks"]
 
@@ -192,7 +193,7 @@ class Ocr(Pipeline):
         path = Path(models["rec"].info["model_path"])
         self.character = _characters(str(path), path.stat().st_mtime)
 
-    def preprocess(self, frame: Any) -> dict[str, np.ndarray[Any, Any]]:
+    def preprocess(self, frame: Frame) -> dict[str, np.ndarray[Any, Any]]:
         """The detector's input: the frame as rapidocr sizes it (``Geometry``), resized
         bilinearly to ``det_h`` x ``det_w``, BGR, ``(x / 255 - mean) / std``. float32 ``(3, det_h, det_w)``."""
         rgb = frame.rgb
