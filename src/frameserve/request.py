@@ -20,7 +20,7 @@ import numpy as np
 from frameserve.errors import TensorError
 from frameserve.types import DataType
 
-__all__ = ["InferRequest", "RequestedOutput", "StatsSink"]
+__all__ = ["InferRequest", "RequestedOutput", "ResponseSink", "StatsSink"]
 
 
 class StatsSink(Protocol):
@@ -33,6 +33,22 @@ class StatsSink(Protocol):
     ) -> None:
         """One request answered with outputs: its time in the queue and its batch's compute
         times (ns), called before the request's future completes."""
+        ...
+
+
+class ResponseSink(Protocol):
+    """Where the responses of a decoupled model (``model_transaction_policy.decoupled``) to one
+    request go, as the model sends them: the transport that streams them (gRPC
+    ``ModelStreamInfer``, HTTP ``generate_stream``) gives one with the request.
+
+    Implementations are thread-safe (a model sends from any thread, the service from the one
+    that fails the request) and ignore everything after a ``final`` call.
+    """
+
+    def send(self, outputs: Mapping[str, np.ndarray[Any, Any]] | None, error: BaseException | None, final: bool) -> None:
+        """One response: its outputs (those the request asked for), or its error (a
+        ``FrameserveError`` for the request alone); both ``None``: the end with no response.
+        ``final``: the request's last call."""
         ...
 
 
@@ -80,6 +96,9 @@ class InferRequest:
             :attr:`RequestedOutput.binary_data` (and of every output when none is named).
         stats_sink: also told the request's queue and compute times when it succeeds (an
             ensemble's step requests carry one); ``None`` for every other request.
+        responses: where a decoupled model's responses go (a streaming transport's); the
+            service refuses a request for a decoupled model without one, and other models
+            ignore it (their answer is the request's future).
 
     Raises:
         TensorError: a negative ``priority`` or ``timeout_us``, or ``inputs`` that is not a
@@ -96,6 +115,7 @@ class InferRequest:
     id: str = ""
     binary_data_output: bool = False
     stats_sink: StatsSink | None = None
+    responses: ResponseSink | None = None
 
     def __post_init__(self) -> None:
         if self.priority < 0:

@@ -145,6 +145,9 @@ class ModelConfig:
             from the server's response cache (when the server has one).
 
     A frozen value; it holds dicts, so it is not hashable.
+        decoupled: Triton's ``model_transaction_policy.decoupled``: the model answers a request
+            with zero or more responses (Python models' response sender), streamed over gRPC
+            ``ModelStreamInfer`` and HTTP ``generate_stream``; unary infer refuses it.
     """
 
     name: str
@@ -165,6 +168,7 @@ class ModelConfig:
     label_filenames: Mapping[str, str] = field(default_factory=dict)
     model_warmup: tuple[WarmupSample, ...] = ()
     response_cache: bool = False
+    decoupled: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -273,6 +277,8 @@ class ModelConfig:
             out["model_warmup"] = [w.to_dict() for w in self.model_warmup]
         if self.response_cache:
             out["response_cache"] = {"enable": True}
+        if self.decoupled:
+            out["model_transaction_policy"] = {"decoupled": True}
         return out
 
     def _tensor_dict(self, spec: TensorSpec, *, kind: Literal["input", "output"]) -> dict[str, Any]:
@@ -409,4 +415,5 @@ def parse_config(
         label_filenames=labels,
         model_warmup=parse_warmup(data.get("model_warmup"), source),
         response_cache=bool(cache.get("enable", False)),
+        decoupled=bool((data.get("model_transaction_policy") or {}).get("decoupled", False)),
     )

@@ -357,6 +357,11 @@ class PythonProcessSession:
         try:
             reply = self._call(("auto_complete", config.to_dict()))
             self.config: ModelConfig = complete_python_config(config, reply[1])
+            if self.config.decoupled:
+                raise ModelConfigError(
+                    f"model {self._name!r}: a decoupled model runs with parameters.isolation in_process "
+                    "(process isolation does not carry a response sender's responses yet)"
+                )
             self.inputs: tuple[TensorSpec, ...] = self.config.inputs
             self.outputs: tuple[TensorSpec, ...] = self.config.outputs
             self.max_batch_size: int = int(self.config.max_batch_size or 0)
