@@ -51,6 +51,7 @@ from frameserve.protocol.grpc._infer import (
     version_used,
 )
 from frameserve.protocol.grpc._servicer import GrpcInferenceServicer, status_of
+from frameserve.protocol.grpc._stream import stream_answers
 from frameserve.security.limits import TensorLimits
 
 __all__ = ["DEFAULT_THREADS", "WORKING_THREADS", "ThreadedGrpcServer", "threaded_handlers"]
@@ -183,8 +184,8 @@ class _Handlers:
         s = self.servicer
         for request in requests:
             try:
-                with s.admitted(tenant):
-                    response = infer_blocking(s.core, request, s.limits, s.shared_memory, self.working, context,
+                with s.admitted(tenant):  # every response of the request (decoupled: many)
+                    yield from stream_answers(s.core, request, s.limits, s.shared_memory, self.working, context,
                                               tenant=tenant)
             except Exception as exc:  # noqa: BLE001 - reported in the stream, as Triton does
                 yield pb.ModelStreamInferResponse(
@@ -193,8 +194,6 @@ class _Handlers:
                         model_name=request.model_name, model_version=request.model_version, id=request.id
                     ),
                 )
-                continue
-            yield pb.ModelStreamInferResponse(infer_response=response)
 
     def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> health_pb2.HealthCheckResponse:
         status = self.health.status(request.service)
