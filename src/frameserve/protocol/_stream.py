@@ -14,12 +14,16 @@ import asyncio
 import collections
 import threading
 from collections.abc import Mapping
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_PENDING", "LoopSink", "StreamedResponse", "ThreadSink"]
+from frameserve.errors import InferenceError
+from frameserve.request import ResponseSink
+
+__all__ = ["MAX_PENDING", "LoopSink", "StreamedResponse", "ThreadSink", "route_answer"]
 
 MAX_PENDING = 1024
 """Responses a sink holds for its consumer at most before ``send`` waits."""
@@ -145,3 +149,23 @@ class LoopSink(_Bounded):
         item = await self._queue.get()
         self._taken()
         return item
+
+
+def route_answer(future: Future[dict[str, np.ndarray[Any, Any]]], sink: ResponseSink) -> None:
+    """Write a streamed request's own answer into its sink when its future completes: the
+    outputs of a model that is not decoupled (final), or the error that failed the request
+    (final); a decoupled model's ``{}`` writes nothing (its sender writes the responses). So a
+    streaming transport reads every model's answers from one place."""
+
+    def done(f: Future[dict[str, np.ndarray[Any, Any]]]) -> None:
+        try:
+            outputs = f.result()
+        except CancelledError:
+            sink.send(None, InferenceError("the request was cancelled"), True)
+        except BaseException as exc:  # noqa: BLE001 - the request's own error, for the stream
+            sink.send(None, exc, True)
+        else:
+            if outputs:
+                sink.send(outputs, None, True)
+
+    future.add_done_callback(done)

@@ -24,18 +24,16 @@ import asyncio
 import dataclasses
 import threading
 from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import CancelledError, Future
-from typing import Any
 
 import grpc
 
 from frameserve._proto import grpc_service_pb2 as pb
-from frameserve.errors import FrameserveError, InferenceError
+from frameserve.errors import FrameserveError
 from frameserve.protocol._core import InferCore, RegionSource
-from frameserve.protocol._stream import LoopSink, StreamedResponse, ThreadSink
+from frameserve.protocol._stream import LoopSink, StreamedResponse, ThreadSink, route_answer
 from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_response
 from frameserve.protocol.grpc._infer import OFFLOAD_ELEMENTS, _costly, trim_after_request, version_used
-from frameserve.request import InferRequest, ResponseSink
+from frameserve.request import InferRequest
 from frameserve.security.limits import TensorLimits
 from frameserve.shm import SharedMemoryUse
 
@@ -48,25 +46,6 @@ EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
 """The request parameter that asks for an empty last response when the model sends FINAL alone."""
 
 _POLL_S = 0.1  # how often a stream waiting for its model looks whether its client is still there
-
-
-def _route(future: Future[dict[str, Any]], sink: ResponseSink) -> None:
-    """Write the request's own answer into its sink when its future completes: the outputs of a
-    model that is not decoupled (final), or the error that failed the request (final); a
-    decoupled model's ``{}`` writes nothing (its sender writes)."""
-
-    def done(f: Future[dict[str, Any]]) -> None:
-        try:
-            outputs = f.result()
-        except CancelledError:
-            sink.send(None, InferenceError("the request was cancelled"), True)
-        except BaseException as exc:  # noqa: BLE001 - the request's own error, for the stream
-            sink.send(None, exc, True)
-        else:
-            if outputs:
-                sink.send(outputs, None, True)
-
-    future.add_done_callback(done)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -114,7 +93,7 @@ def stream_answers(
         with working:
             call = dataclasses.replace(decode_infer_request(request, limits, shared_memory=shm), responses=sink)
             future = core.submit(call)
-        _route(future, sink)
+        route_answer(future, sink)
         version = version_used(core, call)
         empty_final = _wants_empty_final(call)
         while True:
@@ -151,7 +130,7 @@ async def stream_answers_async(
         else:
             call = decode_infer_request(request, limits, shared_memory=shm)
         call = dataclasses.replace(call, responses=sink)
-        _route(core.submit(call), sink)
+        route_answer(core.submit(call), sink)
         version = version_used(core, call)
         empty_final = _wants_empty_final(call)
         while True:
