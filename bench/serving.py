@@ -21,6 +21,9 @@ each against its goal, and under the table the profile line that explains every 
       (goal >= 1.0) (bench/_serving_ensembles.py).
   (e) add_sub at concurrency 16: serve --http-workers 2 / one process, throughput and CPU per
       inference, with the projection for a machine with cores to spare (bench/_serving_frontends.py).
+  (g) a decoupled Python model streaming 16 responses per request over gRPC ModelStreamInfer
+      (perf_analyzer --streaming), frameserve / Triton 2.51 responses/s (goal >= 1.0; not in the
+      default run; bench/_serving_decoupled.py).
 
 Every server measured is first checked for correct outputs (perf_analyzer reports a throughput for
 failing requests too), and checked again after its last measurement.
@@ -570,10 +573,11 @@ def part_c(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
 
 
 PARTS = {"a": "nudenet served vs in process", "b": "add_sub vs Triton", "c": "nudenet vs LitServe",
-         "d": "ensembles", "e": "front-end processes"}
+         "d": "ensembles", "e": "front-end processes", "g": "decoupled streaming vs Triton"}
 
 
 def main(argv: list[str] | None = None) -> int:
+    from _serving_decoupled import part_g
     from _serving_ensembles import part_d
     from _serving_frontends import part_e
 
@@ -596,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         work = Path(tmp)
-        for name, fn in (("a", part_a), ("b", part_b), ("c", part_c), ("d", part_d), ("e", part_e)):
+        for name, fn in (("a", part_a), ("b", part_b), ("c", part_c), ("d", part_d), ("e", part_e), ("g", part_g)):
             if name in parts:
                 fn(plan, work, rows, notes)
     print_table(plan, rows, notes, time.monotonic() - t0)
