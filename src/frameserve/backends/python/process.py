@@ -30,7 +30,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import secrets
 import signal
 import threading
 from collections.abc import Mapping, Sequence
@@ -42,6 +41,7 @@ import numpy as np
 
 from frameserve.backends.base import BackendContext
 from frameserve.backends.python import pb_utils
+from frameserve.backends.python._shm_tensors import Desc, open_block, pack_tensors, unlink_block, unpack_tensors
 from frameserve.backends.python.host import (
     BatchFailure,
     ModelHost,
@@ -53,97 +53,13 @@ from frameserve.backends.python.host import (
 from frameserve.errors import FrameserveError, InferenceError, ModelConfigError
 from frameserve.repository import ModelConfig
 from frameserve.request import InferRequest, RequestedOutput
-from frameserve.shm import OWN_SEGMENT_PREFIX
-from frameserve.types import DataType, TensorSpec, decode_bytes_elements, encode_bytes_elements
+from frameserve.types import TensorSpec
 
 __all__ = ["PythonProcessSession", "pack_tensors", "unpack_tensors"]
 
-_ALIGN = 64
 _START_TIMEOUT_S = 120.0
 _FINALIZE_TIMEOUT_S = 10.0
 
-Desc = tuple[str, str, str, tuple[int, ...], int, int]
-"""``(tensor name, "raw" | "bytes", dtype name, shape, offset, size_bytes)`` in a shared block."""
-
-
-# -- tensors through shared memory ---------------------------------------------------------
-
-
-def _dtype(name: str) -> np.dtype[Any]:
-    if name == "bfloat16":
-        return DataType.BF16.to_numpy()
-    return np.dtype(name)
-
-
-def pack_tensors(tensors: Mapping[str, np.ndarray[Any, Any]]) -> tuple[shared_memory.SharedMemory | None, list[Desc]]:
-    """Copy ``tensors`` into one new shared memory block.
-
-    Returns:
-        the block (``None`` when there are no tensors; the caller closes it) and one
-        descriptor per tensor.
-    """
-    if not tensors:
-        return None, []
-    parts: list[tuple[str, str, str, tuple[int, ...], np.ndarray[Any, Any]]] = []
-    for name, array in tensors.items():
-        array = np.asarray(array)
-        if array.dtype.kind in ("O", "S", "U"):
-            data = np.frombuffer(encode_bytes_elements(array), dtype=np.uint8)
-            parts.append((name, "bytes", "object", tuple(array.shape), data))
-        else:
-            parts.append((name, "raw", array.dtype.name, tuple(array.shape), np.ascontiguousarray(array)))
-    offsets, total = [], 0
-    for part in parts:
-        offsets.append(total)
-        total += -(-part[4].nbytes // _ALIGN) * _ALIGN
-    # frameserve's own prefix: clients may not register these as shared-memory regions
-    name = f"{OWN_SEGMENT_PREFIX}pb-{os.getpid()}-{secrets.token_hex(8)}"
-    shm = shared_memory.SharedMemory(name=name, create=True, size=max(total, 1))
-    descs: list[Desc] = []
-    for (name, kind, dtype, shape, data), offset in zip(parts, offsets, strict=True):
-        if data.nbytes:
-            dst = np.ndarray(data.shape, data.dtype, buffer=shm.buf, offset=offset)
-            dst[...] = data
-            del dst
-        descs.append((name, kind, dtype, shape, offset, int(data.nbytes)))
-    return shm, descs
-
-
-def unpack_tensors(shm: shared_memory.SharedMemory | None, descs: Sequence[Desc], *, copy: bool) -> dict[str, np.ndarray[Any, Any]]:
-    """The tensors ``descs`` describe in ``shm``: views into the block (``copy=False``; the
-    caller keeps the block open while they live) or arrays of their own. BYTES tensors are
-    always their own ``object`` arrays."""
-    out: dict[str, np.ndarray[Any, Any]] = {}
-    for name, kind, dtype, shape, offset, size in descs:
-        if kind == "bytes":
-            if shm is None or not size:
-                out[name] = decode_bytes_elements(b"", where=f"tensor {name!r}").reshape(shape)
-                continue
-            block = shm.buf
-            assert block is not None  # an open block has its buffer
-            with block[offset : offset + size] as raw:  # released before the block may close
-                out[name] = decode_bytes_elements(raw, where=f"tensor {name!r}").reshape(shape)
-            continue
-        dt = _dtype(dtype)
-        if size == 0 or shm is None:
-            out[name] = np.zeros(shape, dt)
-            continue
-        view = np.ndarray(shape, dt, buffer=shm.buf, offset=offset)
-        out[name] = view.copy() if copy else view
-    return out
-
-
-def _open(name: str) -> shared_memory.SharedMemory:
-    return shared_memory.SharedMemory(name=name)
-
-
-def _unlink(name: str) -> None:
-    try:
-        shm = shared_memory.SharedMemory(name=name)
-    except FileNotFoundError:
-        return
-    shm.close()
-    shm.unlink()
 
 
 def _has_array(obj: Any) -> bool:
@@ -208,7 +124,7 @@ def worker_main(conn: multiprocessing.connection.Connection, model_file: str, mo
                 if reply[0] == "bls_error":
                     raise _error_from(reply[1], reply[2])
                 _, name, out_descs = reply
-                block = _open(name) if name else None
+                block = open_block(name) if name else None
                 try:
                     return unpack_tensors(block, out_descs, copy=True)
                 finally:
@@ -257,7 +173,7 @@ def _execute(
     output_names: Sequence[str],
     leaked: list[shared_memory.SharedMemory],
 ) -> tuple[Any, ...]:
-    block = _open(block_name) if block_name else None
+    block = open_block(block_name) if block_name else None
     try:
         reqs = [
             InferRequest(
@@ -450,7 +366,7 @@ class PythonProcessSession:
 
     def _release(self) -> None:
         for name in self._pending_unlink:
-            _unlink(name)
+            unlink_block(name)
         self._pending_unlink.clear()
 
     def _recv(self, timeout_s: float | None = None) -> tuple[Any, ...]:
@@ -491,7 +407,7 @@ class PythonProcessSession:
         assert self._chan is not None
         _, (model, version, outputs, parameters, request_id), block_name, descs = msg
         self._stats["bls_calls"] += 1
-        block = _open(block_name) if block_name else None
+        block = open_block(block_name) if block_name else None
         try:
             inputs = unpack_tensors(block, descs, copy=True)
             self._stats["shm_bytes"] += sum(d[5] for d in descs)
@@ -582,7 +498,7 @@ class PythonProcessSession:
         if reply[0] == "batch_error":
             raise InferenceError(f"model {self._name!r}: {reply[1]}")
         _, out_name, out_descs, results = reply
-        out_block = _open(out_name) if out_name else None
+        out_block = open_block(out_name) if out_name else None
         try:
             arrays = unpack_tensors(out_block, out_descs, copy=True)
             self._stats["shm_bytes"] += sum(d[5] for d in out_descs)
