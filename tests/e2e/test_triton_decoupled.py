@@ -5,8 +5,9 @@ Both servers get one repository written here: ``repeat_int32`` in the form of Tr
 repeat example (python_backend examples/decoupled: inputs IN, DELAY, WAIT; outputs OUT, IDX; one
 response per element of IN, the i-th after DELAY[i] ms, ``execute`` returning after WAIT ms;
 here a negative IN element is answered with an error response), ``zero`` (a decoupled model that
-ends every request with FINAL and no response) and ``echo`` (a plain model with Triton's
-generate-style ``text_input``/``text_output``). Every answer is checked against what the models
+ends every request with FINAL and no response), ``echo`` (a plain model with Triton's
+generate-style ``text_input``/``text_output``) and ``repeat_process`` (``repeat_int32`` in a worker
+process on frameserve, ``parameters.isolation: process``; Triton ignores the parameter). Every answer is checked against what the models
 compute, and the peer's against frameserve's: responses per request, the
 ``triton_final_response`` parameter, the empty final response, error texts and classes of unary
 calls, and the bytes of ``generate``/``generate_stream`` answers. The peer is skipped only when
@@ -146,8 +147,10 @@ class TritonPythonModel:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("decoupled_repo")
+    process = REPEAT_CONFIG.replace('"repeat_int32"', '"repeat_process"') + \
+        'parameters { key: "isolation" value: { string_value: "process" } }\n'  # frameserve's; Triton ignores it
     for name, config, source in (("repeat_int32", REPEAT_CONFIG, REPEAT), ("zero", ZERO_CONFIG, ZERO),
-                                 ("echo", ECHO_CONFIG, ECHO)):
+                                 ("echo", ECHO_CONFIG, ECHO), ("repeat_process", process, REPEAT)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config)
         (root / name / "1" / "model.py").write_text(source)
@@ -215,7 +218,8 @@ def test_repeat_streams_one_response_per_element_as_triton(frameserve: ServeProc
     requests = [("repeat_int32", "a", _repeat_inputs([4, 5, 6], [5, 5, 5], 1)),
                 ("repeat_int32", "b", _repeat_inputs([7, -8, 9, 10], [1, 2, 1, 0], 2)),
                 ("zero", "c", [_int32("IN", [1, 2])]),
-                ("repeat_int32", "d", _repeat_inputs([], [], 0))]
+                ("repeat_int32", "d", _repeat_inputs([], [], 0)),
+                ("repeat_process", "e", _repeat_inputs([11, 12], [2, 0], 1))]
     want = {
         "a": [({"OUT": [4], "IDX": [0]}, False, "1"), ({"OUT": [5], "IDX": [1]}, False, "1"),
               ({"OUT": [6], "IDX": [2]}, False, "1"), ({}, True, "")],
@@ -223,6 +227,7 @@ def test_repeat_streams_one_response_per_element_as_triton(frameserve: ServeProc
               ({"OUT": [10], "IDX": [3]}, False, "1"), ({}, True, "")],
         "c": [({}, True, "")],
         "d": [({}, True, "")],
+        "e": [({"OUT": [11], "IDX": [0]}, False, "1"), ({"OUT": [12], "IDX": [1]}, False, "1"), ({}, True, "")],
     }
     for server, ports in _servers(frameserve, triton):
         assert _stream(ports, requests) == (want, ["negative value -8 at 1"]), server

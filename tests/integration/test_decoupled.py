@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import pytest
 
 from frameserve import _sse
 from frameserve._proto import grpc_service_pb2 as pb
-from frameserve.errors import DecoupledModelError, InferenceError, ModelConfigError
+from frameserve.errors import DecoupledModelError, InferenceError
 from frameserve.protocol._stream import StreamedResponse, ThreadSink
 from frameserve.protocol.grpc import GrpcInferenceServicer
 from frameserve.protocol.http import create_app
@@ -113,10 +115,30 @@ def test_requested_outputs_only(service: InferenceService) -> None:
     assert first.outputs is not None and list(first.outputs) == ["TEXT"]
 
 
-def test_process_isolation_is_refused_at_load(tmp_path: Path) -> None:
+def test_process_isolation_streams_from_the_worker_and_survives_its_death(tmp_path: Path) -> None:
     with InferenceService(ModelRepository(_repo(tmp_path, isolation="process"))) as svc:
-        with pytest.raises(ModelConfigError, match="decoupled model runs with parameters.isolation in_process"):
-            svc.load("count")
+        svc.load("count")
+        sinks = [ThreadSink() for _ in range(3)]
+        for n, sink in zip((3, 0, -1), sinks, strict=True):
+            future = svc.submit(InferRequest("count", _n(n), responses=sink))
+            if n >= 0:
+                assert future.result(60) == {}
+        got = [_drain(s) for s in sinks]
+        assert [(r.outputs["OUT"].tolist() if r.outputs else None, r.outputs["TEXT"].tolist() if r.outputs else None,
+                 r.final) for r in got[0]] == [([0], [b""], False), ([1], [b"x"], False), ([2], [b"xx"], False),
+                                               (None, None, True)]
+        assert [(r.outputs, r.final) for r in got[1]] == [(None, True)]
+        assert got[2][-1].final and "negative count" in str(got[2][-1].error)
+        session = svc.session_info("count")
+        assert session["isolation"] == "process"
+        os.kill(session["pid"], signal.SIGKILL)  # the next request starts a new worker
+        sink = ThreadSink()
+        with pytest.raises(InferenceError):  # the request that finds the worker dead fails, as for any model
+            svc.submit(InferRequest("count", _n(1), responses=sink)).result(60)
+        assert _drain(sink)[-1].final
+        sink = ThreadSink()
+        svc.submit(InferRequest("count", _n(2), responses=sink)).result(60)
+        assert [r.final for r in _drain(sink)] == [False, False, True]
 
 
 def _post(app: Any, path: str, body: bytes) -> httpx.Response:

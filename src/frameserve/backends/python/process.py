@@ -30,7 +30,9 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import queue
 import signal
+import socket
 import threading
 from collections.abc import Mapping, Sequence
 from multiprocessing import shared_memory
@@ -41,6 +43,7 @@ import numpy as np
 
 from frameserve.backends.base import BackendContext
 from frameserve.backends.python import pb_utils
+from frameserve.backends.python._process_stream import DIED, ResponsePump, StreamTable, worker_emit
 from frameserve.backends.python._shm_tensors import Desc, open_block, pack_tensors, unlink_block, unpack_tensors
 from frameserve.backends.python.host import (
     BatchFailure,
@@ -49,6 +52,7 @@ from frameserve.backends.python.host import (
     complete_python_config,
     finish_results,
     initialize_args,
+    stream_emit,
 )
 from frameserve.errors import FrameserveError, InferenceError, ModelConfigError
 from frameserve.repository import ModelConfig
@@ -77,6 +81,7 @@ class _Channel:
 
     def __init__(self, conn: multiprocessing.connection.Connection) -> None:
         self.conn = conn
+        self._send_lock = threading.Lock()  # a decoupled model's threads send responses too
         self.messages = 0
         self.pickled_bytes = 0
         self.largest_message_bytes = 0
@@ -85,10 +90,11 @@ class _Channel:
         if _has_array(msg):
             raise InferenceError("internal: a numpy array was about to cross the pipe; tensors go through shared memory")
         data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        self.messages += 1
-        self.pickled_bytes += len(data)
-        self.largest_message_bytes = max(self.largest_message_bytes, len(data))
-        self.conn.send_bytes(data)
+        with self._send_lock:
+            self.messages += 1
+            self.pickled_bytes += len(data)
+            self.largest_message_bytes = max(self.largest_message_bytes, len(data))
+            self.conn.send_bytes(data)
 
     def recv(self) -> tuple[Any, ...]:
         data = self.conn.recv_bytes()
@@ -153,7 +159,7 @@ def worker_main(conn: multiprocessing.connection.Connection, model_file: str, mo
                 host.initialize(msg[1])
                 chan.send(("ok", None))
             elif op == "execute":
-                chan.send(_execute(host, msg[1], msg[2], msg[3], leaked))
+                chan.send(_execute(host, msg[1], msg[2], msg[3], leaked, msg[4], chan))
             elif op == "finalize":
                 host.finalize()
                 chan.send(("ok", None))
@@ -172,21 +178,25 @@ def _execute(
     requests: Sequence[tuple[list[Desc], tuple[str, ...] | None, dict[str, Any], str]],
     output_names: Sequence[str],
     leaked: list[shared_memory.SharedMemory],
+    tokens: Sequence[int] | None = None,
+    chan: _Channel | None = None,
 ) -> tuple[Any, ...]:
     block = open_block(block_name) if block_name else None
     try:
         reqs = [
             InferRequest(
                 model_name=host.model_name,
-                inputs=unpack_tensors(block, descs, copy=False),
+                # a decoupled model may keep its inputs past execute (its threads answer later)
+                inputs=unpack_tensors(block, descs, copy=tokens is not None),
                 outputs=tuple(RequestedOutput(n) for n in outputs or ()),
                 parameters=params,
                 id=rid,
             )
             for descs, outputs, params, rid in requests
         ]
+        emits = None if tokens is None else [worker_emit(chan, t) for t in tokens]
         try:
-            raw = host.execute(reqs, output_names)
+            raw = host.execute(reqs, output_names, emits)
         except BatchFailure as exc:
             return ("batch_error", str(exc))
         finally:
@@ -241,6 +251,21 @@ class _WorkerDied(Exception):
     pass
 
 
+def _shutdown(conn: multiprocessing.connection.Connection) -> None:
+    """End both directions of the pipe's socket now (the worker reads EOF, a thread waiting on
+    it wakes), before the descriptor is closed."""
+    try:
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
 class PythonProcessSession:
     """A ``TritonPythonModel`` run in a worker process of its own (see the module docstring
     and :class:`frameserve.backends.Session`); same interface as
@@ -266,23 +291,22 @@ class PythonProcessSession:
         self._proc: Any = None
         self._chan: _Channel | None = None
         self._pending_unlink: list[str] = []
+        self._pump: ResponsePump | None = None  # a decoupled model's reader of the pipe
+        self._streams = StreamTable()
+        self.config: ModelConfig = config  # completed from the model below
         self._closed = False
         self.restarts = 0
         self._stats = {"messages": 0, "pickled_bytes": 0, "largest_message_bytes": 0, "shm_bytes": 0, "bls_calls": 0}
         self._start()
         try:
             reply = self._call(("auto_complete", config.to_dict()))
-            self.config: ModelConfig = complete_python_config(config, reply[1])
-            if self.config.decoupled:
-                raise ModelConfigError(
-                    f"model {self._name!r}: a decoupled model runs with parameters.isolation in_process "
-                    "(process isolation does not carry a response sender's responses yet)"
-                )
+            self.config = complete_python_config(config, reply[1])
             self.inputs: tuple[TensorSpec, ...] = self.config.inputs
             self.outputs: tuple[TensorSpec, ...] = self.config.outputs
             self.max_batch_size: int = int(self.config.max_batch_size or 0)
             self._args = initialize_args(self.config, self._model_file, context)
             self._call(("initialize", self._args))
+            self._start_pump()
         except _WorkerDied as exc:
             raise ModelConfigError(f"model {self._name!r}: the worker process died while loading: {exc}") from None
         except BaseException:
@@ -339,9 +363,21 @@ class PythonProcessSession:
             self._stop()
             raise ModelConfigError(reply[2] if reply[0] == "error" else f"model {self._name!r}: bad worker reply {reply[0]!r}")
 
+    def _start_pump(self) -> None:
+        """A decoupled model: from now on one thread reads the pipe (responses come any time)."""
+        if self.config.decoupled and self._chan is not None and self._proc is not None:
+            self._pump = ResponsePump(self._chan, self._proc.sentinel, self._streams,
+                                      f"fs-python-{self._name}-responses", self._count_bytes)
+
+    def _count_bytes(self, n: int) -> None:
+        self._stats["shm_bytes"] += n
+
     def _stop(self) -> None:
-        proc, chan = self._proc, self._chan
-        self._proc = self._chan = None
+        proc, chan, pump = self._proc, self._chan, self._pump
+        self._proc = self._chan = self._pump = None
+        if pump is not None and chan is not None:
+            _shutdown(chan.conn)  # the worker and the pump both see the end of the pipe
+            pump.join()
         if chan is not None:
             for key in ("messages", "pickled_bytes"):
                 self._stats[key] += getattr(chan, key)
@@ -360,6 +396,7 @@ class PythonProcessSession:
         self.restarts += 1
         self._start()
         self._call(("initialize", self._args))
+        self._start_pump()
         self.info["pid"] = self.pid
 
     # -- messages
@@ -371,6 +408,15 @@ class PythonProcessSession:
 
     def _recv(self, timeout_s: float | None = None) -> tuple[Any, ...]:
         assert self._chan is not None and self._proc is not None
+        if self._pump is not None:  # a decoupled model's pump reads the pipe
+            try:
+                msg = self._pump.inbox.get(timeout=timeout_s)
+            except queue.Empty:
+                raise _WorkerDied(f"no answer within {timeout_s} s") from None
+            if msg is not DIED:
+                return msg
+            self._proc.join(timeout=1.0)
+            raise _WorkerDied(f"worker process {self._proc.pid} exited with code {self._proc.exitcode}")
         ready = multiprocessing.connection.wait([self._chan.conn, self._proc.sentinel], timeout=timeout_s)
         if not ready:
             raise _WorkerDied(f"no answer within {timeout_s} s")
@@ -488,15 +534,22 @@ class PythonProcessSession:
             if block is not None:
                 block.close()
                 self._pending_unlink.append(block.name)
+            decoupled = self.config.decoupled
+            tokens = [self._streams.open(stream_emit(self.config, r)) for r in reqs] if decoupled else None
             try:
-                reply = self._call(("execute", block.name if block else None, payload, [s.name for s in self.outputs]))
+                reply = self._call(("execute", block.name if block else None, payload, [s.name for s in self.outputs],
+                                    tokens))
             except _WorkerDied as exc:
+                if tokens:
+                    self._streams.drop(tokens)  # the pump ended those that reached the worker
                 raise InferenceError(
                     f"model {self._name!r}: the Python model's worker process died while executing "
                     f"({exc}); the next request restarts it"
                 ) from None
-        if reply[0] == "batch_error":
+        if reply[0] == "batch_error":  # a decoupled model's open requests were ended with it
             raise InferenceError(f"model {self._name!r}: {reply[1]}")
+        if decoupled:  # the responses come through the pump
+            return [{} for _ in reqs]
         _, out_name, out_descs, results = reply
         out_block = open_block(out_name) if out_name else None
         try:
