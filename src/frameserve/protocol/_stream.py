@@ -4,7 +4,7 @@ read its responses from as the model sends them.
 
 Both are bounded (:data:`MAX_PENDING` responses not yet read): a model that sends faster than
 its client reads waits in ``send`` (Python models send from their own threads), except on the
-consumer's own event loop thread, which must never wait for itself. Once the consumer is gone
+consumer's own thread (a fast model's batch may run there), which must never wait for itself. Once the consumer is gone
 (:meth:`close`), sends are dropped at once.
 """
 
@@ -86,7 +86,8 @@ class _Bounded:
 
 
 class ThreadSink(_Bounded):
-    """A sink read by a thread (the gRPC server's pool thread of a stream).
+    """A sink read by one thread (the gRPC server's pool thread of a stream), the one that makes
+    it.
 
     Args:
         capacity: unread responses at most before ``send`` waits (default :data:`MAX_PENDING`).
@@ -96,10 +97,12 @@ class ThreadSink(_Bounded):
         super().__init__(capacity)
         self._items: collections.deque[StreamedResponse] = collections.deque()
         self._ready = threading.Condition(threading.Lock())
+        self._reader = threading.get_ident()
 
     def send(self, outputs: Outputs | None, error: BaseException | None, final: bool) -> None:
-        """:meth:`frameserve.request.ResponseSink.send` (waits while :data:`MAX_PENDING` are unread)."""
-        if not self._admit(final, may_wait=True):
+        """:meth:`frameserve.request.ResponseSink.send` (waits while :data:`MAX_PENDING` are
+        unread, except on the reading thread itself: a model run there must not wait for it)."""
+        if not self._admit(final, may_wait=threading.get_ident() != self._reader):
             return
         with self._ready:
             self._items.append(StreamedResponse(outputs, error, final))

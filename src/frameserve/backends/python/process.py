@@ -12,6 +12,10 @@ and run there through ``BackendContext.infer``.
 Shared memory ownership: the server unlinks every block, its own and the worker's, once both
 sides are done with it, so a worker that dies leaks nothing past the server's next message.
 
+A decoupled model's responses cross the same pipe whenever its sender sends them (from
+``execute`` or a thread of the model after it); once such a model is loaded one thread of the
+server reads the pipe (:mod:`~frameserve.backends.python._process_stream`).
+
 A worker that dies (crash, ``os._exit``, killed) fails the requests it was running with
 :class:`~frameserve.errors.InferenceError`; the next request starts a fresh worker and runs
 ``initialize`` again (the session is not marked failed). If the restart itself fails, that
