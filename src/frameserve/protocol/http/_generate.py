@@ -218,18 +218,20 @@ def generate_routes(
         try:
             call, sink, version = await start(request)
             try:
-                answers: list[StreamedResponse] = []
+                first: StreamedResponse | None = None
+                count = 0  # only the first response is kept: a long stream costs no memory here
                 while True:
                     item = await sink.get()
                     if item.outputs is not None or item.error is not None:
-                        answers.append(item)
+                        count += 1
+                        first = first or item
                     if item.final:
                         break
             finally:
                 sink.close()
-            if len(answers) != 1:
+            if count != 1 or first is None:
                 return Response(codec.error_body(NOT_ONE_RESPONSE), 200, media_type=_JSON)
-            (only,) = answers
+            only = first
             if isinstance(only.error, FrameserveError):
                 return _error(only.error)
             status = 500 if only.error is not None else 200
