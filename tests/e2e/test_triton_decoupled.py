@@ -144,13 +144,56 @@ class TritonPythonModel:
 '''
 
 
+GATE_CONFIG = '''name: "gate"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: True }
+input [ { name: "KEY" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+'''
+
+# KEY 0 answers once, then waits (in a thread of its own) until a KEY 1 request came, then answers
+# again and ends: its responses can only complete when the stream's later request runs meanwhile.
+GATE = '''
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.released = threading.Event()
+
+    def execute(self, requests):
+        for request in requests:
+            key = int(pb_utils.get_input_tensor_by_name(request, "KEY").as_numpy()[0])
+            sender = request.get_response_sender()
+            if key == 1:
+                self.released.set()
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([100], np.int32))]),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([0], np.int32))]))
+            threading.Thread(target=self.later, args=(sender,), daemon=True).start()
+        return None
+
+    def later(self, sender):
+        self.released.wait(60)
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1], np.int32))]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("decoupled_repo")
     process = REPEAT_CONFIG.replace('"repeat_int32"', '"repeat_process"') + \
         'parameters { key: "isolation" value: { string_value: "process" } }\n'  # frameserve's; Triton ignores it
     for name, config, source in (("repeat_int32", REPEAT_CONFIG, REPEAT), ("zero", ZERO_CONFIG, ZERO),
-                                 ("echo", ECHO_CONFIG, ECHO), ("repeat_process", process, REPEAT)):
+                                 ("echo", ECHO_CONFIG, ECHO), ("repeat_process", process, REPEAT),
+                                 ("gate", GATE_CONFIG, GATE)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config)
         (root / name / "1" / "model.py").write_text(source)
@@ -233,6 +276,29 @@ def test_repeat_streams_one_response_per_element_as_triton(frameserve: ServeProc
         assert _stream(ports, requests) == (want, ["negative value -8 at 1"]), server
 
 
+def test_a_streams_requests_run_at_once_and_their_responses_interleave(frameserve: ServeProcess,
+                                                                        triton: TritonPeer | None) -> None:
+    for server, ports in _servers(frameserve, triton):
+        answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports['gRPC']}")
+        client.start_stream(callback=lambda result, error, q=answers: q.put((result, error)))
+        try:
+            client.async_stream_infer("gate", [_int32("KEY", [0])], request_id="waits")
+            client.async_stream_infer("gate", [_int32("KEY", [1])], request_id="releases")
+            got = []
+            for _ in range(3):
+                result, error = answers.get(timeout=60)
+                assert error is None, (server, error)
+                response = result.get_response()
+                got.append((response.id, result.as_numpy("OUT").tolist(),
+                            response.parameters["triton_final_response"].bool_param))
+        finally:
+            client.stop_stream()
+        # "waits" can end only after "releases" ran: the second request did not wait for the first
+        assert got[0] == ("waits", [0], False), server
+        assert sorted(got[1:]) == [("releases", [100], True), ("waits", [1], True)], server
+
+
 def test_without_empty_final_responses_only_the_models_own_come(frameserve: ServeProcess, triton: TritonPeer | None) -> None:
     for server, ports in _servers(frameserve, triton):
         answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
@@ -241,7 +307,7 @@ def test_without_empty_final_responses_only_the_models_own_come(frameserve: Serv
         try:
             client.async_stream_infer("repeat_int32", _repeat_inputs([3, 2], [0, 0], 0), request_id="a")
             got = [answers.get(timeout=30) for _ in range(2)]
-            # the stream answers requests in order: once "z" ends, nothing more comes for "a"
+            # "a" sends no empty final response (not asked for): after "z" ended nothing more came
             client.async_stream_infer("zero", [_int32("IN", [1])], request_id="z", enable_empty_final_response=True)
             last = answers.get(timeout=30)
         finally:
