@@ -56,11 +56,47 @@ output: [{name: OUT, data_type: TYPE_INT32, dims: [1]}, {name: TEXT, data_type: 
 '''
 
 
+CALLER = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            n = pb_utils.get_input_tensor_by_name(request, "N")
+            call = pb_utils.InferenceRequest(model_name="count", inputs=[n], requested_output_names=["OUT"])
+            seen = []
+            for response in call.exec(decoupled=True):
+                if response.has_error():
+                    seen.append(-1)
+                elif response.output_tensors():
+                    seen.append(int(pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy()[0]))
+                else:
+                    seen.append(-2)  # the empty last response
+            unary = call.exec()
+            text = unary.error().message() if unary.has_error() else "no error"
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", np.array(seen, np.int32)),
+                                                   pb_utils.Tensor("UNARY", np.array([text.encode()], dtype=object))]))
+        return out
+'''
+
+CALLER_CONFIG = '''backend: python
+max_batch_size: 0
+input: [{name: N, data_type: TYPE_INT32, dims: [1]}]
+output: [{name: SEEN, data_type: TYPE_INT32, dims: [-1]}, {name: UNARY, data_type: TYPE_STRING, dims: [1]}]
+'''
+
+
 def _repo(root: Path, *, isolation: str | None = None) -> Path:
     (root / "count" / "1").mkdir(parents=True)
     extra = f"parameters: {{isolation: {isolation}}}\n" if isolation else ""
     (root / "count" / "config.yaml").write_text(CONFIG + extra)
     (root / "count" / "1" / "model.py").write_text(COUNT)
+    (root / "caller" / "1").mkdir(parents=True)
+    (root / "caller" / "config.yaml").write_text(CALLER_CONFIG)
+    (root / "caller" / "1" / "model.py").write_text(CALLER)
     return root
 
 
@@ -204,3 +240,11 @@ def test_the_aio_servicer_streams_every_response(service: InferenceService) -> N
                for r in got]
     assert summary == [("a", 2, False), ("a", 2, False), ("a", 0, True), ("b", 0, True)]
     assert np.frombuffer(got[1].infer_response.raw_output_contents[0], "<i4").tolist() == [1]
+
+
+def test_bls_calls_a_decoupled_model_and_reads_its_responses(service: InferenceService) -> None:
+    service.load("caller")
+    out = service.infer("caller", _n(3))
+    assert out["SEEN"].tolist() == [0, 1, 2, -2]  # three responses, then Triton's empty last one
+    assert b"is decoupled: call it with exec(decoupled=True)" in out["UNARY"][0]
+    assert service.infer("caller", _n(-1))["SEEN"].tolist() == [-1]  # the called model failed: one error

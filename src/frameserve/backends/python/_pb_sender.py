@@ -33,7 +33,7 @@ from frameserve.backends.python._pb_tensor import TritonError, TritonModelExcept
 if TYPE_CHECKING:
     from frameserve.backends.python.pb_utils import InferenceResponse
 
-__all__ = ["TRITONSERVER_RESPONSE_COMPLETE_FINAL", "Emit", "InferenceResponseSender", "ResponseStream"]
+__all__ = ["TRITONSERVER_RESPONSE_COMPLETE_FINAL", "BlsResponses", "Emit", "InferenceResponseSender", "ResponseStream"]
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 """The flag that ends a request's responses (``tritonserver.h``)."""
@@ -168,3 +168,62 @@ class InferenceResponseSender:
 
     def __repr__(self) -> str:
         return f"InferenceResponseSender(sent={self._stream.sent}, closed={self._stream.closed})"
+
+
+class BlsResponses:
+    """What ``InferenceRequest.exec(decoupled=True)`` returns: the called model's responses, as
+    they come, in order (a decoupled model's response sink while it answers; the one answer of
+    any other model). Iterating blocks until the next response; a FINAL without a response is
+    Triton's empty last response (no output tensors). :meth:`cancel` drops what is still to
+    come. Bounded: a model that answers faster than the caller reads waits in ``send``, except
+    on the caller's own thread (the called model may run there).
+
+    Args:
+        convert: ``(outputs, error) -> InferenceResponse``.
+        capacity: responses held unread at most.
+    """
+
+    def __init__(self, convert: Callable[[dict[str, np.ndarray[Any, Any]] | None, BaseException | None], Any],
+                 capacity: int = 1024) -> None:
+        self._convert = convert
+        self._capacity = capacity
+        self._cond = threading.Condition()
+        self._items: list[tuple[Any, BaseException | None, bool]] = []
+        self._ended = False
+        self._done = False
+        self._cancelled = False
+        self._reader = threading.get_ident()
+
+    def send(self, outputs: Any, error: BaseException | None, final: bool) -> None:
+        """:class:`frameserve.request.ResponseSink`'s ``send`` (later calls after the end are dropped)."""
+        with self._cond:
+            if self._ended or self._cancelled:
+                return
+            if threading.get_ident() != self._reader:
+                while len(self._items) >= self._capacity and not self._cancelled:
+                    self._cond.wait()
+            self._ended = final
+            self._items.append((outputs, error, final))
+            self._cond.notify_all()
+
+    def __iter__(self) -> BlsResponses:
+        return self
+
+    def __next__(self) -> Any:
+        with self._cond:
+            if self._done or self._cancelled:
+                raise StopIteration
+            self._cond.wait_for(lambda: bool(self._items) or self._cancelled)
+            if self._cancelled:
+                raise StopIteration
+            outputs, error, final = self._items.pop(0)
+            self._done = final
+            self._cond.notify_all()
+        return self._convert(outputs, error)
+
+    def cancel(self) -> None:
+        """Stop: no more responses are read or kept."""
+        with self._cond:
+            self._cancelled = True
+            self._items.clear()
+            self._cond.notify_all()

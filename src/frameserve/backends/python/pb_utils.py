@@ -32,9 +32,11 @@ The tensor type, the errors and the type helpers live in
 :mod:`~frameserve.backends.python._pb_sender`; this module re-exports them (one module for
 models to import, as Triton's).
 
-Not offered: request rescheduling, the model loading API (``load_model``...), custom metrics,
-BLS calls to decoupled models (one response comes back); calling them raises
-:class:`TritonModelException` that says so.
+BLS calls to a decoupled model (``exec(decoupled=True)``, an iterator of its responses) run
+in the server's process (``isolation: in_process``); from a worker process they answer an error.
+
+Not offered: request rescheduling, the model loading API (``load_model``...), custom metrics;
+calling them raises :class:`TritonModelException` that says so.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import asyncio
 import contextlib
 import contextvars
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -54,6 +57,7 @@ import numpy as np
 
 from frameserve.backends.python._pb_sender import (
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    BlsResponses,
     InferenceResponseSender,
 )
 from frameserve.backends.python._pb_sender import (
@@ -79,6 +83,7 @@ from frameserve.backends.python._pb_tensor import (
 from frameserve.backends.python._pb_tensor import (
     to_frameserve_error as to_frameserve_error,
 )
+from frameserve.errors import DecoupledModelError
 from frameserve.request import InferRequest, RequestedOutput
 
 __all__ = [
@@ -308,10 +313,14 @@ class InferenceRequest:
         response whose :meth:`InferenceResponse.error` is set, as in Triton.
 
         Returns:
-            an :class:`InferenceResponse` (with ``decoupled=True``, an iterator over it).
+            an :class:`InferenceResponse`; with ``decoupled=True`` an iterator over the called
+            model's responses as they come (a decoupled model's zero or more, then an empty
+            last one when it ends without a response; any other model's one), with ``cancel()``.
+            A decoupled model called without ``decoupled=True`` answers with an error.
         """
-        response = self._run(_INFER.get())
-        return iter([response]) if decoupled else response
+        if decoupled:
+            return self._exec_stream(_INFER.get())
+        return self._run(_INFER.get())
 
     def async_exec(self, decoupled: bool = False) -> Awaitable[Any]:
         """Like :meth:`exec`, as an awaitable for ``async def execute`` (runs in the event
@@ -320,10 +329,23 @@ class InferenceRequest:
 
         async def run() -> Any:
             loop = asyncio.get_running_loop()
-            response = await loop.run_in_executor(None, functools.partial(self._run, infer))
-            return iter([response]) if decoupled else response
+            return await loop.run_in_executor(None, functools.partial(self._exec_stream if decoupled else self._run, infer))
 
         return run()
+
+    def _exec_stream(self, infer: Infer | None) -> BlsResponses:
+        responses = BlsResponses(functools.partial(_bls_response, model=self._request.model_name))
+        if infer is None or not self._request.model_name:
+            responses.send(None, self._run(infer).error(), True)  # type: ignore[arg-type]
+            return responses
+        try:
+            result = infer(dataclasses.replace(self._request, responses=responses))
+        except Exception as exc:
+            responses.send(None, exc, True)
+        else:
+            if result:  # a model that is not decoupled: its one answer
+                responses.send(result, None, True)
+        return responses
 
     def _run(self, infer: Infer | None) -> InferenceResponse:
         if infer is None:
@@ -338,13 +360,30 @@ class InferenceRequest:
         try:
             result = infer(self._request)
         except Exception as exc:
-            return InferenceResponse(error=from_exception(exc))
+            return InferenceResponse(error=_bls_error(exc, self._request.model_name))
         return InferenceResponse([Tensor(n, a) for n, a in result.items()])
 
     def __repr__(self) -> str:
         name = self._request.model_name
         target = f"model_name={name!r}, " if name else ""
         return f"InferenceRequest({target}inputs={self._inputs!r}, requested_output_names={self._outputs!r})"
+
+
+def _bls_error(exc: BaseException, model: str) -> TritonError:
+    if isinstance(exc, DecoupledModelError):
+        return TritonError(f"model {model!r} is decoupled: call it with exec(decoupled=True) (BLS calls to a "
+                           "decoupled model run with parameters.isolation in_process)", TritonError.UNSUPPORTED)
+    if isinstance(exc, TritonError):
+        return exc
+    return from_exception(exc)
+
+
+def _bls_response(outputs: dict[str, np.ndarray[Any, Any]] | None, error: BaseException | TritonError | None,
+                  model: str = "") -> InferenceResponse:
+    """One response of :class:`BlsResponses` (an end without a response: an empty one)."""
+    if error is not None:
+        return InferenceResponse(error=_bls_error(error, model))  # type: ignore[arg-type]
+    return InferenceResponse([Tensor(n, a) for n, a in (outputs or {}).items()])
 
 
 def wrap_request(
