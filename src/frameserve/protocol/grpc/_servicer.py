@@ -218,9 +218,10 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Answers each streamed request in turn with one message: its result, or its error in
-        ``error_message`` (the stream stays open, as Triton's does). A tenant at its ``streams``
-        quota gets ``RESOURCE_EXHAUSTED``."""
+        """Answers each streamed request in turn with every response of its model (one; a
+        decoupled model's zero or more, see :mod:`~frameserve.protocol.grpc._stream`), or its
+        error in ``error_message`` (the stream stays open, as Triton's does). A tenant at its
+        ``streams`` quota gets ``RESOURCE_EXHAUSTED``."""
         with contextlib.ExitStack() as held:
             try:
                 held.enter_context(self.streaming(self.tenant_of(context)))
