@@ -70,7 +70,7 @@ class ResponseStream:
         self._state = [False]  # closed; shared with the finalizer, which must not hold self
         self.sent = 0
         self._sender: InferenceResponseSender | None = None
-        weakref.finalize(self, _end, emit, self._state)
+        weakref.finalize(self, _end, emit, self._state).atexit = False  # not while the interpreter exits
 
     @property
     def closed(self) -> bool:
