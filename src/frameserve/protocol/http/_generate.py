@@ -18,7 +18,8 @@ charset=utf-8``, each response one ``data: {json}`` event, a response error ``da
 error with its status, on both routes.
 
 The body is read under the server's body limit and the tensor limits' JSON limit; decoding a
-large one (over 1 MiB) and encoding large outputs run off the event loop.
+large one (over 1 MiB, or more than 16,384 values) and encoding large or BYTES outputs run off
+the event loop.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ NOT_ONE_RESPONSE = (
 """Triton's answer (status 200) to ``generate`` for a model that sent no response or several."""
 
 _OFFLOAD_BYTES = 1 << 20
+_OFFLOAD_VALUES = 1 << 14  # JSON with more values than this (each a Python object) is decoded off the loop
 _JSON = "application/json"
 _INTS = {DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64,
          DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64}
@@ -201,7 +203,8 @@ def generate_routes(
                 raise InvalidInputError(f"malformed JSON in the generate request: {exc}") from None
             return generate_request(config, name, version, doc, limits)
 
-        call = await asyncio.to_thread(decode) if len(body) > _OFFLOAD_BYTES else decode()
+        costly = len(body) > _OFFLOAD_BYTES or body.count(b",") > _OFFLOAD_VALUES  # as the infer route judges
+        call = await asyncio.to_thread(decode) if costly else decode()
         sink = LoopSink()
         call = dataclasses.replace(call, responses=sink)
         try:
