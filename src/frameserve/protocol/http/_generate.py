@@ -164,9 +164,20 @@ async def _encode(name: str, version: str, item: StreamedResponse) -> bytes:
         message = item.error.message if isinstance(item.error, FrameserveError) else f"{type(item.error).__name__}: {item.error}"
         return codec.error_body(message)
     outputs = item.outputs or {}
-    if sum(a.nbytes for a in outputs.values()) > _OFFLOAD_BYTES or any(a.dtype == object for a in outputs.values()):
+    if _costly(outputs):
         return await asyncio.to_thread(response_json, name, version, outputs)
     return response_json(name, version, outputs)
+
+
+def _costly(outputs: Mapping[str, np.ndarray[Any, Any]]) -> bool:
+    """Whether writing ``outputs`` as JSON may stall the event loop: more than 16,384 values, or
+    more than 1 MiB of data (BYTES elements counted by their length)."""
+    if sum(a.size for a in outputs.values()) > _OFFLOAD_VALUES:
+        return True
+    size = 0
+    for a in outputs.values():
+        size += sum(len(v) for v in a.flat if isinstance(v, (bytes, str))) if a.dtype == object else a.nbytes
+    return size > _OFFLOAD_BYTES
 
 
 def _error(exc: FrameserveError) -> Response:
