@@ -174,18 +174,6 @@ def import_model_module(model_file: Path, model_name: str) -> ModuleType:
 _Sent = tuple[dict[str, np.ndarray[Any, Any]] | None, pb_utils.TritonError | None, bool]
 
 
-def _collector(request: InferRequest, box: list[_Sent]) -> Any:
-    """What makes the sender of a request of a model that is not decoupled: its one response
-    lands in ``box``."""
-    def new_stream() -> pb_utils.ResponseStream:
-        return pb_utils.ResponseStream(
-            lambda outputs, error, final: box.append((outputs, error, final)),
-            decoupled=False, requested=request.output_names,
-        )
-
-    return new_stream
-
-
 def _sent_response(index: int, box: Sequence[_Sent]) -> dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError:
     """The answer of request ``index`` whose ``execute`` returned ``None``: the response its
     sender sent with the final flag."""
@@ -312,41 +300,21 @@ class ModelHost:
             BatchFailure: ``execute`` raised, or did not return what it must (the requests of a
                 decoupled model still open are ended with the error first).
         """
-        collected: list[list[tuple[dict[str, np.ndarray[Any, Any]] | None, pb_utils.TritonError | None, bool]]] = []
-        streams: list[pb_utils.ResponseStream] = []
+        if emits is not None:
+            return self._execute_decoupled(requests, output_names, emits)
         try:
-            if emits is not None:
-                streams = [pb_utils.ResponseStream(e, decoupled=True, requested=r.output_names)
-                           for r, e in zip(requests, emits, strict=True)]
-                pb_requests = [pb_utils.wrap_request(r, output_names, st) for r, st in zip(requests, streams, strict=True)]
-            else:
-                collected = [[] for _ in requests]
-                pb_requests = [pb_utils.wrap_request(r, output_names, _collector(r, box)) for r, box in zip(requests, collected, strict=True)]
+            pb_requests = [pb_utils.wrap_request(r, output_names) for r in requests]
         except pb_utils.TritonModelException as exc:
             raise BatchFailure(f"execute got an input it cannot take: {exc}") from exc
         try:
-            try:
-                with self._bound():
-                    responses = self.instance.execute(pb_requests)
-                    if type(responses) is not list and inspect.isawaitable(responses):
-                        responses = _run_coroutine(responses)
-            except Exception as exc:
-                raise BatchFailure(f"execute raised {type(exc).__name__}: {exc}") from exc
-            if emits is not None:
-                if responses is not None:
-                    raise BatchFailure(
-                        "a decoupled model's execute must return None (its responses go through "
-                        f"request.get_response_sender()); it returned {type(responses).__name__}"
-                    )
-                return [{} for _ in requests]
-        except BatchFailure as failure:
-            for stream in streams:
-                stream.fail(pb_utils.TritonError(str(failure)))
-            raise
-        finally:
-            del pb_requests, streams  # a decoupled request dropped by the model ends here
-        if responses is None:
-            return [_sent_response(i, box) for i, box in enumerate(collected)]
+            with self._bound():
+                responses = self.instance.execute(pb_requests)
+                if type(responses) is not list and inspect.isawaitable(responses):
+                    responses = _run_coroutine(responses)
+        except Exception as exc:
+            raise BatchFailure(f"execute raised {type(exc).__name__}: {exc}") from exc
+        if responses is None:  # answered through the requests' senders, one response each
+            return [_sent_response(i, p.sent_responses()) for i, p in enumerate(pb_requests)]
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
             got = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) else repr(type(responses).__name__)
             raise BatchFailure(f"execute must return one InferenceResponse per request ({len(requests)}), got {got}")
@@ -360,6 +328,39 @@ class ModelHost:
             else:
                 out.append({t.name(): t.as_numpy() for t in resp.output_tensors()})
         return out
+
+    def _execute_decoupled(
+        self, requests: Sequence[InferRequest], output_names: Sequence[str], emits: Sequence[pb_utils.Emit]
+    ) -> list[dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError]:
+        """:meth:`execute` of a decoupled model (``emits`` given)."""
+        streams = [pb_utils.ResponseStream(e, decoupled=True, requested=r.output_names)
+                   for r, e in zip(requests, emits, strict=True)]
+        try:
+            try:
+                pb_requests = [pb_utils.wrap_request(r, output_names, st) for r, st in zip(requests, streams, strict=True)]
+            except pb_utils.TritonModelException as exc:
+                raise BatchFailure(f"execute got an input it cannot take: {exc}") from exc
+            try:
+                with self._bound():
+                    responses = self.instance.execute(pb_requests)
+                    if type(responses) is not list and inspect.isawaitable(responses):
+                        responses = _run_coroutine(responses)
+            except Exception as exc:
+                raise BatchFailure(f"execute raised {type(exc).__name__}: {exc}") from exc
+            finally:
+                del pb_requests
+            if responses is not None:
+                raise BatchFailure(
+                    "a decoupled model's execute must return None (its responses go through "
+                    f"request.get_response_sender()); it returned {type(responses).__name__}"
+                )
+        except BatchFailure as failure:
+            for stream in streams:
+                stream.fail(pb_utils.TritonError(str(failure)))
+            raise
+        finally:
+            del streams  # a request the model dropped without FINAL ends here
+        return [{} for _ in requests]
 
     def finalize(self) -> None:
         """Call the optional ``finalize()``; errors are logged, not raised. Drops the module."""

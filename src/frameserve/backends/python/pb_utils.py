@@ -245,7 +245,8 @@ class InferenceRequest:
         self._flags = int(flags)
         self._timeout = int(timeout)
         self._stream: ResponseStream | None = None
-        self._new_stream: Callable[[], ResponseStream] | None = None
+        self._sent: list[tuple[Any, Any, bool]] | None = None  # what its sender sent (not decoupled)
+        self._answers = False  # a request execute receives: it has a sender
 
     def inputs(self) -> list[Tensor]:
         """The input tensors."""
@@ -296,12 +297,19 @@ class InferenceRequest:
             TritonModelException: a request the model built (BLS) has no sender.
         """
         stream = self._stream
-        if stream is None and self._new_stream is not None:
-            stream = self._stream = self._new_stream()
+        if stream is None and self._answers:  # a model that is not decoupled: one response
+            sent = self._sent = []
+            stream = self._stream = ResponseStream(lambda o, e, f: sent.append((o, e, f)), decoupled=False,
+                                                   requested=self._request.output_names)
         if stream is None:
             raise TritonModelException("get_response_sender() is available only on the requests execute receives")
         sender: InferenceResponseSender = stream.sender()
         return sender
+
+    def sent_responses(self) -> list[tuple[Any, Any, bool]]:
+        """What the sender of a request of a model that is not decoupled sent, as ``(outputs,
+        error, final)``. For the python backend, not for models."""
+        return self._sent or []
 
     def set_release_flags(self, flags: int) -> None:
         raise TritonModelException("request rescheduling (set_release_flags) is not supported by frameserve")
@@ -387,15 +395,13 @@ def _bls_response(outputs: dict[str, np.ndarray[Any, Any]] | None, error: BaseEx
 
 
 def wrap_request(
-    request: InferRequest,
-    output_names: Sequence[str],
-    stream: ResponseStream | Callable[[], ResponseStream] | None = None,
+    request: InferRequest, output_names: Sequence[str], stream: ResponseStream | None = None
 ) -> InferenceRequest:
     """The :class:`InferenceRequest` ``execute`` receives for ``request``; its
     ``requested_output_names`` are the request's, or ``output_names`` (the model's outputs)
-    when it names none; ``stream``: where its sender sends, or what makes that at the first
-    :meth:`~InferenceRequest.get_response_sender` (``None``: no sender). For the python
-    backend, not for models.
+    when it names none; ``stream``: where a decoupled model's sender sends (``None``: a model
+    that is not decoupled, whose sender keeps its one response for
+    :meth:`~InferenceRequest.sent_responses`). For the python backend, not for models.
 
     Raises:
         TritonModelException: an input array of a dtype :class:`Tensor` refuses.
@@ -408,8 +414,9 @@ def wrap_request(
     wrapped._correlation_id = 0
     wrapped._flags = 0
     wrapped._timeout = 0
-    wrapped._stream = stream if isinstance(stream, ResponseStream) else None
-    wrapped._new_stream = None if stream is None or isinstance(stream, ResponseStream) else stream
+    wrapped._stream = stream
+    wrapped._sent = None
+    wrapped._answers = True
     return wrapped
 
 
