@@ -277,7 +277,7 @@ def isolation(pairs: int) -> tuple[float, float]:
         assets.ensure("nudenet-320n.onnx", settings.assets_dir)
         service = InferenceService(None, threads=settings.threads)
         pool = DecodePool(1)
-        isolated = IsolatedPipeline(settings, service)
+        isolated = IsolatedPipeline(settings, service, prestart=True)  # as serve and worker run it
         modes = {"in-process": pipeline_process(settings, service, decode_pool=pool), "isolated": isolated}
         stores = {m: JobStore(f"sqlite:///{tmp}/{m}.db") for m in modes}
         workers = {m: Worker(stores[m], Storage(file_roots=[root], shared_file_root=True), fn, lease_s=60, poll_s=0.01,

@@ -14,8 +14,8 @@
    :data:`~frameserve.jobs._live.PROGRESS_WRITE_S`, plus a heartbeat each ``lease_s / 3``).
 2. ``retention``: 4 worker processes claiming and completing no-op jobs through
    :class:`~frameserve.jobs.JobStore` on PostgreSQL, jobs/s while a
-   :class:`~frameserve.jobs._retention.Pruner` (its defaults: 500 jobs a transaction, 50 ms
-   between) deletes ``--finished`` finished jobs (each with 4 events, finished 30 days ago,
+   :class:`~frameserve.jobs._retention.Pruner` (its defaults: 500 jobs a transaction, at most
+   a tenth of the time spent in batches) deletes ``--finished`` finished jobs (each with 4 events, finished 30 days ago,
    retention 1 day) ÷ jobs/s with the same finished jobs present and no pruner. Interleaved,
    A B B A, a fresh database each; the median ratio. Goal >= 0.9.
 

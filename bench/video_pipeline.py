@@ -42,8 +42,8 @@ import numpy as np
 
 from frameserve import assets
 from frameserve.config import Settings, cpu_count
-from frameserve.pipeline._parallel import DecodePool
 from frameserve.pipeline._models import _split_threads
+from frameserve.pipeline._parallel import DecodePool
 from frameserve.pipeline.loader import instantiate, load_pipeline
 from frameserve.pipeline.preprocess import PreprocessSpec, preprocess_into
 from frameserve.pipeline.runner import run

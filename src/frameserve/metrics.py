@@ -291,6 +291,28 @@ class Metrics(Collector):
 
     # -- reading -----------------------------------------------------------------------------
 
+    @property
+    def buckets_us(self) -> tuple[float, ...]:
+        """The histograms' bucket upper bounds in microseconds, ascending (a last ``+Inf``
+        bucket follows them)."""
+        return self._bounds
+
+    def histogram_counts(self, model: str, version: int | str) -> tuple[dict[str, tuple[int, ...]], int]:
+        """One model version's per-request duration histograms and queue depth, read together.
+
+        Returns:
+            ``({key: counts}, pending)``: for each of ``request``, ``queue``, ``compute_input``,
+            ``compute_infer``, ``compute_output``, ``len(buckets_us) + 1`` counts per bucket (not
+            cumulative; the last is ``+Inf``) of the requests answered since the server started
+            (they survive reloads, as the Prometheus series do); ``pending``: requests queued now.
+            All zero for a version never seen.
+        """
+        with self._lock:
+            series = self._series.get((model, str(version)))
+            if series is None:
+                return {k: (0,) * (len(self._bounds) + 1) for k in _DURATIONS}, 0
+            return {k: tuple(h.counts) for k, h in series.histograms.items()}, series.pending
+
     def collect(self) -> Iterable[Metric]:
         """The metric families (prometheus_client's collector protocol)."""
         with self._lock:

@@ -20,7 +20,11 @@ import numpy as np
 from frameserve.errors import TensorError
 from frameserve.types import DataType
 
-__all__ = ["InferRequest", "RequestedOutput", "ResponseSink", "StatsSink"]
+__all__ = ["TRACEPARENT_CHARS", "InferRequest", "RequestTraceSink", "RequestedOutput", "ResponseSink", "StatsSink"]
+
+TRACEPARENT_CHARS = 55
+"""Length of a W3C ``traceparent`` of version 00 (``00-<32 hex>-<16 hex>-<2 hex>``); the
+transports pass on only values of this length (the exporter checks the form)."""
 
 
 class StatsSink(Protocol):
@@ -49,6 +53,15 @@ class ResponseSink(Protocol):
         """One response: its outputs (those the request asked for), or its error (a
         ``FrameserveError`` for the request alone); both ``None``: the end with no response.
         ``final``: the request's last call."""
+        ...
+
+
+class RequestTraceSink(Protocol):
+    """A sampled request's trace (Triton's trace extension,
+    :class:`frameserve.scheduler.RequestTrace`): the scheduler adds the times it took."""
+
+    def computed(self, queue_start_ns: int, start_ns: int, input_end_ns: int, output_start_ns: int, end_ns: int) -> None:
+        """Queued at ``queue_start_ns``; its batch ran from ``start_ns`` to ``end_ns`` (ns)."""
         ...
 
 
@@ -96,6 +109,10 @@ class InferRequest:
             :attr:`RequestedOutput.binary_data` (and of every output when none is named).
         stats_sink: also told the request's queue and compute times when it succeeds (an
             ensemble's step requests carry one); ``None`` for every other request.
+        trace: the request's trace when the server's tracer sampled it (set by the service);
+            ``None`` otherwise.
+        traceparent: the W3C ``traceparent`` header it came with (``""`` when none); traced
+            whatever the sampling in ``opentelemetry`` trace mode, as in Triton.
         responses: where a decoupled model's responses go (a streaming transport's); the
             service refuses a request for a decoupled model without one, and other models
             ignore it (their answer is the request's future).
@@ -115,6 +132,8 @@ class InferRequest:
     id: str = ""
     binary_data_output: bool = False
     stats_sink: StatsSink | None = None
+    trace: RequestTraceSink | None = None
+    traceparent: str = ""
     responses: ResponseSink | None = None
 
     def __post_init__(self) -> None:

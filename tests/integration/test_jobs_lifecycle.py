@@ -378,8 +378,8 @@ def test_retention_removes_only_old_finished_jobs_in_batches_with_two_pruners_ra
     log: list[tuple[float, str, int]] = []
     policy = RetentionPolicy.of(7)
     counters = {n: Recorder(n, log) for n in ("a", "b")}
-    pruners = {"a": Pruner(store, policy, batch=100, pause_s=0.005, counter=counters["a"], owner="a"),
-               "b": Pruner(other, policy, batch=100, pause_s=0.005, counter=counters["b"], owner="b")}
+    pruners = {"a": Pruner(store, policy, batch=100, pause_s=0.005, duty=1.0, counter=counters["a"], owner="a"),
+               "b": Pruner(other, policy, batch=100, pause_s=0.005, duty=1.0, counter=counters["b"], owner="b")}
     passes: dict[str, list[tuple[float, float, int]]] = {"a": [], "b": []}
     refused = {"a": 0, "b": 0}
     go = threading.Barrier(2)
@@ -430,6 +430,32 @@ def test_retention_per_state_and_a_pruner_that_lost_its_lease_deletes_nothing(st
     got = store.purge_batch(policy.cutoffs(clock()), fence=lambda c: renew_lease(c, store, "b", 2, 60))
     assert got == {"succeeded": 10, "cancelled": 10}
     assert store.counts()["failed"] == 10 + 7  # the old failed ones stay, and the young
+
+
+def test_a_pass_rests_so_it_works_at_most_its_duty_of_the_time(store: JobStore) -> None:
+    """The pause after each batch is what keeps the pass at ``duty`` of its time; the rests the
+    pass asked for are recorded (no clock read by the test), and the jobs are all removed."""
+    old, keep = _seed(store, 450)
+    rests: list[tuple[float, float]] = []
+
+    class Recording(Pruner):
+        def rest_s(self, busy_s: float) -> float:
+            rest = super().rest_s(busy_s)
+            rests.append((busy_s, rest))
+            return 0.0  # recorded, not slept: the test needs no wall time
+
+    got = Recording(store, RetentionPolicy.of(7), batch=100, pause_s=0.001, duty=0.25).prune_once()
+    assert got is not None and sum(got.values()) == len(old)
+    assert len(rests) == len(old) // 100  # a rest after each full batch, none after the last
+    for busy, rest in rests:
+        assert rest == pytest.approx(max(0.001, busy * 3.0))  # (1 - 0.25) / 0.25
+    assert len(store.list_jobs(limit=500)[0]) == len(keep)
+    pruner = Pruner(store, RetentionPolicy.of(7), lease_s=6.0)
+    assert pruner.rest_s(10.0) == 2.0  # capped at a third of the lease: renewed in time
+    assert Pruner(store, RetentionPolicy.of(7), duty=1.0, pause_s=0.0).rest_s(5.0) == 0.0
+    for bad in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="duty"):
+            Pruner(store, RetentionPolicy.of(7), duty=bad)
 
 
 # ---------------------------------------------------------------- per-job policy

@@ -101,6 +101,8 @@ def test_route_roles() -> None:
     assert grpc_roles(svc + "ModelInfer") == infer and grpc_roles(svc + "ModelStreamInfer") == infer
     assert grpc_roles(svc + "RepositoryModelLoad") == admin and grpc_roles(svc + "LogSettings") == admin
     assert http_roles("GET", "/v2/logging") == admin and http_roles("POST", "/v2/logging") == admin
+    assert http_roles("GET", "/v2/trace/setting") == admin and http_roles("POST", "/v2/models/m/trace/setting") == admin
+    assert grpc_roles(svc + "TraceSetting") == admin and http_roles("POST", "/v2/models/trace/infer") == infer
 
 
 def _refusal(method: str = "POST", path: str = "/v2/repository/models/m/load", **headers: str | None) -> object:

@@ -206,7 +206,7 @@ def purge(
         policy = RetentionPolicy(dict.fromkeys(state or FINISHED, days))
         store, _ = _store(db)
         try:
-            pruner = Pruner(store, policy, batch=batch, pause_s=0.0)
+            pruner = Pruner(store, policy, batch=batch, pause_s=0.0, duty=1.0)
             deadline = time.monotonic() + wait_s
             while (removed := pruner.prune_once()) is None:
                 if time.monotonic() >= deadline:

@@ -43,7 +43,7 @@ from frameserve.security.auth import is_loopback
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 
 if TYPE_CHECKING:
-    from frameserve.scheduler import ResponseCache
+    from frameserve.scheduler import RateLimiter, ResponseCache, Tracer
     from frameserve.security import TokenTable
     from frameserve.security.quotas import Quotas
 
@@ -84,6 +84,39 @@ def _response_cache(text: str | None) -> ResponseCache | None:
         raise typer.BadParameter(exc.message, param_hint="--cache-config") from None
 
 
+def _tracer(items: list[str] | None) -> Tracer:
+    """The tracer of ``--trace-config`` (Triton's trace extension; level OFF without it)."""
+    from frameserve.errors import InvalidInputError
+    from frameserve.scheduler import Tracer, make_sink, parse_trace_config
+
+    try:
+        config = parse_trace_config(items or [])
+    except InvalidInputError as exc:
+        raise typer.BadParameter(exc.message, param_hint="--trace-config") from None
+    try:
+        return Tracer(config, make_sink(config))
+    except (ModuleNotFoundError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--trace-config") from None
+
+
+def _rate_limiter(mode: str, resources: list[str] | None) -> RateLimiter | None:
+    """The rate limiter of ``--rate-limit`` / ``--rate-limit-resource`` (``None`` when off)."""
+    from frameserve.scheduler import RATE_LIMIT_MODES, RateLimiter, parse_rate_limit_resource
+
+    if mode not in RATE_LIMIT_MODES:
+        raise typer.BadParameter(f"{mode!r}; accepted: {', '.join(RATE_LIMIT_MODES)}", param_hint="--rate-limit")
+    counts = {}
+    for text in resources or []:
+        try:
+            key, count = parse_rate_limit_resource(text)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--rate-limit-resource") from None
+        counts[key] = count
+    if mode == "off":
+        return None
+    return RateLimiter(counts)
+
+
 def _say(line: str) -> None:
     print(line, flush=True)
 
@@ -106,6 +139,9 @@ def serve_command(
     exit_on_model_error: Annotated[bool, typer.Option("--exit-on-error/--no-exit-on-error", help="Exit (code 1) when a model fails to load at start, naming each one and why, as Triton's --exit-on-error does (its default); --no-exit-on-error (or --exit-on-error=false) stays up serving the others, not ready under strict readiness.")] = True,
     server_name: Annotated[str, typer.Option("--server-name", help="The name the server metadata reports (GET /v2, gRPC ServerMetadata); 'triton' serves clients that check for Triton.")] = "frameserve",
     cache_config: Annotated[str | None, typer.Option("--cache-config", help="Triton's response cache: local,size=BYTES (an LRU cache of results bounded by that many bytes) for the models whose config has response_cache {enable: true}; default: none.")] = None,
+    trace_config: Annotated[list[str] | None, typer.Option("--trace-config", help="Triton's tracing, repeatable: rate=N, level=OFF|TIMESTAMPS|TENSORS, count=N, mode=triton|opentelemetry; triton,file=PATH (the JSON trace file), triton,log-frequency=N; opentelemetry,url=URL (OTLP/HTTP), opentelemetry,resource=KEY=VALUE. Settings change at run time through /v2/trace/setting (admin); the file never does.")] = None,
+    rate_limit: Annotated[str, typer.Option("--rate-limit", help="Triton's rate limiter: off (default: an instance runs a batch as soon as it is idle) or execution_count (an instance whose instance_group has a rate_limiter runs only while it holds the resources listed there; waiting instances take turns by rate_limiter.priority).")] = "off",
+    rate_limit_resource: Annotated[list[str] | None, typer.Option("--rate-limit-resource", help="With --rate-limit execution_count: NAME:COUNT (every device and the global pool) or NAME:COUNT:DEVICE copies of a resource; repeatable; default: the largest need of any loaded instance.")] = None,
     strict_readiness: Annotated[bool, typer.Option("--strict-readiness/--no-strict-readiness", help="Ready only while every model asked for (and not unloaded since) is loaded; --no-strict-readiness: ready while any model is.")] = True,
     auth_token_file: Annotated[Path | None, typer.Option("--auth-token-file", help="Bearer tokens, one 'TOKEN ROLE[,ROLE...] [NAME]' a line (roles: infer, jobs, admin); every request but health and metrics then needs one.")] = None,
     auth_health: Annotated[bool, typer.Option("--auth-health/--no-auth-health", help="With --auth-token-file: ask for a token on /v2/health/*, gRPC health and /metrics too.")] = False,
@@ -141,7 +177,7 @@ def serve_command(
     file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Folder allowed for file:// job and /v1/analyze sources and targets; repeatable; {tenant} in it (a whole segment: /data/{tenant}) confines each tenant (token NAME) to its folder, 'default' without tokens (env FRAMESERVE_FILE_ROOTS; default: $FRAMESERVE_HOME/storage, with tokens $FRAMESERVE_HOME/storage/{tenant}).")] = None,
     job_timeout_s: Annotated[float | None, typer.Option("--job-timeout-s", min=0.001, help="Longest processing of one job attempt, seconds; past it the pipeline is stopped and the attempt fails with code timeout (retried while attempts are left) (env FRAMESERVE_JOB_TIMEOUT_S; default 14400).", show_default=False)] = None,
     max_job_timeout_s: Annotated[float | None, typer.Option("--max-job-timeout-s", min=0.001, help="Cap on a job's own timeout_s (POST /v1/jobs; 422 above it), seconds (env FRAMESERVE_MAX_JOB_TIMEOUT_S; default 86400, or --job-timeout-s when larger).", show_default=False)] = None,
-    job_memory_limit_mb: Annotated[int | None, typer.Option("--job-memory-limit-mb", min=64, help="Address-space limit of the process that runs a job's pipeline, MiB (env FRAMESERVE_JOB_MEMORY_LIMIT_MB; default none).", show_default=False)] = None,
+    job_memory_limit_mb: Annotated[int | None, typer.Option("--job-memory-limit-mb", min=64, help="Address-space limit of each process that runs a job's pipeline (its process and its decode process), MiB (env FRAMESERVE_JOB_MEMORY_LIMIT_MB; default none).", show_default=False)] = None,
     isolate_pipelines: Annotated[bool | None, typer.Option("--isolate-pipelines/--no-isolate-pipelines", help="Run job pipelines in a child process, so a crash or a hang ends the job, not this process (env FRAMESERVE_ISOLATE_PIPELINES=0 turns it off; default on).", show_default=False)] = None,
     shared_file_root: Annotated[bool | None, typer.Option("--shared-file-root/--no-shared-file-root", help="With tokens: let every tenant use the file roots and S3 entries without {tenant} (shared storage, on purpose); without it the server refuses to start with such a root (env FRAMESERVE_SHARED_FILE_ROOT=1).", show_default=False)] = None,
     s3_endpoint_url: Annotated[str | None, typer.Option("--s3-endpoint-url", help="S3-compatible endpoint for s3:// job sources and targets (env FRAMESERVE_S3_ENDPOINT_URL; default: AWS).")] = None,
@@ -230,7 +266,9 @@ def serve_command(
         _check_exposure(options, allow_unauthenticated=allow_unauthenticated)
         # threads=None lets the service plan the budget so instances never oversubscribe the cores
         service = InferenceService(repository, threads=threads, strict_readiness=strict_readiness,
-                                   server_name=server_name, cache=_response_cache(cache_config))
+                                   server_name=server_name, cache=_response_cache(cache_config),
+                                   tracer=_tracer(trace_config),
+                                   rate_limiter=_rate_limiter(rate_limit.lower(), rate_limit_resource))
         if allow_cpu_metrics:
             from frameserve.metrics import CpuMetrics
 
@@ -313,6 +351,8 @@ def serve_command(
             if embedded is not None:  # stop claiming; finish or release the job in progress
                 embedded.stop(timeout_s=graceful_timeout)
             service.close()
+            if service.tracer is not None:
+                service.tracer.close()  # the trace file's array is closed, the OTLP export flushed
         if server.failure is not None:  # it stopped by itself: fail loudly
             _say(f"error: {server.failure}")
             raise typer.Exit(code=1)

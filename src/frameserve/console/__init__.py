@@ -44,9 +44,9 @@ Page = Callable[[Console], APIRouter]
 
 
 def _pages() -> list[Page]:
-    from frameserve.console import _jobs, _login
+    from frameserve.console import _docs, _jobs, _login, _models, _reports
 
-    return [_login.router, _jobs.router]
+    return [_login.router, _jobs.router, _models.router, _reports.router, _docs.router]
 
 
 PAGES: Sequence[Page] = ()

@@ -22,11 +22,13 @@ __all__ = ["CSP", "HEADERS", "STATIC", "Console", "Viewer", "check_csrf", "sessi
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; media-src 'self'; "
        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 """The pages' Content-Security-Policy: nothing but this server, no inline script or style."""
-HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin",
            "Cache-Control": "no-store", "X-Frame-Options": "DENY"}
-"""Headers every console page carries."""
-STATIC = {"console.css": "text/css", "console.js": "text/javascript", "jobs.js": "text/javascript",
-          "models.js": "text/javascript"}
+"""Headers every console page carries. ``Referrer-Policy: same-origin``, not ``no-referrer``: under
+``no-referrer`` a browser sends ``Origin: null`` with a form's POST (Fetch standard, "append a
+request Origin header"), which the HTTP gate refuses as cross-site, so no form (login, logout,
+load / unload) could be sent; other sites still get no referrer."""
+STATIC = {"console.css": "text/css", "console.js": "text/javascript", "jobs.js": "text/javascript"}
 """The files of ``console/static/console/`` served at ``/console/static/{name}`` (a fixed list:
 the network never picks a path)."""
 

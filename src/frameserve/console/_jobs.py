@@ -47,12 +47,16 @@ def row_of(resource: dict[str, Any]) -> dict[str, Any]:
 
 
 def _epoch(iso: str | None) -> float | None:
+    """Seconds since the epoch of an ISO 8601 time; one without a zone (what a form's
+    ``datetime-local`` field sends) is UTC, as every time the job API shows is — never the
+    server's local zone. ``None`` for an empty or unreadable text."""
     if not iso:
         return None
     try:
-        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+        when = datetime.fromisoformat(iso.replace("Z", "+00:00"))
     except ValueError:
         return None
+    return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
 
 
 def timeline_of(events: list[dict[str, Any]], resource: dict[str, Any]) -> list[dict[str, Any]]:

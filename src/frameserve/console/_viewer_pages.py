@@ -32,7 +32,7 @@ _STATIC = {  # name -> (package folder, media type); a fixed list: the network n
     "viewer.css": ("viewer", "text/css"),
     "pipelines.js": ("viewer", "text/javascript"),
 }
-_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin",
             "Cache-Control": "no-store"}
 
 

@@ -52,6 +52,7 @@ import signal
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -202,9 +203,10 @@ class RemoteService:
 
 
 def _child_main(conn: Any, settings: Settings, folder: str | None, threads: int | None, repository_root: str | None,
-                memory_limit_bytes: int | None, crash_file: str, counters: Any) -> None:
+                memory_limit_bytes: int | None, crash_file: str, counters: Any, warm: bool = False) -> None:
     """The child process: run each job the parent sends, until ``("stop",)`` or the pipe closes;
-    ``counters`` is the shared ``[frames done, frames expected]`` (``-1``: none)."""
+    ``counters`` is the shared ``[frames done, frames expected]`` (``-1``: none); ``warm``: start
+    the decode process now, before the first job (a job child; a short-clip child never uses it)."""
     import faulthandler
 
     if memory_limit_bytes is not None:
@@ -223,6 +225,8 @@ def _child_main(conn: Any, settings: Settings, folder: str | None, threads: int 
     block = SharedBlock(fd=recv_handle(conn))  # first message: the shared block's descriptor
     remote = RemoteService(conn, threads, repository_root, block)
     pool = DecodePool(1)
+    if warm:
+        pool.warm()
     registry = PipelineRegistry(Path(folder) if folder else None)
     process = pipeline_process(settings, remote, None, decode_pool=pool, pipelines=registry)
 
@@ -287,10 +291,34 @@ def _crash_trace(path: Path) -> str:
     return "; ".join(frames[:_TRACE_LINES])
 
 
+_LIVE: weakref.WeakSet[_Child] = weakref.WeakSet()
+_EXIT_HOOK: list[bool] = []
+
+
+def _kill_at_exit(child: _Child) -> None:
+    """Kill ``child`` when this interpreter exits, before multiprocessing's own exit hook joins
+    its non-daemonic children (``atexit`` runs hooks last registered first)."""
+    import atexit
+    import multiprocessing.util  # noqa: F401 - its exit hook registered before ours
+
+    _LIVE.add(child)
+    if not _EXIT_HOOK:
+        _EXIT_HOOK.append(True)
+        atexit.register(_kill_live)
+
+
+def _kill_live() -> None:
+    for child in list(_LIVE):
+        if child.proc.is_alive():
+            child.proc.kill()
+            child.proc.join(5.0)
+
+
 class _Child:
     """One child process and the parent's side of its pipe (see the module docstring)."""
 
-    def __init__(self, settings: Settings, service: Any, folder: Path | None, memory_limit_bytes: int | None) -> None:
+    def __init__(self, settings: Settings, service: Any, folder: Path | None, memory_limit_bytes: int | None,
+                 warm: bool = False) -> None:
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
@@ -304,14 +332,20 @@ class _Child:
         self.counters[0] = self.counters[1] = -1
         repo = getattr(service, "repository", None)
         root = getattr(repo, "root", None)
+        # Not daemonic: a daemonic process may not start processes, and the child runs its video
+        # through a decode process as an in-process run does (decode and preprocess overlapping
+        # the parent's inference; run inline they take turns with it: bench/jobs.py --part
+        # isolation and bench/README.md). multiprocessing joins non-daemonic children at exit, so the children
+        # still running then are killed first (_kill_at_exit).
         self.proc = ctx.Process(
-            target=_child_main, name="frameserve-pipeline", daemon=True,
+            target=_child_main, name="frameserve-pipeline", daemon=False,
             args=(theirs, settings, None if folder is None else str(folder), getattr(service, "threads", None),
-                  None if root is None else str(root), memory_limit_bytes, crash, self.counters),
+                  None if root is None else str(root), memory_limit_bytes, crash, self.counters, warm),
         )
         self.block = SharedBlock(_BLOCK_BYTES, name="frameserve-pipeline")
         self.arena = Arena(*self.block.response_half)
         self.proc.start()
+        _kill_at_exit(self)
         theirs.close()
         self.conn = mine
         from multiprocessing.reduction import send_handle
@@ -488,6 +522,10 @@ class IsolatedPipeline:
             ``worker --job-memory-limit-mb``), or ``None``: none. Over it, allocations fail
             (``MemoryError``: the job fails with its hook's error) or the child is killed
             (:class:`~frameserve.errors.WorkerCrashedError`).
+        prestart: start the child (and its decode process) now, and a new one as soon as one
+            dies or is stopped for a job, so a job (a retry after a crash included) does not
+            wait for a process to start within its deadline; a job worker's choice. Without it
+            (``/v1/analyze``'s children) the child starts on first use.
 
     Raises (from a call):
         WorkerCrashedError: the child died (retryable).
@@ -497,14 +535,21 @@ class IsolatedPipeline:
     """
 
     def __init__(self, settings: Settings, service: Any, *, pipelines: Any = None, fault: FaultHook | None = None,
-                 memory_limit_bytes: int | None = None) -> None:
+                 memory_limit_bytes: int | None = None, prestart: bool = False) -> None:
         self.settings = settings
         self.service = service
         self.folder: Path | None = getattr(pipelines, "folder", None)
         self.fault = fault
         self.memory_limit_bytes = memory_limit_bytes
+        self.prestart = prestart
+        self._closed = False
         self._child: _Child | None = None
         self._lock = threading.Lock()
+        if prestart:
+            self._child = self._new_child()
+
+    def _new_child(self) -> _Child:
+        return _Child(self.settings, self.service, self.folder, self.memory_limit_bytes, warm=self.prestart)
 
     def __call__(self, video: Path, job: Job, workdir: Path, progress: ProgressCb) -> tuple[dict[str, Any], dict[str, Path]]:
         summary, files = self._run(("job", str(video), job, str(workdir)), progress, self.fault)
@@ -538,19 +583,20 @@ class IsolatedPipeline:
             if self._child is None or not self._child.alive:
                 if self._child is not None:
                     self._child.close()
-                self._child = _Child(self.settings, self.service, self.folder, self.memory_limit_bytes)
+                self._child = self._new_child()
             child = self._child
             try:
                 return child.run(work, progress, fault)
             except BaseException:
-                if child.busy:  # cancelled, past the deadline, or dead: its hook may still run
+                if child.busy or not child.alive:  # cancelled, past the deadline, or dead: its hook may still run
                     child.kill()
-                    self._child = None
+                    self._child = self._new_child() if self.prestart and not self._closed else None
                 raise
 
     def close(self) -> None:
         """Stop the child process (after its current job, at most ten seconds)."""
         with self._lock:
+            self._closed = True
             if self._child is not None:
                 self._child.stop()
                 self._child = None

@@ -6,8 +6,14 @@ by one process at a time.
 :class:`Pruner` thread; ``frameserve jobs purge --older-than DURATION`` runs one pass. Whichever
 of them holds the ``retention`` row of ``maintenance_leases`` prunes; the others pass. A pass
 deletes at most ``batch`` jobs per transaction (:meth:`~frameserve.jobs._lifecycle.LifecycleMixin.purge_batch`,
-500 by default), and pauses ``pause_s`` between batches, so claims, heartbeats and submits get
-the database between them (the point of small batches on SQLite's single writer).
+500 by default), and pauses between batches so claims, heartbeats and submits get the database
+between them (the point of small batches on SQLite's single writer): at least ``pause_s``, and
+long enough that the pass works at most ``duty`` of its time (0.1: a batch that took 80 ms is
+followed by 720 ms of rest). Retention is maintenance: on a database (and, on a small machine,
+CPUs) the workers are using, an unthrottled pass of 100,000 jobs took half their jobs/s
+(``bench/jobs_lifecycle.py``); bounded to a tenth of the time it may take at most a tenth. Oban's
+and River's pruners likewise delete a bounded batch per interval. ``frameserve jobs purge`` runs
+unthrottled (``duty=1``: the operator asked for it now).
 
 Why a lease row, on PostgreSQL as on SQLite, and not an advisory lock or the writer lock:
 
@@ -157,7 +163,11 @@ class Pruner:
         batch: jobs deleted per transaction at most.
         interval_s: time between passes of the thread (:meth:`start`), seconds.
         lease_s: the retention lease, renewed by each batch, seconds.
-        pause_s: pause between batches of a pass, seconds.
+        pause_s: shortest pause between batches of a pass, seconds.
+        duty: the largest share of a pass's wall time spent in batches, in ``(0, 1]``: after a
+            batch of ``t`` seconds the pass rests ``max(pause_s, t * (1 - duty) / duty)``
+            (capped at a third of ``lease_s``, so the lease is renewed in time). ``1``: no rest
+            beyond ``pause_s``.
         counter: a Prometheus counter with a ``state`` label (``frameserve_jobs_pruned_total``),
             or ``None``.
         owner: this pruner's name in the lease row (default host, pid and a nonce).
@@ -165,10 +175,14 @@ class Pruner:
 
     def __init__(
         self, store: JobStore, policy: RetentionPolicy, *, batch: int = 500, interval_s: float = 300.0,
-        lease_s: float = 60.0, pause_s: float = 0.05, counter: Any = None, owner: str | None = None,
+        lease_s: float = 60.0, pause_s: float = 0.05, duty: float = 0.1, counter: Any = None,
+        owner: str | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
+        if not 0.0 < duty <= 1.0:
+            raise ValueError(f"duty must be in (0, 1], got {duty!r}")
+        self.duty = duty
         self.store = store
         self.policy = policy
         self.batch = batch
@@ -191,6 +205,7 @@ class Pruner:
         try:
             while not self._stop.is_set():
                 cut = self.policy.cutoffs(self.store.clock())
+                began = time.monotonic()
                 got = self.store.purge_batch(
                     cut, limit=self.batch,
                     fence=lambda conn: renew_lease(conn, self.store, self.owner, token, self.lease_s),
@@ -204,12 +219,16 @@ class Pruner:
                         self.counter.labels(state).inc(n)
                 if sum(got.values()) < self.batch:
                     break
-                self._stop.wait(self.pause_s)
+                self._stop.wait(self.rest_s(time.monotonic() - began))
         finally:
             release_lease(self.store, self.owner, token)
         if removed:
             log.info("retention: removed %s", ", ".join(f"{n} {s}" for s, n in sorted(removed.items())))
         return removed
+
+    def rest_s(self, busy_s: float) -> float:
+        """The pause after a batch that took ``busy_s`` seconds (see ``duty``), seconds."""
+        return min(max(self.pause_s, busy_s * (1.0 - self.duty) / self.duty), self.lease_s / 3.0)
 
     def start(self) -> None:
         """Prune every ``interval_s`` in a daemon thread, the first pass at once."""

@@ -112,6 +112,7 @@ class EmbeddedJobs:
                 self.isolated = process = IsolatedPipeline(
                     settings, service, pipelines=self.pipelines, fault=fault,
                     memory_limit_bytes=None if js.job_memory_limit_mb is None else js.job_memory_limit_mb << 20,
+                    prestart=True,
                 )
             else:
                 self.decode_pool = DecodePool(1)

@@ -9,6 +9,7 @@ from frameserve.repository._config import (
     PRECISIONS,
     InstanceGroup,
     ModelConfig,
+    RateLimiterSpec,
     check_model_filename,
     parse_config,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "InstanceGroup",
     "ModelConfig",
     "ModelRepository",
+    "RateLimiterSpec",
     "VersionPolicy",
     "check_ensemble_graph",
     "check_inputs",

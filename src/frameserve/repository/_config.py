@@ -25,7 +25,7 @@ from frameserve.repository._policy import VersionPolicy
 from frameserve.repository._schema import validate_config
 from frameserve.types import DataType, TensorSpec
 
-__all__ = ["BACKENDS", "ENSEMBLE", "PRECISIONS", "InstanceGroup", "ModelConfig", "check_model_filename", "parse_config"]
+__all__ = ["BACKENDS", "ENSEMBLE", "PRECISIONS", "InstanceGroup", "ModelConfig", "RateLimiterSpec", "check_model_filename", "parse_config"]
 
 BACKENDS: tuple[str, ...] = ("onnxruntime", "openvino", "torch", "python")
 """Backend names a config may give (Triton's ``pytorch`` is read as ``torch``)."""
@@ -75,6 +75,50 @@ Precision = Literal["fp32", "bf16", "fp16", "int8"]
 
 
 @dataclass(frozen=True)
+class RateLimiterSpec:
+    """An instance group's ``rate_limiter`` (Triton's ``ModelRateLimiter``; used with
+    ``serve --rate-limit execution_count``).
+
+    Attributes:
+        resources: ``(name, count, global)`` each: an instance of the group runs a batch only
+            while it holds ``count`` copies of resource ``name`` (of its device, or of the
+            whole server when ``global``).
+        priority: the scheduling weight (an instance with priority 2 gets half the turns of
+            one with priority 1; 0 counts as 1).
+    """
+
+    resources: tuple[tuple[str, int, bool], ...] = ()
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        for name, count, _ in self.resources:
+            if not name or count < 0:
+                raise ModelConfigError(f"rate_limiter resource {name!r}: needs a name and a count >= 0, got {count}")
+        if self.priority < 0:
+            raise ModelConfigError(f"rate_limiter.priority must be >= 0, got {self.priority}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Triton's JSON form."""
+        return {"resources": [{"name": n, "global": g, "count": c} for n, c, g in self.resources],
+                "priority": self.priority}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RateLimiterSpec:
+        """From Triton's JSON form (``{"resources": [{"name", "count", "global"}], "priority"}``).
+
+        Raises:
+            ModelConfigError: not of that shape.
+        """
+        try:
+            resources = tuple((str(r["name"]), int(r.get("count", 0)), bool(r.get("global", False)))
+                              for r in data.get("resources") or ())
+            return cls(resources, int(data.get("priority", 0)))
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ModelConfigError(f"instance_group.rate_limiter: {type(exc).__name__}: {exc}; expected "
+                                   "{resources: [{name, count, global}], priority}") from None
+
+
+@dataclass(frozen=True)
 class InstanceGroup:
     """One of Triton's ``ModelInstanceGroup`` entries: ``count`` instances of ``kind``.
 
@@ -83,12 +127,14 @@ class InstanceGroup:
         kind: ``KIND_CPU``, ``KIND_GPU`` or ``KIND_AUTO``.
         name: optional group name.
         gpus: GPU indices for ``KIND_GPU``.
+        rate_limiter: the group's rate-limiter resources and priority, or ``None``.
     """
 
     count: int = 1
     kind: str = "KIND_CPU"
     name: str | None = None
     gpus: tuple[int, ...] = ()
+    rate_limiter: RateLimiterSpec | None = None
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -103,6 +149,8 @@ class InstanceGroup:
             out["name"] = self.name
         if self.gpus:
             out["gpus"] = list(self.gpus)
+        if self.rate_limiter is not None:
+            out["rate_limiter"] = self.rate_limiter.to_dict()
         return out
 
 
@@ -383,6 +431,7 @@ def parse_config(
             kind=str(g.get("kind", "KIND_CPU")),
             name=g.get("name"),
             gpus=tuple(g.get("gpus", ())),
+            rate_limiter=RateLimiterSpec.from_dict(g["rate_limiter"]) if g.get("rate_limiter") else None,
         )
         for g in data.get("instance_group") or ()
     )

@@ -26,7 +26,7 @@ The text is parsed with ``google.protobuf.text_format`` against frameserve's cop
   ``ensemble_scheduling.max_inflight_requests`` (every frameserve queue is bounded already), an
   input's ``optional``
   flag (frameserve asks for every input), and an instance
-  group's ``rate_limiter``, ``profile``, ``passive``, ``host_policy``, ``secondary_devices``.
+  group's ``profile``, ``passive``, ``host_policy``, ``secondary_devices``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ _DROPPED = (
     "runtime",
     "model_metrics",
 )
-_GROUP_DROPPED = ("rate_limiter", "profile", "passive", "host_policy", "secondary_devices")
+_GROUP_DROPPED = ("profile", "passive", "host_policy", "secondary_devices")
 _QUEUE_INTS = ("default_timeout_microseconds", "max_queue_size")
 
 
@@ -233,6 +233,13 @@ def message_to_dict(message: Any, *, source: str) -> tuple[dict[str, Any], list[
                 entry["name"] = group["name"]
             if group.get("gpus"):
                 entry["gpus"] = [_int(g) for g in group["gpus"]]
+            if group.get("rate_limiter"):  # kept: serve --rate-limit execution_count uses it
+                limiter = group["rate_limiter"]
+                entry["rate_limiter"] = {
+                    "resources": [{"name": r.get("name", ""), "count": _int(r.get("count", 0)),
+                                   "global": bool(r.get("global", False))} for r in limiter.get("resources", ())],
+                    "priority": _int(limiter.get("priority", 0)),
+                }
             dropped += [f"instance_group[{i}].{k}" for k in _GROUP_DROPPED if k in group]
             groups.append(entry)
         out["instance_group"] = groups

@@ -17,16 +17,20 @@ from frameserve.scheduler._ensemble import EnsembleScheduler, SubmitFn, check_en
 from frameserve.scheduler._instances import InstanceSpec, gpu_count, parse_cpu_list, plan_instances
 from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE, BatchingPolicy, QueuePolicy
 from frameserve.scheduler._queue import BatchQueue
+from frameserve.scheduler._ratelimit import RATE_LIMIT_MODES, RateLimiter, RateSlot, parse_rate_limit_resource
 from frameserve.scheduler._request import QueuedRequest, failed_future
 from frameserve.scheduler._respond import ResponsePath
 from frameserve.scheduler._scheduler import BatchOutputError, Scheduler, SchedulerStoppedError
 from frameserve.scheduler._stats import ModelStats
+from frameserve.scheduler._trace import RequestTrace, TraceConfig, Tracer, parse_trace_config
+from frameserve.scheduler._tracesink import OtlpSink, TraceFileWriter, make_sink
 from frameserve.scheduler._warmup import run_warmup
 
 __all__ = [
     "BLOCKING",
     "DEFAULT_MAX_QUEUE_SIZE",
     "QUEUED",
+    "RATE_LIMIT_MODES",
     "BatchOutputError",
     "BatchQueue",
     "BatchingPolicy",
@@ -37,19 +41,29 @@ __all__ = [
     "InstanceSpec",
     "ModelStats",
     "MonotonicClock",
+    "OtlpSink",
     "QueuePolicy",
     "QueuedRequest",
+    "RateLimiter",
+    "RateSlot",
+    "RequestTrace",
     "ResponseCache",
     "ResponsePath",
     "Scheduler",
     "SchedulerStoppedError",
     "SubmitFn",
+    "TraceConfig",
+    "TraceFileWriter",
+    "Tracer",
     "check_ensemble_steps",
     "failed_future",
     "gpu_count",
     "load_ensemble_steps",
+    "make_sink",
     "parse_cache_config",
     "parse_cpu_list",
+    "parse_rate_limit_resource",
+    "parse_trace_config",
     "plan_instances",
     "read_labels",
     "run_warmup",

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from frameserve.config import cpu_count
 from frameserve.errors import ModelConfigError
-from frameserve.repository import ModelConfig
+from frameserve.repository import ModelConfig, RateLimiterSpec
 
 __all__ = ["InstanceSpec", "gpu_count", "parse_cpu_list", "plan_instances"]
 
@@ -47,6 +47,7 @@ class InstanceSpec:
         cpu_set: CPUs its thread is pinned to, or ``None`` (inherits the process's).
         gpu: the GPU index for ``KIND_GPU``, else ``None``.
         group: the instance group's name (``<model>_<n>`` when the config gives none).
+        rate_limit: its group's ``rate_limiter`` (resources and priority), or ``None``.
     """
 
     index: int
@@ -55,6 +56,7 @@ class InstanceSpec:
     cpu_set: frozenset[int] | None = None
     gpu: int | None = None
     group: str = ""
+    rate_limit: RateLimiterSpec | None = None
 
     @property
     def name(self) -> str:
@@ -193,10 +195,12 @@ def plan_instances(
     n_gpus = gpu_count() if gpus is None else gpus
     groups = config.instance_group or ()
     layout: list[tuple[str, str, int | None]] = []  # (group name, kind, gpu)
+    limits: dict[str, RateLimiterSpec | None] = {}  # group name -> its rate_limiter
     if not groups:
         layout.append((config.name, "KIND_CPU", None))
     for gi, group in enumerate(groups):
         gname = group.name or f"{config.name}_{gi}"
+        limits[gname] = group.rate_limiter
         kind = group.kind
         if kind == "KIND_AUTO":  # Triton: the GPUs when there are, else the CPU
             kind = "KIND_GPU" if n_gpus > 0 else "KIND_CPU"
@@ -234,5 +238,6 @@ def plan_instances(
         n = explicit if explicit is not None else (len(pinned) if pinned is not None else auto)
         idx = counters.get(gname, 0)
         counters[gname] = idx + 1
-        out.append(InstanceSpec(index=idx, kind=kind, threads=n, cpu_set=pinned, gpu=gpu, group=gname))
+        out.append(InstanceSpec(index=idx, kind=kind, threads=n, cpu_set=pinned, gpu=gpu, group=gname,
+                                rate_limit=limits.get(gname)))
     return out

@@ -41,6 +41,7 @@ from frameserve.scheduler._dispatch import QUEUED, Dispatch
 from frameserve.scheduler._instances import InstanceSpec
 from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE, BatchingPolicy
 from frameserve.scheduler._queue import BatchQueue
+from frameserve.scheduler._ratelimit import RateLimiter, RateSlot
 from frameserve.scheduler._request import QueuedRequest
 from frameserve.scheduler._stats import ModelStats
 
@@ -94,6 +95,7 @@ class _Instance:
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
+        self.rate_slot: RateSlot | None = None  # its place in the server's rate limiter
 
 
 class Scheduler:
@@ -111,6 +113,9 @@ class Scheduler:
         stats: where to count statistics (default: a new :class:`ModelStats`).
         metrics: where to record Prometheus metrics, or ``None``.
         max_queue_size: bound of a priority level's queue when its policy gives none.
+        rate_limiter: the server's rate limiter (``serve --rate-limit execution_count``): an
+            instance whose group has a ``rate_limiter`` runs a batch only while it holds its
+            resources (:mod:`frameserve.scheduler._ratelimit`); ``None`` = off.
 
     A session with a ``run_requests(requests) -> list[dict | Exception]`` method gets the
     batch's :class:`~frameserve.request.InferRequest` objects as they are (Python models); any other gets their inputs concatenated
@@ -132,6 +137,7 @@ class Scheduler:
         stats: ModelStats | None = None,
         metrics: Metrics | None = None,
         max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         if not instances:
             raise ValueError("a scheduler needs at least one instance")
@@ -181,6 +187,23 @@ class Scheduler:
                 raise
             self.config = completed
             self._outputs = tuple(s.name for s in completed.outputs)
+        self._limiter = rate_limiter
+        self._limited = False  # some instance waits for rate-limiter resources before a batch
+        if rate_limiter is not None:
+            try:
+                for inst in self._instances:
+                    if inst.spec.rate_limit is not None:
+                        inst.rate_slot = rate_limiter.register(f"{self.name}/{inst.spec.name}", inst.spec.rate_limit,
+                                                               inst.spec.gpu)
+                        self._limited = True
+            except BaseException:
+                self._unregister()
+                for inst in self._instances:
+                    inst.slot.put(None)
+                for inst in self._instances:
+                    assert inst.thread is not None
+                    inst.thread.join()
+                raise
         self._by_requests = all(callable(getattr(s, "run_requests", None)) for s in sessions)
         self._queue = BatchQueue(self.policy, check_shapes=not self._by_requests, model=self.name)
         self._idle: list[_Instance] = list(self._instances)
@@ -332,6 +355,14 @@ class Scheduler:
         for inst in self._instances:
             assert inst.thread is not None
             inst.thread.join()
+        self._unregister()
+
+    def _unregister(self) -> None:
+        """Take the instances out of the rate limiter (their resources no longer count)."""
+        for inst in self._instances:
+            if inst.rate_slot is not None and self._limiter is not None:
+                self._limiter.unregister(inst.rate_slot)
+                inst.rate_slot = None
 
     # -- batcher -----------------------------------------------------------------------------
 
@@ -389,7 +420,7 @@ class Scheduler:
         """Give a formed batch to an idle instance (outside the lock), or run it on this thread
         with that instance's session (``here``)."""
         running = self._start(batch, counted=counted)
-        if running and here:
+        if running and here and not self._limited:  # a rate-limited run may wait: never here
             self._run_batch(target, running)
         elif running:
             target.slot.put(running)
@@ -460,7 +491,16 @@ class Scheduler:
         instance's own thread) return the next batch it should run instead, if any."""
         try:
             assert inst.session is not None
-            self._execute(inst.session, batch)
+            slot = inst.rate_slot
+            if slot is None:
+                self._execute(inst.session, batch)
+            else:  # Triton's rate limiter: run only while holding the group's resources
+                assert self._limiter is not None
+                self._limiter.acquire(slot)
+                try:
+                    self._execute(inst.session, batch)
+                finally:
+                    self._limiter.release(slot)
         except BaseException as exc:  # never lose a batch's futures
             # Ctrl-C reaches only the main thread, in a run there on the caller's behalf; a model
             # that raises KeyboardInterrupt itself elsewhere (an instance or event-loop thread)
@@ -543,6 +583,9 @@ class Scheduler:
                 compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns,
             )
         for r, outcome in ok:
+            trace = r.request.trace
+            if trace is not None:  # sampled by the tracer (Triton's trace extension)
+                trace.computed(r.arrival_ns, t0, t1, t2, t3)
             sink = r.request.stats_sink
             if sink is not None:  # an ensemble's step: its times count for the ensemble too
                 sink.add_step_times(

@@ -8,6 +8,7 @@ Roles per route (``admin`` may always; an empty set: any valid token; ``None``: 
     gRPC ServerLive, ServerReady, grpc.health.v1.Health  open (likewise)
     /v2/repository/models/{m}/load|unload                admin     (gRPC RepositoryModelLoad/Unload)
     /v2/logging                                          admin     (gRPC LogSettings)
+    /v2[/models/{m}]/trace/setting                       admin     (gRPC TraceSetting)
     gRPC TraceSetting, LogSettings                       admin
     every other /v2 route and GRPCInferenceService RPC   infer     (inference, metadata, config,
                                                                     statistics, index, shared memory)
@@ -99,7 +100,8 @@ def http_roles(method: str, path: str, *, auth_health: bool = False) -> frozense
     if path.startswith("/v2"):
         if path in _HEALTH_PATHS:
             return ANY_TOKEN if auth_health else None
-        if path.startswith("/v2/repository/models/") and path.endswith(("/load", "/unload")) or path == "/v2/logging":
+        if path.startswith("/v2/repository/models/") and path.endswith(("/load", "/unload")) or path == "/v2/logging" \
+                or path.endswith("/trace/setting"):
             return ADMIN
         return INFER
     if path == "/metrics":

@@ -223,6 +223,7 @@ class Infer:
         out_regions: output name -> ``ShmLocation`` of outputs to write into client regions.
         frees: response-arena blocks of earlier answers the front end is done with.
         tenant: the request's tenant (whose regions it may name).
+        traceparent: its W3C ``traceparent`` (``""`` when none; Triton's opentelemetry tracing).
     """
 
     rid: int
@@ -239,6 +240,7 @@ class Infer:
     out_regions: dict[str, Any]
     frees: list[int]
     tenant: str
+    traceparent: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -289,7 +289,7 @@ class OwnerChannel(asyncio.Protocol):
         message = ch.Infer(
             rid, request.model_name, request.model_version, specs, outputs, dict(request.parameters),
             request.priority, request.timeout_us, request.id, request.binary_data_output, in_regions, out_regions, frees,
-            use.tenant if use is not None else "",
+            use.tenant if use is not None else "", request.traceparent,
         )
         try:
             self.send(message)

@@ -266,7 +266,7 @@ class FrontendLink:
             model_name=message.model, inputs=inputs, model_version=message.version,
             outputs=tuple(RequestedOutput(n, b, p) for n, b, p in message.outputs), parameters=message.parameters,
             priority=message.priority, timeout_us=message.timeout_us, id=message.request_id,
-            binary_data_output=message.binary_output,
+            binary_data_output=message.binary_output, traceparent=message.traceparent,
         )
         return message.rid, message.model, message.version, request, use
 

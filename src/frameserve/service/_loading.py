@@ -40,6 +40,7 @@ from frameserve.scheduler import (
     Dispatch,
     EnsembleScheduler,
     InstanceSpec,
+    RateLimiter,
     ResponseCache,
     ResponsePath,
     Scheduler,
@@ -91,6 +92,7 @@ class ModelTable:
     metrics: Metrics
     max_queue_size: int
     cache: ResponseCache | None
+    rate_limiter: RateLimiter | None
     load_errors: dict[str, str]
     _lock: threading.RLock
     _load_lock: threading.Lock
@@ -302,6 +304,7 @@ class ModelTable:
             open_session,
             clock=self.clock,
             metrics=self.metrics,
+            rate_limiter=self.rate_limiter,
             max_queue_size=self.max_queue_size,
         )
         try:

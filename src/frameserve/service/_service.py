@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -32,8 +33,10 @@ from frameserve.scheduler import (
     QUEUED,
     Clock,
     Dispatch,
+    RateLimiter,
     ResponseCache,
     SchedulerStoppedError,
+    Tracer,
     failed_future,
 )
 from frameserve.service._loading import ModelTable, _Loaded
@@ -85,6 +88,11 @@ class InferenceService(ModelTable):
             --server-name``).
         cache: the response cache (Triton's ``--cache-config local,size=N``) that models with
             ``response_cache { enable: true }`` use; ``None`` = no cache.
+        tracer: Triton's trace extension (``--trace-config``): samples requests while
+            :attr:`~frameserve.scheduler.Tracer.on`; the transports serve its settings.
+            ``None`` = no tracing and no trace settings served.
+        rate_limiter: Triton's rate limiter (``--rate-limit execution_count``) every model's
+            scheduler shares; ``None`` = off.
 
     Thread safety: every method may be called from many threads at once. Loads and unloads of
     one model are serialised; requests never wait for a lock held during a load.
@@ -101,6 +109,8 @@ class InferenceService(ModelTable):
         strict_readiness: bool = True,
         server_name: str = "frameserve",
         cache: ResponseCache | None = None,
+        tracer: Tracer | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         if threads is not None and threads < 1:
             raise ModelConfigError(f"threads must be >= 1, got {threads}")
@@ -116,6 +126,8 @@ class InferenceService(ModelTable):
             raise ModelConfigError("server_name must not be empty")
         self.server_name = server_name
         self.cache = cache
+        self.tracer = tracer
+        self.rate_limiter = rate_limiter
         if cache is not None:
             self.metrics.cache_enabled = True
         self._lock = threading.RLock()
@@ -312,6 +324,8 @@ class InferenceService(ModelTable):
                 (a unary call). What the scheduler raises.
         """
         if not entry.config.decoupled:
+            if self.tracer is not None and self.tracer.on:
+                return self._traced(entry, checked, dispatch)
             return entry.respond.submit((checked,), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
         sink = checked[0].responses
         if sink is None:
@@ -327,10 +341,45 @@ class InferenceService(ModelTable):
         future.add_done_callback(end_on_error)
         return future
 
+    def _traced(
+        self, entry: _Loaded, checked: tuple[InferRequest, int], dispatch: Dispatch
+    ) -> Future[dict[str, np.ndarray[Any, Any]]]:
+        """:meth:`_submit` of a checked request while tracing is on: sampled by the tracer
+        (REQUEST_START now, the scheduler's times on the way, REQUEST_END when its future is done)."""
+        request, size = checked
+        assert self.tracer is not None
+        trace = self.tracer.sample(entry.config.name, entry.version, request.id, request.traceparent)
+        if trace is None:
+            return entry.respond.submit((checked,), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
+        trace.stamp("REQUEST_START", time.monotonic_ns())
+        if trace.tensors is not None:  # level TENSORS: the inputs as queued
+            trace.tensors["TENSOR_QUEUE_INPUT"] = request.inputs
+        request = dataclasses.replace(request, trace=trace)
+        try:
+            future = entry.respond.submit(((request, size),), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
+        except BaseException:
+            trace.finish(time.monotonic_ns())
+            raise
+
+        def finished(done: Future[dict[str, np.ndarray[Any, Any]]]) -> None:
+            ok = not done.cancelled() and done.exception() is None
+            trace.finish(time.monotonic_ns(), done.result() if ok and trace.tensors is not None else None)
+
+        future.add_done_callback(finished)
+        return future
+
     def _submit_many(
         self, requests: Sequence[InferRequest], dispatch: Dispatch
     ) -> list[Future[dict[str, np.ndarray[Any, Any]]]]:
         """:meth:`InferClient.submit_many`: each model's share queued at once under ``dispatch``."""
+        if self.tracer is not None and self.tracer.on:  # traced one by one (sampling, REQUEST_END)
+            out_one: list[Future[dict[str, np.ndarray[Any, Any]]]] = []
+            for request in requests:
+                try:
+                    out_one.append(self._submit(request, dispatch))
+                except FrameserveError as exc:
+                    out_one.append(failed_future(exc))
+            return out_one
         out: dict[int, Future[dict[str, np.ndarray[Any, Any]]]] = {}
         groups: dict[int, tuple[_Loaded, list[int], list[tuple[InferRequest, int]]]] = {}
         for i, request in enumerate(requests):

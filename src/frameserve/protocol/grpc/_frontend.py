@@ -28,7 +28,7 @@ from frameserve.errors import QuotaExceededError
 from frameserve.protocol._core import InferCore, RegionSource
 from frameserve.protocol.grpc._auth import TokenInterceptor, principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response
-from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request
+from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request, traceparent_of
 from frameserve.protocol.grpc._server import SERVICE_NAME, message_classes, method_handlers, server_options
 from frameserve.protocol.grpc._servicer import status_of
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
@@ -134,7 +134,7 @@ class _FrontServicer:
                     return await self.forward(_MODEL_INFER, data)
                 return await infer(
                     self.core, request, self.limits, self.shared_memory, raw_contents=raws,
-                    encode=encode_infer_response_bytes, tenant=tenant,
+                    encode=encode_infer_response_bytes, tenant=tenant, traceparent=traceparent_of(self.core, context),
                 )
         except RpcStatus as exc:
             await context.abort(grpc.StatusCode[exc.code], exc.details)
@@ -153,11 +153,11 @@ class _FrontServicer:
                     held.enter_context(self.infer_gate.stream(tenant))
             except QuotaExceededError as exc:
                 await context.abort(*status_of(exc))
-            async for response in self._answers(request_iterator, tenant):
+            async for response in self._answers(request_iterator, tenant, traceparent_of(self.core, context)):
                 yield response
 
     async def _answers(
-        self, request_iterator: AsyncIterator[pb.ModelInferRequest], tenant: str
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], tenant: str, traceparent: str = ""
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         async for request in request_iterator:
             try:
@@ -165,7 +165,7 @@ class _FrontServicer:
                     with self._admitted(tenant):
                         response = await infer(
                             self.core, request, self.limits, self.shared_memory, encode=encode_infer_response,
-                            tenant=tenant,
+                            tenant=tenant, traceparent=traceparent,
                         )
                 else:
                     response = pb.ModelInferResponse.FromString(

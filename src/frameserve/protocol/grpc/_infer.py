@@ -14,6 +14,7 @@ may come in any order, and repeated ones concatenate (protobuf.dev, "Encoding": 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -24,11 +25,11 @@ from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.protocol._core import InferCore, Outputs, RegionSource, outputs_of
 from frameserve.protocol.grpc._codec import decode_infer_request, response_parts
-from frameserve.request import InferRequest
+from frameserve.request import TRACEPARENT_CHARS, InferRequest
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.shm import SharedMemoryUse
 
-__all__ = ["encode_infer_response_bytes", "infer", "parse_infer_request", "version_used"]
+__all__ = ["encode_infer_response_bytes", "infer", "parse_infer_request", "traceparent_of", "version_used"]
 
 _R = TypeVar("_R")
 
@@ -194,11 +195,12 @@ async def infer(
     *,
     raw_contents: Sequence[bytes | memoryview] | None = None,
     encode: Callable[..., _R],
+    traceparent: str = "",
 ) -> _R:
     """One ``ModelInfer``: decode (off the event loop when costly), run on ``core``, encode with
     ``encode`` (``encode_infer_response`` for a message, :func:`encode_infer_response_bytes`
     for bytes); ``raw_contents``: the request's raw contents taken off the wire
-    (:func:`parse_infer_request`). Tensors in ``shared_memory`` regions are read and written there, the regions
+    (:func:`parse_infer_request`); ``traceparent``: the call's (:func:`traceparent_of`). Tensors in ``shared_memory`` regions are read and written there, the regions
     held until the answer is built.
 
     Raises:
@@ -212,6 +214,8 @@ async def infer(
             )
         else:
             call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents)
+        if traceparent:
+            call = dataclasses.replace(call, traceparent=traceparent)
         outputs = await outputs_of(core.submit(call))
         version = version_used(core, call)
         if sum(a.size for a in outputs.values()) > OFFLOAD_ELEMENTS or any(a.dtype == object for a in outputs.values()):
@@ -223,6 +227,21 @@ async def infer(
             shm.release()
     trim_after_request(call, shm)
     return response
+
+
+def traceparent_of(core: InferCore, context: Any) -> str:
+    """The call's W3C ``traceparent`` metadata when the server traces in ``opentelemetry`` mode
+    (Triton's context propagation), else ``""``; in the server's own process the metadata is not
+    read otherwise (a front end, whose core is the channel, passes it on for the owner to judge)."""
+    service = getattr(core, "service", None)
+    if service is not None:
+        tracer = getattr(service, "tracer", None)
+        if tracer is None or not tracer.on or tracer.mode != "opentelemetry":
+            return ""
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent" and isinstance(value, str) and len(value) == TRACEPARENT_CHARS:
+            return value
+    return ""
 
 
 def trim_after_request(call: InferRequest, shm: SharedMemoryUse | None) -> None:

@@ -25,7 +25,7 @@ from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
 from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.grpc._auth import principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response, parameter_value, parse_version
-from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request
+from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request, traceparent_of
 from frameserve.protocol.grpc._stream import stream_answers_async
 from frameserve.repository import config_override
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
@@ -169,7 +169,8 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerMetadataResponse:
         meta = self.service.server_metadata((*((SHM_EXTENSION,) if self.shared_memory is not None else ()),
-                                             *(("logging",) if self.log_settings is not None else ())))
+                                             *(("logging",) if self.log_settings is not None else ()),
+                                             *(("trace",) if getattr(self.service, "tracer", None) is not None else ())))
         return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"], extensions=meta["extensions"])
 
     @_handled
@@ -196,7 +197,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         tenant = self.tenant_of(context)
         with self.admitted(tenant):
             return await infer(self.core, request, self.limits, self.shared_memory,
-                               encode=encode_infer_response, tenant=tenant)
+                               encode=encode_infer_response, tenant=tenant, traceparent=traceparent_of(self.core, context))
 
     @_handled
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
@@ -212,7 +213,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             request, raws = parse_infer_request(data, self.limits)
             return await infer(
                 self.core, request, self.limits, self.shared_memory, raw_contents=raws,
-                encode=encode_infer_response_bytes, tenant=tenant,
+                encode=encode_infer_response_bytes, tenant=tenant, traceparent=traceparent_of(self.core, context),
             )
 
     async def ModelStreamInfer(
@@ -238,7 +239,8 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 with self.admitted(tenant):  # every response of the request (decoupled: many)
                     async for response in stream_answers_async(self.core, request, self.limits, self.shared_memory,
-                                                               tenant=tenant):
+                                                               tenant=tenant,
+                                                               traceparent=traceparent_of(self.core, context)):
                         yield response
             except Exception as exc:  # noqa: BLE001 - reported in the stream
                 _, message = status_of(exc)
@@ -391,13 +393,33 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 slot.string_param = str(value)
         return response
 
-    # -- not served --------------------------------------------------------------------------
-    # Triton's trace RPC is part of the service definition, so it is answered, with
-    # UNIMPLEMENTED and the feature's name: frameserve has no trace settings yet.
+    # -- trace extension ---------------------------------------------------------------------
+
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: grpc.aio.ServicerContext) -> pb.TraceSettingResponse:
+        if getattr(self.service, "tracer", None) is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "TraceSetting: trace settings are not served by this server")
+        return await self._trace_setting(request, context)
+
+    @_handled
+    async def _trace_setting(self, request: pb.TraceSettingRequest, context: grpc.aio.ServicerContext) -> pb.TraceSettingResponse:
+        tracer = self.service.tracer
+        assert tracer is not None
+        model = request.model_name or None
+        if model is not None:
+            self.service.version_for(model)  # an unknown model is refused
+        # tritonclient sends a cleared setting as no values, trace_level as a list, others as one string
+        changes: dict[str, Any] = {}
+        for name, value in request.settings.items():
+            values = list(value.value)
+            changes[name] = None if not values else values if name == "trace_level" else values[0]
+        current = tracer.update(changes, model) if changes else tracer.current(model)
+        response = pb.TraceSettingResponse()
+        for name, setting in current.items():
+            response.settings[name].value.extend(setting if isinstance(setting, list) else [setting])
+        return response
+
     # (The NotImplementedError defaults in the generated `grpc_service_pb2_grpc.py` base class are
     # protoc's; this class overrides every RPC.)
-
-    TraceSetting = _unimplemented("TraceSetting", "trace settings")
 
 
 def config_message(config: dict[str, Any]) -> mc.ModelConfig:

@@ -40,7 +40,7 @@ from frameserve.errors import DecoupledModelError, FrameserveError
 from frameserve.protocol._core import InferCore, RegionSource
 from frameserve.protocol._stream import MAX_PENDING, LoopSink, StreamedResponse, route_answer
 from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_response
-from frameserve.protocol.grpc._infer import OFFLOAD_ELEMENTS, _costly, trim_after_request, version_used
+from frameserve.protocol.grpc._infer import OFFLOAD_ELEMENTS, _costly, traceparent_of, trim_after_request, version_used
 from frameserve.request import InferRequest
 from frameserve.security.limits import TensorLimits
 from frameserve.security.quotas import InferGate
@@ -89,7 +89,7 @@ def _wants_empty_final(call: InferRequest) -> bool:
 
 async def stream_answers_async(
     core: InferCore, request: pb.ModelInferRequest, limits: TensorLimits, shared_memory: RegionSource | None,
-    *, tenant: str = "",
+    *, tenant: str = "", traceparent: str = "",
 ) -> AsyncIterator[pb.ModelStreamInferResponse]:
     """Every stream message of one request, for the ``grpc.aio`` servicer (which answers a
     stream's requests one after another), decoding a costly request and encoding large outputs
@@ -105,7 +105,7 @@ async def stream_answers_async(
             call = await asyncio.to_thread(decode_infer_request, request, limits, shared_memory=shm)
         else:
             call = decode_infer_request(request, limits, shared_memory=shm)
-        call = dataclasses.replace(call, responses=sink)
+        call = dataclasses.replace(call, responses=sink, traceparent=traceparent or call.traceparent)
         route_answer(core.submit(call), sink)
         version = version_used(core, call)
         empty_final = _wants_empty_final(call)
@@ -226,6 +226,7 @@ def stream_all(
         grpc.RpcError: the client went away (the call is aborted with CANCELLED).
     """
     merged: _Merged | None = None
+    parent = traceparent_of(core, context)  # the call's metadata: every request of the stream
     slots = threading.BoundedSemaphore(MAX_OPEN)
     lock = threading.Lock()
     open_: set[_Open] = set()
@@ -253,7 +254,7 @@ def stream_all(
                 call = decode_infer_request(request, limits, shared_memory=shm)
                 state = _Open(call, shm, version_used(core, call))  # before a fast model answers here
                 sink = _Tagged(merged, state)
-                state.call = call = dataclasses.replace(call, responses=sink)
+                state.call = call = dataclasses.replace(call, responses=sink, traceparent=parent or call.traceparent)
                 with lock:
                     open_.add(state)
                 try:

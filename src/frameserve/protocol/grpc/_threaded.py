@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -48,6 +49,7 @@ from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_r
 from frameserve.protocol.grpc._infer import (
     encode_infer_response_bytes,
     parse_infer_request,
+    traceparent_of,
     trim_after_request,
     version_used,
 )
@@ -126,6 +128,9 @@ def infer_blocking(
     try:
         with working:
             call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents)
+            parent = traceparent_of(core, context)
+            if parent:
+                call = dataclasses.replace(call, traceparent=parent)
             future = core.submit(call)
         while True:
             try:

@@ -56,6 +56,7 @@ from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
 from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.http import codec
 from frameserve.protocol.http._auth import HttpGate, principal_of
+from frameserve.protocol.http._docs import add_docs_routes
 from frameserve.protocol.http._generate import generate_routes
 from frameserve.protocol.http._infer import InferFastPath, InferFirst, InferHeaders, read_limited
 from frameserve.protocol.http._infer import infer as _infer
@@ -177,11 +178,13 @@ def create_app(
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
 
     extensions = (*HTTP_EXTENSIONS, *((SHM_EXTENSION,) if shared_memory is not None else ()),
-                  *(("logging",) if log_settings is not None else ()))
+                  *(("logging",) if log_settings is not None else ()),
+                  *(("trace",) if getattr(service, "tracer", None) is not None else ()))
     def is_ready() -> bool:
         return (ready_check is None or ready_check()) and service.is_server_ready()
 
-    app = _V2App(title="frameserve", docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+    app = _V2App(title="frameserve", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    add_docs_routes(app, path="/docs", openapi_url="/openapi.json", static_prefix="/docs/static/")  # no CDN
     app.state.max_body_bytes = max_body_bytes
     app.gate = HttpGate(tokens, auth_health=auth_health, loopback_hosts_only=loopback_hosts_only,
                         sessions=console_sessions)
@@ -335,6 +338,29 @@ def create_app(
         @route("/v2/logging", "POST")
         async def set_logging(request: Request) -> Response:
             return _json(settings.update(await _optional_json(request, max_body_bytes)))
+
+    tracer = getattr(service, "tracer", None)
+    if tracer is not None:  # Triton's trace extension (frameserve.scheduler._trace)
+        trace_settings = tracer
+
+        @route("/v2/trace/setting", "GET")
+        async def get_trace(request: Request) -> Response:
+            return _json(trace_settings.current())
+
+        @route("/v2/trace/setting", "POST")
+        async def set_trace(request: Request) -> Response:
+            return _json(trace_settings.update(await _optional_json(request, max_body_bytes)))
+
+        @route("/v2/models/{model}/trace/setting", "GET")
+        async def get_model_trace(request: Request) -> Response:
+            service.version_for(request.path_params["model"])  # an unknown model is refused
+            return _json(trace_settings.current(request.path_params["model"]))
+
+        @route("/v2/models/{model}/trace/setting", "POST")
+        async def set_model_trace(request: Request) -> Response:
+            name = request.path_params["model"]
+            service.version_for(name)
+            return _json(trace_settings.update(await _optional_json(request, max_body_bytes), name))
 
     @route("/metrics", "GET")
     async def metrics(request: Request) -> Response:

@@ -13,6 +13,7 @@ buffer, and a small one as one body (one socket write).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import re
@@ -34,6 +35,7 @@ from frameserve.errors import (
 from frameserve.protocol._core import BatchingCore, InferCore, LoopBatcher, RegionSource, outputs_of
 from frameserve.protocol.http import codec
 from frameserve.protocol.http._auth import HttpGate, principal_of
+from frameserve.request import TRACEPARENT_CHARS
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.quotas import InferGate
 from frameserve.shm import SharedMemoryUse
@@ -64,11 +66,12 @@ class InferHeaders(NamedTuple):
     content_encoding: str | None = None
     header_length: str | None = None
     accept_encoding: str | None = None
+    traceparent: str | None = None  # W3C trace context (Triton's opentelemetry trace mode)
 
     @staticmethod
     def of(raw: list[tuple[bytes, bytes]]) -> InferHeaders:
         """From an ASGI scope's ``headers`` (lower-case names); the last of repeated ones wins."""
-        found: list[str | None] = [None, None, None, None]
+        found: list[str | None] = [None, None, None, None, None]
         for key, value in raw:
             slot = _SLOTS.get(key)
             if slot is not None:
@@ -76,7 +79,7 @@ class InferHeaders(NamedTuple):
         return InferHeaders(*found)
 
 
-_SLOTS = {b"content-length": 0, b"content-encoding": 1, _HEADER_LENGTH: 2, b"accept-encoding": 3}
+_SLOTS = {b"content-length": 0, b"content-encoding": 1, _HEADER_LENGTH: 2, b"accept-encoding": 3, b"traceparent": 4}
 
 
 def version_of(raw: str | None) -> int | None:
@@ -212,6 +215,8 @@ async def _infer_with(
     except FrameserveError as exc:
         core.record_failure(name, model_version, exc)
         return _error_answer(exc)
+    if headers.traceparent is not None and len(headers.traceparent) == TRACEPARENT_CHARS:
+        req = dataclasses.replace(req, traceparent=headers.traceparent)
     try:
         if batcher is None:
             outputs = await outputs_of(core.submit(req))
