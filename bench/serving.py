@@ -576,7 +576,7 @@ def part_c(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
 
 
 PARTS = {"a": "nudenet served vs in process", "b": "add_sub vs Triton", "c": "nudenet vs LitServe",
-         "d": "ensembles", "e": "front-end processes", "g": "decoupled streaming vs Triton",
+         "d": "ensembles", "e": "front-end processes", "f": "sequences vs Triton", "g": "decoupled streaming vs Triton",
          "h": "response-cache hits vs Triton"}
 
 
@@ -585,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     from _serving_decoupled import part_g
     from _serving_ensembles import part_d
     from _serving_frontends import part_e
+    from _serving_sequence import part_f
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny windows, 1 pair, figures meaningless")
@@ -605,8 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         work = Path(tmp)
-        for name, fn in (("a", part_a), ("b", part_b), ("c", part_c), ("d", part_d), ("e", part_e), ("g", part_g),
-                         ("h", part_h)):
+        for name, fn in (("a", part_a), ("b", part_b), ("c", part_c), ("d", part_d), ("e", part_e), ("f", part_f),
+                         ("g", part_g), ("h", part_h)):
             if name in parts:
                 fn(plan, work, rows, notes)
     print_table(plan, rows, notes, time.monotonic() - t0)

@@ -17,14 +17,54 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from frameserve.errors import TensorError
+from frameserve.errors import InvalidInputError, TensorError
 from frameserve.types import DataType
 
-__all__ = ["TRACEPARENT_CHARS", "InferRequest", "RequestTraceSink", "RequestedOutput", "ResponseSink", "StatsSink"]
+__all__ = [
+    "MAX_SEQUENCE_ID_CHARS",
+    "TRACEPARENT_CHARS",
+    "InferRequest",
+    "RequestTraceSink",
+    "RequestedOutput",
+    "ResponseSink",
+    "StatsSink",
+    "pop_sequence_parameters",
+]
 
 TRACEPARENT_CHARS = 55
 """Length of a W3C ``traceparent`` of version 00 (``00-<32 hex>-<16 hex>-<2 hex>``); the
 transports pass on only values of this length (the exporter checks the form)."""
+
+MAX_SEQUENCE_ID_CHARS = 1024
+"""The longest string ``sequence_id`` a request may carry (a UUID takes 36)."""
+
+
+def pop_sequence_parameters(params: dict[str, Any]) -> tuple[int | str, bool, bool]:
+    """Take Triton's sequence parameters out of a request's decoded ``parameters`` (HTTP JSON
+    or gRPC ``InferParameter`` values): ``sequence_id`` (an unsigned 64-bit integer or a string,
+    0 / "" / absent = none), ``sequence_start`` and ``sequence_end`` (booleans, absent = false).
+    The one reading of them for every transport.
+
+    Returns:
+        ``(sequence_id, sequence_start, sequence_end)``; ``params`` no longer holds them.
+
+    Raises:
+        InvalidInputError: a ``sequence_id`` that is neither (a negative, too large or boolean
+            number, a string over :data:`MAX_SEQUENCE_ID_CHARS`), a flag that is not a boolean.
+    """
+    sid = params.pop("sequence_id", 0)
+    start = params.pop("sequence_start", False)
+    end = params.pop("sequence_end", False)
+    if isinstance(sid, bool) or not isinstance(sid, int | str):
+        raise InvalidInputError(f"request parameter 'sequence_id' must be an unsigned integer or a string, got {sid!r}"[:300])
+    if isinstance(sid, int) and not 0 <= sid < 1 << 64:
+        raise InvalidInputError(f"request parameter 'sequence_id' {sid} is not an unsigned 64-bit integer"[:300])
+    if isinstance(sid, str) and len(sid) > MAX_SEQUENCE_ID_CHARS:
+        raise InvalidInputError(f"request parameter 'sequence_id' is {len(sid)} characters long; at most {MAX_SEQUENCE_ID_CHARS}")
+    for key, flag in (("sequence_start", start), ("sequence_end", end)):
+        if not isinstance(flag, bool):
+            raise InvalidInputError(f"request parameter {key!r} must be a boolean, got {type(flag).__name__}")
+    return sid, start, end
 
 
 class StatsSink(Protocol):
@@ -113,13 +153,18 @@ class InferRequest:
             ``None`` otherwise.
         traceparent: the W3C ``traceparent`` header it came with (``""`` when none); traced
             whatever the sampling in ``opentelemetry`` trace mode, as in Triton.
+        sequence_id: the sequence (Triton's correlation id) the request belongs to: an
+            unsigned 64-bit integer or a string; ``0`` / ``""`` = none. Read by the sequence
+            batcher of a model with ``sequence_batching``, ignored by other models.
+        sequence_start: the first request of its sequence (``sequence_start``).
+        sequence_end: the last request of its sequence (``sequence_end``).
         responses: where a decoupled model's responses go (a streaming transport's); the
             service refuses a request for a decoupled model without one, and other models
             ignore it (their answer is the request's future).
 
     Raises:
-        TensorError: a negative ``priority`` or ``timeout_us``, or ``inputs`` that is not a
-            mapping.
+        TensorError: a negative ``priority`` or ``timeout_us``, ``inputs`` that is not a
+            mapping, or a numeric ``sequence_id`` outside [0, 2**64).
     """
 
     model_name: str
@@ -134,6 +179,9 @@ class InferRequest:
     stats_sink: StatsSink | None = None
     trace: RequestTraceSink | None = None
     traceparent: str = ""
+    sequence_id: int | str = 0
+    sequence_start: bool = False
+    sequence_end: bool = False
     responses: ResponseSink | None = None
 
     def __post_init__(self) -> None:
@@ -143,6 +191,8 @@ class InferRequest:
             raise TensorError(f"timeout {self.timeout_us} given; a timeout is >= 0 microseconds (0 = none)")
         if not isinstance(self.inputs, Mapping):
             raise TensorError(f"a request's inputs map names to arrays; got {type(self.inputs).__name__}")
+        if isinstance(self.sequence_id, int) and not 0 <= self.sequence_id < 1 << 64:
+            raise TensorError(f"sequence_id {self.sequence_id} given; a numeric sequence id is an unsigned 64-bit integer")
 
     @property
     def output_names(self) -> tuple[str, ...] | None:

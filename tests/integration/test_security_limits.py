@@ -143,14 +143,14 @@ def test_declared_shapes_over_the_cap_are_400_on_http_and_grpc(server: ServeProc
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "--max-tensor-elements" in str(details)
 
 
-def test_grpc_refuses_sequence_parameters_as_http_does(server: ServeProcess) -> None:
+def test_grpc_refuses_bad_sequence_parameters_as_http_does(server: ServeProcess) -> None:
     req = pb.ModelInferRequest(model_name="flatf")
     req.inputs.add(name="x", datatype="FP32", shape=[1])
     req.raw_input_contents.append(np.float32([1]).tobytes())
-    req.parameters["sequence_id"].int64_param = 7
+    req.parameters["sequence_id"].int64_param = -7
     code, details = _grpc_call(server.ports["gRPC"], req.SerializeToString())
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "sequence" in str(details)
-    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], "parameters": {"sequence_id": 7}}
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], "parameters": {"sequence_id": -7}}
     r = httpx.post(f"http://127.0.0.1:{server.ports['HTTP']}/v2/models/flatf/infer", json=body, timeout=30)
     assert r.status_code == 400 and "sequence" in r.json()["error"]
 

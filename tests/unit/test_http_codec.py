@@ -105,7 +105,9 @@ def test_binary_bytes_elements_are_length_prefixed_and_mixed_with_json() -> None
         ({"inputs": {}}, InvalidInputError, "'inputs' must be an array"),
         ({"id": 5, "inputs": []}, InvalidInputError, "'id' must be a string"),
         ({"inputs": [], "parameters": {"timeout": -1}}, InvalidInputError, "'timeout' must be a non-negative integer"),
-        ({"inputs": [], "parameters": {"sequence_id": 3}}, InvalidInputError, "sequence batching is not supported"),
+        ({"inputs": [], "parameters": {"sequence_id": -3}}, InvalidInputError, "'sequence_id' -3 is not an unsigned 64-bit"),
+        ({"inputs": [], "parameters": {"sequence_id": True}}, InvalidInputError, "'sequence_id' must be an unsigned"),
+        ({"inputs": [], "parameters": {"sequence_start": 1}}, InvalidInputError, "'sequence_start' must be a boolean"),
         ({"inputs": [], "outputs": [{"name": "y"}, {"name": "y"}]}, InvalidInputError, "requested twice"),
     ],
 )

@@ -174,7 +174,7 @@ def test_unknown_field_and_bad_enum_name_line_and_column() -> None:
 @pytest.mark.parametrize(
     ("text", "what"),
     [
-        ("sequence_batching { }", "sequence_batching"),
+        ("batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: \"n\" data_type: TYPE_INT32 } ]", "batch_input"),
         ('input [ { name: "x" dims: [4] } ]', "data_type"),
     ],
 )
@@ -218,3 +218,23 @@ def test_triton_repo_configs_all_parse() -> None:
     assert bls.input("MODEL_NAME").datatype is DataType.BYTES
     sqrt = repo.config("checked_sqrt")
     assert sqrt.max_batch_size == 8 and sqrt.dynamic_batching == {"max_queue_delay_microseconds": 100}
+
+
+def test_sequence_batching_maps_to_config_yaml_form() -> None:
+    text = (Path(__file__).resolve().parents[1] / "data" / "triton_sequence" / "simple_dyna_sequence.pbtxt").read_text()
+    data, dropped = pbtxt_to_dict(text)
+    assert dropped == []
+    seq = data["sequence_batching"]
+    assert seq["max_sequence_idle_microseconds"] == 10000000  # a uint64: a string in protobuf's JSON, an int here
+    assert seq["oldest"] == {"max_candidate_sequences": 1024, "max_queue_delay_microseconds": 10000}
+    cfg = parse_config(data, default_name="simple_dyna_sequence")
+    assert cfg.sequence is not None and cfg.sequence.strategy == "oldest"
+    assert [(c.name, c.kind[len("CONTROL_SEQUENCE_"):], c.datatype.value) for c in cfg.sequence.controls] == [
+        ("START", "START", "INT32"), ("END", "END", "INT32"), ("READY", "READY", "INT32"), ("CORRID", "CORRID", "UINT64")]
+    assert cfg.to_dict()["sequence_batching"] == seq
+    state = pbtxt_to_dict('sequence_batching { state [ { input_name: "I" output_name: "O" data_type: TYPE_FP32 dims: [ -1 ] '
+                          'initial_state: { data_type: TYPE_FP32 dims: [ 2 ] zero_data: true name: "z" } } ] }')[0]
+    assert state["sequence_batching"]["state"][0]["dims"] == [-1]
+    assert state["sequence_batching"]["state"][0]["initial_state"][0]["dims"] == [2]
+    parsed = parse_config({**state, "backend": "python"}, default_name="m").sequence
+    assert parsed is not None and parsed.states[0].initial_dims == (2,) and parsed.strategy == "direct"

@@ -57,6 +57,8 @@ def complete_config(config: ModelConfig, model: _HasSignature) -> ModelConfig:
     Completed: ``max_batch_size`` (the detected value), ``inputs`` (all of the model's),
     ``outputs`` (all of the model's), and any ``-1`` config dim where the model's dim is fixed.
     A config may list a subset of the outputs, and may fix a dim the model leaves variable.
+    With ``sequence_batching``, the control and state inputs are not the config's (the
+    sequence batcher fills them), nor are state outputs unless the config lists them.
 
     Args:
         config: the (possibly partial) config.
@@ -69,15 +71,20 @@ def complete_config(config: ModelConfig, model: _HasSignature) -> ModelConfig:
             names the tensor, what the config says and what the model has.
     """
     mbs = model.max_batch_size if config.max_batch_size is None else config.max_batch_size
-    full_in = {s.name: s for s in model.inputs}
-    inputs = _merge(config, "input", config.inputs, model.inputs, model.max_batch_size, mbs)
+    seq = config.sequence  # the sequence batcher fills control and state inputs; state outputs stay with it
+    supplied = seq.supplied_inputs if seq is not None else frozenset()
+    kept = seq.state_outputs - {s.name for s in config.outputs} if seq is not None else frozenset()
+    model_inputs = tuple(s for s in model.inputs if s.name not in supplied)
+    model_outputs = tuple(s for s in model.outputs if s.name not in kept)
+    full_in = {s.name: s for s in model_inputs}
+    inputs = _merge(config, "input", config.inputs, model_inputs, model.max_batch_size, mbs)
     listed = {s.name for s in config.inputs}
     if config.inputs and set(full_in) - listed:
         raise ModelConfigError(
             f"model {config.name!r}: config lists inputs {sorted(listed)} but the model also needs "
             f"{sorted(set(full_in) - listed)}; list every input or none"
         )
-    outputs = _merge(config, "output", config.outputs, model.outputs, model.max_batch_size, mbs)
+    outputs = _merge(config, "output", config.outputs, model_outputs, model.max_batch_size, mbs)
     return replace(config, max_batch_size=mbs, inputs=inputs, outputs=outputs)
 
 

@@ -24,9 +24,17 @@ from frameserve.repository._repository import (
     check_model_name,
 )
 from frameserve.repository._schema import config_schema, validate_config
+from frameserve.repository._sequence import (
+    CONTROL_KINDS,
+    SequenceBatching,
+    SequenceControl,
+    SequenceState,
+    parse_sequence_batching,
+)
 
 __all__ = [
     "BACKENDS",
+    "CONTROL_KINDS",
     "ENSEMBLE",
     "MAX_MODEL_NAME_BYTES",
     "MODEL_FILENAMES",
@@ -37,6 +45,9 @@ __all__ = [
     "ModelConfig",
     "ModelRepository",
     "RateLimiterSpec",
+    "SequenceBatching",
+    "SequenceControl",
+    "SequenceState",
     "VersionPolicy",
     "check_ensemble_graph",
     "check_inputs",
@@ -45,5 +56,6 @@ __all__ = [
     "config_override",
     "config_schema",
     "parse_config",
+    "parse_sequence_batching",
     "validate_config",
 ]

@@ -23,6 +23,7 @@ from frameserve.repository._features import (
 )
 from frameserve.repository._policy import VersionPolicy
 from frameserve.repository._schema import validate_config
+from frameserve.repository._sequence import SequenceBatching, parse_sequence_batching
 from frameserve.types import DataType, TensorSpec
 
 __all__ = ["BACKENDS", "ENSEMBLE", "PRECISIONS", "InstanceGroup", "ModelConfig", "RateLimiterSpec", "check_model_filename", "parse_config"]
@@ -191,11 +192,14 @@ class ModelConfig:
         model_warmup: warmup samples run on each instance at load, before the model is ready.
         response_cache: Triton's ``response_cache.enable``: identical requests may be answered
             from the server's response cache (when the server has one).
-
-    A frozen value; it holds dicts, so it is not hashable.
+        sequence_batching: Triton's ``sequence_batching`` fields as a dict (checked by
+            :func:`~frameserve.repository.parse_sequence_batching`; excludes ``dynamic_batching``),
+            or ``None`` for a model without sequences. :attr:`sequence` is its parsed form.
         decoupled: Triton's ``model_transaction_policy.decoupled``: the model answers a request
             with zero or more responses (Python models' response sender), streamed over gRPC
             ``ModelStreamInfer`` and HTTP ``generate_stream``; unary infer refuses it.
+
+    A frozen value; it holds dicts, so it is not hashable.
     """
 
     name: str
@@ -216,6 +220,7 @@ class ModelConfig:
     label_filenames: Mapping[str, str] = field(default_factory=dict)
     model_warmup: tuple[WarmupSample, ...] = ()
     response_cache: bool = False
+    sequence_batching: dict[str, Any] | None = None
     decoupled: bool = False
 
     def __post_init__(self) -> None:
@@ -240,6 +245,22 @@ class ModelConfig:
             check_bare_filename(filename, f"model {self.name!r} output {output!r}: label_filename")
         if ensemble:
             self._check_ensemble()
+        if self.sequence_batching is not None:
+            if self.dynamic_batching is not None:
+                raise ModelConfigError(f"model {self.name!r}: give dynamic_batching or sequence_batching, not both")
+            if ensemble:
+                raise ModelConfigError(f"ensemble {self.name!r}: an ensemble has no sequence_batching")
+        self.sequence  # noqa: B018 - a bad section fails here, when the config is read
+
+    @property
+    def sequence(self) -> SequenceBatching | None:
+        """The parsed ``sequence_batching`` section, or ``None`` (parsed on each call: read it
+        once, at load).
+
+        Raises:
+            ModelConfigError: a bad section (checked when the config is built already).
+        """
+        return parse_sequence_batching(self.sequence_batching, where=f"model {self.name!r}: sequence_batching")
 
     def _check_ensemble(self) -> None:
         where = f"ensemble {self.name!r}"
@@ -325,6 +346,8 @@ class ModelConfig:
             out["model_warmup"] = [w.to_dict() for w in self.model_warmup]
         if self.response_cache:
             out["response_cache"] = {"enable": True}
+        if self.sequence_batching is not None:
+            out["sequence_batching"] = dict(self.sequence_batching)
         if self.decoupled:
             out["model_transaction_policy"] = {"decoupled": True}
         return out
@@ -464,5 +487,6 @@ def parse_config(
         label_filenames=labels,
         model_warmup=parse_warmup(data.get("model_warmup"), source),
         response_cache=bool(cache.get("enable", False)),
+        sequence_batching=dict(data["sequence_batching"]) if data.get("sequence_batching") is not None else None,
         decoupled=bool((data.get("model_transaction_policy") or {}).get("decoupled", False)),
     )

@@ -11,11 +11,13 @@ The text is parsed with ``google.protobuf.text_format`` against frameserve's cop
   ``dynamic_batching``, ``parameters``, ``default_model_filename``, ``ensemble_scheduling``
   (``step``: ``model_name``, ``model_version`` -- absent means 0, as protobuf reads it and Triton
   runs it --, ``input_map``, ``output_map``), ``model_warmup`` (``name``, ``batch_size``,
-  ``inputs``, ``count``), ``response_cache`` and a decoupled ``model_transaction_policy``. 64-bit integers, which
+  ``inputs``, ``count``), ``response_cache``, ``sequence_batching`` (strategy, idle time,
+  ``control_input``, ``state``; a control without ``kind`` is protobuf's default,
+  ``CONTROL_SEQUENCE_START``) and a decoupled ``model_transaction_policy``. 64-bit integers, which
   protobuf's JSON form writes as strings, become ints; an instance group without ``count``
   gets Triton's 1, without ``kind`` Triton's ``KIND_AUTO``.
 - refused with :class:`~frameserve.errors.ModelConfigError` (they change what a model
-  computes or how requests are grouped, and frameserve does not do them): ``sequence_batching``,
+  computes or how requests are grouped, and frameserve does not do them):
   ``batch_input``, ``batch_output``, an ensemble step's ``model_namespace``, shape tensors and
   ragged batching of a tensor.
 - dropped, with a log line at INFO level naming them (:func:`pbtxt_to_dict` also returns
@@ -42,7 +44,7 @@ __all__ = ["json_to_dict", "message_to_dict", "pbtxt_to_dict", "read_pbtxt"]
 
 _log = logging.getLogger(__name__)
 
-_REFUSED = ("sequence_batching", "batch_input", "batch_output")
+_REFUSED = ("batch_input", "batch_output")
 _DROPPED = (
     "optimization",
     "metric_tags",
@@ -107,6 +109,36 @@ def _warmup(sample: dict[str, Any]) -> dict[str, Any]:
                            "count": _int(sample.get("count", 0))}
     if sample.get("name"):
         out["name"] = sample["name"]
+    return out
+
+
+def _sequence(raw: dict[str, Any]) -> dict[str, Any]:
+    """``sequence_batching`` in config.yaml's form (64-bit integers as ints; a control's
+    absent ``kind`` is protobuf's default, ``CONTROL_SEQUENCE_START``)."""
+    out = dict(raw)
+    if "max_sequence_idle_microseconds" in out:
+        out["max_sequence_idle_microseconds"] = _int(out["max_sequence_idle_microseconds"])
+    for key in ("direct", "oldest"):
+        if key in out:
+            strategy = dict(out[key])
+            if "max_queue_delay_microseconds" in strategy:
+                strategy["max_queue_delay_microseconds"] = _int(strategy["max_queue_delay_microseconds"])
+            out[key] = strategy
+    if "control_input" in out:
+        out["control_input"] = [
+            {**c, "control": [{"kind": "CONTROL_SEQUENCE_START", **k} for k in c.get("control", [])]}
+            for c in out["control_input"]
+        ]
+    states = []
+    for state in out.get("state", []):
+        entry = dict(state)
+        entry["dims"] = [_int(d) for d in entry.get("dims", [])]
+        entry["initial_state"] = [
+            {**init, "dims": [_int(d) for d in init.get("dims", [])]} for init in entry.get("initial_state", [])
+        ]
+        states.append(entry)
+    if states:
+        out["state"] = states
     return out
 
 
@@ -257,6 +289,8 @@ def message_to_dict(message: Any, *, source: str) -> tuple[dict[str, Any], list[
         out["ensemble_scheduling"] = _ensemble(raw["ensemble_scheduling"], source, dropped)
     if "model_warmup" in raw:
         out["model_warmup"] = [_warmup(w) for w in raw["model_warmup"]]
+    if "sequence_batching" in raw:
+        out["sequence_batching"] = _sequence(raw["sequence_batching"])
     if "response_cache" in raw:
         out["response_cache"] = {"enable": bool(raw["response_cache"].get("enable", False))}
     if policy is not None and policy.get("decoupled"):

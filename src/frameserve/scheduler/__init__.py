@@ -1,8 +1,9 @@
 """The scheduler: per model version, a dynamic batcher (Triton's ``dynamic_batching``: preferred
 sizes, queue delay, priority levels, queue policies with timeouts and bounds, order kept) in
 front of an instance pool (instance groups with per-instance thread budgets and CPU sets); per
-ensemble version, the ensemble scheduler that runs its steps as a DAG through the entry point
-it is given.
+model with ``sequence_batching``, the sequence batcher in its place (direct and oldest
+strategies, control inputs, implicit state); per ensemble version, the ensemble scheduler that
+runs its steps as a DAG through the entry point it is given.
 
 It knows the :class:`~frameserve.backends.Session` protocol and no backend.
 """
@@ -21,6 +22,7 @@ from frameserve.scheduler._ratelimit import RATE_LIMIT_MODES, RateLimiter, RateS
 from frameserve.scheduler._request import QueuedRequest, failed_future
 from frameserve.scheduler._respond import ResponsePath
 from frameserve.scheduler._scheduler import BatchOutputError, Scheduler, SchedulerStoppedError
+from frameserve.scheduler._sequence import SequenceScheduler, initial_state
 from frameserve.scheduler._stats import ModelStats
 from frameserve.scheduler._trace import RequestTrace, TraceConfig, Tracer, parse_trace_config
 from frameserve.scheduler._tracesink import OtlpSink, TraceFileWriter, make_sink
@@ -51,6 +53,7 @@ __all__ = [
     "ResponsePath",
     "Scheduler",
     "SchedulerStoppedError",
+    "SequenceScheduler",
     "SubmitFn",
     "TraceConfig",
     "TraceFileWriter",
@@ -58,6 +61,7 @@ __all__ = [
     "check_ensemble_steps",
     "failed_future",
     "gpu_count",
+    "initial_state",
     "load_ensemble_steps",
     "make_sink",
     "parse_cache_config",

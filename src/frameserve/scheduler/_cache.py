@@ -110,7 +110,7 @@ class ResponseCache:
         ``request`` must be checked already (its inputs contiguous, as the service queues them).
         """
         params = request.parameters
-        if params.get("sequence_id") not in (None, 0, ""):
+        if request.sequence_id not in (0, "") or params.get("sequence_id") not in (None, 0, ""):
             return None
         h = hashlib.blake2b(digest_size=32, person=b"frameserve-rc1")
 

@@ -433,6 +433,9 @@ class EnsembleScheduler:
                 timeout_us=run.request.timeout_us,
                 id=run.request.id,
                 stats_sink=run,
+                sequence_id=run.request.sequence_id,  # a sequence step model sees the ensemble's sequence
+                sequence_start=run.request.sequence_start,
+                sequence_end=run.request.sequence_end,
             )
             future = self._submit(request, dispatch)
         except BaseException as exc:  # refused at once: the ensemble request fails with it

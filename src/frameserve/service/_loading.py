@@ -44,6 +44,7 @@ from frameserve.scheduler import (
     ResponseCache,
     ResponsePath,
     Scheduler,
+    SequenceScheduler,
     load_ensemble_steps,
     plan_instances,
     run_warmup,
@@ -297,16 +298,22 @@ class ModelTable:
                 raise
             return session
 
-        scheduler = Scheduler(
-            config,
-            version,
-            specs,
-            open_session,
-            clock=self.clock,
-            metrics=self.metrics,
-            rate_limiter=self.rate_limiter,
-            max_queue_size=self.max_queue_size,
-        )
+        scheduler: Scheduler
+        if config.sequence is not None:  # a stateful model: the sequence batcher
+            scheduler = SequenceScheduler(config, version, specs, open_session, clock=self.clock, metrics=self.metrics,
+                                          max_queue_size=self.max_queue_size, model_dir=model_dir or path.parent,
+                                          rate_limiter=self.rate_limiter)
+        else:
+            scheduler = Scheduler(
+                config,
+                version,
+                specs,
+                open_session,
+                clock=self.clock,
+                metrics=self.metrics,
+                rate_limiter=self.rate_limiter,
+                max_queue_size=self.max_queue_size,
+            )
         try:
             respond = ResponsePath.open(scheduler.config, version, scheduler.stats, model_dir or path.parent,
                                         cache=self.cache, metrics=self.metrics)

@@ -494,10 +494,14 @@ def finish_results(
     requests: Sequence[InferRequest],
     raw: Sequence[dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError],
 ) -> list[dict[str, np.ndarray[Any, Any]] | Exception]:
-    """Per request: its outputs (only those asked for), checked against the config, or the
-    frameserve error for a response error / a missing, unknown or mistyped output."""
+    """Per request: its outputs (only those asked for, and the implicit-state outputs of a
+    sequence model, which its scheduler keeps), checked against the config, or the frameserve
+    error for a response error / a missing, unknown or mistyped output."""
     where = f"model {config.name!r}"
     specs = {s.name: s for s in config.outputs}
+    # implicit state (sequence_batching.state): its outputs go back to the sequence batcher
+    states = [st.get("output_name") for st in (config.sequence_batching or {}).get("state") or ()]
+    state_out = {n for n in states if isinstance(n, str) and n not in specs}
     results: list[dict[str, np.ndarray[Any, Any]] | Exception] = []
     for req, item in zip(requests, raw, strict=True):
         if isinstance(item, pb_utils.TritonError):
@@ -505,11 +509,12 @@ def finish_results(
             continue
         names = req.output_names
         wanted = list(names) if names is not None else [n for n in specs if n in item]
-        problem = _check_outputs(item, wanted, specs)
+        kept = [n for n in state_out if n in item]
+        problem = _check_outputs({n: a for n, a in item.items() if n not in state_out} if kept else item, wanted, specs)
         if problem:
             results.append(InferenceError(f"{where}: {problem}"))
         else:
-            results.append({n: item[n] for n in wanted})
+            results.append({n: item[n] for n in [*wanted, *kept]})
     return results
 
 

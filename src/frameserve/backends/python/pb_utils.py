@@ -199,10 +199,9 @@ class InferenceRequest:
         inputs: the input tensors.
         requested_output_names: the outputs wanted (empty = every configured output).
         request_id: an id echoed in logs and responses.
-        correlation_id: sequence correlation id (kept, not used: no sequence batching).
+        correlation_id, flags: a BLS call's sequence id and ``TRITONSERVER_REQUEST_FLAG_SEQUENCE_*``.
         model_version: the version to call; ``-1`` = the highest loaded.
-        flags, timeout, preferred_memory, trace: accepted for compatibility; ``timeout`` (µs)
-            is kept but not enforced on BLS calls.
+        timeout, preferred_memory, trace: accepted; ``timeout`` (µs) is not enforced on BLS calls.
         parameters: request parameters, a dict of str/int/bool (or its JSON text).
 
     Raises:
@@ -238,6 +237,7 @@ class InferenceRequest:
             outputs=tuple(RequestedOutput(n) for n in names),
             parameters=dict(parameters or {}),
             id=str(request_id),
+            sequence_id=correlation_id, sequence_start=bool(int(flags) & 1), sequence_end=bool(int(flags) & 2),
         )
         self._inputs = tensors
         self._outputs = names
@@ -411,7 +411,7 @@ def wrap_request(
     wrapped._inputs = [Tensor(n, a) for n, a in request.inputs.items()]
     names = request.output_names
     wrapped._outputs = list(names) if names is not None else list(output_names)
-    wrapped._correlation_id = 0
+    wrapped._correlation_id = request.sequence_id
     wrapped._flags = 0
     wrapped._timeout = 0
     wrapped._stream = stream

@@ -124,7 +124,8 @@ def worker_main(conn: multiprocessing.connection.Connection, model_file: str, mo
 
     def bls(request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
         shm, descs = pack_tensors(request.inputs)
-        parts = (request.model_name, request.model_version, request.output_names, dict(request.parameters), request.id)
+        parts = (request.model_name, request.model_version, request.output_names, dict(request.parameters), request.id,
+                 (request.sequence_id, request.sequence_start, request.sequence_end))
         try:
             # The server unlinks the result block when it gets our next message, so copy it
             # out before another thread may send one.
@@ -179,7 +180,7 @@ def worker_main(conn: multiprocessing.connection.Connection, model_file: str, mo
 def _execute(
     host: ModelHost,
     block_name: str | None,
-    requests: Sequence[tuple[list[Desc], tuple[str, ...] | None, dict[str, Any], str]],
+    requests: Sequence[tuple[list[Desc], tuple[str, ...] | None, dict[str, Any], str, int | str]],
     output_names: Sequence[str],
     leaked: list[shared_memory.SharedMemory],
     tokens: Sequence[int] | None = None,
@@ -195,8 +196,9 @@ def _execute(
                 outputs=tuple(RequestedOutput(n) for n in outputs or ()),
                 parameters=params,
                 id=rid,
+                sequence_id=sid,
             )
-            for descs, outputs, params, rid in requests
+            for descs, outputs, params, rid, sid in requests
         ]
         emits = None if tokens is None else [worker_emit(chan, t) for t in tokens]
         try:
@@ -455,7 +457,7 @@ class PythonProcessSession:
 
     def _serve_bls(self, msg: tuple[Any, ...]) -> None:
         assert self._chan is not None
-        _, (model, version, outputs, parameters, request_id), block_name, descs = msg
+        _, (model, version, outputs, parameters, request_id, sequence), block_name, descs = msg
         self._stats["bls_calls"] += 1
         block = open_block(block_name) if block_name else None
         try:
@@ -479,6 +481,9 @@ class PythonProcessSession:
                     outputs=tuple(RequestedOutput(n) for n in outputs or ()),
                     parameters=parameters,
                     id=request_id,
+                    sequence_id=sequence[0],
+                    sequence_start=sequence[1],
+                    sequence_end=sequence[2],
                 )
             )
         except Exception as exc:
@@ -534,7 +539,7 @@ class PythonProcessSession:
                 index, name = d[0].split("/", 1)
                 by_request[int(index)].append((name, *d[1:]))
             self._stats["shm_bytes"] += sum(d[5] for d in descs)
-            payload = [(by_request[i], r.output_names, dict(r.parameters), r.id) for i, r in enumerate(reqs)]
+            payload = [(by_request[i], r.output_names, dict(r.parameters), r.id, r.sequence_id) for i, r in enumerate(reqs)]
             if block is not None:
                 block.close()
                 self._pending_unlink.append(block.name)

@@ -19,7 +19,7 @@ import numpy as np
 
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import InvalidInputError, TensorError, shown
-from frameserve.request import InferRequest, RequestedOutput
+from frameserve.request import InferRequest, RequestedOutput, pop_sequence_parameters
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.shm import SHM_PARAMETERS, SharedMemoryUse, ShmLocation, client_shm_disabled, shm_location
 from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
@@ -87,9 +87,6 @@ def _non_negative_int(params: dict[str, Any], key: str) -> int:
     return value
 
 
-_SEQUENCE_PARAMS = ("sequence_id", "sequence_start", "sequence_end")
-
-
 def decode_infer_request(
     request: pb.ModelInferRequest,
     limits: TensorLimits = DEFAULT_LIMITS,
@@ -138,9 +135,7 @@ def decode_infer_request(
     params = {k: parameter_value(v) for k, v in request.parameters.items()}
     priority = _non_negative_int(params, "priority")
     timeout_us = _non_negative_int(params, "timeout")
-    for key in _SEQUENCE_PARAMS:  # as the HTTP codec: refused, not silently ignored
-        if params.get(key) not in (None, 0, False, ""):
-            raise InvalidInputError(f"request parameter {shown(key)}: sequence batching is not supported by this server")
+    sequence = pop_sequence_parameters(params)
 
     raw: Sequence[bytes | memoryview] = request.raw_input_contents if raw_contents is None else raw_contents
     # One pass over the inputs reads each one's fields once (every protobuf field read builds
@@ -212,6 +207,9 @@ def decode_infer_request(
         priority=priority,
         timeout_us=timeout_us,
         id=request.id,
+        sequence_id=sequence[0],
+        sequence_start=sequence[1],
+        sequence_end=sequence[2],
     )
 
 

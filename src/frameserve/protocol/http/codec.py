@@ -39,7 +39,7 @@ import numpy as np
 import orjson
 
 from frameserve.errors import InvalidInputError, PayloadTooLargeError, TensorError, shown
-from frameserve.request import InferRequest, RequestedOutput
+from frameserve.request import InferRequest, RequestedOutput, pop_sequence_parameters
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.shm import SHM_PARAMETERS, SharedMemoryUse, ShmLocation, client_shm_disabled, shm_location
 from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
@@ -62,7 +62,6 @@ _MAX_RANK = 32
 _LE_DTYPES: dict[DataType, np.dtype[Any]] = {}
 _INT_KINDS = frozenset("biu")
 _NUMBER_KINDS = frozenset("iuf")
-_SEQUENCE_PARAMS = ("sequence_id", "sequence_start", "sequence_end")
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -179,9 +178,9 @@ def decode_request(
         ``timeout`` and ``binary_data_output`` taken out of its parameters into their fields.
 
     Raises:
-        InvalidInputError: malformed JSON, a missing or mistyped field, a binary section whose
-            size differs from what the inputs declare, an unsupported extension
-            (sequences).
+        InvalidInputError: malformed JSON, a missing or mistyped field (``sequence_id``,
+            ``sequence_start``, ``sequence_end`` included), a binary section whose size differs
+            from what the inputs declare.
         TensorError: an input whose data does not fit its shape and datatype, or a shape,
             BYTES element count, or count of inputs, outputs or parameters over a cap of
             ``limits``.
@@ -211,6 +210,7 @@ def decode_request(
         raise InvalidInputError(f"request 'id' must be a string, got {_kind(req_id)}")
     raw_params = doc.get("parameters")
     binary_output, priority, timeout_us = False, 0, 0
+    sequence: tuple[int | str, bool, bool] = (0, False, False)
     params: dict[str, Any] = {}
     if raw_params is not None:  # most requests have none: skip the work
         params = dict(_mapping(raw_params, "request 'parameters'"))
@@ -218,12 +218,7 @@ def decode_request(
         params.pop("binary_data_output", None)
         priority = _count(params.pop("priority", 0), "priority", "request")
         timeout_us = _count(params.pop("timeout", 0), "timeout", "request")
-        for key in _SEQUENCE_PARAMS:
-            if params.get(key) not in (None, 0, False, ""):
-                raise InvalidInputError(
-                    f"request parameter {shown(key)}: sequence batching is not supported by this server"
-                )
-            params.pop(key, None)
+        sequence = pop_sequence_parameters(params)
 
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list):
@@ -269,6 +264,7 @@ def decode_request(
     return InferRequest(
         model_name=model_name, inputs=inputs, model_version=model_version, outputs=outputs, parameters=params,
         priority=priority, timeout_us=timeout_us, id=req_id, binary_data_output=binary_output,
+        sequence_id=sequence[0], sequence_start=sequence[1], sequence_end=sequence[2],
     )
 
 
