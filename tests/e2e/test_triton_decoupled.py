@@ -299,6 +299,30 @@ def test_a_streams_requests_run_at_once_and_their_responses_interleave(frameserv
         assert sorted(got[1:]) == [("releases", [100], True), ("waits", [1], True)], server
 
 
+def test_streams_through_front_end_processes(repo: Path, tmp_path: Path) -> None:
+    """``serve --grpc-workers 2 --http-workers 2``: a front end hands a decoupled model's stream
+    request to the model-owning process, whose responses come back one by one; generate_stream
+    is handed on whole."""
+    requests = [("repeat_int32", "a", _repeat_inputs([4, -5, 6], [1, 1, 1], 0)), ("zero", "z", [_int32("IN", [1])]),
+                ("echo", "e", [_text("hi"), _int32("N", [2])])]
+    with ServeProcess(repo, tmp_path / "home", "--grpc-workers", "2", "--http-workers", "2") as srv:
+        srv.wait_ready(180)
+        got, errors = _stream(srv.ports, requests)
+        answer = httpx.post(f"http://127.0.0.1:{srv.ports['HTTP']}/v2/models/repeat_int32/generate_stream",
+                            content=b'{"IN": [1, 2], "DELAY": [0, 0], "WAIT": 0}', timeout=30)
+    assert got["a"] == [({"OUT": [4], "IDX": [0]}, False, "1"), ({"OUT": [6], "IDX": [2]}, False, "1"), ({}, True, "")]
+    assert errors == ["negative value -5 at 1"]
+    assert got["z"] == [({}, True, "")]
+    assert got["e"][-1][0] == {"text_output": [b"hi!"], "SQ": [4]}
+    assert answer.text.count("data: ") == 2
+
+
+def _text(value: str) -> Any:
+    t = tgrpc.InferInput("text_input", [1], "BYTES")
+    t.set_data_from_numpy(np.array([value.encode()], dtype=object))
+    return t
+
+
 def test_without_empty_final_responses_only_the_models_own_come(frameserve: ServeProcess, triton: TritonPeer | None) -> None:
     for server, ports in _servers(frameserve, triton):
         answers: queue.Queue[tuple[Any, Any]] = queue.Queue()

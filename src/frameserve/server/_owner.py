@@ -371,9 +371,22 @@ class FrontendLink:
                 self.send(reply)
 
     async def _grpc(self, message: ch.Grpc) -> None:
-        from frameserve.protocol.grpc._frontend import RpcStatus, call_unary
+        from frameserve.protocol.grpc._frontend import RpcStatus, call_stream, call_unary
 
         rid, method = message.rid, message.method
+        if method == ch.STREAM_METHOD:  # a decoupled model's stream request: each response as it comes
+            try:
+                async for data in call_stream(self.grpc_servicer, message.data, message.authorization):
+                    self.send(ch.GrpcPart(rid, data))
+            except RpcStatus as exc:
+                self.send(ch.GrpcError(rid, exc.code, exc.details))
+                return
+            except Exception as exc:  # noqa: BLE001 - every error becomes a status
+                log.exception("front end %d: a handed-on stream failed in the owner", self.index)
+                self.send(ch.GrpcError(rid, "INTERNAL", f"{type(exc).__name__}: {exc}"))
+                return
+            self.send(ch.GrpcDone(rid, b""))
+            return
         try:
             out = await call_unary(self.grpc_servicer, self.grpc_health, method, message.data, message.authorization)
         except RpcStatus as exc:
