@@ -372,19 +372,28 @@ class OwnerChannel(asyncio.Protocol):
 
     async def forward_grpc_stream(self, data: bytes) -> AsyncIterator[bytes]:
         """One request of a ``ModelStreamInfer`` stream for a decoupled model, answered by the
-        owner: each serialized response as it comes (raises ``RpcStatus``). The owner sends as
-        the model answers; what the client has not taken waits here."""
+        owner: each serialized response as it comes (raises ``RpcStatus``). The owner keeps at
+        most :data:`~frameserve.server._channel.STREAM_WINDOW_BYTES` of them ahead of the client
+        (``HttpWindow`` as each is taken, ``HttpCancel`` when the client leaves first), as it does
+        for a streamed HTTP answer."""
         rid = next(self._ids)
         queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
         self._grpc_streams[rid] = queue
+        ended = False
         try:
             self.send(ch.Grpc(rid, ch.STREAM_METHOD, data, None))
             while (item := await queue.get()) is not None:
                 if isinstance(item, BaseException):
+                    ended = True
                     raise item
                 yield item
+                self.send(ch.HttpWindow(rid, len(item)))
+            ended = True
         finally:
             self._grpc_streams.pop(rid, None)
+            if not ended:
+                with contextlib.suppress(Exception):  # the owner may be gone
+                    self.send(ch.HttpCancel(rid))
 
     def open_stream(self) -> tuple[int, asyncio.Queue[ch.HttpStart | ch.HttpBody]]:
         """An id and the queue the owner's answer to a handed-on HTTP request arrives in (its

@@ -375,9 +375,15 @@ class FrontendLink:
 
         rid, method = message.rid, message.method
         if method == ch.STREAM_METHOD:  # a decoupled model's stream request: each response as it comes
+            stream = self._streams[rid] = _Stream()  # the window of a streamed HTTP answer, in messages' bytes
+            parts = call_stream(self.grpc_servicer, message.data, message.authorization)
             try:
-                async for data in call_stream(self.grpc_servicer, message.data, message.authorization):
+                async for data in parts:
+                    await stream.room()  # OSError: the client went away (the model's later responses are dropped)
+                    stream.ahead += len(data)
                     self.send(ch.GrpcPart(rid, data))
+            except OSError:
+                return
             except RpcStatus as exc:
                 self.send(ch.GrpcError(rid, exc.code, exc.details))
                 return
@@ -385,6 +391,10 @@ class FrontendLink:
                 log.exception("front end %d: a handed-on stream failed in the owner", self.index)
                 self.send(ch.GrpcError(rid, "INTERNAL", f"{type(exc).__name__}: {exc}"))
                 return
+            finally:
+                await parts.aclose()
+                stream.cancel()
+                self._streams.pop(rid, None)
             self.send(ch.GrpcDone(rid, b""))
             return
         try:
