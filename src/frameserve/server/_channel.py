@@ -44,7 +44,10 @@ with one whose ``more_body`` is false. The owner keeps at most :data:`STREAM_WIN
 body sent and not yet taken by the client (``HttpWindow``) before its app's next ``send``
 waits; on ``HttpCancel`` the app's ``receive`` says ``http.disconnect`` and its ``send``
 raises ``OSError`` (ASGI's word for a client that is gone), so a stream that never ends stops
-when its client leaves.
+when its client leaves. A handed-on gRPC stream request (``Grpc`` with :data:`STREAM_METHOD`:
+one request of a ``ModelStreamInfer`` stream for a decoupled model) is relayed the same way:
+its ``GrpcPart`` messages under the same window (``HttpWindow`` for each one taken,
+``HttpCancel`` when the client leaves), then ``GrpcDone`` (empty) or ``GrpcError``.
 
 Input views into the request arena are valid until the request is answered (the front end
 reuses the block after the answer), as views into a client's shared-memory region are in
