@@ -21,6 +21,9 @@ each against its goal, and under the table the profile line that explains every 
       (goal >= 1.0) (bench/_serving_ensembles.py).
   (e) add_sub at concurrency 16: serve --http-workers 2 / one process, throughput and CPU per
       inference, with the projection for a machine with cores to spare (bench/_serving_frontends.py).
+  (g) a decoupled Python model streaming 16 responses per request over gRPC ModelStreamInfer
+      (perf_analyzer --streaming), frameserve / Triton 2.51 responses/s (goal >= 1.0; not in the
+      default run; bench/_serving_decoupled.py).
   (h) the response cache's hit latency: add_sub with response_cache, p50 at concurrency 1 with one
       input repeated, frameserve / Triton 2.51 over HTTP and gRPC (goal <= 1.0; not in the default run;
       bench/_serving_cache.py).
@@ -573,12 +576,13 @@ def part_c(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
 
 
 PARTS = {"a": "nudenet served vs in process", "b": "add_sub vs Triton", "c": "nudenet vs LitServe",
-         "d": "ensembles", "e": "front-end processes", "f": "sequences vs Triton",
+         "d": "ensembles", "e": "front-end processes", "f": "sequences vs Triton", "g": "decoupled streaming vs Triton",
          "h": "response-cache hits vs Triton"}
 
 
 def main(argv: list[str] | None = None) -> int:
     from _serving_cache import part_h
+    from _serving_decoupled import part_g
     from _serving_ensembles import part_d
     from _serving_frontends import part_e
     from _serving_sequence import part_f
@@ -603,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         work = Path(tmp)
         for name, fn in (("a", part_a), ("b", part_b), ("c", part_c), ("d", part_d), ("e", part_e), ("f", part_f),
-                         ("h", part_h)):
+                         ("g", part_g), ("h", part_h)):
             if name in parts:
                 fn(plan, work, rows, notes)
     print_table(plan, rows, notes, time.monotonic() - t0)

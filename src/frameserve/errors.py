@@ -16,6 +16,7 @@ The tree (catch at any level)::
     │   ├── PayloadTooLargeError        payload_too_large      413  RESOURCE_EXHAUSTED
     │   ├── UnsupportedMediaTypeError   unsupported_media_type 415  INVALID_ARGUMENT
     │   ├── UnsupportedSettingError     unsupported_setting    501  UNIMPLEMENTED
+    │   │   └── DecoupledModelError     decoupled_unary        501  UNIMPLEMENTED
     │   ├── AddressRefusedError         address_refused        400  INVALID_ARGUMENT
     │   ├── SharedMemoryError           invalid_shared_memory  400  INVALID_ARGUMENT
     │   │   ├── SharedMemoryExistsError shared_memory_exists   400  ALREADY_EXISTS
@@ -79,6 +80,7 @@ __all__ = [
     "BackendUnavailableError",
     "BatchOutputError",
     "DeadlineExceededError",
+    "DecoupledModelError",
     "FrameserveError",
     "IdempotencyConflictError",
     "InferenceError",
@@ -399,6 +401,19 @@ class UnsupportedSettingError(InvalidInputError):
     code = "unsupported_setting"
 
 
+class DecoupledModelError(UnsupportedSettingError):
+    """A one-answer inference call (HTTP ``infer``, gRPC ``ModelInfer``) for a decoupled model,
+    whose responses only a stream carries (gRPC ``ModelStreamInfer``, HTTP ``generate_stream``).
+    The message is Triton's HTTP one; :attr:`GRPC_MESSAGE` is its gRPC one (both 2.51)."""
+
+    code = "decoupled_unary"
+    HTTP_MESSAGE = "HTTP end point doesn't support models with decoupled transaction policy"
+    GRPC_MESSAGE = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+
+    def __init__(self, message: str = HTTP_MESSAGE) -> None:
+        super().__init__(message)
+
+
 class ModelControlDisabledError(FrameserveError):
     """A model load or unload request while the server's model control mode is ``none`` or
     ``poll`` (only ``explicit`` lets clients load and unload).
@@ -574,6 +589,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "payload_too_large": (413, "RESOURCE_EXHAUSTED"),
     "unsupported_media_type": (415, "INVALID_ARGUMENT"),
     "unsupported_setting": (501, "UNIMPLEMENTED"),
+    "decoupled_unary": (501, "UNIMPLEMENTED"),
     "model_control_disabled": (503, "UNAVAILABLE"),
     "unauthenticated": (401, "UNAUTHENTICATED"),
     "permission_denied": (403, "PERMISSION_DENIED"),

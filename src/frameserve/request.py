@@ -26,6 +26,7 @@ __all__ = [
     "InferRequest",
     "RequestTraceSink",
     "RequestedOutput",
+    "ResponseSink",
     "StatsSink",
     "pop_sequence_parameters",
 ]
@@ -76,6 +77,22 @@ class StatsSink(Protocol):
     ) -> None:
         """One request answered with outputs: its time in the queue and its batch's compute
         times (ns), called before the request's future completes."""
+        ...
+
+
+class ResponseSink(Protocol):
+    """Where the responses of a decoupled model (``model_transaction_policy.decoupled``) to one
+    request go, as the model sends them: the transport that streams them (gRPC
+    ``ModelStreamInfer``, HTTP ``generate_stream``) gives one with the request.
+
+    Implementations are thread-safe (a model sends from any thread, the service from the one
+    that fails the request) and ignore everything after a ``final`` call.
+    """
+
+    def send(self, outputs: Mapping[str, np.ndarray[Any, Any]] | None, error: BaseException | None, final: bool) -> None:
+        """One response: its outputs (those the request asked for), or its error (a
+        ``FrameserveError`` for the request alone); both ``None``: the end with no response.
+        ``final``: the request's last call."""
         ...
 
 
@@ -141,6 +158,9 @@ class InferRequest:
             batcher of a model with ``sequence_batching``, ignored by other models.
         sequence_start: the first request of its sequence (``sequence_start``).
         sequence_end: the last request of its sequence (``sequence_end``).
+        responses: where a decoupled model's responses go (a streaming transport's); the
+            service refuses a request for a decoupled model without one, and other models
+            ignore it (their answer is the request's future).
 
     Raises:
         TensorError: a negative ``priority`` or ``timeout_us``, ``inputs`` that is not a
@@ -162,6 +182,7 @@ class InferRequest:
     sequence_id: int | str = 0
     sequence_start: bool = False
     sequence_end: bool = False
+    responses: ResponseSink | None = None
 
     def __post_init__(self) -> None:
         if self.priority < 0:

@@ -366,7 +366,7 @@ def test_every_shared_memory_block_is_unlinked(repo_dir: Path, monkeypatch: pyte
     import types
     from multiprocessing import shared_memory
 
-    from frameserve.backends.python import process
+    from frameserve.backends.python import _shm_tensors
 
     seen: set[str] = set()
 
@@ -375,7 +375,7 @@ def test_every_shared_memory_block_is_unlinked(repo_dir: Path, monkeypatch: pyte
             super().__init__(*args, **kwargs)
             seen.add(self.name)
 
-    monkeypatch.setattr(process, "shared_memory", types.SimpleNamespace(SharedMemory=Recording))
+    monkeypatch.setattr(_shm_tensors, "shared_memory", types.SimpleNamespace(SharedMemory=Recording))
     srv = Server(repo_dir, "process")
     try:
         srv.sessions["bls"].run({"MODEL_NAME": np.array([b"add_sub"], dtype=object), "INPUT0": A, "INPUT1": B})

@@ -44,7 +44,7 @@ def test_every_message_kind_round_trips_typed() -> None:
         ch.Models(3, {"m": (1, 2)}), ch.Ack(3), ch.Free([64]), ch.Fail("m", "", ValueError("x")),
         ch.Http(8, {"path": "/v2"}, []), ch.HttpStart(8, 200, [(b"a", b"b")]), ch.HttpBody(8, b"data: 1\n\n", True),
         ch.HttpWindow(8, 10), ch.HttpCancel(8), ch.Grpc(9, "/x", b"", "Bearer t"), ch.GrpcDone(9, b"r"),
-        ch.GrpcError(9, "INTERNAL", "no"), ch.Stop(None), ch.Hello({"index": 0}),
+        ch.GrpcError(9, "INTERNAL", "no"), ch.GrpcPart(9, b"part"), ch.Stop(None), ch.Hello({"index": 0}),
     ]
     assert {type(m) for m in messages} == set(ch.Message.__args__)  # type: ignore[attr-defined]
     got = ch.FrameReader().feed(b"".join(ch.frame(m) for m in messages))

@@ -134,7 +134,7 @@ def test_request_accessors() -> None:
     assert pb_utils.get_input_tensor_by_name(req, "X") is x
     assert pb_utils.get_input_tensor_by_name(req, "Z") is None
     assert not req.is_cancelled()
-    with pytest.raises(pb_utils.TritonModelException, match="decoupled"):
+    with pytest.raises(pb_utils.TritonModelException, match="only on the requests execute receives"):
         req.get_response_sender()
 
 

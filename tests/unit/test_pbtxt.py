@@ -175,13 +175,22 @@ def test_unknown_field_and_bad_enum_name_line_and_column() -> None:
     ("text", "what"),
     [
         ("batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: \"n\" data_type: TYPE_INT32 } ]", "batch_input"),
-        ("model_transaction_policy { decoupled: true }", "decoupled"),
         ('input [ { name: "x" dims: [4] } ]', "data_type"),
     ],
 )
 def test_fields_that_would_change_results_are_refused(text: str, what: str) -> None:
     with pytest.raises(ModelConfigError, match=what):
         pbtxt_to_dict(text)
+
+
+def test_decoupled_transaction_policy_is_kept_and_a_plain_one_dropped() -> None:
+    data, dropped = pbtxt_to_dict('backend: "python"\nmodel_transaction_policy { decoupled: true }\n')
+    assert data["model_transaction_policy"] == {"decoupled": True} and dropped == []
+    cfg = parse_config(data, default_name="m")
+    assert cfg.decoupled and cfg.to_dict()["model_transaction_policy"] == {"decoupled": True}
+    data, dropped = pbtxt_to_dict("model_transaction_policy { decoupled: false }\n")
+    assert "model_transaction_policy" not in data and dropped == ["model_transaction_policy"]
+    assert not parse_config(data, default_name="m").decoupled
 
 
 def test_repository_reads_pbtxt_when_there_is_no_yaml(tmp_path: Path) -> None:

@@ -195,6 +195,9 @@ class ModelConfig:
         sequence_batching: Triton's ``sequence_batching`` fields as a dict (checked by
             :func:`~frameserve.repository.parse_sequence_batching`; excludes ``dynamic_batching``),
             or ``None`` for a model without sequences. :attr:`sequence` is its parsed form.
+        decoupled: Triton's ``model_transaction_policy.decoupled``: the model answers a request
+            with zero or more responses (Python models' response sender), streamed over gRPC
+            ``ModelStreamInfer`` and HTTP ``generate_stream``; unary infer refuses it.
 
     A frozen value; it holds dicts, so it is not hashable.
     """
@@ -218,6 +221,7 @@ class ModelConfig:
     model_warmup: tuple[WarmupSample, ...] = ()
     response_cache: bool = False
     sequence_batching: dict[str, Any] | None = None
+    decoupled: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -344,6 +348,8 @@ class ModelConfig:
             out["response_cache"] = {"enable": True}
         if self.sequence_batching is not None:
             out["sequence_batching"] = dict(self.sequence_batching)
+        if self.decoupled:
+            out["model_transaction_policy"] = {"decoupled": True}
         return out
 
     def _tensor_dict(self, spec: TensorSpec, *, kind: Literal["input", "output"]) -> dict[str, Any]:
@@ -482,4 +488,5 @@ def parse_config(
         model_warmup=parse_warmup(data.get("model_warmup"), source),
         response_cache=bool(cache.get("enable", False)),
         sequence_batching=dict(data["sequence_batching"]) if data.get("sequence_batching") is not None else None,
+        decoupled=bool((data.get("model_transaction_policy") or {}).get("decoupled", False)),
     )

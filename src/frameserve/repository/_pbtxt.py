@@ -11,15 +11,15 @@ The text is parsed with ``google.protobuf.text_format`` against frameserve's cop
   ``dynamic_batching``, ``parameters``, ``default_model_filename``, ``ensemble_scheduling``
   (``step``: ``model_name``, ``model_version`` -- absent means 0, as protobuf reads it and Triton
   runs it --, ``input_map``, ``output_map``), ``model_warmup`` (``name``, ``batch_size``,
-  ``inputs``, ``count``), ``response_cache`` and ``sequence_batching`` (strategy, idle time,
+  ``inputs``, ``count``), ``response_cache``, ``sequence_batching`` (strategy, idle time,
   ``control_input``, ``state``; a control without ``kind`` is protobuf's default,
-  ``CONTROL_SEQUENCE_START``). 64-bit integers, which
+  ``CONTROL_SEQUENCE_START``) and a decoupled ``model_transaction_policy``. 64-bit integers, which
   protobuf's JSON form writes as strings, become ints; an instance group without ``count``
   gets Triton's 1, without ``kind`` Triton's ``KIND_AUTO``.
 - refused with :class:`~frameserve.errors.ModelConfigError` (they change what a model
   computes or how requests are grouped, and frameserve does not do them):
-  ``batch_input``, ``batch_output``, an ensemble step's ``model_namespace``, a decoupled
-  ``model_transaction_policy``, shape tensors and ragged batching of a tensor.
+  ``batch_input``, ``batch_output``, an ensemble step's ``model_namespace``, shape tensors and
+  ragged batching of a tensor.
 - dropped, with a log line at INFO level naming them (:func:`pbtxt_to_dict` also returns
   them): tuning and bookkeeping frameserve does not use, which change no result:
   ``optimization``, ``metric_tags``,
@@ -239,9 +239,7 @@ def message_to_dict(message: Any, *, source: str) -> tuple[dict[str, Any], list[
             raise ModelConfigError(f"{source}: {key} is not supported by frameserve")
     dropped: list[str] = [key for key in _DROPPED if key in raw]
     policy = raw.get("model_transaction_policy")
-    if policy is not None:
-        if policy.get("decoupled"):
-            raise ModelConfigError(f"{source}: decoupled models (model_transaction_policy) are not supported by frameserve")
+    if policy is not None and not policy.get("decoupled"):
         dropped.append("model_transaction_policy")
 
     out: dict[str, Any] = {}
@@ -295,6 +293,8 @@ def message_to_dict(message: Any, *, source: str) -> tuple[dict[str, Any], list[
         out["sequence_batching"] = _sequence(raw["sequence_batching"])
     if "response_cache" in raw:
         out["response_cache"] = {"enable": bool(raw["response_cache"].get("enable", False))}
+    if policy is not None and policy.get("decoupled"):
+        out["model_transaction_policy"] = {"decoupled": True}
     if "parameters" in raw:
         out["parameters"] = {k: {"string_value": str(v.get("string_value", ""))} for k, v in raw["parameters"].items()}
     return out, dropped

@@ -601,6 +601,8 @@ class Scheduler:
         self._exec_avg_ns = float(elapsed_ns) if avg is None else avg + (elapsed_ns - avg) / 16
 
     def _pick(self, r: QueuedRequest, out: Outputs) -> Outputs | BaseException:
+        if self.config.decoupled:  # its responses went to the request's sink
+            return out
         if r.outputs is not None:
             wanted: Sequence[str] = r.outputs
         elif self._by_requests:  # a Python model answers with the outputs it produced

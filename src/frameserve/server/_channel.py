@@ -29,10 +29,12 @@ Messages (frozen dataclasses; ``rid`` is the front end's number for one request)
       more_body)           owner's app sends it    Http(rid, scope,      an HTTP request handed
                            (the last one: more_         body)            on whole
                            body false)             HttpWindow(rid,       the client took this
-    GrpcDone(rid, data)    a handed-on unary            size_bytes)      much more of a streamed
-    GrpcError(rid, code,   gRPC call's answer                            answer (back-pressure)
-              details)     or status               HttpCancel(rid)       its client went away:
-    Stop(grace_s)          stop (in-flight                               stop streaming
+    GrpcDone(rid, data)    a handed-on gRPC             size_bytes)      much more of a streamed
+    GrpcError(rid, code,   call's answer (a stream's:                    answer (back-pressure)
+              details)     the end) or status
+    GrpcPart(rid, data)    one message of a        HttpCancel(rid)       its client went away:
+                           handed-on stream                              stop streaming
+    Stop(grace_s)          stop (in-flight
                            requests get grace_s)   Grpc(rid, method,     a unary gRPC call
                                                         data, auth)      handed on whole
 
@@ -42,7 +44,10 @@ with one whose ``more_body`` is false. The owner keeps at most :data:`STREAM_WIN
 body sent and not yet taken by the client (``HttpWindow``) before its app's next ``send``
 waits; on ``HttpCancel`` the app's ``receive`` says ``http.disconnect`` and its ``send``
 raises ``OSError`` (ASGI's word for a client that is gone), so a stream that never ends stops
-when its client leaves.
+when its client leaves. A handed-on gRPC stream request (``Grpc`` with :data:`STREAM_METHOD`:
+one request of a ``ModelStreamInfer`` stream for a decoupled model) is relayed the same way:
+its ``GrpcPart`` messages under the same window (``HttpWindow`` for each one taken,
+``HttpCancel`` when the client leaves), then ``GrpcDone`` (empty) or ``GrpcError``.
 
 Input views into the request arena are valid until the request is answered (the front end
 reuses the block after the answer), as views into a client's shared-memory region are in
@@ -75,6 +80,7 @@ __all__ = [
     "DEFAULT_ARENA_BYTES",
     "INLINE_MAX_BYTES",
     "MAX_FRAME_BYTES",
+    "STREAM_METHOD",
     "STREAM_WINDOW_BYTES",
     "Ack",
     "Arena",
@@ -86,6 +92,7 @@ __all__ = [
     "Grpc",
     "GrpcDone",
     "GrpcError",
+    "GrpcPart",
     "Hello",
     "Http",
     "HttpBody",
@@ -183,6 +190,15 @@ class GrpcError:
     rid: int
     code: str
     details: str
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcPart:
+    """One serialized ``ModelStreamInferResponse`` of handed-on call ``rid`` (a decoupled model's
+    stream request, method :data:`STREAM_METHOD`); its ``GrpcDone`` (empty) ends it."""
+
+    rid: int
+    data: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +303,8 @@ class HttpCancel:
 @dataclass(frozen=True, slots=True)
 class Grpc:
     """A unary gRPC call handed on whole: its method path, serialized request and the caller's
-    ``authorization`` metadata (``None``: none)."""
+    ``authorization`` metadata (``None``: none); or, with :data:`STREAM_METHOD`, one request of a
+    stream for a decoupled model (answered with ``GrpcPart`` messages)."""
 
     rid: int
     method: str
@@ -297,13 +314,17 @@ class Grpc:
 
 Message: TypeAlias = (
     Hello | Models | Done | Error | HttpStart | HttpBody | GrpcDone | GrpcError | Stop
-    | Up | Ack | Infer | Free | Fail | Http | HttpWindow | HttpCancel | Grpc
+    | Up | Ack | Infer | Free | Fail | Http | HttpWindow | HttpCancel | Grpc | GrpcPart
 )
 
 _KINDS: tuple[type[Any], ...] = (
     Hello, Models, Done, Error, HttpStart, HttpBody, GrpcDone, GrpcError, Stop,
-    Up, Ack, Infer, Free, Fail, Http, HttpWindow, HttpCancel, Grpc,
+    Up, Ack, Infer, Free, Fail, Http, HttpWindow, HttpCancel, Grpc, GrpcPart,
 )
+
+STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+"""A ``Grpc`` message with this method carries one ``ModelInferRequest`` of a stream whose
+model is decoupled: the owner answers it with ``GrpcPart`` messages, then ``GrpcDone``."""
 _TAG: dict[type[Any], int] = {kind: tag for tag, kind in enumerate(_KINDS)}
 _FIELDS: dict[type[Any], Callable[[Any], Any]] = {}
 for _kind in _KINDS:

@@ -30,6 +30,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import AsyncIterator
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,6 +195,7 @@ class OwnerChannel(asyncio.Protocol):
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._streams: dict[int, asyncio.Queue[ch.HttpStart | ch.HttpBody]] = {}
+        self._grpc_streams: dict[int, asyncio.Queue[bytes | BaseException | None]] = {}
         self._frees: list[int] = []
         self._flush_scheduled = False
 
@@ -236,6 +238,15 @@ class OwnerChannel(asyncio.Protocol):
                 queue = self._streams.get(message.rid)
                 if queue is not None:
                     queue.put_nowait(message)
+            case ch.GrpcPart(rid, data):
+                if (stream := self._grpc_streams.get(rid)) is not None:
+                    stream.put_nowait(data)
+            case ch.GrpcDone(rid, data) if rid in self._grpc_streams:
+                self._grpc_streams[rid].put_nowait(None)
+            case ch.GrpcError(rid, code, details) if rid in self._grpc_streams:
+                from frameserve.protocol.grpc._frontend import RpcStatus
+
+                self._grpc_streams[rid].put_nowait(RpcStatus(code, details))
             case ch.GrpcDone(rid, data):
                 pending = self._pending.pop(rid, None)
                 if pending is not None:
@@ -363,6 +374,31 @@ class OwnerChannel(asyncio.Protocol):
         from frameserve.protocol._core import outputs_of
 
         return await outputs_of(future)  # type: ignore[arg-type, return-value]
+
+    async def forward_grpc_stream(self, data: bytes) -> AsyncIterator[bytes]:
+        """One request of a ``ModelStreamInfer`` stream for a decoupled model, answered by the
+        owner: each serialized response as it comes (raises ``RpcStatus``). The owner keeps at
+        most :data:`~frameserve.server._channel.STREAM_WINDOW_BYTES` of them ahead of the client
+        (``HttpWindow`` as each is taken, ``HttpCancel`` when the client leaves first), as it does
+        for a streamed HTTP answer."""
+        rid = next(self._ids)
+        queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+        self._grpc_streams[rid] = queue
+        ended = False
+        try:
+            self.send(ch.Grpc(rid, ch.STREAM_METHOD, data, None))
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    ended = True
+                    raise item
+                yield item
+                self.send(ch.HttpWindow(rid, len(item)))
+            ended = True
+        finally:
+            self._grpc_streams.pop(rid, None)
+            if not ended:
+                with contextlib.suppress(Exception):  # the owner may be gone
+                    self.send(ch.HttpCancel(rid))
 
     def open_stream(self) -> tuple[int, asyncio.Queue[ch.HttpStart | ch.HttpBody]]:
         """An id and the queue the owner's answer to a handed-on HTTP request arrives in (its
@@ -573,7 +609,7 @@ async def _serve(config: FrontendConfig, sock: socket.socket, block: ch.SharedBl
             channel, channel.knows, channel.forward_grpc, f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
             max_message_bytes=config.max_body_bytes, tokens=config.tokens, auth_health=config.auth_health,
             tls=config.tls, limits=config.limits, shared_memory=regions, infer_gate=infer_gate,
-            deadlines=config.deadlines,
+            deadlines=config.deadlines, forward_stream=channel.forward_grpc_stream,
         )
         await grpc_server.start()
     while uv is not None and not uv.started:

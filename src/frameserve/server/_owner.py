@@ -377,9 +377,32 @@ class FrontendLink:
                 self.send(reply)
 
     async def _grpc(self, message: ch.Grpc) -> None:
-        from frameserve.protocol.grpc._frontend import RpcStatus, call_unary
+        from frameserve.protocol.grpc._frontend import RpcStatus, call_stream, call_unary
 
         rid, method = message.rid, message.method
+        if method == ch.STREAM_METHOD:  # a decoupled model's stream request: each response as it comes
+            stream = self._streams[rid] = _Stream()  # the window of a streamed HTTP answer, in messages' bytes
+            parts = call_stream(self.grpc_servicer, message.data, message.authorization)
+            try:
+                async for data in parts:
+                    await stream.room()  # OSError: the client went away (the model's later responses are dropped)
+                    stream.ahead += len(data)
+                    self.send(ch.GrpcPart(rid, data))
+            except OSError:
+                return
+            except RpcStatus as exc:
+                self.send(ch.GrpcError(rid, exc.code, exc.details))
+                return
+            except Exception as exc:  # noqa: BLE001 - every error becomes a status
+                log.exception("front end %d: a handed-on stream failed in the owner", self.index)
+                self.send(ch.GrpcError(rid, "INTERNAL", f"{type(exc).__name__}: {exc}"))
+                return
+            finally:
+                await parts.aclose()
+                stream.cancel()
+                self._streams.pop(rid, None)
+            self.send(ch.GrpcDone(rid, b""))
+            return
         try:
             out = await call_unary(self.grpc_servicer, self.grpc_health, method, message.data, message.authorization)
         except RpcStatus as exc:

@@ -16,6 +16,7 @@ import numpy as np
 
 from frameserve import __version__
 from frameserve.errors import (
+    DecoupledModelError,
     FrameserveError,
     InferenceError,
     InvalidInputError,
@@ -303,16 +304,42 @@ class InferenceService(ModelTable):
         entry = self._entry(request.model_name, request.model_version)
         checked = self._check(entry, request)
         try:
-            if self.tracer is not None and self.tracer.on:
-                return self._traced(entry, checked, dispatch)
-            return entry.respond.submit((checked,), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
+            return self._enqueue(entry, checked, dispatch)
         except SchedulerStoppedError:
             # Reloaded (or unloaded) meanwhile: take the version now served, or answer not ready.
             entry = self._entry(request.model_name, request.model_version)
             checked = self._check(entry, request)
+            return self._enqueue(entry, checked, dispatch)
+
+    def _enqueue(
+        self, entry: _Loaded, checked: tuple[InferRequest, int], dispatch: Dispatch
+    ) -> Future[dict[str, np.ndarray[Any, Any]]]:
+        """One checked request onto its version's response path, or, for a decoupled model,
+        straight onto its scheduler (no cache, no classification: the responses stream): its
+        future completes with ``{}`` when ``execute`` returned, and an error it completes with
+        (a queue timeout, a failed ``execute``) ends the request's response stream too.
+
+        Raises:
+            DecoupledModelError: a decoupled model, and the request brings no response sink
+                (a unary call). What the scheduler raises.
+        """
+        if not entry.config.decoupled:
             if self.tracer is not None and self.tracer.on:
                 return self._traced(entry, checked, dispatch)
             return entry.respond.submit((checked,), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
+        sink = checked[0].responses
+        if sink is None:
+            self._count_refused(entry)
+            raise DecoupledModelError()
+        future = entry.scheduler.enqueue((checked,), dispatch=dispatch)[0]
+
+        def end_on_error(done: Future[dict[str, np.ndarray[Any, Any]]]) -> None:
+            exc = None if done.cancelled() else done.exception()
+            if done.cancelled() or exc is not None:
+                sink.send(None, exc or InferenceError("the request was cancelled"), True)
+
+        future.add_done_callback(end_on_error)
+        return future
 
     def _traced(
         self, entry: _Loaded, checked: tuple[InferRequest, int], dispatch: Dispatch
@@ -358,6 +385,9 @@ class InferenceService(ModelTable):
         for i, request in enumerate(requests):
             try:
                 entry = self._entry(request.model_name, request.model_version)
+                if entry.config.decoupled:  # streamed, alone: never batched by the loop
+                    out[i] = self._submit(request, dispatch)
+                    continue
                 checked = self._check(entry, request)
             except FrameserveError as exc:
                 out[i] = failed_future(exc)

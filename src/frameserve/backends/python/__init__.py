@@ -17,7 +17,12 @@ Life of a model (what Triton does, and so what an unmodified Triton model expect
 4. ``execute(requests) -> responses``: one :class:`~frameserve.pb_utils.InferenceResponse`
    per request, same order. A response with ``error`` fails only its request; an exception
    (or a wrong number of responses) fails the whole batch. ``async def execute`` works too
-   (run to completion on a fresh event loop).
+   (run to completion on a fresh event loop). A decoupled model
+   (``model_transaction_policy.decoupled``) answers through each request's response sender
+   instead (:mod:`~frameserve.backends.python._pb_sender`), zero or more responses per request,
+   and ``execute`` returns ``None``; the responses go to the request's
+   :attr:`~frameserve.request.InferRequest.responses` (from a worker process through
+   :mod:`~frameserve.backends.python._process_stream`).
 5. ``finalize()`` (optional) on :meth:`close`; its errors are logged, not raised.
 
 Where it runs, set by ``parameters.isolation`` in the model's config:

@@ -46,6 +46,7 @@ __all__ = [
     "initialize_args",
     "isolation_of",
     "pb_utils_installed",
+    "stream_emit",
 ]
 
 ISOLATION_PARAMETER = "isolation"
@@ -170,6 +171,24 @@ def import_model_module(model_file: Path, model_name: str) -> ModuleType:
     return module
 
 
+_Sent = tuple[dict[str, np.ndarray[Any, Any]] | None, pb_utils.TritonError | None, bool]
+
+
+def _sent_response(index: int, box: Sequence[_Sent]) -> dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError:
+    """The answer of request ``index`` whose ``execute`` returned ``None``: the response its
+    sender sent with the final flag."""
+    if box and box[-1][2]:  # ended: the response is the one sent (the final call may carry none)
+        outputs, error, _ = box[0]
+        if error is not None:
+            return error
+        if outputs is not None:
+            return outputs
+    return pb_utils.TritonError(
+        f"request {index}: execute returned None but sent no response with TRITONSERVER_RESPONSE_COMPLETE_FINAL "
+        "(a model that is not decoupled answers with a list of responses, or one sent response each)"
+    )
+
+
 def _run_coroutine(coro: Any) -> Any:
     try:
         asyncio.get_running_loop()
@@ -257,18 +276,32 @@ class ModelHost:
             ) from exc
 
     def execute(
-        self, requests: Sequence[InferRequest], output_names: Sequence[str]
+        self,
+        requests: Sequence[InferRequest],
+        output_names: Sequence[str],
+        emits: Sequence[pb_utils.Emit] | None = None,
     ) -> list[dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError]:
         """Call ``execute`` with one ``pb_utils.InferenceRequest`` per request (each wraps its
         :class:`~frameserve.request.InferRequest`; ``output_names`` are the model's outputs,
         for requests that name none).
 
+        Args:
+            emits: a decoupled model's: per request, where its sender's responses go
+                (:data:`~frameserve.backends.python._pb_sender.Emit`); ``execute`` must
+                return ``None``. ``None``: a model that is not decoupled, answering with the
+                list ``execute`` returns or, when it returns ``None``, with the one response
+                each request's sender sent.
+
         Returns:
-            per request, its output arrays by name (as the model gave them) or its TritonError.
+            per request, its output arrays by name (as the model gave them) or its TritonError;
+            for a decoupled model ``{}`` each (the responses went to ``emits``).
 
         Raises:
-            BatchFailure: ``execute`` raised, or did not return one InferenceResponse per request.
+            BatchFailure: ``execute`` raised, or did not return what it must (the requests of a
+                decoupled model still open are ended with the error first).
         """
+        if emits is not None:
+            return self._execute_decoupled(requests, output_names, emits)
         try:
             pb_requests = [pb_utils.wrap_request(r, output_names) for r in requests]
         except pb_utils.TritonModelException as exc:
@@ -280,9 +313,11 @@ class ModelHost:
                     responses = _run_coroutine(responses)
         except Exception as exc:
             raise BatchFailure(f"execute raised {type(exc).__name__}: {exc}") from exc
-        if not isinstance(responses, (list, tuple)) or len(responses) != len(pb_requests):
+        if responses is None:  # answered through the requests' senders, one response each
+            return [_sent_response(i, p.sent_responses()) for i, p in enumerate(pb_requests)]
+        if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
             got = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) else repr(type(responses).__name__)
-            raise BatchFailure(f"execute must return one InferenceResponse per request ({len(pb_requests)}), got {got}")
+            raise BatchFailure(f"execute must return one InferenceResponse per request ({len(requests)}), got {got}")
         out: list[dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError] = []
         for i, resp in enumerate(responses):
             if not isinstance(resp, pb_utils.InferenceResponse):
@@ -293,6 +328,39 @@ class ModelHost:
             else:
                 out.append({t.name(): t.as_numpy() for t in resp.output_tensors()})
         return out
+
+    def _execute_decoupled(
+        self, requests: Sequence[InferRequest], output_names: Sequence[str], emits: Sequence[pb_utils.Emit]
+    ) -> list[dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError]:
+        """:meth:`execute` of a decoupled model (``emits`` given)."""
+        streams = [pb_utils.ResponseStream(e, decoupled=True, requested=r.output_names)
+                   for r, e in zip(requests, emits, strict=True)]
+        try:
+            try:
+                pb_requests = [pb_utils.wrap_request(r, output_names, st) for r, st in zip(requests, streams, strict=True)]
+            except pb_utils.TritonModelException as exc:
+                raise BatchFailure(f"execute got an input it cannot take: {exc}") from exc
+            try:
+                with self._bound():
+                    responses = self.instance.execute(pb_requests)
+                    if type(responses) is not list and inspect.isawaitable(responses):
+                        responses = _run_coroutine(responses)
+            except Exception as exc:
+                raise BatchFailure(f"execute raised {type(exc).__name__}: {exc}") from exc
+            finally:
+                del pb_requests
+            if responses is not None:
+                raise BatchFailure(
+                    "a decoupled model's execute must return None (its responses go through "
+                    f"request.get_response_sender()); it returned {type(responses).__name__}"
+                )
+        except BatchFailure as failure:
+            for stream in streams:
+                stream.fail(pb_utils.TritonError(str(failure)))
+            raise
+        finally:
+            del streams  # a request the model dropped without FINAL ends here
+        return [{} for _ in requests]
 
     def finalize(self) -> None:
         """Call the optional ``finalize()``; errors are logged, not raised. Drops the module."""
@@ -350,13 +418,10 @@ def complete_python_config(config: ModelConfig, completed: Mapping[str, Any]) ->
     """Merge what ``auto_complete_config`` returned (Triton's JSON form) into ``config``.
 
     Raises:
-        ModelConfigError: no inputs or no outputs declared, a bad tensor entry, or a decoupled
-            transaction policy (not supported).
+        ModelConfigError: no inputs or no outputs declared, or a bad tensor entry.
     """
     where = f"model {config.name!r}"
     policy = completed.get("model_transaction_policy") or {}
-    if policy.get("decoupled"):
-        raise ModelConfigError(f"{where}: decoupled models (model_transaction_policy.decoupled) are not supported")
     inputs = _specs(completed.get("input"), "input", where)
     outputs = _specs(completed.get("output"), "output", where)
     if not inputs or not outputs:
@@ -375,6 +440,7 @@ def complete_python_config(config: ModelConfig, completed: Mapping[str, Any]) ->
         outputs=outputs,
         max_batch_size=int(mbs) if mbs is not None else int(config.max_batch_size or 0),
         dynamic_batching=batching,
+        decoupled=bool(config.decoupled or policy.get("decoupled", False)),
     )
 
 
@@ -394,6 +460,33 @@ def initialize_args(config: ModelConfig, model_file: Path, context: BackendConte
         "model_version": str(version),
         "model_name": config.name,
     }
+
+
+def stream_emit(config: ModelConfig, request: InferRequest) -> pb_utils.Emit:
+    """Where a decoupled model's responses to ``request`` go: its
+    :attr:`~frameserve.request.InferRequest.responses`, each response checked against the
+    config (an output it does not declare, or of another datatype, becomes that response's
+    :class:`~frameserve.errors.InferenceError`); a response error is passed on with the model's
+    own message, as Triton does. Without a sink (a warmup sample, a direct ``run``) the
+    responses are dropped."""
+    sink = request.responses
+    if sink is None:
+        return lambda outputs, error, final: None
+    where = f"model {config.name!r}"
+    specs = {s.name: s for s in config.outputs}
+
+    def emit(outputs: dict[str, np.ndarray[Any, Any]] | None, error: pb_utils.TritonError | None, final: bool) -> None:
+        if error is not None:
+            sink.send(None, pb_utils.to_frameserve_error(error, ""), final)
+            return
+        if outputs is not None:
+            problem = _check_outputs(outputs, list(outputs), specs)
+            if problem:
+                sink.send(None, InferenceError(f"{where}: {problem}"), final)
+                return
+        sink.send(outputs, None, final)
+
+    return emit
 
 
 def finish_results(

@@ -17,14 +17,26 @@ follows the Python backend's README (triton-inference-server/python_backend ``RE
 - :class:`InferenceResponse` — ``output_tensors`` or an ``error`` (a :class:`TritonError`); an
   error fails only its own request.
 - :class:`TritonError` (with Triton's error codes), :class:`TritonModelException`.
+- :class:`InferenceResponseSender` — ``request.get_response_sender()``: zero or many responses
+  per request for a decoupled model (``model_transaction_policy { decoupled: true }``), ended
+  with :data:`TRITONSERVER_RESPONSE_COMPLETE_FINAL`; ``execute`` then returns ``None``
+  (:mod:`~frameserve.backends.python._pb_sender`).
 - helpers: :func:`get_input_tensor_by_name`, :func:`get_output_tensor_by_name`,
   :func:`get_input_config_by_name`, :func:`get_output_config_by_name`,
-  :func:`triton_string_to_numpy`, :func:`get_model_dir`, and :class:`ModelConfig` (what
+  :func:`triton_string_to_numpy`, :func:`get_model_dir`,
+  :func:`using_decoupled_model_transaction_policy`, and :class:`ModelConfig` (what
   ``auto_complete_config`` receives).
 
-Not offered: decoupled models (``get_response_sender``), request rescheduling, the model
-loading API (``load_model``...), custom metrics; calling them raises
-:class:`TritonModelException` that says so.
+The tensor type, the errors and the type helpers live in
+:mod:`~frameserve.backends.python._pb_tensor`, the sender in
+:mod:`~frameserve.backends.python._pb_sender`; this module re-exports them (one module for
+models to import, as Triton's).
+
+BLS calls to a decoupled model (``exec(decoupled=True)``, an iterator of its responses) run
+in the server's process (``isolation: in_process``); from a worker process they answer an error.
+
+Not offered: request rescheduling, the model loading API (``load_model``...), custom metrics;
+calling them raises :class:`TritonModelException` that says so.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ import asyncio
 import contextlib
 import contextvars
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -42,20 +55,41 @@ from typing import Any
 
 import numpy as np
 
-from frameserve.errors import (
-    FrameserveError,
-    InferenceError,
-    InvalidInputError,
-    ModelNotReadyError,
-    NotFoundError,
-    TensorError,
+from frameserve.backends.python._pb_sender import (
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    BlsResponses,
+    InferenceResponseSender,
 )
+from frameserve.backends.python._pb_sender import (
+    Emit as Emit,
+)
+from frameserve.backends.python._pb_sender import (
+    ResponseStream as ResponseStream,
+)
+from frameserve.backends.python._pb_tensor import (
+    TRITON_STRING_TO_NUMPY,
+    Tensor,
+    TritonError,
+    TritonModelException,
+    deserialize_bytes_tensor,
+    numpy_to_triton_type,
+    serialize_byte_tensor,
+    triton_string_to_numpy,
+    triton_to_numpy_type,
+)
+from frameserve.backends.python._pb_tensor import (
+    from_exception as from_exception,
+)
+from frameserve.backends.python._pb_tensor import (
+    to_frameserve_error as to_frameserve_error,
+)
+from frameserve.errors import DecoupledModelError
 from frameserve.request import InferRequest, RequestedOutput
-from frameserve.types import decode_bytes_elements, encode_bytes_elements
 
 __all__ = [
     "InferenceRequest",
     "InferenceResponse",
+    "InferenceResponseSender",
     "Logger",
     "ModelConfig",
     "TRITONSERVER_MEMORY_CPU",
@@ -80,6 +114,7 @@ __all__ = [
     "serialize_byte_tensor",
     "triton_string_to_numpy",
     "triton_to_numpy_type",
+    "using_decoupled_model_transaction_policy",
 ]
 
 MODULE_ALIAS = "triton_python_backend_utils"
@@ -87,32 +122,11 @@ MODULE_ALIAS = "triton_python_backend_utils"
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
-TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 TRITONSERVER_MEMORY_CPU = 0
 TRITONSERVER_MEMORY_CPU_PINNED = 1
 TRITONSERVER_MEMORY_GPU = 2
-
-TRITON_STRING_TO_NUMPY: dict[str, type] = {
-    "TYPE_BOOL": np.bool_,
-    "TYPE_UINT8": np.uint8,
-    "TYPE_UINT16": np.uint16,
-    "TYPE_UINT32": np.uint32,
-    "TYPE_UINT64": np.uint64,
-    "TYPE_INT8": np.int8,
-    "TYPE_INT16": np.int16,
-    "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64,
-    "TYPE_FP16": np.float16,
-    "TYPE_FP32": np.float32,
-    "TYPE_FP64": np.float64,
-    "TYPE_STRING": np.object_,
-}
-"""Triton config type names (``model_config.proto`` ``DataType``) -> numpy scalar types."""
-
-# model_config.proto DataType numbers (TYPE_INVALID = 0 ... TYPE_BF16 = 14).
-_TYPE_NUMBERS = {name: i for i, name in enumerate(TRITON_STRING_TO_NUMPY, start=1)}
 
 _log = logging.getLogger("frameserve.pb_utils")
 
@@ -122,245 +136,6 @@ Infer = Callable[[InferRequest], dict[str, np.ndarray[Any, Any]]]
 # Set by the python backend around initialize/execute/finalize (see bind()).
 _INFER: contextvars.ContextVar[Infer | None] = contextvars.ContextVar("frameserve_pb_utils_infer", default=None)
 _MODEL_DIR: contextvars.ContextVar[str | None] = contextvars.ContextVar("frameserve_pb_utils_model_dir", default=None)
-
-
-# -- types ---------------------------------------------------------------------------------
-
-
-def triton_string_to_numpy(triton_type_string: str) -> type:
-    """The numpy type for a config type name: ``"TYPE_FP32"`` -> ``np.float32``,
-    ``"TYPE_STRING"`` -> ``np.object_`` (BYTES elements are ``bytes``).
-
-    Raises:
-        TritonModelException: an unknown name (lists the accepted ones).
-    """
-    try:
-        return TRITON_STRING_TO_NUMPY[triton_type_string]
-    except KeyError:
-        raise TritonModelException(
-            f"unknown Triton type {triton_type_string!r}; accepted: {', '.join(TRITON_STRING_TO_NUMPY)}"
-        ) from None
-
-
-def triton_to_numpy_type(data_type: int) -> type | None:
-    """The numpy type for a ``DataType`` enum number (1 = TYPE_BOOL ... 13 = TYPE_STRING), or ``None``."""
-    for name, number in _TYPE_NUMBERS.items():
-        if number == data_type:
-            return TRITON_STRING_TO_NUMPY[name]
-    return None
-
-
-def numpy_to_triton_type(data_type: Any) -> int | None:
-    """The ``DataType`` enum number for a numpy dtype (``object``/``bytes_`` -> 13), or ``None``."""
-    dt = np.dtype(data_type)
-    if dt.kind in ("O", "S"):
-        return _TYPE_NUMBERS["TYPE_STRING"]
-    for name, np_type in TRITON_STRING_TO_NUMPY.items():
-        if np_type is not np.object_ and np.dtype(np_type) == dt:
-            return _TYPE_NUMBERS[name]
-    return None
-
-
-def serialize_byte_tensor(input_tensor: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
-    """BYTES elements in C order, each as a 4-byte little-endian length then its bytes (Triton's
-    wire form), as a 1-D ``uint8`` array; ``None`` for an empty or non-BYTES array. ``str``
-    elements are encoded as UTF-8."""
-    if input_tensor.size == 0 or input_tensor.dtype.kind not in ("O", "S"):
-        return None
-    return np.frombuffer(encode_bytes_elements(input_tensor), dtype=np.uint8)
-
-
-def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """The inverse of :func:`serialize_byte_tensor`: a 1-D ``object`` array of ``bytes``.
-
-    Raises:
-        TritonModelException: a length prefix runs past the end of the buffer.
-    """
-    buf = memoryview(encoded_tensor) if isinstance(encoded_tensor, bytes) else np.ascontiguousarray(encoded_tensor).data
-    try:
-        return decode_bytes_elements(buf, where="BYTES buffer")
-    except TensorError as exc:
-        raise TritonModelException(exc.message) from None
-
-
-# -- errors --------------------------------------------------------------------------------
-
-
-class TritonError:
-    """An error for one response: ``InferenceResponse(error=TritonError("why"))``.
-
-    Args:
-        message: what went wrong.
-        code: one of the class constants (default :attr:`INTERNAL`).
-    """
-
-    UNKNOWN = 0
-    INTERNAL = 1
-    NOT_FOUND = 2
-    INVALID_ARG = 3
-    UNAVAILABLE = 4
-    UNSUPPORTED = 5
-    ALREADY_EXISTS = 6
-    CANCELLED = 7
-
-    def __init__(self, message: str, code: int = INTERNAL) -> None:
-        self._message = str(message)
-        self._code = int(code)
-
-    def message(self) -> str:
-        """The error message."""
-        return self._message
-
-    def code(self) -> int:
-        """The error code (a class constant)."""
-        return self._code
-
-    def __str__(self) -> str:
-        return self._message
-
-    def __repr__(self) -> str:
-        return f"TritonError({self._message!r}, code={self._code})"
-
-
-class TritonModelException(Exception):
-    """Raised by a model (or by this module) to fail ``initialize``, ``execute`` or
-    ``finalize``; from ``execute`` it fails every request of the batch."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self._message = str(message)
-
-    def message(self) -> str:
-        """The exception message."""
-        return self._message
-
-
-def to_frameserve_error(error: TritonError, where: str) -> FrameserveError:
-    """The frameserve error for a response's :class:`TritonError`: ``INVALID_ARG`` ->
-    :class:`~frameserve.errors.InvalidInputError` (400), ``NOT_FOUND`` -> ``NotFoundError``
-    (404), ``UNAVAILABLE`` -> ``ModelNotReadyError`` (503), anything else ->
-    ``InferenceError`` (500). ``where`` prefixes the message (e.g. ``"model 'm'"``)."""
-    text = f"{where}: {error.message()}"
-    cls = {
-        TritonError.INVALID_ARG: InvalidInputError,
-        TritonError.NOT_FOUND: NotFoundError,
-        TritonError.UNAVAILABLE: ModelNotReadyError,
-    }.get(error.code(), InferenceError)
-    return cls(text)
-
-
-def from_exception(exc: BaseException) -> TritonError:
-    """The :class:`TritonError` for an exception raised by a called model (the reverse of
-    :func:`to_frameserve_error`)."""
-    code = TritonError.INTERNAL
-    if isinstance(exc, NotFoundError):
-        code = TritonError.NOT_FOUND
-    elif isinstance(exc, InvalidInputError):
-        code = TritonError.INVALID_ARG
-    elif isinstance(exc, ModelNotReadyError):
-        code = TritonError.UNAVAILABLE
-    return TritonError(str(exc), code)
-
-
-# -- tensors -------------------------------------------------------------------------------
-
-
-class _Capsule:
-    """Holds a raw DLPack capsule so that ``np.from_dlpack`` (which wants ``__dlpack__``) takes it."""
-
-    def __init__(self, capsule: Any) -> None:
-        self._capsule = capsule
-
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._capsule
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)  # kDLCPU
-
-
-class Tensor:
-    """A named tensor: an input of a request, or an output of a response.
-
-    Args:
-        name: the tensor's name (a model input or output name).
-        numpy_array: the data; any numeric or bool dtype, or an ``object`` (or ``bytes_``)
-            array of ``bytes`` for BYTES. Kept as it is (no copy).
-
-    Raises:
-        TritonModelException: not a numpy array, or a ``str_``/``void`` dtype (use ``object``
-            arrays of ``bytes`` for strings, as Triton asks).
-    """
-
-    def __init__(self, name: str, numpy_array: np.ndarray[Any, Any], *args: Any, **kwargs: Any) -> None:
-        if not isinstance(numpy_array, np.ndarray):
-            raise TritonModelException(
-                f"Tensor {name!r}: a numpy array is needed, got {type(numpy_array).__name__}"
-            )
-        if numpy_array.dtype.kind in ("U", "V"):
-            raise TritonModelException(
-                f"Tensor {name!r}: dtype {numpy_array.dtype} is not supported; use np.object_ arrays of bytes"
-            )
-        self._name = str(name)
-        self._array = numpy_array
-
-    def name(self) -> str:
-        """The tensor's name."""
-        return self._name
-
-    def as_numpy(self) -> np.ndarray[Any, Any]:
-        """The numpy array (the same object, not a copy)."""
-        return self._array
-
-    def shape(self) -> tuple[int, ...]:
-        """The array's shape."""
-        return tuple(self._array.shape)
-
-    def triton_dtype(self) -> int | None:
-        """The ``DataType`` enum number of the array's dtype."""
-        return numpy_to_triton_type(self._array.dtype)
-
-    def is_cpu(self) -> bool:
-        """Always ``True``: frameserve hands Python models CPU tensors."""
-        return True
-
-    def to_dlpack(self) -> Any:
-        """A DLPack capsule sharing the array's memory (e.g. ``torch.utils.dlpack.from_dlpack``);
-        a read-only array (e.g. decoded straight from a request body) is copied first, since
-        the classic DLPack capsule cannot say "read-only".
-
-        Raises:
-            TritonModelException: BYTES tensors have no DLPack form.
-        """
-        if self._array.dtype.kind in ("O", "S"):
-            raise TritonModelException(f"Tensor {self._name!r}: BYTES tensors cannot be exported with DLPack")
-        array = self._array
-        if not array.flags.writeable:
-            # DLPack < 1.0 cannot mark memory read-only (numpy refuses); hand out a copy.
-            array = array.copy()
-        try:
-            return array.__dlpack__()
-        except (BufferError, TypeError) as exc:
-            raise TritonModelException(f"Tensor {self._name!r}: cannot export with DLPack: {exc}") from None
-
-    @staticmethod
-    def from_dlpack(name: str, dlpack: Any) -> Tensor:
-        """A tensor over a DLPack capsule or an object with ``__dlpack__`` (torch, cupy on the
-        host, numpy), without a copy. The data must be C-contiguous and on the CPU.
-
-        Raises:
-            TritonModelException: not CPU memory, or not C-contiguous.
-        """
-        source = dlpack if hasattr(dlpack, "__dlpack__") else _Capsule(dlpack)
-        try:
-            array = np.from_dlpack(source)
-        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
-            raise TritonModelException(f"Tensor {name!r}: cannot import from DLPack (CPU only): {exc}") from None
-        if not array.flags.c_contiguous:
-            raise TritonModelException(f"Tensor {name!r}: DLPack tensors must be C-contiguous")
-        return Tensor(name, array)
-
-    def __repr__(self) -> str:
-        return f"Tensor({self._name!r}, dtype={self._array.dtype}, shape={list(self._array.shape)})"
 
 
 # -- requests and responses ----------------------------------------------------------------
@@ -469,6 +244,9 @@ class InferenceRequest:
         self._correlation_id = correlation_id
         self._flags = int(flags)
         self._timeout = int(timeout)
+        self._stream: ResponseStream | None = None
+        self._sent: list[tuple[Any, Any, bool]] | None = None  # what its sender sent (not decoupled)
+        self._answers = False  # a request execute receives: it has a sender
 
     def inputs(self) -> list[Tensor]:
         """The input tensors."""
@@ -512,8 +290,26 @@ class InferenceRequest:
         """Always ``False`` (cancellation is not passed to Python models)."""
         return False
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException("decoupled models (get_response_sender) are not supported by frameserve")
+    def get_response_sender(self) -> InferenceResponseSender:
+        """The request's :class:`InferenceResponseSender` (the same one on every call).
+
+        Raises:
+            TritonModelException: a request the model built (BLS) has no sender.
+        """
+        stream = self._stream
+        if stream is None and self._answers:  # a model that is not decoupled: one response
+            sent = self._sent = []
+            stream = self._stream = ResponseStream(lambda o, e, f: sent.append((o, e, f)), decoupled=False,
+                                                   requested=self._request.output_names)
+        if stream is None:
+            raise TritonModelException("get_response_sender() is available only on the requests execute receives")
+        sender: InferenceResponseSender = stream.sender()
+        return sender
+
+    def sent_responses(self) -> list[tuple[Any, Any, bool]]:
+        """What the sender of a request of a model that is not decoupled sent, as ``(outputs,
+        error, final)``. For the python backend, not for models."""
+        return self._sent or []
 
     def set_release_flags(self, flags: int) -> None:
         raise TritonModelException("request rescheduling (set_release_flags) is not supported by frameserve")
@@ -525,10 +321,14 @@ class InferenceRequest:
         response whose :meth:`InferenceResponse.error` is set, as in Triton.
 
         Returns:
-            an :class:`InferenceResponse` (with ``decoupled=True``, an iterator over it).
+            an :class:`InferenceResponse`; with ``decoupled=True`` an iterator over the called
+            model's responses as they come (a decoupled model's zero or more, then an empty
+            last one when it ends without a response; any other model's one), with ``cancel()``.
+            A decoupled model called without ``decoupled=True`` answers with an error.
         """
-        response = self._run(_INFER.get())
-        return iter([response]) if decoupled else response
+        if decoupled:
+            return self._exec_stream(_INFER.get())
+        return self._run(_INFER.get())
 
     def async_exec(self, decoupled: bool = False) -> Awaitable[Any]:
         """Like :meth:`exec`, as an awaitable for ``async def execute`` (runs in the event
@@ -537,10 +337,23 @@ class InferenceRequest:
 
         async def run() -> Any:
             loop = asyncio.get_running_loop()
-            response = await loop.run_in_executor(None, functools.partial(self._run, infer))
-            return iter([response]) if decoupled else response
+            return await loop.run_in_executor(None, functools.partial(self._exec_stream if decoupled else self._run, infer))
 
         return run()
+
+    def _exec_stream(self, infer: Infer | None) -> BlsResponses:
+        responses = BlsResponses(functools.partial(_bls_response, model=self._request.model_name))
+        if infer is None or not self._request.model_name:
+            responses.send(None, self._run(infer).error(), True)  # type: ignore[arg-type]
+            return responses
+        try:
+            result = infer(dataclasses.replace(self._request, responses=responses))
+        except Exception as exc:
+            responses.send(None, exc, True)
+        else:
+            if result:  # a model that is not decoupled: its one answer
+                responses.send(result, None, True)
+        return responses
 
     def _run(self, infer: Infer | None) -> InferenceResponse:
         if infer is None:
@@ -555,7 +368,7 @@ class InferenceRequest:
         try:
             result = infer(self._request)
         except Exception as exc:
-            return InferenceResponse(error=from_exception(exc))
+            return InferenceResponse(error=_bls_error(exc, self._request.model_name))
         return InferenceResponse([Tensor(n, a) for n, a in result.items()])
 
     def __repr__(self) -> str:
@@ -564,10 +377,31 @@ class InferenceRequest:
         return f"InferenceRequest({target}inputs={self._inputs!r}, requested_output_names={self._outputs!r})"
 
 
-def wrap_request(request: InferRequest, output_names: Sequence[str]) -> InferenceRequest:
+def _bls_error(exc: BaseException, model: str) -> TritonError:
+    if isinstance(exc, DecoupledModelError):
+        return TritonError(f"model {model!r} is decoupled: call it with exec(decoupled=True) (BLS calls to a "
+                           "decoupled model run with parameters.isolation in_process)", TritonError.UNSUPPORTED)
+    if isinstance(exc, TritonError):
+        return exc
+    return from_exception(exc)
+
+
+def _bls_response(outputs: dict[str, np.ndarray[Any, Any]] | None, error: BaseException | TritonError | None,
+                  model: str = "") -> InferenceResponse:
+    """One response of :class:`BlsResponses` (an end without a response: an empty one)."""
+    if error is not None:
+        return InferenceResponse(error=_bls_error(error, model))  # type: ignore[arg-type]
+    return InferenceResponse([Tensor(n, a) for n, a in (outputs or {}).items()])
+
+
+def wrap_request(
+    request: InferRequest, output_names: Sequence[str], stream: ResponseStream | None = None
+) -> InferenceRequest:
     """The :class:`InferenceRequest` ``execute`` receives for ``request``; its
     ``requested_output_names`` are the request's, or ``output_names`` (the model's outputs)
-    when it names none. For the python backend, not for models.
+    when it names none; ``stream``: where a decoupled model's sender sends (``None``: a model
+    that is not decoupled, whose sender keeps its one response for
+    :meth:`~InferenceRequest.sent_responses`). For the python backend, not for models.
 
     Raises:
         TritonModelException: an input array of a dtype :class:`Tensor` refuses.
@@ -580,6 +414,9 @@ def wrap_request(request: InferRequest, output_names: Sequence[str]) -> Inferenc
     wrapped._correlation_id = request.sequence_id
     wrapped._flags = 0
     wrapped._timeout = 0
+    wrapped._stream = stream
+    wrapped._sent = None
+    wrapped._answers = True
     return wrapped
 
 
@@ -613,6 +450,13 @@ def get_output_config_by_name(model_config: Mapping[str, Any], name: str) -> dic
         if item.get("name") == name:
             return dict(item)
     return None
+
+
+def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) -> bool:
+    """Whether a config dict (``json.loads(args["model_config"])``) has
+    ``model_transaction_policy.decoupled`` set."""
+    policy = model_config.get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
 
 
 def get_model_dir() -> str:
@@ -671,7 +515,7 @@ class ModelConfig:
         self._config.setdefault("dynamic_batching", {})
 
     def set_model_transaction_policy(self, transaction_policy: Mapping[str, Any]) -> None:
-        """Record ``model_transaction_policy`` (``{"decoupled": True}`` fails the load: not supported)."""
+        """Set ``model_transaction_policy`` (``{"decoupled": True}``: a decoupled model)."""
         self._config["model_transaction_policy"] = dict(transaction_policy)
 
     def add_input(self, input: Mapping[str, Any]) -> None:  # noqa: A002 - Triton's name

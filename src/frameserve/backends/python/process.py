@@ -12,6 +12,10 @@ and run there through ``BackendContext.infer``.
 Shared memory ownership: the server unlinks every block, its own and the worker's, once both
 sides are done with it, so a worker that dies leaks nothing past the server's next message.
 
+A decoupled model's responses cross the same pipe whenever its sender sends them (from
+``execute`` or a thread of the model after it); once such a model is loaded one thread of the
+server reads the pipe (:mod:`~frameserve.backends.python._process_stream`).
+
 A worker that dies (crash, ``os._exit``, killed) fails the requests it was running with
 :class:`~frameserve.errors.InferenceError`; the next request starts a fresh worker and runs
 ``initialize`` again (the session is not marked failed). If the restart itself fails, that
@@ -30,8 +34,9 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import secrets
+import queue
 import signal
+import socket
 import threading
 from collections.abc import Mapping, Sequence
 from multiprocessing import shared_memory
@@ -42,6 +47,8 @@ import numpy as np
 
 from frameserve.backends.base import BackendContext
 from frameserve.backends.python import pb_utils
+from frameserve.backends.python._process_stream import DIED, ResponsePump, StreamTable, worker_emit
+from frameserve.backends.python._shm_tensors import Desc, open_block, pack_tensors, unlink_block, unpack_tensors
 from frameserve.backends.python.host import (
     BatchFailure,
     ModelHost,
@@ -49,101 +56,18 @@ from frameserve.backends.python.host import (
     complete_python_config,
     finish_results,
     initialize_args,
+    stream_emit,
 )
 from frameserve.errors import FrameserveError, InferenceError, ModelConfigError
 from frameserve.repository import ModelConfig
 from frameserve.request import InferRequest, RequestedOutput
-from frameserve.shm import OWN_SEGMENT_PREFIX
-from frameserve.types import DataType, TensorSpec, decode_bytes_elements, encode_bytes_elements
+from frameserve.types import TensorSpec
 
 __all__ = ["PythonProcessSession", "pack_tensors", "unpack_tensors"]
 
-_ALIGN = 64
 _START_TIMEOUT_S = 120.0
 _FINALIZE_TIMEOUT_S = 10.0
 
-Desc = tuple[str, str, str, tuple[int, ...], int, int]
-"""``(tensor name, "raw" | "bytes", dtype name, shape, offset, size_bytes)`` in a shared block."""
-
-
-# -- tensors through shared memory ---------------------------------------------------------
-
-
-def _dtype(name: str) -> np.dtype[Any]:
-    if name == "bfloat16":
-        return DataType.BF16.to_numpy()
-    return np.dtype(name)
-
-
-def pack_tensors(tensors: Mapping[str, np.ndarray[Any, Any]]) -> tuple[shared_memory.SharedMemory | None, list[Desc]]:
-    """Copy ``tensors`` into one new shared memory block.
-
-    Returns:
-        the block (``None`` when there are no tensors; the caller closes it) and one
-        descriptor per tensor.
-    """
-    if not tensors:
-        return None, []
-    parts: list[tuple[str, str, str, tuple[int, ...], np.ndarray[Any, Any]]] = []
-    for name, array in tensors.items():
-        array = np.asarray(array)
-        if array.dtype.kind in ("O", "S", "U"):
-            data = np.frombuffer(encode_bytes_elements(array), dtype=np.uint8)
-            parts.append((name, "bytes", "object", tuple(array.shape), data))
-        else:
-            parts.append((name, "raw", array.dtype.name, tuple(array.shape), np.ascontiguousarray(array)))
-    offsets, total = [], 0
-    for part in parts:
-        offsets.append(total)
-        total += -(-part[4].nbytes // _ALIGN) * _ALIGN
-    # frameserve's own prefix: clients may not register these as shared-memory regions
-    name = f"{OWN_SEGMENT_PREFIX}pb-{os.getpid()}-{secrets.token_hex(8)}"
-    shm = shared_memory.SharedMemory(name=name, create=True, size=max(total, 1))
-    descs: list[Desc] = []
-    for (name, kind, dtype, shape, data), offset in zip(parts, offsets, strict=True):
-        if data.nbytes:
-            dst = np.ndarray(data.shape, data.dtype, buffer=shm.buf, offset=offset)
-            dst[...] = data
-            del dst
-        descs.append((name, kind, dtype, shape, offset, int(data.nbytes)))
-    return shm, descs
-
-
-def unpack_tensors(shm: shared_memory.SharedMemory | None, descs: Sequence[Desc], *, copy: bool) -> dict[str, np.ndarray[Any, Any]]:
-    """The tensors ``descs`` describe in ``shm``: views into the block (``copy=False``; the
-    caller keeps the block open while they live) or arrays of their own. BYTES tensors are
-    always their own ``object`` arrays."""
-    out: dict[str, np.ndarray[Any, Any]] = {}
-    for name, kind, dtype, shape, offset, size in descs:
-        if kind == "bytes":
-            if shm is None or not size:
-                out[name] = decode_bytes_elements(b"", where=f"tensor {name!r}").reshape(shape)
-                continue
-            block = shm.buf
-            assert block is not None  # an open block has its buffer
-            with block[offset : offset + size] as raw:  # released before the block may close
-                out[name] = decode_bytes_elements(raw, where=f"tensor {name!r}").reshape(shape)
-            continue
-        dt = _dtype(dtype)
-        if size == 0 or shm is None:
-            out[name] = np.zeros(shape, dt)
-            continue
-        view = np.ndarray(shape, dt, buffer=shm.buf, offset=offset)
-        out[name] = view.copy() if copy else view
-    return out
-
-
-def _open(name: str) -> shared_memory.SharedMemory:
-    return shared_memory.SharedMemory(name=name)
-
-
-def _unlink(name: str) -> None:
-    try:
-        shm = shared_memory.SharedMemory(name=name)
-    except FileNotFoundError:
-        return
-    shm.close()
-    shm.unlink()
 
 
 def _has_array(obj: Any) -> bool:
@@ -161,6 +85,7 @@ class _Channel:
 
     def __init__(self, conn: multiprocessing.connection.Connection) -> None:
         self.conn = conn
+        self._send_lock = threading.Lock()  # a decoupled model's threads send responses too
         self.messages = 0
         self.pickled_bytes = 0
         self.largest_message_bytes = 0
@@ -169,10 +94,11 @@ class _Channel:
         if _has_array(msg):
             raise InferenceError("internal: a numpy array was about to cross the pipe; tensors go through shared memory")
         data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        self.messages += 1
-        self.pickled_bytes += len(data)
-        self.largest_message_bytes = max(self.largest_message_bytes, len(data))
-        self.conn.send_bytes(data)
+        with self._send_lock:
+            self.messages += 1
+            self.pickled_bytes += len(data)
+            self.largest_message_bytes = max(self.largest_message_bytes, len(data))
+            self.conn.send_bytes(data)
 
     def recv(self) -> tuple[Any, ...]:
         data = self.conn.recv_bytes()
@@ -209,7 +135,7 @@ def worker_main(conn: multiprocessing.connection.Connection, model_file: str, mo
                 if reply[0] == "bls_error":
                     raise _error_from(reply[1], reply[2])
                 _, name, out_descs = reply
-                block = _open(name) if name else None
+                block = open_block(name) if name else None
                 try:
                     return unpack_tensors(block, out_descs, copy=True)
                 finally:
@@ -238,7 +164,7 @@ def worker_main(conn: multiprocessing.connection.Connection, model_file: str, mo
                 host.initialize(msg[1])
                 chan.send(("ok", None))
             elif op == "execute":
-                chan.send(_execute(host, msg[1], msg[2], msg[3], leaked))
+                chan.send(_execute(host, msg[1], msg[2], msg[3], leaked, msg[4], chan))
             elif op == "finalize":
                 host.finalize()
                 chan.send(("ok", None))
@@ -257,13 +183,16 @@ def _execute(
     requests: Sequence[tuple[list[Desc], tuple[str, ...] | None, dict[str, Any], str, int | str]],
     output_names: Sequence[str],
     leaked: list[shared_memory.SharedMemory],
+    tokens: Sequence[int] | None = None,
+    chan: _Channel | None = None,
 ) -> tuple[Any, ...]:
-    block = _open(block_name) if block_name else None
+    block = open_block(block_name) if block_name else None
     try:
         reqs = [
             InferRequest(
                 model_name=host.model_name,
-                inputs=unpack_tensors(block, descs, copy=False),
+                # a decoupled model may keep its inputs past execute (its threads answer later)
+                inputs=unpack_tensors(block, descs, copy=tokens is not None),
                 outputs=tuple(RequestedOutput(n) for n in outputs or ()),
                 parameters=params,
                 id=rid,
@@ -271,8 +200,9 @@ def _execute(
             )
             for descs, outputs, params, rid, sid in requests
         ]
+        emits = None if tokens is None else [worker_emit(chan, t) for t in tokens]
         try:
-            raw = host.execute(reqs, output_names)
+            raw = host.execute(reqs, output_names, emits)
         except BatchFailure as exc:
             return ("batch_error", str(exc))
         finally:
@@ -327,6 +257,21 @@ class _WorkerDied(Exception):
     pass
 
 
+def _shutdown(conn: multiprocessing.connection.Connection) -> None:
+    """End both directions of the pipe's socket now (the worker reads EOF, a thread waiting on
+    it wakes), before the descriptor is closed."""
+    try:
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
 class PythonProcessSession:
     """A ``TritonPythonModel`` run in a worker process of its own (see the module docstring
     and :class:`frameserve.backends.Session`); same interface as
@@ -352,18 +297,22 @@ class PythonProcessSession:
         self._proc: Any = None
         self._chan: _Channel | None = None
         self._pending_unlink: list[str] = []
+        self._pump: ResponsePump | None = None  # a decoupled model's reader of the pipe
+        self._streams = StreamTable()
+        self.config: ModelConfig = config  # completed from the model below
         self._closed = False
         self.restarts = 0
         self._stats = {"messages": 0, "pickled_bytes": 0, "largest_message_bytes": 0, "shm_bytes": 0, "bls_calls": 0}
         self._start()
         try:
             reply = self._call(("auto_complete", config.to_dict()))
-            self.config: ModelConfig = complete_python_config(config, reply[1])
+            self.config = complete_python_config(config, reply[1])
             self.inputs: tuple[TensorSpec, ...] = self.config.inputs
             self.outputs: tuple[TensorSpec, ...] = self.config.outputs
             self.max_batch_size: int = int(self.config.max_batch_size or 0)
             self._args = initialize_args(self.config, self._model_file, context)
             self._call(("initialize", self._args))
+            self._start_pump()
         except _WorkerDied as exc:
             raise ModelConfigError(f"model {self._name!r}: the worker process died while loading: {exc}") from None
         except BaseException:
@@ -420,9 +369,21 @@ class PythonProcessSession:
             self._stop()
             raise ModelConfigError(reply[2] if reply[0] == "error" else f"model {self._name!r}: bad worker reply {reply[0]!r}")
 
+    def _start_pump(self) -> None:
+        """A decoupled model: from now on one thread reads the pipe (responses come any time)."""
+        if self.config.decoupled and self._chan is not None and self._proc is not None:
+            self._pump = ResponsePump(self._chan, self._proc.sentinel, self._streams,
+                                      f"fs-python-{self._name}-responses", self._count_bytes)
+
+    def _count_bytes(self, n: int) -> None:
+        self._stats["shm_bytes"] += n
+
     def _stop(self) -> None:
-        proc, chan = self._proc, self._chan
-        self._proc = self._chan = None
+        proc, chan, pump = self._proc, self._chan, self._pump
+        self._proc = self._chan = self._pump = None
+        if pump is not None and chan is not None:
+            _shutdown(chan.conn)  # the worker and the pump both see the end of the pipe
+            pump.join()
         if chan is not None:
             for key in ("messages", "pickled_bytes"):
                 self._stats[key] += getattr(chan, key)
@@ -441,17 +402,27 @@ class PythonProcessSession:
         self.restarts += 1
         self._start()
         self._call(("initialize", self._args))
+        self._start_pump()
         self.info["pid"] = self.pid
 
     # -- messages
 
     def _release(self) -> None:
         for name in self._pending_unlink:
-            _unlink(name)
+            unlink_block(name)
         self._pending_unlink.clear()
 
     def _recv(self, timeout_s: float | None = None) -> tuple[Any, ...]:
         assert self._chan is not None and self._proc is not None
+        if self._pump is not None:  # a decoupled model's pump reads the pipe
+            try:
+                msg = self._pump.inbox.get(timeout=timeout_s)
+            except queue.Empty:
+                raise _WorkerDied(f"no answer within {timeout_s} s") from None
+            if msg is not DIED:
+                return msg
+            self._proc.join(timeout=1.0)
+            raise _WorkerDied(f"worker process {self._proc.pid} exited with code {self._proc.exitcode}")
         ready = multiprocessing.connection.wait([self._chan.conn, self._proc.sentinel], timeout=timeout_s)
         if not ready:
             raise _WorkerDied(f"no answer within {timeout_s} s")
@@ -488,7 +459,7 @@ class PythonProcessSession:
         assert self._chan is not None
         _, (model, version, outputs, parameters, request_id, sequence), block_name, descs = msg
         self._stats["bls_calls"] += 1
-        block = _open(block_name) if block_name else None
+        block = open_block(block_name) if block_name else None
         try:
             inputs = unpack_tensors(block, descs, copy=True)
             self._stats["shm_bytes"] += sum(d[5] for d in descs)
@@ -572,17 +543,24 @@ class PythonProcessSession:
             if block is not None:
                 block.close()
                 self._pending_unlink.append(block.name)
+            decoupled = self.config.decoupled
+            tokens = [self._streams.open(stream_emit(self.config, r)) for r in reqs] if decoupled else None
             try:
-                reply = self._call(("execute", block.name if block else None, payload, [s.name for s in self.outputs]))
+                reply = self._call(("execute", block.name if block else None, payload, [s.name for s in self.outputs],
+                                    tokens))
             except _WorkerDied as exc:
+                if tokens:
+                    self._streams.drop(tokens)  # the pump ended those that reached the worker
                 raise InferenceError(
                     f"model {self._name!r}: the Python model's worker process died while executing "
                     f"({exc}); the next request restarts it"
                 ) from None
-        if reply[0] == "batch_error":
+        if reply[0] == "batch_error":  # a decoupled model's open requests were ended with it
             raise InferenceError(f"model {self._name!r}: {reply[1]}")
+        if decoupled:  # the responses come through the pump
+            return [{} for _ in reqs]
         _, out_name, out_descs, results = reply
-        out_block = _open(out_name) if out_name else None
+        out_block = open_block(out_name) if out_name else None
         try:
             arrays = unpack_tensors(out_block, out_descs, copy=True)
             self._stats["shm_bytes"] += sum(d[5] for d in out_descs)

@@ -21,6 +21,7 @@ from frameserve.backends.python.host import (
     finish_results,
     initialize_args,
     isolation_of,
+    stream_emit,
 )
 from frameserve.errors import InferenceError, ModelConfigError
 from frameserve.repository import ModelConfig
@@ -98,7 +99,9 @@ class PythonSession:
 
         Returns:
             per request, in order: its outputs (those asked for; all declared ones the model
-            returned when ``None``), or the error that failed only that request.
+            returned when ``None``), or the error that failed only that request. A decoupled
+            model's responses go to each request's
+            :attr:`~frameserve.request.InferRequest.responses` instead, and each result is ``{}``.
 
         Raises:
             InferenceError: ``execute`` raised or returned the wrong responses (the whole batch fails).
@@ -106,11 +109,14 @@ class PythonSession:
         reqs = [as_request(r, self.config.name) for r in requests]
         if self._closed:
             raise InferenceError(f"model {self.config.name!r}: the session is closed")
+        emits = [stream_emit(self.config, r) for r in reqs] if self.config.decoupled else None
         with self._lock:
             try:
-                raw = self._host.execute(reqs, self._output_names)
+                raw = self._host.execute(reqs, self._output_names, emits)
             except BatchFailure as exc:
                 raise InferenceError(f"model {self.config.name!r}: {exc}") from exc.__cause__
+        if emits is not None:  # a decoupled model: the responses went to each request's sink
+            return [{} for _ in reqs]
         return finish_results(self.config, reqs, raw)
 
     def close(self) -> None:

@@ -8,7 +8,8 @@ channel to the model-owning process, then encode: :func:`frameserve.protocol.grp
 over the front end's :class:`~frameserve.protocol._core.InferCore`); every other call, and
 inference for a model it does not know of, is handed whole (method and serialized request) to
 the owner, whose servicer answers it (:func:`call_unary`) with the exact answer a single-process
-server gives. ``Health.Watch`` asks the owner's ``Check`` once a second. Tokens are checked here
+server gives. A stream's request for a decoupled model (the owner refuses it as a one-answer
+call) is handed on too, and its responses come back one by one (:func:`call_stream`). ``Health.Watch`` asks the owner's ``Check`` once a second. Tokens are checked here
 (the same :class:`~frameserve.protocol.grpc._auth.TokenInterceptor`); the owner trusts its
 front ends.
 """
@@ -24,18 +25,23 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from frameserve._proto import grpc_service_pb2 as pb
-from frameserve.errors import QuotaExceededError
+from frameserve.errors import DecoupledModelError, QuotaExceededError
 from frameserve.protocol._core import InferCore, RegionSource
 from frameserve.protocol.grpc._auth import TokenInterceptor, principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response
 from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request, traceparent_of
 from frameserve.protocol.grpc._server import SERVICE_NAME, message_classes, method_handlers, server_options
 from frameserve.protocol.grpc._servicer import status_of
+from frameserve.protocol.grpc._stream import FINAL_PARAMETER
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 from frameserve.security.quotas import InferGate
 from frameserve.security.tokens import TokenTable
 
-__all__ = ["RpcStatus", "call_unary", "create_frontend_server"]
+__all__ = ["ForwardStream", "RpcStatus", "call_stream", "call_unary", "create_frontend_server"]
+
+ForwardStream = Callable[[bytes], AsyncIterator[bytes]]
+"""Hands one request of a ``ModelStreamInfer`` stream for a decoupled model to the owner; yields
+each serialized ``ModelStreamInferResponse`` of it (raises :class:`RpcStatus`)."""
 
 Forward = Callable[..., Awaitable[bytes]]
 """Hands one unary call (``/package.Service/Method``, serialized request, and optionally the
@@ -69,6 +75,33 @@ class _Context:
 
     def invocation_metadata(self) -> tuple[Any, ...]:
         return self._metadata
+
+
+def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    return pb.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version,
+                                             id=request.id),
+    )
+
+
+async def call_stream(servicer: Any, data: bytes, authorization: str | None = None) -> AsyncIterator[bytes]:
+    """The owner's side of :data:`ForwardStream`: one serialized ``ModelInferRequest`` of a stream
+    run by ``servicer``'s ``ModelStreamInfer``; each response serialized.
+
+    Raises:
+        RpcStatus: the request does not parse, or the stream was refused.
+    """
+    try:
+        request = pb.ModelInferRequest.FromString(data)
+    except Exception as exc:  # noqa: BLE001 - a malformed request is the caller's
+        raise RpcStatus("INVALID_ARGUMENT", f"malformed ModelInferRequest: {exc}") from None
+
+    async def one() -> AsyncIterator[pb.ModelInferRequest]:
+        yield request
+
+    async for response in servicer.ModelStreamInfer(one(), _Context(authorization)):
+        yield bytes(response.SerializeToString())
 
 
 async def call_unary(servicer: Any, health: Any, method: str, data: bytes, authorization: str | None = None) -> bytes:
@@ -106,8 +139,9 @@ class _FrontServicer:
     def __init__(
         self, core: InferCore, knows: Callable[[str, str], bool], forward: Forward, limits: TensorLimits,
         shared_memory: RegionSource | None, tokens: TokenTable | None = None,
-        infer_gate: InferGate | None = None,
+        infer_gate: InferGate | None = None, forward_stream: ForwardStream | None = None,
     ) -> None:
+        self.forward_stream = forward_stream
         self.tokens = tokens
         self.infer_gate = infer_gate
         self.core = core
@@ -171,6 +205,16 @@ class _FrontServicer:
                     response = pb.ModelInferResponse.FromString(
                         await self.forward(_MODEL_INFER, request.SerializeToString())
                     )
+            except DecoupledModelError as exc:  # its responses stream from the owner
+                if self.forward_stream is None:
+                    yield _stream_error(request, status_of(exc)[1])
+                    continue
+                try:
+                    async for data in self.forward_stream(request.SerializeToString()):
+                        yield pb.ModelStreamInferResponse.FromString(data)
+                except Exception as failed:  # noqa: BLE001 - reported in the stream
+                    yield _stream_error(request, failed.details if isinstance(failed, RpcStatus) else status_of(failed)[1])
+                continue
             except Exception as exc:  # noqa: BLE001 - reported in the stream, as the servicer does
                 message = exc.details if isinstance(exc, RpcStatus) else status_of(exc)[1]
                 yield pb.ModelStreamInferResponse(
@@ -180,6 +224,7 @@ class _FrontServicer:
                     ),
                 )
                 continue
+            response.parameters[FINAL_PARAMETER].bool_param = True  # its one answer, as Triton marks it
             yield pb.ModelStreamInferResponse(infer_response=response)
 
     async def Watch(
@@ -239,6 +284,7 @@ def create_frontend_server(
     shared_memory: RegionSource | None = None,
     infer_gate: InferGate | None = None,
     deadlines: HttpDeadlines = DEFAULT_DEADLINES,
+    forward_stream: ForwardStream | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A front end's gRPC server (not started) on ``address``, sharing the port with the other
     front ends (``grpc.so_reuseport``); returns it and the bound port.
@@ -255,6 +301,8 @@ def create_frontend_server(
         infer_gate: this front end's part of the tenants' inference quotas (``None``: none).
         deadlines: a connection's idle and handshake deadlines
             (:func:`~frameserve.protocol.grpc._server.server_options`).
+        forward_stream: hands a stream's request for a decoupled model to the owner
+            (:data:`ForwardStream`); ``None``: such requests are answered with the refusal.
 
     Raises:
         RuntimeError: the address cannot be bound.
@@ -264,7 +312,7 @@ def create_frontend_server(
         interceptors=interceptors,
         options=server_options(max_message_bytes, deadlines, reuseport=True),
     )
-    front = _FrontServicer(core, knows, forward, limits, shared_memory, tokens, infer_gate)
+    front = _FrontServicer(core, knows, forward, limits, shared_memory, tokens, infer_gate, forward_stream)
     inference = method_handlers(
         SERVICE_NAME, _HandOn(front, SERVICE_NAME), raw_all=True,
         raw={"ModelInfer": front.ModelInferRaw}, streaming={"ModelStreamInfer": front.ModelStreamInfer},

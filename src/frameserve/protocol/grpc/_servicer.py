@@ -20,12 +20,13 @@ from google.protobuf import json_format
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve._proto import grpc_service_pb2_grpc as pb_grpc
 from frameserve._proto import model_config_pb2 as mc
-from frameserve.errors import FrameserveError, QuotaExceededError, SharedMemoryNotFoundError, shown
+from frameserve.errors import DecoupledModelError, FrameserveError, QuotaExceededError, SharedMemoryNotFoundError, shown
 from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
 from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.grpc._auth import principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response, parameter_value, parse_version
 from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request, traceparent_of
+from frameserve.protocol.grpc._stream import stream_answers_async
 from frameserve.repository import config_override
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.quotas import InferGate
@@ -43,6 +44,8 @@ _R = TypeVar("_R")
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The gRPC status and message an error is answered with (see the module docstring)."""
+    if isinstance(exc, DecoupledModelError):  # Triton's gRPC text for it
+        return grpc.StatusCode.UNIMPLEMENTED, exc.GRPC_MESSAGE
     if isinstance(exc, FrameserveError):
         return grpc.StatusCode.__members__.get(exc.grpc_status, grpc.StatusCode.INTERNAL), exc.message
     return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
@@ -216,9 +219,10 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Answers each streamed request in turn with one message: its result, or its error in
-        ``error_message`` (the stream stays open, as Triton's does). A tenant at its ``streams``
-        quota gets ``RESOURCE_EXHAUSTED``."""
+        """Answers each streamed request in turn with every response of its model (one; a
+        decoupled model's zero or more, see :mod:`~frameserve.protocol.grpc._stream`), or its
+        error in ``error_message`` (the stream stays open, as Triton's does). A tenant at its
+        ``streams`` quota gets ``RESOURCE_EXHAUSTED``."""
         with contextlib.ExitStack() as held:
             try:
                 held.enter_context(self.streaming(self.tenant_of(context)))
@@ -231,8 +235,13 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         async for request in request_iterator:
+            tenant = self.tenant_of(context)
             try:
-                response = await self._infer(request, context)
+                with self.admitted(tenant):  # every response of the request (decoupled: many)
+                    async for response in stream_answers_async(self.core, request, self.limits, self.shared_memory,
+                                                               tenant=tenant,
+                                                               traceparent=traceparent_of(self.core, context)):
+                        yield response
             except Exception as exc:  # noqa: BLE001 - reported in the stream
                 _, message = status_of(exc)
                 yield pb.ModelStreamInferResponse(
@@ -241,8 +250,6 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                         model_name=request.model_name, model_version=request.model_version, id=request.id
                     ),
                 )
-                continue
-            yield pb.ModelStreamInferResponse(infer_response=response)
 
     # -- statistics --------------------------------------------------------------------------
 

@@ -8,9 +8,10 @@ whole add_sub request. The aio server wakes the event loop from its poller threa
 completion-queue event (a socket write per event); the thread-pool server runs each call on a
 pool thread that gRPC's core wakes directly.
 
-``ModelInfer`` and each message of ``ModelStreamInfer`` run on the pool thread that has the
-call (decode, the service, encode; a fast model idle at once runs there too), at most
-:data:`WORKING_THREADS` of them computing at once. Every other RPC is the
+``ModelInfer`` runs on the pool thread that has the call (decode, the service, encode; a fast
+model idle at once runs there too), at most :data:`WORKING_THREADS` of them computing at once; a
+``ModelStreamInfer`` call's thread writes its responses while a helper thread reads and submits
+its requests (:func:`~frameserve.protocol.grpc._stream.stream_all`). Every other RPC is the
 :class:`~frameserve.protocol.grpc.GrpcInferenceServicer`'s own coroutine, run on one helper
 event loop thread (loads, unloads and registrations go to worker threads from there), so both
 servers give the same answers. Streams hold a pool thread while they last: the pool has
@@ -53,6 +54,7 @@ from frameserve.protocol.grpc._infer import (
     version_used,
 )
 from frameserve.protocol.grpc._servicer import GrpcInferenceServicer, status_of
+from frameserve.protocol.grpc._stream import stream_all
 from frameserve.security.limits import TensorLimits
 
 __all__ = ["DEFAULT_THREADS", "WORKING_THREADS", "ThreadedGrpcServer", "threaded_handlers"]
@@ -186,20 +188,9 @@ class _Handlers:
         self, requests: Iterator[pb.ModelInferRequest], context: grpc.ServicerContext, tenant: str
     ) -> Iterator[pb.ModelStreamInferResponse]:
         s = self.servicer
-        for request in requests:
-            try:
-                with s.admitted(tenant):
-                    response = infer_blocking(s.core, request, s.limits, s.shared_memory, self.working, context,
-                                              tenant=tenant)
-            except Exception as exc:  # noqa: BLE001 - reported in the stream, as Triton does
-                yield pb.ModelStreamInferResponse(
-                    error_message=status_of(exc)[1],
-                    infer_response=pb.ModelInferResponse(
-                        model_name=request.model_name, model_version=request.model_version, id=request.id
-                    ),
-                )
-                continue
-            yield pb.ModelStreamInferResponse(infer_response=response)
+        # the stream's requests run at once and their responses interleave, as in Triton
+        yield from stream_all(s.core, requests, s.limits, s.shared_memory, self.working, context,
+                              tenant=tenant, gate=s.infer_gate)
 
     def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> health_pb2.HealthCheckResponse:
         status = self.health.status(request.service)

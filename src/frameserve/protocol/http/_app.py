@@ -10,6 +10,7 @@ triton-inference-server/server ``docs/protocol/extension_*.md``)::
     GET  /v2/models/{m}[/versions/{v}]/ready   200 {"name", "ready": true} | 404 / 503 {"error"}
     GET  /v2/models/{m}[/versions/{v}]/config  Triton's JSON model configuration
     POST /v2/models/{m}[/versions/{v}]/infer   JSON and binary tensors, gzip/deflate either way
+    POST /v2/models/{m}[/versions/{v}]/generate[_stream]  Triton's generate extension (``_generate``)
     GET  /v2/models[/{m}[/versions/{v}]]/stats statistics extension
     POST /v2/repository/index                  [{"name", "version", "state", "reason"}]
     POST /v2/repository/models/{m}/load        optional {"parameters": {"config": "<JSON>"}}
@@ -56,6 +57,7 @@ from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.http import codec
 from frameserve.protocol.http._auth import HttpGate, principal_of
 from frameserve.protocol.http._docs import add_docs_routes
+from frameserve.protocol.http._generate import generate_routes
 from frameserve.protocol.http._infer import InferFastPath, InferFirst, InferHeaders, read_limited
 from frameserve.protocol.http._infer import infer as _infer
 from frameserve.protocol.http._infer import version_of as _version
@@ -76,7 +78,7 @@ log = logging.getLogger("frameserve.protocol.http")
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 """Default largest request body accepted, in bytes (after decompression): 256 MiB."""
 
-HTTP_EXTENSIONS: tuple[str, ...] = ("binary_tensor_data",)
+HTTP_EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "generate")
 """Triton protocol extensions only these routes add to the service's own
 (:data:`frameserve.service.EXTENSIONS`) in ``/v2``."""
 
@@ -237,6 +239,8 @@ def create_app(
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         route(prefix + "/infer", "POST")(infer)
     app.infer_fast_path = InferFastPath(client, max_body_bytes, limits, shared_memory, batching=client, gate=infer_gate)
+    for path, method, handler in generate_routes(client, max_body_bytes, limits, infer_gate):
+        route(path, method)(handler)
 
     # -- health and metadata -----------------------------------------------------------------
 
