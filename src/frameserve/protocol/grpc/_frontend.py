@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -85,7 +85,7 @@ def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStream
     )
 
 
-async def call_stream(servicer: Any, data: bytes, authorization: str | None = None) -> AsyncIterator[bytes]:
+async def call_stream(servicer: Any, data: bytes, authorization: str | None = None) -> AsyncGenerator[bytes, None]:
     """The owner's side of :data:`ForwardStream`: one serialized ``ModelInferRequest`` of a stream
     run by ``servicer``'s ``ModelStreamInfer``; each response serialized.
 

@@ -70,14 +70,6 @@ def _handled(
     return wrapper
 
 
-def _unimplemented(rpc: str, what: str) -> Callable[..., Awaitable[Any]]:
-    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{rpc}: {what} is not supported by frameserve")
-
-    handler.__name__ = rpc
-    return handler
-
-
 class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """Serves ``inference.GRPCInferenceService`` from one :class:`InferenceService`.
 
