@@ -73,9 +73,12 @@ def test_backends_reach_the_service_only_through_what_they_are_given(path: Path)
 
 
 def test_no_file_past_what_one_person_holds() -> None:
+    """No source file over 700 lines (issue 25); protoc's generated modules aside."""
     for path in FILES:
+        if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+            continue
         lines = len(path.read_text(encoding="utf-8").splitlines())
-        assert lines <= 800, f"{path.relative_to(SRC)} has {lines} lines"
+        assert lines <= 700, f"{path.relative_to(SRC)} has {lines} lines"
 
 
 def _module(path: Path) -> str:
