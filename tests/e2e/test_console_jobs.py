@@ -209,6 +209,16 @@ class _Browser:
     def row(self, job_id: str) -> Any:
         return self.page.locator(f'#jobs tbody tr[data-id="{job_id}"]')
 
+    def actions(self, job_id: str, *shown: str) -> None:
+        """The row offers exactly the actions ``shown`` (the others' buttons hidden)."""
+        expect = _expect()
+        for act in ("cancel", "retry", "delete"):
+            button = self.row(job_id).locator(f'button[data-act="{act}"]')
+            if act in shown:
+                expect(button).to_be_visible()
+            else:
+                expect(button).to_be_hidden()
+
     def shot(self, art: Path, name: str) -> None:
         path = art / f"{name}.png"
         self.page.screenshot(path=str(path), full_page=True)
@@ -259,6 +269,7 @@ def test_a_job_submitted_from_the_page_updates_live_to_succeeded(served: dict[st
             assert job["state"] == "succeeded" and job["fps"] is not None, job
             expect(row.locator(".fps")).to_have_text(re.compile(r"^\d+\.\d$"), timeout=WAIT_MS)
             expect(row.locator(".attempts")).to_have_text(f"1/{job['max_attempts']}")
+            b.actions(job_id, "delete")
             # every change came over the event stream: the document was never reloaded
             assert b.page.evaluate("() => window.__sameDocument === true")
             b.clean()
@@ -275,16 +286,20 @@ def test_cancel_retry_and_delete_from_the_page(served: dict[str, Any]) -> None:
         try:
             row = b.row(job_id)
             expect(row.locator(".state")).to_have_text("running", timeout=WAIT_MS)
+            b.actions(job_id, "cancel")
             row.locator('button[data-act="cancel"]').click()
             expect(b.page.locator("#status")).to_have_text(f"cancel {job_id}: done", timeout=WAIT_MS)
             expect(row.locator(".state")).to_have_text("cancelled", timeout=WAIT_MS)
+            b.actions(job_id, "retry", "delete")
             row.locator('button[data-act="retry"]').click()
             expect(b.page.locator("#status")).to_have_text(f"retry {job_id}: done", timeout=WAIT_MS)
             expect(row.locator(".state")).to_have_text(re.compile(r"^(queued|running)$"), timeout=WAIT_MS)
             expect(row.locator(".state")).to_have_text("running", timeout=WAIT_MS)
+            b.actions(job_id, "cancel")
             expect(row.locator(".attempts")).to_have_text(re.compile(r"^1/\d+$"))  # a retry starts the count again
             row.locator('button[data-act="cancel"]').click()
             expect(row.locator(".state")).to_have_text("cancelled", timeout=WAIT_MS)
+            b.actions(job_id, "retry", "delete")
             b.shot(served["art"], "jobs-actions")
             row.locator('button[data-act="delete"]').click()
             expect(row).to_have_count(0, timeout=WAIT_MS)
