@@ -7,6 +7,10 @@
   const say = (text) => { status.textContent = text; };
   const api = "/console/api/v1/jobs";
 
+  // the actions a job's state allows (the job API's: cancel a live job, retry or delete a finished one)
+  const ALLOWED = { cancel: ["queued", "running"], retry: ["failed", "cancelled"],
+                    delete: ["succeeded", "failed", "cancelled"] };
+
   function update(row) {
     const tr = table.querySelector('tr[data-id="' + CSS.escape(row.id) + '"]');
     if (!tr) return false;
@@ -17,6 +21,7 @@
     tr.querySelector(".pct").textContent = row.progress + " %";
     tr.querySelector(".fps").textContent = row.fps == null ? "" : row.fps.toFixed(1);
     tr.querySelector(".attempts").textContent = row.attempts + "/" + row.max_attempts;
+    for (const b of tr.querySelectorAll("button[data-act]")) b.hidden = !ALLOWED[b.dataset.act].includes(row.state);
     return true;
   }
 
