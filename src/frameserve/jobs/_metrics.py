@@ -54,7 +54,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from frameserve.jobs.queue import QueueStats, queue_stats
+from frameserve.jobs.queue import QueueStats
 
 if TYPE_CHECKING:
     from frameserve.jobs.store import JobStore
@@ -155,7 +155,7 @@ class QueueCollector(Collector):
             at, stats = self._cached
             if time.monotonic() - at >= self.cache_s:
                 try:
-                    stats = queue_stats(self.store)
+                    stats = self.store.queue_stats()
                 except Exception as exc:  # noqa: BLE001 - a scrape must answer, database or not
                     log.warning("queue metrics: %s", exc.__class__.__name__)
                     stats = None

@@ -3,7 +3,7 @@ one machine with nothing else to start — SQLite under ``$FRAMESERVE_HOME``, lo
 ``$FRAMESERVE_HOME/storage``, one worker thread set (scratch under ``$FRAMESERVE_HOME/tmp``) and
 the callback deliverer, sharing the server's :class:`~frameserve.service.InferenceService` so
 models stay loaded. A job submitted through the router wakes the worker at once (the store's
-in-process :class:`~frameserve.jobs.queue.Signal`); jobs other processes submit reach it through
+in-process :class:`~frameserve.jobs._wake.Signal`); jobs other processes submit reach it through
 its listener (``NOTIFY`` on PostgreSQL, a watch of the SQLite file). With a ``registry`` the
 worker's counters (:class:`~frameserve.jobs._metrics.JobMetrics`) and, unless
 ``export_queue_metrics`` is false, the database-wide queue gauges
@@ -29,8 +29,8 @@ from frameserve.jobs._isolated import IsolatedPipeline
 from frameserve.jobs._metrics import JobMetrics, QueueCollector
 from frameserve.jobs._pipeline import ProcessFn
 from frameserve.jobs._retention import Pruner, RetentionPolicy
+from frameserve.jobs._wake import Listener
 from frameserve.jobs.callbacks import CallbackDeliverer
-from frameserve.jobs.queue import Listener
 from frameserve.jobs.settings import JobsSettings
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import JobStore

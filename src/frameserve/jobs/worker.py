@@ -20,10 +20,10 @@ the worker's downloads and outputs live in ``scratch_root/<worker id>`` (with an
 :mod:`frameserve.jobs._scratch`), and a starting worker removes the folders of dead workers
 there (a SIGKILLed worker leaves its downloaded sources behind).
 
-Pickup: an idle fetch thread waits on the store's :class:`~frameserve.jobs.queue.Signal` (a
+Pickup: an idle fetch thread waits on the store's :class:`~frameserve.jobs._wake.Signal` (a
 submit in this process, ``NOTIFY`` from other processes on PostgreSQL, a change of the SQLite
 file) until the earliest known ``run_at`` of a queued job, with a safety poll of
-:data:`~frameserve.jobs.queue.SAFETY_POLL_S`; without a working listener (``listen=False``, or
+:data:`~frameserve.jobs._wake.SAFETY_POLL_S`; without a working listener (``listen=False``, or
 ``LISTEN`` through a transaction-mode pooler) it polls every ``poll_s``.
 
 :meth:`Worker.stop` (SIGUSR1 in ``frameserve worker``) stops claiming, releases a job that is
@@ -79,7 +79,7 @@ from frameserve.jobs._metrics import JobMetrics
 from frameserve.jobs._pipeline import FaultHook, ProcessFn, pipeline_process, video_out_name
 from frameserve.jobs._records import Job, Lease
 from frameserve.jobs._scratch import Scratch, sweep
-from frameserve.jobs.queue import SAFETY_POLL_S, Listener, idle_wait, next_job_due_at
+from frameserve.jobs._wake import SAFETY_POLL_S, Listener, idle_wait
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import JobStore
 from frameserve.security import redact_text
@@ -187,7 +187,7 @@ class Worker:
         fault: test hook (see :func:`faults_from_env`).
         scratch_root: the folder of every worker's scratch (``$FRAMESERVE_HOME/tmp``); the
             folders of dead workers there are removed at :meth:`start`.
-        listen: start a :class:`~frameserve.jobs.queue.Listener` (``LISTEN`` on PostgreSQL, a
+        listen: start a :class:`~frameserve.jobs._wake.Listener` (``LISTEN`` on PostgreSQL, a
             file watch on SQLite) so other processes' jobs wake this worker; else it polls.
         listen_url: the PostgreSQL URL to ``LISTEN`` on (direct, when ``store`` goes through a pooler).
         safety_poll_s: longest idle wait while a listener hears other processes, seconds.
@@ -512,7 +512,7 @@ class Worker:
                         for job_id, state in self.store.rescue():
                             log.warning("rescued job %s (lease expired) → %s", job_id, state)
                     lease = self.store.claim(self.worker_id, lease_s=self.lease_s, quotas=self.quotas)
-                    due_at = next_job_due_at(self.store) if lease is None else None
+                    due_at = self.store.next_job_due_at() if lease is None else None
                     if due_at is not None and due_at <= self.store.clock():
                         due_at = None  # due, yet every such tenant is at running_jobs: a finish wakes us
                 except Exception:
