@@ -54,6 +54,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from frameserve.jobs._records import State
 from frameserve.jobs.queue import QueueStats
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ class JobMetrics:
             registry=r,
         )
 
-    def finished(self, pipeline: str, state: str, attempt: int) -> None:
+    def finished(self, pipeline: str, state: State, attempt: int) -> None:
         """A job attempt ended in ``state`` (``succeeded``, ``failed``, ``queued`` = retry,
         ``cancelled``) after ``attempt`` attempts."""
         counter = {"succeeded": self.succeeded, "failed": self.failed, "queued": self.retried,
@@ -188,6 +189,6 @@ class QueueCollector(Collector):
                                 value=stats.callback_outbox_depth)
         g = GaugeMetricFamily("frameserve_jobs_by_tenant", "Queued and running jobs per tenant", labels=["tenant", "state"])
         for tenant, counts in sorted(stats.by_tenant.items()):
-            for state, n in counts.items():
-                g.add_metric([tenant, state], n)
+            for held, n in counts.items():
+                g.add_metric([tenant, held], n)
         yield g

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import Annotated, Any, Literal, Union
 
 import orjson
 from pydantic import (
@@ -26,7 +26,7 @@ from pydantic import (
 from typing_extensions import TypeAliasType
 
 from frameserve.jobs._policy import BACKOFF_LIMITS, parse_run_at
-from frameserve.jobs._records import STATES
+from frameserve.jobs._records import Phase, State
 
 MAX_URI_CHARS = 8192
 """Longest ``source``, ``target`` or ``callback_url`` (8 KiB; browsers and proxies cap URLs near it)."""
@@ -40,9 +40,6 @@ orjson, which writes results, stops at 255)."""
 _DOUBLE_MAX = 1.7976931348623157e308  # sys.float_info.max: the largest finite IEEE-754 double
 _INT64 = (-(2**63), 2**63 - 1)
 
-JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-"""A job's state (:data:`frameserve.jobs._records.STATES`)."""
-assert set(get_args(JobState)) == set(STATES), "JobState must list frameserve.jobs._records.STATES"
 
 def _shown(text: str, limit: int = 80) -> str:
     """``text`` as an error message may carry it: cut to ``limit`` characters, a lone surrogate
@@ -295,8 +292,8 @@ class JobResource(_Out):
 
     id: str
     owner: str = Field(..., description='the principal that submitted it ("" without tokens)')
-    state: JobState
-    phase: Literal["download", "process", "upload"] | None
+    state: State
+    phase: Phase | None
     progress: float = Field(..., ge=0, le=100, description="percent")
     priority: int
     source: str = Field(..., description="credentials redacted")

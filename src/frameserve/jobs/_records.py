@@ -14,19 +14,22 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 from frameserve.security import redact_text, redact_uri
 
 if TYPE_CHECKING:
     from sqlalchemy import RowMapping
 
-__all__ = ["STATES", "TERMINAL", "Job", "JobSpec", "Lease", "Phase", "iso"]
+__all__ = ["STATES", "TERMINAL", "Job", "JobSpec", "Lease", "Phase", "State", "iso"]
 
-STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+"""A job's state (the ``state`` column, and the resource's ``state`` on the wire)."""
+
+STATES: tuple[State, ...] = get_args(State)
 """Job states: ``queued → running → succeeded | failed | cancelled``; a retry goes back to queued."""
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+TERMINAL: frozenset[State] = frozenset({"succeeded", "failed", "cancelled"})
 
 Phase = Literal["download", "process", "upload"]
 
@@ -96,8 +99,8 @@ class Job:
 
     seq: int
     id: str
-    state: str
-    phase: str | None
+    state: State
+    phase: Phase | None
     progress: float
     source: str
     target: str

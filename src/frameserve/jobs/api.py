@@ -121,7 +121,6 @@ from frameserve.jobs._models import (
     JobParams,
     JobRequest,
     JobResource,
-    JobState,
     PipelineInfo,
     _request_model,
     _shown,
@@ -131,7 +130,7 @@ from frameserve.jobs._stream import follow as follow_events
 from frameserve.jobs.callbacks import check_callback_url
 from frameserve.jobs.settings import DEFAULT_MAX_JOB_TIMEOUT_S
 from frameserve.jobs.storage import Storage
-from frameserve.jobs.store import Job, JobSpec, JobStore
+from frameserve.jobs.store import Job, JobSpec, JobStore, State
 from frameserve.pipeline.registry import PipelineRegistry
 from frameserve.security import IMPLICIT_OWNER, Principal, redact_uri
 from frameserve.security.quotas import ConcurrencyGate
@@ -427,7 +426,7 @@ def create_router(
 
     @router.get("", summary="List jobs, newest first", response_model=JobPage, responses=error_responses())
     def list_jobs(
-        state: JobState | None = Query(None),
+        state: State | None = Query(None),
         limit: int = Query(50, ge=1, le=500),
         cursor: str | None = Query(None, pattern=r"^[0-9]{1,18}$", description="next_cursor of the previous page"),
         access: JobAccess = Depends(job_access),

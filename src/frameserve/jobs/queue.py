@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from frameserve.jobs._records import STATES
+from frameserve.jobs._records import STATES, State
 from frameserve.jobs._schema import callback_deliveries, jobs
 
 __all__ = [
@@ -88,7 +88,7 @@ class QueueStats:
             (queued counts every queued job, due or scheduled for a retry).
     """
 
-    by_state: dict[str, int]
+    by_state: dict[State, int]
     pending: int
     active: int
     pending_by_priority: dict[int, int] = field(default_factory=dict)
@@ -108,8 +108,8 @@ class QueueStats:
         }
 
 
-def _by_state(conn: sa.Connection) -> dict[str, int]:
-    out: dict[str, int] = dict.fromkeys(STATES, 0)
+def _by_state(conn: sa.Connection) -> dict[State, int]:
+    out: dict[State, int] = dict.fromkeys(STATES, 0)
     for s, n in conn.execute(sa.select(jobs.c.state, sa.func.count()).group_by(jobs.c.state)):
         out[s] = int(n)
     return out
@@ -124,7 +124,7 @@ class QueueMixin:
 
         def _tx(self, *, write: bool = True) -> AbstractContextManager[sa.Connection]: ...
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[State, int]:
         """Jobs per state (every state present, zero where none)."""
         with self._tx(write=False) as conn:
             return _by_state(conn)
@@ -177,7 +177,7 @@ class QueueMixin:
                 by_tenant.setdefault(str(owner), {"queued": 0, "running": 0})[str(state)] = int(n)
         pending = sum(by_priority.values())
         return QueueStats(
-            by_state=dict(by_state), pending=pending, active=pending + by_state["running"],
+            by_state=by_state, pending=pending, active=pending + by_state["running"],
             pending_by_priority=by_priority,
             oldest_pending_age_s=max(0.0, now - float(oldest)) if oldest is not None else 0.0,
             callback_outbox_depth=int(outbox), at=now, by_tenant=by_tenant,

@@ -53,7 +53,7 @@ from frameserve.jobs._lifecycle import LifecycleMixin
 from frameserve.jobs._live import LiveMixin
 from frameserve.jobs._outbox import Delivery, OutboxMixin
 from frameserve.jobs._policy import RetryPolicy
-from frameserve.jobs._records import STATES, TERMINAL, Job, JobSpec, Lease, Phase, iso
+from frameserve.jobs._records import STATES, TERMINAL, Job, JobSpec, Lease, Phase, State, iso
 from frameserve.jobs._schema import callback_deliveries, job_events, jobs
 from frameserve.jobs._wake import Signal, notify, take_wakes
 from frameserve.jobs.queue import QueueMixin
@@ -69,6 +69,7 @@ __all__ = [
     "JobStore",
     "Lease",
     "RetryPolicy",
+    "State",
     "iso",
 ]
 
@@ -485,7 +486,7 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
         self,
         conn: sa.Connection,
         job: Job | Lease,
-        state: str,
+        state: State,
         now: float,
         *,
         result: dict[str, Any] | None = None,

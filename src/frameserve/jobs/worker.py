@@ -77,7 +77,7 @@ from frameserve.jobs._errors import LeaseLostError, is_retryable
 from frameserve.jobs._live import PROGRESS_WRITE_S
 from frameserve.jobs._metrics import JobMetrics
 from frameserve.jobs._pipeline import FaultHook, ProcessFn, pipeline_process, video_out_name
-from frameserve.jobs._records import Job, Lease
+from frameserve.jobs._records import Job, Lease, State
 from frameserve.jobs._scratch import Scratch, sweep
 from frameserve.jobs._wake import SAFETY_POLL_S, Listener, idle_wait
 from frameserve.jobs.storage import Storage
@@ -446,7 +446,7 @@ class Worker:
         finally:
             self._forget(a, item)
 
-    def _count(self, pipeline: str, state: str, attempt: int) -> None:
+    def _count(self, pipeline: str, state: State, attempt: int) -> None:
         if self.metrics is not None:
             self.metrics.finished(pipeline, state, attempt)
 
