@@ -74,12 +74,15 @@ class CallbackDeliverer:
             :class:`~frameserve.jobs._wake.Signal` hears other processes (else it waits for a
             wake-up, the next due attempt, or the safety poll).
         metrics: where to count attempts (``frameserve_jobs_callback_deliveries_total``), or ``None``.
-        fault: test hook called with ``"mid_callback"`` after a receiver answered and before the
-            answer is recorded.
 
     Raises:
         InvalidInputError: a malformed ``secret``.
     """
+
+    fault: Callable[[str], None] | None = None
+    """The crash tests' hook, called with ``"mid_callback"`` after a receiver answered and before
+    the answer is recorded: set after construction, only when ``FRAMESERVE_JOBS_FAULT`` is set
+    (:mod:`frameserve.jobs._faults`)."""
 
     def __init__(
         self,
@@ -90,7 +93,6 @@ class CallbackDeliverer:
         timeout_s: float = 10.0,
         lease_s: float = 30.0,
         poll_s: float = 0.5,
-        fault: Callable[[str], None] | None = None,
         metrics: JobMetrics | None = None,
     ) -> None:
         import httpx
@@ -107,7 +109,6 @@ class CallbackDeliverer:
         self.allow_private = allow_private
         self.lease_s = max(lease_s, timeout_s * 2)
         self.poll_s = poll_s
-        self.fault = fault
         self.metrics = metrics
         quiet_http_logs()
         self.client = httpx.Client(

@@ -8,7 +8,7 @@ its listener (``NOTIFY`` on PostgreSQL, a watch of the SQLite file). With a ``re
 worker's counters (:class:`~frameserve.jobs._metrics.JobMetrics`) and, unless
 ``export_queue_metrics`` is false, the database-wide queue gauges
 (:class:`~frameserve.jobs._metrics.QueueCollector`) are registered there: the server is the one
-exporter of those by default. The crash tests' fault points (:func:`~frameserve.jobs.worker.faults_from_env`)
+exporter of those by default. The crash tests' fault points (:func:`~frameserve.jobs._faults.faults_from_env`)
 reach this worker as they reach ``frameserve worker``. With a ``retention`` the server prunes old
 finished jobs (:class:`~frameserve.jobs._retention.Pruner`; one process at a time whatever else
 runs on the database).
@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from frameserve.config import Settings
+from frameserve.jobs._faults import faults_from_env
 from frameserve.jobs._isolated import IsolatedPipeline
 from frameserve.jobs._metrics import JobMetrics, QueueCollector
 from frameserve.jobs._pipeline import ProcessFn
@@ -34,7 +35,7 @@ from frameserve.jobs.callbacks import CallbackDeliverer
 from frameserve.jobs.settings import JobsSettings
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import JobStore
-from frameserve.jobs.worker import Worker, faults_from_env, pipeline_process
+from frameserve.jobs.worker import Worker, pipeline_process
 from frameserve.pipeline.registry import PipelineRegistry
 from frameserve.security.quotas import Quotas
 
@@ -91,7 +92,7 @@ class EmbeddedJobs:
             folder.mkdir(parents=True, exist_ok=True)
         self.store = JobStore(js.db_url, quotas=quotas)
         self.storage: Storage = js.storage()
-        fault = faults_from_env()
+        fault = faults_from_env()  # the crash tests' fault points (FRAMESERVE_JOBS_FAULT); None otherwise
         self.router = create_router(
             self.store, storage=self.storage, callbacks_allow_private=js.callbacks_allow_private,
             max_attempts=js.max_attempts, pipelines=self.pipelines,
@@ -121,14 +122,16 @@ class EmbeddedJobs:
                 process = pipeline_process(settings, service, fault, decode_pool=self.decode_pool, pipelines=self.pipelines)
             self.worker = Worker(
                 self.store, self.storage, process,
-                lease_s=js.lease_s, poll_s=poll_s, fault=fault, scratch_root=settings.home / "tmp",
+                lease_s=js.lease_s, poll_s=poll_s, scratch_root=settings.home / "tmp",
                 metrics=self.metrics, listen=False, job_timeout_s=js.job_timeout_s,
                 max_job_timeout_s=js.job_timeout_cap_s,
             )
+            self.worker.fault = fault
         self.deliverer = CallbackDeliverer(
             self.store, secret=js.webhook_secret, allow_private=js.callbacks_allow_private,
-            lease_s=js.lease_s, poll_s=poll_s, fault=fault, metrics=self.metrics,
+            lease_s=js.lease_s, poll_s=poll_s, metrics=self.metrics,
         )
+        self.deliverer.fault = fault
         self.pruner = (
             Pruner(self.store, retention, interval_s=retention_interval_s,
                    counter=self.metrics.pruned if self.metrics is not None else None)
