@@ -443,7 +443,6 @@ def test_placeholder_secrets_are_refused_at_start() -> None:
 def test_trigger_queries_count_pending_jobs_on_postgresql(pg_server: PgServer) -> None:  # noqa: F811
     import psycopg
 
-    from frameserve.jobs import queue
     from frameserve.jobs.store import JobSpec, JobStore, RetryPolicy
 
     queries = {
@@ -485,8 +484,8 @@ def test_trigger_queries_count_pending_jobs_on_postgresql(pg_server: PgServer) -
         store.cancel(submit(1)[0])  # cancelled
         # 7 submitted: 1 succeeded, 1 failed, 1 retry not due, 2 running, 2 queued and due
         assert store.counts() == {"queued": 3, "running": 2, "succeeded": 1, "failed": 1, "cancelled": 1}
-        assert value("ScaledJob") == 2 == queue.pending_count(store)
-        assert value("ScaledObject") == 4 == queue.active_count(store)
+        assert value("ScaledJob") == 2 == store.pending_count()
+        assert value("ScaledObject") == 4 == store.active_count()
         assert active("ScaledJob") and active("ScaledObject")
         for lease in running:
             assert lease is not None

@@ -5,7 +5,7 @@ Every job must end succeeded exactly once (one completion, one callback ``webhoo
 and the resumed worker's late writes must be rejected.
 
 Workers pause at those points deterministically through ``FRAMESERVE_JOBS_FAULT`` (see
-:func:`frameserve.jobs.worker.faults_from_env`). ``FRAMESERVE_CRASH_ROUNDS`` repeats the kill round
+:func:`frameserve.jobs._faults.faults_from_env`). ``FRAMESERVE_CRASH_ROUNDS`` repeats the kill round
 (default 1) for a longer soak. The scratch folders the killed workers left under
 ``$FRAMESERVE_HOME/tmp`` are gone once the next workers have started.
 

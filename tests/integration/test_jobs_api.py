@@ -14,6 +14,8 @@ import pytest
 from fastapi import FastAPI
 
 from frameserve.jobs import JobStore
+from frameserve.jobs._models import JobResource
+from frameserve.jobs._records import JobResourceDict
 from frameserve.jobs.api import create_router
 from frameserve.jobs.storage import Storage
 
@@ -59,6 +61,17 @@ def test_submit_is_idempotent_and_get_returns_the_resource(setup) -> None:  # ty
     assert job["pipeline"] == "nudenet" and job["attempts"] == 0 and job["progress"] == 0.0
     [got] = call(app, ("GET", f"/v1/jobs/{job['id']}", {}))
     assert got.status_code == 200 and got.json() == job
+
+
+def test_the_resource_model_is_the_records_fields(setup) -> None:  # type: ignore[no-untyped-def]
+    """One definition of the job resource: the response model has the record's fields in its
+    order, and what ``to_resource`` writes validates against it (extra keys forbidden)."""
+    app, store, root = setup
+    [made] = call(app, ("POST", "/v1/jobs", {"json": body(root, callback_url="https://8.8.8.8/hook")}))
+    assert list(JobResource.model_fields) == list(JobResourceDict.__annotations__)
+    resource = store.get(made.json()["id"]).to_resource()
+    assert JobResource.model_validate(resource).model_dump(mode="json") == resource == made.json()
+    assert app.openapi()["components"]["schemas"]["JobResource"]["required"] == list(JobResourceDict.__annotations__)
 
 
 @pytest.mark.parametrize(

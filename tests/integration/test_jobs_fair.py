@@ -12,7 +12,6 @@ from _pg import db_url, pg_server  # noqa: F401  (fixtures)
 
 from frameserve.errors import QuotaExceededError
 from frameserve.jobs import JobSpec, JobStore
-from frameserve.jobs.queue import queue_stats
 from frameserve.security.quotas import Quotas, TenantQuota
 
 pytestmark = pytest.mark.integration
@@ -107,7 +106,7 @@ def test_a_tenant_at_running_jobs_is_passed_by_with_two_claimers(db_url: str) ->
         for t in threads:
             t.join(timeout=60)
         assert sorted(got) == ["alice", "alice", "bob", "bob", "bob"]  # alice never ran a third
-        assert queue_stats(stores[0]).by_tenant["alice"] == {"queued": 6, "running": 2}
+        assert stores[0].queue_stats().by_tenant["alice"] == {"queued": 6, "running": 2}
         running = [j for j in stores[0].list_jobs(state="running", limit=10)[0] if j.owner == "alice"]
         stores[0].complete(_lease_of(stores[0], running[0].id), {})
         assert claim_owner(stores[1]) == "alice"  # one finished: alice may run one more
@@ -137,7 +136,7 @@ def test_queued_jobs_refuses_a_submit_over_it_and_names_the_limit(db_url: str) -
         store.submit(spec("bob"))  # another tenant has its own count
         assert claim_owner(store) == "alice"
         store.submit(spec("alice"))  # one started: room for one more
-        assert queue_stats(store).by_tenant == {"alice": {"queued": 2, "running": 1}, "bob": {"queued": 1, "running": 0}}
+        assert store.queue_stats().by_tenant == {"alice": {"queued": 2, "running": 1}, "bob": {"queued": 1, "running": 0}}
     finally:
         store.close()
 

@@ -60,10 +60,10 @@ def test_pending_and_active_counts_and_the_keda_query_text(db_url: str, request:
         store.submit(spec(priority=0))
         store.submit(spec(priority=2))
         # queued and due: priorities 0 and 2; running: one; a retry not due yet
-        assert q.pending_count(store) == 2
-        assert q.active_count(store) == 3
-        assert q.next_job_due_at(store) == clock.t
-        stats = q.queue_stats(store)
+        assert store.pending_count() == 2
+        assert store.active_count() == 3
+        assert store.next_job_due_at() == clock.t
+        stats = store.queue_stats()
         assert stats.by_state == {"queued": 3, "running": 1, "succeeded": 1, "failed": 0, "cancelled": 0}
         assert (stats.pending, stats.active, stats.pending_by_priority) == (2, 3, {0: 1, 2: 1})
         if "postgresql" in db_url:  # the trigger's text as KEDA runs it: plain SQL, one number, the database's now
@@ -75,8 +75,8 @@ def test_pending_and_active_counts_and_the_keda_query_text(db_url: str, request:
                 assert c.execute(q.SCALED_JOB_QUERY).fetchone()[0] == 2  # type: ignore[index]
                 assert c.execute(q.SCALED_OBJECT_QUERY).fetchone()[0] == 3  # type: ignore[index]
         clock.t += 61  # the retry is due now
-        assert (q.pending_count(store), q.active_count(store)) == (3, 4)
-        stats = q.queue_stats(store)
+        assert (store.pending_count(), store.active_count()) == (3, 4)
+        stats = store.queue_stats()
         assert stats.pending_by_priority == {0: 1, 2: 1, 4: 1}
         assert stats.oldest_pending_age_s == pytest.approx(61.0)
         assert json.loads(json.dumps(stats.to_dict()))["pending_by_priority"] == {"0": 1, "2": 1, "4": 1}

@@ -13,8 +13,8 @@ import pytest
 from frameserve.config import Settings
 from frameserve.errors import AssetError, InferenceError, ModelConfigError, PipelineNotFoundError, VideoError
 from frameserve.jobs import LeaseLostError, RetryPolicy, SourceError, StorageError, is_retryable
+from frameserve.jobs._faults import faults_from_env
 from frameserve.jobs.settings import JobsSettings
-from frameserve.jobs.worker import faults_from_env
 
 
 def settings(tmp_path: Path) -> Settings:

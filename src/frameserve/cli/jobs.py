@@ -255,12 +255,10 @@ def stats(
     """Print the database-wide queue figures: jobs by state, pending (queued and due) and active
     (pending plus running) counts, pending by priority, the oldest pending job's wait, the callback
     outbox depth, and queued and running jobs per tenant."""
-    from frameserve.jobs.queue import queue_stats
-
     with exit_on_error():
         store, _ = _store(db)
         try:
-            found = queue_stats(store)
+            found = store.queue_stats()
         finally:
             store.close()
     if as_json:

@@ -195,13 +195,14 @@ def run_worker(
     finished jobs every ``retention_interval_s``; ``pipelines`` is the
     :class:`~frameserve.pipeline.registry.PipelineRegistry` jobs may name (default: the built-ins)."""
     from frameserve.config import Settings
+    from frameserve.jobs._faults import faults_from_env
     from frameserve.jobs._isolated import IsolatedPipeline
     from frameserve.jobs._metrics import JobMetrics, QueueCollector
     from frameserve.jobs.callbacks import CallbackDeliverer
     from frameserve.jobs.settings import JobsSettings
     from frameserve.jobs.store import JobStore
     from frameserve.jobs.supervisor import write_status
-    from frameserve.jobs.worker import Worker, faults_from_env, pipeline_process
+    from frameserve.jobs.worker import Worker, pipeline_process
     from frameserve.pipeline import DecodePool
     from frameserve.pipeline.registry import PipelineRegistry
     from frameserve.repository import ModelRepository
@@ -211,7 +212,7 @@ def run_worker(
     assert isinstance(settings, Settings) and isinstance(js, JobsSettings)
     assert quotas is None or isinstance(quotas, Quotas)
     registry = pipelines if isinstance(pipelines, PipelineRegistry) else PipelineRegistry()
-    fault = faults_from_env()
+    fault = faults_from_env()  # the crash tests' fault points (FRAMESERVE_JOBS_FAULT); None otherwise
     store = JobStore(js.db_url, quotas=quotas)
     storage = js.storage()
     repo = ModelRepository(settings.model_repository) if settings.model_repository.is_dir() else None
@@ -237,16 +238,19 @@ def run_worker(
         process = pipeline_process(settings, service, fault, decode_pool=pool, pipelines=registry)
     worker = Worker(
         store, storage, process, lease_s=js.lease_s,
-        poll_s=poll_s, fault=fault, scratch_root=settings.home / "tmp", listen=listen, listen_url=listen_db,
+        poll_s=poll_s, scratch_root=settings.home / "tmp", listen=listen, listen_url=listen_db,
         max_jobs=max_jobs, metrics=metrics, on_busy=on_busy, job_timeout_s=js.job_timeout_s,
         max_job_timeout_s=js.job_timeout_cap_s,
     )
     holder["worker"] = worker
+    worker.fault = fault
     deliverer = (
         CallbackDeliverer(store, secret=js.webhook_secret, allow_private=js.callbacks_allow_private,
-                          lease_s=js.lease_s, poll_s=poll_s, timeout_s=callback_timeout_s, fault=fault, metrics=metrics)
+                          lease_s=js.lease_s, poll_s=poll_s, timeout_s=callback_timeout_s, metrics=metrics)
         if callbacks else None
     )
+    if deliverer is not None:
+        deliverer.fault = fault
     term_at: list[float] = []
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -26,11 +26,10 @@ from starlette.background import BackgroundTask
 
 from frameserve.console._base import Console, Viewer, viewer_of
 from frameserve.errors import JobNotFoundError
+from frameserve.jobs.store import STATES
 
 __all__ = ["STATES", "router", "row_of", "timeline_of"]
 
-STATES = ("queued", "running", "succeeded", "failed", "cancelled")
-"""The job states (the job API's ``JobState``)."""
 _LIST_LIMIT = 200
 _STREAM_PERIOD_S = 1.0
 _STREAM_MAX_S = 3600.0

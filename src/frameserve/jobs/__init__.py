@@ -1,6 +1,7 @@
 """Video jobs: a durable queue (SQLite or PostgreSQL), workers, object storage and signed callbacks.
 
-The HTTP routes live in :mod:`frameserve.jobs.api` (``/v1/jobs``, ``/v1/pipelines``) and
+The HTTP routes live in :mod:`frameserve.jobs.api` (``/v1/jobs``, ``/v1/pipelines``; its submit
+endpoint made by :mod:`frameserve.jobs._submit`) and
 :mod:`frameserve.jobs.analyze` (``/v1/analyze``, short clips in one request), the only modules
 here that import FastAPI; :class:`frameserve.jobs.embedded.EmbeddedJobs` runs the whole service
 inside one process.

@@ -570,7 +570,7 @@ class IsolatedPipeline:
         pipelines: the registry jobs may name (the child loads the same folder), or ``None``
             for the built-ins.
         fault: test hook; ``mid_inference`` is called here, in the parent, at the child's first
-            progress report (:func:`~frameserve.jobs.worker.faults_from_env`).
+            progress report (:func:`~frameserve.jobs._faults.faults_from_env`).
         memory_limit_bytes: the child's address-space limit (``RLIMIT_AS``; ``serve`` and
             ``worker --job-memory-limit-mb``), or ``None``: none. Over it, allocations fail
             (``MemoryError``: the job fails with its hook's error) or the child is killed

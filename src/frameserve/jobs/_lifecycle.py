@@ -35,7 +35,7 @@ from frameserve.jobs._claim import check_queued
 from frameserve.jobs._errors import IdempotencyConflictError, JobStateError
 from frameserve.jobs._records import Job
 from frameserve.jobs._schema import callback_deliveries, job_events, jobs, retry_keys
-from frameserve.jobs.queue import notify
+from frameserve.jobs._wake import notify
 
 if TYPE_CHECKING:
     from frameserve.security.quotas import Quotas

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from frameserve.jobs._errors import LeaseLostError
 from frameserve.jobs._records import Job, Lease, iso
 from frameserve.jobs._schema import job_events, jobs
-from frameserve.jobs.queue import notify
+from frameserve.jobs._wake import notify
 
 __all__ = ["PROGRESS_WRITE_S", "LiveMixin"]
 

@@ -54,7 +54,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from frameserve.jobs.queue import QueueStats, queue_stats
+from frameserve.jobs._records import State
+from frameserve.jobs.queue import QueueStats
 
 if TYPE_CHECKING:
     from frameserve.jobs.store import JobStore
@@ -106,7 +107,7 @@ class JobMetrics:
             registry=r,
         )
 
-    def finished(self, pipeline: str, state: str, attempt: int) -> None:
+    def finished(self, pipeline: str, state: State, attempt: int) -> None:
         """A job attempt ended in ``state`` (``succeeded``, ``failed``, ``queued`` = retry,
         ``cancelled``) after ``attempt`` attempts."""
         counter = {"succeeded": self.succeeded, "failed": self.failed, "queued": self.retried,
@@ -155,7 +156,7 @@ class QueueCollector(Collector):
             at, stats = self._cached
             if time.monotonic() - at >= self.cache_s:
                 try:
-                    stats = queue_stats(self.store)
+                    stats = self.store.queue_stats()
                 except Exception as exc:  # noqa: BLE001 - a scrape must answer, database or not
                     log.warning("queue metrics: %s", exc.__class__.__name__)
                     stats = None
@@ -188,6 +189,6 @@ class QueueCollector(Collector):
                                 value=stats.callback_outbox_depth)
         g = GaugeMetricFamily("frameserve_jobs_by_tenant", "Queued and running jobs per tenant", labels=["tenant", "state"])
         for tenant, counts in sorted(stats.by_tenant.items()):
-            for state, n in counts.items():
-                g.add_metric([tenant, state], n)
+            for held, n in counts.items():
+                g.add_metric([tenant, held], n)
         yield g

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_type_hints
 
 import orjson
 from pydantic import (
@@ -26,7 +26,7 @@ from pydantic import (
 from typing_extensions import TypeAliasType
 
 from frameserve.jobs._policy import BACKOFF_LIMITS, parse_run_at
-from frameserve.jobs._records import STATES
+from frameserve.jobs._records import JobResourceDict
 
 MAX_URI_CHARS = 8192
 """Longest ``source``, ``target`` or ``callback_url`` (8 KiB; browsers and proxies cap URLs near it)."""
@@ -40,9 +40,6 @@ orjson, which writes results, stops at 255)."""
 _DOUBLE_MAX = 1.7976931348623157e308  # sys.float_info.max: the largest finite IEEE-754 double
 _INT64 = (-(2**63), 2**63 - 1)
 
-JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-"""A job's state (:data:`frameserve.jobs._records.STATES`)."""
-assert set(get_args(JobState)) == set(STATES), "JobState must list frameserve.jobs._records.STATES"
 
 def _shown(text: str, limit: int = 80) -> str:
     """``text`` as an error message may carry it: cut to ``limit`` characters, a lone surrogate
@@ -290,40 +287,53 @@ class CallbackState(_Out):
     delivered_at: _Time | None
 
 
-class JobResource(_Out):
-    """A job as ``GET /v1/jobs/{id}`` returns it (:meth:`frameserve.jobs._records.Job.to_resource`)."""
-
-    id: str
-    owner: str = Field(..., description='the principal that submitted it ("" without tokens)')
-    state: JobState
-    phase: Literal["download", "process", "upload"] | None
-    progress: float = Field(..., ge=0, le=100, description="percent")
-    priority: int
-    source: str = Field(..., description="credentials redacted")
-    target: str = Field(..., description="credentials redacted")
-    pipeline: str
-    params: dict[str, Any]
-    callback_url: str | None
-    attempts: int
-    max_attempts: int
-    backoff: dict[str, float] | None = Field(..., description="the job's own retry backoff; null: the server's")
-    timeout_s: float | None = Field(..., description="the job's own deadline per attempt, seconds; null: the server's")
-    frames_done: int | None = Field(
+_RESOURCE_DOCS: dict[str, tuple[Any, Any]] = {
+    # the fields of JobResourceDict the API documents or types more tightly than the record does
+    "owner": (str, Field(..., description='the principal that submitted it ("" without tokens)')),
+    "progress": (float, Field(..., ge=0, le=100, description="percent")),
+    "source": (str, Field(..., description="credentials redacted")),
+    "target": (str, Field(..., description="credentials redacted")),
+    "backoff": (dict[str, float] | None, Field(..., description="the job's own retry backoff; null: the server's")),
+    "timeout_s": (float | None, Field(..., description="the job's own deadline per attempt, seconds; null: the server's")),
+    "frames_done": (int | None, Field(
         ..., ge=0, description="frames processed by the running (or last) attempt; null before its process phase reports",
-    )
-    frames_expected: int | None = Field(
+    )),
+    "frames_expected": (int | None, Field(
         ..., ge=0, description="frames the attempt will process, when the sampling knows it; else null",
+    )),
+    "fps": (float | None, Field(..., ge=0, description="frames per second of the attempt's process phase so far")),
+    "created_at": (_Time, ...),
+    "started_at": (_Time | None, ...),
+    "finished_at": (_Time | None, ...),
+    "next_attempt_at": (_Time | None, ...),
+    "timings": (dict[str, float], Field(..., description="seconds per phase of the last attempt")),
+    "result": (dict[str, Any] | None, Field(..., description="{summary, outputs: {name: URI}} once succeeded")),
+    "error": (JobErrorInfo | None, ...),
+    "callback": (CallbackState | None, ...),
+}
+
+
+def _resource_model() -> type[_Out]:
+    """:class:`JobResource` built from :class:`~frameserve.jobs._records.JobResourceDict`: its
+    fields, in its order, each with the record's type or the tighter one of ``_RESOURCE_DOCS``
+    (which must name only fields the record has)."""
+    hints = get_type_hints(JobResourceDict)
+    unknown = set(_RESOURCE_DOCS) - set(hints)
+    if unknown:
+        raise TypeError(f"_RESOURCE_DOCS names fields JobResourceDict lacks: {sorted(unknown)}")
+    fields: dict[str, Any] = {name: _RESOURCE_DOCS.get(name, (hint, ...)) for name, hint in hints.items()}
+    return create_model(
+        "JobResource", __base__=_Out, __module__=__name__,
+        __doc__="A job as ``GET /v1/jobs/{id}`` returns it (:meth:`frameserve.jobs._records.Job.to_resource`).",
+        **fields,
     )
-    fps: float | None = Field(..., ge=0, description="frames per second of the attempt's process phase so far")
-    cancel_requested: bool
-    created_at: _Time
-    started_at: _Time | None
-    finished_at: _Time | None
-    next_attempt_at: _Time | None
-    timings: dict[str, float] = Field(..., description="seconds per phase of the last attempt")
-    result: dict[str, Any] | None = Field(..., description="{summary, outputs: {name: URI}} once succeeded")
-    error: JobErrorInfo | None
-    callback: CallbackState | None
+
+
+if TYPE_CHECKING:
+    class JobResource(_Out):
+        """A job as ``GET /v1/jobs/{id}`` returns it (built from ``JobResourceDict`` at import)."""
+else:
+    JobResource = _resource_model()
 
 
 class JobPage(_Out):

@@ -14,19 +14,22 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, get_args, overload
 
 from frameserve.security import redact_text, redact_uri
 
 if TYPE_CHECKING:
     from sqlalchemy import RowMapping
 
-__all__ = ["STATES", "TERMINAL", "Job", "JobSpec", "Lease", "Phase", "iso"]
+__all__ = ["STATES", "TERMINAL", "Job", "JobResourceDict", "JobSpec", "Lease", "Phase", "State", "iso"]
 
-STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+"""A job's state (the ``state`` column, and the resource's ``state`` on the wire)."""
+
+STATES: tuple[State, ...] = get_args(State)
 """Job states: ``queued → running → succeeded | failed | cancelled``; a retry goes back to queued."""
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+TERMINAL: frozenset[State] = frozenset({"succeeded", "failed", "cancelled"})
 
 Phase = Literal["download", "process", "upload"]
 
@@ -37,11 +40,52 @@ def _opt(value: Any, kind: Callable[[Any], _T]) -> _T | None:  # Any: a SQLAlche
     return None if value is None else kind(value)
 
 
+@overload
+def iso(ts: float) -> str: ...
+@overload
+def iso(ts: None) -> None: ...
+@overload
+def iso(ts: float | None) -> str | None: ...
 def iso(ts: float | None) -> str | None:
     """Seconds since the epoch → ISO-8601 UTC with milliseconds (``None`` stays ``None``)."""
     if ts is None:
         return None
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class JobResourceDict(TypedDict):
+    """The job resource: what ``GET /v1/jobs/{id}`` answers, callbacks carry in ``data`` and
+    ``frameserve jobs get`` prints (:meth:`Job.to_resource`). The one list of its fields: the API's
+    response model (:class:`~frameserve.jobs._models.JobResource`) is built from it, adding
+    descriptions and bounds. Times are ISO-8601 UTC strings (:func:`iso`); ``progress`` is percent."""
+
+    id: str
+    owner: str
+    state: State
+    phase: Phase | None
+    progress: float
+    priority: int
+    source: str
+    target: str
+    pipeline: str
+    params: dict[str, Any]
+    callback_url: str | None
+    attempts: int
+    max_attempts: int
+    backoff: dict[str, float] | None
+    timeout_s: float | None
+    frames_done: int | None
+    frames_expected: int | None
+    fps: float | None
+    cancel_requested: bool
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    next_attempt_at: str | None
+    timings: dict[str, float]
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    callback: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -96,8 +140,8 @@ class Job:
 
     seq: int
     id: str
-    state: str
-    phase: str | None
+    state: State
+    phase: Phase | None
     progress: float
     source: str
     target: str
@@ -147,7 +191,7 @@ class Job:
             frames_expected=_opt(d.get("frames_expected"), int), fps=_opt(d.get("fps"), float),
         )
 
-    def to_resource(self) -> dict[str, Any]:
+    def to_resource(self) -> JobResourceDict:
         """The job as ``GET /v1/jobs/{id}`` returns it (and as callbacks carry it in ``data``),
         with credentials in its URIs and messages redacted (:func:`~frameserve.security.redact_uri`)."""
         result = self.result

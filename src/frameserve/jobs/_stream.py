@@ -14,12 +14,12 @@ What it sends (wire format: :mod:`frameserve._sse`):
 - and it ends once the job is finished (succeeded, failed, cancelled) and every event is sent.
 
 Waiting: the iterator subscribes to the store's ``event`` wake-up
-(:meth:`~frameserve.jobs.queue.Signal.subscribe`: each event row and each progress write,
-in-process or, through the :class:`~frameserve.jobs.queue.Listener`, from other processes by
+(:meth:`~frameserve.jobs._wake.Signal.subscribe`: each event row and each progress write,
+in-process or, through the :class:`~frameserve.jobs._wake.Listener`, from other processes by
 ``NOTIFY`` on PostgreSQL or the database file's change on SQLite) and sleeps on an
 :class:`asyncio.Event`, no thread held; database reads run in a thread
 (:func:`asyncio.to_thread`), never on the event loop. Where no listener hears other processes
-(:attr:`~frameserve.jobs.queue.Signal.reliable` false) it also looks every :data:`FALLBACK_POLL_S`.
+(:attr:`~frameserve.jobs._wake.Signal.reliable` false) it also looks every :data:`FALLBACK_POLL_S`.
 """
 
 from __future__ import annotations

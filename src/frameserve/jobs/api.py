@@ -1,5 +1,5 @@
-"""The job API, a FastAPI router mounted at ``/v1/jobs`` (the only module of ``jobs`` that imports
-FastAPI).
+"""The job API, a FastAPI router mounted at ``/v1/jobs`` (with :mod:`frameserve.jobs._submit`, which
+makes its submit endpoint, the only modules of ``jobs`` that import FastAPI besides ``analyze``).
 
 ==========================  =================================================================
 ``POST /v1/jobs``           submit ``{source, target, pipeline, params, callback_url, priority}``;
@@ -86,6 +86,7 @@ from pydantic import (
 )
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import Message
 
 from frameserve._sse import CONTENT_TYPE as SSE_CONTENT_TYPE
 from frameserve._sse import MAX_EVENT_ID_CHARS, parse_last_event_id
@@ -121,17 +122,17 @@ from frameserve.jobs._models import (
     JobParams,
     JobRequest,
     JobResource,
-    JobState,
     PipelineInfo,
     _request_model,
     _shown,
 )
 from frameserve.jobs._policy import MAX_RUN_AHEAD_S, parse_run_at
 from frameserve.jobs._stream import follow as follow_events
+from frameserve.jobs._submit import submit_endpoint
 from frameserve.jobs.callbacks import check_callback_url
 from frameserve.jobs.settings import DEFAULT_MAX_JOB_TIMEOUT_S
 from frameserve.jobs.storage import Storage
-from frameserve.jobs.store import Job, JobSpec, JobStore
+from frameserve.jobs.store import Job, JobSpec, JobStore, State
 from frameserve.pipeline.registry import PipelineRegistry
 from frameserve.security import IMPLICIT_OWNER, Principal, redact_uri
 from frameserve.security.quotas import ConcurrencyGate
@@ -279,6 +280,21 @@ async def _read_capped(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
+def _replayed(request: Request, body: bytes) -> Request:
+    """The request again, its body ``body`` (read and sized already): what FastAPI parses. Past
+    the body its ``receive`` is the client's (a disconnect still shows)."""
+    given = False
+
+    async def receive() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await request.receive()
+
+    return Request(request.scope, receive)
+
+
 class _JobRoute(APIRoute):
     """Sizes the body before FastAPI parses it, turns request validation errors into the
     ``{"error", "detail"}`` body (a router cannot install exception handlers on the app that
@@ -291,7 +307,7 @@ class _JobRoute(APIRoute):
             limit = getattr(request.app.state, "max_body_bytes", None) or DEFAULT_MAX_BODY_BYTES
             try:
                 if request.method in ("POST", "PUT", "PATCH"):
-                    request._body = await _read_capped(request, int(limit))  # FastAPI's request.body() returns it
+                    request = _replayed(request, await _read_capped(request, int(limit)))
                 return await handler(request)
             except FrameserveError as exc:
                 return _fail(exc)
@@ -384,12 +400,7 @@ def create_router(
         if req.callback_url is not None:
             check_callback_url(req.callback_url, allow_private=callbacks_allow_private)
 
-    def submit(
-        req: JobRequest,
-        response: Response,
-        idempotency_key: str | None = Header(None, alias="Idempotency-Key", max_length=255),
-        access: JobAccess = Depends(job_access),
-    ) -> Any:
+    def submit(req: JobRequest, response: Response, idempotency_key: str | None, access: JobAccess) -> Any:
         _check(req, access.owner)
         run_at = None if req.run_at is None else parse_run_at(req.run_at)
         if run_at is not None and run_at > store.clock() + MAX_RUN_AHEAD_S:
@@ -412,7 +423,6 @@ def create_router(
         response.headers["Location"] = f"/v1/jobs/{job.id}"
         return job.to_resource()
 
-    submit.__annotations__["req"] = request_model  # the server's pipelines as the schema's enum
     router.post(
         "", status_code=201, summary="Submit a job", response_model=JobResource,
         response_description="the job, created",
@@ -423,11 +433,11 @@ def create_router(
                 PipelineHookError, IdempotencyConflictError, QuotaExceededError, post=True,
             ),
         },
-    )(submit)
+    )(submit_endpoint(request_model, submit, job_access))  # the server's pipelines as the schema's enum
 
     @router.get("", summary="List jobs, newest first", response_model=JobPage, responses=error_responses())
     def list_jobs(
-        state: JobState | None = Query(None),
+        state: State | None = Query(None),
         limit: int = Query(50, ge=1, le=500),
         cursor: str | None = Query(None, pattern=r"^[0-9]{1,18}$", description="next_cursor of the previous page"),
         access: JobAccess = Depends(job_access),

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 from frameserve.errors import AddressRefusedError, InvalidInputError
 from frameserve.jobs._metrics import JobMetrics
-from frameserve.jobs.queue import idle_wait, next_delivery_due_at
+from frameserve.jobs._wake import idle_wait
 from frameserve.jobs.store import Delivery, JobStore
 from frameserve.security import AddressGuard, GuardedTransport, quiet_http_logs, redact_text, redact_uri
 
@@ -71,15 +71,18 @@ class CallbackDeliverer:
         timeout_s: per-request timeout, seconds.
         lease_s: how long a claimed delivery is ours before another deliverer may retry it.
         poll_s: idle wait between outbox polls, seconds, when no listener of the store's
-            :class:`~frameserve.jobs.queue.Signal` hears other processes (else it waits for a
+            :class:`~frameserve.jobs._wake.Signal` hears other processes (else it waits for a
             wake-up, the next due attempt, or the safety poll).
         metrics: where to count attempts (``frameserve_jobs_callback_deliveries_total``), or ``None``.
-        fault: test hook called with ``"mid_callback"`` after a receiver answered and before the
-            answer is recorded.
 
     Raises:
         InvalidInputError: a malformed ``secret``.
     """
+
+    fault: Callable[[str], None] | None = None
+    """The crash tests' hook, called with ``"mid_callback"`` after a receiver answered and before
+    the answer is recorded: set after construction, only when ``FRAMESERVE_JOBS_FAULT`` is set
+    (:mod:`frameserve.jobs._faults`)."""
 
     def __init__(
         self,
@@ -90,7 +93,6 @@ class CallbackDeliverer:
         timeout_s: float = 10.0,
         lease_s: float = 30.0,
         poll_s: float = 0.5,
-        fault: Callable[[str], None] | None = None,
         metrics: JobMetrics | None = None,
     ) -> None:
         import httpx
@@ -107,7 +109,6 @@ class CallbackDeliverer:
         self.allow_private = allow_private
         self.lease_s = max(lease_s, timeout_s * 2)
         self.poll_s = poll_s
-        self.fault = fault
         self.metrics = metrics
         quiet_http_logs()
         self.client = httpx.Client(
@@ -158,7 +159,7 @@ class CallbackDeliverer:
             seen = signal.generation("callback")
             try:
                 if self.deliver_once() is None and not self._stop.is_set():
-                    idle_wait(signal, "callback", seen, due_at=next_delivery_due_at(self.store),
+                    idle_wait(signal, "callback", seen, due_at=self.store.next_delivery_due_at(),
                               now=self.store.clock(), poll_s=self.poll_s)
             except Exception:  # keep delivering; the database may be briefly unavailable
                 log.exception("callback deliverer")

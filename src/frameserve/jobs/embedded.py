@@ -3,12 +3,12 @@ one machine with nothing else to start — SQLite under ``$FRAMESERVE_HOME``, lo
 ``$FRAMESERVE_HOME/storage``, one worker thread set (scratch under ``$FRAMESERVE_HOME/tmp``) and
 the callback deliverer, sharing the server's :class:`~frameserve.service.InferenceService` so
 models stay loaded. A job submitted through the router wakes the worker at once (the store's
-in-process :class:`~frameserve.jobs.queue.Signal`); jobs other processes submit reach it through
+in-process :class:`~frameserve.jobs._wake.Signal`); jobs other processes submit reach it through
 its listener (``NOTIFY`` on PostgreSQL, a watch of the SQLite file). With a ``registry`` the
 worker's counters (:class:`~frameserve.jobs._metrics.JobMetrics`) and, unless
 ``export_queue_metrics`` is false, the database-wide queue gauges
 (:class:`~frameserve.jobs._metrics.QueueCollector`) are registered there: the server is the one
-exporter of those by default. The crash tests' fault points (:func:`~frameserve.jobs.worker.faults_from_env`)
+exporter of those by default. The crash tests' fault points (:func:`~frameserve.jobs._faults.faults_from_env`)
 reach this worker as they reach ``frameserve worker``. With a ``retention`` the server prunes old
 finished jobs (:class:`~frameserve.jobs._retention.Pruner`; one process at a time whatever else
 runs on the database).
@@ -25,16 +25,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from frameserve.config import Settings
+from frameserve.jobs._faults import faults_from_env
 from frameserve.jobs._isolated import IsolatedPipeline
 from frameserve.jobs._metrics import JobMetrics, QueueCollector
 from frameserve.jobs._pipeline import ProcessFn
 from frameserve.jobs._retention import Pruner, RetentionPolicy
+from frameserve.jobs._wake import Listener
 from frameserve.jobs.callbacks import CallbackDeliverer
-from frameserve.jobs.queue import Listener
 from frameserve.jobs.settings import JobsSettings
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import JobStore
-from frameserve.jobs.worker import Worker, faults_from_env, pipeline_process
+from frameserve.jobs.worker import Worker, pipeline_process
 from frameserve.pipeline.registry import PipelineRegistry
 from frameserve.security.quotas import Quotas
 
@@ -91,7 +92,7 @@ class EmbeddedJobs:
             folder.mkdir(parents=True, exist_ok=True)
         self.store = JobStore(js.db_url, quotas=quotas)
         self.storage: Storage = js.storage()
-        fault = faults_from_env()
+        fault = faults_from_env()  # the crash tests' fault points (FRAMESERVE_JOBS_FAULT); None otherwise
         self.router = create_router(
             self.store, storage=self.storage, callbacks_allow_private=js.callbacks_allow_private,
             max_attempts=js.max_attempts, pipelines=self.pipelines,
@@ -121,14 +122,16 @@ class EmbeddedJobs:
                 process = pipeline_process(settings, service, fault, decode_pool=self.decode_pool, pipelines=self.pipelines)
             self.worker = Worker(
                 self.store, self.storage, process,
-                lease_s=js.lease_s, poll_s=poll_s, fault=fault, scratch_root=settings.home / "tmp",
+                lease_s=js.lease_s, poll_s=poll_s, scratch_root=settings.home / "tmp",
                 metrics=self.metrics, listen=False, job_timeout_s=js.job_timeout_s,
                 max_job_timeout_s=js.job_timeout_cap_s,
             )
+            self.worker.fault = fault
         self.deliverer = CallbackDeliverer(
             self.store, secret=js.webhook_secret, allow_private=js.callbacks_allow_private,
-            lease_s=js.lease_s, poll_s=poll_s, fault=fault, metrics=self.metrics,
+            lease_s=js.lease_s, poll_s=poll_s, metrics=self.metrics,
         )
+        self.deliverer.fault = fault
         self.pruner = (
             Pruner(self.store, retention, interval_s=retention_interval_s,
                    counter=self.metrics.pruned if self.metrics is not None else None)

@@ -53,9 +53,10 @@ from frameserve.jobs._lifecycle import LifecycleMixin
 from frameserve.jobs._live import LiveMixin
 from frameserve.jobs._outbox import Delivery, OutboxMixin
 from frameserve.jobs._policy import RetryPolicy
-from frameserve.jobs._records import STATES, TERMINAL, Job, JobSpec, Lease, Phase, iso
+from frameserve.jobs._records import STATES, TERMINAL, Job, JobSpec, Lease, Phase, State, iso
 from frameserve.jobs._schema import callback_deliveries, job_events, jobs
-from frameserve.jobs.queue import Signal, notify, take_wakes
+from frameserve.jobs._wake import Signal, notify, take_wakes
+from frameserve.jobs.queue import QueueMixin
 from frameserve.security.quotas import Quotas
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "JobStore",
     "Lease",
     "RetryPolicy",
+    "State",
     "iso",
 ]
 
@@ -107,7 +109,7 @@ def _new_id() -> str:
     return "job_" + uuid.uuid4().hex
 
 
-class JobStore(LifecycleMixin, LiveMixin, OutboxMixin):
+class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
     """The job database.
 
     Args:
@@ -122,7 +124,7 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin):
             ``running_jobs`` at claim; ``None``: no limits (the claim is still fair).
 
     Attributes:
-        signal: in-process wake-ups (:class:`~frameserve.jobs.queue.Signal`), bumped after each
+        signal: in-process wake-ups (:class:`~frameserve.jobs._wake.Signal`), bumped after each
             commit that makes work; on PostgreSQL such a commit also sends ``NOTIFY``.
     """
 
@@ -484,7 +486,7 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin):
         self,
         conn: sa.Connection,
         job: Job | Lease,
-        state: str,
+        state: State,
         now: float,
         *,
         result: dict[str, Any] | None = None,
@@ -525,12 +527,4 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin):
             )
             notify(conn, "callback", now + self.callback_schedule_s[0])
         return done
-
-    def counts(self) -> dict[str, int]:
-        """Jobs per state (every state present, zero where none)."""
-        with self._tx(write=False) as conn:
-            rows = conn.execute(sa.select(jobs.c.state, sa.func.count()).group_by(jobs.c.state)).all()
-        out = dict.fromkeys(STATES, 0)
-        out.update({s: int(n) for s, n in rows})
-        return out
 

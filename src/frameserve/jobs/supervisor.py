@@ -4,7 +4,7 @@ the active-job count and on schedule windows, as KEDA scales pods — on one mac
 The rule (:class:`ScalingRule`, :class:`Scaler`)::
 
     wanted  = clamp(max(ceil(active / K), schedule floor), MIN, MAX)
-    active  = jobs queued and due, plus running          (frameserve.jobs.queue.active_count)
+    active  = jobs queued and due, plus running          (JobStore.active_count)
     floor   = the largest ``replicas`` of the schedule windows open now (0 when none is)
 
 Scaling up is at once; scaling down is one worker per ``cooldown_s`` of low load (the wanted count
@@ -22,7 +22,7 @@ backoff when children keep dying at start). Children die with the supervisor (``
 set by the child, :func:`die_with_parent`).
 
 Wake-ups reach the children by themselves: each ``LISTEN``\\s on PostgreSQL, or watches the SQLite
-file (:class:`~frameserve.jobs.queue.Listener`); the supervisor listens too, so a burst of
+file (:class:`~frameserve.jobs._wake.Listener`); the supervisor listens too, so a burst of
 submits starts children at once rather than at its next poll.
 """
 
@@ -47,7 +47,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from frameserve.errors import InvalidInputError
-from frameserve.jobs.queue import Listener, active_count
+from frameserve.jobs._wake import Listener
 
 if TYPE_CHECKING:
     from frameserve.jobs.store import JobStore
@@ -285,7 +285,7 @@ class Supervisor:
         status_dir: where the children's status files go.
         poll_s: longest wait between two decisions, seconds.
         grace_s: how long children get to drain when the supervisor stops, seconds.
-        listen: start a :class:`~frameserve.jobs.queue.Listener` on the store.
+        listen: start a :class:`~frameserve.jobs._wake.Listener` on the store.
         clock, wall: for the :class:`Scaler`.
     """
 
@@ -337,7 +337,7 @@ class Supervisor:
         """One decision: reap exited children, count, start or drain workers."""
         self._reap()
         try:
-            self.active_jobs = active_count(self.store)
+            self.active_jobs = self.store.active_count()
         except Exception as exc:  # noqa: BLE001 - hold the current count until the database answers
             log.warning("autoscale: cannot count jobs (%s); holding %d workers", exc.__class__.__name__, self.workers)
             return

@@ -20,10 +20,10 @@ the worker's downloads and outputs live in ``scratch_root/<worker id>`` (with an
 :mod:`frameserve.jobs._scratch`), and a starting worker removes the folders of dead workers
 there (a SIGKILLed worker leaves its downloaded sources behind).
 
-Pickup: an idle fetch thread waits on the store's :class:`~frameserve.jobs.queue.Signal` (a
+Pickup: an idle fetch thread waits on the store's :class:`~frameserve.jobs._wake.Signal` (a
 submit in this process, ``NOTIFY`` from other processes on PostgreSQL, a change of the SQLite
 file) until the earliest known ``run_at`` of a queued job, with a safety poll of
-:data:`~frameserve.jobs.queue.SAFETY_POLL_S`; without a working listener (``listen=False``, or
+:data:`~frameserve.jobs._wake.SAFETY_POLL_S`; without a working listener (``listen=False``, or
 ``LISTEN`` through a transaction-mode pooler) it polls every ``poll_s``.
 
 :meth:`Worker.stop` (SIGUSR1 in ``frameserve worker``) stops claiming, releases a job that is
@@ -67,7 +67,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,15 +77,15 @@ from frameserve.jobs._errors import LeaseLostError, is_retryable
 from frameserve.jobs._live import PROGRESS_WRITE_S
 from frameserve.jobs._metrics import JobMetrics
 from frameserve.jobs._pipeline import FaultHook, ProcessFn, pipeline_process, video_out_name
-from frameserve.jobs._records import Job, Lease
+from frameserve.jobs._records import Job, Lease, State
 from frameserve.jobs._scratch import Scratch, sweep
-from frameserve.jobs.queue import SAFETY_POLL_S, Listener, idle_wait, next_job_due_at
+from frameserve.jobs._wake import SAFETY_POLL_S, Listener, idle_wait
 from frameserve.jobs.storage import Storage
 from frameserve.jobs.store import JobStore
 from frameserve.security import redact_text
 from frameserve.security.quotas import Quotas
 
-__all__ = ["CANCEL_POLL_S", "PROGRESS_TICK_S", "FaultHook", "ProcessFn", "Worker", "faults_from_env", "pipeline_process", "video_out_name"]
+__all__ = ["CANCEL_POLL_S", "PROGRESS_TICK_S", "ProcessFn", "Worker", "pipeline_process", "video_out_name"]
 
 log = logging.getLogger("frameserve.jobs.worker")
 
@@ -103,36 +103,6 @@ _WEIGHTS = {"download": (0.0, 0.1), "process": (0.1, 0.9), "upload": (0.9, 1.0)}
 
 class _Cancelled(Exception):
     """The job's cancellation was requested, or its lease was lost."""
-
-
-def faults_from_env(environ: Mapping[str, str] | None = None) -> FaultHook | None:
-    """Fault injection for crash tests, or ``None`` when unset.
-
-    ``FRAMESERVE_JOBS_FAULT`` names the points (comma-separated) and ``FRAMESERVE_JOBS_FAULT_DIR``
-    a folder. The first time the process reaches such a point it writes ``<dir>/<point>.<pid>``
-    and waits until ``<dir>/release`` exists, so a test can SIGKILL or SIGSTOP it exactly there.
-    """
-    env = os.environ if environ is None else environ
-    points = {p.strip() for p in env.get("FRAMESERVE_JOBS_FAULT", "").split(",") if p.strip()}
-    if not points:
-        return None
-    folder = Path(env.get("FRAMESERVE_JOBS_FAULT_DIR", tempfile.gettempdir()))
-    hit: set[str] = set()
-    lock = threading.Lock()
-
-    def fault(point: str) -> None:
-        with lock:
-            if point not in points or point in hit:
-                return
-            hit.add(point)
-        (folder / f"{point}.{os.getpid()}").write_text(str(time.time()))
-        deadline = time.monotonic() + float(env.get("FRAMESERVE_JOBS_FAULT_MAX_WAIT_S", "600"))
-        while not (folder / "release").exists():
-            if time.monotonic() > deadline:  # never outlive a test run that forgot us
-                os._exit(3)
-            time.sleep(0.02)
-
-    return fault
 
 
 @dataclass
@@ -184,10 +154,9 @@ class Worker:
         workdir: scratch folder for downloads and outputs (default: ``scratch_root/<worker id>``,
             else a temporary folder).
         worker_id: recorded as the lease owner (default ``host:pid:random``).
-        fault: test hook (see :func:`faults_from_env`).
         scratch_root: the folder of every worker's scratch (``$FRAMESERVE_HOME/tmp``); the
             folders of dead workers there are removed at :meth:`start`.
-        listen: start a :class:`~frameserve.jobs.queue.Listener` (``LISTEN`` on PostgreSQL, a
+        listen: start a :class:`~frameserve.jobs._wake.Listener` (``LISTEN`` on PostgreSQL, a
             file watch on SQLite) so other processes' jobs wake this worker; else it polls.
         listen_url: the PostgreSQL URL to ``LISTEN`` on (direct, when ``store`` goes through a pooler).
         safety_poll_s: longest idle wait while a listener hears other processes, seconds.
@@ -204,6 +173,11 @@ class Worker:
             none): a job asking more (submitted to a server with a higher cap) gets this.
     """
 
+    fault: FaultHook | None = None
+    """The crash tests' hook, called at ``mid_download`` and ``after_upload``: set after
+    construction by the process that runs the worker, only when ``FRAMESERVE_JOBS_FAULT`` is set
+    (:mod:`frameserve.jobs._faults`)."""
+
     def __init__(
         self,
         store: JobStore,
@@ -214,7 +188,6 @@ class Worker:
         poll_s: float = 0.5,
         workdir: Path | None = None,
         worker_id: str | None = None,
-        fault: FaultHook | None = None,
         scratch_root: Path | None = None,
         listen: bool = True,
         listen_url: str | None = None,
@@ -244,7 +217,6 @@ class Worker:
             self.workdir = self._scratch.path
         else:
             self.workdir = Path(tempfile.mkdtemp(prefix="frameserve-worker-"))
-        self.fault = fault
         self._stopping = threading.Event()
         self._ready: queue.Queue[_Item | None] = queue.Queue(maxsize=1)
         self._slot = threading.Semaphore(1)  # one job downloaded ahead of the one processed, no more
@@ -446,7 +418,7 @@ class Worker:
         finally:
             self._forget(a, item)
 
-    def _count(self, pipeline: str, state: str, attempt: int) -> None:
+    def _count(self, pipeline: str, state: State, attempt: int) -> None:
         if self.metrics is not None:
             self.metrics.finished(pipeline, state, attempt)
 
@@ -512,7 +484,7 @@ class Worker:
                         for job_id, state in self.store.rescue():
                             log.warning("rescued job %s (lease expired) → %s", job_id, state)
                     lease = self.store.claim(self.worker_id, lease_s=self.lease_s, quotas=self.quotas)
-                    due_at = next_job_due_at(self.store) if lease is None else None
+                    due_at = self.store.next_job_due_at() if lease is None else None
                     if due_at is not None and due_at <= self.store.clock():
                         due_at = None  # due, yet every such tenant is at running_jobs: a finish wakes us
                 except Exception:
