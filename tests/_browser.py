@@ -1,8 +1,9 @@
 """Open a self-contained HTML report in a real headless browser (Debian's ``chromium``) with a
 probe script that reports whether every image decoded, each table's rows and height, and any
-script or resource error. Shared by the perf and tune report tests.
+script or resource error. Shared by the perf and tune report tests. And :func:`playwright` with :data:`CHROMIUM` for the
+console's browser tests, which drive that chromium through Playwright.
 
-:func:`chromium` skips the test when chromium is absent; FRAMESERVE_REQUIRE_CHROMIUM=1 (set by
+:func:`chromium` and :func:`playwright` skip the test when chromium is absent; FRAMESERVE_REQUIRE_CHROMIUM=1 (set by
 CI, which installs it) makes that a failure.
 """
 
@@ -31,6 +32,27 @@ _PROBE_TAIL = (
     "var p=document.createElement('pre');p.id='frameserve-probe';p.textContent=JSON.stringify(r);"
     "document.body.appendChild(p)});</script>"
 )
+
+
+CHROMIUM = "/usr/bin/chromium"
+"""Debian's chromium: the browser Playwright drives (``executable_path``; no browser download)."""
+
+
+def playwright() -> Any:
+    """Playwright's ``sync_playwright`` (skips the test, or fails it under
+    FRAMESERVE_REQUIRE_CHROMIUM=1, when playwright or :data:`CHROMIUM` is absent)."""
+    reason = None
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        reason = "playwright (pip install playwright) is not installed"
+    if reason is None and not Path(CHROMIUM).exists():
+        reason = f"no chromium at {CHROMIUM} (Debian: apt-get install -y chromium)"
+    if reason is not None:
+        if os.environ.get("FRAMESERVE_REQUIRE_CHROMIUM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return sync_playwright
 
 
 def chromium() -> str:

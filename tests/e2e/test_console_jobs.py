@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 import pytest
+from _browser import CHROMIUM, playwright
 from _serving import ServeProcess
 from _user_pipelines import make_repository
 from _wait import wait_for
@@ -38,7 +39,6 @@ from _wait import wait_for
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
 TOKENS = {"root": ("root-token-0123456789abcdef0123456789ab", "admin"),
           "alice": ("alice-token-0123456789abcdef0123456789", "jobs"),
           "bob": ("bob-token-0123456789abcdef0123456789ab", "jobs")}
@@ -90,21 +90,6 @@ class Hang(frameserve.Pipeline):
 '''
 
 
-def _need_browser() -> Any:
-    reason = None
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        reason = "playwright (pip install playwright) is not installed"
-    if reason is None and not Path(CHROMIUM).exists():
-        reason = f"no chromium at {CHROMIUM} (Debian: apt-get install -y chromium)"
-    if reason is not None:
-        if os.environ.get("FRAMESERVE_REQUIRE_CHROMIUM") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return sync_playwright
-
-
 def _expect() -> Any:
     from playwright.sync_api import expect
 
@@ -143,7 +128,7 @@ def _submit(base: str, home: Path, who: str, pipeline: str, source: str, out: st
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, carphone: Path, nudenet_model: Path,
            test_home: Path) -> Iterator[dict[str, Any]]:
-    _need_browser()
+    playwright()
     tmp = tmp_path_factory.mktemp("console-jobs")
     home = tmp / "home"
     for tenant in ("alice", "bob"):
@@ -237,7 +222,7 @@ class _Browser:
 
 
 def test_a_job_submitted_from_the_page_updates_live_to_succeeded(served: dict[str, Any]) -> None:
-    sync_playwright, expect = _need_browser(), _expect()
+    sync_playwright, expect = playwright(), _expect()
     base, home = served["base"], served["home"]
     gate = home / "storage" / "alice" / "gate-open"
     with sync_playwright() as pw:
@@ -278,7 +263,7 @@ def test_a_job_submitted_from_the_page_updates_live_to_succeeded(served: dict[st
 
 
 def test_cancel_retry_and_delete_from_the_page(served: dict[str, Any]) -> None:
-    sync_playwright, expect = _need_browser(), _expect()
+    sync_playwright, expect = playwright(), _expect()
     base, home = served["base"], served["home"]
     job_id = _submit(base, home, "alice", "hang", "clip.mp4", "hang")
     with sync_playwright() as pw:
@@ -318,7 +303,7 @@ def test_cancel_retry_and_delete_from_the_page(served: dict[str, Any]) -> None:
 
 
 def test_a_tenant_sees_only_its_own_jobs_even_by_url(served: dict[str, Any]) -> None:
-    sync_playwright = _need_browser()
+    sync_playwright = playwright()
     jobs = served["jobs"]
     with sync_playwright() as pw:
         alice, bob, root = (_Browser(pw, served["base"], who) for who in ("alice", "bob", "root"))
@@ -354,7 +339,7 @@ def test_a_tenant_sees_only_its_own_jobs_even_by_url(served: dict[str, Any]) -> 
 
 
 def test_the_job_detail_page_shows_phases_events_outputs_and_an_error(served: dict[str, Any]) -> None:
-    sync_playwright, expect = _need_browser(), _expect()
+    sync_playwright, expect = playwright(), _expect()
     jobs, done = served["jobs"], served["done"]
     with sync_playwright() as pw:
         b = _Browser(pw, served["base"], "alice")

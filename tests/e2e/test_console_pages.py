@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from _browser import CHROMIUM, playwright
 from _models import scale_model
 from _serving import ServeProcess
 from _user_pipelines import make_repository
@@ -28,7 +29,6 @@ from _user_pipelines import make_repository
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
 TOKENS = {"root": ("root-token-0123456789abcdef0123456789ab", "admin"),
           "alice": ("alice-token-0123456789abcdef0123456789", "jobs,infer"),
           "bob": ("bob-token-0123456789abcdef0123456789ab", "jobs")}
@@ -58,21 +58,6 @@ _A11Y = """() => {
 }"""
 
 
-def _need_browser() -> Any:
-    reason = None
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        reason = "playwright (pip install playwright) is not installed"
-    if reason is None and not Path(CHROMIUM).exists():
-        reason = f"no chromium at {CHROMIUM} (Debian: apt-get install -y chromium)"
-    if reason is not None:
-        if os.environ.get("FRAMESERVE_REQUIRE_CHROMIUM") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return sync_playwright
-
-
 def _bearer(who: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKENS[who][0]}"}
 
@@ -89,7 +74,7 @@ def _wait_job(base: str, job_id: str, who: str, timeout_s: float = 300) -> dict[
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, carphone: Path, nudenet_model: Path, test_home: Path,
            cli: Any) -> Iterator[dict[str, Any]]:
-    _need_browser()
+    playwright()
     tmp = tmp_path_factory.mktemp("console-pages")
     home = tmp / "home"
     for tenant in ("alice", "bob"):
@@ -204,7 +189,7 @@ def _stats(base: str) -> dict[str, Any]:
 
 
 def test_models_page_shows_the_model_its_batch_histogram_and_percentiles_without_buttons(served: dict[str, Any]) -> None:
-    sync_playwright = _need_browser()
+    sync_playwright = playwright()
     stats = _stats(served["base"])
     executions = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
     assert sum(executions.values()) >= len(BATCHES)
@@ -249,7 +234,7 @@ def test_models_page_shows_the_model_its_batch_histogram_and_percentiles_without
 
 
 def test_admin_unloads_and_loads_the_model_from_the_page(served: dict[str, Any]) -> None:
-    sync_playwright = _need_browser()
+    sync_playwright = playwright()
     base = served["base"]
 
     def state() -> str:
@@ -284,7 +269,7 @@ def test_admin_unloads_and_loads_the_model_from_the_page(served: dict[str, Any])
 
 
 def test_forged_and_csrf_less_posts_are_refused(served: dict[str, Any]) -> None:
-    sync_playwright = _need_browser()
+    sync_playwright = playwright()
     base = served["base"]
     with sync_playwright() as pw:
         alice, root, bob = (_Browser(pw, base, who) for who in ("alice", "root", "bob"))
@@ -312,7 +297,7 @@ def test_forged_and_csrf_less_posts_are_refused(served: dict[str, Any]) -> None:
 
 
 def test_reports_page_lists_a_perf_report_and_opens_it_sandboxed(served: dict[str, Any]) -> None:
-    sync_playwright = _need_browser()
+    sync_playwright = playwright()
     with sync_playwright() as pw:
         b = _Browser(pw, served["base"], "alice")
         try:
@@ -352,7 +337,7 @@ def test_reports_page_lists_a_perf_report_and_opens_it_sandboxed(served: dict[st
 
 
 def test_api_docs_render_with_no_request_to_another_host(served: dict[str, Any]) -> None:
-    sync_playwright = _need_browser()
+    sync_playwright = playwright()
     with sync_playwright() as pw:
         for path, b in (("/console/docs", _Browser(pw, served["base"], "alice")),
                         ("/docs", _Browser(pw, served["base"], "alice", bearer=True))):
@@ -375,7 +360,7 @@ def test_api_docs_render_with_no_request_to_another_host(served: dict[str, Any])
 
 
 def test_jobs_page_filters_by_tenant_and_time_and_the_job_shows_its_phases(served: dict[str, Any]) -> None:
-    sync_playwright = _need_browser()
+    sync_playwright = playwright()
     jobs = served["jobs"]
     with sync_playwright() as pw:
         root, alice = _Browser(pw, served["base"], "root"), _Browser(pw, served["base"], "alice")

@@ -18,27 +18,12 @@ from typing import Any
 
 import httpx
 import pytest
+from _browser import CHROMIUM, playwright
 from _serving import ServeProcess
 from _user_pipelines import make_repository
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
 TOKENS = {"alice": "alice-token-0123456789abcdef0123456789", "bob": "bob-token-0123456789abcdef0123456789ab"}
-
-
-def _need_browser() -> Any:
-    reason = None
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        reason = "playwright (pip install playwright) is not installed"
-    if reason is None and not Path(CHROMIUM).exists():
-        reason = f"no chromium at {CHROMIUM} (Debian: apt-get install -y chromium)"
-    if reason is not None:
-        if os.environ.get("FRAMESERVE_REQUIRE_CHROMIUM") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return sync_playwright
 
 
 def _wait_job(base: str, job_id: str, headers: dict[str, str], timeout_s: float = 300) -> dict[str, Any]:
@@ -53,7 +38,7 @@ def _wait_job(base: str, job_id: str, headers: dict[str, str], timeout_s: float 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, carphone: Path, nudenet_model: Path,
            test_home: Path) -> Iterator[dict[str, Any]]:
-    _need_browser()
+    playwright()
     tmp = tmp_path_factory.mktemp("console")
     home = tmp / "home"
     for tenant in TOKENS:
@@ -128,7 +113,7 @@ def _chart_ready(page: Any) -> None:
 
 
 def test_viewer_shows_the_highest_score_frame_with_its_box_and_follows_the_video(served: dict[str, Any]) -> None:
-    sync_playwright = _need_browser()
+    sync_playwright = playwright()
     job_id = served["jobs"]["a1"]
     frames = _results(served["done"]["a1"])["frames"]
     best = max((d["score"], f["pts_s"], d["box"]) for f in frames for d in f["detections"])
@@ -171,7 +156,7 @@ def test_viewer_shows_the_highest_score_frame_with_its_box_and_follows_the_video
 
 
 def test_a_results_file_from_frameserve_run_opens_in_the_viewer(served: dict[str, Any], cli: Any) -> None:
-    sync_playwright = _need_browser()
+    sync_playwright = playwright()
     out = served["tmp"] / "run.json"
     done = cli("run", str(served["home"] / "storage" / "alice" / "clip.mp4"), "--sampling", "fps:2", "--out", str(out))
     assert done.returncode == 0, done.stderr
@@ -204,7 +189,7 @@ def test_a_results_file_from_frameserve_run_opens_in_the_viewer(served: dict[str
 
 
 def test_pipelines_page_try_form_runs_analyze_and_shows_the_viewer(served: dict[str, Any], carphone: Path) -> None:
-    sync_playwright = _need_browser()
+    sync_playwright = playwright()
     with sync_playwright() as pw:
         b = _Browser(pw, served["base"], "alice")
         try:
@@ -225,7 +210,7 @@ def test_pipelines_page_try_form_runs_analyze_and_shows_the_viewer(served: dict[
 
 
 def test_a_tenant_cannot_open_another_tenants_job_results(served: dict[str, Any]) -> None:
-    sync_playwright = _need_browser()
+    sync_playwright = playwright()
     alice_job = served["jobs"]["a1"]
     bob = {"Authorization": f"Bearer {TOKENS['bob']}"}
     for path in ("timeline", "frame?pts_s=0", "video"):
@@ -270,7 +255,7 @@ def test_timeline_api_refuses_bad_sizes_with_422(served: dict[str, Any]) -> None
 
 
 def test_a_long_run_opens_decimated_and_zooming_in_reaches_every_frame(served: dict[str, Any]) -> None:
-    sync_playwright = _need_browser()
+    sync_playwright = playwright()
     n = 6000  # 50 minutes at fps:2
     frames = [{"index": i, "pts_s": i / 2, "is_keyframe": False,
                "detections": [{"label": "A", "score": round(0.3 + 0.6 * ((i * 7919) % 97) / 97, 4), "box": [0, 0, 5, 5]}]}

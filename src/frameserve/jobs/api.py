@@ -86,8 +86,8 @@ from pydantic import (
 )
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
-from starlette.types import Message
 
+from frameserve._asgi import replay_body
 from frameserve._sse import CONTENT_TYPE as SSE_CONTENT_TYPE
 from frameserve._sse import MAX_EVENT_ID_CHARS, parse_last_event_id
 from frameserve.errors import (
@@ -283,16 +283,7 @@ async def _read_capped(request: Request, limit: int) -> bytes:
 def _replayed(request: Request, body: bytes) -> Request:
     """The request again, its body ``body`` (read and sized already): what FastAPI parses. Past
     the body its ``receive`` is the client's (a disconnect still shows)."""
-    given = False
-
-    async def receive() -> Message:
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await request.receive()
-
-    return Request(request.scope, receive)
+    return Request(request.scope, replay_body(body, request.receive))
 
 
 class _JobRoute(APIRoute):

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from frameserve._asgi import replay_body
 from frameserve.errors import FrameserveError
 from frameserve.protocol import RUN_HERE_UNDER_US
 from frameserve.request import InferRequest, RequestedOutput
@@ -320,15 +321,11 @@ class FrontendLink:
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, **fields, "state": {}}
         stream = _Stream()
         self._streams[rid] = stream
-        given = False
-
-        async def receive() -> Message:
-            nonlocal given
-            if not given:
-                given = True
-                return {"type": "http.request", "body": body, "more_body": False}
+        async def gone() -> Message:
             await stream.gone.wait()
             return {"type": "http.disconnect"}
+
+        receive = replay_body(body, gone)
 
         held: list[ch.Message] | None = [] if _MODEL_CHANGES.fullmatch(fields.get("path") or "") else None
         started = ended = False
