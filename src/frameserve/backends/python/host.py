@@ -275,6 +275,22 @@ class ModelHost:
                 f"model {self.model_name!r}: initialize failed: {type(exc).__name__}: {exc}"
             ) from exc
 
+    def _call_execute(self, pb_requests: list[pb_utils.InferenceRequest]) -> Any:  # Any: what user code returned
+        """The model's ``execute(requests)`` under this instance's bounds (an ``async def``
+        execute run to its end): what it returned.
+
+        Raises:
+            BatchFailure: ``execute`` raised (its type and message named).
+        """
+        try:
+            with self._bound():
+                responses = self.instance.execute(pb_requests)
+                if type(responses) is not list and inspect.isawaitable(responses):
+                    responses = _run_coroutine(responses)
+        except Exception as exc:
+            raise BatchFailure(f"execute raised {type(exc).__name__}: {exc}") from exc
+        return responses
+
     def execute(
         self,
         requests: Sequence[InferRequest],
@@ -306,13 +322,7 @@ class ModelHost:
             pb_requests = [pb_utils.wrap_request(r, output_names) for r in requests]
         except pb_utils.TritonModelException as exc:
             raise BatchFailure(f"execute got an input it cannot take: {exc}") from exc
-        try:
-            with self._bound():
-                responses = self.instance.execute(pb_requests)
-                if type(responses) is not list and inspect.isawaitable(responses):
-                    responses = _run_coroutine(responses)
-        except Exception as exc:
-            raise BatchFailure(f"execute raised {type(exc).__name__}: {exc}") from exc
+        responses = self._call_execute(pb_requests)
         if responses is None:  # answered through the requests' senders, one response each
             return [_sent_response(i, p.sent_responses()) for i, p in enumerate(pb_requests)]
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
@@ -341,12 +351,7 @@ class ModelHost:
             except pb_utils.TritonModelException as exc:
                 raise BatchFailure(f"execute got an input it cannot take: {exc}") from exc
             try:
-                with self._bound():
-                    responses = self.instance.execute(pb_requests)
-                    if type(responses) is not list and inspect.isawaitable(responses):
-                        responses = _run_coroutine(responses)
-            except Exception as exc:
-                raise BatchFailure(f"execute raised {type(exc).__name__}: {exc}") from exc
+                responses = self._call_execute(pb_requests)
             finally:
                 del pb_requests
             if responses is not None:
