@@ -7,6 +7,7 @@ collector.
 
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ _STOP = object()
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
 
-class _QueuedSink:
+class _QueuedSink(abc.ABC):
     """A bounded queue drained by one daemon thread that calls :meth:`_write` per trace."""
 
     def __init__(self, name: str, max_pending: int) -> None:
@@ -63,11 +64,12 @@ class _QueuedSink:
         except Exception:
             log.exception("closing the trace sink failed")
 
+    @abc.abstractmethod
     def _write(self, trace: RequestTrace) -> None:
-        raise NotImplementedError
+        """Write one trace to the output (each subclass's own format: a file, an exporter)."""
 
-    def _finish(self) -> None:
-        pass
+    def _finish(self) -> None:  # noqa: B027 - optional: most outputs have nothing to close
+        """Finish the output after the last trace (close a file's JSON array); nothing by default."""
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Write what is queued, finish the output, end the thread (idempotent)."""
