@@ -158,6 +158,10 @@ class InferRequest:
             batcher of a model with ``sequence_batching``, ignored by other models.
         sequence_start: the first request of its sequence (``sequence_start``).
         sequence_end: the last request of its sequence (``sequence_end``).
+        tenant: the tenant the request comes from (its token's name; ``""`` = the one tenant of
+            a server without tokens, or an in-process caller), set by the transport. What a
+            request creates in the server is keyed by it: a sequence is ``(tenant,
+            sequence_id)``, so one tenant can neither continue nor restart another's.
         responses: where a decoupled model's responses go (a streaming transport's); the
             service refuses a request for a decoupled model without one, and other models
             ignore it (their answer is the request's future).
@@ -183,6 +187,7 @@ class InferRequest:
     sequence_start: bool = False
     sequence_end: bool = False
     responses: ResponseSink | None = None
+    tenant: str = ""
 
     def __post_init__(self) -> None:
         if self.priority < 0:

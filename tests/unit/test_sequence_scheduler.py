@@ -214,3 +214,19 @@ def test_bad_sections_are_refused_with_the_field() -> None:
     bad_corrid = [{"name": "C", "control": [{"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_FP32"}]}]
     with pytest.raises(ModelConfigError, match="CORRID control's data_type"):
         parse_config({"backend": "python", "sequence_batching": {"control_input": bad_corrid}}, default_name="m")
+
+
+def test_a_sequence_is_its_tenants_own(run: _Run) -> None:
+    def send(tenant: str, value: int, *, start: bool = False) -> Future[dict[str, Array]]:
+        request = InferRequest("acc", {"INPUT": np.full((1, 1), value, np.int32)}, sequence_id=9,
+                               sequence_start=start, tenant=tenant)
+        return run.sched.enqueue([(request, 1)])[0]
+
+    assert int(send("a", 5, start=True).result(WAIT_S)["OUTPUT"][0, 0]) == 5
+    with pytest.raises(InvalidInputError, match="^inference request for sequence 9 to model 'acc' must specify the START flag"):
+        send("b", 1).result(WAIT_S)  # a's id is not b's to continue
+    assert int(send("b", 100, start=True).result(WAIT_S)["OUTPUT"][0, 0]) == 100  # b's own sequence 9
+    assert int(send("a", 2).result(WAIT_S)["OUTPUT"][0, 0]) == 7  # b's START did not restart a's
+    assert run.sched.sequences == 2
+    corrids = [req["CORRID"].tolist() for batch in run.batches() for req in batch]
+    assert corrids == [[[9]]] * 3  # the model sees the id as sent

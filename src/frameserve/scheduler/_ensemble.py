@@ -436,6 +436,7 @@ class EnsembleScheduler:
                 sequence_id=run.request.sequence_id,  # a sequence step model sees the ensemble's sequence
                 sequence_start=run.request.sequence_start,
                 sequence_end=run.request.sequence_end,
+                tenant=run.request.tenant,
             )
             future = self._submit(request, dispatch)
         except BaseException as exc:  # refused at once: the ensemble request fails with it

@@ -71,12 +71,15 @@ class _SeqRequest(QueuedRequest):
 
 
 class _Seq:
-    """One live sequence: its queued requests, its place and its implicit state."""
+    """One live sequence: its queued requests, its place and its implicit state. ``key`` is
+    ``(tenant, id)``: a sequence belongs to the tenant that started it, and the same id from
+    another tenant is another sequence; the model sees ``id`` (CORRID)."""
 
-    __slots__ = ("ending", "key", "lane", "last_ns", "open", "pending", "running", "slot", "state")
+    __slots__ = ("ending", "id", "key", "lane", "last_ns", "open", "pending", "running", "slot", "state")
 
-    def __init__(self, key: SequenceId, now_ns: int) -> None:
+    def __init__(self, key: tuple[str, SequenceId], now_ns: int) -> None:
         self.key = key
+        self.id = key[1]
         self.pending: deque[_SeqRequest] = deque()
         self.lane: _Lane | None = None
         self.slot = -1
@@ -180,7 +183,7 @@ class SequenceScheduler(Scheduler):
         else:
             n_slots = seq.max_candidate_sequences
         self._lanes = [_Lane(i, n_slots) for i in range(len(instances))]
-        self._seqs: dict[SequenceId, _Seq] = {}
+        self._seqs: dict[tuple[str, SequenceId], _Seq] = {}
         self._backlog: deque[_Seq] = deque()
         self._n_pending = 0
         self._delay_ns = seq.max_queue_delay_us * 1000
@@ -286,13 +289,14 @@ class SequenceScheduler(Scheduler):
             self.metrics.add_pending(self.name, self.version, n)
 
     def _admit(self, request: InferRequest, batch_size: int, now: int) -> _SeqRequest:
-        key = request.sequence_id
-        if key in (0, ""):
+        sid = request.sequence_id
+        if sid in (0, ""):
             raise InvalidInputError(f"inference request to model '{self.name}' must specify a non-zero or non-empty correlation ID")
+        key = (request.tenant, sid)  # one tenant's id never reaches another's sequence
         seq = self._seqs.get(key)
         if not request.sequence_start and (seq is None or not seq.open):
             raise InvalidInputError(
-                f"inference request for sequence {key} to model '{self.name}' must specify the START flag on the "
+                f"inference request for sequence {sid} to model '{self.name}' must specify the START flag on the "
                 f"first request of the sequence"
             )
         if self._n_pending >= self._max_pending:
@@ -400,7 +404,7 @@ class SequenceScheduler(Scheduler):
                 value = control.false_true[1 if flags[control.kind] else 0]
                 extra[control.name] = np.full(shape, value, dtype=control.datatype.to_numpy())
             else:
-                extra[control.name] = _corrid(seq.key, control.datatype, shape)
+                extra[control.name] = _corrid(seq.id, control.datatype, shape)
         if request.sequence_start:
             seq.state = {}
         for state in spec.states:

@@ -238,8 +238,10 @@ class Infer:
         in_regions: input name -> ``(datatype, shape, ShmLocation)`` of inputs in client regions.
         out_regions: output name -> ``ShmLocation`` of outputs to write into client regions.
         frees: response-arena blocks of earlier answers the front end is done with.
-        tenant: the request's tenant (whose regions it may name).
+        tenant: the request's tenant (whose regions it may name, whose sequences it may continue).
         traceparent: its W3C ``traceparent`` (``""`` when none; Triton's opentelemetry tracing).
+        sequence_id, sequence_start, sequence_end: as :class:`~frameserve.request.InferRequest`
+            (a sequence model's correlation id and flags).
     """
 
     rid: int
@@ -257,6 +259,9 @@ class Infer:
     frees: list[int]
     tenant: str
     traceparent: str = ""
+    sequence_id: int | str = 0
+    sequence_start: bool = False
+    sequence_end: bool = False
 
 
 @dataclass(frozen=True, slots=True)

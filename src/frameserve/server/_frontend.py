@@ -305,7 +305,8 @@ class OwnerChannel(asyncio.Protocol):
         message = ch.Infer(
             rid, request.model_name, request.model_version, specs, outputs, dict(request.parameters),
             request.priority, request.timeout_us, request.id, request.binary_data_output, in_regions, out_regions, frees,
-            use.tenant if use is not None else "", request.traceparent,
+            request.tenant or (use.tenant if use is not None else ""), request.traceparent,
+            request.sequence_id, request.sequence_start, request.sequence_end,
         )
         try:
             self.send(message)

@@ -273,6 +273,8 @@ class FrontendLink:
             outputs=tuple(RequestedOutput(n, b, p) for n, b, p in message.outputs), parameters=message.parameters,
             priority=message.priority, timeout_us=message.timeout_us, id=message.request_id,
             binary_data_output=message.binary_output, traceparent=message.traceparent,
+            sequence_id=message.sequence_id, sequence_start=message.sequence_start, sequence_end=message.sequence_end,
+            tenant=message.tenant,
         )
         return message.rid, message.model, message.version, request, use
 

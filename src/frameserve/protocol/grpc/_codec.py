@@ -93,6 +93,7 @@ def decode_infer_request(
     *,
     shared_memory: SharedMemoryUse | None = None,
     raw_contents: Sequence[bytes | memoryview] | None = None,
+    tenant: str = "",
 ) -> InferRequest:
     """Decode a ModelInferRequest into an :class:`~frameserve.request.InferRequest`.
 
@@ -111,6 +112,8 @@ def decode_infer_request(
     ``raw_contents``, when given, stands for ``request.raw_input_contents`` (the entries taken
     off the wire as views, see :func:`frameserve.protocol.grpc._infer.parse_infer_request`; the
     inputs are then numpy views of them).
+
+    ``tenant`` is the request's tenant (:attr:`~frameserve.request.InferRequest.tenant`).
 
     ``shared_memory`` is this request's use of the server's shared-memory regions: inputs with
     ``shared_memory_region`` parameters are read from their region (zero-copy views; they take no
@@ -210,6 +213,7 @@ def decode_infer_request(
         sequence_id=sequence[0],
         sequence_start=sequence[1],
         sequence_end=sequence[2],
+        tenant=tenant,
     )
 
 

@@ -151,9 +151,8 @@ class _FrontServicer:
         self.shared_memory = shared_memory
 
     def _tenant(self, context: Any) -> str:
-        """Whose client shared-memory regions the call may name, whose quotas it counts against."""
-        if self.shared_memory is None and self.infer_gate is None:
-            return ""
+        """Whose client shared-memory regions the call may name, whose quotas it counts against,
+        whose sequences it may continue (the same name over HTTP, gRPC and every process)."""
         return principal_of(self.tokens, context.invocation_metadata()).name
 
     def _admitted(self, tenant: str) -> contextlib.AbstractContextManager[None]:

@@ -210,10 +210,10 @@ async def infer(
     try:
         if _costly(request):  # many BYTES elements or typed values: decode off the event loop
             call = await asyncio.to_thread(
-                decode_infer_request, request, limits, shared_memory=shm, raw_contents=raw_contents
+                decode_infer_request, request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant
             )
         else:
-            call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents)
+            call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant)
         if traceparent:
             call = dataclasses.replace(call, traceparent=traceparent)
         outputs = await outputs_of(core.submit(call))

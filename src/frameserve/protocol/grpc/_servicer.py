@@ -116,8 +116,8 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def tenant_of(self, context: Any) -> str:
         """The tenant of a call: whose shared-memory regions it may name, whose inference quotas
-        it counts against (``""`` when neither matters)."""
-        return self.principal(context).name if self.shared_memory is not None or self.infer_gate else ""
+        it counts against, whose sequences it may continue (the same name as over HTTP)."""
+        return self.principal(context).name
 
     def admitted(self, tenant: str) -> contextlib.AbstractContextManager[None]:
         """Holds one of ``tenant``'s inference quotas while a call runs (raises

@@ -102,9 +102,9 @@ async def stream_answers_async(
     sink = LoopSink()
     try:
         if _costly(request):
-            call = await asyncio.to_thread(decode_infer_request, request, limits, shared_memory=shm)
+            call = await asyncio.to_thread(decode_infer_request, request, limits, shared_memory=shm, tenant=tenant)
         else:
-            call = decode_infer_request(request, limits, shared_memory=shm)
+            call = decode_infer_request(request, limits, shared_memory=shm, tenant=tenant)
         call = dataclasses.replace(call, responses=sink, traceparent=traceparent or call.traceparent)
         route_answer(core.submit(call), sink)
         version = version_used(core, call)
@@ -251,7 +251,7 @@ def stream_all(
                 gate.enter(tenant)
                 admitted = True
             with working:
-                call = decode_infer_request(request, limits, shared_memory=shm)
+                call = decode_infer_request(request, limits, shared_memory=shm, tenant=tenant)
                 state = _Open(call, shm, version_used(core, call))  # before a fast model answers here
                 sink = _Tagged(merged, state)
                 state.call = call = dataclasses.replace(call, responses=sink, traceparent=parent or call.traceparent)

@@ -127,7 +127,7 @@ def infer_blocking(
     shm = shared_memory.use(tenant) if shared_memory is not None else None
     try:
         with working:
-            call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents)
+            call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant)
             parent = traceparent_of(core, context)
             if parent:
                 call = dataclasses.replace(call, traceparent=parent)

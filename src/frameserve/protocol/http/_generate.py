@@ -217,7 +217,7 @@ def generate_routes(
         costly = len(body) > _OFFLOAD_BYTES or body.count(b",") > _OFFLOAD_VALUES  # as the infer route judges
         call = await asyncio.to_thread(decode) if costly else decode()
         sink = LoopSink()
-        call = dataclasses.replace(call, responses=sink)
+        call = dataclasses.replace(call, responses=sink, tenant=principal_of(request.scope).name)
         try:
             route_answer(client.submit(call), sink)
         except BaseException:

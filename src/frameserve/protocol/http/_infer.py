@@ -170,10 +170,12 @@ async def infer(
         ClientDisconnect: the client went away while its body was being read.
     """
     if shared_memory is None:
-        return await _infer_with(core, batcher, name, raw_version, headers, read_body, max_body_bytes, limits, None)
+        return await _infer_with(
+            core, batcher, name, raw_version, headers, read_body, max_body_bytes, limits, None, tenant
+        )
     shm = shared_memory.use(tenant)
     try:
-        return await _infer_with(core, batcher, name, raw_version, headers, read_body, max_body_bytes, limits, shm)
+        return await _infer_with(core, batcher, name, raw_version, headers, read_body, max_body_bytes, limits, shm, tenant)
     finally:
         shm.release()
 
@@ -188,6 +190,7 @@ async def _infer_with(
     max_body_bytes: int,
     limits: TensorLimits,
     shm: SharedMemoryUse | None,
+    tenant: str,
 ) -> Answer:
     version: int | None = None
     model_version = ""  # the version the request runs on, once known
@@ -203,12 +206,14 @@ async def _infer_with(
         header_length = codec.parse_header_length(headers.header_length, len(body))
         if _costly(body, header_length):
             decode = functools.partial(
-                codec.decode_request, model_name=name, model_version=version, limits=limits, shared_memory=shm
+                codec.decode_request, model_name=name, model_version=version, limits=limits, shared_memory=shm,
+                tenant=tenant,
             )
             req = await asyncio.to_thread(decode, body, header_length)
         else:
             req = codec.decode_request(
-                body, header_length, model_name=name, model_version=version, limits=limits, shared_memory=shm
+                body, header_length, model_name=name, model_version=version, limits=limits, shared_memory=shm,
+                tenant=tenant,
             )
     except (ModelNotFoundError, ModelNotReadyError) as exc:  # no such model (version): nothing to count
         return _error_answer(exc)
@@ -338,7 +343,7 @@ class InferFastPath:
                 self.core, match.group(1), match.group(2), headers,
                 _asgi_reader(receive, headers.content_length, self.max_body_bytes),
                 self.max_body_bytes, self.limits, self.shared_memory, self.batcher,
-                principal_of(scope).name if self.shared_memory is not None else "",
+                principal_of(scope).name,
             )
         except ClientDisconnect:
             return

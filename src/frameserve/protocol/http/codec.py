@@ -155,6 +155,7 @@ def decode_request(
     model_version: int | None = None,
     limits: TensorLimits = DEFAULT_LIMITS,
     shared_memory: SharedMemoryUse | None = None,
+    tenant: str = "",
 ) -> InferRequest:
     """Decode an inference request body.
 
@@ -172,6 +173,7 @@ def decode_request(
             outputs with ``shared_memory_region`` parameters are read from (zero-copy views) and
             noted in it (:mod:`frameserve.shm`); ``None``: the server takes none (such a
             tensor is refused). The caller releases it once the response is encoded.
+        tenant: the request's tenant (:attr:`~frameserve.request.InferRequest.tenant`).
 
     Returns:
         The request; binary inputs are zero-copy read-only views of ``body``; ``priority``,
@@ -264,7 +266,7 @@ def decode_request(
     return InferRequest(
         model_name=model_name, inputs=inputs, model_version=model_version, outputs=outputs, parameters=params,
         priority=priority, timeout_us=timeout_us, id=req_id, binary_data_output=binary_output,
-        sequence_id=sequence[0], sequence_start=sequence[1], sequence_end=sequence[2],
+        sequence_id=sequence[0], sequence_start=sequence[1], sequence_end=sequence[2], tenant=tenant,
     )
 
 
