@@ -10,8 +10,15 @@ Figures: (b) the trivial Python add_sub model, HTTP and gRPC at concurrency 1 an
 crosses the front-end channel); (d2) Triton's ensemble of three Python models, HTTP and gRPC at
 concurrency 4. Outputs are checked before measuring.
 
+With ``--video-seconds S`` (S > 0), also (e2e) the video pipeline end to end: ``frameserve run -p
+nudenet`` over bigbuckbunny looped to S seconds at 720p (bench/video_pipeline.py's long video,
+cached), each checkout's CLI in its own process; frames/s = the results file's
+``frames_processed`` / ``wall_s`` (the run's own clock: decode to the last result, model load
+excluded). ``--parts serving,video`` picks the groups.
+
   .venv/bin/python bench/checkouts.py --base /work/wt-base            # 5 pairs
   .venv/bin/python bench/checkouts.py --base /work/wt-base --pairs 10 --interval-ms 1000
+  .venv/bin/python bench/checkouts.py --base /work/wt-base --video-seconds 30 --parts video
 
 A shared or busy machine widens the spreads: read a ratio together with its spread.
 """
@@ -20,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -73,6 +82,40 @@ def _serve(src: Path, repo: Path, home: Path, *extra: str) -> Iterator[ServeProc
         yield proc
 
 
+def _video_fps(src: Path, video: Path, out: Path) -> float:
+    """``frameserve run -p nudenet VIDEO`` with ``src`` on PYTHONPATH: frames/s on the run's own
+    clock (``frames_processed / wall_s`` of its results file)."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    proc = subprocess.run([sys.executable, "-m", "frameserve", "run", str(video), "-p", "nudenet", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"frameserve run ({src}) failed with exit {proc.returncode}: {proc.stderr[-2000:]}")
+    doc = json.loads(out.read_text())
+    return float(doc["frames_processed"]) / float(doc["wall_s"])
+
+
+def _video_figure(sources: dict[str, Path], seconds: float, pairs: int, work: Path) -> tuple[list[float], dict[str, list[float]]]:
+    """(e2e): interleaved runs of both checkouts' CLI over the long video; ratios new / base
+    and each side's frames/s."""
+    from video_pipeline import make_long_video
+
+    from frameserve import assets
+    from frameserve.config import Settings
+
+    bbb = assets.ensure("bigbuckbunny.mp4", Settings.from_env().assets_dir)
+    video = make_long_video(bbb, Path.home() / ".cache" / "frameserve-bench" / f"bbb-loop-{seconds:g}s-720.mp4", seconds, None)
+    ratios: list[float] = []
+    fps: dict[str, list[float]] = {"new": [], "base": []}
+    for i in range(pairs):
+        order = ["new", "base"] if i % 2 == 0 else ["base", "new"]
+        got = {who: _video_fps(sources[who], video, work / f"run-{who}.json") for who in order}
+        for who in order:
+            fps[who].append(got[who])
+        ratios.append(got["new"] / got["base"])
+        log(f"  pair {i + 1} (e2e) frameserve run nudenet: new {got['new']:.1f} frames/s, base {got['base']:.1f} frames/s")
+    return ratios, fps
+
+
 def _check(name: str, srv: ServeProcess) -> None:
     check_add_sub(name, srv.ports)
     image = np.arange(8, dtype=np.uint8)[None] * 30
@@ -87,45 +130,63 @@ def main() -> None:
     ap.add_argument("--base", type=Path, required=True, help="the other checkout (its src/ is served)")
     ap.add_argument("--pairs", type=int, default=5, help="interleaved pairs per figure (default 5)")
     ap.add_argument("--interval-ms", type=int, default=1000, help="perf_analyzer's measurement window")
+    ap.add_argument("--video-seconds", type=float, default=0.0,
+                    help="also (e2e) frameserve run nudenet over a 720p video this long (0 = skip)")
+    ap.add_argument("--parts", default="serving,video", help="serving, video or both (default both)")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     plan = Plan(quick=False, pairs=args.pairs, threads=1, interval_ms=args.interval_ms, inproc_s=0.0,
                 concurrencies=(), load_s=0.0, cache=REPO / ".cache")
     sources = {"new": REPO / "src", "base": args.base.resolve() / "src"}
     if not (sources["base"] / "frameserve").is_dir():
         raise SystemExit(f"--base {args.base}: no src/frameserve there")
     print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs)")
+    ratios: dict[str, list[float]] = {}
+    rates: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="frameserve-checkouts-") as tmp:
         work = Path(tmp)
-        repo = add_sub_repository(work / "repo")
-        for name in ENSEMBLE_MODELS:
-            shutil.copytree(TRITON_EXAMPLES / name, repo / name)
-        ratios: dict[str, list[float]] = {f[0]: [] for f in FIGURES}
-        rates: dict[tuple[str, str], list[float]] = {}
-        with contextlib.ExitStack() as stack:
-            servers = {
-                (who, kind): stack.enter_context(_serve(src, repo, work / f"home_{who}_{kind}",
-                                                        *(("--http-workers", "2") if kind == "workers" else ())))
-                for who, src in sources.items() for kind in ("single", "workers")
-            }
-            for (who, kind), srv in servers.items():
-                _check(f"{who} {kind}", srv)
-            for i in range(args.pairs):
-                for label, kind, model, protocol, c in FIGURES:
-                    order = ["new", "base"] if i % 2 == 0 else ["base", "new"]
-                    got = {who: perf_analyzer(plan, model, protocol, servers[(who, kind)].ports, c) for who in order}
-                    for who in order:
-                        rates.setdefault((label, who), []).append(got[who].throughput)
-                    ratios[label].append(got["new"].throughput / got["base"].throughput)
-                    log(f"  pair {i + 1} {label}: new {got['new'].throughput:.0f}/s, base {got['base'].throughput:.0f}/s")
-            for (who, kind), srv in servers.items():
-                _check(f"{who} {kind}", srv)
+        if "serving" in parts:
+            _serving_figures(sources, plan, args.pairs, work, ratios, rates)
+        if "video" in parts and args.video_seconds > 0:
+            label = f"(e2e) frameserve run nudenet, {args.video_seconds:g} s 720p"
+            ratios[label], fps = _video_figure(sources, args.video_seconds, args.pairs, work)
+            for who in ("new", "base"):
+                rates[(label, who)] = fps[who]
     print(f"\n{'figure':<42} {'new/base':>9} {'spread':>7} {'new /s':>8} {'base /s':>8}")
-    for label, *_ in FIGURES:
-        r = ratios[label]
-        print(f"{label:<42} {median(r):>9.3f} {spread(r):>7.1%} {median(rates[(label, 'new')]):>8.0f} "
-              f"{median(rates[(label, 'base')]):>8.0f}")
+    for label, r in ratios.items():
+        print(f"{label:<42} {median(r):>9.3f} {spread(r):>7.1%} {median(rates[(label, 'new')]):>8.1f} "
+              f"{median(rates[(label, 'base')]):>8.1f}")
     print(f"\n{args.pairs} interleaved pairs per figure; perf_analyzer windows of {args.interval_ms} ms; "
-          "ratio = median over pairs of new / base throughput; spread = (max - min) / median of those ratios.")
+          "ratio = median over pairs of new / base throughput (inferences/s; frames/s for e2e); "
+          "spread = (max - min) / median of those ratios.")
+
+
+def _serving_figures(sources: dict[str, Path], plan: Plan, pairs: int, work: Path,
+                     ratios: dict[str, list[float]], rates: dict[tuple[str, str], list[float]]) -> None:
+    """Parts b and d2: both checkouts served side by side, perf_analyzer pairs interleaved."""
+    repo = add_sub_repository(work / "repo")
+    for name in ENSEMBLE_MODELS:
+        shutil.copytree(TRITON_EXAMPLES / name, repo / name)
+    for label, *_ in FIGURES:
+        ratios[label] = []
+    with contextlib.ExitStack() as stack:
+        servers = {
+            (who, kind): stack.enter_context(_serve(src, repo, work / f"home_{who}_{kind}",
+                                                    *(("--http-workers", "2") if kind == "workers" else ())))
+            for who, src in sources.items() for kind in ("single", "workers")
+        }
+        for (who, kind), srv in servers.items():
+            _check(f"{who} {kind}", srv)
+        for i in range(pairs):
+            for label, kind, model, protocol, c in FIGURES:
+                order = ["new", "base"] if i % 2 == 0 else ["base", "new"]
+                got = {who: perf_analyzer(plan, model, protocol, servers[(who, kind)].ports, c) for who in order}
+                for who in order:
+                    rates.setdefault((label, who), []).append(got[who].throughput)
+                ratios[label].append(got["new"].throughput / got["base"].throughput)
+                log(f"  pair {i + 1} {label}: new {got['new'].throughput:.0f}/s, base {got['base'].throughput:.0f}/s")
+        for (who, kind), srv in servers.items():
+            _check(f"{who} {kind}", srv)
 
 
 if __name__ == "__main__":
