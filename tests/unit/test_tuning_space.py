@@ -166,6 +166,32 @@ def test_the_default_is_kept_when_nothing_repeats_faster() -> None:
     assert result.winner == default, (result.winner, result.finalists)
 
 
+@pytest.mark.parametrize("rival_rounds, kept", [
+    ((130.0, 95.0, 130.0), True),  # ahead at the median, behind the default in one round: noise
+    ((101.0, 101.5, 102.0), True),  # ahead in every round, by under min_gain (3 %) at the median
+    ((125.0, 120.0, 130.0), False),  # ahead in every round, 25 % at the median: a real gain
+])
+def test_a_leader_must_beat_the_default_in_every_interleaved_round(rival_rounds: tuple[float, ...], kept: bool) -> None:
+    """Tune hands back another configuration only when it beat the default in each interleaved
+    round of the repeats (a paired comparison: both ran under the same load) and by min_gain at
+    the median; otherwise the default stays."""
+    space = build_space(machine(cpus=2), max_batch_size=8)
+    default = Candidate(Engine("onnxruntime", "fp32"), Layout(1, 2), Batching(False, 8), default_options("onnxruntime"))
+    rival = default.with_dim("layout", Layout(2, 1))
+    rounds = iter(rival_rounds)
+
+    def run(c: Candidate, conc: int, phase: str, settings: MeasureSettings) -> tuple[Measurement | None, str | None]:
+        if c == default:
+            return fake_measurement(100.0, 10.0), None
+        if c == rival:
+            return fake_measurement(next(rounds, 120.0) if phase == "repeat" else 140.0, 10.0), None
+        return fake_measurement(50.0, 10.0), None
+
+    result = Search(space, Objective("throughput"), run, budget(40)).run(default, default)
+    assert rival in {f.candidate for f in result.finalists}
+    assert result.winner == (default if kept else rival), (result.winner, result.finalists)
+
+
 def test_the_default_is_measured_even_when_the_trial_budget_is_all_repeats() -> None:
     space = build_space(machine(cpus=2), max_batch_size=8)
     default = Candidate(Engine("onnxruntime", "fp32"), Layout(1, 2), Batching(False, 8), default_options("onnxruntime"))

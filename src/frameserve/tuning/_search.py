@@ -535,7 +535,7 @@ class Search:
             spread = (max(scores) - min(scores)) / max(abs(median_score), 1e-12) if len(scores) > 1 else 0.0
             out.append(Finalist(c, ts[0].concurrency, scores, median_score, med, feasible, spread))
         out.sort(key=lambda f: (f.feasible, f.median_score), reverse=True)
-        return out
+        return _default_unless_beaten(out, baseline, self.budget.min_gain)
 
     def _result(self, method: str, baseline: Candidate, finalists: list[Finalist], stopped: str, interrupted: bool) -> SearchResult:
         winner: Candidate | None
@@ -551,6 +551,29 @@ class Search:
             notes.append(f"no configuration met the objective ({self.objective.describe()}); the closest was chosen")
         return SearchResult(method, tuple(self.trials), baseline, winner, tuple(finalists), _confidence(finalists),
                             stopped, interrupted, conc, self._clock() - self._t0, tuple(notes), tuple(self.moves))
+
+
+def _default_unless_beaten(finalists: list[Finalist], baseline: Candidate, min_gain: float) -> list[Finalist]:
+    """``finalists`` (sorted best first) with the model's own configuration first again unless
+    the leader clearly beats it: tune must never hand back a configuration that is slower than
+    the default, and on a shared machine a median ahead by chance is common. Clearly = a paired
+    test over the interleaved rounds (round r of every finalist ran in the same stretch of
+    time, so the machine's load is shared within a pair): the leader's score is higher in every
+    round both measured, and its median is ahead by at least ``min_gain`` (relative). A default
+    that misses the objective's bound while the leader meets it is beaten whatever the margin."""
+    if not finalists or finalists[0].candidate == baseline:
+        return finalists
+    default = next((f for f in finalists if f.candidate == baseline), None)
+    if default is None:
+        return finalists
+    lead = finalists[0]
+    if lead.feasible and not default.feasible:
+        return finalists
+    pairs = list(zip(lead.scores, default.scores, strict=False))
+    gain = (lead.median_score - default.median_score) / max(abs(default.median_score), 1e-12)
+    if pairs and all(a > b for a, b in pairs) and gain >= min_gain:
+        return finalists
+    return [default, *(f for f in finalists if f is not default)]
 
 
 def _median(values: Sequence[float]) -> float:
