@@ -14,7 +14,6 @@ from typing import Any
 import grpc
 import httpx
 import numpy as np
-import psutil
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
@@ -55,21 +54,18 @@ def _raw_call(port: int, payload: bytes) -> tuple[grpc.StatusCode, str]:
             return exc.code(), str(exc.details())
 
 
-def test_300000_tiny_grpc_inputs_are_refused_fast_naming_the_cap(default_server: ServeProcess) -> None:
+def test_300000_tiny_grpc_inputs_are_refused_naming_the_cap(default_server: ServeProcess) -> None:
     req = pb.ModelInferRequest(model_name="add")
     for i in range(300_000):
         req.inputs.add(name=f"input_{i:06d}", datatype="FP32", shape=[1])
         req.raw_input_contents.append(b"\0\0\0\0")
     payload = req.SerializeToString()
     assert len(payload) > 7_000_000
-    proc = psutil.Process(default_server.proc.pid)
-    before = proc.cpu_times()
     code, details = _raw_call(default_server.ports["gRPC"], payload)
-    after = proc.cpu_times()
-    cpu_s = (after.user + after.system) - (before.user + before.system)
     assert code is grpc.StatusCode.INVALID_ARGUMENT, details
+    # the cap is named, and only the cap: no input name echoed (the server's CPU per such
+    # request is a figure of bench/tenants.py's part (b), not a test's assertion)
     assert details == "this request has more than 1024 inputs, the server's cap (serve --max-inputs)"
-    assert cpu_s < 1.0, f"{cpu_s:.2f} s of server CPU for a refused request"
     with tg.InferenceServerClient(f"127.0.0.1:{default_server.ports['gRPC']}") as client:
         assert client.is_server_ready()  # the server goes on
 
