@@ -125,7 +125,7 @@ def make_resolution_change(path: str | Path, sizes: tuple[tuple[int, int], ...] 
         stream.pix_fmt = "yuv420p"
         stream.time_base = tb
         k = 0
-        for part, (w, h) in enumerate(sizes):
+        for w, h in sizes:
             enc = av.CodecContext.create("libx264", "w")
             enc.width, enc.height, enc.pix_fmt = w, h, "yuv420p"
             enc.time_base = tb

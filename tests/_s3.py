@@ -12,9 +12,8 @@ def moto_s3(*buckets: str) -> Iterator[str]:
     """Start moto's S3 server on a free loopback port with ``buckets`` made, and the AWS test
     credentials in the environment while it runs; yields its URL."""
     import boto3
-    from moto.server import ThreadedMotoServer
-
     from _pg import free_port
+    from moto.server import ThreadedMotoServer
 
     old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")

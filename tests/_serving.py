@@ -14,9 +14,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
-
 from _models import _save, add_model, scale_model
+from onnx import TensorProto, helper, numpy_helper
 
 TRITON_EXAMPLES = Path(__file__).resolve().parent / "data" / "triton_repo"
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import av
 import numpy as np
-
 from _models import scale_model
 
 BRIGHTNESS = '''

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
+from _textvideo import make_caption_video
 from onnx import TensorProto, helper
 
 import frameserve
 from frameserve.config import Settings
 from frameserve.pipeline.loader import builtin_pipelines
-from _textvideo import make_caption_video
 
 pytestmark = pytest.mark.e2e
 

@@ -26,7 +26,6 @@ import jsonschema
 import pytest
 import typer
 import yaml
-
 from _pg import PgServer, pg_server  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[2]

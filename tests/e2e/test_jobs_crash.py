@@ -126,7 +126,7 @@ def test_killed_and_paused_workers_complete_every_job_exactly_once(
         store.close()
 
 
-def _scenario(store: JobStore, db_url: str, root: Path, faults: Path, tmp_path: Path, test_home: Path,  # noqa: PLR0913
+def _scenario(store: JobStore, url: str, root: Path, faults: Path, tmp_path: Path, test_home: Path,  # noqa: PLR0913
               receiver: Receiver, ids: list[str], n_jobs: int, rounds: int, logs: list[Path],
               started: list[subprocess.Popen[bytes]]) -> None:
 
@@ -138,7 +138,7 @@ def _scenario(store: JobStore, db_url: str, root: Path, faults: Path, tmp_path: 
             env["FRAMESERVE_JOBS_FAULT"] = fault
         log = tmp_path / f"worker-{len(logs)}.log"
         logs.append(log)
-        cmd = [sys.executable, "-m", "frameserve", "worker", "--db", db_url, "--file-root", str(root),
+        cmd = [sys.executable, "-m", "frameserve", "worker", "--db", url, "--file-root", str(root),
                "--lease-s", str(LEASE_S), "--webhook-secret", SECRET, "--callbacks-allow-private",
                "--poll-s", "0.05", "--threads", "1", "--callback-timeout-s", "0.5", "--callbacks" if callbacks else "--no-callbacks"]
         env["FRAMESERVE_JOBS_FAULT_MAX_WAIT_S"] = "300"
@@ -168,7 +168,7 @@ def _scenario(store: JobStore, db_url: str, root: Path, faults: Path, tmp_path: 
     stopped = worker(fault="after_upload", callbacks=False)
     wait_for(lambda: paused("after_upload", stopped), 120, "the worker to be stopped")
     stopped_job = next(j for j in store.list_jobs(state="running")[0] if j.lease_owner and f":{stopped.pid}:" in j.lease_owner)
-    _stop_outside_a_write(stopped, db_url)
+    _stop_outside_a_write(stopped, url)
     time.sleep(LEASE_S + 0.5)  # past its lease: real processes, real time
     healthy = [worker(), worker()]
     wait_for(lambda: not any(_scratch_of(test_home, pid) for pid in killed), 60, "the killed workers' scratch to be removed")
@@ -260,7 +260,7 @@ def test_serve_killed_mid_job_completes_it_after_a_restart(
         assert second.stop() == 0
 
 
-def _stop_outside_a_write(proc: subprocess.Popen[bytes], db_url: str) -> None:
+def _stop_outside_a_write(proc: subprocess.Popen[bytes], url: str) -> None:
     """SIGSTOP ``proc``, but not while its heartbeat thread is inside an SQLite write transaction.
 
     A process frozen inside a write transaction holds SQLite's one write lock and blocks every
@@ -272,9 +272,9 @@ def _stop_outside_a_write(proc: subprocess.Popen[bytes], db_url: str) -> None:
     import sqlite3
 
     proc.send_signal(signal.SIGSTOP)
-    if not db_url.startswith("sqlite"):
+    if not url.startswith("sqlite"):
         return
-    path = db_url.split(":///", 1)[1]
+    path = url.split(":///", 1)[1]
     for _ in range(50):
         con = sqlite3.connect(path, timeout=0.2, isolation_level=None)
         try:

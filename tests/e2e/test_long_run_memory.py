@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from _videogen import make_video
 
 import frameserve
 from frameserve.config import Settings
-from _videogen import make_video
 
 pytestmark = pytest.mark.e2e
 

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from _models import add_model
 from _serving import ServeProcess
 

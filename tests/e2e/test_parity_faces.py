@@ -202,7 +202,7 @@ def _package_cascade(det: Any, rgb: np.ndarray) -> list[dict[str, Any]]:
     return [
         {"box": [max(0.0, b[0]), max(0.0, b[1]), b[2], b[3]], "score": b[4],
          "landmarks": [[p[i], p[5 + i]] for i in range(5)]}
-        for b, p in zip(boxes, points.T)
+        for b, p in zip(boxes, points.T, strict=True)
     ]
 
 

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _textvideo import make_caption_video
 
 import frameserve
 from frameserve.config import Settings
 from frameserve.video import Sampling, VideoSource
-
-from _textvideo import make_caption_video
 
 CAPTIONS = (("WELCOME", 0.0, 0.4), ("BUNNYMEADOW", 0.4, 0.8), ("SUNRISE", 0.8, 1.2))
 SAMPLING = "every:5"  # 30 frames at 25 fps: frames 0, 5, ..., 25 — two per caption

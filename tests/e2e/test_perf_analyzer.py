@@ -17,7 +17,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from _serving import ServeProcess, make_repository
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,6 @@ from pathlib import Path
 import av
 import httpx
 import pytest
-
 from _serving import ServeProcess
 
 pytestmark = pytest.mark.e2e

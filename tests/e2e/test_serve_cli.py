@@ -12,7 +12,6 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-
 from _serving import SLOW_WIDTH, ServeProcess, make_repository
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from _serving import ServeProcess
 from _user_pipelines import make_pipelines, make_repository
 

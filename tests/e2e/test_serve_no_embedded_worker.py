@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import httpx
-
 from _serving import ServeProcess
+
 from frameserve.jobs.store import JobStore
 
 

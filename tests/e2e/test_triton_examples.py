@@ -22,11 +22,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
-
 from _models import _save
 from _peer import TritonPeer, running_peer
 from _serving import ServeProcess
+from onnx import TensorProto, helper
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from _peer import TritonPeer, running_peer
 from _serving import ServeProcess
 

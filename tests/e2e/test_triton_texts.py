@@ -21,8 +21,7 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-
-from _peer import TritonPeer, running_peer
+from _peer import running_peer
 from _serving import ServeProcess
 
 with warnings.catch_warnings():

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _realworld import make_resolution_change
+from _videogen import make_video
 
 import frameserve
 from frameserve.config import Settings
-from _realworld import make_resolution_change
-from _videogen import make_video
 
 pytestmark = pytest.mark.e2e
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-
 from _user_pipelines import lying_matroska, make_pipelines, make_repository, make_video, piped_matroska
+
 from frameserve.config import Settings
 from frameserve.jobs.analyze import AnalyzeLimits, Analyzer, create_analyze_router
 from frameserve.jobs.api import create_pipelines_router

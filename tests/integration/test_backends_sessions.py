@@ -5,12 +5,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _models import add_model, conv_model, scale_model
 
 from frameserve.backends import DEFAULT_MAX_BATCH_SIZE, Session, load_session
 from frameserve.errors import BackendUnavailableError, InferenceError, ModelConfigError, TensorError
 from frameserve.repository import ModelConfig, parse_config
 from frameserve.types import DataType, TensorSpec
-from _models import add_model, conv_model, scale_model
 
 pytestmark = pytest.mark.integration
 

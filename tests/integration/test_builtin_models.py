@@ -7,7 +7,6 @@ The signatures below were read off the ONNX files with onnxruntime, not taken fr
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np

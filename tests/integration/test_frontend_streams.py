@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
+from _serving import make_repository
 from fastapi import APIRouter
 from starlette.responses import Response, StreamingResponse
 
-from _serving import make_repository
 from frameserve.repository import ModelRepository
 from frameserve.server import Server, ServerOptions
 from frameserve.server._channel import STREAM_WINDOW_BYTES

@@ -21,10 +21,10 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from tritonclient.utils import InferenceServerException
-
 from _models import add_model
 from _serving import make_repository
+from tritonclient.utils import InferenceServerException
+
 from frameserve.repository import ModelRepository
 from frameserve.security import TokenTable
 from frameserve.server import Server, ServerOptions
@@ -44,8 +44,8 @@ WIDE = 32768  # elements per row of the "wide" model: 128 KiB, over the channel'
 
 
 def _options(**kw: object) -> ServerOptions:
-    base = dict(host="127.0.0.1", http_port=0, grpc_port=0, metrics_port=0, http_workers=2, grpc_workers=2,
-                graceful_timeout_s=10.0)
+    base = {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0, "metrics_port": 0, "http_workers": 2, "grpc_workers": 2,
+                "graceful_timeout_s": 10.0}
     base.update(kw)
     return ServerOptions(**base)  # type: ignore[arg-type]
 

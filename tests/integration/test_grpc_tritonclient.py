@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from _models import _save, add_model, scale_model
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from onnx import TensorProto, helper
 
@@ -22,7 +23,6 @@ from frameserve._proto import grpc_service_pb2, grpc_service_pb2_grpc
 from frameserve.protocol.grpc import bound_port, create_server
 from frameserve.repository import ModelRepository
 from frameserve.service import InferenceService
-from _models import _save, add_model, scale_model
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from _serving import make_repository
+
 from frameserve.repository import ModelRepository
 from frameserve.security import TokenTable
 from frameserve.security.limits import HttpDeadlines

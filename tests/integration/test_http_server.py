@@ -15,9 +15,9 @@ import numpy as np
 import orjson
 import pytest
 import tritonclient.http as httpclient
+from _serving import make_repository
 from tritonclient.utils import InferenceServerException
 
-from _serving import make_repository
 from frameserve.repository import ModelRepository
 from frameserve.server import Server, ServerOptions
 from frameserve.service import InferenceService

@@ -14,9 +14,9 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from _serving import make_repository
 from tritonclient.utils import InferenceServerException
 
-from _serving import make_repository
 from frameserve.errors import QuotaExceededError
 from frameserve.repository import ModelRepository
 from frameserve.security import TokenTable

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import UTC, datetime
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any

@@ -16,10 +16,10 @@ from typing import Any
 import av
 import httpx
 import pytest
+from _user_pipelines import make_pipelines, make_repository, make_video
 from fastapi import FastAPI
 from typer.testing import CliRunner
 
-from _user_pipelines import make_pipelines, make_repository, make_video
 from frameserve.config import Settings
 from frameserve.errors import PipelineHookError, PipelineSpecError
 from frameserve.jobs import JobSpec, JobStore
@@ -28,9 +28,9 @@ from frameserve.jobs.storage import Storage
 from frameserve.jobs.worker import Worker, pipeline_process
 from frameserve.pipeline import DecodePool
 from frameserve.pipeline.registry import PipelineRegistry
-from frameserve.video import VideoSource
 from frameserve.repository import ModelRepository
 from frameserve.service import InferenceService
+from frameserve.video import VideoSource
 
 
 @pytest.fixture

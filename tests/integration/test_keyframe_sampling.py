@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _videogen import make_video
 
 import frameserve
 from frameserve.config import Settings
 from frameserve.pipeline.shortvideo import KeyframeReader
 from frameserve.video import VideoSource
-from _videogen import make_video
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,8 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http.aio as aioclient
-from tritonclient.utils import InferenceServerException
-
 from _serving import ServeProcess, add_sub_repository
+from tritonclient.utils import InferenceServerException
 
 from frameserve.errors import ModelNotFoundError, TensorError
 from frameserve.repository import ModelRepository

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from frameserve.config import Settings
-from frameserve.errors import VideoError
-from frameserve.errors import FrameserveError
+from frameserve.errors import FrameserveError, VideoError
 from frameserve.pipeline.runner import RunResult, ShortVideoRunner
 from frameserve.pipeline.shortvideo import KeyframeReader
 from frameserve.video import VideoSource

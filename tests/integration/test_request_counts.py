@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,9 +16,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
+from _serving import ServeProcess, make_repository
 from tritonclient.utils import InferenceServerException
 
-from _serving import ServeProcess, make_repository
 from frameserve._proto import grpc_service_pb2 as pb
 
 
@@ -110,7 +109,7 @@ def test_counts_over_the_flags_are_refused_by_front_ends(capped: ServeProcess, p
         for kw, text in cases:
             if proto == "stream":
                 got: queue.Queue[Any] = queue.Queue()
-                client.start_stream(callback=lambda result, error: got.put(error or result))
+                client.start_stream(callback=lambda result, error, got=got: got.put(error or result))
                 client.async_stream_infer("add", **kw)
                 answer = got.get(timeout=30)
                 client.stop_stream()

@@ -15,10 +15,10 @@ import numpy as np
 import psutil
 import pytest
 import tritonclient.http as th
-from onnx import TensorProto, helper
-
 from _models import _save
 from _serving import ServeProcess, make_repository
+from onnx import TensorProto, helper
+
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.protocol.grpc._infer import _costly as grpc_costly
 from frameserve.protocol.http._infer import _costly as http_costly

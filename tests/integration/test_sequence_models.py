@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from _models import _save
 from onnx import TensorProto, helper
 
-from _models import _save
 from frameserve.errors import InvalidInputError
 from frameserve.repository import ModelRepository
 from frameserve.request import InferRequest

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _models import add_model, conv_model, scale_model
 
 from frameserve.errors import InferenceError, ModelConfigError, ModelNotFoundError, ModelNotReadyError, TensorError
 from frameserve.repository import ModelRepository
 from frameserve.service import InferenceService
-from _models import add_model, conv_model, scale_model
 
 pytestmark = pytest.mark.integration
 

@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _models import add_model, conv_model, scale_model
 
 import frameserve
 import frameserve.service as service_module
 import frameserve.service._loading as loading_module
-from frameserve.backends import load_session
+from frameserve.backends import load_session, usable_gpus
 from frameserve.errors import (
     DeadlineExceededError,
     ModelConfigError,
@@ -27,9 +28,7 @@ from frameserve.errors import (
 )
 from frameserve.repository import ModelRepository
 from frameserve.request import InferRequest
-from frameserve.backends import usable_gpus
 from frameserve.service import InferenceService
-from _models import add_model, conv_model, scale_model
 
 pytestmark = pytest.mark.integration
 

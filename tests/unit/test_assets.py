@@ -115,10 +115,10 @@ def test_registry_is_read_only() -> None:
     ],
 )
 def test_asset_checks_its_fields(field: str, value: object, message: str) -> None:
-    fields: dict[str, object] = dict(
-        name="x.onnx", kind="model", package="p", version="1.0", member="p/x.onnx",
-        sha256="0" * 64, size_bytes=1, license="MIT", description="d",
-    )  # fmt: skip
+    fields: dict[str, object] = {
+        "name": "x.onnx", "kind": "model", "package": "p", "version": "1.0", "member": "p/x.onnx",
+        "sha256": "0" * 64, "size_bytes": 1, "license": "MIT", "description": "d",
+    }  # fmt: skip
     fields[field] = value
     with pytest.raises(ValueError, match=message):
         Asset(**fields)  # type: ignore[arg-type]
@@ -213,7 +213,7 @@ def test_builtin_model_keeps_a_private_copy_of_its_config() -> None:
     ],
 )
 def test_builtin_model_checks_its_fields(field: str, value: object, message: str) -> None:
-    fields: dict[str, object] = dict(name="m", asset="m.onnx", config={}, description="d")
+    fields: dict[str, object] = {"name": "m", "asset": "m.onnx", "config": {}, "description": "d"}
     fields[field] = value
     with pytest.raises((ValueError, InvalidInputError), match=message):
         BuiltinModel(**fields)  # type: ignore[arg-type]
@@ -283,10 +283,10 @@ def make_wheel(path: Path, members: dict[str, bytes]) -> Path:
 
 
 def fake_asset(name: str, package: str, member: str, data: bytes, **kw: object) -> Asset:
-    fields: dict[str, object] = dict(
-        name=name, kind="model", package=package, version="1.0", member=member,
-        sha256=sha(data), size_bytes=len(data), license="MIT", description="fake",
-    )  # fmt: skip
+    fields: dict[str, object] = {
+        "name": name, "kind": "model", "package": package, "version": "1.0", "member": member,
+        "sha256": sha(data), "size_bytes": len(data), "license": "MIT", "description": "fake",
+    }  # fmt: skip
     fields.update(kw)
     return Asset(**fields)  # type: ignore[arg-type]
 

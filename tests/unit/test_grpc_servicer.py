@@ -9,14 +9,14 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from _pyservice import RecordingService
 
 import frameserve
-from _pyservice import RecordingService
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import DeadlineExceededError, ModelNotFoundError, ResourceExhaustedError
 from frameserve.protocol import RUN_HERE_UNDER_US
-from frameserve.scheduler import Dispatch
 from frameserve.protocol.grpc import GrpcInferenceServicer, config_message
+from frameserve.scheduler import Dispatch
 from frameserve.service import EXTENSIONS
 
 

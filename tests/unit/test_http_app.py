@@ -10,14 +10,14 @@ import httpx
 import numpy as np
 import orjson
 import pytest
+from _pyservice import RecordingService
 
 import frameserve
-from _pyservice import RecordingService
 from frameserve.errors import ResourceExhaustedError
 from frameserve.protocol import RUN_HERE_UNDER_US
-from frameserve.scheduler import Dispatch
 from frameserve.protocol.http import HTTP_EXTENSIONS, create_app, create_metrics_app
 from frameserve.request import RequestedOutput
+from frameserve.scheduler import Dispatch
 from frameserve.service import EXTENSIONS
 
 pytestmark = pytest.mark.unit

@@ -52,7 +52,7 @@ def test_generate_bounding_box_equals_package(cells) -> None:  # type: ignore[no
     if cells == "many":
         prob = rng.uniform(0, 1, (30, 20)).astype(np.float32)
     else:
-        for k in range(cells):  # cells == 1 takes the package's flipud branch
+        for _ in range(cells):  # cells == 1 takes the package's flipud branch
             prob[rng.integers(30), rng.integers(20)] = 0.9
     # the package gets the maps transposed back ([h', w']) and transposes them itself
     want, _ = PKG._MTCNN__generate_bounding_box(prob.T.copy(), reg.transpose(1, 0, 2).copy(), 0.6, 0.6)

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from frameserve.errors import PipelineSpecError, VideoError
+from frameserve.errors import PipelineHookError, PipelineSpecError, VideoError
 from frameserve.pipeline._decode_worker import error_from_message
-from frameserve.errors import PipelineHookError
 from frameserve.pipeline._stages import Layout
 from frameserve.pipeline.contract import Pipeline
 from frameserve.pipeline.runner import default_decode_workers

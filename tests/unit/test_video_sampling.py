@@ -107,7 +107,7 @@ def test_fps_ticks_start_at_first_frame_not_zero() -> None:
 
 def test_fps_decimal_rate_is_exact() -> None:
     # "fps:0.1" is exactly one frame every 10 s (a binary float of 0.1 would miss tick 3 at 30 s).
-    pts = [Fraction(k) for k in range(0, 41)]
+    pts = [Fraction(k) for k in range(41)]
     assert select_indices(Sampling.parse("fps:0.1"), pts) == [0, 10, 20, 30, 40]
 
 
