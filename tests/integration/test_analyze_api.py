@@ -140,7 +140,7 @@ def test_a_clip_without_a_declared_duration_stops_at_the_limit(env: Env, tmp_pat
         ({"files": {"file": ("c.mp4", b"x")}, "data": {"pipeline": "nosuch"}}, 404, "unknown pipeline 'nosuch'; available: "),
         ({"files": {"file": ("c.mp4", b"x")}, "data": {"pipeline": "brightness", "params": '{"gian": 1}'}}, 400,
          "pipeline 'brightness': unknown param 'gian'; accepted: gain"),
-        ({"files": {"file": ("c.mp4", b"x")}, "data": {"params": "{nope"}}, 400, "field params is not valid JSON"),
+        ({"files": {"file": ("c.mp4", b"x")}, "data": {"params": "{nope"}}, 400, "malformed JSON in field params"),
         ({"files": {"pipeline": (None, "brightness")}}, 400, "without a 'file' field"),
         ({"data": {"pipeline": "brightness"}}, 400, "unsupported Content-Type 'application/x-www-form-urlencoded'"),
         ({"json": {"source": "file:///x.mp4", "pipeline": "brightness", "sampling": "all"}}, 400, "unknown field(s) ['sampling']"),

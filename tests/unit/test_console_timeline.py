@@ -82,7 +82,7 @@ def test_caps_and_bad_ranges_are_refused_with_what_is_accepted() -> None:
         decimate(tl, float("nan"), 1.0, 10)
     with pytest.raises(InvalidInputError, match="unknown series"):
         decimate(tl, None, None, 10, ["nope"])
-    with pytest.raises(InvalidInputError, match="not JSON"):
+    with pytest.raises(InvalidInputError, match="malformed JSON in the results file"):
         parse_results(b"{nope")
     with pytest.raises(InvalidInputError, match="'frames' list"):
         parse_results(b"{}")

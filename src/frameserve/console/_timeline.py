@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import orjson
 
+from frameserve._json import json_object
 from frameserve.errors import InvalidInputError
 
 __all__ = [
@@ -229,12 +229,7 @@ def parse_results(data: bytes) -> Timeline:
     Raises:
         InvalidInputError: not JSON, not an object, or see :func:`timeline_from_doc`.
     """
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInputError(f"the results file is not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidInputError("a results file is a JSON object (frameserve run --out)")
+    doc = json_object(data, "the results file", " (frameserve run --out)")
     # a parsed record costs several times its text; count it so the cache bound holds
     return timeline_from_doc(doc, size_hint=3 * len(data))
 

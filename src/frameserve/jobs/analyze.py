@@ -60,6 +60,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from frameserve._json import json_object
 from frameserve.config import Settings
 from frameserve.errors import (
     AddressRefusedError,
@@ -344,10 +345,7 @@ def _params(raw: object, where: str) -> dict[str, Any] | None:
     if raw is None or raw == "":
         return None
     if isinstance(raw, str):
-        try:
-            raw = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInputError(f"{where} is not valid JSON ({exc}); expected a JSON object of the pipeline's params") from None
+        return json_object(raw, where, " of the pipeline's params")
     if not isinstance(raw, dict):
         raise InvalidInputError(f"{where} must be a JSON object of the pipeline's params, got {type(raw).__name__}")
     return raw
@@ -392,12 +390,7 @@ async def _read_request(
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype == "application/json":
         raw = b"".join([c async for c in _limited(request, _JSON_BODY_BYTES, "the JSON body is")])
-        try:
-            doc = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInputError(f"malformed JSON in the request body: {exc}") from None
-        if not isinstance(doc, dict):
-            raise InvalidInputError('the request body must be a JSON object {"source": URI, "pipeline": name, "params": {...}}')
+        doc = json_object(raw, shape=' {"source": URI, "pipeline": name, "params": {...}}')
         unknown = sorted(set(doc) - {"source", "pipeline", "params"})
         if unknown:
             raise InvalidInputError(f"unknown field(s) {shown_names(unknown)}; accepted: source, pipeline, params")

@@ -48,6 +48,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match
 
+from frameserve._json import json_object
 from frameserve.errors import (
     FrameserveError,
     InvalidInputError,
@@ -116,13 +117,7 @@ async def _optional_json(request: Request, limit: int) -> dict[str, Any]:
     body = codec.decode_content(await _read_body(request, limit), request.headers.get("content-encoding"), max_bytes=limit)
     if not body.strip():
         return {}
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInputError(f"malformed JSON in the request body: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidInputError("the request body must be a JSON object")
-    return doc
+    return json_object(body)
 
 
 def create_app(
