@@ -10,7 +10,8 @@ import cv2
 import numpy as np
 import pytest
 
-from frameserve.console._frames import DrawnFrame, FrameCache, boxes_of, render_frame
+from frameserve.console._frames import DrawnFrame, boxes_of, render_frame
+from frameserve.console._lru import ByteLRU
 from frameserve.console._timeline import timeline_from_doc
 from frameserve.errors import InvalidInputError
 from frameserve.pipeline.loader import instantiate
@@ -64,7 +65,7 @@ def test_boxes_of_reads_detections_faces_and_text_corners_and_skips_junk() -> No
 
 
 def test_frame_cache_is_bounded_by_bytes() -> None:
-    cache = FrameCache(max_bytes=250)
+    cache: ByteLRU[int, DrawnFrame] = ByteLRU(250, lambda f: len(f.body))
     for i in range(5):
         cache.put(i, DrawnFrame(b"x" * 100, "image/png", float(i), i, 1, 1, []))
     assert cache.get(0) is None and cache.get(4) is not None and cache.get(3) is not None

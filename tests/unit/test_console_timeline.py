@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from frameserve.console._timeline import MAX_WIDTH, TimelineCache, decimate, parse_results, timeline_from_doc
+from frameserve.console._lru import ByteLRU
+from frameserve.console._timeline import MAX_WIDTH, Timeline, decimate, parse_results, timeline_from_doc
 from frameserve.errors import InvalidInputError
 
 
@@ -99,10 +100,19 @@ def test_record_at_picks_the_nearest_frame() -> None:
 
 def test_cache_is_bounded_by_bytes_and_least_recently_used_goes_first() -> None:
     one = timeline_from_doc(_doc(100))
-    cache = TimelineCache(max_bytes=one.size_bytes * 2 + 1)
+    cache: ByteLRU[str, Timeline] = ByteLRU(one.size_bytes * 2 + 1, lambda tl: tl.size_bytes)
     cache.put("a", one)
     cache.put("b", timeline_from_doc(_doc(100, 1)))
     assert cache.get("a") is one  # a is now the most recent
     cache.put("c", timeline_from_doc(_doc(100, 2)))
     assert cache.get("b") is None and cache.get("a") is one and len(cache) == 2
     assert cache.bytes <= cache.max_bytes
+
+
+def test_a_value_over_the_whole_budget_is_returned_but_not_kept() -> None:
+    cache: ByteLRU[str, bytes] = ByteLRU(10, len)
+    cache.put("small", b"x" * 4)
+    assert cache.put("big", b"y" * 11) == b"y" * 11
+    assert cache.get("big") is None and cache.get("small") == b"x" * 4 and cache.bytes == 4
+    cache.put("small", b"z" * 6)  # replacing a key counts its new size, not both
+    assert cache.bytes == 6 and len(cache) == 1

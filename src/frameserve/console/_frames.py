@@ -12,9 +12,7 @@ source pixels so a page (and a test) can place them.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from frameserve.errors import InvalidInputError
 from frameserve.pipeline.contract import FrameInfo
 from frameserve.pipeline.sinks import draw_detections
 
-__all__ = ["DrawnFrame", "FrameCache", "boxes_of", "draw_frame", "encode_image", "render_frame"]
+__all__ = ["DrawnFrame", "boxes_of", "draw_frame", "encode_image", "render_frame"]
 
 _NUDGE_S = 1e-5
 _FORMATS = {"jpeg": (".jpg", "image/jpeg"), "png": (".png", "image/png")}
@@ -158,38 +156,3 @@ def render_frame(video: Path, pts_s: float, record: Mapping[str, Any] | None, fm
     body, media = encode_image(img, fmt)
     return DrawnFrame(body, media, float(frame.pts_s), int(frame.index), int(img.shape[1]), int(img.shape[0]),
                       boxes_of(record))
-
-
-class FrameCache:
-    """A bounded LRU of drawn frames by their bytes (thread-safe).
-
-    Args:
-        max_bytes: the budget (default 64 MiB).
-    """
-
-    def __init__(self, max_bytes: int = 64 << 20) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[Hashable, DrawnFrame] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable) -> DrawnFrame | None:
-        """The frame under ``key`` (marked recently used), or ``None``."""
-        with self._lock:
-            f = self._items.get(key)
-            if f is not None:
-                self._items.move_to_end(key)
-            return f
-
-    def put(self, key: Hashable, frame: DrawnFrame) -> None:
-        """Keep ``frame``; the least recently used go past the budget."""
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._bytes -= len(old.body)
-            if len(frame.body) <= self.max_bytes:
-                self._items[key] = frame
-                self._bytes += len(frame.body)
-            while self._bytes > self.max_bytes:
-                _, gone = self._items.popitem(last=False)
-                self._bytes -= len(gone.body)

@@ -27,8 +27,6 @@ click on an extreme lands on a real frame.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +37,7 @@ from frameserve._json import json_object
 from frameserve.errors import InvalidInputError
 
 __all__ = [
-    "MAX_WIDTH", "Timeline", "TimelineCache", "decimate", "parse_results", "timeline_from_doc",
+    "MAX_WIDTH", "Timeline", "decimate", "parse_results", "timeline_from_doc",
 ]
 
 MAX_WIDTH = 8192
@@ -63,7 +61,7 @@ class Timeline:
         meta: small header facts (``pipeline``, ``sampling``, ``source`` size and duration,
             ``summary`` verdict, ``video_out``).
         records: the frame records, in ``pts_s`` order (for drawing a frame's boxes).
-        size_bytes: an estimate of the memory this holds (for :class:`TimelineCache`).
+        size_bytes: an estimate of the memory this holds (the viewer's cache bound).
     """
 
     pts_s: np.ndarray[Any, Any]
@@ -300,49 +298,3 @@ def decimate(tl: Timeline, start_s: float | None, end_s: float | None, width: in
         res[s] = {"min": _r(mn, 3), "max": _r(mx, 3), "min_k": at_min.tolist(), "max_k": at_max.tolist()}
     out["series"] = res
     return out
-
-
-class TimelineCache:
-    """A bounded LRU of parsed timelines, by the bytes they hold (:attr:`Timeline.size_bytes`).
-
-    Thread-safe. A timeline bigger than the whole budget is returned by :meth:`put` but not kept.
-
-    Args:
-        max_bytes: the budget (default 256 MiB).
-    """
-
-    def __init__(self, max_bytes: int = 256 << 20) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[str, Timeline] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> Timeline | None:
-        """The cached timeline for ``key``, marked recently used, or ``None``."""
-        with self._lock:
-            tl = self._items.get(key)
-            if tl is not None:
-                self._items.move_to_end(key)
-            return tl
-
-    def put(self, key: str, tl: Timeline) -> Timeline:
-        """Keep ``tl`` under ``key``, evicting the least recently used past the budget."""
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._bytes -= old.size_bytes
-            if tl.size_bytes <= self.max_bytes:
-                self._items[key] = tl
-                self._bytes += tl.size_bytes
-                while self._bytes > self.max_bytes:
-                    _, gone = self._items.popitem(last=False)
-                    self._bytes -= gone.size_bytes
-        return tl
-
-    @property
-    def bytes(self) -> int:
-        """The bytes held now."""
-        return self._bytes
-
-    def __len__(self) -> int:
-        return len(self._items)

@@ -39,8 +39,9 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse, Response
 
-from frameserve.console._frames import DrawnFrame, FrameCache, render_frame
-from frameserve.console._timeline import MAX_WIDTH, Timeline, TimelineCache, decimate, parse_results
+from frameserve.console._frames import DrawnFrame, render_frame
+from frameserve.console._lru import ByteLRU
+from frameserve.console._timeline import MAX_WIDTH, Timeline, decimate, parse_results
 from frameserve.errors import FrameserveError, InvalidInputError, NotFoundError, ResourceExhaustedError, status_for
 from frameserve.jobs.api import JobAccess, job_access
 from frameserve.jobs.storage import Storage
@@ -118,8 +119,8 @@ class ViewerData:
     def __init__(self, store: JobStore, storage: Storage, pipelines: PipelineRegistry, scratch: Path, *,
                  timeline_bytes: int = 256 << 20, frame_bytes: int = 64 << 20, max_upload_bytes: int = 64 << 20) -> None:
         self.store, self.storage, self.pipelines, self.scratch = store, storage, pipelines, scratch
-        self.timelines = TimelineCache(timeline_bytes)
-        self.frames = FrameCache(frame_bytes)
+        self.timelines: ByteLRU[str, Timeline] = ByteLRU(timeline_bytes, lambda tl: tl.size_bytes)
+        self.frames: ByteLRU[Hashable, DrawnFrame] = ByteLRU(frame_bytes, lambda f: len(f.body))
         self.max_upload_bytes = max_upload_bytes
         self._uploads: OrderedDict[str, tuple[str, Timeline, str | None]] = OrderedDict()
         self._lock = threading.Lock()
