@@ -166,12 +166,7 @@ class Scheduler:
             inst.ready.wait()
         failed = [inst.error for inst in self._instances if inst.error is not None]
         if failed:
-            for inst in self._instances:
-                if inst.error is None:
-                    inst.slot.put(None)
-            for inst in self._instances:
-                assert inst.thread is not None
-                inst.thread.join()
+            self._end_instances()
             raise failed[0]
         sessions = [inst.session for inst in self._instances]
         completed = getattr(sessions[0], "config", None)
@@ -179,11 +174,7 @@ class Scheduler:
             try:
                 self.policy = BatchingPolicy.from_config(completed, default_max_queue_size=max_queue_size)
             except BaseException:
-                for inst in self._instances:
-                    inst.slot.put(None)
-                for inst in self._instances:
-                    assert inst.thread is not None
-                    inst.thread.join()
+                self._end_instances()
                 raise
             self.config = completed
             self._outputs = tuple(s.name for s in completed.outputs)
@@ -198,11 +189,7 @@ class Scheduler:
                         self._limited = True
             except BaseException:
                 self._unregister()
-                for inst in self._instances:
-                    inst.slot.put(None)
-                for inst in self._instances:
-                    assert inst.thread is not None
-                    inst.thread.join()
+                self._end_instances()
                 raise
         self._by_requests = all(callable(getattr(s, "run_requests", None)) for s in sessions)
         self._queue = BatchQueue(self.policy, check_shapes=not self._by_requests, model=self.name)
@@ -356,6 +343,16 @@ class Scheduler:
             assert inst.thread is not None
             inst.thread.join()
         self._unregister()
+
+    def _end_instances(self) -> None:
+        """Undo a start that failed part-way: tell each instance thread that started its session to
+        close it and end (``None`` in its slot), and wait for every thread."""
+        for inst in self._instances:
+            if inst.error is None:
+                inst.slot.put(None)
+        for inst in self._instances:
+            assert inst.thread is not None
+            inst.thread.join()
 
     def _unregister(self) -> None:
         """Take the instances out of the rate limiter (their resources no longer count)."""
