@@ -17,7 +17,7 @@ from frameserve.tuning._perf_result import PerfResult, PerfRow
 from frameserve.tuning._profile import Profile, profile_model
 from frameserve.tuning._report import require_matplotlib, write_perf_report
 from frameserve.tuning._sysinfo import SystemInfo, system_info
-from frameserve.tuning._targets import ServerTarget, ServiceTarget, layout_override, make_inputs, resolve_model
+from frameserve.tuning._targets import ServerTarget, ServiceTarget, layout_override, make_inputs, model_file
 
 __all__ = ["perf"]
 
@@ -174,14 +174,8 @@ def _perf_in_process(
 ) -> PerfResult:
     if server_pid is not None:
         raise InvalidInputError("--server-pid is for a server (--url / --grpc); in process perf measures itself")
-    repo, name = resolve_model(source, model)
-    config = repo.config(name)
-    if version is None:
-        served = repo.versions(name)
-        if not served:
-            raise InvalidInputError(f"model {name!r} has no version folder its version policy serves")
-        version = served[-1]
-    path = repo.model_file(name, version, config=config)
+    found = model_file(source, model, version)
+    repo, name, config, version, path = found.repo, found.name, found.config, found.version, found.path
     raw = {k: v for k, v in repo.raw_config(name).items() if k != "name"}
     budget = machine.cpu_budget
     pairs = [(i, t) for i in instances for t in (threads or [max(1, budget // i)])]

@@ -54,7 +54,7 @@ from frameserve.tuning._calibration import CalibrationFrames, calibration_frames
 from frameserve.tuning._nncf import Restorer, batch_of_one, nncf_available, quantize_nncf
 from frameserve.tuning._opset import check_quantized, qdq_ready
 from frameserve.tuning._sysinfo import SystemInfo, system_info
-from frameserve.tuning._targets import resolve_model
+from frameserve.tuning._targets import model_file
 from frameserve.tuning._tensors import tensor_frames, tensor_gate
 
 if TYPE_CHECKING:
@@ -486,13 +486,8 @@ def quantize(
     """
     machine = machine or system_info()
     limits = limits or GateLimits(max_drop=max_drop)
-    repo, name = resolve_model(Path(model_dir), None)
-    config = repo.config(name)
-    served = repo.versions(name)
-    if not served:
-        raise InvalidInputError(f"model {name!r} has no version folder its version policy serves")
-    version = served[-1]
-    path = repo.model_file(name, version, config=config)
+    target = model_file(Path(model_dir))
+    repo, name, version, path = target.repo, target.name, target.version, target.path
     raw = {k: v for k, v in repo.raw_config(name).items() if k not in ("name", "version_policy")}
     reference = Variant({**raw, "backend": "onnxruntime", "parameters": {**dict(raw.get("parameters") or {}), "precision": "fp32"}}, path)
     if isinstance(calibration, CalibrationFrames):

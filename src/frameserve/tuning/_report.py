@@ -105,6 +105,20 @@ Series = Mapping[str, Sequence[tuple[float, float]]]
 """Plot series: label -> ``(x, y)`` points (drawn in x order)."""
 
 
+def _label_axes(ax: Any, xlabel: str, ylabel: str) -> None:  # Any: a matplotlib Axes
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:  # Any: matplotlib.pyplot and a Figure
+    """Write ``fig`` to ``path`` as a 90 dpi PNG and free it; returns ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=90)
+    plt.close(fig)
+    return path
+
+
 def line_plot(
     path: Path,
     panels: Sequence[tuple[str, str, str, Series]],
@@ -121,10 +135,8 @@ def line_plot(
             pts = sorted((x, y) for x, y in points if math.isfinite(x) and math.isfinite(y))
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
+        _label_axes(ax, xlabel, ylabel)
         ax.set_title(panel_title)
-        ax.grid(True, alpha=0.3)
         if log_x:
             xs = sorted({x for points in series.values() for x, _ in points if x > 0})
             ax.set_xscale("log", base=2)
@@ -134,10 +146,7 @@ def line_plot(
         if ax.get_legend_handles_labels()[0]:  # a series with finite points (a panel can have none)
             ax.legend(fontsize="small", loc="best")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=90)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def scatter_plot(
@@ -164,16 +173,11 @@ def scatter_plot(
             ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 6), fontsize="small")
     if vline is not None:
         ax.axvline(vline[1], linestyle="--", color="grey", linewidth=1, label=vline[0])
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, alpha=0.3)
+    _label_axes(ax, xlabel, ylabel)
     if series or vline:
         ax.legend(fontsize="small", loc="best")
     ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=90)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def bar_plot(path: Path, panels: Sequence[tuple[str, str, Mapping[str, float]]], *, title: str) -> Path:
@@ -192,10 +196,7 @@ def bar_plot(path: Path, panels: Sequence[tuple[str, str, Mapping[str, float]]],
         ax.set_title(panel_title)
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=90)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def html_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, caption: str = "", css_class: str = "") -> str:

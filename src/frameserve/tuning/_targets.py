@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,7 +23,7 @@ from frameserve.errors import (
     InvalidInputError,
     ModelNotFoundError,
 )
-from frameserve.repository import ModelRepository
+from frameserve.repository import ModelConfig, ModelRepository
 from frameserve.request import InferRequest
 from frameserve.types import DataType, TensorSpec
 
@@ -37,6 +38,8 @@ __all__ = [
     "layout_override",
     "make_inputs",
     "parse_shape",
+    "ModelFile",
+    "model_file",
     "resolve_model",
 ]
 
@@ -169,6 +172,44 @@ def resolve_model(source: Path | str, model: str | None) -> tuple[ModelRepositor
         model = names[0]
     repo.model_dir(model)
     return repo, model
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A served model's newest (or a named) version, as ``perf``, ``tune`` and ``quantize`` read it.
+
+    Attributes:
+        repo: the repository that holds it.
+        name: the model's name.
+        config: its parsed config.
+        version: the version measured.
+        path: that version's model file (:meth:`ModelRepository.model_file`).
+    """
+
+    repo: ModelRepository
+    name: str
+    config: ModelConfig
+    version: int
+    path: Path
+
+
+def model_file(source: Path | str, model: str | None = None, version: int | None = None) -> ModelFile:
+    """The model of ``SOURCE [--model NAME]`` (see :func:`resolve_model`) and its model file, at
+    ``version`` or else the newest version its version policy serves.
+
+    Raises:
+        ModelConfigError, ModelNotFoundError: as :func:`resolve_model` and
+            :meth:`ModelRepository.model_file`.
+        InvalidInputError: ``version`` is None and the policy serves no version folder.
+    """
+    repo, name = resolve_model(source, model)
+    config = repo.config(name)
+    if version is None:
+        served = repo.versions(name)
+        if not served:
+            raise InvalidInputError(f"model {name!r} has no version folder its version policy serves")
+        version = served[-1]
+    return ModelFile(repo, name, config, version, repo.model_file(name, version, config=config))
 
 
 def layout_override(raw: Mapping[str, Any], instances: int, threads: int) -> dict[str, Any]:

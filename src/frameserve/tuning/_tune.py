@@ -47,7 +47,7 @@ from frameserve.tuning._space import (
     default_options,
 )
 from frameserve.tuning._sysinfo import SystemInfo, system_info
-from frameserve.tuning._targets import ServiceTarget, config_dims, make_inputs, resolve_model
+from frameserve.tuning._targets import ServiceTarget, config_dims, make_inputs, model_file
 from frameserve.tuning._tensors import tensor_frames
 from frameserve.tuning._tune_result import TuneResult
 from frameserve.types import DataType
@@ -175,13 +175,8 @@ def tune(
         raise InvalidInputError(f"--out {out_dir} is not empty; tune writes a repository there: give a new or empty folder")
     machine = machine or system_info()
     stage = on_stage or (lambda _line: None)
-    repo, name = resolve_model(Path(model_dir), None)
-    config = repo.config(name)
-    versions = repo.versions(name)
-    if not versions:
-        raise InvalidInputError(f"model {name!r} has no version folder its version policy serves")
-    version = versions[-1]
-    path = repo.model_file(name, version, config=config)
+    target = model_file(Path(model_dir))
+    repo, name, version, path = target.repo, target.name, target.version, target.path
     raw = {k: v for k, v in repo.raw_config(name).items() if k != "name"}
     with tempfile.TemporaryDirectory(prefix="frameserve-tune-") as tmp_s:
         tmp = Path(tmp_s)
