@@ -19,7 +19,7 @@ import logging
 import re
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -79,6 +79,24 @@ def as_request(request: InferRequest | Mapping[str, np.ndarray[Any, Any]], model
     if isinstance(request, Mapping):
         return InferRequest(model_name=model_name, inputs=request)
     raise TensorError(f"a request is an InferRequest or a mapping of names to arrays; got {type(request).__name__}")
+
+
+def run_one(
+    run_requests: Callable[[Sequence[InferRequest]], list[dict[str, np.ndarray[Any, Any]] | Exception]],
+    model_name: str,
+    inputs: Mapping[str, np.ndarray[Any, Any]],
+) -> dict[str, np.ndarray[Any, Any]]:
+    """A session's ``run``: ``inputs`` (``{name: array}``) as one request of ``model_name`` through
+    its ``run_requests`` (``execute`` with a list of one); the outputs ``{name: array}``.
+
+    Raises:
+        Exception: the error ``run_requests`` gives for that request (an
+            :class:`~frameserve.errors.InferenceError` or one of its kin), or whatever it raises.
+    """
+    (result,) = run_requests([InferRequest(model_name=model_name, inputs=inputs)])
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 # -- loading model.py ----------------------------------------------------------------------

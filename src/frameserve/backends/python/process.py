@@ -56,6 +56,7 @@ from frameserve.backends.python.host import (
     complete_python_config,
     finish_results,
     initialize_args,
+    run_one,
     stream_emit,
 )
 from frameserve.errors import FrameserveError, InferenceError, ModelConfigError
@@ -507,10 +508,7 @@ class PythonProcessSession:
         Raises:
             InferenceError: ``execute`` failed, or the worker died (it restarts on the next request).
         """
-        (result,) = self.run_requests([InferRequest(model_name=self._name, inputs=inputs)])
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return run_one(self.run_requests, self._name, inputs)
 
     def run_requests(
         self, requests: Sequence[InferRequest | Mapping[str, np.ndarray[Any, Any]]]

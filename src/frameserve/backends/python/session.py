@@ -21,6 +21,7 @@ from frameserve.backends.python.host import (
     finish_results,
     initialize_args,
     isolation_of,
+    run_one,
     stream_emit,
 )
 from frameserve.errors import InferenceError, ModelConfigError
@@ -83,10 +84,7 @@ class PythonSession:
                 ``TritonError`` with code INVALID_ARG gives InvalidInputError, NOT_FOUND
                 NotFoundError, UNAVAILABLE ModelNotReadyError).
         """
-        (result,) = self.run_requests([InferRequest(model_name=self.config.name, inputs=inputs)])
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return run_one(self.run_requests, self.config.name, inputs)
 
     def run_requests(
         self, requests: Sequence[InferRequest | Mapping[str, np.ndarray[Any, Any]]]
