@@ -450,6 +450,8 @@ class HttpForwarder:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return  # lifespan is off; websockets are not served
+        from starlette.requests import ClientDisconnect
+
         from frameserve.protocol.http import codec
 
         try:
@@ -460,7 +462,7 @@ class HttpForwarder:
                         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(error)).encode())]})
             await send({"type": "http.response.body", "body": error})
             return
-        except ConnectionError:
+        except ClientDisconnect:
             return
         fields = {k: scope.get(k) for k in self._SCOPE_KEYS}
         fields["headers"] = list(scope["headers"])
@@ -495,23 +497,11 @@ class HttpForwarder:
                 self.channel.arena.free(offset)
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self.limit_for(scope["path"])
+        from frameserve.protocol.http._infer import asgi_body_reader
+
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise PayloadTooLargeError(f"the request body is {declared.decode()} bytes, over the limit of {limit} bytes")
-        parts: list[bytes] = []
-        total = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ConnectionError("the client went away")
-            chunk = message.get("body", b"")
-            total += len(chunk)
-            if total > limit:
-                raise PayloadTooLargeError(f"the request body exceeds the limit of {limit} bytes")
-            parts.append(chunk)
-            if not message.get("more_body", False):
-                return parts[0] if len(parts) == 1 else b"".join(parts)
+        read = asgi_body_reader(receive, None if declared is None else declared.decode("latin-1"), self.limit_for(scope["path"]))
+        return await read()
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -119,8 +119,19 @@ def _check_declared(declared: str | None, limit: int) -> None:
         raise PayloadTooLargeError(f"the request body is {declared} bytes, over the limit of {limit} bytes")
 
 
-def _asgi_reader(receive: Any, declared: str | None, limit: int) -> Callable[[], Awaitable[bytes]]:
-    """Reads an ASGI request body (:func:`read_limited`'s rules) straight from ``receive``."""
+def asgi_body_reader(receive: Any, declared: str | None, limit: int) -> Callable[[], Awaitable[bytes]]:
+    """A reader of an ASGI request body straight from ``receive`` (:func:`read_limited`'s rules):
+    the inference fast path's and the multi-process front end's one body reader.
+
+    Args:
+        receive: the ASGI ``receive`` callable.
+        declared: the ``Content-Length`` header's value, or ``None``.
+        limit: the most bytes read, bytes.
+
+    Returns:
+        An async callable giving the whole body; it raises ``PayloadTooLargeError`` as soon as
+        ``declared`` or the bytes read exceed ``limit``, ``ClientDisconnect`` when the client goes.
+    """
 
     async def read() -> bytes:
         _check_declared(declared, limit)
@@ -341,7 +352,7 @@ class InferFastPath:
         try:
             status, out_headers, parts = await infer(
                 self.core, match.group(1), match.group(2), headers,
-                _asgi_reader(receive, headers.content_length, self.max_body_bytes),
+                asgi_body_reader(receive, headers.content_length, self.max_body_bytes),
                 self.max_body_bytes, self.limits, self.shared_memory, self.batcher,
                 principal_of(scope).name,
             )
