@@ -110,11 +110,7 @@ class TensorLimits:
         Raises:
             TensorError: ``count`` is over the cap.
         """
-        if count > self.max_bytes_elements:
-            raise TensorError(
-                f"{where}: {count} BYTES elements in this request, over the server's cap of "
-                f"{self.max_bytes_elements} (serve --max-bytes-elements)"
-            )
+        _check_cap(where, count, "BYTES elements", self.max_bytes_elements, "--max-bytes-elements")
 
     def check_bytes_data(self, where: str, size_bytes: int) -> None:
         """Refuse a request whose BYTES inputs carry more than ``max_bytes_data_bytes`` bytes.
@@ -122,11 +118,7 @@ class TensorLimits:
         Raises:
             TensorError: ``size_bytes`` is over the cap.
         """
-        if size_bytes > self.max_bytes_data_bytes:
-            raise TensorError(
-                f"{where}: {size_bytes} bytes of BYTES data in this request, over the server's cap of "
-                f"{self.max_bytes_data_bytes} (serve --max-bytes-data-bytes)"
-            )
+        _check_cap(where, size_bytes, "bytes of BYTES data", self.max_bytes_data_bytes, "--max-bytes-data-bytes")
 
     def check_counts(self, *, inputs: int = 0, outputs: int = 0, parameters: int = 0) -> None:
         """Refuse a request with more inputs, requested outputs or parameters (its own, its
@@ -162,6 +154,13 @@ class TensorLimits:
 
 DEFAULT_LIMITS = TensorLimits()
 """The caps ``serve`` applies unless told otherwise."""
+
+
+def _check_cap(where: str, got: int, what: str, cap: int, flag: str) -> None:
+    """Raise ``TensorError`` ("``<where>: <got> <what> in this request, over the server's cap of
+    <cap> (serve <flag>)``") when ``got`` is over ``cap``."""
+    if got > cap:
+        raise TensorError(f"{where}: {got} {what} in this request, over the server's cap of {cap} (serve {flag})")
 
 
 @dataclass(frozen=True)
