@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Protocol
 
-from frameserve.backends.base import DEFAULT_MAX_BATCH_SIZE, ModelSignature
+from frameserve.backends.base import DEFAULT_MAX_BATCH_SIZE, HasSignature, ModelSignature
 from frameserve.errors import ModelConfigError
 from frameserve.repository import ModelConfig
 from frameserve.types import DataType, TensorSpec
@@ -19,15 +18,6 @@ __all__ = ["complete_config", "detect_signature"]
 
 RawTensor = tuple[str, DataType, Sequence[int]]
 """``(name, datatype, full shape)`` as a runtime reports it, ``-1`` for a symbolic dimension."""
-
-
-class _HasSignature(Protocol):
-    @property
-    def inputs(self) -> tuple[TensorSpec, ...]: ...
-    @property
-    def outputs(self) -> tuple[TensorSpec, ...]: ...
-    @property
-    def max_batch_size(self) -> int: ...
 
 
 def detect_signature(inputs: Sequence[RawTensor], outputs: Sequence[RawTensor]) -> ModelSignature:
@@ -51,7 +41,7 @@ def detect_signature(inputs: Sequence[RawTensor], outputs: Sequence[RawTensor]) 
     )
 
 
-def complete_config(config: ModelConfig, model: _HasSignature) -> ModelConfig:
+def complete_config(config: ModelConfig, model: HasSignature) -> ModelConfig:
     """Fill what ``config`` leaves out from the model's own signature, and check the rest.
 
     Completed: ``max_batch_size`` (the detected value), ``inputs`` (all of the model's),

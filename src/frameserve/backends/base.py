@@ -14,7 +14,7 @@ from frameserve.repository import ModelConfig
 from frameserve.request import InferRequest
 from frameserve.types import TensorSpec
 
-__all__ = ["DEFAULT_MAX_BATCH_SIZE", "BackendContext", "InferFn", "ModelSignature", "Session"]
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "BackendContext", "HasSignature", "InferFn", "ModelSignature", "Session"]
 
 DEFAULT_MAX_BATCH_SIZE = 8
 """``max_batch_size`` given to a model whose config leaves it out and whose inputs and outputs
@@ -72,8 +72,21 @@ class BackendContext:
     gpu: int | None = None
 
 
+class HasSignature(Protocol):
+    """Anything that states a model file's signature (a :class:`ModelSignature`, a :class:`Session`):
+    ``inputs``, ``outputs`` (:class:`~frameserve.types.TensorSpec` tuples) and ``max_batch_size``."""
+
+    # read-only members: a plain attribute and a property (a wrapping session's) both satisfy them
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]: ...
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]: ...
+    @property
+    def max_batch_size(self) -> int: ...
+
+
 @runtime_checkable
-class Session(Protocol):
+class Session(HasSignature, Protocol):
     """One loaded model version, ready to run batches.
 
     Attributes:
@@ -85,13 +98,7 @@ class Session(Protocol):
             ``threads``, ``device``, ``performance_hint`` and backend-specific keys.
     """
 
-    # read-only members: a plain attribute and a property (a wrapping session's) both satisfy them
-    @property
-    def inputs(self) -> tuple[TensorSpec, ...]: ...
-    @property
-    def outputs(self) -> tuple[TensorSpec, ...]: ...
-    @property
-    def max_batch_size(self) -> int: ...
+    # read-only members (the signature's come from HasSignature)
     @property
     def config(self) -> ModelConfig: ...
     @property
