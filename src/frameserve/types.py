@@ -19,7 +19,7 @@ import numpy as np
 
 from frameserve.errors import PayloadTooLargeError, TensorError
 
-__all__ = ["DataType", "TensorSpec", "decode_bytes_elements", "encode_bytes_elements"]
+__all__ = ["DataType", "TensorSpec", "check_integer_range", "decode_bytes_elements", "encode_bytes_elements"]
 
 
 class DataType(str, enum.Enum):
@@ -202,6 +202,27 @@ class TensorSpec:
 
 _U32 = struct.Struct("<I")
 """A BYTES element's length prefix: 4 bytes, unsigned, little-endian."""
+
+
+def check_integer_range(values: np.ndarray[Any, Any], datatype: DataType, where: str) -> None:
+    """Refuse integer ``values`` that do not fit ``datatype`` (an integer type), before they are
+    narrowed to it (a JSON ``data`` list, gRPC's 32-bit ``int_contents`` for INT8/INT16...).
+
+    Args:
+        values: the values, any integer (or exactly-integral) numpy array; empty passes.
+        datatype: the integer type they are meant for.
+        where: names them in the error, e.g. ``"input 'x': 'data'"``.
+
+    Raises:
+        TensorError: ``<where>: values from <min> to <max> do not fit <datatype> [<lo>, <hi>]``
+            (``lo``, ``hi``: :func:`numpy.iinfo` of the datatype's numpy dtype).
+    """
+    if not values.size:
+        return
+    info = np.iinfo(datatype.to_numpy())
+    lo, hi = int(values.min()), int(values.max())
+    if lo < info.min or hi > info.max:
+        raise TensorError(f"{where}: values from {lo} to {hi} do not fit {datatype.value} [{info.min}, {info.max}]")
 
 
 def encode_bytes_elements(array: np.ndarray[Any, Any]) -> bytes:

@@ -101,7 +101,7 @@ def test_typed_contents_for_each_datatype(datatype: str, field: str, values: lis
 @pytest.mark.parametrize(
     ("datatype", "field", "values", "message"),
     [
-        ("INT8", "int_contents", [128, 0], r"value 128 in contents.int_contents is out of range for INT8 \[-128, 127\]"),
+        ("INT8", "int_contents", [128, 0], r"contents.int_contents: values from 0 to 128 do not fit INT8 \[-128, 127\]"),
         ("FP32", "fp32_contents", [1.0], r"1 values in contents.fp32_contents given, shape \[2\] needs 2"),
         ("FP32", "int_contents", [1, 2], r"0 values in contents.fp32_contents given.*\(int_contents given instead\)"),
         ("FP16", "fp32_contents", [1.0, 2.0], r"FP16 has no typed contents; send it in raw_input_contents"),

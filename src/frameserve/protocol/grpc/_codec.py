@@ -22,7 +22,7 @@ from frameserve.errors import InvalidInputError, TensorError, shown
 from frameserve.request import InferRequest, RequestedOutput, pop_sequence_parameters
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.shm import SHM_PARAMETERS, SharedMemoryUse, ShmLocation, client_shm_disabled, shm_location
-from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
+from frameserve.types import DataType, check_integer_range, decode_bytes_elements, encode_bytes_elements
 
 __all__ = ["check_counts", "decode_infer_request", "encode_infer_response", "parameter_value", "parse_version"]
 
@@ -323,14 +323,8 @@ def _from_contents(
         return out.reshape(shape)
     target = datatype.to_numpy()
     wide = np.array(values, dtype=_WIDE.get(datatype, target))
-    if datatype in _WIDE and wide.size:
-        info = np.iinfo(target)
-        lo, hi = int(wide.min()), int(wide.max())
-        if lo < info.min or hi > info.max:
-            raise TensorError(
-                f"input {shown(name)}: value {lo if lo < info.min else hi} in contents.{field_name} is out of "
-                f"range for {datatype.value} [{info.min}, {info.max}]"
-            )
+    if datatype in _WIDE:
+        check_integer_range(wide, datatype, f"input {shown(name)}: contents.{field_name}")
     return wide.astype(target, copy=False).reshape(shape)
 
 

@@ -42,7 +42,7 @@ from frameserve.errors import InvalidInputError, PayloadTooLargeError, TensorErr
 from frameserve.request import InferRequest, RequestedOutput, pop_sequence_parameters
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.shm import SHM_PARAMETERS, SharedMemoryUse, ShmLocation, client_shm_disabled, shm_location
-from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
+from frameserve.types import DataType, check_integer_range, decode_bytes_elements, encode_bytes_elements
 
 __all__ = [
     "HEADER_LENGTH",
@@ -430,14 +430,7 @@ def _from_json(name: str, datatype: DataType, shape: tuple[int, ...], data: Any)
     if target.kind in "iu":
         if kind == "f":
             raise TensorError(f"input {shown(name)}: {datatype.value} 'data' must hold integers")
-        if arr.size:
-            info = np.iinfo(target)
-            lo, hi = int(arr.min()), int(arr.max())
-            if lo < info.min or hi > info.max:
-                raise TensorError(
-                    f"input {shown(name)}: values from {lo} to {hi} do not fit {datatype.value} "
-                    f"[{info.min}, {info.max}]"
-                )
+        check_integer_range(arr, datatype, f"input {shown(name)}")
     try:
         with np.errstate(over="raise", invalid="raise"):
             return arr.astype(target, copy=False).reshape(shape)
