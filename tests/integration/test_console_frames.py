@@ -10,8 +10,8 @@ import cv2
 import numpy as np
 import pytest
 
+from frameserve._lru import ByteLRU
 from frameserve.console._frames import DrawnFrame, boxes_of, render_frame
-from frameserve.console._lru import ByteLRU
 from frameserve.console._timeline import timeline_from_doc
 from frameserve.errors import InvalidInputError
 from frameserve.pipeline.loader import instantiate

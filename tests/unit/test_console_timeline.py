@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from frameserve.console._lru import ByteLRU
+from frameserve._lru import ByteLRU
 from frameserve.console._timeline import MAX_WIDTH, Timeline, decimate, parse_results, timeline_from_doc
 from frameserve.errors import InvalidInputError
 

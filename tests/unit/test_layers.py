@@ -10,7 +10,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "frameserve"
 
 RANK = {
-    "types": 0, "_sse": 0, "_json": 0, "_asgi": 0, "errors": 0, "config": 0, "cgroup": 0, "metrics": 0, "_proto": 0, "request": 0, "_memory": 0, "shm": 0, "_ipc": 0,
+    "types": 0, "_sse": 0, "_json": 0, "_lru": 0, "_asgi": 0, "errors": 0, "config": 0, "cgroup": 0, "metrics": 0, "_proto": 0, "request": 0, "_memory": 0, "shm": 0, "_ipc": 0,
     "repository": 1, "backends": 1, "assets": 1, "pb_utils": 1, "security": 1,
     "scheduler": 2,
     "service": 3,

@@ -39,8 +39,8 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse, Response
 
+from frameserve._lru import ByteLRU
 from frameserve.console._frames import DrawnFrame, render_frame
-from frameserve.console._lru import ByteLRU
 from frameserve.console._timeline import MAX_WIDTH, Timeline, decimate, parse_results
 from frameserve.errors import FrameserveError, InvalidInputError, NotFoundError, ResourceExhaustedError, status_for
 from frameserve.jobs.api import JobAccess, job_access

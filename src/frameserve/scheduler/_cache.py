@@ -13,14 +13,12 @@ with a BYTES input, or that belong to a sequence (``sequence_id``), are not cach
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from frameserve._lru import ByteLRU
 from frameserve.errors import ModelConfigError
 from frameserve.request import InferRequest
 
@@ -70,12 +68,6 @@ def _outputs_bytes(outputs: Mapping[str, np.ndarray[Any, Any]]) -> int:
     return total
 
 
-@dataclass(frozen=True)
-class _Entry:
-    outputs: Outputs
-    size_bytes: int
-
-
 class ResponseCache:
     """An LRU cache of inference results bounded by ``size_bytes``. Thread-safe.
 
@@ -93,14 +85,20 @@ class ResponseCache:
         if size_bytes < 0:
             raise ModelConfigError(f"response cache size must be >= 0 bytes, got {size_bytes}")
         self.size_bytes = int(size_bytes)
-        self.used_bytes = 0
-        self.evictions = 0
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._lru: ByteLRU[bytes, Outputs] = ByteLRU(self.size_bytes, _outputs_bytes)
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes held now."""
+        return self._lru.bytes
+
+    @property
+    def evictions(self) -> int:
+        """Results dropped to make room, since start."""
+        return self._lru.evictions
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
+        return len(self._lru)
 
     @staticmethod
     def key(request: InferRequest, version: int) -> bytes | None:
@@ -134,32 +132,19 @@ class ResponseCache:
 
     def lookup(self, key: bytes) -> Outputs | None:
         """The result held for ``key`` (read-only arrays; marked most recently used), or ``None``."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            self._entries.move_to_end(key)
-            return dict(entry.outputs)
+        entry = self._lru.get(key)
+        return None if entry is None else dict(entry)
 
     def insert(self, key: bytes, outputs: Mapping[str, np.ndarray[Any, Any]]) -> bool:
         """Hold a copy of ``outputs`` under ``key``, evicting the least recently used results
         until it fits. Returns whether it is held (a result over :attr:`size_bytes` is not)."""
         size = _outputs_bytes(outputs)
-        if size > self.size_bytes:
+        if not self._lru.fits(size):
             return False
         copies: Outputs = {}
         for name, array in outputs.items():
             copy = np.array(array, copy=True)
             copy.flags.writeable = False
             copies[name] = copy
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self.used_bytes -= old.size_bytes
-            while self._entries and self.used_bytes + size > self.size_bytes:
-                _, dropped = self._entries.popitem(last=False)
-                self.used_bytes -= dropped.size_bytes
-                self.evictions += 1
-            self._entries[key] = _Entry(copies, size)
-            self.used_bytes += size
+        self._lru.put(key, copies, size)
         return True

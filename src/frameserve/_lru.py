@@ -1,7 +1,8 @@
 """A least-recently-used cache bounded by the bytes its values hold (thread-safe).
 
-The viewer keeps two: parsed timelines (sized by :attr:`Timeline.size_bytes`) and drawn frames
-(sized by their encoded body).
+A base-layer module (no frameserve import): Triton's response cache
+(:class:`~frameserve.scheduler.ResponseCache`) and the console viewer's parsed timelines and
+drawn frames all evict through it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ class ByteLRU(Generic[K, V]):
 
     Args:
         max_bytes: the budget, bytes.
-        size_of: a value's size in bytes (called once, when the value is put).
+        size_of: a value's size in bytes (called when a value is put without its size).
+
+    Attributes:
+        max_bytes: the budget.
+        evictions: values dropped to make room, since start.
     """
 
     def __init__(self, max_bytes: int, size_of: Callable[[V], int]) -> None:
@@ -33,6 +38,7 @@ class ByteLRU(Generic[K, V]):
         self._size_of = size_of
         self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
         self._bytes = 0
+        self.evictions = 0
         self._lock = threading.Lock()
 
     def get(self, key: K) -> V | None:
@@ -44,10 +50,16 @@ class ByteLRU(Generic[K, V]):
             self._items.move_to_end(key)
             return got[0]
 
-    def put(self, key: K, value: V) -> V:
+    def fits(self, size: int) -> bool:
+        """Whether a value of ``size`` bytes would be kept (it is within the whole budget)."""
+        return size <= self.max_bytes
+
+    def put(self, key: K, value: V, size: int | None = None) -> V:
         """Keep ``value`` under ``key`` (replacing what was there), evicting the least recently
-        used past the budget; returns ``value``."""
-        size = self._size_of(value)
+        used past the budget; returns ``value``. ``size``: its bytes when the caller knows them
+        (else ``size_of(value)``)."""
+        if size is None:
+            size = self._size_of(value)
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
@@ -58,6 +70,7 @@ class ByteLRU(Generic[K, V]):
                 while self._bytes > self.max_bytes:
                     _, (_, gone) = self._items.popitem(last=False)
                     self._bytes -= gone
+                    self.evictions += 1
         return value
 
     @property
@@ -66,4 +79,5 @@ class ByteLRU(Generic[K, V]):
         return self._bytes
 
     def __len__(self) -> int:
-        return len(self._items)
+        with self._lock:
+            return len(self._items)
