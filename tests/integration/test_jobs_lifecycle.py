@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 
 from frameserve.jobs import JobSpec, JobStateError, JobStore, RetryPolicy
 from frameserve.jobs._metrics import JobMetrics
-from frameserve.jobs._retention import Pruner, RetentionPolicy, acquire_lease, renew_lease
+from frameserve.jobs._retention import LEASE_NAME, Pruner, RetentionPolicy
 from frameserve.jobs._schema import callback_deliveries, job_events, jobs, retry_keys
 from frameserve.jobs.api import create_router
 from frameserve.jobs.storage import Storage
@@ -421,13 +421,14 @@ def test_retention_removes_only_old_finished_jobs_in_batches_with_two_pruners_ra
 def test_retention_per_state_and_a_pruner_that_lost_its_lease_deletes_nothing(store: JobStore, clock: FakeClock) -> None:
     old, _ = _seed(store, 30)
     policy = RetentionPolicy.of(7, failed=365)  # failed jobs kept for a year
-    a = acquire_lease(store, "a", lease_s=60)
-    assert a == 1 and acquire_lease(store, "b", lease_s=60) is None
+    a = store.acquire_maintenance_lease(LEASE_NAME, "a", lease_s=60)
+    assert a is not None and a.token == 1 and store.acquire_maintenance_lease(LEASE_NAME, "b", lease_s=60) is None
     clock.advance(61)  # a stalls past its lease; b takes over
-    assert acquire_lease(store, "b", lease_s=60) == 2
-    assert store.purge_batch(policy.cutoffs(clock()), fence=lambda c: renew_lease(c, store, "a", 1, 60)) is None
+    b = store.acquire_maintenance_lease(LEASE_NAME, "b", lease_s=60)
+    assert b is not None and b.token == 2
+    assert store.purge_batch(policy.cutoffs(clock()), lease=a) is None
     assert len(store.list_jobs(limit=500)[0]) == 70
-    got = store.purge_batch(policy.cutoffs(clock()), fence=lambda c: renew_lease(c, store, "b", 2, 60))
+    got = store.purge_batch(policy.cutoffs(clock()), lease=b)
     assert got == {"succeeded": 10, "cancelled": 10}
     assert store.counts()["failed"] == 10 + 7  # the old failed ones stay, and the young
 

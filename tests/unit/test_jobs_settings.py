@@ -114,3 +114,14 @@ def test_source_guard_and_limits_from_environment_then_flags(tmp_path: Path) -> 
     assert not js.sources_allow_private and js.s3_allow_buckets == ("only",) and js.max_source_bytes == 7
     with pytest.raises(ValueError, match="max_source_bytes"):
         JobsSettings.from_env(settings(tmp_path), {}, max_source_bytes=0)
+
+
+def test_a_job_state_is_read_from_text_or_refused_with_the_accepted_ones() -> None:
+    from frameserve.errors import InvalidInputError
+    from frameserve.jobs.store import STATES, parse_state
+
+    assert [parse_state(s) for s in STATES] == list(STATES)
+    assert parse_state(" Running ") == "running"
+    assert parse_state(None) is None and parse_state("") is None
+    with pytest.raises(InvalidInputError, match="unknown job state 'done'; accepted: queued | running"):
+        parse_state("done")

@@ -131,9 +131,12 @@ def list_jobs(
     db: DbOpt = None,
 ) -> None:
     """Print jobs, newest first."""
+    from frameserve.jobs.store import parse_state
+
     with exit_on_error():
+        wanted = parse_state(state)
         store, _ = _store(db)
-        found, nxt = store.list_jobs(state=state, limit=limit)
+        found, nxt = store.list_jobs(state=wanted, limit=limit)
         _print({"jobs": [j.to_resource() for j in found], "next_cursor": str(nxt) if nxt is not None else None})
         store.close()
 

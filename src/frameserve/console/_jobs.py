@@ -26,7 +26,7 @@ from starlette.background import BackgroundTask
 
 from frameserve.console._base import Console, Viewer, viewer_of
 from frameserve.errors import JobNotFoundError
-from frameserve.jobs.store import STATES
+from frameserve.jobs.store import STATES, parse_state
 
 __all__ = ["STATES", "router", "row_of", "timeline_of"]
 
@@ -111,7 +111,7 @@ def router(console: Console) -> APIRouter:
         return viewer.access.owner
 
     def listed(viewer: Viewer, state: str, pipeline: str, tenant: str, since: str, until: str) -> list[dict[str, Any]]:
-        found, _ = store.list_jobs(state=state or None, limit=_LIST_LIMIT, owner=scope(viewer, tenant))
+        found, _ = store.list_jobs(state=parse_state(state), limit=_LIST_LIMIT, owner=scope(viewer, tenant))
         return _filtered([j.to_resource() for j in found], pipeline, since, until)
 
     filters = {

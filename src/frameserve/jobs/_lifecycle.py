@@ -19,7 +19,9 @@ Fencing (deleting never races a running attempt):
 Retention (:meth:`LifecycleMixin.purge_batch`) deletes at most ``limit`` old finished jobs per
 transaction, oldest first (the ``(state, finished_at)`` index, migration 0004), passing by rows
 under a delete lease; PostgreSQL's ``FOR UPDATE SKIP LOCKED`` passes rows a retry holds. Which
-process prunes is :mod:`frameserve.jobs._retention`'s business.
+process prunes is :mod:`frameserve.jobs._retention`'s business; the store keeps its lease row
+(:meth:`LifecycleMixin.acquire_maintenance_lease`): taking it bumps its fencing ``token``, and
+a batch given the lease renews it in its own transaction or deletes nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
@@ -34,13 +37,13 @@ import sqlalchemy as sa
 from frameserve.jobs._claim import check_queued
 from frameserve.jobs._errors import IdempotencyConflictError, JobStateError
 from frameserve.jobs._records import Job
-from frameserve.jobs._schema import callback_deliveries, job_events, jobs, retry_keys
+from frameserve.jobs._schema import callback_deliveries, job_events, jobs, maintenance_leases, retry_keys
 from frameserve.jobs._wake import notify
 
 if TYPE_CHECKING:
     from frameserve.security.quotas import Quotas
 
-__all__ = ["DELETE_LEASE_S", "FINISHED", "RETRYABLE_STATES", "LifecycleMixin"]
+__all__ = ["DELETE_LEASE_S", "FINISHED", "RETRYABLE_STATES", "LifecycleMixin", "MaintenanceLease"]
 
 FINISHED = ("succeeded", "failed", "cancelled")
 """The states a job may be deleted or purged in (:data:`frameserve.jobs._records.TERMINAL`)."""
@@ -52,6 +55,23 @@ DELETE_LEASE_S = 600.0
 """How long a delete with outputs holds its delete lease, seconds (ample for a job's few outputs)."""
 
 _DELETE_MARK = "delete:"
+
+
+@dataclass(frozen=True)
+class MaintenanceLease:
+    """A held lease on a singleton maintenance task (a row of ``maintenance_leases``).
+
+    Attributes:
+        name: the task (``retention``).
+        owner: who holds it (host:pid:nonce).
+        token: its fencing token, bumped by every take-over.
+        lease_s: how long each renewal holds it, seconds.
+    """
+
+    name: str
+    owner: str
+    token: int
+    lease_s: float
 
 
 class LifecycleMixin:
@@ -216,19 +236,58 @@ class LifecycleMixin:
 
     # ---------------------------------------------------------------- retention
 
+    def acquire_maintenance_lease(self, name: str, owner: str, lease_s: float) -> MaintenanceLease | None:
+        """Take the ``name`` lease for ``owner`` for ``lease_s`` seconds when it is free or has
+        lapsed (its token bumped), or ``None`` while another holds it."""
+        ml = maintenance_leases.c
+        try:
+            with self._tx() as conn:
+                now = self.clock()
+                row = conn.execute(sa.select(ml.owner, ml.token, ml.expires_at).where(ml.name == name).with_for_update()).first()
+                if row is None:
+                    conn.execute(maintenance_leases.insert().values(name=name, owner=owner, token=1, expires_at=now + lease_s))
+                    return MaintenanceLease(name, owner, 1, lease_s)
+                if row.expires_at >= now and row.owner is not None:
+                    return None
+                n = conn.execute(
+                    maintenance_leases.update().where(ml.name == name, ml.token == row.token)
+                    .values(owner=owner, token=row.token + 1, expires_at=now + lease_s)
+                ).rowcount
+                return MaintenanceLease(name, owner, int(row.token) + 1, lease_s) if n == 1 else None
+        except sa.exc.IntegrityError:  # another took it first, in a race on the first insert
+            return None
+
+    def release_maintenance_lease(self, lease: MaintenanceLease) -> None:
+        """Free ``lease`` at once (when it is still ours)."""
+        ml = maintenance_leases.c
+        with self._tx() as conn:
+            conn.execute(maintenance_leases.update()
+                         .where(ml.name == lease.name, ml.owner == lease.owner, ml.token == lease.token)
+                         .values(owner=None, expires_at=0.0))
+
+    def _renew_maintenance_lease(self, conn: sa.Connection, lease: MaintenanceLease) -> bool:
+        """Extend ``lease`` inside ``conn``'s transaction; false when it is no longer ours."""
+        ml = maintenance_leases.c
+        now = self.clock()
+        return conn.execute(
+            maintenance_leases.update()
+            .where(ml.name == lease.name, ml.owner == lease.owner, ml.token == lease.token, ml.expires_at >= now)
+            .values(expires_at=now + lease.lease_s)
+        ).rowcount == 1
+
     def purge_batch(
-        self, older_than: Mapping[str, float], *, limit: int = 500, fence: Callable[[sa.Connection], bool] | None = None,
+        self, older_than: Mapping[str, float], *, limit: int = 500, lease: MaintenanceLease | None = None,
     ) -> dict[str, int] | None:
         """Delete at most ``limit`` finished jobs, oldest first, whose state is a key of
         ``older_than`` and which finished before its value (epoch seconds), with their events,
-        callback rows and retry keys, in one transaction. ``fence`` runs first in that
-        transaction; when it returns false nothing is deleted and ``None`` is returned (the
-        caller's retention lease is lost). Returns the jobs removed per state."""
+        callback rows and retry keys, in one transaction. ``lease`` (the caller's retention
+        lease) is renewed first in that transaction; when it is no longer the caller's nothing
+        is deleted and ``None`` is returned. Returns the jobs removed per state."""
         cuts = {s: float(t) for s, t in older_than.items() if s in FINISHED}
         if not cuts:
             return {}
         with self._tx() as conn:
-            if fence is not None and not fence(conn):
+            if lease is not None and not self._renew_maintenance_lease(conn, lease):
                 return None
             now = self.clock()
             old = sa.or_(*(sa.and_(jobs.c.state == s, jobs.c.finished_at < t) for s, t in sorted(cuts.items())))

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, get_args, overload
 
+from frameserve.errors import InvalidInputError
 from frameserve.security import redact_text, redact_uri
 
 if TYPE_CHECKING:
     from sqlalchemy import RowMapping
 
-__all__ = ["STATES", "TERMINAL", "Job", "JobResourceDict", "JobSpec", "Lease", "Phase", "State", "iso"]
+__all__ = ["STATES", "TERMINAL", "Job", "JobResourceDict", "JobSpec", "Lease", "Phase", "State", "iso", "parse_state"]
 
 State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 """A job's state (the ``state`` column, and the resource's ``state`` on the wire)."""
@@ -30,6 +31,22 @@ STATES: tuple[State, ...] = get_args(State)
 """Job states: ``queued → running → succeeded | failed | cancelled``; a retry goes back to queued."""
 
 TERMINAL: frozenset[State] = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def parse_state(text: str | None) -> State | None:
+    """A job state from a command line or query string: ``None`` or ``""`` is no state (any);
+    case and surrounding blanks do not matter.
+
+    Raises:
+        InvalidInputError: not one of :data:`STATES`.
+    """
+    if text is None or not text.strip():
+        return None
+    want = text.strip().lower()
+    for state in STATES:
+        if state == want:
+            return state
+    raise InvalidInputError(f"unknown job state {text[:64]!r}; accepted: {' | '.join(STATES)}")
 
 Phase = Literal["download", "process", "upload"]
 

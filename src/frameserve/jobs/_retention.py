@@ -43,17 +43,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
-
 from frameserve.jobs._lifecycle import FINISHED
-from frameserve.jobs._schema import maintenance_leases
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
 
     from frameserve.jobs.store import JobStore
 
-__all__ = ["DAY_S", "LEASE_NAME", "Pruner", "RetentionPolicy", "acquire_lease", "parse_duration_s", "release_lease"]
+__all__ = ["DAY_S", "LEASE_NAME", "Pruner", "RetentionPolicy", "parse_duration_s"]
 
 log = logging.getLogger("frameserve.jobs.retention")
 
@@ -114,48 +111,6 @@ class RetentionPolicy:
         return ", ".join(f"{s} {d:g} d" for s, d in sorted(self.days.items())) or "kept for ever"
 
 
-def acquire_lease(store: JobStore, owner: str, lease_s: float, name: str = LEASE_NAME) -> int | None:
-    """Take the ``name`` lease for ``owner`` (free, or lapsed) for ``lease_s`` seconds; returns its
-    new fencing token, or ``None`` while another holds it."""
-    ml = maintenance_leases.c
-    try:
-        with store._tx() as conn:
-            now = store.clock()
-            row = conn.execute(sa.select(ml.owner, ml.token, ml.expires_at).where(ml.name == name).with_for_update()).first()
-            if row is None:
-                conn.execute(maintenance_leases.insert().values(name=name, owner=owner, token=1, expires_at=now + lease_s))
-                return 1
-            if row.expires_at >= now and row.owner is not None:
-                return None
-            n = conn.execute(
-                maintenance_leases.update().where(ml.name == name, ml.token == row.token)
-                .values(owner=owner, token=row.token + 1, expires_at=now + lease_s)
-            ).rowcount
-            return int(row.token) + 1 if n == 1 else None
-    except sa.exc.IntegrityError:  # another took it first, in a race on the first insert
-        return None
-
-
-def renew_lease(conn: sa.Connection, store: JobStore, owner: str, token: int, lease_s: float,
-                name: str = LEASE_NAME) -> bool:
-    """Extend the lease inside the caller's transaction; false when it is no longer ours."""
-    ml = maintenance_leases.c
-    now = store.clock()
-    return conn.execute(
-        maintenance_leases.update()
-        .where(ml.name == name, ml.owner == owner, ml.token == token, ml.expires_at >= now)
-        .values(expires_at=now + lease_s)
-    ).rowcount == 1
-
-
-def release_lease(store: JobStore, owner: str, token: int, name: str = LEASE_NAME) -> None:
-    """Free the lease at once (when it is still ours)."""
-    ml = maintenance_leases.c
-    with store._tx() as conn:
-        conn.execute(maintenance_leases.update().where(ml.name == name, ml.owner == owner, ml.token == token)
-                     .values(owner=None, expires_at=0.0))
-
-
 class Pruner:
     """Removes finished jobs past their retention (module docstring).
 
@@ -200,18 +155,15 @@ class Pruner:
         """One pass: take the lease, delete batches until none is full (or the lease is lost),
         free the lease. Returns the jobs removed per state, or ``None`` when another pruner
         holds the lease (nothing done)."""
-        token = acquire_lease(self.store, self.owner, self.lease_s)
-        if token is None:
+        lease = self.store.acquire_maintenance_lease(LEASE_NAME, self.owner, self.lease_s)
+        if lease is None:
             return None
         removed: dict[str, int] = {}
         try:
             while not self._stop.is_set():
                 cut = self.policy.cutoffs(self.store.clock())
                 began = time.monotonic()
-                got = self.store.purge_batch(
-                    cut, limit=self.batch,
-                    fence=lambda conn: renew_lease(conn, self.store, self.owner, token, self.lease_s),
-                )
+                got = self.store.purge_batch(cut, limit=self.batch, lease=lease)
                 if got is None:
                     log.warning("retention: the lease was lost to another pruner; this pass stops")
                     break
@@ -223,7 +175,7 @@ class Pruner:
                     break
                 self._stop.wait(self.rest_s(time.monotonic() - began))
         finally:
-            release_lease(self.store, self.owner, token)
+            self.store.release_maintenance_lease(lease)
         if removed:
             log.info("retention: removed %s", ", ".join(f"{n} {s}" for s, n in sorted(removed.items())))
         return removed

@@ -53,7 +53,7 @@ from frameserve.jobs._lifecycle import LifecycleMixin
 from frameserve.jobs._live import LiveMixin
 from frameserve.jobs._outbox import Delivery, OutboxMixin
 from frameserve.jobs._policy import RetryPolicy
-from frameserve.jobs._records import STATES, TERMINAL, Job, JobSpec, Lease, Phase, State, iso
+from frameserve.jobs._records import STATES, TERMINAL, Job, JobSpec, Lease, Phase, State, iso, parse_state
 from frameserve.jobs._schema import callback_deliveries, job_events, jobs
 from frameserve.jobs._wake import Signal, notify, take_wakes
 from frameserve.jobs.queue import QueueMixin
@@ -71,6 +71,7 @@ __all__ = [
     "RetryPolicy",
     "State",
     "iso",
+    "parse_state",
 ]
 
 CALLBACK_SCHEDULE_S: tuple[float, ...] = (0.0, 5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
@@ -286,10 +287,11 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
             return bool(conn.execute(sa.select(jobs.c.cancel_requested).where(jobs.c.id == job_id)).scalar())
 
     def list_jobs(
-        self, *, state: str | None = None, limit: int = 50, cursor: int | None = None, owner: str | None = None
+        self, *, state: State | None = None, limit: int = 50, cursor: int | None = None, owner: str | None = None
     ) -> tuple[list[Job], int | None]:
-        """Jobs newest first (of ``owner`` when given), ``limit`` at most; ``cursor`` is the
-        ``next`` value of the previous page. Returns ``(jobs, next_cursor_or_None)``."""
+        """Jobs newest first (in ``state`` and of ``owner`` when given; :func:`parse_state` reads
+        a state from text), ``limit`` at most; ``cursor`` is the ``next`` value of the previous
+        page. Returns ``(jobs, next_cursor_or_None)``."""
         q = sa.select(jobs).order_by(jobs.c.seq.desc()).limit(limit + 1)
         if owner is not None:
             q = q.where(jobs.c.owner == owner)
