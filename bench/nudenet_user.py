@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -54,16 +55,16 @@ class NudenetUser(frameserve.Pipeline):
     per frame, in source-frame pixels; the per-label summary."""
 
     name = "nudenet-user"
-    models = {"det": "nudenet"}
-    model_config = {
+    models = MappingProxyType({"det": "nudenet"})
+    model_config = MappingProxyType({
         "det": {
             "max_batch_size": 16,
             "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
             "parameters": {"ort_allow_spinning": "0"},
         },
-    }
+    })
     batch = 8
-    params: dict[str, Any] = {"score_threshold": 0.25, "iou_threshold": 0.45, "segment_gap_s": 1.0}
+    params = MappingProxyType({"score_threshold": 0.25, "iou_threshold": 0.45, "segment_gap_s": 1.0})
 
     @cached_property
     def spec(self) -> PreprocessSpec:

@@ -119,7 +119,9 @@ def test_instance_thread_is_pinned_before_its_session_opens() -> None:
 
     class Session:
         config = _cfg(input=[{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}], output=[{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}])
-        info: dict[str, Any] = {}
+        @property
+        def info(self) -> dict[str, Any]:
+            return {}
 
         def run(self, inputs: Any) -> Any:
             seen["run"] = os.sched_getaffinity(0)

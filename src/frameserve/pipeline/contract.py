@@ -47,6 +47,7 @@ import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -328,11 +329,11 @@ class Pipeline:
     """
 
     name: ClassVar[str] = ""
-    models: ClassVar[dict[str, str]] = {}
-    model_config: ClassVar[dict[str, dict[str, Any]]] = {}
+    models: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    model_config: ClassVar[Mapping[str, Mapping[str, Any]]] = MappingProxyType({})
     sampling: ClassVar[str] = "all"
     batch: ClassVar[int] = 8
-    params: dict[str, Any] = {}
+    params: Mapping[str, Any] = MappingProxyType({})
     needs_rgb: ClassVar[bool] = False
 
     model_inputs: dict[str, dict[str, ModelInput]]

@@ -27,6 +27,7 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -228,9 +229,9 @@ class Classifier(Pipeline):
     """
 
     name = "classifier"
-    models = {"cls": "opennsfw"}
+    models = MappingProxyType({"cls": "opennsfw"})
     batch = 8
-    params: dict[str, Any] = {
+    params = MappingProxyType({
         "preprocess": {"size": [224, 224], "resize": "stretch"},
         "output": None,
         "softmax": False,
@@ -239,7 +240,7 @@ class Classifier(Pipeline):
         "top_k": 5,
         "positive": [],
         "min_frames_over": 1,
-    }
+    })
 
     def check(self) -> None:
         """Check the params once: the preprocessing recipe, ``softmax``, ``labels``, ``output``

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -52,13 +53,13 @@ class Detector(Pipeline):
     """
 
     name = "detector"
-    models = {"det": "nudenet"}
+    models = MappingProxyType({"det": "nudenet"})
     batch = 8
-    params: dict[str, Any] = {
+    params = MappingProxyType({
         "preprocess": {},
         "postprocess": {"labels": []},
         "aggregate": {"segment_gap_s": 1.0, "min_score": None},
-    }
+    })
 
     @classmethod
     def from_legacy_yaml(cls, legacy: Mapping[str, Any], origin: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 
 import cv2
@@ -75,9 +76,9 @@ class Enhance(Pipeline):
     """
 
     name = "enhance"
-    models = {"model": "enhance"}
+    models = MappingProxyType({"model": "enhance"})
     batch = 4
-    params: dict[str, Any] = {
+    params = MappingProxyType({
         "input": None,
         "output": None,
         "layout": None,
@@ -92,7 +93,7 @@ class Enhance(Pipeline):
         "preset": None,
         "pixel_format": None,
         "lossless": False,
-    }
+    })
 
     def _fail(self, message: str) -> PipelineSpecError:
         return PipelineSpecError(f"pipeline {self.name!r}: {message}")

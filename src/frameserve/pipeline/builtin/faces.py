@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 
 import cv2
@@ -150,15 +151,15 @@ class Faces(Pipeline):
     """MTCNN face detection with 5 landmarks over every sampled frame (see the module docstring)."""
 
     name = "faces"
-    models = {"pnet": "mtcnn-pnet", "rnet": "mtcnn-rnet", "onet": "mtcnn-onet"}
-    model_config = {
+    models = MappingProxyType({"pnet": "mtcnn-pnet", "rnet": "mtcnn-rnet", "onet": "mtcnn-onet"})
+    model_config = MappingProxyType({
         # as nudenet.yaml: onnxruntime's threads sleep between operators instead of spinning,
         # since the decode process (the pyramid's resizes) shares the cores.
         role: {"parameters": {"ort_allow_spinning": "0"}} for role in ("pnet", "rnet", "onet")
-    }
+    })
     batch = 8
     needs_rgb = True
-    params: dict[str, Any] = {"min_face_size": 20, "steps_threshold": [0.6, 0.7, 0.7], "scale_factor": 0.709}
+    params = MappingProxyType({"min_face_size": 20, "steps_threshold": [0.6, 0.7, 0.7], "scale_factor": 0.709})
 
     @cached_property
     def mtcnn(self) -> MtcnnParams:

@@ -31,6 +31,7 @@ import importlib.resources
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -192,10 +193,10 @@ class Moderation(Pipeline):
 
     name = "moderation"
     description = "Content moderation: nudenet detections + open_nsfw scores, fused into one verdict"
-    models = {"det": "nudenet", "cls": "opennsfw"}
-    model_config = {"det": dict(_NUDENET.get("model_config", {}).get("det") or {}), **Nsfw.model_config}
+    models = MappingProxyType({"det": "nudenet", "cls": "opennsfw"})
+    model_config = MappingProxyType({"det": dict(_NUDENET.get("model_config", {}).get("det") or {}), **Nsfw.model_config})
     batch = 8
-    params: dict[str, Any] = {
+    params = MappingProxyType({
         "detector": dict(_NUDENET["params"]),
         "classifier": dict(Nsfw.params),
         "fusion": {
@@ -203,7 +204,7 @@ class Moderation(Pipeline):
             "det_labels": list(EXPOSED_LABELS), "threshold": 0.5,
         },
         "ocr": False,
-    }
+    })
 
     def _check(self) -> None:
         if self.params.get("ocr"):

