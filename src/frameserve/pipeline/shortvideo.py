@@ -21,8 +21,8 @@ rank the key frames. :class:`KeyframeReader` therefore:
   pipe; a short one, when a header lies): the cap counts what is decoded, not what is declared.
 
 Reusing one codec context across files (``CodecContext.create`` fed packets through
-``h264_mp4toannexb``) was measured too: its frames are bit-exact, but it saves ~0.1 ms a file on
-CPU and loses the container-level side data (the display matrix), so contexts are not reused.
+``h264_mp4toannexb``) was measured too: its frames are bit-exact, but it saves little CPU a file
+(bench/README.md, "Figures behind design choices") and loses the container-level side data (the display matrix), so contexts are not reused.
 What stays warm between files is everything else: the loaded model, the worker threads, and
 their preprocessing buffers (:class:`~frameserve.pipeline.runner.ShortVideoRunner`, which runs
 files through the runner's short-video mode, ``RunSpec(short=True)``).

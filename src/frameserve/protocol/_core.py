@@ -124,8 +124,8 @@ class LoopBatcher:
     first of them arrives), so requests from several connections batch with each other under
     the model's batching rule. One by one, each would find the instance idle and run alone on
     the loop (the core's :class:`~frameserve.scheduler.Dispatch`), and a fast model would never see a batch. The price is
-    one more loop iteration per request: measured on add_sub over HTTP, ~5 % fewer requests/s
-    at concurrency 1 and ~16 % more at 8 (batches of 2.8 on average).
+    one more loop iteration per request: a little throughput at concurrency 1, won back several
+    times over under concurrency (bench/README.md, "Figures behind design choices").
 
     Args:
         core: where requests go (its policy holds for each batch formed).

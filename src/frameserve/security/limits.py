@@ -1,28 +1,29 @@
 """Caps on what one inference request may make the server allocate or parse, checked on the
 declared sizes before anything is allocated.
 
-Why each cap exists (measured on a 2-core AMD EPYC, CPython 3.11):
+Why each cap exists (the costs quoted here are bench/README.md's "Figures behind design
+choices", with the command that measures each; they vary by machine, the reasons do not):
 
 - ``max_tensor_elements``: a declared shape is only a few bytes on the wire, but numpy fails
   (``[0, 2**40, 2**40, 2**40]``: "array is too big") or allocates what it names; every dimension
   and the product of the dimensions are capped (zeros do not exempt the others).
-- ``max_bytes_elements``: each BYTES element becomes a Python ``bytes`` object; splitting costs
-  about 0.7 s per million elements of pure-Python work, and the backends convert them again. The
+- ``max_bytes_elements``: each BYTES element becomes a Python ``bytes`` object; splitting is
+  pure-Python work per element, and the backends convert them again. The
   decode runs off the event loop, but the cap bounds the CPU one request can take.
 - ``max_bytes_data_bytes``: the bytes of BYTES elements are copied several times on their way
   (split into objects, converted by the backend and back); onnxruntime converts string tensors
-  while holding the GIL (~6 ms per MiB here), so a large one stalls every thread of the server.
-- ``max_json_bytes``: orjson parses about 8 ms per MiB in one call that holds the GIL (nothing
-  else in the process runs meanwhile, wherever it runs), and a JSON number takes ~10 bytes where
-  binary takes 4: large tensors belong in the binary tensor data extension.
+  while holding the GIL, so a large one stalls every thread of the server.
+- ``max_json_bytes``: orjson parses in one call that holds the GIL (nothing else in the
+  process runs meanwhile, wherever it runs), for a time that grows with the bytes, and a JSON
+  number takes ~10 bytes where binary takes 4: large tensors belong in the binary tensor data extension.
 - ``max_inputs``, ``max_outputs``, ``max_parameters``: every tensor and parameter of a request is
-  checked and converted on its own (~7 us of Python per input here), so the cost follows their
-  count, not the bytes: a 7 MB ``ModelInfer`` of 300,000 one-element inputs took 6.1 s of server
-  CPU before it was refused. The counts are checked before any tensor is looked at (gRPC: while
+  checked and converted on its own (Python work per input), so the cost follows their count,
+  not the bytes: a 7 MB ``ModelInfer`` of 300,000 one-element inputs takes seconds of server
+  CPU before it is refused. The counts are checked before any tensor is looked at (gRPC: while
   the message's top-level fields are split, and on the parsed message; HTTP: on the parsed JSON).
   Triton sets no such caps; the defaults leave room for the models that take hundreds of feature
   inputs (recommenders) and for every tensor in shared memory (three parameters each), and bound
-  a request's per-tensor work to ~10 ms.
+  a request's per-tensor work to milliseconds.
 
 A request over a cap is refused with :class:`~frameserve.errors.TensorError` (400) or, for the JSON
 size, :class:`~frameserve.errors.PayloadTooLargeError` (413), naming the cap and its ``serve`` flag.

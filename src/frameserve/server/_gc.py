@@ -1,7 +1,7 @@
 """The garbage collector of a serving process, settled once it has loaded what it serves.
 
-Serving allocates few reference cycles per request (measured on add_sub: three collections in
-20,000 requests), but every collection of the oldest generation walks every tracked object the
+Serving allocates few reference cycles per request (bench/README.md, "Figures behind design
+choices", has the count), but every collection of the oldest generation walks every tracked object the
 process holds: the loaded frameworks, the models, the application (some 10^5 to 10^6 objects,
 tens of milliseconds). :func:`settle_heap` collects once, then moves every surviving object to
 the permanent generation (``gc.freeze``, Python docs: "gc.freeze ... move all objects tracked by

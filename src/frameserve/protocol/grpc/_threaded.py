@@ -1,10 +1,9 @@
 """The server's own gRPC server: ``grpc.server`` with a thread pool (:class:`ThreadedGrpcServer`).
 
 Chosen by measurement over ``grpc.aio`` (bench/serving.py's add_sub, perf_analyzer, the same
-decode/run/encode code on both): the thread-pool server spent 25-30 % less CPU per request
-(465 against 610 us at concurrency 8, 510 against 690 at 1, on two cores) and answered
-15-40 % more requests; an empty ``grpc.aio`` handler alone costs about what Triton spends on a
-whole add_sub request. The aio server wakes the event loop from its poller thread for each
+decode/run/encode code on both): the thread-pool server spends less CPU per request and answers
+more requests (the figures, and the command that measures them, are in bench/README.md,
+"Figures behind design choices"). The aio server wakes the event loop from its poller thread for each
 completion-queue event (a socket write per event); the thread-pool server runs each call on a
 pool thread that gRPC's core wakes directly.
 
@@ -71,8 +70,8 @@ WATCH_STREAMS = 4
 
 WORKING_THREADS = 4
 """Pool threads decoding, running or encoding an inference at once; the others wait for the
-model or for their turn without taking the interpreter's lock (measured: 32 threads computing
-at once cost 35 % more CPU per add_sub request than 4)."""
+model or for their turn without taking the interpreter's lock (more threads computing at once
+cost more CPU per request: bench/README.md, "Figures behind design choices")."""
 
 _WATCH_INTERVAL_S = 1.0
 _POLL_S = 0.1  # how often a call waiting for its model looks whether its client is still there
