@@ -1,10 +1,10 @@
 """Short-video mode: many short files (moderation, tagging), key frames only, results as soon
 as they exist.
 
-A new file should not pay the full open cost. Measured on this machine kind (720p H.264,
-PyAV 18), the cost of a cold open is not the decoder: creating and opening an H.264 decoder
-context takes ~0.1 ms. It is FFmpeg's stream probing (``avformat_find_stream_info`` decodes the
-first frames of every stream to learn their parameters: ~30 ms at 720p) plus, in
+A new file should not pay the full open cost. The cost of a cold open is not the decoder
+(creating and opening an H.264 decoder context is cheap); it is FFmpeg's stream probing
+(``avformat_find_stream_info`` decodes the first frames of every stream to learn their
+parameters) plus, in
 :class:`~frameserve.video.VideoSource`'s ``keyframes`` mode, a second open and a demux pass to
 rank the key frames. :class:`KeyframeReader` therefore:
 

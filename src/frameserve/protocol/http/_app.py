@@ -24,7 +24,7 @@ Every failure answers ``{"error": "<message>"}`` with the status of the error's 
 Every request first passes the gate (:mod:`frameserve.protocol.http._auth`: bearer tokens and
 roles, cross-site refusals); load and unload run only in model control mode ``explicit``.
 Inference POSTs are answered straight from the raw ASGI messages, before FastAPI's own layers
-(its OpenTelemetry hook, middleware and routing cost ~30% of a small request here); the other
+(its OpenTelemetry hook, middleware and routing are a large share of a small request); the other
 routes are plain Starlette routes over the raw body (no validation layer). Bodies are encoded
 with orjson; everything that may block (inference without a scheduler, load, unload, codec work
 on bodies over 1 MiB) runs off the event loop. Requests that never reach a model (unknown model
