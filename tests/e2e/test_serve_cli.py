@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 import tritonclient.http as httpclient
 from _serving import SLOW_WIDTH, ServeProcess, make_repository
+from _wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -73,20 +76,35 @@ def test_serve_starts_reports_ports_and_stops_gracefully(tmp_path: Path) -> None
         head = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[8192,%d],"parameters":{"binary_data_size":%d}}],' \
                b'"parameters":{"binary_data_output":true}}' % (SLOW_WIDTH, len(raw))
         result: dict[str, object] = {}
+        sent = threading.Event()
+
+        def body() -> Iterator[bytes]:
+            yield head
+            yield raw
+            sent.set()  # httpx asks for more only once the last chunk is written to the socket
 
         def call() -> None:
             try:
-                r = httpx.post(f"{base}/v2/models/slow/infer", content=head + raw, trust_env=False, timeout=60,
-                               headers={"Inference-Header-Content-Length": str(len(head))})
+                r = httpx.post(f"{base}/v2/models/slow/infer", content=body(), trust_env=False, timeout=60,
+                               headers={"Inference-Header-Content-Length": str(len(head)),
+                                        "Content-Length": str(len(head) + len(raw))})
                 result["status"] = r.status_code
                 result["size"] = len(r.content)
                 result["done"] = time.monotonic()
             except Exception as exc:  # reported by the assertion below
                 result["error"] = repr(exc)
 
+        server = psutil.Process(srv.proc.pid)
+
+        def server_cpu_s() -> float:
+            return sum(sum(p.cpu_times()[:2]) for p in (server, *server.children(recursive=True)))
+
+        idle_cpu_s = server_cpu_s()
         t = threading.Thread(target=call)
         t.start()
-        time.sleep(0.4)  # the body is sent and the model is running
+        wait_for(sent.is_set, what="the request body sent")
+        # the model (seconds of compute) is running: the server has spent a fifth of a second since
+        wait_for(lambda: server_cpu_s() > idle_cpu_s + 0.2, what="the server computing the request")
         signalled = time.monotonic()
         assert srv.stop(timeout_s=60) == 0
         t.join(30)

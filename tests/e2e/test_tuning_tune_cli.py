@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +178,9 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path, test_home: Path) -> None
         assert proc.stderr is not None
         line = proc.stderr.readline()  # "searching N configurations ...": trials start now
         assert line.startswith("searching"), line
-        time.sleep(3.0)
+        while not line.startswith("trial "):  # a trial measured (stderr is no terminal: a line each)
+            line = proc.stderr.readline()
+            assert line, "tune ended before its first trial"
         proc.send_signal(signal.SIGINT)
         # past the 120 s budget: a Ctrl-C that was lost lets the tune end by itself (exit 0, and
         # the assertions below say so with its stderr) instead of timing out here

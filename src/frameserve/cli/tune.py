@@ -78,6 +78,9 @@ def tune_command(
             m = trial.measurement
             tail = f"error: {trial.error}" if m is None else f"{m.throughput:,.1f}/s p99 {m.p99_ms:.3g} ms"
             progress.update(task, completed=done, total=planned, description=f"{trial.phase}: {tail}")
+            if not err_console.is_terminal:  # no live bar to read: a line per trial, for logs
+                progress.console.print(f"trial {done}/{planned} {trial.phase}: {tail}", markup=False, highlight=False,
+                                       soft_wrap=True)
 
         def on_stage(line: str) -> None:
             progress.console.print(Text(line, style="dim"), highlight=False, soft_wrap=True)
