@@ -11,11 +11,11 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from _wait import wait_for
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "triton_peer.sh"
 REQUIRE_ENV = "FRAMESERVE_REQUIRE_TRITON_PEER"
@@ -105,17 +105,19 @@ class TritonPeer:
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         url = f"http://127.0.0.1:{self.ports['HTTP']}/v2/health/ready"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"tritonserver exited with {self.proc.returncode}: {self.log[-3000:]}")
             try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return
+                return httpx.get(url, timeout=2).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"tritonserver not ready after {timeout_s} s: {self.log[-3000:]}")
+                return False
+
+        try:
+            wait_for(ready, timeout_s, "tritonserver to be ready", every_s=0.2)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {self.log[-3000:]}") from None
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         if self.proc.poll() is None:

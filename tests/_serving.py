@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from _models import _save, add_model, scale_model
+from _wait import wait_for
 from onnx import TensorProto, helper, numpy_helper
 
 TRITON_EXAMPLES = Path(__file__).resolve().parent / "data" / "triton_repo"
@@ -156,11 +157,10 @@ class ServeProcess:
 
     def wait_stderr(self, text: str, timeout_s: float = 10.0) -> bool:
         """Whether ``text`` shows up on stderr within ``timeout_s`` (stderr is read by its own thread)."""
-        deadline = time.monotonic() + timeout_s
-        while text not in self.stderr:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
+        try:
+            wait_for(lambda: text in self.stderr, timeout_s, repr(text), every_s=0.02)
+        except AssertionError:
+            return False
         return True
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:

@@ -35,7 +35,7 @@ class Slow(frameserve.Pipeline):
         return {"v": np.array([frame.index], np.int32)}
 
     def process(self, batch, models):
-        time.sleep(float(self.params["sleep_s"]))
+        time.sleep(float(self.params["sleep_s"]))  # the pipeline's work, as long as the test asks
         return [{"v": int(item.inputs["v"][0])} for item in batch]
 '''
 

@@ -64,7 +64,7 @@ class Gate(frameserve.Pipeline):
     def process(self, batch, models):
         if batch[0].frame.index >= 4:
             while not os.path.exists(self.params["gate"]):
-                time.sleep(0.05)
+                time.sleep(0.05)  # the pipeline (its own process) polls the test's gate file
         return [{"v": int(item.inputs["v"][0])} for item in batch]
 '''
 
@@ -85,7 +85,7 @@ class Hang(frameserve.Pipeline):
     def process(self, batch, models):
         if batch[0].frame.index >= 3:
             while True:
-                time.sleep(1)
+                time.sleep(1)  # a hook that hangs for ever: what the test is about
         return [{"v": int(item.inputs["v"][0])} for item in batch]
 '''
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from _browser import CHROMIUM, playwright
 from _models import scale_model
 from _serving import ServeProcess
 from _user_pipelines import make_repository
+from _wait import FINISHED_JOB, wait_value
 
 pytestmark = pytest.mark.e2e
 
@@ -63,12 +63,8 @@ def _bearer(who: str) -> dict[str, str]:
 
 
 def _wait_job(base: str, job_id: str, who: str, timeout_s: float = 300) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        job = httpx.get(f"{base}/v1/jobs/{job_id}", headers=_bearer(who), timeout=10).json()
-        if job["state"] in ("succeeded", "failed", "cancelled") or time.monotonic() > deadline:
-            return job
-        time.sleep(0.2)
+    return wait_value(lambda: httpx.get(f"{base}/v1/jobs/{job_id}", headers=_bearer(who), timeout=10).json(),
+                      lambda job: job["state"] in FINISHED_JOB, timeout_s, f"job {job_id} to finish", every_s=0.2)
 
 
 @pytest.fixture(scope="module")

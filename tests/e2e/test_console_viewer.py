@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,18 +20,15 @@ import pytest
 from _browser import CHROMIUM, playwright
 from _serving import ServeProcess
 from _user_pipelines import make_repository
+from _wait import FINISHED_JOB, wait_value
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = {"alice": "alice-token-0123456789abcdef0123456789", "bob": "bob-token-0123456789abcdef0123456789ab"}
 
 
 def _wait_job(base: str, job_id: str, headers: dict[str, str], timeout_s: float = 300) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        job = httpx.get(f"{base}/v1/jobs/{job_id}", headers=headers, timeout=10).json()
-        if job["state"] in ("succeeded", "failed", "cancelled") or time.monotonic() > deadline:
-            return job
-        time.sleep(0.2)
+    return wait_value(lambda: httpx.get(f"{base}/v1/jobs/{job_id}", headers=headers, timeout=10).json(),
+                      lambda job: job["state"] in FINISHED_JOB, timeout_s, f"job {job_id} to finish", every_s=0.2)
 
 
 @pytest.fixture(scope="module")

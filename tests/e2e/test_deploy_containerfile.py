@@ -47,6 +47,7 @@ from typing import Any
 
 import httpx
 import pytest
+from _wait import wait_value
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTAINERFILE = ROOT / "deploy" / "Containerfile"
@@ -302,12 +303,12 @@ def test_containerfile_builds_installs_and_serves_as_non_root(scratch: Path, nud
     proc = subprocess.Popen(command, env=env, cwd=state["cwd"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, stdin=subprocess.DEVNULL, **kw)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            check = subprocess.run(health, env=env, capture_output=True, text=True, timeout=10, **kw)
-            if check.returncode == 0 or proc.poll() is not None or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        try:
+            check = wait_value(lambda: subprocess.run(health, env=env, capture_output=True, text=True, timeout=10, **kw),
+                               lambda c: c.returncode == 0 or proc.poll() is not None, 60, "the HEALTHCHECK to pass",
+                               every_s=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nlog:\n" + "\n".join(stages.log)) from None
         assert check.returncode == 0, f"HEALTHCHECK never passed: {check.stderr[-1000:]}\nlog:\n" + "\n".join(stages.log)
         if user is not None:
             status = Path(f"/proc/{proc.pid}/status").read_text()

@@ -219,11 +219,12 @@ class Fleet:
 
 def _killer(fleet: Fleet, faults: Path, first: WorkerProcess, done: threading.Event, rng: random.Random) -> None:
     """SIGKILL the worker paused after its upload, then a random worker every KILL_EVERY_S."""
-    deadline = time.monotonic() + 120
-    while not (faults / f"after_upload.{first.pid}").exists() and not done.is_set():
-        if time.monotonic() > deadline or first.proc.poll() is not None:
+    def paused() -> bool:
+        if first.proc.poll() is not None:
             raise AssertionError(f"the first worker never paused after an upload:\n{first.stderr()[-3000:]}")
-        time.sleep(0.02)
+        return (faults / f"after_upload.{first.pid}").exists() or done.is_set()
+
+    wait_for(paused, 120, "the first worker to pause after an upload", every_s=0.02)
     if done.is_set():
         return
     fleet.kill_and_replace(0)
@@ -286,10 +287,11 @@ def test_workers_killed_at_random_complete_every_job_once(
     t0 = time.monotonic()
     killer.start()
     try:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while not failure and store.counts()["succeeded"] < N_JOBS:
-            assert time.monotonic() < deadline, (store.counts(), _tail_logs(fleet))
-            time.sleep(0.1)
+        try:
+            wait_for(lambda: failure or store.counts()["succeeded"] >= N_JOBS, RUN_TIMEOUT_S, "every job to succeed",
+                     every_s=0.1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {store.counts()}\n{_tail_logs(fleet)}") from None
         done.set()
         killer.join(30)
         assert not failure, failure

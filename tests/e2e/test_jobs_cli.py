@@ -9,10 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from _wait import wait_for
 from test_jobs_crash import make_video
 
 
@@ -40,10 +40,11 @@ def test_submit_run_and_read_back_through_the_cli(tmp_path: Path, test_home: Pat
     worker = subprocess.Popen([*cli, "worker", "--lease-s", "5", "--threads", "1"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while json.loads(run("jobs", "get", job_id).stdout)["state"] != "succeeded":
-            assert worker.poll() is None and time.monotonic() < deadline
-            time.sleep(0.3)
+        def succeeded() -> bool:
+            assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""
+            return json.loads(run("jobs", "get", job_id).stdout)["state"] == "succeeded"
+
+        wait_for(succeeded, 120, "the job to succeed", every_s=0.3)
     finally:
         worker.send_signal(signal.SIGTERM)
         _, err = worker.communicate(timeout=60)

@@ -283,7 +283,7 @@ def _stop_outside_a_write(proc: subprocess.Popen[bytes], url: str) -> None:
             return
         except sqlite3.OperationalError:  # frozen mid-write: let it finish, then stop it again
             proc.send_signal(signal.SIGCONT)
-            time.sleep(0.05)
+            time.sleep(0.05)  # let the frozen write run a moment (then stop it again and retry)
             proc.send_signal(signal.SIGSTOP)
         finally:
             con.close()

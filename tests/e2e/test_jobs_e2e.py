@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import json
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from _pg import free_port
+from _wait import wait_for, wait_value
 
 from frameserve.config import Settings
 from frameserve.jobs.embedded import EmbeddedJobs
@@ -102,10 +102,7 @@ def api(tmp_path: Path, test_home: Path, s3: str) -> Iterator[tuple[str, Embedde
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
+    wait_for(lambda: server.started, 20, "uvicorn to start", every_s=0.02)
     jobs.start()
     yield f"http://127.0.0.1:{port}", jobs
     jobs.stop()
@@ -153,10 +150,8 @@ def test_carphone_job_over_http_to_s3_with_a_signed_callback(api: tuple[str, Emb
 
     assert final["state"] == "succeeded" and final["progress"] == 100.0
     assert set(final["timings"]) == {"download_s", "process_s", "upload_s"}
-    deadline = time.monotonic() + 10
-    while final["callback"]["state"] != "delivered" and time.monotonic() < deadline:
-        time.sleep(0.05)
-        final = jobs.store.get(job_id).to_resource()
+    final = wait_value(lambda: jobs.store.get(job_id).to_resource(), lambda job: job["callback"]["state"] == "delivered",
+                       10, "the callback to be delivered", every_s=0.05)
     assert final["callback"]["state"] == "delivered" and final["callback"]["webhook_id"] == headers["webhook-id"]
     phases = [e["data"]["phase"] for e in events if e["type"] == "phase"]
     assert phases == ["download", "process", "upload"]

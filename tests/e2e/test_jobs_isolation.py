@@ -44,7 +44,7 @@ class {cls}(frameserve.Pipeline):
 CRASHERS = {
     "segfault": "            import ctypes\n            ctypes.string_at(0)",
     "exit7": "            import os\n            os._exit(7)",
-    "hang": "            import time\n            while True:\n                time.sleep(1)",
+    "hang": "            import time\n            while True:\n                time.sleep(1)",  # a hook that hangs: the test's subject
     "hog": "            hog = bytearray(8 << 30)\n            hog[::4096] = b'x' * len(hog[::4096])",
 }
 
@@ -80,7 +80,7 @@ class Prober:
                         self.failures.append(f"{r.status_code} {r.text[:200]}")
                 except httpx.HTTPError as exc:
                     self.failures.append(repr(exc))
-                time.sleep(0.05)
+                time.sleep(0.05)  # the client's pace: a steady trickle of requests while the job runs
 
     def __enter__(self) -> Prober:
         self._thread.start()

@@ -28,6 +28,7 @@ import httpx
 import pytest
 from _serving import ServeProcess, frameserve_command
 from _user_pipelines import BRIGHTNESS, make_repository, make_video
+from _wait import wait_for
 
 from frameserve._sse import Event, EventReader
 
@@ -45,7 +46,7 @@ class Slow(frameserve.Pipeline):
         return {"v": np.array([frame.index], np.int32)}
 
     def process(self, batch, models):
-        time.sleep(0.06)
+        time.sleep(0.06)  # the pipeline's work: slow enough that the test sees it live
         return [{"v": int(item.inputs["v"][0])} for item in batch]
 '''
 
@@ -65,20 +66,12 @@ class Hang(frameserve.Pipeline):
     def process(self, batch, models):
         if batch[0].frame.index >= 3:
             while True:
-                time.sleep(1)
+                time.sleep(1)  # a hook that hangs for ever: what the test is about
         return [{"v": int(item.inputs["v"][0])} for item in batch]
 '''
 
 FRAMES = 60
 CAP_S = 30
-
-
-def wait_for(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

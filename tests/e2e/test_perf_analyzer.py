@@ -95,7 +95,7 @@ def test_perf_analyzer_with_system_shared_memory(shm_server: ServeProcess, proto
     with httpx.Client(trust_env=False, timeout=5) as http:
         while proc.poll() is None and not {"a_0_0", "b_0_0", "sum", "diff"} <= seen:
             seen |= {r["name"] for r in http.get(status_url).json()}
-            time.sleep(0.02)
+            time.sleep(0.02)  # sampling the regions while perf_analyzer holds them (it unregisters at exit)
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out[-3000:]
         assert {"a_0_0", "b_0_0", "sum", "diff"} <= seen, (seen, out[-2000:])  # inputs and outputs in regions

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import av
 import httpx
 import pytest
 from _serving import ServeProcess
+from _wait import FINISHED_JOB, wait_value
 
 pytestmark = pytest.mark.e2e
 
@@ -79,12 +79,8 @@ def test_readme_example_runs_as_a_job_through_serve(tmp_path: Path, carphone: Pa
                 "pipeline": "crop-scores", "params": {"video_out": True}}
         resp = httpx.post(f"{base}/v1/jobs", json=body, timeout=10)
         assert resp.status_code == 201, resp.text
-        deadline = time.monotonic() + 240
-        while True:
-            job = httpx.get(f"{base}/v1/jobs/{resp.json()['id']}", timeout=10).json()
-            if job["state"] in ("succeeded", "failed", "cancelled") or time.monotonic() > deadline:
-                break
-            time.sleep(0.25)
+        job = wait_value(lambda: httpx.get(f"{base}/v1/jobs/{resp.json()['id']}", timeout=10).json(),
+                         lambda job: job["state"] in FINISHED_JOB, 240, "the job to finish", every_s=0.25)
         assert job["state"] == "succeeded", job
         assert job["result"]["summary"]["frames_with_faces"] >= 108
         outputs = job["result"]["outputs"]

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -16,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _videogen import make_video  # noqa: E402
+from _wait import wait_for, wait_value
 
 
 def test_cli_single_and_parallel_give_the_same_frames(cli, carphone, nudenet_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -66,13 +66,14 @@ def test_ctrl_c_exits_130_and_leaves_nothing(test_home, nudenet_model, tmp_path)
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        deadline = time.monotonic() + 120
-        children: list[psutil.Process] = []
-        while time.monotonic() < deadline and not children and proc.poll() is None:
-            time.sleep(0.2)
-            children = _decode_children(proc.pid)
-        assert children, "the decode process never started"
-        time.sleep(1.5)  # frames flowing
+        children = wait_value(lambda: _decode_children(proc.pid) if proc.poll() is None else ["exited"], bool, 120,
+                              "the decode process to start", every_s=0.2)
+        assert children != ["exited"], "the run ended before its decode process started"
+
+        def frames_flowing() -> bool:  # the streamed results file has records
+            return proc.poll() is not None or any(p.stat().st_size > 0 for p in tmp_path.glob(".r.json*"))
+
+        wait_for(frames_flowing, 120, "results to stream to the partial file", every_s=0.05)
         assert proc.poll() is None, "finished before it could be interrupted"
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
         _, stderr = proc.communicate(timeout=60)
@@ -82,9 +83,13 @@ def test_ctrl_c_exits_130_and_leaves_nothing(test_home, nudenet_model, tmp_path)
             proc.wait()
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr and "Traceback" not in stderr
-    time.sleep(0.2)
-    for child in children:
-        assert not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE
+    def gone(child: psutil.Process) -> bool:
+        try:
+            return not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(lambda: all(gone(c) for c in children), 10, "the decode processes to end")
     assert not list(Path("/dev/shm").glob(f"frameserve-{proc.pid}-*"))
     assert not (tmp_path / "r.json").exists() and not list(tmp_path.glob(".r.json*"))
 

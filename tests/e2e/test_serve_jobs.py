@@ -4,12 +4,12 @@ submitted with HTTP, watched, its result read, and a short clip analysed in one 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
 from _serving import ServeProcess
 from _user_pipelines import make_pipelines, make_repository
+from _wait import FINISHED_JOB, wait_value
 
 
 def test_serve_runs_embedded_jobs_end_to_end(tmp_path: Path, carphone: Path, nudenet_model: Path) -> None:
@@ -43,12 +43,8 @@ def test_serve_runs_embedded_jobs_end_to_end(tmp_path: Path, carphone: Path, nud
         bad = httpx.post(f"{base}/v1/jobs", json={**body, "pipeline": "nosuch"}, timeout=10)
         assert bad.status_code == 404 and "nudenet" in bad.json()["error"] + json.dumps(bad.json().get("detail"))
         job_id = first.json()["id"]
-        deadline = time.monotonic() + 120
-        while True:
-            job = httpx.get(f"{base}/v1/jobs/{job_id}", timeout=10).json()
-            if job["state"] in ("succeeded", "failed", "cancelled") or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        job = wait_value(lambda: httpx.get(f"{base}/v1/jobs/{job_id}", timeout=10).json(),
+                         lambda job: job["state"] in FINISHED_JOB, 120, "the job to finish", every_s=0.2)
         assert job["state"] == "succeeded", job
         labels = job["result"]["summary"]["labels"]
         assert max(labels.get(k, {"frames": 0})["frames"] for k in ("FACE_FEMALE", "FACE_MALE")) >= 108

@@ -78,12 +78,12 @@ class TritonPythonModel:
                                       daemon=True)
             thread.start()
             self.threads.append(thread)
-            time.sleep(int(wait[0]) / 1000)
+            time.sleep(int(wait[0]) / 1000)  # the model's own delay, set by the request (what is tested)
         return None
 
     def respond(self, sender, values, delays):
         for i, (value, delay) in enumerate(zip(values, delays)):
-            time.sleep(int(delay) / 1000)
+            time.sleep(int(delay) / 1000)  # the delay before each response, set by the request
             if value < 0:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"negative value {value} at {i}")))
                 continue

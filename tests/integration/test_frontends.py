@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from _models import add_model
 from _serving import make_repository
+from _wait import wait_for
 from tritonclient.utils import InferenceServerException
 
 from frameserve.repository import ModelRepository
@@ -264,13 +264,14 @@ def _scale(server: Server, i: int) -> np.ndarray:
 
 
 def _wait_replaced(server: Server, index: int, old: int, timeout_s: float = 60.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def replaced() -> bool:
         pid = server.frontend_pids[index]  # None until the new one listens
-        if pid is not None and pid != old:
-            return pid
-        time.sleep(0.05)
-    raise AssertionError(f"front end {index} was not replaced within {timeout_s} s")
+        return pid is not None and pid != old
+
+    wait_for(replaced, timeout_s, f"front end {index} to be replaced", every_s=0.05)
+    pid = server.frontend_pids[index]
+    assert pid is not None
+    return pid
 
 
 def test_a_front_end_killed_with_sigkill_is_replaced(server: Server) -> None:

@@ -42,7 +42,7 @@ def slow(seconds: float, started: threading.Event | None = None, stopped: list[s
         steps = max(1, int(seconds / 0.02))
         try:
             for i in range(steps):
-                time.sleep(0.02)
+                time.sleep(0.02)  # the job's work (``seconds`` of it), not a wait
                 progress(i + 1, steps)
         except BaseException:
             if stopped is not None:

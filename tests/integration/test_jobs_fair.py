@@ -9,6 +9,7 @@ import threading
 
 import pytest
 from _pg import db_url, pg_server  # noqa: F401  (fixtures)
+from _wait import wait_for
 
 from frameserve.errors import QuotaExceededError
 from frameserve.jobs import JobSpec, JobStore
@@ -196,10 +197,10 @@ def test_two_workers_keep_a_tenants_running_jobs_and_a_finish_wakes_them(db_url:
                                     owner="alice"))[0].id for i in range(2)]
         for w in workers:
             w.start()
-        _wait(lambda: store.get(ids[0]).state == "running", "alice's first job to start")
+        wait_for(lambda: store.get(ids[0]).state == "running", what="alice's first job to start")
         assert store.get(ids[1]).state == "queued"  # two idle workers, yet alice is at running_jobs
         gate.set()
-        _wait(lambda: all(store.get(i).state == "succeeded" for i in ids), "both of alice's jobs to finish")
+        wait_for(lambda: all(store.get(i).state == "succeeded" for i in ids), what="both of alice's jobs to finish")
         assert most[0] == 1
     finally:
         gate.set()
@@ -208,12 +209,3 @@ def test_two_workers_keep_a_tenants_running_jobs_and_a_finish_wakes_them(db_url:
         for w in workers:
             w.join(30)
         store.close()
-
-
-def _wait(pred, what: str, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)

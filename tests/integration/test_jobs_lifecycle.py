@@ -395,7 +395,7 @@ def test_retention_removes_only_old_finished_jobs_in_batches_with_two_pruners_ra
                 passes[name].append((t0, time.monotonic(), sum(got.values())))
                 if not got:
                     return
-            time.sleep(0.001)
+            time.sleep(0.001)  # a pruner pass's rest (the two pruners interleave), not a wait
 
     threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
     for t in threads:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _wait import wait_for
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
@@ -112,14 +113,12 @@ def test_worker_retention_days_prunes_at_start_and_counts_it(tmp_path: Path) -> 
         assert proc.stdout is not None
         line = proc.stdout.readline()
         port = int(line.rsplit(":", 1)[1])
-        deadline = time.monotonic() + 30
-        text = ""
-        while time.monotonic() < deadline:
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-            if 'frameserve_jobs_pruned_total{state="succeeded"} 1.0' in text:
-                break
-            time.sleep(0.2)
-        assert 'frameserve_jobs_pruned_total{state="succeeded"} 1.0' in text, text[-2000:]
+        def metrics() -> str:
+            return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+
+        wait_for(lambda: 'frameserve_jobs_pruned_total{state="succeeded"} 1.0' in metrics(), 30,
+                 "the pruned succeeded job counted", every_s=0.2)
+        text = metrics()
         assert 'state="failed"' not in text.split("frameserve_jobs_pruned_total", 1)[1].split("# HELP", 1)[0]
     finally:
         proc.terminate()
@@ -140,11 +139,8 @@ def test_the_embedded_service_prunes_with_a_retention(tmp_path: Path) -> None:
                             export_queue_metrics=False, retention=RetentionPolicy.of(cancelled=2))
     embedded.start()
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and registry.get_sample_value(
-                "frameserve_jobs_pruned_total", {"state": "cancelled"}) != 1.0:
-            time.sleep(0.05)
-        assert registry.get_sample_value("frameserve_jobs_pruned_total", {"state": "cancelled"}) == 1.0
+        wait_for(lambda: registry.get_sample_value("frameserve_jobs_pruned_total", {"state": "cancelled"}) == 1.0,
+                 20, "the pruned cancelled job counted")
     finally:
         embedded.stop()
     assert {j.id for j in store.list_jobs(limit=10)[0]} == {young} and old != young

@@ -5,13 +5,13 @@ params reach the runner; the pipeline's video (output.mp4) is an output when ask
 from __future__ import annotations
 
 import json
-import time
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import av
 import numpy as np
+from _wait import wait_for
 
 from frameserve.config import Settings
 from frameserve.jobs import JobSpec, JobStore
@@ -56,10 +56,8 @@ def test_bad_video_fails_alone_and_params_reach_the_runner(tmp_path: Path, test_
                     lease_s=5, poll_s=0.02)
     worker.start()
     try:
-        deadline = time.monotonic() + 120
-        while not all(store.get(j).state in ("succeeded", "failed") for j in (bad, every2, annotated)):
-            assert time.monotonic() < deadline, store.counts()
-            time.sleep(0.05)
+        wait_for(lambda: all(store.get(j).state in ("succeeded", "failed") for j in (bad, every2, annotated)), 120,
+                 "every job to finish", every_s=0.05)
     finally:
         worker.stop()
         worker.join(30)

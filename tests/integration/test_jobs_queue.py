@@ -132,7 +132,7 @@ def test_an_in_process_submit_wakes_the_idle_worker_at_once(tmp_path: Path, file
     w = Worker(store, storage, noop, lease_s=5, poll_s=5.0, safety_poll_s=5.0, listen=False)
     w.start()
     try:
-        time.sleep(0.3)  # idle: in its wait
+        time.sleep(0.3)  # the scenario: a worker idle in its wait (no public state says so)
         got = [pickup_s(store, store.submit(spec(root))[0].id) for _ in range(3)]
     finally:
         w.stop()
@@ -153,7 +153,7 @@ def test_another_process_submit_wakes_the_worker_without_polling(
     try:
         assert w.listener is not None
         assert w.listener.wait_started() == ("watching" if wstore.is_sqlite else "listening")
-        time.sleep(0.3)
+        time.sleep(0.3)  # the scenario: a worker idle in its wait (no public state says so)
         got = [pickup_s(client, client.submit(spec(root))[0].id) for _ in range(3)]
     finally:
         w.stop()

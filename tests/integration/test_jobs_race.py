@@ -17,14 +17,14 @@ import json, sys, time
 from frameserve.jobs import JobStore
 store = JobStore(sys.argv[1])
 go = float(sys.argv[2])
-while time.time() < go:
+while time.time() < go:  # a start line in wall time, shared by the claimer processes (the race)
     time.sleep(0.001)
 claimed, idle = [], 0
 while idle < 20:
     lease = store.claim(sys.argv[3], lease_s=60)
     if lease is None:
         idle += 1
-        time.sleep(0.01)
+        time.sleep(0.01)  # the claimer's own back-off (part of the race): 20 empty claims end it
         continue
     idle = 0
     store.complete(lease, {"by": sys.argv[3]})

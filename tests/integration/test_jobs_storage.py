@@ -32,7 +32,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(PAYLOAD[:10])
             self.wfile.flush()
-            time.sleep(1.0)
+            time.sleep(1.0)  # a stalled origin is what is tested: the rest comes a second later
         else:
             self.send_response(int(self.path.strip("/").split(".")[0]))
             self.send_header("content-length", "0")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import av
 import httpx
 import pytest
 from _user_pipelines import make_pipelines, make_repository, make_video
+from _wait import wait_for
 from fastapi import FastAPI
 from typer.testing import CliRunner
 
@@ -157,10 +157,8 @@ def test_worker_runs_user_pipelines_and_goes_on_after_one_raises(jobs_env, tmp_p
                     lease_s=5, poll_s=0.02)
     worker.start()
     try:
-        deadline = time.monotonic() + 120
-        while not all(store.get(j).state in ("succeeded", "failed") for j in (gained, boom, plain, short)):
-            assert time.monotonic() < deadline, store.counts()
-            time.sleep(0.05)
+        wait_for(lambda: all(store.get(j).state in ("succeeded", "failed") for j in (gained, boom, plain, short)), 120,
+                 "every job to finish", every_s=0.05)
     finally:
         worker.stop()
         worker.join(30)

@@ -137,7 +137,7 @@ def test_cancellation_reaches_a_running_job(env) -> None:  # type: ignore[no-unt
         started.set()
         for i in range(60_000):  # five minutes of work
             progress(i, 60_000)
-            time.sleep(0.005)
+            time.sleep(0.005)  # the job's work (a slow pipeline), not a wait
         finished.set()
 
     lease_s = 0.6

@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from _wait import wait_for
 from tritonclient.utils import InferenceServerException
 
 from frameserve.repository import ModelRepository
@@ -47,7 +48,9 @@ class TritonPythonModel:
             self.n += 1
             x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
             if self.n > {fast}:
-                time.sleep({slow})
+                with open({mark!r}, "w") as f:  # the test waits on this: the n-th run has started
+                    f.write(str(self.n))
+                time.sleep({slow})  # the slow upstream this test is about
                 if "{how}" == "raise":
                     raise pb_utils.TritonModelException("upstream timed out")
                 out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("upstream timed out")))
@@ -57,6 +60,10 @@ class TritonPythonModel:
 """
 
 
+_MARKS: dict[str, Path] = {}
+"""Model name -> the file its slow runs write their run number to (``_MODEL``)."""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root: Path = tmp_path_factory.mktemp("repo")
@@ -64,7 +71,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         name = f"slow_{how}"
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(_CONFIG.format(name=name))
-        (root / name / "1" / "model.py").write_text(_MODEL.format(fast=FAST_REQUESTS, slow=SLOW_S, how=how))
+        _MARKS[name] = root / f"{name}.running"
+        (root / name / "1" / "model.py").write_text(
+            _MODEL.format(fast=FAST_REQUESTS, slow=SLOW_S, how=how, mark=str(_MARKS[name])))
     service = InferenceService(ModelRepository(root), threads=1)
     srv = Server(service, ServerOptions(host="127.0.0.1", http_port=0, grpc_port=None, metrics_port=0))
     srv.start()
@@ -97,7 +106,8 @@ def test_a_model_turned_slow_blocks_the_loop_at_most_once(server: Server, how: s
     worker = threading.Thread(target=lambda: answers.append(_infer(httpclient.InferenceServerClient(base), model)))
     worker.start()
     try:
-        time.sleep(SLOW_S / 5)
+        mark = _MARKS[model]  # in flight: the model's next run (the second slow one) has started
+        wait_for(lambda: mark.exists() and mark.read_text() == str(FAST_REQUESTS + 2), 30, "the slow run to start")
         with httpx.Client(timeout=30, trust_env=False) as http:
             t0 = time.perf_counter()
             assert http.get(f"http://{base}/v2/health/ready").status_code == 200

@@ -379,7 +379,7 @@ def test_cancel_interrupts_a_download_blocked_in_a_read(net: Network, origin: Or
     t = threading.Thread(target=run)
     t.start()
     wait_for(lambda: bool(origin.requests), 10, "the download to start")
-    time.sleep(0.3)  # blocked in a read: the next byte is 5 s away
+    time.sleep(0.3)  # the scenario: cancel while the download is blocked in a read (next byte 5 s away)
     cancel.set()
     t.join(60)
     assert not t.is_alive()
@@ -396,7 +396,7 @@ def test_a_cancelled_job_stops_downloading_blocked_in_a_read(
     w.start()
     try:
         wait_for(lambda: bool(origin.requests), 10, "the download to start")
-        time.sleep(0.2)
+        time.sleep(0.2)  # the scenario: cancel while the download is blocked in a read
         store.cancel(job.id)  # the origin's next byte is two minutes away: cancelled long before it
         wait_for(lambda: store.get(job.id).state == "cancelled", 60, "the job to be cancelled")
     finally:

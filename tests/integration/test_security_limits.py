@@ -81,12 +81,14 @@ def _grpc_call(port: int, payload: bytes) -> tuple[grpc.StatusCode, bytes | str]
 def _ping(port: int, seconds: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
     lat = []
     with httpx.Client(timeout=30) as c:
+        assert c.get(f"http://127.0.0.1:{port}/v2/health/ready").status_code == 200
+        out.put("pinging")
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             t = time.perf_counter()
             assert c.get(f"http://127.0.0.1:{port}/v2/health/ready").status_code == 200
             lat.append(time.perf_counter() - t)
-            time.sleep(0.005)
+            time.sleep(0.005)  # the probe's pace (about 200 a second), as a health checker's
     out.put(lat)
 
 
@@ -111,7 +113,7 @@ def test_health_answers_while_the_largest_bytes_requests_run(server: ServeProces
     out: mp.Queue = mp.get_context("spawn").Queue()  # type: ignore[type-arg]
     pinger = mp.get_context("spawn").Process(target=_ping, args=(http_port, 12.0, out))
     pinger.start()
-    time.sleep(1.5)  # the pinger's interpreter starts
+    assert out.get(timeout=120) == "pinging"  # the pinger's interpreter has started
     with httpx.Client(timeout=120) as client:
         for _ in range(2):
             for (body, js), ok in http_bodies:

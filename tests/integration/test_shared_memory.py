@@ -52,7 +52,7 @@ class TritonPythonModel:
         open(os.path.join(GATE, "started"), "w").close()
         deadline = time.monotonic() + 60
         while not os.path.exists(os.path.join(GATE, "release")) and time.monotonic() < deadline:
-            time.sleep(0.005)
+            time.sleep(0.005)  # the model (its own process) polls the test's "release" file
         return [
             pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() + 1)])
             for r in requests
