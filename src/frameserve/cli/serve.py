@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from frameserve.cli._common import exit_on_error
+from frameserve.cli._job_flags import IsolatePipelines, JobMemoryLimit, JobTimeout, MaxJobTimeout
 from frameserve.cli._retention import (
     RetentionCancelled,
     RetentionDays,
@@ -176,10 +177,10 @@ def serve_command(
     export_queue_metrics: Annotated[bool, typer.Option("--export-queue-metrics/--no-export-queue-metrics", help="With --jobs: export the database-wide queue gauges (frameserve_jobs_by_state, _pending, ...) on the metrics port. Keep ONE exporter per database (this server, or one `worker --export-queue-metrics`) so Prometheus does not add them up.")] = True,
     db: Annotated[str | None, typer.Option("--db", help="Job database, an SQLAlchemy URL (env FRAMESERVE_DB; default: SQLite under $FRAMESERVE_HOME).")] = None,
     file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Folder allowed for file:// job and /v1/analyze sources and targets; repeatable; {tenant} in it (a whole segment: /data/{tenant}) confines each tenant (token NAME) to its folder, 'default' without tokens (env FRAMESERVE_FILE_ROOTS; default: $FRAMESERVE_HOME/storage, with tokens $FRAMESERVE_HOME/storage/{tenant}).")] = None,
-    job_timeout_s: Annotated[float | None, typer.Option("--job-timeout-s", min=0.001, help="Longest processing of one job attempt, seconds; past it the pipeline is stopped and the attempt fails with code timeout (retried while attempts are left) (env FRAMESERVE_JOB_TIMEOUT_S; default 14400).", show_default=False)] = None,
-    max_job_timeout_s: Annotated[float | None, typer.Option("--max-job-timeout-s", min=0.001, help="Cap on a job's own timeout_s (POST /v1/jobs; 422 above it), seconds (env FRAMESERVE_MAX_JOB_TIMEOUT_S; default 86400, or --job-timeout-s when larger).", show_default=False)] = None,
-    job_memory_limit_mb: Annotated[int | None, typer.Option("--job-memory-limit-mb", min=64, help="Address-space limit of each process that runs a job's pipeline (its process and its decode process), MiB (env FRAMESERVE_JOB_MEMORY_LIMIT_MB; default none).", show_default=False)] = None,
-    isolate_pipelines: Annotated[bool | None, typer.Option("--isolate-pipelines/--no-isolate-pipelines", help="Run job pipelines in a child process, so a crash or a hang ends the job, not this process (env FRAMESERVE_ISOLATE_PIPELINES=0 turns it off; default on).", show_default=False)] = None,
+    job_timeout_s: JobTimeout = None,
+    max_job_timeout_s: MaxJobTimeout = None,
+    job_memory_limit_mb: JobMemoryLimit = None,
+    isolate_pipelines: IsolatePipelines = None,
     shared_file_root: Annotated[bool | None, typer.Option("--shared-file-root/--no-shared-file-root", help="With tokens: let every tenant use the file roots and S3 entries without {tenant} (shared storage, on purpose); without it the server refuses to start with such a root (env FRAMESERVE_SHARED_FILE_ROOT=1).", show_default=False)] = None,
     s3_endpoint_url: Annotated[str | None, typer.Option("--s3-endpoint-url", help="S3-compatible endpoint for s3:// job sources and targets (env FRAMESERVE_S3_ENDPOINT_URL; default: AWS).")] = None,
     webhook_secret: Annotated[str | None, typer.Option("--webhook-secret", help="whsec_... key that signs job callbacks (env FRAMESERVE_WEBHOOK_SECRET).")] = None,

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from frameserve.cli._common import exit_on_error
+from frameserve.cli._job_flags import IsolatePipelines, JobMemoryLimit, JobTimeout, MaxJobTimeout
 from frameserve.cli._retention import (
     RetentionCancelled,
     RetentionDays,
@@ -60,10 +61,10 @@ def worker_command(
     db: Annotated[str | None, typer.Option("--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME).")] = None,
     storage: Annotated[list[str] | None, typer.Option("--storage", help="Storage: a folder or file:// URI adds a file root; an http(s):// URL is the S3-compatible endpoint for s3://.")] = None,
     file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Folder allowed for file:// sources and targets (repeatable); {tenant} in it (a whole segment: /data/{tenant}) confines each job to its owner's folder, 'default' for the implicit owner (env FRAMESERVE_FILE_ROOTS; default $FRAMESERVE_HOME/storage for the implicit owner, $FRAMESERVE_HOME/storage/{tenant} for named tenants).")] = None,
-    job_timeout_s: Annotated[float | None, typer.Option("--job-timeout-s", min=0.001, help="Longest processing of one job attempt, seconds; past it the pipeline is stopped and the attempt fails with code timeout (retried while attempts are left) (env FRAMESERVE_JOB_TIMEOUT_S; default 14400).", show_default=False)] = None,
-    max_job_timeout_s: Annotated[float | None, typer.Option("--max-job-timeout-s", min=0.001, help="Cap on a job's own timeout_s (POST /v1/jobs; 422 above it), seconds (env FRAMESERVE_MAX_JOB_TIMEOUT_S; default 86400, or --job-timeout-s when larger).", show_default=False)] = None,
-    job_memory_limit_mb: Annotated[int | None, typer.Option("--job-memory-limit-mb", min=64, help="Address-space limit of each process that runs a job's pipeline (its process and its decode process), MiB (env FRAMESERVE_JOB_MEMORY_LIMIT_MB; default none).", show_default=False)] = None,
-    isolate_pipelines: Annotated[bool | None, typer.Option("--isolate-pipelines/--no-isolate-pipelines", help="Run job pipelines in a child process, so a crash or a hang ends the job, not this process (env FRAMESERVE_ISOLATE_PIPELINES=0 turns it off; default on).", show_default=False)] = None,
+    job_timeout_s: JobTimeout = None,
+    max_job_timeout_s: MaxJobTimeout = None,
+    job_memory_limit_mb: JobMemoryLimit = None,
+    isolate_pipelines: IsolatePipelines = None,
     shared_file_root: Annotated[bool | None, typer.Option("--shared-file-root/--no-shared-file-root", help="Let jobs of named tenants use the file roots and S3 entries without {tenant} (serve's flag; without it such jobs fail) (env FRAMESERVE_SHARED_FILE_ROOT=1).", show_default=False)] = None,
     s3_endpoint_url: Annotated[str | None, typer.Option("--s3-endpoint-url", help="S3-compatible endpoint (env FRAMESERVE_S3_ENDPOINT_URL; default AWS).")] = None,
     webhook_secret: Annotated[str | None, typer.Option("--webhook-secret", help="Standard Webhooks secret, whsec_... (env FRAMESERVE_WEBHOOK_SECRET).")] = None,

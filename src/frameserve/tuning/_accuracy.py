@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -75,15 +75,8 @@ class GateLimits:
             raise InvalidInputError(f"top_k must be >= 1, got {self.top_k}")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON."""
-        return {
-            "max_drop": self.max_drop,
-            "max_box_error_px": self.max_box_error_px,
-            "max_detection_score_change": self.max_detection_score_change,
-            "max_class_score_change": self.max_class_score_change,
-            "min_psnr_db": self.min_psnr_db,
-            "top_k": self.top_k,
-        }
+        """Plain JSON: every field."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -65,13 +65,8 @@ class MeasureSettings:
             raise InvalidInputError(f"max_windows must be >= 2 (two windows must agree), got {self.max_windows}")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON."""
-        return {
-            "window_s": self.window_s,
-            "warmup_s": self.warmup_s,
-            "stability": self.stability,
-            "max_windows": self.max_windows,
-        }
+        """Plain JSON: every field."""
+        return asdict(self)
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:

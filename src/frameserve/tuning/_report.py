@@ -302,20 +302,18 @@ def write_perf_report(result: PerfResult, out: Path) -> dict[str, Path]:
           _series(ok, lambda r: _label(r, "instances", "threads", "batch"), "p99_ms", "throughput"))],
         title=f"{result.model}: throughput vs p99 latency",
     )
-    by_batch = lambda r: _label(r, "instances", "threads", "concurrency")  # noqa: E731
-    files["vs_batch.png"] = line_plot(
-        out / "vs_batch.png",
-        [("batch size", "throughput (inferences/s)", "throughput", _series(ok, by_batch, "batch", "throughput")),
-         ("batch size", "p99 latency (ms)", "p99 latency", _series(ok, by_batch, "batch", "p99_ms"))],
-        title=f"{result.model}: by batch size", log_x=True,
-    )
-    by_conc = lambda r: _label(r, "instances", "threads", "batch")  # noqa: E731
-    files["vs_concurrency.png"] = line_plot(
-        out / "vs_concurrency.png",
-        [("concurrency", "throughput (inferences/s)", "throughput", _series(ok, by_conc, "concurrency", "throughput")),
-         ("concurrency", "p99 latency (ms)", "p99 latency", _series(ok, by_conc, "concurrency", "p99_ms"))],
-        title=f"{result.model}: by concurrency", log_x=True,
-    )
+    # one panel pair per swept axis, a line per setting of the other three
+    for axis, other, xlabel in (("batch", "concurrency", "batch size"), ("concurrency", "batch", "concurrency")):
+        def line_of(r: Mapping[str, Any], other: str = other) -> str:
+            return _label(r, "instances", "threads", other)
+
+        name = f"vs_{axis}.png"
+        files[name] = line_plot(
+            out / name,
+            [(xlabel, "throughput (inferences/s)", "throughput", _series(ok, line_of, axis, "throughput")),
+             (xlabel, "p99 latency (ms)", "p99 latency", _series(ok, line_of, axis, "p99_ms"))],
+            title=f"{result.model}: by {xlabel}", log_x=True,
+        )
     sections: list[tuple[str, str]] = []
     run_facts = [
         ("model", f"{result.model}" + (f" version {result.version}" if result.version is not None else "")),
