@@ -379,6 +379,19 @@ class PythonProcessSession:
     def _count_bytes(self, n: int) -> None:
         self._stats["shm_bytes"] += n
 
+    def _take_tensors(self, block_name: str | None, descs: list[Desc]) -> dict[str, np.ndarray[Any, Any]]:
+        """Copy the tensors the worker left in shared-memory block ``block_name`` (``None``: no
+        block, all inline) out of it, count their bytes, and free the block."""
+        block = open_block(block_name) if block_name else None
+        try:
+            tensors = unpack_tensors(block, descs, copy=True)
+            self._count_bytes(sum(d[5] for d in descs))
+        finally:
+            if block is not None:
+                block.close()
+                block.unlink()
+        return tensors
+
     def _stop(self) -> None:
         proc, chan, pump = self._proc, self._chan, self._pump
         self._proc = self._chan = self._pump = None
@@ -460,14 +473,7 @@ class PythonProcessSession:
         assert self._chan is not None
         _, (model, version, outputs, parameters, request_id, sequence), block_name, descs = msg
         self._stats["bls_calls"] += 1
-        block = open_block(block_name) if block_name else None
-        try:
-            inputs = unpack_tensors(block, descs, copy=True)
-            self._stats["shm_bytes"] += sum(d[5] for d in descs)
-        finally:
-            if block is not None:
-                block.close()
-                block.unlink()
+        inputs = self._take_tensors(block_name, descs)
         infer = self._context.infer
         try:
             if infer is None:
@@ -558,14 +564,7 @@ class PythonProcessSession:
         if decoupled:  # the responses come through the pump
             return [{} for _ in reqs]
         _, out_name, out_descs, results = reply
-        out_block = open_block(out_name) if out_name else None
-        try:
-            arrays = unpack_tensors(out_block, out_descs, copy=True)
-            self._stats["shm_bytes"] += sum(d[5] for d in out_descs)
-        finally:
-            if out_block is not None:
-                out_block.close()
-                out_block.unlink()
+        arrays = self._take_tensors(out_name, out_descs)
         raw: list[dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError] = []
         for i, item in enumerate(results):
             if item[0] == "error":
