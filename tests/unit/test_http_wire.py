@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import uvicorn
 from uvicorn.server import ServerState
 
 from frameserve.protocol.http._wire import LINGER_BYTES, uvicorn_config
@@ -19,9 +18,17 @@ class _Transport(asyncio.Transport):
         super().__init__()
         self.written = bytearray()
         self.closed = False
+        self.wrote = asyncio.Event()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written += data
+        self.wrote.set()
+
+    async def until(self, done: Any) -> None:
+        """Wait (on the handler's writes) until ``done()``."""
+        while not done():
+            self.wrote.clear()
+            await asyncio.wait_for(self.wrote.wait(), 60)
 
     def close(self) -> None:
         self.closed = True
@@ -68,8 +75,7 @@ async def _connection(declared: int) -> tuple[Any, _Transport]:
     transport = _Transport()
     protocol.connection_made(transport)
     protocol.data_received(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % declared)
-    while b"\r\n\r\nno" not in transport.written:  # the handler's task runs: the answer is written
-        await asyncio.sleep(0)
+    await transport.until(lambda: b"\r\n\r\nno" in transport.written)  # the handler's task answered
     return protocol, transport
 
 
@@ -98,8 +104,7 @@ def test_a_small_refused_body_is_parsed_and_the_connection_kept() -> None:
         assert not transport.closed
         n = len(transport.written)
         protocol.data_received(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")  # the next request
-        while len(transport.written) == n:
-            await asyncio.sleep(0)
+        await transport.until(lambda: len(transport.written) > n)
         assert transport.written[n:].startswith(b"HTTP/1.1 401")  # (this app answers every request so)
         assert not transport.closed
         protocol.connection_lost(None)

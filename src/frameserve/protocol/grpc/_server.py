@@ -154,7 +154,8 @@ def create_server(
         raise ValueError(f"max_message_bytes must be >= 1, got {max_message_bytes}")
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    interceptors = [ThreadedTokenInterceptor(tokens, auth_health=auth_health)] if tokens is not None else []
+    interceptors = ([ThreadedTokenInterceptor(tokens, auth_health=auth_health, infer_gate=infer_gate)]
+                    if tokens is not None or infer_gate is not None else [])
     server = grpc.server(
         ThreadPoolExecutor(max_workers=threads, thread_name_prefix="frameserve-grpc"),
         interceptors=interceptors,
