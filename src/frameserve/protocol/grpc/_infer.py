@@ -24,6 +24,7 @@ from frameserve._memory import trim_after
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.protocol._core import InferCore, Outputs, RegionSource, outputs_of
+from frameserve.protocol._lanes import LANES
 from frameserve.protocol.grpc._codec import decode_infer_request, response_parts
 from frameserve.request import TRACEPARENT_CHARS, InferRequest
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
@@ -208,9 +209,9 @@ async def infer(
     """
     shm = shared_memory.use(tenant) if shared_memory is not None else None
     try:
-        if _costly(request):  # many BYTES elements or typed values: decode off the event loop
-            call = await asyncio.to_thread(
-                decode_infer_request, request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant
+        if _costly(request):  # many BYTES elements or typed values: off the event loop, one at a time per tenant
+            call = await LANES.run(
+                tenant, decode_infer_request, request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant
             )
         else:
             call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant)

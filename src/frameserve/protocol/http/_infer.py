@@ -33,6 +33,7 @@ from frameserve.errors import (
     shown,
 )
 from frameserve.protocol._core import BatchingCore, InferCore, LoopBatcher, RegionSource, outputs_of
+from frameserve.protocol._lanes import LANES
 from frameserve.protocol.http import codec
 from frameserve.protocol.http._auth import HttpGate, principal_of
 from frameserve.request import TRACEPARENT_CHARS
@@ -200,7 +201,7 @@ async def _infer_with(
         raw = await read_body()
         encoding = headers.content_encoding
         if encoding and len(raw) > _OFFLOAD_BYTES:
-            body = await asyncio.to_thread(codec.decode_content, raw, encoding, max_bytes=max_body_bytes)
+            body = await LANES.run(tenant, codec.decode_content, raw, encoding, max_bytes=max_body_bytes)
         else:
             body = codec.decode_content(raw, encoding, max_bytes=max_body_bytes)
         header_length = codec.parse_header_length(headers.header_length, len(body))
@@ -209,7 +210,7 @@ async def _infer_with(
                 codec.decode_request, model_name=name, model_version=version, limits=limits, shared_memory=shm,
                 tenant=tenant,
             )
-            req = await asyncio.to_thread(decode, body, header_length)
+            req = await LANES.run(tenant, decode, body, header_length)  # one at a time per tenant
         else:
             req = codec.decode_request(
                 body, header_length, model_name=name, model_version=version, limits=limits, shared_memory=shm,
