@@ -249,3 +249,20 @@ def test_fuzz_responses_decode_back_to_the_same_values(arr: list[float], binary:
         np.testing.assert_array_equal(np.frombuffer(body[n:], "<f4"), a)
     else:
         np.testing.assert_array_equal(np.array(orjson.loads(body)["outputs"][0]["data"], np.float32), a)
+
+
+def test_default_json_cap_is_2_mib_and_binary_tensors_are_not_json() -> None:
+    """A JSON request body over 2 MiB is refused by default (413, naming the flag); a binary
+    request whose tensor is 3 MiB and whose JSON header is small is decoded."""
+    from frameserve.errors import PayloadTooLargeError
+
+    n = (3 << 20) // 10  # ~10 bytes a number: a 3 MiB document
+    doc = json.dumps({"inputs": [{"name": "x", "shape": [n], "datatype": "FP32", "data": [0.123456] * n}]}).encode()
+    assert 2 << 20 < len(doc) < 8 << 20
+    with pytest.raises(PayloadTooLargeError, match="--max-json-bytes"):
+        codec.decode_request(doc, None, model_name="m")
+    tensor = np.ones((3 << 20) // 4, np.float32)
+    header = json.dumps({"inputs": [{"name": "x", "shape": [tensor.size], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": tensor.nbytes}}]}).encode()
+    req = codec.decode_request(header + tensor.tobytes(), len(header), model_name="m")
+    assert req.inputs["x"].shape == (tensor.size,)
