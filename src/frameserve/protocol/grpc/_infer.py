@@ -118,7 +118,11 @@ def parse_infer_request(
     caps = {_PARAMETERS_FIELD: limits.max_parameters, _INPUTS_FIELD: limits.max_inputs, _OUTPUTS_FIELD: limits.max_outputs}
     while pos < end:
         start = pos
-        key, pos = _varint(data, pos)
+        key = data[pos]  # one-byte keys and sizes (every field here, most sizes) skip _varint's call
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = _varint(data, pos)
         wire = key & 7
         if wire == 0:
             _, pos = _varint(data, pos)
@@ -127,7 +131,11 @@ def parse_infer_request(
         elif wire == 5:
             pos += 4
         elif wire == 2:
-            size, pos = _varint(data, pos)
+            size = data[pos] if pos < end else 0x80
+            if size < 0x80:
+                pos += 1
+            else:
+                size, pos = _varint(data, pos)
             field = key >> 3
             if field == _RAW_INPUT_FIELD:
                 if pos + size > end:
