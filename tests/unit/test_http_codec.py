@@ -266,3 +266,16 @@ def test_default_json_cap_is_2_mib_and_binary_tensors_are_not_json() -> None:
                                      "parameters": {"binary_data_size": tensor.nbytes}}]}).encode()
     req = codec.decode_request(header + tensor.tobytes(), len(header), model_name="m")
     assert req.inputs["x"].shape == (tensor.size,)
+
+
+def test_the_largest_json_bytes_request_is_decoded_off_the_loop() -> None:
+    """The most BYTES elements the caps allow, as JSON (empty strings: 64 KiB, under the size
+    and value-count thresholds), is judged costly; half as many numbers are not."""
+    from frameserve.protocol.http._infer import _costly
+    from frameserve.security.limits import DEFAULT_LIMITS
+
+    n = DEFAULT_LIMITS.max_bytes_elements
+    strings = json.dumps({"inputs": [{"name": "t", "shape": [n, 1], "datatype": "BYTES", "data": [""] * n}]})
+    assert _costly(strings.encode(), None)
+    numbers = json.dumps({"inputs": [{"name": "t", "shape": [n // 2], "datatype": "FP32", "data": [0] * (n // 2)}]})
+    assert not _costly(numbers.encode(), None)

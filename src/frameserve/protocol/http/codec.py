@@ -384,10 +384,12 @@ def _flatten(data: Any) -> list[Any]:
     C (``itertools.chain``); the per-item walk is left for ragged nesting."""
     if not isinstance(data, list):
         return [data]
-    while data and set(map(type, data)) == {list}:
-        data = list(itertools.chain.from_iterable(data))
-    if list not in set(map(type, data)):
-        return data
+    level: list[Any] = data
+    while level and set(map(type, level)) == {list}:
+        level = list(itertools.chain.from_iterable(level))
+    if list not in set(map(type, level)):
+        return level
+    data = level
     out: list[Any] = []
     stack = [iter(data)]
     while stack:
