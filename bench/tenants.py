@@ -496,27 +496,35 @@ def part_b(args: argparse.Namespace, rows: list[tuple[str, float, str, bool]]) -
     try:
         for workers in args.workers or (1, 2):
             base_h, base_i, ab_h, ab_i = [], [], [], []
+            base_cpu, ab_cpu = [], []  # the server's CPU use while measuring, % of one CPU
             bench = _Bench(tmp, workers)
             try:
                 http, grpc_port, good, bad = bench.http, bench.grpc, bench.good, bench.bad
                 counts: dict[str, int] = {}
                 for i in range(args.pairs):
+                    c0, t0 = bench.cpu(), time.monotonic()
                     h, inf = _measure(http, good, seconds)
+                    base_cpu.append((bench.cpu() - c0) / (time.monotonic() - t0) * 100)
                     base_h.append(p(h, 0.99))
                     base_i.append(p(inf, 0.99))
                     abuse = AbuseProcess(http, grpc_port, bad, args.abuse)
                     abuse.start()
                     time.sleep(3.0)  # the attacker's process is up and every abuse running
+                    c0, t0 = bench.cpu(), time.monotonic()
                     h, inf = _measure(http, good, seconds)
+                    ab_cpu.append((bench.cpu() - c0) / (time.monotonic() - t0) * 100)
                     abuse.stop()
                     counts = abuse.counts
                     ab_h.append(p(h, 0.99))
                     ab_i.append(p(inf, 0.99))
                     log(f"(b) --http-workers {workers} pair {i}: health p99 {base_h[-1]:.1f} -> {ab_h[-1]:.1f} ms, "
-                        f"infer p99 {base_i[-1]:.1f} -> {ab_i[-1]:.1f} ms (load {os.getloadavg()[0]:.2f})")
+                        f"infer p99 {base_i[-1]:.1f} -> {ab_i[-1]:.1f} ms, server CPU {base_cpu[-1]:.0f} -> "
+                        f"{ab_cpu[-1]:.0f} % (load {os.getloadavg()[0]:.2f})")
                 print(f"    --http-workers {workers}: health p99 {statistics.median(base_h):.1f} -> "
                       f"{statistics.median(ab_h):.1f} ms; infer p99 {statistics.median(base_i):.1f} -> "
-                      f"{statistics.median(ab_i):.1f} ms; load {os.getloadavg()[0]:.2f}; abuse counts {counts}")
+                      f"{statistics.median(ab_i):.1f} ms; server CPU {statistics.median(base_cpu):.0f} -> "
+                      f"{statistics.median(ab_cpu):.0f} % of one CPU; load {os.getloadavg()[0]:.2f}; "
+                      f"abuse counts {counts}")
             finally:
                 bench.close()
             rh = statistics.median(ab_h) / statistics.median(base_h)
