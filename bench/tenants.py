@@ -450,8 +450,9 @@ class _Bench:
 
 def per_abuse(args: argparse.Namespace) -> None:
     """``--per-abuse``: for each abuse alone, the server's CPU per abusive request (µs: the
-    server tree's CPU over ``--seconds`` with the abuse and health probes running, less the same
-    with health probes only, ÷ the abusive requests made) and health p99 with only it running."""
+    server tree's CPU while the abuse runs with health probes, less the probes' own share
+    measured without abuse, ÷ the abusive requests made), that CPU as a share of one CPU over
+    the abuse's run (%), and health p99 with only it running."""
     seconds = args.seconds or (4.0 if args.quick else 10.0)
     tmp = Path(tempfile.mkdtemp(prefix="fs-bench-tenants-"))
     kinds = [k for k in ABUSE_KINDS if not args.abuse or any(o in k for o in args.abuse)]
@@ -465,15 +466,15 @@ def per_abuse(args: argparse.Namespace) -> None:
                 per_probe = (bench.cpu() - c0) / len(base)  # the server's CPU per health probe (and idle time)
                 print(f"--http-workers {workers}: no abuse: health p99 {p(base, 0.99):.1f} ms, server CPU "
                       f"{per_probe * 1e6:.0f} µs per health probe (load {os.getloadavg()[0]:.2f})", flush=True)
-                print(f"  {'abuse':<26} {'requests':>9} {'CPU µs/req':>11} {'health p99 ms':>14} {'load':>5}")
+                print(f"  {'abuse':<26} {'requests':>9} {'CPU µs/req':>11} {'CPU %':>6} {'health p99 ms':>14} {'load':>5}")
                 for kind in kinds:
-                    c0 = bench.cpu()
+                    c0, t0 = bench.cpu(), time.monotonic()
                     abuse = AbuseProcess(bench.http, bench.grpc, bench.bad, [kind])
                     abuse.start()
                     time.sleep(2.0)  # the attacker's process is up
                     h = _health_only(bench.http, seconds)
                     abuse.stop()
-                    c1 = bench.cpu()
+                    c1, t1 = bench.cpu(), time.monotonic()
                     counts = abuse.counts
                     if kind in _SENT:
                         n = counts.get(_SENT[kind], 0)
@@ -482,7 +483,7 @@ def per_abuse(args: argparse.Namespace) -> None:
                         n *= _UNIT.get(kind, 1)
                     n = max(n, 1)
                     spent = (c1 - c0) - per_probe * len(h)  # less the health probes' share
-                    print(f"  {kind:<26} {n:>9} {spent / n * 1e6:>11.0f} {p(h, 0.99):>14.1f} "
+                    print(f"  {kind:<26} {n:>9} {spent / n * 1e6:>11.0f} {spent / (t1 - t0) * 100:>6.1f} {p(h, 0.99):>14.1f} "
                           f"{os.getloadavg()[0]:>5.2f}   {counts}", flush=True)
             finally:
                 bench.close()
