@@ -3,6 +3,8 @@
     .venv/bin/python bench/tenants.py            # all three parts
     .venv/bin/python bench/tenants.py --quick    # a smoke run; figures meaningless
     .venv/bin/python bench/tenants.py --part a   # one part (a, b or c)
+    .venv/bin/python bench/tenants.py --per-abuse [--abuse KIND] [--workers N] [--seconds S]
+        # (b) abuse by abuse: the server's CPU µs per abusive request, health p99 with it alone
 
 (a) Fair claim latency: tenant B's job latency (submit -> started_at) while tenant A has 1,000
     jobs queued, ÷ the same with the queue empty; 2 workers (``frameserve.jobs.worker.Worker`` in
@@ -368,48 +370,164 @@ def _measure(http: int, token: str, seconds: float) -> tuple[list[float], list[f
     return health, infer
 
 
-def part_b(args: argparse.Namespace, rows: list[tuple[str, float, str, bool]]) -> None:
-    from _serving import ServeProcess, add_sub_repository, strings_model
+def _server_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the server process ``pid`` and its children (front ends,
+    decode pools) have used so far, from ``/proc/<pid>/stat`` (psutil)."""
+    import psutil
 
-    seconds = 4.0 if args.quick else 15.0
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def _health_only(http: int, seconds: float) -> list[float]:
+    """Health latencies (ms), one probe every 20 ms for ``seconds``."""
+    import httpx
+
+    out = []
+    end = time.monotonic() + seconds
+    with httpx.Client(timeout=60) as h:
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            r = h.get(f"http://127.0.0.1:{http}/v2/health/ready")
+            out.append((time.perf_counter() - t0) * 1000.0)
+            assert r.status_code == 200, r.text
+            time.sleep(0.02)
+    return out
+
+
+ABUSE_KINDS = ("idle connections", "half headers", "trickled analyze upload", "anonymous 64 MiB body",
+               "JSON BYTES worst case", "gRPC too many inputs", "infer flood")
+"""The abuses of part (b), by the names :class:`Abuse` counts them under."""
+
+_UNIT = {"idle connections": 25, "half headers": 25}
+"""Requests (connections) one :class:`Abuse` round of a kind makes, where more than one."""
+
+_SENT = {"gRPC too many inputs": "gRPC too many inputs (sent)", "infer flood": "infer flood (sent)"}
+"""The counter of a kind whose requests are counted one by one on a kept connection."""
+
+
+class _Bench:
+    """The part (b) server (``frameserve serve``, add_sub and strings, tokens good/bad/admin, a
+    quotas file) for one ``--http-workers`` value."""
+
+    def __init__(self, tmp: Path, workers: int) -> None:
+        from _serving import ServeProcess, add_sub_repository, strings_model
+
+        repo = tmp / "repo"
+        if not repo.exists():
+            add_sub_repository(repo)
+            strings_model(repo / "strings" / "1" / "model.onnx")
+        self.good, self.bad, admin = (secrets.token_urlsafe(32) for _ in range(3))
+        tokens = tmp / f"tokens{workers}.txt"
+        tokens.write_text(f"{self.good} infer,jobs good\n{self.bad} infer,jobs bad\n{admin} admin ops\n")
+        quotas = tmp / "quotas.yaml"
+        quotas.write_text("default:\n  infer_rate: 100\n  infer_concurrency: 8\n  analyze_concurrency: 1\n"
+                          "tenants:\n  good:\n    infer_rate: 1000\n")
+        self.serve = ServeProcess(repo, tmp / f"home{workers}", "--auth-token-file", str(tokens), "--quotas",
+                                  str(quotas), "--http-workers", str(workers), "--file-root",
+                                  str(tmp / "files" / "{tenant}"))
+        self.serve.wait_line("ready", 120)
+        self.http, self.grpc = self.serve.ports["HTTP"], self.serve.ports["gRPC"]
+
+    def cpu(self) -> float:
+        return _server_cpu_s(self.serve.proc.pid)
+
+    def close(self) -> None:
+        self.serve.proc.terminate()
+        self.serve.proc.wait(60)
+
+
+def per_abuse(args: argparse.Namespace) -> None:
+    """``--per-abuse``: for each abuse alone, the server's CPU per abusive request (µs: the
+    server tree's CPU while the abuse runs with health probes, less the probes' own share
+    measured without abuse, ÷ the abusive requests made), that CPU as a share of one CPU over
+    the abuse's run (%), and health p99 with only it running."""
+    seconds = args.seconds or (4.0 if args.quick else 10.0)
     tmp = Path(tempfile.mkdtemp(prefix="fs-bench-tenants-"))
-    repo = add_sub_repository(tmp / "repo")
-    strings_model(repo / "strings" / "1" / "model.onnx")
-    good, bad, admin = (secrets.token_urlsafe(32) for _ in range(3))
-    tokens = tmp / "tokens.txt"
-    tokens.write_text(f"{good} infer,jobs good\n{bad} infer,jobs bad\n{admin} admin ops\n")
-    quotas = tmp / "quotas.yaml"
-    quotas.write_text("default:\n  infer_rate: 100\n  infer_concurrency: 8\n  analyze_concurrency: 1\n"
-                      "tenants:\n  good:\n    infer_rate: 1000\n")
+    kinds = [k for k in ABUSE_KINDS if not args.abuse or any(o in k for o in args.abuse)]
+    try:
+        for workers in args.workers or (1, 2):
+            bench = _Bench(tmp, workers)
+            try:
+                _health_only(bench.http, 2.0)  # warm up
+                c0 = bench.cpu()
+                base = _health_only(bench.http, seconds)
+                per_probe = (bench.cpu() - c0) / len(base)  # the server's CPU per health probe (and idle time)
+                print(f"--http-workers {workers}: no abuse: health p99 {p(base, 0.99):.1f} ms, server CPU "
+                      f"{per_probe * 1e6:.0f} µs per health probe (load {os.getloadavg()[0]:.2f})", flush=True)
+                print(f"  {'abuse':<26} {'requests':>9} {'CPU µs/req':>11} {'CPU %':>6} {'health p99 ms':>14} {'load':>5}")
+                for kind in kinds:
+                    c0, t0 = bench.cpu(), time.monotonic()
+                    abuse = AbuseProcess(bench.http, bench.grpc, bench.bad, [kind])
+                    abuse.start()
+                    time.sleep(2.0)  # the attacker's process is up
+                    h = _health_only(bench.http, seconds)
+                    abuse.stop()
+                    c1, t1 = bench.cpu(), time.monotonic()
+                    counts = abuse.counts
+                    if kind in _SENT:
+                        n = counts.get(_SENT[kind], 0)
+                    else:
+                        n = sum(v for k, v in counts.items() if k.startswith(kind) and "(" not in k)
+                        n *= _UNIT.get(kind, 1)
+                    n = max(n, 1)
+                    spent = (c1 - c0) - per_probe * len(h)  # less the health probes' share
+                    print(f"  {kind:<26} {n:>9} {spent / n * 1e6:>11.0f} {spent / (t1 - t0) * 100:>6.1f} {p(h, 0.99):>14.1f} "
+                          f"{os.getloadavg()[0]:>5.2f}   {counts}", flush=True)
+            finally:
+                bench.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def part_b(args: argparse.Namespace, rows: list[tuple[str, float, str, bool]]) -> None:
+    seconds = args.seconds or (4.0 if args.quick else 15.0)
+    tmp = Path(tempfile.mkdtemp(prefix="fs-bench-tenants-"))
     try:
         for workers in args.workers or (1, 2):
             base_h, base_i, ab_h, ab_i = [], [], [], []
-            serve = ServeProcess(repo, tmp / f"home{workers}", "--auth-token-file", str(tokens), "--quotas", str(quotas),
-                                 "--http-workers", str(workers), "--file-root", str(tmp / "files" / "{tenant}"))
+            base_cpu, ab_cpu = [], []  # the server's CPU use while measuring, % of one CPU
+            bench = _Bench(tmp, workers)
             try:
-                serve.wait_line("ready", 120)
-                http, grpc_port = serve.ports["HTTP"], serve.ports["gRPC"]
+                http, grpc_port, good, bad = bench.http, bench.grpc, bench.good, bench.bad
                 counts: dict[str, int] = {}
                 for i in range(args.pairs):
+                    c0, t0 = bench.cpu(), time.monotonic()
                     h, inf = _measure(http, good, seconds)
+                    base_cpu.append((bench.cpu() - c0) / (time.monotonic() - t0) * 100)
                     base_h.append(p(h, 0.99))
                     base_i.append(p(inf, 0.99))
                     abuse = AbuseProcess(http, grpc_port, bad, args.abuse)
                     abuse.start()
                     time.sleep(3.0)  # the attacker's process is up and every abuse running
+                    c0, t0 = bench.cpu(), time.monotonic()
                     h, inf = _measure(http, good, seconds)
+                    ab_cpu.append((bench.cpu() - c0) / (time.monotonic() - t0) * 100)
                     abuse.stop()
                     counts = abuse.counts
                     ab_h.append(p(h, 0.99))
                     ab_i.append(p(inf, 0.99))
                     log(f"(b) --http-workers {workers} pair {i}: health p99 {base_h[-1]:.1f} -> {ab_h[-1]:.1f} ms, "
-                        f"infer p99 {base_i[-1]:.1f} -> {ab_i[-1]:.1f} ms")
+                        f"infer p99 {base_i[-1]:.1f} -> {ab_i[-1]:.1f} ms, server CPU {base_cpu[-1]:.0f} -> "
+                        f"{ab_cpu[-1]:.0f} % (load {os.getloadavg()[0]:.2f})")
                 print(f"    --http-workers {workers}: health p99 {statistics.median(base_h):.1f} -> "
                       f"{statistics.median(ab_h):.1f} ms; infer p99 {statistics.median(base_i):.1f} -> "
-                      f"{statistics.median(ab_i):.1f} ms; abuse counts {counts}")
+                      f"{statistics.median(ab_i):.1f} ms; server CPU {statistics.median(base_cpu):.0f} -> "
+                      f"{statistics.median(ab_cpu):.0f} % of one CPU; load {os.getloadavg()[0]:.2f}; "
+                      f"abuse counts {counts}")
             finally:
-                serve.proc.terminate()
-                serve.proc.wait(60)
+                bench.close()
             rh = statistics.median(ab_h) / statistics.median(base_h)
             ri = statistics.median(ab_i) / statistics.median(base_i)
             rows.append((f"(b) health p99 under abuse ÷ without (--http-workers {workers})", rh, "<= 1.5", rh <= 1.5))
@@ -476,10 +594,17 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=None, help="interleaved A/B pairs per figure (default 3; quick 1)")
     ap.add_argument("--abuse", action="append", help="(b): run only the abuses whose name holds this (repeatable)")
     ap.add_argument("--workers", type=int, action="append", help="(b): the --http-workers to run (default 1 and 2)")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="(b): seconds each measurement window lasts (default 15; --per-abuse 10; quick 4)")
+    ap.add_argument("--per-abuse", action="store_true",
+                    help="(b): each abuse alone: the server's CPU µs per abusive request and health p99")
     ap.add_argument("--baseline-rev", default=BASELINE_REV, help="the commit whose claim (c) compares against")
     args = ap.parse_args()
     args.pairs = args.pairs or (1 if args.quick else 3)
     print(f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
+    if args.per_abuse:
+        per_abuse(args)
+        return
     rows: list[tuple[str, float, str, bool]] = []
     for part in args.part or ["a", "b", "c"]:
         {"a": part_a, "b": part_b, "c": part_c}[part](args, rows)

@@ -147,7 +147,7 @@ def test_max_body_bytes_must_be_positive() -> None:
 
 
 def test_large_json_bodies_are_decoded_and_encoded_off_the_event_loop() -> None:
-    n = 300_000  # > 1 MiB of JSON in and of FP32 out: both go through worker threads
+    n = 150_000  # > 1 MiB of JSON in (under the 2 MiB --max-json-bytes) and of FP32 out: both go through worker threads
     data = np.arange(n, dtype=np.float32)
     body = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, n], "data": data}]},
                         option=orjson.OPT_SERIALIZE_NUMPY)
@@ -155,3 +155,10 @@ def test_large_json_bodies_are_decoded_and_encoded_off_the_event_loop() -> None:
     r = _call(create_app(RecordingService()), "POST", "/v2/models/m/infer", content=body)
     assert r.status_code == 200
     np.testing.assert_array_equal(np.array(r.json()["outputs"][0]["data"], np.float32), data * 2)
+    big = np.arange(2 * n, dtype=np.float32)  # binary in (not JSON: no --max-json-bytes), > 1 MiB of JSON out
+    header = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2 * n],
+                                       "parameters": {"binary_data_size": big.nbytes}}]})
+    r = _call(create_app(RecordingService()), "POST", "/v2/models/m/infer", content=header + big.tobytes(),
+              headers={"Inference-Header-Content-Length": str(len(header))})
+    assert r.status_code == 200
+    np.testing.assert_array_equal(np.array(r.json()["outputs"][0]["data"], np.float32), big * 2)

@@ -249,3 +249,33 @@ def test_fuzz_responses_decode_back_to_the_same_values(arr: list[float], binary:
         np.testing.assert_array_equal(np.frombuffer(body[n:], "<f4"), a)
     else:
         np.testing.assert_array_equal(np.array(orjson.loads(body)["outputs"][0]["data"], np.float32), a)
+
+
+def test_default_json_cap_is_2_mib_and_binary_tensors_are_not_json() -> None:
+    """A JSON request body over 2 MiB is refused by default (413, naming the flag); a binary
+    request whose tensor is 3 MiB and whose JSON header is small is decoded."""
+    from frameserve.errors import PayloadTooLargeError
+
+    n = (3 << 20) // 10  # ~10 bytes a number: a 3 MiB document
+    doc = json.dumps({"inputs": [{"name": "x", "shape": [n], "datatype": "FP32", "data": [0.123456] * n}]}).encode()
+    assert 2 << 20 < len(doc) < 8 << 20
+    with pytest.raises(PayloadTooLargeError, match="--max-json-bytes"):
+        codec.decode_request(doc, None, model_name="m")
+    tensor = np.ones((3 << 20) // 4, np.float32)
+    header = json.dumps({"inputs": [{"name": "x", "shape": [tensor.size], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": tensor.nbytes}}]}).encode()
+    req = codec.decode_request(header + tensor.tobytes(), len(header), model_name="m")
+    assert req.inputs["x"].shape == (tensor.size,)
+
+
+def test_the_largest_json_bytes_request_is_decoded_off_the_loop() -> None:
+    """The most BYTES elements the caps allow, as JSON (empty strings: 64 KiB, under the size
+    and value-count thresholds), is judged costly; half as many numbers are not."""
+    from frameserve.protocol.http._infer import _costly
+    from frameserve.security.limits import DEFAULT_LIMITS
+
+    n = DEFAULT_LIMITS.max_bytes_elements
+    strings = json.dumps({"inputs": [{"name": "t", "shape": [n, 1], "datatype": "BYTES", "data": [""] * n}]})
+    assert _costly(strings.encode(), None)
+    numbers = json.dumps({"inputs": [{"name": "t", "shape": [n // 2], "datatype": "FP32", "data": [0] * (n // 2)}]})
+    assert not _costly(numbers.encode(), None)

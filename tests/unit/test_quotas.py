@@ -10,6 +10,7 @@ from frameserve.errors import InvalidInputError, QuotaExceededError, ResourceExh
 from frameserve.security.quotas import (
     DEFAULT_QUOTA,
     ConcurrencyGate,
+    InferGate,
     Quotas,
     RateGate,
     TenantQuota,
@@ -144,3 +145,23 @@ def test_connections_quota_counts_per_tenant_and_moves_with_the_tenant() -> None
     for c in (first, second, third):
         c.close()
     assert gate.held("free") == gate.held("paid") == gate.held("other") == 0
+
+
+def test_infer_gate_refusal_tells_what_enter_would_do_and_takes_nothing() -> None:
+    """``refusal`` (a transport's check on metadata alone) neither takes a token nor holds a
+    slot: asked any number of times, the request it admits still gets through ``enter``."""
+    now = [0.0]
+    gate = InferGate(Quotas.from_mapping({"tenants": {"a": {"infer_rate": 1, "infer_concurrency": 1}}}),
+                     clock=lambda: now[0])
+    for _ in range(3):
+        assert gate.refusal("a") is None
+    gate.enter("a")  # the one token, the one slot
+    over = gate.refusal("a")
+    assert isinstance(over, QuotaExceededError) and over.limit == "infer_rate"
+    now[0] = 5.0  # tokens again; the slot still held
+    over = gate.refusal("a")
+    assert isinstance(over, QuotaExceededError) and over.limit == "infer_concurrency"
+    gate.leave("a")
+    assert gate.refusal("a") is None
+    gate.enter("a")
+    assert gate.refusal("b") is None  # another tenant, without limits

@@ -15,7 +15,10 @@ choices", with the command that measures each; they vary by machine, the reasons
   while holding the GIL, so a large one stalls every thread of the server.
 - ``max_json_bytes``: orjson parses in one call that holds the GIL (nothing else in the
   process runs meanwhile, wherever it runs), for a time that grows with the bytes, and a JSON
-  number takes ~10 bytes where binary takes 4: large tensors belong in the binary tensor data extension.
+  number takes ~10 bytes where binary takes 4: large tensors belong in the binary tensor data
+  extension. The default, 2 MiB (~200,000 numbers), bounds how long one request can stall the
+  process's event loop and every other tenant with it; a binary request's tensors are not JSON
+  and stay under ``--max-body-bytes`` (bench/README.md "Figures behind design choices").
 - ``max_inputs``, ``max_outputs``, ``max_parameters``: every tensor and parameter of a request is
   checked and converted on its own (Python work per input), so the cost follows their count,
   not the bytes: a 7 MB ``ModelInfer`` of 300,000 one-element inputs takes seconds of server
@@ -57,7 +60,7 @@ class TensorLimits:
             16 MiB).
         max_json_bytes: the largest JSON document of a request (the whole body without binary
             data, or the JSON header before it), in bytes (``serve --max-json-bytes``; default
-            8 MiB).
+            2 MiB).
         max_inputs: the most input tensors in one request (``serve --max-inputs``; default
             1,024). On gRPC it also caps the ``raw_input_contents`` entries.
         max_outputs: the most requested outputs in one request (``serve --max-outputs``;
@@ -70,7 +73,7 @@ class TensorLimits:
     max_tensor_elements: int = 1 << 27
     max_bytes_elements: int = 1 << 14
     max_bytes_data_bytes: int = 16 << 20
-    max_json_bytes: int = 8 << 20
+    max_json_bytes: int = 2 << 20
     max_inputs: int = 1024
     max_outputs: int = 1024
     max_parameters: int = 8192

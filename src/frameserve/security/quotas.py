@@ -244,6 +244,13 @@ class TokenBucket:
                 return 0.0
             return (1.0 - self._tokens) / self.rate_per_s
 
+    def wait_s(self) -> float:
+        """What :meth:`take` would answer, without taking: 0.0 when a token is there, else the
+        seconds until one will be."""
+        with self._lock:
+            tokens = min(float(self.burst), self._tokens + (self._clock() - self._at) * self.rate_per_s)
+            return 0.0 if tokens >= 1.0 - 1e-9 else (1.0 - tokens) / self.rate_per_s
+
 
 class ConcurrencyGate:
     """Per-tenant counters of things held at once (requests in flight, slots).
@@ -291,6 +298,13 @@ class ConcurrencyGate:
         with self._lock:
             return self._held.get(tenant, 0)
 
+    def refusal(self, tenant: str) -> QuotaExceededError | None:
+        """What :meth:`try_acquire` would raise now (``None``: it would admit), acquiring nothing."""
+        limit = self._limit_of(tenant)
+        if limit is None or self.held(tenant) < limit:
+            return None
+        return QuotaExceededError.of(tenant, self.what, limit, retry_after_s=1.0)
+
     @contextmanager
     def hold(self, tenant: str) -> Iterator[None]:
         """``try_acquire`` on entry, ``release`` on exit."""
@@ -322,6 +336,22 @@ class RateGate:
             QuotaExceededError: the tenant's bucket is empty (``limit`` ``infer_rate``, with the
                 seconds until the next token as ``retry_after_s``).
         """
+        bucket = self._bucket(tenant)
+        if bucket is None:  # no infer_rate for this tenant
+            return
+        wait_s = bucket.take()
+        if wait_s > 0.0:
+            raise QuotaExceededError.of(tenant, "infer_rate", int(bucket.rate_per_s), retry_after_s=wait_s)
+
+    def refusal(self, tenant: str) -> QuotaExceededError | None:
+        """What :meth:`take` would raise now (``None``: a token is there), taking nothing."""
+        bucket = self._bucket(tenant)
+        wait_s = 0.0 if bucket is None else bucket.wait_s()
+        if bucket is None or wait_s <= 0.0:
+            return None
+        return QuotaExceededError.of(tenant, "infer_rate", int(bucket.rate_per_s), retry_after_s=wait_s)
+
+    def _bucket(self, tenant: str) -> TokenBucket | None:
         bucket: TokenBucket | None | bool = self._buckets.get(tenant, False)
         if bucket is False:
             with self._lock:
@@ -331,11 +361,7 @@ class RateGate:
                     bucket = (None if quota.infer_rate is None
                               else TokenBucket(quota.infer_rate, quota.burst or 1, clock=self._clock))
                     self._buckets[tenant] = bucket
-        if not isinstance(bucket, TokenBucket):  # None: no infer_rate for this tenant
-            return
-        wait_s = bucket.take()
-        if wait_s > 0.0:
-            raise QuotaExceededError.of(tenant, "infer_rate", int(bucket.rate_per_s), retry_after_s=wait_s)
+        return bucket if isinstance(bucket, TokenBucket) else None
 
 
 def connection_gate(quotas: Quotas) -> ConcurrencyGate | None:
@@ -378,6 +404,13 @@ class InferGate:
         """
         self._rate.take(tenant)
         self._inflight.try_acquire(tenant)
+
+    def refusal(self, tenant: str) -> QuotaExceededError | None:
+        """What :meth:`enter` would raise now, taking and holding nothing (``None``: it would
+        admit): for a transport that can refuse on a request's headers (gRPC metadata) before
+        it reads the request at all; the request admitted so still goes through :meth:`enter`
+        (a race with the tenant's other requests only means a later refusal)."""
+        return self._rate.refusal(tenant) or self._inflight.refusal(tenant)
 
     def leave(self, tenant: str) -> None:
         """A request :meth:`enter` admitted is answered."""

@@ -2,6 +2,15 @@
 (``Bearer TOKEN``, as tritonclient.grpc sends its ``headers=``) and refuses a call with
 ``UNAUTHENTICATED`` (no or a bad token) or ``PERMISSION_DENIED`` (a token without the RPC's role)
 before the servicer runs. Which RPC needs which role: :func:`frameserve.security.grpc_roles`.
+
+With an :class:`~frameserve.security.quotas.InferGate`, a ``ModelInfer`` call of a tenant over
+its ``infer_rate`` or at its ``infer_concurrency`` is refused here too, ``RESOURCE_EXHAUSTED``
+(:meth:`InferGate.refusal`: from the metadata alone; a call admitted here is still counted by
+the servicer).
+
+A refused call's request message is never read: its handler takes the requests as a stream it
+does not iterate (the same on the wire as a unary call), so gRPC does not receive the message,
+let alone copy or deserialize it; a 7 MB request with a bad token costs its metadata.
 """
 
 from __future__ import annotations
@@ -13,9 +22,13 @@ import grpc
 
 from frameserve.errors import FrameserveError
 from frameserve.security.auth import grpc_roles
+from frameserve.security.quotas import InferGate
 from frameserve.security.tokens import IMPLICIT_OWNER, Principal, TokenTable, bearer_token
 
 __all__ = ["ThreadedTokenInterceptor", "TokenInterceptor", "principal_of"]
+
+_GATED = frozenset({"/inference.GRPCInferenceService/ModelInfer"})
+"""The RPCs whose inference quotas are checked on the metadata (a stream's are per message)."""
 
 
 def principal_of(tokens: TokenTable | None, metadata: Any) -> Principal:
@@ -35,21 +48,25 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Checks each call's bearer token against ``tokens`` (see the module docstring).
 
     Args:
-        tokens: the accepted tokens.
+        tokens: the accepted tokens; ``None``: no authentication (every call is
+            :data:`~frameserve.security.IMPLICIT_OWNER`'s; only the quotas are checked).
         auth_health: also ask for a token on ``ServerLive``, ``ServerReady`` and
             ``grpc.health.v1.Health``.
+        infer_gate: the tenants' inference quotas, checked on ``ModelInfer``'s metadata
+            (``None``: not here).
     """
 
-    def __init__(self, tokens: TokenTable, *, auth_health: bool = False) -> None:
+    def __init__(self, tokens: TokenTable | None, *, auth_health: bool = False, infer_gate: InferGate | None = None) -> None:
         self.tokens = tokens
         self.auth_health = auth_health
+        self.infer_gate = infer_gate
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        refusal = _refusal(self.tokens, self.auth_health, handler_call_details)
+        refusal = _refusal(self.tokens, self.auth_health, handler_call_details, self.infer_gate)
         handler = await continuation(handler_call_details)
         return handler if refusal is None else _refusing(handler, *refusal)
 
@@ -57,37 +74,55 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 class ThreadedTokenInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     """:class:`TokenInterceptor` for the thread-pool server (``grpc.server``)."""
 
-    def __init__(self, tokens: TokenTable, *, auth_health: bool = False) -> None:
+    def __init__(self, tokens: TokenTable | None, *, auth_health: bool = False, infer_gate: InferGate | None = None) -> None:
         self.tokens = tokens
         self.auth_health = auth_health
+        self.infer_gate = infer_gate
 
     def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        refusal = _refusal(self.tokens, self.auth_health, handler_call_details)
+        refusal = _refusal(self.tokens, self.auth_health, handler_call_details, self.infer_gate)
         handler = continuation(handler_call_details)
         return handler if refusal is None else _refusing_sync(handler, *refusal)
 
 
 def _refusal(
-    tokens: TokenTable, auth_health: bool, details: grpc.HandlerCallDetails
+    tokens: TokenTable | None, auth_health: bool, details: grpc.HandlerCallDetails, gate: InferGate | None = None
 ) -> tuple[grpc.StatusCode, str] | None:
-    """The status a call is refused with (no or a bad token, a missing role), or ``None``."""
-    roles = grpc_roles(details.method, auth_health=auth_health)
-    if roles is None:
-        return None
+    """The status a call is refused with (no or a bad token, a missing role, a ``ModelInfer``
+    over its tenant's inference quotas), or ``None``."""
+    if tokens is None:
+        principal = IMPLICIT_OWNER
+    else:
+        roles = grpc_roles(details.method, auth_health=auth_health)
+        if roles is None:
+            return None
+        found = _authenticated(tokens, roles, details)
+        if not isinstance(found, Principal):
+            return found
+        principal = found
+    if gate is not None and details.method in _GATED:
+        over = gate.refusal(principal.name)
+        if over is not None:
+            return grpc.StatusCode[over.grpc_status], over.message
+    return None
+
+
+def _authenticated(
+    tokens: TokenTable, roles: frozenset[str], details: grpc.HandlerCallDetails
+) -> Principal | tuple[grpc.StatusCode, str]:
     authorization = None
     for key, value in details.invocation_metadata or ():
         if key == "authorization":
             authorization = value if isinstance(value, str) else value.decode("latin-1")
             break
     try:
-        tokens.authenticate(authorization, roles)
+        return tokens.authenticate(authorization, roles)
     except FrameserveError as exc:
         return grpc.StatusCode[exc.grpc_status], exc.message
-    return None
 
 
 def _refusing(handler: grpc.RpcMethodHandler | None, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
@@ -109,10 +144,8 @@ def _refusing_sync(handler: grpc.RpcMethodHandler | None, code: grpc.StatusCode,
 
 
 def _same_kind(handler: grpc.RpcMethodHandler | None, deny: Callable[..., Any]) -> grpc.RpcMethodHandler:
-    if handler is None or (not handler.request_streaming and not handler.response_streaming):
-        return grpc.unary_unary_rpc_method_handler(deny)
-    if handler.request_streaming and handler.response_streaming:
+    """A handler answering as ``handler`` would (one response or a stream) whose requests are
+    a stream ``deny`` never iterates: the request message is not read (see the module docstring)."""
+    if handler is not None and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(deny)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(deny)
-    return grpc.unary_stream_rpc_method_handler(deny)
+    return grpc.stream_unary_rpc_method_handler(deny)

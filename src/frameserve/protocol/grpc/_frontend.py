@@ -306,7 +306,8 @@ def create_frontend_server(
     Raises:
         RuntimeError: the address cannot be bound.
     """
-    interceptors = [TokenInterceptor(tokens, auth_health=auth_health)] if tokens is not None else []
+    interceptors = ([TokenInterceptor(tokens, auth_health=auth_health, infer_gate=infer_gate)]
+                    if tokens is not None or infer_gate is not None else [])
     server = grpc.aio.server(
         interceptors=interceptors,
         options=server_options(max_message_bytes, deadlines, reuseport=True),

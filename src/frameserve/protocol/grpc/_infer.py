@@ -24,6 +24,7 @@ from frameserve._memory import trim_after
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.protocol._core import InferCore, Outputs, RegionSource, outputs_of
+from frameserve.protocol._lanes import LANES
 from frameserve.protocol.grpc._codec import decode_infer_request, response_parts
 from frameserve.request import TRACEPARENT_CHARS, InferRequest
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
@@ -117,7 +118,11 @@ def parse_infer_request(
     caps = {_PARAMETERS_FIELD: limits.max_parameters, _INPUTS_FIELD: limits.max_inputs, _OUTPUTS_FIELD: limits.max_outputs}
     while pos < end:
         start = pos
-        key, pos = _varint(data, pos)
+        key = data[pos]  # one-byte keys and sizes (every field here, most sizes) skip _varint's call
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = _varint(data, pos)
         wire = key & 7
         if wire == 0:
             _, pos = _varint(data, pos)
@@ -126,7 +131,11 @@ def parse_infer_request(
         elif wire == 5:
             pos += 4
         elif wire == 2:
-            size, pos = _varint(data, pos)
+            size = data[pos] if pos < end else 0x80
+            if size < 0x80:
+                pos += 1
+            else:
+                size, pos = _varint(data, pos)
             field = key >> 3
             if field == _RAW_INPUT_FIELD:
                 if pos + size > end:
@@ -208,9 +217,9 @@ async def infer(
     """
     shm = shared_memory.use(tenant) if shared_memory is not None else None
     try:
-        if _costly(request):  # many BYTES elements or typed values: decode off the event loop
-            call = await asyncio.to_thread(
-                decode_infer_request, request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant
+        if _costly(request):  # many BYTES elements or typed values: off the event loop, one at a time per tenant
+            call = await LANES.run(
+                tenant, decode_infer_request, request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant
             )
         else:
             call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant)

@@ -38,6 +38,7 @@ import grpc
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import DecoupledModelError, FrameserveError
 from frameserve.protocol._core import InferCore, RegionSource
+from frameserve.protocol._lanes import LANES
 from frameserve.protocol._stream import MAX_PENDING, LoopSink, StreamedResponse, route_answer
 from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_response
 from frameserve.protocol.grpc._infer import OFFLOAD_ELEMENTS, _costly, traceparent_of, trim_after_request, version_used
@@ -102,7 +103,7 @@ async def stream_answers_async(
     sink = LoopSink()
     try:
         if _costly(request):
-            call = await asyncio.to_thread(decode_infer_request, request, limits, shared_memory=shm, tenant=tenant)
+            call = await LANES.run(tenant, decode_infer_request, request, limits, shared_memory=shm, tenant=tenant)
         else:
             call = decode_infer_request(request, limits, shared_memory=shm, tenant=tenant)
         call = dataclasses.replace(call, responses=sink, traceparent=traceparent or call.traceparent)

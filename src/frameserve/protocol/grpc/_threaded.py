@@ -8,7 +8,8 @@ completion-queue event (a socket write per event); the thread-pool server runs e
 pool thread that gRPC's core wakes directly.
 
 ``ModelInfer`` runs on the pool thread that has the call (decode, the service, encode; a fast
-model idle at once runs there too), at most :data:`WORKING_THREADS` of them computing at once; a
+model idle at once runs there too), at most :data:`WORKING_THREADS` of them computing at once (a
+costly decode first waits for its tenant's lane, :mod:`frameserve.protocol._lanes`); a
 ``ModelStreamInfer`` call's thread writes its responses while a helper thread reads and submits
 its requests (:func:`~frameserve.protocol.grpc._stream.stream_all`). Every other RPC is the
 :class:`~frameserve.protocol.grpc.GrpcInferenceServicer`'s own coroutine, run on one helper
@@ -44,8 +45,10 @@ from grpc_health.v1 import health_pb2
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import FrameserveError
 from frameserve.protocol._core import InferCore, RegionSource
+from frameserve.protocol._lanes import LANES
 from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_response
 from frameserve.protocol.grpc._infer import (
+    _costly,
     encode_infer_response_bytes,
     parse_infer_request,
     traceparent_of,
@@ -125,7 +128,8 @@ def infer_blocking(
     """
     shm = shared_memory.use(tenant) if shared_memory is not None else None
     try:
-        with working:
+        # a costly decode waits for the tenant's lane before it takes a working slot
+        with LANES.blocking(tenant) if _costly(request) else contextlib.nullcontext(), working:
             call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant)
             parent = traceparent_of(core, context)
             if parent:

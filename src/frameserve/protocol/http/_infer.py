@@ -33,6 +33,7 @@ from frameserve.errors import (
     shown,
 )
 from frameserve.protocol._core import BatchingCore, InferCore, LoopBatcher, RegionSource, outputs_of
+from frameserve.protocol._lanes import LANES
 from frameserve.protocol.http import codec
 from frameserve.protocol.http._auth import HttpGate, principal_of
 from frameserve.request import TRACEPARENT_CHARS
@@ -50,6 +51,7 @@ INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]*))?/infer")
 _OFFLOAD_BYTES = 1 << 20  # decode/encode bodies larger than this off the event loop
 _OFFLOAD_VALUES = 1 << 14  # ... and JSON with more values than this (each a Python object to build)
 _OFFLOAD_BYTES_BINARY = 64 << 10  # ... and BYTES binary data larger than this
+_OFFLOAD_STRINGS = 1 << 11  # ... and JSON BYTES (or BYTES outputs) of more elements than this
 _SPLIT_BYTES = 64 << 10  # binary outputs larger than this are written as parts of their own
 _JSON = (b"content-type", b"application/json")
 _OCTETS = (b"content-type", b"application/octet-stream")
@@ -211,7 +213,7 @@ async def _infer_with(
         raw = await read_body()
         encoding = headers.content_encoding
         if encoding and len(raw) > _OFFLOAD_BYTES:
-            body = await asyncio.to_thread(codec.decode_content, raw, encoding, max_bytes=max_body_bytes)
+            body = await LANES.run(tenant, codec.decode_content, raw, encoding, max_bytes=max_body_bytes)
         else:
             body = codec.decode_content(raw, encoding, max_bytes=max_body_bytes)
         header_length = codec.parse_header_length(headers.header_length, len(body))
@@ -220,7 +222,7 @@ async def _infer_with(
                 codec.decode_request, model_name=name, model_version=version, limits=limits, shared_memory=shm,
                 tenant=tenant,
             )
-            req = await asyncio.to_thread(decode, body, header_length)
+            req = await LANES.run(tenant, decode, body, header_length)  # one at a time per tenant
         else:
             req = codec.decode_request(
                 body, header_length, model_name=name, model_version=version, limits=limits, shared_memory=shm,
@@ -250,8 +252,10 @@ async def _infer_with(
         request_id=req.id, requested=req.outputs, binary_output=req.binary_data_output, shared_memory=shm,
     )
     try:
-        if sum(a.nbytes for a in outputs.values()) > _OFFLOAD_BYTES:
-            header, chunks = await asyncio.to_thread(encode)
+        if sum(a.nbytes for a in outputs.values()) > _OFFLOAD_BYTES or any(
+            a.dtype == object and a.size > _OFFLOAD_STRINGS for a in outputs.values()
+        ):  # large, or many BYTES elements (an object array's nbytes counts its pointers)
+            header, chunks = await LANES.run(tenant, encode)
         else:
             header, chunks = encode()
     except FrameserveError as exc:
@@ -279,16 +283,22 @@ def _costly(body: bytes, header_length: int | None) -> bool:
     """Whether decoding ``body`` may stall the event loop, judged by the work it makes rather
     than its size alone: a JSON part over 1 MiB, or one of more than 16,384 values (counted as
     its commas: 262,144 empty strings are 768 KiB of JSON but 109 ms of parsing and a Python
-    object each), or binary data beside a header that declares BYTES tensors (a Python object per
+    object each), or a JSON part that declares BYTES tensors with more than 2,048 values (each
+    string is encoded into a ``bytes`` object, then converted again by the model: the
+    ``--max-bytes-elements`` cap, 16,384, of empty strings is 64 KiB of JSON but ~2 ms of the
+    loop), or binary data beside a header that declares BYTES tensors (a Python object per
     element); fixed-size binary tensors are zero-copy views and never are. BYTES tensors in a
     shared-memory region (their size is not in the body) always are. The count is one scan in C
     (``bytes.count``), microseconds for the bodies that stay on the loop."""
     end = len(body) if header_length is None else header_length
-    if end > _OFFLOAD_BYTES or body.count(b",", 0, end) > _OFFLOAD_VALUES:
+    if end > _OFFLOAD_BYTES:
+        return True
+    values = body.count(b",", 0, end)
+    if values > _OFFLOAD_VALUES:
         return True
     if body.find(b'"BYTES"', 0, end) < 0:
         return False
-    if body.find(b"shared_memory_region", 0, end) >= 0:
+    if values > _OFFLOAD_STRINGS or body.find(b"shared_memory_region", 0, end) >= 0:
         return True
     return header_length is not None and len(body) - header_length > _OFFLOAD_BYTES_BINARY
 

@@ -20,9 +20,13 @@ long as it likes. The deadlines follow Apache's ``mod_reqtimeout`` (``header=``,
 
 A connection past a deadline is closed (the handler, if one runs, sees ``http.disconnect``). A
 request answered before its body was read (a refusal on the headers: 401, 413, 429) has at most
-:data:`LINGER_BYTES` more of its body read and dropped (so a client still sending a small body
-reads its answer rather than a reset: nginx's lingering close), then its connection is closed,
-instead of reading what it declared (up to ``--max-body-bytes``).
+:data:`LINGER_BYTES` more of its body read and dropped (so a client still sending reads its
+answer rather than a reset: nginx's lingering close), then its connection is closed, instead of
+reading what it declared (up to ``--max-body-bytes``). When what is left of the declared body
+(or a chunked one) is more than :data:`LINGER_BYTES`, the connection is done: what comes is
+dropped unparsed (no HTTP parser, no handler) and the connection closes once
+:data:`LINGER_BYTES` have come, so an anonymous 64 MiB POST costs its headers, its answer and at
+most 256 KiB of reads; a smaller rest is parsed to its end and the connection kept alive.
 
 Connections per tenant: with a :class:`~frameserve.security.quotas.ConcurrencyGate` over the
 ``connections`` quota, the HTTP gate asks each connection, once it knows the request's tenant,
@@ -51,9 +55,9 @@ from frameserve.security.quotas import ConcurrencyGate
 
 __all__ = ["LINGER_BYTES", "Connection", "uvicorn_config"]
 
-LINGER_BYTES = 1 << 20
+LINGER_BYTES = 256 << 10
 """How much more of a refused request's body is read and dropped before the connection is
-closed, bytes (1 MiB)."""
+closed, bytes (256 KiB: nginx's ``lingering_close`` reads for a time, this for a size)."""
 
 
 
@@ -101,6 +105,8 @@ class _Guarded(HttpToolsProtocol):
         self._body_bytes = 0
         self._in_body = False
         self._linger: int | None = None  # bytes of an answered request's body still read and dropped
+        self._declared: int | None = None  # the request's Content-Length (None: none, or chunked)
+        self._draining = False  # answered with more body to come than LINGER_BYTES: drop it unparsed
         self._counted = Connection(self.connection_gate) if self.connection_gate is not None else None
 
     # -- timers
@@ -144,6 +150,7 @@ class _Guarded(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
+        self._declared = None
         self._in_body = False
         if self._timer is None:  # a kept-alive connection's next request: its head's deadline starts
             self._arm(self.deadlines.header_timeout_s)
@@ -163,6 +170,8 @@ class _Guarded(HttpToolsProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head(len(name) + len(value) + 4)
+        if len(name) == 14 and name.lower() == b"content-length":
+            self._declared = int(value) if value.isdigit() else None  # httptools refuses a bad one
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -190,9 +199,17 @@ class _Guarded(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         if self._in_body:  # answered before its body was read (401, 413, 429...): linger a little
             self._linger = LINGER_BYTES
+            rest = None if self._declared is None else self._declared - self._body_bytes
+            self._draining = rest is None or rest > LINGER_BYTES
         super().on_response_complete()
 
     def data_received(self, data: bytes) -> None:
+        if self._draining:  # a refused request's body, more than we linger for: dropped unparsed
+            assert self._linger is not None
+            self._linger -= len(data)
+            if self._linger < 0 and not self.transport.is_closing():
+                self.transport.close()
+            return
         if self._head_bytes > self.deadlines.max_header_bytes:
             return
         try:

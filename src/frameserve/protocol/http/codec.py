@@ -30,6 +30,7 @@ by :func:`encode_response` and answered with ``name``, ``datatype`` and ``shape`
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from collections.abc import Mapping
@@ -378,9 +379,17 @@ def _elements(shape: tuple[int, ...]) -> int:
 
 
 def _flatten(data: Any) -> list[Any]:
-    """Row-major elements of arbitrarily nested lists, without recursion."""
+    """Row-major elements of arbitrarily nested lists, without recursion. Lists nested evenly
+    (every item of a level a list, as a JSON tensor's rows are) are joined a level at a time in
+    C (``itertools.chain``); the per-item walk is left for ragged nesting."""
     if not isinstance(data, list):
         return [data]
+    level: list[Any] = data
+    while level and set(map(type, level)) == {list}:
+        level = list(itertools.chain.from_iterable(level))
+    if list not in set(map(type, level)):
+        return level
+    data = level
     out: list[Any] = []
     stack = [iter(data)]
     while stack:
@@ -400,11 +409,11 @@ def _from_json(name: str, datatype: DataType, shape: tuple[int, ...], data: Any)
         flat = _flatten(data)
         if len(flat) != n:
             raise TensorError(f"input {shown(name)}: shape {list(shape)} needs {n} elements, 'data' has {len(flat)}")
+        if flat and set(map(type, flat)) != {str}:  # (JSON makes no str subclasses) checked in C
+            value = next(v for v in flat if not isinstance(v, str))
+            raise TensorError(f"input {shown(name)}: BYTES elements in JSON must be strings, got {_kind(value)}")
         elements = np.empty(n, dtype=object)
-        for i, value in enumerate(flat):
-            if not isinstance(value, str):
-                raise TensorError(f"input {shown(name)}: BYTES elements in JSON must be strings, got {_kind(value)}")
-            elements[i] = value.encode("utf-8", "surrogatepass")
+        elements[:] = list(map(str.encode, flat, itertools.repeat("utf-8", n), itertools.repeat("surrogatepass", n)))
         return elements.reshape(shape)
     arr: np.ndarray[Any, Any] | None
     try:
