@@ -122,14 +122,3 @@ def test_a_call_over_its_infer_rate_is_refused_before_the_message_is_read(server
     exc = _held_back_call(server.port, GOOD)  # the one token is spent
     assert exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, exc
     assert "infer_rate" in (exc.details() or "")
-
-
-def test_servers_do_not_grow_stream_windows_by_bdp_probing() -> None:
-    """Every frameserve gRPC server runs without BDP probing, so a refused call's unread message
-    is received only as far as the initial stream window (see ``server_options``: the cost per
-    refused multi-MB call is bench/tenants.py ``--per-abuse``'s figure, not a test's)."""
-    from frameserve.protocol.grpc._server import server_options
-    from frameserve.security.limits import DEFAULT_DEADLINES
-
-    for reuseport in (False, True):
-        assert ("grpc.http2.bdp_probe", 0) in server_options(1 << 20, DEFAULT_DEADLINES, reuseport=reuseport)

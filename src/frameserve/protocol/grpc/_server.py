@@ -90,21 +90,11 @@ def server_options(max_message_bytes: int, deadlines: HttpDeadlines, *, reusepor
     message caps, ``SO_REUSEPORT``, a connection with no call for
     ``deadlines.keep_alive_timeout_s`` closed (``grpc.max_connection_idle_ms``, with GOAWAY:
     clients reconnect on their next call), and the HTTP/2 (and TLS) handshake bounded by
-    ``deadlines.header_timeout_s`` (``grpc.server_handshake_timeout_ms``; gRPC's default is 120 s).
-
-    No BDP probing (``grpc.http2.bdp_probe`` 0): with it, gRPC grows every stream's receive
-    window towards the connection's bandwidth-delay product, so a call refused on its metadata
-    (a bad token, a tenant over its ``infer_rate``) still had its whole multi-MB message received
-    and dropped: measured (bench/tenants.py ``--per-abuse``, a 5.9 MB ``ModelInfer`` with a bad
-    token, two CPUs) 3.3 ms of server CPU per refused call, 0.31 ms without. A message the server
-    does read is not slowed: gRPC (1.85) opens a stream's window to the size a pending read
-    announces (``min_progress_size``), and 64 MiB messages moved as fast on loopback either way
-    (160-220 ms each, interleaved runs)."""
+    ``deadlines.header_timeout_s`` (``grpc.server_handshake_timeout_ms``; gRPC's default is 120 s)."""
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", int(reuseport)),
-        ("grpc.http2.bdp_probe", 0),
         ("grpc.max_connection_idle_ms", max(1, round(deadlines.keep_alive_timeout_s * 1000))),
         ("grpc.server_handshake_timeout_ms", max(1, round(deadlines.header_timeout_s * 1000))),
     ]
