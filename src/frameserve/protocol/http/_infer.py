@@ -318,7 +318,7 @@ class InferFastPath:
         self.limits = limits
         self.shared_memory = shared_memory
         self.batcher = LoopBatcher(batching) if batching is not None else None
-        self.gate = gate
+        self.gate = InferGate.per_request(gate)
 
     async def __call__(self, match: re.Match[str], scope: Any, receive: Any, send: Any) -> None:
         gate = self.gate
