@@ -38,7 +38,6 @@ at concurrency 1 (perf_analyzer, 4 interleaved pairs), so uvicorn's two writes s
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -96,43 +95,59 @@ class _Guarded(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0  # when the timer fires (loop time)
+        self._deadline: float | None = None  # when the current phase ends (loop time); None: no deadline
         self._head_bytes = 0
+        self._max_head = self.deadlines.max_header_bytes
         self._body_start = 0.0
         self._body_bytes = 0
         self._in_body = False
         self._linger: int | None = None  # bytes of an answered request's body still read and dropped
         self._counted = Connection(self.connection_gate) if self.connection_gate is not None else None
 
-    # -- timers
-    def _arm(self, delay: float) -> None:
-        self._disarm()
-        self._timer = self.loop.call_later(delay, self._expired)
+    # -- the deadline: one lazy timer per connection. Setting or clearing a deadline is a store;
+    # the timer is scheduled only when none is, or when the new deadline is earlier than it, and
+    # when it fires it re-arms itself for the deadline then in force (none: it lapses). A
+    # kept-alive connection's requests thus schedule and cancel no timer in the steady state.
+    def _set_deadline(self, at: float) -> None:
+        """The current phase ends at ``at`` (loop time)."""
+        self._deadline = at
+        timer = self._timer
+        if timer is None or at < self._timer_at:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self.loop.call_at(at, self._expired)
+            self._timer_at = at
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
             self._timer = None
+        self._deadline = None
 
     def _expired(self) -> None:
         self._timer = None
-        if self.transport is None or self.transport.is_closing():
+        deadline = self._deadline
+        if deadline is None or self.transport is None or self.transport.is_closing():
             return
+        now = self.loop.time()
         if self._in_body:
-            now = time.monotonic()
             if self.flow is not None and self.flow.read_paused:  # we are not reading: not the client's delay
                 self._body_start = now - (self._body_bytes / self.deadlines.body_min_rate)
-                self._arm(self.deadlines.body_timeout_s)
+                self._set_deadline(now + self.deadlines.body_timeout_s)
                 return
             deadline = self._body_start + self.deadlines.body_timeout_s + self._body_bytes / self.deadlines.body_min_rate
-            if now < deadline:
-                self._arm(deadline - now)
-                return
+        if now < deadline:  # moved since the timer was set, or extended by the body's bytes
+            self._timer = self.loop.call_at(deadline, self._expired)
+            self._timer_at = deadline
+            return
         self.transport.close()
 
     # -- connection
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm(self.deadlines.header_timeout_s)
+        self._set_deadline(self.loop.time() + self.deadlines.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -145,31 +160,33 @@ class _Guarded(HttpToolsProtocol):
         super().on_message_begin()
         self._head_bytes = 0
         self._in_body = False
-        if self._timer is None:  # a kept-alive connection's next request: its head's deadline starts
-            self._arm(self.deadlines.header_timeout_s)
+        if self._deadline is None:  # a kept-alive connection's next request: its head's deadline starts
+            self._set_deadline(self.loop.time() + self.deadlines.header_timeout_s)
         if self._counted is not None:
             self.scope["extensions"] = {CONNECTION_KEY: self._counted}  # type: ignore[dict-item]
 
-    def _head(self, n: int) -> None:
-        self._head_bytes += n
-        if self._head_bytes > self.deadlines.max_header_bytes:
-            import httptools
+    def _too_long(self) -> None:
+        import httptools
 
-            raise httptools.HttpParserError("request head too large")
+        raise httptools.HttpParserError("request head too large")
 
     def on_url(self, url: bytes) -> None:
-        self._head(len(url))
-        super().on_url(url)
+        self._head_bytes += len(url)
+        if self._head_bytes > self._max_head:
+            self._too_long()
+        HttpToolsProtocol.on_url(self, url)
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._head(len(name) + len(value) + 4)
-        super().on_header(name, value)
+    def on_header(self, name: bytes, value: bytes) -> None:  # per header: kept to one frame
+        n = self._head_bytes = self._head_bytes + len(name) + len(value) + 4
+        if n > self._max_head:
+            self._too_long()
+        HttpToolsProtocol.on_header(self, name, value)
 
     def on_headers_complete(self) -> None:
         self._in_body = True
-        self._body_start = time.monotonic()
         self._body_bytes = 0
-        self._arm(self.deadlines.body_timeout_s)
+        self._body_start = now = self.loop.time()
+        self._set_deadline(now + self.deadlines.body_timeout_s)
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -184,7 +201,7 @@ class _Guarded(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._in_body = False
         self._linger = None
-        self._disarm()
+        self._deadline = None  # until the next request's first byte (the timer lapses, or is reused)
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
@@ -193,12 +210,12 @@ class _Guarded(HttpToolsProtocol):
         super().on_response_complete()
 
     def data_received(self, data: bytes) -> None:
-        if self._head_bytes > self.deadlines.max_header_bytes:
+        if self._head_bytes > self._max_head:
             return
         try:
             super().data_received(data)
         finally:
-            if self._head_bytes > self.deadlines.max_header_bytes and not self.transport.is_closing():
+            if self._head_bytes > self._max_head and not self.transport.is_closing():
                 self._too_large()
 
     def _too_large(self) -> None:
@@ -210,7 +227,7 @@ class _Guarded(HttpToolsProtocol):
         self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
-        if self._head_bytes > self.deadlines.max_header_bytes:
+        if self._head_bytes > self._max_head:
             return  # answered by _too_large
         super().send_400_response(msg)
 
