@@ -155,7 +155,7 @@ def decode_infer_request(
             raise TensorError(f"input {shown(name)}: shape has {len(shape)} dimensions, at most {_MAX_DIMS} are supported")
         if any(d < 0 for d in shape):
             raise TensorError(f"input {shown(name)}: shape {shape} has a negative dimension")
-        count = limits.check_shape(f"input {shown(name)}", shape)
+        count = limits.check_shape("input", shape, name=name)
         if datatype is DataType.BYTES:
             bytes_elements += count
         location = _shm_params(tensor, f"input {shown(name)}") if tensor.parameters else None

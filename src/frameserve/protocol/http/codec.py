@@ -229,7 +229,7 @@ def decode_request(
     offset = 0
     inputs: dict[str, np.ndarray[Any, Any]] = {}
     heads = [_input_head(item, i) for i, item in enumerate(raw_inputs)]
-    counts = [limits.check_shape(f"input {head[0]!r}", head[2]) for head in heads]
+    counts = [limits.check_shape("input", head[2], name=head[0]) for head in heads]
     if any(head[1] is DataType.BYTES for head in heads):
         limits.check_bytes_elements(
             "request", sum(n for n, head in zip(counts, heads, strict=True) if head[1] is DataType.BYTES)
@@ -316,10 +316,11 @@ def _input_head(
         )
     params = item.get("parameters")
     size = None
-    if params is not None:
-        params = _mapping(params, f"input {shown(name)} 'parameters'")
+    if params is not None:  # the messages are made only for a refusal
+        if type(params) is not dict:
+            params = _mapping(params, f"input {shown(name)} 'parameters'")
         size = params.get("binary_data_size")
-        if size is not None:
+        if size is not None and (type(size) is not int or size < 0):
             size = _count(size, "binary_data_size", f"input {shown(name)}")
     return name, datatype, tuple(raw_shape), size, params or {}
 
@@ -357,9 +358,14 @@ def _requested_outputs(raw: Any, shared_memory: SharedMemoryUse | None = None) -
         if raw_params is None:  # most outputs: nothing more to read
             out.append(RequestedOutput(name, None, {}))
             continue
-        params = dict(_mapping(raw_params, f"output {shown(name)} 'parameters'"))
-        binary = _flag(params, "binary_data", f"output {shown(name)}")
-        params.pop("binary_data", None)
+        if type(raw_params) is not dict:  # the messages are made only for a refusal
+            raw_params = _mapping(raw_params, f"output {shown(name)} 'parameters'")
+        params = dict(raw_params)
+        binary = None
+        if "binary_data" in params:
+            binary = params.pop("binary_data")
+            if type(binary) is not bool:
+                _flag({"binary_data": binary}, "binary_data", f"output {shown(name)}")  # raises
         location = shm_location(params, f"output {shown(name)}") if params else None
         if location is not None:  # written into the region; its answer carries no data
             if binary:
