@@ -100,7 +100,12 @@ class ResponsePath:
                 check_classification(out.name, self.config.output(out.name).datatype, out.parameters["classification"])
 
     def _active(self, request: InferRequest) -> bool:
-        return self.cache is not None or any(o.parameters.get("classification") for o in request.outputs)
+        if self.cache is not None:
+            return True
+        for o in request.outputs:  # most outputs have no parameters: no generator, no lookup
+            if o.parameters and o.parameters.get("classification"):
+                return True
+        return False
 
     def submit(
         self, requests: Sequence[tuple[InferRequest, int]],

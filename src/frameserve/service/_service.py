@@ -486,9 +486,11 @@ class InferenceService(ModelTable):
         cfg = entry.config
         try:
             arrays, batch_size = check_inputs(cfg, request.inputs)
+            with_parameters = False
             for out in request.outputs:
                 cfg.output(out.name)  # raises TensorError listing the outputs
-            if request.outputs:
+                with_parameters = with_parameters or bool(out.parameters)
+            if with_parameters:
                 entry.respond.check(request)  # classification counts
         except FrameserveError:
             self._count_refused(entry)
