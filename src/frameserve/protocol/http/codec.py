@@ -30,6 +30,7 @@ by :func:`encode_response` and answered with ``name``, ``datatype`` and ``shape`
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections.abc import Mapping
@@ -205,7 +206,8 @@ def decode_request(
         raise InvalidInputError(f"malformed JSON in the {where}: {exc}") from None
     if not isinstance(doc, dict):
         raise InvalidInputError(f"an inference request must be a JSON object, got {_kind(doc)}")
-    _check_counts(doc, limits)
+    if header_length > _counts_fit(limits):
+        _check_counts(doc, limits)
 
     req_id = doc.get("id", "")
     if type(req_id) is not str:
@@ -268,6 +270,16 @@ def decode_request(
         priority=priority, timeout_us=timeout_us, id=req_id, binary_data_output=binary_output,
         sequence_id=sequence[0], sequence_start=sequence[1], sequence_end=sequence[2], tenant=tenant,
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _counts_fit(limits: TensorLimits) -> int:
+    """The longest JSON header whose counts cannot be over ``limits``' caps, bytes: in JSON each
+    input or output takes at least 3 bytes (``{}`` and a comma) and each parameter at least 4
+    (``"":0``), so a header of ``n`` bytes holds at most ``(n + 1) // 3`` tensors in a list and
+    ``n // 4`` parameters. Below it :func:`_check_counts` cannot refuse anything and is skipped
+    (every ordinary request: a few hundred bytes against the default 3,071)."""
+    return min(3 * min(limits.max_inputs, limits.max_outputs) - 1, 4 * limits.max_parameters + 3)
 
 
 def _check_counts(doc: dict[str, Any], limits: TensorLimits) -> None:
