@@ -97,7 +97,9 @@ class _Guarded(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0  # when the timer fires (loop time)
         self._deadline: float | None = None  # when the current phase ends (loop time); None: no deadline
-        self._head_bytes = 0
+        self._head_bytes = 0  # the request head's size, once it may be over the cap (else 0)
+        self._seen = 0  # bytes received since the request began, at least (its head's upper bound)
+        self._chunk = 0  # the size of the data being parsed
         self._max_head = self.deadlines.max_header_bytes
         self._body_start = 0.0
         self._body_bytes = 0
@@ -159,30 +161,33 @@ class _Guarded(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
+        self._seen = self._chunk  # the request began in this data: its head has at most this much of it
         self._in_body = False
         if self._deadline is None:  # a kept-alive connection's next request: its head's deadline starts
             self._set_deadline(self.loop.time() + self.deadlines.header_timeout_s)
         if self._counted is not None:
             self.scope["extensions"] = {CONNECTION_KEY: self._counted}  # type: ignore[dict-item]
 
-    def _too_long(self) -> None:
-        import httptools
+    # -- the head's size: bytes received since a request began bound it from above; only when
+    # that bound passes the cap is the head counted exactly (its URL and the headers uvicorn
+    # kept, each header's name and value plus 4 bytes of ": " and CRLF), so a request's headers
+    # cost no Python call each.
+    def _head_size(self) -> int:
+        headers = self.headers or ()  # None before the first request began
+        return len(self.url or b"") + sum(len(name) + len(value) + 4 for name, value in headers)
 
-        raise httptools.HttpParserError("request head too large")
-
-    def on_url(self, url: bytes) -> None:
-        self._head_bytes += len(url)
-        if self._head_bytes > self._max_head:
-            self._too_long()
-        HttpToolsProtocol.on_url(self, url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:  # per header: kept to one frame
-        n = self._head_bytes = self._head_bytes + len(name) + len(value) + 4
-        if n > self._max_head:
-            self._too_long()
-        HttpToolsProtocol.on_header(self, name, value)
+    def _head_over(self) -> bool:
+        """Whether the head received so far is over the cap (its size kept in ``_head_bytes``)."""
+        if self._seen <= self._max_head:
+            return False
+        self._head_bytes = self._head_size()
+        return self._head_bytes > self._max_head
 
     def on_headers_complete(self) -> None:
+        if self._head_over():
+            import httptools
+
+            raise httptools.HttpParserError("request head too large")  # answered 431 by data_received
         self._in_body = True
         self._body_bytes = 0
         self._body_start = now = self.loop.time()
@@ -212,11 +217,15 @@ class _Guarded(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._head_bytes > self._max_head:
             return
+        self._chunk = len(data)
+        if not self._in_body:  # a head in progress (or the next request's first bytes)
+            self._seen += self._chunk
         try:
             super().data_received(data)
         finally:
-            if self._head_bytes > self._max_head and not self.transport.is_closing():
-                self._too_large()
+            if self._head_bytes > self._max_head or (not self._in_body and self._head_over()):
+                if not self.transport.is_closing():
+                    self._too_large()
 
     def _too_large(self) -> None:
         body = b'{"error":"the request head is over the limit of %d bytes"}' % self.deadlines.max_header_bytes
