@@ -39,6 +39,9 @@ MAX_SEQUENCE_ID_CHARS = 1024
 """The longest string ``sequence_id`` a request may carry (a UUID takes 36)."""
 
 
+_NO_SEQUENCE: tuple[int | str, bool, bool] = (0, False, False)
+
+
 def pop_sequence_parameters(params: dict[str, Any]) -> tuple[int | str, bool, bool]:
     """Take Triton's sequence parameters out of a request's decoded ``parameters`` (HTTP JSON
     or gRPC ``InferParameter`` values): ``sequence_id`` (an unsigned 64-bit integer or a string,
@@ -52,6 +55,8 @@ def pop_sequence_parameters(params: dict[str, Any]) -> tuple[int | str, bool, bo
         InvalidInputError: a ``sequence_id`` that is neither (a negative, too large or boolean
             number, a string over :data:`MAX_SEQUENCE_ID_CHARS`), a flag that is not a boolean.
     """
+    if not params:  # most requests: nothing to take
+        return _NO_SEQUENCE
     sid = params.pop("sequence_id", 0)
     start = params.pop("sequence_start", False)
     end = params.pop("sequence_end", False)

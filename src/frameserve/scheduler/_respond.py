@@ -99,8 +99,16 @@ class ResponsePath:
             if "classification" in out.parameters:
                 check_classification(out.name, self.config.output(out.name).datatype, out.parameters["classification"])
 
-    def _active(self, request: InferRequest) -> bool:
-        return self.cache is not None or any(o.parameters.get("classification") for o in request.outputs)
+    def active(self, request: InferRequest) -> bool:
+        """Whether :meth:`submit` has anything to do for ``request`` (the model caches its
+        responses, or the request asks for classification); when not, its caller may enqueue
+        it on the scheduler itself (one call and one ``functools.partial`` fewer per request)."""
+        if self.cache is not None:
+            return True
+        for o in request.outputs:  # most outputs have no parameters: no generator, no lookup
+            if o.parameters and o.parameters.get("classification"):
+                return True
+        return False
 
     def submit(
         self, requests: Sequence[tuple[InferRequest, int]],
@@ -115,7 +123,7 @@ class ResponsePath:
             Whatever ``enqueue`` raises (nothing is cached then).
         """
         for request, _ in requests:
-            if self._active(request):
+            if self.active(request):
                 break
         else:
             return enqueue(requests)

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from frameserve.errors import PayloadTooLargeError, TensorError
+from frameserve.errors import PayloadTooLargeError, TensorError, shown
 
 __all__ = ["DEFAULT_DEADLINES", "DEFAULT_LIMITS", "HttpDeadlines", "TensorLimits"]
 
@@ -87,8 +87,10 @@ class TensorLimits:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
-    def check_shape(self, where: str, shape: Sequence[int]) -> int:
+    def check_shape(self, where: str, shape: Sequence[int], *, name: str | None = None) -> int:
         """The element count of ``shape`` (non-negative ints), after checking it against the cap.
+        ``where`` (and ``name``, a request's tensor name, shown bounded) say in the message what
+        the shape is of; they are formatted only on refusal.
 
         Raises:
             TensorError: a dimension or the product of the non-zero dimensions is over
@@ -102,6 +104,8 @@ class TensorLimits:
             else:
                 empty = True
         if nonzero > cap:
+            if name is not None:
+                where = f"{where} {shown(name)}"
             raise TensorError(
                 f"{where}: shape {list(shape)[:8]}{'...' if len(shape) > 8 else ''} declares more than "
                 f"{cap} elements, the server's cap (serve --max-tensor-elements)"
@@ -133,6 +137,8 @@ class TensorLimits:
             TensorError: a count is over its cap (the message names the cap and its flag, never
                 the request's names).
         """
+        if inputs <= self.max_inputs and outputs <= self.max_outputs and parameters <= self.max_parameters:
+            return  # every request that is served: no tuples built
         for count, cap, what, flag in (
             (inputs, self.max_inputs, "inputs", "--max-inputs"),
             (outputs, self.max_outputs, "requested outputs", "--max-outputs"),

@@ -164,7 +164,13 @@ class Quotas:
     @property
     def limits_inference(self) -> bool:
         """Whether any row limits ``infer_rate``, ``infer_concurrency`` or ``streams``."""
-        return any(q.infer_rate is not None or q.infer_concurrency is not None or q.streams is not None
+        return self.limits_requests or any(q.streams is not None for q in (self.default, *self.tenants.values()))
+
+    @property
+    def limits_requests(self) -> bool:
+        """Whether any row limits ``infer_rate`` or ``infer_concurrency`` (what each inference
+        request is checked against; ``streams`` alone is checked once per stream)."""
+        return any(q.infer_rate is not None or q.infer_concurrency is not None
                    for q in (self.default, *self.tenants.values()))
 
     @classmethod
@@ -383,6 +389,9 @@ class InferGate:
     """
 
     def __init__(self, quotas: Quotas, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits_requests = quotas.limits_requests
+        """Whether :meth:`enter` can refuse anything (some row limits ``infer_rate`` or
+        ``infer_concurrency``); false with the built-in defaults, which limit only ``streams``."""
         self._rate = RateGate(quotas, clock=clock)
         self._inflight = ConcurrencyGate(lambda t: quotas.for_tenant(t).infer_concurrency, "infer_concurrency")
         self._streams = ConcurrencyGate(lambda t: quotas.for_tenant(t).streams, "streams")
@@ -394,6 +403,13 @@ class InferGate:
         if quotas is None or not quotas.limits_inference:
             return None
         return cls(quotas.share(share))
+
+    @staticmethod
+    def per_request(gate: InferGate | None) -> InferGate | None:
+        """``gate`` where its :meth:`enter` can refuse a request, else ``None``: what the
+        transports check each inference request against (the built-in quotas limit only
+        ``streams``, so without a quotas file no request pays for an enter and a leave)."""
+        return gate if gate is not None and gate.limits_requests else None
 
     def enter(self, tenant: str) -> None:
         """Admit one request of ``tenant``; :meth:`leave` when it is answered.

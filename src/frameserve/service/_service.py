@@ -326,6 +326,8 @@ class InferenceService(ModelTable):
         if not entry.config.decoupled:
             if self.tracer is not None and self.tracer.on:
                 return self._traced(entry, checked, dispatch)
+            if not entry.respond.active(checked[0]):  # no cache, no classification: straight on
+                return entry.scheduler.enqueue((checked,), dispatch=dispatch)[0]
             return entry.respond.submit((checked,), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
         sink = checked[0].responses
         if sink is None:
@@ -486,9 +488,11 @@ class InferenceService(ModelTable):
         cfg = entry.config
         try:
             arrays, batch_size = check_inputs(cfg, request.inputs)
+            with_parameters = False
             for out in request.outputs:
                 cfg.output(out.name)  # raises TensorError listing the outputs
-            if request.outputs:
+                with_parameters = with_parameters or bool(out.parameters)
+            if with_parameters:
                 entry.respond.check(request)  # classification counts
         except FrameserveError:
             self._count_refused(entry)

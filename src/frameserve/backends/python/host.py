@@ -520,24 +520,25 @@ def finish_results(
     """Per request: its outputs (only those asked for, and the implicit-state outputs of a
     sequence model, which its scheduler keeps), checked against the config, or the frameserve
     error for a response error / a missing, unknown or mistyped output."""
-    where = f"model {config.name!r}"
     specs = {s.name: s for s in config.outputs}
     # implicit state (sequence_batching.state): its outputs go back to the sequence batcher
-    states = [st.get("output_name") for st in (config.sequence_batching or {}).get("state") or ()]
-    state_out = {n for n in states if isinstance(n, str) and n not in specs}
+    state_out: set[str] = set()
+    if config.sequence_batching:  # only a sequence model has any (the others skip the scan)
+        states = [st.get("output_name") for st in config.sequence_batching.get("state") or ()]
+        state_out = {n for n in states if isinstance(n, str) and n not in specs}
     results: list[dict[str, np.ndarray[Any, Any]] | Exception] = []
     for req, item in zip(requests, raw, strict=True):
         if isinstance(item, pb_utils.TritonError):
-            results.append(pb_utils.to_frameserve_error(item, where))
+            results.append(pb_utils.to_frameserve_error(item, f"model {config.name!r}"))
             continue
         names = req.output_names
         wanted = list(names) if names is not None else [n for n in specs if n in item]
-        kept = [n for n in state_out if n in item]
+        kept = [n for n in state_out if n in item] if state_out else []
         problem = _check_outputs({n: a for n, a in item.items() if n not in state_out} if kept else item, wanted, specs)
         if problem:
-            results.append(InferenceError(f"{where}: {problem}"))
+            results.append(InferenceError(f"model {config.name!r}: {problem}"))
         else:
-            results.append({n: item[n] for n in [*wanted, *kept]})
+            results.append({n: item[n] for n in [*wanted, *kept]} if kept else {n: item[n] for n in wanted})
     return results
 
 

@@ -31,12 +31,14 @@ _GATED = frozenset({"/inference.GRPCInferenceService/ModelInfer"})
 """The RPCs whose inference quotas are checked on the metadata (a stream's are per message)."""
 
 
-def principal_of(tokens: TokenTable | None, metadata: Any) -> Principal:
-    """The principal of a call the interceptor admitted, from its ``authorization`` metadata
-    (:data:`IMPLICIT_OWNER` on a server without tokens, or when the call carries none)."""
+def principal_of(tokens: TokenTable | None, context: Any) -> Principal:
+    """The principal of a call the interceptor admitted, from the ``authorization`` metadata of
+    its ``context`` (a servicer context: ``invocation_metadata()``): :data:`IMPLICIT_OWNER` on a
+    server without tokens (the metadata is not read: every call is that one tenant's), a
+    principal without a name or roles when the call carries no known token."""
     if tokens is None:
         return IMPLICIT_OWNER
-    for key, value in metadata or ():
+    for key, value in context.invocation_metadata() or ():
         if key == "authorization":
             token = bearer_token(value if isinstance(value, str) else value.decode("latin-1"))
             found = tokens.principal(token) if token is not None else None

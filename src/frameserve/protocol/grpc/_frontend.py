@@ -144,6 +144,7 @@ class _FrontServicer:
         self.forward_stream = forward_stream
         self.tokens = tokens
         self.infer_gate = infer_gate
+        self._request_gate = InferGate.per_request(infer_gate)
         self.core = core
         self.knows = knows
         self.forward = forward
@@ -153,10 +154,11 @@ class _FrontServicer:
     def _tenant(self, context: Any) -> str:
         """Whose client shared-memory regions the call may name, whose quotas it counts against,
         whose sequences it may continue (the same name over HTTP, gRPC and every process)."""
-        return principal_of(self.tokens, context.invocation_metadata()).name
+        return principal_of(self.tokens, context).name
 
     def _admitted(self, tenant: str) -> contextlib.AbstractContextManager[None]:
-        return self.infer_gate.held(tenant) if self.infer_gate is not None else contextlib.nullcontext()
+        gate = self._request_gate
+        return gate.held(tenant) if gate is not None else contextlib.nullcontext()
 
     async def ModelInferRaw(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:

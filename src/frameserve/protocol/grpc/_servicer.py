@@ -101,6 +101,8 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         log_settings: LogSettings | None = None,
     ) -> None:
         self.infer_gate = infer_gate
+        self.request_gate = InferGate.per_request(infer_gate)
+        """What each inference request is checked against (``None``: nothing limits requests)."""
         self.log_settings = log_settings
         self.service = service
         self.core = service.client(inline_under_us=RUN_HERE_UNDER_US)
@@ -112,7 +114,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def principal(self, context: Any) -> Principal:
         """Who a call comes from (its bearer token, which the interceptor checked)."""
-        return principal_of(self.tokens, context.invocation_metadata())
+        return principal_of(self.tokens, context)
 
     def tenant_of(self, context: Any) -> str:
         """The tenant of a call: whose shared-memory regions it may name, whose inference quotas
@@ -122,7 +124,8 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def admitted(self, tenant: str) -> contextlib.AbstractContextManager[None]:
         """Holds one of ``tenant``'s inference quotas while a call runs (raises
         :class:`~frameserve.errors.QuotaExceededError`, ``RESOURCE_EXHAUSTED``, over them)."""
-        return self.infer_gate.held(tenant) if self.infer_gate is not None else contextlib.nullcontext()
+        gate = self.request_gate
+        return gate.held(tenant) if gate is not None else contextlib.nullcontext()
 
     def streaming(self, tenant: str) -> contextlib.AbstractContextManager[None]:
         """Holds one of ``tenant``'s ``streams`` while a ``ModelStreamInfer`` stream is open

@@ -193,7 +193,7 @@ class _Handlers:
         s = self.servicer
         # the stream's requests run at once and their responses interleave, as in Triton
         yield from stream_all(s.core, requests, s.limits, s.shared_memory, self.working, context,
-                              tenant=tenant, gate=s.infer_gate)
+                              tenant=tenant, gate=s.request_gate)
 
     def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> health_pb2.HealthCheckResponse:
         status = self.health.status(request.service)

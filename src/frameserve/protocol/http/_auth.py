@@ -47,8 +47,9 @@ __all__ = ["CONNECTION_KEY", "HttpGate", "principal_of"]
 
 CONNECTION_KEY = "frameserve.connection"
 """Where a listener that counts connections puts the request's connection in the ASGI scope
-(``scope["extensions"]``): an object with ``claim(tenant)`` (raising
-:class:`~frameserve.errors.QuotaExceededError`), :class:`frameserve.protocol.http._wire.Connection`."""
+(``scope["extensions"]``): an object with ``tenant`` (whom it is counted for, or ``None``) and
+``claim(tenant)`` (raising :class:`~frameserve.errors.QuotaExceededError`),
+:class:`frameserve.protocol.http._wire.Connection`."""
 _WANTED = frozenset({b"authorization", b"origin", b"sec-fetch-site", b"content-type", b"host", b"cookie",
                      CSRF_HEADER.encode()})
 _CONSOLE_OPEN = ("/console/login", "/console/static/")
@@ -128,7 +129,8 @@ class HttpGate:
         state["principal"] = principal
         extensions = scope.get("extensions")
         connection = extensions.get(CONNECTION_KEY) if extensions else None
-        if connection is not None and http_roles(method, path, auth_health=False) is not None:
+        if (connection is not None and connection.tenant != principal.name  # counted already: nothing to do
+                and http_roles(method, path, auth_health=False) is not None):
             try:
                 connection.claim(str(principal.name))
             except QuotaExceededError as exc:

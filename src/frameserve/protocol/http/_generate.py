@@ -191,6 +191,7 @@ def generate_routes(
     own: a fast model may run on the event loop's thread). ``gate``: the tenants' inference
     quotas (held while a request's answer is being written)."""
     service = client.service
+    gate = InferGate.per_request(gate)
 
     async def start(request: Request) -> tuple[InferRequest, LoopSink, str]:
         p = request.path_params

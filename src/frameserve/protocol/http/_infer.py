@@ -339,40 +339,38 @@ class InferFastPath:
         self.limits = limits
         self.shared_memory = shared_memory
         self.batcher = LoopBatcher(batching) if batching is not None else None
-        self.gate = gate
+        self.gate = InferGate.per_request(gate)
 
     async def __call__(self, match: re.Match[str], scope: Any, receive: Any, send: Any) -> None:
-        gate = self.gate
-        if gate is None:
-            await self._answer(match, scope, receive, send)
-            return
+        # One coroutine per request, the tenant read once: the gate (when some quota limits
+        # requests) and the answer share it.
         tenant = principal_of(scope).name
+        gate = self.gate
+        if gate is not None:
+            try:
+                gate.enter(tenant)
+            except QuotaExceededError as exc:  # refused on the headers: the body is never read
+                await send_answer(send, *_error_answer(exc))
+                return
         try:
-            gate.enter(tenant)
-        except QuotaExceededError as exc:  # refused on the headers: the body is never read
-            await send_answer(send, *_error_answer(exc))
-            return
-        try:
-            await self._answer(match, scope, receive, send)
+            headers = InferHeaders.of(scope["headers"])
+            try:
+                status, out_headers, parts = await infer(
+                    self.core, match.group(1), match.group(2), headers,
+                    asgi_body_reader(receive, headers.content_length, self.max_body_bytes),
+                    self.max_body_bytes, self.limits, self.shared_memory, self.batcher, tenant,
+                )
+            except ClientDisconnect:
+                return
+            except Exception as exc:  # a bug must not take the server down; say what it was
+                log.exception("POST %s failed", scope["path"])
+                status, out_headers = 500, [_JSON]
+                parts = [codec.error_body(f"internal error: {type(exc).__name__}: {exc}")]
+            await send_answer(send, status, out_headers, parts)
         finally:
-            gate.leave(tenant)
+            if gate is not None:
+                gate.leave(tenant)
 
-    async def _answer(self, match: re.Match[str], scope: Any, receive: Any, send: Any) -> None:
-        headers = InferHeaders.of(scope["headers"])
-        try:
-            status, out_headers, parts = await infer(
-                self.core, match.group(1), match.group(2), headers,
-                asgi_body_reader(receive, headers.content_length, self.max_body_bytes),
-                self.max_body_bytes, self.limits, self.shared_memory, self.batcher,
-                principal_of(scope).name,
-            )
-        except ClientDisconnect:
-            return
-        except Exception as exc:  # a bug must not take the server down; say what it was
-            log.exception("POST %s failed", scope["path"])
-            status, out_headers = 500, [_JSON]
-            parts = [codec.error_body(f"internal error: {type(exc).__name__}: {exc}")]
-        await send_answer(send, status, out_headers, parts)
 
 
 async def send_answer(send: Any, status: int, headers: list[tuple[bytes, bytes]], parts: list[bytes]) -> None:

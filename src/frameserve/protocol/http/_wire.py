@@ -42,7 +42,6 @@ at concurrency 1 (perf_analyzer, 4 interleaved pairs), so uvicorn's two writes s
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -100,45 +99,62 @@ class _Guarded(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
-        self._head_bytes = 0
+        self._timer_at = 0.0  # when the timer fires (loop time)
+        self._deadline: float | None = None  # when the current phase ends (loop time); None: no deadline
+        self._head_bytes = 0  # the request head's size, once it may be over the cap (else 0)
+        self._seen = 0  # bytes received since the request began, at least (its head's upper bound)
+        self._chunk = 0  # the size of the data being parsed
+        self._max_head = self.deadlines.max_header_bytes
         self._body_start = 0.0
         self._body_bytes = 0
         self._in_body = False
         self._linger: int | None = None  # bytes of an answered request's body still read and dropped
-        self._declared: int | None = None  # the request's Content-Length (None: none, or chunked)
         self._draining = False  # answered with more body to come than LINGER_BYTES: drop it unparsed
         self._counted = Connection(self.connection_gate) if self.connection_gate is not None else None
 
-    # -- timers
-    def _arm(self, delay: float) -> None:
-        self._disarm()
-        self._timer = self.loop.call_later(delay, self._expired)
+    # -- the deadline: one lazy timer per connection. Setting or clearing a deadline is a store;
+    # the timer is scheduled only when none is, or when the new deadline is earlier than it, and
+    # when it fires it re-arms itself for the deadline then in force (none: it lapses). A
+    # kept-alive connection's requests thus schedule and cancel no timer in the steady state.
+    def _set_deadline(self, at: float) -> None:
+        """The current phase ends at ``at`` (loop time)."""
+        self._deadline = at
+        timer = self._timer
+        if timer is None or at < self._timer_at:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self.loop.call_at(at, self._expired)
+            self._timer_at = at
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
             self._timer = None
+        self._deadline = None
 
     def _expired(self) -> None:
         self._timer = None
-        if self.transport is None or self.transport.is_closing():
+        deadline = self._deadline
+        if deadline is None or self.transport is None or self.transport.is_closing():
             return
+        now = self.loop.time()
         if self._in_body:
-            now = time.monotonic()
             if self.flow is not None and self.flow.read_paused:  # we are not reading: not the client's delay
                 self._body_start = now - (self._body_bytes / self.deadlines.body_min_rate)
-                self._arm(self.deadlines.body_timeout_s)
+                self._set_deadline(now + self.deadlines.body_timeout_s)
                 return
             deadline = self._body_start + self.deadlines.body_timeout_s + self._body_bytes / self.deadlines.body_min_rate
-            if now < deadline:
-                self._arm(deadline - now)
-                return
+        if now < deadline:  # moved since the timer was set, or extended by the body's bytes
+            self._timer = self.loop.call_at(deadline, self._expired)
+            self._timer_at = deadline
+            return
         self.transport.close()
 
     # -- connection
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm(self.deadlines.header_timeout_s)
+        self._set_deadline(self.loop.time() + self.deadlines.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -150,35 +166,46 @@ class _Guarded(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
-        self._declared = None
+        self._seen = self._chunk  # the request began in this data: its head has at most this much of it
         self._in_body = False
-        if self._timer is None:  # a kept-alive connection's next request: its head's deadline starts
-            self._arm(self.deadlines.header_timeout_s)
+        if self._deadline is None:  # a kept-alive connection's next request: its head's deadline starts
+            self._set_deadline(self.loop.time() + self.deadlines.header_timeout_s)
         if self._counted is not None:
             self.scope["extensions"] = {CONNECTION_KEY: self._counted}  # type: ignore[dict-item]
 
-    def _head(self, n: int) -> None:
-        self._head_bytes += n
-        if self._head_bytes > self.deadlines.max_header_bytes:
-            import httptools
+    # -- the head's size: bytes received since a request began bound it from above; only when
+    # that bound passes the cap is the head counted exactly (its URL and the headers uvicorn
+    # kept, each header's name and value plus 4 bytes of ": " and CRLF), so a request's headers
+    # cost no Python call each.
+    def _head_size(self) -> int:
+        headers = self.headers or ()  # None before the first request began
+        return len(self.url or b"") + sum(len(name) + len(value) + 4 for name, value in headers)
 
-            raise httptools.HttpParserError("request head too large")
+    def _head_over(self) -> bool:
+        """Whether the head received so far is over the cap (its size kept in ``_head_bytes``)."""
+        if self._seen <= self._max_head:
+            return False
+        self._head_bytes = self._head_size()
+        return self._head_bytes > self._max_head
 
-    def on_url(self, url: bytes) -> None:
-        self._head(len(url))
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._head(len(name) + len(value) + 4)
-        if len(name) == 14 and name.lower() == b"content-length":
-            self._declared = int(value) if value.isdigit() else None  # httptools refuses a bad one
-        super().on_header(name, value)
+    def _content_length(self) -> int | None:
+        """The request's ``Content-Length`` (``None``: none, or chunked), read from the headers
+        uvicorn kept (names lower-cased) only when a refusal needs it; httptools has already
+        refused a malformed one."""
+        for name, value in self.headers or ():
+            if name == b"content-length":
+                return int(value) if value.isdigit() else None
+        return None
 
     def on_headers_complete(self) -> None:
+        if self._head_over():
+            import httptools
+
+            raise httptools.HttpParserError("request head too large")  # answered 431 by data_received
         self._in_body = True
-        self._body_start = time.monotonic()
         self._body_bytes = 0
-        self._arm(self.deadlines.body_timeout_s)
+        self._body_start = now = self.loop.time()
+        self._set_deadline(now + self.deadlines.body_timeout_s)
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -193,13 +220,14 @@ class _Guarded(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._in_body = False
         self._linger = None
-        self._disarm()
+        self._deadline = None  # until the next request's first byte (the timer lapses, or is reused)
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
         if self._in_body:  # answered before its body was read (401, 413, 429...): linger a little
             self._linger = LINGER_BYTES
-            rest = None if self._declared is None else self._declared - self._body_bytes
+            declared = self._content_length()
+            rest = None if declared is None else declared - self._body_bytes
             self._draining = rest is None or rest > LINGER_BYTES
         super().on_response_complete()
 
@@ -210,13 +238,17 @@ class _Guarded(HttpToolsProtocol):
             if self._linger < 0 and not self.transport.is_closing():
                 self.transport.close()
             return
-        if self._head_bytes > self.deadlines.max_header_bytes:
+        if self._head_bytes > self._max_head:
             return
+        self._chunk = len(data)
+        if not self._in_body:  # a head in progress (or the next request's first bytes)
+            self._seen += self._chunk
         try:
             super().data_received(data)
         finally:
-            if self._head_bytes > self.deadlines.max_header_bytes and not self.transport.is_closing():
-                self._too_large()
+            if self._head_bytes > self._max_head or (not self._in_body and self._head_over()):
+                if not self.transport.is_closing():
+                    self._too_large()
 
     def _too_large(self) -> None:
         body = b'{"error":"the request head is over the limit of %d bytes"}' % self.deadlines.max_header_bytes
@@ -227,7 +259,7 @@ class _Guarded(HttpToolsProtocol):
         self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
-        if self._head_bytes > self.deadlines.max_header_bytes:
+        if self._head_bytes > self._max_head:
             return  # answered by _too_large
         super().send_400_response(msg)
 

@@ -30,6 +30,7 @@ by :func:`encode_response` and answered with ``name``, ``datatype`` and ``shape`
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import zlib
@@ -206,7 +207,8 @@ def decode_request(
         raise InvalidInputError(f"malformed JSON in the {where}: {exc}") from None
     if not isinstance(doc, dict):
         raise InvalidInputError(f"an inference request must be a JSON object, got {_kind(doc)}")
-    _check_counts(doc, limits)
+    if header_length > _counts_fit(limits):
+        _check_counts(doc, limits)
 
     req_id = doc.get("id", "")
     if type(req_id) is not str:
@@ -230,7 +232,7 @@ def decode_request(
     offset = 0
     inputs: dict[str, np.ndarray[Any, Any]] = {}
     heads = [_input_head(item, i) for i, item in enumerate(raw_inputs)]
-    counts = [limits.check_shape(f"input {head[0]!r}", head[2]) for head in heads]
+    counts = [limits.check_shape("input", head[2], name=head[0]) for head in heads]
     if any(head[1] is DataType.BYTES for head in heads):
         limits.check_bytes_elements(
             "request", sum(n for n, head in zip(counts, heads, strict=True) if head[1] is DataType.BYTES)
@@ -269,6 +271,16 @@ def decode_request(
         priority=priority, timeout_us=timeout_us, id=req_id, binary_data_output=binary_output,
         sequence_id=sequence[0], sequence_start=sequence[1], sequence_end=sequence[2], tenant=tenant,
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _counts_fit(limits: TensorLimits) -> int:
+    """The longest JSON header whose counts cannot be over ``limits``' caps, bytes: in JSON each
+    input or output takes at least 3 bytes (``{}`` and a comma) and each parameter at least 4
+    (``"":0``), so a header of ``n`` bytes holds at most ``(n + 1) // 3`` tensors in a list and
+    ``n // 4`` parameters. Below it :func:`_check_counts` cannot refuse anything and is skipped
+    (every ordinary request: a few hundred bytes against the default 3,071)."""
+    return min(3 * min(limits.max_inputs, limits.max_outputs) - 1, 4 * limits.max_parameters + 3)
 
 
 def _check_counts(doc: dict[str, Any], limits: TensorLimits) -> None:
@@ -317,10 +329,11 @@ def _input_head(
         )
     params = item.get("parameters")
     size = None
-    if params is not None:
-        params = _mapping(params, f"input {shown(name)} 'parameters'")
+    if params is not None:  # the messages are made only for a refusal
+        if type(params) is not dict:
+            params = _mapping(params, f"input {shown(name)} 'parameters'")
         size = params.get("binary_data_size")
-        if size is not None:
+        if size is not None and (type(size) is not int or size < 0):
             size = _count(size, "binary_data_size", f"input {shown(name)}")
     return name, datatype, tuple(raw_shape), size, params or {}
 
@@ -358,9 +371,14 @@ def _requested_outputs(raw: Any, shared_memory: SharedMemoryUse | None = None) -
         if raw_params is None:  # most outputs: nothing more to read
             out.append(RequestedOutput(name, None, {}))
             continue
-        params = dict(_mapping(raw_params, f"output {shown(name)} 'parameters'"))
-        binary = _flag(params, "binary_data", f"output {shown(name)}")
-        params.pop("binary_data", None)
+        if type(raw_params) is not dict:  # the messages are made only for a refusal
+            raw_params = _mapping(raw_params, f"output {shown(name)} 'parameters'")
+        params = dict(raw_params)
+        binary = None
+        if "binary_data" in params:
+            binary = params.pop("binary_data")
+            if type(binary) is not bool:
+                _flag({"binary_data": binary}, "binary_data", f"output {shown(name)}")  # raises
         location = shm_location(params, f"output {shown(name)}") if params else None
         if location is not None:  # written into the region; its answer carries no data
             if binary:
