@@ -119,9 +119,18 @@ def _cpu_s(pid: int) -> float:
     return total
 
 
-def perf_analyzer(plan: Plan, model: str, protocol: str, ports: dict[str, int], concurrency: int, *,
-                  pid: int | None = None, shape: str | None = None, extra: tuple[str, ...] = (),
-                  stability: bool = False) -> PAResult:
+def perf_analyzer(
+    plan: Plan,
+    model: str,
+    protocol: str,
+    ports: dict[str, int],
+    concurrency: int,
+    *,
+    pid: int | None = None,
+    shape: str | None = None,
+    extra: tuple[str, ...] = (),
+    stability: bool = False,
+) -> PAResult:
     """One perf_analyzer run at one concurrency; CPU per inference from the server's own statistics.
 
     ``stability``: ask for perf_analyzer's own criterion (three windows within 10 %, at most 10
@@ -130,19 +139,41 @@ def perf_analyzer(plan: Plan, model: str, protocol: str, ports: dict[str, int], 
     port = ports["HTTP" if protocol == "http" else "gRPC"]
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "pa.csv"
-        args = ["bash", str(PA_SCRIPT), "-m", model, "-i", protocol, "-u", f"127.0.0.1:{port}",
-                "--concurrency-range", f"{concurrency}:{concurrency}",
-                "--measurement-interval", str(plan.interval_ms), "--max-trials", "10", "--percentile", "50",
-                "-f", str(report), *extra]
+        args = [
+            "bash",
+            str(PA_SCRIPT),
+            "-m",
+            model,
+            "-i",
+            protocol,
+            "-u",
+            f"127.0.0.1:{port}",
+            "--concurrency-range",
+            f"{concurrency}:{concurrency}",
+            "--measurement-interval",
+            str(plan.interval_ms),
+            "--max-trials",
+            "10",
+            "--percentile",
+            "50",
+            "-f",
+            str(report),
+            *extra,
+        ]
         if shape:
             args += ["--shape", shape]
         stable = True
-        for criterion in (["--stability-percentage", "10"], ["--stability-percentage", "1000"]) if stability else (
-                ["--stability-percentage", "1000"],):
+        for criterion in (
+            (["--stability-percentage", "10"], ["--stability-percentage", "1000"])
+            if stability
+            else (["--stability-percentage", "1000"],)
+        ):
             cpu0 = _cpu_s(pid) if pid else 0.0
             n0 = _inference_count(ports["HTTP"], model) if pid else 0
             client0 = _children_cpu_s()
-            proc = subprocess.run(args + criterion, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                args + criterion, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
+            )
             client1 = _children_cpu_s()
             cpu1 = _cpu_s(pid) if pid else 0.0
             n1 = _inference_count(ports["HTTP"], model) if pid else 0
@@ -159,8 +190,9 @@ def perf_analyzer(plan: Plan, model: str, protocol: str, ports: dict[str, int], 
             row = next(csv.DictReader(f))
     cpu = (cpu1 - cpu0) / (n1 - n0) if pid and n1 > n0 else float("nan")
     client = (client1 - client0) / (n1 - n0) if pid and n1 > n0 else float("nan")
-    return PAResult(float(row["Inferences/Second"]), float(row["p50 latency"]), float(row["p99 latency"]), cpu,
-                    stable, client)
+    return PAResult(
+        float(row["Inferences/Second"]), float(row["p50 latency"]), float(row["p99 latency"]), cpu, stable, client
+    )
 
 
 def _children_cpu_s() -> float:
@@ -190,8 +222,15 @@ def _client(protocol: str, port: int) -> Any:
     return mod, mod.InferenceServerClient(f"127.0.0.1:{port}")
 
 
-def infer(protocol: str, port: int, model: str, inputs: dict[str, Array], outputs: list[str], *,
-          datatype: str | dict[str, str] = "FP32") -> dict[str, Array]:
+def infer(
+    protocol: str,
+    port: int,
+    model: str,
+    inputs: dict[str, Array],
+    outputs: list[str],
+    *,
+    datatype: str | dict[str, str] = "FP32",
+) -> dict[str, Array]:
     mod, client = _client(protocol, port)
     try:
         tensors = []
@@ -232,6 +271,7 @@ def _model_stats(port: int, model: str) -> dict[str, Any]:
 def _time_split(before: dict[str, Any], after: dict[str, Any]) -> str:
     """Mean time per request between two statistics snapshots: in the server in all, queued,
     and in the model (compute_infer, per request of its batch)."""
+
     def d(key: str) -> tuple[int, int]:
         a, b = before["inference_stats"][key], after["inference_stats"][key]
         return b["count"] - a["count"], b["ns"] - a["ns"]
@@ -241,8 +281,10 @@ def _time_split(before: dict[str, Any], after: dict[str, Any]) -> str:
     _, infer = d("compute_infer")
     if n <= 0:
         return "(no requests)"
-    return (f"{total / n / 1e3:.0f} us from arrival to answer, of which queue {queue / n / 1e3:.0f} us, "
-            f"model {infer / n / 1e3:.0f} us (batch {(after['inference_count'] - before['inference_count']) / max(1, after['execution_count'] - before['execution_count']):.1f})")
+    return (
+        f"{total / n / 1e3:.0f} us from arrival to answer, of which queue {queue / n / 1e3:.0f} us, "
+        f"model {infer / n / 1e3:.0f} us (batch {(after['inference_count'] - before['inference_count']) / max(1, after['execution_count'] - before['execution_count']):.1f})"
+    )
 
 
 def check_add_sub(server: str, ports: dict[str, int]) -> None:
@@ -251,7 +293,12 @@ def check_add_sub(server: str, ports: dict[str, int]) -> None:
         for batch in (1, 3):
             a = rng.standard_normal((batch, 16)).astype(np.float32)
             b = rng.standard_normal((batch, 16)).astype(np.float32)
-            out = infer(protocol, ports["HTTP" if protocol == "http" else "gRPC"], "add_sub",
-                        {"INPUT0": a, "INPUT1": b}, ["OUTPUT0", "OUTPUT1"])
+            out = infer(
+                protocol,
+                ports["HTTP" if protocol == "http" else "gRPC"],
+                "add_sub",
+                {"INPUT0": a, "INPUT1": b},
+                ["OUTPUT0", "OUTPUT1"],
+            )
             if not (np.array_equal(out["OUTPUT0"], a + b) and np.array_equal(out["OUTPUT1"], a - b)):
                 raise SystemExit(f"(b) {server} over {protocol}: add_sub answered wrong values")

@@ -20,16 +20,16 @@ from _serving_common import Plan, Row, Rows, log, median, perf_analyzer
 
 RESPONSES = 16
 
-CONFIG = f'''name: "stream16"
+CONFIG = f"""name: "stream16"
 backend: "python"
 max_batch_size: 0
 model_transaction_policy {{ decoupled: true }}
 input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ {RESPONSES} ] }} ]
 output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }}, {{ name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-'''
+"""
 
-MODEL = '''
+MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -44,7 +44,7 @@ class TritonPythonModel:
                     pb_utils.Tensor("OUT", np.array([value], np.int32)), pb_utils.Tensor("IDX", np.array([i], np.uint32))]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
-'''
+"""
 
 
 def _repository(root: Path) -> Path:
@@ -85,7 +85,9 @@ def part_g(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
     if not ok:
         notes.append(f"(g) skipped: Triton 2.51 peer cannot be installed: {why}")
         for c in configs:
-            rows.append(Row(f"(g) stream16 gRPC stream c={c}: frameserve / Triton responses/s", float("nan"), ">= 1.0", None))
+            rows.append(
+                Row(f"(g) stream16 gRPC stream c={c}: frameserve / Triton responses/s", float("nan"), ">= 1.0", None)
+            )
         return
     repo = _repository(work / "decoupled_repo")
     want = [(100 + i, i) for i in range(RESPONSES)]
@@ -102,23 +104,31 @@ def part_g(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
         for i in range(plan.pairs):
             for c in configs:
                 names = ["frameserve", "Triton"] if i % 2 == 0 else ["Triton", "frameserve"]
-                got = {n: perf_analyzer(plan, "stream16", "grpc", servers[n], c, pid=pids[n], extra=("--streaming",))
-                       for n in names}
+                got = {
+                    n: perf_analyzer(plan, "stream16", "grpc", servers[n], c, pid=pids[n], extra=("--streaming",))
+                    for n in names
+                }
                 ratios[c].append(got["frameserve"].throughput / got["Triton"].throughput)
                 for n in names:
                     cpu[n].append(got[n].server_cpu_s_per_inf / RESPONSES)
-                log(f"  pair {i + 1} c={c}: frameserve {got['frameserve'].throughput * RESPONSES:.0f} responses/s, "
-                    f"Triton {got['Triton'].throughput * RESPONSES:.0f} responses/s")
+                log(
+                    f"  pair {i + 1} c={c}: frameserve {got['frameserve'].throughput * RESPONSES:.0f} responses/s, "
+                    f"Triton {got['Triton'].throughput * RESPONSES:.0f} responses/s"
+                )
         for name, ports in servers.items():
             if _streamed(ports["gRPC"]) != want:
                 raise SystemExit(f"(g) {name} no longer streams the {RESPONSES} responses after the measurements")
         assert fs.stop() == 0
-    why = (f"server CPU per response: frameserve {median(cpu['frameserve']) * 1e6:.0f} us (one interpreter: the model's "
-           f"sends, the stream's thread, gRPC), Triton {median(cpu['Triton']) * 1e6:.0f} us (C++ core, the model in a "
-           "stub process)")
+    why = (
+        f"server CPU per response: frameserve {median(cpu['frameserve']) * 1e6:.0f} us (one interpreter: the model's "
+        f"sends, the stream's thread, gRPC), Triton {median(cpu['Triton']) * 1e6:.0f} us (C++ core, the model in a "
+        "stub process)"
+    )
     for c in configs:
         r = median(ratios[c])
         rows.append(Row(f"(g) stream16 gRPC stream c={c}: frameserve / Triton responses/s", r, ">= 1.0", r >= 1.0, why))
-    notes.append(f"(g) stream16 (decoupled, {RESPONSES} responses per request sent inside execute) on both, one instance; "
-                 f"perf_analyzer --streaming over gRPC; responses/s = requests/s x {RESPONSES}; streams checked equal "
-                 f"before and after; {plan.pairs} pair(s)")
+    notes.append(
+        f"(g) stream16 (decoupled, {RESPONSES} responses per request sent inside execute) on both, one instance; "
+        f"perf_analyzer --streaming over gRPC; responses/s = requests/s x {RESPONSES}; streams checked equal "
+        f"before and after; {plan.pairs} pair(s)"
+    )

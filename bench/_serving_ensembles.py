@@ -1,13 +1,13 @@
 """bench/serving.py part (d): ensembles.
 
-  (d1) a detection ensemble (Python pre-process -> nudenet-320 on ORT -> Python post-process, as
-       Triton's ``ensemble_scheduling``) served by frameserve / the same three steps called one
-       after the other in one Python process (goal >= 0.95): the same pre- and post-process code
-       (``STEPS``), the same ORT session options. Each step has ``dynamic_batching`` (the
-       in-process loop gets its best batch, 1 or 8, so the server gets its batcher), and the
-       served side is swept over protocol and concurrency up to 16.
-  (d2) Triton's ensemble of three Python models (tests/data/triton_repo/ensemble_pipeline)
-       on frameserve / on Triton 2.51, perf_analyzer HTTP and gRPC (goal >= 1.0).
+(d1) a detection ensemble (Python pre-process -> nudenet-320 on ORT -> Python post-process, as
+     Triton's ``ensemble_scheduling``) served by frameserve / the same three steps called one
+     after the other in one Python process (goal >= 0.95): the same pre- and post-process code
+     (``STEPS``), the same ORT session options. Each step has ``dynamic_batching`` (the
+     in-process loop gets its best batch, 1 or 8, so the server gets its batcher), and the
+     served side is swept over protocol and concurrency up to 16.
+(d2) Triton's ensemble of three Python models (tests/data/triton_repo/ensemble_pipeline)
+     on frameserve / on Triton 2.51, perf_analyzer HTTP and gRPC (goal >= 1.0).
 """
 
 from __future__ import annotations
@@ -89,7 +89,9 @@ def postprocess(output0, scale=2.0, k=20, threshold=0.25, iou=0.45):
     return out
 '''
 
-PRE_MODEL = STEPS + '''
+PRE_MODEL = (
+    STEPS
+    + """
 import triton_python_backend_utils as pb_utils
 
 
@@ -101,9 +103,12 @@ class TritonPythonModel:
             x = np.stack([preprocess(image) for image in images])
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("images", x)]))
         return out
-'''
+"""
+)
 
-POST_MODEL = STEPS + '''
+POST_MODEL = (
+    STEPS
+    + """
 import triton_python_backend_utils as pb_utils
 
 
@@ -115,7 +120,8 @@ class TritonPythonModel:
             d = np.stack([postprocess(row) for row in y])
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("DETECTIONS", d)]))
         return out
-'''
+"""
+)
 
 CONFIGS = {
     "det_pre": """name: "det_pre"
@@ -217,25 +223,40 @@ def part_d(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
 
         def check(when: str) -> None:
             for protocol in ("http", "grpc"):
-                got = infer(protocol, srv.ports["HTTP" if protocol == "http" else "gRPC"], "det_ensemble",
-                            {"IMAGE": image}, ["DETECTIONS"], datatype="UINT8")["DETECTIONS"]
+                got = infer(
+                    protocol,
+                    srv.ports["HTTP" if protocol == "http" else "gRPC"],
+                    "det_ensemble",
+                    {"IMAGE": image},
+                    ["DETECTIONS"],
+                    datatype="UINT8",
+                )["DETECTIONS"]
                 if not np.array_equal(got, want):
                     raise SystemExit(f"(d1) {when}: the ensemble over {protocol} differs from its steps in process")
+
         check("before")
-        sweep = {(p, c): perf_analyzer(plan, "det_ensemble", p, srv.ports, c, pid=pid, shape=shape)
-                 for p in ("http", "grpc") for c in ((1, 4) if plan.quick else (1, 2, 4, 8, 16))}
+        sweep = {
+            (p, c): perf_analyzer(plan, "det_ensemble", p, srv.ports, c, pid=pid, shape=shape)
+            for p in ("http", "grpc")
+            for c in ((1, 4) if plan.quick else (1, 2, 4, 8, 16))
+        }
         best = max(sweep, key=lambda k: sweep[k].throughput)
         batches = {b: measure(b, plan.inproc_s) for b in (1, 8)}
         best_batch = max(batches, key=lambda b: batches[b])
-        log(f"  best served {best} {sweep[best].throughput:.1f}/s; in process batch {best_batch} "
-            f"{batches[best_batch]:.1f}/s")
+        log(
+            f"  best served {best} {sweep[best].throughput:.1f}/s; in process batch {best_batch} "
+            f"{batches[best_batch]:.1f}/s"
+        )
         models = ("det_ensemble", "det_pre", "det", "det_post")
         stats0 = {m: _model_stats(srv.ports["HTTP"], m) for m in models}
         ratios = []
         for i in range(plan.pairs):
             first_served = i % 2 == 0
-            served = perf_analyzer(plan, "det_ensemble", best[0], srv.ports, best[1], pid=pid, shape=shape) \
-                if first_served else None
+            served = (
+                perf_analyzer(plan, "det_ensemble", best[0], srv.ports, best[1], pid=pid, shape=shape)
+                if first_served
+                else None
+            )
             local = measure(best_batch, plan.inproc_s)
             if served is None:
                 served = perf_analyzer(plan, "det_ensemble", best[0], srv.ports, best[1], pid=pid, shape=shape)
@@ -245,11 +266,14 @@ def part_d(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
         check("after")
         assert srv.stop() == 0
     r = median(ratios)
-    rows.append(Row("(d1) detection ensemble served / its 3 steps in process", r, ">= 0.95", r >= 0.95,
-                    f"per request: {split}"))
-    notes.append(f"(d1) ensemble det_pre (Python) -> det (nudenet-320, ORT, {T} threads) -> det_post (Python) on a "
-                 f"{IMAGE[1]}x{IMAGE[0]} frame; served: {best[0]} c={best[1]}; in process: the same functions and "
-                 f"ORT session options in one loop at batch {best_batch}; outputs checked equal; {plan.pairs} pair(s)")
+    rows.append(
+        Row("(d1) detection ensemble served / its 3 steps in process", r, ">= 0.95", r >= 0.95, f"per request: {split}")
+    )
+    notes.append(
+        f"(d1) ensemble det_pre (Python) -> det (nudenet-320, ORT, {T} threads) -> det_post (Python) on a "
+        f"{IMAGE[1]}x{IMAGE[0]} frame; served: {best[0]} c={best[1]}; in process: the same functions and "
+        f"ORT session options in one loop at batch {best_batch}; outputs checked equal; {plan.pairs} pair(s)"
+    )
     part_d2(plan, work, rows, notes)
 
 
@@ -277,9 +301,17 @@ def part_d2(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
         tr.wait_ready(timeout_s=180)
         servers = {"frameserve": fs.ports, "Triton": tr.ports}
         pids = {"frameserve": fs.proc.pid, "Triton": tr.proc.pid}
-        answers = {n: infer("http", p["HTTP"], "ensemble_pipeline", {"IMAGE": image, "SCALE": scale},
-                            ["MARGIN", "FEATURES"], datatype={"IMAGE": "UINT8", "SCALE": "FP32"})
-                   for n, p in servers.items()}
+        answers = {
+            n: infer(
+                "http",
+                p["HTTP"],
+                "ensemble_pipeline",
+                {"IMAGE": image, "SCALE": scale},
+                ["MARGIN", "FEATURES"],
+                datatype={"IMAGE": "UINT8", "SCALE": "FP32"},
+            )
+            for n, p in servers.items()
+        }
         for key in ("MARGIN", "FEATURES"):
             if not np.allclose(answers["frameserve"][key], answers["Triton"][key], rtol=1e-6):
                 raise SystemExit(f"(d2) ensemble_pipeline {key} differs between frameserve and Triton")
@@ -290,15 +322,28 @@ def part_d2(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
                 ratios[(protocol, c)].append(got["frameserve"].throughput / got["Triton"].throughput)
                 for n in names:
                     cpu[n].append(got[n].server_cpu_s_per_inf)
-                log(f"  pair {i + 1} {protocol} c={c}: frameserve {got['frameserve'].throughput:.0f}/s, "
-                    f"Triton {got['Triton'].throughput:.0f}/s")
+                log(
+                    f"  pair {i + 1} {protocol} c={c}: frameserve {got['frameserve'].throughput:.0f}/s, "
+                    f"Triton {got['Triton'].throughput:.0f}/s"
+                )
         assert fs.stop() == 0
-    why = (f"server CPU per ensemble request: frameserve {median(cpu['frameserve']) * 1e6:.0f} us (one interpreter: "
-           f"four schedulers, three Python steps), Triton {median(cpu['Triton']) * 1e6:.0f} us (C++ core, one stub "
-           "process per Python step)")
+    why = (
+        f"server CPU per ensemble request: frameserve {median(cpu['frameserve']) * 1e6:.0f} us (one interpreter: "
+        f"four schedulers, three Python steps), Triton {median(cpu['Triton']) * 1e6:.0f} us (C++ core, one stub "
+        "process per Python step)"
+    )
     for protocol, c in configs:
         r = median(ratios[(protocol, c)])
-        rows.append(Row(f"(d2) ensemble_pipeline {'HTTP' if protocol == 'http' else 'gRPC'} c={c}: frameserve / Triton",
-                        r, ">= 1.0", r >= 1.0, why))
-    notes.append(f"(d2) tests/data/triton_repo ensemble_pipeline and its three Python steps, unmodified, on both; "
-                 f"outputs checked equal; {plan.pairs} pair(s)")
+        rows.append(
+            Row(
+                f"(d2) ensemble_pipeline {'HTTP' if protocol == 'http' else 'gRPC'} c={c}: frameserve / Triton",
+                r,
+                ">= 1.0",
+                r >= 1.0,
+                why,
+            )
+        )
+    notes.append(
+        f"(d2) tests/data/triton_repo ensemble_pipeline and its three Python steps, unmodified, on both; "
+        f"outputs checked equal; {plan.pairs} pair(s)"
+    )

@@ -144,8 +144,12 @@ def floor_server(work: Path) -> Iterator[Floor]:
     script = work / "floor_server.py"
     script.write_text(FLOOR_SERVER)
     http, grpc_port, grpc_sync = free_ports(3)
-    proc = subprocess.Popen([sys.executable, str(script), str(http), str(grpc_port), str(grpc_sync)], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(http), str(grpc_port), str(grpc_sync)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -155,7 +159,9 @@ def floor_server(work: Path) -> Iterator[Floor]:
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the floor server did not start: {proc.stderr.read().decode()[-1500:] if proc.stderr else ''}")
+                raise SystemExit(
+                    f"the floor server did not start: {proc.stderr.read().decode()[-1500:] if proc.stderr else ''}"
+                )
             time.sleep(0.2)
         yield Floor({"HTTP": http, "gRPC": grpc_port}, proc.pid, {"HTTP": http, "gRPC": grpc_sync})
     finally:
@@ -183,13 +189,22 @@ def add_sub_profile(repo: Path, calls: int = 3000) -> dict[str, str]:
     try:
         app = create_app(service)
         x = np.arange(16, dtype=np.float32)[None]
-        head = json.dumps({"inputs": [{"name": n, "shape": [1, 16], "datatype": "FP32",
-                                       "parameters": {"binary_data_size": 64}} for n in ("INPUT0", "INPUT1")],
-                           "outputs": [{"name": n, "parameters": {"binary_data": True}} for n in ("OUTPUT0", "OUTPUT1")]}
-                          ).encode()
+        head = json.dumps(
+            {
+                "inputs": [
+                    {"name": n, "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": 64}}
+                    for n in ("INPUT0", "INPUT1")
+                ],
+                "outputs": [{"name": n, "parameters": {"binary_data": True}} for n in ("OUTPUT0", "OUTPUT1")],
+            }
+        ).encode()
         body = head + x.tobytes() + x.tobytes()
-        headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/octet-stream"),
-                   (b"inference-header-content-length", str(len(head)).encode()), (b"content-length", str(len(body)).encode())]
+        headers = [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/octet-stream"),
+            (b"inference-header-content-length", str(len(head)).encode()),
+            (b"content-length", str(len(body)).encode()),
+        ]
 
         async def http_call() -> None:
             async def receive() -> dict[str, Any]:
@@ -198,10 +213,21 @@ def add_sub_profile(repo: Path, calls: int = 3000) -> dict[str, str]:
             async def send(message: dict[str, Any]) -> None:
                 pass
 
-            await app({"type": "http", "method": "POST", "path": "/v2/models/add_sub/infer", "headers": headers,
-                       "state": {}, "query_string": b""}, receive, send)
+            await app(
+                {
+                    "type": "http",
+                    "method": "POST",
+                    "path": "/v2/models/add_sub/infer",
+                    "headers": headers,
+                    "state": {},
+                    "query_string": b"",
+                },
+                receive,
+                send,
+            )
 
         from frameserve._proto import grpc_service_pb2 as pb
+
         message = pb.ModelInferRequest(model_name="add_sub")
         for n in ("INPUT0", "INPUT1"):
             message.inputs.add(name=n, datatype="FP32", shape=[1, 16])
@@ -236,12 +262,17 @@ def add_sub_profile(repo: Path, calls: int = 3000) -> dict[str, str]:
             "grpc": per_call(lambda: loop.run_until_complete(grpc_call())),
             "decode": per_call(lambda: codec.decode_request(body, len(head), model_name="add_sub")),
             "submit": per_call(lambda: here.submit(request).result()),
-            "encode": per_call(lambda: codec.encode_response(model_name="add_sub", model_version="1", outputs=outputs,
-                                                             requested=request.outputs)),
+            "encode": per_call(
+                lambda: codec.encode_response(
+                    model_name="add_sub", model_version="1", outputs=outputs, requested=request.outputs
+                )
+            ),
         }
         loop.close()
     finally:
         service.close()
-    parts = (f"service.submit (checks, scheduler, Python backend, the model) {us['submit']:.0f} us, "
-             f"codec decode {us['decode']:.0f} us, encode {us['encode']:.0f} us")
+    parts = (
+        f"service.submit (checks, scheduler, Python backend, the model) {us['submit']:.0f} us, "
+        f"codec decode {us['decode']:.0f} us, encode {us['encode']:.0f} us"
+    )
     return {"http": f"the fast path {us['http']:.0f} us: {parts}", "grpc": f"ModelInfer {us['grpc']:.0f} us: {parts}"}

@@ -1,11 +1,11 @@
 """bench/serving.py part (f): sequence batching (issue 23).
 
-  (f) a Python sequence model (tests/data/triton_sequence/accumulate.py: a running sum per
-      sequence) under the ``oldest`` strategy (32 candidate sequences, preferred batch 8, 100 us
-      queue delay, START/END/READY/CORRID controls) on frameserve / on Triton 2.51, perf_analyzer
-      with 32 concurrent sequences of ``--sequence-length`` 16 (32 in a full run), HTTP and gRPC:
-      throughput (goal >= 1.0). The same model file and config.pbtxt on both; outputs of one
-      sequence checked equal first.
+(f) a Python sequence model (tests/data/triton_sequence/accumulate.py: a running sum per
+    sequence) under the ``oldest`` strategy (32 candidate sequences, preferred batch 8, 100 us
+    queue delay, START/END/READY/CORRID controls) on frameserve / on Triton 2.51, perf_analyzer
+    with 32 concurrent sequences of ``--sequence-length`` 16 (32 in a full run), HTTP and gRPC:
+    throughput (goal >= 1.0). The same model file and config.pbtxt on both; outputs of one
+    sequence checked equal first.
 """
 
 from __future__ import annotations
@@ -90,23 +90,38 @@ def part_f(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
         for i in range(plan.pairs):
             for protocol in configs:
                 names = ["frameserve", "Triton"] if i % 2 == 0 else ["Triton", "frameserve"]
-                got = {n: perf_analyzer(plan, MODEL, protocol, servers[n], CONCURRENCY, pid=pids[n], extra=extra)
-                       for n in names}
+                got = {
+                    n: perf_analyzer(plan, MODEL, protocol, servers[n], CONCURRENCY, pid=pids[n], extra=extra)
+                    for n in names
+                }
                 ratios[protocol].append(got["frameserve"].throughput / got["Triton"].throughput)
                 for n in names:
                     cpu[n].append(got[n].server_cpu_s_per_inf)
-                log(f"  pair {i + 1} {protocol}: frameserve {got['frameserve'].throughput:.0f}/s, "
-                    f"Triton {got['Triton'].throughput:.0f}/s")
+                log(
+                    f"  pair {i + 1} {protocol}: frameserve {got['frameserve'].throughput:.0f}/s, "
+                    f"Triton {got['Triton'].throughput:.0f}/s"
+                )
         answers = {n: _one_sequence(p["HTTP"], 98) for n, p in servers.items()}
         if answers["frameserve"] != answers["Triton"]:
             raise SystemExit(f"(f) after the runs, one sequence's outputs differ: {answers}")
         assert fs.stop() == 0
-    why = (f"server CPU per request: frameserve {median(cpu['frameserve']) * 1e6:.0f} us, "
-           f"Triton {median(cpu['Triton']) * 1e6:.0f} us")
+    why = (
+        f"server CPU per request: frameserve {median(cpu['frameserve']) * 1e6:.0f} us, "
+        f"Triton {median(cpu['Triton']) * 1e6:.0f} us"
+    )
     for protocol in configs:
         r = median(ratios[protocol])
-        rows.append(Row(f"(f) sequences {'HTTP' if protocol == 'http' else 'gRPC'} c={CONCURRENCY}: frameserve / Triton",
-                        r, ">= 1.0", r >= 1.0, why))
-    notes.append(f"(f) {MODEL}: accumulate.py under oldest (32 candidates, preferred 8, 100 us delay), perf_analyzer "
-                 f"--concurrency-range {CONCURRENCY} --sequence-length {length}; one sequence checked equal before "
-                 f"and after; {plan.pairs} pair(s)")
+        rows.append(
+            Row(
+                f"(f) sequences {'HTTP' if protocol == 'http' else 'gRPC'} c={CONCURRENCY}: frameserve / Triton",
+                r,
+                ">= 1.0",
+                r >= 1.0,
+                why,
+            )
+        )
+    notes.append(
+        f"(f) {MODEL}: accumulate.py under oldest (32 candidates, preferred 8, 100 us delay), perf_analyzer "
+        f"--concurrency-range {CONCURRENCY} --sequence-length {length}; one sequence checked equal before "
+        f"and after; {plan.pairs} pair(s)"
+    )

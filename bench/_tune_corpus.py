@@ -33,9 +33,13 @@ import corpus  # noqa: E402
 __all__ = ["run_corpus"]
 
 SHAPES: dict[str, dict[str, tuple[int, ...]]] = {
-    "mobilenetv3-o17": {"x": (3, 64, 64)}, "superres-x2": {"lr": (3, 32, 32)},
-    "ppocr-det": {"x": (3, 320, 320)}, "ppocr-cls": {"x": (3, 48, 192)}, "ppocr-rec": {"x": (3, 48, 320)},
-    "mtcnn-pnet": {"input_1": (96, 128, 3)}, "nudenet": {"images": (3, 320, 320)},
+    "mobilenetv3-o17": {"x": (3, 64, 64)},
+    "superres-x2": {"lr": (3, 32, 32)},
+    "ppocr-det": {"x": (3, 320, 320)},
+    "ppocr-cls": {"x": (3, 48, 192)},
+    "ppocr-rec": {"x": (3, 48, 320)},
+    "mtcnn-pnet": {"input_1": (96, 128, 3)},
+    "nudenet": {"images": (3, 320, 320)},
 }
 EXHAUSTIVE = ("resnet18-o17", "mobilenetv3-o13", "two-in-three-out")
 
@@ -43,7 +47,9 @@ EXHAUSTIVE = ("resnet18-o17", "mobilenetv3-o13", "two-in-three-out")
 def _best_served(url: str, name: str, settings: Any, concurrencies: list[int]) -> float:
     from frameserve.tuning import perf
 
-    res = perf(url=url, model=name, shapes=SHAPES.get(name), batches=[1], concurrencies=concurrencies, settings=settings)
+    res = perf(
+        url=url, model=name, shapes=SHAPES.get(name), batches=[1], concurrencies=concurrencies, settings=settings
+    )
     return max((r.measurement.throughput for r in res.rows if r.measurement is not None), default=0.0)
 
 
@@ -80,13 +86,26 @@ def run_corpus(args: argparse.Namespace, log: Any) -> None:
             max_trials = None
             if name in EXHAUSTIVE and not args.no_exhaustive:  # first, so tune gets a third of its trials
                 log(f"== {name}: exhaustive sweep")
-                e = tune(folder, time_budget_s=args.budget_s, calibration=cal, shapes=SHAPES.get(name),
-                         max_configs=args.max_configs, exhaustive=True)
+                e = tune(
+                    folder,
+                    time_budget_s=args.budget_s,
+                    calibration=cal,
+                    shapes=SHAPES.get(name),
+                    max_configs=args.max_configs,
+                    exhaustive=True,
+                )
                 max_trials = max(6, len(e.search.trials) // 3)
             log(f"== {name}: tune ({args.budget_s:g} s{'' if max_trials is None else f', {max_trials} trials'})")
             out = work / "tuned" / name
-            result = tune(folder, time_budget_s=args.budget_s, calibration=cal, shapes=SHAPES.get(name), out=out,
-                          max_configs=args.max_configs, max_trials=max_trials)
+            result = tune(
+                folder,
+                time_budget_s=args.budget_s,
+                calibration=cal,
+                shapes=SHAPES.get(name),
+                out=out,
+                max_configs=args.max_configs,
+                max_trials=max_trials,
+            )
         except Exception as exc:  # the benchmark reports it and goes on
             rows.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
             continue
@@ -98,13 +117,15 @@ def run_corpus(args: argparse.Namespace, log: Any) -> None:
         gate = result.int8.gate if result.int8 is not None else None
         refusal = next((t.error for t in result.refused if t.candidate.engine.precision == "int8"), None)
         winner = result.search.winner
-        row.update({
-            "trials": len(result.search.trials),
-            "winner": "default" if winner == result.search.baseline else (winner.key if winner else "-"),
-            "int8": ("passed" if gate.passed else "refused") if gate is not None else "refused",
-            "metric": gate.metric if gate is not None else (refusal or "-"),
-            "gate": gate.summary() if gate is not None else (refusal or "-"),
-        })
+        row.update(
+            {
+                "trials": len(result.search.trials),
+                "winner": "default" if winner == result.search.baseline else (winner.key if winner else "-"),
+                "int8": ("passed" if gate.passed else "refused") if gate is not None else "refused",
+                "metric": gate.metric if gate is not None else (refusal or "-"),
+                "gate": gate.summary() if gate is not None else (refusal or "-"),
+            }
+        )
         # the operating points tune compared the two at (each one's saturating concurrency), and 1 and 4
         comp = result.comparison()
         concs = sorted({1, 4, *(int(comp.get(k, {}).get("concurrency") or 1) for k in ("default", "best"))})
@@ -112,8 +133,10 @@ def run_corpus(args: argparse.Namespace, log: Any) -> None:
         log(f"   served: default vs tuned, perf over HTTP at concurrency {concs}, {args.rounds} interleaved round(s)")
         d: list[float] = []
         t: list[float] = []
-        with ServeProcess(folder.parent, work / "home" / name / "a", "--no-jobs") as a, \
-                ServeProcess(out, work / "home" / name / "b", "--no-jobs") as b:
+        with (
+            ServeProcess(folder.parent, work / "home" / name / "a", "--no-jobs") as a,
+            ServeProcess(out, work / "home" / name / "b", "--no-jobs") as b,
+        ):
             a.wait_ready(120)
             b.wait_ready(120)
             for r in range(args.rounds):  # A B, then B A: neither side always runs first
@@ -129,14 +152,22 @@ def run_corpus(args: argparse.Namespace, log: Any) -> None:
             # 1 by construction and what was measured is the machine's noise (printed beside it)
             row["measured_ratio"], row["served_ratio"] = row["served_ratio"], 1.0
         rows.append(row)
-        log(f"   {name}: tuned/default {row['served_ratio']:.2f}, winner {row['winner']}"
-            + (f" (the same configuration twice: measured {row['measured_ratio']:.2f})" if "measured_ratio" in row else ""))
+        log(
+            f"   {name}: tuned/default {row['served_ratio']:.2f}, winner {row['winner']}"
+            + (
+                f" (the same configuration twice: measured {row['measured_ratio']:.2f})"
+                if "measured_ratio" in row
+                else ""
+            )
+        )
     _table(rows)
 
 
 def _table(rows: list[dict[str, Any]]) -> None:
-    print("\n| model | trials | winner | served default /s | served tuned /s | tuned/default (>= 1.0; median >= 1.3) | "
-          "tune/exhaustive (>= 0.95) | trials share (<= 0.33) | int8 gate | metric |")
+    print(
+        "\n| model | trials | winner | served default /s | served tuned /s | tuned/default (>= 1.0; median >= 1.3) | "
+        "tune/exhaustive (>= 0.95) | trials share (<= 0.33) | int8 gate | metric |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     ratios = []
     for r in rows:
@@ -146,14 +177,19 @@ def _table(rows: list[dict[str, Any]]) -> None:
         ratios.append(r["served_ratio"])
         ex = f"{r['vs_exhaustive']:.2f}" if "vs_exhaustive" in r else "-"
         share = f"{r['trial_share']:.2f}" if "trial_share" in r else "-"
-        served = f"{r['served_ratio']:.2f}" + (f" (same config; measured {r['measured_ratio']:.2f})"
-                                               if "measured_ratio" in r else "")
-        print(f"| {r['model']} | {r['trials']} | {r['winner'][:60].replace('|', '/')} | {r['default_per_s']:.1f} | {r['tuned_per_s']:.1f} | {served} | "
-              f"{ex} | {share} | {r['int8']} | {r['metric'][:90]} |")
+        served = f"{r['served_ratio']:.2f}" + (
+            f" (same config; measured {r['measured_ratio']:.2f})" if "measured_ratio" in r else ""
+        )
+        print(
+            f"| {r['model']} | {r['trials']} | {r['winner'][:60].replace('|', '/')} | {r['default_per_s']:.1f} | {r['tuned_per_s']:.1f} | {served} | "
+            f"{ex} | {share} | {r['int8']} | {r['metric'][:90]} |"
+        )
     finite = [x for x in ratios if math.isfinite(x)]
     if finite:
-        print(f"\nserved tuned/default: median {statistics.median(finite):.2f}x (goal >= 1.3x), "
-              f"min {min(finite):.2f}x (goal >= 1.0x), {sum(x < 1.0 for x in finite)} model(s) below 1.0x")
+        print(
+            f"\nserved tuned/default: median {statistics.median(finite):.2f}x (goal >= 1.3x), "
+            f"min {min(finite):.2f}x (goal >= 1.0x), {sum(x < 1.0 for x in finite)} model(s) below 1.0x"
+        )
     for r in rows:
         if "gate" in r:
             print(f"  {r['model']}: int8 {r['gate'][:300]}")

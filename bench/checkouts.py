@@ -86,15 +86,22 @@ def _video_fps(src: Path, video: Path, out: Path) -> float:
     """``frameserve run -p nudenet VIDEO`` with ``src`` on PYTHONPATH: frames/s on the run's own
     clock (``frames_processed / wall_s`` of its results file)."""
     env = {**os.environ, "PYTHONPATH": str(src)}
-    proc = subprocess.run([sys.executable, "-m", "frameserve", "run", str(video), "-p", "nudenet", "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-m", "frameserve", "run", str(video), "-p", "nudenet", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"frameserve run ({src}) failed with exit {proc.returncode}: {proc.stderr[-2000:]}")
     doc = json.loads(out.read_text())
     return float(doc["frames_processed"]) / float(doc["wall_s"])
 
 
-def _video_figure(sources: dict[str, Path], seconds: float, pairs: int, work: Path) -> tuple[list[float], dict[str, list[float]]]:
+def _video_figure(
+    sources: dict[str, Path], seconds: float, pairs: int, work: Path
+) -> tuple[list[float], dict[str, list[float]]]:
     """(e2e): interleaved runs of both checkouts' CLI over the long video; ratios new / base
     and each side's frames/s."""
     from video_pipeline import make_long_video
@@ -103,7 +110,9 @@ def _video_figure(sources: dict[str, Path], seconds: float, pairs: int, work: Pa
     from frameserve.config import Settings
 
     bbb = assets.ensure("bigbuckbunny.mp4", Settings.from_env().assets_dir)
-    video = make_long_video(bbb, Path.home() / ".cache" / "frameserve-bench" / f"bbb-loop-{seconds:g}s-720.mp4", seconds, None)
+    video = make_long_video(
+        bbb, Path.home() / ".cache" / "frameserve-bench" / f"bbb-loop-{seconds:g}s-720.mp4", seconds, None
+    )
     ratios: list[float] = []
     fps: dict[str, list[float]] = {"new": [], "base": []}
     for i in range(pairs):
@@ -112,7 +121,9 @@ def _video_figure(sources: dict[str, Path], seconds: float, pairs: int, work: Pa
         for who in order:
             fps[who].append(got[who])
         ratios.append(got["new"] / got["base"])
-        log(f"  pair {i + 1} (e2e) frameserve run nudenet: new {got['new']:.1f} frames/s, base {got['base']:.1f} frames/s")
+        log(
+            f"  pair {i + 1} (e2e) frameserve run nudenet: new {got['new']:.1f} frames/s, base {got['base']:.1f} frames/s"
+        )
     return ratios, fps
 
 
@@ -121,8 +132,14 @@ def _check(name: str, srv: ServeProcess) -> None:
     image = np.arange(8, dtype=np.uint8)[None] * 30
     scale = np.array([[2.0]], np.float32)
     for protocol in ("http", "grpc"):
-        infer(protocol, srv.ports["HTTP" if protocol == "http" else "gRPC"], "ensemble_pipeline",
-              {"IMAGE": image, "SCALE": scale}, ["MARGIN", "FEATURES"], datatype={"IMAGE": "UINT8", "SCALE": "FP32"})
+        infer(
+            protocol,
+            srv.ports["HTTP" if protocol == "http" else "gRPC"],
+            "ensemble_pipeline",
+            {"IMAGE": image, "SCALE": scale},
+            ["MARGIN", "FEATURES"],
+            datatype={"IMAGE": "UINT8", "SCALE": "FP32"},
+        )
 
 
 def main() -> None:
@@ -130,13 +147,25 @@ def main() -> None:
     ap.add_argument("--base", type=Path, required=True, help="the other checkout (its src/ is served)")
     ap.add_argument("--pairs", type=int, default=5, help="interleaved pairs per figure (default 5)")
     ap.add_argument("--interval-ms", type=int, default=1000, help="perf_analyzer's measurement window")
-    ap.add_argument("--video-seconds", type=float, default=0.0,
-                    help="also (e2e) frameserve run nudenet over a 720p video this long (0 = skip)")
+    ap.add_argument(
+        "--video-seconds",
+        type=float,
+        default=0.0,
+        help="also (e2e) frameserve run nudenet over a 720p video this long (0 = skip)",
+    )
     ap.add_argument("--parts", default="serving,video", help="serving, video or both (default both)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
-    plan = Plan(quick=False, pairs=args.pairs, threads=1, interval_ms=args.interval_ms, inproc_s=0.0,
-                concurrencies=(), load_s=0.0, cache=REPO / ".cache")
+    plan = Plan(
+        quick=False,
+        pairs=args.pairs,
+        threads=1,
+        interval_ms=args.interval_ms,
+        inproc_s=0.0,
+        concurrencies=(),
+        load_s=0.0,
+        cache=REPO / ".cache",
+    )
     sources = {"new": REPO / "src", "base": args.base.resolve() / "src"}
     if not (sources["base"] / "frameserve").is_dir():
         raise SystemExit(f"--base {args.base}: no src/frameserve there")
@@ -154,15 +183,25 @@ def main() -> None:
                 rates[(label, who)] = fps[who]
     print(f"\n{'figure':<42} {'new/base':>9} {'spread':>7} {'new /s':>8} {'base /s':>8}")
     for label, r in ratios.items():
-        print(f"{label:<42} {median(r):>9.3f} {spread(r):>7.1%} {median(rates[(label, 'new')]):>8.1f} "
-              f"{median(rates[(label, 'base')]):>8.1f}")
-    print(f"\n{args.pairs} interleaved pairs per figure; perf_analyzer windows of {args.interval_ms} ms; "
-          "ratio = median over pairs of new / base throughput (inferences/s; frames/s for e2e); "
-          "spread = (max - min) / median of those ratios.")
+        print(
+            f"{label:<42} {median(r):>9.3f} {spread(r):>7.1%} {median(rates[(label, 'new')]):>8.1f} "
+            f"{median(rates[(label, 'base')]):>8.1f}"
+        )
+    print(
+        f"\n{args.pairs} interleaved pairs per figure; perf_analyzer windows of {args.interval_ms} ms; "
+        "ratio = median over pairs of new / base throughput (inferences/s; frames/s for e2e); "
+        "spread = (max - min) / median of those ratios."
+    )
 
 
-def _serving_figures(sources: dict[str, Path], plan: Plan, pairs: int, work: Path,
-                     ratios: dict[str, list[float]], rates: dict[tuple[str, str], list[float]]) -> None:
+def _serving_figures(
+    sources: dict[str, Path],
+    plan: Plan,
+    pairs: int,
+    work: Path,
+    ratios: dict[str, list[float]],
+    rates: dict[tuple[str, str], list[float]],
+) -> None:
     """Parts b and d2: both checkouts served side by side, perf_analyzer pairs interleaved."""
     repo = add_sub_repository(work / "repo")
     for name in ENSEMBLE_MODELS:
@@ -171,9 +210,11 @@ def _serving_figures(sources: dict[str, Path], plan: Plan, pairs: int, work: Pat
         ratios[label] = []
     with contextlib.ExitStack() as stack:
         servers = {
-            (who, kind): stack.enter_context(_serve(src, repo, work / f"home_{who}_{kind}",
-                                                    *(("--http-workers", "2") if kind == "workers" else ())))
-            for who, src in sources.items() for kind in ("single", "workers")
+            (who, kind): stack.enter_context(
+                _serve(src, repo, work / f"home_{who}_{kind}", *(("--http-workers", "2") if kind == "workers" else ()))
+            )
+            for who, src in sources.items()
+            for kind in ("single", "workers")
         }
         for (who, kind), srv in servers.items():
             _check(f"{who} {kind}", srv)

@@ -56,9 +56,20 @@ def synthesise(path: Path, frames: int, seed: int = 24) -> int:
     on = dict.fromkeys(LABELS, False)
     level = dict.fromkeys(LABELS, 0.5)
     summary = Summary(min_score=0.25, segment_gap_s=1.0)
-    header = {"source": {"uri": "synthetic.mp4", "width": 1280, "height": 720, "fps": 25.0,
-                         "duration_s": frames / 2, "frame_count": frames * 12},
-              "pipeline": "nudenet", "sampling": "fps:2", "batch": 8, "params": {}}
+    header = {
+        "source": {
+            "uri": "synthetic.mp4",
+            "width": 1280,
+            "height": 720,
+            "fps": 25.0,
+            "duration_s": frames / 2,
+            "frame_count": frames * 12,
+        },
+        "pipeline": "nudenet",
+        "sampling": "fps:2",
+        "batch": 8,
+        "params": {},
+    }
     w = ResultsWriter(path, header)
     for i in range(frames):
         pts = i / 2
@@ -68,8 +79,18 @@ def synthesise(path: Path, frames: int, seed: int = 24) -> int:
             if on[lab]:
                 level[lab] = min(1.0, max(0.25, level[lab] + rng.gauss(0, 0.05)))
                 x, y = rng.uniform(0, 1100), rng.uniform(0, 560)
-                dets.append({"label": lab, "score": round(level[lab], 6),
-                             "box": [round(x, 3), round(y, 3), round(x + rng.uniform(40, 180), 3), round(y + rng.uniform(40, 160), 3)]})
+                dets.append(
+                    {
+                        "label": lab,
+                        "score": round(level[lab], 6),
+                        "box": [
+                            round(x, 3),
+                            round(y, 3),
+                            round(x + rng.uniform(40, 180), 3),
+                            round(y + rng.uniform(40, 160), 3),
+                        ],
+                    }
+                )
         rec = {"index": i * 12 + 6, "pts_s": pts, "is_keyframe": i % 25 == 0, "detections": dets}
         summary.add(pts, dets)
         w.add(rec)
@@ -82,9 +103,30 @@ def _serve(home: Path) -> tuple[subprocess.Popen[str], str]:
     repo.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "FRAMESERVE_HOME": str(home)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "frameserve", "serve", "--model-repository", str(repo), "--host", "127.0.0.1",
-         "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--threads", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "frameserve",
+            "serve",
+            "--model-repository",
+            str(repo),
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--threads",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.stdout is not None
     port = None
     deadline = time.monotonic() + 120
@@ -127,12 +169,18 @@ def main() -> None:
             decimate(tl, None, None, 1248)
             parse_s.append(t1 - t0)
             dec_s.append(time.perf_counter() - t1)
-        print(f"server side, in process: parse the file {statistics.median(parse_s) * 1000:.0f} ms (once per job, cached), "
-              f"decimate to 1248 columns {statistics.median(dec_s) * 1000:.1f} ms (per request); medians of 3")
+        print(
+            f"server side, in process: parse the file {statistics.median(parse_s) * 1000:.0f} ms (once per job, cached), "
+            f"decimate to 1248 columns {statistics.median(dec_s) * 1000:.1f} ms (per request); medians of 3"
+        )
         proc, base = _serve(Path(tmp) / "home")
         try:
-            up = httpx.post(f"{base}/console/api/results", content=results.read_bytes(),
-                            headers={"Content-Type": "application/json"}, timeout=120)
+            up = httpx.post(
+                f"{base}/console/api/results",
+                content=results.read_bytes(),
+                headers={"Content-Type": "application/json"},
+                timeout=120,
+            )
             up.raise_for_status()
             url = base + up.json()["url"]
             opens: list[float] = []
@@ -144,26 +192,36 @@ def main() -> None:
                     ctx = browser.new_context(viewport={"width": 1280, "height": 800})
                     page = ctx.new_page()
                     bodies: list[bytes] = []
-                    page.on("response", lambda r, b=bodies: b.append(r.body()) if "/timeline" in r.url and not b else None)
+                    page.on(
+                        "response", lambda r, b=bodies: b.append(r.body()) if "/timeline" in r.url and not b else None
+                    )
                     page.goto(url)
                     page.wait_for_selector("#chart[data-drawn]", timeout=60_000)
-                    ms = page.evaluate("() => Number(document.querySelector('#chart').dataset.drawn) - performance.timeOrigin")
+                    ms = page.evaluate(
+                        "() => Number(document.querySelector('#chart').dataset.drawn) - performance.timeOrigin"
+                    )
                     payload = bodies[0]
                     opens.append(ms / 1000)
                     ratios.append(len(payload) / size)
                     gz.append(len(gzip.compress(payload)) / size)
-                    print(f"  repeat {rep + 1}: open {ms / 1000:.3f} s, payload {len(payload)} bytes "
-                          f"(ratio {len(payload) / size:.4f}, gzip {gz[-1]:.4f}), mode {page.get_attribute('#chart', 'data-mode')}")
+                    print(
+                        f"  repeat {rep + 1}: open {ms / 1000:.3f} s, payload {len(payload)} bytes "
+                        f"(ratio {len(payload) / size:.4f}, gzip {gz[-1]:.4f}), mode {page.get_attribute('#chart', 'data-mode')}"
+                    )
                     ctx.close()
                 browser.close()
         finally:
             proc.terminate()
             proc.wait(30)
     med = statistics.median(opens[1:] or opens)
-    print(f"viewer open time: first (a fresh server: its first page, scripts uncached) {opens[0]:.3f} s, median of the rest {med:.3f} s "
-          f"(goal <= 2 s: {'met' if max(opens) <= 2 else 'NOT met'})")
-    print(f"timeline payload / results file: median {statistics.median(ratios):.4f} "
-          f"(goal <= 0.05: {'met' if statistics.median(ratios) <= 0.05 else 'NOT met'}); gzip {statistics.median(gz):.4f}")
+    print(
+        f"viewer open time: first (a fresh server: its first page, scripts uncached) {opens[0]:.3f} s, median of the rest {med:.3f} s "
+        f"(goal <= 2 s: {'met' if max(opens) <= 2 else 'NOT met'})"
+    )
+    print(
+        f"timeline payload / results file: median {statistics.median(ratios):.4f} "
+        f"(goal <= 0.05: {'met' if statistics.median(ratios) <= 0.05 else 'NOT met'}); gzip {statistics.median(gz):.4f}"
+    )
 
 
 if __name__ == "__main__":

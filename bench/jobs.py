@@ -90,8 +90,12 @@ def queue_rate(url: str, n: int, workers: int) -> float:
     """No-op jobs per second through JobStore with ``workers`` processes."""
     fill(url, n).close()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    procs = [subprocess.Popen([sys.executable, "-c", DRAIN, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env=env) for _ in range(workers)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", DRAIN, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(workers)
+    ]
     for p in procs:  # every worker started (imports done) before the clock starts
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     go = time.time() + 0.2
@@ -127,22 +131,42 @@ def pgbench_rate(server: object, url_db: str, n: int, clients: int) -> float:
 
     fill(server.url(url_db), n + 10 * clients).close()  # type: ignore[attr-defined]
     now = ":now"
-    script = "\n".join([
-        "\\set now 1800000000",
-        "BEGIN;",
-        CLAIM_SQL.format(now=now, lock=" FOR UPDATE SKIP LOCKED") + " \\gset",
-        EVENT_SQL.format(now=now, type="claimed") + ";",
-        "COMMIT;",
-        "BEGIN;",
-        COMPLETE_SQL.format(now=now, seq=":seq", token=":token") + ";",
-        EVENT_SQL.format(now=now, type="succeeded") + ";",
-        "COMMIT;",
-    ])
+    script = "\n".join(
+        [
+            "\\set now 1800000000",
+            "BEGIN;",
+            CLAIM_SQL.format(now=now, lock=" FOR UPDATE SKIP LOCKED") + " \\gset",
+            EVENT_SQL.format(now=now, type="claimed") + ";",
+            "COMMIT;",
+            "BEGIN;",
+            COMPLETE_SQL.format(now=now, seq=":seq", token=":token") + ";",
+            EVENT_SQL.format(now=now, type="succeeded") + ";",
+            "COMMIT;",
+        ]
+    )
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(script)
     os.chmod(f.name, 0o644)
-    cmd = [*server.as_user, str(PG_BIN / "pgbench"), "-n", "-f", f.name, "-c", str(clients), "-j", str(clients),  # type: ignore[attr-defined]
-           "-t", str(n // clients), "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres", url_db]  # type: ignore[attr-defined]
+    cmd = [
+        *server.as_user,
+        str(PG_BIN / "pgbench"),
+        "-n",
+        "-f",
+        f.name,
+        "-c",
+        str(clients),
+        "-j",
+        str(clients),  # type: ignore[attr-defined]
+        "-t",
+        str(n // clients),
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(server.port),
+        "-U",
+        "postgres",
+        url_db,
+    ]  # type: ignore[attr-defined]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return float(re.search(r"tps = ([\d.]+) \(without initial connection time\)", out).group(1))  # type: ignore[union-attr]
 
@@ -204,6 +228,7 @@ def pickup(url: str, root: Path, rate_hz: float, seconds: float, mode: str, poll
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = worker = None
     if mode == "embedded":
+
         def noop(video, job, workdir, progress):  # type: ignore[no-untyped-def]
             out = workdir / "r.json"
             out.write_text("{}")
@@ -212,7 +237,11 @@ def pickup(url: str, root: Path, rate_hz: float, seconds: float, mode: str, poll
         worker = Worker(store, Storage(file_roots=[root]), noop, lease_s=60, poll_s=poll_s, listen=False)
         worker.start()
     else:
-        args = [WORKER, url, str(root), str(seconds + 5), "1"] if mode == "listen" else [POLLER, url, str(seconds + 5), str(poll_s)]
+        args = (
+            [WORKER, url, str(root), str(seconds + 5), "1"]
+            if mode == "listen"
+            else [POLLER, url, str(seconds + 5), str(poll_s)]
+        )
         proc = subprocess.Popen([sys.executable, "-c", *args], env=env, stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
     time.sleep(1.0)  # idle before the first arrival
@@ -236,8 +265,13 @@ def idle_cpu(url: str, home: Path, seconds: float, *extra: str) -> float:
     import psutil
 
     env = {**os.environ, "FRAMESERVE_HOME": str(home)}
-    proc = subprocess.Popen([sys.executable, "-m", "frameserve", "worker", "--db", url, "--threads", "1", *extra],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "frameserve", "worker", "--db", url, "--threads", "1", *extra],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr is not None
     for line in proc.stderr:
         if "pipelines:" in line:
@@ -280,15 +314,27 @@ def isolation(pairs: int) -> tuple[float, float]:
         isolated = IsolatedPipeline(settings, service, prestart=True)  # as serve and worker run it
         modes = {"in-process": pipeline_process(settings, service, decode_pool=pool), "isolated": isolated}
         stores = {m: JobStore(f"sqlite:///{tmp}/{m}.db") for m in modes}
-        workers = {m: Worker(stores[m], Storage(file_roots=[root], shared_file_root=True), fn, lease_s=60, poll_s=0.01,
-                             listen=False, workdir=Path(tmp) / f"w-{m}") for m, fn in modes.items()}
+        workers = {
+            m: Worker(
+                stores[m],
+                Storage(file_roots=[root], shared_file_root=True),
+                fn,
+                lease_s=60,
+                poll_s=0.01,
+                listen=False,
+                workdir=Path(tmp) / f"w-{m}",
+            )
+            for m, fn in modes.items()
+        }
         for w in workers.values():
             w.start()
         times: dict[str, list[float]] = {m: [] for m in modes}
         try:
             for i in range(pairs + 1):
                 for m in modes:
-                    spec = JobSpec(source=f"file://{root}/in/v.mp4", target=f"file://{root}/out/{m}-{i}", pipeline="nudenet")
+                    spec = JobSpec(
+                        source=f"file://{root}/in/v.mp4", target=f"file://{root}/out/{m}-{i}", pipeline="nudenet"
+                    )
                     t0 = time.perf_counter()
                     job_id = stores[m].submit(spec)[0].id
                     while (job := stores[m].get(job_id)).state not in ("succeeded", "failed"):
@@ -304,9 +350,13 @@ def isolation(pairs: int) -> tuple[float, float]:
             isolated.close()
             pool.close()
             service.close()
-        print(f"isolation: nudenet job on bikes.mp4, {pairs} interleaved pairs: "
-              + ", ".join(f"{m} median {statistics.median(v):.2f} s (all {', '.join(f'{x:.2f}' for x in v)})"
-                          for m, v in times.items()))
+        print(
+            f"isolation: nudenet job on bikes.mp4, {pairs} interleaved pairs: "
+            + ", ".join(
+                f"{m} median {statistics.median(v):.2f} s (all {', '.join(f'{x:.2f}' for x in v)})"
+                for m, v in times.items()
+            )
+        )
         return statistics.median(times["in-process"]), statistics.median(times["isolated"])
 
 
@@ -342,34 +392,49 @@ def main() -> None:
         for name, mode in (("sqlite embedded", "embedded"), ("sqlite process", "listen"), ("sqlite poll", "poll")):
             pick.append((name, *pickup(f"sqlite:///{tmp}/p-{mode}.db", root, 10.0, seconds, mode, args.poll_s)))
         idle.append(("sqlite, file watch", idle_cpu(f"sqlite:///{tmp}/i.db", Path(tmp) / "home", idle_s)))
-        idle.append(("sqlite, --no-listen", idle_cpu(f"sqlite:///{tmp}/i.db", Path(tmp) / "home", idle_s, "--no-listen")))
+        idle.append(
+            ("sqlite, --no-listen", idle_cpu(f"sqlite:///{tmp}/i.db", Path(tmp) / "home", idle_s, "--no-listen"))
+        )
         with start_postgres(synchronous_commit="on") as server:
             import psycopg
 
-            sync = psycopg.connect(f"host=127.0.0.1 port={server.port} user=postgres", autocommit=True).execute(
-                "SHOW synchronous_commit").fetchone()[0]  # type: ignore[index]
+            sync = (
+                psycopg.connect(f"host=127.0.0.1 port={server.port} user=postgres", autocommit=True)
+                .execute("SHOW synchronous_commit")
+                .fetchone()[0]
+            )  # type: ignore[index]
             for workers in (1, 4):
                 db_q, db_b = server.create_database(), server.create_database()
                 q = queue_rate(server.url(db_q), n, workers)
                 b = pgbench_rate(server, db_b, n, workers)
-                rows.append((f"postgresql, {workers} worker{'s' if workers > 1 else ''}", q, b, f"pgbench -c {workers}"))
+                rows.append(
+                    (f"postgresql, {workers} worker{'s' if workers > 1 else ''}", q, b, f"pgbench -c {workers}")
+                )
             for name, mode in (("postgresql NOTIFY", "listen"), ("postgresql poll", "poll")):
-                pick.append((name, *pickup(server.url(server.create_database()), root, 10.0, seconds, mode, args.poll_s)))
+                pick.append(
+                    (name, *pickup(server.url(server.create_database()), root, 10.0, seconds, mode, args.poll_s))
+                )
             db_i = server.url(server.create_database())
             JobStore(db_i).close()
             idle.append(("postgresql, LISTEN", idle_cpu(db_i, Path(tmp) / "home", idle_s)))
             idle.append(("postgresql, --no-listen", idle_cpu(db_i, Path(tmp) / "home", idle_s, "--no-listen")))
-    print(f"CPU: {cpu_model()}, {len(os.sched_getaffinity(0))} CPUs; load average {os.getloadavg()[0]:.1f}"
-          f" ({psutil.cpu_percent(0.5):.0f} % busy now)")
+    print(
+        f"CPU: {cpu_model()}, {len(os.sched_getaffinity(0))} CPUs; load average {os.getloadavg()[0]:.1f}"
+        f" ({psutil.cpu_percent(0.5):.0f} % busy now)"
+    )
     print(f"no-op jobs: claim + complete, {n} jobs; PostgreSQL synchronous_commit={sync}, fsync=off")
     print(f"{'':24} {'queue jobs/s':>13} {'baseline/s':>11} {'ratio':>6}  baseline (goal >= 0.8 with 4 workers)")
     for name, q, b, what in rows:
         print(f"{name:24} {q:13.0f} {b:11.0f} {q / b:6.2f}  {what}")
     polled = {name.split()[0]: p99 for name, _, p99 in pick if name.endswith("poll")}
-    print(f"pickup latency at 10 jobs/s, one idle worker (goal p99 <= 10 ms: postgresql NOTIFY, sqlite embedded);"
-          f" the poll rows claim every {args.poll_s * 1000:.0f} ms")
+    print(
+        f"pickup latency at 10 jobs/s, one idle worker (goal p99 <= 10 ms: postgresql NOTIFY, sqlite embedded);"
+        f" the poll rows claim every {args.poll_s * 1000:.0f} ms"
+    )
     for name, p50, p99 in pick:
-        ratio = f"   p99 / {name.split()[0]} poll {p99 / polled[name.split()[0]]:5.2f}" if not name.endswith("poll") else ""
+        ratio = (
+            f"   p99 / {name.split()[0]} poll {p99 / polled[name.split()[0]]:5.2f}" if not name.endswith("poll") else ""
+        )
         print(f"{name:24} p50 {p50:6.1f} ms   p99 {p99:6.1f} ms{ratio}")
     print(f"idle CPU of `frameserve worker` (callbacks on), {idle_s:.0f} s, % of one core (goal < 0.5 %)")
     for name, pct in idle:

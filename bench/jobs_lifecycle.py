@@ -82,11 +82,14 @@ def progress_writes(url: str, root: Path, jobs: int, seconds: float) -> float:
         out.write_text("{}")
         return {"summary": {}, "frames_processed": total}, {"results.json": out}
 
-    workers = [Worker(store, Storage(file_roots=[root], shared_file_root=True), slow, poll_s=0.01, listen=False,
-                      max_jobs=1)
-               for _ in range(jobs)]
-    ids = [store.submit(JobSpec(source=f"file://{root}/v.mp4", target=f"file://{root}/out/{i}", pipeline="p"))[0].id
-           for i in range(jobs)]
+    workers = [
+        Worker(store, Storage(file_roots=[root], shared_file_root=True), slow, poll_s=0.01, listen=False, max_jobs=1)
+        for _ in range(jobs)
+    ]
+    ids = [
+        store.submit(JobSpec(source=f"file://{root}/v.mp4", target=f"file://{root}/out/{i}", pipeline="p"))[0].id
+        for i in range(jobs)
+    ]
     for w in workers:
         w.start()
     try:
@@ -143,8 +146,12 @@ def drain_rate(url: str, n: int, workers: int, with_pruner: bool) -> tuple[float
 
     fill(url, n).close()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    procs = [subprocess.Popen([sys.executable, "-c", DRAIN, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env=env) for _ in range(workers)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", DRAIN, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(workers)
+    ]
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     store = JobStore(url, migrate=False)
@@ -154,6 +161,7 @@ def drain_rate(url: str, n: int, workers: int, with_pruner: bool) -> tuple[float
     go = time.time() + 0.2
     thread = None
     if with_pruner:
+
         def prune() -> None:
             time.sleep(max(0.0, go - time.time()))
             removed.update(pruner.prune_once() or {})
@@ -192,22 +200,31 @@ def main() -> None:
         root.mkdir()
         (root / "v.mp4").write_bytes(b"x" * 64)
         if args.part in ("progress", "all"):
-            for name, url in (("sqlite", f"sqlite:///{tmp}/p.db"), ("postgresql", server.url(server.create_database()))):
+            for name, url in (
+                ("sqlite", f"sqlite:///{tmp}/p.db"),
+                ("postgresql", server.url(server.create_database())),
+            ):
                 rate = progress_writes(url, root, args.jobs, args.seconds)
-                print(f"progress writes, {name}, {args.jobs} jobs at 500 frames/s: {rate:.2f} writes/s per running job "
-                      "(goal <= 2)")
+                print(
+                    f"progress writes, {name}, {args.jobs} jobs at 500 frames/s: {rate:.2f} writes/s per running job "
+                    "(goal <= 2)"
+                )
         if args.part in ("retention", "all"):
             ratios = []
             for i in range(args.pairs):
                 got: dict[bool, tuple[float, int]] = {}
-                for pruning in ((False, True) if i % 2 == 0 else (True, False)):  # A B, then B A
+                for pruning in (False, True) if i % 2 == 0 else (True, False):  # A B, then B A
                     got[pruning] = drain_rate(_finished_db(server, args.finished), args.drain, 4, pruning)
                 (base, _), (loaded, removed) = got[False], got[True]
                 ratios.append(loaded / base)
-                print(f"  pair {i + 1}: 4 workers {base:.0f} jobs/s alone, {loaded:.0f} jobs/s while the pruner "
-                      f"removed {removed} of {args.finished} finished jobs; ratio {loaded / base:.3f}")
-            print(f"retention under load: jobs/s with the pruner ÷ without, median of {len(ratios)}: "
-                  f"{statistics.median(ratios):.3f} (goal >= 0.9)")
+                print(
+                    f"  pair {i + 1}: 4 workers {base:.0f} jobs/s alone, {loaded:.0f} jobs/s while the pruner "
+                    f"removed {removed} of {args.finished} finished jobs; ratio {loaded / base:.3f}"
+                )
+            print(
+                f"retention under load: jobs/s with the pruner ÷ without, median of {len(ratios)}: "
+                f"{statistics.median(ratios):.3f} (goal >= 0.9)"
+            )
 
 
 if __name__ == "__main__":

@@ -114,8 +114,12 @@ def real_run(url: str, work: Path, workers: int, n: int, video: Path, model: Pat
     """``n`` nudenet jobs on ``workers`` warmed ``frameserve worker`` processes; jobs/s and CPU s per job."""
     root = work / f"root{workers}"
     root.mkdir()
-    spec = JobSpec(source=f"file://{video}", target=f"file://{root}/out", pipeline="nudenet",
-                   params={"sampling": SAMPLING, "batch": 4})
+    spec = JobSpec(
+        source=f"file://{video}",
+        target=f"file://{root}/out",
+        pipeline="nudenet",
+        params={"sampling": SAMPLING, "batch": 4},
+    )
     procs, logs = [], []
     for k in range(workers):
         home = work / f"home{workers}-{k}"
@@ -123,10 +127,31 @@ def real_run(url: str, work: Path, workers: int, n: int, video: Path, model: Pat
         (home / "assets" / model.name).symlink_to(model)
         env = {**os.environ, "FRAMESERVE_HOME": str(home), "PYTHONPATH": os.pathsep.join(sys.path)}
         logs.append(log := open(work / f"worker{workers}-{k}.log", "wb"))  # noqa: SIM115 - closed at the end
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "frameserve", "worker", "--db", url, "--file-root", str(video.parent),
-             "--file-root", str(root), "--threads", "1", "--no-callbacks", "--lease-s", "30"],
-            env=env, stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "frameserve",
+                    "worker",
+                    "--db",
+                    url,
+                    "--file-root",
+                    str(video.parent),
+                    "--file-root",
+                    str(root),
+                    "--threads",
+                    "1",
+                    "--no-callbacks",
+                    "--lease-s",
+                    "30",
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+            )
+        )
     store = JobStore(url)
     try:
         for k in range(workers):  # each worker up
@@ -176,8 +201,16 @@ def sim_run(url: str, workers: int, n: int, work_s: float, phases: bool, max_pro
     n_procs = min(workers, max_procs)
     split = [workers // n_procs + (1 if k < workers % n_procs else 0) for k in range(n_procs)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    procs = [subprocess.Popen([sys.executable, "-c", SIM, url, str(t), repr(work_s), "1" if phases else "0"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for t in split]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SIM, url, str(t), repr(work_s), "1" if phases else "0"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for t in split
+    ]
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     go = time.time() + 0.2
@@ -221,30 +254,45 @@ def main() -> None:
             asreal[w] = sim_run(server.url(server.create_database()), w, per_worker * w, t_job, True, args.sim_procs)
             print(f"simulated, {w} worker(s): {noop[w]:.0f} / {asreal[w]:.1f} jobs/s", file=sys.stderr, flush=True)
     print(f"CPU: {cpu_model()}, {cores} CPUs; load average {os.getloadavg()[0]:.1f}")
-    print(f"real jobs: nudenet on carphone_pristine.mp4 ({SAMPLING}: 12 frames), {n_real} jobs per row, "
-          f"warm workers with --threads 1, PostgreSQL; bound = {cores} CPUs / CPU s per job")
-    print(f"{'workers':>7} {'jobs/s':>7} {'x 1 worker':>10} {'CPU s/job':>9} {'bound/s':>8} {'/ bound':>7} {'machine busy':>12}")
+    print(
+        f"real jobs: nudenet on carphone_pristine.mp4 ({SAMPLING}: 12 frames), {n_real} jobs per row, "
+        f"warm workers with --threads 1, PostgreSQL; bound = {cores} CPUs / CPU s per job"
+    )
+    print(
+        f"{'workers':>7} {'jobs/s':>7} {'x 1 worker':>10} {'CPU s/job':>9} {'bound/s':>8} {'/ bound':>7} {'machine busy':>12}"
+    )
     for w, r in real.items():
         bound = cores / r["cpu_s_per_job"]
-        print(f"{w:7d} {r['jobs_s']:7.2f} {r['jobs_s'] / real[1]['jobs_s']:10.2f} {r['cpu_s_per_job']:9.3f} "
-              f"{bound:8.2f} {r['jobs_s'] / bound:7.2f} {100 * r['machine_busy']:11.0f} %")
-    print(f"queue alone, simulated workers on PostgreSQL (threads over <= {args.sim_procs} processes): no-op = claim + "
-          f"complete, {n_noop} jobs; as real = claim, 3 phase writes, {1000 * t_job:.0f} ms sleep (T: one real "
-          f"worker's time per job), complete, {per_worker} jobs per worker")
+        print(
+            f"{w:7d} {r['jobs_s']:7.2f} {r['jobs_s'] / real[1]['jobs_s']:10.2f} {r['cpu_s_per_job']:9.3f} "
+            f"{bound:8.2f} {r['jobs_s'] / bound:7.2f} {100 * r['machine_busy']:11.0f} %"
+        )
+    print(
+        f"queue alone, simulated workers on PostgreSQL (threads over <= {args.sim_procs} processes): no-op = claim + "
+        f"complete, {n_noop} jobs; as real = claim, 3 phase writes, {1000 * t_job:.0f} ms sleep (T: one real "
+        f"worker's time per job), complete, {per_worker} jobs per worker"
+    )
     print(f"{'workers':>7} {'no-op/s':>8} {'x 1':>6} {'as real/s':>9} {'ideal W/T':>9} {'/ ideal':>7} {'/ (W x 1)':>9}")
     for w in SIM_COUNTS:
         ideal = w / t_job
-        print(f"{w:7d} {noop[w]:8.0f} {noop[w] / noop[1]:6.2f} {asreal[w]:9.1f} {ideal:9.1f} {asreal[w] / ideal:7.2f}"
-              f" {asreal[w] / (w * asreal[1]):9.2f}")
+        print(
+            f"{w:7d} {noop[w]:8.0f} {noop[w] / noop[1]:6.2f} {asreal[w]:9.1f} {ideal:9.1f} {asreal[w] / ideal:7.2f}"
+            f" {asreal[w] / (w * asreal[1]):9.2f}"
+        )
     best = max(real.values(), key=lambda r: r["jobs_s"])["jobs_s"]
     ceiling = max(noop.values())
     short = [w for w in SIM_COUNTS if asreal[w] < 0.8 * w * asreal[1]]
-    print(f"the queue's ceiling (best no-op) {ceiling:.0f} jobs/s = {ceiling / best:.0f} x this machine's best real "
-          f"jobs/s ({best:.2f}): about {ceiling / best:.0f} such machines' workers before the queue saturates; "
-          f"'as real' scales below 0.8 of W x (1 worker) from W = {short[0] if short else 'none'} (W workers on {cores} CPUs here: "
-          f"their own Python and PostgreSQL share these CPUs)")
-    print(json.dumps({"cpu": cpu_model(), "cores": cores, "real": real, "noop": noop, "as_real": asreal,
-                      "t_job_s": t_job}))
+    print(
+        f"the queue's ceiling (best no-op) {ceiling:.0f} jobs/s = {ceiling / best:.0f} x this machine's best real "
+        f"jobs/s ({best:.2f}): about {ceiling / best:.0f} such machines' workers before the queue saturates; "
+        f"'as real' scales below 0.8 of W x (1 worker) from W = {short[0] if short else 'none'} (W workers on {cores} CPUs here: "
+        f"their own Python and PostgreSQL share these CPUs)"
+    )
+    print(
+        json.dumps(
+            {"cpu": cpu_model(), "cores": cores, "real": real, "noop": noop, "as_real": asreal, "t_job_s": t_job}
+        )
+    )
 
 
 if __name__ == "__main__":

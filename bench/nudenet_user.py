@@ -27,10 +27,24 @@ from frameserve.pipeline import Batch, FrameInfo, ModelHandle, PreprocessSpec, S
 from frameserve.pipeline.preprocess import transform_for
 
 LABELS = (
-    "FEMALE_GENITALIA_COVERED", "FACE_FEMALE", "BUTTOCKS_EXPOSED", "FEMALE_BREAST_EXPOSED",
-    "FEMALE_GENITALIA_EXPOSED", "MALE_BREAST_EXPOSED", "ANUS_EXPOSED", "FEET_EXPOSED", "BELLY_COVERED",
-    "FEET_COVERED", "ARMPITS_COVERED", "ARMPITS_EXPOSED", "FACE_MALE", "BELLY_EXPOSED",
-    "MALE_GENITALIA_EXPOSED", "ANUS_COVERED", "FEMALE_BREAST_COVERED", "BUTTOCKS_COVERED",
+    "FEMALE_GENITALIA_COVERED",
+    "FACE_FEMALE",
+    "BUTTOCKS_EXPOSED",
+    "FEMALE_BREAST_EXPOSED",
+    "FEMALE_GENITALIA_EXPOSED",
+    "MALE_BREAST_EXPOSED",
+    "ANUS_EXPOSED",
+    "FEET_EXPOSED",
+    "BELLY_COVERED",
+    "FEET_COVERED",
+    "ARMPITS_COVERED",
+    "ARMPITS_EXPOSED",
+    "FACE_MALE",
+    "BELLY_EXPOSED",
+    "MALE_GENITALIA_EXPOSED",
+    "ANUS_COVERED",
+    "FEMALE_BREAST_COVERED",
+    "BUTTOCKS_COVERED",
 )
 """The 320n model's 18 classes, in its output order (the nudenet package's ``__labels``)."""
 
@@ -56,13 +70,15 @@ class NudenetUser(frameserve.Pipeline):
 
     name = "nudenet-user"
     models = MappingProxyType({"det": "nudenet"})
-    model_config = MappingProxyType({
-        "det": {
-            "max_batch_size": 16,
-            "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
-            "parameters": {"ort_allow_spinning": "0"},
-        },
-    })
+    model_config = MappingProxyType(
+        {
+            "det": {
+                "max_batch_size": 16,
+                "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+                "parameters": {"ort_allow_spinning": "0"},
+            }
+        }
+    )
     batch = 8
     params = MappingProxyType({"score_threshold": 0.25, "iou_threshold": 0.45, "segment_gap_s": 1.0})
 
@@ -71,16 +87,26 @@ class NudenetUser(frameserve.Pipeline):
         """The nudenet package's preprocessing: pad to a square (black, bottom/right), bilinear
         resize to 320x320, x / 255, RGB, NCHW float32."""
         return PreprocessSpec(
-            size=(320, 320), resize="pad_square", anchor="top_left", pad_value=0, interpolation="linear",
-            scale=1 / 255, channel_order="rgb", layout="NCHW", dtype="float32",
+            size=(320, 320),
+            resize="pad_square",
+            anchor="top_left",
+            pad_value=0,
+            interpolation="linear",
+            scale=1 / 255,
+            channel_order="rgb",
+            layout="NCHW",
+            dtype="float32",
         )
 
     @cached_property
     def decoder(self) -> YoloV8Detect:
         """The YOLOv8 head decoder with the package's thresholds and box clip."""
         return YoloV8Detect(
-            labels=LABELS, score_threshold=float(self.params["score_threshold"]),
-            iou_threshold=float(self.params["iou_threshold"]), class_agnostic=True, box_clip="nudenet",
+            labels=LABELS,
+            score_threshold=float(self.params["score_threshold"]),
+            iou_threshold=float(self.params["iou_threshold"]),
+            class_agnostic=True,
+            box_clip="nudenet",
         )
 
     def preprocess(self, frame: Any) -> dict[str, np.ndarray[Any, Any]]:

@@ -101,7 +101,10 @@ def main() -> int:
         for f in src:
             frames.append((FrameInfo(f.index, f.pts_s, f.is_keyframe, f.rgb.shape[1], f.rgb.shape[0]), f.rgb))
     n = len(frames)
-    print(f"CPU: {cpu_model()} ({cpu_count()} CPUs); video {video.name}: {n} frames 1280x720, sampling {args.sampling}", file=sys.stderr)
+    print(
+        f"CPU: {cpu_model()} ({cpu_count()} CPUs); video {video.name}: {n} frames 1280x720, sampling {args.sampling}",
+        file=sys.stderr,
+    )
 
     engine = RapidOCR()
     engine(frames[0][1][..., ::-1].copy())
@@ -128,17 +131,31 @@ def main() -> int:
             wall, texts, tracks = rapidocr_loop(engine, frames)
             runs["rapidocr"].append(wall)
             for label, kwargs in variants.items():
-                r = run(video, "ocr", service=services[label], settings=settings, decode_pool=pool, sampling=args.sampling, **kwargs)
+                r = run(
+                    video,
+                    "ocr",
+                    service=services[label],
+                    settings=settings,
+                    decode_pool=pool,
+                    sampling=args.sampling,
+                    **kwargs,
+                )
                 runs[label].append(float(r["wall_s"]))
-                backends[label] = f"{r['models']['det']['backend']}, {r['models']['det']['threads']} thread(s) per model"
+                backends[label] = (
+                    f"{r['models']['det']['backend']}, {r['models']['det']['threads']} thread(s) per model"
+                )
                 ok, diff = same_tracks(r["summary"], tracks)
-                checks.append(f"repeat {rep + 1} {label}: tracks {'equal' if ok else 'DIFFER'} (max_score diff {diff:.2g})")
+                checks.append(
+                    f"repeat {rep + 1} {label}: tracks {'equal' if ok else 'DIFFER'} (max_score diff {diff:.2g})"
+                )
                 if label == "frameserve":
                     reused = sum(f["reused"] for f in r["frames"])
                 elif label == "frameserve reuse off":
                     ours = [[t["text"] for t in f["texts"]] for f in r["frames"]]
                     checks.append(f"repeat {rep + 1} {label}: per-frame texts {'equal' if ours == texts else 'DIFFER'}")
-            print(f"repeat {rep + 1}: " + ", ".join(f"{k} {n / v[-1]:.2f} f/s" for k, v in runs.items()), file=sys.stderr)
+            print(
+                f"repeat {rep + 1}: " + ", ".join(f"{k} {n / v[-1]:.2f} f/s" for k, v in runs.items()), file=sys.stderr
+            )
 
     fps = {k: n / statistics.median(v) for k, v in runs.items()}
     print(f"\nCPU: {cpu_model()} ({cpu_count()} CPUs)")

@@ -73,7 +73,9 @@ FPS = 25  # the benchmark videos' frame rate (bigbuckbunny's)
 HELD = 48  # decoded frames the preprocess / process / encode stages are measured on
 
 
-def e2e(video: Path, pipe: Any, service: InferenceService, settings: Settings, pool: DecodePool, **kw: Any) -> tuple[float, RunResult]:
+def e2e(
+    video: Path, pipe: Any, service: InferenceService, settings: Settings, pool: DecodePool, **kw: Any
+) -> tuple[float, RunResult]:
     """frames/s of one ``frameserve.run`` (perf_counter around the call; models already loaded).
     Adds to the result ``cpu_ms_per_frame`` (this process and the decode process, all threads),
     ``cores_used`` (their CPU seconds ÷ wall ÷ cores) and ``machine`` (the cores' idle, steal and
@@ -155,8 +157,17 @@ def encode_cpu(images: list[np.ndarray], options: dict[str, Any], folder: Path) 
     return (time.process_time() - c0) / len(seq)
 
 
-def limit_row(name: str, video: Path, pipe: Any, service: InferenceService, settings: Settings, pool: DecodePool,
-              repeats: int, folder: Path, **kw: Any) -> tuple[float, list[str]]:
+def limit_row(
+    name: str,
+    video: Path,
+    pipe: Any,
+    service: InferenceService,
+    settings: Settings,
+    pool: DecodePool,
+    repeats: int,
+    folder: Path,
+    **kw: Any,
+) -> tuple[float, list[str]]:
     """Median over repeats of e2e frames/s ÷ the CPU limit measured in the same repeat."""
     pdef = load_pipeline(pipe)
     inst, handles = parts(pdef, service, settings)
@@ -176,7 +187,8 @@ def limit_row(name: str, video: Path, pipe: Any, service: InferenceService, sett
         lines.append(
             f"  repeat {rep + 1}: e2e {fps:.1f} f/s; CPU ms/frame alone: decode+convert {1e3 * dec:.2f}, preprocess "
             f"{1e3 * pre:.2f}, process (batch {inst.batch}) {1e3 * proc:.2f}"
-            + (f", encode {1e3 * enc:.2f}" if enc else "") + f" = {1e3 * alone:.2f} -> limit {lim:.1f} f/s; ratio "
+            + (f", encode {1e3 * enc:.2f}" if enc else "")
+            + f" = {1e3 * alone:.2f} -> limit {lim:.1f} f/s; ratio "
             f"{fps / lim:.3f} = CPU alone / e2e CPU ({1e3 * alone:.2f} / {last['cpu_ms_per_frame']:.2f} ms) "
             f"{1e3 * alone / last['cpu_ms_per_frame']:.3f} x cores used {last['cores_used']:.3f} (other processes "
             f"{last['machine']['others']:.3f}, steal {last['machine']['steal']:.3f}, idle {last['machine']['idle']:.3f})"
@@ -230,7 +242,9 @@ def row_nudenet(long: Path, settings: Settings, pool: DecodePool, repeats: int) 
     return ratio, lines
 
 
-def row_ocr(bbb: Path, cache: Path, settings: Settings, pool: DecodePool, repeats: int, seconds: float) -> tuple[float, list[str]]:
+def row_ocr(
+    bbb: Path, cache: Path, settings: Settings, pool: DecodePool, repeats: int, seconds: float
+) -> tuple[float, list[str]]:
     """ocr ÷ rapidocr's loop, with ``ocr_vs_rapidocr.py``'s loop, track check and caption video."""
     from _textvideo import make_caption_video
     from ocr_vs_rapidocr import WORDS, rapidocr_loop, same_tracks
@@ -241,7 +255,10 @@ def row_ocr(bbb: Path, cache: Path, settings: Settings, pool: DecodePool, repeat
         video.parent.mkdir(parents=True, exist_ok=True)
         caps = [(WORDS[k % len(WORDS)], float(k), float(k + 1)) for k in range(int(-(-seconds // 1)))]
         make_caption_video(video, bbb, captions=caps, seconds=seconds)
-    frames = [(FrameInfo(f.index, f.pts_s, f.is_keyframe, f.rgb.shape[1], f.rgb.shape[0]), f.rgb) for f in held_frames(video, 10**9)]
+    frames = [
+        (FrameInfo(f.index, f.pts_s, f.is_keyframe, f.rgb.shape[1], f.rgb.shape[0]), f.rgb)
+        for f in held_frames(video, 10**9)
+    ]
     n = len(frames)
     engine = RapidOCR()
     engine(frames[0][1][..., ::-1].copy())
@@ -264,7 +281,10 @@ def row_ocr(bbb: Path, cache: Path, settings: Settings, pool: DecodePool, repeat
                     f"lines reused {reused}/{total}; tracks {'SAME' if same else 'DIFFERENT'}; {profile(r)}"
                 )
                 print("[ocr] " + lines[-1].strip()[:160], file=sys.stderr, flush=True)
-    ratios = {k: statistics.median(a / b for a, b in zip(walls["rapidocr"], walls[k], strict=True)) for k in ("ocr", "ocr reuse off")}
+    ratios = {
+        k: statistics.median(a / b for a, b in zip(walls["rapidocr"], walls[k], strict=True))
+        for k in ("ocr", "ocr reuse off")
+    }
     lines.insert(0, f"  {n} frames 1280x720; ocr reuse off / rapidocr {ratios['ocr reuse off']:.3f} (median of pairs)")
     if not ok:
         lines.append("  CHECK FAILED: a run's text tracks differ from rapidocr's")
@@ -282,7 +302,9 @@ def sr_model(path: Path) -> None:
     for c in range(3):
         w[c, c] = k
     nodes = [
-        helper.make_node("Resize", ["x", "", "scales"], ["up"], mode="linear", coordinate_transformation_mode="half_pixel"),
+        helper.make_node(
+            "Resize", ["x", "", "scales"], ["up"], mode="linear", coordinate_transformation_mode="half_pixel"
+        ),
         helper.make_node("Conv", ["up", "w"], ["conv"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
         helper.make_node("Clip", ["conv", "lo", "hi"], ["y"]),
     ]
@@ -293,8 +315,11 @@ def sr_model(path: Path) -> None:
         helper.make_tensor("hi", TensorProto.FLOAT, [], [1.0]),
     ]
     graph = helper.make_graph(
-        nodes, "sr2x", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, "H2", "W2"])], inits,
+        nodes,
+        "sr2x",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, "H2", "W2"])],
+        inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
@@ -312,18 +337,28 @@ def row_enhance(video: Path, pool: DecodePool, repeats: int, tmp: Path) -> tuple
     (tmp / "sr2x.yaml").write_text("type: enhance\nname: sr2x\nmodels: {model: sr2x}\n")
     settings = Settings.from_env(model_repository=repo, threads=cpu_count())
     with InferenceService(ModelRepository(repo), threads=cpu_count()) as service:
-        ratio, lines = limit_row("enhance", video, tmp / "sr2x.yaml", service, settings, pool, repeats, tmp, video_out=tmp / "out.mp4")
+        ratio, lines = limit_row(
+            "enhance", video, tmp / "sr2x.yaml", service, settings, pool, repeats, tmp, video_out=tmp / "out.mp4"
+        )
     with av.open(str(tmp / "out.mp4")) as c:
         cc = c.streams.video[0].codec_context
-        lines.insert(0, f"  360p in (640x360), out {cc.width}x{cc.height} {cc.name}, {c.streams.video[0].frames} frames")
+        lines.insert(
+            0, f"  360p in (640x360), out {cc.width}x{cc.height} {cc.name}, {c.streams.video[0].frames} frames"
+        )
     return ratio, lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats per figure (default 3)")
-    ap.add_argument("--frames", type=int, default=750, help="frames of the nudenet, nsfw and enhance videos (default 750: 30 s)")
-    ap.add_argument("--ocr-seconds", type=float, default=4.0, help="length of the OCR caption video (default 4: 100 frames)")
+    ap.add_argument(
+        "--frames", type=int, default=750, help="frames of the nudenet, nsfw and enhance videos (default 750: 30 s)"
+    )
+    ap.add_argument(
+        "--ocr-seconds", type=float, default=4.0, help="length of the OCR caption video (default 4: 100 frames)"
+    )
     ap.add_argument("--rows", default=",".join(ROWS), help=f"rows to run (default all: {','.join(ROWS)})")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "frameserve-bench", help="test videos")
     args = ap.parse_args(argv)
@@ -346,7 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     with DecodePool(1) as pool, tempfile.TemporaryDirectory(prefix="fs-bench-") as tmp_s:
         pool.warm()
         tmp = Path(tmp_s)
-        video = {"720": args.cache / f"bbb-loop-{seconds:g}s-720.mp4", "360": args.cache / f"bbb-loop-{seconds:g}s-640.mp4"}
+        video = {
+            "720": args.cache / f"bbb-loop-{seconds:g}s-720.mp4",
+            "360": args.cache / f"bbb-loop-{seconds:g}s-640.mp4",
+        }
         for row in rows:
             if row == "nudenet":
                 long = make_long_video(bbb, video["720"], seconds, None)
@@ -373,7 +411,11 @@ def main(argv: list[str] | None = None) -> int:
         label, goal = ROWS[row]
         value = figures.get(row)
         failed = any("CHECK FAILED" in x for x in notes.get(row, []))
-        verdict = "pending" if value is None else ("met" if value >= goal else "NOT met") + (" (CHECK FAILED)" if failed else "")
+        verdict = (
+            "pending"
+            if value is None
+            else ("met" if value >= goal else "NOT met") + (" (CHECK FAILED)" if failed else "")
+        )
         shown = "-" if value is None else f"{value:.3f}"
         print(f"{label:40s} {shown:>9s} {'>= ' + format(goal, 'g'):>8s}  {verdict}")
     for row in rows:

@@ -120,7 +120,8 @@ def nudenet_repository(root: Path, model: Path, threads: int) -> Path:
         shutil.copyfile(model, root / name / "1" / "model.onnx")
         db = "dynamic_batching: {max_queue_delay_microseconds: 500}\n" if batching else ""
         (root / name / "config.yaml").write_text(
-            NUDENET_CONFIG.format(side=SIDE, threads=each, count=count, batching=db))
+            NUDENET_CONFIG.format(side=SIDE, threads=each, count=count, batching=db)
+        )
     return root
 
 
@@ -183,7 +184,9 @@ def part_a(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
         inproc_cfgs[f"{T} sessions x 1 thread, batch 1"] = lambda: inprocess(singles, 1, plan.inproc_s)
     for fn in inproc_cfgs.values():  # warm-up
         fn()
-    with ServeProcess(repo, work / "home_a", "--threads", str(T), "--allow-client-shm", "--client-shm-prefix", "/") as srv:
+    with ServeProcess(
+        repo, work / "home_a", "--threads", str(T), "--allow-client-shm", "--client-shm-prefix", "/"
+    ) as srv:
         srv.wait_ready(timeout_s=180)
         pid = srv.proc.pid
         # correctness: served output equals the in-process output (same model, input, batch size)
@@ -194,12 +197,16 @@ def part_a(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
         def check(when: str) -> None:
             for name in models:
                 for protocol in ("http", "grpc"):
-                    got = infer(protocol, srv.ports["HTTP" if protocol == "http" else "gRPC"], name,
-                                {"images": x}, ["output0"])["output0"]
+                    got = infer(
+                        protocol, srv.ports["HTTP" if protocol == "http" else "gRPC"], name, {"images": x}, ["output0"]
+                    )["output0"]
                     want = wants[name]  # the in-process session with the same threads
                     if not np.array_equal(got, want):
-                        raise SystemExit(f"(a) {when}: {name} over {protocol} differs from in-process ORT "
-                                         f"(max abs diff {np.abs(got - want).max()})")
+                        raise SystemExit(
+                            f"(a) {when}: {name} over {protocol} differs from in-process ORT "
+                            f"(max abs diff {np.abs(got - want).max()})"
+                        )
+
         check("before")
         # sweep: pick the best served configuration and the best in-process one
         sweep: dict[tuple[str, str, int], PAResult] = {}
@@ -208,8 +215,9 @@ def part_a(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
                 for c in plan.concurrencies:
                     if (batching or count > 1) and c == 1:
                         continue  # nothing to batch, one instance busy at a time
-                    sweep[(name, protocol, c)] = r = perf_analyzer(plan, name, protocol, srv.ports, c, pid=pid,
-                                                                   shape=shape)
+                    sweep[(name, protocol, c)] = r = perf_analyzer(
+                        plan, name, protocol, srv.ports, c, pid=pid, shape=shape
+                    )
                     log(f"  sweep {name} {protocol} c={c}: {r.throughput:.1f}/s p50 {r.p50_us / 1e3:.2f} ms")
         best_srv = max(sweep, key=lambda k: sweep[k].throughput)
         lat_srv = min((k for k in sweep if k[0] == "nudenet" and k[2] == 1), key=lambda k: sweep[k].p50_us)
@@ -228,39 +236,49 @@ def part_a(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
                     res["in"] = inproc_cfgs[best_in]()
                     res["in_lat"] = inproc_cfgs[lat_in]() if lat_in != best_in else res["in"]
                 else:
-                    res["srv"] = perf_analyzer(plan, best_srv[0], best_srv[1], srv.ports, best_srv[2], pid=pid,
-                                               shape=shape)
+                    res["srv"] = perf_analyzer(
+                        plan, best_srv[0], best_srv[1], srv.ports, best_srv[2], pid=pid, shape=shape
+                    )
                     res["srv_lat"] = perf_analyzer(plan, lat_srv[0], lat_srv[1], srv.ports, 1, pid=pid, shape=shape)
-                    res["shm"] = perf_analyzer(plan, best_srv[0], best_srv[1], srv.ports, best_srv[2], pid=pid,
-                                               shape=shape, extra=shm)
+                    res["shm"] = perf_analyzer(
+                        plan, best_srv[0], best_srv[1], srv.ports, best_srv[2], pid=pid, shape=shape, extra=shm
+                    )
             thr.append(res["srv"].throughput / res["in"].throughput)
             thr_shm.append(res["shm"].throughput / res["in"].throughput)
             p50.append(res["srv_lat"].p50_us / 1e6 / res["in_lat"].p50_s)
             cpu.append(res["srv"].server_cpu_s_per_inf / res["in"].cpu_s_per_inf)
-            log(f"  pair {i + 1}/{plan.pairs}: throughput {thr[-1]:.3f} (shared memory {thr_shm[-1]:.3f}), "
-                f"p50 {p50[-1]:.3f}, cpu {cpu[-1]:.3f}")
+            log(
+                f"  pair {i + 1}/{plan.pairs}: throughput {thr[-1]:.3f} (shared memory {thr_shm[-1]:.3f}), "
+                f"p50 {p50[-1]:.3f}, cpu {cpu[-1]:.3f}"
+            )
         split = _time_split(stats0, _model_stats(srv.ports["HTTP"], best_srv[0]))
         check("after")
         assert srv.stop() == 0
     s_best, b = sweep[best_srv], inproc_sweep[best_in]
     client_share = s_best.client_cpu_s_per_inf * s_best.throughput / max(cpu_count(), 1)
-    why = (f"served {s_best.server_cpu_s_per_inf * 1e3:.2f} ms CPU/inf vs in-process {b.cpu_s_per_inf * 1e3:.2f}; "
-           f"perf_analyzer itself {s_best.client_cpu_s_per_inf * 1e3:.2f} ms CPU/inf, {client_share:.0%} of the "
-           f"{cpu_count()} CPUs at the served rate (the in-process loop has no client); the model per call in "
-           f"process {b.p50_s * 1e3:.2f} ms (p50); per request in the server: {split}")
+    why = (
+        f"served {s_best.server_cpu_s_per_inf * 1e3:.2f} ms CPU/inf vs in-process {b.cpu_s_per_inf * 1e3:.2f}; "
+        f"perf_analyzer itself {s_best.client_cpu_s_per_inf * 1e3:.2f} ms CPU/inf, {client_share:.0%} of the "
+        f"{cpu_count()} CPUs at the served rate (the in-process loop has no client); the model per call in "
+        f"process {b.p50_s * 1e3:.2f} ms (p50); per request in the server: {split}"
+    )
     rows.append(Row("(a) nudenet served / in-process throughput", median(thr), ">= 0.97", median(thr) >= 0.97, why))
     rows.append(Row("(a) nudenet p50 at c=1 / in-process p50", median(p50), "<= 1.03", median(p50) <= 1.03, why))
-    rows.append(Row("(a) nudenet --shared-memory system / in-process", median(thr_shm), ">= 0.99",
-                    median(thr_shm) >= 0.99, why))
+    rows.append(
+        Row("(a) nudenet --shared-memory system / in-process", median(thr_shm), ">= 0.99", median(thr_shm) >= 0.99, why)
+    )
     rows.append(Row("(a) nudenet server CPU-s/inf / in-process", median(cpu), "<= 1.03", median(cpu) <= 1.03, why))
-    notes.append(f"(a) best served: {best_srv[0]} over {best_srv[1]} at concurrency {best_srv[2]} "
-                 f"({s_best.throughput:.1f}/s in the sweep); best in-process: {best_in} ({b.throughput:.1f}/s); "
-                 f"latency pair: {lat_srv[1]} c=1 vs {lat_in}; shared memory: the best served configuration with "
-                 f"every input and output in a region; {T} threads; {plan.pairs} pair(s)")
+    notes.append(
+        f"(a) best served: {best_srv[0]} over {best_srv[1]} at concurrency {best_srv[2]} "
+        f"({s_best.throughput:.1f}/s in the sweep); best in-process: {best_in} ({b.throughput:.1f}/s); "
+        f"latency pair: {lat_srv[1]} c=1 vs {lat_in}; shared memory: the best served configuration with "
+        f"every input and output in a region; {T} threads; {plan.pairs} pair(s)"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
 # (b) add_sub: frameserve vs Triton 2.51
+
 
 def part_b(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
     log("(b) Python add_sub: frameserve vs Triton 2.51")
@@ -272,9 +290,14 @@ def part_b(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
             rows.append(Row(f"(b) add_sub {p} c={c}: frameserve / Triton", float("nan"), ">= 1.0", None))
         return
     repo = add_sub_repository(work / "add_sub_repo")
-    runs: dict[tuple[str, str, int], list[PAResult]] = {(n, p, c): [] for n in ("frameserve", "Triton") for p, c in configs}
-    with ServeProcess(repo, work / "home_b", "--threads", "1") as fs, TritonPeer(repo) as tr, \
-            floor_server(work) as floor:
+    runs: dict[tuple[str, str, int], list[PAResult]] = {
+        (n, p, c): [] for n in ("frameserve", "Triton") for p, c in configs
+    }
+    with (
+        ServeProcess(repo, work / "home_b", "--threads", "1") as fs,
+        TritonPeer(repo) as tr,
+        floor_server(work) as floor,
+    ):
         fs.wait_ready(timeout_s=120)
         tr.wait_ready(timeout_s=180)
         servers = {"frameserve": fs.ports, "Triton": tr.ports}
@@ -284,13 +307,17 @@ def part_b(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
         for i in range(plan.pairs):
             for protocol, c in configs:
                 names = ["frameserve", "Triton"] if i % 2 == 0 else ["Triton", "frameserve"]
-                got = {n: perf_analyzer(plan, "add_sub", protocol, servers[n], c, pid=pids[n], stability=True)
-                       for n in names}
+                got = {
+                    n: perf_analyzer(plan, "add_sub", protocol, servers[n], c, pid=pids[n], stability=True)
+                    for n in names
+                }
                 for n in names:
                     runs[(n, protocol, c)].append(got[n])
-                log(f"  pair {i + 1} {protocol} c={c}: frameserve {got['frameserve'].throughput:.0f}/s "
+                log(
+                    f"  pair {i + 1} {protocol} c={c}: frameserve {got['frameserve'].throughput:.0f}/s "
                     f"{got['frameserve'].server_cpu_s_per_inf * 1e6:.0f} us/inf, Triton {got['Triton'].throughput:.0f}/s "
-                    f"{got['Triton'].server_cpu_s_per_inf * 1e6:.0f} us/inf")
+                    f"{got['Triton'].server_cpu_s_per_inf * 1e6:.0f} us/inf"
+                )
         floors = {p: perf_analyzer(plan, "add_sub", p, floor.ports, 8, pid=floor.pid) for p in ("http", "grpc")}
         floors["grpc_sync"] = perf_analyzer(plan, "add_sub", "grpc", floor.sync_ports, 8, pid=floor.pid)
         for name, ports in servers.items():
@@ -307,31 +334,49 @@ def part_b(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
         if protocol == "http":
             floor_text = f"an empty uvicorn app costs {floors['http'].server_cpu_s_per_inf * 1e6:.0f} us/req here"
         else:
-            floor_text = (f"an empty handler costs {floors['grpc_sync'].server_cpu_s_per_inf * 1e6:.0f} us/req on "
-                          f"grpcio's thread-pool server (serve's mode, pinned alike), "
-                          f"{floors['grpc'].server_cpu_s_per_inf * 1e6:.0f} on grpc.aio")
+            floor_text = (
+                f"an empty handler costs {floors['grpc_sync'].server_cpu_s_per_inf * 1e6:.0f} us/req on "
+                f"grpcio's thread-pool server (serve's mode, pinned alike), "
+                f"{floors['grpc'].server_cpu_s_per_inf * 1e6:.0f} on grpc.aio"
+            )
         fs_client = median([a.client_cpu_s_per_inf for a in f]) * 1e6
         tr_client = median([b.client_cpu_s_per_inf for b in t]) * 1e6
-        loop_text = (f"; HTTP runs on one event-loop thread, so {fs_cpu:.0f} us/inf caps it near "
-                     f"{1e6 / fs_cpu:.0f}/s on any number of cores" if protocol == "http" else "")
-        why = (f"frameserve {fs_cpu:.0f} us CPU/inf on one interpreter (in-process: {profile[protocol]}), Triton "
-               f"{tr_cpu:.0f} us over its C++ threads and its Python stub; {floor_text}; perf_analyzer itself "
-               f"{fs_client:.0f} us/inf against frameserve, {tr_client:.0f} against Triton{loop_text}")
+        loop_text = (
+            f"; HTTP runs on one event-loop thread, so {fs_cpu:.0f} us/inf caps it near "
+            f"{1e6 / fs_cpu:.0f}/s on any number of cores"
+            if protocol == "http"
+            else ""
+        )
+        why = (
+            f"frameserve {fs_cpu:.0f} us CPU/inf on one interpreter (in-process: {profile[protocol]}), Triton "
+            f"{tr_cpu:.0f} us over its C++ threads and its Python stub; {floor_text}; perf_analyzer itself "
+            f"{fs_client:.0f} us/inf against frameserve, {tr_client:.0f} against Triton{loop_text}"
+        )
         rows.append(Row(f"(b) add_sub {label}: frameserve / Triton", ratio, ">= 1.0", ratio >= 1.0, why))
         rows.append(Row(f"(b) add_sub {label}: server CPU-us/inf frameserve / Triton", cpu, "<= 1.0", cpu <= 1.0, why))
         fs_thr, tr_thr = [a.throughput for a in f], [b.throughput for b in t]
         unstable = (sum(not a.stable for a in f), sum(not b.stable for b in t))
-        notes.append(f"(b) {label}: unstable perf_analyzer runs frameserve {unstable[0]}/{len(f)}, Triton "
-                     f"{unstable[1]}/{len(t)}; throughput spread (max-min)/median frameserve {spread(fs_thr):.2f}, "
-                     f"Triton {spread(tr_thr):.2f}; medians {median(fs_thr):.0f} vs {median(tr_thr):.0f}/s")
+        notes.append(
+            f"(b) {label}: unstable perf_analyzer runs frameserve {unstable[0]}/{len(f)}, Triton "
+            f"{unstable[1]}/{len(t)}; throughput spread (max-min)/median frameserve {spread(fs_thr):.2f}, "
+            f"Triton {spread(tr_thr):.2f}; medians {median(fs_thr):.0f} vs {median(tr_thr):.0f}/s"
+        )
         wobble = spread(fs_thr) / spread(tr_thr)
-        rows.append(Row(f"(b) add_sub {label}: throughput spread frameserve / Triton", wobble, "<= 1.0, stable",
-                        wobble <= 1.0 and unstable[0] == 0,
-                        f"{unstable[0]} of {len(f)} frameserve runs missed perf_analyzer's stability criterion"))
-    notes.append("(b) same model.py and config.pbtxt (max_batch_size 8, dynamic_batching {}, 1 CPU instance) "
-                 f"on both; perf_analyzer throughput, stability criterion 10 % over 3 windows; CPU = the server and "
-                 f"its children per inference (its own statistics); {plan.pairs} pair(s); frameserve with "
-                 f"serve's defaults (--grpc-cpus auto: its gRPC Python threads on CPU {_grpc_cpu()})")
+        rows.append(
+            Row(
+                f"(b) add_sub {label}: throughput spread frameserve / Triton",
+                wobble,
+                "<= 1.0, stable",
+                wobble <= 1.0 and unstable[0] == 0,
+                f"{unstable[0]} of {len(f)} frameserve runs missed perf_analyzer's stability criterion",
+            )
+        )
+    notes.append(
+        "(b) same model.py and config.pbtxt (max_batch_size 8, dynamic_batching {}, 1 CPU instance) "
+        f"on both; perf_analyzer throughput, stability criterion 10 % over 3 windows; CPU = the server and "
+        f"its children per inference (its own statistics); {plan.pairs} pair(s); frameserve with "
+        f"serve's defaults (--grpc-cpus auto: its gRPC Python threads on CPU {_grpc_cpu()})"
+    )
 
 
 def _grpc_cpu() -> str:
@@ -398,8 +443,20 @@ def setup_litserve(plan: Plan) -> Path:
     if not stamp.exists():
         base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
         subprocess.run([str(base), "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        f"litserve=={LITSERVE_VERSION}", f"onnxruntime=={ort.__version__}", "numpy"], check=True)
+        subprocess.run(
+            [
+                str(venv / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                f"litserve=={LITSERVE_VERSION}",
+                f"onnxruntime=={ort.__version__}",
+                "numpy",
+            ],
+            check=True,
+        )
         stamp.touch()
     return venv / "bin" / "python"
 
@@ -410,8 +467,13 @@ def litserve_server(python: Path, work: Path, model: Path, threads: int, batch: 
     app.write_text(LITSERVE_APP.format(side=SIDE))
     (port,) = free_ports(1)
     logf = (work / "litserve.log").open("w")
-    proc = subprocess.Popen([str(python), str(app), str(model), str(threads), str(port), str(batch)],
-                            stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(python), str(app), str(model), str(threads), str(port), str(batch)],
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -449,18 +511,32 @@ class Target:
 
 
 def frameserve_target(port: int, model: str, x: Array) -> Target:
-    header = json.dumps({"inputs": [{"name": "images", "shape": list(x.shape), "datatype": "FP32",
-                                     "parameters": {"binary_data_size": x.nbytes}}],
-                         "outputs": [{"name": "output0", "parameters": {"binary_data": True}}]}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "images",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "output0", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
 
     def decode(body: bytes, headers: dict[str, str]) -> Array:
         n = int(headers["inference-header-content-length"])
         meta = json.loads(body[:n])["outputs"][0]
         return np.frombuffer(body[n:], np.float32).reshape(meta["shape"])[0]
 
-    return Target(port, f"/v2/models/{model}/infer", header + x.tobytes(),
-                  {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"},
-                  decode)
+    return Target(
+        port,
+        f"/v2/models/{model}/infer",
+        header + x.tobytes(),
+        {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"},
+        decode,
+    )
 
 
 def litserve_target(port: int, x: Array) -> Target:
@@ -532,11 +608,15 @@ def part_c(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
     concurrencies = (4,) if plan.quick else (1, 4, 8)
     thr: dict[int, list[float]] = {c: [] for c in concurrencies}
     p99: dict[int, list[float]] = {c: [] for c in concurrencies}
-    with ServeProcess(repo, work / "home_c", "--threads", str(T)) as fs, \
-            litserve_server(python, work, model, T, 16) as ls_port:
+    with (
+        ServeProcess(repo, work / "home_c", "--threads", str(T)) as fs,
+        litserve_server(python, work, model, T, 16) as ls_port,
+    ):
         fs.wait_ready(timeout_s=180)
-        targets = {"frameserve": frameserve_target(fs.ports["HTTP"], "nudenet_db", x[0:1]),
-                   "LitServe": litserve_target(ls_port, x[0])}
+        targets = {
+            "frameserve": frameserve_target(fs.ports["HTTP"], "nudenet_db", x[0:1]),
+            "LitServe": litserve_target(ls_port, x[0]),
+        }
 
         def check(when: str) -> None:
             for name, t in targets.items():
@@ -547,6 +627,7 @@ def part_c(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
                     conn.close()
                 if not np.array_equal(got, want):
                     raise SystemExit(f"(c) {when}: {name} answered a different output0 than in-process ORT")
+
         check("before")
         for c in concurrencies:  # warm-up
             for t in targets.values():
@@ -557,27 +638,38 @@ def part_c(plan: Plan, work: Path, rows: Rows, notes: list[str]) -> None:
                 got = {n: load(targets[n], c, plan.load_s) for n in names}
                 thr[c].append(got["frameserve"][0] / got["LitServe"][0])
                 p99[c].append(got["frameserve"][1] / got["LitServe"][1])
-                log(f"  pair {i + 1} c={c}: frameserve {got['frameserve'][0]:.1f}/s p99 "
+                log(
+                    f"  pair {i + 1} c={c}: frameserve {got['frameserve'][0]:.1f}/s p99 "
                     f"{got['frameserve'][1] * 1e3:.1f} ms; LitServe {got['LitServe'][0]:.1f}/s p99 "
-                    f"{got['LitServe'][1] * 1e3:.1f} ms")
+                    f"{got['LitServe'][1] * 1e3:.1f} ms"
+                )
         check("after")
         assert fs.stop() == 0
     for c in concurrencies:
         t, p = median(thr[c]), median(p99[c])
         rows.append(Row(f"(c) c={c}: frameserve / LitServe throughput", t, ">= 1.1", t >= 1.1))
         rows.append(Row(f"(c) c={c}: frameserve / LitServe p99", p, "<= 1.0", p <= 1.0))
-    notes.append(f"(c) both: one ORT session, {T} intra-op threads, spinning off, batches up to 16 "
-                 "(frameserve: dynamic batching 500 us; LitServe: batch_timeout 0.5 ms); frameserve over "
-                 "binary HTTP, LitServe over JSON with base64 tensors (its request form); one Python "
-                 f"load generator (keep-alive http.client) for both; {plan.pairs} pair(s)")
+    notes.append(
+        f"(c) both: one ORT session, {T} intra-op threads, spinning off, batches up to 16 "
+        "(frameserve: dynamic batching 500 us; LitServe: batch_timeout 0.5 ms); frameserve over "
+        "binary HTTP, LitServe over JSON with base64 tensors (its request form); one Python "
+        f"load generator (keep-alive http.client) for both; {plan.pairs} pair(s)"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
 
 
-PARTS = {"a": "nudenet served vs in process", "b": "add_sub vs Triton", "c": "nudenet vs LitServe",
-         "d": "ensembles", "e": "front-end processes", "f": "sequences vs Triton", "g": "decoupled streaming vs Triton",
-         "h": "response-cache hits vs Triton"}
+PARTS = {
+    "a": "nudenet served vs in process",
+    "b": "add_sub vs Triton",
+    "c": "nudenet vs LitServe",
+    "d": "ensembles",
+    "e": "front-end processes",
+    "f": "sequences vs Triton",
+    "g": "decoupled streaming vs Triton",
+    "h": "response-cache hits vs Triton",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -591,9 +683,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny windows, 1 pair, figures meaningless")
     ap.add_argument("--pairs", type=int, default=None, help="interleaved repeats per figure (default 10; quick 1)")
     ap.add_argument("--threads", type=int, default=None, help="total inference threads (default: all CPUs)")
-    ap.add_argument("--parts", default="a,b,d,e",
-                    help="which parts to run, comma-separated: " + ", ".join(f"{k} ({v})" for k, v in PARTS.items())
-                    + " (default: issue 13's table, a,b,d,e)")
+    ap.add_argument(
+        "--parts",
+        default="a,b,d,e",
+        help="which parts to run, comma-separated: "
+        + ", ".join(f"{k} ({v})" for k, v in PARTS.items())
+        + " (default: issue 13's table, a,b,d,e)",
+    )
     ap.add_argument("--cache", type=Path, default=REPO / ".cache", help="where the LitServe venv goes")
     args = ap.parse_args(argv)
     plan = Plan.make(args)
@@ -606,8 +702,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         work = Path(tmp)
-        for name, fn in (("a", part_a), ("b", part_b), ("c", part_c), ("d", part_d), ("e", part_e), ("f", part_f),
-                         ("g", part_g), ("h", part_h)):
+        for name, fn in (
+            ("a", part_a),
+            ("b", part_b),
+            ("c", part_c),
+            ("d", part_d),
+            ("e", part_e),
+            ("f", part_f),
+            ("g", part_g),
+            ("h", part_h),
+        ):
             if name in parts:
                 fn(plan, work, rows, notes)
     print_table(plan, rows, notes, time.monotonic() - t0)
@@ -618,8 +722,10 @@ def print_table(plan: Plan, rows: Rows, notes: list[str], wall_s: float) -> None
     """The table, each ratio against its goal; under it the profile line of every goal not met,
     then the notes."""
     width = max(len(r.figure) for r in rows) if rows else 10
-    print(f"\nserving benchmark ({'quick: figures meaningless' if plan.quick else 'full'}; {plan.threads} threads, "
-          f"{os.cpu_count()} CPUs, {plan.pairs} pair(s), {wall_s:.0f} s)")
+    print(
+        f"\nserving benchmark ({'quick: figures meaningless' if plan.quick else 'full'}; {plan.threads} threads, "
+        f"{os.cpu_count()} CPUs, {plan.pairs} pair(s), {wall_s:.0f} s)"
+    )
     print(f"| {'figure':<{width}} | {'measured':>8} | {'goal':<14} | met? |")
     print(f"|{'-' * (width + 2)}|{'-' * 10}|{'-' * 16}|------|")
     for r in rows:

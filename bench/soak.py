@@ -148,20 +148,48 @@ def malformed(port: int, tally: Tally) -> Callable[[], None]:
     good = {"name": "a", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
     cases: list[tuple[str, str, dict[str, Any]]] = [
         ("bad json", "/v2/models/add/infer", {"content": b"{not json"}),
-        ("wrong shape", "/v2/models/add/infer",
-         {"json": {"inputs": [{**good, "shape": [1, 3]}, {**good, "name": "b"}]}}),
-        ("wrong datatype", "/v2/models/add/infer",
-         {"json": {"inputs": [{**good, "datatype": "INT8"}, {**good, "name": "b"}]}}),
+        (
+            "wrong shape",
+            "/v2/models/add/infer",
+            {"json": {"inputs": [{**good, "shape": [1, 3]}, {**good, "name": "b"}]}},
+        ),
+        (
+            "wrong datatype",
+            "/v2/models/add/infer",
+            {"json": {"inputs": [{**good, "datatype": "INT8"}, {**good, "name": "b"}]}},
+        ),
         ("unknown model", "/v2/models/nosuch/infer", {"json": {"inputs": [good]}}),
-        ("huge shape", "/v2/models/add/infer",
-         {"json": {"inputs": [{**good, "shape": [0, 2**40, 2**40, 2**40], "data": []}, {**good, "name": "b"}]}}),
-        ("truncated binary", "/v2/models/add/infer",
-         {"content": json.dumps({"inputs": [{"name": "a", "shape": [1, 4], "datatype": "FP32",
-                                             "parameters": {"binary_data_size": 16}}]}).encode() + b"\0" * 7,
-          "headers": {"Inference-Header-Content-Length": "92"}}),
-        ("traversal override", "/v2/repository/models/scale/load",
-         {"json": {"parameters": {"config": json.dumps({"backend": "python",
-                                                         "default_model_filename": "../../../x/model.py"})}}}),
+        (
+            "huge shape",
+            "/v2/models/add/infer",
+            {"json": {"inputs": [{**good, "shape": [0, 2**40, 2**40, 2**40], "data": []}, {**good, "name": "b"}]}},
+        ),
+        (
+            "truncated binary",
+            "/v2/models/add/infer",
+            {
+                "content": json.dumps(
+                    {
+                        "inputs": [
+                            {"name": "a", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}
+                        ]
+                    }
+                ).encode()
+                + b"\0" * 7,
+                "headers": {"Inference-Header-Content-Length": "92"},
+            },
+        ),
+        (
+            "traversal override",
+            "/v2/repository/models/scale/load",
+            {
+                "json": {
+                    "parameters": {
+                        "config": json.dumps({"backend": "python", "default_model_filename": "../../../x/model.py"})
+                    }
+                }
+            },
+        ),
         ("long name", "/v2/models/" + "m" * 5000 + "/infer", {"json": {"inputs": [good]}}),
     ]
     i = [0]
@@ -252,8 +280,13 @@ def sample(proc: psutil.Process, port: int) -> dict[str, float]:
         t0 = time.perf_counter()
         httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=10)
         lat.append(time.perf_counter() - t0)
-    return {"t_s": time.monotonic(), "rss_mib": rss / 2**20, "fds": fds, "threads": threads,
-            "health_ms": 1000 * max(lat)}
+    return {
+        "t_s": time.monotonic(),
+        "rss_mib": rss / 2**20,
+        "fds": fds,
+        "threads": threads,
+        "health_ms": 1000 * max(lat),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     home = work / "home"
     (home / "storage").mkdir(parents=True)
     (home / "assets").mkdir()
-    (home / "assets" / "nudenet-320n.onnx").symlink_to(assets.ensure("nudenet-320n.onnx", Settings.from_env().assets_dir))
+    (home / "assets" / "nudenet-320n.onnx").symlink_to(
+        assets.ensure("nudenet-320n.onnx", Settings.from_env().assets_dir)
+    )
     make_video(home / "storage" / "clip.mp4", 24, size=(96, 64), noise=True)
     repo = make_repository(work / "models")
     tally = Tally()
@@ -288,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
             ("scale", scale_calls(http_port, tally, rng), 0.02),
             ("job", jobs(http_port, tally, home, stop), args.job_every_s),
         ]
-        threads = [threading.Thread(target=_loop, args=(stop, tally, k, s, p), daemon=True, name=k) for k, s, p in loops]
+        threads = [
+            threading.Thread(target=_loop, args=(stop, tally, k, s, p), daemon=True, name=k) for k, s, p in loops
+        ]
         for t in threads:
             t.start()
         end = time.monotonic() + 60 * args.minutes
@@ -296,9 +333,12 @@ def main(argv: list[str] | None = None) -> int:
             while time.monotonic() < end and server.proc.poll() is None:
                 samples.append(sample(proc, http_port))
                 s = samples[-1]
-                print(f"  {len(samples):4d}  rss {s['rss_mib']:8.1f} MiB  fds {s['fds']:4.0f}  threads {s['threads']:4.0f}"
-                      f"  health max {s['health_ms']:6.1f} ms  ok {sum(tally.ok.values())}"
-                      f"  unexpected {sum(tally.unexpected.values())}  wrong {sum(tally.wrong.values())}", flush=True)
+                print(
+                    f"  {len(samples):4d}  rss {s['rss_mib']:8.1f} MiB  fds {s['fds']:4.0f}  threads {s['threads']:4.0f}"
+                    f"  health max {s['health_ms']:6.1f} ms  ok {sum(tally.ok.values())}"
+                    f"  unexpected {sum(tally.unexpected.values())}  wrong {sum(tally.wrong.values())}",
+                    flush=True,
+                )
                 time.sleep(args.sample_s)
         except KeyboardInterrupt:
             print("interrupted: reporting what was measured")

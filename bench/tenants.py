@@ -99,8 +99,7 @@ def fair_latency(url: str, root: Path, *, backlog: int, probes: int, job_s: floa
 
     for _ in range(backlog):
         store.submit(spec("tenant-a"))
-    workers = [Worker(store, Storage(file_roots=[root]), work, lease_s=60, poll_s=1.0, quotas=quotas)
-               for _ in range(2)]
+    workers = [Worker(store, Storage(file_roots=[root]), work, lease_s=60, poll_s=1.0, quotas=quotas) for _ in range(2)]
     for w in workers:
         w.start()
     time.sleep(0.5)  # the workers are busy with A's backlog (or idle when it is empty)
@@ -127,7 +126,8 @@ def fair_latency(url: str, root: Path, *, backlog: int, probes: int, job_s: floa
 def part_a(args: argparse.Namespace, rows: list[tuple[str, float, str, bool]]) -> None:
     backlog, probes = (100, 5) if args.quick else (1000, 20)
     dbs: list[tuple[str, Callable[[int], str]]] = [
-        ("SQLite", lambda i: f"sqlite:///{tempfile.mkdtemp(prefix='fs-bench-')}/jobs.db")]
+        ("SQLite", lambda i: f"sqlite:///{tempfile.mkdtemp(prefix='fs-bench-')}/jobs.db")
+    ]
     pg = _pg_urls(2 * args.pairs)
     if pg is not None:
         pg_urls = pg[0]
@@ -139,14 +139,23 @@ def part_a(args: argparse.Namespace, rows: list[tuple[str, float, str, bool]]) -
                 root = Path(tempfile.mkdtemp(prefix="fs-bench-root-"))
                 (root / "v.mp4").write_bytes(b"v")  # the source each job downloads (else every job fails at once)
                 empty.append(statistics.median(fair_latency(make(2 * i), root, backlog=0, probes=probes, job_s=0.05)))
-                full.append(statistics.median(fair_latency(make(2 * i + 1), root, backlog=backlog, probes=probes,
-                                                           job_s=0.05)))
+                full.append(
+                    statistics.median(fair_latency(make(2 * i + 1), root, backlog=backlog, probes=probes, job_s=0.05))
+                )
                 log(f"(a) {label} pair {i}: empty {empty[-1]:.1f} ms, backlog {full[-1]:.1f} ms")
             ratio = statistics.median(full) / max(statistics.median(empty), 1e-3)
-            rows.append((f"(a) B's job latency, A has {backlog} queued ÷ empty queue ({label}, 2 workers)",
-                         ratio, "<= 1.5", ratio <= 1.5))
-            print(f"    p50 B latency: empty {statistics.median(empty):.1f} ms, with A's backlog "
-                  f"{statistics.median(full):.1f} ms")
+            rows.append(
+                (
+                    f"(a) B's job latency, A has {backlog} queued ÷ empty queue ({label}, 2 workers)",
+                    ratio,
+                    "<= 1.5",
+                    ratio <= 1.5,
+                )
+            )
+            print(
+                f"    p50 B latency: empty {statistics.median(empty):.1f} ms, with A's backlog "
+                f"{statistics.median(full):.1f} ms"
+            )
     finally:
         if pg is not None:
             pg[1]()
@@ -185,8 +194,9 @@ class AbuseProcess:
 
         ctx = mp.get_context("spawn")
         self._stop, self._out = ctx.Event(), ctx.Queue()
-        self._proc = ctx.Process(target=_abuse_main, args=(http, grpc, bad_token, only, self._stop, self._out),
-                                 daemon=True)
+        self._proc = ctx.Process(
+            target=_abuse_main, args=(http, grpc, bad_token, only, self._stop, self._out), daemon=True
+        )
         self.counts: dict[str, int] = {}
 
     def start(self) -> None:
@@ -273,8 +283,12 @@ class Abuse:
     def _trickle(self) -> None:
         s = _raw(self.http)
         try:
-            s.sendall((f"POST /v1/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {self.bad}\r\n"
-                       "Content-Type: multipart/form-data; boundary=xx\r\nContent-Length: 1000000\r\n\r\n").encode())
+            s.sendall(
+                (
+                    f"POST /v1/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {self.bad}\r\n"
+                    "Content-Type: multipart/form-data; boundary=xx\r\nContent-Length: 1000000\r\n\r\n"
+                ).encode()
+            )
             for _ in range(10):
                 if self.stopping.wait(2):
                     break
@@ -286,8 +300,12 @@ class Abuse:
         s = _raw(self.http)
         try:
             n = 64 << 20
-            s.sendall((f"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                       f"Content-Type: application/json\r\nContent-Length: {n}\r\n\r\n").encode())
+            s.sendall(
+                (
+                    f"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {n}\r\n\r\n"
+                ).encode()
+            )
             chunk = b" " * (1 << 20)
             for _ in range(64):
                 if self.stopping.is_set():
@@ -305,8 +323,12 @@ class Abuse:
 
         n = DEFAULT_LIMITS.max_bytes_elements  # the most one request may carry
         body = json.dumps({"inputs": [{"name": "text", "shape": [n, 1], "datatype": "BYTES", "data": [""] * n}]})
-        httpx.post(f"http://127.0.0.1:{self.http}/v2/models/strings/infer", content=body,
-                   headers={"Authorization": f"Bearer {self.bad}", "Content-Type": "application/json"}, timeout=30)
+        httpx.post(
+            f"http://127.0.0.1:{self.http}/v2/models/strings/infer",
+            content=body,
+            headers={"Authorization": f"Bearer {self.bad}", "Content-Type": "application/json"},
+            timeout=30,
+        )
 
     def _grpc_inputs(self) -> None:
         import grpc
@@ -320,10 +342,15 @@ class Abuse:
             t.datatype = "FP32"
             t.shape.append(1)
         data = req.SerializeToString()
-        with grpc.insecure_channel(f"127.0.0.1:{self.grpc}", options=[("grpc.max_send_message_length", 64 << 20),
-                                                                      ("grpc.max_receive_message_length", 64 << 20)]) as ch:
-            call = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer",
-                                  request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        with grpc.insecure_channel(
+            f"127.0.0.1:{self.grpc}",
+            options=[("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)],
+        ) as ch:
+            call = ch.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=lambda b: b,
+                response_deserializer=lambda b: b,
+            )
             while not self.stopping.is_set():
                 try:
                     call(data, metadata=[("authorization", f"Bearer {self.bad}")], timeout=30)
@@ -334,12 +361,20 @@ class Abuse:
     def _flood(self) -> None:
         import httpx
 
-        body = json.dumps({"inputs": [{"name": n, "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}
-                                      for n in ("INPUT0", "INPUT1")]})
+        body = json.dumps(
+            {
+                "inputs": [
+                    {"name": n, "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16} for n in ("INPUT0", "INPUT1")
+                ]
+            }
+        )
         with httpx.Client(timeout=30) as c:
             while not self.stopping.is_set():
-                c.post(f"http://127.0.0.1:{self.http}/v2/models/add_sub/infer", content=body,
-                       headers={"Authorization": f"Bearer {self.bad}", "Content-Type": "application/json"})
+                c.post(
+                    f"http://127.0.0.1:{self.http}/v2/models/add_sub/infer",
+                    content=body,
+                    headers={"Authorization": f"Bearer {self.bad}", "Content-Type": "application/json"},
+                )
                 self._count("infer flood (sent)")
 
 
@@ -406,8 +441,15 @@ def _health_only(http: int, seconds: float) -> list[float]:
     return out
 
 
-ABUSE_KINDS = ("idle connections", "half headers", "trickled analyze upload", "anonymous 64 MiB body",
-               "JSON BYTES worst case", "gRPC too many inputs", "infer flood")
+ABUSE_KINDS = (
+    "idle connections",
+    "half headers",
+    "trickled analyze upload",
+    "anonymous 64 MiB body",
+    "JSON BYTES worst case",
+    "gRPC too many inputs",
+    "infer flood",
+)
 """The abuses of part (b), by the names :class:`Abuse` counts them under."""
 
 _UNIT = {"idle connections": 25, "half headers": 25}
@@ -432,11 +474,22 @@ class _Bench:
         tokens = tmp / f"tokens{workers}.txt"
         tokens.write_text(f"{self.good} infer,jobs good\n{self.bad} infer,jobs bad\n{admin} admin ops\n")
         quotas = tmp / "quotas.yaml"
-        quotas.write_text("default:\n  infer_rate: 100\n  infer_concurrency: 8\n  analyze_concurrency: 1\n"
-                          "tenants:\n  good:\n    infer_rate: 1000\n")
-        self.serve = ServeProcess(repo, tmp / f"home{workers}", "--auth-token-file", str(tokens), "--quotas",
-                                  str(quotas), "--http-workers", str(workers), "--file-root",
-                                  str(tmp / "files" / "{tenant}"))
+        quotas.write_text(
+            "default:\n  infer_rate: 100\n  infer_concurrency: 8\n  analyze_concurrency: 1\n"
+            "tenants:\n  good:\n    infer_rate: 1000\n"
+        )
+        self.serve = ServeProcess(
+            repo,
+            tmp / f"home{workers}",
+            "--auth-token-file",
+            str(tokens),
+            "--quotas",
+            str(quotas),
+            "--http-workers",
+            str(workers),
+            "--file-root",
+            str(tmp / "files" / "{tenant}"),
+        )
         self.serve.wait_line("ready", 120)
         self.http, self.grpc = self.serve.ports["HTTP"], self.serve.ports["gRPC"]
 
@@ -464,9 +517,14 @@ def per_abuse(args: argparse.Namespace) -> None:
                 c0 = bench.cpu()
                 base = _health_only(bench.http, seconds)
                 per_probe = (bench.cpu() - c0) / len(base)  # the server's CPU per health probe (and idle time)
-                print(f"--http-workers {workers}: no abuse: health p99 {p(base, 0.99):.1f} ms, server CPU "
-                      f"{per_probe * 1e6:.0f} µs per health probe (load {os.getloadavg()[0]:.2f})", flush=True)
-                print(f"  {'abuse':<26} {'requests':>9} {'CPU µs/req':>11} {'CPU %':>6} {'health p99 ms':>14} {'load':>5}")
+                print(
+                    f"--http-workers {workers}: no abuse: health p99 {p(base, 0.99):.1f} ms, server CPU "
+                    f"{per_probe * 1e6:.0f} µs per health probe (load {os.getloadavg()[0]:.2f})",
+                    flush=True,
+                )
+                print(
+                    f"  {'abuse':<26} {'requests':>9} {'CPU µs/req':>11} {'CPU %':>6} {'health p99 ms':>14} {'load':>5}"
+                )
                 for kind in kinds:
                     c0, t0 = bench.cpu(), time.monotonic()
                     abuse = AbuseProcess(bench.http, bench.grpc, bench.bad, [kind])
@@ -483,8 +541,11 @@ def per_abuse(args: argparse.Namespace) -> None:
                         n *= _UNIT.get(kind, 1)
                     n = max(n, 1)
                     spent = (c1 - c0) - per_probe * len(h)  # less the health probes' share
-                    print(f"  {kind:<26} {n:>9} {spent / n * 1e6:>11.0f} {spent / (t1 - t0) * 100:>6.1f} {p(h, 0.99):>14.1f} "
-                          f"{os.getloadavg()[0]:>5.2f}   {counts}", flush=True)
+                    print(
+                        f"  {kind:<26} {n:>9} {spent / n * 1e6:>11.0f} {spent / (t1 - t0) * 100:>6.1f} {p(h, 0.99):>14.1f} "
+                        f"{os.getloadavg()[0]:>5.2f}   {counts}",
+                        flush=True,
+                    )
             finally:
                 bench.close()
     finally:
@@ -518,21 +579,31 @@ def part_b(args: argparse.Namespace, rows: list[tuple[str, float, str, bool]]) -
                     counts = abuse.counts
                     ab_h.append(p(h, 0.99))
                     ab_i.append(p(inf, 0.99))
-                    log(f"(b) --http-workers {workers} pair {i}: health p99 {base_h[-1]:.1f} -> {ab_h[-1]:.1f} ms, "
+                    log(
+                        f"(b) --http-workers {workers} pair {i}: health p99 {base_h[-1]:.1f} -> {ab_h[-1]:.1f} ms, "
                         f"infer p99 {base_i[-1]:.1f} -> {ab_i[-1]:.1f} ms, server CPU {base_cpu[-1]:.0f} -> "
-                        f"{ab_cpu[-1]:.0f} % (load {os.getloadavg()[0]:.2f})")
-                print(f"    --http-workers {workers}: health p99 {statistics.median(base_h):.1f} -> "
-                      f"{statistics.median(ab_h):.1f} ms; infer p99 {statistics.median(base_i):.1f} -> "
-                      f"{statistics.median(ab_i):.1f} ms; server CPU {statistics.median(base_cpu):.0f} -> "
-                      f"{statistics.median(ab_cpu):.0f} % of one CPU; load {os.getloadavg()[0]:.2f}; "
-                      f"abuse counts {counts}")
+                        f"{ab_cpu[-1]:.0f} % (load {os.getloadavg()[0]:.2f})"
+                    )
+                print(
+                    f"    --http-workers {workers}: health p99 {statistics.median(base_h):.1f} -> "
+                    f"{statistics.median(ab_h):.1f} ms; infer p99 {statistics.median(base_i):.1f} -> "
+                    f"{statistics.median(ab_i):.1f} ms; server CPU {statistics.median(base_cpu):.0f} -> "
+                    f"{statistics.median(ab_cpu):.0f} % of one CPU; load {os.getloadavg()[0]:.2f}; "
+                    f"abuse counts {counts}"
+                )
             finally:
                 bench.close()
             rh = statistics.median(ab_h) / statistics.median(base_h)
             ri = statistics.median(ab_i) / statistics.median(base_i)
             rows.append((f"(b) health p99 under abuse ÷ without (--http-workers {workers})", rh, "<= 1.5", rh <= 1.5))
-            rows.append((f"(b) good tenant's infer p99 under abuse ÷ without (--http-workers {workers})", ri, "<= 1.5",
-                         ri <= 1.5))
+            rows.append(
+                (
+                    f"(b) good tenant's infer p99 under abuse ÷ without (--http-workers {workers})",
+                    ri,
+                    "<= 1.5",
+                    ri <= 1.5,
+                )
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -571,18 +642,25 @@ def part_c(args: argparse.Namespace, rows: list[tuple[str, float, str, bool]]) -
     def rate(tree: Path) -> float:
         db = Path(tempfile.mkdtemp(prefix="fs-bench-c-")) / "jobs.db"
         env = {**os.environ, "PYTHONPATH": str(tree)}
-        out = subprocess.run([sys.executable, "-c", DRAIN, f"sqlite:///{db}", str(n)], env=env, check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", DRAIN, f"sqlite:///{db}", str(n)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         return float(out.strip().splitlines()[-1])
 
     got: dict[str, list[float]] = {"fair": [], "baseline": []}
     for i in range(max(3, args.pairs)):
-        for name in (("fair", "baseline") if i % 2 == 0 else ("baseline", "fair")):
+        for name in ("fair", "baseline") if i % 2 == 0 else ("baseline", "fair"):
             got[name].append(rate(trees[name]))
         log(f"(c) round {i}: fair {got['fair'][-1]:.0f}/s, baseline {got['baseline'][-1]:.0f}/s")
     ratio = statistics.median(got["fair"]) / statistics.median(got["baseline"])
-    print(f"    SQLite claim+complete: fair {statistics.median(got['fair']):.0f}/s, "
-          f"{args.baseline_rev} {statistics.median(got['baseline']):.0f}/s")
+    print(
+        f"    SQLite claim+complete: fair {statistics.median(got['fair']):.0f}/s, "
+        f"{args.baseline_rev} {statistics.median(got['baseline']):.0f}/s"
+    )
     rows.append(("(c) fair claim jobs/s ÷ the baseline claim (SQLite, 3 tenants)", ratio, ">= 0.9", ratio >= 0.9))
     shutil.rmtree(base_src.parent, ignore_errors=True)
 
@@ -594,10 +672,17 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=None, help="interleaved A/B pairs per figure (default 3; quick 1)")
     ap.add_argument("--abuse", action="append", help="(b): run only the abuses whose name holds this (repeatable)")
     ap.add_argument("--workers", type=int, action="append", help="(b): the --http-workers to run (default 1 and 2)")
-    ap.add_argument("--seconds", type=float, default=None,
-                    help="(b): seconds each measurement window lasts (default 15; --per-abuse 10; quick 4)")
-    ap.add_argument("--per-abuse", action="store_true",
-                    help="(b): each abuse alone: the server's CPU µs per abusive request and health p99")
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="(b): seconds each measurement window lasts (default 15; --per-abuse 10; quick 4)",
+    )
+    ap.add_argument(
+        "--per-abuse",
+        action="store_true",
+        help="(b): each abuse alone: the server's CPU µs per abusive request and health p99",
+    )
     ap.add_argument("--baseline-rev", default=BASELINE_REV, help="the commit whose claim (c) compares against")
     args = ap.parse_args()
     args.pairs = args.pairs or (1 if args.quick else 3)

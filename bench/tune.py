@@ -68,7 +68,9 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
-def run_tune(label: str, model: Path, video: Path, out: Path, args: argparse.Namespace, *, exhaustive: bool = False) -> tuple[TuneResult, float]:
+def run_tune(
+    label: str, model: Path, video: Path, out: Path, args: argparse.Namespace, *, exhaustive: bool = False
+) -> tuple[TuneResult, float]:
     log(f"== {label}: tune{' (exhaustive)' if exhaustive else ''} -> {out}")
     t0 = time.monotonic()
 
@@ -77,20 +79,34 @@ def run_tune(label: str, model: Path, video: Path, out: Path, args: argparse.Nam
         tail = trial.error if m is None else f"{m.throughput:.1f}/s p99 {m.p99_ms:.1f} ms"
         log(f"   [{done}/{planned}] {trial.phase:8s} {trial.candidate.key}  c{trial.concurrency}: {tail}")
 
-    result = tune(model, calibration=video, pipeline="nudenet", p99_ms=args.p99_ms, time_budget_s=args.budget_s,
-                  shapes=SHAPE, out=out, max_configs=args.max_configs, exhaustive=exhaustive, progress=progress,
-                  on_stage=lambda line: log(f"   {line}"))
+    result = tune(
+        model,
+        calibration=video,
+        pipeline="nudenet",
+        p99_ms=args.p99_ms,
+        time_budget_s=args.budget_s,
+        shapes=SHAPE,
+        out=out,
+        max_configs=args.max_configs,
+        exhaustive=exhaustive,
+        progress=progress,
+        on_stage=lambda line: log(f"   {line}"),
+    )
     wall = time.monotonic() - t0
-    log(f"   winner {result.search.winner.key if result.search.winner else None} ({len(result.search.trials)} trials, {wall:.0f} s)")
+    log(
+        f"   winner {result.search.winner.key if result.search.winner else None} ({len(result.search.trials)} trials, {wall:.0f} s)"
+    )
     return result, wall
 
 
-def side_by_side(folders: dict[str, tuple[Path, int]], settings: MeasureSettings, rounds: int) -> dict[str, list[float]]:
+def side_by_side(
+    folders: dict[str, tuple[Path, int]], settings: MeasureSettings, rounds: int
+) -> dict[str, list[float]]:
     """Each folder's winner served in process (its own config, the service's batcher), measured
     in interleaved rounds at its operating point: throughput per round."""
     out: dict[str, list[float]] = {k: [] for k in folders}
     for r in range(rounds):
-        order = list(folders)[r % len(folders):] + list(folders)[: r % len(folders)]
+        order = list(folders)[r % len(folders) :] + list(folders)[: r % len(folders)]
         for label in order:
             folder, conc = folders[label]
             with InferenceService(ModelRepository(folder)) as service:
@@ -103,25 +119,42 @@ def side_by_side(folders: dict[str, tuple[Path, int]], settings: MeasureSettings
     return out
 
 
-def served(default_repo: Path, tuned_repo: Path, home: Path, args: argparse.Namespace, settings: MeasureSettings) -> dict[str, list[float]]:
+def served(
+    default_repo: Path, tuned_repo: Path, home: Path, args: argparse.Namespace, settings: MeasureSettings
+) -> dict[str, list[float]]:
     """Both servers up; per round and side, the best throughput over concurrencies with p99 <= the bound."""
     budget = system_info().cpu_budget
     best: dict[str, list[float]] = {"default": [], "tuned": []}
-    with ServeProcess(default_repo, home / "a", "--no-jobs", "--threads", str(budget)) as a, \
-            ServeProcess(tuned_repo, home / "b", "--no-jobs") as b:
+    with (
+        ServeProcess(default_repo, home / "a", "--no-jobs", "--threads", str(budget)) as a,
+        ServeProcess(tuned_repo, home / "b", "--no-jobs") as b,
+    ):
         a.wait_ready(120)
         b.wait_ready(120)
         servers = {"default": a, "tuned": b}
         for r in range(args.rounds):
-            for label in (("default", "tuned") if r % 2 == 0 else ("tuned", "default")):
+            for label in ("default", "tuned") if r % 2 == 0 else ("tuned", "default"):
                 srv = servers[label]
-                res = perf(url=f"http://127.0.0.1:{srv.ports['HTTP']}", model="nudenet", shapes=SHAPE,
-                           batches=[1], concurrencies=args.concurrencies, settings=settings, server_pid=srv.proc.pid)
-                ok = [row.measurement for row in res.rows if row.measurement is not None and row.measurement.p99_ms <= args.p99_ms]
+                res = perf(
+                    url=f"http://127.0.0.1:{srv.ports['HTTP']}",
+                    model="nudenet",
+                    shapes=SHAPE,
+                    batches=[1],
+                    concurrencies=args.concurrencies,
+                    settings=settings,
+                    server_pid=srv.proc.pid,
+                )
+                ok = [
+                    row.measurement
+                    for row in res.rows
+                    if row.measurement is not None and row.measurement.p99_ms <= args.p99_ms
+                ]
                 value = max((m.throughput for m in ok), default=0.0)
                 best[label].append(value)
-                log(f"   round {r + 1} served {label}: {value:.1f}/s at p99 <= {args.p99_ms:g} ms "
-                    f"({', '.join(f'c{row.concurrency} {row.measurement.throughput:.0f}/s {row.measurement.p99_ms:.0f}ms' for row in res.rows if row.measurement)})")
+                log(
+                    f"   round {r + 1} served {label}: {value:.1f}/s at p99 <= {args.p99_ms:g} ms "
+                    f"({', '.join(f'c{row.concurrency} {row.measurement.throughput:.0f}/s {row.measurement.p99_ms:.0f}ms' for row in res.rows if row.measurement)})"
+                )
         a.stop()
         b.stop()
     return best
@@ -134,11 +167,14 @@ def int8_alone(model: Path, int8_file: Path, settings: MeasureSettings, rounds: 
     got: dict[tuple[str, str], list[float]] = {}
     for r in range(rounds):
         for backend in ("onnxruntime", "openvino"):
-            for precision in (("fp32", "int8") if r % 2 == 0 else ("int8", "fp32")):
+            for precision in ("fp32", "int8") if r % 2 == 0 else ("int8", "fp32"):
                 service = InferenceService()  # measured as tune and perf measure: through the server's path
                 try:
-                    cfg = service.register("nudenet", files[precision], config={
-                        "backend": backend, "parameters": {"precision": precision, "threads": str(budget)}})
+                    cfg = service.register(
+                        "nudenet",
+                        files[precision],
+                        config={"backend": backend, "parameters": {"precision": precision, "threads": str(budget)}},
+                    )
                     x = make_inputs(cfg.inputs, max_batch_size=cfg.max_batch_size or 0, batch=1, shapes=SHAPE)
                     m = measure(ServiceTarget(service, "nudenet"), x, batch=1, concurrency=1, settings=settings)
                 finally:
@@ -177,7 +213,11 @@ def main() -> None:
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.max_configs = 24 if args.quick else 150
     args.concurrencies = [1, 4] if args.quick else [1, 2, 4, 8, 16]
-    window = MeasureSettings(window_s=0.5, warmup_s=0.3, max_windows=3) if args.quick else MeasureSettings(window_s=2.0, warmup_s=1.0, max_windows=6)
+    window = (
+        MeasureSettings(window_s=0.5, warmup_s=0.3, max_windows=3)
+        if args.quick
+        else MeasureSettings(window_s=2.0, warmup_s=1.0, max_windows=6)
+    )
     machine = system_info()
     assets_dir = Settings.from_env().assets_dir
     nudenet = assets.ensure("nudenet-320n.onnx", assets_dir)
@@ -189,8 +229,14 @@ def main() -> None:
         shutil.copy(nudenet, model / "1" / "model.onnx")
         if args.int8_only:
             q = quantize(model, calibration=video, pipeline="nudenet", out=work / "int8")
-            alone = int8_alone(model, work / "int8" / "nudenet" / "2" / "model.onnx", window, args.rounds) if q.passed else {}
-            print(f"\nbench/tune.py --int8-only on {cpu_model()} ({machine.cpu_budget} CPUs; {' '.join(sorted(machine.flags))})")
+            alone = (
+                int8_alone(model, work / "int8" / "nudenet" / "2" / "model.onnx", window, args.rounds)
+                if q.passed
+                else {}
+            )
+            print(
+                f"\nbench/tune.py --int8-only on {cpu_model()} ({machine.cpu_budget} CPUs; {' '.join(sorted(machine.flags))})"
+            )
             print(f"int8: {q.settings.describe()}\ngate: {q.gate.summary()}")
             for k, v in alone.items():
                 print(f"  {k:24s} {v:9.2f}{'x' if ' ' not in k else '/s'}")
@@ -199,13 +245,22 @@ def main() -> None:
         b, wall_b = run_tune("run 2", model, video, work / "tune2", args)
         e, wall_e = run_tune("exhaustive", model, video, work / "exhaustive", args, exhaustive=True)
         log("== side by side: tune run 1, run 2 and the exhaustive winner (in process, the server's batcher)")
-        sbs = side_by_side({"run 1": (work / "tune1", a.search.winner_concurrency), "run 2": (work / "tune2", b.search.winner_concurrency),
-                            "exhaustive": (work / "exhaustive", e.search.winner_concurrency)}, window, args.rounds)
+        sbs = side_by_side(
+            {
+                "run 1": (work / "tune1", a.search.winner_concurrency),
+                "run 2": (work / "tune2", b.search.winner_concurrency),
+                "exhaustive": (work / "exhaustive", e.search.winner_concurrency),
+            },
+            window,
+            args.rounds,
+        )
         log("== served: default repository vs tune run 1's folder, side by side by perf over HTTP")
         srv = served(model.parent, work / "tune1", work / "home", args, window)
         log("== int8 alone")
         q = quantize(model, calibration=video, pipeline="nudenet", out=work / "int8")
-        alone = int8_alone(model, work / "int8" / "nudenet" / "2" / "model.onnx", window, args.rounds) if q.passed else {}
+        alone = (
+            int8_alone(model, work / "int8" / "nudenet" / "2" / "model.onnx", window, args.rounds) if q.passed else {}
+        )
         report(args, machine, a, b, e, wall_a, wall_b, sbs, srv, alone, q)
     finally:
         if args.keep:
@@ -214,8 +269,19 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report(args: argparse.Namespace, machine: Any, a: TuneResult, b: TuneResult, e: TuneResult, wall_a: float, wall_b: float,
-           sbs: dict[str, list[float]], srv: dict[str, list[float]], alone: dict[str, float], q: Any) -> None:
+def report(
+    args: argparse.Namespace,
+    machine: Any,
+    a: TuneResult,
+    b: TuneResult,
+    e: TuneResult,
+    wall_a: float,
+    wall_b: float,
+    sbs: dict[str, list[float]],
+    srv: dict[str, list[float]],
+    alone: dict[str, float],
+    q: Any,
+) -> None:
     served_ratio = med(srv["tuned"]) / med(srv["default"]) if med(srv["default"]) > 0 else math.nan
     win = a.search.winner
     if win is not None and win.engine.precision == "int8" and a.int8 is not None:
@@ -231,29 +297,52 @@ def report(args: argparse.Namespace, machine: Any, a: TuneResult, b: TuneResult,
         (f"served tuned / default, p99 <= {args.p99_ms:g} ms", f"{served_ratio:.2f}x", ">= 1.8x", served_ratio >= 1.8),
         ("accuracy change of the winner (unmatched share vs fp32)", f"{acc:.1%}", "<= 1 %", acc <= 0.01),
         ("tune best / exhaustive best (side by side)", f"{vs_exh:.3f}", ">= 0.95", vs_exh >= 0.95),
-        ("tune trials / exhaustive trials", f"{len(a.search.trials)}/{len(e.search.trials)} = {share:.2f}", "<= 1/3", share <= 1 / 3),
-        ("whole tune, run 1 / run 2 (wall, incl. quantization)", f"{wall_a / 60:.1f} / {wall_b / 60:.1f} min", "<= 10 min",
-         max(wall_a, wall_b) <= 600),
+        (
+            "tune trials / exhaustive trials",
+            f"{len(a.search.trials)}/{len(e.search.trials)} = {share:.2f}",
+            "<= 1/3",
+            share <= 1 / 3,
+        ),
+        (
+            "whole tune, run 1 / run 2 (wall, incl. quantization)",
+            f"{wall_a / 60:.1f} / {wall_b / 60:.1f} min",
+            "<= 10 min",
+            max(wall_a, wall_b) <= 600,
+        ),
         ("run 2 winner / run 1 winner (side by side)", f"{repeat:.3f}", "within 5 %", abs(repeat - 1) <= 0.05),
     ]
     for backend in ("onnxruntime", "openvino"):
         if backend in alone:
-            rows.append((f"int8 alone / fp32, {backend} (1 instance, all threads, batch 1)", f"{alone[backend]:.2f}x", "(what this CPU gives)", None))
-    print(f"\nbench/tune.py{' --quick (figures meaningless)' if args.quick else ''} on {cpu_model()} "
-          f"({machine.cpu_budget} CPUs; {' '.join(sorted(machine.flags))})")
+            rows.append(
+                (
+                    f"int8 alone / fp32, {backend} (1 instance, all threads, batch 1)",
+                    f"{alone[backend]:.2f}x",
+                    "(what this CPU gives)",
+                    None,
+                )
+            )
+    print(
+        f"\nbench/tune.py{' --quick (figures meaningless)' if args.quick else ''} on {cpu_model()} "
+        f"({machine.cpu_budget} CPUs; {' '.join(sorted(machine.flags))})"
+    )
     print(f"{'figure':62s} {'value':>22s}  {'goal':>22s}  met")
     for name, value, goal, met in rows:
         print(f"{name:62s} {value:>22s}  {goal:>22s}  {'' if met is None else ('yes' if met else 'NO')}")
     print("\nmedians (inferences/s):")
-    for label, vals in {**{f"served {k}": v for k, v in srv.items()}, **{f"in process {k}": v for k, v in sbs.items()}}.items():
+    for label, vals in {
+        **{f"served {k}": v for k, v in srv.items()},
+        **{f"in process {k}": v for k, v in sbs.items()},
+    }.items():
         print(f"  {label:28s} {med(vals):9.1f}  ({', '.join(f'{v:.1f}' for v in vals)})")
     for k, v in alone.items():
         if " " in k:
             print(f"  int8 alone: {k:16s} {v:9.1f}")
     for label, r in (("run 1", a), ("run 2", b), ("exhaustive", e)):
         s = r.search
-        print(f"\n{label}: winner {s.winner.key if s.winner else None}  c{s.winner_concurrency}; {len(s.trials)} trials, "
-              f"space {len(r.space)}, stopped by {s.stopped_by}; confidence {s.confidence['level']}: {s.confidence['text']}")
+        print(
+            f"\n{label}: winner {s.winner.key if s.winner else None}  c{s.winner_concurrency}; {len(s.trials)} trials, "
+            f"space {len(r.space)}, stopped by {s.stopped_by}; confidence {s.confidence['level']}: {s.confidence['text']}"
+        )
         for m in s.moves:
             gain = "" if m["gain"] is None else f" ({m['gain']:+.1%})"
             print(f"  move {m['dimension']:8s}: {m['from']}  ->  {m['to']}{gain}")

@@ -80,7 +80,11 @@ def make_long_video(src: Path, dst: Path, seconds: float, size: tuple[int, int] 
         stream = out.add_stream("libx264", rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.codec_context.options = {
-            "preset": "veryfast", "crf": "23", "g": str(gop), "keyint_min": str(gop), "sc_threshold": "0",
+            "preset": "veryfast",
+            "crf": "23",
+            "g": str(gop),
+            "keyint_min": str(gop),
+            "sc_threshold": "0",
         }
         while written < n_total:
             with av.open(str(src)) as c:
@@ -256,7 +260,9 @@ def med(xs: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: a smoke run")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved repeats per figure (default 3; --quick 1)")
     ap.add_argument("--seconds", type=float, default=None, help="length of the long test video (default 90; --quick 2)")
@@ -274,8 +280,11 @@ def main(argv: list[str] | None = None) -> int:
         import platformdirs
 
         args.cache = Path(platformdirs.user_cache_dir("frameserve-bench", appauthor=False))
-    print(f"frameserve video pipeline benchmark: {cores} CPUs, inference threads {threads}, repeats {repeats}"
-          f"{' (QUICK: smoke run, figures meaningless)' if quick else ''}", flush=True)
+    print(
+        f"frameserve video pipeline benchmark: {cores} CPUs, inference threads {threads}, repeats {repeats}"
+        f"{' (QUICK: smoke run, figures meaningless)' if quick else ''}",
+        flush=True,
+    )
 
     bbb = assets.ensure("bigbuckbunny.mp4", settings.assets_dir)
     model_path = assets.ensure("nudenet-320n.onnx", settings.assets_dir)
@@ -339,15 +348,26 @@ def main(argv: list[str] | None = None) -> int:
         figures["e2e / CPU limit"] = e2e_fps / limit
         figures["e2e / naive loop"] = e2e_fps / naive_fps
         r = last["e2e"]
-        notes.append(f"e2e {e2e_fps:.1f} frames/s, naive {naive_fps:.1f} frames/s; e2e profile: {r['bottleneck']['line']}")
-        notes.append("  e2e stages (busy s / cpu s / wait s): " + ", ".join(
-            f"{k} {v['total_s']:.2f}/{v['cpu_s']:.2f}/{v['wait_s']:.2f}" for k, v in r["timing"].items() if v["total_s"]
-        ))
+        notes.append(
+            f"e2e {e2e_fps:.1f} frames/s, naive {naive_fps:.1f} frames/s; e2e profile: {r['bottleneck']['line']}"
+        )
+        notes.append(
+            "  e2e stages (busy s / cpu s / wait s): "
+            + ", ".join(
+                f"{k} {v['total_s']:.2f}/{v['cpu_s']:.2f}/{v['wait_s']:.2f}"
+                for k, v in r["timing"].items()
+                if v["total_s"]
+            )
+        )
 
         # 3. decode → RGB
-        samples = interleaved({"fs": lambda: decode_fps_videosource(long), "pyav": lambda: decode_fps_pyav(long)}, repeats)
+        samples = interleaved(
+            {"fs": lambda: decode_fps_videosource(long), "pyav": lambda: decode_fps_pyav(long)}, repeats
+        )
         figures["decode→RGB / tuned PyAV"] = med(samples["fs"]) / med(samples["pyav"])
-        notes.append(f"decode→RGB: VideoSource {med(samples['fs']):.1f} frames/s, tuned PyAV {med(samples['pyav']):.1f} frames/s")
+        notes.append(
+            f"decode→RGB: VideoSource {med(samples['fs']):.1f} frames/s, tuned PyAV {med(samples['pyav']):.1f} frames/s"
+        )
 
         # 4. short videos: first key frame, warm vs cold (one warm-up open each first)
         first_key_warm(clips[0])
@@ -371,7 +391,15 @@ def main(argv: list[str] | None = None) -> int:
         ratios, lines = [], []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            r = run(long, pdef, service=service, settings=settings, decode_pool=pool, sampling="keyframes", keep_frames=False)
+            r = run(
+                long,
+                pdef,
+                service=service,
+                settings=settings,
+                decode_pool=pool,
+                sampling="keyframes",
+                keep_frames=False,
+            )
             wall = time.perf_counter() - t0
             ratios.append(r["timing"]["infer"]["total_s"] / wall)
             lines.append(f"{r['frames_processed']} key frames in {wall:.2f} s, {r['bottleneck']['line']}")

@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev
 .venv/bin/ruff check src tests bench
+.venv/bin/ruff format --check src tests bench
 .venv/bin/mypy -p frameserve

@@ -73,9 +73,19 @@ def open_in_browser(browser: str, page: Path, tmp_path: Path) -> dict[str, Any]:
     text = page.read_text(encoding="utf-8")
     probe.write_text(text.replace("<head>", "<head>" + _PROBE_HEAD, 1).replace("</body>", _PROBE_TAIL + "</body>"))
     proc = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
-         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", probe.as_uri()],
-        capture_output=True, text=True, timeout=120,
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--virtual-time-budget=10000",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            probe.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     found = re.search(r'<pre id="frameserve-probe">([^<]*)</pre>', proc.stdout)
     assert found, f"the probe did not run: rc {proc.returncode}, stderr {proc.stderr[-2000:]}"

@@ -24,8 +24,9 @@ REQUIRE_ENV = "FRAMESERVE_REQUIRE_TRITON_PEER"
 def setup_peer(timeout_s: float = 900.0) -> tuple[bool, str]:
     """Install the peer once (idempotent). Returns ``(ok, tritonserver path or why not)``."""
     try:
-        proc = subprocess.run(["bash", str(SCRIPT), "setup"], capture_output=True, text=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            ["bash", str(SCRIPT), "setup"], capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"{type(exc).__name__}: {exc}"
     if proc.returncode != 0:
@@ -93,9 +94,26 @@ class TritonPeer:
         self._log = tempfile.NamedTemporaryFile(prefix="tritonserver-", suffix=".log", delete=False)  # noqa: SIM115
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         self.proc = subprocess.Popen(
-            ["bash", str(SCRIPT), "run", "--model-repository", str(repository), "--http-port", str(http),
-             "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--log-verbose", "0", *extra],
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            [
+                "bash",
+                str(SCRIPT),
+                "run",
+                "--model-repository",
+                str(repository),
+                "--http-port",
+                str(http),
+                "--grpc-port",
+                str(grpc),
+                "--metrics-port",
+                str(metrics),
+                "--log-verbose",
+                "0",
+                *extra,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
             start_new_session=True,  # the Python backend stubs are its children: stop them with it
         )
 

@@ -85,8 +85,7 @@ def start_postgres(*, synchronous_commit: str = "off") -> Iterator[PgServer]:
         yield PgServer(port=port, datadir=datadir, as_user=as_user)
     finally:
         subprocess.run(
-            [*as_user, str(PG_BIN / "pg_ctl"), "-D", str(datadir), "-m", "immediate", "stop"],
-            capture_output=True,
+            [*as_user, str(PG_BIN / "pg_ctl"), "-D", str(datadir), "-m", "immediate", "stop"], capture_output=True
         )
         shutil.rmtree(base, ignore_errors=True)
 

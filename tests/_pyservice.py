@@ -21,7 +21,7 @@ from frameserve.request import InferRequest
 from frameserve.scheduler import Dispatch
 from frameserve.service import InferenceService
 
-MODEL_PY = '''
+MODEL_PY = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -38,15 +38,15 @@ class TritonPythonModel:
                 continue
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", (x * 2).astype(np.float32))]))
         return out
-'''
+"""
 
-CONFIG = '''
+CONFIG = """
 backend: "python"
 max_batch_size: 4
 input [{ name: "x", data_type: TYPE_FP32, dims: [ -1 ] }]
 output [{ name: "y", data_type: TYPE_FP32, dims: [ -1 ] }]
 version_policy: { all { } }
-'''
+"""
 
 
 def python_repository(root: Path) -> Path:

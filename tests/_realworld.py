@@ -65,8 +65,22 @@ _FRAME = re.compile(r"n:\s*\d+\s+pts:\s*(-?\d+)\s.*?\bs:(\d+)x(\d+)")
 
 def ffmpeg_frames(path: str | Path, *, extra: tuple[str, ...] = ()) -> list[FFmpegFrame]:
     """Every frame the ffmpeg CLI decodes from ``path`` (display order), with exact pts and size."""
-    cmd = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-copyts", *extra, "-i", str(path),
-           "-map", "0:v:0", "-vf", "showinfo", "-f", "null", "-"]
+    cmd = [
+        ffmpeg_exe(),
+        "-hide_banner",
+        "-nostdin",
+        "-copyts",
+        *extra,
+        "-i",
+        str(path),
+        "-map",
+        "0:v:0",
+        "-vf",
+        "showinfo",
+        "-f",
+        "null",
+        "-",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     log = proc.stderr
     frames: list[FFmpegFrame] = []
@@ -91,8 +105,21 @@ def ffmpeg_rgb(path: str | Path, width: int, height: int, frames: int, *, pix_fm
     Returns ``(N, height, width, 3)`` uint8 for ``rgb24``, uint16 for ``rgb48le``. Pass unrotated
     files (the CLI auto-rotates).
     """
-    cmd = [ffmpeg_exe(), "-v", "error", "-nostdin", "-i", str(path), "-frames:v", str(frames),
-           "-f", "rawvideo", "-pix_fmt", pix_fmt, "-"]
+    cmd = [
+        ffmpeg_exe(),
+        "-v",
+        "error",
+        "-nostdin",
+        "-i",
+        str(path),
+        "-frames:v",
+        str(frames),
+        "-f",
+        "rawvideo",
+        "-pix_fmt",
+        pix_fmt,
+        "-",
+    ]
     out = subprocess.run(cmd, capture_output=True, check=True, timeout=60).stdout
     dtype = np.uint16 if pix_fmt.startswith("rgb48") else np.uint8
     return np.frombuffer(out, dtype).reshape(-1, height, width, 3)
@@ -111,7 +138,9 @@ def make_ts_near_wrap(path: str | Path, n: int = 10, *, seconds_before_wrap: flo
     return make_video(path, n, fps=25, vfr_pts=pts, time_base=tb, gop=5)
 
 
-def make_resolution_change(path: str | Path, sizes: tuple[tuple[int, int], ...] = ((64, 48), (96, 64)), per: int = 4) -> list[tuple[int, int]]:
+def make_resolution_change(
+    path: str | Path, sizes: tuple[tuple[int, int], ...] = ((64, 48), (96, 64)), per: int = 4
+) -> list[tuple[int, int]]:
     """MPEG-TS whose picture size changes mid-stream: ``per`` frames at each size, back to back.
 
     One TS stream fed by one H.264 encoder per size (each part starts with a key frame and
@@ -151,8 +180,9 @@ def make_interlaced(path: str | Path, n: int = 6, *, codec: str = "libx264") -> 
     """Interlaced (field-coded, top field first) H.264 in mp4, or MPEG-2 in ``.mpg``/``.ts``."""
     if codec == "libx264":
         return make_video(path, n, size=(64, 48), options={"x264-params": "interlaced=1:tff=1"})
-    return make_video(path, n, size=(64, 48), codec="mpeg2video", gop=3, bframes=0,
-                      options={"flags": "+ilme+ildct", "top": "1"})
+    return make_video(
+        path, n, size=(64, 48), codec="mpeg2video", gop=3, bframes=0, options={"flags": "+ilme+ildct", "top": "1"}
+    )
 
 
 def truncate(src: str | Path, dst: str | Path, fraction: float) -> Path:
@@ -190,4 +220,3 @@ def packet_pts(path: str | Path) -> list[int]:
     """Sorted pts of the first video stream's packets, as PyAV demuxes them (no decoding)."""
     with av.open(str(path)) as c:
         return sorted(p.pts for p in c.demux(c.streams.video[0]) if p.pts is not None)
-

@@ -109,9 +109,28 @@ class ServeProcess:
     def __init__(self, repository: Path, home: Path, *extra: str) -> None:
         env = {**os.environ, "FRAMESERVE_HOME": str(home)}
         self.proc = subprocess.Popen(
-            [*frameserve_command(), "serve", "--model-repository", str(repository), "--host", "127.0.0.1",
-             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--threads", "1", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL,
+            [
+                *frameserve_command(),
+                "serve",
+                "--model-repository",
+                str(repository),
+                "--host",
+                "127.0.0.1",
+                "--http-port",
+                "0",
+                "--grpc-port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--threads",
+                "1",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            stdin=subprocess.DEVNULL,
         )
         self.lines: list[str] = []
         self.ports: dict[str, int] = {}

@@ -48,7 +48,7 @@ class Brightness(frameserve.Pipeline):
         return MeanAggregator()
 '''
 
-BOOM = '''
+BOOM = """
 import numpy as np
 import frameserve
 
@@ -67,7 +67,7 @@ class Boom(frameserve.Pipeline):
                 raise RuntimeError("cannot read frame five")
             out.append({"v": int(item.inputs["v"][0])})
         return out
-'''
+"""
 
 DETECTOR_YAML = """\
 type: detector
@@ -152,7 +152,7 @@ def lying_matroska(path: Path, frames: int, declared_s: float, fps: int = 5) -> 
     data = bytearray(path.with_suffix(".tmp.mkv").read_bytes())
     at = data.find(b"\x44\x89\x88")
     assert at >= 0, "no 8-byte Duration element in the Matroska header"
-    data[at + 3:at + 11] = struct.pack(">d", declared_s * 1000.0)
+    data[at + 3 : at + 11] = struct.pack(">d", declared_s * 1000.0)
     path.write_bytes(bytes(data))
     path.with_suffix(".tmp.mkv").unlink()
     return path

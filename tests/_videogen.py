@@ -45,9 +45,7 @@ class MadeVideo:
         return [p * self.time_base for p in self.pts]
 
 
-def draw_index(
-    index: int, width: int, height: int, fill: tuple[int, int, int] = (128, 128, 128)
-) -> np.ndarray:
+def draw_index(index: int, width: int, height: int, fill: tuple[int, int, int] = (128, 128, 128)) -> np.ndarray:
     """The picture for frame ``index``: uint8 RGB, shape ``(height, width, 3)``; ``fill`` colours the bottom half."""
     img = np.empty((height, width, 3), dtype=np.uint8)
     img[:] = fill

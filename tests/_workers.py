@@ -47,7 +47,6 @@ def make_slow_pipeline(folder: Path) -> Path:
     return folder
 
 
-
 _METRICS = re.compile(r"^metrics listening on (.+):(\d+)$")
 
 
@@ -59,8 +58,14 @@ class WorkerProcess:
         env = {**os.environ, "FRAMESERVE_HOME": str(home), "PYTHONPATH": os.pathsep.join(sys.path)}
         self.log = log
         with open(log, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "frameserve", "worker", *args], env=env,
-                                         stdout=subprocess.PIPE, stderr=err, text=True, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "frameserve", "worker", *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                stdin=subprocess.DEVNULL,
+            )
         self.lines: list[str] = []
         self.metrics_port: int | None = None
         threading.Thread(target=self._pump, daemon=True).start()

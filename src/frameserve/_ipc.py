@@ -92,8 +92,9 @@ class SharedBlock:
             full memory cgroup fails here, not later with SIGBUS).
     """
 
-    def __init__(self, size_bytes: int = DEFAULT_ARENA_BYTES, *, fd: int | None = None,
-                 name: str = "frameserve-frontend") -> None:
+    def __init__(
+        self, size_bytes: int = DEFAULT_ARENA_BYTES, *, fd: int | None = None, name: str = "frameserve-frontend"
+    ) -> None:
         if fd is None:
             page = mmap.PAGESIZE
             size_bytes = max(page * 2, -(-size_bytes // (2 * page)) * 2 * page)
@@ -213,8 +214,7 @@ def _dtype(datatype: str) -> np.dtype[Any]:
 
 
 def pack_tensors(
-    arrays: Mapping[str, np.ndarray[Any, Any]], block: SharedBlock | None, arena: Arena | None,
-    skip: Iterable[str] = (),
+    arrays: Mapping[str, np.ndarray[Any, Any]], block: SharedBlock | None, arena: Arena | None, skip: Iterable[str] = ()
 ) -> tuple[list[tuple[Any, ...]], list[int]]:
     """Specs of ``arrays`` (see the module docstring), large ones copied into ``arena``.
 

@@ -70,8 +70,9 @@ def _clean(value: str, name: str) -> str:
     return value
 
 
-def encode(data: str | Any, *, event: str | None = None, id: str | int | None = None,
-           retry_ms: int | None = None) -> bytes:
+def encode(
+    data: str | Any, *, event: str | None = None, id: str | int | None = None, retry_ms: int | None = None
+) -> bytes:
     """One event as bytes: ``event:``, ``id:``, ``retry:`` when given, then ``data`` (a ``str``
     as is, one ``data:`` line per line of it; anything else as compact JSON), then the empty line.
 
@@ -172,7 +173,7 @@ class EventReader:
                 skip, self._after_cr = 1, True  # a \n first in the next chunk belongs to it
             else:
                 skip = 2 if self._buf[cut] == 13 and self._buf[cut + 1] == 10 else 1
-            self._buf = self._buf[cut + skip:]
+            self._buf = self._buf[cut + skip :]
             text = line.decode("utf-8", "replace")
             if self._first:
                 self._first = False

@@ -199,7 +199,7 @@ def _cgroup_dirs(root: Path, mount: CgroupMount, cg_path: str) -> list[Path]:
     base = root / mount.mount_point.lstrip("/")
     rel = cg_path
     if mount.root != "/" and (rel == mount.root or rel.startswith(mount.root.rstrip("/") + "/")):
-        rel = rel[len(mount.root.rstrip("/")):]
+        rel = rel[len(mount.root.rstrip("/")) :]
     parts = [p for p in rel.split("/") if p and p not in (".", "..")]
     dirs = [base.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
     return [d for d in dirs if d.is_dir()] or [base]

@@ -37,7 +37,9 @@ def cpu_count() -> int:
     return max(1, min(cpus, math.floor(quota))) if quota is not None else cpus
 
 
-def pinned_cpus(spec: str, allowed: frozenset[int] | None = None, *, option: str = "--grpc-cpus") -> frozenset[int] | None:
+def pinned_cpus(
+    spec: str, allowed: frozenset[int] | None = None, *, option: str = "--grpc-cpus"
+) -> frozenset[int] | None:
     """The CPUs a server's Python threads are kept on, from an option such as ``serve
     --grpc-cpus`` (:class:`~frameserve.protocol.grpc._threaded.ThreadedGrpcServer` says why).
 
@@ -68,7 +70,9 @@ def pinned_cpus(spec: str, allowed: frozenset[int] | None = None, *, option: str
         cpus = frozenset()
     shown = ",".join(str(c) for c in sorted(allowed)) or "(unknown)"
     if not cpus:
-        raise ValueError(f"{option} {spec!r}: expected auto, all or a CPU list such as 3, 2,3 or 0-1 (allowed: {shown})")
+        raise ValueError(
+            f"{option} {spec!r}: expected auto, all or a CPU list such as 3, 2,3 or 0-1 (allowed: {shown})"
+        )
     if allowed and not cpus <= allowed:
         outside = ",".join(str(c) for c in sorted(cpus - allowed))
         raise ValueError(f"{option} {spec!r}: CPU {outside} is not one this process may run on (allowed: {shown})")

@@ -329,8 +329,16 @@ class QuotaExceededError(ResourceExhaustedError):
 
     code = "quota_exceeded"
 
-    def __init__(self, message: str, *, tenant: str = "", limit: str = "", value: int = 0,
-                 retry_after_s: float = 1.0, detail: object | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        tenant: str = "",
+        limit: str = "",
+        value: int = 0,
+        retry_after_s: float = 1.0,
+        detail: object | None = None,
+    ) -> None:
         super().__init__(message, detail=detail)
         self.tenant = tenant
         self.limit = limit
@@ -341,8 +349,13 @@ class QuotaExceededError(ResourceExhaustedError):
     def of(cls, tenant: str, limit: str, value: int, *, retry_after_s: float) -> QuotaExceededError:
         """The error for ``tenant`` at ``limit`` = ``value``, with its one-line message."""
         who = f"tenant {tenant!r}" if tenant else "this server's one tenant"
-        return cls(f"{who} is at its quota {limit}={value} (--quotas); retry after {retry_after_s:.3g} s",
-                   tenant=tenant, limit=limit, value=value, retry_after_s=retry_after_s)
+        return cls(
+            f"{who} is at its quota {limit}={value} (--quotas); retry after {retry_after_s:.3g} s",
+            tenant=tenant,
+            limit=limit,
+            value=value,
+            retry_after_s=retry_after_s,
+        )
 
     @property
     def http_headers(self) -> dict[str, str]:

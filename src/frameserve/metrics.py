@@ -63,7 +63,15 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _untyped_go_float
 
-__all__ = ["CONTENT_TYPE", "CPU_MIN_INTERVAL_S", "DEFAULT_BUCKETS_US", "FAILURE_REASONS", "CpuMetrics", "Metrics", "busy_share"]
+__all__ = [
+    "CONTENT_TYPE",
+    "CPU_MIN_INTERVAL_S",
+    "DEFAULT_BUCKETS_US",
+    "FAILURE_REASONS",
+    "CpuMetrics",
+    "Metrics",
+    "busy_share",
+]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The Content-Type of :meth:`Metrics.exposition` (Prometheus text format 0.0.4)."""
@@ -72,8 +80,22 @@ FAILURE_REASONS: tuple[str, ...] = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 """Values of the ``reason`` label of ``nv_inference_request_failure`` (Triton's)."""
 
 DEFAULT_BUCKETS_US: tuple[float, ...] = (
-    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
-    5_000_000, 10_000_000,
+    100,
+    250,
+    500,
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
 )
 """Histogram bucket upper bounds in microseconds (100 µs to 10 s; ``+Inf`` is added)."""
 
@@ -83,7 +105,10 @@ _COUNTERS = frozenset(
         "nv_inference_request_failure",
         "nv_inference_count",
         "nv_inference_exec_count",
-        *(f"nv_inference_{k}_duration_us" for k in ("request", "queue", "compute_input", "compute_infer", "compute_output")),
+        *(
+            f"nv_inference_{k}_duration_us"
+            for k in ("request", "queue", "compute_input", "compute_infer", "compute_output")
+        ),
         *(f"nv_cache_{k}_per_model" for k in ("num_hits", "num_misses", "hit_duration", "miss_duration")),
     ]
 )
@@ -139,7 +164,9 @@ class Metrics(Collector):
         registry: the registry holding these metrics.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, buckets_us: Sequence[float] = DEFAULT_BUCKETS_US) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, buckets_us: Sequence[float] = DEFAULT_BUCKETS_US
+    ) -> None:
         bounds = tuple(float(b) for b in buckets_us)
         if not bounds or list(bounds) != sorted(set(bounds)):
             raise ValueError(f"buckets_us must be ascending and distinct, got {list(buckets_us)}")
@@ -177,8 +204,13 @@ class Metrics(Collector):
     ) -> None:
         """One request answered with outputs; durations in nanoseconds."""
         self.record_successes(
-            model, version, [request_ns], [queue_ns],
-            compute_input_ns=compute_input_ns, compute_infer_ns=compute_infer_ns, compute_output_ns=compute_output_ns,
+            model,
+            version,
+            [request_ns],
+            [queue_ns],
+            compute_input_ns=compute_input_ns,
+            compute_infer_ns=compute_infer_ns,
+            compute_output_ns=compute_output_ns,
         )
 
     def record_successes(
@@ -196,8 +228,9 @@ class Metrics(Collector):
         (request and queue durations per request, the batch's compute durations in ns), under
         one lock acquisition."""
         with self._lock:
-            self._record_successes(self._get(model, version), request_ns, queue_ns, compute_input_ns, compute_infer_ns,
-                                   compute_output_ns)
+            self._record_successes(
+                self._get(model, version), request_ns, queue_ns, compute_input_ns, compute_infer_ns, compute_output_ns
+            )
 
     def record_batch(
         self,
@@ -220,12 +253,18 @@ class Metrics(Collector):
             series.exec_count += 1
             series.inference_count += batch_size
             if request_ns:
-                self._record_successes(series, request_ns, queue_ns, compute_input_ns, compute_infer_ns, compute_output_ns)
+                self._record_successes(
+                    series, request_ns, queue_ns, compute_input_ns, compute_infer_ns, compute_output_ns
+                )
 
     @staticmethod
     def _record_successes(
-        series: _Series, request_ns: Sequence[int], queue_ns: Sequence[int], compute_input_ns: int,
-        compute_infer_ns: int, compute_output_ns: int,
+        series: _Series,
+        request_ns: Sequence[int],
+        queue_ns: Sequence[int],
+        compute_input_ns: int,
+        compute_infer_ns: int,
+        compute_output_ns: int,
     ) -> None:
         """Under the lock: requests of one batch answered with outputs."""
         n = len(request_ns)
@@ -238,7 +277,9 @@ class Metrics(Collector):
                 totals[key] += ns
                 hist.observe(ns / 1000)
         for key, ns in (
-            ("compute_input", compute_input_ns), ("compute_infer", compute_infer_ns), ("compute_output", compute_output_ns)
+            ("compute_input", compute_input_ns),
+            ("compute_infer", compute_infer_ns),
+            ("compute_output", compute_output_ns),
         ):
             ns = max(0, int(ns))
             totals[key] += n * ns
@@ -267,8 +308,14 @@ class Metrics(Collector):
         """One batch of ``batch_size`` inferences executed: :meth:`record_batch` with no answered
         requests."""
         self.record_batch(
-            model, version, batch_size=batch_size, request_ns=(), queue_ns=(),
-            compute_input_ns=0, compute_infer_ns=0, compute_output_ns=0,
+            model,
+            version,
+            batch_size=batch_size,
+            request_ns=(),
+            queue_ns=(),
+            compute_input_ns=0,
+            compute_infer_ns=0,
+            compute_output_ns=0,
         )
 
     def record_cache(self, model: str, version: int | str, *, hit: bool, cache_ns: int, request_ns: int = 0) -> None:
@@ -409,7 +456,9 @@ class Metrics(Collector):
                 if s.name.endswith("_created"):
                     continue
                 labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(s.labels.items()))
-                lines.append(f"{s.name}{{{labels}}} {_go_float(s.value)}" if labels else f"{s.name} {_go_float(s.value)}")
+                lines.append(
+                    f"{s.name}{{{labels}}} {_go_float(s.value)}" if labels else f"{s.name} {_go_float(s.value)}"
+                )
         return ("\n".join(lines) + "\n").encode("utf-8")
 
     def value(self, name: str, **labels: str) -> float | None:
@@ -474,7 +523,9 @@ class CpuMetrics(Collector):
         """The three gauges (prometheus_client's collector protocol)."""
         memory = psutil.virtual_memory()
         yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", value=self.utilization())
-        yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", value=float(memory.total))
+        yield GaugeMetricFamily(
+            "nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", value=float(memory.total)
+        )
         yield GaugeMetricFamily(
             "nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", value=float(memory.total - memory.available)
         )

@@ -61,11 +61,15 @@ def pop_sequence_parameters(params: dict[str, Any]) -> tuple[int | str, bool, bo
     start = params.pop("sequence_start", False)
     end = params.pop("sequence_end", False)
     if isinstance(sid, bool) or not isinstance(sid, int | str):
-        raise InvalidInputError(f"request parameter 'sequence_id' must be an unsigned integer or a string, got {sid!r}"[:300])
+        raise InvalidInputError(
+            f"request parameter 'sequence_id' must be an unsigned integer or a string, got {sid!r}"[:300]
+        )
     if isinstance(sid, int) and not 0 <= sid < 1 << 64:
         raise InvalidInputError(f"request parameter 'sequence_id' {sid} is not an unsigned 64-bit integer"[:300])
     if isinstance(sid, str) and len(sid) > MAX_SEQUENCE_ID_CHARS:
-        raise InvalidInputError(f"request parameter 'sequence_id' is {len(sid)} characters long; at most {MAX_SEQUENCE_ID_CHARS}")
+        raise InvalidInputError(
+            f"request parameter 'sequence_id' is {len(sid)} characters long; at most {MAX_SEQUENCE_ID_CHARS}"
+        )
     for key, flag in (("sequence_start", start), ("sequence_end", end)):
         if not isinstance(flag, bool):
             raise InvalidInputError(f"request parameter {key!r} must be a boolean, got {type(flag).__name__}")
@@ -94,7 +98,9 @@ class ResponseSink(Protocol):
     that fails the request) and ignore everything after a ``final`` call.
     """
 
-    def send(self, outputs: Mapping[str, np.ndarray[Any, Any]] | None, error: BaseException | None, final: bool) -> None:
+    def send(
+        self, outputs: Mapping[str, np.ndarray[Any, Any]] | None, error: BaseException | None, final: bool
+    ) -> None:
         """One response: its outputs (those the request asked for), or its error (a
         ``FrameserveError`` for the request alone); both ``None``: the end with no response.
         ``final``: the request's last call."""
@@ -105,7 +111,9 @@ class RequestTraceSink(Protocol):
     """A sampled request's trace (Triton's trace extension,
     :class:`frameserve.scheduler.RequestTrace`): the scheduler adds the times it took."""
 
-    def computed(self, queue_start_ns: int, start_ns: int, input_end_ns: int, output_start_ns: int, end_ns: int) -> None:
+    def computed(
+        self, queue_start_ns: int, start_ns: int, input_end_ns: int, output_start_ns: int, end_ns: int
+    ) -> None:
         """Queued at ``queue_start_ns``; its batch ran from ``start_ns`` to ``end_ns`` (ns)."""
         ...
 
@@ -202,7 +210,9 @@ class InferRequest:
         if not isinstance(self.inputs, Mapping):
             raise TensorError(f"a request's inputs map names to arrays; got {type(self.inputs).__name__}")
         if isinstance(self.sequence_id, int) and not 0 <= self.sequence_id < 1 << 64:
-            raise TensorError(f"sequence_id {self.sequence_id} given; a numeric sequence id is an unsigned 64-bit integer")
+            raise TensorError(
+                f"sequence_id {self.sequence_id} given; a numeric sequence id is an unsigned 64-bit integer"
+            )
 
     @property
     def output_names(self) -> tuple[str, ...] | None:

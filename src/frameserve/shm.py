@@ -214,8 +214,9 @@ class _Region:
 
     __slots__ = ("base", "byte_size", "key", "mm", "name", "offset", "retired", "tenant", "users")
 
-    def __init__(self, name: str, key: str, offset: int, byte_size: int, mm: mmap.mmap, base: int,
-                 tenant: str = "") -> None:
+    def __init__(
+        self, name: str, key: str, offset: int, byte_size: int, mm: mmap.mmap, base: int, tenant: str = ""
+    ) -> None:
         self.tenant = tenant
         self.name = name
         self.key = key
@@ -258,14 +259,17 @@ class SharedMemoryRegistry:
         ValueError: ``max_regions`` < 1, or a ``key_prefix`` that is not the start of a shm name.
     """
 
-    def __init__(self, *, root: str = SHM_ROOT, max_regions: int = DEFAULT_MAX_REGIONS,
-                 key_prefix: str = DEFAULT_CLIENT_PREFIX) -> None:
+    def __init__(
+        self, *, root: str = SHM_ROOT, max_regions: int = DEFAULT_MAX_REGIONS, key_prefix: str = DEFAULT_CLIENT_PREFIX
+    ) -> None:
         if max_regions < 1:
             raise ValueError(f"max_regions must be >= 1, got {max_regions}")
         prefix = "/" + key_prefix.removeprefix("/")
         if prefix != "/" and (not _KEY.fullmatch(prefix) or ".." in prefix):
-            raise ValueError(f"--client-shm-prefix must be '/' or the start of a POSIX shm name ('/' then letters, "
-                             f"digits, '.', '_', '-'), got {key_prefix!r}")
+            raise ValueError(
+                f"--client-shm-prefix must be '/' or the start of a POSIX shm name ('/' then letters, "
+                f"digits, '.', '_', '-'), got {key_prefix!r}"
+            )
         self.root = root
         self.max_regions = max_regions
         self.key_prefix = prefix
@@ -297,7 +301,9 @@ class SharedMemoryRegistry:
         file_name = self._file_name(name, key, self.key_prefix)
         for value, what in ((offset, "offset"), (byte_size, "byte_size")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SharedMemoryError(f"failed to register shared memory region {shown(name)}: {what} must be a non-negative integer")
+                raise SharedMemoryError(
+                    f"failed to register shared memory region {shown(name)}: {what} must be a non-negative integer"
+                )
         if byte_size == 0:
             raise SharedMemoryError(f"failed to register shared memory region {shown(name)}: byte_size must be > 0")
         with self._lock:
@@ -314,7 +320,9 @@ class SharedMemoryRegistry:
 
     def _check_free(self, tenant: str, name: str) -> None:
         if (tenant, name) in self._regions:
-            raise SharedMemoryExistsError(f"shared memory region {shown(name)} is already registered; unregister it first")
+            raise SharedMemoryExistsError(
+                f"shared memory region {shown(name)} is already registered; unregister it first"
+            )
         if len(self._regions) >= self.max_regions:
             raise ResourceExhaustedError(
                 f"{self.max_regions} shared memory regions are registered, the most this server keeps; unregister some"
@@ -345,13 +353,17 @@ class SharedMemoryRegistry:
         try:
             fd = os.open(os.path.join(self.root, file_name), flags)
         except FileNotFoundError:
-            raise SharedMemoryError(f"unable to open shared memory region {shown(name)}: no shared memory object {shown(key)}") from None
+            raise SharedMemoryError(
+                f"unable to open shared memory region {shown(name)}: no shared memory object {shown(key)}"
+            ) from None
         except OSError as exc:
             raise self._os_error(name, key, exc) from None
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                raise SharedMemoryError(f"unable to open shared memory region {shown(name)}: {shown(key)} is not a shared memory object")
+                raise SharedMemoryError(
+                    f"unable to open shared memory region {shown(name)}: {shown(key)} is not a shared memory object"
+                )
             if info.st_nlink != 1 or _is_own(info):
                 raise SharedMemoryError(
                     f"cannot register shared memory region {shown(name)}: {shown(key)} is one of the server's own objects "
@@ -365,7 +377,10 @@ class SharedMemoryRegistry:
             start = offset - offset % _PAGE
             try:
                 mm = mmap.mmap(
-                    fd, offset - start + byte_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                    fd,
+                    offset - start + byte_size,
+                    flags=mmap.MAP_SHARED,
+                    prot=mmap.PROT_READ | mmap.PROT_WRITE,
                     offset=start,
                 )
             except OSError as exc:
@@ -379,8 +394,12 @@ class SharedMemoryRegistry:
         if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
             return ResourceExhaustedError(f"cannot map shared memory region {shown(name)} now: {exc.strerror}")
         if exc.errno == errno.ELOOP:
-            return SharedMemoryError(f"unable to open shared memory region {shown(name)}: {shown(key)} is a symbolic link")
-        return SharedMemoryError(f"unable to open shared memory region {shown(name)} ({shown(key)}) for reading and writing: {exc.strerror}")
+            return SharedMemoryError(
+                f"unable to open shared memory region {shown(name)}: {shown(key)} is a symbolic link"
+            )
+        return SharedMemoryError(
+            f"unable to open shared memory region {shown(name)} ({shown(key)}) for reading and writing: {exc.strerror}"
+        )
 
     def unregister(self, name: str | None = None, *, tenant: str = "", everyone: bool = False) -> None:
         """Drop ``tenant``'s region ``name`` (``None`` or ``""``: every region of ``tenant``;
@@ -407,8 +426,11 @@ class SharedMemoryRegistry:
             SharedMemoryNotFoundError: ``name`` is not registered (by ``tenant``).
         """
         with self._lock:
-            found = [self._regions[k] for k in sorted(self._regions, key=lambda k: (k[1], k[0]))
-                     if (everyone or k[0] == tenant) and (not name or k[1] == name)]
+            found = [
+                self._regions[k]
+                for k in sorted(self._regions, key=lambda k: (k[1], k[0]))
+                if (everyone or k[0] == tenant) and (not name or k[1] == name)
+            ]
         if name and not found:
             raise SharedMemoryNotFoundError(f"Unable to find system shared memory region: {shown(name)}")
         # another tenant's (seen by an admin) says whose it is
@@ -426,7 +448,9 @@ class SharedMemoryRegistry:
         with self._lock:
             region = self._regions.get((tenant, location.region))
             if region is None:
-                raise SharedMemoryNotFoundError(f"{where}: Unable to find shared memory region: {shown(location.region)}")
+                raise SharedMemoryNotFoundError(
+                    f"{where}: Unable to find shared memory region: {shown(location.region)}"
+                )
             if location.offset >= region.byte_size:
                 raise SharedMemoryError(
                     f"{where}: Invalid offset {location.offset} for shared memory region {shown(region.name)} "

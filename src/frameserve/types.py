@@ -154,9 +154,7 @@ class TensorSpec:
         object.__setattr__(self, "datatype", DataType.parse(self.datatype))
         dims = tuple(int(d) for d in self.dims)
         if any(d < -1 or d == 0 for d in dims):
-            raise TensorError(
-                f"tensor {self.name!r}: dims {list(dims)} invalid; each must be a positive size or -1"
-            )
+            raise TensorError(f"tensor {self.name!r}: dims {list(dims)} invalid; each must be a positive size or -1")
         object.__setattr__(self, "dims", dims)
 
     def shape_with_batch(self, max_batch_size: int) -> tuple[int, ...]:
@@ -291,8 +289,7 @@ def decode_bytes_elements(
             raise PayloadTooLargeError(f"{where}: {count} BYTES elements, over the limit of {max_elements}")
         if count > bound:
             raise TensorError(
-                f"{where}: {end} bytes are too few for {count} BYTES elements "
-                "(each is a 4-byte length then its bytes)"
+                f"{where}: {end} bytes are too few for {count} BYTES elements (each is a 4-byte length then its bytes)"
             )
     items: list[bytes] = []
     append = items.append

@@ -34,7 +34,13 @@ import numpy as np
 import yaml
 
 __all__ = [
-    "BUILTIN_MODELS", "TORCH_MODELS", "CorpusModel", "build_model", "builtin_folder", "calibration_images", "calibration_npz",
+    "BUILTIN_MODELS",
+    "TORCH_MODELS",
+    "CorpusModel",
+    "build_model",
+    "builtin_folder",
+    "calibration_images",
+    "calibration_npz",
     "torch_available",
 ]
 
@@ -75,7 +81,14 @@ TORCH_MODELS: tuple[CorpusModel, ...] = (
 )
 
 BUILTIN_MODELS: tuple[str, ...] = (
-    "nudenet", "opennsfw", "ppocr-det", "ppocr-cls", "ppocr-rec", "mtcnn-pnet", "mtcnn-rnet", "mtcnn-onet",
+    "nudenet",
+    "opennsfw",
+    "ppocr-det",
+    "ppocr-cls",
+    "ppocr-rec",
+    "mtcnn-pnet",
+    "mtcnn-rnet",
+    "mtcnn-onet",
 )
 
 
@@ -99,8 +112,11 @@ def _nets() -> dict[str, Callable[[], Any]]:
             self.b1 = nn.BatchNorm2d(cout)
             self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
             self.b2 = nn.BatchNorm2d(cout)
-            self.down = None if stride == 1 and cin == cout else nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            self.down = (
+                None
+                if stride == 1 and cin == cout
+                else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            )
 
         def forward(self, x: Any) -> Any:
             y = torch.relu(self.b1(self.c1(x)))
@@ -121,10 +137,18 @@ def _nets() -> dict[str, Callable[[], Any]]:
         def __init__(self, cin: int, hidden: int, cout: int, stride: int) -> None:
             super().__init__()
             self.expand = nn.Sequential(nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.Hardswish())
-            self.dw = nn.Sequential(nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
-                                    nn.BatchNorm2d(hidden), nn.Hardswish())
-            self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(hidden, hidden // 4, 1), nn.ReLU(),
-                                    nn.Conv2d(hidden // 4, hidden, 1), nn.Hardsigmoid())
+            self.dw = nn.Sequential(
+                nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
+                nn.BatchNorm2d(hidden),
+                nn.Hardswish(),
+            )
+            self.se = nn.Sequential(
+                nn.AdaptiveAvgPool2d(1),
+                nn.Conv2d(hidden, hidden // 4, 1),
+                nn.ReLU(),
+                nn.Conv2d(hidden // 4, hidden, 1),
+                nn.Hardsigmoid(),
+            )
             self.project = nn.Sequential(nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout))
             self.residual = stride == 1 and cin == cout
 
@@ -135,11 +159,22 @@ def _nets() -> dict[str, Callable[[], Any]]:
 
     def mobilenetv3() -> Any:
         return nn.Sequential(
-            nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.Hardswish(),
-            InvertedSE(16, 64, 24, 2), InvertedSE(24, 72, 24, 1), InvertedSE(24, 96, 40, 2),
-            InvertedSE(40, 120, 40, 1), InvertedSE(40, 144, 48, 2),
-            nn.Conv2d(48, 96, 1, bias=False), nn.BatchNorm2d(96), nn.Hardswish(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(96, 64), nn.Hardswish(), nn.Linear(64, 10),
+            nn.Conv2d(3, 16, 3, 2, 1, bias=False),
+            nn.BatchNorm2d(16),
+            nn.Hardswish(),
+            InvertedSE(16, 64, 24, 2),
+            InvertedSE(24, 72, 24, 1),
+            InvertedSE(24, 96, 40, 2),
+            InvertedSE(40, 120, 40, 1),
+            InvertedSE(40, 144, 48, 2),
+            nn.Conv2d(48, 96, 1, bias=False),
+            nn.BatchNorm2d(96),
+            nn.Hardswish(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(96, 64),
+            nn.Hardswish(),
+            nn.Linear(64, 10),
         )
 
     class TwoInThreeOut(nn.Module):
@@ -157,8 +192,15 @@ def _nets() -> dict[str, Callable[[], Any]]:
             return self.logits(joint), self.embedding(joint), self.mask(f)
 
     def superres() -> Any:
-        return nn.Sequential(nn.Conv2d(3, 32, 5, 1, 2), nn.Tanh(), nn.Conv2d(32, 16, 3, 1, 1), nn.Tanh(),
-                             nn.Conv2d(16, 3 * 4, 3, 1, 1), nn.PixelShuffle(2), nn.Sigmoid())
+        return nn.Sequential(
+            nn.Conv2d(3, 32, 5, 1, 2),
+            nn.Tanh(),
+            nn.Conv2d(32, 16, 3, 1, 1),
+            nn.Tanh(),
+            nn.Conv2d(16, 3 * 4, 3, 1, 1),
+            nn.PixelShuffle(2),
+            nn.Sigmoid(),
+        )
 
     return {"resnet18": resnet18, "mobilenetv3": mobilenetv3, "two_in_three_out": TwoInThreeOut, "superres": superres}
 
@@ -207,9 +249,16 @@ def build_model(spec: CorpusModel, root: Path) -> Path:
     with torch.no_grad(), warnings.catch_warnings():
         # the TorchScript exporter (dynamo=False) is the one that writes opsets 11 and 13 as asked
         warnings.simplefilter("ignore", DeprecationWarning)  # and the deprecations inside it
-        torch.onnx.export(net, args, str(folder / "1" / "model.onnx"), opset_version=spec.opset, dynamo=False,
-                          input_names=names_in, output_names=names_out,
-                          dynamic_axes={k: v for k, v in axes.items() if v} or None)
+        torch.onnx.export(
+            net,
+            args,
+            str(folder / "1" / "model.onnx"),
+            opset_version=spec.opset,
+            dynamo=False,
+            input_names=names_in,
+            output_names=names_out,
+            dynamic_axes={k: v for k, v in axes.items() if v} or None,
+        )
     config: dict[str, Any] = {"backend": "onnxruntime", "max_batch_size": 8 if spec.dynamic_batch else 0}
     (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return folder
@@ -223,7 +272,9 @@ def builtin_folder(name: str, root: Path, asset_path: Path) -> Path:
     folder = root / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     shutil.copy(asset_path, folder / "1" / "model.onnx")
-    (folder / "config.yaml").write_text(yaml.safe_dump(builtin_model(name).config_dict(), sort_keys=False), encoding="utf-8")
+    (folder / "config.yaml").write_text(
+        yaml.safe_dump(builtin_model(name).config_dict(), sort_keys=False), encoding="utf-8"
+    )
     return folder
 
 
@@ -251,6 +302,9 @@ def calibration_npz(path: Path, *, count: int = 8, seed: int = SEED) -> Path:
     """An ``.npz`` for ``two-in-three-out``: ``image`` float32 ``[count, 3, 64, 64]`` in
     ``[0, 1]`` and ``meta`` float32 ``[count, 8]`` standard normal, seeded. Returns ``path``."""
     rng = np.random.default_rng(seed)
-    np.savez(path, image=rng.random((count, 3, SIZE, SIZE), dtype=np.float32),
-             meta=rng.standard_normal((count, 8)).astype(np.float32))
+    np.savez(
+        path,
+        image=rng.random((count, 3, SIZE, SIZE), dtype=np.float32),
+        meta=rng.standard_normal((count, 8)).astype(np.float32),
+    )
     return path

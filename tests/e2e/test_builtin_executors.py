@@ -23,7 +23,8 @@ SAMPLING = {"ocr": "every:12", "faces": "every:15", "enhance": "every:20"}
 def _upscale_model(path: Path) -> None:
     """x [N,3,H,W] → y [N,3,2H,2W]: a 2x nearest upscale (the default ``enhance`` model)."""
     graph = helper.make_graph(
-        [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")], "up2x",
+        [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")],
+        "up2x",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, "H2", "W2"])],
         [helper.make_tensor("scales", TensorProto.FLOAT, [4], [1.0, 1.0, 2.0, 2.0])],
@@ -41,7 +42,10 @@ def env(tmp_path_factory: pytest.TempPathFactory, test_home: Path, real_asset): 
     _upscale_model(repo / "enhance" / "1" / "model.onnx")
     (repo / "enhance" / "config.yaml").write_text("max_batch_size: 4\n")
     captions = make_caption_video(
-        tmp / "captions.mp4", real_asset("bigbuckbunny.mp4"), size=(640, 360), seconds=2.0,
+        tmp / "captions.mp4",
+        real_asset("bigbuckbunny.mp4"),
+        size=(640, 360),
+        seconds=2.0,
         captions=(("OPEN NOW", 0.0, 1.0), ("SALE TODAY", 1.0, 2.0)),
     ).path
     return Settings(home=test_home, model_repository=repo, threads=2), captions, real_asset("carphone_pristine.mp4")

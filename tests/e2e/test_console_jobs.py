@@ -39,9 +39,11 @@ from _wait import wait_for
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKENS = {"root": ("root-token-0123456789abcdef0123456789ab", "admin"),
-          "alice": ("alice-token-0123456789abcdef0123456789", "jobs"),
-          "bob": ("bob-token-0123456789abcdef0123456789ab", "jobs")}
+TOKENS = {
+    "root": ("root-token-0123456789abcdef0123456789ab", "admin"),
+    "alice": ("alice-token-0123456789abcdef0123456789", "jobs"),
+    "bob": ("bob-token-0123456789abcdef0123456789ab", "jobs"),
+}
 WAIT_MS = 120_000
 """The longest a DOM expectation waits (a stop for a hung test, not a measurement)."""
 
@@ -118,16 +120,21 @@ def _finished(base: str, job_id: str, who: str) -> dict[str, Any]:
 
 
 def _submit(base: str, home: Path, who: str, pipeline: str, source: str, out: str, **extra: Any) -> str:
-    body = {"source": f"file://{home}/storage/{who}/{source}", "target": f"file://{home}/storage/{who}/out/{out}/",
-            "pipeline": pipeline, **extra}
+    body = {
+        "source": f"file://{home}/storage/{who}/{source}",
+        "target": f"file://{home}/storage/{who}/out/{out}/",
+        "pipeline": pipeline,
+        **extra,
+    }
     r = httpx.post(f"{base}/v1/jobs", json=body, headers=_bearer(who), timeout=10)
     assert r.status_code == 201, r.text
     return str(r.json()["id"])
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, carphone: Path, nudenet_model: Path,
-           test_home: Path) -> Iterator[dict[str, Any]]:
+def served(
+    tmp_path_factory: pytest.TempPathFactory, carphone: Path, nudenet_model: Path, test_home: Path
+) -> Iterator[dict[str, Any]]:
     playwright()
     tmp = tmp_path_factory.mktemp("console-jobs")
     home = tmp / "home"
@@ -146,13 +153,23 @@ def served(tmp_path_factory: pytest.TempPathFactory, carphone: Path, nudenet_mod
     (pipelines / "gate.py").write_text(GATE)
     (pipelines / "hang.py").write_text(HANG)
     repo = make_repository(tmp / "models")
-    with ServeProcess(repo, home, "--jobs", "--auth-token-file", str(token_file), "--pipelines", str(pipelines),
-                      "--no-allow-grpc", "--no-allow-metrics") as server:
+    with ServeProcess(
+        repo,
+        home,
+        "--jobs",
+        "--auth-token-file",
+        str(token_file),
+        "--pipelines",
+        str(pipelines),
+        "--no-allow-grpc",
+        "--no-allow-metrics",
+    ) as server:
         server.wait_line("ready:", 120)
         base = f"http://127.0.0.1:{server.ports['HTTP']}"
         jobs = {
-            "alice": _submit(base, home, "alice", "nudenet", "clip.mp4", "nudenet",
-                             params={"sampling": "fps:2", "video_out": True}),
+            "alice": _submit(
+                base, home, "alice", "nudenet", "clip.mp4", "nudenet", params={"sampling": "fps:2", "video_out": True}
+            ),
             "bob": _submit(base, home, "bob", "nudenet", "clip.mp4", "nudenet", params={"sampling": "fps:2"}),
             "broken": _submit(base, home, "alice", "nudenet", "broken.mp4", "broken", max_attempts=1),
         }
@@ -324,7 +341,9 @@ def test_a_tenant_sees_only_its_own_jobs_even_by_url(served: dict[str, Any]) -> 
                 assert bob.page.inner_text("main") == unknown.replace(nobody, job_id)
             got = bob.page.evaluate(
                 """async (id) => { const r = await fetch("/console/api/v1/jobs/" + id, {credentials: "same-origin"});
-                   return [r.status, await r.text()]; }""", jobs["alice"])
+                   return [r.status, await r.text()]; }""",
+                jobs["alice"],
+            )
             assert got[0] == 404, got
             output = bob.page.request.get(f"{served['base']}/console/jobs/{jobs['alice']}/outputs/results.json")
             assert output.status == 404
@@ -364,7 +383,9 @@ def test_the_job_detail_page_shows_phases_events_outputs_and_an_error(served: di
             for name in outputs:
                 href = b.page.get_attribute(f'main ul a:text-is("{name}")', "href")
                 got = b.page.request.get(served["base"] + str(href))
-                assert got.status == 200 and got.body() == Path(outputs[name].removeprefix("file://")).read_bytes(), name
+                assert got.status == 200 and got.body() == Path(outputs[name].removeprefix("file://")).read_bytes(), (
+                    name
+                )
             assert b.page.locator("h2", has_text="Error").count() == 0
             b.clean()
             # the failed job: its error, the phase it failed in, no outputs

@@ -29,9 +29,11 @@ from _wait import FINISHED_JOB, wait_value
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKENS = {"root": ("root-token-0123456789abcdef0123456789ab", "admin"),
-          "alice": ("alice-token-0123456789abcdef0123456789", "jobs,infer"),
-          "bob": ("bob-token-0123456789abcdef0123456789ab", "jobs")}
+TOKENS = {
+    "root": ("root-token-0123456789abcdef0123456789ab", "admin"),
+    "alice": ("alice-token-0123456789abcdef0123456789", "jobs,infer"),
+    "bob": ("bob-token-0123456789abcdef0123456789ab", "jobs"),
+}
 TINY = ["--window-s", "0.2", "--warmup-s", "0.05", "--max-windows", "3"]
 BATCHES = [1, 1, 1, 2, 4, 4]
 """Batch sizes of the inference requests sent before the Models page is looked at."""
@@ -63,13 +65,19 @@ def _bearer(who: str) -> dict[str, str]:
 
 
 def _wait_job(base: str, job_id: str, who: str, timeout_s: float = 300) -> dict[str, Any]:
-    return wait_value(lambda: httpx.get(f"{base}/v1/jobs/{job_id}", headers=_bearer(who), timeout=10).json(),
-                      lambda job: job["state"] in FINISHED_JOB, timeout_s, f"job {job_id} to finish", every_s=0.2)
+    return wait_value(
+        lambda: httpx.get(f"{base}/v1/jobs/{job_id}", headers=_bearer(who), timeout=10).json(),
+        lambda job: job["state"] in FINISHED_JOB,
+        timeout_s,
+        f"job {job_id} to finish",
+        every_s=0.2,
+    )
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, carphone: Path, nudenet_model: Path, test_home: Path,
-           cli: Any) -> Iterator[dict[str, Any]]:
+def served(
+    tmp_path_factory: pytest.TempPathFactory, carphone: Path, nudenet_model: Path, test_home: Path, cli: Any
+) -> Iterator[dict[str, Any]]:
     playwright()
     tmp = tmp_path_factory.mktemp("console-pages")
     home = tmp / "home"
@@ -93,19 +101,37 @@ def served(tmp_path_factory: pytest.TempPathFactory, carphone: Path, nudenet_mod
     (reports / "escape").symlink_to(secret / "inside", target_is_directory=True)
     (reports / "leak").mkdir()
     (reports / "leak" / "report.html").symlink_to(secret / "inside" / "report.html")
-    with ServeProcess(repo, home, "--auth-token-file", str(token_file), "--model-control-mode", "explicit",
-                      "--load-model", "scale", "--reports", str(reports)) as server:
+    with ServeProcess(
+        repo,
+        home,
+        "--auth-token-file",
+        str(token_file),
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "scale",
+        "--reports",
+        str(reports),
+    ) as server:
         server.wait_line("ready:", 120)
         base = f"http://127.0.0.1:{server.ports['HTTP']}"
         for n in BATCHES:
             x = np.arange(4 * n, dtype=np.float32).tolist()
-            r = httpx.post(f"{base}/v2/models/scale/infer", headers=_bearer("alice"), timeout=30,
-                           json={"inputs": [{"name": "x", "shape": [n, 4], "datatype": "FP32", "data": x}]})
+            r = httpx.post(
+                f"{base}/v2/models/scale/infer",
+                headers=_bearer("alice"),
+                timeout=30,
+                json={"inputs": [{"name": "x", "shape": [n, 4], "datatype": "FP32", "data": x}]},
+            )
             assert r.status_code == 200, r.text
         jobs: dict[str, str] = {}
         for tenant in ("alice", "bob"):
-            body = {"source": f"file://{home}/storage/{tenant}/clip.mp4",
-                    "target": f"file://{home}/storage/{tenant}/out/", "pipeline": "nudenet", "params": {"sampling": "fps:2"}}
+            body = {
+                "source": f"file://{home}/storage/{tenant}/clip.mp4",
+                "target": f"file://{home}/storage/{tenant}/out/",
+                "pipeline": "nudenet",
+                "params": {"sampling": "fps:2"},
+            }
             r = httpx.post(f"{base}/v1/jobs", json=body, headers=_bearer(tenant), timeout=10)
             assert r.status_code == 201, r.text
             jobs[tenant] = r.json()["id"]
@@ -150,7 +176,9 @@ class _Browser:
         status, text = self.page.evaluate(
             """async ([url, form, headers]) => { const r = await fetch(url, { method: "POST", headers,
                  body: new URLSearchParams(form), credentials: "same-origin", redirect: "manual" });
-               return [r.status, await r.text()]; }""", [self.base + path, form, headers or {}])
+               return [r.status, await r.text()]; }""",
+            [self.base + path, form, headers or {}],
+        )
         return int(status), str(text)
 
     def shot(self, art: Path, name: str) -> None:
@@ -184,7 +212,9 @@ def _stats(base: str) -> dict[str, Any]:
     return dict(doc["model_stats"][0])
 
 
-def test_models_page_shows_the_model_its_batch_histogram_and_percentiles_without_buttons(served: dict[str, Any]) -> None:
+def test_models_page_shows_the_model_its_batch_histogram_and_percentiles_without_buttons(
+    served: dict[str, Any],
+) -> None:
     sync_playwright = playwright()
     stats = _stats(served["base"])
     executions = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
@@ -203,8 +233,10 @@ def test_models_page_shows_the_model_its_batch_histogram_and_percentiles_without
             b.shot(served["art"], "models")
             b.page.click('#models a[href^="/console/models/scale"]')
             b.page.wait_for_url(re.compile(r"/console/models/scale\?window=5$"))
-            shown = {int(tr.get_attribute("data-batch")): int(tr.get_attribute("data-count"))
-                     for tr in b.page.locator(".histogram tbody tr").all()}
+            shown = {
+                int(tr.get_attribute("data-batch")): int(tr.get_attribute("data-count"))
+                for tr in b.page.locator(".histogram tbody tr").all()
+            }
             assert shown == executions
             for d in ("queue", "compute_infer", "request"):
                 cells = b.page.locator(f'.percentiles tr[data-duration="{d}"] td').all_inner_texts()
@@ -254,8 +286,12 @@ def test_admin_unloads_and_loads_the_model_from_the_page(served: dict[str, Any])
             b.page.wait_for_url(re.compile(r"/console/models\?done=loaded&model=scale$"))
             assert b.page.locator('#models tr[data-model="scale"]').get_attribute("data-state") == "READY"
             assert state() == "READY"
-            r = httpx.post(f"{base}/v2/models/scale/infer", headers=_bearer("alice"), timeout=30,
-                           json={"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+            r = httpx.post(
+                f"{base}/v2/models/scale/infer",
+                headers=_bearer("alice"),
+                timeout=30,
+                json={"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]},
+            )
             assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [2, 4, 6, 8]
             b.accessible()
             b.only_this_server()
@@ -276,8 +312,11 @@ def test_forged_and_csrf_less_posts_are_refused(served: dict[str, Any]) -> None:
             assert status == 403 and "admin role" in text
             # an admin's session without the token, or with a wrong one: refused
             root.goto("/console/models")
-            for form, headers in (({"x": "1"}, None), ({"csrf_token": "forged"}, None),
-                                  ({"csrf_token": root.csrf()}, {"X-CSRF-Token": "forged"})):
+            for form, headers in (
+                ({"x": "1"}, None),
+                ({"csrf_token": "forged"}, None),
+                ({"csrf_token": root.csrf()}, {"X-CSRF-Token": "forged"}),
+            ):
                 status, text = root.post("/console/models/scale/unload", form, headers)
                 assert status == 403 and "CSRF" in text, (form, headers, status, text)
             # no session at all: 401
@@ -311,16 +350,28 @@ def test_reports_page_lists_a_perf_report_and_opens_it_sandboxed(served: dict[st
             frame = b.page.frame_locator("#report")
             frame.locator("table").first.wait_for(timeout=30_000)
             report = next(f for f in b.page.frames if f.url.endswith("/console/reports/raw?id=perf-scale"))
-            report.wait_for_function("() => Array.from(document.images).every(i => i.complete)", polling=100,
-                                     timeout=30_000)
+            report.wait_for_function(
+                "() => Array.from(document.images).every(i => i.complete)", polling=100, timeout=30_000
+            )
             decoded = report.evaluate("() => Array.from(document.images).map(i => i.naturalWidth > 0)")
             assert decoded and all(decoded)
-            assert report.evaluate("() => { try { return document.cookie; } catch (e) { return 'opaque'; } }") == "opaque"
+            assert (
+                report.evaluate("() => { try { return document.cookie; } catch (e) { return 'opaque'; } }") == "opaque"
+            )
             b.accessible()
             b.shot(served["art"], "report")
             raw = b.page.request.get(f"{served['base']}/console/reports/raw?id=perf-scale")
             assert raw.status == 200 and raw.headers["content-security-policy"].startswith("sandbox;")
-            for bad in ("escape", "leak", "..", "../secret/inside", "/etc", "perf-scale/..", "perf-scale/../escape", "./perf-scale"):
+            for bad in (
+                "escape",
+                "leak",
+                "..",
+                "../secret/inside",
+                "/etc",
+                "perf-scale/..",
+                "perf-scale/../escape",
+                "./perf-scale",
+            ):
                 for what in ("raw", "view"):
                     r = b.page.request.get(f"{served['base']}/console/reports/{what}", params={"id": bad})
                     assert r.status == 404 and "not yours" not in r.text(), (bad, what, r.status)
@@ -335,8 +386,10 @@ def test_reports_page_lists_a_perf_report_and_opens_it_sandboxed(served: dict[st
 def test_api_docs_render_with_no_request_to_another_host(served: dict[str, Any]) -> None:
     sync_playwright = playwright()
     with sync_playwright() as pw:
-        for path, b in (("/console/docs", _Browser(pw, served["base"], "alice")),
-                        ("/docs", _Browser(pw, served["base"], "alice", bearer=True))):
+        for path, b in (
+            ("/console/docs", _Browser(pw, served["base"], "alice")),
+            ("/docs", _Browser(pw, served["base"], "alice", bearer=True)),
+        ):
             try:
                 b.goto(path)
                 b.page.wait_for_selector(".swagger-ui .info .title", timeout=30_000)
@@ -347,8 +400,9 @@ def test_api_docs_render_with_no_request_to_another_host(served: dict[str, Any])
                     b.shot(served["art"], "docs")
                     b.fits_a_phone(path)
                     b.page.wait_for_selector(".opblock", timeout=30_000)
-                    assert b.page.evaluate("() => fetch('/console/static/swagger/LICENSE').then(r => r.text())").startswith(
-                        "\n                                 Apache License")
+                    assert b.page.evaluate(
+                        "() => fetch('/console/static/swagger/LICENSE').then(r => r.text())"
+                    ).startswith("\n                                 Apache License")
                 b.only_this_server()
                 assert not b.errors, (path, b.errors)
             finally:

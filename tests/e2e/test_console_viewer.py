@@ -27,13 +27,19 @@ TOKENS = {"alice": "alice-token-0123456789abcdef0123456789", "bob": "bob-token-0
 
 
 def _wait_job(base: str, job_id: str, headers: dict[str, str], timeout_s: float = 300) -> dict[str, Any]:
-    return wait_value(lambda: httpx.get(f"{base}/v1/jobs/{job_id}", headers=headers, timeout=10).json(),
-                      lambda job: job["state"] in FINISHED_JOB, timeout_s, f"job {job_id} to finish", every_s=0.2)
+    return wait_value(
+        lambda: httpx.get(f"{base}/v1/jobs/{job_id}", headers=headers, timeout=10).json(),
+        lambda job: job["state"] in FINISHED_JOB,
+        timeout_s,
+        f"job {job_id} to finish",
+        every_s=0.2,
+    )
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, carphone: Path, nudenet_model: Path,
-           test_home: Path) -> Iterator[dict[str, Any]]:
+def served(
+    tmp_path_factory: pytest.TempPathFactory, carphone: Path, nudenet_model: Path, test_home: Path
+) -> Iterator[dict[str, Any]]:
     playwright()
     tmp = tmp_path_factory.mktemp("console")
     home = tmp / "home"
@@ -55,13 +61,19 @@ def served(tmp_path_factory: pytest.TempPathFactory, carphone: Path, nudenet_mod
             "b1": ("bob", {"sampling": "fps:2"}),
         }.items():
             h = {"Authorization": f"Bearer {TOKENS[tenant]}"}
-            body = {"source": f"file://{home}/storage/{tenant}/clip.mp4", "target": f"file://{home}/storage/{tenant}/out/{key}",
-                    "pipeline": "nudenet", "params": params}
+            body = {
+                "source": f"file://{home}/storage/{tenant}/clip.mp4",
+                "target": f"file://{home}/storage/{tenant}/out/{key}",
+                "pipeline": "nudenet",
+                "params": params,
+            }
             r = httpx.post(f"{base}/v1/jobs", json=body, headers=h, timeout=10)
             assert r.status_code == 201, r.text
             jobs[key] = r.json()["id"]
-        done = {k: _wait_job(base, v, {"Authorization": f"Bearer {TOKENS['bob' if k == 'b1' else 'alice']}"})
-                for k, v in jobs.items()}
+        done = {
+            k: _wait_job(base, v, {"Authorization": f"Bearer {TOKENS['bob' if k == 'b1' else 'alice']}"})
+            for k, v in jobs.items()
+        }
         assert all(j["state"] == "succeeded" for j in done.values()), done
         art = test_home / "artifacts" / "console"
         art.mkdir(parents=True, exist_ok=True)
@@ -79,8 +91,9 @@ class _Browser:
     def __init__(self, pw: Any, base: str, tenant: str) -> None:
         self.base = base
         self.browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        self.ctx = self.browser.new_context(viewport={"width": 1280, "height": 800},
-                                            extra_http_headers={"Authorization": f"Bearer {TOKENS[tenant]}"})
+        self.ctx = self.browser.new_context(
+            viewport={"width": 1280, "height": 800}, extra_http_headers={"Authorization": f"Bearer {TOKENS[tenant]}"}
+        )
         self.page = self.ctx.new_page()
         self.requests: list[str] = []
         self.errors: list[str] = []
@@ -124,22 +137,34 @@ def test_viewer_shows_the_highest_score_frame_with_its_box_and_follows_the_video
             # click the highest point: its pixel from the chart's own scales
             xy = b.page.evaluate(
                 """([pts, score]) => { const u = window.frameserveViewer.plot(); const r = u.over.getBoundingClientRect();
-                   return [r.left + u.valToPos(pts, 'x'), r.top + u.valToPos(score, 'y')]; }""", [best[1], best[0]])
+                   return [r.left + u.valToPos(pts, 'x'), r.top + u.valToPos(score, 'y')]; }""",
+                [best[1], best[0]],
+            )
             b.page.mouse.move(xy[0], xy[1])
             b.page.mouse.click(xy[0], xy[1])
             b.page.wait_for_function("() => document.querySelector('#frame').dataset.pts !== undefined", timeout=30_000)
             shown = float(b.page.get_attribute("#frame", "data-pts"))
             assert shown == pytest.approx(best[1], abs=1e-3)
-            boxes = [list(map(float, s.split(","))) for s in b.page.eval_on_selector_all("#boxes .box", "els => els.map(e => e.dataset.box)")]
-            assert any(max(abs(p - q) for p, q in zip(box, best[2], strict=True)) < 0.01 for box in boxes), (boxes, best)
+            boxes = [
+                list(map(float, s.split(",")))
+                for s in b.page.eval_on_selector_all("#boxes .box", "els => els.map(e => e.dataset.box)")
+            ]
+            assert any(max(abs(p - q) for p, q in zip(box, best[2], strict=True)) < 0.01 for box in boxes), (
+                boxes,
+                best,
+            )
             b.page.wait_for_function("() => document.querySelector('#frame').complete", timeout=10_000)
             b.shot(served["art"], "viewer")
             # the output video plays and the cursor follows it
             b.page.wait_for_selector("#video-pane:not([hidden])", timeout=10_000)
             b.page.evaluate("() => { const v = document.querySelector('#video'); v.muted = true; return v.play(); }")
-            b.page.wait_for_function("() => Number(document.querySelector('#chart').dataset.cursor || 0) > 0.5", timeout=30_000)
+            b.page.wait_for_function(
+                "() => Number(document.querySelector('#chart').dataset.cursor || 0) > 0.5", timeout=30_000
+            )
             # overlay a second run (another job of the same tenant)
-            b.page.wait_for_selector(f"#compare-job option[value='{served['jobs']['a2']}']", state="attached", timeout=10_000)
+            b.page.wait_for_selector(
+                f"#compare-job option[value='{served['jobs']['a2']}']", state="attached", timeout=10_000
+            )
             b.page.select_option("#compare-job", served["jobs"]["a2"])
             b.page.wait_for_function("() => document.querySelector('#chart').dataset.overlay !== ''", timeout=30_000)
             legend = b.page.inner_text(".u-legend")
@@ -179,8 +204,11 @@ def test_a_results_file_from_frameserve_run_opens_in_the_viewer(served: dict[str
             url = b.page.url
         finally:
             b.close()
-        bob = httpx.get(url.replace("/console/results/", "/console/api/results/") + "/timeline",
-                        headers={"Authorization": f"Bearer {TOKENS['bob']}"}, timeout=10)
+        bob = httpx.get(
+            url.replace("/console/results/", "/console/api/results/") + "/timeline",
+            headers={"Authorization": f"Bearer {TOKENS['bob']}"},
+            timeout=10,
+        )
         assert bob.status_code == 404
 
 
@@ -190,7 +218,7 @@ def test_pipelines_page_try_form_runs_analyze_and_shows_the_viewer(served: dict[
         b = _Browser(pw, served["base"], "alice")
         try:
             b.page.goto(f"{served['base']}/console/pipelines")
-            assert b.page.inner_text("#pipeline-nudenet th")  == "nudenet"
+            assert b.page.inner_text("#pipeline-nudenet th") == "nudenet"
             b.shot(served["art"], "pipelines")
             b.page.select_option("#try-pipeline", "nudenet")
             b.page.set_input_files("#try-file", str(carphone))
@@ -231,8 +259,13 @@ def test_a_tenant_cannot_open_another_tenants_job_results(served: dict[str, Any]
 def test_timeline_api_refuses_bad_sizes_with_422(served: dict[str, Any]) -> None:
     h = {"Authorization": f"Bearer {TOKENS['alice']}"}
     url = f"{served['base']}/console/api/jobs/{served['jobs']['a1']}/timeline"
-    for q, word in (("width=0", "width"), ("width=9000", "width"), ("width=abc", "width"),
-                    ("start_s=5&end_s=1", "end_s"), ("start_s=x", "start_s")):
+    for q, word in (
+        ("width=0", "width"),
+        ("width=9000", "width"),
+        ("width=abc", "width"),
+        ("start_s=5&end_s=1", "end_s"),
+        ("start_s=x", "start_s"),
+    ):
         r = httpx.get(f"{url}?{q}", headers=h, timeout=10)
         assert r.status_code == 422 and word in r.json()["error"], (q, r.text)
     r = httpx.get(f"{url}?width=4", headers=h, timeout=10)
@@ -245,7 +278,9 @@ def test_timeline_api_refuses_bad_sizes_with_422(served: dict[str, Any]) -> None
     img = httpx.get(f"{url.removesuffix('/timeline')}/frame?frame={ordinal}&format=png", headers=h, timeout=60)
     assert img.status_code == 200 and img.headers["content-type"] == "image/png" and img.content[:4] == b"\x89PNG"
     assert float(img.headers["x-frame-pts"]) == pytest.approx(frames[ordinal]["pts_s"], abs=1e-3)
-    assert json.loads(img.headers["x-frame-boxes"])[0]["box"] == pytest.approx(frames[ordinal]["detections"][0]["box"], abs=1e-3)
+    assert json.loads(img.headers["x-frame-boxes"])[0]["box"] == pytest.approx(
+        frames[ordinal]["detections"][0]["box"], abs=1e-3
+    )
     bad = httpx.get(f"{url.removesuffix('/timeline')}/frame?frame=999999", headers=h, timeout=10)
     assert bad.status_code == 422 and "frame must be" in bad.json()["error"]
 
@@ -253,9 +288,15 @@ def test_timeline_api_refuses_bad_sizes_with_422(served: dict[str, Any]) -> None
 def test_a_long_run_opens_decimated_and_zooming_in_reaches_every_frame(served: dict[str, Any]) -> None:
     sync_playwright = playwright()
     n = 6000  # 50 minutes at fps:2
-    frames = [{"index": i, "pts_s": i / 2, "is_keyframe": False,
-               "detections": [{"label": "A", "score": round(0.3 + 0.6 * ((i * 7919) % 97) / 97, 4), "box": [0, 0, 5, 5]}]}
-              for i in range(n)]
+    frames = [
+        {
+            "index": i,
+            "pts_s": i / 2,
+            "is_keyframe": False,
+            "detections": [{"label": "A", "score": round(0.3 + 0.6 * ((i * 7919) % 97) / 97, 4), "box": [0, 0, 5, 5]}],
+        }
+        for i in range(n)
+    ]
     body = json.dumps({"pipeline": "nudenet", "sampling": "fps:2", "frames": frames, "summary": {"labels": {}}})
     h = {"Authorization": f"Bearer {TOKENS['alice']}", "Content-Type": "application/json"}
     up = httpx.post(f"{served['base']}/console/api/results", content=body, headers=h, timeout=60)
@@ -269,14 +310,18 @@ def test_a_long_run_opens_decimated_and_zooming_in_reaches_every_frame(served: d
             for _ in range(12):  # each halves the range: 3000 s -> ~47 s after 6, fewer frames than pixels
                 before = b.page.get_attribute("#chart", "data-drawn")
                 b.page.click("#zoom-in")
-                b.page.wait_for_function("(t) => document.querySelector('#chart').dataset.drawn !== t", arg=before, timeout=30_000)
+                b.page.wait_for_function(
+                    "(t) => document.querySelector('#chart').dataset.drawn !== t", arg=before, timeout=30_000
+                )
                 if int(b.page.get_attribute("#chart", "data-frames")) < 200:
                     break
             assert b.page.get_attribute("#chart", "data-mode") == "exact"
             assert int(b.page.get_attribute("#chart", "data-frames")) < 200
             before = b.page.get_attribute("#chart", "data-drawn")
             b.page.click("#pan-right")
-            b.page.wait_for_function("(t) => document.querySelector('#chart').dataset.drawn !== t", arg=before, timeout=30_000)
+            b.page.wait_for_function(
+                "(t) => document.querySelector('#chart').dataset.drawn !== t", arg=before, timeout=30_000
+            )
             b.page.click("#zoom-reset")
             b.page.wait_for_function("() => document.querySelector('#chart').dataset.mode === 'minmax'", timeout=30_000)
             b.only_this_server()

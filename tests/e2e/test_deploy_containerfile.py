@@ -87,7 +87,7 @@ def test_containerfile_instructions() -> None:
     assert _values(build, "FROM") == ["${PYTHON_IMAGE} AS build"] and _values(runtime, "FROM") == ["${PYTHON_IMAGE}"]
     assert any("pip wheel" in v and "--no-deps" in v for v in _values(build, "RUN"))
     assert any("--from=build" in v for v in _values(runtime, "COPY"))
-    assert any(re.search(r'pip install .*frameserve\[\$\{FRAMESERVE_EXTRAS\}\]', v) for v in _values(runtime, "RUN"))
+    assert any(re.search(r"pip install .*frameserve\[\$\{FRAMESERVE_EXTRAS\}\]", v) for v in _values(runtime, "RUN"))
     names = [i["instruction"] for i in runtime]
     users = _values(runtime, "USER")
     assert users and users[-1] not in ("root", "0") and not users[-1].startswith("0:")
@@ -127,8 +127,11 @@ def _test_user() -> tuple[int, int] | None:
     try:
         pw = pwd.getpwnam(TEST_USER)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER],
+            check=True,
+            capture_output=True,
+        )
         pw = pwd.getpwnam(TEST_USER)
     return pw.pw_uid, pw.pw_gid
 
@@ -141,9 +144,14 @@ def _interpreter(user: tuple[int, int] | None) -> str:
         if not candidate:
             continue
         try:
-            out = subprocess.run([candidate, "-c", "import sys, venv; print('%d.%d' % sys.version_info[:2])"],
-                                 capture_output=True, text=True, user=user[0] if user else None,
-                                 group=user[1] if user else None, extra_groups=[] if user else None)
+            out = subprocess.run(
+                [candidate, "-c", "import sys, venv; print('%d.%d' % sys.version_info[:2])"],
+                capture_output=True,
+                text=True,
+                user=user[0] if user else None,
+                group=user[1] if user else None,
+                extra_groups=[] if user else None,
+            )
         except OSError:  # not executable by that user
             continue
         if out.returncode == 0 and out.stdout.strip() == version:
@@ -169,8 +177,13 @@ class Stages:
 
     def __init__(self, root: Path, user: tuple[int, int] | None, python: str, view: Path) -> None:
         self.root, self.user, self.view = root, user, view
-        self.map = {"/opt/frameserve": root / "opt", "/var/lib/frameserve": root / "home", "/wheels": root / "wheels",
-                    "/etc/frameserve/tokens": root / "tokens", "/src": root / "src"}
+        self.map = {
+            "/opt/frameserve": root / "opt",
+            "/var/lib/frameserve": root / "home",
+            "/wheels": root / "wheels",
+            "/etc/frameserve/tokens": root / "tokens",
+            "/src": root / "src",
+        }
         shim = root / "shim"
         shim.mkdir()
         (shim / "python").symlink_to(python)
@@ -183,8 +196,14 @@ class Stages:
         return text
 
     def env_for(self, env: dict[str, str]) -> dict[str, str]:
-        return {**env, "PYTHONPATH": str(self.view), "PIP_NO_INDEX": "1", "PIP_NO_COMPILE": "1",
-                "HOME": str(self.root / "home"), "LANG": "C.UTF-8"}
+        return {
+            **env,
+            "PYTHONPATH": str(self.view),
+            "PIP_NO_INDEX": "1",
+            "PIP_NO_COMPILE": "1",
+            "HOME": str(self.root / "home"),
+            "LANG": "C.UTF-8",
+        }
 
     def run(self, command: str, env: dict[str, str], cwd: Path, as_user: bool) -> None:
         owner = self.user or (os.getuid(), os.getgid())
@@ -193,10 +212,19 @@ class Stages:
         if as_user and self.user is not None:
             kw = {"user": self.user[0], "group": self.user[1], "extra_groups": []}
         t0 = time.monotonic()
-        out = subprocess.run(["bash", "-euo", "pipefail", "-c", command], env=self.env_for(env), cwd=cwd,
-                             capture_output=True, text=True, timeout=120, **kw)
+        out = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", command],
+            env=self.env_for(env),
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            **kw,
+        )
         self.log.append(f"$ {command}  ({time.monotonic() - t0:.1f} s)\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
-        assert out.returncode == 0, f"step failed ({out.returncode}): {command}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        assert out.returncode == 0, (
+            f"step failed ({out.returncode}): {command}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        )
 
     def play(self, stage: list[dict[str, Any]], build_env: dict[str, str]) -> dict[str, Any]:
         """Run one stage; returns its final state (env, cwd, user, entrypoint, cmd, healthcheck)."""
@@ -293,23 +321,47 @@ def test_containerfile_builds_installs_and_serves_as_non_root(scratch: Path, nud
         path.chmod(path.stat().st_mode & ~0o222)
     state["env"]["FRAMESERVE_DB"] = f"sqlite:///{scratch / 'home' / 'tmp' / 'jobs.db'}"
     ports = [_free_port() for _ in range(3)]
-    command = [*state["ENTRYPOINT"], *state["CMD"], "--host", "127.0.0.1", "--http-port", str(ports[0]),
-               "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    command = [
+        *state["ENTRYPOINT"],
+        *state["CMD"],
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(ports[0]),
+        "--grpc-port",
+        str(ports[1]),
+        "--metrics-port",
+        str(ports[2]),
+    ]
     assert command[:2] == ["frameserve", "serve"] and "--auth-token-file" in command
     env = stages.env_for(state["env"])
     assert shutil.which("frameserve", path=env["PATH"]) == str(scratch / "opt" / "bin" / "frameserve")
     kw: dict[str, Any] = {"user": user[0], "group": user[1], "extra_groups": []} if user else {}
     health = [a.replace("127.0.0.1:8000", f"127.0.0.1:{ports[0]}") for a in state["HEALTHCHECK"]]
-    proc = subprocess.Popen(command, env=env, cwd=state["cwd"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, stdin=subprocess.DEVNULL, **kw)
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        cwd=state["cwd"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        **kw,
+    )
     try:
         try:
-            check = wait_value(lambda: subprocess.run(health, env=env, capture_output=True, text=True, timeout=10, **kw),
-                               lambda c: c.returncode == 0 or proc.poll() is not None, 60, "the HEALTHCHECK to pass",
-                               every_s=0.5)
+            check = wait_value(
+                lambda: subprocess.run(health, env=env, capture_output=True, text=True, timeout=10, **kw),
+                lambda c: c.returncode == 0 or proc.poll() is not None,
+                60,
+                "the HEALTHCHECK to pass",
+                every_s=0.5,
+            )
         except AssertionError as exc:
             raise AssertionError(f"{exc}\nlog:\n" + "\n".join(stages.log)) from None
-        assert check.returncode == 0, f"HEALTHCHECK never passed: {check.stderr[-1000:]}\nlog:\n" + "\n".join(stages.log)
+        assert check.returncode == 0, f"HEALTHCHECK never passed: {check.stderr[-1000:]}\nlog:\n" + "\n".join(
+            stages.log
+        )
         if user is not None:
             status = Path(f"/proc/{proc.pid}/status").read_text()
             assert re.search(rf"^Uid:\s+{user[0]}\s", status, re.M), status

@@ -52,8 +52,10 @@ CUSTOM = {
 def _kubectl() -> str:
     exe = shutil.which("kubectl")
     if exe is None:
-        pytest.skip("kubectl is not on PATH (this machine kind has kubectl v1.32 with kustomize built in): "
-                    "the manifests cannot be rendered here")
+        pytest.skip(
+            "kubectl is not on PATH (this machine kind has kubectl v1.32 with kustomize built in): "
+            "the manifests cannot be rendered here"
+        )
     return exe
 
 
@@ -84,7 +86,9 @@ def one(rel: str, kind: str, name: str | None = None) -> dict[str, Any]:
 
 
 def is_custom(doc: dict[str, Any]) -> bool:
-    return doc["apiVersion"].split("/")[0].endswith((".keda.sh", ".kserve.io")) or doc["apiVersion"].startswith("keda.sh/")
+    return doc["apiVersion"].split("/")[0].endswith((".keda.sh", ".kserve.io")) or doc["apiVersion"].startswith(
+        "keda.sh/"
+    )
 
 
 @functools.cache
@@ -122,19 +126,33 @@ def core_parts(doc: dict[str, Any]) -> list[dict[str, Any]]:
     parts = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}]
     spec = doc.get("spec", {})
     if doc["kind"] == "ScaledJob":
-        parts.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": meta["name"]},
-                      "spec": spec["jobTargetRef"]})
+        parts.append(
+            {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": meta["name"]}, "spec": spec["jobTargetRef"]}
+        )
     if doc["kind"] in ("ServingRuntime", "ClusterServingRuntime"):
         pod_keys = ("containers", "volumes", "affinity", "tolerations", "imagePullSecrets", "nodeSelector")
-        parts.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": meta["name"]},
-                      "spec": {k: spec[k] for k in pod_keys if k in spec}})
+        parts.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": meta["name"]},
+                "spec": {k: spec[k] for k in pod_keys if k in spec},
+            }
+        )
     if doc["kind"] == "InferenceService":
         model = spec["predictor"]["model"]
-        container = {"name": "kserve-container", "image": "placeholder",
-                     **{k: v for k, v in model.items() if k not in ("modelFormat", "runtime", "runtimeVersion",
-                                                                    "protocolVersion", "storageUri", "storage")}}
-        parts.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": meta["name"]},
-                      "spec": {"containers": [container]}})
+        container = {
+            "name": "kserve-container",
+            "image": "placeholder",
+            **{
+                k: v
+                for k, v in model.items()
+                if k not in ("modelFormat", "runtime", "runtimeVersion", "protocolVersion", "storageUri", "storage")
+            },
+        }
+        parts.append(
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": meta["name"]}, "spec": {"containers": [container]}}
+        )
     return parts
 
 
@@ -162,8 +180,16 @@ def test_builtin_kinds_validate_strictly() -> None:
             if (err := k8s_errors(part)) is not None:
                 errors.append(f"{rel}: {err}")
     assert not errors, "\n".join(errors)
-    assert {"Deployment", "Service", "ConfigMap", "Secret", "Namespace", "PersistentVolumeClaim", "Job",
-            "Pod"} <= checked
+    assert {
+        "Deployment",
+        "Service",
+        "ConfigMap",
+        "Secret",
+        "Namespace",
+        "PersistentVolumeClaim",
+        "Job",
+        "Pod",
+    } <= checked
 
 
 def test_strict_validation_rejects_an_unknown_field() -> None:
@@ -207,23 +233,47 @@ def _break(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 
 
 BROKEN = {
-    "ScaledJob": [("spec.triggers", "-"), ("spec.scalingStrategy.strategy", "fastest"),
-                  ("spec.maxReplicaCount", "20"), ("spec.triggers.0.metadata.targetQueryValue", 1),
-                  ("spec.pollingIntervall", 10), ("spec.jobTargetRef.template", "-")],
-    "ScaledObject": [("spec.scaleTargetRef", "-"), ("spec.fallback.behavior", "sometimes"),
-                     ("spec.fallback.replicas", "-"), ("spec.triggers.1.metadata.desiredReplicas", 4),
-                     ("spec.advanced.horizontalPodAutoscalerConfig.behavior.scaleDown.policies.0.value", "one"),
-                     ("spec.cooldownperiod", 300)],
-    "TriggerAuthentication": [("spec.secretTargetRef.0.key", "-"), ("spec.secretTargetRef.0.parameter", 5),
-                              ("spec.secretTargetRefs", [])],
-    "ClusterServingRuntime": [("spec.containers", "-"), ("spec.protocolVersions.0", "v3"),
-                              ("spec.supportedModelFormats.0.autoSelect", "yes"),
-                              ("spec.supportedModelFormats.0.priority", 0), ("spec.supportedModelFormat", [])],
-    "ServingRuntime": [("spec.containers", "-"), ("spec.protocolVersions.1", "grpc-v3"),
-                       ("spec.supportedModelFormats.0.name", "-")],
-    "InferenceService": [("spec.predictor", "-"), ("spec.predictor.model.protocolVersion", "v9"),
-                         ("spec.predictor.model.modelFormat.name", "-"), ("spec.predictor.minReplicas", "one"),
-                         ("spec.predictor.model.storageURI", "s3://x"), ("status", {"ready": True})],
+    "ScaledJob": [
+        ("spec.triggers", "-"),
+        ("spec.scalingStrategy.strategy", "fastest"),
+        ("spec.maxReplicaCount", "20"),
+        ("spec.triggers.0.metadata.targetQueryValue", 1),
+        ("spec.pollingIntervall", 10),
+        ("spec.jobTargetRef.template", "-"),
+    ],
+    "ScaledObject": [
+        ("spec.scaleTargetRef", "-"),
+        ("spec.fallback.behavior", "sometimes"),
+        ("spec.fallback.replicas", "-"),
+        ("spec.triggers.1.metadata.desiredReplicas", 4),
+        ("spec.advanced.horizontalPodAutoscalerConfig.behavior.scaleDown.policies.0.value", "one"),
+        ("spec.cooldownperiod", 300),
+    ],
+    "TriggerAuthentication": [
+        ("spec.secretTargetRef.0.key", "-"),
+        ("spec.secretTargetRef.0.parameter", 5),
+        ("spec.secretTargetRefs", []),
+    ],
+    "ClusterServingRuntime": [
+        ("spec.containers", "-"),
+        ("spec.protocolVersions.0", "v3"),
+        ("spec.supportedModelFormats.0.autoSelect", "yes"),
+        ("spec.supportedModelFormats.0.priority", 0),
+        ("spec.supportedModelFormat", []),
+    ],
+    "ServingRuntime": [
+        ("spec.containers", "-"),
+        ("spec.protocolVersions.1", "grpc-v3"),
+        ("spec.supportedModelFormats.0.name", "-"),
+    ],
+    "InferenceService": [
+        ("spec.predictor", "-"),
+        ("spec.predictor.model.protocolVersion", "v9"),
+        ("spec.predictor.model.modelFormat.name", "-"),
+        ("spec.predictor.minReplicas", "one"),
+        ("spec.predictor.model.storageURI", "s3://x"),
+        ("status", {"ready": True}),
+    ],
 }
 """Per custom kind, breakages its schema must refuse: a required field gone, an enum, a type, an
 unknown (mistyped) field, a bound."""
@@ -234,8 +284,11 @@ def test_each_crd_schema_rejects_a_broken_manifest(kind: str) -> None:
     if kind == "ServingRuntime":
         doc = _servingruntime()
     else:
-        rel = {"ScaledJob": "overlays/scaledjob", "ScaledObject": "overlays/scaledobject",
-               "TriggerAuthentication": "overlays/scaledjob"}.get(kind, "overlays/kserve")
+        rel = {
+            "ScaledJob": "overlays/scaledjob",
+            "ScaledObject": "overlays/scaledobject",
+            "TriggerAuthentication": "overlays/scaledjob",
+        }.get(kind, "overlays/kserve")
         doc = one(rel, kind)
     assert crd_errors(doc) == []
     for path, value in BROKEN[kind]:
@@ -303,7 +356,10 @@ def test_server_deployment_and_service() -> None:
     assert db_env["key"] in secrets[db_env["name"]]["stringData"]
     svc = one("overlays/scaledjob", "Service", "frameserve")
     assert {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == {
-        "http": (8000, "http"), "grpc": (8001, "grpc"), "metrics": (8002, "metrics")}
+        "http": (8000, "http"),
+        "grpc": (8001, "grpc"),
+        "metrics": (8002, "metrics"),
+    }
     assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
 
 
@@ -395,8 +451,13 @@ def _click() -> Any:
 def _help(command: str) -> str:
     exe = Path(sys.executable).with_name("frameserve")
     base = [str(exe)] if exe.exists() else [sys.executable, "-m", "frameserve"]
-    out = subprocess.run([*base, command, "--help"], capture_output=True, text=True, timeout=60,
-                         env={"COLUMNS": "250", "PATH": "/usr/bin:/bin", "TERM": "dumb"})
+    out = subprocess.run(
+        [*base, command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "250", "PATH": "/usr/bin:/bin", "TERM": "dumb"},
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -410,8 +471,10 @@ def test_every_container_args_are_accepted_by_the_cli() -> None:
             try:  # parses and checks every value as `frameserve <command> ...` would, runs nothing
                 cmd.make_context(command, list(args))
             except _click().ClickException as exc:
-                pytest.fail(f"{rel} {doc['kind']} {doc['metadata']['name']}: frameserve {command} refuses "
-                            f"{args}: {exc.format_message()}")
+                pytest.fail(
+                    f"{rel} {doc['kind']} {doc['metadata']['name']}: frameserve {command} refuses "
+                    f"{args}: {exc.format_message()}"
+                )
             listed = set(re.findall(r"--[a-z0-9][a-z0-9-]*", _help(command)))
             unlisted = sorted({a for a in args if a.startswith("--")} - listed)
             assert not unlisted, f"{rel}: `frameserve {command} --help` does not list {unlisted}"
@@ -452,9 +515,12 @@ def test_trigger_queries_count_pending_jobs_on_postgresql(pg_server: PgServer) -
     # a retry waits an hour: its job is queued but not due
     store = JobStore(pg_server.url(name), retry=RetryPolicy(base_s=3600.0, max_s=3600.0, jitter=0.0))
     try:
+
         def submit(n: int) -> list[str]:
-            return [store.submit(JobSpec(source="s3://b/in.mp4", target="s3://b/out", pipeline="nudenet"))[0].id
-                    for _ in range(n)]
+            return [
+                store.submit(JobSpec(source="s3://b/in.mp4", target="s3://b/out", pipeline="nudenet"))[0].id
+                for _ in range(n)
+            ]
 
         def value(kind: str) -> float:
             # as KEDA's scaler does: the trigger's query on a connection of its own, one number scanned
@@ -502,5 +568,8 @@ def test_readme_applies_what_is_here() -> None:
     readme = (ROOT / "deploy" / "README.md").read_text()
     applied = re.findall(r"kubectl apply -k (deploy/k8s/\S+)", readme)
     assert applied and all((ROOT / p / "kustomization.yaml").exists() for p in applied), applied
-    assert {str(Path(p).relative_to("deploy/k8s")) for p in applied} >= {"overlays/scaledjob", "overlays/scaledobject",
-                                                                          "overlays/kserve"}
+    assert {str(Path(p).relative_to("deploy/k8s")) for p in applied} >= {
+        "overlays/scaledjob",
+        "overlays/scaledobject",
+        "overlays/kserve",
+    }

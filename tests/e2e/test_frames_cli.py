@@ -43,8 +43,9 @@ def test_frames_writes_the_model_input_tensors(cli, tmp_path: Path) -> None:  # 
 def test_frames_png_and_timestamps(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     made = make_video(tmp_path / "v.mp4", 12, size=(96, 64), gop=4)
     out = tmp_path / "png"
-    proc = cli("frames", str(made.path), "-p", "nudenet", "-o", str(out), "--format", "png",
-               "--sampling", "timestamps:0.1,0.3")
+    proc = cli(
+        "frames", str(made.path), "-p", "nudenet", "-o", str(out), "--format", "png", "--sampling", "timestamps:0.1,0.3"
+    )
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.glob("*.png")) == ["000002.png", "000007.png"]
 
@@ -93,8 +94,12 @@ def test_frames_overwrite_removes_only_what_an_earlier_run_wrote(cli, tmp_path: 
     out = tmp_path / "tensors"
     assert cli("frames", str(made.path), "-p", "nudenet", "-o", str(out), "--format", "png").returncode == 0
     assert len(list(out.glob("*.png"))) == 12
-    assert cli("frames", str(made.path), "-p", "nudenet", "-o", str(out), "--overwrite",
-               "--sampling", "every:2").returncode == 0
+    assert (
+        cli(
+            "frames", str(made.path), "-p", "nudenet", "-o", str(out), "--overwrite", "--sampling", "every:2"
+        ).returncode
+        == 0
+    )
     assert sorted(p.name for p in out.iterdir()) == [f"{i:06d}.npy" for i in range(0, 12, 2)] + ["index.json"]
     (out / "notes.txt").write_text("mine\n")
     (out / "000100.npy.bak").write_text("mine too\n")
@@ -105,7 +110,13 @@ def test_frames_overwrite_removes_only_what_an_earlier_run_wrote(cli, tmp_path: 
     proc = cli("frames", str(made.path), "-p", "nudenet", "-o", str(out), "--overwrite", "--sampling", "every:5")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == [
-        "000000.npy", "000005.npy", "000010.npy", "000100.npy.bak", "index.json", "keep", "notes.txt",
+        "000000.npy",
+        "000005.npy",
+        "000010.npy",
+        "000100.npy.bak",
+        "index.json",
+        "keep",
+        "notes.txt",
     ]
     index = json.loads((out / "index.json").read_text())
     assert [f["file"] for f in index["frames"]] == ["000000.npy", "000005.npy", "000010.npy"]

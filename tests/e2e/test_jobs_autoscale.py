@@ -38,16 +38,42 @@ def test_workers_rise_to_max_and_fall_back_to_min_without_killing_a_busy_one(tmp
 
     def spec(name: str, sleep_s: float, priority: int = 0) -> JobSpec:
         # one attempt: a worker killed under its job would fail the job (rescued with no attempt left)
-        return JobSpec(source=f"file://{root}/v.mp4", target=f"file://{root}/out/{name}", pipeline="slow",
-                       params={"short": True, "pipeline": {"sleep_s": sleep_s}}, priority=priority, max_attempts=1)
+        return JobSpec(
+            source=f"file://{root}/v.mp4",
+            target=f"file://{root}/out/{name}",
+            pipeline="slow",
+            params={"short": True, "pipeline": {"sleep_s": sleep_s}},
+            priority=priority,
+            max_attempts=1,
+        )
 
     slow = store.submit(spec("slow", 1.0, priority=9))[0].id  # ~10 s, taken first
     quick = [store.submit(spec(f"q{i}", 0.0))[0].id for i in range(5)]
     # 6 active jobs, 2 per worker: 3 workers wanted, the MAX
-    sup = WorkerProcess(tmp_path / "home", tmp_path / "sup.log", "--autoscale", "1:3", "--cooldown-s", "1.5",
-                        "--target-pending-per-worker", "2", "--db", db, "--file-root", str(root), "--pipelines",
-                        str(pipelines), "--threads", "1", "--no-callbacks", "--lease-s", "5", "--metrics-port", "0",
-                        "--export-queue-metrics")
+    sup = WorkerProcess(
+        tmp_path / "home",
+        tmp_path / "sup.log",
+        "--autoscale",
+        "1:3",
+        "--cooldown-s",
+        "1.5",
+        "--target-pending-per-worker",
+        "2",
+        "--db",
+        db,
+        "--file-root",
+        str(root),
+        "--pipelines",
+        str(pipelines),
+        "--threads",
+        "1",
+        "--no-callbacks",
+        "--lease-s",
+        "5",
+        "--metrics-port",
+        "0",
+        "--export-queue-metrics",
+    )
     try:
         wait_for(lambda: len(live_children(sup.pid)) == 3, 60, "MAX = 3 workers")
         wait_for(lambda: "autoscale: 0 → 3 workers" in sup.stderr(), 10, "straight to MAX in one decision")
@@ -64,8 +90,11 @@ def test_workers_rise_to_max_and_fall_back_to_min_without_killing_a_busy_one(tmp
         assert "released" not in events and "lease_expired" not in events
         time.sleep(1.6)  # idle past a cooldown: MIN holds
         assert [p.pid for p in live_children(sup.pid)] == [owner_pid]
-        wait_for(lambda: sample(sup.scrape(), "frameserve_jobs_succeeded_total", pipeline="slow") == 6.0, 10,
-                 "the children's counters")
+        wait_for(
+            lambda: sample(sup.scrape(), "frameserve_jobs_succeeded_total", pipeline="slow") == 6.0,
+            10,
+            "the children's counters",
+        )
         text = sup.scrape()
         assert sample(text, "frameserve_jobs_started_total", pipeline="slow") == 6.0  # every child's, summed
         assert sample(text, "frameserve_jobs_succeeded_total", pipeline="slow") == 6.0

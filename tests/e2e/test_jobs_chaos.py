@@ -98,8 +98,12 @@ class RecordingS3:
 
         def logged(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
             copy = environ.get("HTTP_X_AMZ_COPY_SOURCE")
-            req = S3Request(environ["REQUEST_METHOD"], environ.get("PATH_INFO", "").lstrip("/"),
-                            parse_qs(environ.get("QUERY_STRING", "")), unquote(copy).lstrip("/") if copy else None)
+            req = S3Request(
+                environ["REQUEST_METHOD"],
+                environ.get("PATH_INFO", "").lstrip("/"),
+                parse_qs(environ.get("QUERY_STRING", "")),
+                unquote(copy).lstrip("/") if copy else None,
+            )
             with self._lock:
                 self.requests.append(req)
 
@@ -156,8 +160,11 @@ class Receiver:
 
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingS3]:
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(k, v)  # the workers inherit them
     server = RecordingS3()
     yield server
@@ -219,6 +226,7 @@ class Fleet:
 
 def _killer(fleet: Fleet, faults: Path, first: WorkerProcess, done: threading.Event, rng: random.Random) -> None:
     """SIGKILL the worker paused after its upload, then a random worker every KILL_EVERY_S."""
+
     def paused() -> bool:
         if first.proc.poll() is not None:
             raise AssertionError(f"the first worker never paused after an upload:\n{first.stderr()[-3000:]}")
@@ -233,7 +241,10 @@ def _killer(fleet: Fleet, faults: Path, first: WorkerProcess, done: threading.Ev
 
 
 def test_workers_killed_at_random_complete_every_job_once(
-    pg_server: PgServer, s3: RecordingS3, receiver: Receiver, tmp_path: Path,  # noqa: F811
+    pg_server: PgServer,  # noqa: F811  (fixture)
+    s3: RecordingS3,
+    receiver: Receiver,
+    tmp_path: Path,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import boto3
@@ -253,19 +264,42 @@ def test_workers_killed_at_random_complete_every_job_once(
 
     store = JobStore(db)
     ids = [
-        store.submit(JobSpec(
-            source=f"s3://{BUCKET}/in/{i}.mp4", target=f"s3://{BUCKET}/out/{i}", pipeline="slow",
-            params={"short": i % 2 == 0, "batch": 2, "pipeline": {"sleep_s": SLEEP_S}},  # both executors
-            callback_url=receiver.url, max_attempts=25,
-        ))[0].id
+        store.submit(
+            JobSpec(
+                source=f"s3://{BUCKET}/in/{i}.mp4",
+                target=f"s3://{BUCKET}/out/{i}",
+                pipeline="slow",
+                params={"short": i % 2 == 0, "batch": 2, "pipeline": {"sleep_s": SLEEP_S}},  # both executors
+                callback_url=receiver.url,
+                max_attempts=25,
+            )
+        )[0].id
         for i in range(N_JOBS)
     ]
     index_of = {jid: i for i, jid in enumerate(ids)}
     faults = tmp_path / "faults"
     faults.mkdir()
-    args = ["--db", db, "--pipelines", str(make_slow_pipeline(tmp_path / "pipelines")), "--s3-endpoint-url", s3.url,
-            "--s3-allow-bucket", BUCKET, "--webhook-secret", SECRET, "--callbacks-allow-private",
-            "--lease-s", str(LEASE_S), "--threads", "1", "--callback-timeout-s", "2", "--grace-s", "30"]
+    args = [
+        "--db",
+        db,
+        "--pipelines",
+        str(make_slow_pipeline(tmp_path / "pipelines")),
+        "--s3-endpoint-url",
+        s3.url,
+        "--s3-allow-bucket",
+        BUCKET,
+        "--webhook-secret",
+        SECRET,
+        "--callbacks-allow-private",
+        "--lease-s",
+        str(LEASE_S),
+        "--threads",
+        "1",
+        "--callback-timeout-s",
+        "2",
+        "--grace-s",
+        "30",
+    ]
     fleet = Fleet(tmp_path, args, [tmp_path / f"home{k}" for k in range(N_WORKERS)])
     with monkeypatch.context() as m:  # only the first worker pauses after its upload
         m.setenv("FRAMESERVE_JOBS_FAULT", "after_upload")
@@ -288,16 +322,23 @@ def test_workers_killed_at_random_complete_every_job_once(
     killer.start()
     try:
         try:
-            wait_for(lambda: failure or store.counts()["succeeded"] >= N_JOBS, RUN_TIMEOUT_S, "every job to succeed",
-                     every_s=0.1)
+            wait_for(
+                lambda: failure or store.counts()["succeeded"] >= N_JOBS,
+                RUN_TIMEOUT_S,
+                "every job to succeed",
+                every_s=0.1,
+            )
         except AssertionError as exc:
             raise AssertionError(f"{exc}: {store.counts()}\n{_tail_logs(fleet)}") from None
         done.set()
         killer.join(30)
         assert not failure, failure
         run_s = time.monotonic() - t0
-        wait_for(lambda: all(d["state"] == "delivered" for jid in ids for d in store.deliveries(jid)), 120,
-                 "every callback to be delivered")
+        wait_for(
+            lambda: all(d["state"] == "delivered" for jid in ids for d in store.deliveries(jid)),
+            120,
+            "every callback to be delivered",
+        )
         for w in fleet.procs:  # a replacement started at the end: its SIGTERM handler is set before this line
             wait_for(lambda w=w: "pipelines:" in w.stderr() or w.proc.poll() is not None, 60, "the last workers' start")
             w.proc.send_signal(signal.SIGTERM)
@@ -319,8 +360,9 @@ def test_workers_killed_at_random_complete_every_job_once(
         assert job.state == "succeeded" and kinds.count("succeeded") == 1, (jid, kinds)
         assert job.result is not None
         assert job.result["outputs"] == {"results.json": f"s3://{BUCKET}/out/{index_of[jid]}/results.json"}
-        upload_attempts[jid] = len({e["data"]["token"] for e in events
-                                    if e["type"] == "phase" and e["data"]["phase"] == "upload"})
+        upload_attempts[jid] = len(
+            {e["data"]["token"] for e in events if e["type"] == "phase" and e["data"]["phase"] == "upload"}
+        )
         attempts[job.attempt] += 1
         rescued += kinds.count("lease_expired") > 0
 
@@ -349,8 +391,11 @@ def test_workers_killed_at_random_complete_every_job_once(
             twice.append(i)
         body = json.loads(client.get_object(Bucket=BUCKET, Key=f"out/{i}/results.json")["Body"].read())
         assert [f["v"] for f in body["frames"]] == list(range(frames_of[i])), body  # this job's clip, every frame
-    left = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="out/")
-            for o in page.get("Contents", [])]
+    left = [
+        o["Key"]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="out/")
+        for o in page.get("Contents", [])
+    ]
     assert sorted(left) == sorted(f"out/{i}/results.json" for i in range(N_JOBS)), [k for k in left if "tmp" in k]
 
     # --- each callback delivered, one webhook-id per job
@@ -371,13 +416,15 @@ def test_workers_killed_at_random_complete_every_job_once(
 
     assert len(fleet.kills) >= 3 and rescued >= 1, (fleet.kills, rescued)
     assert twice, "the worker killed after its upload made its job's retry upload again"
-    print(f"\nchaos: {N_JOBS} jobs, {N_WORKERS} workers, {len(fleet.kills)} SIGKILLs in {run_s:.1f} s "
-          f"({N_JOBS / run_s:.1f} jobs/s); attempts per job {dict(sorted(attempts.items()))}; "
-          f"{rescued} jobs rescued from a dead lease; 0 lost, 0 double-completed; "
-          f"final-key PUTs {sum(len(v) for v in final.values())} for {N_JOBS} keys "
-          f"({len(twice)} jobs written again by a retry after a kill past their upload, none twice by one attempt); "
-          f"temporary PUTs {len(tmp_puts)}; callbacks {len(receiver.calls)} requests, {repeated} repeated with "
-          f"the same webhook-id, {N_JOBS} ids")
+    print(
+        f"\nchaos: {N_JOBS} jobs, {N_WORKERS} workers, {len(fleet.kills)} SIGKILLs in {run_s:.1f} s "
+        f"({N_JOBS / run_s:.1f} jobs/s); attempts per job {dict(sorted(attempts.items()))}; "
+        f"{rescued} jobs rescued from a dead lease; 0 lost, 0 double-completed; "
+        f"final-key PUTs {sum(len(v) for v in final.values())} for {N_JOBS} keys "
+        f"({len(twice)} jobs written again by a retry after a kill past their upload, none twice by one attempt); "
+        f"temporary PUTs {len(tmp_puts)}; callbacks {len(receiver.calls)} requests, {repeated} repeated with "
+        f"the same webhook-id, {N_JOBS} ids"
+    )
     store.close()
 
 

@@ -22,8 +22,13 @@ def test_submit_run_and_read_back_through_the_cli(tmp_path: Path, test_home: Pat
     (root / "in").mkdir(parents=True)
     make_video(root / "in" / "v.mp4", frames=6)
     db = f"sqlite:///{tmp_path / 'jobs.db'}"
-    env = {**os.environ, "FRAMESERVE_HOME": str(test_home), "FRAMESERVE_DB": db,
-           "FRAMESERVE_FILE_ROOTS": str(root), "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {
+        **os.environ,
+        "FRAMESERVE_HOME": str(test_home),
+        "FRAMESERVE_DB": db,
+        "FRAMESERVE_FILE_ROOTS": str(root),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
     cli = [sys.executable, "-m", "frameserve"]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -37,9 +42,15 @@ def test_submit_run_and_read_back_through_the_cli(tmp_path: Path, test_home: Pat
     bad = run("jobs", "submit", f"file://{root}/in/v.mp4", f"file://{root}/out/b", "--pipeline", "nope")
     assert bad.returncode == 2 and "unknown pipeline 'nope'" in bad.stderr
 
-    worker = subprocess.Popen([*cli, "worker", "--lease-s", "5", "--threads", "1"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [*cli, "worker", "--lease-s", "5", "--threads", "1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
+
         def succeeded() -> bool:
             assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""
             return json.loads(run("jobs", "get", job_id).stdout)["state"] == "succeeded"

@@ -96,9 +96,12 @@ def receiver() -> Iterator[Receiver]:
     r.close()
 
 
-
 def test_killed_and_paused_workers_complete_every_job_exactly_once(
-    db_url: str, receiver: Receiver, tmp_path: Path, test_home: Path, real_asset: Any  # noqa: F811
+    db_url: str,  # noqa: F811  (fixture)
+    receiver: Receiver,
+    tmp_path: Path,
+    test_home: Path,
+    real_asset: Any,  # noqa: F811
 ) -> None:
     real_asset("nudenet-320n.onnx")  # in the shared home before any worker starts
     root = tmp_path / "root"
@@ -110,8 +113,16 @@ def test_killed_and_paused_workers_complete_every_job_exactly_once(
     rounds = int(os.environ.get("FRAMESERVE_CRASH_ROUNDS", "1"))
     n_jobs = 8 * rounds + 2  # a worker holds up to two jobs (one processed, one downloaded ahead)
     ids = [
-        store.submit(JobSpec(source=f"file://{root}/in/v.mp4", target=f"file://{root}/out/{i}", pipeline="nudenet",
-                             params={"batch": 4}, callback_url=receiver.url, max_attempts=20))[0].id
+        store.submit(
+            JobSpec(
+                source=f"file://{root}/in/v.mp4",
+                target=f"file://{root}/out/{i}",
+                pipeline="nudenet",
+                params={"batch": 4},
+                callback_url=receiver.url,
+                max_attempts=20,
+            )
+        )[0].id
         for i in range(n_jobs)
     ]
     logs: list[Path] = []
@@ -126,21 +137,55 @@ def test_killed_and_paused_workers_complete_every_job_exactly_once(
         store.close()
 
 
-def _scenario(store: JobStore, url: str, root: Path, faults: Path, tmp_path: Path, test_home: Path,  # noqa: PLR0913
-              receiver: Receiver, ids: list[str], n_jobs: int, rounds: int, logs: list[Path],
-              started: list[subprocess.Popen[bytes]]) -> None:
+def _scenario(
+    store: JobStore,
+    url: str,
+    root: Path,
+    faults: Path,
+    tmp_path: Path,
+    test_home: Path,  # noqa: PLR0913
+    receiver: Receiver,
+    ids: list[str],
+    n_jobs: int,
+    rounds: int,
+    logs: list[Path],
+    started: list[subprocess.Popen[bytes]],
+) -> None:
 
     def worker(*, fault: str | None = None, callbacks: bool = True) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "FRAMESERVE_HOME": str(test_home), "PYTHONPATH": os.pathsep.join(sys.path),
-               "FRAMESERVE_JOBS_FAULT_DIR": str(faults)}
+        env = {
+            **os.environ,
+            "FRAMESERVE_HOME": str(test_home),
+            "PYTHONPATH": os.pathsep.join(sys.path),
+            "FRAMESERVE_JOBS_FAULT_DIR": str(faults),
+        }
         env.pop("FRAMESERVE_JOBS_FAULT", None)
         if fault:
             env["FRAMESERVE_JOBS_FAULT"] = fault
         log = tmp_path / f"worker-{len(logs)}.log"
         logs.append(log)
-        cmd = [sys.executable, "-m", "frameserve", "worker", "--db", url, "--file-root", str(root),
-               "--lease-s", str(LEASE_S), "--webhook-secret", SECRET, "--callbacks-allow-private",
-               "--poll-s", "0.05", "--threads", "1", "--callback-timeout-s", "0.5", "--callbacks" if callbacks else "--no-callbacks"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "frameserve",
+            "worker",
+            "--db",
+            url,
+            "--file-root",
+            str(root),
+            "--lease-s",
+            str(LEASE_S),
+            "--webhook-secret",
+            SECRET,
+            "--callbacks-allow-private",
+            "--poll-s",
+            "0.05",
+            "--threads",
+            "1",
+            "--callback-timeout-s",
+            "0.5",
+            "--callbacks" if callbacks else "--no-callbacks",
+        ]
         env["FRAMESERVE_JOBS_FAULT_MAX_WAIT_S"] = "300"
         with open(log, "wb") as err:
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
@@ -167,12 +212,18 @@ def _scenario(store: JobStore, url: str, root: Path, faults: Path, tmp_path: Pat
     # A worker paused after its upload is SIGSTOPped past its lease; another takes the job over.
     stopped = worker(fault="after_upload", callbacks=False)
     wait_for(lambda: paused("after_upload", stopped), 120, "the worker to be stopped")
-    stopped_job = next(j for j in store.list_jobs(state="running")[0] if j.lease_owner and f":{stopped.pid}:" in j.lease_owner)
+    stopped_job = next(
+        j for j in store.list_jobs(state="running")[0] if j.lease_owner and f":{stopped.pid}:" in j.lease_owner
+    )
     _stop_outside_a_write(stopped, url)
     time.sleep(LEASE_S + 0.5)  # past its lease: real processes, real time
     healthy = [worker(), worker()]
-    wait_for(lambda: not any(_scratch_of(test_home, pid) for pid in killed), 60, "the killed workers' scratch to be removed")
-    wait_for(lambda: store.get(stopped_job.id).token > stopped_job.token, 60, "the stopped worker's job to be taken over")
+    wait_for(
+        lambda: not any(_scratch_of(test_home, pid) for pid in killed), 60, "the killed workers' scratch to be removed"
+    )
+    wait_for(
+        lambda: store.get(stopped_job.id).token > stopped_job.token, 60, "the stopped worker's job to be taken over"
+    )
     (faults / "release").write_text("go")
     stopped.send_signal(signal.SIGCONT)
 
@@ -250,8 +301,11 @@ def test_serve_killed_mid_job_completes_it_after_a_restart(
     with ServeProcess(repo, home, "--lease-s", "1", "--no-allow-grpc", "--no-allow-metrics") as second:
         second.wait_ready(120)
         base = f"http://127.0.0.1:{second.ports['HTTP']}"
-        wait_for(lambda: httpx.get(f"{base}/v1/jobs/{job_id}", timeout=10).json()["state"] == "succeeded", 120,
-                 "the job to complete after the restart")
+        wait_for(
+            lambda: httpx.get(f"{base}/v1/jobs/{job_id}", timeout=10).json()["state"] == "succeeded",
+            120,
+            "the job to complete after the restart",
+        )
         job = httpx.get(f"{base}/v1/jobs/{job_id}", timeout=10).json()
         events = [e["type"] for e in httpx.get(f"{base}/v1/jobs/{job_id}/events", timeout=10).json()["events"]]
         assert job["attempts"] == 2 and "lease_expired" in events and events.count("succeeded") == 1, events

@@ -30,7 +30,11 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """moto's S3 server on 127.0.0.1 with a bucket ``results``; yields its endpoint URL."""
     from moto.server import ThreadedMotoServer
 
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(k, v)
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -89,13 +93,20 @@ def api(tmp_path: Path, test_home: Path, s3: str) -> Iterator[tuple[str, Embedde
     from frameserve.service import InferenceService
 
     js = JobsSettings(
-        db_url=f"sqlite:///{tmp_path / 'jobs.db'}", file_roots=(tmp_path / "storage",), s3_endpoint_url=s3,
-        webhook_secret=SECRET, callbacks_allow_private=True, lease_s=10.0,
-        sources_allow_private=True, s3_allow_buckets=("results",),  # the video server is on loopback
+        db_url=f"sqlite:///{tmp_path / 'jobs.db'}",
+        file_roots=(tmp_path / "storage",),
+        s3_endpoint_url=s3,
+        webhook_secret=SECRET,
+        callbacks_allow_private=True,
+        lease_s=10.0,
+        sources_allow_private=True,
+        s3_allow_buckets=("results",),  # the video server is on loopback
     )
     service = InferenceService(None, threads=2)
     # the real assets live in the shared test home
-    jobs = EmbeddedJobs(Settings(home=test_home, model_repository=tmp_path / "no-models", threads=2), service, jobs_settings=js)
+    jobs = EmbeddedJobs(
+        Settings(home=test_home, model_repository=tmp_path / "no-models", threads=2), service, jobs_settings=js
+    )
     app = FastAPI()
     app.include_router(jobs.router)
     port = free_port()
@@ -111,13 +122,20 @@ def api(tmp_path: Path, test_home: Path, s3: str) -> Iterator[tuple[str, Embedde
     service.close()
 
 
-def test_carphone_job_over_http_to_s3_with_a_signed_callback(api: tuple[str, EmbeddedJobs], video_server: str, s3: str) -> None:
+def test_carphone_job_over_http_to_s3_with_a_signed_callback(
+    api: tuple[str, EmbeddedJobs], video_server: str, s3: str
+) -> None:
     from standardwebhooks import Webhook
 
     base, jobs = api
     receiver = _Receiver()
-    body = {"source": video_server, "target": "s3://results/jobs/carphone", "pipeline": "nudenet",
-            "callback_url": receiver.url, "priority": 3}
+    body = {
+        "source": video_server,
+        "target": "s3://results/jobs/carphone",
+        "pipeline": "nudenet",
+        "callback_url": receiver.url,
+        "priority": 3,
+    }
     with httpx.Client(base_url=base, timeout=30) as client:
         r = client.post("/v1/jobs", json=body, headers={"Idempotency-Key": "carphone-1"})
         assert r.status_code == 201, r.text
@@ -146,12 +164,21 @@ def test_carphone_job_over_http_to_s3_with_a_signed_callback(api: tuple[str, Emb
     assert len(results["frames"]) == 120
     faces = [f for f in results["frames"] if any(d["label"] in ("FACE_FEMALE", "FACE_MALE") for d in f["detections"])]
     assert len(faces) >= 100, f"a face in every frame, found in {len(faces)}"
-    assert not fs.ls("results/jobs/carphone/.frameserve-tmp", refresh=True) if fs.exists("results/jobs/carphone/.frameserve-tmp") else True
+    assert (
+        not fs.ls("results/jobs/carphone/.frameserve-tmp", refresh=True)
+        if fs.exists("results/jobs/carphone/.frameserve-tmp")
+        else True
+    )
 
     assert final["state"] == "succeeded" and final["progress"] == 100.0
     assert set(final["timings"]) == {"download_s", "process_s", "upload_s"}
-    final = wait_value(lambda: jobs.store.get(job_id).to_resource(), lambda job: job["callback"]["state"] == "delivered",
-                       10, "the callback to be delivered", every_s=0.05)
+    final = wait_value(
+        lambda: jobs.store.get(job_id).to_resource(),
+        lambda job: job["callback"]["state"] == "delivered",
+        10,
+        "the callback to be delivered",
+        every_s=0.05,
+    )
     assert final["callback"]["state"] == "delivered" and final["callback"]["webhook_id"] == headers["webhook-id"]
     phases = [e["data"]["phase"] for e in events if e["type"] == "phase"]
     assert phases == ["download", "process", "upload"]

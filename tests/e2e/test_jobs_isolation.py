@@ -23,7 +23,7 @@ from _serving import ServeProcess, frameserve_command
 from _user_pipelines import BRIGHTNESS, make_repository, make_video
 from _wait import wait_for
 
-_BASE = '''
+_BASE = """
 import numpy as np
 import frameserve
 
@@ -39,7 +39,7 @@ class {cls}(frameserve.Pipeline):
         if batch[0].frame.index >= 3:
 {body}
         return [{{"v": int(item.inputs["v"][0])}} for item in batch]
-'''
+"""
 
 CRASHERS = {
     "segfault": "            import ctypes\n            ctypes.string_at(0)",
@@ -55,7 +55,6 @@ def _pipelines(folder: Path) -> Path:
     for name, body in CRASHERS.items():
         (folder / f"{name}.py").write_text(_BASE.format(cls=name.capitalize(), name=name, body=body))
     return folder
-
 
 
 class Prober:
@@ -102,8 +101,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProc
     folder = _pipelines(tmp / "pipelines")
     os.environ["FRAMESERVE_MAX_ATTEMPTS"] = "2"  # serve's attempts per job (read at start)
     try:
-        s = ServeProcess(repo, home, "--pipelines", str(folder), "--job-timeout-s", "4", "--job-memory-limit-mb", "1024",
-                         "--analyze-timeout-s", "4", "--no-allow-grpc", "--no-allow-metrics")
+        s = ServeProcess(
+            repo,
+            home,
+            "--pipelines",
+            str(folder),
+            "--job-timeout-s",
+            "4",
+            "--job-memory-limit-mb",
+            "1024",
+            "--analyze-timeout-s",
+            "4",
+            "--no-allow-grpc",
+            "--no-allow-metrics",
+        )
     finally:
         del os.environ["FRAMESERVE_MAX_ATTEMPTS"]
     with s:
@@ -133,7 +144,7 @@ def _finished(base: str, job_id: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("pipeline", "how"), [("segfault", "SIGSEGV"), ("exit7", "exited with code 7")])
 def test_a_crashing_pipeline_fails_its_job_and_serve_keeps_serving(
-    served: tuple[ServeProcess, Path], pipeline: str, how: str,
+    served: tuple[ServeProcess, Path], pipeline: str, how: str
 ) -> None:
     s, root = served
     base = f"http://127.0.0.1:{s.ports['HTTP']}"
@@ -163,8 +174,11 @@ def test_a_hook_that_never_returns_times_out_and_a_cancel_stops_it(served: tuple
         assert job["state"] == "failed" and job["error"]["code"] == "timeout", job
         assert job["error"]["phase"] == "process" and "--job-timeout-s" in job["error"]["message"]
         job_id = _submit(base, root, "hang", "hang-cancelled")
-        wait_for(lambda: httpx.get(f"{base}/v1/jobs/{job_id}", timeout=30).json()["progress"] > 0.1, 120,
-                 "the hanging job to reach its hook")
+        wait_for(
+            lambda: httpx.get(f"{base}/v1/jobs/{job_id}", timeout=30).json()["progress"] > 0.1,
+            120,
+            "the hanging job to reach its hook",
+        )
         r = httpx.post(f"{base}/v1/jobs/{job_id}/cancel", timeout=30)
         assert r.status_code in (200, 202), r.text
         cancelled = _finished(base, job_id)
@@ -204,22 +218,54 @@ def test_frameserve_worker_survives_every_fault_and_a_cancel(tmp_path: Path) -> 
     store = JobStore(db)
     order = ["segfault", "exit7", "hang", "hog", "hang-cancelled", "brightness"]
     ids = {
-        name: store.submit(JobSpec(source=f"file://{root}/in/v.mp4", target=f"file://{root}/out/{name}",
-                                   pipeline=name.removesuffix("-cancelled"), max_attempts=1,
-                                   priority=len(order) - i))[0].id
+        name: store.submit(
+            JobSpec(
+                source=f"file://{root}/in/v.mp4",
+                target=f"file://{root}/out/{name}",
+                pipeline=name.removesuffix("-cancelled"),
+                max_attempts=1,
+                priority=len(order) - i,
+            )
+        )[0].id
         for i, name in enumerate(order)
     }
     env = {**os.environ, "FRAMESERVE_HOME": str(home)}
     proc = subprocess.Popen(
-        [*frameserve_command(), "worker", "--db", db, "--model-repository", str(repo), "--pipelines", str(folder),
-         "--file-root", str(root), "--threads", "1", "--poll-s", "0.1", "--max-jobs", str(len(order)),
-         "--job-timeout-s", "4", "--job-memory-limit-mb", "1024"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+        [
+            *frameserve_command(),
+            "worker",
+            "--db",
+            db,
+            "--model-repository",
+            str(repo),
+            "--pipelines",
+            str(folder),
+            "--file-root",
+            str(root),
+            "--threads",
+            "1",
+            "--poll-s",
+            "0.1",
+            "--max-jobs",
+            str(len(order)),
+            "--job-timeout-s",
+            "4",
+            "--job-memory-limit-mb",
+            "1024",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
     )
     try:
         cancel_id = ids["hang-cancelled"]
-        wait_for(lambda: store.get(cancel_id).state == "running" and store.get(cancel_id).progress > 0.1, 240,
-                 "the hanging job to reach its hook")
+        wait_for(
+            lambda: store.get(cancel_id).state == "running" and store.get(cancel_id).progress > 0.1,
+            240,
+            "the hanging job to reach its hook",
+        )
         store.cancel(cancel_id)
         out, _ = proc.communicate(timeout=300)
     finally:
@@ -244,19 +290,31 @@ def test_frameserve_worker_survives_every_fault_and_a_cancel(tmp_path: Path) -> 
     assert sys.platform.startswith("linux")
 
 
-@pytest.mark.parametrize(("pipeline", "status", "code"), [("segfault", 500, "SIGSEGV"), ("exit7", 500, "code 7"),
-                                                          ("hang", 504, "--analyze-timeout-s")])
+@pytest.mark.parametrize(
+    ("pipeline", "status", "code"),
+    [("segfault", 500, "SIGSEGV"), ("exit7", 500, "code 7"), ("hang", 504, "--analyze-timeout-s")],
+)
 def test_analyze_with_a_crashing_or_hanging_pipeline_costs_one_request(
-    served: tuple[ServeProcess, Path], pipeline: str, status: int, code: str,
+    served: tuple[ServeProcess, Path], pipeline: str, status: int, code: str
 ) -> None:
     s, root = served
     base = f"http://127.0.0.1:{s.ports['HTTP']}"
     clip = (root / "in" / "v.mp4").read_bytes()
     with Prober(base) as probe:
-        r = httpx.post(f"{base}/v1/analyze", params={"pipeline": pipeline}, content=clip,
-                       headers={"Content-Type": "video/mp4"}, timeout=120)
-        ok = httpx.post(f"{base}/v1/analyze", params={"pipeline": "brightness"}, content=clip,
-                        headers={"Content-Type": "video/mp4"}, timeout=120)
+        r = httpx.post(
+            f"{base}/v1/analyze",
+            params={"pipeline": pipeline},
+            content=clip,
+            headers={"Content-Type": "video/mp4"},
+            timeout=120,
+        )
+        ok = httpx.post(
+            f"{base}/v1/analyze",
+            params={"pipeline": "brightness"},
+            content=clip,
+            headers={"Content-Type": "video/mp4"},
+            timeout=120,
+        )
     assert r.status_code == status, r.text
     assert code in r.json()["error"], r.text
     assert ok.status_code == 200, ok.text

@@ -32,7 +32,7 @@ from _wait import wait_for
 
 from frameserve._sse import Event, EventReader
 
-SLOW = '''
+SLOW = """
 import time
 import numpy as np
 import frameserve
@@ -48,9 +48,9 @@ class Slow(frameserve.Pipeline):
     def process(self, batch, models):
         time.sleep(0.06)  # the pipeline's work: slow enough that the test sees it live
         return [{"v": int(item.inputs["v"][0])} for item in batch]
-'''
+"""
 
-HANG = '''
+HANG = """
 import time
 import numpy as np
 import frameserve
@@ -68,7 +68,7 @@ class Hang(frameserve.Pipeline):
             while True:
                 time.sleep(1)  # a hook that hangs for ever: what the test is about
         return [{"v": int(item.inputs["v"][0])} for item in batch]
-'''
+"""
 
 FRAMES = 60
 CAP_S = 30
@@ -87,8 +87,18 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     (folder / "brightness.py").write_text(BRIGHTNESS)
     (folder / "slow.py").write_text(SLOW)
     (folder / "hang.py").write_text(HANG)
-    s = ServeProcess(repo, home, "--pipelines", str(folder), "--max-job-timeout-s", str(CAP_S),
-                     "--job-timeout-s", "20", "--no-allow-grpc", "--no-allow-metrics")
+    s = ServeProcess(
+        repo,
+        home,
+        "--pipelines",
+        str(folder),
+        "--max-job-timeout-s",
+        str(CAP_S),
+        "--job-timeout-s",
+        "20",
+        "--no-allow-grpc",
+        "--no-allow-metrics",
+    )
     with s:
         s.wait_ready(120)
         yield f"http://127.0.0.1:{s.ports['HTTP']}", root, s
@@ -117,15 +127,21 @@ def _finished(base: str, job_id: str) -> dict[str, Any]:
     return found
 
 
-def _stream(base: str, job_id: str, *, last_id: str | None = None,
-            stop: Callable[[list[Event]], bool] | None = None) -> tuple[list[Event], int, bool]:
+def _stream(
+    base: str, job_id: str, *, last_id: str | None = None, stop: Callable[[list[Event]], bool] | None = None
+) -> tuple[list[Event], int, bool]:
     """Read the job's event stream: ``(events, keep-alive comments, ended by the server)``;
     ``stop`` closes the connection early once it returns true."""
     headers = {"Last-Event-ID": last_id} if last_id is not None else {}
     reader = EventReader()
     got: list[Event] = []
-    with httpx.stream("GET", f"{base}/v1/jobs/{job_id}/events", params={"follow": "true"}, headers=headers,
-                      timeout=httpx.Timeout(30, read=60)) as r:
+    with httpx.stream(
+        "GET",
+        f"{base}/v1/jobs/{job_id}/events",
+        params={"follow": "true"},
+        headers=headers,
+        timeout=httpx.Timeout(30, read=60),
+    ) as r:
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
         for chunk in r.iter_bytes():
@@ -148,7 +164,7 @@ def test_a_job_s_own_deadline_stops_a_hook_that_never_returns(served: tuple[str,
 
 @pytest.mark.parametrize("value", [CAP_S + 1, 0, -1, 1e308])
 def test_a_timeout_above_the_cap_or_not_positive_is_a_422_naming_the_range(
-    served: tuple[str, Path, ServeProcess], value: float,
+    served: tuple[str, Path, ServeProcess], value: float
 ) -> None:
     base, root, _ = served
     r = _submit(base, root, "brightness", "bad-timeout", timeout_s=value)
@@ -205,8 +221,11 @@ def test_the_event_stream_follows_a_job_and_resumes_after_the_last_event_id(
     base, root, _ = served
     job_id = _submit(base, root, "slow", "stream").json()["id"]
     # first connection: closed by the client once the process phase began
-    first, _, ended = _stream(base, job_id, stop=lambda got: any(e.event == "phase" and e.json()["data"].get("phase")
-                                                                  == "process" for e in got))
+    first, _, ended = _stream(
+        base,
+        job_id,
+        stop=lambda got: any(e.event == "phase" and e.json()["data"].get("phase") == "process" for e in got),
+    )
     assert not ended
     recorded = [e for e in first if e.event != "progress"]
     assert recorded and all(e.id for e in recorded), first
@@ -234,19 +253,27 @@ def test_the_event_stream_follows_a_job_and_resumes_after_the_last_event_id(
     assert ended and [e.event for e in tail] == ["progress"]
 
 
-def test_the_event_stream_refuses_a_bad_last_event_id_and_an_unknown_job(served: tuple[str, Path, ServeProcess]) -> None:
+def test_the_event_stream_refuses_a_bad_last_event_id_and_an_unknown_job(
+    served: tuple[str, Path, ServeProcess],
+) -> None:
     base, _, _ = served
     r = httpx.get(f"{base}/v1/jobs/job_nope/events", params={"follow": "true"}, timeout=30)
     assert r.status_code == 404, r.text
     job_id = httpx.get(f"{base}/v1/jobs", timeout=30).json()["jobs"][0]["id"]
-    r = httpx.get(f"{base}/v1/jobs/{job_id}/events", params={"follow": "true"}, headers={"Last-Event-ID": "x1"},
-                  timeout=30)
+    r = httpx.get(
+        f"{base}/v1/jobs/{job_id}/events", params={"follow": "true"}, headers={"Last-Event-ID": "x1"}, timeout=30
+    )
     assert r.status_code == 400 and "Last-Event-ID" in r.json()["error"], r.text
 
 
 def _watch(base: str, job_id: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*frameserve_command(), "jobs", "watch", job_id, "--url", base, "--give-up-s", "10"],
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [*frameserve_command(), "jobs", "watch", job_id, "--url", base, "--give-up-s", "10"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_jobs_watch_draws_the_bar_and_exits_with_the_job_s_outcome(served: tuple[str, Path, ServeProcess]) -> None:

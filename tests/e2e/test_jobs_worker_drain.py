@@ -32,17 +32,40 @@ def setup(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 
 def submit(store: JobStore, root: Path, name: str, sleep_s: float, **kw: Any) -> str:
-    return store.submit(JobSpec(source=f"file://{root}/v.mp4", target=f"file://{root}/out/{name}", pipeline="slow",
-                                params={"short": True, "pipeline": {"sleep_s": sleep_s}}, **kw))[0].id
+    return store.submit(
+        JobSpec(
+            source=f"file://{root}/v.mp4",
+            target=f"file://{root}/out/{name}",
+            pipeline="slow",
+            params={"short": True, "pipeline": {"sleep_s": sleep_s}},
+            **kw,
+        )
+    )[0].id
 
 
 def worker(tmp_path: Path, db: str, root: Path, pipelines: Path, home: Path, name: str, *extra: str) -> WorkerProcess:
-    return WorkerProcess(home, tmp_path / f"{name}.log", "--db", db, "--file-root", str(root), "--pipelines",
-                         str(pipelines), "--threads", "1", "--no-callbacks", "--lease-s", "5", *extra)
+    return WorkerProcess(
+        home,
+        tmp_path / f"{name}.log",
+        "--db",
+        db,
+        "--file-root",
+        str(root),
+        "--pipelines",
+        str(pipelines),
+        "--threads",
+        "1",
+        "--no-callbacks",
+        "--lease-s",
+        "5",
+        *extra,
+    )
 
 
 def test_sigterm_past_the_grace_period_gives_the_job_back_and_max_jobs_exits(
-    db_url: str, setup: tuple[Path, Path, Path], tmp_path: Path  # noqa: F811
+    db_url: str,  # noqa: F811  (fixture)
+    setup: tuple[Path, Path, Path],
+    tmp_path: Path,  # noqa: F811
 ) -> None:
     root, pipelines, home = setup
     store = JobStore(db_url)
@@ -50,8 +73,11 @@ def test_sigterm_past_the_grace_period_gives_the_job_back_and_max_jobs_exits(
     quick = submit(store, root, "quick", 0.0)
     first = worker(tmp_path, db_url, root, pipelines, home, "first", "--grace-s", "0.5", "--max-jobs", "1")
     try:
-        wait_for(lambda: any(e["type"] == "phase" and e["data"]["phase"] == "process" for e in store.events(slow)),
-                 60, "the slow job to be processed")
+        wait_for(
+            lambda: any(e["type"] == "phase" and e["data"]["phase"] == "process" for e in store.events(slow)),
+            60,
+            "the slow job to be processed",
+        )
         first.proc.send_signal(signal.SIGTERM)
         assert first.proc.wait(30) == 0, first.stderr()[-3000:]
         job = store.get(slow)  # given back past the grace period, before it could finish (it would be succeeded)
@@ -73,7 +99,9 @@ def test_sigterm_past_the_grace_period_gives_the_job_back_and_max_jobs_exits(
 
 
 def test_max_idle_s_exits_a_worker_that_finds_no_job_but_not_one_that_is_busy(
-    db_url: str, setup: tuple[Path, Path, Path], tmp_path: Path  # noqa: F811
+    db_url: str,  # noqa: F811  (fixture)
+    setup: tuple[Path, Path, Path],
+    tmp_path: Path,  # noqa: F811
 ) -> None:
     """A ScaledJob pod whose job another worker took leaves after --max-idle-s instead of idling
     until its deadline; a worker busy longer than that keeps its job."""
@@ -107,8 +135,11 @@ def test_metrics_port_counts_the_workers_jobs_and_jobs_stats_counts_the_database
     try:
         wait_for(lambda: all(store.get(j).state == "succeeded" for j in ids), 60, "the jobs to succeed")
         # the counters move just after the commit the test saw
-        wait_for(lambda: sample(w.scrape(), "frameserve_jobs_frames_processed_total", pipeline="slow") == 30.0, 10,
-                 "the counters")
+        wait_for(
+            lambda: sample(w.scrape(), "frameserve_jobs_frames_processed_total", pipeline="slow") == 30.0,
+            10,
+            "the counters",
+        )
         text = w.scrape()
     finally:
         w.proc.send_signal(signal.SIGTERM)
@@ -144,12 +175,30 @@ def test_a_worker_with_export_queue_metrics_exports_the_database_gauges(
     db = f"sqlite:///{tmp_path / 'jobs.db'}"
     store = JobStore(db)
     done = submit(store, root, "0", 0.0)
-    w = worker(tmp_path, db, root, pipelines, home, "exporter", "--metrics-port", "0", "--export-queue-metrics",
-               "--grace-s", "0")
+    w = worker(
+        tmp_path,
+        db,
+        root,
+        pipelines,
+        home,
+        "exporter",
+        "--metrics-port",
+        "0",
+        "--export-queue-metrics",
+        "--grace-s",
+        "0",
+    )
     try:
         wait_for(lambda: store.get(done).state == "succeeded", 60, "the job to succeed")
-        store.submit(JobSpec(source=f"file://{root}/v.mp4", target=f"file://{root}/out/x", pipeline="slow",
-                             priority=7, params={"pipeline": {"sleep_s": 5.0}}))
+        store.submit(
+            JobSpec(
+                source=f"file://{root}/v.mp4",
+                target=f"file://{root}/out/x",
+                pipeline="slow",
+                priority=7,
+                params={"pipeline": {"sleep_s": 5.0}},
+            )
+        )
         wait_for(lambda: sample(w.scrape(), "frameserve_jobs_by_state", state="running") == 1.0, 30, "a running job")
         wait_for(lambda: sample(w.scrape(), "frameserve_jobs_started_total", pipeline="slow") == 2.0, 10, "the counter")
         text = w.scrape()
@@ -178,8 +227,14 @@ def test_serve_exports_the_queue_gauges_and_its_worker_counters(setup: tuple[Pat
         wait_for(lambda: httpx.get(job_url, timeout=10).json()["state"] == "succeeded", 60, "the job")
         metrics = f"http://127.0.0.1:{server.ports['metrics']}/metrics"
         # the worker counts just after the commit the test saw
-        wait_for(lambda: sample(httpx.get(metrics, timeout=10).text, "frameserve_jobs_frames_processed_total",
-                                pipeline="slow") == 10.0, 10, "the counters")
+        wait_for(
+            lambda: (
+                sample(httpx.get(metrics, timeout=10).text, "frameserve_jobs_frames_processed_total", pipeline="slow")
+                == 10.0
+            ),
+            10,
+            "the counters",
+        )
         text = httpx.get(metrics, timeout=10).text
         assert sample(text, "frameserve_jobs_by_state", state="succeeded") == 1.0
         assert sample(text, "frameserve_jobs_pending") == 0.0

@@ -66,7 +66,12 @@ def test_twenty_thousand_frames_keep_rss_flat(tmp_path: Path) -> None:
                 samples[mark] = proc.memory_info().rss
 
     result = frameserve.run(
-        made.path, str(pipe), out=tmp_path / "r.json", keep_frames=False, progress=progress, decode_workers=1,
+        made.path,
+        str(pipe),
+        out=tmp_path / "r.json",
+        keep_frames=False,
+        progress=progress,
+        decode_workers=1,
         settings=Settings(home=tmp_path / "home", model_repository=tmp_path / "none", threads=1),
     )
     assert result["frames_processed"] == 20_000 and result["summary"]["frames_total"] == 20_000

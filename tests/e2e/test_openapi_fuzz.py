@@ -116,15 +116,33 @@ def test_job_routes_survive_schemathesis(tmp_path: Path, tokens: bool, max_time_
         fields["source"]["examples"] = [f"file://{root}/in.mp4"]
         fields["target"]["examples"] = [f"file://{root}/out"]
         (tmp_path / "openapi.json").write_text(json.dumps(doc))
-        cmd = [*_st(), "--config-file", str(tmp_path / "schemathesis.toml"), "run", str(tmp_path / "openapi.json"),
-               "--url", base, "--include-path-regex", "^/v1/(jobs|pipelines)", "--checks", "all",
-               "--max-time", str(max_time_s), "--workers", "1", "--request-timeout", "10", "--no-color"]
+        cmd = [
+            *_st(),
+            "--config-file",
+            str(tmp_path / "schemathesis.toml"),
+            "run",
+            str(tmp_path / "openapi.json"),
+            "--url",
+            base,
+            "--include-path-regex",
+            "^/v1/(jobs|pipelines)",
+            "--checks",
+            "all",
+            "--max-time",
+            str(max_time_s),
+            "--workers",
+            "1",
+            "--request-timeout",
+            "10",
+            "--no-color",
+        ]
         for name, value in headers.items():
             cmd += ["-H", f"{name}: {value}"]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=max_time_s + 60, cwd=tmp_path,
-                             stdin=subprocess.DEVNULL)
+        run = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=max_time_s + 60, cwd=tmp_path, stdin=subprocess.DEVNULL
+        )
         out = run.stdout + run.stderr
-        summary = out[out.rfind("SUMMARY"):] if "SUMMARY" in out else out[-3000:]
+        summary = out[out.rfind("SUMMARY") :] if "SUMMARY" in out else out[-3000:]
         print(summary)  # the seed, for `st run ... --seed N`
         assert run.returncode == 0, out[-12000:]
         assert re.search(rf"Tested:\s+{OPERATIONS}\b", out), summary  # every route was reached
@@ -133,7 +151,9 @@ def test_job_routes_survive_schemathesis(tmp_path: Path, tokens: bool, max_time_
 
         documented = {int(c) for c in doc["paths"]["/v1/jobs"]["post"]["responses"]}
         for what, raw in _hostile(root):
-            r = httpx.post(f"{base}/v1/jobs", content=raw, headers={**headers, "Content-Type": "application/json"}, timeout=10)
+            r = httpx.post(
+                f"{base}/v1/jobs", content=raw, headers={**headers, "Content-Type": "application/json"}, timeout=10
+            )
             assert 400 <= r.status_code < 500 and r.status_code in documented, (what, r.status_code, r.text[:500])
             assert set(r.json()) <= {"error", "detail"} and r.json()["error"], (what, r.text[:500])
 

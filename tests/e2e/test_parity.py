@@ -40,8 +40,11 @@ def test_detections_equal_nudenet_package(video: str, real_asset, nudenet_model,
                 for d in detector.detect(frame.rgb)
             ]
             ours = [
-                {"label": d["label"], "score": d["score"],
-                 "box": [d["box"][0], d["box"][1], d["box"][2] - d["box"][0], d["box"][3] - d["box"][1]]}
+                {
+                    "label": d["label"],
+                    "score": d["score"],
+                    "box": [d["box"][0], d["box"][1], d["box"][2] - d["box"][0], d["box"][3] - d["box"][1]],
+                }
                 for d in frames[frame.index]["detections"]
             ]
             _match(ours, theirs, box_tol=1.0, score_tol=1e-3, where=f"{video} frame {frame.index}")

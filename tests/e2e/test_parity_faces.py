@@ -88,7 +88,9 @@ def _cv2_pads_same_upper_at_end() -> bool:
 
     node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER")
     graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 6, 6])],
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 6, 6])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 3, 3])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
@@ -113,10 +115,13 @@ def _theirs(det: Any, rgb: np.ndarray) -> list[dict[str, Any]]:
     out = []
     for d in det.detect_faces(rgb):  # the package takes RGB (its mark_faces converts BGR → RGB first)
         x, y, w, h = d["box"]
-        out.append({
-            "box": [x, y, x + w, y + h], "score": float(d["confidence"]),
-            "landmarks": [list(p) for p in d["keypoints"].values()],
-        })
+        out.append(
+            {
+                "box": [x, y, x + w, y + h],
+                "score": float(d["confidence"]),
+                "landmarks": [list(p) for p in d["keypoints"].values()],
+            }
+        )
     return out
 
 
@@ -200,8 +205,11 @@ def _package_cascade(det: Any, rgb: np.ndarray) -> list[dict[str, Any]]:
         r = stage(rgb, r[0], r[1])
     boxes, points = r
     return [
-        {"box": [max(0.0, b[0]), max(0.0, b[1]), b[2], b[3]], "score": b[4],
-         "landmarks": [[p[i], p[5 + i]] for i in range(5)]}
+        {
+            "box": [max(0.0, b[0]), max(0.0, b[1]), b[2], b[3]],
+            "score": b[4],
+            "landmarks": [[p[i], p[5 + i]] for i in range(5)],
+        }
         for b, p in zip(boxes, points.T, strict=True)
     ]
 
@@ -221,7 +229,9 @@ def test_cascade_equals_package_exactly(carphone, real_asset) -> None:  # type: 
             for frame in source:
                 if frame.index not in wanted:
                     continue
-                info = FrameInfo(frame.index, frame.pts_s, frame.is_keyframe, frame.rgb.shape[1], frame.rgb.shape[0], frame.rgb)
+                info = FrameInfo(
+                    frame.index, frame.pts_s, frame.is_keyframe, frame.rgb.shape[1], frame.rgb.shape[0], frame.rgb
+                )
                 (ours,) = pipe.process(Batch([BatchItem(pipe.preprocess(frame), info)]), handles)
                 theirs = _package_cascade(det, frame.rgb)
                 _match(ours["faces"], theirs, f"{path.name} frame {frame.index}", px=0.0006, score=6e-7)
@@ -268,7 +278,12 @@ def test_frames_too_small_for_a_cell_and_bad_params(test_home, tmp_path) -> None
         result = frameserve.run(video, "faces", decode_workers=workers, settings=settings)
         assert [f["faces"] for f in result["frames"]] == [[]] * 4
         assert result["summary"] == {
-            "frames_total": 4, "frames_with_faces": 0, "max_faces": 0, "max_score": None, "first_s": None, "last_s": None,
+            "frames_total": 4,
+            "frames_with_faces": 0,
+            "max_faces": 0,
+            "max_score": None,
+            "first_s": None,
+            "last_s": None,
         }
     with pytest.raises(PipelineSpecError, match=r"pipeline 'faces': param scale_factor must be in \(0, 1\), got 2"):
         frameserve.run(video, "faces", decode_workers=0, settings=settings, params={"scale_factor": 2})

@@ -37,7 +37,9 @@ def package(real_asset):  # type: ignore[no-untyped-def]
 def test_scores_equal_the_package(video: str, package, real_asset, test_home, tmp_path) -> None:  # type: ignore[no-untyped-def]
     _, clf = package
     path = real_asset(video)
-    result = frameserve.run(path, "nsfw", sampling=_VIDEOS[video], batch=4, decode_workers=0, settings=_settings(test_home, tmp_path))
+    result = frameserve.run(
+        path, "nsfw", sampling=_VIDEOS[video], batch=4, decode_workers=0, settings=_settings(test_home, tmp_path)
+    )
     ours = {f["index"]: f["scores"] for f in result["frames"]}
     frames = _frames(path, int(_VIDEOS[video].split(":")[1]))
     assert sorted(ours) == [f.index for f in frames] and len(frames) >= 2
@@ -58,7 +60,9 @@ def test_preprocessing_is_the_packages_and_the_kernel_matters(package, real_asse
 
     (frame, *_) = _frames(real_asset("bigbuckbunny.mp4"), 60)
     for jpeg in (True, False):
-        np.testing.assert_array_equal(opennsfw_preprocess(frame.rgb, jpeg_reencode=jpeg), preprocess(frame.rgb, jpeg_reencode=jpeg))
+        np.testing.assert_array_equal(
+            opennsfw_preprocess(frame.rgb, jpeg_reencode=jpeg), preprocess(frame.rgb, jpeg_reencode=jpeg)
+        )
     # OpenCV's bilinear (no antialiasing when shrinking 1280x720) is a different input
     cv2_input = opennsfw_preprocess(frame.rgb, resize_kernel="cv2_linear", jpeg_reencode=False)
     assert np.abs(cv2_input - preprocess(frame.rgb, jpeg_reencode=False)).max() > 10
@@ -67,7 +71,9 @@ def test_preprocessing_is_the_packages_and_the_kernel_matters(package, real_asse
 def test_decode_workers_0_and_1_identical(real_asset, test_home, tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = real_asset("bikes.mp4")
     settings = _settings(test_home, tmp_path)
-    runs = [frameserve.run(path, "nsfw", sampling="every:40", batch=2, decode_workers=w, settings=settings) for w in (0, 1)]
+    runs = [
+        frameserve.run(path, "nsfw", sampling="every:40", batch=2, decode_workers=w, settings=settings) for w in (0, 1)
+    ]
     assert runs[0]["frames"] == runs[1]["frames"] and runs[0]["summary"] == runs[1]["summary"]
     assert len(runs[0]["frames"]) >= 5
 
@@ -76,10 +82,14 @@ def test_resize_kernel_param_reaches_the_preprocessing(real_asset, test_home, tm
     path = real_asset("bigbuckbunny.mp4")
     settings = _settings(test_home, tmp_path)
     pil, cv2 = (
-        frameserve.run(path, "nsfw", sampling="every:60", params={"resize_kernel": k}, decode_workers=0, settings=settings)
+        frameserve.run(
+            path, "nsfw", sampling="every:60", params={"resize_kernel": k}, decode_workers=0, settings=settings
+        )
         for k in ("pil_bilinear", "cv2_linear")
     )
-    diff = max(abs(a["scores"]["nsfw"] - b["scores"]["nsfw"]) for a, b in zip(pil["frames"], cv2["frames"], strict=True))
+    diff = max(
+        abs(a["scores"]["nsfw"] - b["scores"]["nsfw"]) for a, b in zip(pil["frames"], cv2["frames"], strict=True)
+    )
     assert diff > 1e-2  # OpenCV's bilinear does not antialias the 1280x720 -> 256x256 shrink
 
 
@@ -96,8 +106,14 @@ def test_yaml_classifier_type(real_asset, test_home, tmp_path) -> None:  # type:
     assert all(sum(f["scores"].values()) == pytest.approx(1.0, abs=1e-5) for f in result["frames"])
     assert result["summary"]["verdict"]["positive"] == ["unsafe"]
     with pytest.raises(frameserve.errors.PipelineSpecError, match="params.labels has 3 names"):
-        frameserve.run(video, str(spec), sampling="every:60", decode_workers=0,
-                       params={"labels": ["a", "b", "c"], "positive": ["c"]}, settings=settings)
+        frameserve.run(
+            video,
+            str(spec),
+            sampling="every:60",
+            decode_workers=0,
+            params={"labels": ["a", "b", "c"], "positive": ["c"]},
+            settings=settings,
+        )
 
 
 def test_moderation_keeps_both_models_evidence(real_asset, test_home, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -119,8 +135,14 @@ def test_moderation_keeps_both_models_evidence(real_asset, test_home, tmp_path) 
     assert verdict["components"]["classifier"]["value"] == summary["classifier"]["classes"]["nsfw"]["p90"]
     assert verdict["components"]["detector"] == {**verdict["components"]["detector"], "label": None, "value": 0.0}
     # the same run, with a rule that counts faces, is flagged by the detector's evidence
-    faces = frameserve.run(path, "moderation", sampling="every:60", decode_workers=0, settings=settings,
-                           params={"fusion.det_labels": ["FACE_FEMALE"], "fusion.w_cls": 0.0, "fusion.threshold": 0.5})
+    faces = frameserve.run(
+        path,
+        "moderation",
+        sampling="every:60",
+        decode_workers=0,
+        settings=settings,
+        params={"fusion.det_labels": ["FACE_FEMALE"], "fusion.w_cls": 0.0, "fusion.threshold": 0.5},
+    )
     v = faces["summary"]["verdict"]
     assert v["flagged"] is True and v["components"]["detector"]["label"] == "FACE_FEMALE"
     assert v["score"] == faces["summary"]["detector"]["labels"]["FACE_FEMALE"]["max_score"]

@@ -40,7 +40,7 @@ def test_texts_equal_rapidocr_and_both_executors_agree(caption_video, test_home,
     assert inline["summary"] == parallel["summary"]
     # the package's own runtime: the same model outputs, so the same scores
     same_runtime = frameserve.run(
-        caption_video.path, "ocr", sampling=SAMPLING, decode_workers=0, settings=settings, backend="onnxruntime",
+        caption_video.path, "ocr", sampling=SAMPLING, decode_workers=0, settings=settings, backend="onnxruntime"
     )
     assert same_runtime["models"]["det"]["backend"] == "onnxruntime"
 
@@ -68,7 +68,9 @@ def test_texts_equal_rapidocr_and_both_executors_agree(caption_video, test_home,
 
     tracks = inline["summary"]["texts"]
     assert [(t["text"], t["first_s"], t["last_s"], t["frames"]) for t in tracks] == [
-        ("WELCOME", 0.0, 0.2, 2), ("BUNNYMEADOW", 0.4, 0.6, 2), ("SUNRISE", 0.8, 1.0, 2),
+        ("WELCOME", 0.0, 0.2, 2),
+        ("BUNNYMEADOW", 0.4, 0.6, 2),
+        ("SUNRISE", 0.8, 1.0, 2),
     ]
     assert inline["summary"]["frames_total"] == 6
     assert all(0.5 <= t["max_score"] <= 1.0 for t in tracks)
@@ -88,8 +90,11 @@ def test_reuse_on_consecutive_frames_keeps_texts(tmp_path, bigbuckbunny, test_ho
 def test_reuse_does_not_hide_a_changed_caption(tmp_path, bigbuckbunny, test_home) -> None:  # type: ignore[no-untyped-def]
     # a still background: one digit in the middle of the caption changes, the box stays put
     video = make_caption_video(
-        tmp_path / "digit.mp4", bigbuckbunny, captions=(("CODE 4821", 0.0, 0.04), ("CODE 4871", 0.04, 0.08)),
-        seconds=0.08, still=True,
+        tmp_path / "digit.mp4",
+        bigbuckbunny,
+        captions=(("CODE 4821", 0.0, 0.04), ("CODE 4871", 0.04, 0.08)),
+        seconds=0.08,
+        still=True,
     )
     result = frameserve.run(video.path, "ocr", decode_workers=0, settings=_settings(test_home, tmp_path))
     first, second = (f["texts"] for f in result["frames"])

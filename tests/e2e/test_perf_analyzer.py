@@ -47,9 +47,24 @@ def server(perf_analyzer: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_perf_analyzer_measures_frameserve(server: ServeProcess, protocol: str) -> None:
     port = server.ports["HTTP" if protocol == "http" else "gRPC"]
-    args = ["bash", str(SCRIPT), "-m", "add", "-i", protocol, "-u", f"127.0.0.1:{port}",
-            "--concurrency-range", "1:2", "--measurement-interval", "500", "--stability-percentage", "100",
-            "--max-trials", "30"]
+    args = [
+        "bash",
+        str(SCRIPT),
+        "-m",
+        "add",
+        "-i",
+        protocol,
+        "-u",
+        f"127.0.0.1:{port}",
+        "--concurrency-range",
+        "1:2",
+        "--measurement-interval",
+        "500",
+        "--stability-percentage",
+        "100",
+        "--max-trials",
+        "30",
+    ]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
@@ -75,7 +90,9 @@ def shm_server(
     one connection are the owner's, whichever front end its other connections reach."""
     root = tmp_path_factory.mktemp("pa_shm")
     workers = ["--http-workers", str(request.param), "--grpc-workers", str(request.param)]
-    with ServeProcess(make_repository(root / "repo"), root / "home", "--allow-client-shm", "--client-shm-prefix", "/", *workers) as srv:
+    with ServeProcess(
+        make_repository(root / "repo"), root / "home", "--allow-client-shm", "--client-shm-prefix", "/", *workers
+    ) as srv:
         srv.wait_ready()
         yield srv
         assert srv.stop() == 0
@@ -87,9 +104,26 @@ def test_perf_analyzer_with_system_shared_memory(shm_server: ServeProcess, proto
     others with every input and output in a region, and unregisters them when done."""
     port = shm_server.ports["HTTP" if protocol == "http" else "gRPC"]
     status_url = f"http://127.0.0.1:{shm_server.ports['HTTP']}/v2/systemsharedmemory/status"
-    args = ["bash", str(SCRIPT), "-m", "add", "-i", protocol, "-u", f"127.0.0.1:{port}", "--shared-memory", "system",
-            "--concurrency-range", "1:2", "--measurement-interval", "500", "--stability-percentage", "100",
-            "--max-trials", "30"]
+    args = [
+        "bash",
+        str(SCRIPT),
+        "-m",
+        "add",
+        "-i",
+        protocol,
+        "-u",
+        f"127.0.0.1:{port}",
+        "--shared-memory",
+        "system",
+        "--concurrency-range",
+        "1:2",
+        "--measurement-interval",
+        "500",
+        "--stability-percentage",
+        "100",
+        "--max-trials",
+        "30",
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: set[str] = set()
     with httpx.Client(trust_env=False, timeout=5) as http:

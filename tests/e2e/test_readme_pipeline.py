@@ -23,7 +23,10 @@ def readme_pipeline() -> tuple[str, list[str]]:
     """The example file's text and the command printed after it."""
     text = README.read_text(encoding="utf-8")
     code = re.search(r"```python\n(# crop_scores\.py\n.*?)```", text, re.S)
-    cmd = re.search(r"```bash\n(\.venv/bin/frameserve run asset://carphone_pristine\.mp4 --pipeline crop_scores\.py[^\n]*)\n```", text)
+    cmd = re.search(
+        r"```bash\n(\.venv/bin/frameserve run asset://carphone_pristine\.mp4 --pipeline crop_scores\.py[^\n]*)\n```",
+        text,
+    )
     assert code and cmd, "README's crop_scores.py example and its command"
     return code.group(1), cmd.group(1).split()[2:]
 
@@ -47,7 +50,9 @@ def _check_results(results: dict, frames_total: int = 120) -> None:  # type: ign
 def test_readme_example_runs_as_printed(cli, tmp_path: Path, carphone: Path) -> None:  # type: ignore[no-untyped-def]
     code, args = readme_pipeline()
     (tmp_path / "crop_scores.py").write_text(code)
-    args = [a if not a.endswith((".py", ".json", ".mp4")) or a.startswith("asset://") else str(tmp_path / a) for a in args]
+    args = [
+        a if not a.endswith((".py", ".json", ".mp4")) or a.startswith("asset://") else str(tmp_path / a) for a in args
+    ]
     proc = cli("run", *args, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "frames_with_faces: 120" in proc.stdout
@@ -57,7 +62,9 @@ def test_readme_example_runs_as_printed(cli, tmp_path: Path, carphone: Path) -> 
         assert sum(1 for _ in video.decode(video=0)) == 120
 
 
-def test_readme_example_runs_as_a_job_through_serve(tmp_path: Path, carphone: Path, nudenet_model: Path, real_asset) -> None:  # type: ignore[no-untyped-def]
+def test_readme_example_runs_as_a_job_through_serve(
+    tmp_path: Path, carphone: Path, nudenet_model: Path, real_asset
+) -> None:  # type: ignore[no-untyped-def]
     code, _ = readme_pipeline()
     folder = tmp_path / "pipelines"
     folder.mkdir()
@@ -75,12 +82,21 @@ def test_readme_example_runs_as_a_job_through_serve(tmp_path: Path, carphone: Pa
         listed = {p["name"]: p for p in httpx.get(f"{base}/v1/pipelines", timeout=10).json()}
         assert listed["crop-scores"]["kind"] == "python"
         assert listed["crop-scores"]["models"] == {"det": "nudenet", "cls": "opennsfw"}
-        body = {"source": f"file://{home}/storage/in.mp4", "target": f"file://{home}/storage/out/1",
-                "pipeline": "crop-scores", "params": {"video_out": True}}
+        body = {
+            "source": f"file://{home}/storage/in.mp4",
+            "target": f"file://{home}/storage/out/1",
+            "pipeline": "crop-scores",
+            "params": {"video_out": True},
+        }
         resp = httpx.post(f"{base}/v1/jobs", json=body, timeout=10)
         assert resp.status_code == 201, resp.text
-        job = wait_value(lambda: httpx.get(f"{base}/v1/jobs/{resp.json()['id']}", timeout=10).json(),
-                         lambda job: job["state"] in FINISHED_JOB, 240, "the job to finish", every_s=0.25)
+        job = wait_value(
+            lambda: httpx.get(f"{base}/v1/jobs/{resp.json()['id']}", timeout=10).json(),
+            lambda job: job["state"] in FINISHED_JOB,
+            240,
+            "the job to finish",
+            every_s=0.25,
+        )
         assert job["state"] == "succeeded", job
         assert job["result"]["summary"]["frames_with_faces"] >= 108
         outputs = job["result"]["outputs"]

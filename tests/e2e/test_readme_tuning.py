@@ -51,14 +51,19 @@ ASSET = re.compile(r'"\$\(\.venv/bin/frameserve assets path ([\w.-]+)\)"')  # as
 COMMANDS: dict[str, tuple[str, dict[str, str]]] = {
     "pip": (r"^\.venv/bin/pip install -e '\.\[tune\]'$", {}),
     "sysinfo": (r"^\.venv/bin/frameserve sysinfo$", {}),
-    "perf": (r"^\.venv/bin/frameserve perf my-models/nudenet ", {
-        "--batch 1,2,4 --concurrency 1,2 --instances 1,2":
-            "--batch 1,2 --concurrency 1,2 --instances 1 --window-s 0.5 --warmup-s 0.2 --max-windows 3",
-    }),
-    "perf-url": (r"^\.venv/bin/frameserve perf --url ", {
-        "--url http://localhost:8000": "--url {url}",
-        "--batch 1,4 --concurrency 1,4": "--batch 1,4 --concurrency 1 --window-s 0.5 --warmup-s 0.2 --max-windows 3",
-    }),
+    "perf": (
+        r"^\.venv/bin/frameserve perf my-models/nudenet ",
+        {
+            "--batch 1,2,4 --concurrency 1,2 --instances 1,2": "--batch 1,2 --concurrency 1,2 --instances 1 --window-s 0.5 --warmup-s 0.2 --max-windows 3"
+        },
+    ),
+    "perf-url": (
+        r"^\.venv/bin/frameserve perf --url ",
+        {
+            "--url http://localhost:8000": "--url {url}",
+            "--batch 1,4 --concurrency 1,4": "--batch 1,4 --concurrency 1 --window-s 0.5 --warmup-s 0.2 --max-windows 3",
+        },
+    ),
     "mkdir": (r"^mkdir -p my-models/nudenet/1 && cp ", {}),
     "tune": (r"^\.venv/bin/frameserve tune my-models/nudenet ", {"--time-budget 8m": "--time-budget 40s"}),
     "serve": (r"^\.venv/bin/frameserve serve --model-repository tuned/$", {}),
@@ -84,7 +89,7 @@ def readme_commands() -> dict[str, ReadmeCommand]:
     readme = README.read_text(encoding="utf-8")
     start = readme.index(SECTION)
     end = readme.find("\n## ", start + len(SECTION))
-    section = readme[start:end if end >= 0 else None]
+    section = readme[start : end if end >= 0 else None]
     blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
     assert len(blocks) == 2, f"README's {SECTION!r} has {len(blocks)} bash blocks, not 2"
     assert "### tune, quantize, plan" in section.split(blocks[1])[0].split(blocks[0])[-1]
@@ -132,11 +137,19 @@ def _shell(text: str, cwd: Path, home: Path, timeout: float) -> subprocess.Compl
     env = {**os.environ, "FRAMESERVE_HOME": str(home), "COLUMNS": "120"}
     if text.startswith(FRAMESERVE + " "):
         argv = [*frameserve_command(), *shlex.split(text)[1:]]
-        return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
     assert FRAMESERVE not in text, text
-    return subprocess.run(["bash", "-c", text], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        ["bash", "-c", text],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +190,9 @@ def _serve_tuned(run: Run, perf_url: ReadmeCommand, real_asset, step) -> None:  
     tuned = run.cwd / "tuned"
     config = yaml.safe_load((tuned / "nudenet" / "config.yaml").read_text())
     version = config["version_policy"]["specific"]["versions"][0]
-    model = ort.InferenceSession(str(tuned / "nudenet" / str(version) / "model.onnx"), providers=["CPUExecutionProvider"])
+    model = ort.InferenceSession(
+        str(tuned / "nudenet" / str(version) / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
     x = np.random.default_rng(7).random((1, 3, 320, 320), dtype=np.float32)
     names = [o.name for o in model.get_outputs()]
     want = dict(zip(names, model.run(names, {"images": x}), strict=True))
@@ -200,8 +215,11 @@ def _serve_tuned(run: Run, perf_url: ReadmeCommand, real_asset, step) -> None:  
 
 def test_sysinfo_prints_this_cpu(readme_run: Run) -> None:
     out = readme_run.procs["sysinfo"].stdout
-    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-             if line.startswith("model name")]
+    names = [
+        line.split(":", 1)[1].strip()
+        for line in Path("/proc/cpuinfo").read_text().splitlines()
+        if line.startswith("model name")
+    ]
     assert re.search(r"^\s*CPU\s+\S", out, re.M), out
     if names:
         assert names[0] in out, out
@@ -213,12 +231,19 @@ def test_sysinfo_prints_this_cpu(readme_run: Run) -> None:
 def test_perf_writes_its_table_plots_and_report(readme_run: Run) -> None:
     out = readme_run.cwd / "perf-nudenet"
     assert sorted(p.name for p in out.iterdir()) == [
-        "perf.csv", "perf.json", "report.html", "throughput_vs_p99.png", "vs_batch.png", "vs_concurrency.png"]
+        "perf.csv",
+        "perf.json",
+        "report.html",
+        "throughput_vs_p99.png",
+        "vs_batch.png",
+        "vs_concurrency.png",
+    ]
     assert "report: perf-nudenet/report.html" in readme_run.procs["perf"].stdout
     data = json.loads((out / "perf.json").read_text())
     assert data["mode"] == "in-process" and data["model"] == "nudenet"
     assert {(r["batch"], r["concurrency"], r["instances"]) for r in data["rows"]} == {
-        (b, c, 1) for b in (1, 2) for c in (1, 2)}
+        (b, c, 1) for b in (1, 2) for c in (1, 2)
+    }
     for row in data["rows"]:
         assert row["error"] is None and row["throughput"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
         assert row["cpu_s_per_infer"] > 0
@@ -255,7 +280,8 @@ def test_tune_writes_exactly_its_four_outputs(readme_run: Run) -> None:
         if row["status"] == "measured":
             assert row["feasible"] == (row["p99_ms"] <= 100), row
     assert comparison["ratio_best_over_default"]["throughput"] == pytest.approx(
-        comparison["best"]["throughput"] / comparison["default"]["throughput"])
+        comparison["best"]["throughput"] / comparison["default"]["throughput"]
+    )
 
 
 def test_the_tuned_folder_serves_and_answers_as_onnxruntime(readme_run: Run) -> None:
@@ -300,12 +326,16 @@ def test_plan_prints_the_nodes_and_its_json_parses(readme_run: Run) -> None:
     assert f"online server: {p['online']['nodes']} node(s)" in text
 
 
-@pytest.mark.parametrize(("folder", "images", "tables"), [
-    ("perf-nudenet", 3, {"run", "results", "machine"}),
-    ("tuned", 4, {"summary", "side-by-side", "top", "finalists", "gates", "space", "machine", "trials"}),
-])
-def test_the_reports_render_in_a_headless_browser(readme_run: Run, tmp_path: Path, folder: str, images: int,
-                                                  tables: set[str]) -> None:
+@pytest.mark.parametrize(
+    ("folder", "images", "tables"),
+    [
+        ("perf-nudenet", 3, {"run", "results", "machine"}),
+        ("tuned", 4, {"summary", "side-by-side", "top", "finalists", "gates", "space", "machine", "trials"}),
+    ],
+)
+def test_the_reports_render_in_a_headless_browser(
+    readme_run: Run, tmp_path: Path, folder: str, images: int, tables: set[str]
+) -> None:
     browser = chromium()
     seen = open_in_browser(browser, readme_run.cwd / folder / "report.html", tmp_path)
     assert seen["errors"] == [], seen

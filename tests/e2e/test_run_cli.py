@@ -61,7 +61,11 @@ def test_carphone_result_shape_and_timing_table(carphone_result) -> None:  # typ
     if result["bottleneck"]["parallel"]:
         # stages overlap across lanes (decode process, inference, output): each lane's stages
         # run one after another, so a lane's shares add up to at most 1, not all of them
-        lanes = {"decode": ("decode", "convert", "preprocess"), "inference": ("infer",), "output": ("postprocess", "encode")}
+        lanes = {
+            "decode": ("decode", "convert", "preprocess"),
+            "inference": ("infer",),
+            "output": ("postprocess", "encode"),
+        }
         for lane, stages in lanes.items():
             assert sum(shares[s] for s in stages) <= 1.01, (lane, shares)
     else:
@@ -159,12 +163,26 @@ def test_tiny_video_is_scaled_up_to_the_model_size(cli, nudenet_model, tmp_path,
     if resize == "letterbox":  # the built-in pipeline, letterboxed to the centre instead
         text = (importlib.resources.files("frameserve.pipeline") / "builtin" / "nudenet.yaml").read_text()
         pipe = tmp_path / "letterbox.yaml"
-        pipe.write_text(text.replace("resize: pad_square", "resize: letterbox").replace("anchor: top_left", "anchor: center"))
+        pipe.write_text(
+            text.replace("resize: pad_square", "resize: letterbox").replace("anchor: top_left", "anchor: center")
+        )
         assert "resize: letterbox" in pipe.read_text() and "anchor: center" in pipe.read_text()
         pipeline = str(pipe)
     out, vid = tmp_path / "r.json", tmp_path / "annotated.mp4"
-    proc = cli("run", str(made.path), "--pipeline", pipeline, "--out", str(out), "--video-out", str(vid),
-               "--threads", "1", "--decode-workers", "0" if resize == "letterbox" else "1")
+    proc = cli(
+        "run",
+        str(made.path),
+        "--pipeline",
+        pipeline,
+        "--out",
+        str(out),
+        "--video-out",
+        str(vid),
+        "--threads",
+        "1",
+        "--decode-workers",
+        "0" if resize == "letterbox" else "1",
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     w, h = args["size"]  # type: ignore[misc]

@@ -59,15 +59,24 @@ def test_ctrl_c_exits_130_and_leaves_nothing(test_home, nudenet_model, tmp_path)
     env = {**os.environ, "FRAMESERVE_HOME": str(test_home)}
     proc = subprocess.Popen(
         [*cmd, "run", str(vid), "--batch", "1", "--decode-workers", "1", "--out", str(tmp_path / "r.json")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
         # as from an interactive shell: a shell without job control starts background jobs with
         # SIGINT ignored, which the child inherits (and rightly keeps), so pytest run that way
         # would never see the interrupt
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        children = wait_value(lambda: _decode_children(proc.pid) if proc.poll() is None else ["exited"], bool, 120,
-                              "the decode process to start", every_s=0.2)
+        children = wait_value(
+            lambda: _decode_children(proc.pid) if proc.poll() is None else ["exited"],
+            bool,
+            120,
+            "the decode process to start",
+            every_s=0.2,
+        )
         assert children != ["exited"], "the run ended before its decode process started"
 
         def frames_flowing() -> bool:  # the streamed results file has records
@@ -83,6 +92,7 @@ def test_ctrl_c_exits_130_and_leaves_nothing(test_home, nudenet_model, tmp_path)
             proc.wait()
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr and "Traceback" not in stderr
+
     def gone(child: psutil.Process) -> bool:
         try:
             return not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE

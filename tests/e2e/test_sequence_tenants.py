@@ -41,14 +41,24 @@ class TritonPythonModel:
         return out
 """
 CONFIG = {
-    "backend": "python", "max_batch_size": 4,
+    "backend": "python",
+    "max_batch_size": 4,
     "input": [{"name": "INPUT", "data_type": "TYPE_INT32", "dims": [1]}],
     "output": [{"name": "OUTPUT", "data_type": "TYPE_INT32", "dims": [1]}],
     "sequence_batching": {
         "oldest": {"max_candidate_sequences": 4},
-        "control_input": [{"name": "START", "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}],
-        "state": [{"input_name": "STATE_IN", "output_name": "STATE_OUT", "data_type": "TYPE_INT32", "dims": [1],
-                   "initial_state": {"data_type": "TYPE_INT32", "dims": [1], "name": "zero", "zero_data": True}}],
+        "control_input": [
+            {"name": "START", "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}
+        ],
+        "state": [
+            {
+                "input_name": "STATE_IN",
+                "output_name": "STATE_OUT",
+                "data_type": "TYPE_INT32",
+                "dims": [1],
+                "initial_state": {"data_type": "TYPE_INT32", "dims": [1], "name": "zero", "zero_data": True},
+            }
+        ],
     },
 }
 
@@ -75,10 +85,14 @@ class Tenant:
         self.protocol = protocol
         self.headers = {"authorization": f"Bearer {TOKENS[name]}"}
         self.mod: Any = thttp if protocol == "http" else tgrpc
-        self.client: Any = self.mod.InferenceServerClient(f"127.0.0.1:{ports['HTTP' if protocol == 'http' else 'gRPC']}")
+        self.client: Any = self.mod.InferenceServerClient(
+            f"127.0.0.1:{ports['HTTP' if protocol == 'http' else 'gRPC']}"
+        )
         self.results: queue.Queue[Any] = queue.Queue()
         if protocol == "stream":
-            self.client.start_stream(callback=lambda result, error: self.results.put(error or result), headers=self.headers)
+            self.client.start_stream(
+                callback=lambda result, error: self.results.put(error or result), headers=self.headers
+            )
 
     def infer(self, sid: int | str, value: int, *, start: bool = False) -> int | str:
         """The sequence's running sum after ``value``, or the error's message."""
@@ -110,8 +124,12 @@ def test_another_tenants_sequence_id_is_another_sequence(server: ServeProcess, p
     try:
         assert a.infer(sid, 5, start=True) == 5
         refused = b.infer(sid, 1)  # no START: A's sequence is not B's to continue
-        assert isinstance(refused, str) and f"inference request for sequence {sid} to model '{MODEL}' must specify " \
-            "the START flag on the first request of the sequence" in refused, refused
+        assert (
+            isinstance(refused, str)
+            and f"inference request for sequence {sid} to model '{MODEL}' must specify "
+            "the START flag on the first request of the sequence"
+            in refused
+        ), refused
         assert b.infer(sid, 100, start=True) == 100  # B's own sequence under the same id
         assert a.infer(sid, 2) == 7  # A's sum goes on: B's START did not restart it
         assert b.infer(sid, 1) == 101

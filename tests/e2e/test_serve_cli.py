@@ -73,8 +73,10 @@ def test_serve_starts_reports_ports_and_stops_gracefully(tmp_path: Path) -> None
         # An in-flight request (seconds of compute) must complete after SIGTERM.
         x = np.ones((8192, SLOW_WIDTH), np.float32)  # ~2.5 s of compute here
         raw = x.tobytes()
-        head = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[8192,%d],"parameters":{"binary_data_size":%d}}],' \
-               b'"parameters":{"binary_data_output":true}}' % (SLOW_WIDTH, len(raw))
+        head = (
+            b'{"inputs":[{"name":"x","datatype":"FP32","shape":[8192,%d],"parameters":{"binary_data_size":%d}}],'
+            b'"parameters":{"binary_data_output":true}}' % (SLOW_WIDTH, len(raw))
+        )
         result: dict[str, object] = {}
         sent = threading.Event()
 
@@ -85,9 +87,16 @@ def test_serve_starts_reports_ports_and_stops_gracefully(tmp_path: Path) -> None
 
         def call() -> None:
             try:
-                r = httpx.post(f"{base}/v2/models/slow/infer", content=body(), trust_env=False, timeout=60,
-                               headers={"Inference-Header-Content-Length": str(len(head)),
-                                        "Content-Length": str(len(head) + len(raw))})
+                r = httpx.post(
+                    f"{base}/v2/models/slow/infer",
+                    content=body(),
+                    trust_env=False,
+                    timeout=60,
+                    headers={
+                        "Inference-Header-Content-Length": str(len(head)),
+                        "Content-Length": str(len(head) + len(raw)),
+                    },
+                )
                 result["status"] = r.status_code
                 result["size"] = len(r.content)
                 result["done"] = time.monotonic()

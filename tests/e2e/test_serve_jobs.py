@@ -28,14 +28,21 @@ def test_serve_runs_embedded_jobs_end_to_end(tmp_path: Path, carphone: Path, nud
         base = f"http://127.0.0.1:{server.ports['HTTP']}"
         kinds = {p["name"]: p["kind"] for p in httpx.get(f"{base}/v1/pipelines", timeout=10).json()}
         assert kinds["brightness"] == "python" and kinds["my-detector"] == "yaml" and kinds["nudenet"] == "builtin"
-        clip = httpx.post(f"{base}/v1/analyze", files={"file": ("carphone.mp4", carphone.read_bytes(), "video/mp4")},
-                          data={"pipeline": "nudenet"}, timeout=60)
+        clip = httpx.post(
+            f"{base}/v1/analyze",
+            files={"file": ("carphone.mp4", carphone.read_bytes(), "video/mp4")},
+            data={"pipeline": "nudenet"},
+            timeout=60,
+        )
         assert clip.status_code == 200, clip.text
         keyframes = clip.json()["frames"]
         assert keyframes and keyframes[0]["index"] == 0 and all(f["is_keyframe"] for f in keyframes)
         assert any(d["label"] in ("FACE_FEMALE", "FACE_MALE") for d in keyframes[0]["detections"]), keyframes[0]
-        body = {"source": f"file://{home}/storage/in.mp4", "target": f"file://{home}/storage/out/1",
-                "pipeline": "nudenet"}
+        body = {
+            "source": f"file://{home}/storage/in.mp4",
+            "target": f"file://{home}/storage/out/1",
+            "pipeline": "nudenet",
+        }
         first = httpx.post(f"{base}/v1/jobs", json=body, headers={"Idempotency-Key": "walkthrough-1"}, timeout=10)
         assert first.status_code == 201, first.text
         again = httpx.post(f"{base}/v1/jobs", json=body, headers={"Idempotency-Key": "walkthrough-1"}, timeout=10)
@@ -43,8 +50,13 @@ def test_serve_runs_embedded_jobs_end_to_end(tmp_path: Path, carphone: Path, nud
         bad = httpx.post(f"{base}/v1/jobs", json={**body, "pipeline": "nosuch"}, timeout=10)
         assert bad.status_code == 404 and "nudenet" in bad.json()["error"] + json.dumps(bad.json().get("detail"))
         job_id = first.json()["id"]
-        job = wait_value(lambda: httpx.get(f"{base}/v1/jobs/{job_id}", timeout=10).json(),
-                         lambda job: job["state"] in FINISHED_JOB, 120, "the job to finish", every_s=0.2)
+        job = wait_value(
+            lambda: httpx.get(f"{base}/v1/jobs/{job_id}", timeout=10).json(),
+            lambda job: job["state"] in FINISHED_JOB,
+            120,
+            "the job to finish",
+            every_s=0.2,
+        )
         assert job["state"] == "succeeded", job
         labels = job["result"]["summary"]["labels"]
         assert max(labels.get(k, {"frames": 0})["frames"] for k in ("FACE_FEMALE", "FACE_MALE")) >= 108

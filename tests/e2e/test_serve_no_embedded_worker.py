@@ -23,8 +23,11 @@ def test_no_embedded_worker_serves_jobs_but_leaves_them_queued(tmp_path: Path) -
         server.wait_ready()
         assert "no embedded worker" in server.wait_line("jobs: /v1/jobs")
         base = f"http://127.0.0.1:{server.ports['HTTP']}"
-        body = {"source": f"file://{home}/storage/in.mp4", "target": f"file://{home}/storage/out/1",
-                "pipeline": "nudenet"}
+        body = {
+            "source": f"file://{home}/storage/in.mp4",
+            "target": f"file://{home}/storage/out/1",
+            "pipeline": "nudenet",
+        }
         made = httpx.post(f"{base}/v1/jobs", json=body, timeout=10)
         assert made.status_code == 201, made.text
         job_id = made.json()["id"]

@@ -37,7 +37,7 @@ with warnings.catch_warnings():
 
 pytestmark = pytest.mark.e2e
 
-REPEAT_CONFIG = '''name: "repeat_int32"
+REPEAT_CONFIG = """name: "repeat_int32"
 backend: "python"
 max_batch_size: 0
 model_transaction_policy { decoupled: True }
@@ -51,9 +51,9 @@ output [
   { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] }
 ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
-'''
+"""
 
-REPEAT = '''
+REPEAT = """
 import json
 import threading
 import time
@@ -98,17 +98,17 @@ class TritonPythonModel:
     def finalize(self):
         for thread in self.threads:
             thread.join()
-'''
+"""
 
-ZERO_CONFIG = '''name: "zero"
+ZERO_CONFIG = """name: "zero"
 backend: "python"
 max_batch_size: 0
 model_transaction_policy { decoupled: True }
 input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
 output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-'''
+"""
 
-ZERO = '''
+ZERO = """
 import triton_python_backend_utils as pb_utils
 
 
@@ -117,16 +117,16 @@ class TritonPythonModel:
         for request in requests:
             request.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
-'''
+"""
 
-ECHO_CONFIG = '''name: "echo"
+ECHO_CONFIG = """name: "echo"
 backend: "python"
 max_batch_size: 0
 input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }, { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] }, { name: "SQ" data_type: TYPE_INT32 dims: [ 1 ] } ]
-'''
+"""
 
-ECHO = '''
+ECHO = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -141,21 +141,21 @@ class TritonPythonModel:
                 pb_utils.Tensor("text_output", np.array([text[0] + b"!"], dtype=object)),
                 pb_utils.Tensor("SQ", (n * n).astype(np.int32))]))
         return out
-'''
+"""
 
 
-GATE_CONFIG = '''name: "gate"
+GATE_CONFIG = """name: "gate"
 backend: "python"
 max_batch_size: 0
 model_transaction_policy { decoupled: True }
 input [ { name: "KEY" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
-'''
+"""
 
 # KEY 0 answers once, then waits (in a thread of its own) until a KEY 1 request came, then answers
 # again and ends: its responses can only complete when the stream's later request runs meanwhile.
-GATE = '''
+GATE = """
 import threading
 
 import numpy as np
@@ -183,17 +183,23 @@ class TritonPythonModel:
         self.released.wait(60)
         sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1], np.int32))]),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("decoupled_repo")
-    process = REPEAT_CONFIG.replace('"repeat_int32"', '"repeat_process"') + \
-        'parameters { key: "isolation" value: { string_value: "process" } }\n'  # frameserve's; Triton ignores it
-    for name, config, source in (("repeat_int32", REPEAT_CONFIG, REPEAT), ("zero", ZERO_CONFIG, ZERO),
-                                 ("echo", ECHO_CONFIG, ECHO), ("repeat_process", process, REPEAT),
-                                 ("gate", GATE_CONFIG, GATE)):
+    process = (
+        REPEAT_CONFIG.replace('"repeat_int32"', '"repeat_process"')
+        + 'parameters { key: "isolation" value: { string_value: "process" } }\n'
+    )  # frameserve's; Triton ignores it
+    for name, config, source in (
+        ("repeat_int32", REPEAT_CONFIG, REPEAT),
+        ("zero", ZERO_CONFIG, ZERO),
+        ("echo", ECHO_CONFIG, ECHO),
+        ("repeat_process", process, REPEAT),
+        ("gate", GATE_CONFIG, GATE),
+    ):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config)
         (root / name / "1" / "model.py").write_text(source)
@@ -218,16 +224,20 @@ def _servers(frameserve: ServeProcess, triton: TritonPeer | None) -> list[tuple[
 
 
 def _repeat_inputs(values: list[int], delays: list[int], wait: int) -> list[Any]:
-    inputs = [tgrpc.InferInput("IN", [len(values)], "INT32"), tgrpc.InferInput("DELAY", [len(values)], "UINT32"),
-              tgrpc.InferInput("WAIT", [1], "UINT32")]
+    inputs = [
+        tgrpc.InferInput("IN", [len(values)], "INT32"),
+        tgrpc.InferInput("DELAY", [len(values)], "UINT32"),
+        tgrpc.InferInput("WAIT", [1], "UINT32"),
+    ]
     inputs[0].set_data_from_numpy(np.array(values, np.int32))
     inputs[1].set_data_from_numpy(np.array(delays, np.uint32))
     inputs[2].set_data_from_numpy(np.array([wait], np.uint32))
     return inputs
 
 
-def _stream(ports: dict[str, int], requests: list[tuple[str, str, list[Any]]],
-            ) -> tuple[dict[str, list[Any]], list[str]]:
+def _stream(
+    ports: dict[str, int], requests: list[tuple[str, str, list[Any]]]
+) -> tuple[dict[str, list[Any]], list[str]]:
     """Send ``(model, request id, inputs)`` on one stream, each asking for the empty final
     response; every request's answers in order, each ``(outputs as lists,
     triton_final_response, model_version)``, and the error texts (a stream error carries no
@@ -258,16 +268,26 @@ def _stream(ports: dict[str, int], requests: list[tuple[str, str, list[Any]]],
 
 
 def test_repeat_streams_one_response_per_element_as_triton(frameserve: ServeProcess, triton: TritonPeer | None) -> None:
-    requests = [("repeat_int32", "a", _repeat_inputs([4, 5, 6], [5, 5, 5], 1)),
-                ("repeat_int32", "b", _repeat_inputs([7, -8, 9, 10], [1, 2, 1, 0], 2)),
-                ("zero", "c", [_int32("IN", [1, 2])]),
-                ("repeat_int32", "d", _repeat_inputs([], [], 0)),
-                ("repeat_process", "e", _repeat_inputs([11, 12], [2, 0], 1))]
+    requests = [
+        ("repeat_int32", "a", _repeat_inputs([4, 5, 6], [5, 5, 5], 1)),
+        ("repeat_int32", "b", _repeat_inputs([7, -8, 9, 10], [1, 2, 1, 0], 2)),
+        ("zero", "c", [_int32("IN", [1, 2])]),
+        ("repeat_int32", "d", _repeat_inputs([], [], 0)),
+        ("repeat_process", "e", _repeat_inputs([11, 12], [2, 0], 1)),
+    ]
     want = {
-        "a": [({"OUT": [4], "IDX": [0]}, False, "1"), ({"OUT": [5], "IDX": [1]}, False, "1"),
-              ({"OUT": [6], "IDX": [2]}, False, "1"), ({}, True, "")],
-        "b": [({"OUT": [7], "IDX": [0]}, False, "1"), ({"OUT": [9], "IDX": [2]}, False, "1"),
-              ({"OUT": [10], "IDX": [3]}, False, "1"), ({}, True, "")],
+        "a": [
+            ({"OUT": [4], "IDX": [0]}, False, "1"),
+            ({"OUT": [5], "IDX": [1]}, False, "1"),
+            ({"OUT": [6], "IDX": [2]}, False, "1"),
+            ({}, True, ""),
+        ],
+        "b": [
+            ({"OUT": [7], "IDX": [0]}, False, "1"),
+            ({"OUT": [9], "IDX": [2]}, False, "1"),
+            ({"OUT": [10], "IDX": [3]}, False, "1"),
+            ({}, True, ""),
+        ],
         "c": [({}, True, "")],
         "d": [({}, True, "")],
         "e": [({"OUT": [11], "IDX": [0]}, False, "1"), ({"OUT": [12], "IDX": [1]}, False, "1"), ({}, True, "")],
@@ -276,8 +296,9 @@ def test_repeat_streams_one_response_per_element_as_triton(frameserve: ServeProc
         assert _stream(ports, requests) == (want, ["negative value -8 at 1"]), server
 
 
-def test_a_streams_requests_run_at_once_and_their_responses_interleave(frameserve: ServeProcess,
-                                                                        triton: TritonPeer | None) -> None:
+def test_a_streams_requests_run_at_once_and_their_responses_interleave(
+    frameserve: ServeProcess, triton: TritonPeer | None
+) -> None:
     for server, ports in _servers(frameserve, triton):
         answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
         client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports['gRPC']}")
@@ -290,8 +311,13 @@ def test_a_streams_requests_run_at_once_and_their_responses_interleave(frameserv
                 result, error = answers.get(timeout=60)
                 assert error is None, (server, error)
                 response = result.get_response()
-                got.append((response.id, result.as_numpy("OUT").tolist(),
-                            response.parameters["triton_final_response"].bool_param))
+                got.append(
+                    (
+                        response.id,
+                        result.as_numpy("OUT").tolist(),
+                        response.parameters["triton_final_response"].bool_param,
+                    )
+                )
         finally:
             client.stop_stream()
         # "waits" can end only after "releases" ran: the second request did not wait for the first
@@ -303,13 +329,19 @@ def test_streams_through_front_end_processes(repo: Path, tmp_path: Path) -> None
     """``serve --grpc-workers 2 --http-workers 2``: a front end hands a decoupled model's stream
     request to the model-owning process, whose responses come back one by one; generate_stream
     is handed on whole."""
-    requests = [("repeat_int32", "a", _repeat_inputs([4, -5, 6], [1, 1, 1], 0)), ("zero", "z", [_int32("IN", [1])]),
-                ("echo", "e", [_text("hi"), _int32("N", [2])])]
+    requests = [
+        ("repeat_int32", "a", _repeat_inputs([4, -5, 6], [1, 1, 1], 0)),
+        ("zero", "z", [_int32("IN", [1])]),
+        ("echo", "e", [_text("hi"), _int32("N", [2])]),
+    ]
     with ServeProcess(repo, tmp_path / "home", "--grpc-workers", "2", "--http-workers", "2") as srv:
         srv.wait_ready(180)
         got, errors = _stream(srv.ports, requests)
-        answer = httpx.post(f"http://127.0.0.1:{srv.ports['HTTP']}/v2/models/repeat_int32/generate_stream",
-                            content=b'{"IN": [1, 2], "DELAY": [0, 0], "WAIT": 0}', timeout=30)
+        answer = httpx.post(
+            f"http://127.0.0.1:{srv.ports['HTTP']}/v2/models/repeat_int32/generate_stream",
+            content=b'{"IN": [1, 2], "DELAY": [0, 0], "WAIT": 0}',
+            timeout=30,
+        )
     assert got["a"] == [({"OUT": [4], "IDX": [0]}, False, "1"), ({"OUT": [6], "IDX": [2]}, False, "1"), ({}, True, "")]
     assert errors == ["negative value -5 at 1"]
     assert got["z"] == [({}, True, "")]
@@ -323,7 +355,9 @@ def _text(value: str) -> Any:
     return t
 
 
-def test_without_empty_final_responses_only_the_models_own_come(frameserve: ServeProcess, triton: TritonPeer | None) -> None:
+def test_without_empty_final_responses_only_the_models_own_come(
+    frameserve: ServeProcess, triton: TritonPeer | None
+) -> None:
     for server, ports in _servers(frameserve, triton):
         answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
         client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports['gRPC']}")
@@ -337,9 +371,14 @@ def test_without_empty_final_responses_only_the_models_own_come(frameserve: Serv
         finally:
             client.stop_stream()
         assert [e for _, e in got] == [None, None], server
-        assert [(r.get_response().id, r.as_numpy("OUT").tolist(),
-                 r.get_response().parameters["triton_final_response"].bool_param) for r, _ in got] == [
-            ("a", [3], False), ("a", [2], False)], server
+        assert [
+            (
+                r.get_response().id,
+                r.as_numpy("OUT").tolist(),
+                r.get_response().parameters["triton_final_response"].bool_param,
+            )
+            for r, _ in got
+        ] == [("a", [3], False), ("a", [2], False)], server
         assert last[0].get_response().id == "z" and answers.empty(), server
 
 
@@ -357,14 +396,19 @@ def _int32(name: str, values: list[int]) -> Any:
     return t
 
 
-def test_unary_calls_on_a_decoupled_model_are_refused_as_triton(frameserve: ServeProcess, triton: TritonPeer | None) -> None:
+def test_unary_calls_on_a_decoupled_model_are_refused_as_triton(
+    frameserve: ServeProcess, triton: TritonPeer | None
+) -> None:
     for server, ports in _servers(frameserve, triton):
         with pytest.raises(InferenceServerException) as grpc_error:
             tgrpc.InferenceServerClient(f"127.0.0.1:{ports['gRPC']}").infer("repeat_int32", _repeat_inputs([1], [0], 0))
         assert grpc_error.value.status() == "StatusCode.UNIMPLEMENTED", server
         assert grpc_error.value.message() == "ModelInfer RPC doesn't support models with decoupled transaction policy"
-        inputs = [thttp.InferInput("IN", [1], "INT32"), thttp.InferInput("DELAY", [1], "UINT32"),
-                  thttp.InferInput("WAIT", [1], "UINT32")]
+        inputs = [
+            thttp.InferInput("IN", [1], "INT32"),
+            thttp.InferInput("DELAY", [1], "UINT32"),
+            thttp.InferInput("WAIT", [1], "UINT32"),
+        ]
         for t, dtype in zip(inputs, (np.int32, np.uint32, np.uint32), strict=True):
             t.set_data_from_numpy(np.array([1], dtype))
         with pytest.raises(InferenceServerException) as http_error:
@@ -374,31 +418,81 @@ def test_unary_calls_on_a_decoupled_model_are_refused_as_triton(frameserve: Serv
 
 
 GENERATE_CASES: list[tuple[str, dict[str, Any], bool, int, str, str]] = [
-    ("repeat_int32", {"IN": [4, 5, 6], "DELAY": [1, 1, 1], "WAIT": 0}, True, 200, "text/event-stream; charset=utf-8",
-     'data: {"IDX":0,"OUT":4,"model_name":"repeat_int32","model_version":"1"}\n\n'
-     'data: {"IDX":1,"OUT":5,"model_name":"repeat_int32","model_version":"1"}\n\n'
-     'data: {"IDX":2,"OUT":6,"model_name":"repeat_int32","model_version":"1"}\n\n'),
-    ("repeat_int32", {"IN": [4, -5], "DELAY": [1, 1], "WAIT": [0]}, True, 200, "text/event-stream; charset=utf-8",
-     'data: {"IDX":0,"OUT":4,"model_name":"repeat_int32","model_version":"1"}\n\ndata: {"error":"negative value -5 at 1"}\n\n'),
+    (
+        "repeat_int32",
+        {"IN": [4, 5, 6], "DELAY": [1, 1, 1], "WAIT": 0},
+        True,
+        200,
+        "text/event-stream; charset=utf-8",
+        'data: {"IDX":0,"OUT":4,"model_name":"repeat_int32","model_version":"1"}\n\n'
+        'data: {"IDX":1,"OUT":5,"model_name":"repeat_int32","model_version":"1"}\n\n'
+        'data: {"IDX":2,"OUT":6,"model_name":"repeat_int32","model_version":"1"}\n\n',
+    ),
+    (
+        "repeat_int32",
+        {"IN": [4, -5], "DELAY": [1, 1], "WAIT": [0]},
+        True,
+        200,
+        "text/event-stream; charset=utf-8",
+        'data: {"IDX":0,"OUT":4,"model_name":"repeat_int32","model_version":"1"}\n\ndata: {"error":"negative value -5 at 1"}\n\n',
+    ),
     ("zero", {"IN": [1, 2]}, True, 200, "text/event-stream; charset=utf-8", ""),
-    ("echo", {"text_input": "hello", "N": 3, "parameters": {"temperature": 0}}, True, 200,
-     "text/event-stream; charset=utf-8", 'data: {"SQ":9,"model_name":"echo","model_version":"1","text_output":"hello!"}\n\n'),
-    ("repeat_int32", {"IN": [7], "DELAY": [0], "WAIT": 0}, False, 200, "application/json",
-     '{"IDX":0,"OUT":7,"model_name":"repeat_int32","model_version":"1"}'),
-    ("repeat_int32", {"IN": [4, 5], "DELAY": [0, 0], "WAIT": 0}, False, 200, "application/json",
-     '{"error":"generate expects model to produce exactly 1 response, use generate stream for model that generates '
-     'various number of responses"}'),
-    ("zero", {"IN": [1]}, False, 200, "application/json",
-     '{"error":"generate expects model to produce exactly 1 response, use generate stream for model that generates '
-     'various number of responses"}'),
-    ("echo", {"text_input": "hello", "N": [3], "extra": "x"}, False, 200, "application/json",
-     '{"SQ":9,"model_name":"echo","model_version":"1","text_output":"hello!"}'),
+    (
+        "echo",
+        {"text_input": "hello", "N": 3, "parameters": {"temperature": 0}},
+        True,
+        200,
+        "text/event-stream; charset=utf-8",
+        'data: {"SQ":9,"model_name":"echo","model_version":"1","text_output":"hello!"}\n\n',
+    ),
+    (
+        "repeat_int32",
+        {"IN": [7], "DELAY": [0], "WAIT": 0},
+        False,
+        200,
+        "application/json",
+        '{"IDX":0,"OUT":7,"model_name":"repeat_int32","model_version":"1"}',
+    ),
+    (
+        "repeat_int32",
+        {"IN": [4, 5], "DELAY": [0, 0], "WAIT": 0},
+        False,
+        200,
+        "application/json",
+        '{"error":"generate expects model to produce exactly 1 response, use generate stream for model that generates '
+        'various number of responses"}',
+    ),
+    (
+        "zero",
+        {"IN": [1]},
+        False,
+        200,
+        "application/json",
+        '{"error":"generate expects model to produce exactly 1 response, use generate stream for model that generates '
+        'various number of responses"}',
+    ),
+    (
+        "echo",
+        {"text_input": "hello", "N": [3], "extra": "x"},
+        False,
+        200,
+        "application/json",
+        '{"SQ":9,"model_name":"echo","model_version":"1","text_output":"hello!"}',
+    ),
 ]
 
 
 @pytest.mark.parametrize(("model", "body", "stream", "status", "content_type", "text"), GENERATE_CASES)
-def test_generate_answers_as_triton(model: str, body: dict[str, Any], stream: bool, status: int, content_type: str,
-                                    text: str, frameserve: ServeProcess, triton: TritonPeer | None) -> None:
+def test_generate_answers_as_triton(
+    model: str,
+    body: dict[str, Any],
+    stream: bool,
+    status: int,
+    content_type: str,
+    text: str,
+    frameserve: ServeProcess,
+    triton: TritonPeer | None,
+) -> None:
     for server, ports in _servers(frameserve, triton):
         url = f"http://127.0.0.1:{ports['HTTP']}/v2/models/{model}/generate{'_stream' if stream else ''}"
         answer = httpx.post(url, content=json.dumps(body), timeout=30)
@@ -406,13 +500,16 @@ def test_generate_answers_as_triton(model: str, body: dict[str, Any], stream: bo
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_generate_refusals_before_inference_are_json_errors(stream: bool, frameserve: ServeProcess,
-                                                            triton: TritonPeer | None) -> None:
+def test_generate_refusals_before_inference_are_json_errors(
+    stream: bool, frameserve: ServeProcess, triton: TritonPeer | None
+) -> None:
     for server, ports in _servers(frameserve, triton):
         base = f"http://127.0.0.1:{ports['HTTP']}/v2/models"
         suffix = "generate_stream" if stream else "generate"
         unknown = httpx.post(f"{base}/nosuch/{suffix}", content=b'{"text_input": "x"}', timeout=30)
-        assert unknown.status_code == 404 and "Request for unknown model: 'nosuch' is not found" in unknown.json()["error"]
+        assert (
+            unknown.status_code == 404 and "Request for unknown model: 'nosuch' is not found" in unknown.json()["error"]
+        )
         missing = httpx.post(f"{base}/echo/{suffix}", content=b'{"text_input": "x"}', timeout=30)
         assert missing.status_code == 400 and missing.headers["content-type"] == "application/json", server
         assert "N" in missing.json()["error"], server

@@ -86,7 +86,9 @@ class Client:
     def __init__(self, protocol: str, ports: dict[str, int]) -> None:
         self.protocol = protocol
         self.mod: Any = thttp if protocol == "http" else tgrpc
-        self.client: Any = self.mod.InferenceServerClient(f"127.0.0.1:{ports['HTTP' if protocol == 'http' else 'gRPC']}")
+        self.client: Any = self.mod.InferenceServerClient(
+            f"127.0.0.1:{ports['HTTP' if protocol == 'http' else 'gRPC']}"
+        )
 
     def infer(self, model: str, inputs: dict[str, Array], outputs: tuple[str, ...]) -> dict[str, Array]:
         tensors = []
@@ -104,7 +106,9 @@ class Client:
         from google.protobuf import json_format
 
         message = self.client.get_model_config(model).config
-        return json_format.MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        return json_format.MessageToDict(
+            message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
 
     def metadata(self, model: str) -> dict[str, Any]:
         if self.protocol == "http":
@@ -112,7 +116,9 @@ class Client:
             return meta
         m = self.client.get_model_metadata(model)
         return {
-            "name": m.name, "versions": list(m.versions), "platform": m.platform,
+            "name": m.name,
+            "versions": list(m.versions),
+            "platform": m.platform,
             "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in m.inputs],
             "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in m.outputs],
         }
@@ -167,14 +173,17 @@ def test_ensemble_metadata_and_config_agree(frameserve: ServeProcess, triton: Tr
         assert mine["platform"] == "ensemble" and mine["backend"] == "" and int(mine["max_batch_size"]) == 8
 
         def steps(cfg: dict[str, Any]) -> list[tuple[str, int, dict[str, str], dict[str, str]]]:
-            return [(s["model_name"], int(s["model_version"]), dict(s["input_map"]), dict(s["output_map"]))
-                    for s in cfg["ensemble_scheduling"]["step"]]
+            return [
+                (s["model_name"], int(s["model_version"]), dict(s["input_map"]), dict(s["output_map"]))
+                for s in cfg["ensemble_scheduling"]["step"]
+            ]
 
         assert steps(mine) == steps(peer)
         assert [s[0] for s in steps(mine)] == list(STEPS)
         for key in ("input", "output"):
-            assert [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in mine[key]] == \
-                   [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in peer[key]]
+            assert [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in mine[key]] == [
+                (t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in peer[key]
+            ]
     finally:
         ours.close()
         theirs.close()
@@ -253,6 +262,8 @@ def test_ensemble_statistics_are_reported_as_triton_reports_them(frameserve: Ser
             assert d[step]["success.count"] == len(batches), (name, step, d[step])
         sizes = sorted(b["batch_size"] for b in after["ensemble_pipeline"]["batch_stats"])
         assert set(batches) <= set(sizes), (name, sizes)
-    counts = {n: {m: {k: v for k, v in d.items() if not k.endswith(".ns")} for m, d in per.items()}
-              for n, per in deltas.items()}
+    counts = {
+        n: {m: {k: v for k, v in d.items() if not k.endswith(".ns")} for m, d in per.items()}
+        for n, per in deltas.items()
+    }
     assert counts["frameserve"] == counts["Triton"]

@@ -45,8 +45,10 @@ def _add_sub_onnx(path: Path) -> Path:
     """The ONNX twin of add_sub: INPUT0, INPUT1 FP32 [4] -> OUTPUT0 = sum, OUTPUT1 = difference."""
     ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("INPUT0", "INPUT1")]
     outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("OUTPUT0", "OUTPUT1")]
-    nodes = [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
-             helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])]
+    nodes = [
+        helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+        helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+    ]
     return _save(helper.make_graph(nodes, "add_sub_onnx", ins, outs), path)
 
 
@@ -111,7 +113,7 @@ def _cases() -> list[tuple[str, dict[str, Array]]]:
     cases: list[tuple[str, dict[str, Array]]] = []
     rng = np.random.default_rng(4)
     for i in range(3):
-        a = rng.standard_normal(4).astype(np.float32) * 10 ** i
+        a = rng.standard_normal(4).astype(np.float32) * 10**i
         b = rng.standard_normal(4).astype(np.float32)
         cases.append(("add_sub", {"INPUT0": a, "INPUT1": b}))
         cases.append(("bls", {"MODEL_NAME": np.array([b"add_sub"], dtype=object), "INPUT0": a, "INPUT1": b}))
@@ -152,8 +154,11 @@ def test_triton_examples_give_equal_outputs_on_frameserve_and_triton(
 def test_bls_to_an_unknown_model_is_an_error_on_both(
     frameserve: ServeProcess, triton: TritonPeer, protocol: str
 ) -> None:
-    inputs = {"MODEL_NAME": np.array([b"no_such_model"], dtype=object),
-              "INPUT0": np.zeros(4, np.float32), "INPUT1": np.ones(4, np.float32)}
+    inputs = {
+        "MODEL_NAME": np.array([b"no_such_model"], dtype=object),
+        "INPUT0": np.zeros(4, np.float32),
+        "INPUT1": np.ones(4, np.float32),
+    }
     for server in (frameserve, triton):
         client = Client(protocol, server.ports["HTTP" if protocol == "http" else "gRPC"])
         try:
@@ -177,8 +182,9 @@ def test_triton_style_bls_repository_serves_on_frameserve(frameserve: ServeProce
         rng = np.random.default_rng(7)
         for _ in range(3):
             a, b = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
-            out = client.infer("bls", {"MODEL_NAME": np.array([target.encode()], dtype=object),
-                                       "INPUT0": a, "INPUT1": b})
+            out = client.infer(
+                "bls", {"MODEL_NAME": np.array([target.encode()], dtype=object), "INPUT0": a, "INPUT1": b}
+            )
             np.testing.assert_array_equal(out["OUTPUT0"], a + b)
             np.testing.assert_array_equal(out["OUTPUT1"], a - b)
         out = client.infer("bls_async", {"INPUT0": a, "INPUT1": b})

@@ -37,7 +37,7 @@ Array = np.ndarray[Any, Any]
 LABELS = ["zero", "one", "two", "three", "four"]
 
 # A counter of executed requests per instance: warmup and cache hits show in it.
-COUNTING = '''
+COUNTING = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -55,10 +55,10 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("OUTPUT0", x.astype(np.float32)), pb_utils.Tensor("CALLS", calls)]))
         return responses
-'''
+"""
 
 # Reports the shape it is given: with reshape it sees reshape.shape, not dims.
-SHAPES = '''
+SHAPES = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -72,9 +72,9 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("OUT", (x * 2).astype(np.float32)), pb_utils.Tensor("SHAPE", shape)]))
         return responses
-'''
+"""
 
-COUNTING_IO = '''
+COUNTING_IO = """
 max_batch_size: 4
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 5 ] } ]
 output [
@@ -82,23 +82,25 @@ output [
   { name: "CALLS" data_type: TYPE_INT64 dims: [ 1 ] }
 ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
-'''
+"""
 
 CONFIGS = {
     "classify": COUNTING_IO % 'label_filename: "labels.txt"',
     "cached": COUNTING_IO % "" + "response_cache { enable: true }\n",
     "uncached": COUNTING_IO % "",
-    "warm": COUNTING_IO % "" + '''
+    "warm": COUNTING_IO % ""
+    + """
 model_warmup [
   { name: "zeros" batch_size: 2 count: 2 inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 5 ] zero_data: true } } },
   { name: "random" batch_size: 1 inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 5 ] random_data: true } } },
   { name: "file" batch_size: 1 inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 5 ] input_data_file: "five_floats" } } }
 ]
-''',
-    "warm_bad": COUNTING_IO % "" + '''
+""",
+    "warm_bad": COUNTING_IO % ""
+    + """
 model_warmup [ { name: "missing" batch_size: 1 inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 5 ] input_data_file: "absent" } } } ]
-''',
-    "reshaped": '''
+""",
+    "reshaped": """
 max_batch_size: 0
 input [ { name: "IN" data_type: TYPE_FP32 dims: [ 6 ] reshape { shape: [ 2, 3 ] } } ]
 output [
@@ -106,7 +108,7 @@ output [
   { name: "SHAPE" data_type: TYPE_INT64 dims: [ 2 ] }
 ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
-''',
+""",
 }
 
 
@@ -133,19 +135,24 @@ def _densenet_like(folder: Path) -> None:
     y = helper.make_tensor_value_info("fc6_1", TensorProto.FLOAT, [1, 12, 1, 1])
     two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
     shape = helper.make_tensor("shape", TensorProto.INT64, [4], [1, 12, 1, 1])
-    graph = helper.make_graph([helper.make_node("Mul", ["data_0", "two"], ["m"]),
-                               helper.make_node("Reshape", ["m", "shape"], ["fc6_1"])], "g", [x], [y], [two, shape])
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["data_0", "two"], ["m"]), helper.make_node("Reshape", ["m", "shape"], ["fc6_1"])],
+        "g",
+        [x],
+        [y],
+        [two, shape],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     (folder / "1").mkdir(parents=True)
     (folder / "1" / "model.onnx").write_bytes(model.SerializeToString())
     (folder / "labels.txt").write_text("\n".join(f"class{i}" for i in range(12)) + "\n")
-    (folder / "config.pbtxt").write_text('''name: "densenet_like"
+    (folder / "config.pbtxt").write_text("""name: "densenet_like"
 platform: "onnxruntime_onnx"
 max_batch_size : 0
 input [ { name: "data_0" data_type: TYPE_FP32 format: FORMAT_NCHW dims: [ 3, 4 ] reshape { shape: [ 1, 3, 4 ] } } ]
 output [ { name: "fc6_1" data_type: TYPE_FP32 dims: [ 12 ] reshape { shape: [ 1, 12, 1, 1 ] } label_filename: "labels.txt" } ]
-''')
+""")
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -166,8 +173,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def frameserve(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    with ServeProcess(repo, tmp_path_factory.mktemp("fs_home"), "--no-strict-readiness", "--no-exit-on-error",
-                      *CACHE) as srv:
+    with ServeProcess(
+        repo, tmp_path_factory.mktemp("fs_home"), "--no-strict-readiness", "--no-exit-on-error", *CACHE
+    ) as srv:
         srv.wait_line("ready:", 180)
         yield srv
 
@@ -176,8 +184,9 @@ def frameserve(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def triton(repo: Path) -> Iterator[TritonPeer | None]:
     ok, why = setup_peer()
     caches = Path(why).resolve().parents[1] / "caches" if ok else None  # the wheel's libtritoncache_local.so
-    with optional_peer(repo, "--strict-readiness", "false", "--exit-on-error", "false", *CACHE,
-                       "--cache-directory", str(caches)) as peer:
+    with optional_peer(
+        repo, "--strict-readiness", "false", "--exit-on-error", "false", *CACHE, "--cache-directory", str(caches)
+    ) as peer:
         yield peer
 
 
@@ -193,8 +202,15 @@ def _client(protocol: str, ports: dict[str, int]) -> Any:
     return mod.InferenceServerClient(f"127.0.0.1:{ports['HTTP' if protocol == 'http' else 'gRPC']}")
 
 
-def _infer(protocol: str, client: Any, model: str, x: Array, *, name: str = "INPUT0",
-           outputs: tuple[tuple[str, int], ...] = (("OUTPUT0", 0), ("CALLS", 0))) -> Any:
+def _infer(
+    protocol: str,
+    client: Any,
+    model: str,
+    x: Array,
+    *,
+    name: str = "INPUT0",
+    outputs: tuple[tuple[str, int], ...] = (("OUTPUT0", 0), ("CALLS", 0)),
+) -> Any:
     mod: Any = thttp if protocol == "http" else tgrpc
     t = mod.InferInput(name, list(x.shape), "FP32")
     t.set_data_from_numpy(x)
@@ -217,10 +233,17 @@ def _count(stats: dict[str, Any], key: str) -> int:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_classification_top_n_with_labels_as_triton(protocol: str, frameserve: ServeProcess, triton: TritonPeer | None) -> None:
+def test_classification_top_n_with_labels_as_triton(
+    protocol: str, frameserve: ServeProcess, triton: TritonPeer | None
+) -> None:
     x = np.array([[0.1, 0.9, 0.3, 0.7, 0.5], [5.0, 4.0, 3.0, 2.0, 1.0]], dtype=np.float32)
-    want = np.array([[b"0.900000:1:one", b"0.700000:3:three", b"0.500000:4:four"],
-                     [b"5.000000:0:zero", b"4.000000:1:one", b"3.000000:2:two"]], dtype=object)
+    want = np.array(
+        [
+            [b"0.900000:1:one", b"0.700000:3:three", b"0.500000:4:four"],
+            [b"5.000000:0:zero", b"4.000000:1:one", b"3.000000:2:two"],
+        ],
+        dtype=object,
+    )
     answers = {}
     for server, ports in _servers(frameserve, triton):
         client = _client(protocol, ports)
@@ -241,8 +264,9 @@ def test_classification_top_n_with_labels_as_triton(protocol: str, frameserve: S
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_reshape_model_sees_reshape_shape_client_sees_dims(protocol: str, frameserve: ServeProcess,
-                                                            triton: TritonPeer | None) -> None:
+def test_reshape_model_sees_reshape_shape_client_sees_dims(
+    protocol: str, frameserve: ServeProcess, triton: TritonPeer | None
+) -> None:
     x = np.arange(6, dtype=np.float32)
     for server, ports in _servers(frameserve, triton):
         client = _client(protocol, ports)
@@ -265,7 +289,11 @@ def test_warmup_runs_before_ready_and_a_failing_warmup_fails_the_load(
         assert before >= 5, (server, before)
         assert not client.is_model_ready("warm_bad"), server
         index = client.get_model_repository_index()
-        rows = index if protocol == "http" else [{"name": m.name, "state": m.state, "reason": m.reason} for m in index.models]
+        rows = (
+            index
+            if protocol == "http"
+            else [{"name": m.name, "state": m.state, "reason": m.reason} for m in index.models]
+        )
         (bad,) = [r for r in rows if r["name"] == "warm_bad"]
         assert bad["state"] == "UNAVAILABLE", (server, bad)
     # frameserve says which sample failed and why
@@ -355,8 +383,9 @@ def test_cpu_gauges_as_triton(frameserve: ServeProcess, triton: TritonPeer | Non
 
 
 def test_cpu_gauges_off_with_no_allow_cpu_metrics(tmp_path: Path, repo: Path) -> None:
-    with ServeProcess(repo, tmp_path, "--no-strict-readiness", "--no-exit-on-error",
-                      "--allow-cpu-metrics=false") as srv:
+    with ServeProcess(
+        repo, tmp_path, "--no-strict-readiness", "--no-exit-on-error", "--allow-cpu-metrics=false"
+    ) as srv:
         srv.wait_line("ready:", 180)
         text = httpx.get(f"http://127.0.0.1:{srv.ports['metrics']}/metrics", timeout=10).text
     assert "nv_cpu_utilization" not in text

@@ -21,8 +21,14 @@ from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
 
-DEFAULTS = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
-            "log_verbose_level": 0, "log_format": "default"}
+DEFAULTS = {
+    "log_file": "",
+    "log_info": True,
+    "log_warning": True,
+    "log_error": True,
+    "log_verbose_level": 0,
+    "log_format": "default",
+}
 ISO_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ")
 
 
@@ -56,15 +62,23 @@ def test_settings_read_and_changed_as_triton(tmp_path: Path, repo: Path, triton:
         for server, ports in _servers(frameserve, triton):
             url = f"http://127.0.0.1:{ports['HTTP']}/v2/logging"
             assert httpx.get(url, timeout=10).json() == DEFAULTS, server
-            changed = httpx.post(url, json={"log_info": False, "log_verbose_level": 2, "log_format": "ISO8601"}, timeout=10)
+            changed = httpx.post(
+                url, json={"log_info": False, "log_verbose_level": 2, "log_format": "ISO8601"}, timeout=10
+            )
             assert changed.status_code == 200, server
-            assert changed.json() == {**DEFAULTS, "log_info": False, "log_verbose_level": 2, "log_format": "ISO8601"}, server
+            assert changed.json() == {**DEFAULTS, "log_info": False, "log_verbose_level": 2, "log_format": "ISO8601"}, (
+                server
+            )
             refused = httpx.post(url, json={"log_file": "/tmp/elsewhere.log"}, timeout=10)
             assert (refused.status_code, refused.json()["error"]) == (
-                501, "log file location can not be updated through network protocol"), server
+                501,
+                "log file location can not be updated through network protocol",
+            ), server
             client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports['gRPC']}")
             assert _grpc_settings(client)["log_verbose_level"] == 2, server
-            assert _grpc_settings(client, {"log_info": True, "log_verbose_level": 0, "log_format": "default"}) == DEFAULTS
+            assert (
+                _grpc_settings(client, {"log_info": True, "log_verbose_level": 0, "log_format": "default"}) == DEFAULTS
+            )
             with pytest.raises(InferenceServerException) as info:
                 client.update_log_settings({"log_file": "/tmp/elsewhere.log"})
             assert info.value.status() == "StatusCode.UNIMPLEMENTED", server
@@ -76,9 +90,13 @@ def test_wrong_values_are_refused_with_what_is_accepted(tmp_path: Path, repo: Pa
     with ServeProcess(repo, tmp_path / "home") as srv:
         srv.wait_ready()
         url = f"http://127.0.0.1:{srv.ports['HTTP']}/v2/logging"
-        for body, words in (({"log_info": "yes"}, "must be a boolean"), ({"log_verbose_level": -1}, "unsigned 32-bit"),
-                            ({"log_format": "bad"}, "accepted: default, ISO8601"), ({"bogus": 1}, "unknown log setting"),
-                            ([], "must be a JSON object")):
+        for body, words in (
+            ({"log_info": "yes"}, "must be a boolean"),
+            ({"log_verbose_level": -1}, "unsigned 32-bit"),
+            ({"log_format": "bad"}, "accepted: default, ISO8601"),
+            ({"bogus": 1}, "unknown log setting"),
+            ([], "must be a JSON object"),
+        ):
             answer = httpx.post(url, json=body, timeout=10)
             assert answer.status_code == 400 and words in answer.json()["error"], (body, answer.text)
         assert httpx.get(url, timeout=10).json() == DEFAULTS  # nothing changed
@@ -91,15 +109,28 @@ def test_wrong_values_are_refused_with_what_is_accepted(tmp_path: Path, repo: Pa
 def test_the_settings_change_what_the_server_writes(tmp_path: Path) -> None:
     repo = tmp_path / "models"
     add_model(repo / "add" / "1" / "model.onnx")
-    with ServeProcess(repo, tmp_path / "home", "--model-control-mode", "poll", "--repository-poll-secs", "0.1",
-                      "--no-strict-readiness") as srv:
+    with ServeProcess(
+        repo,
+        tmp_path / "home",
+        "--model-control-mode",
+        "poll",
+        "--repository-poll-secs",
+        "0.1",
+        "--no-strict-readiness",
+    ) as srv:
         srv.wait_ready()
         url = f"http://127.0.0.1:{srv.ports['HTTP']}"
         assert httpx.post(f"{url}/v2/logging", json={"log_info": False}, timeout=10).status_code == 200
         add_model(repo / "quiet" / "1" / "model.onnx")  # the poll loads it, and says so at INFO: not written
-        wait_for(lambda: httpx.get(f"{url}/v2/models/quiet/ready", timeout=10).status_code == 200, 120,
-                 "the poll loads the new model")
-        assert httpx.post(f"{url}/v2/logging", json={"log_info": True, "log_format": "ISO8601"}, timeout=10).status_code == 200
+        wait_for(
+            lambda: httpx.get(f"{url}/v2/models/quiet/ready", timeout=10).status_code == 200,
+            120,
+            "the poll loads the new model",
+        )
+        assert (
+            httpx.post(f"{url}/v2/logging", json={"log_info": True, "log_format": "ISO8601"}, timeout=10).status_code
+            == 200
+        )
         shutil.rmtree(repo / "quiet")  # its unload is written, with an ISO 8601 time
         assert srv.wait_stderr("poll: model 'quiet' left the repository", timeout_s=60)
     lines = srv.stderr.splitlines()

@@ -92,10 +92,13 @@ class Client:
         tensor.set_data_from_numpy(np.full((1, 1), value, np.int32))
         return [tensor]
 
-    def send(self, model: str, sid: int | str, value: int, *, start: bool = False, end: bool = False, rid: str = "") -> None:
+    def send(
+        self, model: str, sid: int | str, value: int, *, start: bool = False, end: bool = False, rid: str = ""
+    ) -> None:
         """A stream request, not waited for."""
-        self.client.async_stream_infer(model, self._inputs(value), request_id=rid, sequence_id=sid,
-                                       sequence_start=start, sequence_end=end)
+        self.client.async_stream_infer(
+            model, self._inputs(value), request_id=rid, sequence_id=sid, sequence_start=start, sequence_end=end
+        )
 
     def infer(self, model: str, sid: int | str, value: int, *, start: bool = False, end: bool = False) -> Outcome:
         """``("ok", outputs as lists)`` or ``("error", status, message)``."""
@@ -106,8 +109,9 @@ class Client:
                 if isinstance(result, Exception):
                     raise result
             else:
-                result = self.client.infer(model, self._inputs(value), sequence_id=sid, sequence_start=start,
-                                           sequence_end=end)
+                result = self.client.infer(
+                    model, self._inputs(value), sequence_id=sid, sequence_start=start, sequence_end=end
+                )
         except InferenceServerException as exc:
             return ("error", str(exc.status()), exc.message())
         names = ("OUTPUT", "CONTROLS") if model.startswith("seq_") else ("OUTPUT",)
@@ -143,7 +147,10 @@ def test_sequences_give_equal_outputs_and_controls(
     fs, tr = _both(frameserve, triton, protocol)
     try:
         for sid, value, start, end in _script(model, base, string_ids=model == "seq_direct"):
-            got, want = fs.infer(model, sid, value, start=start, end=end), tr.infer(model, sid, value, start=start, end=end)
+            got, want = (
+                fs.infer(model, sid, value, start=start, end=end),
+                tr.infer(model, sid, value, start=start, end=end),
+            )
             assert got == want, (sid, value, start, end)
             assert got[0] == "ok"
     finally:
@@ -182,8 +189,11 @@ def _example(protocol: str, ports: dict[str, int], *, dyna: bool, offset: int) -
     str_model = "simple_string_dyna_sequence" if dyna else "simple_sequence"
     id0, id1 = 1000 + offset * 2, 1001 + offset * 2
     sid = str(1002 + offset) if dyna else str(uuid.uuid4())
-    runs = [(int_model, id0, [0, *values]), (int_model, id1, [100, *[-v for v in values]]),
-            (str_model, sid, [20, *[-v for v in values]])]
+    runs = [
+        (int_model, id0, [0, *values]),
+        (int_model, id1, [100, *[-v for v in values]]),
+        (str_model, sid, [20, *[-v for v in values]]),
+    ]
     client = Client(protocol, ports)
     results: dict[int | str, list[int]] = {id0: [], id1: [], sid: []}
     try:
@@ -196,7 +206,9 @@ def _example(protocol: str, ports: dict[str, int], *, dyna: bool, offset: int) -
                 if isinstance(item, InferenceServerException):
                     return str(item.message())
                 this = item.get_response().id.rsplit("_", 1)[0]
-                results[int(this) if this.isdigit() and int(this) in results else this].append(int(item.as_numpy("OUTPUT")[0][0]))
+                results[int(this) if this.isdigit() and int(this) in results else this].append(
+                    int(item.as_numpy("OUTPUT")[0][0])
+                )
         else:
             for model, key, seq in runs:
                 for n, value in enumerate(seq):
@@ -224,7 +236,9 @@ def _example(protocol: str, ports: dict[str, int], *, dyna: bool, offset: int) -
 
 @pytest.mark.parametrize("dyna", [False, True], ids=["simple_sequence", "dyna"])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_triton_sequence_client_examples_pass(frameserve: ServeProcess, triton: TritonPeer, protocol: str, dyna: bool) -> None:
+def test_triton_sequence_client_examples_pass(
+    frameserve: ServeProcess, triton: TritonPeer, protocol: str, dyna: bool
+) -> None:
     offset = 10 * PROTOCOLS.index(protocol) + 40 * dyna
     assert _example(protocol, frameserve.ports, dyna=dyna, offset=offset) == "PASS: Sequence"
     on_triton = _example(protocol, triton.ports, dyna=dyna, offset=offset)

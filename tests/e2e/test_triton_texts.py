@@ -32,7 +32,9 @@ pytestmark = pytest.mark.e2e
 
 TRITON_REPO = Path(__file__).resolve().parents[1] / "data" / "triton_repo"
 EXPLICIT = ("--model-control-mode", "explicit", "--load-model", "add_sub")
-ADD_SUB = {"inputs": [{"name": n, "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]} for n in ("INPUT0", "INPUT1")]}
+ADD_SUB = {
+    "inputs": [{"name": n, "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]} for n in ("INPUT0", "INPUT1")]
+}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,9 @@ def servers(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[di
         assert srv.stop() == 0
 
 
-def _both(servers: dict[str, dict[str, int]], ask: Callable[[dict[str, int]], tuple[Any, str]]) -> tuple[tuple[Any, str], tuple[Any, str]]:
+def _both(
+    servers: dict[str, dict[str, int]], ask: Callable[[dict[str, int]], tuple[Any, str]]
+) -> tuple[tuple[Any, str], tuple[Any, str]]:
     return ask(servers["triton"]), ask(servers["frameserve"])
 
 
@@ -62,6 +66,7 @@ def _http(method: str, path: str, body: dict[str, Any] | None = None) -> Callabl
     def ask(ports: dict[str, int]) -> tuple[Any, str]:
         r = httpx.request(method, f"http://127.0.0.1:{ports['HTTP']}{path}", json=body, timeout=60, trust_env=False)
         return r.status_code, (r.json().get("error", "") if r.content else "")
+
     return ask
 
 
@@ -73,6 +78,7 @@ def _grpc(rpc: str, request: Any) -> Callable[[dict[str, int]], tuple[Any, str]]
             except grpc.RpcError as exc:
                 return exc.code().name, exc.details() or ""
         return "OK", ""
+
     return ask
 
 
@@ -107,16 +113,21 @@ CASES = {
     "http metadata unknown version": _http("GET", "/v2/models/add_sub/versions/7"),
     "http config unknown model": _http("GET", "/v2/models/nope/config"),
     "http load unknown model": _http("POST", "/v2/repository/models/nope/load", {}),
-    "http load unreadable override": _http("POST", "/v2/repository/models/add_sub/load", {"parameters": {"config": "{not json"}}),
-    "http load override unknown field": _http("POST", "/v2/repository/models/add_sub/load",
-                                              {"parameters": {"config": json.dumps({"bogus_field": 1})}}),
+    "http load unreadable override": _http(
+        "POST", "/v2/repository/models/add_sub/load", {"parameters": {"config": "{not json"}}
+    ),
+    "http load override unknown field": _http(
+        "POST", "/v2/repository/models/add_sub/load", {"parameters": {"config": json.dumps({"bogus_field": 1})}}
+    ),
     "grpc infer unknown model": _grpc("ModelInfer", _infer("nope")),
     "grpc infer unknown version": _grpc("ModelInfer", _infer("add_sub", "7")),
     "grpc infer version string": _grpc("ModelInfer", _infer("add_sub", "abc")),
     "grpc infer negative version": _grpc("ModelInfer", _infer("add_sub", "-1")),
     "grpc infer mixed contents": _grpc("ModelInfer", _mixed()),
     "grpc metadata unknown model": _grpc("ModelMetadata", service_pb2.ModelMetadataRequest(name="nope")),
-    "grpc metadata version string": _grpc("ModelMetadata", service_pb2.ModelMetadataRequest(name="add_sub", version="abc")),
+    "grpc metadata version string": _grpc(
+        "ModelMetadata", service_pb2.ModelMetadataRequest(name="add_sub", version="abc")
+    ),
     "grpc ready version string": _grpc("ModelReady", service_pb2.ModelReadyRequest(name="add_sub", version="abc")),
     "grpc config unknown model": _grpc("ModelConfig", service_pb2.ModelConfigRequest(name="nope")),
     "grpc load unknown model": _grpc("RepositoryModelLoad", _load("nope")),
@@ -134,7 +145,11 @@ def test_a_bad_request_gets_tritons_status_and_words(servers: dict[str, dict[str
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_load_that_fails_says_so_in_tritons_words(servers: dict[str, dict[str, int]], protocol: str) -> None:
-    ask = _http("POST", "/v2/repository/models/bad/load", {}) if protocol == "http" else _grpc("RepositoryModelLoad", _load("bad"))
+    ask = (
+        _http("POST", "/v2/repository/models/bad/load", {})
+        if protocol == "http"
+        else _grpc("RepositoryModelLoad", _load("bad"))
+    )
     (t_status, t_msg), (f_status, f_msg) = _both(servers, ask)
     prefix = "load failed for model 'bad': version 1 is at UNAVAILABLE state: "
     assert f_status == t_status and t_status in (400, "INVALID_ARGUMENT"), (t_status, f_status)
@@ -145,7 +160,9 @@ def test_a_load_that_fails_says_so_in_tritons_words(servers: dict[str, dict[str,
 def test_server_metadata_name_and_extensions(servers: dict[str, dict[str, int]]) -> None:
     """--server-name triton reports Triton's name; every extension frameserve lists is one Triton lists,
     but ``generate``, which Triton 2.51 serves without listing it (frameserve lists what it serves)."""
-    (_, triton), (_, ours) = _both(servers, lambda p: (0, httpx.get(f"http://127.0.0.1:{p['HTTP']}/v2", trust_env=False).json()))
+    (_, triton), (_, ours) = _both(
+        servers, lambda p: (0, httpx.get(f"http://127.0.0.1:{p['HTTP']}/v2", trust_env=False).json())
+    )
     assert ours["name"] == triton["name"] == "triton"
     assert "generate" in ours["extensions"] and "generate" not in triton["extensions"]
     assert set(ours["extensions"]) - {"generate"} <= set(triton["extensions"]), (ours, triton)

@@ -33,11 +33,18 @@ with warnings.catch_warnings():
 
 pytestmark = pytest.mark.e2e
 
-CORE = ("REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END",
-        "REQUEST_END")
+CORE = (
+    "REQUEST_START",
+    "QUEUE_START",
+    "COMPUTE_START",
+    "COMPUTE_INPUT_END",
+    "COMPUTE_OUTPUT_START",
+    "COMPUTE_END",
+    "REQUEST_END",
+)
 """The timestamps both servers write for a request, in the order they happen."""
 
-IDENT = '''
+IDENT = """
 import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -57,15 +64,15 @@ class TritonPythonModel:
             with open(EVENTS, "a") as f:
                 f.write(f"{self.name} {start} {end}\\n")
         return responses
-'''
+"""
 
-CONFIG = '''name: "%s"
+CONFIG = """name: "%s"
 backend: "python"
 max_batch_size: 4
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 5 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 5 ] } ]
 instance_group [ { kind: KIND_CPU count: %d %s } ]
-'''
+"""
 LIMITED = 'rate_limiter { resources [ { name: "CORE" global: true count: 1 } ] priority: %d }'
 
 
@@ -98,7 +105,15 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _trace_args(path: Path, *levels: str) -> tuple[str, ...]:
     more = tuple(a for level in levels for a in ("--trace-config", f"level={level}"))
-    return ("--trace-config", f"triton,file={path}", "--trace-config", "level=TIMESTAMPS", *more, "--trace-config", "rate=1")
+    return (
+        "--trace-config",
+        f"triton,file={path}",
+        "--trace-config",
+        "level=TIMESTAMPS",
+        *more,
+        "--trace-config",
+        "rate=1",
+    )
 
 
 def _without_file(doc: dict[str, Any]) -> dict[str, Any]:
@@ -115,8 +130,10 @@ def _grpc_settings(client: Any, model: str = "", changes: dict[str, Any] | None 
 
 
 def test_trace_settings_answered_as_triton(tmp_path: Path, repo: Path) -> None:
-    with ServeProcess(repo, tmp_path / "home", *_trace_args(tmp_path / "fs.json")) as frameserve, \
-            optional_peer(repo, *_trace_args(tmp_path / "triton.json")) as triton:
+    with (
+        ServeProcess(repo, tmp_path / "home", *_trace_args(tmp_path / "fs.json")) as frameserve,
+        optional_peer(repo, *_trace_args(tmp_path / "triton.json")) as triton,
+    ):
         frameserve.wait_ready(120)
         meta = httpx.get(f"http://127.0.0.1:{frameserve.ports['HTTP']}/v2", timeout=10).json()
         assert "trace" in meta["extensions"]
@@ -128,17 +145,25 @@ def test_trace_settings_answered_as_triton(tmp_path: Path, repo: Path) -> None:
             base = f"http://127.0.0.1:{ports['HTTP']}/v2"
             seen = answers.setdefault(server, [])
             seen.append(httpx.get(f"{base}/trace/setting", timeout=10).json())
-            for path, body in (("/models/ident/trace/setting", {"trace_rate": "5"}), ("/trace/setting", {"trace_rate": "7"}),
-                               ("/models/ident/trace/setting", {"trace_count": "2", "trace_level": ["TIMESTAMPS"]}),
-                               ("/models/ident/trace/setting", {"trace_rate": None}), ("/trace/setting", {"trace_rate": None}),
-                               ("/trace/setting", {"log_frequency": "3", "trace_level": ["OFF"]})):
+            for path, body in (
+                ("/models/ident/trace/setting", {"trace_rate": "5"}),
+                ("/trace/setting", {"trace_rate": "7"}),
+                ("/models/ident/trace/setting", {"trace_count": "2", "trace_level": ["TIMESTAMPS"]}),
+                ("/models/ident/trace/setting", {"trace_rate": None}),
+                ("/trace/setting", {"trace_rate": None}),
+                ("/trace/setting", {"log_frequency": "3", "trace_level": ["OFF"]}),
+            ):
                 answer = httpx.post(f"{base}{path}", json=body, timeout=10)
                 assert answer.status_code == 200, (server, path, body, answer.text)
                 seen.append(answer.json())
             seen.append(httpx.get(f"{base}/models/ident/trace/setting", timeout=10).json())
-            refused = httpx.post(f"{base}/trace/setting", json={"trace_file": str(tmp_path / "elsewhere.json")}, timeout=10)
+            refused = httpx.post(
+                f"{base}/trace/setting", json={"trace_file": str(tmp_path / "elsewhere.json")}, timeout=10
+            )
             assert (refused.status_code, refused.json()["error"]) == (
-                501, "trace file location can not be updated through network protocol"), server
+                501,
+                "trace file location can not be updated through network protocol",
+            ), server
             bad = httpx.post(f"{base}/trace/setting", json={"trace_rate": "abc"}, timeout=10)
             assert (bad.status_code, bad.json()["error"]) == (400, "Unable to parse 'trace_rate', got: abc"), server
             unknown = httpx.get(f"{base}/models/nosuch/trace/setting", timeout=10)
@@ -151,8 +176,13 @@ def test_trace_settings_answered_as_triton(tmp_path: Path, repo: Path) -> None:
                 client.update_trace_settings(settings={"trace_file": str(tmp_path / "elsewhere.json")})
             assert info.value.status() == "StatusCode.UNIMPLEMENTED", server
         ours = [_without_file(a) for a in answers["frameserve"]]
-        assert ours[0] == {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1", "log_frequency": "0",
-                           "trace_mode": "triton"}
+        assert ours[0] == {
+            "trace_level": ["TIMESTAMPS"],
+            "trace_rate": "1",
+            "trace_count": "-1",
+            "log_frequency": "0",
+            "trace_mode": "triton",
+        }
         assert answers["frameserve"][0]["trace_file"] == str(tmp_path / "fs.json")
         assert ours[3]["trace_count"] == "2" and ours[4]["trace_rate"] == "7" and ours[5]["trace_rate"] == "1"
         if "triton" in answers:
@@ -197,10 +227,14 @@ def test_trace_file_fields_and_order_as_triton(tmp_path: Path, repo: Path) -> No
     for server in servers:
         traces = _by_trace(_read_traces(files[server]))
         assert len(traces) == 4, server
-        heads = sorted((t["head"]["request_id"], t["head"]["model_name"], t["head"]["model_version"], sorted(t["head"]))
-                       for t in traces.values())
-        assert heads == sorted((rid, "ident", 1, ["id", "model_name", "model_version", "request_id"])
-                               for rid in ("http-0", "http-1", "http-2", "grpc-0")), server
+        heads = sorted(
+            (t["head"]["request_id"], t["head"]["model_name"], t["head"]["model_version"], sorted(t["head"]))
+            for t in traces.values()
+        )
+        assert heads == sorted(
+            (rid, "ident", 1, ["id", "model_name", "model_version", "request_id"])
+            for rid in ("http-0", "http-1", "http-2", "grpc-0")
+        ), server
         for trace in traces.values():
             stamps = dict(trace["stamps"])
             assert all(name in stamps for name in CORE), (server, trace["stamps"])
@@ -208,10 +242,24 @@ def test_trace_file_fields_and_order_as_triton(tmp_path: Path, repo: Path) -> No
             assert times == sorted(times), (server, trace["stamps"])  # each happens in Triton's order
             assert stamps["INFER_RESPONSE_COMPLETE"] <= stamps["REQUEST_END"]
             assert trace["tensors"] == [  # level TENSORS: the input as queued, the output
-                {"activity": "TENSOR_QUEUE_INPUT", "name": "INPUT0", "data": "0,1,2,3,4", "shape": "1,5", "dtype": "FP32"},
-                {"activity": "TENSOR_BACKEND_OUTPUT", "name": "OUTPUT0", "data": "0,1,2,3,4", "shape": "1,5",
-                 "dtype": "FP32"}], server
-        shapes[server] = sorted({n for t in traces.values() for n, _ in t["stamps"]} & {*CORE, "INFER_RESPONSE_COMPLETE"})
+                {
+                    "activity": "TENSOR_QUEUE_INPUT",
+                    "name": "INPUT0",
+                    "data": "0,1,2,3,4",
+                    "shape": "1,5",
+                    "dtype": "FP32",
+                },
+                {
+                    "activity": "TENSOR_BACKEND_OUTPUT",
+                    "name": "OUTPUT0",
+                    "data": "0,1,2,3,4",
+                    "shape": "1,5",
+                    "dtype": "FP32",
+                },
+            ], server
+        shapes[server] = sorted(
+            {n for t in traces.values() for n, _ in t["stamps"]} & {*CORE, "INFER_RESPONSE_COMPLETE"}
+        )
     if "triton" in shapes:
         assert shapes["frameserve"] == shapes["triton"]
 
@@ -258,8 +306,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def _ids_as_base64(doc: Any) -> Any:
     """OTLP/JSON writes trace and span ids as hex, protobuf's JSON mapping reads bytes as base64."""
     if isinstance(doc, dict):
-        return {k: base64.b64encode(bytes.fromhex(v)).decode() if k in ("traceId", "spanId", "parentSpanId") and v
-                else _ids_as_base64(v) for k, v in doc.items()}
+        return {
+            k: base64.b64encode(bytes.fromhex(v)).decode()
+            if k in ("traceId", "spanId", "parentSpanId") and v
+            else _ids_as_base64(v)
+            for k, v in doc.items()
+        }
     if isinstance(doc, list):
         return [_ids_as_base64(v) for v in doc]
     return doc
@@ -282,9 +334,20 @@ def test_opentelemetry_export_honours_traceparent(tmp_path: Path, repo: Path, re
     and from Triton 2.51: InferRequest -> the model's span -> compute, Triton's attributes and events."""
     url = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
     trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    args = ("--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=0",
-            "--trace-config", f"opentelemetry,url={url}", "--trace-config", "opentelemetry,resource=service.name=fs-test",
-            "--trace-config", "opentelemetry,bsp_schedule_delay=50")
+    args = (
+        "--trace-config",
+        "mode=opentelemetry",
+        "--trace-config",
+        "level=TIMESTAMPS",
+        "--trace-config",
+        "rate=0",
+        "--trace-config",
+        f"opentelemetry,url={url}",
+        "--trace-config",
+        "opentelemetry,resource=service.name=fs-test",
+        "--trace-config",
+        "opentelemetry,bsp_schedule_delay=50",
+    )
     if server == "triton":
         from _peer import running_peer
 
@@ -298,9 +361,16 @@ def test_opentelemetry_export_honours_traceparent(tmp_path: Path, repo: Path, re
         base = f"http://127.0.0.1:{srv.ports['HTTP']}/v2/trace/setting"
         assert httpx.get(base, timeout=10).json()["trace_mode"] == "opentelemetry"
         assert httpx.get(base, timeout=10).json() == {  # Triton 2.51's answer in this mode
-            "trace_level": ["TIMESTAMPS"], "trace_rate": "0", "trace_count": "-1", "trace_mode": "opentelemetry",
-            "url": url, "resource": "service.name=fs-test", "bsp_max_export_batch_size": "512",
-            "bsp_schedule_delay": "50", "bsp_max_queue_size": "2048"}
+            "trace_level": ["TIMESTAMPS"],
+            "trace_rate": "0",
+            "trace_count": "-1",
+            "trace_mode": "opentelemetry",
+            "url": url,
+            "resource": "service.name=fs-test",
+            "bsp_max_export_batch_size": "512",
+            "bsp_schedule_delay": "50",
+            "bsp_max_queue_size": "2048",
+        }
         _infer_http(srv.ports["HTTP"], "ident", "plain")  # rate 0, no context: not traced
         _infer_http(srv.ports["HTTP"], "ident", "via-http", {"traceparent": f"00-{trace_id}-{parent_id}-01"})
         _infer_grpc(srv.ports["gRPC"], "ident", "via-grpc", {"traceparent": f"00-{trace_id}-{'1' * 16}-01"})
@@ -317,8 +387,9 @@ def test_opentelemetry_export_honours_traceparent(tmp_path: Path, repo: Path, re
     assert {s.trace_id.hex() for s in spans} == {trace_id}
     assert sorted(s.parent_span_id.hex() for s in spans if s.name == "InferRequest") == sorted(["1" * 16, parent_id])
     models = [s for s in spans if s.name == "ident"]
-    attributes = sorted({a.key: (a.value.string_value or a.value.int_value) for a in m.attributes}["triton.request_id"]
-                        for m in models)
+    attributes = sorted(
+        {a.key: (a.value.string_value or a.value.int_value) for a in m.attributes}["triton.request_id"] for m in models
+    )
     assert attributes == ["via-grpc", "via-http"]
     for root in (s for s in spans if s.name == "InferRequest"):
         assert "INFER_RESPONSE_COMPLETE" in [e.name for e in root.events]
@@ -327,8 +398,18 @@ def test_opentelemetry_export_honours_traceparent(tmp_path: Path, repo: Path, re
         assert [e.name for e in model.events] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
         (compute,) = [s for s in spans if s.parent_span_id == model.span_id]
         assert compute.name == "compute"
-        assert [e.name for e in compute.events] == ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
-        assert model.start_time_unix_nano <= compute.start_time_unix_nano <= compute.end_time_unix_nano <= model.end_time_unix_nano
+        assert [e.name for e in compute.events] == [
+            "COMPUTE_START",
+            "COMPUTE_INPUT_END",
+            "COMPUTE_OUTPUT_START",
+            "COMPUTE_END",
+        ]
+        assert (
+            model.start_time_unix_nano
+            <= compute.start_time_unix_nano
+            <= compute.end_time_unix_nano
+            <= model.end_time_unix_nano
+        )
 
 
 def _intervals(events: Path) -> list[tuple[int, int, str]]:

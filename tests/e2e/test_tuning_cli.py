@@ -49,8 +49,23 @@ def report(tmp_path_factory: pytest.TempPathFactory, cli) -> tuple[Path, Any]:  
     root = tmp_path_factory.mktemp("perf")
     conv_model(root / "conv" / "1" / "model.onnx")
     out = root / "out"
-    proc = cli("perf", str(root / "conv"), "--batch", "1,2", "--concurrency", "1,2", "--threads", "1",
-               "--shape", "images:3x16x16", *TINY, "--profile", "--out", str(out), timeout=120)
+    proc = cli(
+        "perf",
+        str(root / "conv"),
+        "--batch",
+        "1,2",
+        "--concurrency",
+        "1,2",
+        "--threads",
+        "1",
+        "--shape",
+        "images:3x16x16",
+        *TINY,
+        "--profile",
+        "--out",
+        str(out),
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"report: {out / 'report.html'}" in proc.stdout and "Conv" in proc.stdout  # the operator table
     return out, json.loads((out / "perf.json").read_text())
@@ -116,6 +131,6 @@ def test_report_renders_in_a_headless_browser(report: tuple[Path, Any], tmp_path
     broken.parent.mkdir()
     page = (out / "report.html").read_text()
     start = page.index("data:image/png;base64,") + len("data:image/png;base64,")
-    broken.write_text(page[:start] + "AAAA" + page[start + 400:])
+    broken.write_text(page[:start] + "AAAA" + page[start + 400 :])
     bad = open_in_browser(browser, broken, tmp_path)
     assert bad["images"] == 3 and bad["decoded"] == 2 and bad["errors"], bad

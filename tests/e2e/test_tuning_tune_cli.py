@@ -37,7 +37,9 @@ def tuned(tmp_path_factory: pytest.TempPathFactory, cli) -> tuple[Path, Path, An
     root = tmp_path_factory.mktemp("tune")
     conv_model(root / "conv" / "1" / "model.onnx")
     out = root / "out"
-    proc = cli("tune", str(root / "conv"), "--time-budget", "6s", *SHAPE, "--p99-ms", "500", "--out", str(out), timeout=120)
+    proc = cli(
+        "tune", str(root / "conv"), "--time-budget", "6s", *SHAPE, "--p99-ms", "500", "--out", str(out), timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"report: {out / 'report.html'}" in proc.stdout and "tuned / default throughput:" in proc.stdout
     assert "int8 not tried: no --calibration" in proc.stdout
@@ -54,7 +56,12 @@ def test_tune_writes_exactly_the_four_outputs(tuned: tuple[Path, Path, Any]) -> 
         rows = list(reader)
     assert len(rows) == len(data["trials"]) >= 4 and rows[0]["phase"] == "default"
     assert all(float(r["throughput"]) > 0 and float(r["p50_ms"]) <= float(r["p99_ms"]) for r in rows if r["throughput"])
-    assert data["objective"] == {"kind": "throughput", "p99_ms": 500.0, "min_throughput": None, "text": "throughput with p99 <= 500 ms"}
+    assert data["objective"] == {
+        "kind": "throughput",
+        "p99_ms": 500.0,
+        "min_throughput": None,
+        "text": "throughput with p99 <= 500 ms",
+    }
     assert data["machine"]["cpu_budget"] >= 1 and data["space"]["size"] <= 150
     assert data["search"]["trials"] == len(rows) and data["search"]["method"] == "coordinate"
     assert all(r["instances"] * r["threads"] <= data["machine"]["cpu_budget"] for r in data["trials"])
@@ -65,12 +72,16 @@ def test_tune_writes_exactly_the_four_outputs(tuned: tuple[Path, Path, Any]) -> 
     assert "ratio_best_over_default" in data["comparison"]
 
 
-def test_the_tuned_folder_serves_unchanged_and_answers_as_the_model(tuned: tuple[Path, Path, Any], tmp_path: Path) -> None:
+def test_the_tuned_folder_serves_unchanged_and_answers_as_the_model(
+    tuned: tuple[Path, Path, Any], tmp_path: Path
+) -> None:
     import tritonclient.http as httpclient
 
     src, out, data = tuned
     x = np.random.default_rng(5).random((1, 3, 16, 16), dtype=np.float32)
-    want = ort.InferenceSession(str(src / "1" / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, {"images": x})[0]
+    want = ort.InferenceSession(str(src / "1" / "model.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"images": x}
+    )[0]
     with ServeProcess(out, tmp_path / "home", "--no-jobs") as srv:
         srv.wait_ready()
         client = httpclient.InferenceServerClient(f"127.0.0.1:{srv.ports['HTTP']}")
@@ -107,7 +118,9 @@ def test_the_tune_report_renders_in_a_headless_browser(tuned: tuple[Path, Path, 
 def test_plan_from_the_tune_result(tuned: tuple[Path, Path, Any], cli) -> None:  # type: ignore[no-untyped-def]
     _, out, data = tuned
     bound = f"{plan_bound(out / 'tune.json'):g}"  # from what the tune measured: not the machine's load
-    proc = cli("plan", "--tune", str(out), "--qps", "100000", "--p99-ms", bound, "--video-hours", "5", "--json", timeout=60)
+    proc = cli(
+        "plan", "--tune", str(out), "--qps", "100000", "--p99-ms", bound, "--video-hours", "5", "--json", timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     p = json.loads(proc.stdout)
     node = p["online"]["node"]
@@ -148,8 +161,20 @@ def test_video_cotuning_writes_the_best_decode_settings(tmp_path: Path, cli) -> 
     (tmp_path / "tiny.py").write_text(PIPELINE)
     video = make_video(tmp_path / "clip.mp4", 24, size=(64, 48)).path
     out = tmp_path / "out"
-    proc = cli("tune", str(tmp_path / "conv"), "--time-budget", "4s", *SHAPE, "--video", str(video),
-               "--pipeline", str(tmp_path / "tiny.py"), "--out", str(out), timeout=180)
+    proc = cli(
+        "tune",
+        str(tmp_path / "conv"),
+        "--time-budget",
+        "4s",
+        *SHAPE,
+        "--video",
+        str(video),
+        "--pipeline",
+        str(tmp_path / "tiny.py"),
+        "--out",
+        str(out),
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "video: " in proc.stdout and "frames/s end to end with frameserve run VIDEO" in proc.stdout
     assert sorted(p.name for p in out.iterdir()) == ["conv", "report.html", "trials.csv", "tune.json"]
@@ -168,7 +193,10 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path, test_home: Path) -> None
     out = tmp_path / "out"
     proc = subprocess.Popen(
         [*frameserve_command(), "tune", str(tmp_path / "conv"), "--time-budget", "120s", *SHAPE, "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
         env={**os.environ, "FRAMESERVE_HOME": str(test_home)},
         # as a terminal's foreground job: a test run started in the background (`cmd &` in a
         # script) ignores SIGINT, and a child inherits that, so its Ctrl-C would never arrive

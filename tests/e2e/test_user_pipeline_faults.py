@@ -35,16 +35,25 @@ CASES = {
         + OK_PROC.replace("float(i.inputs['m'])", "0.0"),
         "preprocess() on frame 2 returned {m: float64}",
     ),
-    "wrong_count": (HEAD + OK_PRE + "    def process(self, batch, models):\n        return [{}]\n",
-                    "returned 1 results; expected a list of 2"),
-    "raises": (HEAD + OK_PRE + "    def process(self, batch, models):\n"
-               "        if batch[0].frame.index >= 4:\n            raise ValueError('no good')\n        return [{} for _ in batch]\n",
-               "process() on frames 4-5 raised ValueError: no good"),
-    "reserved_key": (HEAD + OK_PRE + "    def process(self, batch, models):\n        return [{'index': 1} for _ in batch]\n",
-                     "has key(s) ['index']"),
-    "unknown_model": (HEAD.replace("models = {}", "models = {'det': 'no_such_model'}") + OK_PRE
-                      + "    def postprocess(self, frame, outputs):\n        return {}\n",
-                      "model role 'det' names 'no_such_model'"),
+    "wrong_count": (
+        HEAD + OK_PRE + "    def process(self, batch, models):\n        return [{}]\n",
+        "returned 1 results; expected a list of 2",
+    ),
+    "raises": (
+        HEAD + OK_PRE + "    def process(self, batch, models):\n"
+        "        if batch[0].frame.index >= 4:\n            raise ValueError('no good')\n        return [{} for _ in batch]\n",
+        "process() on frames 4-5 raised ValueError: no good",
+    ),
+    "reserved_key": (
+        HEAD + OK_PRE + "    def process(self, batch, models):\n        return [{'index': 1} for _ in batch]\n",
+        "has key(s) ['index']",
+    ),
+    "unknown_model": (
+        HEAD.replace("models = {}", "models = {'det': 'no_such_model'}")
+        + OK_PRE
+        + "    def postprocess(self, frame, outputs):\n        return {}\n",
+        "model role 'det' names 'no_such_model'",
+    ),
 }
 
 
@@ -54,8 +63,17 @@ def test_a_bad_user_pipeline_exits_2_with_one_line(cli, tmp_path: Path, case: st
     made = make_video(tmp_path / "v.mp4", 8, size=(32, 24))
     body, expect = CASES[case]
     (tmp_path / "p.py").write_text(body)
-    proc = cli("run", str(made.path), "--pipeline", str(tmp_path / "p.py"), "--decode-workers", workers,
-               "--model-repository", str(tmp_path / "models"), timeout=120)
+    proc = cli(
+        "run",
+        str(made.path),
+        "--pipeline",
+        str(tmp_path / "p.py"),
+        "--decode-workers",
+        workers,
+        "--model-repository",
+        str(tmp_path / "models"),
+        timeout=120,
+    )
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

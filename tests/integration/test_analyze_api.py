@@ -51,12 +51,23 @@ def env(tmp_path_factory: pytest.TempPathFactory, test_home: Path) -> Iterator[E
     service = InferenceService(ModelRepository(repo), threads=1)
     registry = PipelineRegistry(make_pipelines(tmp / "pipelines"))
     settings = Settings(home=test_home, model_repository=repo, threads=1)
-    analyzer = Analyzer(service, registry, Storage(file_roots=[root]), settings,
-                        AnalyzeLimits(max_bytes=MAX_BYTES, max_duration_s=5.0, concurrency=1))
-    server = Server(service, ServerOptions(
-        host="127.0.0.1", http_port=0, grpc_port=None, metrics_port=None,
-        http_routers=(create_pipelines_router(registry), create_analyze_router(analyzer)),
-    ))
+    analyzer = Analyzer(
+        service,
+        registry,
+        Storage(file_roots=[root]),
+        settings,
+        AnalyzeLimits(max_bytes=MAX_BYTES, max_duration_s=5.0, concurrency=1),
+    )
+    server = Server(
+        service,
+        ServerOptions(
+            host="127.0.0.1",
+            http_port=0,
+            grpc_port=None,
+            metrics_port=None,
+            http_routers=(create_pipelines_router(registry), create_analyze_router(analyzer)),
+        ),
+    )
     server.start()
     assert server.wait_ready(60)
     yield Env(f"http://127.0.0.1:{server.http_port}", analyzer, root, clip, long_clip)
@@ -79,8 +90,13 @@ def test_an_uploaded_clip_answers_its_keyframes_results(env: Env) -> None:
 
 
 def test_a_raw_body_and_a_uri_source_give_the_same_frames(env: Env) -> None:
-    raw = httpx.post(f"{env.base}/v1/analyze", params={"pipeline": "brightness"}, content=env.clip.read_bytes(),
-                     headers={"Content-Type": "video/mp4"}, timeout=60)
+    raw = httpx.post(
+        f"{env.base}/v1/analyze",
+        params={"pipeline": "brightness"},
+        content=env.clip.read_bytes(),
+        headers={"Content-Type": "video/mp4"},
+        timeout=60,
+    )
     uri = env.post(json={"source": f"file://{env.clip}", "pipeline": "brightness"})
     assert raw.status_code == 200 and uri.status_code == 200, (raw.text, uri.text)
     assert raw.json()["frames"] == uri.json()["frames"]
@@ -92,8 +108,10 @@ def test_a_raw_body_and_a_uri_source_give_the_same_frames(env: Env) -> None:
 
 def test_over_the_size_limit_is_413_before_the_body_is_read(env: Env) -> None:
     with socket.create_connection(("127.0.0.1", env.port), timeout=10) as sock:  # a 10 GB promise, no body sent
-        sock.sendall(b"POST /v1/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: video/mp4\r\n"
-                     b"Content-Length: 10000000000\r\n\r\n")
+        sock.sendall(
+            b"POST /v1/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: video/mp4\r\n"
+            b"Content-Length: 10000000000\r\n\r\n"
+        )
         head = sock.recv(65536).decode("latin-1")
     assert head.startswith("HTTP/1.1 413"), head
     assert "over the limit of 200000 bytes" in head
@@ -103,7 +121,9 @@ def test_over_the_size_limit_is_413_before_the_body_is_read(env: Env) -> None:
             yield b"\0" * 10_000
 
     r = httpx.post(f"{env.base}/v1/analyze", content=chunks(), headers={"Content-Type": "video/mp4"}, timeout=60)
-    assert r.status_code == 413 and r.json() == {"error": "the clip is over the limit of 200000 bytes (--analyze-max-bytes)"}
+    assert r.status_code == 413 and r.json() == {
+        "error": "the clip is over the limit of 200000 bytes (--analyze-max-bytes)"
+    }
     big = env.post(files={"file": ("big.mp4", b"\0" * (MAX_BYTES + 1), "video/mp4")})
     assert big.status_code == 413 and "200000 bytes" in big.json()["error"]
 
@@ -116,19 +136,33 @@ def test_over_the_duration_limit_is_413(env: Env) -> None:
 
 def test_a_clip_without_a_declared_duration_stops_at_the_limit(env: Env, tmp_path: Path) -> None:
     long_pipe = piped_matroska(frames=30)  # all-intra, pts 0 .. 5.8 s; the header says nothing
-    r = httpx.post(f"{env.base}/v1/analyze", params={"pipeline": "brightness"}, content=long_pipe,
-                   headers={"Content-Type": "video/x-matroska"}, timeout=60)
+    r = httpx.post(
+        f"{env.base}/v1/analyze",
+        params={"pipeline": "brightness"},
+        content=long_pipe,
+        headers={"Content-Type": "video/x-matroska"},
+        timeout=60,
+    )
     assert r.status_code == 413, r.text
-    assert r.json() == {"error": "'upload' runs past the limit of 5 s (--analyze-max-duration-s): a frame at 5.200 s "
-                        "after the first (the container declares no duration); submit longer videos as jobs (POST /v1/jobs)"}
+    assert r.json() == {
+        "error": "'upload' runs past the limit of 5 s (--analyze-max-duration-s): a frame at 5.200 s "
+        "after the first (the container declares no duration); submit longer videos as jobs (POST /v1/jobs)"
+    }
     lying = lying_matroska(tmp_path / "lying.mkv", frames=30, declared_s=1.0)  # says 1 s, holds 6
     r = env.post(files={"file": ("lying.mkv", lying.read_bytes(), "video/x-matroska")}, data={"pipeline": "brightness"})
     assert r.status_code == 413, r.text
-    assert r.json()["error"].startswith("'lying.mkv' runs past the limit of 5 s (--analyze-max-duration-s): a frame at 5.200 s "
-                                        "after the first (the container declares 1.000 s)")
+    assert r.json()["error"].startswith(
+        "'lying.mkv' runs past the limit of 5 s (--analyze-max-duration-s): a frame at 5.200 s "
+        "after the first (the container declares 1.000 s)"
+    )
     short_pipe = piped_matroska(frames=26)  # pts up to 5.0 s: at the limit, not past it
-    ok = httpx.post(f"{env.base}/v1/analyze", params={"pipeline": "brightness"}, content=short_pipe,
-                    headers={"Content-Type": "video/x-matroska"}, timeout=60)
+    ok = httpx.post(
+        f"{env.base}/v1/analyze",
+        params={"pipeline": "brightness"},
+        content=short_pipe,
+        headers={"Content-Type": "video/x-matroska"},
+        timeout=60,
+    )
     assert ok.status_code == 200, ok.text  # the server goes on, and a clip within the limit runs in full
     assert [f["index"] for f in ok.json()["frames"]] == list(range(26))
 
@@ -136,14 +170,29 @@ def test_a_clip_without_a_declared_duration_stops_at_the_limit(env: Env, tmp_pat
 @pytest.mark.parametrize(
     ("kw", "status", "text"),
     [
-        ({"files": {"file": ("notes.mp4", b"this is text, not a video", "video/mp4")}}, 400, "not a readable video: 'notes.mp4'"),
-        ({"files": {"file": ("c.mp4", b"x")}, "data": {"pipeline": "nosuch"}}, 404, "unknown pipeline 'nosuch'; available: "),
-        ({"files": {"file": ("c.mp4", b"x")}, "data": {"pipeline": "brightness", "params": '{"gian": 1}'}}, 400,
-         "pipeline 'brightness': unknown param 'gian'; accepted: gain"),
+        (
+            {"files": {"file": ("notes.mp4", b"this is text, not a video", "video/mp4")}},
+            400,
+            "not a readable video: 'notes.mp4'",
+        ),
+        (
+            {"files": {"file": ("c.mp4", b"x")}, "data": {"pipeline": "nosuch"}},
+            404,
+            "unknown pipeline 'nosuch'; available: ",
+        ),
+        (
+            {"files": {"file": ("c.mp4", b"x")}, "data": {"pipeline": "brightness", "params": '{"gian": 1}'}},
+            400,
+            "pipeline 'brightness': unknown param 'gian'; accepted: gain",
+        ),
         ({"files": {"file": ("c.mp4", b"x")}, "data": {"params": "{nope"}}, 400, "malformed JSON in field params"),
         ({"files": {"pipeline": (None, "brightness")}}, 400, "without a 'file' field"),
         ({"data": {"pipeline": "brightness"}}, 400, "unsupported Content-Type 'application/x-www-form-urlencoded'"),
-        ({"json": {"source": "file:///x.mp4", "pipeline": "brightness", "sampling": "all"}}, 400, "unknown field(s) ['sampling']"),
+        (
+            {"json": {"source": "file:///x.mp4", "pipeline": "brightness", "sampling": "all"}},
+            400,
+            "unknown field(s) ['sampling']",
+        ),
         ({"content": b"x", "headers": {"Content-Type": "text/plain"}}, 400, "unsupported Content-Type 'text/plain'"),
     ],
 )
@@ -156,7 +205,9 @@ def test_bad_requests_get_their_status_and_one_line(env: Env, kw: dict[str, Any]
 def test_a_pipeline_that_raises_is_422_naming_hook_and_frame(env: Env) -> None:
     r = env.post(files={"file": ("clip.mp4", env.clip.read_bytes(), "video/mp4")}, data={"pipeline": "boom"})
     assert r.status_code == 422, r.text
-    assert r.json() == {"error": "pipeline 'boom': process() on frame 5 raised RuntimeError: cannot read frame five (boom.py line 17)"}
+    assert r.json() == {
+        "error": "pipeline 'boom': process() on frame 5 raised RuntimeError: cannot read frame five (boom.py line 17)"
+    }
     again = env.post(files={"file": ("clip.mp4", env.clip.read_bytes(), "video/mp4")}, data={"pipeline": "brightness"})
     assert again.status_code == 200  # the server goes on
 
@@ -178,8 +229,11 @@ def test_a_slow_upload_holds_no_slot(env: Env) -> None:
     clip = env.clip.read_bytes()
     half = len(clip) // 2
     with socket.create_connection(("127.0.0.1", env.port), timeout=60) as sock:
-        sock.sendall(b"POST /v1/analyze?pipeline=brightness HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: video/mp4\r\n"
-                     + f"Content-Length: {len(clip)}\r\nConnection: close\r\n\r\n".encode() + clip[:half])
+        sock.sendall(
+            b"POST /v1/analyze?pipeline=brightness HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: video/mp4\r\n"
+            + f"Content-Length: {len(clip)}\r\nConnection: close\r\n\r\n".encode()
+            + clip[:half]
+        )
         other = env.post(files={"file": ("clip.mp4", clip, "video/mp4")}, data={"pipeline": "brightness"})
         assert other.status_code == 200, other.text
         sock.sendall(clip[half:])
@@ -194,8 +248,10 @@ def test_a_busy_server_refuses_before_reading_the_body(env: Env) -> None:
     env.analyzer.acquire()
     try:
         with socket.create_connection(("127.0.0.1", env.port), timeout=60) as sock:  # a promise, no body sent
-            sock.sendall(b"POST /v1/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: video/mp4\r\n"
-                         b"Content-Length: 150000\r\n\r\n")
+            sock.sendall(
+                b"POST /v1/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: video/mp4\r\n"
+                b"Content-Length: 150000\r\n\r\n"
+            )
             head = sock.recv(65536).decode("latin-1")
         assert head.startswith("HTTP/1.1 429"), head
     finally:

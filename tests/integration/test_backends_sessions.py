@@ -79,7 +79,10 @@ def test_completion_fixed_model_has_no_batching(tmp_path: Path) -> None:
 def test_config_fixes_variable_dims_and_keeps_layout(tmp_path: Path) -> None:
     path = scale_model(tmp_path / "s.onnx")
     cfg = parse_config(
-        {"max_batch_size": 2, "input": [{"name": "x", "data_type": "FP32", "dims": [3, 16, 16], "format": "FORMAT_NCHW"}]},
+        {
+            "max_batch_size": 2,
+            "input": [{"name": "x", "data_type": "FP32", "dims": [3, 16, 16], "format": "FORMAT_NCHW"}],
+        },
         default_name="s",
     )
     for backend in BACKENDS:
@@ -108,14 +111,28 @@ def test_openvino_reshapes_static_batch_to_dynamic(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("inputs", "expected"),
     [
-        ([{"name": "z", "data_type": "FP32", "dims": [3, -1, -1]}], r"input 'z': the config names it but the model has no such input; model inputs: x"),
-        ([{"name": "x", "data_type": "FP16", "dims": [3, -1, -1]}], r"input 'x': config says data_type FP16, the model has FP32"),
-        ([{"name": "x", "data_type": "FP32", "dims": [-1, -1]}], r"input 'x': config says dims \[-1, -1\] \(rank 2\), the model has \[3, -1, -1\] \(rank 3\) \(dims exclude the batch dim"),
-        ([{"name": "x", "data_type": "FP32", "dims": [4, -1, -1]}], r"input 'x': config says dims \[4, -1, -1\], the model has \[3, -1, -1\]: dim 0 is 4 in the config and fixed at 3"),
+        (
+            [{"name": "z", "data_type": "FP32", "dims": [3, -1, -1]}],
+            r"input 'z': the config names it but the model has no such input; model inputs: x",
+        ),
+        (
+            [{"name": "x", "data_type": "FP16", "dims": [3, -1, -1]}],
+            r"input 'x': config says data_type FP16, the model has FP32",
+        ),
+        (
+            [{"name": "x", "data_type": "FP32", "dims": [-1, -1]}],
+            r"input 'x': config says dims \[-1, -1\] \(rank 2\), the model has \[3, -1, -1\] \(rank 3\) \(dims exclude the batch dim",
+        ),
+        (
+            [{"name": "x", "data_type": "FP32", "dims": [4, -1, -1]}],
+            r"input 'x': config says dims \[4, -1, -1\], the model has \[3, -1, -1\]: dim 0 is 4 in the config and fixed at 3",
+        ),
     ],
 )
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_config_contradicting_model(tmp_path: Path, backend: str, inputs: list[dict[str, object]], expected: str) -> None:
+def test_config_contradicting_model(
+    tmp_path: Path, backend: str, inputs: list[dict[str, object]], expected: str
+) -> None:
     path = scale_model(tmp_path / "s.onnx")
     cfg = parse_config({"backend": backend, "max_batch_size": 4, "input": inputs}, default_name="s")
     with pytest.raises(ModelConfigError, match=r"model 's' " + expected):
@@ -127,7 +144,10 @@ def test_output_contradictions_and_subset(tmp_path: Path) -> None:
     cfg = parse_config({"output": [{"name": "sum", "data_type": "FP32", "dims": [4]}]}, default_name="add")
     assert [s.name for s in load_session(cfg, path, threads=1).config.outputs] == ["sum"]
     bad = parse_config({"output": [{"name": "prod", "data_type": "FP32", "dims": [4]}]}, default_name="add")
-    with pytest.raises(ModelConfigError, match="output 'prod': the config names it but the model has no such output; model outputs: sum, diff"):
+    with pytest.raises(
+        ModelConfigError,
+        match="output 'prod': the config names it but the model has no such output; model outputs: sum, diff",
+    ):
         load_session(bad, path, threads=1)
     partial = parse_config({"input": [{"name": "a", "data_type": "FP32", "dims": [4]}]}, default_name="add")
     with pytest.raises(ModelConfigError, match=r"config lists inputs \['a'\] but the model also needs \['b'\]"):
@@ -137,7 +157,9 @@ def test_output_contradictions_and_subset(tmp_path: Path) -> None:
 def test_unknown_and_unavailable_backends(conv: Path) -> None:
     cfg = ModelConfig("conv")
     object.__setattr__(cfg, "backend", "tensorflow")
-    with pytest.raises(BackendUnavailableError, match="backend 'tensorflow' unknown; accepted: onnxruntime, openvino, torch, python"):
+    with pytest.raises(
+        BackendUnavailableError, match="backend 'tensorflow' unknown; accepted: onnxruntime, openvino, torch, python"
+    ):
         load_session(cfg, conv, threads=1)
     with pytest.raises(ModelConfigError, match="backend 'python' runs a model.py"):
         load_session(ModelConfig("conv", backend="python"), conv, threads=1)
@@ -152,20 +174,36 @@ def test_openvino_missing_names_the_extra(conv: Path, monkeypatch: pytest.Monkey
 
 
 def test_precision_and_parameter_errors(conv: Path, tmp_path: Path) -> None:
-    with pytest.raises(ModelConfigError, match="precision 'bf16' is not supported by backend onnxruntime.*supported: fp32"):
+    with pytest.raises(
+        ModelConfigError, match="precision 'bf16' is not supported by backend onnxruntime.*supported: fp32"
+    ):
         load_session(ModelConfig("conv", precision="bf16"), conv, threads=1)
     for backend in ("onnxruntime", "openvino"):  # int8 names a quantized file, and this one is not
         with pytest.raises(ModelConfigError, match="precision 'int8' but conv.onnx holds no quantized operators"):
             load_session(ModelConfig("conv", backend=backend, precision="int8"), conv, threads=1)
-    with pytest.raises(ModelConfigError, match="ort_graph_optimization_level is 'max'; accepted: all, extended, basic, disabled"):
+    with pytest.raises(
+        ModelConfigError, match="ort_graph_optimization_level is 'max'; accepted: all, extended, basic, disabled"
+    ):
         load_session(ModelConfig("conv", parameters={"ort_graph_optimization_level": "max"}), conv, threads=1)
     with pytest.raises(ModelConfigError, match="ort_execution_mode is 'async'; accepted: sequential, parallel"):
         load_session(ModelConfig("conv", parameters={"ort_execution_mode": "async"}), conv, threads=1)
     with pytest.raises(ModelConfigError, match="num_streams is 'many'; give an integer >= 1 or AUTO"):
         load_session(ModelConfig("conv", backend="openvino", parameters={"num_streams": "many"}), conv, threads=1)
-    session = load_session(ModelConfig("conv", parameters={"ort_execution_mode": "parallel", "ort_graph_optimization_level": "basic"}), conv, threads=1)
-    assert (session.info["execution_mode"], session.info["inter_op_threads"], session.info["graph_optimization_level"]) == ("parallel", 2, "basic")
-    session = load_session(ModelConfig("conv", backend="openvino", parameters={"performance_hint": "THROUGHPUT", "num_streams": "2"}), conv, threads=2)
+    session = load_session(
+        ModelConfig("conv", parameters={"ort_execution_mode": "parallel", "ort_graph_optimization_level": "basic"}),
+        conv,
+        threads=1,
+    )
+    assert (
+        session.info["execution_mode"],
+        session.info["inter_op_threads"],
+        session.info["graph_optimization_level"],
+    ) == ("parallel", 2, "basic")
+    session = load_session(
+        ModelConfig("conv", backend="openvino", parameters={"performance_hint": "THROUGHPUT", "num_streams": "2"}),
+        conv,
+        threads=2,
+    )
     assert session.info["num_streams"] == 2
     with pytest.raises(ModelConfigError, match=r"ort_allow_spinning is 'yes'; accepted: \"0\", \"1\""):
         load_session(ModelConfig("conv", parameters={"ort_allow_spinning": "yes"}), conv, threads=1)
@@ -187,7 +225,9 @@ def test_missing_or_broken_file(tmp_path: Path) -> None:
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"not a model")
     for backend in BACKENDS:
-        with pytest.raises(ModelConfigError, match=f"{'onnxruntime' if backend == 'onnxruntime' else 'openvino'} cannot"):
+        with pytest.raises(
+            ModelConfigError, match=f"{'onnxruntime' if backend == 'onnxruntime' else 'openvino'} cannot"
+        ):
             load_session(ModelConfig("m", backend=backend), junk, threads=1)  # type: ignore[arg-type]
 
 
@@ -200,7 +240,9 @@ def test_runtime_failure_is_inference_error(conv: Path, backend: str) -> None:
         with pytest.raises(InferenceError, match="onnxruntime failed: .*images"):
             session.run({"images": np.ones((1, 5, 4, 4), np.float32)})  # 5 channels, weights want 3
     else:  # OpenVINO would return empty outputs here; the session checks shapes itself
-        with pytest.raises(TensorError, match=r"input 'images': shape \[1, 5, 4, 4\] given, the compiled model takes \[-1, 3, -1, -1\]"):
+        with pytest.raises(
+            TensorError, match=r"input 'images': shape \[1, 5, 4, 4\] given, the compiled model takes \[-1, 3, -1, -1\]"
+        ):
             session.run({"images": np.ones((1, 5, 4, 4), np.float32)})
 
 

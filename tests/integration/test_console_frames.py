@@ -33,8 +33,11 @@ def test_the_frame_shown_is_the_one_at_the_pts_with_the_record_drawn(carphone: P
     frames = _decoded(carphone)[:6]
     for pts, index, rgb in frames:
         h, w = rgb.shape[:2]
-        rec = {"index": index, "pts_s": pts, "detections": [{"label": "FACE_MALE", "score": 0.9,
-                                                             "box": [20.0, 30.0, 90.0, 110.0]}]}
+        rec = {
+            "index": index,
+            "pts_s": pts,
+            "detections": [{"label": "FACE_MALE", "score": 0.9, "box": [20.0, 30.0, 90.0, 110.0]}],
+        }
         got = render_frame(carphone, pts, rec, "png")
         assert got.pts_s == pytest.approx(pts, abs=1e-9) and got.index == index
         assert (got.width, got.height) == (w, h) and got.boxes[0]["box"] == [20.0, 30.0, 90.0, 110.0]
@@ -56,11 +59,16 @@ def test_a_builtin_pipelines_render_draws_and_past_the_end_is_refused(carphone: 
 
 
 def test_boxes_of_reads_detections_faces_and_text_corners_and_skips_junk() -> None:
-    rec = {"detections": [{"label": "A", "score": 0.5, "box": [1, 2, 3, 4]}, {"box": "junk"}, 7],
-           "faces": [{"score": 0.9, "box": [5, 6, 7, 8], "landmarks": []}],
-           "texts": [{"text": "hi", "score": 0.7, "box": [[1, 1], [9, 1], [9, 5], [1, 5]]}]}
+    rec = {
+        "detections": [{"label": "A", "score": 0.5, "box": [1, 2, 3, 4]}, {"box": "junk"}, 7],
+        "faces": [{"score": 0.9, "box": [5, 6, 7, 8], "landmarks": []}],
+        "texts": [{"text": "hi", "score": 0.7, "box": [[1, 1], [9, 1], [9, 5], [1, 5]]}],
+    }
     assert [(b["kind"], b["label"], b["box"]) for b in boxes_of(rec)] == [
-        ("detections", "A", [1, 2, 3, 4]), ("faces", "face", [5, 6, 7, 8]), ("texts", "hi", [1, 1, 9, 5])]
+        ("detections", "A", [1, 2, 3, 4]),
+        ("faces", "face", [5, 6, 7, 8]),
+        ("texts", "hi", [1, 1, 9, 5]),
+    ]
     assert boxes_of(None) == []
 
 
@@ -72,11 +80,26 @@ def test_frame_cache_is_bounded_by_bytes() -> None:
 
 
 def test_segments_and_fused_verdict_of_a_moderation_results_file() -> None:
-    frames = [{"index": i, "pts_s": i / 2, "detections": [{"label": "FEMALE_BREAST_EXPOSED", "score": 0.9, "box": [0, 0, 1, 1]}]
-               if i in (3, 4) else [], "scores": {"sfw": 0.2, "nsfw": 0.8 if i in (3, 4) else 0.1}} for i in range(10)]
-    doc = {"pipeline": "moderation", "frames": frames, "params": {"fusion": {"threshold": 0.5}},
-           "summary": {"detector": {"labels": {"FEMALE_BREAST_EXPOSED": {"segments": [[1.5, 2.0]]}}},
-                       "verdict": {"threshold": 0.5, "components": {}}}}
+    frames = [
+        {
+            "index": i,
+            "pts_s": i / 2,
+            "detections": [{"label": "FEMALE_BREAST_EXPOSED", "score": 0.9, "box": [0, 0, 1, 1]}]
+            if i in (3, 4)
+            else [],
+            "scores": {"sfw": 0.2, "nsfw": 0.8 if i in (3, 4) else 0.1},
+        }
+        for i in range(10)
+    ]
+    doc = {
+        "pipeline": "moderation",
+        "frames": frames,
+        "params": {"fusion": {"threshold": 0.5}},
+        "summary": {
+            "detector": {"labels": {"FEMALE_BREAST_EXPOSED": {"segments": [[1.5, 2.0]]}}},
+            "verdict": {"threshold": 0.5, "components": {}},
+        },
+    }
     tl = timeline_from_doc(json.loads(json.dumps(doc)))
     assert tl.series["verdict"][3] == pytest.approx((0.5 * 0.8 + 0.5 * 0.9) / 1.0)
     assert tl.series["verdict"][0] == pytest.approx(0.05)

@@ -97,16 +97,26 @@ def test_bucket_quantile_interpolates_within_the_bucket_as_prometheus_does() -> 
     # against exact values: the estimate lies in the bucket of the true quantile
     rng = np.random.default_rng(1)
     values = rng.uniform(0, 400, 10_000)
-    counts = [int(np.sum(values <= 100)), int(np.sum((values > 100) & (values <= 200))),
-              int(np.sum((values > 200) & (values <= 400))), 0]
+    counts = [
+        int(np.sum(values <= 100)),
+        int(np.sum((values > 100) & (values <= 200))),
+        int(np.sum((values > 200) & (values <= 400))),
+        0,
+    ]
     assert bucket_quantile(0.9, bounds, counts) == pytest.approx(float(np.quantile(values, 0.9)), rel=0.02)
     assert [format_us(v) for v in (None, 350.0, 1250.0, 2.5e6, math.inf)] == [
-        "-", "350 µs", "1.25 ms", "2.5 s", "above the last bucket"]
+        "-",
+        "350 µs",
+        "1.25 ms",
+        "2.5 s",
+        "above the last bucket",
+    ]
     assert format_us(42.0, 100.0) == "≤ 100 µs" and format_us(150.0, 100.0) == "150 µs"
 
 
 def test_without_explicit_mode_no_buttons_and_a_post_is_503_and_docs_and_reports_work_in_process(
-        service: InferenceService) -> None:
+    service: InferenceService,
+) -> None:
     import asyncio
     import re
 

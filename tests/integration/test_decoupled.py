@@ -29,7 +29,7 @@ from frameserve.service import InferenceService
 
 pytestmark = pytest.mark.integration
 
-COUNT = '''
+COUNT = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -46,17 +46,17 @@ class TritonPythonModel:
                                                         pb_utils.Tensor("TEXT", np.array([b"x" * i], dtype=object))]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
-'''
+"""
 
-CONFIG = '''backend: python
+CONFIG = """backend: python
 max_batch_size: 0
 model_transaction_policy: {decoupled: true}
 input: [{name: N, data_type: TYPE_INT32, dims: [1]}]
 output: [{name: OUT, data_type: TYPE_INT32, dims: [1]}, {name: TEXT, data_type: TYPE_STRING, dims: [1]}]
-'''
+"""
 
 
-CALLER = '''
+CALLER = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -80,13 +80,13 @@ class TritonPythonModel:
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", np.array(seen, np.int32)),
                                                    pb_utils.Tensor("UNARY", np.array([text.encode()], dtype=object))]))
         return out
-'''
+"""
 
-CALLER_CONFIG = '''backend: python
+CALLER_CONFIG = """backend: python
 max_batch_size: 0
 input: [{name: N, data_type: TYPE_INT32, dims: [1]}]
 output: [{name: SEEN, data_type: TYPE_INT32, dims: [-1]}, {name: UNARY, data_type: TYPE_STRING, dims: [1]}]
-'''
+"""
 
 
 def _repo(root: Path, *, isolation: str | None = None) -> Path:
@@ -126,7 +126,11 @@ def test_the_sink_gets_every_response_and_the_end(service: InferenceService) -> 
     assert service.submit(InferRequest("count", _n(3), responses=sink)).result(30) == {}
     got = _drain(sink)
     assert [(r.outputs["OUT"].tolist() if r.outputs else None, r.final) for r in got] == [
-        ([0], False), ([1], False), ([2], False), (None, True)]
+        ([0], False),
+        ([1], False),
+        ([2], False),
+        (None, True),
+    ]
     assert service.model_config("count").decoupled
     assert service.statistics("count")["model_stats"][0]["inference_stats"]["success"]["count"] == 1
 
@@ -160,9 +164,14 @@ def test_process_isolation_streams_from_the_worker_and_survives_its_death(tmp_pa
             if n >= 0:
                 assert future.result(60) == {}
         got = [_drain(s) for s in sinks]
-        assert [(r.outputs["OUT"].tolist() if r.outputs else None, r.outputs["TEXT"].tolist() if r.outputs else None,
-                 r.final) for r in got[0]] == [([0], [b""], False), ([1], [b"x"], False), ([2], [b"xx"], False),
-                                               (None, None, True)]
+        assert [
+            (
+                r.outputs["OUT"].tolist() if r.outputs else None,
+                r.outputs["TEXT"].tolist() if r.outputs else None,
+                r.final,
+            )
+            for r in got[0]
+        ] == [([0], [b""], False), ([1], [b"x"], False), ([2], [b"xx"], False), (None, None, True)]
         assert [(r.outputs, r.final) for r in got[1]] == [(None, True)]
         assert got[2][-1].final and "negative count" in str(got[2][-1].error)
         session = svc.session_info("count")
@@ -191,7 +200,8 @@ def test_generate_stream_sends_one_event_per_response(service: InferenceService)
     assert answer.status_code == 200 and answer.headers["content-type"] == _sse.CONTENT_TYPE
     events = _sse.EventReader().feed(answer.content)
     assert [json.loads(e.data) for e in events] == [
-        {"OUT": i, "TEXT": "x" * i, "model_name": "count", "model_version": "1"} for i in range(3)]
+        {"OUT": i, "TEXT": "x" * i, "model_name": "count", "model_version": "1"} for i in range(3)
+    ]
     one = _post(app, "/v2/models/count/versions/1/generate", b'{"N": 1}')
     assert one.status_code == 200 and one.json() == {"OUT": 0, "TEXT": "", "model_name": "count", "model_version": "1"}
     failed = _post(app, "/v2/models/count/generate_stream", b'{"N": -1}')
@@ -208,7 +218,7 @@ def test_generate_bodies_are_capped(service: InferenceService) -> None:
     app = create_app(service, max_body_bytes=64)
     assert _post(app, "/v2/models/count/generate", b'{"N": 1, "pad": "' + b"x" * 100 + b'"}').status_code == 413
     assert _post(app, "/v2/models/count/generate", b'{"N": [1, 2]}').status_code == 400  # dims [1] checked
-    assert _post(app, "/v2/models/count/generate", b'[1]').status_code == 400
+    assert _post(app, "/v2/models/count/generate", b"[1]").status_code == 400
 
 
 class _Context:
@@ -236,8 +246,14 @@ def test_the_aio_servicer_streams_every_response(service: InferenceService) -> N
         return [r async for r in servicer.ModelStreamInfer(requests(), _Context())]  # type: ignore[arg-type]
 
     got = asyncio.run(run())
-    summary = [(r.infer_response.id, len(r.infer_response.outputs), r.infer_response.parameters["triton_final_response"].bool_param)
-               for r in got]
+    summary = [
+        (
+            r.infer_response.id,
+            len(r.infer_response.outputs),
+            r.infer_response.parameters["triton_final_response"].bool_param,
+        )
+        for r in got
+    ]
     assert summary == [("a", 2, False), ("a", 2, False), ("a", 0, True), ("b", 0, True)]
     assert np.frombuffer(got[1].infer_response.raw_output_contents[0], "<i4").tolist() == [1]
 

@@ -62,21 +62,28 @@ def _sr_model(path: Path) -> None:
     bias BIAS / 255), clip [0, 1]."""
     nodes = [
         helper.make_node(
-            "Resize", ["x", "", "scales"], ["up"], mode="nearest",
-            coordinate_transformation_mode="asymmetric", nearest_mode="floor",
+            "Resize",
+            ["x", "", "scales"],
+            ["up"],
+            mode="nearest",
+            coordinate_transformation_mode="asymmetric",
+            nearest_mode="floor",
         ),
         helper.make_node("Conv", ["up", "w", "b"], ["conv"], group=3, kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
         helper.make_node("Clip", ["conv", "lo", "hi"], ["y"]),
     ]
     inits = [
         helper.make_tensor("scales", TensorProto.FLOAT, [4], [1.0, 1.0, 2.0, 2.0]),
-        helper.make_tensor("w", TensorProto.FLOAT, [3, 1, 3, 3], (KERNELS / DENOMS[:, None, None]).reshape(-1).tolist()),
+        helper.make_tensor(
+            "w", TensorProto.FLOAT, [3, 1, 3, 3], (KERNELS / DENOMS[:, None, None]).reshape(-1).tolist()
+        ),
         helper.make_tensor("b", TensorProto.FLOAT, [3], (BIAS / 255).tolist()),
         helper.make_tensor("lo", TensorProto.FLOAT, [], [0.0]),
         helper.make_tensor("hi", TensorProto.FLOAT, [], [1.0]),
     ]
     graph = helper.make_graph(
-        nodes, "sr2x",
+        nodes,
+        "sr2x",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, "H2", "W2"])],
         inits,
@@ -185,9 +192,7 @@ def test_audio_is_copied_packet_for_packet(env: Env, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("params", "codec", "min_psnr"), [({}, "h264", 35.0), ({"codec": "libx265"}, "hevc", 35.0)])
-def test_lossy_codecs_at_their_default_crf(
-    env: Env, tmp_path: Path, params: dict, codec: str, min_psnr: float
-) -> None:
+def test_lossy_codecs_at_their_default_crf(env: Env, tmp_path: Path, params: dict, codec: str, min_psnr: float) -> None:
     settings, pipe, plain = env.settings, env.pipe, env.plain
     out = tmp_path / "out.mp4"
     frameserve.run(plain, str(pipe), settings=settings, video_out=out, params=params, decode_workers=0)
@@ -205,8 +210,15 @@ def test_decode_process_gives_the_same_results(env: Env, tmp_path: Path) -> None
     runs = []
     for workers in (0, 1):
         out, vid = tmp_path / f"r{workers}.json", tmp_path / f"v{workers}.mkv"
-        frameserve.run(video, str(pipe), settings=settings, out=out, video_out=vid, params={"codec": "ffv1"},
-                       decode_workers=workers)
+        frameserve.run(
+            video,
+            str(pipe),
+            settings=settings,
+            out=out,
+            video_out=vid,
+            params={"codec": "ffv1"},
+            decode_workers=workers,
+        )
         runs.append((json.loads(out.read_text())["frames"], _decoded(vid)))
     (frames0, pix0), (frames1, pix1) = runs
     assert frames0 == frames1 and len(frames0) == len(PTS_MS)
@@ -230,7 +242,8 @@ def test_nhwc_bgr_model_and_fixed_size(env: Env, tmp_path: Path) -> None:
         helper.make_node("Transpose", ["yb"], ["yo"], perm=[0, 2, 3, 1]),
     ]
     graph = helper.make_graph(
-        nodes, "sr2x_nhwc",
+        nodes,
+        "sr2x_nhwc",
         [helper.make_tensor_value_info("xb", TensorProto.FLOAT, ["N", 24, 32, 3])],
         [helper.make_tensor_value_info("yo", TensorProto.FLOAT, ["N", 48, 64, 3])],
         [*g.initializer, rev],
@@ -240,10 +253,14 @@ def test_nhwc_bgr_model_and_fixed_size(env: Env, tmp_path: Path) -> None:
     onnx.save(model, str(repo / "sr2x_nhwc" / "1" / "model.onnx"))
     (repo / "sr2x_nhwc" / "config.yaml").write_text("max_batch_size: 4\n")
     pipe = tmp_path / "nhwc.yaml"
-    pipe.write_text("type: enhance\nname: sr-nhwc\nmodels: {model: sr2x_nhwc}\n"
-                    "params: {layout: NHWC, channels: bgr, interpolation: nearest}\n")
+    pipe.write_text(
+        "type: enhance\nname: sr-nhwc\nmodels: {model: sr2x_nhwc}\n"
+        "params: {layout: NHWC, channels: bgr, interpolation: nearest}\n"
+    )
     out = tmp_path / "nhwc.mkv"
-    result = frameserve.run(video, str(pipe), settings=settings, video_out=out, params={"codec": "ffv1"}, decode_workers=0)
+    result = frameserve.run(
+        video, str(pipe), settings=settings, video_out=out, params={"codec": "ffv1"}, decode_workers=0
+    )
     assert result["frames"][0]["size"] == [64, 48]
     import cv2
 
@@ -261,8 +278,14 @@ def test_clear_errors(env: Env, tmp_path: Path) -> None:
     with pytest.raises(PipelineSpecError, match="layout 'NCWH'.*NCHW, NHWC"):
         frameserve.run(video, str(pipe), settings=settings, params={"layout": "NCWH"}, decode_workers=0)
     with pytest.raises(FrameserveError, match="mpeg4.*losslessly"):
-        frameserve.run(video, str(pipe), settings=settings, video_out=tmp_path / "x.mkv",
-                       params={"codec": "mpeg4", "lossless": True}, decode_workers=0)
+        frameserve.run(
+            video,
+            str(pipe),
+            settings=settings,
+            video_out=tmp_path / "x.mkv",
+            params={"codec": "mpeg4", "lossless": True},
+            decode_workers=0,
+        )
 
 
 def test_unbatched_model_and_a_size_change_inside_a_batch(env: Env, tmp_path: Path) -> None:

@@ -85,12 +85,18 @@ ENSEMBLE = {
         {"name": "TOP", "data_type": "TYPE_INT64", "dims": [1]},
         {"name": "HALF", "data_type": "TYPE_FP32", "dims": [3, -1, -1]},
     ],
-    "ensemble_scheduling": {"step": [
-        {"model_name": "pre", "model_version": -1, "input_map": {"RAW": "RAW"}, "output_map": {"images": "pixels"}},
-        {"model_name": "conv", "input_map": {"images": "pixels"}, "output_map": {"features": "features"}},
-        {"model_name": "half", "model_version": 1, "input_map": {"x": "pixels"}, "output_map": {"y": "HALF"}},
-        {"model_name": "post", "input_map": {"features": "features"}, "output_map": {"SCORE": "SCORE", "TOP": "TOP"}},
-    ]},
+    "ensemble_scheduling": {
+        "step": [
+            {"model_name": "pre", "model_version": -1, "input_map": {"RAW": "RAW"}, "output_map": {"images": "pixels"}},
+            {"model_name": "conv", "input_map": {"images": "pixels"}, "output_map": {"features": "features"}},
+            {"model_name": "half", "model_version": 1, "input_map": {"x": "pixels"}, "output_map": {"y": "HALF"}},
+            {
+                "model_name": "post",
+                "input_map": {"features": "features"},
+                "output_map": {"SCORE": "SCORE", "TOP": "TOP"},
+            },
+        ]
+    },
 }
 STEPS = ("pre", "conv", "half", "post")
 
@@ -103,15 +109,35 @@ def _write(root: Path, name: str, config: dict[str, Any], code: str | None = Non
 
 
 def _steps_repository(root: Path) -> Path:
-    _write(root, "pre", {"backend": "python", "max_batch_size": 4,
-                         "input": [{"name": "RAW", "data_type": "UINT8", "dims": [-1, -1, 3]}],
-                         "output": [{"name": "images", "data_type": "FP32", "dims": [3, -1, -1]}]}, PRE)
-    _write(root, "post", {"backend": "python", "max_batch_size": 8,
-                          "input": [{"name": "features", "data_type": "FP32", "dims": [4, -1, -1]}],
-                          "output": [{"name": "SCORE", "data_type": "FP32", "dims": [4]},
-                                     {"name": "TOP", "data_type": "INT64", "dims": [1]}]}, POST)
+    _write(
+        root,
+        "pre",
+        {
+            "backend": "python",
+            "max_batch_size": 4,
+            "input": [{"name": "RAW", "data_type": "UINT8", "dims": [-1, -1, 3]}],
+            "output": [{"name": "images", "data_type": "FP32", "dims": [3, -1, -1]}],
+        },
+        PRE,
+    )
+    _write(
+        root,
+        "post",
+        {
+            "backend": "python",
+            "max_batch_size": 8,
+            "input": [{"name": "features", "data_type": "FP32", "dims": [4, -1, -1]}],
+            "output": [
+                {"name": "SCORE", "data_type": "FP32", "dims": [4]},
+                {"name": "TOP", "data_type": "INT64", "dims": [1]},
+            ],
+        },
+        POST,
+    )
     conv_model(root / "conv" / "1" / "model.onnx", seed=3)
-    (root / "conv" / "config.yaml").write_text("max_batch_size: 4\ndynamic_batching: {max_queue_delay_microseconds: 200}\n")
+    (root / "conv" / "config.yaml").write_text(
+        "max_batch_size: 4\ndynamic_batching: {max_queue_delay_microseconds: 200}\n"
+    )
     scale_model(root / "half" / "1" / "model.onnx", scale=0.5, input_name="x", output_name="y")
     (root / "half" / "config.yaml").write_text("max_batch_size: 4\n")
     return root
@@ -131,24 +157,48 @@ def _bad(**change: Any) -> dict[str, Any]:
 
 
 BAD = {
-    "missing_step": (_bad(step=(1, "model_name", "no_such_model")), r"step 1 \('no_such_model'\) cannot be loaded: Request for unknown model: 'no_such_model' is not found"),
+    "missing_step": (
+        _bad(step=(1, "model_name", "no_such_model")),
+        r"step 1 \('no_such_model'\) cannot be loaded: Request for unknown model: 'no_such_model' is not found",
+    ),
     "unused_input": (_bad(step=(0, "input_map", {"RAW": "TOP"})), r"ensemble input 'RAW' is not read by any step"),
     "cycle_between_steps": (
-        {**_bad(), "ensemble_scheduling": {"step": [
-            {"model_name": "half", "input_map": {"x": "a"}, "output_map": {"y": "b"}},
-            {"model_name": "half", "input_map": {"x": "b"}, "output_map": {"y": "a"}},
-            *ENSEMBLE["ensemble_scheduling"]["step"]]}},  # type: ignore[index]
-        r"its steps form a cycle .*: step 0 \('half'\) -> step 1 \('half'\) -> step 0 \('half'\)"),
+        {
+            **_bad(),
+            "ensemble_scheduling": {
+                "step": [
+                    {"model_name": "half", "input_map": {"x": "a"}, "output_map": {"y": "b"}},
+                    {"model_name": "half", "input_map": {"x": "b"}, "output_map": {"y": "a"}},
+                    *ENSEMBLE["ensemble_scheduling"]["step"],
+                ]
+            },
+        },  # type: ignore[index]
+        r"its steps form a cycle .*: step 0 \('half'\) -> step 1 \('half'\) -> step 0 \('half'\)",
+    ),
     "unproduced_output": (
         _bad(output=[*ENSEMBLE["output"], {"name": "EXTRA", "data_type": "TYPE_FP32", "dims": [1]}]),  # type: ignore[list-item]
-        r"ensemble output 'EXTRA' is not written by any step"),
+        r"ensemble output 'EXTRA' is not written by any step",
+    ),
     "dtype_mismatch": (
         _bad(input=[{"name": "RAW", "data_type": "TYPE_FP32", "dims": [-1, -1, 3]}]),
-        r"tensor 'RAW' is FP32 as the ensemble's input but UINT8 as input 'RAW' of step 0 \('pre'\)"),
-    "produced_twice": (_bad(step=(2, "output_map", {"y": "features"})), r"ensemble tensor 'features' is written by step 1 \('conv'\) and by step 2 \('half'\)"),
-    "batch_too_big": (_bad(max_batch_size=8), r"step 0 \('pre'\): the ensemble's max_batch_size is 8, but model 'pre' takes at most 4"),
-    "unknown_step_input": (_bad(step=(2, "input_map", {"nope": "pixels"})), r"step 2 \('half'\): input_map names input 'nope'"),
-    "self_reference": (_bad(step=(3, "model_name", "bad_self_reference")), r"circular dependency between ensembles: bad_self_reference -> bad_self_reference"),
+        r"tensor 'RAW' is FP32 as the ensemble's input but UINT8 as input 'RAW' of step 0 \('pre'\)",
+    ),
+    "produced_twice": (
+        _bad(step=(2, "output_map", {"y": "features"})),
+        r"ensemble tensor 'features' is written by step 1 \('conv'\) and by step 2 \('half'\)",
+    ),
+    "batch_too_big": (
+        _bad(max_batch_size=8),
+        r"step 0 \('pre'\): the ensemble's max_batch_size is 8, but model 'pre' takes at most 4",
+    ),
+    "unknown_step_input": (
+        _bad(step=(2, "input_map", {"nope": "pixels"})),
+        r"step 2 \('half'\): input_map names input 'nope'",
+    ),
+    "self_reference": (
+        _bad(step=(3, "model_name", "bad_self_reference")),
+        r"circular dependency between ensembles: bad_self_reference -> bad_self_reference",
+    ),
     "version_not_served": (_bad(step=(2, "model_version", 7)), r"step 2 \('half'\): .*version 7"),
     "instance_group": (_bad(instance_group=[{"count": 2, "kind": "KIND_CPU"}]), r"an ensemble has no instance_group"),
 }
@@ -166,8 +216,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(repo: Path) -> Iterator[Server]:
     service = InferenceService(ModelRepository(repo), threads=1)
-    options = ServerOptions(host="127.0.0.1", http_port=0, grpc_port=0, metrics_port=0,
-                            model_control_mode="explicit", startup_models=("pipeline",))
+    options = ServerOptions(
+        host="127.0.0.1",
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        model_control_mode="explicit",
+        startup_models=("pipeline",),
+    )
     srv = Server(service, options)
     srv.start()
     assert srv.wait_ready(120)
@@ -234,7 +290,9 @@ def test_ensemble_with_an_onnx_step_equals_its_steps_called_in_process(server: S
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
-def test_a_broken_ensemble_fails_to_load_with_a_400_that_says_why(http: httpx.Client, server: Server, name: str) -> None:
+def test_a_broken_ensemble_fails_to_load_with_a_400_that_says_why(
+    http: httpx.Client, server: Server, name: str
+) -> None:
     _, pattern = BAD[name]
     r = http.post(f"/v2/repository/models/bad_{name}/load")
     assert r.status_code == 400, r.text
@@ -286,7 +344,9 @@ def test_statistics_per_step_and_for_the_ensemble(server: Server, http: httpx.Cl
     rng = np.random.default_rng(8)
     for batch in (1, 3):
         raw = _raw(rng, batch)
-        body = {"inputs": [{"name": "RAW", "datatype": "UINT8", "shape": list(raw.shape), "data": raw.ravel().tolist()}]}
+        body = {
+            "inputs": [{"name": "RAW", "datatype": "UINT8", "shape": list(raw.shape), "data": raw.ravel().tolist()}]
+        }
         assert http.post("/v2/models/pipeline/infer", json=body).status_code == 200
     after = http.get("/v2/models/stats").json()
 

@@ -58,8 +58,9 @@ class _Endless(Response):
             while (await receive())["type"] != "http.disconnect":
                 pass
 
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/octet-stream")]})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/octet-stream")]}
+        )
         gone = asyncio.ensure_future(until_disconnect())
         try:
             while not gone.done():
@@ -100,8 +101,18 @@ def _router() -> APIRouter:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = make_repository(tmp_path_factory.mktemp("repo"))
     service = InferenceService(ModelRepository(Path(repo)), threads=1)
-    srv = Server(service, ServerOptions(host="127.0.0.1", http_port=0, grpc_port=None, metrics_port=None,
-                                        http_workers=2, graceful_timeout_s=10.0, http_routers=(_router(),)))
+    srv = Server(
+        service,
+        ServerOptions(
+            host="127.0.0.1",
+            http_port=0,
+            grpc_port=None,
+            metrics_port=None,
+            http_workers=2,
+            graceful_timeout_s=10.0,
+            http_routers=(_router(),),
+        ),
+    )
     srv.start()
     assert srv.wait_ready(120)
     yield srv
@@ -111,7 +122,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def test_server_sent_events_arrive_part_by_part(server: Server) -> None:
     for _ in range(4):  # several connections: both front ends relay streams
         EVENTS.first_read.clear()
-        with httpx.Client(timeout=60) as client, client.stream("GET", f"http://127.0.0.1:{server.http_port}/v1/test/sse") as r:
+        with (
+            httpx.Client(timeout=60) as client,
+            client.stream("GET", f"http://127.0.0.1:{server.http_port}/v1/test/sse") as r,
+        ):
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
             assert "content-length" not in r.headers
             parts = r.iter_raw()

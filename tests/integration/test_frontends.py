@@ -44,8 +44,15 @@ WIDE = 32768  # elements per row of the "wide" model: 128 KiB, over the channel'
 
 
 def _options(**kw: object) -> ServerOptions:
-    base = {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0, "metrics_port": 0, "http_workers": 2, "grpc_workers": 2,
-                "graceful_timeout_s": 10.0}
+    base = {
+        "host": "127.0.0.1",
+        "http_port": 0,
+        "grpc_port": 0,
+        "metrics_port": 0,
+        "http_workers": 2,
+        "grpc_workers": 2,
+        "graceful_timeout_s": 10.0,
+    }
     base.update(kw)
     return ServerOptions(**base)  # type: ignore[arg-type]
 
@@ -132,7 +139,9 @@ def test_front_ends_answer_correctly(server: Server, module: object) -> None:
         assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("add")
         meta = client.get_model_metadata("add")
         assert (meta["name"] if isinstance(meta, dict) else meta.name) == "add"
-        with pytest.raises(InferenceServerException, match="Request for unknown model: 'ghost' is not found"):  # the owner's own answer
+        with pytest.raises(
+            InferenceServerException, match="Request for unknown model: 'ghost' is not found"
+        ):  # the owner's own answer
             client.infer("ghost", _inputs(module, {"a": arrays[0], "b": arrays[0]}))
         with pytest.raises(InferenceServerException, match="inputs"):  # decoded in a front end, refused by the owner
             client.infer("add", _inputs(module, {"a": arrays[0]}))
@@ -173,9 +182,13 @@ def test_requests_from_both_front_ends_are_batched_together(server: Server) -> N
         answered.wait(120)
         # the connection a request came on is held by the front end that answered it
         per_front_end = [
-            sum(1 for c in psutil.Process(pid).net_connections("tcp")
-                if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == server.http_port)
-            for pid in server.frontend_pids if pid is not None
+            sum(
+                1
+                for c in psutil.Process(pid).net_connections("tcp")
+                if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == server.http_port
+            )
+            for pid in server.frontend_pids
+            if pid is not None
         ]
     finally:
         release.set()
@@ -206,6 +219,7 @@ def test_shared_memory_registered_on_one_connection_used_on_others(server: Serve
         registrar = _http(server)
         registrar.register_system_shared_memory("fe_region", key, 4 * a.nbytes)
         try:
+
             def infer(i: int) -> np.ndarray:
                 module = httpclient if i % 2 else grpcclient
                 client = _http(server) if module is httpclient else _grpc(server)
@@ -279,7 +293,9 @@ def test_a_front_end_killed_with_sigkill_is_replaced(server: Server) -> None:
     assert old is not None
     os.kill(old, signal.SIGKILL)
     assert _wait_replaced(server, 0, old) != old
-    got = _on_many_connections(lambda i: _add(server, httpclient if i % 2 else grpcclient, "add", np.ones((1, 4), np.float32)))
+    got = _on_many_connections(
+        lambda i: _add(server, httpclient if i % 2 else grpcclient, "add", np.ones((1, 4), np.float32))
+    )
     assert all(not isinstance(g, Exception) for g in got), got
     assert server.ready
 

@@ -70,7 +70,8 @@ def _served_by_grpc(before: set[int | None]) -> list[threading.Thread]:
     """The threads the server started: its pool and helper loop (``frameserve-grpc...``) and
     gRPC's poll thread (``Thread-N (_serve)``)."""
     return [
-        t for t in threading.enumerate()
+        t
+        for t in threading.enumerate()
         if t.ident not in before and (t.name.startswith("frameserve-grpc") or t.name.endswith("(_serve)"))
     ]
 

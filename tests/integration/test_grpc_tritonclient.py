@@ -360,9 +360,14 @@ def test_repository_index_unload_load(client: tc.InferenceServerClient, channel:
     assert client.get_model_config("spare").config.max_batch_size == 2
     with pytest.raises(InferenceServerException) as err:
         client.load_model("spare", config="{not json")
-    assert _status(err) == "StatusCode.INTERNAL" and "failed to load 'spare', failed to poll from model repository" in err.value.message()
+    assert (
+        _status(err) == "StatusCode.INTERNAL"
+        and "failed to load 'spare', failed to poll from model repository" in err.value.message()
+    )
     assert "not valid JSON" in err.value.message()
-    client.load_model("spare", config='{"max_batch_size": "3"}')  # protobuf JSON: an int64 as a string, as Triton takes it
+    client.load_model(
+        "spare", config='{"max_batch_size": "3"}'
+    )  # protobuf JSON: an int64 as a string, as Triton takes it
     assert client.get_model_config("spare").config.max_batch_size == 3
     with pytest.raises(InferenceServerException) as err:
         client.load_model("no_such_model")

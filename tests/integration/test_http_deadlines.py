@@ -55,10 +55,20 @@ def server(request: pytest.FixtureRequest, repo: Path, tmp_path_factory: pytest.
     # with 2 front ends each counts ceil(limit / 2) of a tenant's connections
     quotas = Quotas.from_mapping({"tenants": {"a": {"connections": CONNECTIONS_A * n}}})
     service = InferenceService(ModelRepository(repo), threads=1)
-    srv = Server(service, ServerOptions(
-        host="127.0.0.1", http_port=0, grpc_port=0, metrics_port=None, tokens=TokenTable.from_file(tokens),
-        quotas=quotas, http_deadlines=DEADLINES, http_workers=n, grpc_workers=n,
-    ))
+    srv = Server(
+        service,
+        ServerOptions(
+            host="127.0.0.1",
+            http_port=0,
+            grpc_port=0,
+            metrics_port=None,
+            tokens=TokenTable.from_file(tokens),
+            quotas=quotas,
+            http_deadlines=DEADLINES,
+            http_workers=n,
+            grpc_workers=n,
+        ),
+    )
     srv.start()
     assert srv.wait_ready(120)
     yield srv
@@ -79,8 +89,11 @@ def _closed_by_server(sock: socket.socket) -> bytes:
     return got
 
 
-@pytest.mark.parametrize("sent", [b"", b"POS", b"POST /v2/models/add/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"],
-                         ids=["nothing", "three-bytes", "half-a-head"])
+@pytest.mark.parametrize(
+    "sent",
+    [b"", b"POS", b"POST /v2/models/add/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"],
+    ids=["nothing", "three-bytes", "half-a-head"],
+)
 def test_a_connection_that_does_not_finish_its_head_is_closed(server: Server, sent: bytes) -> None:
     with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
         sock.sendall(sent)
@@ -88,8 +101,10 @@ def test_a_connection_that_does_not_finish_its_head_is_closed(server: Server, se
 
 
 def test_a_trickling_body_is_cut_and_a_steady_one_is_not(server: Server) -> None:
-    head = (f"POST /v2/models/add/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {A}\r\n"
-            "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n").encode()
+    head = (
+        f"POST /v2/models/add/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {A}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
         sock.sendall(head)
         cut = False
@@ -112,13 +127,19 @@ def test_a_trickling_body_is_cut_and_a_steady_one_is_not(server: Server) -> None
         assert cut, "a body of 5 bytes a second was read for a minute"
     # a body sent in pieces over more than body_timeout_s, at far more than the minimum rate, is read
     values = ",".join(["1"] * 4)
-    body = (f'{{"inputs":[{{"name":"a","shape":[1,4],"datatype":"FP32","data":[{values}]}},'
-            f'{{"name":"b","shape":[1,4],"datatype":"FP32","data":[{values}]}}]}}').encode() + b" " * 30_000
+    body = (
+        f'{{"inputs":[{{"name":"a","shape":[1,4],"datatype":"FP32","data":[{values}]}},'
+        f'{{"name":"b","shape":[1,4],"datatype":"FP32","data":[{values}]}}]}}'
+    ).encode() + b" " * 30_000
     with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
-        sock.sendall((f"POST /v2/models/add/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {A}\r\n"
-                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode())
+        sock.sendall(
+            (
+                f"POST /v2/models/add/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {A}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+        )
         for i in range(0, len(body), 2000):
-            sock.sendall(body[i:i + 2000])
+            sock.sendall(body[i : i + 2000])
             time.sleep(0.1)  # 20 kB/s over 1.5 s
         answer = _closed_by_server(sock)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
@@ -151,8 +172,11 @@ def test_a_whole_head_over_the_cap_in_one_write_is_431_and_a_large_body_after_a_
     """The head's size is counted exactly once the bytes of a request could pass the cap: a
     complete 70 KB head sent at once is 431 before any route runs, and a small head followed in
     the same write by a 200 KB body is served (its body is not counted as head)."""
-    head = b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(
-        f"X-Filler-{i}: {'x' * 1000}\r\n".encode() for i in range(70)) + b"\r\n"
+    head = (
+        b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        + b"".join(f"X-Filler-{i}: {'x' * 1000}\r\n".encode() for i in range(70))
+        + b"\r\n"
+    )
     with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
         try:
             sock.sendall(head)
@@ -162,8 +186,10 @@ def test_a_whole_head_over_the_cap_in_one_write_is_431_and_a_large_body_after_a_
     if answer:
         assert answer.startswith(b"HTTP/1.1 431"), answer[:300]
     body = b" " * 200_000
-    request = (b"POST /v2/repository/index HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    request = (
+        b"POST /v2/repository/index HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
         sock.sendall(request)  # one write: the server reads the head with much of the body
         sock.settimeout(WAIT_S)
@@ -179,8 +205,12 @@ def test_no_token_costs_only_the_headers(server: Server, path: str) -> None:
     """A 64 MiB body is declared and none is sent: the refusal comes on the headers, in the front
     ends too (before, they waited for the whole body and handed it to the owner)."""
     with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
-        sock.sendall((f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                      f"Content-Length: {64 << 20}\r\n\r\n").encode())
+        sock.sendall(
+            (
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {64 << 20}\r\n\r\n"
+            ).encode()
+        )
         sock.settimeout(WAIT_S)
         answer = sock.recv(65536)
     assert answer.startswith(b"HTTP/1.1 401"), answer[:300]
@@ -219,6 +249,7 @@ def test_a_tenant_at_its_connections_quota_is_refused_and_another_is_not(server:
     finally:
         for conn in held:
             conn.close()
+
     # closed connections are no longer counted: the tenant is served again
     def served() -> bool:
         conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=WAIT_S)
@@ -256,17 +287,29 @@ def test_grpc_clients_reconnect_after_an_idle_close(server: Server) -> None:
         client.close()
 
 
-def test_serve_flags_set_the_deadlines_and_the_quotas_file_the_connections(
-    repo: Path, tmp_path: Path,
-) -> None:
+def test_serve_flags_set_the_deadlines_and_the_quotas_file_the_connections(repo: Path, tmp_path: Path) -> None:
     """``frameserve serve --header-timeout-s ... --quotas FILE`` as an operator runs it, with front ends."""
     from _serving import ServeProcess
 
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text("default:\n  connections: 2\n")
-    with ServeProcess(repo, tmp_path / "home", "--no-jobs", "--header-timeout-s", "0.5", "--body-timeout-s", "0.5",
-                      "--body-min-rate", "100", "--keep-alive-timeout-s", "0.5", "--quotas", str(quotas),
-                      "--http-workers", "2") as s:
+    with ServeProcess(
+        repo,
+        tmp_path / "home",
+        "--no-jobs",
+        "--header-timeout-s",
+        "0.5",
+        "--body-timeout-s",
+        "0.5",
+        "--body-min-rate",
+        "100",
+        "--keep-alive-timeout-s",
+        "0.5",
+        "--quotas",
+        str(quotas),
+        "--http-workers",
+        "2",
+    ) as s:
         s.wait_ready(120)
         with socket.create_connection(("127.0.0.1", s.ports["HTTP"])) as sock:
             sock.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
@@ -291,13 +334,16 @@ def test_front_ends_read_no_more_of_an_analyze_upload_than_its_cap(repo: Path, t
     ``--analyze-max-bytes`` in the front end, not read up to ``--max-body-bytes`` (256 MiB) first."""
     from _serving import ServeProcess
 
-    with ServeProcess(repo, tmp_path / "home", "--no-jobs", "--http-workers", "2",
-                      "--analyze-max-bytes", "200000") as s:
+    with ServeProcess(
+        repo, tmp_path / "home", "--no-jobs", "--http-workers", "2", "--analyze-max-bytes", "200000"
+    ) as s:
         s.wait_ready(120)
         sent = 0
         with socket.create_connection(("127.0.0.1", s.ports["HTTP"])) as sock:
-            sock.sendall(b"POST /v1/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: video/mp4\r\n"
-                         b"Transfer-Encoding: chunked\r\n\r\n")
+            sock.sendall(
+                b"POST /v1/analyze HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: video/mp4\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
             chunk = b"%x\r\n%s\r\n" % (1 << 16, b"\0" * (1 << 16))
             sock.settimeout(0.05)
             answer = b""
@@ -324,8 +370,12 @@ def test_a_refused_body_is_not_read_to_its_end(server: Server) -> None:
     then the connection is closed (before: all 64 MiB were received and dropped)."""
     sent = 0
     with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
-        sock.sendall((f"POST /v2/models/add/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                      f"Content-Length: {64 << 20}\r\n\r\n").encode())
+        sock.sendall(
+            (
+                f"POST /v2/models/add/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {64 << 20}\r\n\r\n"
+            ).encode()
+        )
         chunk = b" " * (1 << 16)
         sock.settimeout(WAIT_S)
         try:

@@ -32,8 +32,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = make_repository(tmp_path_factory.mktemp("repo"))
     service = InferenceService(ModelRepository(repo), threads=1)
     options = ServerOptions(
-        host="127.0.0.1", http_port=0, grpc_port=None, metrics_port=0, max_body_bytes=LIMIT,
-        model_control_mode="explicit", startup_models=("*",),  # the tests load and unload
+        host="127.0.0.1",
+        http_port=0,
+        grpc_port=None,
+        metrics_port=0,
+        max_body_bytes=LIMIT,
+        model_control_mode="explicit",
+        startup_models=("*",),  # the tests load and unload
     )
     srv = Server(service, options)
     srv.start()
@@ -83,7 +88,10 @@ def test_health_metadata_and_config(client: httpclient.InferenceServerClient, ht
     assert not client.is_model_ready("scale", "3") and not client.is_model_ready("nope")
     md = client.get_model_metadata("add")
     assert md["name"] == "add" and md["versions"] == ["1"] and md["platform"] == "onnxruntime_onnx"
-    assert [(t["name"], t["datatype"], t["shape"]) for t in md["inputs"]] == [("a", "FP32", [-1, 4]), ("b", "FP32", [-1, 4])]
+    assert [(t["name"], t["datatype"], t["shape"]) for t in md["inputs"]] == [
+        ("a", "FP32", [-1, 4]),
+        ("b", "FP32", [-1, 4]),
+    ]
     assert client.get_model_metadata("scale", "2")["versions"] == ["1", "2"]
     cfg = client.get_model_config("add")
     assert cfg["name"] == "add" and cfg["max_batch_size"] > 0 and cfg["backend"] == "onnxruntime"
@@ -99,7 +107,10 @@ def test_infer_equals_in_process_bit_for_bit(
     rng = np.random.default_rng(3)
     a = rng.standard_normal((3, 4)).astype(np.float32)
     b = rng.standard_normal((3, 4)).astype(np.float32)
-    outs = [httpclient.InferRequestedOutput("diff", binary_data=binary_out), httpclient.InferRequestedOutput("sum", binary_data=binary_out)]
+    outs = [
+        httpclient.InferRequestedOutput("diff", binary_data=binary_out),
+        httpclient.InferRequestedOutput("sum", binary_data=binary_out),
+    ]
     r = client.infer("add", _inputs({"a": a, "b": b}, "FP32", binary=binary_in), outputs=outs, request_id="rq-1")
     want = server.service.infer("add", {"a": a, "b": b})
     assert [o["name"] for o in r.get_response()["outputs"]] == ["diff", "sum"]
@@ -110,19 +121,32 @@ def test_infer_equals_in_process_bit_for_bit(
 
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
-def test_tritonclient_compression_both_ways(server: Server, client: httpclient.InferenceServerClient, algorithm: str) -> None:
+def test_tritonclient_compression_both_ways(
+    server: Server, client: httpclient.InferenceServerClient, algorithm: str
+) -> None:
     a = np.random.default_rng(5).standard_normal((8, 4)).astype(np.float32)
-    r = client.infer("add", _inputs({"a": a, "b": a}, "FP32", binary=True), request_compression_algorithm=algorithm,
-                     response_compression_algorithm=algorithm)
+    r = client.infer(
+        "add",
+        _inputs({"a": a, "b": a}, "FP32", binary=True),
+        request_compression_algorithm=algorithm,
+        response_compression_algorithm=algorithm,
+    )
     assert r.as_numpy("sum").tobytes() == server.service.infer("add", {"a": a, "b": a})["sum"].tobytes()
 
 
 def test_outputs_filter_and_per_output_binary(client: httpclient.InferenceServerClient, http: httpx.Client) -> None:
     a = np.arange(4, dtype=np.float32).reshape(1, 4)
-    r = client.infer("add", _inputs({"a": a, "b": a}, "FP32", binary=False), outputs=[httpclient.InferRequestedOutput("diff", binary_data=False)])
+    r = client.infer(
+        "add",
+        _inputs({"a": a, "b": a}, "FP32", binary=False),
+        outputs=[httpclient.InferRequestedOutput("diff", binary_data=False)],
+    )
     assert [o["name"] for o in r.get_response()["outputs"]] == ["diff"] and r.as_numpy("sum") is None
-    doc = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 4], "data": [[0, 1, 2, 3]]} for n in ("a", "b")],
-           "parameters": {"binary_data_output": True}, "outputs": [{"name": "sum", "parameters": {"binary_data": False}}, {"name": "diff"}]}
+    doc = {
+        "inputs": [{"name": n, "datatype": "FP32", "shape": [1, 4], "data": [[0, 1, 2, 3]]} for n in ("a", "b")],
+        "parameters": {"binary_data_output": True},
+        "outputs": [{"name": "sum", "parameters": {"binary_data": False}}, {"name": "diff"}],
+    }
     resp = http.post("/v2/models/add/infer", content=orjson.dumps(doc))
     n = int(resp.headers["inference-header-content-length"])
     head = orjson.loads(resp.content[:n])
@@ -137,7 +161,9 @@ def test_fp16_versions_and_bytes(server: Server, client: httpclient.InferenceSer
         assert r.as_numpy("y").dtype == np.float16
         assert r.as_numpy("y").tobytes() == server.service.infer("half", {"x": x})["y"].tobytes()
     v = np.ones((1, 4), np.float32)
-    assert client.infer("scale", _inputs({"x": v}, "FP32", binary=True), model_version="1").as_numpy("y").tolist() == [[1.0] * 4]
+    assert client.infer("scale", _inputs({"x": v}, "FP32", binary=True), model_version="1").as_numpy("y").tolist() == [
+        [1.0] * 4
+    ]
     r2 = client.infer("scale", _inputs({"x": v}, "FP32", binary=True), model_version="2")
     assert r2.as_numpy("y").tolist() == [[2.0] * 4] and r2.get_response()["model_version"] == "2"
     assert client.infer("scale", _inputs({"x": v}, "FP32", binary=True)).get_response()["model_version"] == "2"
@@ -145,8 +171,11 @@ def test_fp16_versions_and_bytes(server: Server, client: httpclient.InferenceSer
     want = text.tolist()  # an identity model: the bytes come back unchanged
     assert server.service.infer("strings", {"text": text})["echo"].tolist() == want
     for binary in (False, True):
-        got = client.infer("strings", _inputs({"text": text}, "BYTES", binary=binary),
-                           outputs=[httpclient.InferRequestedOutput("echo", binary_data=True)]).as_numpy("echo")
+        got = client.infer(
+            "strings",
+            _inputs({"text": text}, "BYTES", binary=binary),
+            outputs=[httpclient.InferRequestedOutput("echo", binary_data=True)],
+        ).as_numpy("echo")
         assert got.shape == (2, 1) and got.tolist() == want
     raw = np.array([[b"\xff\x00"], [b""]], dtype=object)  # reaches the backend intact, which wants UTF-8
     with pytest.raises(InferenceServerException, match="not UTF-8"):
@@ -157,7 +186,12 @@ def test_fp16_versions_and_bytes(server: Server, client: httpclient.InferenceSer
 def test_errors_through_tritonclient_and_the_server_keeps_serving(client: httpclient.InferenceServerClient) -> None:
     ok = np.ones((1, 4), np.float32)
     cases: list[tuple[str, dict[str, Any], str, str]] = [
-        ("add", {"a": np.ones((1, 5), np.float32), "b": np.ones((1, 5), np.float32)}, "400", r"shape \[1, 5\] given, the model expects \[-1, 4\]"),
+        (
+            "add",
+            {"a": np.ones((1, 5), np.float32), "b": np.ones((1, 5), np.float32)},
+            "400",
+            r"shape \[1, 5\] given, the model expects \[-1, 4\]",
+        ),
         ("nope", {"a": ok}, "404", r"^\[404\] Request for unknown model: 'nope' is not found"),  # Triton's words
         ("broken", {"x": ok}, "500", "broken"),
     ]
@@ -176,16 +210,27 @@ def test_errors_through_tritonclient_and_the_server_keeps_serving(client: httpcl
 
 def _binary_request(arr: np.ndarray, names: tuple[str, ...] = ("a", "b")) -> tuple[bytes, int]:
     raw = arr.tobytes()
-    head = orjson.dumps({"inputs": [{"name": n, "datatype": "FP32", "shape": list(arr.shape), "parameters": {"binary_data_size": len(raw)}} for n in names]})
+    head = orjson.dumps(
+        {
+            "inputs": [
+                {"name": n, "datatype": "FP32", "shape": list(arr.shape), "parameters": {"binary_data_size": len(raw)}}
+                for n in names
+            ]
+        }
+    )
     return head + raw * len(names), len(head)
 
 
-def test_raw_http_compression_header_lengths_and_limits(http: httpx.Client, client: httpclient.InferenceServerClient) -> None:
+def test_raw_http_compression_header_lengths_and_limits(
+    http: httpx.Client, client: httpclient.InferenceServerClient
+) -> None:
     a = np.arange(8, dtype=np.float32).reshape(2, 4)
     body, n = _binary_request(a)
     hdr = {"Inference-Header-Content-Length": str(n)}
     for enc, packed in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
-        r = http.post("/v2/models/add/infer", content=packed, headers={**hdr, "Content-Encoding": enc, "Accept-Encoding": enc})
+        r = http.post(
+            "/v2/models/add/infer", content=packed, headers={**hdr, "Content-Encoding": enc, "Accept-Encoding": enc}
+        )
         assert r.status_code == 200 and r.headers["content-encoding"] == enc
         assert orjson.loads(r.content)["outputs"][0]["data"] == (a + a).ravel().tolist()  # httpx decompressed it
     bad = [
@@ -220,13 +265,19 @@ def test_failures_are_counted_in_metrics(server: Server, http: httpx.Client) -> 
     metrics = getattr(server.service, "metrics", None)
     if not hasattr(metrics, "record_failure"):
         pytest.skip("this service has no metrics yet")
+
     def failures() -> float:
         text = http.get("/metrics").text
         total = 0.0
         for line in text.splitlines():
-            if line.startswith("nv_inference_request_failure{") and 'model="add"' in line and 'reason="REJECTED"' in line:
+            if (
+                line.startswith("nv_inference_request_failure{")
+                and 'model="add"' in line
+                and 'reason="REJECTED"' in line
+            ):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
     before = failures()
     assert http.post("/v2/models/add/infer", content=b"{oops").status_code == 400
     assert failures() == before + 1
@@ -243,7 +294,9 @@ def test_statistics(client: httpclient.InferenceServerClient, http: httpx.Client
     stats = client.get_inference_statistics("add")["model_stats"]
     assert [(s["name"], s["version"]) for s in stats] == [("add", "1")]
     st = stats[0]
-    assert {"success", "fail", "queue", "compute_input", "compute_infer", "compute_output"} <= set(st["inference_stats"])
+    assert {"success", "fail", "queue", "compute_input", "compute_infer", "compute_output"} <= set(
+        st["inference_stats"]
+    )
     everything = http.get("/v2/models/stats").json()["model_stats"]
     assert {"add", "scale", "half"} <= {s["name"] for s in everything}
     v2 = http.get("/v2/models/scale/versions/2/stats").json()["model_stats"]
@@ -257,7 +310,9 @@ def test_repository_index_unload_load_and_config_override(client: httpclient.Inf
     x = np.ones((1, 4), np.float16)
     client.unload_model("half")
     assert not client.is_model_ready("half")
-    with pytest.raises(InferenceServerException, match="Request for unknown model: .half. has no available versions") as info:
+    with pytest.raises(
+        InferenceServerException, match="Request for unknown model: .half. has no available versions"
+    ) as info:
         client.infer("half", _inputs({"x": x}, "FP16", binary=True))
     assert info.value.status() == "503"
     client.load_model("half")
@@ -268,10 +323,14 @@ def test_repository_index_unload_load_and_config_override(client: httpclient.Inf
     finally:
         client.load_model("scale")
     assert client.get_model_metadata("scale")["versions"] == ["1", "2"]
-    with pytest.raises(InferenceServerException, match="failed to load 'scale', failed to poll from model repository: .*not valid JSON") as info:
+    with pytest.raises(
+        InferenceServerException, match="failed to load 'scale', failed to poll from model repository: .*not valid JSON"
+    ) as info:
         client.load_model("scale", config="{nope")
     assert info.value.status() == "500"  # Triton's status
-    with pytest.raises(InferenceServerException, match=r"^\[500\] failed to load 'ghost', failed to poll from model repository") as info:
+    with pytest.raises(
+        InferenceServerException, match=r"^\[500\] failed to load 'ghost', failed to poll from model repository"
+    ) as info:
         client.load_model("ghost")
     assert info.value.status() == "500"  # Triton's status
 
@@ -292,6 +351,7 @@ def test_ready_check_hook_and_an_empty_repository(tmp_path: Path) -> None:
     srv.start()
     try:
         from frameserve.protocol.http import create_app  # the readiness hook, directly
+
         app = create_app(service, ready_check=lambda: ready)
         import asyncio
 
@@ -310,7 +370,9 @@ def test_ready_check_hook_and_an_empty_repository(tmp_path: Path) -> None:
 
 def test_a_port_in_use_fails_start_and_stop_is_idempotent(server: Server, tmp_path: Path) -> None:
     service = InferenceService(ModelRepository(tmp_path), threads=1)
-    srv = Server(service, ServerOptions(host="127.0.0.1", http_port=server.http_port, grpc_port=None, metrics_port=None))
+    srv = Server(
+        service, ServerOptions(host="127.0.0.1", http_port=server.http_port, grpc_port=None, metrics_port=None)
+    )
     with pytest.raises(OSError):
         srv.start()
     srv.stop()

@@ -44,13 +44,27 @@ def server(request: pytest.FixtureRequest, repo: Path, tmp_path_factory: pytest.
     tokens = tmp_path_factory.mktemp("q") / "tokens.txt"
     tokens.write_text(f"{FLOOD} infer flood\n{GOOD} infer good\n")
     tokens.chmod(0o600)
-    quotas = Quotas.from_mapping({"default": {"infer_rate": 1, "infer_burst": 2, "streams": STREAMS},
-                                  "tenants": {"good": {"infer_rate": None, "streams": None}}})
+    quotas = Quotas.from_mapping(
+        {
+            "default": {"infer_rate": 1, "infer_burst": 2, "streams": STREAMS},
+            "tenants": {"good": {"infer_rate": None, "streams": None}},
+        }
+    )
     n = int(request.param)
     service = InferenceService(ModelRepository(repo), threads=1)
-    srv = Server(service, ServerOptions(host="127.0.0.1", http_port=0, grpc_port=0, metrics_port=None,
-                                        tokens=TokenTable.from_file(tokens), quotas=quotas,
-                                        http_workers=n, grpc_workers=n))
+    srv = Server(
+        service,
+        ServerOptions(
+            host="127.0.0.1",
+            http_port=0,
+            grpc_port=0,
+            metrics_port=None,
+            tokens=TokenTable.from_file(tokens),
+            quotas=quotas,
+            http_workers=n,
+            grpc_workers=n,
+        ),
+    )
     srv.start()
     assert srv.wait_ready(120)
     yield srv
@@ -82,8 +96,9 @@ def test_a_tenant_over_its_rate_is_refused_and_another_is_not(server: Server, pr
     assert "infer_rate" in err.message() and "flood" in err.message()
     assert str(err.status()) == ("429" if protocol == "http" else "StatusCode.RESOURCE_EXHAUSTED")
     for _ in range(10):  # the other tenant is not limited
-        np.testing.assert_array_equal(client.infer("add", _inputs(mod), headers=good).as_numpy("sum"),
-                                      np.full((1, 4), 2.0, np.float32))
+        np.testing.assert_array_equal(
+            client.infer("add", _inputs(mod), headers=good).as_numpy("sum"), np.full((1, 4), 2.0, np.float32)
+        )
     client.close()
 
 
@@ -123,8 +138,11 @@ class _HeldStream:
 
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self.requests: queue.Queue[Any] = queue.Queue()
-        call = self.channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
-                                          request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        call = self.channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
 
         def gen() -> Iterator[bytes]:
             while (item := self.requests.get()) is not None:
@@ -200,6 +218,8 @@ def test_health_watch_streams_are_capped_on_the_threaded_server(server: Server) 
         for c in channels:
             c.close()
     probe = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")  # Check still answers
-    assert health_pb2_grpc.HealthStub(probe).Check(health_pb2.HealthCheckRequest()).status == \
-        health_pb2.HealthCheckResponse.SERVING
+    assert (
+        health_pb2_grpc.HealthStub(probe).Check(health_pb2.HealthCheckRequest()).status
+        == health_pb2.HealthCheckResponse.SERVING
+    )
     probe.close()

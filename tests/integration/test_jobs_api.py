@@ -78,7 +78,11 @@ def test_the_resource_model_is_the_records_fields(setup) -> None:  # type: ignor
     ("patch", "status", "reason"),
     [
         ({"pipeline": "nope"}, 404, "unknown pipeline 'nope'; available: "),
-        ({"pipeline": "nudenet", "params": {"pipeline": {"postprocess.score_treshold": 0.3}}}, 400, "unknown param 'score_treshold'"),
+        (
+            {"pipeline": "nudenet", "params": {"pipeline": {"postprocess.score_treshold": 0.3}}},
+            400,
+            "unknown param 'score_treshold'",
+        ),
         ({"pipeline": "nudenet", "params": {"pipeline": {"preprocess.resize": "zoom"}}}, 400, "accepted: letterbox"),
         ({"source": "ftp://h/v.mp4"}, 400, "source scheme 'ftp' is not supported"),
         ({"source": "file:///etc/passwd"}, 400, "not under an allowed file root"),

@@ -70,7 +70,10 @@ def finished_job(store: JobStore, url: str) -> str:
     job, _ = store.submit(JobSpec(source="file:///v.mp4", target="file:///o", pipeline="nudenet", callback_url=url))
     lease = store.claim("w", lease_s=10)
     assert lease is not None
-    store.complete(lease, {"summary": {"labels": {"FACE_MALE": {"frames": 3}}}, "outputs": {"results.json": "file:///o/results.json"}})
+    store.complete(
+        lease,
+        {"summary": {"labels": {"FACE_MALE": {"frames": 3}}}, "outputs": {"results.json": "file:///o/results.json"}},
+    )
     return job.id
 
 
@@ -102,7 +105,9 @@ def test_signed_delivery_with_a_stable_webhook_id_across_retries(store: JobStore
     assert wh.sign(headers["webhook-id"], at, body.decode()) == headers["webhook-signature"]
     payload = json.loads(body)
     assert payload["type"] == "job.succeeded" and payload["timestamp"].endswith("Z")
-    assert payload["data"]["id"] == jid and payload["data"]["result"]["outputs"] == {"results.json": "file:///o/results.json"}
+    assert payload["data"]["id"] == jid and payload["data"]["result"]["outputs"] == {
+        "results.json": "file:///o/results.json"
+    }
     cb = store.get(jid).callback
     assert cb is not None and cb["state"] == "delivered" and cb["attempts"] == 3 and cb["last_status"] == 200
 
@@ -140,8 +145,14 @@ def test_410_stops_and_a_dead_receiver_is_retried_then_given_up(store: JobStore,
 
 
 def test_private_receivers_refused_unless_allowed(store: JobStore, receiver: Receiver) -> None:
-    for url in ("http://127.0.0.1:9/x", "http://10.1.2.3/x", "http://[::1]/x", "http://169.254.169.254/latest",
-                "http://localhost/x", "http://192.168.0.1/x"):
+    for url in (
+        "http://127.0.0.1:9/x",
+        "http://10.1.2.3/x",
+        "http://[::1]/x",
+        "http://169.254.169.254/latest",
+        "http://localhost/x",
+        "http://192.168.0.1/x",
+    ):
         with pytest.raises(InvalidInputError, match="non-public address"):
             check_callback_url(url, allow_private=False)
         check_callback_url(url, allow_private=True)

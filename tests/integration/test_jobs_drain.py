@@ -31,8 +31,9 @@ def env(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def submit(store: JobStore, root: Path, name: str, **kw: Any) -> str:
-    return store.submit(JobSpec(source=f"file://{root}/v.mp4", target=f"file://{root}/out/{name}", pipeline="slow",
-                                **kw))[0].id
+    return store.submit(
+        JobSpec(source=f"file://{root}/v.mp4", target=f"file://{root}/out/{name}", pipeline="slow", **kw)
+    )[0].id
 
 
 def slow(seconds: float, started: threading.Event | None = None, stopped: list[str] | None = None):  # type: ignore[no-untyped-def]
@@ -51,6 +52,7 @@ def slow(seconds: float, started: threading.Event | None = None, stopped: list[s
         out = workdir / "results.json"
         out.write_text("{}")
         return {"summary": {}, "frames_processed": steps}, {"results.json": out}
+
     return process
 
 

@@ -133,11 +133,17 @@ def test_queued_jobs_refuses_a_submit_over_it_and_names_the_limit(db_url: str) -
             store.submit(spec("alice"))
         assert (info.value.limit, info.value.value, info.value.http_status) == ("queued_jobs", 2, 429)
         assert info.value.http_headers["Retry-After"] == "30"
-        assert store.submit(spec("alice"), idempotency_key="k") == (store.get(first.id), False)  # a repeat is no new job
+        assert store.submit(spec("alice"), idempotency_key="k") == (
+            store.get(first.id),
+            False,
+        )  # a repeat is no new job
         store.submit(spec("bob"))  # another tenant has its own count
         assert claim_owner(store) == "alice"
         store.submit(spec("alice"))  # one started: room for one more
-        assert store.queue_stats().by_tenant == {"alice": {"queued": 2, "running": 1}, "bob": {"queued": 1, "running": 0}}
+        assert store.queue_stats().by_tenant == {
+            "alice": {"queued": 2, "running": 1},
+            "bob": {"queued": 1, "running": 0},
+        }
     finally:
         store.close()
 
@@ -155,8 +161,11 @@ def test_the_queue_gauges_show_each_tenants_queued_and_running(db_url: str) -> N
         store.claim("w", lease_s=60)  # alice's
         registry = CollectorRegistry()
         registry.register(QueueCollector(store, cache_s=0.0))
-        (family,) = [f for f in text_string_to_metric_families(generate_latest(registry).decode())
-                     if f.name == "frameserve_jobs_by_tenant"]
+        (family,) = [
+            f
+            for f in text_string_to_metric_families(generate_latest(registry).decode())
+            if f.name == "frameserve_jobs_by_tenant"
+        ]
         got = {(s.labels["tenant"], s.labels["state"]): s.value for s in family.samples}
         assert got == {("alice", "queued"): 2, ("alice", "running"): 1, ("bob", "queued"): 1, ("bob", "running"): 0}
     finally:
@@ -190,11 +199,26 @@ def test_two_workers_keep_a_tenants_running_jobs_and_a_finish_wakes_them(db_url:
         return {"summary": {}}, {"r.json": out}
 
     q = quotas(alice=TenantQuota(queued_jobs=None, running_jobs=1))
-    workers = [Worker(store, Storage(file_roots=[root], shared_file_root=True), work, lease_s=60, poll_s=3600, safety_poll_s=3600,
-                      listen=False, quotas=q) for _ in range(2)]
+    workers = [
+        Worker(
+            store,
+            Storage(file_roots=[root], shared_file_root=True),
+            work,
+            lease_s=60,
+            poll_s=3600,
+            safety_poll_s=3600,
+            listen=False,
+            quotas=q,
+        )
+        for _ in range(2)
+    ]
     try:
-        ids = [store.submit(JobSpec(source=f"file://{root}/v.mp4", target=f"file://{root}/out/{i}", pipeline="noop",
-                                    owner="alice"))[0].id for i in range(2)]
+        ids = [
+            store.submit(
+                JobSpec(source=f"file://{root}/v.mp4", target=f"file://{root}/out/{i}", pipeline="noop", owner="alice")
+            )[0].id
+            for i in range(2)
+        ]
         for w in workers:
             w.start()
         wait_for(lambda: store.get(ids[0]).state == "running", what="alice's first job to start")

@@ -113,7 +113,9 @@ def finished(store: JobStore, job_id: str, state: str, outputs: dict[str, str] |
 
 def rows(store: JobStore, table: sa.Table, job_id: str) -> int:
     with store.engine.connect() as c:
-        return int(c.execute(sa.select(sa.func.count()).select_from(table).where(table.c.job_id == job_id)).scalar_one())
+        return int(
+            c.execute(sa.select(sa.func.count()).select_from(table).where(table.c.job_id == job_id)).scalar_one()
+        )
 
 
 # ---------------------------------------------------------------- retry
@@ -172,7 +174,7 @@ def test_retry_honours_the_idempotency_key(store: JobStore, root: Path) -> None:
     other = call(app, "POST", f"/v1/jobs/{b}/retry", headers=key)
     assert other.status_code == 422 and other.json()["detail"] == {"code": "idempotency_conflict"}, other.text
     assert "already used to retry job" in other.json()["error"] and store.get(b).state == "failed"
-    assert call(app, "POST", f"/v1/jobs/{b}/retry", headers={"Idempotency-Key": "retry-1"}, ).status_code == 422
+    assert call(app, "POST", f"/v1/jobs/{b}/retry", headers={"Idempotency-Key": "retry-1"}).status_code == 422
     assert call(app, "POST", f"/v1/jobs/{b}/retry", headers={**BOB, **key}).status_code == 404  # bob: not his job
     assert call(app, "POST", f"/v1/jobs/{a}/retry", headers={"Idempotency-Key": "retry-2"}).status_code == 202
 
@@ -261,8 +263,11 @@ def test_retry_and_delete_are_owner_isolated(store: JobStore, root: Path) -> Non
     (out / "results.json").write_text("{}")
     job_id = call(app, "POST", "/v1/jobs", json=body(root), headers=ALICE).json()["id"]
     finished(store, job_id, "succeeded", {"results.json": f"file://{root}/out/1/results.json"})
-    for method, url in (("POST", f"/v1/jobs/{job_id}/retry"), ("DELETE", f"/v1/jobs/{job_id}?outputs=true"),
-                        ("DELETE", f"/v1/jobs/{job_id}")):
+    for method, url in (
+        ("POST", f"/v1/jobs/{job_id}/retry"),
+        ("DELETE", f"/v1/jobs/{job_id}?outputs=true"),
+        ("DELETE", f"/v1/jobs/{job_id}"),
+    ):
         r = call(app, method, url, headers=BOB)
         assert r.status_code == 404 and r.json()["detail"] == {"code": "job_not_found"}, r.text
     assert store.get(job_id).state == "succeeded" and (out / "results.json").exists()
@@ -359,16 +364,36 @@ def _seed(store: JobStore, n_old: int) -> tuple[set[str], set[str]]:
         job_id = f"job_{i:032d}"
         (old if i < n_old else keep).add(job_id)
         at = now - age_d * 86400
-        values.append({
-            "id": job_id, "owner": "", "state": state, "progress": 0.0, "source": "file:///in", "target": "file:///out",
-            "pipeline": "nudenet", "params": "{}", "priority": 0, "attempt": 1, "max_attempts": 3, "token": 1,
-            "cancel_requested": False, "run_at": at, "created_at": at, "updated_at": at, "timings": "{}",
-            "finished_at": at if state not in ("queued", "running") else None,
-            "lease_owner": "w" if state == "running" else None, "lease_expires_at": now + 30 if state == "running" else None,
-        })
+        values.append(
+            {
+                "id": job_id,
+                "owner": "",
+                "state": state,
+                "progress": 0.0,
+                "source": "file:///in",
+                "target": "file:///out",
+                "pipeline": "nudenet",
+                "params": "{}",
+                "priority": 0,
+                "attempt": 1,
+                "max_attempts": 3,
+                "token": 1,
+                "cancel_requested": False,
+                "run_at": at,
+                "created_at": at,
+                "updated_at": at,
+                "timings": "{}",
+                "finished_at": at if state not in ("queued", "running") else None,
+                "lease_owner": "w" if state == "running" else None,
+                "lease_expires_at": now + 30 if state == "running" else None,
+            }
+        )
     with store.engine.begin() as c:
         c.execute(jobs.insert(), values)
-        c.execute(job_events.insert(), [{"job_id": v["id"], "at": v["created_at"], "type": "submitted", "data": "{}"} for v in values])
+        c.execute(
+            job_events.insert(),
+            [{"job_id": v["id"], "at": v["created_at"], "type": "submitted", "data": "{}"} for v in values],
+        )
     return old, keep
 
 
@@ -378,8 +403,10 @@ def test_retention_removes_only_old_finished_jobs_in_batches_with_two_pruners_ra
     log: list[tuple[float, str, int]] = []
     policy = RetentionPolicy.of(7)
     counters = {n: Recorder(n, log) for n in ("a", "b")}
-    pruners = {"a": Pruner(store, policy, batch=100, pause_s=0.005, duty=1.0, counter=counters["a"], owner="a"),
-               "b": Pruner(other, policy, batch=100, pause_s=0.005, duty=1.0, counter=counters["b"], owner="b")}
+    pruners = {
+        "a": Pruner(store, policy, batch=100, pause_s=0.005, duty=1.0, counter=counters["a"], owner="a"),
+        "b": Pruner(other, policy, batch=100, pause_s=0.005, duty=1.0, counter=counters["b"], owner="b"),
+    }
     passes: dict[str, list[tuple[float, float, int]]] = {"a": [], "b": []}
     refused = {"a": 0, "b": 0}
     go = threading.Barrier(2)
@@ -418,7 +445,9 @@ def test_retention_removes_only_old_finished_jobs_in_batches_with_two_pruners_ra
     other.close()
 
 
-def test_retention_per_state_and_a_pruner_that_lost_its_lease_deletes_nothing(store: JobStore, clock: FakeClock) -> None:
+def test_retention_per_state_and_a_pruner_that_lost_its_lease_deletes_nothing(
+    store: JobStore, clock: FakeClock
+) -> None:
     old, _ = _seed(store, 30)
     policy = RetentionPolicy.of(7, failed=365)  # failed jobs kept for a year
     a = store.acquire_maintenance_lease(LEASE_NAME, "a", lease_s=60)
@@ -483,7 +512,9 @@ def test_run_at_is_honoured(store: JobStore, clock: FakeClock, root: Path) -> No
 
 def test_per_job_max_attempts_and_backoff_are_honoured(store: JobStore, clock: FakeClock, root: Path) -> None:
     app = make_app(store, Storage(file_roots=[root], shared_file_root=True))
-    r = call(app, "POST", "/v1/jobs", json=body(root, max_attempts=3, backoff={"initial_s": 100, "max_s": 250, "factor": 3}))
+    r = call(
+        app, "POST", "/v1/jobs", json=body(root, max_attempts=3, backoff={"initial_s": 100, "max_s": 250, "factor": 3})
+    )
     assert r.status_code == 201 and r.json()["max_attempts"] == 3, r.text
     assert r.json()["backoff"] == {"initial_s": 100, "max_s": 250, "factor": 3}
     delays = []

@@ -36,8 +36,14 @@ def cli(*args: str, env: dict[str, str] | None = None) -> Any:
     return CliRunner().invoke(app, list(args), env={"COLUMNS": "250", **(env or {})})
 
 
-def make(store: JobStore, state: str, *, age_d: float = 0.0, outputs: dict[str, str] | None = None,
-         target: str = "file:///out") -> str:
+def make(
+    store: JobStore,
+    state: str,
+    *,
+    age_d: float = 0.0,
+    outputs: dict[str, str] | None = None,
+    target: str = "file:///out",
+) -> str:
     job, _ = store.submit(JobSpec(source="file:///in.mp4", target=target, pipeline="nudenet"))
     lease = store.claim("w", lease_s=30)
     assert lease is not None and lease.job.id == job.id
@@ -102,28 +108,59 @@ def test_jobs_retry_delete_and_purge_commands(tmp_path: Path) -> None:
 def test_worker_retention_days_prunes_at_start_and_counts_it(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'jobs.db'}"
     store = JobStore(db)
-    old_ok, old_failed, young = make(store, "succeeded", age_d=10), make(store, "failed", age_d=10), make(store, "succeeded", age_d=1)
+    old_ok, old_failed, young = (
+        make(store, "succeeded", age_d=10),
+        make(store, "failed", age_d=10),
+        make(store, "succeeded", age_d=1),
+    )
     env = {**os.environ, "PYTHONPATH": str(SRC), "FRAMESERVE_HOME": str(tmp_path / "home")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "frameserve", "worker", "--db", db, "--retention-days", "7",
-         "--retention-days-failed", "30", "--no-callbacks", "--max-idle-s", "8", "--metrics-port", "0", "--threads", "1"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "frameserve",
+            "worker",
+            "--db",
+            db,
+            "--retention-days",
+            "7",
+            "--retention-days-failed",
+            "30",
+            "--no-callbacks",
+            "--max-idle-s",
+            "8",
+            "--metrics-port",
+            "0",
+            "--threads",
+            "1",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         port = int(line.rsplit(":", 1)[1])
+
         def metrics() -> str:
             return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
 
-        wait_for(lambda: 'frameserve_jobs_pruned_total{state="succeeded"} 1.0' in metrics(), 30,
-                 "the pruned succeeded job counted", every_s=0.2)
+        wait_for(
+            lambda: 'frameserve_jobs_pruned_total{state="succeeded"} 1.0' in metrics(),
+            30,
+            "the pruned succeeded job counted",
+            every_s=0.2,
+        )
         text = metrics()
         assert 'state="failed"' not in text.split("frameserve_jobs_pruned_total", 1)[1].split("# HELP", 1)[0]
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)
-    assert "retention: cancelled 7 d, failed 30 d, succeeded 7 d" in err and "retention: removed 1 succeeded" in err, err[-3000:]
+    assert "retention: cancelled 7 d, failed 30 d, succeeded 7 d" in err and "retention: removed 1 succeeded" in err, (
+        err[-3000:]
+    )
     left = {j.id for j in store.list_jobs(limit=100)[0]}
     assert left == {old_failed, young} and old_ok not in left
     store.close()
@@ -131,16 +168,28 @@ def test_worker_retention_days_prunes_at_start_and_counts_it(tmp_path: Path) -> 
 
 def test_the_embedded_service_prunes_with_a_retention(tmp_path: Path) -> None:
     settings = Settings.from_env({"FRAMESERVE_HOME": str(tmp_path / "home")})
-    js = JobsSettings.from_env(settings, db_url=f"sqlite:///{tmp_path / 'jobs.db'}", file_roots=[str(tmp_path / "root")])
+    js = JobsSettings.from_env(
+        settings, db_url=f"sqlite:///{tmp_path / 'jobs.db'}", file_roots=[str(tmp_path / "root")]
+    )
     store = JobStore(js.db_url)
     old, young = make(store, "cancelled", age_d=3), make(store, "cancelled", age_d=1)
     registry = CollectorRegistry(auto_describe=False)
-    embedded = EmbeddedJobs(settings, None, jobs_settings=js, run_worker=False, registry=registry,
-                            export_queue_metrics=False, retention=RetentionPolicy.of(cancelled=2))
+    embedded = EmbeddedJobs(
+        settings,
+        None,
+        jobs_settings=js,
+        run_worker=False,
+        registry=registry,
+        export_queue_metrics=False,
+        retention=RetentionPolicy.of(cancelled=2),
+    )
     embedded.start()
     try:
-        wait_for(lambda: registry.get_sample_value("frameserve_jobs_pruned_total", {"state": "cancelled"}) == 1.0,
-                 20, "the pruned cancelled job counted")
+        wait_for(
+            lambda: registry.get_sample_value("frameserve_jobs_pruned_total", {"state": "cancelled"}) == 1.0,
+            20,
+            "the pruned cancelled job counted",
+        )
     finally:
         embedded.stop()
     assert {j.id for j in store.list_jobs(limit=10)[0]} == {young} and old != young

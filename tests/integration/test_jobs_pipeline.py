@@ -43,8 +43,11 @@ def test_bad_video_fails_alone_and_params_reach_the_runner(tmp_path: Path, test_
     store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
 
     def submit(src: str, out: str, **params: Any) -> str:
-        return store.submit(JobSpec(source=f"file://{root}/in/{src}", target=f"file://{root}/out/{out}",
-                                    pipeline="nudenet", params=params))[0].id
+        return store.submit(
+            JobSpec(
+                source=f"file://{root}/in/{src}", target=f"file://{root}/out/{out}", pipeline="nudenet", params=params
+            )
+        )[0].id
 
     bad = submit("bad.mp4", "bad")
     every2 = submit("good.mp4", "every2", sampling="every:2", batch=2)
@@ -52,12 +55,17 @@ def test_bad_video_fails_alone_and_params_reach_the_runner(tmp_path: Path, test_
     service = InferenceService(None, threads=1)
     settings = Settings(home=test_home, model_repository=tmp_path / "no-models", threads=1)
     pool = DecodePool(1)  # one warm decode process for all three jobs
-    worker = Worker(store, Storage(file_roots=[root]), pipeline_process(settings, service, decode_pool=pool),
-                    lease_s=5, poll_s=0.02)
+    worker = Worker(
+        store, Storage(file_roots=[root]), pipeline_process(settings, service, decode_pool=pool), lease_s=5, poll_s=0.02
+    )
     worker.start()
     try:
-        wait_for(lambda: all(store.get(j).state in ("succeeded", "failed") for j in (bad, every2, annotated)), 120,
-                 "every job to finish", every_s=0.05)
+        wait_for(
+            lambda: all(store.get(j).state in ("succeeded", "failed") for j in (bad, every2, annotated)),
+            120,
+            "every job to finish",
+            every_s=0.05,
+        )
     finally:
         worker.stop()
         worker.join(30)

@@ -37,7 +37,6 @@ def spec(root: Path | str = "/in", **kw: Any) -> JobSpec:
     return JobSpec(source=f"file://{root}/v.mp4", target=f"file://{root}/out", pipeline="nudenet", **kw)
 
 
-
 def noop(video: Path, job: Any, workdir: Path, progress: Any) -> tuple[dict[str, Any], dict[str, Path]]:
     out = workdir / "results.json"
     out.write_text("{}")
@@ -48,6 +47,7 @@ def test_pending_and_active_counts_and_the_keda_query_text(db_url: str, request:
     clock = FakeClock(time.time() - 1.0)  # near the database's now, for the KEDA text below
     store = JobStore(db_url, clock=clock, rng=random.Random(0), retry=RetryPolicy(base_s=60, jitter=0))
     try:
+
         def claimed(priority: int) -> Any:
             store.submit(spec(priority=priority))
             lease = store.claim("w1", lease_s=30)
@@ -142,7 +142,8 @@ def test_an_in_process_submit_wakes_the_idle_worker_at_once(tmp_path: Path, file
 
 
 def test_another_process_submit_wakes_the_worker_without_polling(
-    db_url: str, files: tuple[Path, Storage]  # noqa: F811
+    db_url: str,  # noqa: F811  (fixture)
+    files: tuple[Path, Storage],  # noqa: F811
 ) -> None:
     """Two stores (as two processes): NOTIFY on PostgreSQL, the file watch on SQLite; the poll is
     5 s and the pickup well under it."""

@@ -90,8 +90,9 @@ def test_a_submit_over_queued_jobs_gets_429_with_retry_after_and_the_limit(store
 
 def test_analyze_over_a_tenants_concurrency_gets_429_and_others_still_run(root: Path, test_home: Path) -> None:
     settings = Settings(home=test_home, model_repository=root, threads=1)
-    analyzer = Analyzer(None, PipelineRegistry(), Storage(file_roots=[root]), settings,
-                        AnalyzeLimits(concurrency=3), quotas=QUOTAS)
+    analyzer = Analyzer(
+        None, PipelineRegistry(), Storage(file_roots=[root]), settings, AnalyzeLimits(concurrency=3), quotas=QUOTAS
+    )
     app = app_with(create_analyze_router(analyzer))
     body = {"source": "ftp://nowhere/clip.mp4", "pipeline": "nudenet"}  # refused before any work: 400
     analyzer.acquire("alice")  # alice's one clip in flight

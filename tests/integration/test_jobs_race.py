@@ -38,15 +38,22 @@ N_PROCS = 6
 
 def test_six_processes_never_claim_a_job_twice(db_url: str) -> None:  # noqa: F811
     store = JobStore(db_url)
-    ids = {store.submit(JobSpec(source="file:///v.mp4", target="file:///o", pipeline="nudenet", priority=i % 3))[0].id
-           for i in range(N_JOBS)}
+    ids = {
+        store.submit(JobSpec(source="file:///v.mp4", target="file:///o", pipeline="nudenet", priority=i % 3))[0].id
+        for i in range(N_JOBS)
+    }
     import time
 
     go = time.time() + 2.5  # every process is connected before the first claim
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     procs = [
-        subprocess.Popen([sys.executable, "-c", CLAIMER, db_url, str(go), f"w{i}"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen(
+            [sys.executable, "-c", CLAIMER, db_url, str(go), f"w{i}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         for i in range(N_PROCS)
     ]
     claimed: list[tuple[str, int]] = []

@@ -138,7 +138,9 @@ def test_s3_upload_via_temporary_key_multipart_and_download(
     s3_endpoint: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level("INFO", logger="werkzeug")  # moto's server logs each request it serves
-    st = Storage(s3_endpoint_url=s3_endpoint, multipart_chunk_bytes=5 * 1024 * 1024, s3_allow_buckets=["out", "no-such-bucket"])
+    st = Storage(
+        s3_endpoint_url=s3_endpoint, multipart_chunk_bytes=5 * 1024 * 1024, s3_allow_buckets=["out", "no-such-bucket"]
+    )
     big = tmp_path / "annotated.mp4"
     big.write_bytes(b"\x01" * (11 * 1024 * 1024))  # three parts of 5 MiB
     small = tmp_path / "results.json"

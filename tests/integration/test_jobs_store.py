@@ -39,8 +39,13 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def store(db_url: str, clock: FakeClock):  # type: ignore[no-untyped-def]  # noqa: F811
-    s = JobStore(db_url, clock=clock, rng=random.Random(0), retry=RetryPolicy(base_s=2.0, max_s=60.0, jitter=0.25),
-                 callback_schedule_s=(0.0, 5.0, 300.0))
+    s = JobStore(
+        db_url,
+        clock=clock,
+        rng=random.Random(0),
+        retry=RetryPolicy(base_s=2.0, max_s=60.0, jitter=0.25),
+        callback_schedule_s=(0.0, 5.0, 300.0),
+    )
     yield s
     s.close()
 
@@ -160,7 +165,12 @@ def test_retryable_failure_backs_off_exponentially_with_jitter(store: JobStore, 
     last = store.claim("w", lease_s=10)
     assert last is not None
     failed = store.fail(last, {"code": "storage_error", "message": "503"}, retryable=True)
-    assert failed.state == "failed" and failed.error == {"code": "storage_error", "message": "503", "retryable": True, "attempt": 4}
+    assert failed.state == "failed" and failed.error == {
+        "code": "storage_error",
+        "message": "503",
+        "retryable": True,
+        "attempt": 4,
+    }
 
 
 def test_permanent_failure_fails_at_once(store: JobStore) -> None:
@@ -266,15 +276,19 @@ def test_a_database_of_the_first_schema_is_upgraded_with_its_jobs(db_url: str) -
     cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
     script = ScriptDirectory.from_config(cfg)
     with old.engine.begin() as conn:
-        with EnvironmentContext(cfg, script, fn=lambda rev, _: script._upgrade_revs("0001", rev), destination_rev="0001") as env:
+        with EnvironmentContext(
+            cfg, script, fn=lambda rev, _: script._upgrade_revs("0001", rev), destination_rev="0001"
+        ) as env:
             env.configure(connection=conn, transactional_ddl=True)
             env.run_migrations()
-        conn.execute(sa.text(
-            "INSERT INTO jobs (id, idempotency_key, state, progress, source, target, pipeline, params, priority, attempt,"
-            " max_attempts, token, cancel_requested, run_at, created_at, updated_at, timings)"
-            " VALUES ('job_old', 'k-old', 'queued', 0, 'file:///in.mp4', 'file:///out', 'nudenet', '{}', 0, 0, 5, 0,"
-            " false, 1, 1, 1, '{}')"
-        ))
+        conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, idempotency_key, state, progress, source, target, pipeline, params, priority, attempt,"
+                " max_attempts, token, cancel_requested, run_at, created_at, updated_at, timings)"
+                " VALUES ('job_old', 'k-old', 'queued', 0, 'file:///in.mp4', 'file:///out', 'nudenet', '{}', 0, 0, 5, 0,"
+                " false, 1, 1, 1, '{}')"
+            )
+        )
     old.close()
     store = JobStore(db_url)
     try:

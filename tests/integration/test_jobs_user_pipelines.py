@@ -55,13 +55,21 @@ def test_the_folder_is_listed_with_the_builtins_and_their_kinds(folder: Path) ->
     listed = {p["name"]: p for p in r.json()}
     assert {"brightness", "boom", "my-detector", "nudenet"} <= set(listed)
     assert "_notes" not in str(listed)  # helpers (_*.py) and other files are not pipelines
-    assert listed["brightness"] == {"name": "brightness", "kind": "python", "models": {"m": "scale"},
-                                    "sampling": "all", "batch": 4, "params": {"gain": 1.0}}
+    assert listed["brightness"] == {
+        "name": "brightness",
+        "kind": "python",
+        "models": {"m": "scale"},
+        "sampling": "all",
+        "batch": 4,
+        "params": {"gain": 1.0},
+    }
     assert listed["boom"]["kind"] == "python" and listed["boom"]["models"] == {}
     det = listed["my-detector"]
     assert det["kind"] == "yaml" and det["models"] == {"det": "nudenet"} and det["batch"] == 4
     assert det["params"]["postprocess"]["score_threshold"] == 0.5
-    assert listed["nudenet"]["kind"] == "builtin" and listed["nudenet"]["params"]["postprocess"]["score_threshold"] == 0.25
+    assert (
+        listed["nudenet"]["kind"] == "builtin" and listed["nudenet"]["params"]["postprocess"]["score_threshold"] == 0.25
+    )
     assert [p["name"] for p in r.json()] == sorted(listed)
     assert PipelineRegistry(None).names() == sorted(set(listed) - {"brightness", "boom", "my-detector"})
 
@@ -69,13 +77,36 @@ def test_the_folder_is_listed_with_the_builtins_and_their_kinds(folder: Path) ->
 @pytest.mark.parametrize(
     ("name", "text", "error", "match"),
     [
-        ("broken.py", "import nosuch_module_xyz\n", PipelineHookError, r"broken\.py.*does not import: ModuleNotFoundError"),
-        ("nohook.py", "import frameserve\nclass P(frameserve.Pipeline):\n    name = 'p'\n", PipelineHookError,
-         r"nohook\.py.*hook preprocess is missing"),
-        ("bad.yaml", "type: detector\nname: x\nparams: {nosuch: 1}\n", PipelineSpecError, r"bad\.yaml.*unknown param 'nosuch'"),
-        ("again.yaml", "type: detector\nname: brightness\nparams: {postprocess: {labels: [a]}}\n", PipelineSpecError,
-         r"pipeline name 'brightness' of file '.*(again\.yaml|brightness\.py)' is already taken by file '.*(brightness\.py|again\.yaml)'"),
-        ("nudenet.yaml", "type: detector\nname: nudenet\nparams: {postprocess: {labels: [a]}}\n", PipelineSpecError, r"'nudenet'.*already taken by the built-in pipeline 'nudenet'"),
+        (
+            "broken.py",
+            "import nosuch_module_xyz\n",
+            PipelineHookError,
+            r"broken\.py.*does not import: ModuleNotFoundError",
+        ),
+        (
+            "nohook.py",
+            "import frameserve\nclass P(frameserve.Pipeline):\n    name = 'p'\n",
+            PipelineHookError,
+            r"nohook\.py.*hook preprocess is missing",
+        ),
+        (
+            "bad.yaml",
+            "type: detector\nname: x\nparams: {nosuch: 1}\n",
+            PipelineSpecError,
+            r"bad\.yaml.*unknown param 'nosuch'",
+        ),
+        (
+            "again.yaml",
+            "type: detector\nname: brightness\nparams: {postprocess: {labels: [a]}}\n",
+            PipelineSpecError,
+            r"pipeline name 'brightness' of file '.*(again\.yaml|brightness\.py)' is already taken by file '.*(brightness\.py|again\.yaml)'",
+        ),
+        (
+            "nudenet.yaml",
+            "type: detector\nname: nudenet\nparams: {postprocess: {labels: [a]}}\n",
+            PipelineSpecError,
+            r"'nudenet'.*already taken by the built-in pipeline 'nudenet'",
+        ),
     ],
 )
 def test_a_bad_file_stops_the_start_naming_it(folder: Path, name: str, text: str, error: type, match: str) -> None:
@@ -92,15 +123,19 @@ def test_serve_and_worker_refuse_to_start_on_a_bad_folder(folder: Path, tmp_path
     (folder / "broken.py").write_text("x = (\n")
     runner = CliRunner()
     env = {"FRAMESERVE_HOME": str(tmp_path / "home")}
-    for args in (["worker", "--pipelines", str(folder), "--db", f"sqlite:///{tmp_path / 'j.db'}"],
-                 ["serve", "--pipelines", str(folder), "--http-port", "0", "--no-allow-grpc", "--no-allow-metrics"],
-                 ["worker", "--pipelines", str(tmp_path / "missing")]):
+    for args in (
+        ["worker", "--pipelines", str(folder), "--db", f"sqlite:///{tmp_path / 'j.db'}"],
+        ["serve", "--pipelines", str(folder), "--http-port", "0", "--no-allow-grpc", "--no-allow-metrics"],
+        ["worker", "--pipelines", str(tmp_path / "missing")],
+    ):
         res = runner.invoke(app, args, env=env)
         out = res.stderr if hasattr(res, "stderr") else res.output
         assert res.exit_code == 2, (args, res.output)
         lines = [line for line in out.splitlines() if line.startswith("error:")]
         assert len(lines) == 1, out
-        assert ("broken.py" in lines[0] and "does not import: SyntaxError" in lines[0]) or "is not a directory" in lines[0], out
+        assert (
+            "broken.py" in lines[0] and "does not import: SyntaxError" in lines[0]
+        ) or "is not a directory" in lines[0], out
 
 
 @pytest.fixture
@@ -121,17 +156,30 @@ def test_submit_checks_pipeline_names_and_params(jobs_env, folder: Path) -> None
     base = {"source": f"file://{root}/in/v.mp4", "target": f"file://{root}/out/x"}
     ok, bad_param, nested, path, bad_type = call(
         app,
-        ("POST", "/v1/jobs", {"json": {**base, "pipeline": "brightness", "params": {"pipeline": {"gain": 2.0}, "video_out": True}}}),
+        (
+            "POST",
+            "/v1/jobs",
+            {"json": {**base, "pipeline": "brightness", "params": {"pipeline": {"gain": 2.0}, "video_out": True}}},
+        ),
         ("POST", "/v1/jobs", {"json": {**base, "pipeline": "brightness", "params": {"pipeline": {"gian": 2.0}}}}),
-        ("POST", "/v1/jobs", {"json": {**base, "pipeline": "my-detector", "params": {"pipeline": {"postprocess.nope": 1}}}}),
+        (
+            "POST",
+            "/v1/jobs",
+            {"json": {**base, "pipeline": "my-detector", "params": {"pipeline": {"postprocess.nope": 1}}}},
+        ),
         ("POST", "/v1/jobs", {"json": {**base, "pipeline": str(folder / "brightness.py")}}),
         ("POST", "/v1/jobs", {"json": {**base, "pipeline": "brightness", "params": {"pipeline": [1, 2]}}}),
     )
     assert ok.status_code == 201, ok.text
     assert ok.json()["params"] == {"pipeline": {"gain": 2.0}, "video_out": True}
-    assert bad_param.status_code == 400 and bad_param.json()["error"] == "pipeline 'brightness': unknown param 'gian'; accepted: gain"
+    assert (
+        bad_param.status_code == 400
+        and bad_param.json()["error"] == "pipeline 'brightness': unknown param 'gian'; accepted: gain"
+    )
     assert nested.status_code == 400 and "unknown param 'nope'" in nested.json()["error"]
-    assert path.status_code == 404 and path.json()["error"].startswith(f"unknown pipeline {str(folder / 'brightness.py')!r}; available: ")
+    assert path.status_code == 404 and path.json()["error"].startswith(
+        f"unknown pipeline {str(folder / 'brightness.py')!r}; available: "
+    )
     assert "brightness" in path.json()["error"] and "my-detector" in path.json()["error"]  # names, never paths
     assert bad_type.status_code == 422 and "params.pipeline" in bad_type.json()["error"]
     assert store.counts()["queued"] == 1
@@ -141,8 +189,13 @@ def test_worker_runs_user_pipelines_and_goes_on_after_one_raises(jobs_env, tmp_p
     _, store, root, registry = jobs_env
 
     def submit(out: str, name: str, priority: int, **params: Any) -> str:
-        spec = JobSpec(source=f"file://{root}/in/v.mp4", target=f"file://{root}/out/{out}", pipeline=name,
-                       params=params, priority=priority)
+        spec = JobSpec(
+            source=f"file://{root}/in/v.mp4",
+            target=f"file://{root}/out/{out}",
+            pipeline=name,
+            params=params,
+            priority=priority,
+        )
         return store.submit(spec)[0].id
 
     gained = submit("gained", "brightness", 3, pipeline={"gain": 2.0}, video_out=True)
@@ -153,12 +206,21 @@ def test_worker_runs_user_pipelines_and_goes_on_after_one_raises(jobs_env, tmp_p
     service = InferenceService(ModelRepository(repo), threads=1)
     settings = Settings(home=test_home, model_repository=repo, threads=1)
     pool = DecodePool(1)
-    worker = Worker(store, Storage(file_roots=[root]), pipeline_process(settings, service, decode_pool=pool, pipelines=registry),
-                    lease_s=5, poll_s=0.02)
+    worker = Worker(
+        store,
+        Storage(file_roots=[root]),
+        pipeline_process(settings, service, decode_pool=pool, pipelines=registry),
+        lease_s=5,
+        poll_s=0.02,
+    )
     worker.start()
     try:
-        wait_for(lambda: all(store.get(j).state in ("succeeded", "failed") for j in (gained, boom, plain, short)), 120,
-                 "every job to finish", every_s=0.05)
+        wait_for(
+            lambda: all(store.get(j).state in ("succeeded", "failed") for j in (gained, boom, plain, short)),
+            120,
+            "every job to finish",
+            every_s=0.05,
+        )
     finally:
         worker.stop()
         worker.join(30)
@@ -173,8 +235,10 @@ def test_worker_runs_user_pipelines_and_goes_on_after_one_raises(jobs_env, tmp_p
         keys = [f.index for f in src if f.is_keyframe]
     assert [f["index"] for f in short_frames] == keys and all(f["is_keyframe"] for f in short_frames)
     assert g.result["pipeline"] == "brightness" and g.result["models"] == {"m": "scale"}
-    assert g.result["outputs"] == {"results.json": f"file://{root}/out/gained/results.json",
-                                   "output.mp4": f"file://{root}/out/gained/output.mp4"}
+    assert g.result["outputs"] == {
+        "results.json": f"file://{root}/out/gained/results.json",
+        "output.mp4": f"file://{root}/out/gained/output.mp4",
+    }
     frames = json.loads((root / "out/gained/results.json").read_text())["frames"]
     assert [f["index"] for f in frames] == list(range(10))
     for f in frames:  # flat grey i*20, through y = 2x, times gain 2
@@ -185,7 +249,10 @@ def test_worker_runs_user_pipelines_and_goes_on_after_one_raises(jobs_env, tmp_p
     b = store.get(boom)
     assert b.state == "failed" and b.attempt == 1 and b.error is not None
     assert b.error["code"] == "pipeline_failed" and not b.error["retryable"]
-    assert b.error["message"] == "pipeline 'boom': process() on frame 5 raised RuntimeError: cannot read frame five (boom.py line 17)"
+    assert (
+        b.error["message"]
+        == "pipeline 'boom': process() on frame 5 raised RuntimeError: cannot read frame five (boom.py line 17)"
+    )
     assert not (root / "out/boom").exists()
     p = store.get(plain)
     assert p.state == "succeeded" and p.result is not None and set(p.result["outputs"]) == {"results.json"}
@@ -209,8 +276,12 @@ def test_a_folder_pipeline_naming_an_unknown_model_stops_the_start(tmp_path: Pat
     PipelineRegistry(None).check_models(set())  # the built-ins are not checked (enhance names a model to serve)
     registry = PipelineRegistry(folder)
     registry.check_models({"no_such_model"})
-    with pytest.raises(ModelNotFoundError, match=r"pipeline 'lost' \(file .*lost.py'\): model role 'det' names 'no_such_model'"):
+    with pytest.raises(
+        ModelNotFoundError, match=r"pipeline 'lost' \(file .*lost.py'\): model role 'det' names 'no_such_model'"
+    ):
         registry.check_models(set())
-    (folder / "ok.py").write_text((folder / "lost.py").read_text().replace("no_such_model", "nudenet").replace("'lost'", "'ok'"))
+    (folder / "ok.py").write_text(
+        (folder / "lost.py").read_text().replace("no_such_model", "nudenet").replace("'lost'", "'ok'")
+    )
     (folder / "lost.py").unlink()
     PipelineRegistry(folder).check_models(set())  # a built-in model is enough

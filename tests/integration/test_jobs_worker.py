@@ -32,8 +32,9 @@ def env(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def submit(store: JobStore, root: Path, name: str, **kw: Any) -> str:
-    job, _ = store.submit(JobSpec(source=f"file://{root}/in/v.mp4", target=f"file://{root}/out/{name}",
-                                  pipeline="nudenet", **kw))
+    job, _ = store.submit(
+        JobSpec(source=f"file://{root}/in/v.mp4", target=f"file://{root}/out/{name}", pipeline="nudenet", **kw)
+    )
     return job.id
 
 
@@ -45,6 +46,7 @@ def fake_process(behaviour: Callable[[Any, Callable[[int, int | None], None]], N
         out = workdir / "results.json"
         out.write_text(json.dumps({"frames": [{"index": 0}], "size": video.stat().st_size}))
         return {"summary": {"labels": {"X": 1}}}, {"results.json": out}
+
     return process
 
 
@@ -75,7 +77,9 @@ def test_next_download_overlaps_current_processing(env) -> None:  # type: ignore
 
     def hold_first(job: Any, progress: Any) -> None:
         if job.id == first:  # while the first is processed, the second is claimed and downloaded
-            wait_for(lambda: any(e["type"] == "phase" and e["data"]["phase"] == "download" for e in store.events(second)))
+            wait_for(
+                lambda: any(e["type"] == "phase" and e["data"]["phase"] == "download" for e in store.events(second))
+            )
 
     w = Worker(store, storage, fake_process(hold_first), lease_s=3, poll_s=0.02)
     w.start()
@@ -108,7 +112,11 @@ def test_permanent_error_fails_at_once_and_retryable_is_retried(env) -> None:  #
         w.join(10)
     b = store.get(bad)
     assert b.attempt == 1 and b.error is not None
-    assert b.error["code"] == "invalid_video" and b.error["message"] == "no video stream in the file" and not b.error["retryable"]
+    assert (
+        b.error["code"] == "invalid_video"
+        and b.error["message"] == "no video stream in the file"
+        and not b.error["retryable"]
+    )
     assert store.get(flaky).attempt == 2
     assert "retry_scheduled" in [e["type"] for e in store.events(flaky)]
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 CODECS = [("libx264", "mp4"), ("libvpx-vp9", "webm"), ("ffv1", "mkv"), ("mpeg4", "avi")]
 
-PIPELINE = '''
+PIPELINE = """
 import numpy as np
 import frameserve
 
@@ -31,7 +31,7 @@ class Key(frameserve.Pipeline):
         return {"mean": np.asarray(frame.rgb.mean(), np.float32)}
     def process(self, batch, models):
         return [{"mean": float(i.inputs["mean"])} for i in batch]
-'''
+"""
 
 
 @pytest.mark.parametrize(("codec", "ext"), CODECS)

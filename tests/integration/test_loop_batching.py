@@ -43,7 +43,10 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 async def _one(client: aioclient.InferenceServerClient, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray] | str:
-    inputs = [aioclient.InferInput("INPUT0", list(a.shape), "FP32"), aioclient.InferInput("INPUT1", list(b.shape), "FP32")]
+    inputs = [
+        aioclient.InferInput("INPUT0", list(a.shape), "FP32"),
+        aioclient.InferInput("INPUT1", list(b.shape), "FP32"),
+    ]
     inputs[0].set_data_from_numpy(a, binary_data=True)
     inputs[1].set_data_from_numpy(b, binary_data=True)
     try:
@@ -67,8 +70,10 @@ def test_concurrent_requests_batch_and_each_gets_its_own_answer(server: ServePro
             before.update(_stats(port))
             for _ in range(ROUNDS):
                 sizes = rng.integers(1, 4, CONCURRENT)
-                pairs = [(rng.standard_normal((n, 16)).astype(np.float32), rng.standard_normal((n, 16)).astype(np.float32))
-                         for n in sizes]
+                pairs = [
+                    (rng.standard_normal((n, 16)).astype(np.float32), rng.standard_normal((n, 16)).astype(np.float32))
+                    for n in sizes
+                ]
                 wrong = int(rng.integers(CONCURRENT))
                 pairs[wrong] = (pairs[wrong][0][:, :15].copy(), pairs[wrong][1][:, :15].copy())  # dims [15]: refused
                 answers = await asyncio.gather(*(_one(client, a, b) for a, b in pairs))
@@ -99,8 +104,11 @@ def test_concurrent_requests_batch_and_each_gets_its_own_answer(server: ServePro
 
 def _stats(port: int) -> dict[str, int]:
     stats = httpx.get(f"http://127.0.0.1:{port}/v2/models/add_sub/stats", timeout=30).json()["model_stats"][0]
-    return {"inference_count": stats["inference_count"], "execution_count": stats["execution_count"],
-            "fail": stats["inference_stats"]["fail"]["count"]}
+    return {
+        "inference_count": stats["inference_count"],
+        "execution_count": stats["execution_count"],
+        "fail": stats["inference_stats"]["fail"]["count"],
+    }
 
 
 def test_submit_many_answers_each_request_and_batches_the_valid_ones(tmp_path: Path) -> None:
@@ -112,12 +120,14 @@ def test_submit_many_answers_each_request_and_batches_the_valid_ones(tmp_path: P
         rng = np.random.default_rng(3)
         a, b = (rng.standard_normal((2, 16)).astype(np.float32) for _ in range(2))
         ok = InferRequest("add_sub", {"INPUT0": a, "INPUT1": b})
-        futures = service.client(inline_under_us=math.inf).submit_many([
-            ok,
-            InferRequest("no_such_model", {"INPUT0": a, "INPUT1": b}),
-            InferRequest("add_sub", {"INPUT0": a[:, :15], "INPUT1": b[:, :15]}),
-            InferRequest("add_sub", {"INPUT0": b, "INPUT1": a}),
-        ])
+        futures = service.client(inline_under_us=math.inf).submit_many(
+            [
+                ok,
+                InferRequest("no_such_model", {"INPUT0": a, "INPUT1": b}),
+                InferRequest("add_sub", {"INPUT0": a[:, :15], "INPUT1": b[:, :15]}),
+                InferRequest("add_sub", {"INPUT0": b, "INPUT1": a}),
+            ]
+        )
         assert all(f.done() for f in futures)  # run on this thread
         np.testing.assert_array_equal(futures[0].result()["OUTPUT0"], a + b)
         np.testing.assert_array_equal(futures[3].result()["OUTPUT1"], b - a)

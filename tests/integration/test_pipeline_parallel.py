@@ -49,7 +49,11 @@ def _decode_children() -> list[psutil.Process]:
     out = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if child.is_running() and child.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(child.cmdline()):
+            if (
+                child.is_running()
+                and child.status() != psutil.STATUS_ZOMBIE
+                and "spawn_main" in " ".join(child.cmdline())
+            ):
                 out.append(child)
         except psutil.NoSuchProcess:
             pass
@@ -61,9 +65,10 @@ def _rings() -> list[str]:
 
 
 def _comparable(result: dict) -> dict:  # type: ignore[type-arg]
-    return {k: result[k] for k in ("source", "pipeline", "model", "sampling", "batch", "summary", "frames_processed", "warnings")} | {
-        "frames": list(result["frames"])
-    }
+    return {
+        k: result[k]
+        for k in ("source", "pipeline", "model", "sampling", "batch", "summary", "frames_processed", "warnings")
+    } | {"frames": list(result["frames"])}
 
 
 @pytest.mark.parametrize("sampling", ["all", "every:3", "fps:2.5", "keyframes"])
@@ -164,7 +169,9 @@ def test_decode_process_killed_is_a_video_error_and_nothing_is_left(setup, tmp_p
                 child.kill()
 
     with pytest.raises(VideoError, match=r"decode process exited unexpectedly \(exit code -9\)"):
-        frameserve.run(vid, str(pipe), settings=settings, decode_workers=1, batch=1, progress=progress, out=out, keep_frames=False)
+        frameserve.run(
+            vid, str(pipe), settings=settings, decode_workers=1, batch=1, progress=progress, out=out, keep_frames=False
+        )
     assert killed
     assert _decode_children() == [] and _rings() == []
     assert not out.exists() and not list(tmp_path.glob(".r.json*"))
@@ -185,8 +192,7 @@ def test_error_in_output_stage_stops_the_decode_process(setup, tmp_path: Path) -
 def _long_video(path: Path, n: int) -> Path:
     """``n`` 32x32 frames (mpeg4, 100 fps), drawn from 256 bar-coded pictures."""
     pictures = [
-        av.VideoFrame.from_ndarray(draw_index(i, 32, 32), format="rgb24").reformat(format="yuv420p")
-        for i in range(256)
+        av.VideoFrame.from_ndarray(draw_index(i, 32, 32), format="rgb24").reformat(format="yuv420p") for i in range(256)
     ]
     with av.open(str(path), "w") as c:
         s = c.add_stream("mpeg4", rate=100)
@@ -234,7 +240,9 @@ def test_long_video_memory_stays_flat(setup, tmp_path: Path, workers: int) -> No
     assert result["frames_processed"] == n
     assert [f["index"] for f in result["frames"]][:3] == [0, 1, 2] and result["frames"][-1]["index"] == n - 1
     growth = (samples["end"] - samples["early"]) / samples["early"]
-    assert abs(growth) < 0.05, f"RSS {samples['early'] / 2**20:.1f} MiB at 10% -> {samples['end'] / 2**20:.1f} MiB at the end"
+    assert abs(growth) < 0.05, (
+        f"RSS {samples['early'] / 2**20:.1f} MiB at 10% -> {samples['end'] / 2**20:.1f} MiB at the end"
+    )
     assert _decode_children() == [] and _rings() == []
 
 

@@ -31,7 +31,8 @@ def _colour_model(path: Path, size: int = 32) -> None:
     """images [N,3,size,size] -> output0 [N, 4+2, 1]: box (cx=16, cy=8, w=8, h=4); scores relu(mean(R-G)), relu(mean(G-R))."""
     sl = lambda n, a, b: helper.make_node("Slice", ["images", f"{n}_s", f"{n}_e", "ax1"], [n])  # noqa: E731
     nodes = [
-        sl("r", 0, 1), sl("g", 1, 2),
+        sl("r", 0, 1),
+        sl("g", 1, 2),
         helper.make_node("Sub", ["r", "g"], ["rg"]),
         helper.make_node("Sub", ["g", "r"], ["gr"]),
         helper.make_node("ReduceMean", ["rg", "axes"], ["rgm"], keepdims=0),
@@ -44,8 +45,10 @@ def _colour_model(path: Path, size: int = 32) -> None:
         helper.make_node("Unsqueeze", ["rows", "ax2"], ["output0"]),
     ]
     inits = [
-        helper.make_tensor("r_s", TensorProto.INT64, [1], [0]), helper.make_tensor("r_e", TensorProto.INT64, [1], [1]),
-        helper.make_tensor("g_s", TensorProto.INT64, [1], [1]), helper.make_tensor("g_e", TensorProto.INT64, [1], [2]),
+        helper.make_tensor("r_s", TensorProto.INT64, [1], [0]),
+        helper.make_tensor("r_e", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("g_s", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("g_e", TensorProto.INT64, [1], [2]),
         helper.make_tensor("ax1", TensorProto.INT64, [1], [1]),
         helper.make_tensor("axes", TensorProto.INT64, [2], [2, 3]),
         helper.make_tensor("ax2", TensorProto.INT64, [1], [2]),
@@ -53,7 +56,8 @@ def _colour_model(path: Path, size: int = 32) -> None:
         helper.make_tensor("box", TensorProto.FLOAT, [1, 4], [16.0, 8.0, 8.0, 4.0]),
     ]
     graph = helper.make_graph(
-        nodes, "colour",
+        nodes,
+        "colour",
         [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, size, size])],
         [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", 6, 1])],
         inits,

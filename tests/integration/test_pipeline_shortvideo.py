@@ -93,7 +93,11 @@ def test_runner_many_files_key_frames_and_callbacks(runner, tmp_path: Path) -> N
     # the short mode's RunResult, as run(short=True) gives it
     source = red_result["source"]
     assert {k: source[k] for k in ("uri", "codec", "width", "height", "fps")} == {
-        "uri": str(red), "codec": "h264", "width": 64, "height": 64, "fps": 10.0,
+        "uri": str(red),
+        "codec": "h264",
+        "width": 64,
+        "height": 64,
+        "fps": 10.0,
     }
     assert 0 < source["open_s"] and red_result["sampling"] == "keyframes" and red_result["decode_workers"] == 0
     assert red_result["frames_processed"] == 1 and red_result["timing"]["decode"]["total_s"] > 0

@@ -24,15 +24,15 @@ from frameserve.request import InferRequest, RequestedOutput
 TRITON_REPO = Path(__file__).resolve().parents[1] / "data" / "triton_repo"
 MODELS = ("add_sub", "add_onnx", "bls", "bls_async", "checked_sqrt", "auto_complete", "identity", "crasher")
 
-IDENTITY = '''
+IDENTITY = """
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
                 for r in requests]
-'''
-CRASHER = '''
+"""
+CRASHER = """
 import os
 import triton_python_backend_utils as pb_utils
 
@@ -42,18 +42,24 @@ class TritonPythonModel:
         if x[0] == 13:
             os._exit(3)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", x + 1)])]
-'''
-XY_CONFIG = 'backend: "python"\ninput [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]\n' \
-            'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+"""
+XY_CONFIG = (
+    'backend: "python"\ninput [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+    'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+)
 
 
 def _add_sub_onnx(path: Path) -> None:
     """INPUT0, INPUT1 FP32 [4] -> OUTPUT0 = sum, OUTPUT1 = difference (the ONNX twin of add_sub)."""
     ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("INPUT0", "INPUT1")]
     outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("OUTPUT0", "OUTPUT1")]
-    nodes = [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
-             helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])]
-    model = helper.make_model(helper.make_graph(nodes, "add_sub", ins, outs), opset_imports=[helper.make_opsetid("", 17)])
+    nodes = [
+        helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+        helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "add_sub", ins, outs), opset_imports=[helper.make_opsetid("", 17)]
+    )
     model.ir_version = 8
     path.parent.mkdir(parents=True)
     onnx.save(model, str(path))
@@ -85,10 +91,12 @@ class Server:
             if cfg.backend == "python":
                 cfg = dataclasses.replace(cfg, parameters={**cfg.parameters, "isolation": isolation})
             (version,) = self.repo.versions(name)
-            context = BackendContext(infer=self.infer, model_repository=root / name, model_version=version,
-                                     instance_name=f"{name}_0")
-            self.sessions[name] = load_session(cfg, self.repo.model_file(name, version, config=cfg), threads=1,
-                                               context=context)
+            context = BackendContext(
+                infer=self.infer, model_repository=root / name, model_version=version, instance_name=f"{name}_0"
+            )
+            self.sessions[name] = load_session(
+                cfg, self.repo.model_file(name, version, config=cfg), threads=1, context=context
+            )
 
     def infer(self, request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
         """The ``infer`` a server injects (``BackendContext.infer``): one InferRequest per BLS call."""
@@ -135,7 +143,9 @@ def test_add_sub_computes_sum_and_difference(server: Server) -> None:
 
 @pytest.mark.parametrize("target", ["add_sub", "add_onnx"])
 def test_bls_calls_another_model(server: Server, target: str) -> None:
-    out = server.sessions["bls"].run({"MODEL_NAME": np.array([target.encode()], dtype=object), "INPUT0": A, "INPUT1": B})
+    out = server.sessions["bls"].run(
+        {"MODEL_NAME": np.array([target.encode()], dtype=object), "INPUT0": A, "INPUT1": B}
+    )
     np.testing.assert_array_equal(out["OUTPUT0"], A + B)
     np.testing.assert_array_equal(out["OUTPUT1"], A - B)
 
@@ -153,11 +163,13 @@ def test_async_bls_with_two_calls_in_flight(server: Server) -> None:
 
 def test_error_response_fails_only_its_request(server: Server) -> None:
     session = server.sessions["checked_sqrt"]
-    results = session.run_requests([  # type: ignore[attr-defined]
-        {"X": np.array([[4.0, 9.0]], np.float32)},
-        {"X": np.array([[-1.0, 1.0]], np.float32)},
-        {"X": np.array([[16.0], [25.0]], np.float32)},
-    ])
+    results = session.run_requests(
+        [  # type: ignore[attr-defined]
+            {"X": np.array([[4.0, 9.0]], np.float32)},
+            {"X": np.array([[-1.0, 1.0]], np.float32)},
+            {"X": np.array([[16.0], [25.0]], np.float32)},
+        ]
+    )
     assert len(results) == 3
     np.testing.assert_array_equal(results[0]["Y"], [[2.0, 3.0]])
     assert isinstance(results[1], InvalidInputError)
@@ -169,9 +181,12 @@ def test_error_response_fails_only_its_request(server: Server) -> None:
 
 def test_exception_in_execute_fails_the_whole_batch(server: Server) -> None:
     with pytest.raises(InferenceError, match="TritonModelException: X holds NaN"):
-        server.sessions["checked_sqrt"].run_requests([  # type: ignore[attr-defined]
-            {"X": np.array([[1.0]], np.float32)}, {"X": np.array([[np.nan]], np.float32)},
-        ])
+        server.sessions["checked_sqrt"].run_requests(
+            [  # type: ignore[attr-defined]
+                {"X": np.array([[1.0]], np.float32)},
+                {"X": np.array([[np.nan]], np.float32)},
+            ]
+        )
     out = server.sessions["checked_sqrt"].run({"X": np.array([[1.0]], np.float32)})  # still serving
     np.testing.assert_array_equal(out["Y"], [[1.0]])
 
@@ -185,10 +200,14 @@ def test_auto_complete_config_args_parameters_and_output_selection(server: Serve
     assert [(s.name, s.datatype.value, s.dims) for s in cfg.inputs] == [("IN", "INT32", (3,))]
     assert [s.name for s in cfg.outputs] == ["OUT", "INFO"]
     x = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
-    only_out, both = session.run_requests([  # type: ignore[attr-defined]
-        InferRequest("auto_complete", {"IN": x}, outputs=(RequestedOutput("OUT"),), id="r-1"),  # as the scheduler passes
-        InferRequest("auto_complete", {"IN": x[:1]}, parameters={"threshold": 0.5, "tag": "a"}, id="r-2"),
-    ])
+    only_out, both = session.run_requests(
+        [  # type: ignore[attr-defined]
+            InferRequest(
+                "auto_complete", {"IN": x}, outputs=(RequestedOutput("OUT"),), id="r-1"
+            ),  # as the scheduler passes
+            InferRequest("auto_complete", {"IN": x[:1]}, parameters={"threshold": 0.5, "tag": "a"}, id="r-2"),
+        ]
+    )
     assert list(only_out) == ["OUT"]
     np.testing.assert_array_equal(only_out["OUT"], x * 2)
     info = json.loads(both["INFO"][0, 0])
@@ -295,24 +314,34 @@ def _write_model(root: Path, name: str, code: str, config: str | None) -> tuple[
 @pytest.mark.parametrize("isolation", ["in_process", "process"])
 def test_undeclared_tensors_and_broken_models_are_config_errors(tmp_path: Path, isolation: str) -> None:
     params = f'parameters {{ key: "isolation" value: {{ string_value: "{isolation}" }} }}\n'
-    cfg, path = _write_model(tmp_path, "bare", "class TritonPythonModel:\n    def execute(self, r):\n        return []\n",
-                             'backend: "python"\n' + params)
+    cfg, path = _write_model(
+        tmp_path,
+        "bare",
+        "class TritonPythonModel:\n    def execute(self, r):\n        return []\n",
+        'backend: "python"\n' + params,
+    )
     with pytest.raises(ModelConfigError, match="must declare its inputs and outputs"):
         load_session(cfg, path, threads=1)
     cfg, path = _write_model(tmp_path, "noclass", "x = 1\n", 'backend: "python"\n' + params)
     with pytest.raises(ModelConfigError, match="TritonPythonModel"):
         load_session(cfg, path, threads=1)
-    cfg, path = _write_model(tmp_path, "badinit", "import triton_python_backend_utils as pb_utils\n"
-                             "class TritonPythonModel:\n    def initialize(self, args):\n"
-                             "        raise pb_utils.TritonModelException('no weights')\n"
-                             "    def execute(self, r):\n        return []\n", XY_CONFIG + params)
+    cfg, path = _write_model(
+        tmp_path,
+        "badinit",
+        "import triton_python_backend_utils as pb_utils\n"
+        "class TritonPythonModel:\n    def initialize(self, args):\n"
+        "        raise pb_utils.TritonModelException('no weights')\n"
+        "    def execute(self, r):\n        return []\n",
+        XY_CONFIG + params,
+    )
     with pytest.raises(ModelConfigError, match="initialize failed.*no weights"):
         load_session(cfg, path, threads=1)
 
 
 def test_unknown_isolation_value_lists_the_accepted(tmp_path: Path) -> None:
-    cfg, path = _write_model(tmp_path, "m", IDENTITY,
-                             XY_CONFIG + 'parameters { key: "isolation" value: { string_value: "thread" } }\n')
+    cfg, path = _write_model(
+        tmp_path, "m", IDENTITY, XY_CONFIG + 'parameters { key: "isolation" value: { string_value: "thread" } }\n'
+    )
     with pytest.raises(ModelConfigError, match="in_process, process"):
         load_session(cfg, path, threads=1)
 
@@ -321,8 +350,12 @@ def test_finalize_runs_on_close(tmp_path: Path) -> None:
     marker = tmp_path / "finalized"
     code = IDENTITY + f"\n    def finalize(self):\n        open({str(marker)!r}, 'w').write('done')\n"
     for isolation in ("in_process", "process"):
-        cfg, path = _write_model(tmp_path / isolation, "m", code,
-                                 XY_CONFIG + f'parameters {{ key: "isolation" value: {{ string_value: "{isolation}" }} }}\n')
+        cfg, path = _write_model(
+            tmp_path / isolation,
+            "m",
+            code,
+            XY_CONFIG + f'parameters {{ key: "isolation" value: {{ string_value: "{isolation}" }} }}\n',
+        )
         session = load_session(cfg, path, threads=1)
         session.close()
         session.close()  # idempotent
@@ -344,18 +377,22 @@ def test_through_the_inference_service(repo_dir: Path, isolation: str) -> None:
             service.load(name, config_override=override if name != "add_onnx" else None)
         out = service.infer("bls", {"MODEL_NAME": np.array([b"add_sub"], dtype=object), "INPUT0": A, "INPUT1": B})
         np.testing.assert_array_equal(out["OUTPUT0"], A + B)
-        out = service.infer("bls", {"MODEL_NAME": np.array([b"add_onnx"], dtype=object), "INPUT0": A, "INPUT1": B},
-                            outputs=["OUTPUT1"])
+        out = service.infer(
+            "bls", {"MODEL_NAME": np.array([b"add_onnx"], dtype=object), "INPUT0": A, "INPUT1": B}, outputs=["OUTPUT1"]
+        )
         assert list(out) == ["OUTPUT1"]
         np.testing.assert_array_equal(out["OUTPUT1"], A - B)
         np.testing.assert_array_equal(service.infer("bls_async", {"INPUT0": A, "INPUT1": B})["OUTPUT1"], B - A)
-        futures = [service.submit(InferRequest("checked_sqrt", {"X": np.array([[v]], np.float32)})) for v in (4.0, -1.0, 9.0)]
+        futures = [
+            service.submit(InferRequest("checked_sqrt", {"X": np.array([[v]], np.float32)})) for v in (4.0, -1.0, 9.0)
+        ]
         assert futures[0].result()["Y"][0, 0] == 2.0
         with pytest.raises(InvalidInputError, match="negative"):
             futures[1].result()
         assert futures[2].result()["Y"][0, 0] == 3.0
-        info = service.infer("auto_complete", {"IN": np.array([[1, 2, 3]], np.int32)}, request_id="abc",
-                             parameters={"k": "v"})["INFO"]
+        info = service.infer(
+            "auto_complete", {"IN": np.array([[1, 2, 3]], np.int32)}, request_id="abc", parameters={"k": "v"}
+        )["INFO"]
         sent = json.loads(info[0, 0])
         assert sent["request_id"] == "abc" and sent["parameters"] == {"k": "v"}
         assert service.model_config("auto_complete").max_batch_size == 4
@@ -380,8 +417,12 @@ def test_every_shared_memory_block_is_unlinked(repo_dir: Path, monkeypatch: pyte
     try:
         srv.sessions["bls"].run({"MODEL_NAME": np.array([b"add_sub"], dtype=object), "INPUT0": A, "INPUT1": B})
         srv.sessions["bls_async"].run({"INPUT0": A, "INPUT1": B})
-        srv.sessions["checked_sqrt"].run_requests([  # type: ignore[attr-defined]
-            {"X": np.ones((1, 3), np.float32)}, {"X": -np.ones((1, 3), np.float32)}])
+        srv.sessions["checked_sqrt"].run_requests(
+            [  # type: ignore[attr-defined]
+                {"X": np.ones((1, 3), np.float32)},
+                {"X": -np.ones((1, 3), np.float32)},
+            ]
+        )
         with pytest.raises(InferenceError):
             srv.sessions["crasher"].run({"X": np.array([13.0], np.float32)})
     finally:
@@ -393,7 +434,11 @@ def test_every_shared_memory_block_is_unlinked(repo_dir: Path, monkeypatch: pyte
 @pytest.mark.parametrize(
     "tensors",
     [
-        {"f": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([True, False]), "u": np.arange(3, dtype=np.uint64)},
+        {
+            "f": np.arange(6, dtype=np.float32).reshape(2, 3),
+            "b": np.array([True, False]),
+            "u": np.arange(3, dtype=np.uint64),
+        },
         {"empty": np.zeros((0, 4), np.float32), "s": np.array([[b"a", b""], [b"\xff", b"xyz"]], dtype=object)},
         {"strided": np.arange(20, dtype=np.int16).reshape(4, 5)[:, ::2], "h": np.ones((2, 2), np.float16)},
     ],

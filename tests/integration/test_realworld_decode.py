@@ -52,19 +52,26 @@ VFR_MS = [0, 33, 40, 200, 210, 500, 520, 900, 1000, 1001]
 def _ten_bit(codec: str, ext: str, **kw: Any) -> Callable[[Path], tuple[Path, Undo, int]]:
     def make(d: Path) -> tuple[Path, Undo, int]:
         opts = {"x265-params": "log-level=error"} if codec == "libx265" else None
-        return make_video(d / f"ten.{ext}", 5, size=(64, 64), codec=codec, pix_fmt="yuv420p10le", options=opts, **kw).path, _SAME, 5
+        return (
+            make_video(d / f"ten.{ext}", 5, size=(64, 64), codec=codec, pix_fmt="yuv420p10le", options=opts, **kw).path,
+            _SAME,
+            5,
+        )
+
     return make
 
 
 def _rot(rotation: int, hflip: bool) -> Callable[[Path], tuple[Path, Undo, int]]:
     def make(d: Path) -> tuple[Path, Undo, int]:
         return make_video(d / "rot.mp4", 4, rotation=rotation, hflip=hflip).path, _UNDO[(rotation, hflip)], 4
+
     return make
 
 
 def _plain(name: str, n: int = 5, **kw: Any) -> Callable[[Path], tuple[Path, Undo, int]]:
     def make(d: Path) -> tuple[Path, Undo, int]:
         return make_video(d / name, n, **kw).path, _SAME, n
+
     return make
 
 

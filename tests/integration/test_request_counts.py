@@ -36,16 +36,32 @@ def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     """Small caps, served by two HTTP and two gRPC front-end processes."""
     work = tmp_path_factory.mktemp("capped")
     (work / "home").mkdir()
-    with ServeProcess(make_repository(work / "models"), work / "home", "--no-jobs", "--max-inputs", "4",
-                      "--max-outputs", "2", "--max-parameters", "6", "--http-workers", "2", "--grpc-workers", "2") as s:
+    with ServeProcess(
+        make_repository(work / "models"),
+        work / "home",
+        "--no-jobs",
+        "--max-inputs",
+        "4",
+        "--max-outputs",
+        "2",
+        "--max-parameters",
+        "6",
+        "--http-workers",
+        "2",
+        "--grpc-workers",
+        "2",
+    ) as s:
         s.wait_ready()
         yield s
 
 
 def _raw_call(port: int, payload: bytes) -> tuple[grpc.StatusCode, str]:
     with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 1 << 30)]) as ch:
-        call = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer",
-                              request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        call = ch.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
         try:
             call(payload, timeout=120)
             return grpc.StatusCode.OK, ""
@@ -100,10 +116,14 @@ def test_counts_over_the_flags_are_refused_by_front_ends(capped: ServeProcess, p
     port = capped.ports["HTTP" if proto == "http" else "gRPC"]
     cases: list[tuple[dict[str, Any], str]] = [
         ({"inputs": _add_inputs(module, 5)}, "more than 4 inputs, the server's cap (serve --max-inputs)"),
-        ({"inputs": _add_inputs(module), "outputs": [module.InferRequestedOutput(n) for n in ("sum", "diff", "x")]},
-         "more than 2 requested outputs, the server's cap (serve --max-outputs)"),
-        ({"inputs": _add_inputs(module), "parameters": {f"p{i}": i for i in range(7)}},
-         "more than 6 parameters (its own, its inputs' and its outputs'), the server's cap (serve --max-parameters)"),
+        (
+            {"inputs": _add_inputs(module), "outputs": [module.InferRequestedOutput(n) for n in ("sum", "diff", "x")]},
+            "more than 2 requested outputs, the server's cap (serve --max-outputs)",
+        ),
+        (
+            {"inputs": _add_inputs(module), "parameters": {f"p{i}": i for i in range(7)}},
+            "more than 6 parameters (its own, its inputs' and its outputs'), the server's cap (serve --max-parameters)",
+        ),
     ]
     with module.InferenceServerClient(f"127.0.0.1:{port}") as client:
         for kw, text in cases:
@@ -119,8 +139,12 @@ def test_counts_over_the_flags_are_refused_by_front_ends(capped: ServeProcess, p
                     client.infer("add", **kw)
                 assert text in str(info.value)
         # within the caps (HTTP adds binary_data_size to each input and binary_data_output): served
-        within = client.infer("add", _add_inputs(module), outputs=[module.InferRequestedOutput(n) for n in ("sum", "diff")],
-                              parameters={"p0": 0})
+        within = client.infer(
+            "add",
+            _add_inputs(module),
+            outputs=[module.InferRequestedOutput(n) for n in ("sum", "diff")],
+            parameters={"p0": 0},
+        )
         assert within.as_numpy("sum").tolist() == [[2.0] * 4]
 
 
@@ -153,4 +177,7 @@ def test_an_error_never_grows_with_the_request(default_server: ServeProcess) -> 
     ok_inputs = [{"name": n, "shape": [1, 4], "datatype": "FP32", "data": [0] * 4} for n in ("a", "b")]
     outs = {"inputs": ok_inputs, "outputs": [{"name": _long(i)} for i in range(1000)]}
     r = httpx.post(url, json=outs, timeout=60)
-    assert r.status_code == 400 and len(r.content) < 1024 and "(319 characters)" in r.text, (r.status_code, r.text[:300])
+    assert r.status_code == 400 and len(r.content) < 1024 and "(319 characters)" in r.text, (
+        r.status_code,
+        r.text[:300],
+    )

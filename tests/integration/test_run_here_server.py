@@ -73,7 +73,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         (root / name / "config.pbtxt").write_text(_CONFIG.format(name=name))
         _MARKS[name] = root / f"{name}.running"
         (root / name / "1" / "model.py").write_text(
-            _MODEL.format(fast=FAST_REQUESTS, slow=SLOW_S, how=how, mark=str(_MARKS[name])))
+            _MODEL.format(fast=FAST_REQUESTS, slow=SLOW_S, how=how, mark=str(_MARKS[name]))
+        )
     service = InferenceService(ModelRepository(root), threads=1)
     srv = Server(service, ServerOptions(host="127.0.0.1", http_port=0, grpc_port=None, metrics_port=0))
     srv.start()

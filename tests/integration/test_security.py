@@ -110,7 +110,6 @@ def _grpc_code(call: Callable[[], Any]) -> str | None:
     return None
 
 
-
 def _infer_http(client: httpclient.InferenceServerClient, **kwargs: Any) -> np.ndarray:
     a = np.arange(4, dtype=np.float32).reshape(1, 4)
     inputs = [httpclient.InferInput(n, [1, 4], "FP32") for n in ("a", "b")]
@@ -237,9 +236,12 @@ def test_a_config_override_never_names_a_file_outside_the_version_folder(repo: P
 def test_a_5000_character_model_name_is_a_400_that_does_not_echo_it(repo: Path) -> None:
     name = "m" * 5000
     with _serving(repo, model_control_mode="explicit", startup_models=("add",)) as server, _http(server) as http:
-        for r in (http.get(f"/v2/models/{name}"), http.get(f"/v2/models/{name}/ready"),
-                  http.post(f"/v2/models/{name}/infer", json={"inputs": []}),
-                  http.post(f"/v2/repository/models/{name}/load")):
+        for r in (
+            http.get(f"/v2/models/{name}"),
+            http.get(f"/v2/models/{name}/ready"),
+            http.post(f"/v2/models/{name}/infer", json={"inputs": []}),
+            http.post(f"/v2/repository/models/{name}/load"),
+        ):
             # a load answers as Triton's failed repository poll does (500); the others 400
             assert r.status_code == (500 if r.request.url.path.endswith("/load") else 400), r.text
             assert "at most 255 bytes" in r.json()["error"] and len(r.text) < 300
@@ -259,11 +261,19 @@ def test_a_loopback_server_without_tokens_answers_only_requests_addressed_to_thi
     with _serving(repo, model_control_mode="explicit", startup_models=("add",)) as server, _http(server) as http:
         port = server.http_port
         for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.nip.io:{port}", f"10.0.0.5:{port}"):
-            for r in (http.get("/v2/health/ready", headers={"Host": host}),
-                      http.post("/v2/repository/models/add/unload", headers={"Host": host, "Origin": f"http://{host}"})):
+            for r in (
+                http.get("/v2/health/ready", headers={"Host": host}),
+                http.post("/v2/repository/models/add/unload", headers={"Host": host, "Origin": f"http://{host}"}),
+            ):
                 assert r.status_code == 403 and "addressed to this machine" in r.json()["error"], (host, r.text)
                 assert "evil" not in r.text
-        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", f"app.localhost:{port}", f"127.3.4.5:{port}"):
+        for host in (
+            f"127.0.0.1:{port}",
+            f"localhost:{port}",
+            f"[::1]:{port}",
+            f"app.localhost:{port}",
+            f"127.3.4.5:{port}",
+        ):
             assert http.get("/v2/health/ready", headers={"Host": host}).status_code == 200, host
         assert server.service.is_ready("add")  # the refused unload did nothing
 
@@ -292,17 +302,28 @@ def test_cross_site_requests_are_refused_on_state_changing_routes(repo: Path) ->
     with _serving(repo, model_control_mode="explicit", startup_models=("*",)) as server, _http(server) as http:
         own = f"http://127.0.0.1:{server.http_port}"
         unload = "/v2/repository/models/half/unload"
-        for content_type in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        for content_type in (
+            "text/plain",
+            "text/plain;charset=UTF-8",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+        ):
             r = http.post(unload, content=b"{}", headers={"Content-Type": content_type})
             assert r.status_code == 415, (content_type, r.text)
-        for headers in ({"Origin": "http://evil.example"}, {"Origin": f"http://127.0.0.1:{server.http_port + 1}"},
-                        {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"}):
+        for headers in (
+            {"Origin": "http://evil.example"},
+            {"Origin": f"http://127.0.0.1:{server.http_port + 1}"},
+            {"Origin": "null"},
+            {"Sec-Fetch-Site": "cross-site"},
+        ):
             r = http.post(unload, headers=headers)
             assert r.status_code == 403 and "cross-site" in r.json()["error"], headers
         body = {"inputs": [{"name": n, "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]} for n in ("a", "b")]}
         r = http.post("/v2/models/add/infer", content=json.dumps(body), headers={"Content-Type": "text/plain"})
         assert r.status_code == 415
-        assert http.get("/v2/models/half/ready", headers={"Origin": "http://evil.example"}).status_code == 200  # reads pass
+        assert (
+            http.get("/v2/models/half/ready", headers={"Origin": "http://evil.example"}).status_code == 200
+        )  # reads pass
         assert server.service.is_ready("half")  # nothing was unloaded
         # the server's own pages, non-browser clients and tritonclient (no Content-Type) still work
         assert http.post(unload, json={}, headers={"Origin": own, "Sec-Fetch-Site": "same-origin"}).status_code == 200
@@ -322,10 +343,7 @@ def test_cross_site_requests_are_refused_on_state_changing_routes(repo: Path) ->
 def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tokens") / "tokens.txt"
     path.write_text(
-        "# token roles [name]\n\n"
-        f"{TOKENS['infer']} infer\n"
-        f"{TOKENS['jobs']}   jobs\n"
-        f"{TOKENS['admin']} admin ops\n"
+        f"# token roles [name]\n\n{TOKENS['infer']} infer\n{TOKENS['jobs']}   jobs\n{TOKENS['admin']} admin ops\n"
     )
     path.chmod(0o600)
     return path
@@ -346,8 +364,13 @@ def _whoami_router() -> APIRouter:
 @pytest.fixture(scope="module")
 def guarded(repo: Path, token_file: Path) -> Iterator[Server]:
     routers = (_whoami_router(), create_pipelines_router(PipelineRegistry()))
-    with _serving(repo, model_control_mode="explicit", startup_models=("*",), tokens=TokenTable.from_file(token_file),
-                  http_routers=routers) as server:
+    with _serving(
+        repo,
+        model_control_mode="explicit",
+        startup_models=("*",),
+        tokens=TokenTable.from_file(token_file),
+        http_routers=routers,
+    ) as server:
         yield server
 
 
@@ -397,7 +420,9 @@ def test_tritonclient_http_and_grpc_pass_tokens_as_headers(guarded: Server) -> N
     with pytest.raises(InferenceServerException) as info:
         _infer_http(client)
     assert info.value.status() == "401"
-    np.testing.assert_array_equal(_infer_http(client, headers=_bearer("infer")), 2 * np.arange(4, dtype=np.float32).reshape(1, 4))
+    np.testing.assert_array_equal(
+        _infer_http(client, headers=_bearer("infer")), 2 * np.arange(4, dtype=np.float32).reshape(1, 4)
+    )
     with pytest.raises(InferenceServerException) as info:
         client.load_model("half", headers=_bearer("infer"))
     assert info.value.status() == "403"
@@ -456,16 +481,25 @@ def _self_signed(folder: Path) -> tuple[Path, Path]:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     cert_file, key_file = folder / "cert.pem", folder / "key.pem"
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return cert_file, key_file
 
 
@@ -479,8 +513,13 @@ def test_tls_on_http_grpc_and_metrics(repo: Path, tmp_path: Path, token_file: Pa
             assert https.get("/v2/models/add", headers=_bearer("infer")).json()["name"] == "add"
         with pytest.raises(httpx.HTTPError), _http(server) as plain:  # no plaintext on the TLS port
             plain.get("/v2/health/ready")
-        assert httpx.get(f"https://127.0.0.1:{server.metrics_port}/metrics", verify=trust, trust_env=False).status_code == 200
-        gclient = grpcclient.InferenceServerClient(f"localhost:{server.grpc_port}", ssl=True, root_certificates=str(cert))
+        assert (
+            httpx.get(f"https://127.0.0.1:{server.metrics_port}/metrics", verify=trust, trust_env=False).status_code
+            == 200
+        )
+        gclient = grpcclient.InferenceServerClient(
+            f"localhost:{server.grpc_port}", ssl=True, root_certificates=str(cert)
+        )
         assert gclient.is_server_live()
         assert gclient.get_model_metadata("add", headers={"authorization": f"Bearer {TOKENS['infer']}"}).name == "add"
         gclient.close()
@@ -493,9 +532,25 @@ def test_tls_on_http_grpc_and_metrics(repo: Path, tmp_path: Path, token_file: Pa
 
 def _serve_exit(repo: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*frameserve_command(), "serve", "--model-repository", str(repo), "--no-jobs", "--http-port", "0",
-         "--grpc-port", "0", "--metrics-port", "0", *args],
-        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "FRAMESERVE_HOME": str(home)},
+        [
+            *frameserve_command(),
+            "serve",
+            "--model-repository",
+            str(repo),
+            "--no-jobs",
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "FRAMESERVE_HOME": str(home)},
         stdin=subprocess.DEVNULL,
     )
 
@@ -504,7 +559,10 @@ def test_cli_refuses_unsafe_starts(repo: Path, tmp_path: Path) -> None:
     for args in (("--host", "0.0.0.0"), ("--http-address", "0.0.0.0")):
         done = _serve_exit(repo, tmp_path, *args)
         assert done.returncode == 2, done.stderr
-        assert "refusing to serve 0.0.0.0 without authentication" in done.stderr and "--allow-unauthenticated" in done.stderr
+        assert (
+            "refusing to serve 0.0.0.0 without authentication" in done.stderr
+            and "--allow-unauthenticated" in done.stderr
+        )
     short = tmp_path / "short.txt"
     short.write_text("abc123 infer\n")
     done = _serve_exit(repo, tmp_path, "--auth-token-file", str(short))
@@ -520,9 +578,20 @@ def test_cli_refuses_unsafe_starts(repo: Path, tmp_path: Path) -> None:
     assert done.returncode == 2 and "--load-model ghost: no such model" in done.stderr
 
 
-def test_cli_explicit_mode_with_tokens_and_an_unauthenticated_exposure(repo: Path, tmp_path: Path, token_file: Path) -> None:
-    args = ("--no-jobs", "--model-control-mode", "explicit", "--load-model", "add", "--auth-token-file", str(token_file),
-            "--host", "0.0.0.0")
+def test_cli_explicit_mode_with_tokens_and_an_unauthenticated_exposure(
+    repo: Path, tmp_path: Path, token_file: Path
+) -> None:
+    args = (
+        "--no-jobs",
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "add",
+        "--auth-token-file",
+        str(token_file),
+        "--host",
+        "0.0.0.0",
+    )
     with ServeProcess(repo, tmp_path, *args) as proc:
         proc.wait_ready()  # health is open without a token
         assert "model control mode explicit; authentication 3 bearer token(s); TLS off" in proc.lines
@@ -531,7 +600,10 @@ def test_cli_explicit_mode_with_tokens_and_an_unauthenticated_exposure(repo: Pat
         index = httpx.post(base + "/v2/repository/index", headers=_bearer("infer"), trust_env=False).json()
         assert {e["name"]: e["state"] for e in index} == {"add": "READY", "half": "UNAVAILABLE"}
         assert httpx.post(base + "/v2/repository/index", trust_env=False).status_code == 401
-        assert httpx.post(base + "/v2/repository/models/half/load", headers=_bearer("admin"), trust_env=False).status_code == 200
+        assert (
+            httpx.post(base + "/v2/repository/models/half/load", headers=_bearer("admin"), trust_env=False).status_code
+            == 200
+        )
         assert proc.stop() == 0
     with ServeProcess(repo, tmp_path, "--no-jobs", "--host", "0.0.0.0", "--allow-unauthenticated") as proc:
         proc.wait_ready()

@@ -121,8 +121,12 @@ class Network:
         self.connects: list[tuple[str, int]] = []
         self.lookups: dict[str, int] = {}
         self.names: dict[str, list[str] | Callable[[int], list[str]]] = {
-            "public.test": [PUBLIC], "loopback.test": ["127.0.0.1"], "metadata.test": ["169.254.169.254"],
-            "private.test": ["10.1.2.3"], "mixed.test": [PUBLIC, "127.0.0.1"], "mapped.test": ["::ffff:127.0.0.1"],
+            "public.test": [PUBLIC],
+            "loopback.test": ["127.0.0.1"],
+            "metadata.test": ["169.254.169.254"],
+            "private.test": ["10.1.2.3"],
+            "mixed.test": [PUBLIC, "127.0.0.1"],
+            "mapped.test": ["::ffff:127.0.0.1"],
             "linklocal6.test": ["fe80::1"],
         }
         real_getaddrinfo, real_connect = socket.getaddrinfo, socket.create_connection
@@ -137,7 +141,15 @@ class Network:
             out = []
             for a in addrs:
                 fam = socket.AF_INET6 if ":" in a else socket.AF_INET
-                out.append((fam, socket.SOCK_STREAM, 6, "", (a, int(port or 0)) if fam == socket.AF_INET else (a, int(port or 0), 0, 0)))
+                out.append(
+                    (
+                        fam,
+                        socket.SOCK_STREAM,
+                        6,
+                        "",
+                        (a, int(port or 0)) if fam == socket.AF_INET else (a, int(port or 0), 0, 0),
+                    )
+                )
             return out
 
         def create_connection(address: Any, timeout: Any = None, source_address: Any = None, **kw: Any) -> Any:
@@ -208,7 +220,6 @@ def call(app: FastAPI, method: str, url: str, **kw: Any) -> httpx.Response:
     return asyncio.run(go())
 
 
-
 def fake_process(video: Path, job: Any, workdir: Path, progress: Any) -> tuple[dict[str, Any], dict[str, Path]]:
     out = workdir / "results.json"
     out.write_text(json.dumps({"size": video.stat().st_size}))
@@ -218,12 +229,24 @@ def fake_process(video: Path, job: Any, workdir: Path, progress: Any) -> tuple[d
 # ---------------------------------------------------------------------------------------- SSRF
 
 REFUSED = [
-    "http://127.0.0.1:{port}/video.mp4", "http://localhost:{port}/video.mp4", "http://127.1:{port}/video.mp4",
-    "http://0x7f.1:{port}/video.mp4", "http://2130706433:{port}/video.mp4", "http://0177.0.0.1:{port}/video.mp4",
-    "http://[::1]:{port}/video.mp4", "http://[::ffff:127.0.0.1]:{port}/video.mp4", "http://169.254.169.254/latest/meta-data/",
-    "http://[::ffff:169.254.169.254]/latest/", "http://10.0.0.1/v.mp4", "http://loopback.test:{port}/video.mp4",
-    "http://metadata.test/latest/meta-data/", "http://private.test/v.mp4", "http://mixed.test:{port}/video.mp4",
-    "http://mapped.test:{port}/video.mp4", "http://linklocal6.test/v.mp4", "https://127.0.0.1:{port}/video.mp4",
+    "http://127.0.0.1:{port}/video.mp4",
+    "http://localhost:{port}/video.mp4",
+    "http://127.1:{port}/video.mp4",
+    "http://0x7f.1:{port}/video.mp4",
+    "http://2130706433:{port}/video.mp4",
+    "http://0177.0.0.1:{port}/video.mp4",
+    "http://[::1]:{port}/video.mp4",
+    "http://[::ffff:127.0.0.1]:{port}/video.mp4",
+    "http://169.254.169.254/latest/meta-data/",
+    "http://[::ffff:169.254.169.254]/latest/",
+    "http://10.0.0.1/v.mp4",
+    "http://loopback.test:{port}/video.mp4",
+    "http://metadata.test/latest/meta-data/",
+    "http://private.test/v.mp4",
+    "http://mixed.test:{port}/video.mp4",
+    "http://mapped.test:{port}/video.mp4",
+    "http://linklocal6.test/v.mp4",
+    "https://127.0.0.1:{port}/video.mp4",
 ]
 
 
@@ -245,8 +268,14 @@ def test_non_public_sources_are_refused_at_submit_and_at_download_and_never_conn
 
 @pytest.mark.parametrize(
     "target",
-    ["http://127.0.0.1:{port}/video.mp4", "http://169.254.169.254/latest/meta-data/", "http://metadata.test/latest/",
-     "http://[::ffff:127.0.0.1]:{port}/video.mp4", "http://loopback.test:{port}/video.mp4", "http://2130706433:{port}/"],
+    [
+        "http://127.0.0.1:{port}/video.mp4",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://metadata.test/latest/",
+        "http://[::ffff:127.0.0.1]:{port}/video.mp4",
+        "http://loopback.test:{port}/video.mp4",
+        "http://2130706433:{port}/",
+    ],
 )
 def test_every_redirect_hop_is_checked(target: str, net: Network, origin: Origin, tmp_path: Path) -> None:
     where = quote(target.format(port=origin.port), safe="")
@@ -281,8 +310,12 @@ def test_a_name_rebound_after_submit_is_refused_by_the_worker(
 ) -> None:
     net.names["rebind.test"] = lambda n: [PUBLIC] if n == 1 else ["169.254.169.254"]
     storage = Storage(file_roots=[root])
-    r = call(jobs_app(store, storage), "POST", "/v1/jobs", json={"source": "http://rebind.test/video.mp4",
-                                                                "target": f"file://{root}/out/r"})
+    r = call(
+        jobs_app(store, storage),
+        "POST",
+        "/v1/jobs",
+        json={"source": "http://rebind.test/video.mp4", "target": f"file://{root}/out/r"},
+    )
     assert r.status_code == 201, r.text  # public when checked at submit
     w = Worker(store, storage, fake_process, lease_s=3, poll_s=0.02)
     w.start()
@@ -319,8 +352,11 @@ def test_analyze_uris_go_through_the_same_guard(net: Network, origin: Origin, ro
     analyzer = Analyzer(None, PipelineRegistry(), Storage(file_roots=[root]), settings)
     app = FastAPI()
     app.include_router(create_analyze_router(analyzer))
-    for url in (f"http://127.0.0.1:{origin.port}/video.mp4", "http://metadata.test/x.mp4",
-                f"http://public.test/redirect?to={quote('http://169.254.169.254/', safe='')}"):
+    for url in (
+        f"http://127.0.0.1:{origin.port}/video.mp4",
+        "http://metadata.test/x.mp4",
+        f"http://public.test/redirect?to={quote('http://169.254.169.254/', safe='')}",
+    ):
         r = call(app, "POST", "/v1/analyze", json={"source": url, "pipeline": "nudenet"})
         assert r.status_code == 400 and "non-public address" in r.json()["error"], r.text
     assert {ip for ip, _ in net.connects} <= {PUBLIC}
@@ -347,7 +383,9 @@ def test_s3_only_for_allowed_buckets(store: JobStore, root: Path) -> None:
 def test_downloads_stop_at_the_size_cap(net: Network, origin: Origin, tmp_path: Path, root: Path) -> None:
     st = Storage(file_roots=[root], sources_allow_private=True, max_source_bytes=1000)
     base = f"http://127.0.0.1:{origin.port}"
-    with pytest.raises(SourceTooLargeError, match=r"is 1000000000000 bytes, over the limit of 1000 bytes \(--max-source-bytes\)"):
+    with pytest.raises(
+        SourceTooLargeError, match=r"is 1000000000000 bytes, over the limit of 1000 bytes \(--max-source-bytes\)"
+    ):
         st.download(f"{base}/big", tmp_path / "big", tenant="")  # refused from Content-Length
     assert not (tmp_path / "big").exists()
     with pytest.raises(SourceTooLargeError, match=r"over the limit of 1000 bytes"):
@@ -371,8 +409,9 @@ def test_cancel_interrupts_a_download_blocked_in_a_read(net: Network, origin: Or
 
     def run() -> None:
         try:
-            Storage(sources_allow_private=True).download(f"http://127.0.0.1:{origin.port}/slow?every=120", tmp_path / "s",
-                                                         cancel=cancel, tenant="")
+            Storage(sources_allow_private=True).download(
+                f"http://127.0.0.1:{origin.port}/slow?every=120", tmp_path / "s", cancel=cancel, tenant=""
+            )
         except BaseException as exc:  # noqa: BLE001
             outcome.append(exc)
 
@@ -390,8 +429,11 @@ def test_a_cancelled_job_stops_downloading_blocked_in_a_read(
     net: Network, origin: Origin, store: JobStore, root: Path
 ) -> None:
     storage = Storage(file_roots=[root], sources_allow_private=True)
-    job, _ = store.submit(JobSpec(source=f"http://127.0.0.1:{origin.port}/slow?every=120", target=f"file://{root}/out/c",
-                                  pipeline="nudenet"))
+    job, _ = store.submit(
+        JobSpec(
+            source=f"http://127.0.0.1:{origin.port}/slow?every=120", target=f"file://{root}/out/c", pipeline="nudenet"
+        )
+    )
     w = Worker(store, storage, fake_process, lease_s=30, poll_s=0.02)  # heartbeats 10 s apart
     w.start()
     try:
@@ -420,19 +462,30 @@ def test_a_playlist_under_a_file_root_cannot_read_outside_it(tmp_path: Path, tes
             if packet.dts is not None:
                 packet.stream = vout
                 dst.mux(packet)
-    (root / "list.m3u8").write_text("#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXTINF:1.0,\n../outside/secret.ts\n#EXT-X-ENDLIST\n")
+    (root / "list.m3u8").write_text(
+        "#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXTINF:1.0,\n../outside/secret.ts\n#EXT-X-ENDLIST\n"
+    )
     (root / "list.ffconcat").write_text("ffconcat version 1.0\nfile '../outside/secret.ts'\n")
     with av.open(str(root / "list.m3u8")) as c:  # what FFmpeg does with it when not told otherwise
         assert sum(1 for _ in c.decode(video=0)) == 10
-    ids = {name: store.submit(JobSpec(source=f"file://{root}/{name}", target=f"file://{root}/out/{name}",
-                                      pipeline="brightness"))[0].id for name in ("list.m3u8", "list.ffconcat", "good.mp4")}
+    ids = {
+        name: store.submit(
+            JobSpec(source=f"file://{root}/{name}", target=f"file://{root}/out/{name}", pipeline="brightness")
+        )[0].id
+        for name in ("list.m3u8", "list.ffconcat", "good.mp4")
+    }
     repo = make_repository(tmp_path / "models")
     service = InferenceService(ModelRepository(repo), threads=1)
     registry = PipelineRegistry(make_pipelines(tmp_path / "pipelines"))
     pool = DecodePool(1)
     settings = Settings(home=test_home, model_repository=repo, threads=1)
-    w = Worker(store, Storage(file_roots=[root]), pipeline_process(settings, service, decode_pool=pool, pipelines=registry),
-               lease_s=5, poll_s=0.02)
+    w = Worker(
+        store,
+        Storage(file_roots=[root]),
+        pipeline_process(settings, service, decode_pool=pool, pipelines=registry),
+        lease_s=5,
+        poll_s=0.02,
+    )
     w.start()
     try:
         wait_for(lambda: all(store.get(j).state in ("succeeded", "failed") for j in ids.values()), 120, "the jobs")
@@ -474,10 +527,20 @@ def test_the_body_cap_applies_before_parsing(store: JobStore, root: Path) -> Non
         async def send(message: dict[str, Any]) -> None:
             sent.append(message)
 
-        scope = {"type": "http", "method": "POST", "path": "/v1/jobs", "raw_path": b"/v1/jobs", "query_string": b"",
-                 "headers": [(b"content-type", b"application/json"), (b"content-length", b"10000000000")],
-                 "http_version": "1.1", "scheme": "http", "server": ("test", 80), "client": ("c", 1), "root_path": "",
-                 "app": app}
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/jobs",
+            "raw_path": b"/v1/jobs",
+            "query_string": b"",
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"10000000000")],
+            "http_version": "1.1",
+            "scheme": "http",
+            "server": ("test", 80),
+            "client": ("c", 1),
+            "root_path": "",
+            "app": app,
+        }
         await app(scope, receive, send)
         return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
 
@@ -488,11 +551,17 @@ def test_the_body_cap_applies_before_parsing(store: JobStore, root: Path) -> Non
 
 @pytest.mark.parametrize(
     ("field", "value", "cap"),
-    [("source", "file:///x/" + "a" * MAX_URI_CHARS, MAX_URI_CHARS), ("target", "s3://b/" + "a" * MAX_URI_CHARS, MAX_URI_CHARS),
-     ("callback_url", "https://h/" + "a" * MAX_URI_CHARS, MAX_URI_CHARS), ("pipeline", "p" * (MAX_PIPELINE_CHARS + 1), MAX_PIPELINE_CHARS),
-     ("params", {"pipeline": {"k": "v" * MAX_PARAMS_BYTES}}, MAX_PARAMS_BYTES)],
+    [
+        ("source", "file:///x/" + "a" * MAX_URI_CHARS, MAX_URI_CHARS),
+        ("target", "s3://b/" + "a" * MAX_URI_CHARS, MAX_URI_CHARS),
+        ("callback_url", "https://h/" + "a" * MAX_URI_CHARS, MAX_URI_CHARS),
+        ("pipeline", "p" * (MAX_PIPELINE_CHARS + 1), MAX_PIPELINE_CHARS),
+        ("params", {"pipeline": {"k": "v" * MAX_PARAMS_BYTES}}, MAX_PARAMS_BYTES),
+    ],
 )
-def test_fields_over_their_cap_are_refused_naming_it(field: str, value: Any, cap: int, store: JobStore, root: Path) -> None:
+def test_fields_over_their_cap_are_refused_naming_it(
+    field: str, value: Any, cap: int, store: JobStore, root: Path
+) -> None:
     body = {"source": f"file://{root}/in/v.mp4", "target": f"file://{root}/out", field: value}
     r = call(jobs_app(store, Storage(file_roots=[root])), "POST", "/v1/jobs", json=body)
     assert r.status_code == 422 and str(cap) in r.json()["error"] and field in r.json()["error"], r.text
@@ -511,7 +580,9 @@ def test_file_uris_are_checked_in_linear_time_and_nul_is_a_400(store: JobStore, 
     assert r.status_code in (400, 422) and ("4096" in r.text or "too long" in r.text or "at most" in r.text), r.text
     for uri in (f"file://{root}/in/v.mp4%00.txt", f"file://{root}/in/%00"):
         r = call(app, "POST", "/v1/jobs", json={"source": uri, "target": f"file://{root}/out"})
-        assert r.status_code == 400 and "NUL" in r.json()["error"] and r.json()["detail"] == {"code": "invalid_source"}, r.text
+        assert (
+            r.status_code == 400 and "NUL" in r.json()["error"] and r.json()["detail"] == {"code": "invalid_source"}
+        ), r.text
     r = call(app, "POST", "/v1/jobs", json={"source": f"file://{root}/in/v.mp4", "target": f"file://{root}/out%00x"})
     assert r.status_code == 400, r.text
 
@@ -555,8 +626,10 @@ def test_credentials_in_uris_are_redacted_in_responses_and_logs(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     storage = Storage(file_roots=[root])
-    source = ("https://user:hunter2@public.test/404?X-Amz-Credential=AKIAEXAMPLE%2F2026&X-Amz-Signature=deadbeefsig"
-              "&token=t0ps3cret&n=1")
+    source = (
+        "https://user:hunter2@public.test/404?X-Amz-Credential=AKIAEXAMPLE%2F2026&X-Amz-Signature=deadbeefsig"
+        "&token=t0ps3cret&n=1"
+    )
     source = source.replace("https://", "http://")
     body = {"source": source, "target": f"file://{root}/out/r", "callback_url": "https://8.8.8.8/hook?secret=t0ps3cret"}
     app = jobs_app(store, storage)
@@ -569,8 +642,13 @@ def test_credentials_in_uris_are_redacted_in_responses_and_logs(
     finally:
         w.stop()
         w.join(10)
-    shown = [created.text, call(app, "GET", f"/v1/jobs/{created.json()['id']}").text, call(app, "GET", "/v1/jobs").text,
-             json.dumps(store.get(created.json()["id"]).error), *(r.getMessage() for r in caplog.records)]
+    shown = [
+        created.text,
+        call(app, "GET", f"/v1/jobs/{created.json()['id']}").text,
+        call(app, "GET", "/v1/jobs").text,
+        json.dumps(store.get(created.json()["id"]).error),
+        *(r.getMessage() for r in caplog.records),
+    ]
     for text in shown:
         for secret in SECRETS:
             assert secret not in text, (secret, text)
@@ -584,9 +662,28 @@ def test_https_keeps_the_host_name_for_sni_and_the_certificate(net: Network, tmp
     import subprocess
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=public.test", "-addext", "subjectAltName=DNS:public.test"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=public.test",
+            "-addext",
+            "subjectAltName=DNS:public.test",
+        ],
+        check=True,
+        capture_output=True,
+    )
     names: list[str | None] = []
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
@@ -595,8 +692,10 @@ def test_https_keeps_the_host_name_for_sni_and_the_certificate(net: Network, tmp
     tls.server.socket = ctx.wrap_socket(tls.server.socket, server_side=True)
     net.origin.port = tls.port  # the public stand-in now answers with TLS
     try:
-        with httpx.Client(transport=GuardedTransport(AddressGuard(), verify=ssl.create_default_context(cafile=str(cert))),
-                          trust_env=False) as client:
+        with httpx.Client(
+            transport=GuardedTransport(AddressGuard(), verify=ssl.create_default_context(cafile=str(cert))),
+            trust_env=False,
+        ) as client:
             r = client.get(f"https://public.test:{tls.port}/video.mp4")
         assert r.content == PAYLOAD and names == ["public.test"]  # verified against the name, not the address
         assert tls.requests == [("/video.mp4", f"public.test:{tls.port}")]
@@ -611,14 +710,24 @@ def test_with_the_servers_token_gate_each_token_sees_only_its_jobs(store: JobSto
     from frameserve.security import TokenTable
     from frameserve.server import Server, ServerOptions
 
-    tokens = {secrets.token_urlsafe(32): Principal(name, frozenset({role}))
-              for name, role in (("alice", "jobs"), ("bob", "jobs"), ("ops", "admin"))}
+    tokens = {
+        secrets.token_urlsafe(32): Principal(name, frozenset({role}))
+        for name, role in (("alice", "jobs"), ("bob", "jobs"), ("ops", "admin"))
+    }
     auth = {p.name: {"authorization": f"Bearer {t}"} for t, p in tokens.items()}
     service = InferenceService(None, threads=1)
-    server = Server(service, ServerOptions(
-        host="127.0.0.1", http_port=0, grpc_port=None, metrics_port=None, tokens=TokenTable(tokens),
-        max_body_bytes=4096, http_routers=(create_router(store, storage=Storage(file_roots=[root], shared_file_root=True)),),
-    ))
+    server = Server(
+        service,
+        ServerOptions(
+            host="127.0.0.1",
+            http_port=0,
+            grpc_port=None,
+            metrics_port=None,
+            tokens=TokenTable(tokens),
+            max_body_bytes=4096,
+            http_routers=(create_router(store, storage=Storage(file_roots=[root], shared_file_root=True)),),
+        ),
+    )
     server.start()
     try:
         assert server.wait_ready(60)

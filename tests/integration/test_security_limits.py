@@ -34,7 +34,10 @@ def _flat_models(repo: Path) -> Path:
     for name, elem in (("flat", TensorProto.STRING), ("flatf", TensorProto.FLOAT)):
         x = helper.make_tensor_value_info("x", elem, ["n"])
         y = helper.make_tensor_value_info("y", elem, ["n"])
-        _save(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], name, [x], [y]), repo / name / "1" / "model.onnx")
+        _save(
+            helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], name, [x], [y]),
+            repo / name / "1" / "model.onnx",
+        )
         (repo / name / "config.yaml").write_text("max_batch_size: 0\n")
     return repo
 
@@ -68,10 +71,15 @@ def _grpc_bytes_request(elements: np.ndarray) -> bytes:
 
 
 def _grpc_call(port: int, payload: bytes) -> tuple[grpc.StatusCode, bytes | str]:
-    with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", 1 << 30),
-                                                            ("grpc.max_send_message_length", 1 << 30)]) as ch:
-        call = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer",
-                              request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    with grpc.insecure_channel(
+        f"127.0.0.1:{port}",
+        options=[("grpc.max_receive_message_length", 1 << 30), ("grpc.max_send_message_length", 1 << 30)],
+    ) as ch:
+        call = ch.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
         try:
             return grpc.StatusCode.OK, call(payload, timeout=120)
         except grpc.RpcError as exc:
@@ -102,14 +110,24 @@ def test_health_answers_while_the_largest_bytes_requests_run(server: ServeProces
     big = np.array([b"b" * (MAX_DATA // 4 - 4)] * 4, dtype=object)  # the data cap, 4 elements
     over_many = np.array([b"k"] * (MAX_ELEMENTS + 1), dtype=object)
     over_big = np.array([b"b" * (MAX_DATA // 4 - 4)] * 4 + [b""], dtype=object)  # 4 bytes over
-    http_bodies = [(_http_bytes_body(a), ok) for a, ok in ((many, True), (big, True), (over_many, False), (over_big, False))]
-    grpc_bodies = [(_grpc_bytes_request(a), ok) for a, ok in ((many, True), (big, True), (over_many, False), (over_big, False))]
+    http_bodies = [
+        (_http_bytes_body(a), ok) for a, ok in ((many, True), (big, True), (over_many, False), (over_big, False))
+    ]
+    grpc_bodies = [
+        (_grpc_bytes_request(a), ok) for a, ok in ((many, True), (big, True), (over_many, False), (over_big, False))
+    ]
     assert all(http_costly(body, js) for (body, js), _ in http_bodies)
     assert all(grpc_costly(pb.ModelInferRequest.FromString(payload)) for payload, _ in grpc_bodies)
     for client in (httpx.Client(timeout=120),):  # warm the model (first run allocates)
         body, js = _http_bytes_body(np.array([b"w"], dtype=object))
-        assert client.post(f"http://127.0.0.1:{http_port}/v2/models/flat/infer", content=body,
-                           headers={"Inference-Header-Content-Length": str(js)}).status_code == 200
+        assert (
+            client.post(
+                f"http://127.0.0.1:{http_port}/v2/models/flat/infer",
+                content=body,
+                headers={"Inference-Header-Content-Length": str(js)},
+            ).status_code
+            == 200
+        )
     out: mp.Queue = mp.get_context("spawn").Queue()  # type: ignore[type-arg]
     pinger = mp.get_context("spawn").Process(target=_ping, args=(http_port, 12.0, out))
     pinger.start()
@@ -117,8 +135,11 @@ def test_health_answers_while_the_largest_bytes_requests_run(server: ServeProces
     with httpx.Client(timeout=120) as client:
         for _ in range(2):
             for (body, js), ok in http_bodies:
-                r = client.post(f"http://127.0.0.1:{http_port}/v2/models/flat/infer", content=body,
-                                headers={"Inference-Header-Content-Length": str(js)})
+                r = client.post(
+                    f"http://127.0.0.1:{http_port}/v2/models/flat/infer",
+                    content=body,
+                    headers={"Inference-Header-Content-Length": str(js)},
+                )
                 if ok:
                     assert r.status_code == 200, r.text[:300]
                     assert int(r.headers["Inference-Header-Content-Length"]) < len(r.content)
@@ -177,9 +198,14 @@ def test_json_over_the_cap_is_413_with_a_hint_and_memory_comes_back(server: Serv
     small = json.dumps({"inputs": [{"name": "x", "shape": [m], "datatype": "FP32", "data": x.tolist()}]}).encode()
     assert len(small) < DEFAULT_LIMITS.max_json_bytes
     big = np.ones(50_000_000, np.float32)  # and a 200 MiB binary request
-    header = json.dumps({"inputs": [{"name": "x", "shape": [big.size], "datatype": "FP32",
-                                      "parameters": {"binary_data_size": big.nbytes}}],
-                         "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": [big.size], "datatype": "FP32", "parameters": {"binary_data_size": big.nbytes}}
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
     body = header + big.tobytes()
     del big
 

@@ -43,14 +43,23 @@ def _config(initial: dict[str, object], strategy: dict[str, object]) -> dict[str
         "output": [{"name": "OUTPUT", "data_type": "TYPE_INT32", "dims": [1]}],
         "sequence_batching": {
             **strategy,
-            "control_input": [{"name": "START", "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}],
-            "state": [{"input_name": "STATE_IN", "output_name": "STATE_OUT", "data_type": "TYPE_INT32", "dims": [1],
-                       "initial_state": {"data_type": "TYPE_INT32", "dims": [1], "name": "init", **initial}}],
+            "control_input": [
+                {"name": "START", "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}
+            ],
+            "state": [
+                {
+                    "input_name": "STATE_IN",
+                    "output_name": "STATE_OUT",
+                    "data_type": "TYPE_INT32",
+                    "dims": [1],
+                    "initial_state": {"data_type": "TYPE_INT32", "dims": [1], "name": "init", **initial},
+                }
+            ],
         },
     }
 
 
-PY_STATE_MODEL = '''
+PY_STATE_MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -61,9 +70,9 @@ class TritonPythonModel:
             total = pb_utils.get_input_tensor_by_name(r, "STATE_IN").as_numpy() + pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", total), pb_utils.Tensor("STATE_OUT", total)]))
         return out
-'''
+"""
 
-BLS_MODEL = '''
+BLS_MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -83,9 +92,9 @@ class TritonPythonModel:
                 raise pb_utils.TritonModelException(answer.error().message())
             out.append(pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(answer, "OUTPUT")]))
         return out
-'''
+"""
 
-PY_MODEL = '''
+PY_MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -98,7 +107,7 @@ class TritonPythonModel:
             text = np.array([[str(cid).encode()]] * x.shape[0], dtype=object)
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("CID", text)]))
         return out
-'''
+"""
 
 
 @pytest.fixture
@@ -113,29 +122,52 @@ def service(tmp_path: Path) -> InferenceService:
     (tmp_path / "acc_file" / "initial_state" / "hundred").write_bytes(np.int32([100]).tobytes())
     (tmp_path / "cid" / "1").mkdir(parents=True)
     (tmp_path / "cid" / "1" / "model.py").write_text(PY_MODEL)
-    (tmp_path / "cid" / "config.yaml").write_text(yaml.safe_dump({
-        "backend": "python", "max_batch_size": 2, "parameters": {"isolation": "process"},
-        "input": [{"name": "INPUT", "data_type": "TYPE_INT32", "dims": [1]}],
-        "output": [{"name": "CID", "data_type": "TYPE_STRING", "dims": [1]}],
-        "sequence_batching": {},
-    }))
+    (tmp_path / "cid" / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "backend": "python",
+                "max_batch_size": 2,
+                "parameters": {"isolation": "process"},
+                "input": [{"name": "INPUT", "data_type": "TYPE_INT32", "dims": [1]}],
+                "output": [{"name": "CID", "data_type": "TYPE_STRING", "dims": [1]}],
+                "sequence_batching": {},
+            }
+        )
+    )
     (tmp_path / "py_state" / "1").mkdir(parents=True)
     (tmp_path / "py_state" / "1" / "model.py").write_text(PY_STATE_MODEL)
-    (tmp_path / "py_state" / "config.yaml").write_text(yaml.safe_dump({**_config({"zero_data": True}, {}), "backend": "python"}))
+    (tmp_path / "py_state" / "config.yaml").write_text(
+        yaml.safe_dump({**_config({"zero_data": True}, {}), "backend": "python"})
+    )
     end = {"name": "END", "control": [{"kind": "CONTROL_SEQUENCE_END", "int32_false_true": [0, 1]}]}
     bls = _config({"zero_data": True}, {})
     bls["sequence_batching"] = {"control_input": [*bls["sequence_batching"]["control_input"], end]}  # type: ignore[index]
     (tmp_path / "bls" / "1").mkdir(parents=True)
     (tmp_path / "bls" / "1" / "model.py").write_text(BLS_MODEL)
-    (tmp_path / "bls" / "config.yaml").write_text(yaml.safe_dump({**bls, "backend": "python", "parameters": {"isolation": "process"}}))
+    (tmp_path / "bls" / "config.yaml").write_text(
+        yaml.safe_dump({**bls, "backend": "python", "parameters": {"isolation": "process"}})
+    )
     (tmp_path / "ens" / "1").mkdir(parents=True)
-    (tmp_path / "ens" / "config.yaml").write_text(yaml.safe_dump({
-        "platform": "ensemble", "max_batch_size": 4,
-        "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [1]}],
-        "output": [{"name": "Y", "data_type": "TYPE_INT32", "dims": [1]}],
-        "ensemble_scheduling": {"step": [{"model_name": "py_state", "model_version": -1,
-                                          "input_map": {"INPUT": "X"}, "output_map": {"OUTPUT": "Y"}}]},
-    }))
+    (tmp_path / "ens" / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "platform": "ensemble",
+                "max_batch_size": 4,
+                "input": [{"name": "X", "data_type": "TYPE_INT32", "dims": [1]}],
+                "output": [{"name": "Y", "data_type": "TYPE_INT32", "dims": [1]}],
+                "ensemble_scheduling": {
+                    "step": [
+                        {
+                            "model_name": "py_state",
+                            "model_version": -1,
+                            "input_map": {"INPUT": "X"},
+                            "output_map": {"OUTPUT": "Y"},
+                        }
+                    ]
+                },
+            }
+        )
+    )
     svc = InferenceService(ModelRepository(tmp_path), threads=1)
     yield svc  # type: ignore[misc]
     svc.close()
@@ -177,8 +209,10 @@ def test_bls_calls_and_ensemble_steps_carry_the_sequence(service: InferenceServi
     assert [g["OUTPUT"].item() for g in got] == [2, 5]  # py_state's sum over the BLS calls of sequence 11
     with pytest.raises(InvalidInputError, match="sequence 11 .* START flag"):  # ended by the last BLS call
         _run(service, "py_state", 11, 1)
-    ens = [service.run(InferRequest("ens", {"X": np.full((1, 1), v, np.int32)}, sequence_id="e", sequence_start=v == 4))
-           for v in (4, 6)]
+    ens = [
+        service.run(InferRequest("ens", {"X": np.full((1, 1), v, np.int32)}, sequence_id="e", sequence_start=v == 4))
+        for v in (4, 6)
+    ]
     assert [e["Y"].item() for e in ens] == [4, 10]
 
 

@@ -98,7 +98,9 @@ def test_example_repository_entry_loads_and_runs(service: InferenceService) -> N
 
 def test_not_found_not_ready_and_unload(service: InferenceService) -> None:
     x = {"x": np.ones((1, 3, 2, 2), np.float32)}
-    with pytest.raises(ModelNotFoundError, match="Request for unknown model: 'nope' is not found; available: add, example, scale"):
+    with pytest.raises(
+        ModelNotFoundError, match="Request for unknown model: 'nope' is not found; available: add, example, scale"
+    ):
         service.infer("nope", x)
     with pytest.raises(ModelNotReadyError, match="Request for unknown model: 'scale' has no available versions"):
         service.infer("scale", x)
@@ -107,7 +109,9 @@ def test_not_found_not_ready_and_unload(service: InferenceService) -> None:
     assert service.is_ready("scale") and service.is_ready("scale", 1) and not service.is_ready("scale", 2)
     with pytest.raises(ModelNotReadyError, match="Request for unknown model: 'scale' version 2 is not at ready state"):
         service.infer("scale", x, version=2)
-    with pytest.raises(ModelNotFoundError, match=r"Request for unknown model: 'scale' version 7 is not found; loaded versions: \[1\]"):
+    with pytest.raises(
+        ModelNotFoundError, match=r"Request for unknown model: 'scale' version 7 is not found; loaded versions: \[1\]"
+    ):
         service.infer("scale", x, version=7)
     assert service.model_names() == ["scale"]
     assert {"name": "add", "version": "", "state": "UNAVAILABLE"} in service.repository_index()
@@ -125,7 +129,15 @@ def test_config_override_and_failed_load_changes_nothing(service: InferenceServi
     service.load("add", config_override={"max_batch_size": 2})
     assert service.model_config("add").max_batch_size == 2
     with pytest.raises(ModelConfigError, match="input 'a': config says data_type INT32"):
-        service.load("add", config_override={"input": [{"name": "a", "data_type": "INT32", "dims": [4]}, {"name": "b", "data_type": "FP32", "dims": [4]}]})
+        service.load(
+            "add",
+            config_override={
+                "input": [
+                    {"name": "a", "data_type": "INT32", "dims": [4]},
+                    {"name": "b", "data_type": "FP32", "dims": [4]},
+                ]
+            },
+        )
     assert service.is_ready("add") and service.model_config("add").max_batch_size == 2
 
 

@@ -213,11 +213,26 @@ def test_server_state_metadata_and_statistics_shape(service: InferenceService) -
     stats = service.statistics()
     assert list(stats) == ["model_stats"]
     (stat,) = stats["model_stats"]
-    assert list(stat) == ["name", "version", "last_inference", "inference_count", "execution_count", "inference_stats", "batch_stats"]
+    assert list(stat) == [
+        "name",
+        "version",
+        "last_inference",
+        "inference_count",
+        "execution_count",
+        "inference_stats",
+        "batch_stats",
+    ]
     assert (stat["name"], stat["version"], stat["inference_count"], stat["execution_count"]) == ("add", "1", 3, 1)
     assert abs(stat["last_inference"] - time.time() * 1000) < 60_000
     assert list(stat["inference_stats"]) == [
-        "success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss"
+        "success",
+        "fail",
+        "queue",
+        "compute_input",
+        "compute_infer",
+        "compute_output",
+        "cache_hit",
+        "cache_miss",
     ]
     assert all(set(v) == {"count", "ns"} for v in stat["inference_stats"].values())
     assert stat["batch_stats"][0]["batch_size"] == 3
@@ -236,11 +251,16 @@ def test_server_state_metadata_and_statistics_shape(service: InferenceService) -
 
 @pytest.mark.skipif(usable_gpus("onnxruntime")[0] > 0, reason="onnxruntime can use a GPU here")
 def test_gpu_instances_without_a_gpu_the_backend_can_use_fail_saying_why(service: InferenceService) -> None:
-    with pytest.raises(ModelConfigError, match=r"KIND_GPU but backend 'onnxruntime' cannot use a GPU here: onnxruntime \S+ "
-                       r"has no CUDAExecutionProvider \(its providers: .*CPUExecutionProvider"):
+    with pytest.raises(
+        ModelConfigError,
+        match=r"KIND_GPU but backend 'onnxruntime' cannot use a GPU here: onnxruntime \S+ "
+        r"has no CUDAExecutionProvider \(its providers: .*CPUExecutionProvider",
+    ):
         service.load("conv", config_override={"instance_group": [{"count": 1, "kind": "KIND_GPU", "gpus": [0]}]})
     assert not service.is_ready("conv")
-    service.load("conv", config_override={"instance_group": [{"count": 1, "kind": "KIND_AUTO"}]})  # what is there: the CPU
+    service.load(
+        "conv", config_override={"instance_group": [{"count": 1, "kind": "KIND_AUTO"}]}
+    )  # what is there: the CPU
     assert [i["kind"] for i in service.session_info("conv")["instances"]] == ["KIND_CPU"]
     assert service.session_info("conv")["providers"] == ["CPUExecutionProvider"]
 

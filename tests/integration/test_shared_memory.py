@@ -59,12 +59,12 @@ class TritonPythonModel:
         ]
 '''
 
-GATE_CONFIG = '''name: "gate"
+GATE_CONFIG = """name: "gate"
 backend: "python"
 max_batch_size: 0
 input [{ name: "x", data_type: TYPE_FP32, dims: [ 4 ] }]
 output [{ name: "y", data_type: TYPE_FP32, dims: [ 4 ] }]
-'''
+"""
 
 A = np.arange(8, dtype=np.float32).reshape(2, 4)
 B = np.full((2, 4), 0.5, np.float32)
@@ -89,7 +89,6 @@ def _mapped(key: str) -> int:
     """How many mappings of the shm object ``key`` this process holds (client's and server's)."""
     with open("/proc/self/maps") as f:
         return sum(1 for line in f if line.rstrip().endswith("/dev/shm" + key))
-
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +162,9 @@ def test_inputs_and_outputs_in_regions_round_trip(protocol: str, http: Any, grpc
             ]
         else:
             assert {n: (r.key, r.offset, r.byte_size) for n, r in status.regions.items()} == {
-                "in": (_key(f"in_{protocol}"), 4096, 64), "out": (_key(f"out_{protocol}"), 0, 64)}
+                "in": (_key(f"in_{protocol}"), 4096, 64),
+                "out": (_key(f"out_{protocol}"), 0, 64),
+            }
 
         inputs = [mod.InferInput(n, [2, 4], "FP32") for n in ("a", "b")]
         inputs[0].set_shared_memory("in", 32)
@@ -178,12 +179,17 @@ def test_inputs_and_outputs_in_regions_round_trip(protocol: str, http: Any, grpc
         # the answer names the outputs with their shapes and carries none of their data
         if protocol == "http":
             entries = result.get_response()["outputs"]
-            assert [(e["name"], e["datatype"], e["shape"]) for e in entries] == [("sum", "FP32", [2, 4]), ("diff", "FP32", [2, 4])]
+            assert [(e["name"], e["datatype"], e["shape"]) for e in entries] == [
+                ("sum", "FP32", [2, 4]),
+                ("diff", "FP32", [2, 4]),
+            ]
             assert all("data" not in e and "parameters" not in e for e in entries)
         else:
             response = result.get_response()
             assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
-                ("sum", "FP32", [2, 4]), ("diff", "FP32", [2, 4])]
+                ("sum", "FP32", [2, 4]),
+                ("diff", "FP32", [2, 4]),
+            ]
             assert list(response.raw_output_contents) == [b"", b""]
 
         client.unregister_system_shared_memory("in")
@@ -275,7 +281,9 @@ def test_register_refuses_bad_keys_and_sizes(protocol: str, http: Any, grpc: Any
             (_key(f"small_{protocol}"), 0, 0, "byte_size must be > 0"),
         ]
         for key, offset, byte_size, message in cases:
-            err = _refused(lambda k=key, n=byte_size, o=offset: client.register_system_shared_memory("r", k, n, offset=o))
+            err = _refused(
+                lambda k=key, n=byte_size, o=offset: client.register_system_shared_memory("r", k, n, offset=o)
+            )
             assert message in err.message(), (key, err.message())
             assert str(err.status()) == bad_request, (key, err.status())
         link = Path("/dev/shm", f"{_KEY_PREFIX}link_{protocol}")
@@ -339,7 +347,9 @@ def test_cuda_shared_memory_is_refused_but_unregistering_it_succeeds(http: Any, 
     err = _refused(lambda: grpc.register_cuda_shared_memory("c", b"\0" * 64, 0, 64))
     assert str(err.status()) == "StatusCode.UNIMPLEMENTED" and "CUDA shared memory is not supported" in err.message()
     with httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}", trust_env=False) as raw:
-        answer = raw.post("/v2/cudasharedmemory/region/c/register", json={"raw_handle": {"b64": ""}, "device_id": 0, "byte_size": 1})
+        answer = raw.post(
+            "/v2/cudasharedmemory/region/c/register", json={"raw_handle": {"b64": ""}, "device_id": 0, "byte_size": 1}
+        )
         assert answer.status_code == 400 and "CUDA shared memory is not supported" in answer.json()["error"]
         assert raw.post("/v2/systemsharedmemory/status").status_code == 405  # status is a GET, as in Triton
 
@@ -498,14 +508,17 @@ OPS_TOKEN = "ops-token-" + "o" * 26
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "http-workers-2"])
-def tenants_server(request: pytest.FixtureRequest, repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def tenants_server(
+    request: pytest.FixtureRequest, repo: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     """Three tenants (alice and bob: infer; ops: admin), in one process or with two front ends."""
     tokens = tmp_path_factory.mktemp("tenants") / "tokens.txt"
     tokens.write_text(f"{ALICE_TOKEN} infer alice\n{BOB_TOKEN} infer bob\n{OPS_TOKEN} admin ops\n")
     tokens.chmod(0o600)
     workers = int(request.param)
-    srv = _serving(repo, allow_client_shm=True, tokens=TokenTable.from_file(tokens), http_workers=workers,
-                   grpc_workers=workers)
+    srv = _serving(
+        repo, allow_client_shm=True, tokens=TokenTable.from_file(tokens), http_workers=workers, grpc_workers=workers
+    )
     yield srv
     srv.stop(timeout_s=30)
 
@@ -523,8 +536,11 @@ def test_regions_belong_to_their_tenant(tenants_server: Server, protocol: str) -
         status = client.get_system_shared_memory_status(headers=headers)
         return sorted(r["name"] for r in status) if protocol == "http" else sorted(status.regions)
 
-    with _segment(f"t_alice_{protocol}", 64) as seg_a, _segment(f"t_bob_{protocol}", 64) as seg_b, \
-            _segment(f"t_out_{protocol}", 64) as seg_out:
+    with (
+        _segment(f"t_alice_{protocol}", 64) as seg_a,
+        _segment(f"t_bob_{protocol}", 64) as seg_b,
+        _segment(f"t_out_{protocol}", 64) as seg_out,
+    ):
         shm.set_shared_memory_region(seg_a, [A, A])
         shm.set_shared_memory_region(seg_b, [B, B])
         shm.set_shared_memory_region(seg_out, [np.zeros_like(A), np.zeros_like(A)])
@@ -534,7 +550,9 @@ def test_regions_belong_to_their_tenant(tenants_server: Server, protocol: str) -
         try:
             assert names(alice) == ["alice-out", "data"]
             assert names(bob) == ["data"]
-            assert names(ops) == (["alice-out", "data", "data"] if protocol == "http" else ["alice/alice-out", "alice/data", "bob/data"])
+            assert names(ops) == (
+                ["alice-out", "data", "data"] if protocol == "http" else ["alice/alice-out", "alice/data", "bob/data"]
+            )
             with pytest.raises(InferenceServerException):  # another tenant's region is not found
                 client.get_system_shared_memory_status("alice-out", headers=bob)
 

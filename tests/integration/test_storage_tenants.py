@@ -72,7 +72,6 @@ def call(app: FastAPI, method: str, url: str, **kw: Any) -> httpx.Response:
     return asyncio.run(go())
 
 
-
 def test_three_tenants_each_submit_only_within_their_own_folder(store: JobStore, data: Path) -> None:
     app = with_principal(create_router(store, storage=Storage(file_roots=[data / "{tenant}"])))
 
@@ -111,8 +110,13 @@ def test_analyze_json_sources_are_confined_to_the_callers_folder(data: Path, tes
     app = with_principal(create_analyze_router(analyzer))
 
     def analyze(who: str, source: str) -> httpx.Response:
-        return call(app, "POST", "/v1/analyze", json={"source": source, "pipeline": "nudenet"},
-                    headers={"x-test-principal": who})
+        return call(
+            app,
+            "POST",
+            "/v1/analyze",
+            json={"source": source, "pipeline": "nudenet"},
+            headers={"x-test-principal": who},
+        )
 
     for source in (f"file://{data}/bob/in/v.mp4", f"file://{data}/alice/../bob/in/v.mp4"):
         r = analyze("alice", source)
@@ -142,8 +146,12 @@ def test_s3_is_confined_to_the_tenants_prefix(s3_endpoint: str, tmp_path: Path) 
     st.upload({"results.json": local}, "s3://media/alice/out/", tenant="alice")
     got = st.download("s3://media/alice/out/results.json", tmp_path / "dl" / "mine.json", tenant="alice")
     assert json.loads(got.read_text()) == {"who": "alice"}
-    for uri in ("s3://media/bob/out/results.json", "s3://media/alice/../bob/out/results.json",
-                "s3://media/alice//out/results.json", "s3://media/carol/out/results.json"):
+    for uri in (
+        "s3://media/bob/out/results.json",
+        "s3://media/alice/../bob/out/results.json",
+        "s3://media/alice//out/results.json",
+        "s3://media/carol/out/results.json",
+    ):
         with pytest.raises(SourceError, match=r"allowed buckets and prefixes \(s3://media/alice/\)|'\.\.' segments"):
             st.download(uri, tmp_path / "dl" / "theirs", tenant="alice")
         with pytest.raises(SourceError):
@@ -177,8 +185,11 @@ def test_the_worker_fails_a_job_outside_its_owners_storage_and_never_runs_it(sto
     w = Worker(store, Storage(file_roots=[data / "{tenant}"]), process, lease_s=3, poll_s=0.02)
     w.start()
     try:
-        wait_for(lambda: all(store.get(j).state in ("failed", "succeeded") for j in (theirs, into_theirs, escapes, mine)),
-                 15, "the four jobs to finish")
+        wait_for(
+            lambda: all(store.get(j).state in ("failed", "succeeded") for j in (theirs, into_theirs, escapes, mine)),
+            15,
+            "the four jobs to finish",
+        )
     finally:
         w.stop()
         w.join(10)
@@ -193,9 +204,25 @@ def test_the_worker_fails_a_job_outside_its_owners_storage_and_never_runs_it(sto
 
 def _serve(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*frameserve_command(), "serve", "--model-repository", str(home / "models"), "--no-jobs", "--http-port", "0",
-         "--grpc-port", "0", "--metrics-port", "0", *args],
-        capture_output=True, text=True, timeout=60, check=False, env={**os.environ, "FRAMESERVE_HOME": str(home)},
+        [
+            *frameserve_command(),
+            "serve",
+            "--model-repository",
+            str(home / "models"),
+            "--no-jobs",
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "FRAMESERVE_HOME": str(home)},
         stdin=subprocess.DEVNULL,
     )
 
@@ -216,8 +243,15 @@ def test_serve_with_tokens_refuses_storage_shared_by_accident(tmp_path: Path, to
     err = " ".join(done.stderr.split())  # rich wraps long lines
     assert f"--file-root {shared} has no {{tenant}}" in err, err
     assert f"--file-root {shared}/{{tenant}}" in err and "--shared-file-root" in err, err
-    done = _serve(tmp_path, "--auth-token-file", str(tokens), "--file-root", str(tmp_path / "{tenant}"),
-                  "--s3-allow-bucket", "media")
+    done = _serve(
+        tmp_path,
+        "--auth-token-file",
+        str(tokens),
+        "--file-root",
+        str(tmp_path / "{tenant}"),
+        "--s3-allow-bucket",
+        "media",
+    )
     assert done.returncode == 2, (done.stdout, done.stderr)
     err = " ".join(done.stderr.split())
     assert "--s3-allow-bucket media has no {tenant}" in err and "--s3-allow-bucket media/{tenant}/" in err, err
@@ -225,8 +259,16 @@ def test_serve_with_tokens_refuses_storage_shared_by_accident(tmp_path: Path, to
 
 def test_serve_with_shared_file_root_starts_and_says_so(tmp_path: Path, tokens: Path) -> None:
     shared = tmp_path / "shared"
-    with ServeProcess(tmp_path / "models", tmp_path, "--auth-token-file", str(tokens), "--file-root", str(shared),
-                      "--shared-file-root", "--no-embedded-worker") as proc:
+    with ServeProcess(
+        tmp_path / "models",
+        tmp_path,
+        "--auth-token-file",
+        str(tokens),
+        "--file-root",
+        str(shared),
+        "--shared-file-root",
+        "--no-embedded-worker",
+    ) as proc:
         proc.wait_ready()
         assert proc.wait_line("storage:") == f"storage: SHARED between tenants (--shared-file-root): {shared}"
         assert proc.stop() == 0

@@ -21,7 +21,9 @@ from frameserve.errors import BackendUnavailableError, InferenceError, ModelConf
 from frameserve.repository import ModelConfig, ModelRepository
 from frameserve.service import InferenceService
 
-torch = pytest.importorskip("torch", reason="the torch backend needs torch (scripts/setup.sh --dev installs torch==2.13.0)")
+torch = pytest.importorskip(
+    "torch", reason="the torch backend needs torch (scripts/setup.sh --dev installs torch==2.13.0)"
+)
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +87,8 @@ def repo(tmp_path: Path, models: dict[str, torch.nn.Module]) -> ModelRepository:
     image, bias = torch.randn(2, 3, 8, 8), torch.randn(2, 4)
     _script(models["conv"], tmp_path / "conv_ts" / "1" / "model.pt")
     (tmp_path / "conv_ts" / "config.yaml").write_text(
-        "max_batch_size: 8\ninput:\n" + IMAGE_CONFIG
+        "max_batch_size: 8\ninput:\n"
+        + IMAGE_CONFIG
         + "output:\n  - {name: features, data_type: TYPE_FP32, dims: [4, 8, 8]}\n"
     )
     _export(models["conv"], (image,), tmp_path / "conv_ex" / "1" / "model.pt2")  # no config at all
@@ -147,7 +150,9 @@ def test_two_outputs_and_dynamic_batching(service: InferenceService, models: dic
     assert list(only) == ["pooled"]
     # Four batch-1 requests combined by the server into one batch of 4 (the preferred size).
     with ThreadPoolExecutor(4) as pool:
-        parts = list(pool.map(lambda i: service.infer(name, {"image": image[i : i + 1], "bias": bias[i : i + 1]}), range(4)))
+        parts = list(
+            pool.map(lambda i: service.infer(name, {"image": image[i : i + 1], "bias": bias[i : i + 1]}), range(4))
+        )
     for i, part in enumerate(parts):
         np.testing.assert_allclose(part["pooled"], pooled.numpy()[i : i + 1], atol=ATOL)
     (stat,) = service.statistics(name)["model_stats"]
@@ -195,16 +200,26 @@ def test_numpy_and_torch_share_memory_both_ways(service: InferenceService, repo:
 
 
 def test_torchscript_without_inputs_in_config_is_refused_clearly(service: InferenceService) -> None:
-    with pytest.raises(ModelConfigError, match=r"TorchScript model \(model.pt\) declares no tensor names or shapes; list every input"):
+    with pytest.raises(
+        ModelConfigError, match=r"TorchScript model \(model.pt\) declares no tensor names or shapes; list every input"
+    ):
         service.load("bare_ts")
 
 
 def test_config_that_contradicts_the_program(repo: ModelRepository) -> None:
     path = repo.model_file("conv_ex", 1)
     bad = {"inputs": (), "max_batch_size": 32}
-    with pytest.raises(ModelConfigError, match="config max_batch_size 32, but the exported program's batch dim is at most 16"):
+    with pytest.raises(
+        ModelConfigError, match="config max_batch_size 32, but the exported program's batch dim is at most 16"
+    ):
         load_session(ModelConfig("conv_ex", backend="torch", **bad), path, threads=1)
-    cfg = ModelConfig("conv_ts", backend="torch", max_batch_size=8, inputs=repo.config("two_ts").inputs, outputs=repo.config("conv_ts").outputs)
+    cfg = ModelConfig(
+        "conv_ts",
+        backend="torch",
+        max_batch_size=8,
+        inputs=repo.config("two_ts").inputs,
+        outputs=repo.config("conv_ts").outputs,
+    )
     with pytest.raises(ModelConfigError, match=r"config lists 2 inputs, the TorchScript forward takes \['image'\]"):
         load_session(cfg, repo.model_file("conv_ts", 1), threads=1)
 
@@ -222,7 +237,9 @@ def test_reduced_precision_casts_model_and_inputs(repo: ModelRepository, models:
             np.testing.assert_allclose(y, ref, atol=0.1)
             assert not np.allclose(y, ref, atol=1e-6)  # it did run in reduced precision
     cfg = repo.config("conv_ex", override={"parameters": {"precision": "int8"}})
-    with pytest.raises(ModelConfigError, match="precision 'int8' is not supported by backend torch; supported: fp32, bf16, fp16"):
+    with pytest.raises(
+        ModelConfigError, match="precision 'int8' is not supported by backend torch; supported: fp32, bf16, fp16"
+    ):
         load_session(cfg, repo.model_file("conv_ex", 1, config=cfg), threads=1)
 
 

@@ -29,7 +29,9 @@ from frameserve.tuning import quantize, tune  # noqa: E402
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-needs_torch = pytest.mark.skipif(not corpus.torch_available(), reason="the torch corpus is exported with torch: pip install torch")
+needs_torch = pytest.mark.skipif(
+    not corpus.torch_available(), reason="the torch corpus is exported with torch: pip install torch"
+)
 BY_NAME = {m.name: m for m in corpus.TORCH_MODELS}
 
 
@@ -54,8 +56,10 @@ def npz(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _dims(model: Any) -> dict[str, list[Any]]:
-    return {i.name: [d.dim_param or (d.dim_value if d.dim_value > 0 else "?") for d in i.type.tensor_type.shape.dim]
-            for i in model.graph.input}
+    return {
+        i.name: [d.dim_param or (d.dim_value if d.dim_value > 0 else "?") for d in i.type.tensor_type.shape.dim]
+        for i in model.graph.input
+    }
 
 
 def _opset(model: Any) -> int:
@@ -80,12 +84,18 @@ def _check_int8(fp32: Path, int8: Path, result: Any) -> None:
 
 @needs_torch
 @pytest.mark.parametrize("name", [m.name for m in corpus.TORCH_MODELS])
-def test_torch_corpus_quantizes_valid_and_gated_by_kind(torch_root: Path, images: Path, npz: Path, tmp_path: Path,
-                                                       name: str) -> None:
+def test_torch_corpus_quantizes_valid_and_gated_by_kind(
+    torch_root: Path, images: Path, npz: Path, tmp_path: Path, name: str
+) -> None:
     spec = BY_NAME[name]
     folder = torch_root / name
-    result = quantize(folder, calibration=npz if spec.net == "two_in_three_out" else images, engine="onnxruntime",
-                      work_dir=tmp_path, max_frames=8)
+    result = quantize(
+        folder,
+        calibration=npz if spec.net == "two_in_three_out" else images,
+        engine="onnxruntime",
+        work_dir=tmp_path,
+        max_frames=8,
+    )
     _check_int8(folder / "1" / "model.onnx", tmp_path / f"{name}.int8.onnx", result)
     gate = result.gate
     assert gate.kind == "tensors" and gate.frames == 4
@@ -109,15 +119,23 @@ def test_builtin_models_quantize_valid_from_images(real_asset, images: Path, tmp
     folder = corpus.builtin_folder(name, tmp_path / "models", real_asset(builtin_model(name).asset))
     result = quantize(folder, calibration=images, engine="onnxruntime", work_dir=tmp_path, max_frames=4)
     _check_int8(folder / "1" / "model.onnx", tmp_path / f"{name}.int8.onnx", result)
-    assert result.gate.kind == "tensors" and len(result.gate.metrics) == len(onnx.load(str(folder / "1" / "model.onnx")).graph.output)
+    assert result.gate.kind == "tensors" and len(result.gate.metrics) == len(
+        onnx.load(str(folder / "1" / "model.onnx")).graph.output
+    )
 
 
 def test_opennsfw_with_its_pipeline_quantizes_at_opset_13(real_asset, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The reported failure: open_nsfw (tf2onnx, opset 9) got per-channel DequantizeLinear with
     ``axis`` -> onnxruntime INVALID_GRAPH; now converted to opset 13 first."""
     folder = corpus.builtin_folder("opennsfw", tmp_path / "models", real_asset("opennsfw.onnx"))
-    result = quantize(folder, calibration=real_asset("carphone_pristine.mp4"), pipeline="nsfw", engine="onnxruntime",
-                      work_dir=tmp_path, max_frames=6)
+    result = quantize(
+        folder,
+        calibration=real_asset("carphone_pristine.mp4"),
+        pipeline="nsfw",
+        engine="onnxruntime",
+        work_dir=tmp_path,
+        max_frames=6,
+    )
     assert result.settings.source_opset == 9 and result.settings.opset == 13 and result.settings.per_channel
     _check_int8(folder / "1" / "model.onnx", tmp_path / "opennsfw.int8.onnx", result)
     assert result.gate.kind == "scores" and "top-1 agreement" in result.gate.metric
@@ -140,10 +158,18 @@ def test_two_inputs_need_an_npz(torch_root: Path, images: Path, tmp_path: Path) 
 
 @needs_torch
 @pytest.mark.parametrize("name", [m.name for m in corpus.TORCH_MODELS])
-def test_tune_completes_on_every_torch_model(torch_root: Path, images: Path, npz: Path, tmp_path: Path, name: str) -> None:
+def test_tune_completes_on_every_torch_model(
+    torch_root: Path, images: Path, npz: Path, tmp_path: Path, name: str
+) -> None:
     spec = BY_NAME[name]
-    result = tune(torch_root / name, time_budget_s=1.0, calibration=npz if spec.net == "two_in_three_out" else images,
-                  max_trials=14, max_configs=8, out=tmp_path / "out")
+    result = tune(
+        torch_root / name,
+        time_budget_s=1.0,
+        calibration=npz if spec.net == "two_in_three_out" else images,
+        max_trials=14,
+        max_configs=8,
+        out=tmp_path / "out",
+    )
     data = json.loads((tmp_path / "out" / "tune.json").read_text())
     assert result.search.winner is not None and data["winner"]["config"] == result.search.winner.key
     assert data["trials"][0]["phase"] == "default" and data["trials"][0]["status"] == "measured"
@@ -174,8 +200,11 @@ def _batch_one_only(path: Path) -> Path:
         helper.make_node("Relu", ["flat"], ["y"]),
     ]
     graph = helper.make_graph(
-        nodes, "batch_one", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 2, 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 12])], initializer=[fixed, zero],
+        nodes,
+        "batch_one",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 12])],
+        initializer=[fixed, zero],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -185,16 +214,36 @@ def _batch_one_only(path: Path) -> Path:
 
 def _frameserve(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "FRAMESERVE_HOME": str(cwd / "home"), "COLUMNS": "160"}
-    return subprocess.run([sys.executable, "-m", "frameserve", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=400, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "frameserve", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_a_failing_candidate_is_a_refused_row_and_tune_exits_0(tmp_path: Path) -> None:
     folder = tmp_path / "models" / "batchone"
     _batch_one_only(folder / "1" / "model.onnx")
     (folder / "config.yaml").write_text(yaml.safe_dump({"backend": "onnxruntime", "max_batch_size": 8}))
-    proc = _frameserve("tune", str(folder), "--time-budget", "90s", "--max-trials", "24", "--max-configs", "8",
-                       "--backend", "onnxruntime", "--out", "tuned", cwd=tmp_path)
+    proc = _frameserve(
+        "tune",
+        str(folder),
+        "--time-budget",
+        "90s",
+        "--max-trials",
+        "24",
+        "--max-configs",
+        "8",
+        "--backend",
+        "onnxruntime",
+        "--out",
+        "tuned",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with (tmp_path / "tuned" / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -207,8 +256,23 @@ def test_a_failing_candidate_is_a_refused_row_and_tune_exits_0(tmp_path: Path) -
     winner = json.loads((tmp_path / "tuned" / "tune.json").read_text())["winner"]
     assert winner["config"] not in {r["config"] for r in refused}
 
-    perf = _frameserve("perf", str(folder), "--batch", "1,4", "--concurrency", "1", "--window-s", "0.1", "--warmup-s",
-                       "0.05", "--max-windows", "2", "--out", "perf", cwd=tmp_path)
+    perf = _frameserve(
+        "perf",
+        str(folder),
+        "--batch",
+        "1,4",
+        "--concurrency",
+        "1",
+        "--window-s",
+        "0.1",
+        "--warmup-s",
+        "0.05",
+        "--max-windows",
+        "2",
+        "--out",
+        "perf",
+        cwd=tmp_path,
+    )
     assert perf.returncode == 0, perf.stderr[-3000:]
     rows = json.loads((tmp_path / "perf" / "perf.json").read_text())["rows"]
     assert [r["batch"] for r in rows] == [1, 4] and rows[0]["error"] is None and "Reshape" in rows[1]["error"]
@@ -218,9 +282,29 @@ def test_tune_exits_1_when_the_default_does_not_run(tmp_path: Path) -> None:
     folder = tmp_path / "models" / "batchone"
     _batch_one_only(folder / "1" / "model.onnx")
     # the model's own config batches 4 requests at once: the default itself cannot run
-    (folder / "config.yaml").write_text(yaml.safe_dump({
-        "backend": "onnxruntime", "max_batch_size": 8,
-        "dynamic_batching": {"preferred_batch_size": [4], "max_queue_delay_microseconds": 200000}}))
-    proc = _frameserve("tune", str(folder), "--time-budget", "2s", "--max-trials", "14", "--max-configs", "8",
-                       "--backend", "onnxruntime", cwd=tmp_path)
-    assert proc.returncode == 1 and "default configuration does not run" in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+    (folder / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "backend": "onnxruntime",
+                "max_batch_size": 8,
+                "dynamic_batching": {"preferred_batch_size": [4], "max_queue_delay_microseconds": 200000},
+            }
+        )
+    )
+    proc = _frameserve(
+        "tune",
+        str(folder),
+        "--time-budget",
+        "2s",
+        "--max-trials",
+        "14",
+        "--max-configs",
+        "8",
+        "--backend",
+        "onnxruntime",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1 and "default configuration does not run" in proc.stderr, (
+        proc.returncode,
+        proc.stderr[-2000:],
+    )

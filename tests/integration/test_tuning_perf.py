@@ -35,8 +35,15 @@ def test_in_process_sweep_writes_consistent_csv_json_plots_and_report(tmp_path: 
     conv_model(tmp_path / "repo" / "conv" / "1" / "model.onnx")
     out = tmp_path / "out"
     result = perf(
-        tmp_path / "repo", batches=[1, 2], concurrencies=[1, 2], instances=[1, 2], threads=[1],
-        shapes=SHAPE, settings=TINY, out=out, machine=machine,
+        tmp_path / "repo",
+        batches=[1, 2],
+        concurrencies=[1, 2],
+        instances=[1, 2],
+        threads=[1],
+        shapes=SHAPE,
+        settings=TINY,
+        out=out,
+        machine=machine,
     )
     configs = {(i, 1, b, c) for i in (1, 2) for b in (1, 2) for c in (1, 2)}
     assert {(r.instances, r.threads, r.batch, r.concurrency) for r in result.rows} == configs
@@ -55,7 +62,10 @@ def test_in_process_sweep_writes_consistent_csv_json_plots_and_report(tmp_path: 
         m = row.measurement
         assert m is not None
         assert (int(csv_row["instances"]), int(csv_row["batch"]), int(csv_row["concurrency"])) == (
-            json_row["instances"], json_row["batch"], json_row["concurrency"])
+            json_row["instances"],
+            json_row["batch"],
+            json_row["concurrency"],
+        )
         assert float(csv_row["throughput"]) == pytest.approx(json_row["throughput"], rel=1e-5)
         assert json_row["throughput"] == pytest.approx(m.throughput)
         assert 0 < m.p50_ms <= m.p90_ms <= m.p99_ms
@@ -77,7 +87,9 @@ def test_in_process_sweep_writes_consistent_csv_json_plots_and_report(tmp_path: 
 def test_profile_finds_the_models_operators_onnxruntime(tmp_path: Path, machine) -> None:  # type: ignore[no-untyped-def]
     model_dir = tmp_path / "conv"
     conv_model(model_dir / "1" / "model.onnx")
-    result = perf(model_dir, shapes=SHAPE, settings=TINY, profile=True, out=tmp_path / "out", threads=[1], machine=machine)
+    result = perf(
+        model_dir, shapes=SHAPE, settings=TINY, profile=True, out=tmp_path / "out", threads=[1], machine=machine
+    )
     prof = result.profile
     assert prof is not None and prof.backend == "onnxruntime" and prof.runs >= 3
     types = {t["op_type"] for t in prof.by_op_type()}
@@ -96,19 +108,25 @@ def test_profile_finds_the_models_operators_openvino(tmp_path: Path, machine) ->
     model_dir = tmp_path / "conv"
     conv_model(model_dir / "1" / "model.onnx")
     (model_dir / "config.yaml").write_text("backend: openvino\n")
-    result = perf(model_dir, shapes=SHAPE, settings=TINY, profile=True, out=tmp_path / "out", threads=[1], machine=machine)
+    result = perf(
+        model_dir, shapes=SHAPE, settings=TINY, profile=True, out=tmp_path / "out", threads=[1], machine=machine
+    )
     prof = result.profile
     assert prof is not None and prof.backend == "openvino"
     assert "Convolution" in {t["op_type"] for t in prof.by_op_type()}
     assert result.session["backend"] == "openvino" and result.session["precision"] == "fp32"
     trace = json.loads((tmp_path / "out" / "profile_trace.json").read_text())
-    assert any(e["name"] == "model_run" for e in trace) and any(e["args"].get("op_type") == "Convolution" for e in trace)
+    assert any(e["name"] == "model_run" for e in trace) and any(
+        e["args"].get("op_type") == "Convolution" for e in trace
+    )
 
 
 def test_a_model_failing_at_run_time_gives_error_rows(tmp_path: Path, machine) -> None:  # type: ignore[no-untyped-def]
     broken_model(tmp_path / "broken" / "1" / "model.onnx")
     # its output has no batch dim, so it does not batch: x is [-1, 4] in full
-    result = perf(tmp_path / "broken", concurrencies=[1, 2], shapes={"x": (1, 4)}, settings=TINY, threads=[1], machine=machine)
+    result = perf(
+        tmp_path / "broken", concurrencies=[1, 2], shapes={"x": (1, 4)}, settings=TINY, threads=[1], machine=machine
+    )
     assert len(result.rows) == 2
     assert all(r.measurement is None and r.error and "onnxruntime failed" in r.error for r in result.rows)
 

@@ -35,7 +35,9 @@ def nudenet_dir(tmp_path_factory: pytest.TempPathFactory, real_asset) -> Path:  
 def frames(nudenet_dir: Path, real_asset) -> Any:  # type: ignore[no-untyped-def]
     session = load_session(ModelConfig("nudenet"), nudenet_dir / "1" / "model.onnx", threads=1)
     # at most 48 frames: every 3rd of carphone's 120, 40 frames: 20 calibrate, 20 are held apart
-    return calibration_frames(real_asset("carphone_pristine.mp4"), "nudenet", session.config, model="nudenet", max_frames=48)
+    return calibration_frames(
+        real_asset("carphone_pristine.mp4"), "nudenet", session.config, model="nudenet", max_frames=48
+    )
 
 
 def test_frames_are_the_pipelines_own_inputs(frames: Any) -> None:
@@ -70,7 +72,9 @@ def test_int8_nudenet_passes_the_gate_on_carphone_and_serves(nudenet_dir: Path, 
         assert y.shape == (4, 22, 2100) and float(y[:, 4:].max()) > 0.5  # the face is there
 
 
-def test_nncf_quantizes_and_its_model_passes_the_gate_on_carphone(nudenet_dir: Path, frames: Any, tmp_path: Path) -> None:
+def test_nncf_quantizes_and_its_model_passes_the_gate_on_carphone(
+    nudenet_dir: Path, frames: Any, tmp_path: Path
+) -> None:
     """The second engine (what ``auto`` falls back to when onnxruntime's QDQ is refused)."""
     result = quantize(nudenet_dir, calibration=frames, engine="nncf")
     assert result.passed, result.gate.summary()
@@ -81,23 +85,31 @@ def test_nncf_quantizes_and_its_model_passes_the_gate_on_carphone(nudenet_dir: P
 def test_a_quantized_head_is_refused_and_nothing_written(nudenet_dir: Path, frames: Any, tmp_path: Path) -> None:
     # the naive quantization: onnxruntime's QDQ over the whole graph (NNCF skips parts of a
     # YOLO tail by its own patterns, so it is not the broken case)
-    result = quantize(nudenet_dir, calibration=frames, out=tmp_path / "out", keep_head_float=False, engine="onnxruntime")
+    result = quantize(
+        nudenet_dir, calibration=frames, out=tmp_path / "out", keep_head_float=False, engine="onnxruntime"
+    )
     assert not result.passed and result.settings.float_nodes == ()
     assert any("score moved" in r for r in result.gate.reasons), result.gate.summary()
     assert not (tmp_path / "out").exists() and result.out is None
 
 
-def test_weak_detections_fall_back_to_nncf_with_accuracy_control_and_pass(nudenet_dir: Path, tmp_path: Path, real_asset) -> None:  # type: ignore[no-untyped-def]
+def test_weak_detections_fall_back_to_nncf_with_accuracy_control_and_pass(
+    nudenet_dir: Path, tmp_path: Path, real_asset
+) -> None:  # type: ignore[no-untyped-def]
     """Big Buck Bunny (a cartoon: nudenet's detections score 0.25-0.5, next to its threshold):
     onnxruntime's QDQ is refused, so ``auto`` quantizes with NNCF; its plain int8 is refused
     too, so NNCF's accuracy control reverts operations to float until the gate passes."""
     session = load_session(ModelConfig("nudenet"), nudenet_dir / "1" / "model.onnx", threads=1)
-    frames = calibration_frames(real_asset("bigbuckbunny.mp4"), "nudenet", session.config, model="nudenet", max_frames=60)
+    frames = calibration_frames(
+        real_asset("bigbuckbunny.mp4"), "nudenet", session.config, model="nudenet", max_frames=60
+    )
     assert len(frames.held_apart) >= 20
     result = quantize(nudenet_dir, calibration=frames, out=tmp_path / "out")
     gate, settings = result.gate, result.settings
     assert any(n.startswith("onnxruntime's QDQ refused") for n in result.notes), result.notes
-    assert settings.engine == "nncf" and settings.accuracy_control and 1 <= len(settings.reverted) <= 10, settings.to_dict()
+    assert settings.engine == "nncf" and settings.accuracy_control and 1 <= len(settings.reverted) <= 10, (
+        settings.to_dict()
+    )
     assert result.passed, gate.summary()
     assert gate.reference_count >= 20 and gate.matched_share >= 0.99
     assert gate.mean_box_error_px is not None and gate.mean_box_error_px <= 2.0 and gate.max_score_change <= 0.1

@@ -34,14 +34,18 @@ def _torch_folder(name: str) -> Callable[[Path, Any], Path]:
         if not corpus.torch_available():
             pytest.skip("the torch corpus is exported with torch: pip install torch")
         return corpus.build_model(BY_NAME[name], root)
+
     return build
 
 
 def _pnet_unbatched(root: Path, real_asset: Any) -> Path:
     """mtcnn-pnet (NHWC, dynamic H and W) declared as a model that does not batch."""
     folder = corpus.builtin_folder("mtcnn-pnet", root, real_asset("mtcnn-pnet.onnx"))
-    config = {"backend": "onnxruntime", "max_batch_size": 0, "input": [
-        {"name": "input_1", "data_type": "TYPE_FP32", "format": "FORMAT_NHWC", "dims": [1, -1, -1, 3]}]}
+    config = {
+        "backend": "onnxruntime",
+        "max_batch_size": 0,
+        "input": [{"name": "input_1", "data_type": "TYPE_FP32", "format": "FORMAT_NHWC", "dims": [1, -1, -1, 3]}],
+    }
     (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return folder
 
@@ -62,8 +66,15 @@ CASES = [  # (builder, --shape, the tuned config's dims, its format)
 @pytest.mark.parametrize(("build", "shapes", "dims", "layout"), CASES)
 def test_tuned_folder_declares_the_shape_and_loads(build, shapes, dims, layout, real_asset, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     folder = build(tmp_path / "models", real_asset)
-    result = tune(folder, time_budget_s=1.0, shapes=shapes, out=tmp_path / "out", max_trials=6, max_configs=4,
-                  backends=("onnxruntime",))
+    result = tune(
+        folder,
+        time_budget_s=1.0,
+        shapes=shapes,
+        out=tmp_path / "out",
+        max_trials=6,
+        max_configs=4,
+        backends=("onnxruntime",),
+    )
     assert result.search.winner is not None
     config = yaml.safe_load((tmp_path / "out" / folder.name / "config.yaml").read_text())
     (entry,) = config["input"]

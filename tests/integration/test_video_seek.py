@@ -28,8 +28,9 @@ def gop15(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
 @pytest.fixture(scope="module")
 def vfr(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     pts = [0, 30, 45, 200, 210, 500, 520, 900, 1000, 1001, 1400, 1420]
-    return make_video(tmp_path_factory.mktemp("v") / "vfr.mkv", len(pts), vfr_pts=pts,
-                      time_base=Fraction(1, 1000), gop=4)
+    return make_video(
+        tmp_path_factory.mktemp("v") / "vfr.mkv", len(pts), vfr_pts=pts, time_base=Fraction(1, 1000), gop=4
+    )
 
 
 def test_keyframe_times_from_packets(gop15) -> None:  # type: ignore[no-untyped-def]
@@ -129,11 +130,14 @@ def test_packet_scan_index_matches_decode_order(gop15) -> None:  # type: ignore[
     assert first.index == 45 and first.pts_s == float(gop15.pts_s[45])
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"start_s": 1.0, "end_s": 1.0}, "empty range"),
-    ({"start_s": float("nan")}, "start_s"),
-    ({"end_s": "1"}, "end_s"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"start_s": 1.0, "end_s": 1.0}, "empty range"),
+        ({"start_s": float("nan")}, "start_s"),
+        ({"end_s": "1"}, "end_s"),
+    ],
+)
 def test_bad_ranges(gop15, kwargs, match) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(PipelineSpecError, match=match):
         VideoSource(gop15.path, **kwargs)

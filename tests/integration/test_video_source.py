@@ -29,9 +29,7 @@ def cfr(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-de
 def vfr(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """Variable frame rate: irregular pts in milliseconds."""
     pts = [0, 33, 40, 200, 210, 500, 520, 900, 1000, 1001]
-    return make_video(
-        tmp_path_factory.mktemp("v") / "vfr.mkv", len(pts), vfr_pts=pts, time_base=Fraction(1, 1000)
-    )
+    return make_video(tmp_path_factory.mktemp("v") / "vfr.mkv", len(pts), vfr_pts=pts, time_base=Fraction(1, 1000))
 
 
 def test_every_frame_in_order_with_exact_pts(cfr) -> None:  # type: ignore[no-untyped-def]

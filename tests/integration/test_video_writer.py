@@ -91,14 +91,16 @@ def test_source_timing_audio_and_rotation_are_kept(tmp_path: Path) -> None:
     from _videogen import make_video
 
     pts = [0, 40, 50, 300, 310, 700]  # ms, variable frame rate
-    src_path = make_video(tmp_path / "phone.mp4", len(pts), vfr_pts=pts, time_base=Fraction(1, 1000),
-                          rotation=90, audio_s=1.5).path
+    src_path = make_video(
+        tmp_path / "phone.mp4", len(pts), vfr_pts=pts, time_base=Fraction(1, 1000), rotation=90, audio_s=1.5
+    ).path
     out = tmp_path / "out.mp4"
     with VideoSource(src_path) as src:
         info = src.info
         frames = list(src)
-    with VideoWriter(out, info.width, info.height, fps=info.fps, time_base=info.time_base, crf=10,
-                     audio_from=src_path) as w:
+    with VideoWriter(
+        out, info.width, info.height, fps=info.fps, time_base=info.time_base, crf=10, audio_from=src_path
+    ) as w:
         for f in frames:
             w.write(f.rgb, f.pts_s)
     assert w.notes == [] and w.audio_packets_written > 0

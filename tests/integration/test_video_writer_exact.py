@@ -103,7 +103,10 @@ def test_encoder_options_reach_the_encoder(tmp_path: Path) -> None:
     [
         ({"codec": "ffv1", "pixel_format": "gbrp"}, "'ffv1' does not take pixel format 'gbrp'.*bgr0"),
         ({"codec": "libx264", "lossless": True}, "cannot store RGB frames losslessly.*libx264rgb"),
-        ({"codec": "ffv1", "lossless": True, "pixel_format": "yuv444p"}, "'yuv444p' cannot hold RGB frames exactly.*bgr0"),
+        (
+            {"codec": "ffv1", "lossless": True, "pixel_format": "yuv444p"},
+            "'yuv444p' cannot hold RGB frames exactly.*bgr0",
+        ),
         ({"codec": "ffv1", "qp": 0}, "qp applies to libx264, libx264rgb, libx265"),
         ({"codec": "libx264", "qp": 99}, r"qp must be in \[0, 69\]"),
         ({"codec": "libx264", "crf": -1}, r"crf must be in \[0, 63\]"),

@@ -10,8 +10,14 @@ def _d(label: str, score: float) -> Detection:
 
 def test_summary_counts_frames_scores_and_segments() -> None:
     s = Summary(min_score=0.3, segment_gap_s=1.0)
-    hits = {0.0: [_d("FACE", 0.9), _d("FACE", 0.5)], 0.5: [_d("FACE", 0.8)], 1.4: [_d("FACE", 0.95)],
-            2.5: [], 3.0: [_d("FACE", 0.4), _d("FEET", 0.2)], 3.2: [_d("FEET", 0.7)]}
+    hits = {
+        0.0: [_d("FACE", 0.9), _d("FACE", 0.5)],
+        0.5: [_d("FACE", 0.8)],
+        1.4: [_d("FACE", 0.95)],
+        2.5: [],
+        3.0: [_d("FACE", 0.4), _d("FEET", 0.2)],
+        3.2: [_d("FEET", 0.7)],
+    }
     for t, dets in hits.items():
         s.add(t, dets)
     out = s.to_dict()

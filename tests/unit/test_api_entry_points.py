@@ -15,8 +15,20 @@ import frameserve
 
 RUN_PARAMS = ["video", "pipeline", "spec", "settings", "service", "progress", "decode_pool", "options"]
 SPEC_FIELDS = [
-    "out", "video_out", "sampling", "batch", "params", "backend", "threads", "decode_workers", "decode_threads",
-    "keep_frames", "trace", "short", "max_duration_s", "max_duration_flag",
+    "out",
+    "video_out",
+    "sampling",
+    "batch",
+    "params",
+    "backend",
+    "threads",
+    "decode_workers",
+    "decode_threads",
+    "keep_frames",
+    "trace",
+    "short",
+    "max_duration_s",
+    "max_duration_flag",
 ]
 
 

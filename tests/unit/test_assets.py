@@ -387,8 +387,7 @@ def test_sha_mismatch_leaves_nothing_behind(
     tmp_path: Path, fake_registry: FakeIndex, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tampered = make_wheel(
-        tmp_path / "fakepkg-1.0-py3-none-any.whl",
-        {"fakepkg/data/a.onnx": b"tampered", "fakepkg/data/b.mp4": B_BYTES},
+        tmp_path / "fakepkg-1.0-py3-none-any.whl", {"fakepkg/data/a.onnx": b"tampered", "fakepkg/data/b.mp4": B_BYTES}
     )
     fake_registry.wheels["fakepkg==1.0"] = tampered
     adir = tmp_path / "assets"

@@ -24,7 +24,7 @@ def test_p90_within_a_thousandth_of_numpy(n: int, dist: str) -> None:
     rng = np.random.default_rng(n * 7 + len(dist))
     x = {
         "uniform": lambda: rng.random(n),
-        "beta_low": lambda: rng.beta(0.3, 8.0, n),   # most scores near 0, like nsfw on safe video
+        "beta_low": lambda: rng.beta(0.3, 8.0, n),  # most scores near 0, like nsfw on safe video
         "beta_high": lambda: rng.beta(8.0, 0.3, n),
         "clustered": lambda: np.clip(rng.choice([0.1, 0.5, 0.93], n) + rng.normal(0, 0.002, n), 0, 1),
     }[dist]()

@@ -16,10 +16,11 @@ AFFINITY = len(os.sched_getaffinity(0))
 
 
 @pytest.mark.parametrize(
-    ("quota", "expected"),
-    [(None, AFFINITY), (0.5, 1), (1.5, 1), (1.0, 1), (float(AFFINITY + 8), AFFINITY)],
+    ("quota", "expected"), [(None, AFFINITY), (0.5, 1), (1.5, 1), (1.0, 1), (float(AFFINITY + 8), AFFINITY)]
 )
-def test_cpu_count_is_the_affinity_capped_by_the_quota(monkeypatch: pytest.MonkeyPatch, quota: float | None, expected: int) -> None:
+def test_cpu_count_is_the_affinity_capped_by_the_quota(
+    monkeypatch: pytest.MonkeyPatch, quota: float | None, expected: int
+) -> None:
     monkeypatch.setattr(config, "_cgroup_quota", lambda: quota)
     assert config.cpu_count() == expected
 

@@ -37,8 +37,10 @@ def test_the_walk_lists_reports_newest_first_with_kind_and_title_and_no_symlink(
     assert found[0].title == "perf-a & co" and found[0].size_bytes > 0
 
 
-@pytest.mark.parametrize("bad", ["linked-dir", "linked-file", "..", "../outside", "/etc", "perf-a/..", "./perf-a",
-                                 "perf-a/../tune-b", "", "nope"])
+@pytest.mark.parametrize(
+    "bad",
+    ["linked-dir", "linked-file", "..", "../outside", "/etc", "perf-a/..", "./perf-a", "perf-a/../tune-b", "", "nope"],
+)
 def test_only_an_id_the_walk_found_is_read(root: Path, bad: str) -> None:
     assert read_report(root, bad) is None
     assert read_report(root, "perf-a") is not None

@@ -16,12 +16,26 @@ def _doc(n: int = 1000, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     frames = []
     for i in range(n):
-        dets = [{"label": lab, "score": round(float(rng.random()), 4), "box": [1.0, 2.0, 30.0, 40.0]}
-                for lab in ("A", "B") if rng.random() < 0.5]
-        frames.append({"index": 2 * i, "pts_s": round(i * 0.5, 3), "is_keyframe": i % 10 == 0, "detections": dets,
-                       "scores": {"nsfw": round(float(rng.random()), 4)}})
-    return {"pipeline": "x", "sampling": "fps:2", "frames": frames,
-            "summary": {"labels": {"A": {"segments": [[0.0, 1.5]]}}, "verdict": {"threshold": 0.9}}}
+        dets = [
+            {"label": lab, "score": round(float(rng.random()), 4), "box": [1.0, 2.0, 30.0, 40.0]}
+            for lab in ("A", "B")
+            if rng.random() < 0.5
+        ]
+        frames.append(
+            {
+                "index": 2 * i,
+                "pts_s": round(i * 0.5, 3),
+                "is_keyframe": i % 10 == 0,
+                "detections": dets,
+                "scores": {"nsfw": round(float(rng.random()), 4)},
+            }
+        )
+    return {
+        "pipeline": "x",
+        "sampling": "fps:2",
+        "frames": frames,
+        "summary": {"labels": {"A": {"segments": [[0.0, 1.5]]}}, "verdict": {"threshold": 0.9}},
+    }
 
 
 def test_series_are_built_from_detections_scores_and_the_verdict() -> None:

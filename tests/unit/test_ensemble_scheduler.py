@@ -29,7 +29,7 @@ pytestmark = pytest.mark.unit
 
 Array = np.ndarray[Any, Any]
 
-PBTXT = '''
+PBTXT = """
 name: "e"
 platform: "ensemble"
 max_batch_size: 4
@@ -42,7 +42,7 @@ ensemble_scheduling {
     { model_name: "b" input_map { key: "x" value: "mid" } output_map { key: "y" value: "OUT" } }
   ]
 }
-'''
+"""
 
 
 def test_pbtxt_ensemble_reads_as_triton_does() -> None:
@@ -62,12 +62,18 @@ def test_triton_json_and_grpc_forms() -> None:
     cfg = parse_config(pbtxt_to_dict(PBTXT)[0], default_name="e")
     d = cfg.to_dict()
     assert d["platform"] == "ensemble" and d["backend"] == "" and d["instance_group"] == [] and d["parameters"] == {}
-    assert d["ensemble_scheduling"]["step"][0] == {"model_name": "a", "model_version": -1, "input_map": {"x": "IN"},
-                                                   "output_map": {"y": "mid"}}
+    assert d["ensemble_scheduling"]["step"][0] == {
+        "model_name": "a",
+        "model_version": -1,
+        "input_map": {"x": "IN"},
+        "output_map": {"y": "mid"},
+    }
     message = config_message(d)
     assert message.platform == "ensemble"
-    assert [(s.model_name, s.model_version, dict(s.input_map)) for s in message.ensemble_scheduling.step] == \
-           [("a", -1, {"x": "IN"}), ("b", 0, {"x": "mid"})]
+    assert [(s.model_name, s.model_version, dict(s.input_map)) for s in message.ensemble_scheduling.step] == [
+        ("a", -1, {"x": "IN"}),
+        ("b", 0, {"x": "mid"}),
+    ]
     # the JSON form reads back as the same config (config.yaml takes Triton's field names)
     again = parse_config({k: v for k, v in d.items() if k not in ("backend", "instance_group")}, default_name="e")
     assert again.ensemble_scheduling == cfg.ensemble_scheduling
@@ -90,9 +96,20 @@ def _yaml(**change: Any) -> dict[str, Any]:
         ({"platform": None}, r'an ensemble has platform "ensemble" and ensemble_scheduling'),
         ({"ensemble_scheduling": None}, r'an ensemble has platform "ensemble" and ensemble_scheduling'),
         ({"ensemble_scheduling": {"step": []}}, r"ensemble_scheduling\.step: got \[\]"),
-        ({"ensemble_scheduling": {"step": [{"model_name": "a", "input_map": {"x": "IN"}}]}}, r"'output_map' is a required"),
-        ({"ensemble_scheduling": {"step": [{"model_name": "a", "model_version": -2, "input_map": {"x": "IN"},
-                                            "output_map": {"y": "OUT"}}]}}, r"model_version: got -2"),
+        (
+            {"ensemble_scheduling": {"step": [{"model_name": "a", "input_map": {"x": "IN"}}]}},
+            r"'output_map' is a required",
+        ),
+        (
+            {
+                "ensemble_scheduling": {
+                    "step": [
+                        {"model_name": "a", "model_version": -2, "input_map": {"x": "IN"}, "output_map": {"y": "OUT"}}
+                    ]
+                }
+            },
+            r"model_version: got -2",
+        ),
         ({"dynamic_batching": {}}, r"an ensemble has no dynamic_batching"),
         ({"output": []}, r"declares its inputs and outputs"),
         ({"backend": "python"}, r'an ensemble has platform "ensemble"'),
@@ -118,15 +135,23 @@ def _spec(name: str, dims: tuple[int, ...] = (2,), dtype: DataType = DataType.FP
 
 
 def _model(name: str, inputs: tuple[str, ...] = ("x",), outputs: tuple[str, ...] = ("y",), mbs: int = 4) -> ModelConfig:
-    return ModelConfig(name, backend="python", max_batch_size=mbs, inputs=tuple(_spec(n) for n in inputs),
-                       outputs=tuple(_spec(n) for n in outputs))
+    return ModelConfig(
+        name,
+        backend="python",
+        max_batch_size=mbs,
+        inputs=tuple(_spec(n) for n in inputs),
+        outputs=tuple(_spec(n) for n in outputs),
+    )
 
 
 def _ensemble(steps: list[dict[str, Any]], outputs: tuple[str, ...] = ("OUT",)) -> ModelConfig:
-    data = {"platform": "ensemble", "max_batch_size": 4,
-            "input": [{"name": "IN", "data_type": "FP32", "dims": [2]}],
-            "output": [{"name": n, "data_type": "FP32", "dims": [2]} for n in outputs],
-            "ensemble_scheduling": {"step": steps}}
+    data = {
+        "platform": "ensemble",
+        "max_batch_size": 4,
+        "input": [{"name": "IN", "data_type": "FP32", "dims": [2]}],
+        "output": [{"name": n, "data_type": "FP32", "dims": [2]} for n in outputs],
+        "ensemble_scheduling": {"step": steps},
+    }
     return parse_config(data, default_name="e")
 
 
@@ -135,8 +160,13 @@ class FakeService:
     inputs, run on a pool thread (or on the calling thread when asked to run here). Every
     request's arrays and thread are recorded; each success reports fixed step times."""
 
-    def __init__(self, models: Mapping[str, Callable[[dict[str, Array]], dict[str, Array]]],
-                 configs: Mapping[str, ModelConfig], *, always_queued: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        models: Mapping[str, Callable[[dict[str, Array]], dict[str, Array]]],
+        configs: Mapping[str, ModelConfig],
+        *,
+        always_queued: frozenset[str] = frozenset(),
+    ) -> None:
         self.models = models
         self.always_queued = always_queued  # models that never run on the caller's thread (busy)
         self.configs = configs
@@ -201,6 +231,7 @@ def test_independent_steps_run_at_the_same_time_and_arrays_pass_without_copies()
             seen[f"{name}.in"] = i["x"]
             both.wait()
             return {"y": i["x"] * k}
+
         return run
 
     def d(i: dict[str, Array]) -> dict[str, Array]:
@@ -220,13 +251,20 @@ def test_independent_steps_run_at_the_same_time_and_arrays_pass_without_copies()
     s = stats["inference_stats"]
     assert (s["compute_input"]["ns"], s["compute_infer"]["ns"], s["compute_output"]["ns"]) == (4, 400, 40)  # 4 steps
     assert s["success"]["count"] == 1 and s["queue"]["count"] == 1
-    assert stats["batch_stats"] == [{"batch_size": 2, "compute_input": {"count": 1, "ns": 4},
-                                     "compute_infer": {"count": 1, "ns": 400}, "compute_output": {"count": 1, "ns": 40}}]
+    assert stats["batch_stats"] == [
+        {
+            "batch_size": 2,
+            "compute_input": {"count": 1, "ns": 4},
+            "compute_infer": {"count": 1, "ns": 400},
+            "compute_output": {"count": 1, "ns": 40},
+        }
+    ]
 
 
 def test_inline_runs_every_step_on_the_calling_thread() -> None:
-    fake = FakeService({n: (lambda i: {"y": i["x"] + 1}) for n in "abc"} | {"d": lambda i: {"y": i["x"] + i["z"]}},
-                       DIAMOND_CONFIGS)
+    fake = FakeService(
+        {n: (lambda i: {"y": i["x"] + 1}) for n in "abc"} | {"d": lambda i: {"y": i["x"] + i["z"]}}, DIAMOND_CONFIGS
+    )
     ens = _scheduler(fake, _ensemble(DIAMOND))
     future = ens.enqueue([(InferRequest("e", {"IN": np.zeros((1, 2), np.float32)}), 1)], dispatch=BLOCKING)[0]
     assert future.done()  # answered before enqueue returned
@@ -282,8 +320,14 @@ def test_a_long_chain_of_fast_steps_runs_on_the_thread_before_it_but_never_unbou
     (a chain of 48 fast steps would otherwise be 48 calls deep)."""
     n = 6 * MAX_CHAINED_STEPS
     names = [f"s{i}" for i in range(n)]
-    steps = [{"model_name": m, "input_map": {"x": "IN" if i == 0 else f"t{i - 1}"},
-              "output_map": {"y": "OUT" if i == n - 1 else f"t{i}"}} for i, m in enumerate(names)]
+    steps = [
+        {
+            "model_name": m,
+            "input_map": {"x": "IN" if i == 0 else f"t{i - 1}"},
+            "output_map": {"y": "OUT" if i == n - 1 else f"t{i}"},
+        }
+        for i, m in enumerate(names)
+    ]
     gate = threading.Event()
     depths: dict[str, int] = {}
 
@@ -293,6 +337,7 @@ def test_a_long_chain_of_fast_steps_runs_on_the_thread_before_it_but_never_unbou
                 gate.wait(30)  # finishes once enqueue returned: the chain runs on the pool's threads
             depths[name] = _stack_depth()
             return {"y": i["x"] + 1}
+
         return run
 
     fake = FakeService({m: model(m) for m in names}, {m: _model(m) for m in names}, always_queued=frozenset({"s0"}))
@@ -368,12 +413,30 @@ def test_stop_waits_for_requests_in_flight_then_refuses_new_ones() -> None:
     [
         ({"a": _model("a", mbs=2)}, r"the ensemble's max_batch_size is 4, but model 'a' takes at most 2"),
         ({"a": _model("a", inputs=("x", "w"))}, r"model input\(s\) \['w'\] are not mapped"),
-        ({"a": _model("a", outputs=("z",))}, r"output_map names output 'y', which the model lacks; its outputs: \['z'\]"),
-        ({"a": ModelConfig("a", backend="python", max_batch_size=4, inputs=(_spec("x", (3,)),), outputs=(_spec("y"),))},
-         r"tensor 'IN' has shape \[-1, 2\] as the ensemble's input but \[-1, 3\] as input 'x' of step 0"),
-        ({"a": ModelConfig("a", backend="python", max_batch_size=4, inputs=(_spec("x"),),
-                           outputs=(_spec("y", dtype=DataType.INT32),))},
-         r"tensor 'OUT' is FP32 as the ensemble's output but INT32 as output 'y' of step 0"),
+        (
+            {"a": _model("a", outputs=("z",))},
+            r"output_map names output 'y', which the model lacks; its outputs: \['z'\]",
+        ),
+        (
+            {
+                "a": ModelConfig(
+                    "a", backend="python", max_batch_size=4, inputs=(_spec("x", (3,)),), outputs=(_spec("y"),)
+                )
+            },
+            r"tensor 'IN' has shape \[-1, 2\] as the ensemble's input but \[-1, 3\] as input 'x' of step 0",
+        ),
+        (
+            {
+                "a": ModelConfig(
+                    "a",
+                    backend="python",
+                    max_batch_size=4,
+                    inputs=(_spec("x"),),
+                    outputs=(_spec("y", dtype=DataType.INT32),),
+                )
+            },
+            r"tensor 'OUT' is FP32 as the ensemble's output but INT32 as output 'y' of step 0",
+        ),
     ],
 )
 def test_checks_against_the_step_models(configs: dict[str, ModelConfig], message: str) -> None:
@@ -384,7 +447,7 @@ def test_checks_against_the_step_models(configs: dict[str, ModelConfig], message
 
 # -- the service: an ensemble's steps load once ------------------------------------------------
 
-COUNTING = '''
+COUNTING = """
 import triton_python_backend_utils as pb_utils
 
 
@@ -396,9 +459,11 @@ class TritonPythonModel:
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * 2)])
                 for r in requests]
-'''
-STEP_PBTXT = 'backend: "python"\nmax_batch_size: 4\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]\n' \
-             'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+"""
+STEP_PBTXT = (
+    'backend: "python"\nmax_batch_size: 4\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+    'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+)
 
 
 def test_the_service_loads_an_ensembles_steps_once(tmp_path: Path) -> None:
@@ -407,7 +472,8 @@ def test_the_service_loads_an_ensembles_steps_once(tmp_path: Path) -> None:
     (tmp_path / "zz_step" / "config.pbtxt").write_text(STEP_PBTXT)
     (tmp_path / "aa_ensemble" / "1").mkdir(parents=True)  # sorts first: loaded after its step all the same
     (tmp_path / "aa_ensemble" / "config.pbtxt").write_text(
-        PBTXT.replace('name: "e"\n', "").replace('model_name: "a"', 'model_name: "zz_step"')
+        PBTXT.replace('name: "e"\n', "")
+        .replace('model_name: "a"', 'model_name: "zz_step"')
         .replace('model_name: "b"', 'model_name: "zz_step" model_version: 1')
     )
     service = InferenceService(ModelRepository(tmp_path), threads=1)

@@ -11,11 +11,7 @@ pytestmark = pytest.mark.unit
 
 
 def _error_classes() -> list[type[errors.FrameserveError]]:
-    return [
-        obj
-        for _, obj in inspect.getmembers(errors, inspect.isclass)
-        if issubclass(obj, errors.FrameserveError)
-    ]
+    return [obj for _, obj in inspect.getmembers(errors, inspect.isclass) if issubclass(obj, errors.FrameserveError)]
 
 
 def test_every_code_has_a_status_row_and_codes_are_unique() -> None:
@@ -38,8 +34,14 @@ def test_status_mapping() -> None:
 @pytest.mark.parametrize(
     "module",
     [
-        "frameserve.errors", "frameserve.types", "frameserve.repository", "frameserve.backends",
-        "frameserve.service", "frameserve.video", "frameserve.pipeline", "frameserve.assets",
+        "frameserve.errors",
+        "frameserve.types",
+        "frameserve.repository",
+        "frameserve.backends",
+        "frameserve.service",
+        "frameserve.video",
+        "frameserve.pipeline",
+        "frameserve.assets",
         "frameserve.security",
     ],
 )
@@ -93,7 +95,8 @@ def test_every_error_class_in_the_package_has_a_status_row() -> None:
     missing = sorted(f"{c.__module__}.{c.__qualname__} ({c.code})" for c in classes if c.code not in errors.STATUS)
     assert not missing, f"error classes whose code has no row in frameserve.errors.STATUS: {missing}"
     elsewhere = sorted(
-        f"{c.__module__}.{c.__qualname__}" for c in classes
+        f"{c.__module__}.{c.__qualname__}"
+        for c in classes
         if c.__module__ != "frameserve.errors" and c.code != next(b.code for b in c.__mro__[1:] if hasattr(b, "code"))
     )
     assert not elsewhere, f"error classes with a code of their own outside frameserve.errors: {elsewhere}"

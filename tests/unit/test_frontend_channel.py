@@ -37,14 +37,42 @@ def test_frames_split_at_any_byte() -> None:
 
 def test_every_message_kind_round_trips_typed() -> None:
     """Each kind comes back as itself, field by field; a frame of something else is refused."""
-    infer = ch.Infer(7, "m", None, [("x", "FP32", (1, 2), b"\x00" * 8)], (("y", True, {}),), {"p": 1}, 2, 300,
-                     "id", None, {}, {}, [64, 128], "tenant")
+    infer = ch.Infer(
+        7,
+        "m",
+        None,
+        [("x", "FP32", (1, 2), b"\x00" * 8)],
+        (("y", True, {}),),
+        {"p": 1},
+        2,
+        300,
+        "id",
+        None,
+        {},
+        {},
+        [64, 128],
+        "tenant",
+    )
     messages: list[ch.Message] = [
-        infer, ch.Done(7, [("y", "INT64", (1,), b"\x01" * 8)]), ch.Error(7, ValueError("bad")), ch.Up(12),
-        ch.Models(3, {"m": (1, 2)}), ch.Ack(3), ch.Free([64]), ch.Fail("m", "", ValueError("x")),
-        ch.Http(8, {"path": "/v2"}, []), ch.HttpStart(8, 200, [(b"a", b"b")]), ch.HttpBody(8, b"data: 1\n\n", True),
-        ch.HttpWindow(8, 10), ch.HttpCancel(8), ch.Grpc(9, "/x", b"", "Bearer t"), ch.GrpcDone(9, b"r"),
-        ch.GrpcError(9, "INTERNAL", "no"), ch.GrpcPart(9, b"part"), ch.Stop(None), ch.Hello({"index": 0}),
+        infer,
+        ch.Done(7, [("y", "INT64", (1,), b"\x01" * 8)]),
+        ch.Error(7, ValueError("bad")),
+        ch.Up(12),
+        ch.Models(3, {"m": (1, 2)}),
+        ch.Ack(3),
+        ch.Free([64]),
+        ch.Fail("m", "", ValueError("x")),
+        ch.Http(8, {"path": "/v2"}, []),
+        ch.HttpStart(8, 200, [(b"a", b"b")]),
+        ch.HttpBody(8, b"data: 1\n\n", True),
+        ch.HttpWindow(8, 10),
+        ch.HttpCancel(8),
+        ch.Grpc(9, "/x", b"", "Bearer t"),
+        ch.GrpcDone(9, b"r"),
+        ch.GrpcError(9, "INTERNAL", "no"),
+        ch.GrpcPart(9, b"part"),
+        ch.Stop(None),
+        ch.Hello({"index": 0}),
     ]
     assert {type(m) for m in messages} == set(ch.Message.__args__)  # type: ignore[attr-defined]
     got = ch.FrameReader().feed(b"".join(ch.frame(m) for m in messages))
@@ -179,6 +207,7 @@ def test_response_bytes_equal_protobufs_serialization() -> None:
         "text": np.array([b"ab", b"c"], dtype=object),
         "empty": np.zeros((0,), np.float16),
     }
-    assert encode_infer_response_bytes(call, outputs, model_version="3") == encode_infer_response(
-        call, outputs, model_version="3"
-    ).SerializeToString()
+    assert (
+        encode_infer_response_bytes(call, outputs, model_version="3")
+        == encode_infer_response(call, outputs, model_version="3").SerializeToString()
+    )

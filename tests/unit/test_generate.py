@@ -19,19 +19,31 @@ pytestmark = pytest.mark.unit
 
 
 def _config(max_batch_size: int = 0) -> Any:
-    return parse_config({
-        "backend": "python", "max_batch_size": max_batch_size,
-        "input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]},
-                  {"name": "N", "data_type": "TYPE_INT32", "dims": [-1]},
-                  {"name": "X", "data_type": "TYPE_FP16", "dims": [-1]},
-                  {"name": "FLAG", "data_type": "TYPE_BOOL", "dims": [1]}],
-        "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [1]}],
-    }, default_name="m")
+    return parse_config(
+        {
+            "backend": "python",
+            "max_batch_size": max_batch_size,
+            "input": [
+                {"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]},
+                {"name": "N", "data_type": "TYPE_INT32", "dims": [-1]},
+                {"name": "X", "data_type": "TYPE_FP16", "dims": [-1]},
+                {"name": "FLAG", "data_type": "TYPE_BOOL", "dims": [1]},
+            ],
+            "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [1]}],
+        },
+        default_name="m",
+    )
 
 
 def test_keys_become_inputs_or_parameters() -> None:
-    doc = {"text_input": "héllo", "N": [1, 2, 3], "X": 0.5, "FLAG": True, "temperature": 0.1,
-           "parameters": {"stream": False, "k": "v"}}
+    doc = {
+        "text_input": "héllo",
+        "N": [1, 2, 3],
+        "X": 0.5,
+        "FLAG": True,
+        "temperature": 0.1,
+        "parameters": {"stream": False, "k": "v"},
+    }
     request = generate_request(_config(), "m", 2, doc, DEFAULT_LIMITS)
     assert request.model_name == "m" and request.model_version == 2
     assert request.inputs["text_input"].tolist() == ["héllo".encode()] and request.inputs["text_input"].dtype == object
@@ -76,9 +88,19 @@ def test_counts_are_capped() -> None:
 
 
 def test_responses_are_tritons_json() -> None:
-    outputs = {"text_output": np.array([b"hi!"], dtype=object), "SQ": np.array([9], np.int32),
-               "V": np.array([[1.5, 2.0]], np.float32), "E": np.array([b"a", "b\xe9".encode()], dtype=object)}
+    outputs = {
+        "text_output": np.array([b"hi!"], dtype=object),
+        "SQ": np.array([9], np.int32),
+        "V": np.array([[1.5, 2.0]], np.float32),
+        "E": np.array([b"a", "b\xe9".encode()], dtype=object),
+    }
     text = response_json("m", "1", outputs)
     assert text.startswith(b'{"E":')  # keys sorted, as Triton writes them
-    assert orjson.loads(text) == {"E": ["a", "bé"], "SQ": 9, "V": [1.5, 2.0], "model_name": "m",
-                                  "model_version": "1", "text_output": "hi!"}
+    assert orjson.loads(text) == {
+        "E": ["a", "bé"],
+        "SQ": 9,
+        "V": [1.5, 2.0],
+        "model_name": "m",
+        "model_version": "1",
+        "text_output": "hi!",
+    }

@@ -16,7 +16,9 @@ from frameserve.request import InferRequest
 from frameserve.types import DataType
 
 
-def _request(*tensors: tuple[str, str, list[int]], raw: list[bytes] | None = None, **kw: object) -> pb.ModelInferRequest:
+def _request(
+    *tensors: tuple[str, str, list[int]], raw: list[bytes] | None = None, **kw: object
+) -> pb.ModelInferRequest:
     req = pb.ModelInferRequest(model_name="m", **kw)  # type: ignore[arg-type]
     for name, datatype, shape in tensors:
         req.inputs.add(name=name, datatype=datatype, shape=shape)
@@ -68,7 +70,9 @@ def test_raw_bytes_framing_errors(raw: bytes, message: str) -> None:
 
 
 def test_byte_size_mismatch_names_tensor_given_and_needed() -> None:
-    with pytest.raises(TensorError, match=r"input 'x': 12 bytes of raw contents given, shape \[1, 4\] of FP32 needs 16"):
+    with pytest.raises(
+        TensorError, match=r"input 'x': 12 bytes of raw contents given, shape \[1, 4\] of FP32 needs 16"
+    ):
         decode_infer_request(_request(("x", "FP32", [1, 4]), raw=[b"\0" * 12]))
 
 
@@ -101,7 +105,12 @@ def test_typed_contents_for_each_datatype(datatype: str, field: str, values: lis
 @pytest.mark.parametrize(
     ("datatype", "field", "values", "message"),
     [
-        ("INT8", "int_contents", [128, 0], r"contents.int_contents: values from 0 to 128 do not fit INT8 \[-128, 127\]"),
+        (
+            "INT8",
+            "int_contents",
+            [128, 0],
+            r"contents.int_contents: values from 0 to 128 do not fit INT8 \[-128, 127\]",
+        ),
         ("FP32", "fp32_contents", [1.0], r"1 values in contents.fp32_contents given, shape \[2\] needs 2"),
         ("FP32", "int_contents", [1, 2], r"0 values in contents.fp32_contents given.*\(int_contents given instead\)"),
         ("FP16", "fp32_contents", [1.0, 2.0], r"FP16 has no typed contents; send it in raw_input_contents"),
@@ -131,7 +140,9 @@ def test_request_level_errors() -> None:
         decode_infer_request(_request(("a", "FP32", [1]), ("a", "FP32", [1]), raw=[b"\0" * 4] * 2))
     mixed = _request(("a", "FP32", [1]), raw=[b"\0" * 4])
     mixed.inputs[0].contents.fp32_contents.append(1.0)
-    triton_mixed = "contents field must not be specified when using raw_input_contents for 'a' for model 'm'"  # Triton's words
+    triton_mixed = (
+        "contents field must not be specified when using raw_input_contents for 'a' for model 'm'"  # Triton's words
+    )
     with pytest.raises(InvalidInputError, match=triton_mixed):
         decode_infer_request(mixed)
     across = _request(("a", "FP32", [1]), ("b", "FP32", [1]), raw=[b"\0" * 4])  # typed a, raw for one input only
@@ -139,13 +150,18 @@ def test_request_level_errors() -> None:
     across.inputs[1].contents.fp32_contents.append(1.0)
     with pytest.raises(InvalidInputError, match=triton_mixed):  # Triton's client example's request
         decode_infer_request(across)
-    with pytest.raises(InvalidInputError, match=r"failed to get model version from specified version string 'v1' \(details: stol\), "
-                       "version should be an integral value > 0"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"failed to get model version from specified version string 'v1' \(details: stol\), "
+        "version should be an integral value > 0",
+    ):
         decode_infer_request(_request(model_version="v1"))
     for bad in ("99999999999999999999", " ", "x7"):  # past int64, no digits
         with pytest.raises(InvalidInputError, match="failed to get model version from specified version string"):
             decode_infer_request(_request(model_version=bad))
-    with pytest.raises(InvalidInputError, match="invalid model version specified '-1' , version should be an integral value > 0"):
+    with pytest.raises(
+        InvalidInputError, match="invalid model version specified '-1' , version should be an integral value > 0"
+    ):
         decode_infer_request(_request(model_version="-1"))
     assert decode_infer_request(_request(model_version="7")).model_version == 7
     with pytest.raises(InvalidInputError, match="names no model"):
@@ -229,7 +245,9 @@ def _infer_requests(draw: st.DrawFn) -> pb.ModelInferRequest:
         id=draw(st.text(max_size=4)),
     )
     for key in draw(st.lists(st.sampled_from(["priority", "timeout", "other"]), max_size=3, unique=True)):
-        kind = draw(st.sampled_from(["bool_param", "int64_param", "string_param", "double_param", "uint64_param", None]))
+        kind = draw(
+            st.sampled_from(["bool_param", "int64_param", "string_param", "double_param", "uint64_param", None])
+        )
         if kind == "bool_param":
             req.parameters[key].bool_param = draw(st.booleans())
         elif kind == "int64_param":

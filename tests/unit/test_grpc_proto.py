@@ -182,7 +182,9 @@ ensemble_scheduling { step [
 """
 
 
-@pytest.mark.parametrize("text", [TRITON_PBTXT, SEQUENCE_PBTXT, ENSEMBLE_PBTXT], ids=["dynamic", "sequence", "ensemble"])
+@pytest.mark.parametrize(
+    "text", [TRITON_PBTXT, SEQUENCE_PBTXT, ENSEMBLE_PBTXT], ids=["dynamic", "sequence", "ensemble"]
+)
 def test_triton_config_pbtxt_parses_and_matches_tritonclient(text: str) -> None:
     ours = text_format.Parse(text, model_config_pb2.ModelConfig())
     theirs = text_format.Parse(text, triton_config.ModelConfig())

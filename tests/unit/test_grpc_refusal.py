@@ -44,10 +44,16 @@ class _Server:
 
 def _threaded_server() -> Iterator[_Server]:
     box = _Server()
-    server = grpc.server(futures.ThreadPoolExecutor(4),
-                         interceptors=[ThreadedTokenInterceptor(_tokens(), infer_gate=box.gate)])
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-        "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(box.answer)})])
+    server = grpc.server(
+        futures.ThreadPoolExecutor(4), interceptors=[ThreadedTokenInterceptor(_tokens(), infer_gate=box.gate)]
+    )
+    server.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(
+                "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(box.answer)}
+            )
+        ]
+    )
     box.port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
@@ -67,8 +73,13 @@ def _aio_server() -> Iterator[_Server]:
 
     async def run() -> None:
         server = grpc.aio.server(interceptors=[TokenInterceptor(_tokens(), infer_gate=box.gate)])
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(answer)})])
+        server.add_generic_rpc_handlers(
+            [
+                grpc.method_handlers_generic_handler(
+                    "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(answer)}
+                )
+            ]
+        )
         box.port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         stop.append(asyncio.Event())

@@ -116,8 +116,10 @@ def test_a_failing_model_fails_only_its_call() -> None:
 
 def test_load_and_unload_are_refused_unless_model_control_is_explicit() -> None:
     servicer = GrpcInferenceServicer(RecordingService())  # mode none: the default
-    for call in (servicer.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="m"), ctx := _Context()),
-                 servicer.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="m"), ctx2 := _Context())):
+    for call in (
+        servicer.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="m"), ctx := _Context()),
+        servicer.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="m"), ctx2 := _Context()),
+    ):
         with pytest.raises(_Aborted):
             _call(call)
     for c in (ctx, ctx2):
@@ -132,8 +134,13 @@ def test_load_rejects_bad_config_parameter_before_calling_the_service() -> None:
         ctx = _Context()
         with pytest.raises(_Aborted):
             _call(servicer.RepositoryModelLoad(req, ctx))
-        assert ctx.code is grpc.StatusCode.INTERNAL and ctx.details.startswith(  # Triton's status and words
-            "failed to load 'm', failed to poll from model repository: ") and message in ctx.details
+        assert (
+            ctx.code is grpc.StatusCode.INTERNAL
+            and ctx.details.startswith(  # Triton's status and words
+                "failed to load 'm', failed to poll from model repository: "
+            )
+            and message in ctx.details
+        )
     req = pb.RepositoryModelLoadRequest(model_name="m")
     req.parameters["file:1/model.onnx"].bytes_param = b"\0"
     ctx = _Context()

@@ -53,7 +53,10 @@ def test_health_metadata_infer_statistics_and_metrics() -> None:
     assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [2.0, 4.0]
     assert r.json()["model_version"] == "3" and r.json()["id"] == "a"
     stats = _call(app, "GET", "/v2/models/m/stats").json()["model_stats"]
-    assert [(s["name"], s["version"], s["inference_stats"]["success"]["count"]) for s in stats] == [("m", "1", 0), ("m", "3", 1)]
+    assert [(s["name"], s["version"], s["inference_stats"]["success"]["count"]) for s in stats] == [
+        ("m", "1", 0),
+        ("m", "3", 1),
+    ]
     assert b'nv_inference_request_success{model="m",version="3"} 1.0' in _call(app, "GET", "/metrics").content
     metrics_app = create_metrics_app(svc)
     assert b"nv_inference_request_success" in _call(metrics_app, "GET", "/metrics").content
@@ -86,7 +89,13 @@ def test_infer_hands_the_service_one_request_and_counts_protocol_failures() -> N
     r = _call(app, "POST", "/v2/models/m/versions/1/infer", content=body)
     assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [2.0, 4.0] and r.json()["model_version"] == "1"
     ((request, run_here),) = svc.submitted
-    assert (request.model_name, request.model_version, request.id, request.priority, request.timeout_us) == ("m", 1, "q", 2, 1500)
+    assert (request.model_name, request.model_version, request.id, request.priority, request.timeout_us) == (
+        "m",
+        1,
+        "q",
+        2,
+        1500,
+    )
     assert request.outputs == (RequestedOutput("y", None, {}),) and request.parameters == {"tag": "t"}
     assert run_here == Dispatch.of(RUN_HERE_UNDER_US)  # the transport's policy
     assert _call(app, "POST", "/v2/models/m/infer", content=b"{").status_code == 400
@@ -118,22 +127,33 @@ def test_repository_routes() -> None:
     svc = RecordingService()
     app = create_app(svc, model_control_mode="explicit")
     index = _call(app, "POST", "/v2/repository/index").json()
-    assert index == [{"name": "m", "version": "1", "state": "READY", "reason": ""},
-                     {"name": "m", "version": "3", "state": "READY", "reason": ""},
-                     {"name": "n", "version": "", "state": "UNAVAILABLE", "reason": ""}]
+    assert index == [
+        {"name": "m", "version": "1", "state": "READY", "reason": ""},
+        {"name": "m", "version": "3", "state": "READY", "reason": ""},
+        {"name": "n", "version": "", "state": "UNAVAILABLE", "reason": ""},
+    ]
     assert {e["name"] for e in _call(app, "POST", "/v2/repository/index", json={"ready": True}).json()} == {"m"}
     r = _call(app, "POST", "/v2/repository/models/n/load", json={"parameters": {"config": '{"max_batch_size": 2}'}})
     assert r.status_code == 200 and svc.calls[-1] == ("load", ("n", {"max_batch_size": 2}))
     assert svc.model_config("n").max_batch_size == 2
-    assert _call(app, "POST", "/v2/repository/models/n/load").status_code == 200 and svc.calls[-1] == ("load", ("n", None))
+    assert _call(app, "POST", "/v2/repository/models/n/load").status_code == 200 and svc.calls[-1] == (
+        "load",
+        ("n", None),
+    )
     r = _call(app, "POST", "/v2/repository/models/n/load", json={"parameters": {"config": '{"max_batch_size": "16"}'}})
-    assert r.status_code == 200 and svc.calls[-1] == ("load", ("n", {"max_batch_size": 16}))  # protobuf JSON: int64 as a string
+    assert r.status_code == 200 and svc.calls[-1] == (
+        "load",
+        ("n", {"max_batch_size": 16}),
+    )  # protobuf JSON: int64 as a string
     poll = "failed to load 'n', failed to poll from model repository: parameter 'config'"  # Triton's words and 500
-    bad = [({"parameters": {"config": "[1]"}}, 500, f"{poll}: a model configuration must be a JSON object"),
-           ({"parameters": {"file:1/model.onnx": "AA=="}}, 400, "not supported"),
-           ({"parameters": {"config": 3}}, 500, "must be a string"), ({"parameters": {"config": "{"}}, 500, f"{poll}: not valid JSON"),
-           ({"parameters": {"config": '{"max_batch_size": "x"}'}}, 500, f"{poll}: not a valid model configuration"),
-           ({"parameters": {"config": '{"bogus": 1}'}}, 500, 'has no field named "bogus"')]
+    bad = [
+        ({"parameters": {"config": "[1]"}}, 500, f"{poll}: a model configuration must be a JSON object"),
+        ({"parameters": {"file:1/model.onnx": "AA=="}}, 400, "not supported"),
+        ({"parameters": {"config": 3}}, 500, "must be a string"),
+        ({"parameters": {"config": "{"}}, 500, f"{poll}: not valid JSON"),
+        ({"parameters": {"config": '{"max_batch_size": "x"}'}}, 500, f"{poll}: not a valid model configuration"),
+        ({"parameters": {"config": '{"bogus": 1}'}}, 500, 'has no field named "bogus"'),
+    ]
     for body, status, match in bad:
         r = _call(app, "POST", "/v2/repository/models/n/load", json=body)
         assert r.status_code == status and match in r.json()["error"], (body, r.status_code, r.text)
@@ -149,16 +169,28 @@ def test_max_body_bytes_must_be_positive() -> None:
 def test_large_json_bodies_are_decoded_and_encoded_off_the_event_loop() -> None:
     n = 150_000  # > 1 MiB of JSON in (under the 2 MiB --max-json-bytes) and of FP32 out: both go through worker threads
     data = np.arange(n, dtype=np.float32)
-    body = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, n], "data": data}]},
-                        option=orjson.OPT_SERIALIZE_NUMPY)
+    body = orjson.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, n], "data": data}]},
+        option=orjson.OPT_SERIALIZE_NUMPY,
+    )
     assert len(body) > 1 << 20
     r = _call(create_app(RecordingService()), "POST", "/v2/models/m/infer", content=body)
     assert r.status_code == 200
     np.testing.assert_array_equal(np.array(r.json()["outputs"][0]["data"], np.float32), data * 2)
     big = np.arange(2 * n, dtype=np.float32)  # binary in (not JSON: no --max-json-bytes), > 1 MiB of JSON out
-    header = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2 * n],
-                                       "parameters": {"binary_data_size": big.nbytes}}]})
-    r = _call(create_app(RecordingService()), "POST", "/v2/models/m/infer", content=header + big.tobytes(),
-              headers={"Inference-Header-Content-Length": str(len(header))})
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {"name": "x", "datatype": "FP32", "shape": [1, 2 * n], "parameters": {"binary_data_size": big.nbytes}}
+            ]
+        }
+    )
+    r = _call(
+        create_app(RecordingService()),
+        "POST",
+        "/v2/models/m/infer",
+        content=header + big.tobytes(),
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
     assert r.status_code == 200
     np.testing.assert_array_equal(np.array(r.json()["outputs"][0]["data"], np.float32), big * 2)

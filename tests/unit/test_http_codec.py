@@ -42,20 +42,28 @@ def test_json_request_nested_and_flat_data_give_the_same_array() -> None:
 
 
 def test_empty_tensors() -> None:
-    doc = {"inputs": [{"name": "x", "datatype": "INT64", "shape": [0, 3], "data": []},
-                      {"name": "s", "datatype": "BYTES", "shape": [0], "data": []}]}
+    doc = {
+        "inputs": [
+            {"name": "x", "datatype": "INT64", "shape": [0, 3], "data": []},
+            {"name": "s", "datatype": "BYTES", "shape": [0], "data": []},
+        ]
+    }
     req = codec.decode_request(orjson.dumps(doc))
     assert req.inputs["x"].shape == (0, 3) and req.inputs["x"].dtype == np.int64 and req.inputs["s"].shape == (0,)
 
 
 def test_request_fields_id_parameters_and_outputs() -> None:
-    body = orjson.dumps({
-        "id": "req-7",
-        "parameters": {"priority": 1, "timeout": 5000, "binary_data_output": True, "custom": "v"},
-        "inputs": [{"name": "t", "datatype": "BYTES", "shape": [2], "data": ["héllo", ""]},
-                   {"name": "b", "datatype": "BOOL", "shape": [2], "data": [True, False]}],
-        "outputs": [{"name": "o1", "parameters": {"binary_data": False}}, {"name": "o2"}],
-    })
+    body = orjson.dumps(
+        {
+            "id": "req-7",
+            "parameters": {"priority": 1, "timeout": 5000, "binary_data_output": True, "custom": "v"},
+            "inputs": [
+                {"name": "t", "datatype": "BYTES", "shape": [2], "data": ["héllo", ""]},
+                {"name": "b", "datatype": "BOOL", "shape": [2], "data": [True, False]},
+            ],
+            "outputs": [{"name": "o1", "parameters": {"binary_data": False}}, {"name": "o2"}],
+        }
+    )
     req = codec.decode_request(body)
     assert req.id == "req-7" and req.priority == 1 and req.timeout_us == 5000 and req.binary_data_output
     assert req.parameters == {"custom": "v"}
@@ -64,14 +72,29 @@ def test_request_fields_id_parameters_and_outputs() -> None:
     assert req.inputs["b"].dtype == np.bool_ and req.inputs["b"].tolist() == [True, False]
 
 
-@pytest.mark.parametrize("dtype,datatype", [(np.float32, "FP32"), (np.float16, "FP16"), (np.int64, "INT64"),
-                                            (np.uint8, "UINT8"), (np.float64, "FP64"), (np.bool_, "BOOL"),
-                                            (DataType.BF16.to_numpy(), "BF16")])
+@pytest.mark.parametrize(
+    "dtype,datatype",
+    [
+        (np.float32, "FP32"),
+        (np.float16, "FP16"),
+        (np.int64, "INT64"),
+        (np.uint8, "UINT8"),
+        (np.float64, "FP64"),
+        (np.bool_, "BOOL"),
+        (DataType.BF16.to_numpy(), "BF16"),
+    ],
+)
 def test_binary_request_round_trips_every_fixed_datatype(dtype: type, datatype: str) -> None:
     arr = (np.arange(12) % 3).astype(dtype).reshape(3, 4)
     raw = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
-    body, n = _binary_body({"inputs": [{"name": "x", "datatype": datatype, "shape": [3, 4],
-                                        "parameters": {"binary_data_size": len(raw)}}]}, raw)
+    body, n = _binary_body(
+        {
+            "inputs": [
+                {"name": "x", "datatype": datatype, "shape": [3, 4], "parameters": {"binary_data_size": len(raw)}}
+            ]
+        },
+        raw,
+    )
     got = codec.decode_request(body, n).inputs["x"]
     assert got.dtype == arr.dtype and got.shape == (3, 4)
     np.testing.assert_array_equal(got, arr)
@@ -80,11 +103,17 @@ def test_binary_request_round_trips_every_fixed_datatype(dtype: type, datatype: 
 def test_binary_bytes_elements_are_length_prefixed_and_mixed_with_json() -> None:
     blob = _bytes_blob(b"a", b"", b"\x00\xff")
     floats = np.array([1.5, -2.0], np.float32).tobytes()
-    body, n = _binary_body({"inputs": [
-        {"name": "s", "datatype": "BYTES", "shape": [3], "parameters": {"binary_data_size": len(blob)}},
-        {"name": "j", "datatype": "FP32", "shape": [1], "data": [3]},
-        {"name": "f", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}},
-    ]}, blob, floats)
+    body, n = _binary_body(
+        {
+            "inputs": [
+                {"name": "s", "datatype": "BYTES", "shape": [3], "parameters": {"binary_data_size": len(blob)}},
+                {"name": "j", "datatype": "FP32", "shape": [1], "data": [3]},
+                {"name": "f", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}},
+            ]
+        },
+        blob,
+        floats,
+    )
     req = codec.decode_request(body, n)
     assert list(req.inputs["s"]) == [b"a", b"", b"\x00\xff"]
     assert req.inputs["f"].tolist() == [1.5, -2.0] and req.inputs["j"].tolist() == [3.0]
@@ -93,19 +122,47 @@ def test_binary_bytes_elements_are_length_prefixed_and_mixed_with_json() -> None
 @pytest.mark.parametrize(
     "doc,error,match",
     [
-        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3]}]}, TensorError, r"needs 4 elements, 'data' has 3"),
-        ({"inputs": [{"name": "x", "datatype": "FP99", "shape": [1], "data": [1]}]}, TensorError, "unknown datatype 'FP99'"),
-        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1], "data": [1]}]}, TensorError, "non-negative integers"),
+        (
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3]}]},
+            TensorError,
+            r"needs 4 elements, 'data' has 3",
+        ),
+        (
+            {"inputs": [{"name": "x", "datatype": "FP99", "shape": [1], "data": [1]}]},
+            TensorError,
+            "unknown datatype 'FP99'",
+        ),
+        (
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1], "data": [1]}]},
+            TensorError,
+            "non-negative integers",
+        ),
         ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": ["a"]}]}, TensorError, "only numbers"),
-        ({"inputs": [{"name": "x", "datatype": "UINT8", "shape": [1], "data": [300]}]}, TensorError, r"do not fit UINT8 \[0, 255\]"),
-        ({"inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [1.5]}]}, TensorError, "must hold integers"),
-        ({"inputs": [{"name": "x", "datatype": "FP16", "shape": [], "data": 1e6}]}, TensorError, "out of the range of FP16"),
+        (
+            {"inputs": [{"name": "x", "datatype": "UINT8", "shape": [1], "data": [300]}]},
+            TensorError,
+            r"do not fit UINT8 \[0, 255\]",
+        ),
+        (
+            {"inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [1.5]}]},
+            TensorError,
+            "must hold integers",
+        ),
+        (
+            {"inputs": [{"name": "x", "datatype": "FP16", "shape": [], "data": 1e6}]},
+            TensorError,
+            "out of the range of FP16",
+        ),
         ({"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": [1]}]}, TensorError, "must be strings"),
         ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1]}]}, InvalidInputError, "neither 'data' nor"),
         ({"inputs": {}}, InvalidInputError, "'inputs' must be an array"),
         ({"id": 5, "inputs": []}, InvalidInputError, "'id' must be a string"),
         ({"inputs": [], "parameters": {"timeout": -1}}, InvalidInputError, "'timeout' must be a non-negative integer"),
-        ({"inputs": [], "parameters": {"sequence_id": -3}}, InvalidInputError, "'sequence_id' -3 is not an unsigned 64-bit"),
+        (
+            {"inputs": [], "parameters": {"sequence_id": -3}},
+            InvalidInputError,
+            "'sequence_id' -3 is not an unsigned 64-bit",
+        ),
         ({"inputs": [], "parameters": {"sequence_id": True}}, InvalidInputError, "'sequence_id' must be an unsigned"),
         ({"inputs": [], "parameters": {"sequence_start": 1}}, InvalidInputError, "'sequence_start' must be a boolean"),
         ({"inputs": [], "outputs": [{"name": "y"}, {"name": "y"}]}, InvalidInputError, "requested twice"),
@@ -124,15 +181,19 @@ def test_malformed_json_and_binary_size_mismatches() -> None:
     with pytest.raises(InvalidInputError, match="runs past the binary data"):
         codec.decode_request(body, n)
     body, n = _binary_body(head, b"\x00" * 9)
-    with pytest.raises(InvalidInputError, match="9 bytes after the JSON header but the inputs' binary_data_size add up to 8"):
+    with pytest.raises(
+        InvalidInputError, match="9 bytes after the JSON header but the inputs' binary_data_size add up to 8"
+    ):
         codec.decode_request(body, n)
     head["inputs"][0]["parameters"]["binary_data_size"] = 4
     body, n = _binary_body(head, b"\x00" * 4)
     with pytest.raises(TensorError, match=r"binary_data_size is 4 bytes but shape \[2\] of FP32 takes 8 bytes"):
         codec.decode_request(body, n)
     blob = _bytes_blob(b"abc")[:-1]
-    body, n = _binary_body({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [1],
-                                        "parameters": {"binary_data_size": len(blob)}}]}, blob)
+    body, n = _binary_body(
+        {"inputs": [{"name": "s", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": len(blob)}}]},
+        blob,
+    )
     with pytest.raises(TensorError, match="input 's': BYTES element 0 declares 3 bytes, only 2 remain"):
         codec.decode_request(body, n)
 
@@ -163,7 +224,9 @@ def test_response_json_and_binary_outputs() -> None:
     assert doc["outputs"][2]["data"] == ["x", "yz"]
 
     requested = (RequestedOutput("h", False),)
-    body, n = codec.encode_response(model_name="m", model_version="1", outputs=outputs, requested=requested, binary_output=True)
+    body, n = codec.encode_response(
+        model_name="m", model_version="1", outputs=outputs, requested=requested, binary_output=True
+    )
     assert n is not None
     doc = orjson.loads(body[:n])
     assert "id" not in doc
@@ -202,15 +265,26 @@ _json_values = st.recursive(
 )
 _datatypes = st.sampled_from(["FP32", "FP16", "INT8", "UINT64", "BOOL", "BYTES", "BF16", "INT64", "bogus"])
 _tensor = st.fixed_dictionaries(
-    {"name": st.sampled_from(["x", "y", ""]), "datatype": _datatypes,
-     "shape": st.lists(st.integers(-1, 4), max_size=3) | _json_values},
-    optional={"data": _json_values | st.lists(st.integers(-300, 300) | st.floats(allow_nan=False) | st.booleans(), max_size=20),
-              "parameters": st.fixed_dictionaries({}, optional={"binary_data_size": st.integers(-2, 40) | _json_values})},
+    {
+        "name": st.sampled_from(["x", "y", ""]),
+        "datatype": _datatypes,
+        "shape": st.lists(st.integers(-1, 4), max_size=3) | _json_values,
+    },
+    optional={
+        "data": _json_values
+        | st.lists(st.integers(-300, 300) | st.floats(allow_nan=False) | st.booleans(), max_size=20),
+        "parameters": st.fixed_dictionaries({}, optional={"binary_data_size": st.integers(-2, 40) | _json_values}),
+    },
 )
 _request = st.fixed_dictionaries(
     {"inputs": st.lists(_tensor, max_size=3) | _json_values},
-    optional={"id": _json_values, "parameters": _json_values,
-              "outputs": st.lists(st.fixed_dictionaries({"name": _json_values}, optional={"parameters": _json_values}), max_size=3)},
+    optional={
+        "id": _json_values,
+        "parameters": _json_values,
+        "outputs": st.lists(
+            st.fixed_dictionaries({"name": _json_values}, optional={"parameters": _json_values}), max_size=3
+        ),
+    },
 )
 
 
@@ -228,7 +302,11 @@ def test_fuzz_structured_requests_raise_only_frameserve_errors(doc: dict, tail: 
 
 
 @settings(max_examples=300, deadline=None)
-@given(body=st.binary(max_size=200), header=st.none() | st.text(max_size=6), encoding=st.sampled_from([None, "gzip", "deflate", "x"]))
+@given(
+    body=st.binary(max_size=200),
+    header=st.none() | st.text(max_size=6),
+    encoding=st.sampled_from([None, "gzip", "deflate", "x"]),
+)
 def test_fuzz_random_bytes_raise_only_frameserve_errors(body: bytes, header: str | None, encoding: str | None) -> None:
     try:
         plain = codec.decode_content(body, encoding, max_bytes=1000)
@@ -262,8 +340,18 @@ def test_default_json_cap_is_2_mib_and_binary_tensors_are_not_json() -> None:
     with pytest.raises(PayloadTooLargeError, match="--max-json-bytes"):
         codec.decode_request(doc, None, model_name="m")
     tensor = np.ones((3 << 20) // 4, np.float32)
-    header = json.dumps({"inputs": [{"name": "x", "shape": [tensor.size], "datatype": "FP32",
-                                     "parameters": {"binary_data_size": tensor.nbytes}}]}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [tensor.size],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": tensor.nbytes},
+                }
+            ]
+        }
+    ).encode()
     req = codec.decode_request(header + tensor.tobytes(), len(header), model_name="m")
     assert req.inputs["x"].shape == (tensor.size,)
 

@@ -25,16 +25,24 @@ def test_costly_bodies_are_those_with_many_bytes_elements_or_a_large_json_part()
     assert not _costly(*_body("BYTES", 100))
     assert not _costly(*_body("FP32", 10_000_000))  # fixed-size binary: zero-copy views
     assert _costly(*_body("BYTES", 0, shm=True))  # BYTES in a region: its size is not in the body
-    big_json = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [0.0] * 300_000}]}).encode()
+    big_json = json.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [0.0] * 300_000}]}
+    ).encode()
     assert len(big_json) > 1 << 20 and _costly(big_json, None)
     assert not _costly(b'{"inputs": []}', None)
 
 
 def test_only_the_four_headers_used_are_read_and_the_last_repeated_one_wins() -> None:
-    headers = InferHeaders.of([
-        (b"host", b"h"), (b"content-length", b"10"), (b"inference-header-content-length", b"3"),
-        (b"content-encoding", b"gzip"), (b"accept-encoding", b"deflate"), (b"content-length", b"12"),
-    ])
+    headers = InferHeaders.of(
+        [
+            (b"host", b"h"),
+            (b"content-length", b"10"),
+            (b"inference-header-content-length", b"3"),
+            (b"content-encoding", b"gzip"),
+            (b"accept-encoding", b"deflate"),
+            (b"content-length", b"12"),
+        ]
+    )
     assert headers == InferHeaders("12", "gzip", "3", "deflate")
     assert InferHeaders.of([]) == InferHeaders()
 
@@ -69,8 +77,9 @@ def test_decoding_goes_off_the_loop_by_the_work_not_the_size() -> None:
     n = 1 << 18
     worst = orjson.dumps({"inputs": [{"name": "text", "shape": [n, 1], "datatype": "BYTES", "data": [""] * n}]})
     assert len(worst) < 1 << 20 and _costly(worst, None)
-    many_numbers = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 30000], "datatype": "FP32",
-                                             "data": [0] * 30000}]})
+    many_numbers = orjson.dumps(
+        {"inputs": [{"name": "x", "shape": [1, 30000], "datatype": "FP32", "data": [0] * 30000}]}
+    )
     assert len(many_numbers) < 1 << 20 and _costly(many_numbers, None)
     small = orjson.dumps({"inputs": [{"name": "a", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}]})
     assert not _costly(small, None)

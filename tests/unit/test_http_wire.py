@@ -70,8 +70,9 @@ async def _refusing_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 async def _connection(declared: int) -> tuple[Any, _Transport]:
     config = uvicorn_config(_refusing_app, host="127.0.0.1", port=0, graceful_timeout_s=None)
     config.load()
-    protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={},
-                                          _loop=asyncio.get_running_loop())
+    protocol = config.http_protocol_class(
+        config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
+    )
     transport = _Transport()
     protocol.connection_made(transport)
     protocol.data_received(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % declared)

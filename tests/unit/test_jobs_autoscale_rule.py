@@ -141,12 +141,14 @@ def test_schedule_and_range_parsing_refuses_what_kedas_trigger_refuses() -> None
     w = CronWindow.parse("0 8 * * 1-5 0 18 * * 1-5 3 Europe/Berlin")
     assert (w.start, w.end, w.replicas, w.timezone) == ("0 8 * * 1-5", "0 18 * * 1-5", 3, "Europe/Berlin")
     assert CronWindow.parse("0 8 * * * 0 18 * * * 1").timezone == "UTC"
-    for bad in ("0 8 * * * 0 8 * * * 2",  # start == end
-                "0 8 * * * 0 18 * * * 0",  # no replicas
-                "0 8 * * * 0 18 * * * x",
-                "0 8 * * 0 18 * * * 2",  # four fields
-                "0 25 * * * 0 18 * * * 2",
-                "0 8 * * * 0 18 * * * 2 Mars/Olympus"):
+    for bad in (
+        "0 8 * * * 0 8 * * * 2",  # start == end
+        "0 8 * * * 0 18 * * * 0",  # no replicas
+        "0 8 * * * 0 18 * * * x",
+        "0 8 * * 0 18 * * * 2",  # four fields
+        "0 25 * * * 0 18 * * * 2",
+        "0 8 * * * 0 18 * * * 2 Mars/Olympus",
+    ):
         with pytest.raises(InvalidInputError):
             CronWindow.parse(bad)
     assert parse_range("0:3") == (0, 3) and parse_range("2:2") == (2, 2)

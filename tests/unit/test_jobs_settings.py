@@ -43,8 +43,9 @@ def test_environment_then_flags_win(tmp_path: Path) -> None:
     assert js.db_url == "postgresql+psycopg://u@h/db" and js.file_roots == (Path("/a"), Path("/b"))
     assert js.webhook_secret == "whsec_abc" and js.callbacks_allow_private and js.lease_s == 7.5
     assert js.s3_endpoint_url == "http://127.0.0.1:9000" and js.max_attempts == 3
-    js = JobsSettings.from_env(settings(tmp_path), env, db_url="sqlite:///x.db", file_roots=["/c"], lease_s=2,
-                               callbacks_allow_private=False)
+    js = JobsSettings.from_env(
+        settings(tmp_path), env, db_url="sqlite:///x.db", file_roots=["/c"], lease_s=2, callbacks_allow_private=False
+    )
     assert js.db_url == "sqlite:///x.db" and js.file_roots == (Path("/c"),) and js.lease_s == 2.0
     assert not js.callbacks_allow_private
     with pytest.raises(ValueError, match="lease_s"):
@@ -60,7 +61,14 @@ def test_retry_policy_doubles_with_bounded_jitter_and_a_cap() -> None:
 
 
 def test_which_errors_are_retried() -> None:
-    for exc in (StorageError("503"), LeaseLostError("x"), AssetError("x"), InferenceError("x"), TimeoutError(), RuntimeError()):
+    for exc in (
+        StorageError("503"),
+        LeaseLostError("x"),
+        AssetError("x"),
+        InferenceError("x"),
+        TimeoutError(),
+        RuntimeError(),
+    ):
         assert is_retryable(exc), exc
     for exc in (VideoError("x"), SourceError("404"), PipelineNotFoundError("x"), ModelConfigError("x")):
         assert not is_retryable(exc), exc
@@ -85,9 +93,19 @@ def test_fault_hook_pauses_once_until_released(tmp_path: Path) -> None:
     hook("after_upload")  # only the first time
 
 
-@pytest.mark.parametrize("module", ["frameserve.jobs", "frameserve.jobs.store", "frameserve.jobs.worker",
-                                    "frameserve.jobs.storage", "frameserve.jobs.callbacks", "frameserve.jobs.api",
-                                    "frameserve.jobs.embedded", "frameserve.jobs.settings"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "frameserve.jobs",
+        "frameserve.jobs.store",
+        "frameserve.jobs.worker",
+        "frameserve.jobs.storage",
+        "frameserve.jobs.callbacks",
+        "frameserve.jobs.api",
+        "frameserve.jobs.embedded",
+        "frameserve.jobs.settings",
+    ],
+)
 def test_all_is_sorted_and_importable(module: str) -> None:
     def key(name: str) -> tuple[int, str]:
         return (0 if name.isupper() else 1 if name[:1].isupper() else 2, name)
@@ -102,15 +120,21 @@ def test_source_guard_and_limits_from_environment_then_flags(tmp_path: Path) -> 
     js = JobsSettings.from_env(settings(tmp_path), {})
     assert not js.sources_allow_private and js.s3_allow_buckets == ()  # safe defaults
     assert js.max_source_bytes == 2 * 1024**3 and js.source_timeout_s == 1800.0 and js.source_idle_timeout_s == 30.0
-    env = {"FRAMESERVE_SOURCES_ALLOW_PRIVATE": "1", "FRAMESERVE_S3_ALLOW_BUCKETS": "media, results,,media",
-           "FRAMESERVE_MAX_SOURCE_BYTES": "1000", "FRAMESERVE_SOURCE_TIMEOUT_S": "60", "FRAMESERVE_SOURCE_IDLE_TIMEOUT_S": "5"}
+    env = {
+        "FRAMESERVE_SOURCES_ALLOW_PRIVATE": "1",
+        "FRAMESERVE_S3_ALLOW_BUCKETS": "media, results,,media",
+        "FRAMESERVE_MAX_SOURCE_BYTES": "1000",
+        "FRAMESERVE_SOURCE_TIMEOUT_S": "60",
+        "FRAMESERVE_SOURCE_IDLE_TIMEOUT_S": "5",
+    }
     js = JobsSettings.from_env(settings(tmp_path), env)
     assert js.sources_allow_private and js.s3_allow_buckets == ("media", "results")
     st = js.storage()
     assert st.sources_allow_private and st.s3_allow_buckets == ("media", "results") and st.max_source_bytes == 1000
     assert st.source_timeout_s == 60.0 and st.http_timeout_s == 5.0
-    js = JobsSettings.from_env(settings(tmp_path), env, sources_allow_private=False, s3_allow_buckets=["only"],
-                               max_source_bytes=7)
+    js = JobsSettings.from_env(
+        settings(tmp_path), env, sources_allow_private=False, s3_allow_buckets=["only"], max_source_bytes=7
+    )
     assert not js.sources_allow_private and js.s3_allow_buckets == ("only",) and js.max_source_bytes == 7
     with pytest.raises(ValueError, match="max_source_bytes"):
         JobsSettings.from_env(settings(tmp_path), {}, max_source_bytes=0)

@@ -10,16 +10,36 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "frameserve"
 
 RANK = {
-    "types": 0, "_sse": 0, "_json": 0, "_lru": 0, "_asgi": 0, "errors": 0, "config": 0, "cgroup": 0, "metrics": 0, "_proto": 0, "request": 0, "_memory": 0, "shm": 0, "_ipc": 0,
-    "repository": 1, "backends": 1, "assets": 1, "pb_utils": 1, "security": 1,
+    "types": 0,
+    "_sse": 0,
+    "_json": 0,
+    "_lru": 0,
+    "_asgi": 0,
+    "errors": 0,
+    "config": 0,
+    "cgroup": 0,
+    "metrics": 0,
+    "_proto": 0,
+    "request": 0,
+    "_memory": 0,
+    "shm": 0,
+    "_ipc": 0,
+    "repository": 1,
+    "backends": 1,
+    "assets": 1,
+    "pb_utils": 1,
+    "security": 1,
     "scheduler": 2,
     "service": 3,
     "video": 4,
     "pipeline": 5,
-    "tuning": 6, "jobs": 6,
-    "protocol": 7, "console": 7,
+    "tuning": 6,
+    "jobs": 6,
+    "protocol": 7,
+    "console": 7,
     "server": 8,
-    "cli": 9, "__main__": 9,
+    "cli": 9,
+    "__main__": 9,
 }
 LEAF_ALLOWED = {"video": {"types", "errors"}}
 
@@ -115,8 +135,17 @@ def _circle(graph: dict[str, set[str]], start: str) -> list[str] | None:
 
 
 # the packages checked (issue 25: no import circles); backends and protocol still have some
-CIRCLE_FREE = ("frameserve.assets", "frameserve.cli", "frameserve.jobs", "frameserve.pipeline", "frameserve.repository",
-               "frameserve.scheduler", "frameserve.server", "frameserve.tuning", "frameserve.video")
+CIRCLE_FREE = (
+    "frameserve.assets",
+    "frameserve.cli",
+    "frameserve.jobs",
+    "frameserve.pipeline",
+    "frameserve.repository",
+    "frameserve.scheduler",
+    "frameserve.server",
+    "frameserve.tuning",
+    "frameserve.video",
+)
 
 
 @pytest.mark.parametrize("package", CIRCLE_FREE)

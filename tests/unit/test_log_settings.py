@@ -42,14 +42,24 @@ def _emit_all(name: str) -> None:
 
 def test_defaults_follow_the_root_level(captured: tuple[LogSettings, io.StringIO]) -> None:
     settings, _ = captured
-    assert settings.current() == {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
-                                  "log_verbose_level": 0, "log_format": "default"}
+    assert settings.current() == {
+        "log_file": "",
+        "log_info": True,
+        "log_warning": True,
+        "log_error": True,
+        "log_verbose_level": 0,
+        "log_format": "default",
+    }
 
 
 def test_each_level_switch_acts_on_library_loggers_too(captured: tuple[LogSettings, io.StringIO]) -> None:
     settings, buffer = captured
     _emit_all("some.library")
-    assert [w for w in ("d-line", "i-line", "w-line", "e-line") if w in buffer.getvalue()] == ["i-line", "w-line", "e-line"]
+    assert [w for w in ("d-line", "i-line", "w-line", "e-line") if w in buffer.getvalue()] == [
+        "i-line",
+        "w-line",
+        "e-line",
+    ]
     buffer.truncate(0), buffer.seek(0)
     answer = settings.update({"log_info": False, "log_error": False, "log_verbose_level": 2})
     assert answer["log_info"] is False and answer["log_verbose_level"] == 2
@@ -70,18 +80,22 @@ def test_iso8601_format_and_back(captured: tuple[LogSettings, io.StringIO]) -> N
     assert "T" not in buffer.getvalue().splitlines()[-1].split(" ")[0]
 
 
-@pytest.mark.parametrize(("change", "words"), [
-    ({"log_info": "yes"}, "'log_info' must be a boolean"),
-    ({"log_info": 1}, "'log_info' must be a boolean"),
-    ({"log_verbose_level": -1}, "unsigned 32-bit integer"),
-    ({"log_verbose_level": 1.5}, "unsigned 32-bit integer"),
-    ({"log_verbose_level": True}, "unsigned 32-bit integer"),
-    ({"log_verbose_level": 2**32}, "unsigned 32-bit integer"),
-    ({"log_format": "bad"}, "accepted: default, ISO8601"),
-    ({"bogus": 1}, "unknown log setting 'bogus'"),
-])
-def test_bad_values_are_refused_and_change_nothing(captured: tuple[LogSettings, io.StringIO], change: dict[str, object],
-                                                   words: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"log_info": "yes"}, "'log_info' must be a boolean"),
+        ({"log_info": 1}, "'log_info' must be a boolean"),
+        ({"log_verbose_level": -1}, "unsigned 32-bit integer"),
+        ({"log_verbose_level": 1.5}, "unsigned 32-bit integer"),
+        ({"log_verbose_level": True}, "unsigned 32-bit integer"),
+        ({"log_verbose_level": 2**32}, "unsigned 32-bit integer"),
+        ({"log_format": "bad"}, "accepted: default, ISO8601"),
+        ({"bogus": 1}, "unknown log setting 'bogus'"),
+    ],
+)
+def test_bad_values_are_refused_and_change_nothing(
+    captured: tuple[LogSettings, io.StringIO], change: dict[str, object], words: str
+) -> None:
     settings, _ = captured
     before = settings.current()
     with pytest.raises(InvalidInputError, match=words):

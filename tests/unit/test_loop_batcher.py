@@ -101,8 +101,9 @@ def test_errors_reach_their_own_request_only() -> None:
     batcher = LoopBatcher(core)
 
     async def main() -> list[Any]:
-        return await asyncio.gather(batcher.outputs(_req(1.0)), batcher.outputs(_req(2.0, "nope")),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            batcher.outputs(_req(1.0)), batcher.outputs(_req(2.0, "nope")), return_exceptions=True
+        )
 
     ok, refused = _run(main())
     assert ok["y"][0, 0] == 2.0 and isinstance(refused, ModelNotFoundError)

@@ -34,7 +34,13 @@ def test_names_types_and_values_in_the_exposition() -> None:
     m.record_execution("det", 1, batch_size=3)
     for queue_ns in (50_000, 150_000):
         m.record_success(
-            "det", 1, request_ns=2_000_000, queue_ns=queue_ns, compute_input_ns=1_000, compute_infer_ns=900_000, compute_output_ns=2_500
+            "det",
+            1,
+            request_ns=2_000_000,
+            queue_ns=queue_ns,
+            compute_input_ns=1_000,
+            compute_infer_ns=900_000,
+            compute_output_ns=2_500,
         )
     m.record_failure("det", 1, "BACKEND")
     m.record_failure("det", "1", "REJECTED")
@@ -118,15 +124,39 @@ def test_record_successes_equals_one_record_success_per_request() -> None:
     one, many = Metrics(buckets_us=(100, 1000)), Metrics(buckets_us=(100, 1000))
     requests = [(2_000_000, 50_000), (90_000, 150_000), (700_000, -5)]  # a negative duration counts as 0
     for request_ns, queue_ns in requests:
-        one.record_success("det", 1, request_ns=request_ns, queue_ns=queue_ns, compute_input_ns=1_000,
-                           compute_infer_ns=900_000, compute_output_ns=2_500)
-    many.record_successes("det", 1, [r for r, _ in requests], [q for _, q in requests], compute_input_ns=1_000,
-                          compute_infer_ns=900_000, compute_output_ns=2_500)
+        one.record_success(
+            "det",
+            1,
+            request_ns=request_ns,
+            queue_ns=queue_ns,
+            compute_input_ns=1_000,
+            compute_infer_ns=900_000,
+            compute_output_ns=2_500,
+        )
+    many.record_successes(
+        "det",
+        1,
+        [r for r, _ in requests],
+        [q for _, q in requests],
+        compute_input_ns=1_000,
+        compute_infer_ns=900_000,
+        compute_output_ns=2_500,
+    )
     assert _lines(one) == _lines(many)
     stats_one, stats_many = ModelStats("det", 1), ModelStats("det", 1)
     for request_ns, queue_ns in requests:
-        stats_one.record_success(request_ns=request_ns, queue_ns=queue_ns, compute_input_ns=1_000,
-                                 compute_infer_ns=900_000, compute_output_ns=2_500)
-    stats_many.record_successes([r for r, _ in requests], [q for _, q in requests], compute_input_ns=1_000,
-                                compute_infer_ns=900_000, compute_output_ns=2_500)
+        stats_one.record_success(
+            request_ns=request_ns,
+            queue_ns=queue_ns,
+            compute_input_ns=1_000,
+            compute_infer_ns=900_000,
+            compute_output_ns=2_500,
+        )
+    stats_many.record_successes(
+        [r for r, _ in requests],
+        [q for _, q in requests],
+        compute_input_ns=1_000,
+        compute_infer_ns=900_000,
+        compute_output_ns=2_500,
+    )
     assert stats_one.to_dict()["inference_stats"] == stats_many.to_dict()["inference_stats"]

@@ -13,7 +13,10 @@ _SAFE_CLASSES = {"nsfw": {"mean": 0.01, "max": 0.3, "p90": 0.02}, "sfw": {"mean"
 
 
 def _labels(**scores: float) -> dict:
-    return {k: {"frames": 1, "max_score": v, "first_s": 0.0, "last_s": 0.0, "segments": [[0.0, 0.0]]} for k, v in scores.items()}
+    return {
+        k: {"frames": 1, "max_score": v, "first_s": 0.0, "last_s": 0.0, "segments": [[0.0, 0.0]]}
+        for k, v in scores.items()
+    }
 
 
 def test_weighted_mean_of_classifier_stat_and_best_listed_detection() -> None:

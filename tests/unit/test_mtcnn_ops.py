@@ -124,11 +124,23 @@ def test_summary() -> None:
     agg = Faces().aggregator()
     assert isinstance(agg, FacesSummary)
     assert agg.result() == {
-        "frames_total": 0, "frames_with_faces": 0, "max_faces": 0, "max_score": None, "first_s": None, "last_s": None,
+        "frames_total": 0,
+        "frames_with_faces": 0,
+        "max_faces": 0,
+        "max_score": None,
+        "first_s": None,
+        "last_s": None,
     }
     face = {"box": [0, 0, 1, 1], "landmarks": [[0, 0]] * 5}
-    for i, faces in enumerate([[], [{**face, "score": 0.8}], [], [{**face, "score": 0.95}, {**face, "score": 0.7}], []]):
+    for i, faces in enumerate(
+        [[], [{**face, "score": 0.8}], [], [{**face, "score": 0.95}, {**face, "score": 0.7}], []]
+    ):
         agg.add(FrameInfo(i, i * 0.5, False, 10, 10), {"faces": faces})
     assert agg.result() == {
-        "frames_total": 5, "frames_with_faces": 2, "max_faces": 2, "max_score": 0.95, "first_s": 0.5, "last_s": 1.5,
+        "frames_total": 5,
+        "frames_with_faces": 2,
+        "max_faces": 2,
+        "max_score": 0.95,
+        "first_s": 0.5,
+        "last_s": 1.5,
     }

@@ -37,7 +37,9 @@ def _theirs_geometry(w: int, h: int, limit_type: str = "min") -> tuple[tuple[int
     img = np.zeros((h, w, 3), np.uint8)
     img, rh, rw = RapidOCR.preprocess(eng, img)
     img, rec = RapidOCR.maybe_add_letterbox(eng, img, {"preprocess": {"ratio_h": rh, "ratio_w": rw}})
-    det = TextDetector.get_preprocess(SimpleNamespace(limit_type=limit_type, limit_side_len=736, mean=None, std=None), max(img.shape[:2]))
+    det = TextDetector.get_preprocess(
+        SimpleNamespace(limit_type=limit_type, limit_side_len=736, mean=None, std=None), max(img.shape[:2])
+    )
     return img.shape, det.resize(img).shape, rec
 
 
@@ -84,7 +86,9 @@ def _prob_map(seed: int) -> np.ndarray:
 @pytest.mark.parametrize("score_mode", ["fast", "slow"])
 def test_db_postprocess_filter_and_order_match_rapidocr(seed: int, score_mode: str) -> None:
     pred = _prob_map(seed)
-    post = DBPostProcess(thresh=0.3, box_thresh=0.5, max_candidates=1000, unclip_ratio=1.6, score_mode=score_mode, use_dilation=True)
+    post = DBPostProcess(
+        thresh=0.3, box_thresh=0.5, max_candidates=1000, unclip_ratio=1.6, score_mode=score_mode, use_dilation=True
+    )
     dest_h, dest_w = 720, 1080
     theirs, _ = post(pred[None, None], (dest_h, dest_w))
     ours = ops.db_boxes(pred, dest_w, dest_h, {**_DEFAULTS, "score_mode": score_mode})
@@ -96,7 +100,9 @@ def test_db_postprocess_filter_and_order_match_rapidocr(seed: int, score_mode: s
     mine = ops.filter_boxes(ours.copy(), dest_h, dest_w)
     assert np.array_equal(np.array(mine).reshape(-1, 4, 2), filtered.reshape(-1, 4, 2))
     if len(filtered):
-        assert all(np.array_equal(a, b) for a, b in zip(ops.sorted_boxes(mine), RapidOCR.sorted_boxes(filtered), strict=True))
+        assert all(
+            np.array_equal(a, b) for a, b in zip(ops.sorted_boxes(mine), RapidOCR.sorted_boxes(filtered), strict=True)
+        )
 
 
 def test_crops_and_model_inputs_match_rapidocr() -> None:
@@ -180,7 +186,9 @@ def test_text_tracks_open_close_and_reopen() -> None:
     out = agg.result()
     assert out["frames_total"] == 6
     assert [(t["text"], t["first_s"], t["last_s"], t["frames"]) for t in out["texts"]] == [
-        ("A", 0.0, 0.1, 2), ("B", 0.1, 0.2, 2), ("A", 0.4, 0.5, 2),
+        ("A", 0.0, 0.1, 2),
+        ("B", 0.1, 0.2, 2),
+        ("A", 0.4, 0.5, 2),
     ]
     assert math.isclose(out["texts"][2]["max_score"], 0.55)
     assert len(agg._open) == 1  # noqa: SLF001 - memory: only the open track is kept beside the list

@@ -41,7 +41,10 @@ def test_a_decoupled_request_gets_every_response_then_the_end() -> None:
     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("bad", pb_utils.TritonError.INVALID_ARG)))
     sender.send(_response(OUT=3), flags=FINAL)
     assert [(o and {k: v.tolist() for k, v in o.items()}, e and e.message(), f) for o, e, f in sent] == [
-        ({"OUT": [1]}, None, False), (None, "bad", False), ({"OUT": [3]}, None, True)]
+        ({"OUT": [1]}, None, False),
+        (None, "bad", False),
+        ({"OUT": [3]}, None, True),
+    ]
     assert stream.closed
 
 
@@ -69,7 +72,9 @@ def test_a_send_after_final_raises_and_sends_nothing() -> None:
     stream, sent = _stream()
     sender = stream.sender()
     sender.send(flags=FINAL)
-    with pytest.raises(pb_utils.TritonModelException, match=r"^Unable to send response\. Response sender has been closed\.$"):
+    with pytest.raises(
+        pb_utils.TritonModelException, match=r"^Unable to send response\. Response sender has been closed\.$"
+    ):
         sender.send(_response(OUT=1))
     sender.close()  # already ended: nothing more
     assert sent == [(None, None, True)]
@@ -129,7 +134,7 @@ def test_using_decoupled_model_transaction_policy() -> None:
     assert not pb_utils.using_decoupled_model_transaction_policy({})
 
 
-DECOUPLED = '''
+DECOUPLED = """
 import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -148,9 +153,9 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([i], np.int32))]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
-'''
+"""
 
-PLAIN_WITH_SENDER = '''
+PLAIN_WITH_SENDER = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -164,7 +169,7 @@ class TritonPythonModel:
                     pb_utils.InferenceResponse([pb_utils.Tensor("OUT", n * 2)]),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
-'''
+"""
 
 
 def _host(tmp_path: Path, source: str) -> ModelHost:
@@ -184,7 +189,12 @@ def test_host_sends_a_decoupled_models_responses_through_emits(tmp_path: Path) -
     emits = [lambda o, e, f, box=box: box.append((o, e, f)) for box in sent]
     assert host.execute([_request(3), _request(0), _request(99)], ["OUT"], emits) == [{}, {}, {}]
     gc.collect()
-    assert [(o and o["OUT"].tolist(), f) for o, _, f in sent[0]] == [([0], False), ([1], False), ([2], False), (None, True)]
+    assert [(o and o["OUT"].tolist(), f) for o, _, f in sent[0]] == [
+        ([0], False),
+        ([1], False),
+        ([2], False),
+        (None, True),
+    ]
     assert sent[1] == [(None, None, True)]
     assert sent[2] == [(None, None, True)]  # the sender was dropped without FINAL: ended then
 

@@ -85,8 +85,19 @@ def test_triton_error_codes_and_exception() -> None:
     e = pb_utils.TritonError("nope")
     assert e.message() == "nope" and e.code() == pb_utils.TritonError.INTERNAL
     assert pb_utils.TritonError("x", pb_utils.TritonError.NOT_FOUND).code() == 2
-    codes = [getattr(pb_utils.TritonError, n) for n in
-             ("UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED", "ALREADY_EXISTS", "CANCELLED")]
+    codes = [
+        getattr(pb_utils.TritonError, n)
+        for n in (
+            "UNKNOWN",
+            "INTERNAL",
+            "NOT_FOUND",
+            "INVALID_ARG",
+            "UNAVAILABLE",
+            "UNSUPPORTED",
+            "ALREADY_EXISTS",
+            "CANCELLED",
+        )
+    ]
     assert codes == list(range(8))
     exc = pb_utils.TritonModelException("bad")
     assert exc.message() == "bad" and str(exc) == "bad"
@@ -147,8 +158,9 @@ class _Recorder:
     def __call__(self, request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
         """The ``infer`` a server injects: one frameserve InferRequest per BLS call."""
         names = request.output_names
-        self.calls.append((request.model_name, dict(request.inputs), request.model_version,
-                           None if names is None else list(names)))
+        self.calls.append(
+            (request.model_name, dict(request.inputs), request.model_version, None if names is None else list(names))
+        )
         if self.error is not None:
             raise self.error
         return self.result
@@ -157,7 +169,9 @@ class _Recorder:
 def test_bls_exec_calls_infer_with_the_request() -> None:
     a = np.arange(4, dtype=np.float32)
     rec = _Recorder({"OUT": a * 2})
-    req = pb_utils.InferenceRequest(model_name=b"other", inputs=[pb_utils.Tensor("IN", a)], requested_output_names=["OUT"])
+    req = pb_utils.InferenceRequest(
+        model_name=b"other", inputs=[pb_utils.Tensor("IN", a)], requested_output_names=["OUT"]
+    )
     with pb_utils.bound(rec, "/models/m/1"):
         resp = req.exec()
         versioned = pb_utils.InferenceRequest(

@@ -61,10 +61,7 @@ def test_add_sub_pbtxt_equals_its_yaml_form(tmp_path: Path) -> None:
     from_yaml = parse_config(yaml.safe_load(ADD_SUB_YAML), default_name="add_sub")
     assert from_pbtxt == from_yaml
     assert from_pbtxt.backend == "python"
-    assert from_pbtxt.inputs == (
-        TensorSpec("INPUT0", DataType.FP32, (4,)),
-        TensorSpec("INPUT1", DataType.FP32, (4,)),
-    )
+    assert from_pbtxt.inputs == (TensorSpec("INPUT0", DataType.FP32, (4,)), TensorSpec("INPUT1", DataType.FP32, (4,)))
     assert [s.name for s in from_pbtxt.outputs] == ["OUTPUT0", "OUTPUT1"]
     assert from_pbtxt.max_batch_size is None  # not given: Triton's 0 for a Python model, completed at load
     assert from_pbtxt.instance_group == (InstanceGroup(count=1, kind="KIND_CPU"),)
@@ -174,7 +171,7 @@ def test_unknown_field_and_bad_enum_name_line_and_column() -> None:
 @pytest.mark.parametrize(
     ("text", "what"),
     [
-        ("batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: \"n\" data_type: TYPE_INT32 } ]", "batch_input"),
+        ('batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_INT32 } ]', "batch_input"),
         ('input [ { name: "x" dims: [4] } ]', "data_type"),
     ],
 )
@@ -229,11 +226,17 @@ def test_sequence_batching_maps_to_config_yaml_form() -> None:
     assert seq["oldest"] == {"max_candidate_sequences": 1024, "max_queue_delay_microseconds": 10000}
     cfg = parse_config(data, default_name="simple_dyna_sequence")
     assert cfg.sequence is not None and cfg.sequence.strategy == "oldest"
-    assert [(c.name, c.kind[len("CONTROL_SEQUENCE_"):], c.datatype.value) for c in cfg.sequence.controls] == [
-        ("START", "START", "INT32"), ("END", "END", "INT32"), ("READY", "READY", "INT32"), ("CORRID", "CORRID", "UINT64")]
+    assert [(c.name, c.kind[len("CONTROL_SEQUENCE_") :], c.datatype.value) for c in cfg.sequence.controls] == [
+        ("START", "START", "INT32"),
+        ("END", "END", "INT32"),
+        ("READY", "READY", "INT32"),
+        ("CORRID", "CORRID", "UINT64"),
+    ]
     assert cfg.to_dict()["sequence_batching"] == seq
-    state = pbtxt_to_dict('sequence_batching { state [ { input_name: "I" output_name: "O" data_type: TYPE_FP32 dims: [ -1 ] '
-                          'initial_state: { data_type: TYPE_FP32 dims: [ 2 ] zero_data: true name: "z" } } ] }')[0]
+    state = pbtxt_to_dict(
+        'sequence_batching { state [ { input_name: "I" output_name: "O" data_type: TYPE_FP32 dims: [ -1 ] '
+        'initial_state: { data_type: TYPE_FP32 dims: [ 2 ] zero_data: true name: "z" } } ] }'
+    )[0]
     assert state["sequence_batching"]["state"][0]["dims"] == [-1]
     assert state["sequence_batching"]["state"][0]["initial_state"][0]["dims"] == [2]
     parsed = parse_config({**state, "backend": "python"}, default_name="m").sequence

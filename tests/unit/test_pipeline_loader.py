@@ -56,7 +56,10 @@ def test_yaml_first_form_and_param_overrides(tmp_path: Path) -> None:
         ("name: x\nmodel: m\npostprocess: {labels: [a]}\nbatch: 0\n", "batch must be an int >= 1"),
         ("name: x\nmodel: m\npostprocess: {labels: [a]}\npreprocess: {resize: zoom}\n", "accepted: letterbox"),
         ("type: nosuch\nname: x\n", "type 'nosuch' is not a built-in pipeline class"),
-        ("type: detector\nname: x\nparams: {nosuch: 1}\n", "unknown param 'nosuch'; accepted: aggregate, postprocess, preprocess"),
+        (
+            "type: detector\nname: x\nparams: {nosuch: 1}\n",
+            "unknown param 'nosuch'; accepted: aggregate, postprocess, preprocess",
+        ),
         ("- just\n- a list\n", "YAML mapping"),
         ("name: [unclosed\n", "not valid YAML"),
     ],
@@ -69,7 +72,7 @@ def test_invalid_yaml_errors_name_the_file_and_field(tmp_path: Path, text: str, 
     assert "bad.yaml" in str(exc.value)
 
 
-GOOD = '''
+GOOD = """
 import numpy as np
 import frameserve
 
@@ -84,12 +87,16 @@ class Mine(frameserve.Pipeline):
         return {"x": np.zeros(3, np.float32)}
     def postprocess(self, frame, outputs):
         return {}
-'''
+"""
 
 
 def test_python_file_with_one_subclass_or_a_named_class(tmp_path: Path) -> None:
     f = tmp_path / "mine.py"
-    f.write_text(GOOD.replace("class Base(frameserve.Pipeline):   # imported or not, only classes defined here count\n    pass\n", ""))
+    f.write_text(
+        GOOD.replace(
+            "class Base(frameserve.Pipeline):   # imported or not, only classes defined here count\n    pass\n", ""
+        )
+    )
     d = load_pipeline(f)
     assert d.kind == "python" and d.load_class().name == "mine"
     two = tmp_path / "two.py"
@@ -107,12 +114,20 @@ def test_python_file_with_one_subclass_or_a_named_class(tmp_path: Path) -> None:
         ("import nosuchmodule_xyz\n", r"does not import: ModuleNotFoundError.*\(bad.py line 1\)"),
         ("x = (\n", "does not import: SyntaxError"),
         ("import frameserve\nclass P(frameserve.Pipeline):\n    name = 'p'\n", "hook preprocess is missing"),
-        ("import frameserve\nclass P(frameserve.Pipeline):\n    name = 'p'\n    def preprocess(self, f): return {}\n",
-         "define process"),
-        ("import frameserve\nclass P(frameserve.Pipeline):\n    name = 'p'\n    batch = 0\n"
-         "    def preprocess(self, f): return {}\n    def postprocess(self, f, o): return {}\n", "batch must be an int >= 1"),
-        ("import frameserve\nclass P(frameserve.Pipeline):\n    name = 'p'\n    def __init__(self, x): pass\n"
-         "    def preprocess(self, f): return {}\n    def postprocess(self, f, o): return {}\n", "made with no arguments"),
+        (
+            "import frameserve\nclass P(frameserve.Pipeline):\n    name = 'p'\n    def preprocess(self, f): return {}\n",
+            "define process",
+        ),
+        (
+            "import frameserve\nclass P(frameserve.Pipeline):\n    name = 'p'\n    batch = 0\n"
+            "    def preprocess(self, f): return {}\n    def postprocess(self, f, o): return {}\n",
+            "batch must be an int >= 1",
+        ),
+        (
+            "import frameserve\nclass P(frameserve.Pipeline):\n    name = 'p'\n    def __init__(self, x): pass\n"
+            "    def preprocess(self, f): return {}\n    def postprocess(self, f, o): return {}\n",
+            "made with no arguments",
+        ),
     ],
 )
 def test_bad_python_pipelines_are_one_line_errors(tmp_path: Path, body: str, match: str) -> None:
@@ -163,7 +178,10 @@ def test_hook_errors_name_the_users_line_and_the_rgb_hint(tmp_path: Path) -> Non
 
 def test_a_param_takes_a_value_of_its_defaults_kind() -> None:
     base = {"t": 0.5, "n": 3, "on": True, "name": "x", "sizes": [1], "free": None}
-    assert merge_params(base, {"t": 1, "n": 4, "on": False, "name": "y", "sizes": [2, 3], "free": "z"}, origin="o")["t"] == 1
+    assert (
+        merge_params(base, {"t": 1, "n": 4, "on": False, "name": "y", "sizes": [2, 3], "free": "z"}, origin="o")["t"]
+        == 1
+    )
     for key, bad in (("t", "abc"), ("n", True), ("on", 1), ("name", 3), ("sizes", "1,2")):
         with pytest.raises(PipelineSpecError, match=f"param '{key}' takes "):
             merge_params(base, {key: bad}, origin="o")
@@ -178,10 +196,15 @@ def test_param_values_are_checked_against_their_defaults_at_every_depth() -> Non
     base = {"min_face_size": 20, "gain": 1.0, "detector": {"size": [640, 640], "iou": 0.45, "classes": {}}}
     merged = merge_params(base, {"min_face_size": 24.0, "gain": 2, "detector.iou": 0.5}, origin="p")
     assert merged["min_face_size"] == 24 and type(merged["min_face_size"]) is int and merged["gain"] == 2
-    for bad, what in (({"min_face_size": 88.5}, "takes an integer"), ({"min_face_size": 1e23}, "takes an integer"),
-                      ({"gain": float("inf")}, "takes a number"), ({"detector": {"size": 5}}, "takes a list"),
-                      ({"detector.size": 5}, "takes a list"), ({"detector": 3}, "is a mapping of parameters"),
-                      ({"min_face_size": True}, "takes an integer")):
+    for bad, what in (
+        ({"min_face_size": 88.5}, "takes an integer"),
+        ({"min_face_size": 1e23}, "takes an integer"),
+        ({"gain": float("inf")}, "takes a number"),
+        ({"detector": {"size": 5}}, "takes a list"),
+        ({"detector.size": 5}, "takes a list"),
+        ({"detector": 3}, "is a mapping of parameters"),
+        ({"min_face_size": True}, "takes an integer"),
+    ):
         with pytest.raises(PipelineSpecError, match=what):
             merge_params(base, bad, origin="p")
     assert merge_params(base, {"detector": {"classes": {"FACE": 1}}}, origin="p")["detector"]["classes"] == {"FACE": 1}

@@ -66,7 +66,9 @@ def test_layout_may_change_shape_but_not_keys_or_dtypes() -> None:
 
     first = Layout.of({"x": np.zeros((2, 2), np.float32)}, None)
     Layout.of({"x": np.zeros((4, 4), np.float32)}, None).check_follows(first, P(), 9)  # a new shape: fine
-    with pytest.raises(PipelineHookError, match=r"frame 9 returned \{x: float64\}.*first frame returned \{x: float32\}"):
+    with pytest.raises(
+        PipelineHookError, match=r"frame 9 returned \{x: float64\}.*first frame returned \{x: float32\}"
+    ):
         Layout.of({"x": np.zeros((2, 2), np.float64)}, None).check_follows(first, P(), 9)
     with pytest.raises(PipelineHookError, match="same keys and dtypes"):
         Layout.of({"x": np.zeros((2, 2), np.float32), "y": np.zeros(1)}, None).check_follows(first, P(), 3)
@@ -86,11 +88,16 @@ def test_the_parallel_runner_waits_without_timed_polls() -> None:
     from frameserve.pipeline import _parallel
 
     tree = ast.parse(inspect.getsource(_parallel))
-    waiting = [n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name in ("_Executor", "_get", "run_parallel")]
+    waiting = [
+        n
+        for n in tree.body
+        if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name in ("_Executor", "_get", "run_parallel")
+    ]
     assert len(waiting) == 3
     timed = [
         f"{node.func.attr if isinstance(node.func, ast.Attribute) else ast.dump(node.func)} (line {node.lineno})"
-        for part in waiting for node in ast.walk(part)
+        for part in waiting
+        for node in ast.walk(part)
         if isinstance(node, ast.Call) and any(k.arg == "timeout" for k in node.keywords)
     ]
     assert not timed, timed

@@ -35,7 +35,9 @@ def test_pad_square_pads_black_bottom_right() -> None:
 def test_letterbox_center_keeps_aspect_and_maps_back() -> None:
     rgb = np.zeros((100, 200, 3), np.uint8)
     rgb[40:60, 90:110] = 255  # a white square in the middle
-    spec = PreprocessSpec(size=(64, 64), resize="letterbox", anchor="center", pad_value=114, dtype="uint8", layout="NHWC")
+    spec = PreprocessSpec(
+        size=(64, 64), resize="letterbox", anchor="center", pad_value=114, dtype="uint8", layout="NHWC"
+    )
     out, t = preprocess(rgb, spec)
     assert out.shape == (64, 64, 3)
     # 200x100 -> 64x32, padded 16 rows above and below with grey 114
@@ -48,8 +50,9 @@ def test_letterbox_center_keeps_aspect_and_maps_back() -> None:
 def test_stretch_bgr_nhwc_mean_std() -> None:
     rgb = np.zeros((10, 10, 3), np.uint8)
     rgb[..., 0] = 255  # pure red
-    spec = PreprocessSpec(size=(4, 4), resize="stretch", channel_order="bgr", layout="NHWC",
-                          mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    spec = PreprocessSpec(
+        size=(4, 4), resize="stretch", channel_order="bgr", layout="NHWC", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)
+    )
     out, _ = preprocess(rgb, spec)
     assert out.shape == (4, 4, 3)
     np.testing.assert_allclose(out[0, 0], [-1.0, -1.0, 1.0], atol=1e-6)  # B, G, R
@@ -57,8 +60,16 @@ def test_stretch_bgr_nhwc_mean_std() -> None:
 
 @pytest.mark.parametrize(
     "field,value",
-    [("resize", "crop"), ("anchor", "left"), ("layout", "CHW"), ("interpolation", "lanczos9"),
-     ("dtype", "int7"), ("size", (0, 3)), ("pad_value", 300), ("std", (1, 0, 1))],
+    [
+        ("resize", "crop"),
+        ("anchor", "left"),
+        ("layout", "CHW"),
+        ("interpolation", "lanczos9"),
+        ("dtype", "int7"),
+        ("size", (0, 3)),
+        ("pad_value", 300),
+        ("std", (1, 0, 1)),
+    ],
 )
 def test_invalid_options_name_accepted_values(field: str, value: object) -> None:
     with pytest.raises(PipelineSpecError) as exc:
@@ -84,8 +95,15 @@ TINY = [(1, 1), (2, 2), (1, 2), (2, 1), (3, 1), (1, 700), (700, 1)]  # (width, h
 @pytest.mark.parametrize("anchor", ["center", "top_left"])
 @pytest.mark.parametrize(("w", "h"), TINY, ids=[f"{w}x{h}" for w, h in TINY])
 def test_tiny_frames_scale_up_to_the_model_size(resize: str, anchor: str, w: int, h: int) -> None:
-    spec = PreprocessSpec(size=(320, 256), resize=resize, anchor=anchor, pad_value=0, interpolation="nearest",  # type: ignore[arg-type]
-                          dtype="uint8", layout="NHWC")
+    spec = PreprocessSpec(
+        size=(320, 256),
+        resize=resize,
+        anchor=anchor,
+        pad_value=0,
+        interpolation="nearest",  # type: ignore[arg-type]
+        dtype="uint8",
+        layout="NHWC",
+    )
     out, t = preprocess(np.full((h, w, 3), 255, np.uint8), spec)
     assert out.shape == (256, 320, 3)
     assert t.scale_x > 0 and t.scale_y > 0 and (t.src_width, t.src_height) == (w, h)

@@ -30,8 +30,12 @@ class Clock:
 
 
 def test_rows_override_field_by_field() -> None:
-    q = Quotas.from_mapping({"default": {"running_jobs": 2, "infer_rate": 50},
-                             "tenants": {"big": {"running_jobs": 8}, "free": {"infer_rate": None}}})
+    q = Quotas.from_mapping(
+        {
+            "default": {"running_jobs": 2, "infer_rate": 50},
+            "tenants": {"big": {"running_jobs": 8}, "free": {"infer_rate": None}},
+        }
+    )
     assert q.for_tenant("big") == TenantQuota(running_jobs=8, infer_rate=50)
     assert q.for_tenant("free").infer_rate is None and q.for_tenant("free").running_jobs == 2
     assert q.for_tenant("unknown") == q.default
@@ -39,16 +43,19 @@ def test_rows_override_field_by_field() -> None:
     assert DEFAULT_QUOTA.queued_jobs == 10_000 and DEFAULT_QUOTA.infer_rate is None
 
 
-@pytest.mark.parametrize(("raw", "fragment"), [
-    ([1, 2], "mapping"),
-    ({"defaults": {}}, "unknown key 'defaults'"),
-    ({"default": {"infer_rps": 3}}, "unknown limit 'infer_rps'"),
-    ({"default": {"queued_jobs": 0}}, "queued_jobs must be a positive integer"),
-    ({"default": {"queued_jobs": True}}, "queued_jobs must be a positive integer"),
-    ({"tenants": {"a": {"running_jobs": "4"}}}, "tenants.a"),
-    ({"tenants": [1]}, "tenants must be a mapping"),
-    ({"tenants": {"a": 3}}, "tenants.a must be a mapping"),
-])
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ([1, 2], "mapping"),
+        ({"defaults": {}}, "unknown key 'defaults'"),
+        ({"default": {"infer_rps": 3}}, "unknown limit 'infer_rps'"),
+        ({"default": {"queued_jobs": 0}}, "queued_jobs must be a positive integer"),
+        ({"default": {"queued_jobs": True}}, "queued_jobs must be a positive integer"),
+        ({"tenants": {"a": {"running_jobs": "4"}}}, "tenants.a"),
+        ({"tenants": [1]}, "tenants must be a mapping"),
+        ({"tenants": {"a": 3}}, "tenants.a must be a mapping"),
+    ],
+)
 def test_bad_documents_name_the_key(raw: object, fragment: str) -> None:
     with pytest.raises(InvalidInputError, match=fragment):
         Quotas.from_mapping(raw)
@@ -82,8 +89,9 @@ def test_token_bucket_refills_at_its_rate() -> None:
 
 def test_rate_gate_is_per_tenant() -> None:
     clock = Clock()
-    gate = RateGate(Quotas.from_mapping({"default": {"infer_rate": 2}, "tenants": {"vip": {"infer_rate": None}}}),
-                    clock=clock)
+    gate = RateGate(
+        Quotas.from_mapping({"default": {"infer_rate": 2}, "tenants": {"vip": {"infer_rate": None}}}), clock=clock
+    )
     gate.take("a")
     gate.take("a")
     with pytest.raises(QuotaExceededError) as info:
@@ -151,8 +159,9 @@ def test_infer_gate_refusal_tells_what_enter_would_do_and_takes_nothing() -> Non
     """``refusal`` (a transport's check on metadata alone) neither takes a token nor holds a
     slot: asked any number of times, the request it admits still gets through ``enter``."""
     now = [0.0]
-    gate = InferGate(Quotas.from_mapping({"tenants": {"a": {"infer_rate": 1, "infer_concurrency": 1}}}),
-                     clock=lambda: now[0])
+    gate = InferGate(
+        Quotas.from_mapping({"tenants": {"a": {"infer_rate": 1, "infer_concurrency": 1}}}), clock=lambda: now[0]
+    )
     for _ in range(3):
         assert gate.refusal("a") is None
     gate.enter("a")  # the one token, the one slot

@@ -99,8 +99,10 @@ def test_the_next_in_line_is_not_overtaken() -> None:
 
 
 def test_rate_limiter_survives_pbtxt_and_json() -> None:
-    data, dropped = pbtxt_to_dict('backend: "python" instance_group [ { count: 2 kind: KIND_CPU rate_limiter { '
-                                  'resources [ { name: "R" global: true count: 1 } ] priority: 2 } } ]')
+    data, dropped = pbtxt_to_dict(
+        'backend: "python" instance_group [ { count: 2 kind: KIND_CPU rate_limiter { '
+        'resources [ { name: "R" global: true count: 1 } ] priority: 2 } } ]'
+    )
     assert dropped == []
     config = parse_config(data, default_name="m")
     group = config.instance_group[0]
@@ -147,18 +149,30 @@ class _Session:
 
 
 def _model(name: str) -> ModelConfig:
-    return ModelConfig(name=name, max_batch_size=0, inputs=(TensorSpec("x", DataType.FP32, (2,)),),
-                       outputs=(TensorSpec("y", DataType.FP32, (2,)),),
-                       instance_group=(InstanceGroup(count=2, rate_limiter=_spec(("GPU_MEM", 1, True))),))
+    return ModelConfig(
+        name=name,
+        max_batch_size=0,
+        inputs=(TensorSpec("x", DataType.FP32, (2,)),),
+        outputs=(TensorSpec("y", DataType.FP32, (2,)),),
+        instance_group=(InstanceGroup(count=2, rate_limiter=_spec(("GPU_MEM", 1, True))),),
+    )
 
 
 def test_two_models_sharing_one_resource_never_run_at_once() -> None:
     rec = _Recorder()
     limiter = RateLimiter()
     clock = FakeClock()
-    schedulers = {n: Scheduler(_model(n), 1, plan_instances(_model(n), threads=1),
-                               lambda spec, n=n: _Session(n, _model(n), rec), clock=clock, rate_limiter=limiter)
-                  for n in ("a", "b")}
+    schedulers = {
+        n: Scheduler(
+            _model(n),
+            1,
+            plan_instances(_model(n), threads=1),
+            lambda spec, n=n: _Session(n, _model(n), rec),
+            clock=clock,
+            rate_limiter=limiter,
+        )
+        for n in ("a", "b")
+    }
     try:
         x = np.ones(2, np.float32)
         first = schedulers["a"].enqueue([(InferRequest("a", {"x": x}), 1)])[0]

@@ -81,19 +81,52 @@ def test_triton_platform_and_pytorch_alias() -> None:
     [
         ({"max_batch_size": -1}, r"max_batch_size: got -1; accepted: an integer >= 0"),
         ({"backend": "tensorrt"}, r"backend: got \"tensorrt\"; accepted: one of onnxruntime, openvino, torch"),
-        ({"input": [{"name": "x", "data_type": "F32", "dims": [3]}]}, r"input\[0\]\.data_type: got \"F32\"; accepted: one of BOOL"),
-        ({"input": [{"name": "x", "data_type": "FP32", "dims": [3, 0]}]}, r"input\[0\]\.dims\[1\]: got 0; accepted: a positive integer or -1"),
+        (
+            {"input": [{"name": "x", "data_type": "F32", "dims": [3]}]},
+            r"input\[0\]\.data_type: got \"F32\"; accepted: one of BOOL",
+        ),
+        (
+            {"input": [{"name": "x", "data_type": "FP32", "dims": [3, 0]}]},
+            r"input\[0\]\.dims\[1\]: got 0; accepted: a positive integer or -1",
+        ),
         ({"input": [{"name": "x", "dims": [3]}]}, r"input\[0\]: 'data_type' is a required property"),
-        ({"output": [{"name": "y", "data_type": "FP32", "dims": [1], "format": "FORMAT_NCHW"}]}, r"output\[0\]: unknown field\(s\) \['format'\]"),
-        ({"max_batch_sise": 4}, r"unknown field\(s\) \['max_batch_sise'\]; accepted fields: backend, default_model_filename"),
+        (
+            {"output": [{"name": "y", "data_type": "FP32", "dims": [1], "format": "FORMAT_NCHW"}]},
+            r"output\[0\]: unknown field\(s\) \['format'\]",
+        ),
+        (
+            {"max_batch_sise": 4},
+            r"unknown field\(s\) \['max_batch_sise'\]; accepted fields: backend, default_model_filename",
+        ),
         ({"version_policy": {"latest": {}, "all": {}}}, r"version_policy: got .*accepted: exactly one of"),
-        ({"version_policy": {"latest": {"num_versions": 0}}}, r"version_policy\.latest\.num_versions: got 0; accepted: an integer >= 1"),
-        ({"version_policy": {"specific": {"versions": []}}}, r"version_policy\.specific\.versions: got \[\]; accepted: a non-empty list"),
-        ({"parameters": {"precision": "fp8"}}, r"parameters\.precision: got \"fp8\"; accepted: one of fp32, bf16, fp16, int8"),
-        ({"parameters": {"ort_allow_spinning": 0}}, r"parameters\.ort_allow_spinning: got 0; accepted: a string \(quote numbers"),
-        ({"instance_group": [{"count": 2, "kind": "KIND_TPU"}]}, r"instance_group\[0\]\.kind: got \"KIND_TPU\"; accepted: KIND_AUTO, KIND_CPU or KIND_GPU"),
-        ({"dynamic_batching": {"max_queue_delay_microseconds": -5}}, r"dynamic_batching\.max_queue_delay_microseconds: got -5"),
-        ({"dynamic_batching": {"default_queue_policy": {"timeout_action": "DROP"}}}, r"timeout_action: got \"DROP\"; accepted: REJECT or DELAY"),
+        (
+            {"version_policy": {"latest": {"num_versions": 0}}},
+            r"version_policy\.latest\.num_versions: got 0; accepted: an integer >= 1",
+        ),
+        (
+            {"version_policy": {"specific": {"versions": []}}},
+            r"version_policy\.specific\.versions: got \[\]; accepted: a non-empty list",
+        ),
+        (
+            {"parameters": {"precision": "fp8"}},
+            r"parameters\.precision: got \"fp8\"; accepted: one of fp32, bf16, fp16, int8",
+        ),
+        (
+            {"parameters": {"ort_allow_spinning": 0}},
+            r"parameters\.ort_allow_spinning: got 0; accepted: a string \(quote numbers",
+        ),
+        (
+            {"instance_group": [{"count": 2, "kind": "KIND_TPU"}]},
+            r"instance_group\[0\]\.kind: got \"KIND_TPU\"; accepted: KIND_AUTO, KIND_CPU or KIND_GPU",
+        ),
+        (
+            {"dynamic_batching": {"max_queue_delay_microseconds": -5}},
+            r"dynamic_batching\.max_queue_delay_microseconds: got -5",
+        ),
+        (
+            {"dynamic_batching": {"default_queue_policy": {"timeout_action": "DROP"}}},
+            r"timeout_action: got \"DROP\"; accepted: REJECT or DELAY",
+        ),
     ],
 )
 def test_schema_errors_name_file_field_and_accepted(data: dict[str, Any], expected: str) -> None:

@@ -66,7 +66,9 @@ def test_models_versions_and_policy_from_config(tmp_path: Path) -> None:
 
 def test_missing_model_lists_available(tmp_path: Path) -> None:
     repo = _repo(tmp_path, {"alpha/1/model.onnx": "", "beta/1/model.onnx": ""})
-    with pytest.raises(ModelNotFoundError, match="Request for unknown model: 'gamma' is not found; available: alpha, beta") as info:
+    with pytest.raises(
+        ModelNotFoundError, match="Request for unknown model: 'gamma' is not found; available: alpha, beta"
+    ) as info:
         repo.config("gamma")
     assert str(tmp_path) not in str(info.value)  # a network client learns nothing of the file system
     with pytest.raises(InvalidModelNameError, match="one folder name") as bad:
@@ -98,8 +100,18 @@ def test_model_file_by_backend_and_default_filename(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "filename",
-    ["../../../x/model.py", "../model.onnx", "/etc/passwd", "sub/model.onnx", "..\\model.onnx", "C:model.onnx",
-     "..", ".", "a\0b", "x" * 300],
+    [
+        "../../../x/model.py",
+        "../model.onnx",
+        "/etc/passwd",
+        "sub/model.onnx",
+        "..\\model.onnx",
+        "C:model.onnx",
+        "..",
+        ".",
+        "a\0b",
+        "x" * 300,
+    ],
 )
 def test_default_model_filename_is_a_bare_file_name(tmp_path: Path, filename: str) -> None:
     # the file exists where the traversal points: the refusal must not depend on it
@@ -119,7 +131,9 @@ def test_default_model_filename_is_a_bare_file_name(tmp_path: Path, filename: st
 
 def test_missing_model_file_names_path_and_accepted_names(tmp_path: Path) -> None:
     repo = _repo(tmp_path, {"m/1/weights.bin": "", "n/config.yaml": "backend: openvino\n", "n/2/x.txt": ""})
-    with pytest.raises(ModelConfigError, match=r"no model file at m/1/model\.onnx; backend 'onnxruntime' accepts model\.onnx") as info:
+    with pytest.raises(
+        ModelConfigError, match=r"no model file at m/1/model\.onnx; backend 'onnxruntime' accepts model\.onnx"
+    ) as info:
         repo.model_file("m", 1)
     assert str(tmp_path) not in str(info.value)
     with pytest.raises(ModelConfigError, match=r"n/2/model\.xml; backend 'openvino' accepts model\.xml, model\.onnx"):
@@ -131,14 +145,20 @@ def test_missing_model_file_names_path_and_accepted_names(tmp_path: Path) -> Non
 def test_bad_yaml_and_override(tmp_path: Path) -> None:
     repo = _repo(
         tmp_path,
-        {"bad/config.yaml": "max_batch_size: [\n", "list/config.yaml": "- 1\n", "ok/config.yaml": "max_batch_size: 2\n"},
+        {
+            "bad/config.yaml": "max_batch_size: [\n",
+            "list/config.yaml": "- 1\n",
+            "ok/config.yaml": "max_batch_size: 2\n",
+        },
     )
     with pytest.raises(ModelConfigError, match=r"bad/config\.yaml: not valid YAML"):
         repo.config("bad")
     with pytest.raises(ModelConfigError, match=r"list/config\.yaml: a model config must be a mapping"):
         repo.config("list")
     assert repo.config("ok", override={"max_batch_size": 16}).max_batch_size == 16
-    with pytest.raises(ModelConfigError, match=r"ok/config\.yaml \(with override\): invalid model config: max_batch_size"):
+    with pytest.raises(
+        ModelConfigError, match=r"ok/config\.yaml \(with override\): invalid model config: max_batch_size"
+    ):
         repo.config("ok", override={"max_batch_size": "many"})
     with pytest.raises(ModelConfigError, match="is not a folder"):
         ModelRepository(tmp_path / "nope")

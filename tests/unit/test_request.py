@@ -48,7 +48,9 @@ def test_bytes_codec_round_trip_and_element_kinds() -> None:
     a = np.array([[b"ab", b""], [b"\x00\xff", "caf\u00e9"]], dtype=object)
     blob = encode_bytes_elements(a)
     assert blob == _blob(b"ab", b"", b"\x00\xff", "caf\u00e9".encode())
-    assert encode_bytes_elements(np.array([bytearray(b"x"), memoryview(b"yz"), 7], dtype=object)) == _blob(b"x", b"yz", b"7")
+    assert encode_bytes_elements(np.array([bytearray(b"x"), memoryview(b"yz"), 7], dtype=object)) == _blob(
+        b"x", b"yz", b"7"
+    )
     back = decode_bytes_elements(blob, 4).reshape(2, 2)
     assert back.tolist() == [[b"ab", b""], [b"\x00\xff", "caf\u00e9".encode()]]
     assert decode_bytes_elements(memoryview(blob)).tolist() == back.reshape(-1).tolist()  # count from the data
@@ -85,8 +87,9 @@ def test_caps_refuse_before_any_element_is_made() -> None:
 
 def test_http_grpc_and_python_backend_share_the_codec_and_its_messages() -> None:
     bad = _blob(b"ab") + struct.pack("<I", 9) + b"xy"
-    head = orjson.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [2],
-                                     "parameters": {"binary_data_size": len(bad)}}]})
+    head = orjson.dumps(
+        {"inputs": [{"name": "s", "datatype": "BYTES", "shape": [2], "parameters": {"binary_data_size": len(bad)}}]}
+    )
     with pytest.raises(TensorError) as http:
         codec.decode_request(head + bad, len(head))
     req = pb.ModelInferRequest(model_name="m")
@@ -94,7 +97,11 @@ def test_http_grpc_and_python_backend_share_the_codec_and_its_messages() -> None
     req.raw_input_contents.append(bad)
     with pytest.raises(TensorError) as grpc:
         decode_infer_request(req)
-    assert http.value.message == grpc.value.message == "input 's': BYTES element 1 declares 9 bytes, only 2 remain (it runs past the end of the data)"
+    assert (
+        http.value.message
+        == grpc.value.message
+        == "input 's': BYTES element 1 declares 9 bytes, only 2 remain (it runs past the end of the data)"
+    )
     with pytest.raises(pb_utils.TritonModelException, match="BYTES element 1 declares 9 bytes"):
         pb_utils.deserialize_bytes_tensor(bad)
     good = np.array([b"a", b"bc"], dtype=object)
@@ -119,8 +126,14 @@ def test_pb_utils_is_one_module_under_both_names_and_wraps_the_one_request() -> 
         seen.append(request)
         return {"Y": request.inputs["X"] * 2}
 
-    bls = pb_utils.InferenceRequest(model_name="other", inputs=[pb_utils.Tensor("X", a)], requested_output_names=["Y"],
-                                    request_id="r", model_version=2, parameters='{"k": 1}')
+    bls = pb_utils.InferenceRequest(
+        model_name="other",
+        inputs=[pb_utils.Tensor("X", a)],
+        requested_output_names=["Y"],
+        request_id="r",
+        model_version=2,
+        parameters='{"k": 1}',
+    )
     with pb_utils.bound(infer, "/m/1"):
         resp = bls.exec()
     assert not resp.has_error()

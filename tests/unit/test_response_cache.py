@@ -30,8 +30,11 @@ def test_key_covers_bytes_shape_dtype_outputs_and_parameters() -> None:
     base = ResponseCache.key(_req(x), 1)
     assert base is not None and len(base) == 32 and ResponseCache.key(_req(x.copy()), 1) == base
     variants = [
-        _req(np.array([0, 1, 2, 4], np.float32)), _req(x.reshape(2, 2)), _req(x.view(np.int32)),
-        _req(x, outputs=(RequestedOutput("y", None, {"classification": 2}),)), _req(x, parameters={"k": 1}),
+        _req(np.array([0, 1, 2, 4], np.float32)),
+        _req(x.reshape(2, 2)),
+        _req(x.view(np.int32)),
+        _req(x, outputs=(RequestedOutput("y", None, {"classification": 2}),)),
+        _req(x, parameters={"k": 1}),
     ]
     keys = {ResponseCache.key(r, 1) for r in variants} | {ResponseCache.key(_req(x), 2)}
     assert base not in keys and len(keys) == 6

@@ -31,7 +31,10 @@ def test_a_thread_sink_keeps_order_and_ignores_sends_after_the_end() -> None:
     sink.send(_out(9), None, True)  # after the end: dropped
     got = [sink.get(5) for _ in range(3)]
     assert [(g.outputs is not None, g.error is not None, g.final) for g in got if g is not None] == [
-        (True, False, False), (False, True, False), (False, False, True)]
+        (True, False, False),
+        (False, True, False),
+        (False, False, True),
+    ]
     assert sink.get(0.01) is None
 
 

@@ -34,7 +34,11 @@ def test_default_budget_shares_free_cpus_without_oversubscribing() -> None:
         instances_sharing=6,
         gpus=0,
     )
-    assert [(s.name, s.kind, s.threads) for s in specs] == [("a_0", "KIND_CPU", 2), ("b_0", "KIND_CPU", 2), ("b_1", "KIND_CPU", 2)]
+    assert [(s.name, s.kind, s.threads) for s in specs] == [
+        ("a_0", "KIND_CPU", 2),
+        ("b_0", "KIND_CPU", 2),
+        ("b_1", "KIND_CPU", 2),
+    ]
     assert [s.threads for s in plan_instances(_cfg(), free_cpus=0)] == [1]  # at least one thread
     assert len(plan_instances(_cfg())) == 1  # no instance_group: one CPU instance
 
@@ -96,8 +100,10 @@ def test_pin_rule_gives_each_instance_its_own_cpus_at_load(monkeypatch: pytest.M
 
 def test_gpu_instances_need_a_gpu_the_backend_can_use() -> None:
     cfg = _cfg(instance_group=[{"count": 2, "kind": "KIND_GPU"}])
-    with pytest.raises(ModelConfigError, match="asks for KIND_GPU but backend 'onnxruntime' cannot use a GPU here: "
-                       "no CUDA provider; use KIND_CPU"):
+    with pytest.raises(
+        ModelConfigError,
+        match="asks for KIND_GPU but backend 'onnxruntime' cannot use a GPU here: no CUDA provider; use KIND_CPU",
+    ):
         plan_instances(cfg, gpus=0, gpu_why="no CUDA provider")
     specs = plan_instances(_cfg(instance_group=[{"count": 1, "kind": "KIND_GPU", "gpus": [0, 1]}]), gpus=2)
     assert [(s.kind, s.gpu) for s in specs] == [("KIND_GPU", 0), ("KIND_GPU", 1)]
@@ -118,7 +124,11 @@ def test_instance_thread_is_pinned_before_its_session_opens() -> None:
     seen: dict[str, set[int]] = {}
 
     class Session:
-        config = _cfg(input=[{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}], output=[{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}])
+        config = _cfg(
+            input=[{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+            output=[{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+        )
+
         @property
         def info(self) -> dict[str, Any]:
             return {}

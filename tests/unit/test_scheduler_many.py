@@ -42,7 +42,9 @@ def _start_threads(config: ModelConfig, clock: FakeClock, **kw: Any) -> tuple[Sc
         sessions.append(_ThreadSession(config, gate, threading.Event()))
         return sessions[-1]
 
-    sched = Scheduler(config, 1, [InstanceSpec(index=0, kind="KIND_CPU", threads=1, group="m")], load, clock=clock, **kw)
+    sched = Scheduler(
+        config, 1, [InstanceSpec(index=0, kind="KIND_CPU", threads=1, group="m")], load, clock=clock, **kw
+    )
     clock.wait_blocked(after=0)
     return sched, sessions
 

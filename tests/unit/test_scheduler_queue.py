@@ -188,6 +188,8 @@ def test_policy_validation() -> None:
     with pytest.raises(ModelConfigError, match=r"default_priority_level 0 must be in \[1, priority_levels=2\]"):
         BatchingPolicy.from_config(_config(8, priority_levels=2))
     with pytest.raises(ModelConfigError, match="names levels"):
-        BatchingPolicy.from_config(_config(8, priority_levels=1, default_priority_level=1, priority_queue_policy={3: {}}))
+        BatchingPolicy.from_config(
+            _config(8, priority_levels=1, default_priority_level=1, priority_queue_policy={3: {}})
+        )
     assert QueuePolicy.from_dict({"max_queue_size": 0}, default_max_queue_size=7).max_queue_size == 7
     assert not BatchingPolicy.from_config(_config(0, max_queue_delay_microseconds=5)).dynamic

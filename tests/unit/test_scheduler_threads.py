@@ -47,7 +47,9 @@ class FakeSession:
     """``y = 2 x``; blocks while ``x`` holds ``block_on`` until ``gate`` opens; raises for -1;
     returns a wrong batch dim for -2."""
 
-    def __init__(self, config: ModelConfig, gate: threading.Event, started: threading.Event, block_on: float = 1.0) -> None:
+    def __init__(
+        self, config: ModelConfig, gate: threading.Event, started: threading.Event, block_on: float = 1.0
+    ) -> None:
         self.config = config
         self.info = {"backend": "fake", "threads": 1}
         self.gate = gate
@@ -71,7 +73,9 @@ class FakeSession:
         pass
 
 
-def _start(config: ModelConfig, clock: FakeClock, *, instances: int = 1, **kw: Any) -> tuple[Scheduler, list[FakeSession], threading.Event]:
+def _start(
+    config: ModelConfig, clock: FakeClock, *, instances: int = 1, **kw: Any
+) -> tuple[Scheduler, list[FakeSession], threading.Event]:
     gate = threading.Event()
     started = threading.Event()
     sessions: list[FakeSession] = []
@@ -283,10 +287,7 @@ class RequestsSession:
 
     def run_requests(self, requests: list[InferRequest]) -> list[dict[str, np.ndarray[Any, Any]] | Exception]:
         self.calls.append(list(requests))
-        return [
-            ValueError("no negatives") if (r.inputs["x"] < 0).any() else {"y": r.inputs["x"] + 1}
-            for r in requests
-        ]
+        return [ValueError("no negatives") if (r.inputs["x"] < 0).any() else {"y": r.inputs["x"] + 1} for r in requests]
 
     def close(self) -> None:
         pass

@@ -8,12 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from frameserve.errors import (
-    InvalidInputError,
-    PermissionDeniedError,
-    UnauthenticatedError,
-    UnsupportedMediaTypeError,
-)
+from frameserve.errors import InvalidInputError, PermissionDeniedError, UnauthenticatedError, UnsupportedMediaTypeError
 from frameserve.security import (
     IMPLICIT_OWNER,
     MIN_TOKEN_CHARS,
@@ -80,7 +75,9 @@ def test_bearer_token_and_principals() -> None:
     assert bearer_token("Bearer " + "a" * 5000) is None
     assert IMPLICIT_OWNER.name == "" and IMPLICIT_OWNER.allows(frozenset({"admin"}))
     jobs = Principal("j", frozenset({"jobs"}))
-    assert jobs.allows(frozenset()) and jobs.allows(frozenset({"jobs", "infer"})) and not jobs.allows(frozenset({"infer"}))
+    assert (
+        jobs.allows(frozenset()) and jobs.allows(frozenset({"jobs", "infer"})) and not jobs.allows(frozenset({"infer"}))
+    )
 
 
 def test_route_roles() -> None:
@@ -117,12 +114,23 @@ def test_cross_site_refusals() -> None:
     assert _refusal(origin="https://api.example.com", host="api.example.com") is None  # TLS ended at an ingress
     assert _refusal(origin="https://API.example.com:443", host="api.example.com") is None
     assert _refusal(method="GET", origin="http://evil.example", content_type="text/plain") is None  # reads pass
-    for origin in ("http://evil.example", "http://127.0.0.1:8001", "null", "http://127.0.0.1.evil.example:8000", "file://"):
+    for origin in (
+        "http://evil.example",
+        "http://127.0.0.1:8001",
+        "null",
+        "http://127.0.0.1.evil.example:8000",
+        "file://",
+    ):
         assert isinstance(_refusal(origin=origin), PermissionDeniedError), origin
     assert isinstance(_refusal(origin="http://127.0.0.1:8000", host=None), PermissionDeniedError)
     assert isinstance(_refusal(fetch_site="cross-site"), PermissionDeniedError)
     assert _refusal(fetch_site="same-origin") is None
-    for ctype in ("text/plain", "Text/Plain; charset=utf-8", "application/x-www-form-urlencoded", "multipart/form-data; boundary=b"):
+    for ctype in (
+        "text/plain",
+        "Text/Plain; charset=utf-8",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=b",
+    ):
         assert isinstance(_refusal(content_type=ctype), UnsupportedMediaTypeError), ctype
         assert isinstance(_refusal(method="DELETE", path="/v1/jobs/x", content_type=ctype), UnsupportedMediaTypeError)
     assert _refusal(path="/v1/analyze", content_type="multipart/form-data; boundary=b") is None  # uploads
@@ -132,7 +140,9 @@ def test_cross_site_refusals() -> None:
     form = "application/x-www-form-urlencoded"
     assert _refusal(path="/v2/systemsharedmemory/region/r/register", content_type=form) is None
     assert _refusal(path="/v2/cudasharedmemory/unregister", content_type=form) is None
-    assert isinstance(_refusal(path="/v2/systemsharedmemory/unregister", content_type="text/plain"), UnsupportedMediaTypeError)
+    assert isinstance(
+        _refusal(path="/v2/systemsharedmemory/unregister", content_type="text/plain"), UnsupportedMediaTypeError
+    )
     assert isinstance(_refusal(path="/v2/repository/models/m/load", content_type=form), UnsupportedMediaTypeError)
     assert isinstance(
         _refusal(path="/v2/systemsharedmemory/unregister", content_type=form, origin="http://evil.example"),
@@ -140,18 +150,41 @@ def test_cross_site_refusals() -> None:
     )
 
 
-@pytest.mark.parametrize("host", [
-    "localhost", "LOCALHOST:8000", "api.localhost", "localhost.", "127.0.0.1", "127.1.2.3:8000", "[::1]", "[::1]:8000",
-])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "localhost",
+        "LOCALHOST:8000",
+        "api.localhost",
+        "localhost.",
+        "127.0.0.1",
+        "127.1.2.3:8000",
+        "[::1]",
+        "[::1]:8000",
+    ],
+)
 def test_hosts_that_name_this_machine_pass(host: str) -> None:
     for _ in range(2):  # the second answer comes from the cache: the same
         assert host_refusal(host) is None
 
 
-@pytest.mark.parametrize("host", [
-    "evil.example", "evil.example:8000", "10.0.0.1", "0.0.0.0", "[::2]", "localhost.evil.example", "127.0.0.1.nip.io",
-    "", ":8000", "[::1", "a" * 300 + ".localhost", "localhost:notaport",
-])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example",
+        "evil.example:8000",
+        "10.0.0.1",
+        "0.0.0.0",
+        "[::2]",
+        "localhost.evil.example",
+        "127.0.0.1.nip.io",
+        "",
+        ":8000",
+        "[::1",
+        "a" * 300 + ".localhost",
+        "localhost:notaport",
+    ],
+)
 def test_other_hosts_are_refused_without_echoing_them(host: str) -> None:
     for _ in range(2):
         refusal = host_refusal(host)
@@ -159,13 +192,30 @@ def test_other_hosts_are_refused_without_echoing_them(host: str) -> None:
         assert host[:20] not in str(refusal) or not host
 
 
-@pytest.mark.parametrize(("host", "loopback"), [
-    ("localhost", True), ("LOCALHOST", True), ("localhost.", True), ("app.localhost", True), ("App.LocalHost.", True),
-    ("127.0.0.1", True), ("127.9.8.7", True), ("::1", True), ("[::1]", True), ("::ffff:127.0.0.1", True),
-    ("[::ffff:7f00:1]", True),
-    ("0.0.0.0", False), ("::", False), ("10.0.0.1", False), ("localhost.example", False), ("notlocalhost", False),
-    ("::ffff:10.0.0.1", False), ("", False), ("127.0.0.1.nip.io", False),
-])
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("localhost.", True),
+        ("app.localhost", True),
+        ("App.LocalHost.", True),
+        ("127.0.0.1", True),
+        ("127.9.8.7", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("::ffff:127.0.0.1", True),
+        ("[::ffff:7f00:1]", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.1", False),
+        ("localhost.example", False),
+        ("notlocalhost", False),
+        ("::ffff:10.0.0.1", False),
+        ("", False),
+        ("127.0.0.1.nip.io", False),
+    ],
+)
 def test_one_loopback_definition(host: str, loopback: bool) -> None:
     from frameserve.security.auth import is_loopback
 

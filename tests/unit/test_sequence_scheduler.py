@@ -29,17 +29,28 @@ CONTROLS = [
     {"name": "READY", "control": [{"kind": "CONTROL_SEQUENCE_READY", "int32_false_true": [0, 1]}]},
     {"name": "CORRID", "control": [{"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_UINT64"}]},
 ]
-STATE = [{"input_name": "STATE_IN", "output_name": "STATE_OUT", "data_type": "TYPE_INT32", "dims": [1],
-          "initial_state": {"data_type": "TYPE_INT32", "dims": [1], "zero_data": True, "name": "zeros"}}]
+STATE = [
+    {
+        "input_name": "STATE_IN",
+        "output_name": "STATE_OUT",
+        "data_type": "TYPE_INT32",
+        "dims": [1],
+        "initial_state": {"data_type": "TYPE_INT32", "dims": [1], "zero_data": True, "name": "zeros"},
+    }
+]
 
 
 def _config(max_batch_size: int = 2, controls: list[dict[str, Any]] = CONTROLS, **seq: Any) -> ModelConfig:
-    return parse_config({
-        "backend": "python", "max_batch_size": max_batch_size,
-        "input": [{"name": "INPUT", "data_type": "TYPE_INT32", "dims": [1]}],
-        "output": [{"name": "OUTPUT", "data_type": "TYPE_INT32", "dims": [1]}],
-        "sequence_batching": {"control_input": controls, "state": STATE, **seq},
-    }, default_name="acc")
+    return parse_config(
+        {
+            "backend": "python",
+            "max_batch_size": max_batch_size,
+            "input": [{"name": "INPUT", "data_type": "TYPE_INT32", "dims": [1]}],
+            "output": [{"name": "OUTPUT", "data_type": "TYPE_INT32", "dims": [1]}],
+            "sequence_batching": {"control_input": controls, "state": STATE, **seq},
+        },
+        default_name="acc",
+    )
 
 
 class _Session:
@@ -79,8 +90,9 @@ class _Run:
         self.sched = SequenceScheduler(config, 1, specs, load, clock=self.clock)  # type: ignore[arg-type]
 
     def send(self, sid: int | str, value: int, *, start: bool = False, end: bool = False) -> Future[dict[str, Array]]:
-        request = InferRequest("acc", {"INPUT": np.full((1, 1), value, np.int32)}, sequence_id=sid,
-                               sequence_start=start, sequence_end=end)
+        request = InferRequest(
+            "acc", {"INPUT": np.full((1, 1), value, np.int32)}, sequence_id=sid, sequence_start=start, sequence_end=end
+        )
         return self.sched.enqueue([(request, 1)])[0]
 
     def value(self, sid: int | str, value: int, **flags: bool) -> int:
@@ -98,7 +110,12 @@ def run() -> Iterator[_Run]:
 
 
 def test_implicit_state_accumulates_per_sequence_and_controls_are_delivered(run: _Run) -> None:
-    assert [run.value(7, 3, start=True), run.value(8, 100, start=True), run.value(7, 4), run.value(8, -1)] == [3, 100, 7, 99]
+    assert [run.value(7, 3, start=True), run.value(8, 100, start=True), run.value(7, 4), run.value(8, -1)] == [
+        3,
+        100,
+        7,
+        99,
+    ]
     assert run.value(7, 5, end=True) == 12
     first, *_, last = [req for batch in run.batches() for req in batch]
     assert first["START"].dtype == np.float32 and first["START"].tolist() == [[1.0]]
@@ -113,11 +130,17 @@ def test_implicit_state_accumulates_per_sequence_and_controls_are_delivered(run:
 
 
 def test_triton_errors_for_no_id_and_a_sequence_not_started(run: _Run) -> None:
-    with pytest.raises(InvalidInputError, match="^inference request to model 'acc' must specify a non-zero or non-empty correlation ID$"):
+    with pytest.raises(
+        InvalidInputError,
+        match="^inference request to model 'acc' must specify a non-zero or non-empty correlation ID$",
+    ):
         run.send(0, 1)
     with pytest.raises(InvalidInputError, match="non-empty correlation ID"):
         run.send("", 1, start=True)
-    with pytest.raises(InvalidInputError, match="^inference request for sequence 5 to model 'acc' must specify the START flag on the first request of the sequence$"):
+    with pytest.raises(
+        InvalidInputError,
+        match="^inference request for sequence 5 to model 'acc' must specify the START flag on the first request of the sequence$",
+    ):
         run.send(5, 1)
     assert run.value(5, 1, start=True, end=True) == 1
     with pytest.raises(InvalidInputError, match="sequence 5 .* START flag"):  # ended
@@ -126,10 +149,18 @@ def test_triton_errors_for_no_id_and_a_sequence_not_started(run: _Run) -> None:
 
 
 def test_string_ids_are_their_own_sequences_and_corrid_follows_the_control_type() -> None:
-    controls = [*CONTROLS[:3], {"name": "CORRID", "control": [{"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_STRING"}]}]
+    controls = [
+        *CONTROLS[:3],
+        {"name": "CORRID", "control": [{"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_STRING"}]},
+    ]
     r = _Run(_config(max_batch_size=4, controls=controls))
     try:
-        assert [r.value("a-1", 2, start=True), r.value(1, 5, start=True), r.value("a-1", 3), r.value("1", 7, start=True)] == [2, 5, 5, 7]
+        assert [
+            r.value("a-1", 2, start=True),
+            r.value(1, 5, start=True),
+            r.value("a-1", 3),
+            r.value("1", 7, start=True),
+        ] == [2, 5, 5, 7]
         corrids = [req["CORRID"].tolist() for batch in r.batches() for req in batch]
         assert corrids == [[[b"a-1"]], [[b"1"]], [[b"a-1"]], [[b"1"]]]
         assert r.sched.sequences == 3  # 1 and "1" differ
@@ -218,12 +249,15 @@ def test_bad_sections_are_refused_with_the_field() -> None:
 
 def test_a_sequence_is_its_tenants_own(run: _Run) -> None:
     def send(tenant: str, value: int, *, start: bool = False) -> Future[dict[str, Array]]:
-        request = InferRequest("acc", {"INPUT": np.full((1, 1), value, np.int32)}, sequence_id=9,
-                               sequence_start=start, tenant=tenant)
+        request = InferRequest(
+            "acc", {"INPUT": np.full((1, 1), value, np.int32)}, sequence_id=9, sequence_start=start, tenant=tenant
+        )
         return run.sched.enqueue([(request, 1)])[0]
 
     assert int(send("a", 5, start=True).result(WAIT_S)["OUTPUT"][0, 0]) == 5
-    with pytest.raises(InvalidInputError, match="^inference request for sequence 9 to model 'acc' must specify the START flag"):
+    with pytest.raises(
+        InvalidInputError, match="^inference request for sequence 9 to model 'acc' must specify the START flag"
+    ):
         send("b", 1).result(WAIT_S)  # a's id is not b's to continue
     assert int(send("b", 100, start=True).result(WAIT_S)["OUTPUT"][0, 0]) == 100  # b's own sequence 9
     assert int(send("a", 2).result(WAIT_S)["OUTPUT"][0, 0]) == 7  # b's START did not restart a's

@@ -76,7 +76,9 @@ def test_parameter_rules() -> None:
             shm_location(params, "input 'a'")
 
 
-def test_register_status_and_refusals(registry: SharedMemoryRegistry, segment: shared_memory.SharedMemory, tmp_path: Path) -> None:
+def test_register_status_and_refusals(
+    registry: SharedMemoryRegistry, segment: shared_memory.SharedMemory, tmp_path: Path
+) -> None:
     registry.register("r", _key(segment), 100, 1000)
     assert registry.status() == [{"name": "r", "key": _key(segment), "offset": 100, "byte_size": 1000}]
     assert registry.status("r") == registry.status()
@@ -114,7 +116,9 @@ def test_register_status_and_refusals(registry: SharedMemoryRegistry, segment: s
     small.close()
 
 
-def test_inputs_are_read_only_views_of_the_clients_memory(registry: SharedMemoryRegistry, segment: shared_memory.SharedMemory) -> None:
+def test_inputs_are_read_only_views_of_the_clients_memory(
+    registry: SharedMemoryRegistry, segment: shared_memory.SharedMemory
+) -> None:
     client = np.ndarray((2, 4), np.float32, buffer=segment.buf, offset=4096 + 64)
     client[...] = np.arange(8, dtype=np.float32).reshape(2, 4)
     registry.register("r", _key(segment), 4096, 128)  # the region starts 4096 bytes in
@@ -138,7 +142,9 @@ def test_inputs_are_read_only_views_of_the_clients_memory(registry: SharedMemory
         del x, flags
 
 
-def test_outputs_are_written_in_wire_form_and_size_checked(registry: SharedMemoryRegistry, segment: shared_memory.SharedMemory) -> None:
+def test_outputs_are_written_in_wire_form_and_size_checked(
+    registry: SharedMemoryRegistry, segment: shared_memory.SharedMemory
+) -> None:
     registry.register("out", _key(segment), 0, 256)
     with registry.use() as use:
         use.output("y", ShmLocation("out", 16, 8))
@@ -154,7 +160,9 @@ def test_outputs_are_written_in_wire_form_and_size_checked(registry: SharedMemor
         assert bytes(segment.buf[200:256]) == before
 
 
-def test_unregister_waits_for_the_requests_using_the_region(registry: SharedMemoryRegistry, segment: shared_memory.SharedMemory) -> None:
+def test_unregister_waits_for_the_requests_using_the_region(
+    registry: SharedMemoryRegistry, segment: shared_memory.SharedMemory
+) -> None:
     registry.register("r", _key(segment), 0, 64)
     registry.register("idle", _key(segment), 0, 64)
     assert _maps(segment) == 3  # the client's mapping and the server's two
@@ -172,7 +180,9 @@ def test_unregister_waits_for_the_requests_using_the_region(registry: SharedMemo
     assert _maps(segment) == 1
 
 
-def test_a_shrunk_object_is_an_error_not_a_crash(registry: SharedMemoryRegistry, segment: shared_memory.SharedMemory) -> None:
+def test_a_shrunk_object_is_an_error_not_a_crash(
+    registry: SharedMemoryRegistry, segment: shared_memory.SharedMemory
+) -> None:
     """Reading a mapping past its object's end is SIGBUS; each use checks the object's size."""
     registry.register("r", _key(segment), 4096, 4096)
     fd = os.open("/dev/shm/" + segment.name.lstrip("/"), os.O_RDWR)
@@ -185,27 +195,38 @@ def test_a_shrunk_object_is_an_error_not_a_crash(registry: SharedMemoryRegistry,
         os.close(fd)
 
 
-def test_http_codec_reads_and_writes_regions(registry: SharedMemoryRegistry, segment: shared_memory.SharedMemory) -> None:
+def test_http_codec_reads_and_writes_regions(
+    registry: SharedMemoryRegistry, segment: shared_memory.SharedMemory
+) -> None:
     np.ndarray((4,), np.float32, buffer=segment.buf)[...] = [1, 2, 3, 4]
     registry.register("r", _key(segment), 0, 64)
     place = {"shared_memory_region": "r", "shared_memory_byte_size": 16}
-    body = orjson.dumps({
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "parameters": place}],
-        "outputs": [{"name": "y", "parameters": {**place, "shared_memory_offset": 16, "binary_data": False}}],
-    })
+    body = orjson.dumps(
+        {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "parameters": place}],
+            "outputs": [{"name": "y", "parameters": {**place, "shared_memory_offset": 16, "binary_data": False}}],
+        }
+    )
     with registry.use() as use:
         req = codec.decode_request(body, shared_memory=use)
         assert req.inputs["x"].tolist() == [[1, 2, 3, 4]] and req.outputs[0].parameters == {}
         out, header = codec.encode_response(
-            model_name="m", model_version="1", outputs={"y": req.inputs["x"] * 2}, requested=req.outputs,
+            model_name="m",
+            model_version="1",
+            outputs={"y": req.inputs["x"] * 2},
+            requested=req.outputs,
             shared_memory=use,
         )
         assert header is None and orjson.loads(out)["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [1, 4]}]
         np.testing.assert_array_equal(np.ndarray((4,), np.float32, buffer=segment.buf, offset=16), [2, 4, 6, 8])
         del req
     for inputs, outputs, error, message in (
-        ([{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4], "parameters": place}], [],
-         InvalidInputError, "only one of 'data', 'binary_data_size' and 'shared_memory_region'"),
+        (
+            [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4], "parameters": place}],
+            [],
+            InvalidInputError,
+            "only one of 'data', 'binary_data_size' and 'shared_memory_region'",
+        ),
         ([], [{"name": "y", "parameters": {**place, "binary_data": True}}], InvalidInputError, "binary_data"),
     ):
         with pytest.raises(error, match=message), registry.use() as use:
@@ -214,7 +235,9 @@ def test_http_codec_reads_and_writes_regions(registry: SharedMemoryRegistry, seg
         codec.decode_request(body)
 
 
-def test_grpc_codec_reads_and_writes_regions(registry: SharedMemoryRegistry, segment: shared_memory.SharedMemory) -> None:
+def test_grpc_codec_reads_and_writes_regions(
+    registry: SharedMemoryRegistry, segment: shared_memory.SharedMemory
+) -> None:
     np.ndarray((4,), np.float32, buffer=segment.buf)[...] = [1, 2, 3, 4]
     registry.register("r", _key(segment), 0, 64)
     req = pb.ModelInferRequest(model_name="m")

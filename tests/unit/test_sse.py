@@ -12,14 +12,19 @@ def _read(stream: bytes, step: int) -> tuple[list[tuple[str, str, str]], EventRe
     reader = EventReader()
     got = []
     for i in range(0, len(stream), step):
-        got.extend((e.event, e.data, e.id) for e in reader.feed(stream[i:i + step]))
+        got.extend((e.event, e.data, e.id) for e in reader.feed(stream[i : i + step]))
     return got, reader
 
 
 @pytest.mark.parametrize("step", [1, 2, 7, 10_000])
 def test_events_comments_and_retry_read_back_whatever_the_chunking(step: int) -> None:
-    stream = (retry_field(1000) + encode({"a": 1, "b": "é"}, event="claimed", id=3) + comment("keep-alive")
-              + encode("two\nlines", event="phase", id=4) + encode("no type"))
+    stream = (
+        retry_field(1000)
+        + encode({"a": 1, "b": "é"}, event="claimed", id=3)
+        + comment("keep-alive")
+        + encode("two\nlines", event="phase", id=4)
+        + encode("no type")
+    )
     got, reader = _read(stream, step)
     assert got == [("claimed", '{"a":1,"b":"é"}', "3"), ("phase", "two\nlines", "4"), ("message", "no type", "4")]
     assert reader.retry_ms == 1000 and reader.comments == 1 and reader.last_event_id == "4"
@@ -57,7 +62,9 @@ def test_last_event_id_accepts_the_ids_a_store_can_hold() -> None:
     assert int(biggest) < 2**63 and parse_last_event_id(biggest) == int(biggest)
 
 
-@pytest.mark.parametrize("bad", ["null", "-1", "1.5", "x1", "١٢", "9" * (MAX_EVENT_ID_CHARS + 1), "9570736819646601027101"])
+@pytest.mark.parametrize(
+    "bad", ["null", "-1", "1.5", "x1", "١٢", "9" * (MAX_EVENT_ID_CHARS + 1), "9570736819646601027101"]
+)
 def test_last_event_id_refuses_anything_else_saying_what_is_accepted(bad: str) -> None:
     with pytest.raises(ValueError, match="decimal number, at most 18 digits"):
         parse_last_event_id(bad)

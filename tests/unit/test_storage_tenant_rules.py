@@ -76,7 +76,9 @@ def test_bucket_entries_are_a_bucket_and_a_prefix(entry: str, rule: BucketRule) 
     assert BucketRule.parse(entry) == rule
 
 
-@pytest.mark.parametrize("entry", ["{tenant}/x", "/media", "media//x", "media/../x", "media/./x", "media/x{tenant}", "u@media"])
+@pytest.mark.parametrize(
+    "entry", ["{tenant}/x", "/media", "media//x", "media/../x", "media/./x", "media/x{tenant}", "u@media"]
+)
 def test_bad_bucket_entries_are_refused(entry: str) -> None:
     with pytest.raises(InvalidInputError, match="--s3-allow-bucket"):
         Storage(s3_allow_buckets=[entry])
@@ -105,15 +107,20 @@ def test_s3_keys_lie_under_the_tenants_prefix_in_whole_segments() -> None:
             (st.check_source if what == "source" else st.check_target)(uri, tenant="alice")
         message = str(info.value)
         assert "bob" not in message.replace(uri, ""), message  # only the URI given, never another tenant's prefix
-    with pytest.raises(SourceError, match=r"not under tenant 'alice'.s allowed buckets and prefixes \(s3://media/alice/, "
-                                          r"s3://public/in/alice/\)"):
+    with pytest.raises(
+        SourceError,
+        match=r"not under tenant 'alice'.s allowed buckets and prefixes \(s3://media/alice/, "
+        r"s3://public/in/alice/\)",
+    ):
         st.check_source("s3://media/bob/clip.mp4", tenant="alice")
 
 
 def test_a_bare_bucket_is_the_implicit_owners_and_shared_only_on_purpose() -> None:
     st = Storage(s3_allow_buckets=["media"])
     st.check_source("s3://media/any/clip.mp4", tenant="")
-    with pytest.raises(SourceError, match="no bucket is allowed to tenant 'alice'.*shared between tenants only with --shared-file-root"):
+    with pytest.raises(
+        SourceError, match="no bucket is allowed to tenant 'alice'.*shared between tenants only with --shared-file-root"
+    ):
         st.check_source("s3://media/any/clip.mp4", tenant="alice")
     Storage(s3_allow_buckets=["media"], shared_file_root=True).check_source("s3://media/any/clip.mp4", tenant="alice")
 
@@ -128,8 +135,13 @@ def test_settings_default_root_per_tenant_and_the_flag_round_trip(tmp_path: Path
     assert many.storage().roots_for("") == (tmp_path / "storage",)
     assert many.folders() == [tmp_path / "storage", tmp_path / "storage"]
     assert JobsSettings.from_env(settings, many.to_env(), tenants=True) == many  # the default stays the default
-    given = JobsSettings.from_env(settings, {"FRAMESERVE_SHARED_FILE_ROOT": "1"}, file_roots=["/data/{tenant}", "/common"],
-                                  s3_allow_buckets=["media/{tenant}/"], tenants=True)
+    given = JobsSettings.from_env(
+        settings,
+        {"FRAMESERVE_SHARED_FILE_ROOT": "1"},
+        file_roots=["/data/{tenant}", "/common"],
+        s3_allow_buckets=["media/{tenant}/"],
+        tenants=True,
+    )
     assert given.shared_file_root and given.implicit_file_root is None
     env = given.to_env()
     assert env["FRAMESERVE_SHARED_FILE_ROOT"] == "1" and env["FRAMESERVE_FILE_ROOTS"] == "/data/{tenant}:/common"

@@ -17,9 +17,9 @@ pytestmark = pytest.mark.unit
 CAP = 1000
 
 
-@pytest.mark.parametrize("shape", [
-    s for n in range(4) for s in itertools.product((0, 1, 3, 10, 999, 1000, 1001, 1 << 62), repeat=n)
-])
+@pytest.mark.parametrize(
+    "shape", [s for n in range(4) for s in itertools.product((0, 1, 3, 10, 999, 1000, 1001, 1 << 62), repeat=n)]
+)
 def test_count_or_refusal(shape: tuple[int, ...]) -> None:
     limits = TensorLimits(max_tensor_elements=CAP)
     nonzero = math.prod(d for d in shape if d)
@@ -53,10 +53,15 @@ def _big_request(**counts: int) -> bytes:
     return req.SerializeToString()
 
 
-@pytest.mark.parametrize(("counts", "flag"), [
-    ({"inputs": 4}, "--max-inputs"), ({"outputs": 3}, "--max-outputs"), ({"parameters": 7}, "--max-parameters"),
-    ({"tensor_parameters": 7}, "--max-parameters"),
-])
+@pytest.mark.parametrize(
+    ("counts", "flag"),
+    [
+        ({"inputs": 4}, "--max-inputs"),
+        ({"outputs": 3}, "--max-outputs"),
+        ({"parameters": 7}, "--max-parameters"),
+        ({"tensor_parameters": 7}, "--max-parameters"),
+    ],
+)
 def test_grpc_counts_are_refused_while_splitting_and_decoding(counts: dict[str, int], flag: str) -> None:
     from frameserve.protocol.grpc._codec import decode_infer_request
     from frameserve.protocol.grpc._infer import parse_infer_request

@@ -27,8 +27,13 @@ def test_to_dict_shape_share_and_waits() -> None:
     d = t.to_dict(frames=100)
     assert list(d)[: len(STAGES)] == list(STAGES)
     assert d["infer"] == {
-        "total_s": 6.0, "cpu_s": 3.0, "wait_s": 2.0, "wait_in_s": 1.5, "wait_out_s": 0.5,
-        "per_frame_ms": 60.0, "share": 0.6,
+        "total_s": 6.0,
+        "cpu_s": 3.0,
+        "wait_s": 2.0,
+        "wait_in_s": 1.5,
+        "wait_out_s": 0.5,
+        "per_frame_ms": 60.0,
+        "share": 0.6,
     }
     assert d["encode"]["share"] == 0.0 and d["encode"]["per_frame_ms"] == 0.0
     assert _timing(1.0, infer=1.5).to_dict(1)["infer"]["share"] == 1.0  # capped: overlapping calls
@@ -70,7 +75,9 @@ def test_stage_and_wait_context_managers_record_trace_events(tmp_path: Path) -> 
     events = doc["traceEvents"]
     meta = [e for e in events if e["ph"] == "M"]
     assert {(e["name"], e["args"]["name"]) for e in meta} == {
-        ("process_name", "inference process"), ("thread_name", "main"), ("thread_name", "worker"),
+        ("process_name", "inference process"),
+        ("thread_name", "main"),
+        ("thread_name", "worker"),
     }
     x = [e for e in events if e["ph"] == "X"]
     assert [e["name"] for e in x] == ["infer", "wait in: infer", "postprocess"]

@@ -21,28 +21,69 @@ def _sink() -> tuple[list[RequestTrace], Tracer]:
 
 
 def test_triton_spellings_parse() -> None:
-    config = parse_trace_config(["triton,file=/tmp/t.json", "triton,log-frequency=50", "rate=100", "level=TIMESTAMPS",
-                                 "level=TENSORS", "count=100"])
+    config = parse_trace_config(
+        [
+            "triton,file=/tmp/t.json",
+            "triton,log-frequency=50",
+            "rate=100",
+            "level=TIMESTAMPS",
+            "level=TENSORS",
+            "count=100",
+        ]
+    )
     assert (config.file, config.log_frequency, config.rate, config.level, config.count, config.mode) == (
-        "/tmp/t.json", 50, 100, ("TIMESTAMPS", "TENSORS"), 100, "triton")
-    assert config.wire() == {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "100", "trace_count": "100",
-                             "log_frequency": "50", "trace_file": "/tmp/t.json", "trace_mode": "triton"}
-    otel = parse_trace_config(["mode=opentelemetry", "opentelemetry,url=localhost:4318/v1/traces",
-                               "opentelemetry,resource=service.name=fs", "opentelemetry,resource=a=b=c",
-                               "triton,log_frequency=3", "opentelemetry,bsp_schedule_delay=100"])
+        "/tmp/t.json",
+        50,
+        100,
+        ("TIMESTAMPS", "TENSORS"),
+        100,
+        "triton",
+    )
+    assert config.wire() == {
+        "trace_level": ["TIMESTAMPS", "TENSORS"],
+        "trace_rate": "100",
+        "trace_count": "100",
+        "log_frequency": "50",
+        "trace_file": "/tmp/t.json",
+        "trace_mode": "triton",
+    }
+    otel = parse_trace_config(
+        [
+            "mode=opentelemetry",
+            "opentelemetry,url=localhost:4318/v1/traces",
+            "opentelemetry,resource=service.name=fs",
+            "opentelemetry,resource=a=b=c",
+            "triton,log_frequency=3",
+            "opentelemetry,bsp_schedule_delay=100",
+        ]
+    )
     assert otel.url == "http://localhost:4318/v1/traces" and otel.resource == {"service.name": "fs", "a": "b=c"}
     assert otel.log_frequency == 3 and otel.bsp == {"bsp_schedule_delay": 100}
     assert otel.given == (("url", "localhost:4318/v1/traces"), ("resource", "service.name=fs"), ("resource", "a=b=c"))
-    assert parse_trace_config([]).wire() == {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
-                                             "log_frequency": "0", "trace_file": "", "trace_mode": "triton"}
+    assert parse_trace_config([]).wire() == {
+        "trace_level": ["OFF"],
+        "trace_rate": "1000",
+        "trace_count": "-1",
+        "log_frequency": "0",
+        "trace_file": "",
+        "trace_mode": "triton",
+    }
 
 
-@pytest.mark.parametrize(("items", "words"), [
-    (["rate=x"], "Unable to parse 'rate'"), (["count=-2"], "Expecting value >= -1"), (["level=ALL"], "accepted: OFF"),
-    (["mode=zipkin"], "accepted: triton, opentelemetry"), (["bogus=1"], "unknown global setting"),
-    (["jaeger,url=x"], "unknown mode 'jaeger'"), (["triton,url=x"], "unknown triton setting"), (["rate"], "SETTING=VALUE"),
-    (["opentelemetry,resource=novalue"], "KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    ("items", "words"),
+    [
+        (["rate=x"], "Unable to parse 'rate'"),
+        (["count=-2"], "Expecting value >= -1"),
+        (["level=ALL"], "accepted: OFF"),
+        (["mode=zipkin"], "accepted: triton, opentelemetry"),
+        (["bogus=1"], "unknown global setting"),
+        (["jaeger,url=x"], "unknown mode 'jaeger'"),
+        (["triton,url=x"], "unknown triton setting"),
+        (["rate"], "SETTING=VALUE"),
+        (["opentelemetry,resource=novalue"], "KEY=VALUE"),
+    ],
+)
 def test_bad_trace_config_says_what_is_accepted(items: list[str], words: str) -> None:
     with pytest.raises(InvalidInputError, match=words):
         parse_trace_config(items)
@@ -72,10 +113,15 @@ def test_file_and_mode_are_read_only_and_bad_values_change_nothing() -> None:
     assert (info.value.http_status, info.value.grpc_status) == (501, "UNIMPLEMENTED")
     with pytest.raises(UnsupportedSettingError, match="trace mode"):
         tracer.update({"trace_mode": "opentelemetry"})
-    for bad, words in (({"trace_rate": 5}, "must be a string"), ({"trace_rate": "abc"}, "Unable to parse 'trace_rate'"),
-                       ({"trace_count": "-2"}, "Expecting value >= -1"), ({"trace_level": "TIMESTAMPS"}, "list of strings"),
-                       ({"trace_level": ["BAD"]}, "invalid trace level"), ({"bogus": "1"}, "unknown trace setting"),
-                       ([], "must be a JSON object")):
+    for bad, words in (
+        ({"trace_rate": 5}, "must be a string"),
+        ({"trace_rate": "abc"}, "Unable to parse 'trace_rate'"),
+        ({"trace_count": "-2"}, "Expecting value >= -1"),
+        ({"trace_level": "TIMESTAMPS"}, "list of strings"),
+        ({"trace_level": ["BAD"]}, "invalid trace level"),
+        ({"bogus": "1"}, "unknown trace setting"),
+        ([], "must be a JSON object"),
+    ):
         with pytest.raises(InvalidInputError, match=words):
             tracer.update(bad)
     assert tracer.current() == before
@@ -83,11 +129,18 @@ def test_file_and_mode_are_read_only_and_bad_values_change_nothing() -> None:
 
 
 def test_opentelemetry_settings_have_tritons_shape() -> None:
-    tracer = Tracer(TraceConfig(level=("TIMESTAMPS",), rate=1, mode="opentelemetry", bsp={"bsp_schedule_delay": 50}),
-                    lambda t: None)
+    tracer = Tracer(
+        TraceConfig(level=("TIMESTAMPS",), rate=1, mode="opentelemetry", bsp={"bsp_schedule_delay": 50}), lambda t: None
+    )
     assert tracer.update({"trace_rate": "5"}) == {  # Triton 2.51's answer in this mode
-        "trace_level": ["TIMESTAMPS"], "trace_rate": "5", "trace_count": "-1", "trace_mode": "opentelemetry",
-        "bsp_max_export_batch_size": "512", "bsp_schedule_delay": "50", "bsp_max_queue_size": "2048"}
+        "trace_level": ["TIMESTAMPS"],
+        "trace_rate": "5",
+        "trace_count": "-1",
+        "trace_mode": "opentelemetry",
+        "bsp_max_export_batch_size": "512",
+        "bsp_schedule_delay": "50",
+        "bsp_max_queue_size": "2048",
+    }
     with pytest.raises(UnsupportedSettingError, match="bsp_schedule_delay can not be updated"):
         tracer.update({"bsp_schedule_delay": "100"})
     with pytest.raises(InvalidInputError, match="triton only"):
@@ -139,8 +192,15 @@ def test_trace_entries_have_tritons_shape() -> None:
     entries = trace.entries()
     assert entries[0] == {"id": 1, "model_name": "m", "model_version": 3, "request_id": "req-1"}
     assert [(e["timestamps"][0]["name"], e["timestamps"][0]["ns"]) for e in entries[1:]] == [
-        ("REQUEST_START", 10), ("QUEUE_START", 11), ("COMPUTE_START", 12), ("COMPUTE_INPUT_END", 13),
-        ("COMPUTE_OUTPUT_START", 14), ("COMPUTE_END", 15), ("INFER_RESPONSE_COMPLETE", 16), ("REQUEST_END", 16)]
+        ("REQUEST_START", 10),
+        ("QUEUE_START", 11),
+        ("COMPUTE_START", 12),
+        ("COMPUTE_INPUT_END", 13),
+        ("COMPUTE_OUTPUT_START", 14),
+        ("COMPUTE_END", 15),
+        ("INFER_RESPONSE_COMPLETE", 16),
+        ("REQUEST_END", 16),
+    ]
     assert all(set(e) == {"id", "timestamps"} for e in entries[1:])
 
 
@@ -194,19 +254,34 @@ def test_tensors_level_writes_tritons_tensor_entries() -> None:
     trace = tracer.sample("m", 1)
     assert trace is not None and trace.tensors == {}
     trace.stamp("REQUEST_START", 1)
-    trace.tensors["TENSOR_QUEUE_INPUT"] = {"x": np.array([[0.5, 1.0, 1e-7]], np.float32),
-                                           "s": np.array([b"ab", b"c"], dtype=object)}
+    trace.tensors["TENSOR_QUEUE_INPUT"] = {
+        "x": np.array([[0.5, 1.0, 1e-7]], np.float32),
+        "s": np.array([b"ab", b"c"], dtype=object),
+    }
     trace.computed(2, 3, 4, 5, 6)
     trace.finish(7, {"y": np.array([[1, -2]], np.int64)})
     entries = got[0].entries()
     names = [e.get("activity") or (e["timestamps"][0]["name"] if "timestamps" in e else "head") for e in entries]
-    assert names == ["head", "REQUEST_START", "QUEUE_START", "TENSOR_QUEUE_INPUT", "TENSOR_QUEUE_INPUT",
-                     "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END",
-                     "TENSOR_BACKEND_OUTPUT", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
+    assert names == [
+        "head",
+        "REQUEST_START",
+        "QUEUE_START",
+        "TENSOR_QUEUE_INPUT",
+        "TENSOR_QUEUE_INPUT",
+        "COMPUTE_START",
+        "COMPUTE_INPUT_END",
+        "COMPUTE_OUTPUT_START",
+        "COMPUTE_END",
+        "TENSOR_BACKEND_OUTPUT",
+        "INFER_RESPONSE_COMPLETE",
+        "REQUEST_END",
+    ]
     tensors = [e["tensor"] for e in entries if "tensor" in e]
-    assert tensors == [{"name": "x", "data": "0.5,1,1e-07", "shape": "1,3", "dtype": "FP32"},
-                       {"name": "s", "data": "ab,c", "shape": "2", "dtype": "BYTES"},
-                       {"name": "y", "data": "1,-2", "shape": "1,2", "dtype": "INT64"}]
+    assert tensors == [
+        {"name": "x", "data": "0.5,1,1e-07", "shape": "1,3", "dtype": "FP32"},
+        {"name": "s", "data": "ab,c", "shape": "2", "dtype": "BYTES"},
+        {"name": "y", "data": "1,-2", "shape": "1,2", "dtype": "INT64"},
+    ]
 
 
 def test_large_tensors_are_traced_without_their_data() -> None:

@@ -42,8 +42,10 @@ def test_detections_matched_by_label_and_iou() -> None:
     r = compare_results(ref, moved)
     assert r.passed and r.mean_box_error_px == pytest.approx((0.5 + 0 + 1.0) / 3)
     assert r.max_score_change == pytest.approx(0.02)
-    lost = [{"detections": [det("FACE", 0.9, [10, 10, 50, 50]), det("FACE", 0.3, [0, 0, 20, 20])]},  # wrong label
-            {"detections": [det("FACE", 0.8, [40, 40, 80, 80])]}]  # IoU < 0.5
+    lost = [
+        {"detections": [det("FACE", 0.9, [10, 10, 50, 50]), det("FACE", 0.3, [0, 0, 20, 20])]},  # wrong label
+        {"detections": [det("FACE", 0.8, [40, 40, 80, 80])]},
+    ]  # IoU < 0.5
     r = compare_results(ref, lost, indices=[7, 9])
     assert not r.passed and r.matched == 1 and r.drop == pytest.approx(2 / 3)
     assert r.examples == ({"frame": 7, "label": "FEET", "score": 0.3}, {"frame": 9, "label": "FACE", "score": 0.8})
@@ -108,8 +110,9 @@ def test_float_head_is_the_decoding_tail_after_each_heads_last_conv() -> None:
     nodes.append(helper.make_node("Concat", ["b2", "c1"], ["cat"], axis=1, name="head_concat"))
     shape = numpy_helper.from_array(np.array([1, 4, 1, -1], np.int64), "shape")
     inits.append(shape)
-    nodes.append(helper.make_node("Split", ["cat"], ["boxes", "logits"], axis=1, split=None, name="split",
-                                  num_outputs=2))
+    nodes.append(
+        helper.make_node("Split", ["cat"], ["boxes", "logits"], axis=1, split=None, name="split", num_outputs=2)
+    )
     nodes.append(helper.make_node("Reshape", ["boxes", "shape"], ["r"], name="dfl_reshape"))
     nodes.append(helper.make_node("Softmax", ["r"], ["sm"], axis=1, name="dfl_softmax"))
     _conv("dfl_conv", "sm", "dist", 4, 1, nodes, inits)
@@ -117,18 +120,27 @@ def test_float_head_is_the_decoding_tail_after_each_heads_last_conv() -> None:
     nodes.append(helper.make_node("Identity", ["dist"], ["y1"], name="out_boxes"))
     nodes.append(helper.make_node("Identity", ["scores"], ["y2"], name="out_scores"))
     graph = helper.make_graph(
-        nodes, "yolo", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
-        [helper.make_tensor_value_info("y1", TensorProto.FLOAT, None), helper.make_tensor_value_info("y2", TensorProto.FLOAT, None)],
+        nodes,
+        "yolo",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [
+            helper.make_tensor_value_info("y1", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("y2", TensorProto.FLOAT, None),
+        ],
         initializer=inits,
     )
     model = helper.make_model(graph)
-    assert float_head_nodes(model) == sorted([
-        "head_concat", "split", "dfl_reshape", "dfl_softmax", "dfl_conv", "cls_sigmoid", "out_boxes", "out_scores",
-    ])  # the backbone, its SiLU and the heads' convolutions are quantized; the DFL conv is decoding
-    no_conv = helper.make_model(helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"], name="relu")], "plain",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-    ))
+    assert float_head_nodes(model) == sorted(
+        ["head_concat", "split", "dfl_reshape", "dfl_softmax", "dfl_conv", "cls_sigmoid", "out_boxes", "out_scores"]
+    )  # the backbone, its SiLU and the heads' convolutions are quantized; the DFL conv is decoding
+    no_conv = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+            "plain",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        )
+    )
     assert float_head_nodes(no_conv) == []
 
 
@@ -136,9 +148,15 @@ def test_lowered_threshold_finds_the_pipelines_score_threshold_at_any_depth() ->
     from frameserve.tuning._accuracy import lowered_threshold
 
     assert lowered_threshold({"postprocess": {"score_threshold": 0.25, "iou_threshold": 0.45}}, 0.1) == (
-        {"postprocess": {"score_threshold": pytest.approx(0.15)}}, 0.25, pytest.approx(0.15))
+        {"postprocess": {"score_threshold": pytest.approx(0.15)}},
+        0.25,
+        pytest.approx(0.15),
+    )
     assert lowered_threshold({"detector": {"postprocess": {"score_threshold": 0.05}}}, 0.1) == (
-        {"detector": {"postprocess": {"score_threshold": 0.0}}}, 0.05, 0.0)  # clipped at 0
+        {"detector": {"postprocess": {"score_threshold": 0.0}}},
+        0.05,
+        0.0,
+    )  # clipped at 0
     assert lowered_threshold({"score_threshold": 0.5}, 0.0) == ({"score_threshold": 0.5}, 0.5, 0.5)
     # no such parameter, or not a number: the gate compares at the pipeline's own threshold
     assert lowered_threshold({"postprocess": {"conf": 0.25}}, 0.1) is None
@@ -163,5 +181,7 @@ def test_a_detection_crossing_the_threshold_by_less_than_the_score_bound_is_matc
     # a real loss is still a loss: the candidate below even the lowered threshold finds nothing there
     assert not compare_results(ref, [{"detections": [det("FEET", 0.88, [60, 60, 90, 90])]}]).passed
     # and a matched score that moved past the bound is refused
-    moved = compare_results(ref, [{"detections": [det("FACE", 0.26, [10, 10, 50, 50]), det("FEET", 0.7, [60, 60, 90, 90])]}])
+    moved = compare_results(
+        ref, [{"detections": [det("FACE", 0.26, [10, 10, 50, 50]), det("FEET", 0.7, [60, 60, 90, 90])]}]
+    )
     assert not moved.passed and "score moved" in " ".join(moved.reasons)

@@ -69,7 +69,10 @@ def test_measurement_pools_the_last_two_windows() -> None:
     assert (m.p50_ms, m.p90_ms, m.p99_ms) == pytest.approx((50.0, 90.0, 99.0))
     assert m.mean_ms == pytest.approx(50.5)
     assert m.cpu_s_per_infer == pytest.approx(2.0 / 200)
-    assert Measurement.from_windows([a, Window(1.0, (), 2, cpu_s=None)], stable=False, concurrency=1).cpu_s_per_infer is None
+    assert (
+        Measurement.from_windows([a, Window(1.0, (), 2, cpu_s=None)], stable=False, concurrency=1).cpu_s_per_infer
+        is None
+    )
 
 
 def test_settings_are_checked() -> None:
@@ -85,12 +88,19 @@ class FakeTarget:
     """Each request advances a shared fake clock by its latency: ``slow_first`` requests take
     ``slow_ms`` (warm-up), the rest ``fast_ms``; CPU seconds grow by 2 ms per request."""
 
-    def __init__(self, *, fast_ms: float = 1.0, slow_ms: float = 50.0, slow_first: int = 0, fail_after: int | None = None):
+    def __init__(
+        self, *, fast_ms: float = 1.0, slow_ms: float = 50.0, slow_first: int = 0, fail_after: int | None = None
+    ):
         self.now = 0.0
         self.calls = 0
         self.cpu = 0.0
         self._lock = threading.Lock()
-        self.fast_s, self.slow_s, self.slow_first, self.fail_after = fast_ms / 1e3, slow_ms / 1e3, slow_first, fail_after
+        self.fast_s, self.slow_s, self.slow_first, self.fail_after = (
+            fast_ms / 1e3,
+            slow_ms / 1e3,
+            slow_first,
+            fail_after,
+        )
         self.closed = 0
 
     def clock(self) -> float:

@@ -19,28 +19,40 @@ pytestmark = pytest.mark.unit
 
 
 def _node(name: str, op: str, ts: float, dur: float) -> dict[str, object]:
-    return {"cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur, "ph": "X",
-            "args": {"op_name": op, "provider": "CPUExecutionProvider"}}
+    return {
+        "cat": "Node",
+        "name": f"{name}_kernel_time",
+        "ts": ts,
+        "dur": dur,
+        "ph": "X",
+        "args": {"op_name": op, "provider": "CPUExecutionProvider"},
+    }
 
 
 ORT_EVENTS = [
     {"cat": "Session", "name": "model_loading_uri", "ts": 0, "dur": 900, "ph": "X", "args": {}},
     # run 1 (warm-up): slow
     {"cat": "Session", "name": "model_run", "ts": 1000, "dur": 1000, "ph": "X", "args": {}},
-    _node("conv1", "Conv", 1010, 600), {"cat": "Node", "name": "conv1_fence_before", "ts": 1005, "dur": 0},
+    _node("conv1", "Conv", 1010, 600),
+    {"cat": "Node", "name": "conv1_fence_before", "ts": 1005, "dur": 0},
     _node("relu1", "Relu", 1700, 200),
     # runs 2 and 3
     {"cat": "Session", "name": "model_run", "ts": 3000, "dur": 100, "ph": "X", "args": {}},
-    _node("conv1", "Conv", 3010, 60), _node("relu1", "Relu", 3070, 20), _node("conv2", "Conv", 3090, 10),
+    _node("conv1", "Conv", 3010, 60),
+    _node("relu1", "Relu", 3070, 20),
+    _node("conv2", "Conv", 3090, 10),
     {"cat": "Session", "name": "model_run", "ts": 4000, "dur": 100, "ph": "X", "args": {}},
-    _node("conv1", "Conv", 4010, 40), _node("relu1", "Relu", 4050, 20), _node("conv2", "Conv", 4070, 10),
+    _node("conv1", "Conv", 4010, 40),
+    _node("relu1", "Relu", 4050, 20),
+    _node("conv2", "Conv", 4070, 10),
 ]
 
 
 def test_ort_trace_is_summed_per_node_without_the_warm_up_run() -> None:
     ops = aggregate_ort_trace(ORT_EVENTS, skip_runs=1)
     assert [(o.op_type, o.node, o.calls, o.total_ms) for o in ops] == [
-        ("Conv", "conv1", 2, pytest.approx(0.1)), ("Relu", "relu1", 2, pytest.approx(0.04)),
+        ("Conv", "conv1", 2, pytest.approx(0.1)),
+        ("Relu", "relu1", 2, pytest.approx(0.04)),
         ("Conv", "conv2", 2, pytest.approx(0.02)),
     ]
     assert ops[0].exec_type == "CPUExecutionProvider"
@@ -55,14 +67,27 @@ def test_ort_trace_is_summed_per_node_without_the_warm_up_run() -> None:
 
 def test_openvino_counters_become_a_table_and_a_sequential_trace() -> None:
     run = [
-        {"node": "images", "op_type": "Parameter", "exec_type": "unknown_f32", "real_time_us": 0.0, "status": "NOT_RUN"},
-        {"node": "conv", "op_type": "Convolution", "exec_type": "brgconv_avx2", "real_time_us": 30.0, "status": "EXECUTED"},
+        {
+            "node": "images",
+            "op_type": "Parameter",
+            "exec_type": "unknown_f32",
+            "real_time_us": 0.0,
+            "status": "NOT_RUN",
+        },
+        {
+            "node": "conv",
+            "op_type": "Convolution",
+            "exec_type": "brgconv_avx2",
+            "real_time_us": 30.0,
+            "status": "EXECUTED",
+        },
         {"node": "relu", "op_type": "Relu", "exec_type": "undef", "real_time_us": 0.0, "status": "OPTIMIZED_OUT"},
         {"node": "reorder", "op_type": "Reorder", "exec_type": "jit_uni", "real_time_us": 5.0, "status": "EXECUTED"},
     ]
     ops, trace = openvino_trace([(100.0, run), (500.0, run)], pid=7)
     assert [(o.op_type, o.node, o.calls, o.total_ms, o.exec_type) for o in ops] == [
-        ("Convolution", "conv", 2, pytest.approx(0.06), "brgconv_avx2"), ("Reorder", "reorder", 2, pytest.approx(0.01), "jit_uni"),
+        ("Convolution", "conv", 2, pytest.approx(0.06), "brgconv_avx2"),
+        ("Reorder", "reorder", 2, pytest.approx(0.01), "jit_uni"),
     ]
     nodes = [e for e in trace if e["cat"] == "Node"]
     assert [(e["name"], e["ts"], e["dur"]) for e in nodes[:2]] == [("conv", 100.0, 30.0), ("reorder", 130.0, 5.0)]
@@ -79,9 +104,13 @@ def test_inputs_follow_the_declared_dims_and_the_given_shape() -> None:
     assert x["images"].shape == (2, 3, 32, 48) and x["images"].dtype == np.float32
     assert x["ids"].shape == (2, 4) and x["ids"].dtype == np.int64
     assert 0.0 <= x["images"].min() and x["images"].max() < 1.0
-    again = make_inputs(SPECS, max_batch_size=8, batch=4, shapes={"images": (1, 3, 32, 48)})  # leading batch dim replaced
+    again = make_inputs(
+        SPECS, max_batch_size=8, batch=4, shapes={"images": (1, 3, 32, 48)}
+    )  # leading batch dim replaced
     assert again["images"].shape == (4, 3, 32, 48)
-    fixed = make_inputs((TensorSpec("t", DataType.BYTES, (2,)), TensorSpec("b", DataType.BOOL, (3,))), max_batch_size=0, batch=1)
+    fixed = make_inputs(
+        (TensorSpec("t", DataType.BYTES, (2,)), TensorSpec("b", DataType.BOOL, (3,))), max_batch_size=0, batch=1
+    )
     assert fixed["t"].shape == (2,) and fixed["t"][0] == b"frameserve" and fixed["b"].dtype == np.bool_
 
 
@@ -97,7 +126,9 @@ def test_inputs_follow_the_declared_dims_and_the_given_shape() -> None:
         ((224, 224, 3), 16, (224, 224, 3), (224, 224, 3)),
     ],
 )
-def test_a_shape_becomes_the_configs_dims(dims: tuple[int, ...], mbs: int, given: tuple[int, ...], want: tuple[int, ...]) -> None:
+def test_a_shape_becomes_the_configs_dims(
+    dims: tuple[int, ...], mbs: int, given: tuple[int, ...], want: tuple[int, ...]
+) -> None:
     spec = TensorSpec("x", DataType.FP32, dims)
     assert config_dims(spec, mbs, given) == want
     shape = make_inputs((spec,), max_batch_size=mbs, batch=1, shapes={"x": given})["x"].shape
@@ -106,7 +137,12 @@ def test_a_shape_becomes_the_configs_dims(dims: tuple[int, ...], mbs: int, given
 
 @pytest.mark.parametrize(
     ("dims", "mbs", "given"),
-    [((2, 3, -1, -1), 0, (3, 8, 8)), ((1, 3, 64, 64), 0, (3, 32, 32)), ((3, -1, -1), 8, (8, 8)), ((3, 64, 64), 4, (1, 3, 64, 32))],
+    [
+        ((2, 3, -1, -1), 0, (3, 8, 8)),
+        ((1, 3, 64, 64), 0, (3, 32, 32)),
+        ((3, -1, -1), 8, (8, 8)),
+        ((3, 64, 64), 4, (1, 3, 64, 32)),
+    ],
 )
 def test_a_shape_that_does_not_fit_is_refused(dims: tuple[int, ...], mbs: int, given: tuple[int, ...]) -> None:
     with pytest.raises(InvalidInputError, match="does not fit the model's dims"):

@@ -19,9 +19,19 @@ WINNER = "ort-int8 2x1 | b8 d0us | spin=0"
 OTHER = "ort-fp32 1x2 | off | spin=1"
 
 
-def row(config: str, conc: int, throughput: float, p99_ms: float, *, phase: str = "search", cpu: float | None = 0.01) -> dict[str, Any]:
-    return {"config": config, "concurrency": conc, "throughput": throughput, "p99_ms": p99_ms, "phase": phase,
-            "cpu_s_per_infer": cpu, "instances": 2 if config == WINNER else 1, "threads": 1 if config == WINNER else 2}
+def row(
+    config: str, conc: int, throughput: float, p99_ms: float, *, phase: str = "search", cpu: float | None = 0.01
+) -> dict[str, Any]:
+    return {
+        "config": config,
+        "concurrency": conc,
+        "throughput": throughput,
+        "p99_ms": p99_ms,
+        "phase": phase,
+        "cpu_s_per_infer": cpu,
+        "instances": 2 if config == WINNER else 1,
+        "threads": 1 if config == WINNER else 2,
+    }
 
 
 def tune_json(*, calibration: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -32,9 +42,9 @@ def tune_json(*, calibration: dict[str, Any] | None = None) -> dict[str, Any]:
         "calibration": calibration,
         "trials": [
             row(OTHER, 2, 50.0, 30.0),
-            row(WINNER, 32, 210.0, 90.0),            # over a 60 ms target
+            row(WINNER, 32, 210.0, 90.0),  # over a 60 ms target
             row(WINNER, 16, 150.0, 70.0, phase="backoff"),
-            row(WINNER, 8, 999.0, 45.0),             # a lucky short window: the repeats replace it
+            row(WINNER, 8, 999.0, 45.0),  # a lucky short window: the repeats replace it
             row(WINNER, 8, 100.0, 40.0, phase="repeat", cpu=0.02),
             row(WINNER, 8, 120.0, 44.0, phase="repeat", cpu=0.02),
             row(WINNER, 8, 110.0, 50.0, phase="repeat", cpu=0.02),
@@ -59,7 +69,9 @@ def test_a_target_only_another_config_meets_is_said_and_an_impossible_one_refuse
     p = plan(tune_json(), qps=100, p99_ms=35)
     assert p.node["config"] == OTHER and p.nodes == math.ceil(100 * 1.3 / 50.0)
     assert "the tuned config does not meet p99 <= 35 ms" in p.notes[0]
-    with pytest.raises(InvalidInputError, match=r"no measured configuration meets p99 <= 10 ms; the lowest p99 measured is 30 ms"):
+    with pytest.raises(
+        InvalidInputError, match=r"no measured configuration meets p99 <= 10 ms; the lowest p99 measured is 30 ms"
+    ):
         plan(tune_json(), qps=100, p99_ms=10)
     for bad in ({"qps": 0, "p99_ms": 5}, {"qps": 5, "p99_ms": -1}, {"qps": 5, "p99_ms": 5, "headroom": -0.1}):
         with pytest.raises(InvalidInputError):
@@ -68,8 +80,13 @@ def test_a_target_only_another_config_meets_is_said_and_an_impossible_one_refuse
 
 def test_video_frames_per_core_and_video_hours(tmp_path: Path) -> None:
     # the fastest point (210/s) costs 10 ms CPU per inference; decoding + preprocessing 2.5 ms
-    p = plan(tune_json(calibration={"decode_preprocess_cpu_s_per_frame": 0.0025, "fps": 25.0}),
-             qps=10, p99_ms=100, video_hours_per_hour=100, headroom=0.3)
+    p = plan(
+        tune_json(calibration={"decode_preprocess_cpu_s_per_frame": 0.0025, "fps": 25.0}),
+        qps=10,
+        p99_ms=100,
+        video_hours_per_hour=100,
+        headroom=0.3,
+    )
     v = p.video
     assert v["cpu_s_per_frame"] == pytest.approx(0.0125)
     assert v["frames_per_s_per_core"] == pytest.approx(80.0) and v["frames_per_s_per_node"] == pytest.approx(320.0)

@@ -20,10 +20,20 @@ from frameserve.tuning._sysinfo import CgroupLimits, SystemInfo
 pytestmark = pytest.mark.unit
 
 
-def machine(*, cpus: int = 8, quota: float | None = None, affinity: int | None = None, flags: tuple[str, ...] = ("avx2", "fma")) -> SystemInfo:
+def machine(
+    *, cpus: int = 8, quota: float | None = None, affinity: int | None = None, flags: tuple[str, ...] = ("avx2", "fma")
+) -> SystemInfo:
     return SystemInfo(
-        cpu_model="Test CPU", vendor="GenuineIntel", logical_cpus=cpus, physical_cores=cpus, sockets=1, numa_nodes=(),
-        caches=(), flags=frozenset(flags), memory_total_bytes=None, cgroup=CgroupLimits(cpu_quota_cpus=quota),
+        cpu_model="Test CPU",
+        vendor="GenuineIntel",
+        logical_cpus=cpus,
+        physical_cores=cpus,
+        sockets=1,
+        numa_nodes=(),
+        caches=(),
+        flags=frozenset(flags),
+        memory_total_bytes=None,
+        cgroup=CgroupLimits(cpu_quota_cpus=quota),
         affinity_cpus=tuple(range(affinity if affinity is not None else cpus)),
     )
 
@@ -38,7 +48,16 @@ def test_layouts_never_oversubscribe_the_cgroup_or_affinity_budget() -> None:
         assert all(lay.instances >= 2 for lay in space.layouts if lay.pin)  # one instance pinned = unpinned
         assert len(space) <= 150
     four = build_space(machine(cpus=16, quota=4.5), max_batch_size=8, backends=("onnxruntime",), max_configs=10_000)
-    assert {lay.label for lay in four.layouts} == {"1x2", "1x4", "2x1", "2x1 pinned", "2x2", "2x2 pinned", "4x1", "4x1 pinned"}
+    assert {lay.label for lay in four.layouts} == {
+        "1x2",
+        "1x4",
+        "2x1",
+        "2x1 pinned",
+        "2x2",
+        "2x2 pinned",
+        "4x1",
+        "4x1 pinned",
+    }
 
 
 def test_bf16_only_where_the_cpu_has_it_and_int8_only_when_given() -> None:
@@ -62,7 +81,15 @@ def test_moot_options_and_batching_are_pruned() -> None:
         opts = c.options.as_dict()
         if c.layout.threads == 1:  # no intra-op pool: nothing to spin, no branches to run in parallel
             assert opts["ort_allow_spinning"] == "1" and opts["ort_execution_mode"] == "sequential"
-    assert {b.label for b in space.batchings} == {"off", "b2 d0us", "b2 d2000us", "b4 d0us", "b4 d2000us", "b8 d0us", "b8 d2000us"}
+    assert {b.label for b in space.batchings} == {
+        "off",
+        "b2 d0us",
+        "b2 d2000us",
+        "b4 d0us",
+        "b4 d2000us",
+        "b8 d0us",
+        "b8 d2000us",
+    }
     small = build_space(machine(cpus=2), max_batch_size=4, backends=("onnxruntime",), max_configs=10_000)
     assert max(b.preferred for b in small.batchings) == 4  # never above the model's max_batch_size
     none = build_space(machine(cpus=2), max_batch_size=0, backends=("onnxruntime",))
@@ -77,12 +104,20 @@ def test_moot_options_and_batching_are_pruned() -> None:
 
 
 def test_candidates_are_configs_the_repository_accepts() -> None:
-    c = Candidate(Engine("openvino", "bf16"), Layout(2, 1, pin=True), Batching(True, 8, 4, 2000), default_options("openvino"))
+    c = Candidate(
+        Engine("openvino", "bf16"), Layout(2, 1, pin=True), Batching(True, 8, 4, 2000), default_options("openvino")
+    )
     base = {"max_batch_size": 4, "parameters": {"threads": "7", "custom": "kept"}, "instance_group": [{"count": 5}]}
     cfg = parse_config(c.config(base), default_name="m")
     assert (cfg.backend, cfg.precision, cfg.max_batch_size) == ("openvino", "bf16", 8)
     assert cfg.instance_group[0].count == 2
-    assert cfg.parameters == {"custom": "kept", "num_streams": "1", "performance_hint": "LATENCY", "pin": "per_instance", "threads": "1"}
+    assert cfg.parameters == {
+        "custom": "kept",
+        "num_streams": "1",
+        "performance_hint": "LATENCY",
+        "pin": "per_instance",
+        "threads": "1",
+    }
     assert cfg.dynamic_batching == {"preferred_batch_size": [4], "max_queue_delay_microseconds": 2000}
     off = c.with_dim("batching", Batching(False, 8))
     assert "dynamic_batching" not in off.config(base)
@@ -103,7 +138,9 @@ def planted(c: Candidate) -> float:
     score = 100.0
     score *= {"ort-fp32": 1.0, "ov-fp32": 1.3}.get(c.engine.label, 0.9)
     score *= {"2x1 pinned": 1.5, "2x1": 1.4}.get(c.layout.label, 1.0)
-    score *= 1.0 + (c.batching.preferred / 8 if c.batching.dynamic else 0.0) * (0.9 if c.batching.queue_delay_us else 1.0)
+    score *= 1.0 + (c.batching.preferred / 8 if c.batching.dynamic else 0.0) * (
+        0.9 if c.batching.queue_delay_us else 1.0
+    )
     score *= 1.2 if c.options.as_dict().get("performance_hint") == "THROUGHPUT" else 1.0
     return score
 
@@ -130,8 +167,12 @@ def test_a_restart_from_another_engine_leaves_a_local_optimum() -> None:
     """From the default (ort-fp32 1x2) a single coordinate path moves to 2x1, then to ort-int8
     (the best engine at 2x1), and no one-coordinate move leaves it; the restart from the best
     configuration of another engine (OpenVINO bf16) reaches 1x2 with batching, 25 % ahead."""
-    space = build_space(machine(cpus=2, flags=("avx2", "avx512f", "avx512_bf16", "amx_bf16")), max_batch_size=8,
-                        backends=("onnxruntime", "openvino"), int8=True)
+    space = build_space(
+        machine(cpus=2, flags=("avx2", "avx512f", "avx512_bf16", "amx_bf16")),
+        max_batch_size=8,
+        backends=("onnxruntime", "openvino"),
+        int8=True,
+    )
 
     def run(c: Candidate, conc: int, phase: str, settings: MeasureSettings) -> tuple[Measurement | None, str | None]:
         return fake_measurement(interacting(c), 10.0), None
@@ -142,7 +183,10 @@ def test_a_restart_from_another_engine_leaves_a_local_optimum() -> None:
     limit = max(24, len(space) // 3)
     result = Search(space, Objective("throughput"), run, budget(limit)).run(start, start)
     assert len(result.trials) <= limit
-    assert result.winner is not None and interacting(result.winner) >= 0.95 * interacting(best), (result.winner, result.moves)
+    assert result.winner is not None and interacting(result.winner) >= 0.95 * interacting(best), (
+        result.winner,
+        result.moves,
+    )
     assert "restart" in {m["dimension"] for m in result.moves}, result.moves
 
 
@@ -166,11 +210,14 @@ def test_the_default_is_kept_when_nothing_repeats_faster() -> None:
     assert result.winner == default, (result.winner, result.finalists)
 
 
-@pytest.mark.parametrize("rival_rounds, kept", [
-    ((130.0, 95.0, 130.0), True),  # ahead at the median, behind the default in one round: noise
-    ((101.0, 101.5, 102.0), True),  # ahead in every round, by under min_gain (3 %) at the median
-    ((125.0, 120.0, 130.0), False),  # ahead in every round, 25 % at the median: a real gain
-])
+@pytest.mark.parametrize(
+    "rival_rounds, kept",
+    [
+        ((130.0, 95.0, 130.0), True),  # ahead at the median, behind the default in one round: noise
+        ((101.0, 101.5, 102.0), True),  # ahead in every round, by under min_gain (3 %) at the median
+        ((125.0, 120.0, 130.0), False),  # ahead in every round, 25 % at the median: a real gain
+    ],
+)
 def test_a_leader_must_beat_the_default_in_every_interleaved_round(rival_rounds: tuple[float, ...], kept: bool) -> None:
     """Tune hands back another configuration only when it beat the default in each interleaved
     round of the repeats (a paired comparison: both ran under the same load) and by min_gain at
@@ -218,7 +265,10 @@ def test_coordinate_search_finds_the_optimum_with_a_third_of_the_trials() -> Non
     limit = len(space) // 3
     result = Search(space, Objective("throughput"), run, budget(limit)).run(start, start)
     assert result.winner == best, (result.winner, best)
-    assert len(result.trials) <= limit and result.stopped_by in ("converged", "trial budget")  # the restart spends the rest
+    assert len(result.trials) <= limit and result.stopped_by in (
+        "converged",
+        "trial budget",
+    )  # the restart spends the rest
     assert {m["dimension"] for m in result.moves} >= {"layout", "batching", "engine"}  # the path it took, and why
     assert all(m["gain"] > 0.03 for m in result.moves) and result.moves[-1]["to"] == best.key
     assert {t.phase for t in result.trials} == {"default", "search", "repeat"}
@@ -241,7 +291,9 @@ def test_exhaustive_sweep_measures_every_candidate_once_then_repeats() -> None:
     b = budget(len(space) + 20)
     result = Search(space, Objective("throughput"), run, b).run(start, start, exhaustive=True)
     swept = [t for t in result.trials if t.phase in ("default", "exhaustive")]
-    assert {t.candidate for t in swept} == set(space.candidates) | {start} and len(swept) == len(set(space.candidates) | {start})
+    assert {t.candidate for t in swept} == set(space.candidates) | {start} and len(swept) == len(
+        set(space.candidates) | {start}
+    )
     assert result.method == "exhaustive" and result.stopped_by == "space exhausted"
     assert sum(t.phase == "repeat" for t in result.trials) == b.repeat_trials
     assert result.winner == max(space.candidates, key=planted)
@@ -258,7 +310,7 @@ def test_a_machine_getting_quieter_does_not_pass_for_a_better_config() -> None:
     def run(c: Candidate, conc: int, phase: str, settings: MeasureSettings) -> tuple[Measurement | None, str | None]:
         nonlocal n
         n += 1
-        return fake_measurement(100.0 * (1.0 if c == start else 0.95) * 1.01 ** n, 10.0), None
+        return fake_measurement(100.0 * (1.0 if c == start else 0.95) * 1.01**n, 10.0), None
 
     result = Search(space, Objective("throughput"), run, budget(60)).run(start, start)
     assert result.moves == () and result.winner == start
@@ -270,7 +322,7 @@ def test_a_p99_bound_backs_off_and_an_unreachable_one_is_reported() -> None:
     space = build_space(machine(cpus=2), max_batch_size=8, backends=("onnxruntime",))
 
     def run(c: Candidate, conc: int, phase: str, settings: MeasureSettings) -> tuple[Measurement | None, str | None]:
-        return fake_measurement(planted(c) * conc ** 0.1, 2.0 * conc), None  # p99 grows with the load
+        return fake_measurement(planted(c) * conc**0.1, 2.0 * conc), None  # p99 grows with the load
 
     start = Candidate(Engine("onnxruntime", "fp32"), Layout(1, 2), Batching(False, 8), default_options("onnxruntime"))
     result = Search(space, Objective("throughput", p99_ms=9.0), run, budget(40)).run(start, start)
@@ -323,7 +375,15 @@ def test_one_cpu_has_one_layout_and_no_batching_for_a_batch_of_one() -> None:
 def test_time_budget_durations() -> None:
     from frameserve.cli.tune import parse_duration
 
-    assert [parse_duration(t) for t in ("10m", "90s", "1h", "1m30s", "600", "2.5m", "10 min")] == [600, 90, 3600, 90, 600, 150, 600]
+    assert [parse_duration(t) for t in ("10m", "90s", "1h", "1m30s", "600", "2.5m", "10 min")] == [
+        600,
+        90,
+        3600,
+        90,
+        600,
+        150,
+        600,
+    ]
     for bad in ("", "ten minutes", "10ms", "0s", "-5m", "5x"):
         with pytest.raises(InvalidInputError, match="--time-budget"):
             parse_duration(bad)

@@ -100,9 +100,15 @@ def zen3(root: Path) -> Path:
     """AMD EPYC 7763 (Zen 3), 1 socket, 8 cores, SMT 2: AVX2 + FMA, no AVX-512, no VNNI, no BF16."""
     text = cpuinfo("AMD EPYC 7763 64-Core Processor", "AuthenticAMD", ZEN3_FLAGS, sockets=1, cores=8, smt=2)
     return machine(
-        root, text, nodes={0: "0-15"},
-        caches=[(1, "Data", "32K", "0,8"), (1, "Instruction", "32K", "0,8"), (2, "Unified", "512K", "0,8"),
-                (3, "Unified", "32768K", "0-15")],
+        root,
+        text,
+        nodes={0: "0-15"},
+        caches=[
+            (1, "Data", "32K", "0,8"),
+            (1, "Instruction", "32K", "0,8"),
+            (2, "Unified", "512K", "0,8"),
+            (3, "Unified", "32768K", "0-15"),
+        ],
     )
 
 
@@ -110,18 +116,27 @@ def sapphire_rapids(root: Path) -> Path:
     """Xeon Platinum 8480+ (Sapphire Rapids), 2 sockets × 4 cores here, SMT 2, 2 NUMA nodes, AMX."""
     text = cpuinfo("Intel(R) Xeon(R) Platinum 8480+", "GenuineIntel", SPR_FLAGS, sockets=2, cores=4, smt=2)
     return machine(
-        root, text, nodes={0: "0-3,8-11", 2: "4-7,12-15"},  # node numbers may have gaps
-        caches=[(1, "Data", "48K", "0,8"), (1, "Instruction", "32K", "0,8"), (2, "Unified", "2048K", "0,8"),
-                (3, "Unified", "107520K", "0-3,8-11")],
+        root,
+        text,
+        nodes={0: "0-3,8-11", 2: "4-7,12-15"},  # node numbers may have gaps
+        caches=[
+            (1, "Data", "48K", "0,8"),
+            (1, "Instruction", "32K", "0,8"),
+            (2, "Unified", "2048K", "0,8"),
+            (3, "Unified", "107520K", "0-3,8-11"),
+        ],
     )
 
 
 def cgroup_v2(root: Path, *, cpu_max: str, memory_max: str, path: str = "/") -> None:
     """A container with a cgroup namespace: cgroup2 on /sys/fs/cgroup, the process at ``path``."""
     write(root, "proc/self/cgroup", f"0::{path}\n")
-    write(root, "proc/self/mountinfo",
-          "22 1 0:21 / / rw,relatime - overlay overlay rw,lowerdir=/l\n"
-          "30 22 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw,nsdelegate\n")
+    write(
+        root,
+        "proc/self/mountinfo",
+        "22 1 0:21 / / rw,relatime - overlay overlay rw,lowerdir=/l\n"
+        "30 22 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw,nsdelegate\n",
+    )
     folder = "sys/fs/cgroup" + ("" if path == "/" else path)
     write(root, f"{folder}/cgroup.controllers", "cpuset cpu io memory hugetlb pids rdma misc\n")
     write(root, f"{folder}/cpu.max", cpu_max + "\n")
@@ -145,8 +160,7 @@ def test_cpuinfo_without_topology_counts_each_processor_as_a_core() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "cpus"),
-    [("0-3,8,10-11", {0, 1, 2, 3, 8, 10, 11}), ("5\n", {5}), ("", set()), ("0-1, 4", {0, 1, 4})],
+    ("text", "cpus"), [("0-3,8,10-11", {0, 1, 2, 3, 8, 10, 11}), ("5\n", {5}), ("", set()), ("0-1, 4", {0, 1, 4})]
 )
 def test_cpulist(text: str, cpus: set[int]) -> None:
     assert parse_cpulist(text) == cpus
@@ -177,7 +191,8 @@ def test_proc_cgroup_and_mountinfo() -> None:
         "22 1 0:21 / / rw - ext4 /dev/sda1 rw\n"
     )
     assert [(m.fstype, m.mount_point, m.root) for m in mounts] == [
-        ("cgroup", "/sys/fs/cgroup/cpu,cpuacct", "/"), ("cgroup2", "/sys/fs/my cgroup", "/kubepods"),
+        ("cgroup", "/sys/fs/cgroup/cpu,cpuacct", "/"),
+        ("cgroup2", "/sys/fs/my cgroup", "/kubepods"),
     ]
     assert {"cpu", "cpuacct"} <= mounts[0].options
 
@@ -257,10 +272,13 @@ def test_cgroup_v1_hybrid_host(tmp_path: Path) -> None:
     """cgroup2 mounted for systemd only; cpu and memory on v1 mounts (quota 2 CPUs, no memory limit)."""
     root = zen3(tmp_path)
     write(root, "proc/self/cgroup", "4:memory:/box/1\n2:cpu,cpuacct:/box/1\n0::/\n")
-    write(root, "proc/self/mountinfo",
-          "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
-          "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
-          "41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n")
+    write(
+        root,
+        "proc/self/mountinfo",
+        "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
+        "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+        "41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n",
+    )
     write(root, "sys/fs/cgroup/unified/cgroup.controllers", "\n")  # no controllers on v2
     write(root, "sys/fs/cgroup/cpu,cpuacct/box/1/cpu.cfs_quota_us", "200000\n")
     write(root, "sys/fs/cgroup/cpu,cpuacct/box/1/cpu.cfs_period_us", "100000\n")

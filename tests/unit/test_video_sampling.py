@@ -28,7 +28,22 @@ def test_parse_accepted_forms(text: str, expected: Sampling) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "some", "every", "every:0", "every:-2", "every:1.5", "fps:0", "fps:-1", "fps:nan", "fps:inf", "fps:x", "all:3", "keyframes:2"]
+    "text",
+    [
+        "",
+        "some",
+        "every",
+        "every:0",
+        "every:-2",
+        "every:1.5",
+        "fps:0",
+        "fps:-1",
+        "fps:nan",
+        "fps:inf",
+        "fps:x",
+        "all:3",
+        "keyframes:2",
+    ],
 )
 def test_parse_rejects_and_lists_accepted_forms(text: str) -> None:
     with pytest.raises(PipelineSpecError) as info:
@@ -140,7 +155,9 @@ def test_negative_timestamps_are_refused_naming_them(text: str) -> None:
         Sampling("timestamps", times=(1.0, -0.04))
 
 
-@pytest.mark.parametrize("text", ["timestamps", "timestamps:", "timestamps:a", "timestamps:1,,2", "timestamps:nan", "timestamps:1,inf"])
+@pytest.mark.parametrize(
+    "text", ["timestamps", "timestamps:", "timestamps:a", "timestamps:1,,2", "timestamps:nan", "timestamps:1,inf"]
+)
 def test_parse_timestamps_rejects(text: str) -> None:
     with pytest.raises(PipelineSpecError, match='"timestamps:T1,T2,..."'):
         Sampling.parse(text)
@@ -187,7 +204,9 @@ from hypothesis import strategies as st  # noqa: E402
     first=st.integers(0, 20),
     last_ms=st.integers(1, 50),
 )
-def test_timestamp_targets_is_the_last_frame_at_or_before(steps: list[int], times: list[int], first: int, last_ms: int) -> None:
+def test_timestamp_targets_is_the_last_frame_at_or_before(
+    steps: list[int], times: list[int], first: int, last_ms: int
+) -> None:
     pts = [Fraction(first + sum(steps[:k]), 1000) for k in range(len(steps))]  # ms, strictly increasing
     end = pts[-1] + Fraction(last_ms, 1000)
     from frameserve.video import timestamp_targets

@@ -25,7 +25,10 @@ def test_small_steps_back_are_not_wraps() -> None:
     assert [unwrap(p) for p in [9000, 3600, 12600]] == [9000, 3600, 12600]  # B-frame reordering
 
 
-@pytest.mark.parametrize(("fmt", "tb"), [("mov,mp4,m4a,3gp,3g2,mj2", TB), ("matroska,webm", Fraction(1, 1000)), ("mpegts", Fraction(1, 1000))])
+@pytest.mark.parametrize(
+    ("fmt", "tb"),
+    [("mov,mp4,m4a,3gp,3g2,mj2", TB), ("matroska,webm", Fraction(1, 1000)), ("mpegts", Fraction(1, 1000))],
+)
 def test_other_containers_are_left_alone(fmt: str, tb: Fraction) -> None:
     unwrap = Unwrap(fmt, tb)
     assert [unwrap(p) for p in [WRAP - 1, 0]] == [WRAP - 1, 0]

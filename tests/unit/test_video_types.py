@@ -43,10 +43,26 @@ def test_frame_rejects_bad_arrays_with_shape_in_message(rgb: np.ndarray) -> None
 
 def test_stream_info_to_dict_is_json() -> None:
     info = StreamInfo(
-        uri="a.mp4", container="mov,mp4,m4a,3gp,3g2,mj2", codec="h264", width=48, height=64,
-        coded_width=64, coded_height=48, rotation_deg=90, fps=29.97, time_base=Fraction(1, 30000),
-        start_s=0.0, duration_s=1.0, frame_count=30, pix_fmt="yuv420p", color_space="bt709",
-        color_range="tv", color_primaries=None, color_trc=None, bit_rate=None, has_audio=False,
+        uri="a.mp4",
+        container="mov,mp4,m4a,3gp,3g2,mj2",
+        codec="h264",
+        width=48,
+        height=64,
+        coded_width=64,
+        coded_height=48,
+        rotation_deg=90,
+        fps=29.97,
+        time_base=Fraction(1, 30000),
+        start_s=0.0,
+        duration_s=1.0,
+        frame_count=30,
+        pix_fmt="yuv420p",
+        color_space="bt709",
+        color_range="tv",
+        color_primaries=None,
+        color_trc=None,
+        bit_rate=None,
+        has_audio=False,
     )
     d = json.loads(json.dumps(info.to_dict()))
     assert d["time_base"] == "1/30000"
@@ -71,11 +87,28 @@ def test_frame_accepts_sixteen_bit_rgb() -> None:
 
 def test_stream_info_new_fields_default_and_serialise() -> None:
     info = StreamInfo(
-        uri="a.mkv", container="matroska,webm", codec="hevc", width=64, height=64,
-        coded_width=64, coded_height=64, rotation_deg=0, fps=25.0, time_base=Fraction(1, 1000),
-        start_s=0.0, duration_s=0.2, frame_count=None, pix_fmt="yuv420p10le", color_space="bt2020nc",
-        color_range="tv", color_primaries="bt2020", color_trc="smpte2084", bit_rate=None, has_audio=False,
-        bit_depth=10, hdr=True,
+        uri="a.mkv",
+        container="matroska,webm",
+        codec="hevc",
+        width=64,
+        height=64,
+        coded_width=64,
+        coded_height=64,
+        rotation_deg=0,
+        fps=25.0,
+        time_base=Fraction(1, 1000),
+        start_s=0.0,
+        duration_s=0.2,
+        frame_count=None,
+        pix_fmt="yuv420p10le",
+        color_space="bt2020nc",
+        color_range="tv",
+        color_primaries="bt2020",
+        color_trc="smpte2084",
+        bit_rate=None,
+        has_audio=False,
+        bit_depth=10,
+        hdr=True,
     )
     d = json.loads(json.dumps(info.to_dict()))
     assert d["bit_depth"] == 10 and d["hdr"] is True

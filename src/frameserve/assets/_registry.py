@@ -69,9 +69,7 @@ class Asset:
 
     def __post_init__(self) -> None:
         if self.kind not in get_args(AssetKind):
-            raise ValueError(
-                f"asset {self.name!r}: kind {self.kind!r} is not one of {', '.join(get_args(AssetKind))}"
-            )
+            raise ValueError(f"asset {self.name!r}: kind {self.kind!r} is not one of {', '.join(get_args(AssetKind))}")
         if not _SHA256_RE.fullmatch(self.sha256):
             raise ValueError(f"asset {self.name!r}: sha256 must be 64 lowercase hex digits, got {self.sha256!r}")
         if self.size_bytes is not None and self.size_bytes <= 0:
@@ -332,8 +330,7 @@ _BUILTIN_MODELS: tuple[BuiltinModel, ...] = (
         asset="opennsfw.onnx",
         config={"max_batch_size": 16, "input": [_fp32_input("input:0", "NHWC", (224, 224, 3))]},
         description=(
-            "open_nsfw classifier: input:0 [N,224,224,3] NHWC BGR minus mean 104/117/123 -> "
-            "outputs [N,2] (sfw, nsfw)"
+            "open_nsfw classifier: input:0 [N,224,224,3] NHWC BGR minus mean 104/117/123 -> outputs [N,2] (sfw, nsfw)"
         ),
     ),
     BuiltinModel(
@@ -350,8 +347,7 @@ _BUILTIN_MODELS: tuple[BuiltinModel, ...] = (
         asset="ppocr-mobile-v2-cls.onnx",
         config={"max_batch_size": 32, "input": [_fp32_input("x", "NCHW", (3, 48, 192))]},
         description=(
-            "PP-OCR text direction: x [N,3,48,192] NCHW -> "
-            "save_infer_model/scale_0.tmp_1 [N,2] (0, 180 degrees)"
+            "PP-OCR text direction: x [N,3,48,192] NCHW -> save_infer_model/scale_0.tmp_1 [N,2] (0, 180 degrees)"
         ),
     ),
     BuiltinModel(

@@ -108,8 +108,7 @@ def _merge(
         where = f"model {config.name!r} {kind} {spec.name!r}"
         if spec.name not in by_name:
             raise ModelConfigError(
-                f"{where}: the config names it but the model has no such {kind}; model {kind}s: "
-                f"{', '.join(by_name)}"
+                f"{where}: the config names it but the model has no such {kind}; model {kind}s: {', '.join(by_name)}"
             )
         have = by_name[spec.name]
         if spec.datatype is not have.datatype:

@@ -39,8 +39,10 @@ def usable_gpus(backend: str) -> tuple[int, str]:
 
         providers = ort.get_available_providers()
         if "CUDAExecutionProvider" not in providers:
-            return 0, (f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (its providers: "
-                       f"{', '.join(providers)}); install onnxruntime-gpu on a machine with an NVIDIA GPU")
+            return 0, (
+                f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (its providers: "
+                f"{', '.join(providers)}); install onnxruntime-gpu on a machine with an NVIDIA GPU"
+            )
         n = nvidia_gpus()
         return n, "" if n else "onnxruntime has its CUDA provider but this machine has no NVIDIA GPU"
     if backend == "openvino":

@@ -54,8 +54,13 @@ def load_session(
     if config.input_reshape or config.output_reshape:  # Triton's reshape: the model sees reshape.shape
         from frameserve.backends._reshape import ReshapedSession, model_side_config
 
-        inner = load_session(replace(model_side_config(config), input_reshape={}, output_reshape={}), model_path,
-                             threads=threads, context=context, profile_dir=profile_dir)
+        inner = load_session(
+            replace(model_side_config(config), input_reshape={}, output_reshape={}),
+            model_path,
+            threads=threads,
+            context=context,
+            profile_dir=profile_dir,
+        )
         try:
             return ReshapedSession(inner, config)
         except BaseException:

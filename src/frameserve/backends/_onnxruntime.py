@@ -24,10 +24,19 @@ _GRAPH_LEVELS = {
 }
 """``parameters.ort_graph_optimization_level`` -> ``onnxruntime.GraphOptimizationLevel`` member."""
 
-_QUANTIZED_OPS = frozenset({
-    "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger",
-    "DynamicQuantizeLinear", "QLinearAdd", "QLinearMul",
-})
+_QUANTIZED_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "QLinearConv",
+        "QLinearMatMul",
+        "MatMulInteger",
+        "ConvInteger",
+        "DynamicQuantizeLinear",
+        "QLinearAdd",
+        "QLinearMul",
+    }
+)
 
 
 def is_quantized(model_path: Path) -> bool:
@@ -44,6 +53,7 @@ def is_quantized(model_path: Path) -> bool:
     except Exception:
         return False
     return any(n.op_type in _QUANTIZED_OPS for n in model.graph.node)
+
 
 # onnxruntime's NodeArg.type strings.
 _ORT_TYPES = {
@@ -107,14 +117,20 @@ class OrtSession:
     """
 
     def __init__(
-        self, config: ModelConfig, model_path: Path, *, threads: int, profile_dir: Path | None = None, gpu: int | None = None
+        self,
+        config: ModelConfig,
+        model_path: Path,
+        *,
+        threads: int,
+        profile_dir: Path | None = None,
+        gpu: int | None = None,
     ) -> None:
         import onnxruntime as ort
 
         spinning = config.parameters.get("ort_allow_spinning")
         if spinning not in (None, "0", "1"):
             raise ModelConfigError(
-                f"model {config.name!r}: parameters.ort_allow_spinning is {spinning!r}; accepted: \"0\", \"1\""
+                f'model {config.name!r}: parameters.ort_allow_spinning is {spinning!r}; accepted: "0", "1"'
             )
         level = config.parameters.get("ort_graph_optimization_level", "all")
         mode = config.parameters.get("ort_execution_mode", "sequential")
@@ -248,7 +264,8 @@ def _from_ort(arr: Any) -> np.ndarray[Any, Any]:  # Any: onnxruntime's run() is 
     """onnxruntime string outputs (object arrays of str) -> object arrays of UTF-8 bytes."""
     out: np.ndarray[Any, Any] = np.asarray(arr)
     if out.dtype == np.object_ and out.size:
-        encoded: np.ndarray[Any, Any] = np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v,
-                                                     otypes=[object])(out)
+        encoded: np.ndarray[Any, Any] = np.vectorize(
+            lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[object]
+        )(out)
         return encoded
     return out

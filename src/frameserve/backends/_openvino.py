@@ -65,10 +65,14 @@ def _raw(ports: Any, path: Path) -> list[RawTensor]:
         type_name = port.get_element_type().get_type_name()
         dtype = _OV_TYPES.get(type_name)
         if dtype is None:
-            raise ModelConfigError(f"{path}: tensor {port.get_any_name()!r} has type {type_name}, which frameserve cannot serve")
+            raise ModelConfigError(
+                f"{path}: tensor {port.get_any_name()!r} has type {type_name}, which frameserve cannot serve"
+            )
         pshape = port.get_partial_shape()
         if pshape.rank.is_dynamic:
-            raise ModelConfigError(f"{path}: tensor {port.get_any_name()!r} has a dynamic rank, which frameserve cannot serve")
+            raise ModelConfigError(
+                f"{path}: tensor {port.get_any_name()!r} has a dynamic rank, which frameserve cannot serve"
+            )
         shape = [d.get_length() if d.is_static else -1 for d in pshape]
         out.append((port.get_any_name(), dtype, shape))
     return out
@@ -194,7 +198,9 @@ class OpenVinoSession:
             full_have = have.shape_with_batch(sig.max_batch_size)
             full_want = want.shape_with_batch(self.config.max_batch_size or 0)
             if full_have != full_want and len(full_have) == len(full_want):
-                shapes[have.name] = ov.PartialShape([ov.Dimension(-1) if d == -1 else ov.Dimension(d) for d in full_want])
+                shapes[have.name] = ov.PartialShape(
+                    [ov.Dimension(-1) if d == -1 else ov.Dimension(d) for d in full_want]
+                )
         return shapes
 
     def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:

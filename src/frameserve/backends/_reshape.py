@@ -29,8 +29,9 @@ def model_side_config(config: ModelConfig) -> ModelConfig:
     def side(specs: tuple[TensorSpec, ...], shapes: Mapping[str, tuple[int, ...]]) -> tuple[TensorSpec, ...]:
         return tuple(replace(s, dims=shapes[s.name]) if s.name in shapes else s for s in specs)
 
-    return replace(config, inputs=side(config.inputs, config.input_reshape),
-                   outputs=side(config.outputs, config.output_reshape))
+    return replace(
+        config, inputs=side(config.inputs, config.input_reshape), outputs=side(config.outputs, config.output_reshape)
+    )
 
 
 def _check_counts(model: str, kind: str, name: str, dims: tuple[int, ...], shape: tuple[int, ...]) -> None:
@@ -59,9 +60,13 @@ class ReshapedSession:
     def __init__(self, inner: Session, config: ModelConfig) -> None:
         self._inner = inner
         completed = inner.config
-        client = {("input", s.name): s.dims for s in config.inputs} | {("output", s.name): s.dims for s in config.outputs}
+        client = {("input", s.name): s.dims for s in config.inputs} | {
+            ("output", s.name): s.dims for s in config.outputs
+        }
 
-        def back(specs: tuple[TensorSpec, ...], kind: str, shapes: Mapping[str, tuple[int, ...]]) -> tuple[TensorSpec, ...]:
+        def back(
+            specs: tuple[TensorSpec, ...], kind: str, shapes: Mapping[str, tuple[int, ...]]
+        ) -> tuple[TensorSpec, ...]:
             out = []
             for s in specs:
                 if s.name in shapes:
@@ -71,10 +76,15 @@ class ReshapedSession:
                 out.append(s)
             return tuple(out)
 
-        for kind, shapes, specs in (("input", config.input_reshape, config.inputs), ("output", config.output_reshape, config.outputs)):
+        for kind, shapes, specs in (
+            ("input", config.input_reshape, config.inputs),
+            ("output", config.output_reshape, config.outputs),
+        ):
             missing = set(shapes) - {s.name for s in specs}
             if missing:
-                raise ModelConfigError(f"model {config.name!r}: reshape given for unlisted {kind} {sorted(missing)[0]!r}")
+                raise ModelConfigError(
+                    f"model {config.name!r}: reshape given for unlisted {kind} {sorted(missing)[0]!r}"
+                )
         self.config: ModelConfig = replace(
             completed,
             inputs=back(completed.inputs, "input", config.input_reshape),

@@ -39,10 +39,18 @@ _PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 """``precision`` -> the torch dtype the model and its floating inputs are cast to (fp32: none)."""
 
 _DATATYPES = {
-    "float32": DataType.FP32, "float16": DataType.FP16, "bfloat16": DataType.BF16,
-    "float64": DataType.FP64, "int8": DataType.INT8, "int16": DataType.INT16,
-    "int32": DataType.INT32, "int64": DataType.INT64, "uint8": DataType.UINT8,
-    "uint16": DataType.UINT16, "uint32": DataType.UINT32, "uint64": DataType.UINT64,
+    "float32": DataType.FP32,
+    "float16": DataType.FP16,
+    "bfloat16": DataType.BF16,
+    "float64": DataType.FP64,
+    "int8": DataType.INT8,
+    "int16": DataType.INT16,
+    "int32": DataType.INT32,
+    "int64": DataType.INT64,
+    "uint8": DataType.UINT8,
+    "uint16": DataType.UINT16,
+    "uint32": DataType.UINT32,
+    "uint64": DataType.UINT64,
     "bool": DataType.BOOL,
 }
 """torch dtype name (``str(dtype)`` less ``torch.``) -> datatype; BYTES has no torch dtype."""
@@ -55,7 +63,9 @@ def _import_torch() -> Any:
     try:
         import torch
     except ImportError:
-        raise BackendUnavailableError("backend 'torch' needs the torch package: pip install 'frameserve[torch]'") from None
+        raise BackendUnavailableError(
+            "backend 'torch' needs the torch package: pip install 'frameserve[torch]'"
+        ) from None
     return torch
 
 
@@ -124,7 +134,9 @@ class TorchSession:
                 self._module = program.module().to(self._device)
             else:
                 with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript; we still serve it
-                    warnings.filterwarnings("ignore", message=".*torch.jit.load.* is deprecated", category=DeprecationWarning)
+                    warnings.filterwarnings(
+                        "ignore", message=".*torch.jit.load.* is deprecated", category=DeprecationWarning
+                    )
                     self._module = torch.jit.load(str(model_path), map_location=self._device)
         except Exception as exc:
             kind = "torch.export.load" if self._exported else "torch.jit.load"
@@ -190,7 +202,7 @@ class TorchSession:
         nodes = list(program.graph.nodes)
         ins = [(n.name, n.meta.get("val")) for n in nodes if n.op == "placeholder" and n.name in user]
         out_nodes = list(next(n for n in nodes if n.op == "output").args[0])
-        out_nodes = out_nodes[len(out_nodes) - len(program.graph_signature.user_outputs):]  # mutations first
+        out_nodes = out_nodes[len(out_nodes) - len(program.graph_signature.user_outputs) :]  # mutations first
         out_spec = program.call_spec.out_spec
         flat_dict = out_spec.type is dict and out_spec.num_leaves == len(out_spec.context)  # one tensor a key
         keys = out_spec.context if flat_dict else None
@@ -267,7 +279,9 @@ class TorchSession:
     def _to_numpy(self, out_name: str, tensor: Any) -> np.ndarray[Any, Any]:
         torch = self._torch
         if not isinstance(tensor, torch.Tensor):
-            raise InferenceError(f"model {self.config.name!r}: output {out_name!r} is a {type(tensor).__name__}, not a tensor")
+            raise InferenceError(
+                f"model {self.config.name!r}: output {out_name!r} is a {type(tensor).__name__}, not a tensor"
+            )
         want = self._out_dtypes[out_name]
         if tensor.dtype != want:
             if self._compute is None or not (tensor.is_floating_point() and want.is_floating_point):

@@ -8,7 +8,38 @@ import typer
 
 __all__ = ["IsolatePipelines", "JobMemoryLimit", "JobTimeout", "MaxJobTimeout"]
 
-JobTimeout = Annotated[float | None, typer.Option("--job-timeout-s", min=0.001, help="Longest processing of one job attempt, seconds; past it the pipeline is stopped and the attempt fails with code timeout (retried while attempts are left) (env FRAMESERVE_JOB_TIMEOUT_S; default 14400).", show_default=False)]
-MaxJobTimeout = Annotated[float | None, typer.Option("--max-job-timeout-s", min=0.001, help="Cap on a job's own timeout_s (POST /v1/jobs; 422 above it), seconds (env FRAMESERVE_MAX_JOB_TIMEOUT_S; default 86400, or --job-timeout-s when larger).", show_default=False)]
-JobMemoryLimit = Annotated[int | None, typer.Option("--job-memory-limit-mb", min=64, help="Address-space limit of each process that runs a job's pipeline (its process and its decode process), MiB (env FRAMESERVE_JOB_MEMORY_LIMIT_MB; default none).", show_default=False)]
-IsolatePipelines = Annotated[bool | None, typer.Option("--isolate-pipelines/--no-isolate-pipelines", help="Run job pipelines in a child process, so a crash or a hang ends the job, not this process (env FRAMESERVE_ISOLATE_PIPELINES=0 turns it off; default on).", show_default=False)]
+JobTimeout = Annotated[
+    float | None,
+    typer.Option(
+        "--job-timeout-s",
+        min=0.001,
+        help="Longest processing of one job attempt, seconds; past it the pipeline is stopped and the attempt fails with code timeout (retried while attempts are left) (env FRAMESERVE_JOB_TIMEOUT_S; default 14400).",
+        show_default=False,
+    ),
+]
+MaxJobTimeout = Annotated[
+    float | None,
+    typer.Option(
+        "--max-job-timeout-s",
+        min=0.001,
+        help="Cap on a job's own timeout_s (POST /v1/jobs; 422 above it), seconds (env FRAMESERVE_MAX_JOB_TIMEOUT_S; default 86400, or --job-timeout-s when larger).",
+        show_default=False,
+    ),
+]
+JobMemoryLimit = Annotated[
+    int | None,
+    typer.Option(
+        "--job-memory-limit-mb",
+        min=64,
+        help="Address-space limit of each process that runs a job's pipeline (its process and its decode process), MiB (env FRAMESERVE_JOB_MEMORY_LIMIT_MB; default none).",
+        show_default=False,
+    ),
+]
+IsolatePipelines = Annotated[
+    bool | None,
+    typer.Option(
+        "--isolate-pipelines/--no-isolate-pipelines",
+        help="Run job pipelines in a child process, so a crash or a hang ends the job, not this process (env FRAMESERVE_ISOLATE_PIPELINES=0 turns it off; default on).",
+        show_default=False,
+    ),
+]

@@ -33,13 +33,21 @@ def render(view: dict[str, Any]) -> str:
     done, expected, fps = view.get("frames_done"), view.get("frames_expected"), view.get("fps")
     frames = f"{done if done is not None else '-'}/{expected if expected is not None else '?'} frames"
     rate = f"{fps:.1f} fps" if isinstance(fps, (int, float)) else "- fps"
-    return (f"[{'#' * filled}{'.' * (_WIDTH - filled)}] {pct:5.1f}%  {frames}  {rate}  "
-            f"{view.get('phase') or '-'}  {view.get('state')}")
+    return (
+        f"[{'#' * filled}{'.' * (_WIDTH - filled)}] {pct:5.1f}%  {frames}  {rate}  "
+        f"{view.get('phase') or '-'}  {view.get('state')}"
+    )
 
 
 def watch(
-    url: str, job_id: str, *, token: str | None = None, out: TextIO | None = None, give_up_s: float = 60.0,
-    timeout_s: float = 30.0, sleep: Callable[[float], None] = time.sleep,
+    url: str,
+    job_id: str,
+    *,
+    token: str | None = None,
+    out: TextIO | None = None,
+    give_up_s: float = 60.0,
+    timeout_s: float = 30.0,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Follow job ``job_id`` on the server at ``url`` (``http://host:port``) and draw its bar on
     ``out`` (default stderr); returns the exit status (see the module docstring)."""
@@ -94,8 +102,11 @@ def watch(
                 now = time.monotonic()
                 failing_since = failing_since if failing_since is not None else now
                 if now - failing_since > give_up_s:
-                    print(f"error: the server at {url} cannot be reached ({exc.__class__.__name__}); gave up after "
-                          f"{give_up_s:g} s", file=out)
+                    print(
+                        f"error: the server at {url} cannot be reached ({exc.__class__.__name__}); gave up after "
+                        f"{give_up_s:g} s",
+                        file=out,
+                    )
                     return 2
             sleep(delay_s)
             delay_s = min(10.0, delay_s * 2)

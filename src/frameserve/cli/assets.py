@@ -85,9 +85,7 @@ def fetch_command(
             show_default=False,
         ),
     ] = None,
-    name: Annotated[
-        str | None, typer.Option("--name", help="File name to store a single URL under.")
-    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="File name to store a single URL under.")] = None,
     sha256: Annotated[
         str | None, typer.Option("--sha256", help="Expected sha256 (64 hex digits) of a single URL.")
     ] = None,

@@ -137,7 +137,12 @@ def write_frames(
                 img = preprocess(frame.rgb, picture)[0] if picture is not None else _picture(arrays, cls.name)
                 if not cv2.imwrite(str(out / name), np.ascontiguousarray(img[:, :, ::-1])):
                     raise InvalidInputError(f"cannot write {str(out / name)!r}")
-            entry: dict[str, Any] = {"index": frame.index, "pts_s": frame.pts_s, "is_keyframe": frame.is_keyframe, "file": name}
+            entry: dict[str, Any] = {
+                "index": frame.index,
+                "pts_s": frame.pts_s,
+                "is_keyframe": frame.is_keyframe,
+                "file": name,
+            }
             if spec is not None:
                 entry["transform"] = asdict(transform_for(frame.width, frame.height, spec))
             entries.append(entry)
@@ -184,12 +189,31 @@ def _remove_earlier_run(out: Path, names: list[str]) -> None:
 
 def frames_command(
     video: Annotated[str, typer.Argument(help="Video path or URI (asset://NAME for a sample video).")],
-    pipeline: Annotated[str, typer.Option("--pipeline", "-p", help="Built-in pipeline name, pipeline YAML file, or Python file with a frameserve.Pipeline subclass.")],
+    pipeline: Annotated[
+        str,
+        typer.Option(
+            "--pipeline",
+            "-p",
+            help="Built-in pipeline name, pipeline YAML file, or Python file with a frameserve.Pipeline subclass.",
+        ),
+    ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the tensors and index.json.")],
-    sampling: Annotated[str | None, typer.Option(help="all | every:N | fps:R | keyframes | timestamps:T1,T2 (default: the pipeline's).")] = None,
-    file_format: Annotated[str, typer.Option("--format", help="npy (the model's tensor) | png (the resized uint8 picture).")] = "npy",
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Into a folder that is not empty: first remove the files an earlier run wrote there (<digits>.npy/.npz/.png, index.json).")] = False,
-    param: Annotated[list[str] | None, typer.Option("--param", help="Override a pipeline parameter: KEY=VALUE (repeatable).")] = None,
+    sampling: Annotated[
+        str | None, typer.Option(help="all | every:N | fps:R | keyframes | timestamps:T1,T2 (default: the pipeline's).")
+    ] = None,
+    file_format: Annotated[
+        str, typer.Option("--format", help="npy (the model's tensor) | png (the resized uint8 picture).")
+    ] = "npy",
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Into a folder that is not empty: first remove the files an earlier run wrote there (<digits>.npy/.npz/.png, index.json).",
+        ),
+    ] = False,
+    param: Annotated[
+        list[str] | None, typer.Option("--param", help="Override a pipeline parameter: KEY=VALUE (repeatable).")
+    ] = None,
 ) -> None:
     """Write the exact tensors PIPELINE's model would see for VIDEO's frames (training data)."""
     from frameserve.config import Settings
@@ -198,9 +222,15 @@ def frames_command(
     with exit_on_error():
         settings = Settings.from_env()
         index = write_frames(
-            video, pipeline, out, sampling=sampling, file_format=file_format,  # type: ignore[arg-type]
-            assets_dir=settings.assets_dir, overwrite=overwrite,
-            params=dict(parse_param(p) for p in param or ()), settings=settings,
+            video,
+            pipeline,
+            out,
+            sampling=sampling,
+            file_format=file_format,  # type: ignore[arg-type]
+            assets_dir=settings.assets_dir,
+            overwrite=overwrite,
+            params=dict(parse_param(p) for p in param or ()),
+            settings=settings,
         )
         for w in index["warnings"]:
             err_console.print(Text.assemble(("warning:", "yellow"), " ", str(w)), highlight=False, soft_wrap=True)

@@ -19,22 +19,40 @@ if TYPE_CHECKING:
 
 __all__ = ["register"]
 
-jobs_app = typer.Typer(help="Submit, list, inspect, watch, cancel, retry, delete and purge video jobs in the job database.", no_args_is_help=True)
+jobs_app = typer.Typer(
+    help="Submit, list, inspect, watch, cancel, retry, delete and purge video jobs in the job database.",
+    no_args_is_help=True,
+)
 
-DbOpt = Annotated[str | None, typer.Option("--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME).")]
+DbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME)."
+    ),
+]
 
 
 def _store(
-    db: str | None, *, file_roots: list[str] | None = None, callbacks_allow_private: bool | None = None,
-    shared_file_root: bool | None = None, tenants: bool = False,
+    db: str | None,
+    *,
+    file_roots: list[str] | None = None,
+    callbacks_allow_private: bool | None = None,
+    shared_file_root: bool | None = None,
+    tenants: bool = False,
 ) -> tuple[JobStore, JobsSettings]:
     from frameserve.config import Settings
     from frameserve.jobs.settings import JobsSettings
     from frameserve.jobs.store import JobStore
 
     settings = Settings.from_env()
-    js = JobsSettings.from_env(settings, db_url=db, file_roots=file_roots, callbacks_allow_private=callbacks_allow_private,
-                               shared_file_root=shared_file_root, tenants=tenants)
+    js = JobsSettings.from_env(
+        settings,
+        db_url=db,
+        file_roots=file_roots,
+        callbacks_allow_private=callbacks_allow_private,
+        shared_file_root=shared_file_root,
+        tenants=tenants,
+    )
     return JobStore(js.db_url), js
 
 
@@ -49,17 +67,64 @@ def submit(
     pipeline: Annotated[str, typer.Option("--pipeline", "-p", help="Pipeline name.")] = "nudenet",
     callback_url: Annotated[str | None, typer.Option("--callback-url", help="Standard Webhooks receiver.")] = None,
     priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
-    sampling: Annotated[str | None, typer.Option(help="all | every:N | fps:R | keyframes | timestamps:T1,T2,... (seconds).")] = None,
-    video_out: Annotated[bool, typer.Option("--video-out", help="Also write the pipeline's video (output.mp4).")] = False,
-    pipelines: Annotated[Path | None, typer.Option("--pipelines", help="The workers' pipelines folder, so its pipelines may be named.")] = None,
+    sampling: Annotated[
+        str | None, typer.Option(help="all | every:N | fps:R | keyframes | timestamps:T1,T2,... (seconds).")
+    ] = None,
+    video_out: Annotated[
+        bool, typer.Option("--video-out", help="Also write the pipeline's video (output.mp4).")
+    ] = False,
+    pipelines: Annotated[
+        Path | None, typer.Option("--pipelines", help="The workers' pipelines folder, so its pipelines may be named.")
+    ] = None,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Same key, same job.")] = None,
-    max_attempts: Annotated[int | None, typer.Option("--max-attempts", min=1, help="Attempts before a retryable failure is final: 1 to the service's --max-attempts (env FRAMESERVE_MAX_ATTEMPTS; its default).", show_default=False)] = None,
-    timeout_s: Annotated[float | None, typer.Option("--timeout-s", min=0.001, help="Longest processing of one attempt, seconds, up to the service's --max-job-timeout-s (env FRAMESERVE_MAX_JOB_TIMEOUT_S); default its --job-timeout-s.", show_default=False)] = None,
-    run_at: Annotated[str | None, typer.Option("--run-at", help="Earliest start, RFC 3339 with an offset (2030-01-01T08:00:00Z); at most 366 days ahead.", show_default=False)] = None,
-    file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Allowed file:// root (repeatable; may hold {tenant}: the owner's folder).")] = None,
-    owner: Annotated[str, typer.Option("--owner", help="The tenant (a token NAME) the job belongs to; its source and target are checked against that tenant's storage. Default: the implicit owner of a server without tokens.")] = "",
-    shared_file_root: Annotated[bool | None, typer.Option("--shared-file-root/--no-shared-file-root", help="Let a named owner use roots and buckets without {tenant} (env FRAMESERVE_SHARED_FILE_ROOT=1).", show_default=False)] = None,
-    callbacks_allow_private: Annotated[bool | None, typer.Option("--callbacks-allow-private/--callbacks-public-only")] = None,
+    max_attempts: Annotated[
+        int | None,
+        typer.Option(
+            "--max-attempts",
+            min=1,
+            help="Attempts before a retryable failure is final: 1 to the service's --max-attempts (env FRAMESERVE_MAX_ATTEMPTS; its default).",
+            show_default=False,
+        ),
+    ] = None,
+    timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout-s",
+            min=0.001,
+            help="Longest processing of one attempt, seconds, up to the service's --max-job-timeout-s (env FRAMESERVE_MAX_JOB_TIMEOUT_S); default its --job-timeout-s.",
+            show_default=False,
+        ),
+    ] = None,
+    run_at: Annotated[
+        str | None,
+        typer.Option(
+            "--run-at",
+            help="Earliest start, RFC 3339 with an offset (2030-01-01T08:00:00Z); at most 366 days ahead.",
+            show_default=False,
+        ),
+    ] = None,
+    file_root: Annotated[
+        list[Path] | None,
+        typer.Option("--file-root", help="Allowed file:// root (repeatable; may hold {tenant}: the owner's folder)."),
+    ] = None,
+    owner: Annotated[
+        str,
+        typer.Option(
+            "--owner",
+            help="The tenant (a token NAME) the job belongs to; its source and target are checked against that tenant's storage. Default: the implicit owner of a server without tokens.",
+        ),
+    ] = "",
+    shared_file_root: Annotated[
+        bool | None,
+        typer.Option(
+            "--shared-file-root/--no-shared-file-root",
+            help="Let a named owner use roots and buckets without {tenant} (env FRAMESERVE_SHARED_FILE_ROOT=1).",
+            show_default=False,
+        ),
+    ] = None,
+    callbacks_allow_private: Annotated[
+        bool | None, typer.Option("--callbacks-allow-private/--callbacks-public-only")
+    ] = None,
     db: DbOpt = None,
 ) -> None:
     """Record a queued job (checked like POST /v1/jobs, for --owner) and print it."""
@@ -71,11 +136,17 @@ def submit(
 
     with exit_on_error():
         if owner and not is_tenant_name(owner):
-            raise InvalidInputError(f"--owner {owner[:80]!r}: a tenant is 1 to 64 letters, digits and ._@- (starting with a letter or digit)")
+            raise InvalidInputError(
+                f"--owner {owner[:80]!r}: a tenant is 1 to 64 letters, digits and ._@- (starting with a letter or digit)"
+            )
         # tenants=True: with no root given, a named owner gets $FRAMESERVE_HOME/storage/<owner>, as a worker sees it
-        store, js = _store(db, file_roots=[str(p) for p in file_root or []] or None,
-                           callbacks_allow_private=callbacks_allow_private, shared_file_root=shared_file_root,
-                           tenants=True)
+        store, js = _store(
+            db,
+            file_roots=[str(p) for p in file_root or []] or None,
+            callbacks_allow_private=callbacks_allow_private,
+            shared_file_root=shared_file_root,
+            tenants=True,
+        )
         PipelineRegistry(pipelines).resolve(pipeline)
         storage = js.storage()  # the service's rules: roots, buckets, source guard (from the environment)
         storage.check_source(source, tenant=owner)  # the owner's own roots and buckets
@@ -94,9 +165,13 @@ def submit(
         from frameserve.jobs._policy import MAX_RUN_AHEAD_S, parse_run_at
 
         if max_attempts is not None and max_attempts > js.max_attempts:
-            raise InvalidInputError(f"--max-attempts must be between 1 and {js.max_attempts} (the service's --max-attempts)")
+            raise InvalidInputError(
+                f"--max-attempts must be between 1 and {js.max_attempts} (the service's --max-attempts)"
+            )
         if timeout_s is not None and timeout_s > js.job_timeout_cap_s:
-            raise InvalidInputError(f"--timeout-s must be between 0.001 and {js.job_timeout_cap_s:g} seconds (the service's --max-job-timeout-s)")
+            raise InvalidInputError(
+                f"--timeout-s must be between 0.001 and {js.job_timeout_cap_s:g} seconds (the service's --max-job-timeout-s)"
+            )
         when = None
         if run_at is not None:
             try:
@@ -106,9 +181,19 @@ def submit(
             if when > store.clock() + MAX_RUN_AHEAD_S:
                 raise InvalidInputError(f"--run-at must be at most {MAX_RUN_AHEAD_S / 86400:g} days ahead")
         job, _ = store.submit(
-            JobSpec(source=source, target=target, pipeline=pipeline, params=params, callback_url=callback_url,
-                    priority=priority, max_attempts=max_attempts or js.max_attempts, run_at=when,
-                    asked_max_attempts=max_attempts is not None, owner=owner, timeout_s=timeout_s),
+            JobSpec(
+                source=source,
+                target=target,
+                pipeline=pipeline,
+                params=params,
+                callback_url=callback_url,
+                priority=priority,
+                max_attempts=max_attempts or js.max_attempts,
+                run_at=when,
+                asked_max_attempts=max_attempts is not None,
+                owner=owner,
+                timeout_s=timeout_s,
+            ),
             idempotency_key=idempotency_key,
         )
         _print(job.to_resource())
@@ -169,8 +254,13 @@ def retry(
 @jobs_app.command("delete")
 def delete(
     job_id: str,
-    outputs: Annotated[bool, typer.Option("--outputs", help="Also delete the outputs its result lists, under its target.")] = False,
-    file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Allowed file:// root (repeatable; the service's, for --outputs).")] = None,
+    outputs: Annotated[
+        bool, typer.Option("--outputs", help="Also delete the outputs its result lists, under its target.")
+    ] = False,
+    file_root: Annotated[
+        list[Path] | None,
+        typer.Option("--file-root", help="Allowed file:// root (repeatable; the service's, for --outputs)."),
+    ] = None,
     db: DbOpt = None,
 ) -> None:
     """Delete a finished job (succeeded, failed, cancelled) with its events and callback rows; a queued or running one is refused."""
@@ -193,10 +283,25 @@ def delete(
 
 @jobs_app.command("purge")
 def purge(
-    older_than: Annotated[str, typer.Option("--older-than", help="Remove finished jobs that finished longer ago than this: N[s|m|h|d|w] (30d, 12h).")],
-    state: Annotated[list[str] | None, typer.Option("--state", help="Only this finished state (succeeded | failed | cancelled; repeatable; default all three).")] = None,
+    older_than: Annotated[
+        str,
+        typer.Option(
+            "--older-than", help="Remove finished jobs that finished longer ago than this: N[s|m|h|d|w] (30d, 12h)."
+        ),
+    ],
+    state: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--state", help="Only this finished state (succeeded | failed | cancelled; repeatable; default all three)."
+        ),
+    ] = None,
     batch: Annotated[int, typer.Option("--batch", min=1, max=100000, help="Jobs deleted per transaction.")] = 500,
-    wait_s: Annotated[float, typer.Option("--wait-s", min=0, help="How long to wait for the retention lease while another process prunes, seconds.")] = 60.0,
+    wait_s: Annotated[
+        float,
+        typer.Option(
+            "--wait-s", min=0, help="How long to wait for the retention lease while another process prunes, seconds."
+        ),
+    ] = 60.0,
     db: DbOpt = None,
 ) -> None:
     """Remove old finished jobs with their events and callback rows (outputs stay), in batches, under the retention lease; prints what was removed."""
@@ -221,7 +326,9 @@ def purge(
             deadline = time.monotonic() + wait_s
             while (removed := pruner.prune_once()) is None:
                 if time.monotonic() >= deadline:
-                    raise InvalidInputError(f"another process holds the retention lease (waited {wait_s:g} s); try again later")
+                    raise InvalidInputError(
+                        f"another process holds the retention lease (waited {wait_s:g} s); try again later"
+                    )
                 time.sleep(0.5)
         finally:
             store.close()
@@ -240,9 +347,22 @@ def events(job_id: str, db: DbOpt = None) -> None:
 @jobs_app.command("watch")
 def watch(
     job_id: str,
-    url: Annotated[str, typer.Option("--url", help="The server's HTTP endpoint (env FRAMESERVE_URL).", envvar="FRAMESERVE_URL")] = "http://127.0.0.1:8000",
-    token: Annotated[str | None, typer.Option("--token", help="Bearer token of a server with --auth-token-file (env FRAMESERVE_TOKEN).", envvar="FRAMESERVE_TOKEN", show_default=False)] = None,
-    give_up_s: Annotated[float, typer.Option("--give-up-s", min=0, help="Stop reconnecting after this long without a connection, seconds.")] = 60.0,
+    url: Annotated[
+        str, typer.Option("--url", help="The server's HTTP endpoint (env FRAMESERVE_URL).", envvar="FRAMESERVE_URL")
+    ] = "http://127.0.0.1:8000",
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            help="Bearer token of a server with --auth-token-file (env FRAMESERVE_TOKEN).",
+            envvar="FRAMESERVE_TOKEN",
+            show_default=False,
+        ),
+    ] = None,
+    give_up_s: Annotated[
+        float,
+        typer.Option("--give-up-s", min=0, help="Stop reconnecting after this long without a connection, seconds."),
+    ] = 60.0,
 ) -> None:
     """Show a job's progress bar (frames, %, fps, phase, state) from the server's event stream until it ends; exit 0 when it succeeded, 1 when it failed or was cancelled, 2 when the server refused or is gone. A dropped connection resumes after the last event seen (Last-Event-ID)."""
     from frameserve.cli._watch import watch as follow
@@ -252,7 +372,9 @@ def watch(
 
 @jobs_app.command("stats")
 def stats(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (the numbers of the frameserve_jobs_* queue gauges).")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print JSON (the numbers of the frameserve_jobs_* queue gauges).")
+    ] = False,
     db: DbOpt = None,
 ) -> None:
     """Print the database-wide queue figures: jobs by state, pending (queued and due) and active
@@ -274,8 +396,13 @@ def stats(
     typer.echo(f"pending by priority: {prios}")
     typer.echo(f"oldest pending: {found.oldest_pending_age_s:.1f} s waiting")
     typer.echo(f"callback outbox: {found.callback_outbox_depth} to deliver")
-    tenants = "; ".join(f"{t or '(no token)'}: queued {c['queued']}, running {c['running']}"
-                        for t, c in sorted(found.by_tenant.items())) or "none"
+    tenants = (
+        "; ".join(
+            f"{t or '(no token)'}: queued {c['queued']}, running {c['running']}"
+            for t, c in sorted(found.by_tenant.items())
+        )
+        or "none"
+    )
     typer.echo(f"by tenant: {tenants}")
 
 

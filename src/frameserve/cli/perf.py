@@ -57,23 +57,79 @@ def _fmt(value: object, digits: str = ".3g") -> str:
 
 
 def perf_command(
-    source: Annotated[str | None, typer.Argument(metavar="[MODEL_DIR_OR_REPO]", help="A model folder (its name is the model's) or a model repository (then --model). Leave out with --url / --grpc.", show_default=False)] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="The model's name (in a repository of several; always against a server).")] = None,
-    version: Annotated[int | None, typer.Option("--version", min=1, help="Model version (default: the highest served).")] = None,
-    url: Annotated[str | None, typer.Option("--url", help="A running server's HTTP endpoint (http://host:8000).")] = None,
+    source: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[MODEL_DIR_OR_REPO]",
+            help="A model folder (its name is the model's) or a model repository (then --model). Leave out with --url / --grpc.",
+            show_default=False,
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", "-m", help="The model's name (in a repository of several; always against a server)."),
+    ] = None,
+    version: Annotated[
+        int | None, typer.Option("--version", min=1, help="Model version (default: the highest served).")
+    ] = None,
+    url: Annotated[
+        str | None, typer.Option("--url", help="A running server's HTTP endpoint (http://host:8000).")
+    ] = None,
     grpc: Annotated[str | None, typer.Option("--grpc", help="A running server's gRPC endpoint (host:8001).")] = None,
-    server_pid: Annotated[int | None, typer.Option("--server-pid", help="The server's process id on this machine, to measure its CPU seconds per inference.")] = None,
-    batch: Annotated[str, typer.Option("--batch", "-b", help="Batch sizes (samples per request), comma-separated.")] = "1",
+    server_pid: Annotated[
+        int | None,
+        typer.Option(
+            "--server-pid", help="The server's process id on this machine, to measure its CPU seconds per inference."
+        ),
+    ] = None,
+    batch: Annotated[
+        str, typer.Option("--batch", "-b", help="Batch sizes (samples per request), comma-separated.")
+    ] = "1",
     concurrency: Annotated[str, typer.Option("--concurrency", "-c", help="Requests in flight, comma-separated.")] = "1",
-    instances: Annotated[str, typer.Option("--instances", help="Model instances in process (the server's instance_group count), comma-separated.")] = "1",
-    threads: Annotated[str | None, typer.Option("--threads", help="Intra-op threads per instance in process, comma-separated (default: the CPU budget divided by the instances).")] = None,
-    shape: Annotated[list[str] | None, typer.Option("--shape", help="Dims of an input with variable dims, without the batch dim: NAME:3x320x320 (repeatable).")] = None,
+    instances: Annotated[
+        str,
+        typer.Option(
+            "--instances", help="Model instances in process (the server's instance_group count), comma-separated."
+        ),
+    ] = "1",
+    threads: Annotated[
+        str | None,
+        typer.Option(
+            "--threads",
+            help="Intra-op threads per instance in process, comma-separated (default: the CPU budget divided by the instances).",
+        ),
+    ] = None,
+    shape: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--shape", help="Dims of an input with variable dims, without the batch dim: NAME:3x320x320 (repeatable)."
+        ),
+    ] = None,
     window_s: Annotated[float, typer.Option("--window-s", min=0.01, help="Measurement window, seconds.")] = 2.0,
-    warmup_s: Annotated[float, typer.Option("--warmup-s", min=0.0, help="Warm-up left out of the measurement, seconds.")] = 1.0,
-    stability: Annotated[str, typer.Option("--stability", help="Two consecutive windows must agree within this (throughput and mean latency).")] = "10%",
-    max_windows: Annotated[int, typer.Option("--max-windows", min=2, help="Windows at most per configuration before giving up on stability.")] = 10,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write perf.csv, perf.json, PNG plots and report.html into this folder.")] = None,
-    profile: Annotated[bool, typer.Option("--profile", help="Also time each operator (onnxruntime profiler / OpenVINO counters), in process: profile_ops.csv and profile_trace.json in --out.")] = False,
+    warmup_s: Annotated[
+        float, typer.Option("--warmup-s", min=0.0, help="Warm-up left out of the measurement, seconds.")
+    ] = 1.0,
+    stability: Annotated[
+        str,
+        typer.Option(
+            "--stability", help="Two consecutive windows must agree within this (throughput and mean latency)."
+        ),
+    ] = "10%",
+    max_windows: Annotated[
+        int,
+        typer.Option("--max-windows", min=2, help="Windows at most per configuration before giving up on stability."),
+    ] = 10,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Write perf.csv, perf.json, PNG plots and report.html into this folder."),
+    ] = None,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="Also time each operator (onnxruntime profiler / OpenVINO counters), in process: profile_ops.csv and profile_trace.json in --out.",
+        ),
+    ] = False,
 ) -> None:
     """Measure a model's latency (p50/p90/p99) and throughput as perf_analyzer does (warm-up left out, windows until two agree)."""
     from frameserve.tuning import MeasureSettings, PerfRow, parse_shape, perf
@@ -89,28 +145,53 @@ def perf_command(
         def progress(done: int, total: int, row: PerfRow) -> None:
             m = row.measurement
             what = f"[{done}/{total}] " + " ".join(
-                f"{k} {v}" for k, v in (("instances", row.instances), ("threads", row.threads), ("batch", row.batch),
-                                        ("concurrency", row.concurrency)) if v is not None
+                f"{k} {v}"
+                for k, v in (
+                    ("instances", row.instances),
+                    ("threads", row.threads),
+                    ("batch", row.batch),
+                    ("concurrency", row.concurrency),
+                )
+                if v is not None
             )
             tail = f"error: {row.error}" if m is None else f"{m.throughput:,.1f} infer/s, p99 {m.p99_ms:.3g} ms"
             err_console.print(Text(f"{what}: {tail}", style="dim"), highlight=False, soft_wrap=True)
 
         result = perf(
-            source, model=model, version=version, url=url, grpc=grpc,
-            batches=parse_int_list(batch, "--batch"), concurrencies=parse_int_list(concurrency, "--concurrency"),
+            source,
+            model=model,
+            version=version,
+            url=url,
+            grpc=grpc,
+            batches=parse_int_list(batch, "--batch"),
+            concurrencies=parse_int_list(concurrency, "--concurrency"),
             instances=parse_int_list(instances, "--instances"),
             threads=None if threads is None else parse_int_list(threads, "--threads"),
-            shapes=shapes, settings=settings, server_pid=server_pid, profile=profile, out=out, progress=progress,
+            shapes=shapes,
+            settings=settings,
+            server_pid=server_pid,
+            profile=profile,
+            out=out,
+            progress=progress,
         )
         console = Console()
         version_s = f" version {result.version}" if result.version is not None else ""
         table = Table(
-            title=f"{result.model}{version_s} ({result.mode}: {result.target})", title_justify="left",
-            box=box.SIMPLE_HEAD, pad_edge=False,
+            title=f"{result.model}{version_s} ({result.mode}: {result.target})",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
         )
         in_process = result.mode == "in-process"
         heads = (["inst", "thr"] if in_process else []) + [
-            "batch", "conc", "infer/s", "p50 ms", "p90 ms", "p99 ms", "CPU ms", "note",
+            "batch",
+            "conc",
+            "infer/s",
+            "p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "CPU ms",
+            "note",
         ]
         for h in heads:
             table.add_column(h, justify="left" if h == "note" else "right", no_wrap=True)
@@ -121,20 +202,33 @@ def perf_command(
 
         for row in result.rows:
             m = row.measurement
-            cells = ([_fmt(row.instances), _fmt(row.threads)] if in_process else []) + [_fmt(row.batch), _fmt(row.concurrency)]
+            cells = ([_fmt(row.instances), _fmt(row.threads)] if in_process else []) + [
+                _fmt(row.batch),
+                _fmt(row.concurrency),
+            ]
             if m is None:
                 cells += ["-"] * 5 + [ref(f"error: {row.error}")]
             else:
                 cpu_ms = None if m.cpu_s_per_infer is None else m.cpu_s_per_infer * 1e3
-                cells += [_fmt(m.throughput, ".4g"), _fmt(m.p50_ms), _fmt(m.p90_ms), _fmt(m.p99_ms),
-                          "unknown" if cpu_ms is None else _fmt(cpu_ms), ref(row.note)]
+                cells += [
+                    _fmt(m.throughput, ".4g"),
+                    _fmt(m.p50_ms),
+                    _fmt(m.p90_ms),
+                    _fmt(m.p99_ms),
+                    "unknown" if cpu_ms is None else _fmt(cpu_ms),
+                    ref(row.note),
+                ]
             table.add_row(*(Text(c) for c in cells))
         console.print(table)
         for text, number in notes.items():
             console.print(f"  [{number}] {text}", markup=False, highlight=False, soft_wrap=True)
         if result.profile is not None:
-            ops = Table(title=f"operators ({result.profile.backend}, {result.profile.runs} runs)", title_justify="left",
-                        box=box.SIMPLE_HEAD, pad_edge=False)
+            ops = Table(
+                title=f"operators ({result.profile.backend}, {result.profile.runs} runs)",
+                title_justify="left",
+                box=box.SIMPLE_HEAD,
+                pad_edge=False,
+            )
             for h in ("op type", "nodes", "total ms", "share"):
                 ops.add_column(h, justify="left" if h == "op type" else "right")
             for t in result.profile.by_op_type()[:15]:

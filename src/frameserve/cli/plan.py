@@ -18,9 +18,17 @@ def plan_command(
     tune_dir: Annotated[Path, typer.Option("--tune", help="The --out folder of frameserve tune (or its tune.json).")],
     qps: Annotated[float, typer.Option("--qps", help="Target load, inferences per second.")],
     p99_ms: Annotated[float, typer.Option("--p99-ms", help="Target p99 latency, ms.")],
-    headroom: Annotated[float, typer.Option("--headroom", help="Capacity kept free above the load (0.3 = 30 %).")] = 0.3,
-    video_hours: Annotated[float | None, typer.Option("--video-hours", help="Video to process per hour, in hours of video (video-job nodes).")] = None,
-    fps: Annotated[float | None, typer.Option("--fps", help="Frames processed per second of video (default: the calibration video's, else 30).")] = None,
+    headroom: Annotated[
+        float, typer.Option("--headroom", help="Capacity kept free above the load (0.3 = 30 %).")
+    ] = 0.3,
+    video_hours: Annotated[
+        float | None,
+        typer.Option("--video-hours", help="Video to process per hour, in hours of video (video-job nodes)."),
+    ] = None,
+    fps: Annotated[
+        float | None,
+        typer.Option("--fps", help="Frames processed per second of video (default: the calibration video's, else 30)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Plan nodes for a target load (online and video jobs) from a tune result."""

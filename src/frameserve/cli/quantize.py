@@ -18,18 +18,71 @@ __all__ = ["quantize_command", "register"]
 
 
 def quantize_command(
-    model_dir: Annotated[Path, typer.Argument(metavar="MODEL_DIR", help="One model folder (its name is the model's) with an fp32 ONNX model.")],
-    calibration: Annotated[Path, typer.Option("--calibration", help="A video, image or folder of them (every other frame calibrates, the others check); without --pipeline: .npy/.npz tensors or images fed as they are.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Write DIR/<model>/ (the fp32 versions kept, int8 in a new version folder served by its version policy) and DIR/quantize.json.")],
-    pipeline: Annotated[str | None, typer.Option("--pipeline", "-p", help="The pipeline whose preprocess makes the model's inputs (built-in name, .yaml or .py); without it the gate compares raw outputs.")] = None,
-    max_drop: Annotated[float, typer.Option("--max-drop", help="Largest share of fp32 detections without an int8 match (IoU >= 0.5, same label); classifiers: of frames whose top-1 changed.")] = 0.01,
-    max_box_error_px: Annotated[float, typer.Option("--max-box-error-px", help="Largest mean box error over matched detections, source pixels.")] = 2.0,
-    param: Annotated[list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable).")] = None,
-    max_frames: Annotated[int, typer.Option("--max-frames", min=2, help="Frames read at most (half calibrate, half check).")] = 200,
+    model_dir: Annotated[
+        Path,
+        typer.Argument(metavar="MODEL_DIR", help="One model folder (its name is the model's) with an fp32 ONNX model."),
+    ],
+    calibration: Annotated[
+        Path,
+        typer.Option(
+            "--calibration",
+            help="A video, image or folder of them (every other frame calibrates, the others check); without --pipeline: .npy/.npz tensors or images fed as they are.",
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Write DIR/<model>/ (the fp32 versions kept, int8 in a new version folder served by its version policy) and DIR/quantize.json.",
+        ),
+    ],
+    pipeline: Annotated[
+        str | None,
+        typer.Option(
+            "--pipeline",
+            "-p",
+            help="The pipeline whose preprocess makes the model's inputs (built-in name, .yaml or .py); without it the gate compares raw outputs.",
+        ),
+    ] = None,
+    max_drop: Annotated[
+        float,
+        typer.Option(
+            "--max-drop",
+            help="Largest share of fp32 detections without an int8 match (IoU >= 0.5, same label); classifiers: of frames whose top-1 changed.",
+        ),
+    ] = 0.01,
+    max_box_error_px: Annotated[
+        float, typer.Option("--max-box-error-px", help="Largest mean box error over matched detections, source pixels.")
+    ] = 2.0,
+    param: Annotated[
+        list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable).")
+    ] = None,
+    max_frames: Annotated[
+        int, typer.Option("--max-frames", min=2, help="Frames read at most (half calibrate, half check).")
+    ] = 200,
     method: Annotated[str, typer.Option("--method", help="Calibration: minmax | percentile | entropy.")] = "minmax",
-    engine: Annotated[str, typer.Option("--engine", help="auto (onnxruntime static QDQ, then NNCF when the gate refuses it and NNCF is installed) | onnxruntime | nncf.")] = "auto",
-    accuracy_control: Annotated[bool, typer.Option("--accuracy-control/--no-accuracy-control", help="NNCF: when the gate refuses the plain int8 model, put the most harmful operations back to float until it passes.")] = True,
-    include_head: Annotated[bool, typer.Option("--include-head", help="Quantize the detection head's decoding tail too (with --engine onnxruntime: the naive quantization, to see the gate refuse it).")] = False,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="auto (onnxruntime static QDQ, then NNCF when the gate refuses it and NNCF is installed) | onnxruntime | nncf.",
+        ),
+    ] = "auto",
+    accuracy_control: Annotated[
+        bool,
+        typer.Option(
+            "--accuracy-control/--no-accuracy-control",
+            help="NNCF: when the gate refuses the plain int8 model, put the most harmful operations back to float until it passes.",
+        ),
+    ] = True,
+    include_head: Annotated[
+        bool,
+        typer.Option(
+            "--include-head",
+            help="Quantize the detection head's decoding tail too (with --engine onnxruntime: the naive quantization, to see the gate refuse it).",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Quantize a model to int8 and keep it only if it passes the accuracy gate against fp32."""
@@ -45,9 +98,17 @@ def quantize_command(
         limits = GateLimits(max_drop=max_drop, max_box_error_px=max_box_error_px)
         with err_console.status("quantizing to int8 and checking against fp32 ..."):
             result = quantize(
-                model_dir, calibration=calibration, pipeline=pipeline, out=out, limits=limits,
-                keep_head_float=not include_head, params=dict(parse_param(p) for p in param or ()),
-                max_frames=max_frames, method=method, engine=engine, accuracy_control=accuracy_control,  # type: ignore[arg-type]
+                model_dir,
+                calibration=calibration,
+                pipeline=pipeline,
+                out=out,
+                limits=limits,
+                keep_head_float=not include_head,
+                params=dict(parse_param(p) for p in param or ()),
+                max_frames=max_frames,
+                method=method,  # type: ignore[arg-type]
+                engine=engine,  # type: ignore[arg-type]
+                accuracy_control=accuracy_control,
             )
         data = result.to_dict()
         out.mkdir(parents=True, exist_ok=True)
@@ -66,10 +127,14 @@ def quantize_command(
             for line in lines:
                 console.print(line, markup=False, highlight=False, soft_wrap=True)
         if not result.passed:
-            err_console.print(f"refused: no model written ({out / 'quantize.json'} has the gate's report)", highlight=False)
+            err_console.print(
+                f"refused: no model written ({out / 'quantize.json'} has the gate's report)", highlight=False
+            )
             raise typer.Exit(code=2)
         if not as_json:
-            console.print(f"model folder: {result.out} (version {result.version} int8 served)", markup=False, highlight=False)
+            console.print(
+                f"model folder: {result.out} (version {result.version} int8 served)", markup=False, highlight=False
+            )
 
 
 def register(root: typer.Typer) -> None:

@@ -22,19 +22,61 @@ console = Console(stderr=True)
 
 def run_command(
     video: Annotated[str, typer.Argument(help="Video path or URI (asset://NAME for a sample video).")],
-    pipeline: Annotated[str, typer.Option("--pipeline", "-p", help="Built-in pipeline name, pipeline YAML file, or Python file with a frameserve.Pipeline subclass (file.py or file.py:ClassName).")] = "nudenet",
-    param: Annotated[list[str] | None, typer.Option("--param", help="Override a pipeline parameter: KEY=VALUE (repeatable; VALUE read as YAML: 0.3, true, [1, 2]; a dotted KEY reaches a nested one).")] = None,
+    pipeline: Annotated[
+        str,
+        typer.Option(
+            "--pipeline",
+            "-p",
+            help="Built-in pipeline name, pipeline YAML file, or Python file with a frameserve.Pipeline subclass (file.py or file.py:ClassName).",
+        ),
+    ] = "nudenet",
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--param",
+            help="Override a pipeline parameter: KEY=VALUE (repeatable; VALUE read as YAML: 0.3, true, [1, 2]; a dotted KEY reaches a nested one).",
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the results JSON here.")] = None,
-    video_out: Annotated[Path | None, typer.Option("--video-out", help="Encode a video of the pipeline's rendered frames here (boxes drawn, an enhanced picture...), source timing and audio kept.")] = None,
-    sampling: Annotated[str | None, typer.Option(help="all | every:N | fps:R | keyframes | timestamps:T1,T2 (default: the pipeline's).")] = None,
+    video_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--video-out",
+            help="Encode a video of the pipeline's rendered frames here (boxes drawn, an enhanced picture...), source timing and audio kept.",
+        ),
+    ] = None,
+    sampling: Annotated[
+        str | None, typer.Option(help="all | every:N | fps:R | keyframes | timestamps:T1,T2 (default: the pipeline's).")
+    ] = None,
     batch: Annotated[int | None, typer.Option(min=1, help="Frames per inference batch.")] = None,
-    backend: Annotated[str | None, typer.Option(help="onnxruntime | openvino | torch for every model (default: each model's own).")] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="onnxruntime | openvino | torch for every model (default: each model's own).")
+    ] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Inference threads (default: all CPUs).")] = None,
-    decode_workers: Annotated[int | None, typer.Option("--decode-workers", min=0, help="Decode processes: 0 = single process, 1 = decode overlapped with inference in its own process (default: 1 with 2+ CPUs).")] = None,
-    decode_threads: Annotated[int, typer.Option("--decode-threads", min=0, help="FFmpeg decoder threads per decode process (0 = automatic).")] = 0,
-    trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome-trace / Perfetto timeline of the stages (JSON) here.")] = None,
-    model_repository: Annotated[Path | None, typer.Option("--model-repository", help="Model repository (default: $FRAMESERVE_HOME/models).")] = None,
-    short: Annotated[bool, typer.Option("--short", help="Short-video mode: key frames only, fast open, in one process, the first key frame's result first.")] = False,
+    decode_workers: Annotated[
+        int | None,
+        typer.Option(
+            "--decode-workers",
+            min=0,
+            help="Decode processes: 0 = single process, 1 = decode overlapped with inference in its own process (default: 1 with 2+ CPUs).",
+        ),
+    ] = None,
+    decode_threads: Annotated[
+        int, typer.Option("--decode-threads", min=0, help="FFmpeg decoder threads per decode process (0 = automatic).")
+    ] = 0,
+    trace: Annotated[
+        Path | None, typer.Option("--trace", help="Write a Chrome-trace / Perfetto timeline of the stages (JSON) here.")
+    ] = None,
+    model_repository: Annotated[
+        Path | None, typer.Option("--model-repository", help="Model repository (default: $FRAMESERVE_HOME/models).")
+    ] = None,
+    short: Annotated[
+        bool,
+        typer.Option(
+            "--short",
+            help="Short-video mode: key frames only, fast open, in one process, the first key frame's result first.",
+        ),
+    ] = False,
 ) -> None:
     """Run a pipeline over VIDEO: per-frame results, a summary, and where the time went."""
     from frameserve.config import Settings
@@ -58,11 +100,18 @@ def run_command(
                 bar.update(task, completed=done, total=expected)
 
             spec = RunSpec(
-                out=out, video_out=video_out, sampling=sampling, batch=batch,
+                out=out,
+                video_out=video_out,
+                sampling=sampling,
+                batch=batch,
                 backend=backend,  # type: ignore[arg-type]  # any string: RunSpec names the accepted ones
-                threads=threads, decode_workers=decode_workers, decode_threads=decode_threads, trace=trace,
+                threads=threads,
+                decode_workers=decode_workers,
+                decode_threads=decode_threads,
+                trace=trace,
                 keep_frames=False,  # streamed to --out; the CLI prints only the summary
-                params=params, short=short,
+                params=params,
+                short=short,
             )
             result = run(video, pipeline, spec, settings=settings, progress=progress)
         print_timing(result, Console())
@@ -127,8 +176,12 @@ def print_timing(result: dict[str, Any], out: Console) -> None:
         if st is None:
             continue
         table.add_row(
-            stage, f"{st['total_s']:.3f}", f"{st.get('cpu_s', 0.0):.3f}", f"{st.get('wait_s', 0.0):.3f}",
-            f"{st['per_frame_ms']:.2f}", f"{100 * st['share']:.1f}%",
+            stage,
+            f"{st['total_s']:.3f}",
+            f"{st.get('cpu_s', 0.0):.3f}",
+            f"{st.get('wait_s', 0.0):.3f}",
+            f"{st['per_frame_ms']:.2f}",
+            f"{100 * st['share']:.1f}%",
         )
     out.print(table)
     bottleneck = result.get("bottleneck")

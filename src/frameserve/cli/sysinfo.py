@@ -44,10 +44,16 @@ def sysinfo_command(
         limit = info.cgroup.memory_limit_bytes
         rows = [
             ("CPU", f"{info.cpu_model} ({info.vendor})"),
-            ("cores", f"{info.logical_cpus} logical, {info.physical_cores} physical, {info.sockets} socket(s), "
-                      f"{info.threads_per_core} thread(s) per core"),
+            (
+                "cores",
+                f"{info.logical_cpus} logical, {info.physical_cores} physical, {info.sockets} socket(s), "
+                f"{info.threads_per_core} thread(s) per core",
+            ),
             ("NUMA nodes", ", ".join(f"node{n.node}: {_cpus(n.cpus)}" for n in info.numa_nodes) or "unknown"),
-            ("caches", f"L1d {_size(info.cache_bytes(1))}, L2 {_size(info.cache_bytes(2))}, L3 {_size(info.cache_bytes(3))}"),
+            (
+                "caches",
+                f"L1d {_size(info.cache_bytes(1))}, L2 {_size(info.cache_bytes(2))}, L3 {_size(info.cache_bytes(3))}",
+            ),
             ("ISA", " ".join(f for f in ISA_FLAGS if info.has(f)) or "none of note"),
             ("cgroup", f"v{info.cgroup.version}" if info.cgroup.version else "none found"),
             ("CPU quota", "none" if quota is None else f"{quota:g} CPUs"),

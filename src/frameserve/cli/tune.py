@@ -43,21 +43,78 @@ def parse_duration(text: str) -> float:
 
 
 def tune_command(
-    model_dir: Annotated[Path, typer.Argument(metavar="MODEL_DIR", help="One model folder (its name is the model's): numbered version folders and an optional config.yaml.")],
+    model_dir: Annotated[
+        Path,
+        typer.Argument(
+            metavar="MODEL_DIR",
+            help="One model folder (its name is the model's): numbered version folders and an optional config.yaml.",
+        ),
+    ],
     objective: Annotated[str, typer.Option("--objective", help="throughput | latency (p99).")] = "throughput",
-    p99_ms: Annotated[float | None, typer.Option("--p99-ms", help="Throughput objective: the p99 latency bound, ms (default: none).")] = None,
-    min_throughput: Annotated[float | None, typer.Option("--min-throughput", help="Latency objective: the throughput it must keep, inferences/s.")] = None,
-    time_budget: Annotated[str, typer.Option("--time-budget", help="Measuring time: 10m, 90s, 1h (quantization comes on top).")] = "10m",
-    calibration: Annotated[Path | None, typer.Option("--calibration", help="A video, image or folder of them: int8 calibration and the accuracy gate (with --pipeline); without --pipeline: .npy/.npz tensors or images fed as they are.")] = None,
-    video: Annotated[Path | None, typer.Option("--video", help="Co-tune the pipeline's decode workers, decoder threads and batch with the winner, end to end on this video (with --pipeline).")] = None,
-    pipeline: Annotated[str | None, typer.Option("--pipeline", "-p", help="The pipeline whose preprocess makes the model's inputs from frames (built-in name, .yaml or .py).")] = None,
-    param: Annotated[list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable).")] = None,
-    shape: Annotated[list[str] | None, typer.Option("--shape", help="Dims of an input with variable dims, without the batch dim: NAME:3x320x320 (repeatable; fixed in the tuned config too).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="A new or empty folder: DIR/<model>/, trials.csv, tune.json, report.html.")] = None,
-    max_drop: Annotated[float, typer.Option("--max-drop", help="The accuracy gate for int8/bf16: largest share of fp32 detections unmatched (classifiers: top-1 changes).")] = 0.01,
-    backend: Annotated[list[str] | None, typer.Option("--backend", help="Only these backends (repeatable; default: onnxruntime and openvino when installed).")] = None,
+    p99_ms: Annotated[
+        float | None, typer.Option("--p99-ms", help="Throughput objective: the p99 latency bound, ms (default: none).")
+    ] = None,
+    min_throughput: Annotated[
+        float | None,
+        typer.Option("--min-throughput", help="Latency objective: the throughput it must keep, inferences/s."),
+    ] = None,
+    time_budget: Annotated[
+        str, typer.Option("--time-budget", help="Measuring time: 10m, 90s, 1h (quantization comes on top).")
+    ] = "10m",
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibration",
+            help="A video, image or folder of them: int8 calibration and the accuracy gate (with --pipeline); without --pipeline: .npy/.npz tensors or images fed as they are.",
+        ),
+    ] = None,
+    video: Annotated[
+        Path | None,
+        typer.Option(
+            "--video",
+            help="Co-tune the pipeline's decode workers, decoder threads and batch with the winner, end to end on this video (with --pipeline).",
+        ),
+    ] = None,
+    pipeline: Annotated[
+        str | None,
+        typer.Option(
+            "--pipeline",
+            "-p",
+            help="The pipeline whose preprocess makes the model's inputs from frames (built-in name, .yaml or .py).",
+        ),
+    ] = None,
+    param: Annotated[
+        list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable).")
+    ] = None,
+    shape: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--shape",
+            help="Dims of an input with variable dims, without the batch dim: NAME:3x320x320 (repeatable; fixed in the tuned config too).",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="A new or empty folder: DIR/<model>/, trials.csv, tune.json, report.html."),
+    ] = None,
+    max_drop: Annotated[
+        float,
+        typer.Option(
+            "--max-drop",
+            help="The accuracy gate for int8/bf16: largest share of fp32 detections unmatched (classifiers: top-1 changes).",
+        ),
+    ] = 0.01,
+    backend: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--backend", help="Only these backends (repeatable; default: onnxruntime and openvino when installed)."
+        ),
+    ] = None,
     max_configs: Annotated[int, typer.Option("--max-configs", min=4, help="The search space's size limit.")] = 150,
-    max_trials: Annotated[int | None, typer.Option("--max-trials", min=14, help="Trials at most (default: a third of the space, repeats included).")] = None,
+    max_trials: Annotated[
+        int | None,
+        typer.Option("--max-trials", min=14, help="Trials at most (default: a third of the space, repeats included)."),
+    ] = None,
 ) -> None:
     """Tune a model for this machine and write a model folder that serves the winner."""
     from frameserve.pipeline.loader import parse_param
@@ -68,9 +125,16 @@ def tune_command(
         shapes = dict(parse_shape(s) for s in shape or ())
         params = dict(parse_param(p) for p in param or ())
         progress = Progress(
-            TextColumn("[bold]tune[/bold]"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"), TimeElapsedColumn(),
-            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}", markup=False),
-            console=err_console, transient=False,
+            TextColumn("[bold]tune[/bold]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("elapsed"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            TextColumn("{task.description}", markup=False),
+            console=err_console,
+            transient=False,
         )
         task = progress.add_task("", total=None)
 
@@ -79,28 +143,46 @@ def tune_command(
             tail = f"error: {trial.error}" if m is None else f"{m.throughput:,.1f}/s p99 {m.p99_ms:.3g} ms"
             progress.update(task, completed=done, total=planned, description=f"{trial.phase}: {tail}")
             if not err_console.is_terminal:  # no live bar to read: a line per trial, for logs
-                progress.console.print(f"trial {done}/{planned} {trial.phase}: {tail}", markup=False, highlight=False,
-                                       soft_wrap=True)
+                progress.console.print(
+                    f"trial {done}/{planned} {trial.phase}: {tail}", markup=False, highlight=False, soft_wrap=True
+                )
 
         def on_stage(line: str) -> None:
             progress.console.print(Text(line, style="dim"), highlight=False, soft_wrap=True)
 
         with progress:
             result = tune(
-                model_dir, objective=objective, p99_ms=p99_ms, min_throughput=min_throughput, time_budget_s=budget_s,
-                calibration=calibration, pipeline=pipeline, params=params, out=out, shapes=shapes,
-                backends=tuple(backend) if backend else None, max_configs=max_configs, max_trials=max_trials,
-                max_drop=max_drop, video=video, progress=on_trial, on_stage=on_stage,
+                model_dir,
+                objective=objective,
+                p99_ms=p99_ms,
+                min_throughput=min_throughput,
+                time_budget_s=budget_s,
+                calibration=calibration,
+                pipeline=pipeline,
+                params=params,
+                out=out,
+                shapes=shapes,
+                backends=tuple(backend) if backend else None,
+                max_configs=max_configs,
+                max_trials=max_trials,
+                max_drop=max_drop,
+                video=video,
+                progress=on_trial,
+                on_stage=on_stage,
             )
         _print(result, out)
         if result.search.interrupted:
-            err_console.print(f"interrupted: kept the {len(result.search.trials)} trials measured"
-                              + (f"; outputs in {out}" if out is not None else ""))
+            err_console.print(
+                f"interrupted: kept the {len(result.search.trials)} trials measured"
+                + (f"; outputs in {out}" if out is not None else "")
+            )
             raise typer.Exit(code=130)
         default = [t for t in result.search.trials if t.candidate == result.search.baseline]
         if not any(t.measurement is not None for t in default):
             why = next((t.error for t in default if t.error), "it was not measured")
-            err_console.print(f"error: the model's default configuration does not run: {why}", highlight=False, markup=False)
+            err_console.print(
+                f"error: the model's default configuration does not run: {why}", highlight=False, markup=False
+            )
             raise typer.Exit(code=1)
 
 
@@ -111,15 +193,24 @@ def _print(result: object, out: Path | None) -> None:
     console = Console()
     search = result.search
     comp = result.comparison()
-    table = Table(title=f"{result.model}: {result.objective.describe()}", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(
+        title=f"{result.model}: {result.objective.describe()}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
     for h in ("", "config", "conc", "infer/s", "p50 ms", "p99 ms", "CPU ms/infer"):
         table.add_column(h, justify="left" if h in ("", "config") else "right")
     for label in ("default", "best"):
         side = comp.get(label) or {}
         cpu = side.get("cpu_s_per_infer")
-        table.add_row(label, Text(str(side.get("config"))), str(side.get("concurrency")),
-                      *(f"{side[k]:.4g}" if side.get(k) is not None else "-" for k in ("throughput", "p50_ms", "p99_ms")),
-                      "-" if cpu is None else f"{cpu * 1e3:.3g}")
+        table.add_row(
+            label,
+            Text(str(side.get("config"))),
+            str(side.get("concurrency")),
+            *(f"{side[k]:.4g}" if side.get(k) is not None else "-" for k in ("throughput", "p50_ms", "p99_ms")),
+            "-" if cpu is None else f"{cpu * 1e3:.3g}",
+        )
     console.print(table)
     ratio = comp.get("ratio_best_over_default", {})
     lines = [
@@ -140,7 +231,9 @@ def _print(result: object, out: Path | None) -> None:
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     if out is not None:
-        console.print(f"model folder: {out / result.model}  (serve --model-repository {out})", markup=False, highlight=False)
+        console.print(
+            f"model folder: {out / result.model}  (serve --model-repository {out})", markup=False, highlight=False
+        )
         console.print(f"report: {out / 'report.html'}", markup=False, highlight=False)
     elif result.winner_config is not None:
         console.print(yaml.safe_dump(dict(result.winner_config), sort_keys=False), markup=False, highlight=False)

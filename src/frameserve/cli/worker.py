@@ -58,48 +58,241 @@ log = logging.getLogger("frameserve.jobs.worker")
 
 
 def worker_command(
-    db: Annotated[str | None, typer.Option("--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME).")] = None,
-    storage: Annotated[list[str] | None, typer.Option("--storage", help="Storage: a folder or file:// URI adds a file root; an http(s):// URL is the S3-compatible endpoint for s3://.")] = None,
-    file_root: Annotated[list[Path] | None, typer.Option("--file-root", help="Folder allowed for file:// sources and targets (repeatable); {tenant} in it (a whole segment: /data/{tenant}) confines each job to its owner's folder, 'default' for the implicit owner (env FRAMESERVE_FILE_ROOTS; default $FRAMESERVE_HOME/storage for the implicit owner, $FRAMESERVE_HOME/storage/{tenant} for named tenants).")] = None,
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME)."
+        ),
+    ] = None,
+    storage: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--storage",
+            help="Storage: a folder or file:// URI adds a file root; an http(s):// URL is the S3-compatible endpoint for s3://.",
+        ),
+    ] = None,
+    file_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--file-root",
+            help="Folder allowed for file:// sources and targets (repeatable); {tenant} in it (a whole segment: /data/{tenant}) confines each job to its owner's folder, 'default' for the implicit owner (env FRAMESERVE_FILE_ROOTS; default $FRAMESERVE_HOME/storage for the implicit owner, $FRAMESERVE_HOME/storage/{tenant} for named tenants).",
+        ),
+    ] = None,
     job_timeout_s: JobTimeout = None,
     max_job_timeout_s: MaxJobTimeout = None,
     job_memory_limit_mb: JobMemoryLimit = None,
     isolate_pipelines: IsolatePipelines = None,
-    shared_file_root: Annotated[bool | None, typer.Option("--shared-file-root/--no-shared-file-root", help="Let jobs of named tenants use the file roots and S3 entries without {tenant} (serve's flag; without it such jobs fail) (env FRAMESERVE_SHARED_FILE_ROOT=1).", show_default=False)] = None,
-    s3_endpoint_url: Annotated[str | None, typer.Option("--s3-endpoint-url", help="S3-compatible endpoint (env FRAMESERVE_S3_ENDPOINT_URL; default AWS).")] = None,
-    webhook_secret: Annotated[str | None, typer.Option("--webhook-secret", help="Standard Webhooks secret, whsec_... (env FRAMESERVE_WEBHOOK_SECRET).")] = None,
-    callbacks_allow_private: Annotated[bool | None, typer.Option("--callbacks-allow-private/--callbacks-public-only", help="Allow callbacks to private/loopback addresses (env FRAMESERVE_CALLBACKS_ALLOW_PRIVATE=1).")] = None,
-    lease_s: Annotated[float | None, typer.Option("--lease-s", min=0.1, help="Job lease, seconds (env FRAMESERVE_LEASE_S; default 30).")] = None,
-    callbacks: Annotated[bool, typer.Option("--callbacks/--no-callbacks", help="Also deliver callbacks from the outbox.")] = True,
-    poll_s: Annotated[float, typer.Option("--poll-s", min=0.01, help="Idle wait between claims when no wake-up can be heard (--no-listen, or LISTEN through a transaction-mode pooler), seconds.")] = 0.05,
-    listen: Annotated[bool, typer.Option("--listen/--no-listen", help="Wake on new jobs: LISTEN/NOTIFY on PostgreSQL (needs a direct connection, not a transaction-mode pooler; checked at start, polling otherwise), a watch of the database file on SQLite; a 5 s safety poll stays on. --no-listen polls every --poll-s.")] = True,
-    listen_db: Annotated[str | None, typer.Option("--listen-db", envvar="FRAMESERVE_LISTEN_DB", help="PostgreSQL URL to LISTEN on when --db goes through a transaction-mode pooler (a direct connection to the same database) (env FRAMESERVE_LISTEN_DB).", show_default=False)] = None,
-    grace_s: Annotated[float, typer.Option("--grace-s", min=0, help="On SIGTERM: how long the current job gets to finish, seconds; past it the job goes back to the queue (attempt not counted) and the worker exits.")] = 30.0,
-    max_jobs: Annotated[int | None, typer.Option("--max-jobs", min=1, help="Exit after claiming this many jobs (a KEDA ScaledJob's pod runs one: --max-jobs 1).", show_default=False)] = None,
-    max_idle_s: Annotated[float | None, typer.Option("--max-idle-s", min=0.1, help="Exit (code 0) after this many seconds without a job: a ScaledJob pod whose job another worker took does not wait forever.", show_default=False)] = None,
-    metrics_port: Annotated[int | None, typer.Option("--metrics-port", min=0, max=65535, help="Serve Prometheus /metrics on this port (0 = any free port; the port is printed): job counters, phase histograms, callback outcomes.", show_default=False)] = None,
-    metrics_address: Annotated[str, typer.Option("--metrics-address", help="Address the metrics listener binds (0.0.0.0 for Prometheus in a cluster).")] = "127.0.0.1",
-    export_queue_metrics: Annotated[bool, typer.Option("--export-queue-metrics", help="Also export the database-wide queue gauges (jobs by state, pending by priority, oldest pending age, callback outbox depth). Give it to ONE exporter per database (serve exports them by default: then not here).")] = False,
-    autoscale: Annotated[str | None, typer.Option("--autoscale", metavar="MIN:MAX", help="Run a supervisor of MIN..MAX worker processes scaled on the jobs queued and running.", show_default=False)] = None,
-    cooldown_s: Annotated[float, typer.Option("--cooldown-s", min=0, help="With --autoscale: low load must last this long before each step down (one worker), seconds.")] = 60.0,
-    target_pending_per_worker: Annotated[float, typer.Option("--target-pending-per-worker", min=0.001, help="With --autoscale: active (queued and due, plus running) jobs per worker aimed at.")] = 1.0,
-    schedule: Annotated[list[str] | None, typer.Option("--schedule", metavar="'START_CRON END_CRON N [TZ]'", help="With --autoscale: at least N workers from each START_CRON until the next END_CRON, in the IANA time zone TZ (default UTC), as KEDA's cron trigger; repeatable; the larger of floor and load wins.", show_default=False)] = None,
-    callback_timeout_s: Annotated[float, typer.Option("--callback-timeout-s", min=0.1, help="Timeout of one callback request, seconds.")] = 10.0,
-    model_repository: Annotated[Path | None, typer.Option("--model-repository", help="Model repository (default: $FRAMESERVE_HOME/models).")] = None,
+    shared_file_root: Annotated[
+        bool | None,
+        typer.Option(
+            "--shared-file-root/--no-shared-file-root",
+            help="Let jobs of named tenants use the file roots and S3 entries without {tenant} (serve's flag; without it such jobs fail) (env FRAMESERVE_SHARED_FILE_ROOT=1).",
+            show_default=False,
+        ),
+    ] = None,
+    s3_endpoint_url: Annotated[
+        str | None,
+        typer.Option("--s3-endpoint-url", help="S3-compatible endpoint (env FRAMESERVE_S3_ENDPOINT_URL; default AWS)."),
+    ] = None,
+    webhook_secret: Annotated[
+        str | None,
+        typer.Option("--webhook-secret", help="Standard Webhooks secret, whsec_... (env FRAMESERVE_WEBHOOK_SECRET)."),
+    ] = None,
+    callbacks_allow_private: Annotated[
+        bool | None,
+        typer.Option(
+            "--callbacks-allow-private/--callbacks-public-only",
+            help="Allow callbacks to private/loopback addresses (env FRAMESERVE_CALLBACKS_ALLOW_PRIVATE=1).",
+        ),
+    ] = None,
+    lease_s: Annotated[
+        float | None,
+        typer.Option("--lease-s", min=0.1, help="Job lease, seconds (env FRAMESERVE_LEASE_S; default 30)."),
+    ] = None,
+    callbacks: Annotated[
+        bool, typer.Option("--callbacks/--no-callbacks", help="Also deliver callbacks from the outbox.")
+    ] = True,
+    poll_s: Annotated[
+        float,
+        typer.Option(
+            "--poll-s",
+            min=0.01,
+            help="Idle wait between claims when no wake-up can be heard (--no-listen, or LISTEN through a transaction-mode pooler), seconds.",
+        ),
+    ] = 0.05,
+    listen: Annotated[
+        bool,
+        typer.Option(
+            "--listen/--no-listen",
+            help="Wake on new jobs: LISTEN/NOTIFY on PostgreSQL (needs a direct connection, not a transaction-mode pooler; checked at start, polling otherwise), a watch of the database file on SQLite; a 5 s safety poll stays on. --no-listen polls every --poll-s.",
+        ),
+    ] = True,
+    listen_db: Annotated[
+        str | None,
+        typer.Option(
+            "--listen-db",
+            envvar="FRAMESERVE_LISTEN_DB",
+            help="PostgreSQL URL to LISTEN on when --db goes through a transaction-mode pooler (a direct connection to the same database) (env FRAMESERVE_LISTEN_DB).",
+            show_default=False,
+        ),
+    ] = None,
+    grace_s: Annotated[
+        float,
+        typer.Option(
+            "--grace-s",
+            min=0,
+            help="On SIGTERM: how long the current job gets to finish, seconds; past it the job goes back to the queue (attempt not counted) and the worker exits.",
+        ),
+    ] = 30.0,
+    max_jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--max-jobs",
+            min=1,
+            help="Exit after claiming this many jobs (a KEDA ScaledJob's pod runs one: --max-jobs 1).",
+            show_default=False,
+        ),
+    ] = None,
+    max_idle_s: Annotated[
+        float | None,
+        typer.Option(
+            "--max-idle-s",
+            min=0.1,
+            help="Exit (code 0) after this many seconds without a job: a ScaledJob pod whose job another worker took does not wait forever.",
+            show_default=False,
+        ),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="Serve Prometheus /metrics on this port (0 = any free port; the port is printed): job counters, phase histograms, callback outcomes.",
+            show_default=False,
+        ),
+    ] = None,
+    metrics_address: Annotated[
+        str,
+        typer.Option(
+            "--metrics-address", help="Address the metrics listener binds (0.0.0.0 for Prometheus in a cluster)."
+        ),
+    ] = "127.0.0.1",
+    export_queue_metrics: Annotated[
+        bool,
+        typer.Option(
+            "--export-queue-metrics",
+            help="Also export the database-wide queue gauges (jobs by state, pending by priority, oldest pending age, callback outbox depth). Give it to ONE exporter per database (serve exports them by default: then not here).",
+        ),
+    ] = False,
+    autoscale: Annotated[
+        str | None,
+        typer.Option(
+            "--autoscale",
+            metavar="MIN:MAX",
+            help="Run a supervisor of MIN..MAX worker processes scaled on the jobs queued and running.",
+            show_default=False,
+        ),
+    ] = None,
+    cooldown_s: Annotated[
+        float,
+        typer.Option(
+            "--cooldown-s",
+            min=0,
+            help="With --autoscale: low load must last this long before each step down (one worker), seconds.",
+        ),
+    ] = 60.0,
+    target_pending_per_worker: Annotated[
+        float,
+        typer.Option(
+            "--target-pending-per-worker",
+            min=0.001,
+            help="With --autoscale: active (queued and due, plus running) jobs per worker aimed at.",
+        ),
+    ] = 1.0,
+    schedule: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--schedule",
+            metavar="'START_CRON END_CRON N [TZ]'",
+            help="With --autoscale: at least N workers from each START_CRON until the next END_CRON, in the IANA time zone TZ (default UTC), as KEDA's cron trigger; repeatable; the larger of floor and load wins.",
+            show_default=False,
+        ),
+    ] = None,
+    callback_timeout_s: Annotated[
+        float, typer.Option("--callback-timeout-s", min=0.1, help="Timeout of one callback request, seconds.")
+    ] = 10.0,
+    model_repository: Annotated[
+        Path | None, typer.Option("--model-repository", help="Model repository (default: $FRAMESERVE_HOME/models).")
+    ] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Inference threads (default: all CPUs).")] = None,
-    pipelines: Annotated[Path | None, typer.Option("--pipelines", help="Folder of the operator's pipelines (*.py, *.yaml) jobs may name beside the built-ins; each is checked at start.")] = None,
-    sources_allow_private: Annotated[bool | None, typer.Option("--sources-allow-private/--no-sources-allow-private", help="Let http(s) job sources reach loopback, private and link-local addresses (env FRAMESERVE_SOURCES_ALLOW_PRIVATE=1; default refused).", show_default=False)] = None,
-    s3_allow_bucket: Annotated[list[str] | None, typer.Option("--s3-allow-bucket", help="BUCKET or BUCKET/PREFIX s3:// job sources and targets may name (keys under the prefix; {tenant} in the prefix: the job owner's); repeatable (env FRAMESERVE_S3_ALLOW_BUCKETS, comma-separated; default none).")] = None,
-    max_source_bytes: Annotated[int | None, typer.Option("--max-source-bytes", min=1, help="Largest job source downloaded, bytes (env FRAMESERVE_MAX_SOURCE_BYTES; default 2 GiB).", show_default=False)] = None,
-    source_timeout_s: Annotated[float | None, typer.Option("--source-timeout-s", min=0.001, help="Longest download of a job source in all, seconds (env FRAMESERVE_SOURCE_TIMEOUT_S; default 1800).", show_default=False)] = None,
-    source_idle_timeout_s: Annotated[float | None, typer.Option("--source-idle-timeout-s", min=0.001, help="Longest wait for a source's next byte, seconds (env FRAMESERVE_SOURCE_IDLE_TIMEOUT_S; default 30).", show_default=False)] = None,
-    quotas: Annotated[Path | None, typer.Option("--quotas", help="Per-tenant limits, YAML (serve's --quotas file): this worker passes by a tenant at its running_jobs; without it no tenant is limited (the claim is fair across tenants either way).")] = None,
+    pipelines: Annotated[
+        Path | None,
+        typer.Option(
+            "--pipelines",
+            help="Folder of the operator's pipelines (*.py, *.yaml) jobs may name beside the built-ins; each is checked at start.",
+        ),
+    ] = None,
+    sources_allow_private: Annotated[
+        bool | None,
+        typer.Option(
+            "--sources-allow-private/--no-sources-allow-private",
+            help="Let http(s) job sources reach loopback, private and link-local addresses (env FRAMESERVE_SOURCES_ALLOW_PRIVATE=1; default refused).",
+            show_default=False,
+        ),
+    ] = None,
+    s3_allow_bucket: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--s3-allow-bucket",
+            help="BUCKET or BUCKET/PREFIX s3:// job sources and targets may name (keys under the prefix; {tenant} in the prefix: the job owner's); repeatable (env FRAMESERVE_S3_ALLOW_BUCKETS, comma-separated; default none).",
+        ),
+    ] = None,
+    max_source_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--max-source-bytes",
+            min=1,
+            help="Largest job source downloaded, bytes (env FRAMESERVE_MAX_SOURCE_BYTES; default 2 GiB).",
+            show_default=False,
+        ),
+    ] = None,
+    source_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            "--source-timeout-s",
+            min=0.001,
+            help="Longest download of a job source in all, seconds (env FRAMESERVE_SOURCE_TIMEOUT_S; default 1800).",
+            show_default=False,
+        ),
+    ] = None,
+    source_idle_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            "--source-idle-timeout-s",
+            min=0.001,
+            help="Longest wait for a source's next byte, seconds (env FRAMESERVE_SOURCE_IDLE_TIMEOUT_S; default 30).",
+            show_default=False,
+        ),
+    ] = None,
+    quotas: Annotated[
+        Path | None,
+        typer.Option(
+            "--quotas",
+            help="Per-tenant limits, YAML (serve's --quotas file): this worker passes by a tenant at its running_jobs; without it no tenant is limited (the claim is fair across tenants either way).",
+        ),
+    ] = None,
     retention_days: RetentionDays = None,
     retention_days_succeeded: RetentionSucceeded = None,
     retention_days_failed: RetentionFailed = None,
     retention_days_cancelled: RetentionCancelled = None,
     retention_interval_s: RetentionInterval = 300.0,
-    status_file: Annotated[Path | None, typer.Option("--status-file", hidden=True, help="Write busy/idle here on each change (the supervisor's children).")] = None,
+    status_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--status-file", hidden=True, help="Write busy/idle here on each change (the supervisor's children)."
+        ),
+    ] = None,
 ) -> None:
     """Claim jobs, download, run the pipeline, upload the outputs, and call back; or, with --autoscale, supervise such workers."""
     from frameserve.config import Settings
@@ -123,34 +316,61 @@ def worker_command(
     with exit_on_error():
         settings = Settings.from_env(model_repository=model_repository, threads=threads)
         js = JobsSettings.from_env(
-            settings, db_url=db, file_roots=roots or None, s3_endpoint_url=s3_endpoint_url,
-            webhook_secret=webhook_secret, callbacks_allow_private=callbacks_allow_private, lease_s=lease_s,
-            sources_allow_private=sources_allow_private, s3_allow_buckets=s3_allow_bucket,
-            max_source_bytes=max_source_bytes, source_timeout_s=source_timeout_s,
-            source_idle_timeout_s=source_idle_timeout_s, shared_file_root=shared_file_root,
-            job_timeout_s=job_timeout_s, job_memory_limit_mb=job_memory_limit_mb, isolate_pipelines=isolate_pipelines,
+            settings,
+            db_url=db,
+            file_roots=roots or None,
+            s3_endpoint_url=s3_endpoint_url,
+            webhook_secret=webhook_secret,
+            callbacks_allow_private=callbacks_allow_private,
+            lease_s=lease_s,
+            sources_allow_private=sources_allow_private,
+            s3_allow_buckets=s3_allow_bucket,
+            max_source_bytes=max_source_bytes,
+            source_timeout_s=source_timeout_s,
+            source_idle_timeout_s=source_idle_timeout_s,
+            shared_file_root=shared_file_root,
+            job_timeout_s=job_timeout_s,
+            job_memory_limit_mb=job_memory_limit_mb,
+            isolate_pipelines=isolate_pipelines,
             max_job_timeout_s=max_job_timeout_s,
             tenants=True,  # a worker cannot know whether the server has tokens: named owners get the default's {tenant}
         )
         js.storage()  # a bad --file-root / --s3-allow-bucket template stops the start here (exit 2)
         if js.shared_file_root:
-            print(f"storage: shared between tenants (--shared-file-root): {', '.join(js.storage().shared()) or 'no shared root'}",
-                  flush=True)
+            print(
+                f"storage: shared between tenants (--shared-file-root): {', '.join(js.storage().shared()) or 'no shared root'}",
+                flush=True,
+            )
         registry = PipelineRegistry(pipelines)  # a bad pipeline file stops the start here (exit 2)
         tenant_quotas = Quotas.load(quotas) if quotas is not None else None  # and so does a bad quotas file
-        retention = retention_policy(retention_days, retention_days_succeeded, retention_days_failed,
-                                     retention_days_cancelled)
+        retention = retention_policy(
+            retention_days, retention_days_succeeded, retention_days_failed, retention_days_cancelled
+        )
         root = settings.model_repository
         registry.check_models(set(ModelRepository(root).models()) if root.is_dir() else set())
         if autoscale is not None:
             from frameserve.jobs.supervisor import CronWindow, ScalingRule, parse_range
 
             lo, hi = parse_range(autoscale)
-            rule = ScalingRule(lo, hi, cooldown_s=cooldown_s, target_pending_per_worker=target_pending_per_worker,
-                               schedules=tuple(CronWindow.parse(s) for s in schedule or ()))
+            rule = ScalingRule(
+                lo,
+                hi,
+                cooldown_s=cooldown_s,
+                target_pending_per_worker=target_pending_per_worker,
+                schedules=tuple(CronWindow.parse(s) for s in schedule or ()),
+            )
             child = [
-                sys.executable, "-m", "frameserve", "worker", "--poll-s", repr(poll_s), "--grace-s", repr(grace_s),
-                "--callback-timeout-s", repr(callback_timeout_s), "--callbacks" if callbacks else "--no-callbacks",
+                sys.executable,
+                "-m",
+                "frameserve",
+                "worker",
+                "--poll-s",
+                repr(poll_s),
+                "--grace-s",
+                repr(grace_s),
+                "--callback-timeout-s",
+                repr(callback_timeout_s),
+                "--callbacks" if callbacks else "--no-callbacks",
                 "--listen" if listen else "--no-listen",
                 *(["--model-repository", str(model_repository)] if model_repository is not None else []),
                 *(["--threads", str(threads)] if threads is not None else []),
@@ -158,17 +378,41 @@ def worker_command(
                 *(["--max-jobs", str(max_jobs)] if max_jobs is not None else []),
                 *(["--quotas", str(quotas)] if quotas is not None else []),
             ]
-            run_supervisor(js, rule, child, poll_s=min(1.0, max(0.2, poll_s)), grace_s=grace_s, listen=listen,
-                           listen_db=listen_db, metrics_port=metrics_port, metrics_address=metrics_address,
-                           export_queue_metrics=export_queue_metrics, retention=retention,
-                           retention_interval_s=retention_interval_s)
+            run_supervisor(
+                js,
+                rule,
+                child,
+                poll_s=min(1.0, max(0.2, poll_s)),
+                grace_s=grace_s,
+                listen=listen,
+                listen_db=listen_db,
+                metrics_port=metrics_port,
+                metrics_address=metrics_address,
+                export_queue_metrics=export_queue_metrics,
+                retention=retention,
+                retention_interval_s=retention_interval_s,
+            )
             return
-        run_worker(settings, js, callbacks=callbacks, poll_s=poll_s, callback_timeout_s=callback_timeout_s,
-                   pipelines=registry, listen=listen, listen_db=listen_db, grace_s=grace_s, max_jobs=max_jobs,
-                   max_idle_s=max_idle_s,
-                   metrics_port=metrics_port, metrics_address=metrics_address,
-                   export_queue_metrics=export_queue_metrics, status_file=status_file, quotas=tenant_quotas,
-                   retention=retention, retention_interval_s=retention_interval_s)
+        run_worker(
+            settings,
+            js,
+            callbacks=callbacks,
+            poll_s=poll_s,
+            callback_timeout_s=callback_timeout_s,
+            pipelines=registry,
+            listen=listen,
+            listen_db=listen_db,
+            grace_s=grace_s,
+            max_jobs=max_jobs,
+            max_idle_s=max_idle_s,
+            metrics_port=metrics_port,
+            metrics_address=metrics_address,
+            export_queue_metrics=export_queue_metrics,
+            status_file=status_file,
+            quotas=tenant_quotas,
+            retention=retention,
+            retention_interval_s=retention_interval_s,
+        )
 
 
 def _serve_metrics(registry: CollectorRegistry, port: int | None, address: str) -> WSGIServer | None:
@@ -183,11 +427,25 @@ def _serve_metrics(registry: CollectorRegistry, port: int | None, address: str) 
 
 
 def run_worker(
-    settings: object, js: object, *, callbacks: bool, poll_s: float, callback_timeout_s: float = 10.0,
-    pipelines: object | None = None, listen: bool = True, listen_db: str | None = None, grace_s: float = 30.0,
-    max_jobs: int | None = None, metrics_port: int | None = None, metrics_address: str = "127.0.0.1",
-    export_queue_metrics: bool = False, status_file: Path | None = None, max_idle_s: float | None = None,
-    quotas: object = None, retention: object = None, retention_interval_s: float = 300.0,
+    settings: object,
+    js: object,
+    *,
+    callbacks: bool,
+    poll_s: float,
+    callback_timeout_s: float = 10.0,
+    pipelines: object | None = None,
+    listen: bool = True,
+    listen_db: str | None = None,
+    grace_s: float = 30.0,
+    max_jobs: int | None = None,
+    metrics_port: int | None = None,
+    metrics_address: str = "127.0.0.1",
+    export_queue_metrics: bool = False,
+    status_file: Path | None = None,
+    max_idle_s: float | None = None,
+    quotas: object = None,
+    retention: object = None,
+    retention_interval_s: float = 300.0,
 ) -> None:
     """Build the worker (and deliverer) from settings and run until drained (SIGTERM: within
     ``grace_s``; SIGUSR1: no deadline), ``max_jobs`` are done or ``max_idle_s`` pass without a
@@ -232,23 +490,44 @@ def run_worker(
     process: ProcessFn
     if js.isolate_pipelines:  # a crash or a hang in a pipeline ends its job, not this worker
         isolated = process = IsolatedPipeline(
-            settings, service, pipelines=registry, fault=fault,
-            memory_limit_bytes=None if js.job_memory_limit_mb is None else js.job_memory_limit_mb << 20, prestart=True,
+            settings,
+            service,
+            pipelines=registry,
+            fault=fault,
+            memory_limit_bytes=None if js.job_memory_limit_mb is None else js.job_memory_limit_mb << 20,
+            prestart=True,
         )
     else:
         process = pipeline_process(settings, service, fault, decode_pool=pool, pipelines=registry)
     worker = Worker(
-        store, storage, process, lease_s=js.lease_s,
-        poll_s=poll_s, scratch_root=settings.home / "tmp", listen=listen, listen_url=listen_db,
-        max_jobs=max_jobs, metrics=metrics, on_busy=on_busy, job_timeout_s=js.job_timeout_s,
+        store,
+        storage,
+        process,
+        lease_s=js.lease_s,
+        poll_s=poll_s,
+        scratch_root=settings.home / "tmp",
+        listen=listen,
+        listen_url=listen_db,
+        max_jobs=max_jobs,
+        metrics=metrics,
+        on_busy=on_busy,
+        job_timeout_s=js.job_timeout_s,
         max_job_timeout_s=js.job_timeout_cap_s,
     )
     holder["worker"] = worker
     worker.fault = fault
     deliverer = (
-        CallbackDeliverer(store, secret=js.webhook_secret, allow_private=js.callbacks_allow_private,
-                          lease_s=js.lease_s, poll_s=poll_s, timeout_s=callback_timeout_s, metrics=metrics)
-        if callbacks else None
+        CallbackDeliverer(
+            store,
+            secret=js.webhook_secret,
+            allow_private=js.callbacks_allow_private,
+            lease_s=js.lease_s,
+            poll_s=poll_s,
+            timeout_s=callback_timeout_s,
+            metrics=metrics,
+        )
+        if callbacks
+        else None
     )
     if deliverer is not None:
         deliverer.fault = fault
@@ -279,7 +558,12 @@ def run_worker(
         while not worker.join(0.5):
             if worker.busy:
                 idle_since = time.monotonic()
-            elif max_idle_s is not None and not worker.busy and time.monotonic() - idle_since >= max_idle_s and not term_at:
+            elif (
+                max_idle_s is not None
+                and not worker.busy
+                and time.monotonic() - idle_since >= max_idle_s
+                and not term_at
+            ):
                 log.info("worker %s: no job for %.0f s (--max-idle-s); exiting", worker.worker_id, max_idle_s)
                 worker.stop()
                 max_idle_s = None
@@ -335,9 +619,19 @@ def _kill_children() -> None:
 
 
 def run_supervisor(
-    js: object, rule: object, child: list[str], *, poll_s: float, grace_s: float, listen: bool,
-    listen_db: str | None, metrics_port: int | None, metrics_address: str, export_queue_metrics: bool,
-    retention: object = None, retention_interval_s: float = 300.0,
+    js: object,
+    rule: object,
+    child: list[str],
+    *,
+    poll_s: float,
+    grace_s: float,
+    listen: bool,
+    listen_db: str | None,
+    metrics_port: int | None,
+    metrics_address: str,
+    export_queue_metrics: bool,
+    retention: object = None,
+    retention_interval_s: float = 300.0,
 ) -> None:
     """Run the autoscaler (:class:`~frameserve.jobs.supervisor.Supervisor`) until SIGTERM/SIGINT,
     then drain the children. With ``metrics_port`` the children count into a shared folder
@@ -354,8 +648,9 @@ def run_supervisor(
     if listen_db:
         env["FRAMESERVE_LISTEN_DB"] = listen_db
     http = None
-    sup = Supervisor(store, rule, child, env=env, status_dir=work / "status", poll_s=poll_s, grace_s=grace_s,
-                     listen=listen)
+    sup = Supervisor(
+        store, rule, child, env=env, status_dir=work / "status", poll_s=poll_s, grace_s=grace_s, listen=listen
+    )
     if metrics_port is not None:
         from prometheus_client import CollectorRegistry
         from prometheus_client.multiprocess import MultiProcessCollector
@@ -378,9 +673,15 @@ def run_supervisor(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    log.info("autoscale %d:%d (cooldown %.0f s, %.3g active jobs per worker, %d schedule window(s)) on %s",
-             rule.min_workers, rule.max_workers, rule.cooldown_s, rule.target_pending_per_worker,
-             len(rule.schedules), store.engine.url.render_as_string())
+    log.info(
+        "autoscale %d:%d (cooldown %.0f s, %.3g active jobs per worker, %d schedule window(s)) on %s",
+        rule.min_workers,
+        rule.max_workers,
+        rule.cooldown_s,
+        rule.target_pending_per_worker,
+        len(rule.schedules),
+        store.engine.url.render_as_string(),
+    )
     pruner = _pruner(store, retention, retention_interval_s, None)
     try:
         sup.run(stop)

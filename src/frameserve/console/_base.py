@@ -19,11 +19,18 @@ from frameserve.security.tokens import Principal, TokenTable
 
 __all__ = ["CSP", "HEADERS", "STATIC", "Console", "Viewer", "check_csrf", "session_cookie", "viewer_of"]
 
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; media-src 'self'; "
-       "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; media-src 'self'; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
 """The pages' Content-Security-Policy: nothing but this server, no inline script or style."""
-HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin",
-           "Cache-Control": "no-store", "X-Frame-Options": "DENY"}
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+    "X-Frame-Options": "DENY",
+}
 """Headers every console page carries. ``Referrer-Policy: same-origin``, not ``no-referrer``: under
 ``no-referrer`` a browser sends ``Origin: null`` with a form's POST (Fetch standard, "append a
 request Origin header"), which the HTTP gate refuses as cross-site, so no form (login, logout,
@@ -70,19 +77,24 @@ async def check_csrf(request: Request) -> None:
     session: Session | None = getattr(request.state, "console_session", None)
     sent = None
     if session is not None and request.headers.get("content-type", "").startswith(
-            ("application/x-www-form-urlencoded", "multipart/form-data")):
+        ("application/x-www-form-urlencoded", "multipart/form-data")
+    ):
         form = await request.form()
         value = form.get(CSRF_FIELD)
         sent = value if isinstance(value, str) else None
     if session is None or not session.csrf_ok(sent):
-        raise HTTPException(403, "CSRF check failed: the request carries no valid CSRF token (send the form's "
-                                 "csrf_token field or an X-CSRF-Token header); reload the page and try again")
+        raise HTTPException(
+            403,
+            "CSRF check failed: the request carries no valid CSRF token (send the form's "
+            "csrf_token field or an X-CSRF-Token header); reload the page and try again",
+        )
 
 
 def session_cookie(response: Response, session: Session, max_age_s: float) -> None:
     """Set the session cookie on ``response`` (``Secure; HttpOnly; SameSite=Strict; Path=/console``)."""
-    response.set_cookie(COOKIE, session.id, max_age=int(max_age_s), path="/console", secure=True, httponly=True,
-                        samesite="strict")
+    response.set_cookie(
+        COOKIE, session.id, max_age=int(max_age_s), path="/console", secure=True, httponly=True, samesite="strict"
+    )
 
 
 @dataclass
@@ -114,8 +126,11 @@ class Console:
     _static: dict[str, bytes] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.templates = jinja2.Environment(loader=jinja2.PackageLoader("frameserve.console", "templates"),
-                                            autoescape=jinja2.select_autoescape(["html"]), auto_reload=False)
+        self.templates = jinja2.Environment(
+            loader=jinja2.PackageLoader("frameserve.console", "templates"),
+            autoescape=jinja2.select_autoescape(["html"]),
+            auto_reload=False,
+        )
 
     def page(self, request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
         """Render template ``name`` with ``ctx``, the viewer (``viewer``), ``csrf_token`` and
@@ -123,8 +138,11 @@ class Console:
         session: Session | None = getattr(request.state, "console_session", None)
         principal: Principal | None = getattr(request.state, "principal", None)
         html = self.templates.get_template(name).render(
-            csrf_token=session.csrf if session is not None else "", principal=principal,
-            login=self.tokens is not None, **ctx)
+            csrf_token=session.csrf if session is not None else "",
+            principal=principal,
+            login=self.tokens is not None,
+            **ctx,
+        )
         response = HTMLResponse(html, status, headers=HEADERS)
         new: Session | None = getattr(request.state, "console_new_session", None)
         if new is not None:
@@ -138,5 +156,8 @@ class Console:
             raise HTTPException(404, f"no console file {name[:80]!r}")
         if name not in self._static:
             self._static[name] = (resources.files("frameserve.console") / "static" / "console" / name).read_bytes()
-        return Response(self._static[name], media_type=media,
-                        headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "max-age=300"})
+        return Response(
+            self._static[name],
+            media_type=media,
+            headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "max-age=300"},
+        )

@@ -19,8 +19,13 @@ __all__ = ["router"]
 def router(console: Console) -> APIRouter:
     """``GET /console/docs``, ``/console/docs/openapi.json``, ``/console/static/swagger/{name}``."""
     r = APIRouter()
-    add_docs_routes(r, path="/console/docs", openapi_url="/console/docs/openapi.json",
-                    static_prefix="/console/static/swagger/", back="/console/jobs")
+    add_docs_routes(
+        r,
+        path="/console/docs",
+        openapi_url="/console/docs/openapi.json",
+        static_prefix="/console/static/swagger/",
+        back="/console/jobs",
+    )
 
     @r.get("/console/docs/openapi.json", include_in_schema=False)
     async def openapi(request: Request) -> JSONResponse:

@@ -71,7 +71,12 @@ def boxes_of(record: Mapping[str, Any] | None) -> list[dict[str, Any]]:
             try:
                 if kind == "texts":
                     pts = np.asarray(box, np.float64).reshape(-1, 2)
-                    xyxy = [float(pts[:, 0].min()), float(pts[:, 1].min()), float(pts[:, 0].max()), float(pts[:, 1].max())]
+                    xyxy = [
+                        float(pts[:, 0].min()),
+                        float(pts[:, 1].min()),
+                        float(pts[:, 0].max()),
+                        float(pts[:, 1].max()),
+                    ]
                 else:
                     xyxy = [float(v) for v in (box if isinstance(box, (list, tuple)) else ())][:4]
                     if len(xyxy) != 4:
@@ -80,21 +85,38 @@ def boxes_of(record: Mapping[str, Any] | None) -> list[dict[str, Any]]:
                 continue
             label = str(it.get("label", it.get("text", "face" if kind == "faces" else "")))
             score = it.get("score", 0.0)
-            out.append({"kind": kind, "label": label, "score": float(score) if isinstance(score, (int, float)) else 0.0,
-                        "box": [round(v, 3) for v in xyxy]})
+            out.append(
+                {
+                    "kind": kind,
+                    "label": label,
+                    "score": float(score) if isinstance(score, (int, float)) else 0.0,
+                    "box": [round(v, 3) for v in xyxy],
+                }
+            )
     return out
 
 
 def draw_frame(rgb: np.ndarray[Any, Any], record: Mapping[str, Any] | None) -> np.ndarray[Any, Any]:
     """A copy of uint8 RGB ``(H, W, 3)`` ``rgb`` with the record's boxes and scores drawn
     (generic: detections, faces and text lines as boxes, the classifier ``scores`` as text)."""
-    img = draw_detections(rgb, [{"label": b["label"][:40], "score": b["score"], "box": b["box"]} for b in boxes_of(record)])
+    img = draw_detections(
+        rgb, [{"label": b["label"][:40], "score": b["score"], "box": b["box"]} for b in boxes_of(record)]
+    )
     scores = record.get("scores") if isinstance(record, Mapping) else None
     if isinstance(scores, Mapping):
         y = 18
         for k, v in list(scores.items())[:8]:
             if isinstance(v, (int, float)):
-                cv2.putText(img, f"{str(k)[:30]} {float(v):.3f}", (6, y), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (255, 255, 0), 1, cv2.LINE_AA)
+                cv2.putText(
+                    img,
+                    f"{str(k)[:30]} {float(v):.3f}",
+                    (6, y),
+                    cv2.FONT_HERSHEY_SIMPLEX,
+                    0.5,
+                    (255, 255, 0),
+                    1,
+                    cv2.LINE_AA,
+                )
                 y += 18
     return img
 
@@ -107,14 +129,17 @@ def encode_image(rgb: np.ndarray[Any, Any], fmt: str) -> tuple[bytes, str]:
     if fmt not in _FORMATS:
         raise InvalidInputError(f"format {fmt!r} is not supported; accepted: {', '.join(_FORMATS)}")
     ext, media = _FORMATS[fmt]
-    ok, buf = cv2.imencode(ext, cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 90] if ext == ".jpg" else [])
+    ok, buf = cv2.imencode(
+        ext, cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 90] if ext == ".jpg" else []
+    )
     if not ok:  # pragma: no cover - OpenCV encodes any uint8 RGB picture
         raise InvalidInputError("the frame could not be encoded")
     return bytes(buf), media
 
 
-def render_frame(video: Path, pts_s: float, record: Mapping[str, Any] | None, fmt: str,
-                 pipeline: Any | None = None) -> DrawnFrame:
+def render_frame(
+    video: Path, pts_s: float, record: Mapping[str, Any] | None, fmt: str, pipeline: Any | None = None
+) -> DrawnFrame:
     """Decode the frame displayed at ``pts_s`` in ``video``, draw ``record`` on it, encode it.
 
     Args:
@@ -145,8 +170,14 @@ def render_frame(video: Path, pts_s: float, record: Mapping[str, Any] | None, fm
     rgb = np.ascontiguousarray(frame.rgb)
     img: np.ndarray[Any, Any] | None = None
     if pipeline is not None and isinstance(record, Mapping):
-        info = FrameInfo(index=frame.index, pts_s=frame.pts_s, is_keyframe=frame.is_keyframe,
-                         width=rgb.shape[1], height=rgb.shape[0], rgb=rgb)
+        info = FrameInfo(
+            index=frame.index,
+            pts_s=frame.pts_s,
+            is_keyframe=frame.is_keyframe,
+            width=rgb.shape[1],
+            height=rgb.shape[0],
+            rgb=rgb,
+        )
         try:
             img = pipeline.render(info, record)
         except Exception:  # noqa: BLE001 - a render that cannot draw this record: draw generically
@@ -154,5 +185,6 @@ def render_frame(video: Path, pts_s: float, record: Mapping[str, Any] | None, fm
     if img is None or not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.ndim != 3:
         img = draw_frame(rgb, record)
     body, media = encode_image(img, fmt)
-    return DrawnFrame(body, media, float(frame.pts_s), int(frame.index), int(img.shape[1]), int(img.shape[0]),
-                      boxes_of(record))
+    return DrawnFrame(
+        body, media, float(frame.pts_s), int(frame.index), int(img.shape[1]), int(img.shape[0]), boxes_of(record)
+    )

@@ -40,8 +40,20 @@ def row_of(resource: dict[str, Any]) -> dict[str, Any]:
     """The fields a jobs-table row shows, from a job resource (``GET /v1/jobs/{id}``):
     ``id, owner, state, phase, progress`` (percent), ``frames_done, frames_expected, fps``
     (``None`` until the worker reports them), ``attempts, max_attempts, pipeline, created_at``."""
-    keys = ("id", "owner", "state", "phase", "progress", "frames_done", "frames_expected", "fps", "attempts",
-            "max_attempts", "pipeline", "created_at")
+    keys = (
+        "id",
+        "owner",
+        "state",
+        "phase",
+        "progress",
+        "frames_done",
+        "frames_expected",
+        "fps",
+        "attempts",
+        "max_attempts",
+        "pipeline",
+        "created_at",
+    )
     return {k: resource.get(k) for k in keys}
 
 
@@ -116,27 +128,49 @@ def router(console: Console) -> APIRouter:
 
     filters = {
         "state": Query("", pattern="^(|queued|running|succeeded|failed|cancelled)$"),
-        "pipeline": Query("", max_length=128), "tenant": Query("", max_length=128),
-        "since": Query("", max_length=40), "until": Query("", max_length=40),
+        "pipeline": Query("", max_length=128),
+        "tenant": Query("", max_length=128),
+        "since": Query("", max_length=40),
+        "until": Query("", max_length=40),
     }
 
     @r.get("/console/jobs")
-    async def jobs_page(request: Request, viewer: Viewer = Depends(viewer_of), state: str = filters["state"],
-                        pipeline: str = filters["pipeline"], tenant: str = filters["tenant"],
-                        since: str = filters["since"], until: str = filters["until"]) -> Response:
+    async def jobs_page(
+        request: Request,
+        viewer: Viewer = Depends(viewer_of),
+        state: str = filters["state"],
+        pipeline: str = filters["pipeline"],
+        tenant: str = filters["tenant"],
+        since: str = filters["since"],
+        until: str = filters["until"],
+    ) -> Response:
         if store is None:
             return console.page(request, "jobs.html", page="jobs", title="Jobs", jobs=None, viewer=viewer)
         rows = [row_of(j) for j in await asyncio.to_thread(listed, viewer, state, pipeline, tenant, since, until)]
         names = sorted(console.extra.get("pipelines", ()))
-        return console.page(request, "jobs.html", page="jobs", title="Jobs", jobs=rows, viewer=viewer, states=STATES,
-                            pipelines=names, f={"state": state, "pipeline": pipeline, "tenant": tenant,
-                                                "since": since, "until": until},
-                            query=request.url.query)
+        return console.page(
+            request,
+            "jobs.html",
+            page="jobs",
+            title="Jobs",
+            jobs=rows,
+            viewer=viewer,
+            states=STATES,
+            pipelines=names,
+            f={"state": state, "pipeline": pipeline, "tenant": tenant, "since": since, "until": until},
+            query=request.url.query,
+        )
 
     @r.get("/console/jobs/stream")
-    async def jobs_stream(request: Request, viewer: Viewer = Depends(viewer_of), state: str = filters["state"],
-                          pipeline: str = filters["pipeline"], tenant: str = filters["tenant"],
-                          since: str = filters["since"], until: str = filters["until"]) -> Response:
+    async def jobs_stream(
+        request: Request,
+        viewer: Viewer = Depends(viewer_of),
+        state: str = filters["state"],
+        pipeline: str = filters["pipeline"],
+        tenant: str = filters["tenant"],
+        since: str = filters["since"],
+        until: str = filters["until"],
+    ) -> Response:
         if store is None:
             raise HTTPException(404, "this server runs no job service (--no-jobs)")
         from frameserve._sse import CONTENT_TYPE, KEEPALIVE, encode
@@ -147,7 +181,9 @@ def router(console: Console) -> APIRouter:
             deadline = loop.time() + _STREAM_MAX_S
             quiet = 0
             while loop.time() < deadline and not await request.is_disconnected():
-                rows = [row_of(j) for j in await asyncio.to_thread(listed, viewer, state, pipeline, tenant, since, until)]
+                rows = [
+                    row_of(j) for j in await asyncio.to_thread(listed, viewer, state, pipeline, tenant, since, until)
+                ]
                 changed = []
                 for row in rows:
                     text = json.dumps(row, sort_keys=True)
@@ -163,8 +199,9 @@ def router(console: Console) -> APIRouter:
                         yield KEEPALIVE
                 await asyncio.sleep(_STREAM_PERIOD_S)
 
-        return StreamingResponse(events(), media_type=CONTENT_TYPE, headers={"Cache-Control": "no-store",
-                                                                              "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            events(), media_type=CONTENT_TYPE, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        )
 
     @r.get("/console/jobs/{job_id}")
     async def job_page(job_id: str, request: Request, viewer: Viewer = Depends(viewer_of)) -> Response:
@@ -180,10 +217,19 @@ def router(console: Console) -> APIRouter:
         except JobNotFoundError:
             return console.page(request, "error.html", 404, title="Not found", message=f"no job {job_id[:64]!r}")
         outputs = (job.get("result") or {}).get("outputs") or {}
-        return console.page(request, "job.html", page="jobs", title=f"Job {job['id']}", job=job, viewer=viewer,
-                            events=events, deliveries=deliveries, timeline=timeline_of(events, job),
-                            outputs=sorted(outputs) if isinstance(outputs, dict) else [],
-                            job_json=json.dumps(job, indent=1, default=str))
+        return console.page(
+            request,
+            "job.html",
+            page="jobs",
+            title=f"Job {job['id']}",
+            job=job,
+            viewer=viewer,
+            events=events,
+            deliveries=deliveries,
+            timeline=timeline_of(events, job),
+            outputs=sorted(outputs) if isinstance(outputs, dict) else [],
+            job_json=json.dumps(job, indent=1, default=str),
+        )
 
     @r.get("/console/jobs/{job_id}/outputs/{name}")
     async def job_output(job_id: str, name: str, viewer: Viewer = Depends(viewer_of)) -> Response:
@@ -209,7 +255,12 @@ def router(console: Console) -> APIRouter:
 
         media = mimetypes.guess_type(uri)[0] or "application/octet-stream"
         safe = "".join(c for c in Path(uri).name if c.isalnum() or c in "._-")[:100] or "output"
-        return FileResponse(path, media_type=media, filename=safe, background=BackgroundTask(cleanup),
-                            headers={"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox"})
+        return FileResponse(
+            path,
+            media_type=media,
+            filename=safe,
+            background=BackgroundTask(cleanup),
+            headers={"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox"},
+        )
 
     return r

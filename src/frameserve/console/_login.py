@@ -33,8 +33,13 @@ def router(console: Console) -> APIRouter:
             return RedirectResponse("/console/jobs", 303)
         principal = console.tokens.principal(token.strip())
         if principal is None:
-            return console.page(request, "login.html", 401, title="Log in",
-                                error="That token is not one of this server's (--auth-token-file). Paste the whole token.")
+            return console.page(
+                request,
+                "login.html",
+                401,
+                title="Log in",
+                error="That token is not one of this server's (--auth-token-file). Paste the whole token.",
+            )
         console.sessions.drop(cookie_value(request.headers.get("cookie")))
         session = console.sessions.create(principal)
         response = RedirectResponse("/console/jobs", 303, headers=HEADERS)

@@ -41,8 +41,18 @@ from frameserve.console._base import Console, Viewer, viewer_of
 from frameserve.errors import FrameserveError
 from frameserve.service import InferenceService
 
-__all__ = ["DURATIONS", "QUANTILES", "RING_SAMPLES", "SAMPLE_PERIOD_S", "WINDOWS_MIN", "StatsWindow",
-           "WindowStats", "bucket_quantile", "format_us", "router"]
+__all__ = [
+    "DURATIONS",
+    "QUANTILES",
+    "RING_SAMPLES",
+    "SAMPLE_PERIOD_S",
+    "WINDOWS_MIN",
+    "StatsWindow",
+    "WindowStats",
+    "bucket_quantile",
+    "format_us",
+    "router",
+]
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +164,14 @@ class StatsWindow:
         clock: monotonic seconds (tests pass a fake one).
     """
 
-    def __init__(self, service: InferenceService, *, period_s: float = SAMPLE_PERIOD_S, keep: int = RING_SAMPLES,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        service: InferenceService,
+        *,
+        period_s: float = SAMPLE_PERIOD_S,
+        keep: int = RING_SAMPLES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if period_s <= 0 or keep < 2:
             raise ValueError(f"period_s must be > 0 and keep >= 2, got {period_s}, {keep}")
         self.service = service
@@ -241,8 +257,9 @@ class StatsWindow:
                 requests = sum(counts)
             percentiles[d] = {f"p{round(q * 100)}": bucket_quantile(q, bounds, counts) for q in QUANTILES}
         span = current.at_s - base.at_s if base is not None else 0.0
-        return WindowStats(span, batches, sum(n for _, n in batches), requests, percentiles,
-                           current.pending.get(key, 0))
+        return WindowStats(
+            span, batches, sum(n for _, n in batches), requests, percentiles, current.pending.get(key, 0)
+        )
 
 
 def _models(service: InferenceService) -> dict[str, dict[str, Any]]:
@@ -252,8 +269,16 @@ def _models(service: InferenceService) -> dict[str, dict[str, Any]]:
     known = set(service.repository.models()) if service.repository is not None else set()
     out: dict[str, dict[str, Any]] = {}
     for row in service.repository_index():
-        m = out.setdefault(row["name"], {"name": row["name"], "versions": [], "state": "UNAVAILABLE", "reason": "",
-                                         "in_repository": row["name"] in known})
+        m = out.setdefault(
+            row["name"],
+            {
+                "name": row["name"],
+                "versions": [],
+                "state": "UNAVAILABLE",
+                "reason": "",
+                "in_repository": row["name"] in known,
+            },
+        )
         if row.get("state") == "READY":
             m["state"] = "READY"
             m["versions"].append(str(row["version"]))
@@ -265,9 +290,16 @@ def _models(service: InferenceService) -> dict[str, dict[str, Any]]:
 def _row(stats: WindowStats, first_us: float) -> dict[str, Any]:
     """What the list shows of a version's window, formatted."""
     pct = stats.percentiles
-    return {"requests": stats.requests, "executions": stats.executions, "pending": stats.pending,
-            **{f"{name}_{p}": format_us(pct[d][p], first_us)
-               for name, d in (("queue", "queue"), ("compute", "compute_infer")) for p in ("p50", "p99")}}
+    return {
+        "requests": stats.requests,
+        "executions": stats.executions,
+        "pending": stats.pending,
+        **{
+            f"{name}_{p}": format_us(pct[d][p], first_us)
+            for name, d in (("queue", "queue"), ("compute", "compute_infer"))
+            for p in ("p50", "p99")
+        },
+    }
 
 
 def _histogram(stats: WindowStats) -> list[dict[str, Any]]:
@@ -293,15 +325,26 @@ def router(console: Console) -> APIRouter:
     def refused(request: Request, viewer: Viewer) -> Response | None:
         if viewer.may("infer"):
             return None
-        return console.page(request, "error.html", 403, title="Not allowed", page="models",
-                            message="The Models page needs a token with the infer (or admin) role.")
+        return console.page(
+            request,
+            "error.html",
+            403,
+            title="Not allowed",
+            page="models",
+            message="The Models page needs a token with the infer (or admin) role.",
+        )
 
     def minutes(window: int) -> int:
         return window if window in WINDOWS_MIN else 5
 
     @r.get("")
-    async def models_page(request: Request, viewer: Viewer = Depends(viewer_of), window: int = window_q,
-                          done: str = Query("", max_length=16), model: str = Query("", max_length=_MAX_NAME)) -> Response:
+    async def models_page(
+        request: Request,
+        viewer: Viewer = Depends(viewer_of),
+        window: int = window_q,
+        done: str = Query("", max_length=16),
+        model: str = Query("", max_length=_MAX_NAME),
+    ) -> Response:
         if (no := refused(request, viewer)) is not None:
             return no
         win = minutes(window)
@@ -316,12 +359,24 @@ def router(console: Console) -> APIRouter:
 
         rows = await asyncio.to_thread(gather)
         note = {"loaded": f"Loaded {model}.", "unloaded": f"Unloaded {model}."}.get(done, "")
-        return console.page(request, "models.html", page="models", title="Models", models=rows, window=win,
-                            windows=WINDOWS_MIN, can_control=explicit and viewer.may("admin"),
-                            mode=console.model_control_mode, note=note, error="")
+        return console.page(
+            request,
+            "models.html",
+            page="models",
+            title="Models",
+            models=rows,
+            window=win,
+            windows=WINDOWS_MIN,
+            can_control=explicit and viewer.may("admin"),
+            mode=console.model_control_mode,
+            note=note,
+            error="",
+        )
 
     @r.get("/{name}")
-    async def model_page(name: str, request: Request, viewer: Viewer = Depends(viewer_of), window: int = window_q) -> Response:
+    async def model_page(
+        name: str, request: Request, viewer: Viewer = Depends(viewer_of), window: int = window_q
+    ) -> Response:
         if (no := refused(request, viewer)) is not None:
             return no
         win = minutes(window)
@@ -339,29 +394,64 @@ def router(console: Console) -> APIRouter:
                 except FrameserveError:  # unloaded meanwhile
                     continue
                 w = stats.window(name, v, win * 60.0, now)
-                versions.append({
-                    "version": v, "config_json": json.dumps(cfg, indent=1, default=str), "info": _info(info),
-                    "instances": info.get("instances", []), "stats": w, "histogram": _histogram(w),
-                    "percentiles": {d: {p: format_us(x, first_us) for p, x in w.percentiles[d].items()} for d in DURATIONS},
-                })
+                versions.append(
+                    {
+                        "version": v,
+                        "config_json": json.dumps(cfg, indent=1, default=str),
+                        "info": _info(info),
+                        "instances": info.get("instances", []),
+                        "stats": w,
+                        "histogram": _histogram(w),
+                        "percentiles": {
+                            d: {p: format_us(x, first_us) for p, x in w.percentiles[d].items()} for d in DURATIONS
+                        },
+                    }
+                )
             return {**m, "loaded": versions}
 
         found = await asyncio.to_thread(gather)
         if found is None:
-            return console.page(request, "error.html", 404, title="Not found", page="models",
-                                message=f"no model {name[:_MAX_NAME]!r} in this server's repository")
-        return console.page(request, "model.html", page="models", title=f"Model {name}", m=found, window=win,
-                            windows=WINDOWS_MIN, can_control=explicit and viewer.may("admin"),
-                            mode=console.model_control_mode, durations=DURATIONS)
+            return console.page(
+                request,
+                "error.html",
+                404,
+                title="Not found",
+                page="models",
+                message=f"no model {name[:_MAX_NAME]!r} in this server's repository",
+            )
+        return console.page(
+            request,
+            "model.html",
+            page="models",
+            title=f"Model {name}",
+            m=found,
+            window=win,
+            windows=WINDOWS_MIN,
+            can_control=explicit and viewer.may("admin"),
+            mode=console.model_control_mode,
+            durations=DURATIONS,
+        )
 
     async def control(name: str, request: Request, viewer: Viewer, action: str) -> Response:
         if not viewer.may("admin"):
-            return console.page(request, "error.html", 403, title="Not allowed", page="models",
-                                message="Loading and unloading models needs a token with the admin role.")
+            return console.page(
+                request,
+                "error.html",
+                403,
+                title="Not allowed",
+                page="models",
+                message="Loading and unloading models needs a token with the admin role.",
+            )
         if not explicit:
-            return console.page(request, "error.html", 503, title="Model control is off", page="models",
-                                message=f"load / unload is refused in model control mode {console.model_control_mode!r}; "
-                                        "start the server with --model-control-mode explicit")
+            return console.page(
+                request,
+                "error.html",
+                503,
+                title="Model control is off",
+                page="models",
+                message=f"load / unload is refused in model control mode {console.model_control_mode!r}; "
+                "start the server with --model-control-mode explicit",
+            )
         if len(name) > _MAX_NAME:
             return console.page(request, "error.html", 404, title="Not found", page="models", message="no such model")
         try:
@@ -370,8 +460,14 @@ def router(console: Console) -> APIRouter:
             else:
                 await asyncio.to_thread(service.unload, name)
         except FrameserveError as exc:
-            return console.page(request, "error.html", exc.http_status, title=f"Could not {action} {name}",
-                                page="models", message=exc.message)
+            return console.page(
+                request,
+                "error.html",
+                exc.http_status,
+                title=f"Could not {action} {name}",
+                page="models",
+                message=exc.message,
+            )
         from urllib.parse import urlencode
 
         return RedirectResponse("/console/models?" + urlencode({"done": action + "ed", "model": name}), 303)
@@ -390,4 +486,6 @@ def router(console: Console) -> APIRouter:
 def _info(info: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The session facts worth a line (backend, device, precision, threads ...), as text."""
     skip = {"instances", "model_path", "version"}
-    return [(k, json.dumps(v) if isinstance(v, dict | list) else str(v)) for k, v in sorted(info.items()) if k not in skip]
+    return [
+        (k, json.dumps(v) if isinstance(v, dict | list) else str(v)) for k, v in sorted(info.items()) if k not in skip
+    ]

@@ -34,7 +34,16 @@ from fastapi.responses import Response
 
 from frameserve.console._base import Console, Viewer, viewer_of
 
-__all__ = ["MAX_DEPTH", "MAX_REPORTS", "MAX_REPORT_BYTES", "REPORT_CSP", "Report", "find_reports", "read_report", "router"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_REPORTS",
+    "MAX_REPORT_BYTES",
+    "REPORT_CSP",
+    "Report",
+    "find_reports",
+    "read_report",
+    "router",
+]
 
 MAX_DEPTH = 4
 """Folders below ``--reports DIR`` the walk goes down at most (tune's reports are one deep)."""
@@ -43,8 +52,10 @@ MAX_REPORTS = 500
 MAX_REPORT_BYTES = 64 << 20
 """A larger ``report.html`` is left out (the plots are inlined: a few MB is usual)."""
 REPORT_NAME = "report.html"
-REPORT_CSP = ("sandbox; default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-              "frame-ancestors 'self'; base-uri 'none'; form-action 'none'")
+REPORT_CSP = (
+    "sandbox; default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+    "frame-ancestors 'self'; base-uri 'none'; form-action 'none'"
+)
 """The Content-Security-Policy a report is served with (see the module docstring)."""
 _MAX_ENTRIES = 20_000  # folder entries looked at per walk, at most
 _TITLE = re.compile(rb"<title>([^<]{0,300})</title>", re.IGNORECASE)
@@ -139,20 +150,33 @@ def router(console: Console) -> APIRouter:
     def refused(request: Request, viewer: Viewer) -> Response | None:
         if viewer.may("infer"):
             return None
-        return console.page(request, "error.html", 403, title="Not allowed", page="reports",
-                            message="The Reports page needs a token with the infer (or admin) role.")
+        return console.page(
+            request,
+            "error.html",
+            403,
+            title="Not allowed",
+            page="reports",
+            message="The Reports page needs a token with the infer (or admin) role.",
+        )
 
     def missing(request: Request, report_id: str) -> Response:
-        return console.page(request, "error.html", 404, title="Not found", page="reports",
-                            message=f"no report {report_id[:200]!r} under the reports folder")
+        return console.page(
+            request,
+            "error.html",
+            404,
+            title="Not found",
+            page="reports",
+            message=f"no report {report_id[:200]!r} under the reports folder",
+        )
 
     @r.get("")
     async def reports_page(request: Request, viewer: Viewer = Depends(viewer_of)) -> Response:
         if (no := refused(request, viewer)) is not None:
             return no
         reports = await asyncio.to_thread(find_reports, root) if root is not None else None
-        return console.page(request, "reports.html", page="reports", title="Reports", reports=reports,
-                            max_reports=MAX_REPORTS)
+        return console.page(
+            request, "reports.html", page="reports", title="Reports", reports=reports, max_reports=MAX_REPORTS
+        )
 
     @r.get("/view")
     async def report_page(request: Request, viewer: Viewer = Depends(viewer_of), report_id: str = id_q) -> Response:
@@ -171,9 +195,16 @@ def router(console: Console) -> APIRouter:
         data = await asyncio.to_thread(read_report, root, report_id) if root is not None else None
         if data is None:
             return missing(request, report_id)
-        return Response(data, media_type="text/html; charset=utf-8",
-                        headers={"Content-Security-Policy": REPORT_CSP, "X-Content-Type-Options": "nosniff",
-                                 "X-Frame-Options": "SAMEORIGIN", "Referrer-Policy": "no-referrer",
-                                 "Cache-Control": "no-store"})
+        return Response(
+            data,
+            media_type="text/html; charset=utf-8",
+            headers={
+                "Content-Security-Policy": REPORT_CSP,
+                "X-Content-Type-Options": "nosniff",
+                "X-Frame-Options": "SAMEORIGIN",
+                "Referrer-Policy": "no-referrer",
+                "Cache-Control": "no-store",
+            },
+        )
 
     return r

@@ -36,9 +36,7 @@ import numpy as np
 from frameserve._json import json_object
 from frameserve.errors import InvalidInputError
 
-__all__ = [
-    "MAX_WIDTH", "Timeline", "decimate", "parse_results", "timeline_from_doc",
-]
+__all__ = ["MAX_WIDTH", "Timeline", "decimate", "parse_results", "timeline_from_doc"]
 
 MAX_WIDTH = 8192
 """The most pixel columns a client may ask for (an 8K screen's width)."""
@@ -79,7 +77,9 @@ class Timeline:
         Raises:
             InvalidInputError: ``ordinal`` outside ``0..N-1``."""
         if not 0 <= ordinal < len(self.pts_s):
-            raise InvalidInputError(f"frame must be 0..{len(self.pts_s) - 1} (a frame's ordinal in this run), got {ordinal}")
+            raise InvalidInputError(
+                f"frame must be 0..{len(self.pts_s) - 1} (a frame's ordinal in this run), got {ordinal}"
+            )
         return float(self.pts_s[ordinal])
 
     def record_at(self, pts_s: float) -> dict[str, Any] | None:
@@ -120,7 +120,8 @@ def _fusion(summary: Mapping[str, Any], params: Mapping[str, Any]) -> tuple[Any,
         except Exception:  # noqa: BLE001 - a file from another version: fall back to the max
             return None, threshold
         return (float(rule.w_cls), float(rule.w_det), rule.cls_label, set(rule.det_labels)), (
-            threshold if threshold is not None else float(rule.threshold))
+            threshold if threshold is not None else float(rule.threshold)
+        )
     return None, threshold
 
 
@@ -153,15 +154,18 @@ def timeline_from_doc(doc: Mapping[str, Any], *, size_hint: int = 0) -> Timeline
     recs.sort(key=lambda r: float(r["pts_s"]))
     n = len(recs)
     pts = np.fromiter((float(r["pts_s"]) for r in recs), np.float64, n)
-    index = np.fromiter((int(r.get("index", i)) if isinstance(r.get("index", i), int) else i
-                         for i, r in enumerate(recs)), np.int64, n)
+    index = np.fromiter(
+        (int(r.get("index", i)) if isinstance(r.get("index", i), int) else i for i, r in enumerate(recs)), np.int64, n
+    )
     cols: dict[str, np.ndarray[Any, Any]] = {}
 
     def col(name: str) -> np.ndarray[Any, Any]:
         c = cols.get(name)
         if c is None:
             if len(cols) >= MAX_SERIES:
-                raise InvalidInputError(f"the results give more than {MAX_SERIES} series (labels); the viewer shows at most that")
+                raise InvalidInputError(
+                    f"the results give more than {MAX_SERIES} series (labels); the viewer shows at most that"
+                )
             c = cols[name] = np.zeros(n, np.float32)
         return c
 
@@ -204,17 +208,26 @@ def timeline_from_doc(doc: Mapping[str, Any], *, size_hint: int = 0) -> Timeline
                 segments[f"det:{name}"] = [[float(a), float(b)] for a, b in st["segments"][:10_000]]
     tracks = summary.get("texts")
     if isinstance(tracks, list):
-        segments["texts"] = [[float(t["first_s"]), float(t["last_s"])] for t in tracks[:10_000]
-                             if isinstance(t, Mapping) and "first_s" in t and "last_s" in t]
+        segments["texts"] = [
+            [float(t["first_s"]), float(t["last_s"])]
+            for t in tracks[:10_000]
+            if isinstance(t, Mapping) and "first_s" in t and "last_s" in t
+        ]
     if threshold is not None:
         segments["verdict"] = _runs(pts, verdict >= threshold)
     source = doc.get("source") if isinstance(doc.get("source"), Mapping) else {}
     assert isinstance(source, Mapping)
     meta = {
-        "pipeline": doc.get("pipeline"), "sampling": doc.get("sampling"), "frames": n,
-        "width": source.get("width"), "height": source.get("height"), "duration_s": source.get("duration_s"),
-        "verdict": summary.get("verdict"), "start_s": float(pts[0]) if n else 0.0,
-        "end_s": float(pts[-1]) if n else 0.0, "source_uri": source.get("uri"),
+        "pipeline": doc.get("pipeline"),
+        "sampling": doc.get("sampling"),
+        "frames": n,
+        "width": source.get("width"),
+        "height": source.get("height"),
+        "duration_s": source.get("duration_s"),
+        "verdict": summary.get("verdict"),
+        "start_s": float(pts[0]) if n else 0.0,
+        "end_s": float(pts[-1]) if n else 0.0,
+        "source_uri": source.get("uri"),
         "video_out": doc.get("video_out") if isinstance(doc.get("video_out"), str) else None,
     }
     size = size_hint + pts.nbytes + index.nbytes + sum(c.nbytes for c in series.values())
@@ -236,8 +249,9 @@ def _r(a: np.ndarray[Any, Any], digits: int) -> list[float]:
     return [float(v) for v in np.round(a.astype(np.float64), digits)]
 
 
-def decimate(tl: Timeline, start_s: float | None, end_s: float | None, width: int,
-             series: Sequence[str] | None = None) -> dict[str, Any]:
+def decimate(
+    tl: Timeline, start_s: float | None, end_s: float | None, width: int, series: Sequence[str] | None = None
+) -> dict[str, Any]:
     """The series of ``tl`` over ``[start_s, end_s]`` for a chart ``width`` pixels wide.
 
     Args:
@@ -280,7 +294,11 @@ def decimate(tl: Timeline, start_s: float | None, end_s: float | None, width: in
         out["series"] = {s: _r(tl.series[s][a:b], 4) for s in names}
         return out
     span = hi - lo
-    colidx = np.minimum(((pts - lo) / span * width).astype(np.int64), width - 1) if span > 0 else np.zeros(len(pts), np.int64)
+    colidx = (
+        np.minimum(((pts - lo) / span * width).astype(np.int64), width - 1)
+        if span > 0
+        else np.zeros(len(pts), np.int64)
+    )
     starts = np.flatnonzero(np.diff(np.concatenate([[-1], colidx])))  # first frame of each non-empty column
     counts = np.diff(np.concatenate([starts, [len(pts)]]))
     out["mode"] = "minmax"

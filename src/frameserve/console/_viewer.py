@@ -64,8 +64,11 @@ _JSON = "application/json"
 
 
 def _error(exc: FrameserveError, status: int | None = None) -> Response:
-    return Response(orjson.dumps({"error": exc.message, "detail": {"code": exc.code}}),
-                    status or status_for(exc.code)[0], media_type=_JSON)
+    return Response(
+        orjson.dumps({"error": exc.message, "detail": {"code": exc.code}}),
+        status or status_for(exc.code)[0],
+        media_type=_JSON,
+    )
 
 
 def _floatq(request: Request, name: str) -> float | None:
@@ -90,7 +93,9 @@ def _frame_pts(request: Request, tl: Timeline | None) -> float:
         return tl.pts_at_ordinal(int(raw))
     pts = _floatq(request, "pts_s")
     if pts is None or not 0 <= pts < 1e7:
-        raise InvalidInputError("pts_s (the frame's time in seconds, 0 <= pts_s < 1e7) or frame (its ordinal) is required")
+        raise InvalidInputError(
+            "pts_s (the frame's time in seconds, 0 <= pts_s < 1e7) or frame (its ordinal) is required"
+        )
     return pts
 
 
@@ -116,8 +121,17 @@ class ViewerData:
         max_upload_bytes: the largest results file an upload may be.
     """
 
-    def __init__(self, store: JobStore, storage: Storage, pipelines: PipelineRegistry, scratch: Path, *,
-                 timeline_bytes: int = 256 << 20, frame_bytes: int = 64 << 20, max_upload_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        storage: Storage,
+        pipelines: PipelineRegistry,
+        scratch: Path,
+        *,
+        timeline_bytes: int = 256 << 20,
+        frame_bytes: int = 64 << 20,
+        max_upload_bytes: int = 64 << 20,
+    ) -> None:
         self.store, self.storage, self.pipelines, self.scratch = store, storage, pipelines, scratch
         self.timelines: ByteLRU[str, Timeline] = ByteLRU(timeline_bytes, lambda tl: tl.size_bytes)
         self.frames: ByteLRU[Hashable, DrawnFrame] = ByteLRU(frame_bytes, lambda f: len(f.body))
@@ -142,8 +156,9 @@ class ViewerData:
         dest = self.scratch / f"{digest}-{name}"
         if dest.is_file():
             return dest
-        return self.storage.download(uri, dest, tenant=owner, max_bytes=MAX_RESULTS_BYTES,
-                                     max_bytes_flag="the viewer's results cap")
+        return self.storage.download(
+            uri, dest, tenant=owner, max_bytes=MAX_RESULTS_BYTES, max_bytes_flag="the viewer's results cap"
+        )
 
     def job_timeline(self, job: Job) -> Timeline | None:
         """The job's parsed results (cached), or ``None`` while it has none (queued, running)."""
@@ -161,7 +176,7 @@ class ViewerData:
     def video_of(self, job: Job) -> Path | None:
         """The job's output video as a local file (``None`` when it wrote none)."""
         outputs = (job.result or {}).get("outputs") or {}
-        for name, uri in (outputs.items() if isinstance(outputs, dict) else ()):
+        for name, uri in outputs.items() if isinstance(outputs, dict) else ():
             if name != "results.json" and str(name).lower().endswith((".mp4", ".webm", ".mkv", ".mov")):
                 return self._local(str(uri), job.owner, str(name))
         return None
@@ -213,7 +228,9 @@ class ViewerData:
         with self._lock:
             got = self._uploads.get(uid)
         if got is None or (not access.sees_all and got[0] != access.owner):
-            raise NotFoundError(f"no uploaded results {uid[:40]!r} (uploads are kept per caller, {UPLOADS_PER_CALLER} at most)")
+            raise NotFoundError(
+                f"no uploaded results {uid[:40]!r} (uploads are kept per caller, {UPLOADS_PER_CALLER} at most)"
+            )
         return got
 
     # -- frames ----------------------------------------------------------------------------
@@ -238,17 +255,33 @@ class ViewerData:
 
 
 def _frame_response(f: DrawnFrame) -> Response:
-    return Response(f.body, 200, media_type=f.media_type, headers={
-        "X-Frame-Pts": repr(f.pts_s), "X-Frame-Index": str(f.index), "X-Frame-Size": f"{f.width}x{f.height}",
-        "X-Frame-Boxes": orjson.dumps(f.boxes).decode(), "Cache-Control": "private, max-age=300",
-    })
+    return Response(
+        f.body,
+        200,
+        media_type=f.media_type,
+        headers={
+            "X-Frame-Pts": repr(f.pts_s),
+            "X-Frame-Index": str(f.index),
+            "X-Frame-Size": f"{f.width}x{f.height}",
+            "X-Frame-Boxes": orjson.dumps(f.boxes).decode(),
+            "Cache-Control": "private, max-age=300",
+        },
+    )
 
 
 def _timeline_body(tl: Timeline | None, request: Request, extra: dict[str, Any]) -> bytes:
     start, end, width, series = _query(request)
     if tl is None:
-        body: dict[str, Any] = {"mode": "exact", "pts": [], "series": {}, "frames": 0, "meta": {}, "segments": {},
-                                "threshold": None, "series_names": []}
+        body: dict[str, Any] = {
+            "mode": "exact",
+            "pts": [],
+            "series": {},
+            "frames": 0,
+            "meta": {},
+            "segments": {},
+            "threshold": None,
+            "series_names": [],
+        }
     else:
         body = decimate(tl, start, end, width, series)
         meta = {k: v for k, v in tl.meta.items() if k not in ("source_uri", "video_out")}  # no server paths
@@ -281,9 +314,13 @@ def create_viewer_router(data: ViewerData) -> APIRouter:
         tl = await asyncio.to_thread(data.job_timeline, job)
         outputs = (job.result or {}).get("outputs") or {}
         has_video = any(str(k).lower().endswith((".mp4", ".webm", ".mkv", ".mov")) for k in outputs)
-        extra = {"state": job.state, "progress": getattr(job, "progress", None), "pipeline": job.pipeline,
-                 "video": f"/console/api/jobs/{job.id}/video" if has_video else None,
-                 "frame_url": f"/console/api/jobs/{job.id}/frame"}
+        extra = {
+            "state": job.state,
+            "progress": getattr(job, "progress", None),
+            "pipeline": job.pipeline,
+            "video": f"/console/api/jobs/{job.id}/video" if has_video else None,
+            "frame_url": f"/console/api/jobs/{job.id}/frame",
+        }
         body = await asyncio.to_thread(_timeline_body, tl, request, extra)
         return Response(body, 200, media_type=_JSON)
 
@@ -326,15 +363,22 @@ def create_viewer_router(data: ViewerData) -> APIRouter:
         if isinstance(src, str) and src.startswith("/"):
             src = "file://" + src
         uid = data.add_upload(access.owner, tl, src if isinstance(src, str) and src else None)
-        return Response(orjson.dumps({"id": uid, "url": f"/console/results/{uid}", "frames": tl.meta["frames"]}),
-                        201, media_type=_JSON)
+        return Response(
+            orjson.dumps({"id": uid, "url": f"/console/results/{uid}", "frames": tl.meta["frames"]}),
+            201,
+            media_type=_JSON,
+        )
 
     @router.get("/results/{uid}/timeline")
     @guarded
     async def upload_timeline(uid: str, request: Request, access: JobAccess = Depends(job_access)) -> Response:
         owner, tl, source = data.upload(uid, access)
-        extra = {"state": "uploaded", "pipeline": tl.meta.get("pipeline"), "video": None,
-                 "frame_url": f"/console/api/results/{uid}/frame" if source else None}
+        extra = {
+            "state": "uploaded",
+            "pipeline": tl.meta.get("pipeline"),
+            "video": None,
+            "frame_url": f"/console/api/results/{uid}/frame" if source else None,
+        }
         body = await asyncio.to_thread(_timeline_body, tl, request, extra)
         return Response(body, 200, media_type=_JSON)
 

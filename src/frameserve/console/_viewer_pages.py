@@ -20,8 +20,10 @@ from frameserve.pipeline.registry import PipelineRegistry
 
 __all__ = ["CSP", "create_viewer_pages"]
 
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; media-src 'self'; "
-       "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; media-src 'self'; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
 """The pages' Content-Security-Policy: nothing but this server, no inline script or style."""
 
 _STATIC = {  # name -> (package folder, media type); a fixed list: the network never picks a path
@@ -32,15 +34,22 @@ _STATIC = {  # name -> (package folder, media type); a fixed list: the network n
     "viewer.css": ("viewer", "text/css"),
     "pipelines.js": ("viewer", "text/javascript"),
 }
-_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin",
-            "Cache-Control": "no-store"}
+_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
 
 
 def _templates() -> Any:
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.PackageLoader("frameserve.console", "templates"),
-                              autoescape=jinja2.select_autoescape(["html"]), auto_reload=False)
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("frameserve.console", "templates"),
+        autoescape=jinja2.select_autoescape(["html"]),
+        auto_reload=False,
+    )
 
 
 def create_viewer_pages(data: ViewerData, pipelines: PipelineRegistry) -> APIRouter:
@@ -64,33 +73,62 @@ def create_viewer_pages(data: ViewerData, pipelines: PipelineRegistry) -> APIRou
             return Response(b'{"error": "no such file"}', 404, media_type="application/json")
         if name not in static:
             folder, _ = _STATIC[name]
-            static[name] = resources.files("frameserve.console").joinpath("static", *folder.split("/"), name).read_bytes()
-        return Response(static[name], 200, media_type=_STATIC[name][1],
-                        headers={"Cache-Control": "public, max-age=3600", "X-Content-Type-Options": "nosniff"})
+            static[name] = (
+                resources.files("frameserve.console").joinpath("static", *folder.split("/"), name).read_bytes()
+            )
+        return Response(
+            static[name],
+            200,
+            media_type=_STATIC[name][1],
+            headers={"Cache-Control": "public, max-age=3600", "X-Content-Type-Options": "nosniff"},
+        )
 
     @router.get("/jobs/{job_id}/results")
     async def job_results(job_id: str, request: Request, access: JobAccess = Depends(job_access)) -> Response:
         try:
             job = await asyncio.to_thread(data.job, job_id, access)
         except FrameserveError as exc:
-            return page("viewer_error.html", status_for(exc.code)[0], title="Results", message=exc.message, request=request)
-        return page("viewer.html", title=f"Results of job {job.id} ({job.pipeline})", kind="job", run_id=job.id,
-                    timeline_url=f"/console/api/jobs/{job.id}/timeline", page="jobs", request=request)
+            return page(
+                "viewer_error.html", status_for(exc.code)[0], title="Results", message=exc.message, request=request
+            )
+        return page(
+            "viewer.html",
+            title=f"Results of job {job.id} ({job.pipeline})",
+            kind="job",
+            run_id=job.id,
+            timeline_url=f"/console/api/jobs/{job.id}/timeline",
+            page="jobs",
+            request=request,
+        )
 
     @router.get("/results/{uid}")
     async def upload_results(uid: str, request: Request, access: JobAccess = Depends(job_access)) -> Response:
         try:
             _, tl, _ = data.upload(uid, access)
         except FrameserveError as exc:
-            return page("viewer_error.html", status_for(exc.code)[0], title="Results", message=exc.message, request=request)
-        return page("viewer.html", title=f"Results file ({tl.meta.get('pipeline') or 'unknown pipeline'}, "
-                    f"{tl.meta['frames']} frames)", kind="upload", run_id=uid,
-                    timeline_url=f"/console/api/results/{uid}/timeline", page="results", request=request)
+            return page(
+                "viewer_error.html", status_for(exc.code)[0], title="Results", message=exc.message, request=request
+            )
+        return page(
+            "viewer.html",
+            title=f"Results file ({tl.meta.get('pipeline') or 'unknown pipeline'}, {tl.meta['frames']} frames)",
+            kind="upload",
+            run_id=uid,
+            timeline_url=f"/console/api/results/{uid}/timeline",
+            page="results",
+            request=request,
+        )
 
     @router.get("/results")
     async def open_results(request: Request) -> Response:
-        return page("results_open.html", title="Open results", page="results", request=request,
-                    max_mib=data.max_upload_bytes >> 20, per_caller=UPLOADS_PER_CALLER)
+        return page(
+            "results_open.html",
+            title="Open results",
+            page="results",
+            request=request,
+            max_mib=data.max_upload_bytes >> 20,
+            per_caller=UPLOADS_PER_CALLER,
+        )
 
     @router.get("/pipelines")
     async def pipelines_page(request: Request) -> Response:

@@ -60,7 +60,12 @@ from frameserve.jobs._schema import jobs, tenant_claims
 from frameserve.security.quotas import Quotas
 
 __all__ = [
-    "CLAIM_LOCK_KEY", "NO_LIMIT", "QUEUED_RETRY_AFTER_S", "check_queued", "claim_statement", "has_running_limits",
+    "CLAIM_LOCK_KEY",
+    "NO_LIMIT",
+    "QUEUED_RETRY_AFTER_S",
+    "check_queued",
+    "claim_statement",
+    "has_running_limits",
     "record_claim",
 ]
 
@@ -129,9 +134,15 @@ def claim_statement(quotas: Quotas | None = None) -> sa.Update:
         rows = {t: v.running_jobs for t, v in quotas.tenants.items() if v.running_jobs != default}
         default_value = sa.literal(NO_LIMIT if default is None else default, sa.Integer())
         limit = (
-            sa.case(*((q.c.owner == sa.literal(t, sa.String()), sa.literal(NO_LIMIT if v is None else v, sa.Integer()))
-                      for t, v in sorted(rows.items())), else_=default_value)
-            if rows else default_value
+            sa.case(
+                *(
+                    (q.c.owner == sa.literal(t, sa.String()), sa.literal(NO_LIMIT if v is None else v, sa.Integer()))
+                    for t, v in sorted(rows.items())
+                ),
+                else_=default_value,
+            )
+            if rows
+            else default_value
         )
         pick = pick.where(running < limit)
     pick_seq = (
@@ -144,18 +155,27 @@ def claim_statement(quotas: Quotas | None = None) -> sa.Update:
         jobs.update()
         .where(jobs.c.seq == pick_seq, jobs.c.state == "queued")
         .values(
-            state="running", phase="download", progress=0.0, frames_done=None, frames_expected=None, fps=None,
+            state="running",
+            phase="download",
+            progress=0.0,
+            frames_done=None,
+            frames_expected=None,
+            fps=None,
             attempt=jobs.c.attempt + 1,
-            token=jobs.c.token + 1, lease_owner=sa.bindparam("w_owner"),
+            token=jobs.c.token + 1,
+            lease_owner=sa.bindparam("w_owner"),
             lease_expires_at=sa.bindparam("until", type_=sa.Double()),
-            started_at=sa.func.coalesce(jobs.c.started_at, now), updated_at=now,
+            started_at=sa.func.coalesce(jobs.c.started_at, now),
+            updated_at=now,
         )
         .returning(*jobs.c)
     )
 
 
-_UPSERT_SQL = ("INSERT INTO tenant_claims (owner, last_claim_at) VALUES ({p}, {p}) "
-               "ON CONFLICT (owner) DO UPDATE SET last_claim_at = excluded.last_claim_at")
+_UPSERT_SQL = (
+    "INSERT INTO tenant_claims (owner, last_claim_at) VALUES ({p}, {p}) "
+    "ON CONFLICT (owner) DO UPDATE SET last_claim_at = excluded.last_claim_at"
+)
 """The ``tenant_claims`` upsert, the same text on SQLite (3.24+) and PostgreSQL; run as driver SQL
 (the claim's hot path: no statement to build or look up)."""
 

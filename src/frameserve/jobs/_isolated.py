@@ -228,8 +228,17 @@ class RemoteService:
         """Nothing to close: the parent owns the models."""
 
 
-def _child_main(conn: _Pipe, settings: Settings, folder: str | None, threads: int | None, repository_root: str | None,
-                memory_limit_bytes: int | None, crash_file: str, counters: _Counters, warm: bool = False) -> None:
+def _child_main(
+    conn: _Pipe,
+    settings: Settings,
+    folder: str | None,
+    threads: int | None,
+    repository_root: str | None,
+    memory_limit_bytes: int | None,
+    crash_file: str,
+    counters: _Counters,
+    warm: bool = False,
+) -> None:
     """The child process: run each job the parent sends, until ``("stop",)`` or the pipe closes;
     ``counters`` is the shared ``[frames done, frames expected]`` (``-1``: none); ``warm``: start
     the decode process now, before the first job (a job child; a short-clip child never uses it)."""
@@ -274,8 +283,9 @@ def _child_main(conn: _Pipe, settings: Settings, folder: str | None, threads: in
 
                     _, clip, name, params, max_duration_s, flag = work
                     spec = RunSpec(short=True, params=params, max_duration_s=max_duration_s, max_duration_flag=flag)
-                    result = run(Path(clip), registry.resolve(name), spec, service=service, settings=settings,
-                                 progress=progress)
+                    result = run(
+                        Path(clip), registry.resolve(name), spec, service=service, settings=settings, progress=progress
+                    )
                     remote.send(("done", {**result, "frames": list(result["frames"])}, None))
             except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
                 remote.send(("failed", picklable_error(exc)))
@@ -307,11 +317,13 @@ def _crash_trace(path: Path) -> str:
     except OSError:
         return ""
     lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if "most recent call first" in line and "Current thread" in line), None)
+    start = next(
+        (i for i, line in enumerate(lines) if "most recent call first" in line and "Current thread" in line), None
+    )
     if start is None:
         return ""
     frames = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         line = line.strip()
         if not line.startswith("File "):
             break
@@ -345,8 +357,14 @@ def _kill_live() -> None:
 class _Child:
     """One child process and the parent's side of its pipe (see the module docstring)."""
 
-    def __init__(self, settings: Settings, service: InferenceService, folder: Path | None, memory_limit_bytes: int | None,
-                 warm: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        service: InferenceService,
+        folder: Path | None,
+        memory_limit_bytes: int | None,
+        warm: bool = False,
+    ) -> None:
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
@@ -358,7 +376,9 @@ class _Child:
         mine: _Pipe
         theirs: _Pipe
         mine, theirs = ctx.Pipe(duplex=True)
-        self.counters: _Counters = ctx.RawArray(ctypes.c_longlong, 2)  # "q"  # [frames done, frames expected] of the running job; -1: none
+        self.counters: _Counters = ctx.RawArray(
+            ctypes.c_longlong, 2
+        )  # "q"  # [frames done, frames expected] of the running job; -1: none
         self.counters[0] = self.counters[1] = -1
         repo = getattr(service, "repository", None)
         root = getattr(repo, "root", None)
@@ -368,9 +388,20 @@ class _Child:
         # isolation and bench/README.md). multiprocessing joins non-daemonic children at exit, so the children
         # still running then are killed first (_kill_at_exit).
         self.proc = ctx.Process(
-            target=_child_main, name="frameserve-pipeline", daemon=False,
-            args=(theirs, settings, None if folder is None else str(folder), getattr(service, "threads", None),
-                  None if root is None else str(root), memory_limit_bytes, crash, self.counters, warm),
+            target=_child_main,
+            name="frameserve-pipeline",
+            daemon=False,
+            args=(
+                theirs,
+                settings,
+                None if folder is None else str(folder),
+                getattr(service, "threads", None),
+                None if root is None else str(root),
+                memory_limit_bytes,
+                crash,
+                self.counters,
+                warm,
+            ),
         )
         self.block = SharedBlock(_BLOCK_BYTES, name="frameserve-pipeline")
         self.arena = Arena(*self.block.response_half)
@@ -402,7 +433,9 @@ class _Child:
         try:  # Connection.send pickles before it writes: an answer that cannot cross writes nothing
             self._send(("result", cid, ok, value))
         except Exception as exc:  # noqa: BLE001 - say so instead
-            self._send(("result", cid, False, RuntimeError(f"the answer cannot be sent to the pipeline's process: {exc}")))
+            self._send(
+                ("result", cid, False, RuntimeError(f"the answer cannot be sent to the pipeline's process: {exc}"))
+            )
 
     def _read(self) -> None:
         while True:
@@ -512,8 +545,9 @@ class _Child:
                 raise self.crashed(None, None)
             if time.monotonic() > deadline:
                 self.kill()
-                raise WorkerCrashedError(f"the pipeline's process was not ready within {timeout_s:g} s of its start; "
-                                         "it was stopped")
+                raise WorkerCrashedError(
+                    f"the pipeline's process was not ready within {timeout_s:g} s of its start; it was stopped"
+                )
         return True
 
     def count(self) -> tuple[int | None, int | None]:
@@ -587,8 +621,16 @@ class IsolatedPipeline:
         raises them.
     """
 
-    def __init__(self, settings: Settings, service: InferenceService, *, pipelines: PipelineRegistry | None = None,
-                 fault: FaultHook | None = None, memory_limit_bytes: int | None = None, prestart: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        service: InferenceService,
+        *,
+        pipelines: PipelineRegistry | None = None,
+        fault: FaultHook | None = None,
+        memory_limit_bytes: int | None = None,
+        prestart: bool = False,
+    ) -> None:
         self.settings = settings
         self.service = service
         self.folder: Path | None = getattr(pipelines, "folder", None)
@@ -612,7 +654,9 @@ class IsolatedPipeline:
     def _new_child(self) -> _Child:
         return _Child(self.settings, self.service, self.folder, self.memory_limit_bytes, warm=self.prestart)
 
-    def __call__(self, video: Path, job: Job, workdir: Path, progress: ProgressCb) -> tuple[dict[str, Any], dict[str, Path]]:
+    def __call__(
+        self, video: Path, job: Job, workdir: Path, progress: ProgressCb
+    ) -> tuple[dict[str, Any], dict[str, Path]]:
         summary, files = self._run(("job", str(video), job, str(workdir)), progress, self.fault)
         return summary, {k: Path(v) for k, v in files.items()}
 
@@ -635,8 +679,17 @@ class IsolatedPipeline:
                 self._child = self._new_child() if self.prestart and not self._closed else None
                 raise
 
-    def run_short(self, clip: Path, pipeline: str, params: Mapping[str, Any] | None, *, max_duration_s: float,
-                  duration_flag: str, timeout_s: float, timeout_flag: str) -> dict[str, Any]:
+    def run_short(
+        self,
+        clip: Path,
+        pipeline: str,
+        params: Mapping[str, Any] | None,
+        *,
+        max_duration_s: float,
+        duration_flag: str,
+        timeout_s: float,
+        timeout_flag: str,
+    ) -> dict[str, Any]:
         """:func:`frameserve.pipeline.runner.run` in short-video mode over ``clip`` with the
         pipeline named ``pipeline`` (``POST /v1/analyze``), in the child; its result.
 
@@ -655,8 +708,11 @@ class IsolatedPipeline:
                     phase="process",
                 )
 
-        result, _ = self._run(("short", str(clip), pipeline, None if params is None else dict(params),
-                               max_duration_s, duration_flag), watch, None)
+        result, _ = self._run(
+            ("short", str(clip), pipeline, None if params is None else dict(params), max_duration_s, duration_flag),
+            watch,
+            None,
+        )
         return dict(result)
 
     def _run(self, work: tuple[Any, ...], progress: ProgressCb, fault: FaultHook | None) -> tuple[Any, Any]:
@@ -677,4 +733,3 @@ class IsolatedPipeline:
             if self._child is not None:
                 self._child.stop()
                 self._child = None
-

@@ -92,8 +92,9 @@ class LifecycleMixin:
 
     @staticmethod
     def _being_deleted(job: Job, now: float) -> bool:
-        return bool(job.lease_owner and job.lease_owner.startswith(_DELETE_MARK)
-                    and (job.lease_expires_at or 0.0) >= now)
+        return bool(
+            job.lease_owner and job.lease_owner.startswith(_DELETE_MARK) and (job.lease_expires_at or 0.0) >= now
+        )
 
     # ---------------------------------------------------------------- retry
 
@@ -119,8 +120,9 @@ class LifecycleMixin:
                 with self._tx() as conn:
                     if idempotency_key is not None:
                         used = conn.execute(
-                            sa.select(retry_keys.c.job_id)
-                            .where(retry_keys.c.owner == caller, retry_keys.c.idempotency_key == idempotency_key)
+                            sa.select(retry_keys.c.job_id).where(
+                                retry_keys.c.owner == caller, retry_keys.c.idempotency_key == idempotency_key
+                            )
                         ).scalar()
                         if used is not None:
                             if used != job_id:
@@ -151,10 +153,23 @@ class LifecycleMixin:
             jobs.update()
             .where(jobs.c.id == job_id, jobs.c.state == job.state, jobs.c.token == job.token, self._not_deleting(now))
             .values(
-                state="queued", phase=None, progress=0.0, frames_done=None, frames_expected=None, fps=None, attempt=0,
-                cancel_requested=False, lease_owner=None,
-                lease_expires_at=None, run_at=now, started_at=None, finished_at=None, updated_at=now,
-                result=None, error=None, timings="{}",
+                state="queued",
+                phase=None,
+                progress=0.0,
+                frames_done=None,
+                frames_expected=None,
+                fps=None,
+                attempt=0,
+                cancel_requested=False,
+                lease_owner=None,
+                lease_expires_at=None,
+                run_at=now,
+                started_at=None,
+                finished_at=None,
+                updated_at=now,
+                result=None,
+                error=None,
+                timings="{}",
             )
         ).rowcount
         if n != 1:
@@ -162,8 +177,16 @@ class LifecycleMixin:
         conn.execute(callback_deliveries.delete().where(callback_deliveries.c.job_id == job_id))
         if key is not None:
             conn.execute(retry_keys.insert().values(owner=caller, idempotency_key=key, job_id=job_id, created_at=now))
-        self._event(conn, job_id, "retried", now, previous_state=job.state, previous_attempts=job.attempt,
-                    error=job.error, by=caller)
+        self._event(
+            conn,
+            job_id,
+            "retried",
+            now,
+            previous_state=job.state,
+            previous_attempts=job.attempt,
+            error=job.error,
+            by=caller,
+        )
         notify(conn, "job", now)
         return self._load(conn, job_id)
 
@@ -202,8 +225,11 @@ class LifecycleMixin:
             removed = list(outputs(job))
         except BaseException:
             with self._tx() as conn:
-                conn.execute(jobs.update().where(jobs.c.id == job_id, jobs.c.lease_owner == mark)
-                             .values(lease_owner=None, lease_expires_at=None))
+                conn.execute(
+                    jobs.update()
+                    .where(jobs.c.id == job_id, jobs.c.lease_owner == mark)
+                    .values(lease_owner=None, lease_expires_at=None)
+                )
             raise
         with self._tx() as conn:
             self._remove(conn, [job_id], jobs.c.lease_owner == mark)
@@ -243,14 +269,19 @@ class LifecycleMixin:
         try:
             with self._tx() as conn:
                 now = self.clock()
-                row = conn.execute(sa.select(ml.owner, ml.token, ml.expires_at).where(ml.name == name).with_for_update()).first()
+                row = conn.execute(
+                    sa.select(ml.owner, ml.token, ml.expires_at).where(ml.name == name).with_for_update()
+                ).first()
                 if row is None:
-                    conn.execute(maintenance_leases.insert().values(name=name, owner=owner, token=1, expires_at=now + lease_s))
+                    conn.execute(
+                        maintenance_leases.insert().values(name=name, owner=owner, token=1, expires_at=now + lease_s)
+                    )
                     return MaintenanceLease(name, owner, 1, lease_s)
                 if row.expires_at >= now and row.owner is not None:
                     return None
                 n = conn.execute(
-                    maintenance_leases.update().where(ml.name == name, ml.token == row.token)
+                    maintenance_leases.update()
+                    .where(ml.name == name, ml.token == row.token)
                     .values(owner=owner, token=row.token + 1, expires_at=now + lease_s)
                 ).rowcount
                 return MaintenanceLease(name, owner, int(row.token) + 1, lease_s) if n == 1 else None
@@ -261,22 +292,27 @@ class LifecycleMixin:
         """Free ``lease`` at once (when it is still ours)."""
         ml = maintenance_leases.c
         with self._tx() as conn:
-            conn.execute(maintenance_leases.update()
-                         .where(ml.name == lease.name, ml.owner == lease.owner, ml.token == lease.token)
-                         .values(owner=None, expires_at=0.0))
+            conn.execute(
+                maintenance_leases.update()
+                .where(ml.name == lease.name, ml.owner == lease.owner, ml.token == lease.token)
+                .values(owner=None, expires_at=0.0)
+            )
 
     def _renew_maintenance_lease(self, conn: sa.Connection, lease: MaintenanceLease) -> bool:
         """Extend ``lease`` inside ``conn``'s transaction; false when it is no longer ours."""
         ml = maintenance_leases.c
         now = self.clock()
-        return conn.execute(
-            maintenance_leases.update()
-            .where(ml.name == lease.name, ml.owner == lease.owner, ml.token == lease.token, ml.expires_at >= now)
-            .values(expires_at=now + lease.lease_s)
-        ).rowcount == 1
+        return (
+            conn.execute(
+                maintenance_leases.update()
+                .where(ml.name == lease.name, ml.owner == lease.owner, ml.token == lease.token, ml.expires_at >= now)
+                .values(expires_at=now + lease.lease_s)
+            ).rowcount
+            == 1
+        )
 
     def purge_batch(
-        self, older_than: Mapping[str, float], *, limit: int = 500, lease: MaintenanceLease | None = None,
+        self, older_than: Mapping[str, float], *, limit: int = 500, lease: MaintenanceLease | None = None
     ) -> dict[str, int] | None:
         """Delete at most ``limit`` finished jobs, oldest first, whose state is a key of
         ``older_than`` and which finished before its value (epoch seconds), with their events,
@@ -292,7 +328,10 @@ class LifecycleMixin:
             now = self.clock()
             old = sa.or_(*(sa.and_(jobs.c.state == s, jobs.c.finished_at < t) for s, t in sorted(cuts.items())))
             pick = (
-                sa.select(jobs.c.seq).where(old, self._not_deleting(now)).order_by(jobs.c.finished_at).limit(limit)
+                sa.select(jobs.c.seq)
+                .where(old, self._not_deleting(now))
+                .order_by(jobs.c.finished_at)
+                .limit(limit)
                 .with_for_update(skip_locked=True)
             )
             rows = conn.execute(

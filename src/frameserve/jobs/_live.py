@@ -55,7 +55,7 @@ class LiveMixin:
         return [{k: e[k] for k in ("at", "type", "data")} for e in found]
 
     def events_since(
-        self, job_id: str, after: int | None, *, owner: str | None = None, limit: int | None = 500,
+        self, job_id: str, after: int | None, *, owner: str | None = None, limit: int | None = 500
     ) -> tuple[Job, list[dict[str, Any]]]:
         """The job as it is now and its events with a sequence number past ``after`` (all when
         ``None``), oldest first, ``limit`` at most: ``[{seq, at, type, data}]``, read in one
@@ -69,13 +69,21 @@ class LiveMixin:
             if limit is not None:
                 q = q.limit(limit)
             rows = conn.execute(q).mappings()
-            found = [{"seq": int(r["seq"]), "at": iso(r["at"]), "type": r["type"], "data": json.loads(r["data"])}
-                     for r in rows]
+            found = [
+                {"seq": int(r["seq"]), "at": iso(r["at"]), "type": r["type"], "data": json.loads(r["data"])}
+                for r in rows
+            ]
         return job, found
 
     def report_progress(
-        self, lease: Lease, *, lease_s: float, progress: float, frames_done: int | None,
-        frames_expected: int | None, fps: float | None,
+        self,
+        lease: Lease,
+        *,
+        lease_s: float,
+        progress: float,
+        frames_done: int | None,
+        frames_expected: int | None,
+        fps: float | None,
     ) -> bool:
         """Write the running attempt's progress (``progress`` 0..1 of the whole job, frames done,
         frames expected or ``None``, frames per second of the process phase or ``None``) and
@@ -87,8 +95,11 @@ class LiveMixin:
         """
         now = self.clock()
         values: dict[str, Any] = {
-            "lease_expires_at": now + lease_s, "updated_at": now, "progress": min(1.0, max(0.0, float(progress))),
-            "frames_done": frames_done, "frames_expected": frames_expected,
+            "lease_expires_at": now + lease_s,
+            "updated_at": now,
+            "progress": min(1.0, max(0.0, float(progress))),
+            "frames_done": frames_done,
+            "frames_expected": frames_expected,
             "fps": None if fps is None else float(fps),
         }
         with self._tx() as conn:

@@ -90,28 +90,41 @@ class JobMetrics:
         self.retried = Counter("frameserve_jobs_retried", "Failed attempts re-queued for a retry", p, registry=r)
         self.cancelled = Counter("frameserve_jobs_cancelled", "Jobs stopped by a cancel request", p, registry=r)
         self.released = Counter(
-            "frameserve_jobs_released", "Jobs given back unfinished, the attempt not counted (drain)", p, registry=r)
+            "frameserve_jobs_released", "Jobs given back unfinished, the attempt not counted (drain)", p, registry=r
+        )
         self.attempts = Histogram(
-            "frameserve_jobs_attempts", "Attempts a finished job took", p, buckets=ATTEMPT_BUCKETS, registry=r)
+            "frameserve_jobs_attempts", "Attempts a finished job took", p, buckets=ATTEMPT_BUCKETS, registry=r
+        )
         self.phase = Histogram(
-            "frameserve_jobs_phase_duration_seconds", "Time a job spent in a phase (download, process, upload)",
-            [*p, "phase"], buckets=PHASE_BUCKETS_S, registry=r,
+            "frameserve_jobs_phase_duration_seconds",
+            "Time a job spent in a phase (download, process, upload)",
+            [*p, "phase"],
+            buckets=PHASE_BUCKETS_S,
+            registry=r,
         )
         self.frames = Counter("frameserve_jobs_frames_processed", "Frames processed by job pipelines", p, registry=r)
         self.callbacks = Counter(
             "frameserve_jobs_callback_deliveries",
-            "Callback delivery attempts by outcome (delivered, retry, failed, stale)", ["outcome"], registry=r,
+            "Callback delivery attempts by outcome (delivered, retry, failed, stale)",
+            ["outcome"],
+            registry=r,
         )
         self.pruned = Counter(
-            "frameserve_jobs_pruned", "Finished jobs removed by retention (with events and callback rows)", ["state"],
+            "frameserve_jobs_pruned",
+            "Finished jobs removed by retention (with events and callback rows)",
+            ["state"],
             registry=r,
         )
 
     def finished(self, pipeline: str, state: State, attempt: int) -> None:
         """A job attempt ended in ``state`` (``succeeded``, ``failed``, ``queued`` = retry,
         ``cancelled``) after ``attempt`` attempts."""
-        counter = {"succeeded": self.succeeded, "failed": self.failed, "queued": self.retried,
-                   "cancelled": self.cancelled}.get(state)
+        counter = {
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "queued": self.retried,
+            "cancelled": self.cancelled,
+        }.get(state)
         if counter is not None:
             counter.labels(pipeline).inc()
         if state in ("succeeded", "failed"):
@@ -139,11 +152,19 @@ class QueueCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         """The families' names, without counting (registration must not query the database)."""
-        return [GaugeMetricFamily(n, "") for n in (
-            "frameserve_jobs_queue_up", "frameserve_jobs_by_state", "frameserve_jobs_pending", "frameserve_jobs_active",
-            "frameserve_jobs_pending_by_priority", "frameserve_jobs_oldest_pending_age_seconds",
-            "frameserve_jobs_callback_outbox_depth", "frameserve_jobs_by_tenant",
-        )]
+        return [
+            GaugeMetricFamily(n, "")
+            for n in (
+                "frameserve_jobs_queue_up",
+                "frameserve_jobs_by_state",
+                "frameserve_jobs_pending",
+                "frameserve_jobs_active",
+                "frameserve_jobs_pending_by_priority",
+                "frameserve_jobs_oldest_pending_age_seconds",
+                "frameserve_jobs_callback_outbox_depth",
+                "frameserve_jobs_by_tenant",
+            )
+        ]
 
     def stats(self) -> QueueStats | None:
         """The current counts (cached), or ``None`` when the database cannot be reached."""
@@ -168,8 +189,11 @@ class QueueCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         """The gauges (prometheus_client's collector protocol)."""
         stats = self.stats()
-        yield GaugeMetricFamily("frameserve_jobs_queue_up", "1 when the job database answered the last count",
-                                value=0 if stats is None else 1)
+        yield GaugeMetricFamily(
+            "frameserve_jobs_queue_up",
+            "1 when the job database answered the last count",
+            value=0 if stats is None else 1,
+        )
         if stats is None:
             return
         g = GaugeMetricFamily("frameserve_jobs_by_state", "Jobs per state", labels=["state"])
@@ -182,12 +206,19 @@ class QueueCollector(Collector):
         for prio, n in sorted(stats.pending_by_priority.items()):
             g.add_metric([str(prio)], n)
         yield g
-        yield GaugeMetricFamily("frameserve_jobs_oldest_pending_age_seconds",
-                                "How long the longest-waiting pending job has been due, seconds",
-                                value=stats.oldest_pending_age_s)
-        yield GaugeMetricFamily("frameserve_jobs_callback_outbox_depth", "Callback deliveries pending or in flight",
-                                value=stats.callback_outbox_depth)
-        g = GaugeMetricFamily("frameserve_jobs_by_tenant", "Queued and running jobs per tenant", labels=["tenant", "state"])
+        yield GaugeMetricFamily(
+            "frameserve_jobs_oldest_pending_age_seconds",
+            "How long the longest-waiting pending job has been due, seconds",
+            value=stats.oldest_pending_age_s,
+        )
+        yield GaugeMetricFamily(
+            "frameserve_jobs_callback_outbox_depth",
+            "Callback deliveries pending or in flight",
+            value=stats.callback_outbox_depth,
+        )
+        g = GaugeMetricFamily(
+            "frameserve_jobs_by_tenant", "Queued and running jobs per tenant", labels=["tenant", "state"]
+        )
         for tenant, counts in sorted(stats.by_tenant.items()):
             for held, n in counts.items():
                 g.add_metric([tenant, held], n)

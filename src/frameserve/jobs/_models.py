@@ -56,7 +56,9 @@ def _whole_number(value: object) -> object:
     return value
 
 
-_Batch = Annotated[int, Field(ge=1, le=256), Strict(), BeforeValidator(_whole_number)]  # this order: the bounds reach the schema
+_Batch = Annotated[
+    int, Field(ge=1, le=256), Strict(), BeforeValidator(_whole_number)
+]  # this order: the bounds reach the schema
 """Frames per batch: a whole JSON number (``8`` or ``8.0``; not ``"8"``, ``true`` or ``8.5``)."""
 _Priority = Annotated[int, Field(ge=-1000, le=1000), Strict(), BeforeValidator(_whole_number)]
 
@@ -105,8 +107,12 @@ def _plain_json(value: object, where: str, depth: int = 0) -> Any:  # Any: a JSO
 JsonValue: Any = TypeAliasType(  # Any for mypy, which does not follow this recursive alias
     "JsonValue",
     Union[  # noqa: UP007 (a recursive alias needs the Union form)
-        None, StrictBool, Annotated[float, Field(ge=-_DOUBLE_MAX, le=_DOUBLE_MAX)], StrictStr,
-        list["JsonValue"], dict[str, "JsonValue"],  # type: ignore[misc]
+        None,
+        StrictBool,
+        Annotated[float, Field(ge=-_DOUBLE_MAX, le=_DOUBLE_MAX)],
+        StrictStr,
+        list["JsonValue"],  # type: ignore[misc]
+        dict[str, "JsonValue"],  # type: ignore[misc]
     ],
 )
 """A JSON value as ``params.pipeline`` holds them: what :func:`_plain_json` accepts (the schema
@@ -128,8 +134,12 @@ def _in_range(low: float, high: float, why: str = "") -> Callable[[float], float
 
 def _bounded_seconds(name: str) -> Any:  # Any: a type form (Annotated[float, ...]) used as a field type
     low, high = BACKOFF_LIMITS[name]
-    return Annotated[float, Strict(), AfterValidator(_in_range(low, high)),
-                     Field(json_schema_extra={"minimum": low, "maximum": high})]
+    return Annotated[
+        float,
+        Strict(),
+        AfterValidator(_in_range(low, high)),
+        Field(json_schema_extra={"minimum": low, "maximum": high}),
+    ]
 
 
 class JobBackoff(BaseModel):
@@ -138,8 +148,12 @@ class JobBackoff(BaseModel):
     left out is the server's."""
 
     model_config = ConfigDict(extra="forbid")
-    initial_s: _bounded_seconds("initial_s") | None = Field(None, description="delay after the first failed attempt, seconds")  # type: ignore[valid-type]
-    max_s: _bounded_seconds("max_s") | None = Field(None, description="cap on the delay before jitter, seconds; >= initial_s")  # type: ignore[valid-type]
+    initial_s: _bounded_seconds("initial_s") | None = Field(  # type: ignore[valid-type]
+        None, description="delay after the first failed attempt, seconds"
+    )
+    max_s: _bounded_seconds("max_s") | None = Field(  # type: ignore[valid-type]
+        None, description="cap on the delay before jitter, seconds; >= initial_s"
+    )
     factor: _bounded_seconds("factor") | None = Field(None, description="growth of the delay per attempt")  # type: ignore[valid-type]
 
     @model_validator(mode="after")
@@ -154,20 +168,24 @@ class JobParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     sampling: StrictStr | None = Field(
-        default=None, max_length=256,
+        default=None,
+        max_length=256,
         description="all | every:N | fps:R | keyframes | timestamps:T1,T2,... (default: the pipeline's)",
     )
     batch: _Batch | None = Field(default=None, description="frames per inference batch")
     video_out: StrictBool = Field(
-        default=False, description="also write the pipeline's video (its render(): boxes drawn, an enhanced picture...) as "
+        default=False,
+        description="also write the pipeline's video (its render(): boxes drawn, an enhanced picture...) as "
         "output.mp4 (output.mkv for a lossless codec), listed in result.outputs",
     )
     short: StrictBool = Field(
-        default=False, description="the short-video mode: key frames only, read with a fast open, the first key frame "
+        default=False,
+        description="the short-video mode: key frames only, read with a fast open, the first key frame "
         "first (no sampling and no video_out with it)",
     )
     pipeline: dict[str, Any] | None = Field(
-        default=None, description="the pipeline's own parameters (keys of its params; dotted keys reach nested ones), "
+        default=None,
+        description="the pipeline's own parameters (keys of its params; dotted keys reach nested ones), "
         f"as GET /v1/pipelines lists them; JSON values nested at most {MAX_PARAMS_DEPTH} levels",
     )
 
@@ -187,25 +205,32 @@ class JobRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     source: _Uri = Field(
-        ..., description="video URI: file:// (under an allowed root), http(s):// (public hosts), s3:// (allowed buckets)",
+        ...,
+        description="video URI: file:// (under an allowed root), http(s):// (public hosts), s3:// (allowed buckets)",
     )
     target: _Uri = Field(..., description="output prefix URI (file:// or s3://); results.json is written under it")
     pipeline: StrictStr = Field(
-        "nudenet", min_length=1, max_length=MAX_PIPELINE_CHARS, description="pipeline name (GET /v1/pipelines lists them)",
+        "nudenet",
+        min_length=1,
+        max_length=MAX_PIPELINE_CHARS,
+        description="pipeline name (GET /v1/pipelines lists them)",
     )
     params: JobParams = Field(default_factory=JobParams)
     callback_url: _Uri | None = Field(None, description="Standard Webhooks receiver for job.succeeded/failed/cancelled")
     priority: _Priority = Field(0, description="higher runs first")
     max_attempts: Annotated[int, Strict(), BeforeValidator(_whole_number)] | None = Field(
-        None, description="attempts before a retryable failure is final: 1 to the server's --max-attempts (its default)",
+        None, description="attempts before a retryable failure is final: 1 to the server's --max-attempts (its default)"
     )
     backoff: JobBackoff | None = Field(None, description="the job's retry backoff (default: the server's)")
     timeout_s: Annotated[float, Strict()] | None = Field(
-        None, description="longest processing of one attempt, seconds: past it the attempt stops with error code "
+        None,
+        description="longest processing of one attempt, seconds: past it the attempt stops with error code "
         "timeout (retried while attempts are left); at most the server's --max-job-timeout-s; default its --job-timeout-s",
     )
     run_at: StrictStr | None = Field(
-        None, max_length=64, json_schema_extra={"format": "date-time"},
+        None,
+        max_length=64,
+        json_schema_extra={"format": "date-time"},
         description="earliest start, RFC 3339 with an offset; at most 366 days ahead; a past time starts at once",
     )
 
@@ -239,19 +264,31 @@ def _request_model(pipelines: Sequence[str], max_attempts: int, max_timeout_s: f
     why = " (the server's --max-attempts)"
     why_s = " seconds (the server's --max-job-timeout-s)"  # a name: a str literal in Annotated reads as a type to mypy
     return create_model(
-        "JobRequest", __base__=JobRequest, __doc__=JobRequest.__doc__,
-        pipeline=(StrictStr, Field(
-            field.default, min_length=1, max_length=MAX_PIPELINE_CHARS, description=field.description,
-            json_schema_extra={"enum": list(pipelines)},
-        )),
+        "JobRequest",
+        __base__=JobRequest,
+        __doc__=JobRequest.__doc__,
+        pipeline=(
+            StrictStr,
+            Field(
+                field.default,
+                min_length=1,
+                max_length=MAX_PIPELINE_CHARS,
+                description=field.description,
+                json_schema_extra={"enum": list(pipelines)},
+            ),
+        ),
         max_attempts=(
-            Annotated[int, Strict(), BeforeValidator(_whole_number), AfterValidator(_in_range(1, max_attempts, why))] | None,
+            Annotated[int, Strict(), BeforeValidator(_whole_number), AfterValidator(_in_range(1, max_attempts, why))]
+            | None,
             Field(None, description=attempts.description, json_schema_extra={"minimum": 1, "maximum": max_attempts}),
         ),
         timeout_s=(
             Annotated[float, Strict(), AfterValidator(_in_range(MIN_TIMEOUT_S, max_timeout_s, why_s))] | None,
-            Field(None, description=timeout.description,
-                  json_schema_extra={"minimum": MIN_TIMEOUT_S, "maximum": max_timeout_s}),
+            Field(
+                None,
+                description=timeout.description,
+                json_schema_extra={"minimum": MIN_TIMEOUT_S, "maximum": max_timeout_s},
+            ),
         ),
     )
 
@@ -294,13 +331,22 @@ _RESOURCE_DOCS: dict[str, tuple[Any, Any]] = {
     "source": (str, Field(..., description="credentials redacted")),
     "target": (str, Field(..., description="credentials redacted")),
     "backoff": (dict[str, float] | None, Field(..., description="the job's own retry backoff; null: the server's")),
-    "timeout_s": (float | None, Field(..., description="the job's own deadline per attempt, seconds; null: the server's")),
-    "frames_done": (int | None, Field(
-        ..., ge=0, description="frames processed by the running (or last) attempt; null before its process phase reports",
-    )),
-    "frames_expected": (int | None, Field(
-        ..., ge=0, description="frames the attempt will process, when the sampling knows it; else null",
-    )),
+    "timeout_s": (
+        float | None,
+        Field(..., description="the job's own deadline per attempt, seconds; null: the server's"),
+    ),
+    "frames_done": (
+        int | None,
+        Field(
+            ...,
+            ge=0,
+            description="frames processed by the running (or last) attempt; null before its process phase reports",
+        ),
+    ),
+    "frames_expected": (
+        int | None,
+        Field(..., ge=0, description="frames the attempt will process, when the sampling knows it; else null"),
+    ),
     "fps": (float | None, Field(..., ge=0, description="frames per second of the attempt's process phase so far")),
     "created_at": (_Time, ...),
     "started_at": (_Time | None, ...),
@@ -323,13 +369,16 @@ def _resource_model() -> type[_Out]:
         raise TypeError(f"_RESOURCE_DOCS names fields JobResourceDict lacks: {sorted(unknown)}")
     fields: dict[str, Any] = {name: _RESOURCE_DOCS.get(name, (hint, ...)) for name, hint in hints.items()}
     return create_model(
-        "JobResource", __base__=_Out, __module__=__name__,
+        "JobResource",
+        __base__=_Out,
+        __module__=__name__,
         __doc__="A job as ``GET /v1/jobs/{id}`` returns it (:meth:`frameserve.jobs._records.Job.to_resource`).",
         **fields,
     )
 
 
 if TYPE_CHECKING:
+
     class JobResource(_Out):
         """A job as ``GET /v1/jobs/{id}`` returns it (built from ``JobResourceDict`` at import)."""
 else:
@@ -347,7 +396,9 @@ class JobDeleted(_Out):
     """``DELETE /v1/jobs/{id}``: the job is gone, with what of its outputs was removed."""
 
     id: str
-    outputs_deleted: list[str] = Field(..., description="the output URIs removed (credentials redacted); [] without ?outputs=true")
+    outputs_deleted: list[str] = Field(
+        ..., description="the output URIs removed (credentials redacted); [] without ?outputs=true"
+    )
 
 
 class JobEvent(_Out):

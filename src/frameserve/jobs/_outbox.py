@@ -61,8 +61,12 @@ class OutboxMixin:
             sa.and_(cd.state == "delivering", cd.lease_expires_at < now),
         )
         pick = (
-            sa.select(cd.id).where(due).order_by(cd.next_attempt_at).limit(1)
-            .with_for_update(skip_locked=True).scalar_subquery()
+            sa.select(cd.id)
+            .where(due)
+            .order_by(cd.next_attempt_at)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
         )
         stmt = (
             callback_deliveries.update()
@@ -100,14 +104,23 @@ class OutboxMixin:
             ).rowcount
             if n:
                 self._event(
-                    conn, delivery.job_id, f"callback_{values['state']}", now,
-                    webhook_id=delivery.id, attempt=delivery.attempts, status=status, error=error,
+                    conn,
+                    delivery.job_id,
+                    f"callback_{values['state']}",
+                    now,
+                    webhook_id=delivery.id,
+                    attempt=delivery.attempts,
+                    status=status,
+                    error=error,
                 )
         return str(values["state"]) if n else "stale"
 
     def deliveries(self, job_id: str) -> list[dict[str, Any]]:
         """The job's outbox rows (for tests and operators)."""
         with self._tx(write=False) as conn:
-            return [dict(r) for r in conn.execute(
-                sa.select(callback_deliveries).where(callback_deliveries.c.job_id == job_id)
-            ).mappings()]
+            return [
+                dict(r)
+                for r in conn.execute(
+                    sa.select(callback_deliveries).where(callback_deliveries.c.job_id == job_id)
+                ).mappings()
+            ]

@@ -32,7 +32,11 @@ ProcessFn = Callable[[Path, Job, Path, ProgressCb], tuple[dict[str, Any], dict[s
 
 
 def pipeline_process(
-    settings: Settings, service: InferenceService, fault: FaultHook | None = None, *, decode_pool: DecodePool | None = None,
+    settings: Settings,
+    service: InferenceService,
+    fault: FaultHook | None = None,
+    *,
+    decode_pool: DecodePool | None = None,
     pipelines: PipelineRegistry | None = None,
 ) -> ProcessFn:
     """The pipeline step: :func:`frameserve.pipeline.runner.run` over the local video with the
@@ -71,18 +75,34 @@ def pipeline_process(
             progress(done, expected)
 
         spec = RunSpec(
-            out=out, video_out=video_out, sampling=params.get("sampling"), batch=params.get("batch"),
-            params=pipeline_params, keep_frames=False, short=bool(params.get("short")),
+            out=out,
+            video_out=video_out,
+            sampling=params.get("sampling"),
+            batch=params.get("batch"),
+            params=pipeline_params,
+            keep_frames=False,
+            short=bool(params.get("short")),
         )
-        res = run(video, pdef, spec, settings=settings, service=service, progress=on_batch,
-                  decode_pool=None if spec.short else pool)
+        res = run(
+            video,
+            pdef,
+            spec,
+            settings=settings,
+            service=service,
+            progress=on_batch,
+            decode_pool=None if spec.short else pool,
+        )
         files = {"results.json": out}
         if video_out is not None:
             files[video_out.name] = video_out
         summary = {
-            "summary": res["summary"], "frames_processed": res["frames_processed"], "pipeline": res["pipeline"],
-            "model": res["model"].get("name"), "models": {role: m.get("name") for role, m in res["models"].items()},
-            "source": res["source"], "warnings": res["warnings"],
+            "summary": res["summary"],
+            "frames_processed": res["frames_processed"],
+            "pipeline": res["pipeline"],
+            "model": res["model"].get("name"),
+            "models": {role: m.get("name") for role, m in res["models"].items()},
+            "source": res["source"],
+            "warnings": res["warnings"],
         }
         return summary, files
 

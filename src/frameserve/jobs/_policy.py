@@ -60,8 +60,10 @@ class RetryPolicy:
         if not backoff:
             return self
         return RetryPolicy(
-            base_s=float(backoff.get("initial_s", self.base_s)), max_s=float(backoff.get("max_s", self.max_s)),
-            jitter=self.jitter, factor=float(backoff.get("factor", self.factor)),
+            base_s=float(backoff.get("initial_s", self.base_s)),
+            max_s=float(backoff.get("max_s", self.max_s)),
+            jitter=self.jitter,
+            factor=float(backoff.get("factor", self.factor)),
         )
 
 

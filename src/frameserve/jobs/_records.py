@@ -48,6 +48,7 @@ def parse_state(text: str | None) -> State | None:
             return state
     raise InvalidInputError(f"unknown job state {text[:64]!r}; accepted: {' | '.join(STATES)}")
 
+
 Phase = Literal["download", "process", "upload"]
 
 _T = TypeVar("_T")
@@ -142,10 +143,24 @@ class JobSpec:
     def request_hash(self) -> str:
         """SHA-256 (hex) of what the client asked for (source, target, pipeline, params,
         callback, priority, and the per-job policy it set): the same request always hashes the same."""
-        doc: list[Any] = [self.source, self.target, self.pipeline, dict(self.params), self.callback_url, int(self.priority)]
-        policy = {k: v for k, v in (("max_attempts", self.max_attempts if self.asked_max_attempts else None),
-                                    ("run_at", self.run_at), ("backoff", dict(self.backoff or {}) or None),
-                                    ("timeout_s", self.timeout_s)) if v is not None}
+        doc: list[Any] = [
+            self.source,
+            self.target,
+            self.pipeline,
+            dict(self.params),
+            self.callback_url,
+            int(self.priority),
+        ]
+        policy = {
+            k: v
+            for k, v in (
+                ("max_attempts", self.max_attempts if self.asked_max_attempts else None),
+                ("run_at", self.run_at),
+                ("backoff", dict(self.backoff or {}) or None),
+                ("timeout_s", self.timeout_s),
+            )
+            if v is not None
+        }
         if policy:  # absent without one: a request hashed before migration 0004 hashes the same
             doc.append(policy)
         return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -193,19 +208,39 @@ class Job:
     def from_row(cls, row: RowMapping, callback: dict[str, Any] | None = None) -> Job:
         d = dict(row)
         return cls(
-            seq=int(d["seq"]), id=d["id"], state=d["state"], phase=d["phase"], progress=float(d["progress"]),
-            source=d["source"], target=d["target"], pipeline=d["pipeline"], params=json.loads(d["params"]),
-            callback_url=d["callback_url"], priority=int(d["priority"]), attempt=int(d["attempt"]),
-            max_attempts=int(d["max_attempts"]), token=int(d["token"]), lease_owner=d["lease_owner"],
-            lease_expires_at=d["lease_expires_at"], cancel_requested=bool(d["cancel_requested"]),
-            run_at=float(d["run_at"]), created_at=float(d["created_at"]), started_at=d["started_at"],
-            finished_at=d["finished_at"], updated_at=float(d["updated_at"]), timings=json.loads(d["timings"]),
+            seq=int(d["seq"]),
+            id=d["id"],
+            state=d["state"],
+            phase=d["phase"],
+            progress=float(d["progress"]),
+            source=d["source"],
+            target=d["target"],
+            pipeline=d["pipeline"],
+            params=json.loads(d["params"]),
+            callback_url=d["callback_url"],
+            priority=int(d["priority"]),
+            attempt=int(d["attempt"]),
+            max_attempts=int(d["max_attempts"]),
+            token=int(d["token"]),
+            lease_owner=d["lease_owner"],
+            lease_expires_at=d["lease_expires_at"],
+            cancel_requested=bool(d["cancel_requested"]),
+            run_at=float(d["run_at"]),
+            created_at=float(d["created_at"]),
+            started_at=d["started_at"],
+            finished_at=d["finished_at"],
+            updated_at=float(d["updated_at"]),
+            timings=json.loads(d["timings"]),
             result=json.loads(d["result"]) if d["result"] else None,
             error=json.loads(d["error"]) if d["error"] else None,
-            idempotency_key=d["idempotency_key"], callback=callback, owner=d.get("owner") or "",
+            idempotency_key=d["idempotency_key"],
+            callback=callback,
+            owner=d.get("owner") or "",
             backoff=json.loads(d["backoff"]) if d.get("backoff") else None,
-            timeout_s=_opt(d.get("timeout_s"), float), frames_done=_opt(d.get("frames_done"), int),
-            frames_expected=_opt(d.get("frames_expected"), int), fps=_opt(d.get("fps"), float),
+            timeout_s=_opt(d.get("timeout_s"), float),
+            frames_done=_opt(d.get("frames_done"), int),
+            frames_expected=_opt(d.get("frames_expected"), int),
+            fps=_opt(d.get("fps"), float),
         )
 
     def to_resource(self) -> JobResourceDict:

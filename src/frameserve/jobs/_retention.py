@@ -131,8 +131,16 @@ class Pruner:
     """
 
     def __init__(
-        self, store: JobStore, policy: RetentionPolicy, *, batch: int = 500, interval_s: float = 300.0,
-        lease_s: float = 60.0, pause_s: float = 0.05, duty: float = 0.1, counter: Counter | None = None,
+        self,
+        store: JobStore,
+        policy: RetentionPolicy,
+        *,
+        batch: int = 500,
+        interval_s: float = 300.0,
+        lease_s: float = 60.0,
+        pause_s: float = 0.05,
+        duty: float = 0.1,
+        counter: Counter | None = None,
         owner: str | None = None,
     ) -> None:
         if batch < 1:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-__all__ = [
-    "callback_deliveries", "job_events", "jobs", "maintenance_leases", "metadata", "retry_keys", "tenant_claims",
-]
+__all__ = ["callback_deliveries", "job_events", "jobs", "maintenance_leases", "metadata", "retry_keys", "tenant_claims"]
 
 metadata = sa.MetaData()
 

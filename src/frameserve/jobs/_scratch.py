@@ -75,8 +75,12 @@ class Scratch:
         path.mkdir(parents=True, exist_ok=True)
         token = uuid.uuid4().hex
         doc = {
-            "pid": os.getpid(), "started_at": _started_at(os.getpid()), "host": socket.gethostname(),
-            "boot_id": _boot_id(), "pid_ns": _pid_namespace(), "token": token,
+            "pid": os.getpid(),
+            "started_at": _started_at(os.getpid()),
+            "host": socket.gethostname(),
+            "boot_id": _boot_id(),
+            "pid_ns": _pid_namespace(),
+            "token": token,
         }
         tmp = path / f".{MARKER}.{token}"
         tmp.write_text(json.dumps(doc))

@@ -58,7 +58,12 @@ def snapshot(job: Job) -> dict[str, Any]:
 
 
 async def follow(
-    store: JobStore, job_id: str, owner: str | None, after: int | None, *, first: tuple[Job, list[dict[str, Any]]],
+    store: JobStore,
+    job_id: str,
+    owner: str | None,
+    after: int | None,
+    *,
+    first: tuple[Job, list[dict[str, Any]]],
     keepalive_s: float = KEEPALIVE_S,
 ) -> AsyncIterator[bytes]:
     """The stream's bytes (see the module docstring) for ``job_id`` (of ``owner`` when given),

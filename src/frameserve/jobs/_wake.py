@@ -66,7 +66,9 @@ def notify(conn: sa.Connection, kind: Kind, at: float) -> None:
     reads after commit to bump its in-process :class:`Signal`."""
     conn.info.setdefault(_WAKE_KEY, set()).add(kind)
     if conn.dialect.name == "postgresql":
-        conn.execute(sa.text("SELECT pg_notify(:channel, :payload)"), {"channel": CHANNEL, "payload": f"{kind}:{at:.6f}"})
+        conn.execute(
+            sa.text("SELECT pg_notify(:channel, :payload)"), {"channel": CHANNEL, "payload": f"{kind}:{at:.6f}"}
+        )
 
 
 def take_wakes(conn: sa.Connection) -> set[str]:
@@ -358,7 +360,7 @@ class _FileWatch:
             i = 0
             while i + 16 <= len(buf):  # struct inotify_event: wd, mask, cookie, len, name[len]
                 n = struct.unpack_from("iIII", buf, i)[3]
-                hit = hit or buf[i + 16:i + 16 + n].rstrip(b"\0") in self.names
+                hit = hit or buf[i + 16 : i + 16 + n].rstrip(b"\0") in self.names
                 i += 16 + n
 
     def close(self) -> None:
@@ -368,8 +370,15 @@ class _FileWatch:
 
 
 def idle_wait(
-    signal: Signal, kind: Kind, seen: int, *, due_at: float | None, now: float, poll_s: float,
-    safety_poll_s: float = SAFETY_POLL_S, cap_s: float = math.inf,
+    signal: Signal,
+    kind: Kind,
+    seen: int,
+    *,
+    due_at: float | None,
+    now: float,
+    poll_s: float,
+    safety_poll_s: float = SAFETY_POLL_S,
+    cap_s: float = math.inf,
 ) -> bool:
     """The idle wait of a worker or deliverer that just found nothing: until woken, the earliest
     known due time (``due_at``, epoch seconds, with ``now`` the store's clock), ``cap_s`` seconds,

@@ -175,8 +175,15 @@ class Analyzer:
     """
 
     def __init__(
-        self, service: InferenceService, pipelines: PipelineRegistry, storage: Storage, settings: Settings,
-        limits: AnalyzeLimits | None = None, *, quotas: Quotas | None = None, isolate: bool = False,
+        self,
+        service: InferenceService,
+        pipelines: PipelineRegistry,
+        storage: Storage,
+        settings: Settings,
+        limits: AnalyzeLimits | None = None,
+        *,
+        quotas: Quotas | None = None,
+        isolate: bool = False,
     ) -> None:
         self.service = service
         self.pipelines = pipelines
@@ -276,7 +283,11 @@ class Analyzer:
         self.storage.check_source(uri, tenant=tenant)
         suffix = _suffix(urlsplit(uri).path)
         return self.storage.download(
-            uri, workdir / f"source{suffix}", tenant=tenant, max_bytes=self.limits.max_bytes, max_bytes_flag="--analyze-max-bytes"
+            uri,
+            workdir / f"source{suffix}",
+            tenant=tenant,
+            max_bytes=self.limits.max_bytes,
+            max_bytes_flag="--analyze-max-bytes",
         )
 
     def run(self, path: Path, pipeline: str, params: Mapping[str, Any] | None, label: str) -> dict[str, Any]:
@@ -305,8 +316,15 @@ class Analyzer:
             if self._children is not None:  # a slot is held: a child is free
                 child = self._children.get()
                 try:
-                    result = child.run_short(path, pipeline, params, max_duration_s=limit, duration_flag=_DURATION_FLAG,
-                                             timeout_s=self.limits.timeout_s, timeout_flag="--analyze-timeout-s")
+                    result = child.run_short(
+                        path,
+                        pipeline,
+                        params,
+                        max_duration_s=limit,
+                        duration_flag=_DURATION_FLAG,
+                        timeout_s=self.limits.timeout_s,
+                        timeout_flag="--analyze-timeout-s",
+                    )
                 finally:
                     self._children.put(child)
             else:
@@ -326,8 +344,12 @@ class Analyzer:
 
 def _error(exc: FrameserveError) -> Response:
     """The error's one-line body with the status of its code (:func:`frameserve.errors.status_for`)."""
-    return Response(orjson.dumps({"error": exc.message}), status_code=status_for(exc.code)[0], media_type="application/json",
-                    headers=exc.http_headers)
+    return Response(
+        orjson.dumps({"error": exc.message}),
+        status_code=status_for(exc.code)[0],
+        media_type="application/json",
+        headers=exc.http_headers,
+    )
 
 
 async def _limited(request: Request, limit: int, what: str = "the clip is") -> AsyncGenerator[bytes, None]:
@@ -402,7 +424,9 @@ async def _read_request(
         path = await asyncio.to_thread(functools.partial(analyzer.fetch, source, workdir, tenant=tenant))
         return path, pipeline, params, redact_uri(source)
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(f"the request body is {declared} bytes, over the limit of {limit} bytes (--analyze-max-bytes)")
+        raise PayloadTooLargeError(
+            f"the request body is {declared} bytes, over the limit of {limit} bytes (--analyze-max-bytes)"
+        )
     if ctype == "multipart/form-data":
         return await _read_multipart(analyzer, request, workdir)
     if ctype == "application/octet-stream" or ctype.startswith("video/"):
@@ -420,7 +444,9 @@ async def _read_request(
     )
 
 
-async def _read_multipart(analyzer: Analyzer, request: Request, workdir: Path) -> tuple[Path, str, dict[str, Any] | None, str]:
+async def _read_multipart(
+    analyzer: Analyzer, request: Request, workdir: Path
+) -> tuple[Path, str, dict[str, Any] | None, str]:
     from starlette.formparsers import MultiPartException, MultiPartParser
 
     parser = MultiPartParser(request.headers, _limited(request, analyzer.limits.max_bytes), max_files=1, max_fields=8)
@@ -449,16 +475,29 @@ _REQUEST_BODY: dict[str, Any] = {
     "required": True,
     "description": "the clip, one of three ways (the route reads the body itself: the module docstring)",
     "content": {
-        "multipart/form-data": {"schema": {
-            "type": "object", "required": ["file"],
-            "properties": {"file": {"type": "string", "format": "binary"}, "pipeline": {"type": "string"},
-                           "params": {"type": "string", "description": "a JSON object of the pipeline's params"}},
-        }},
-        "application/json": {"schema": {
-            "type": "object", "required": ["source"], "additionalProperties": False,
-            "properties": {"source": {"type": "string", "minLength": 1}, "pipeline": {"type": "string"},
-                           "params": {"type": "object"}},
-        }},
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["file"],
+                "properties": {
+                    "file": {"type": "string", "format": "binary"},
+                    "pipeline": {"type": "string"},
+                    "params": {"type": "string", "description": "a JSON object of the pipeline's params"},
+                },
+            }
+        },
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["source"],
+                "additionalProperties": False,
+                "properties": {
+                    "source": {"type": "string", "minLength": 1},
+                    "pipeline": {"type": "string"},
+                    "params": {"type": "object"},
+                },
+            }
+        },
         "video/*": _BINARY,
         "application/octet-stream": _BINARY,
     },
@@ -471,14 +510,27 @@ def create_analyze_router(analyzer: Analyzer) -> APIRouter:
     router = APIRouter(prefix="/v1/analyze", tags=["analyze"])
 
     @router.post(
-        "", summary="Analyse a short clip (key frames) and answer its results",
+        "",
+        summary="Analyse a short clip (key frames) and answer its results",
         description="multipart/form-data (file, pipeline, params), application/json {source, pipeline, params}, "
         "or the clip as video/* with ?pipeline=&params=; 413 over the size or duration limit, 429 when busy.",
         response_description="the run's results: source, pipeline, models, frames, summary, timing",
         responses=error_responses(
-            InvalidInputError, VideoError, PipelineSpecError, SourceError, AddressRefusedError, PipelineNotFoundError,
-            ModelNotFoundError, PayloadTooLargeError, SourceTooLargeError, PipelineHookError, ResourceExhaustedError,
-            QuotaExceededError, StorageError, AssetError, validation=False,
+            InvalidInputError,
+            VideoError,
+            PipelineSpecError,
+            SourceError,
+            AddressRefusedError,
+            PipelineNotFoundError,
+            ModelNotFoundError,
+            PayloadTooLargeError,
+            SourceTooLargeError,
+            PipelineHookError,
+            ResourceExhaustedError,
+            QuotaExceededError,
+            StorageError,
+            AssetError,
+            validation=False,
         ),
         openapi_extra={"requestBody": _REQUEST_BODY},
     )

@@ -80,10 +80,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
-from pydantic import (
-    BaseModel,
-    Field,
-)
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -188,12 +185,15 @@ class ErrorBody(BaseModel):
 
     error: str = Field(..., description="one line: what was wrong and, where it helps, what is accepted")
     detail: Any = Field(
-        None, description='{"code": <error code>} (frameserve.errors.STATUS), or the validation errors '
+        None,
+        description='{"code": <error code>} (frameserve.errors.STATUS), or the validation errors '
         '[{"loc": [...], "msg": "..."}]; absent from the auth gate\'s answers',
     )
 
 
-def error_responses(*errors: type[FrameserveError], validation: bool = True, post: bool = False) -> dict[int | str, dict[str, Any]]:
+def error_responses(
+    *errors: type[FrameserveError], validation: bool = True, post: bool = False
+) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` for the errors a route can answer: one entry per HTTP status (each
     class's ``code`` through :func:`~frameserve.errors.status_for`), with the :class:`ErrorBody`
     model and the codes in its description; the gate's (:data:`GATE_ERRORS`, and on ``post``
@@ -206,9 +206,7 @@ def error_responses(*errors: type[FrameserveError], validation: bool = True, pos
             names.append(cls.code)
     if validation:
         codes.setdefault(VALIDATION_STATUS, []).append("the request does not validate (detail: the errors)")
-    return {
-        status: {"model": ErrorBody, "description": "; ".join(names)} for status, names in sorted(codes.items())
-    }
+    return {status: {"model": ErrorBody, "description": "; ".join(names)} for status, names in sorted(codes.items())}
 
 
 def request_principal(request: Request) -> Principal:
@@ -269,7 +267,9 @@ async def _read_capped(request: Request, limit: int) -> bytes:
     """The body, refused (413) from ``Content-Length`` or as soon as the bytes read pass ``limit``."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(f"the request body is {declared} bytes, over the limit of {limit} bytes (--max-body-bytes)")
+        raise PayloadTooLargeError(
+            f"the request body is {declared} bytes, over the limit of {limit} bytes (--max-body-bytes)"
+        )
     parts: list[bytes] = []
     total = 0
     async for chunk in request.stream():
@@ -385,7 +385,9 @@ def create_router(
 
             Sampling.parse(req.params.sampling)
         if req.params.short and (req.params.video_out or req.params.sampling not in (None, "keyframes")):
-            raise InvalidInputError("params.short reads key frames only and writes no video; leave out sampling and video_out")
+            raise InvalidInputError(
+                "params.short reads key frames only and writes no video; leave out sampling and video_out"
+            )
         storage.check_source(req.source, tenant=tenant)  # under the submitter's own roots and buckets
         storage.check_target(req.target, tenant=tenant)
         if req.callback_url is not None:
@@ -395,17 +397,29 @@ def create_router(
         _check(req, access.owner)
         run_at = None if req.run_at is None else parse_run_at(req.run_at)
         if run_at is not None and run_at > store.clock() + MAX_RUN_AHEAD_S:
-            raise RequestValidationError([{
-                "loc": ("body", "run_at"), "type": "value_error",
-                "msg": f"must be at most {MAX_RUN_AHEAD_S / 86400:g} days ahead of the server's clock",
-            }])
+            raise RequestValidationError(
+                [
+                    {
+                        "loc": ("body", "run_at"),
+                        "type": "value_error",
+                        "msg": f"must be at most {MAX_RUN_AHEAD_S / 86400:g} days ahead of the server's clock",
+                    }
+                ]
+            )
         backoff = req.backoff.model_dump(exclude_none=True) if req.backoff is not None else None
         job, created = store.submit(
             JobSpec(
-                source=req.source, target=req.target, pipeline=req.pipeline,
-                params=req.params.model_dump(exclude_defaults=True), callback_url=req.callback_url,
-                priority=req.priority, max_attempts=req.max_attempts or max_attempts, owner=access.owner,
-                run_at=run_at, backoff=backoff or None, asked_max_attempts=req.max_attempts is not None,
+                source=req.source,
+                target=req.target,
+                pipeline=req.pipeline,
+                params=req.params.model_dump(exclude_defaults=True),
+                callback_url=req.callback_url,
+                priority=req.priority,
+                max_attempts=req.max_attempts or max_attempts,
+                owner=access.owner,
+                run_at=run_at,
+                backoff=backoff or None,
+                asked_max_attempts=req.max_attempts is not None,
                 timeout_s=req.timeout_s,
             ),
             idempotency_key=idempotency_key,
@@ -415,13 +429,23 @@ def create_router(
         return job.to_resource()
 
     router.post(
-        "", status_code=201, summary="Submit a job", response_model=JobResource,
+        "",
+        status_code=201,
+        summary="Submit a job",
+        response_model=JobResource,
         response_description="the job, created",
         responses={
             200: {"model": JobResource, "description": "the job an earlier request with this Idempotency-Key created"},
             **error_responses(
-                InvalidInputError, PipelineSpecError, SourceError, AddressRefusedError, PipelineNotFoundError,
-                PipelineHookError, IdempotencyConflictError, QuotaExceededError, post=True,
+                InvalidInputError,
+                PipelineSpecError,
+                SourceError,
+                AddressRefusedError,
+                PipelineNotFoundError,
+                PipelineHookError,
+                IdempotencyConflictError,
+                QuotaExceededError,
+                post=True,
             ),
         },
     )(submit_endpoint(request_model, submit, job_access))  # the server's pipelines as the schema's enum
@@ -442,7 +466,10 @@ def create_router(
         return store.get(job_id, owner=access.scope).to_resource()
 
     @router.post(
-        "/{job_id}/cancel", status_code=202, summary="Cancel a job", response_model=JobResource,
+        "/{job_id}/cancel",
+        status_code=202,
+        summary="Cancel a job",
+        response_model=JobResource,
         response_description="the job, cancelled (or to be cancelled by its worker within a second)",
         responses=error_responses(JobNotFoundError, JobStateError, post=True),
     )
@@ -450,11 +477,16 @@ def create_router(
         return store.cancel(job_id, owner=access.scope).to_resource()
 
     @router.post(
-        "/{job_id}/retry", status_code=202, summary="Retry a failed or cancelled job", response_model=JobResource,
+        "/{job_id}/retry",
+        status_code=202,
+        summary="Retry a failed or cancelled job",
+        response_model=JobResource,
         response_description="the job, queued again under its id (attempts reset)",
         responses={
-            200: {"model": JobResource, "description": "the job an earlier retry with this Idempotency-Key queued "
-                  "(nothing retried again)"},
+            200: {
+                "model": JobResource,
+                "description": "the job an earlier retry with this Idempotency-Key queued (nothing retried again)",
+            },
             **error_responses(JobNotFoundError, JobStateError, IdempotencyConflictError, QuotaExceededError, post=True),
         },
     )
@@ -469,9 +501,13 @@ def create_router(
         return job.to_resource()
 
     @router.delete(
-        "/{job_id}", summary="Delete a finished job", response_model=JobDeleted,
+        "/{job_id}",
+        summary="Delete a finished job",
+        response_model=JobDeleted,
         response_description="the job, its events and callback rows removed (and its outputs with ?outputs=true)",
-        responses=error_responses(JobNotFoundError, JobStateError, SourceError, StorageError, UnsupportedMediaTypeError),
+        responses=error_responses(
+            JobNotFoundError, JobStateError, SourceError, StorageError, UnsupportedMediaTypeError
+        ),
     )
     def delete(
         job_id: str = _JobId,
@@ -486,7 +522,8 @@ def create_router(
         return {"id": job.id, "outputs_deleted": [redact_uri(u) for u in removed]}
 
     @router.get(
-        "/{job_id}/events", summary="A job's events (a page, or a live stream with ?follow=true)",
+        "/{job_id}/events",
+        summary="A job's events (a page, or a live stream with ?follow=true)",
         response_model=JobEvents,
         response_description="the events, oldest first; with ?follow=true a text/event-stream (frameserve.jobs._stream)",
         responses={
@@ -498,7 +535,9 @@ def create_router(
         job_id: str = _JobId,
         follow: bool = Query(False, description="stream the events as Server-Sent Events until the job is finished"),
         last_event_id: str = Header(
-            "", alias="Last-Event-ID", max_length=MAX_EVENT_ID_CHARS,
+            "",
+            alias="Last-Event-ID",
+            max_length=MAX_EVENT_ID_CHARS,
             description="with follow: resume after this event (the id: of the last event seen)",
             json_schema_extra={"pattern": f"^([0-9]{{1,{MAX_EVENT_ID_CHARS}}})?$"},  # empty: none (WHATWG)
         ),
@@ -512,13 +551,14 @@ def create_router(
             return {"events": await asyncio.to_thread(store.events, job_id, owner=access.scope)}
         first = await asyncio.to_thread(store.events_since, job_id, after, owner=access.scope)  # 404 before a byte
         streams.try_acquire(access.owner)  # 429 past max_follow_streams
-        body = _Held(follow_events(store, job_id, access.scope, after, first=first),
-                     lambda: streams.release(access.owner))
-        return StreamingResponse(body, media_type=SSE_CONTENT_TYPE,
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        body = _Held(
+            follow_events(store, job_id, access.scope, after, first=first), lambda: streams.release(access.owner)
+        )
+        return StreamingResponse(
+            body, media_type=SSE_CONTENT_TYPE, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
 
     return router
-
 
 
 _SSE_EVENT_SCHEMA: dict[str, Any] = {
@@ -544,7 +584,7 @@ def create_pipelines_router(registry: PipelineRegistry) -> APIRouter:
     listing = registry.describe()
 
     @router.get(
-        "", summary="List the pipelines", response_model=list[PipelineInfo], responses=error_responses(validation=False),
+        "", summary="List the pipelines", response_model=list[PipelineInfo], responses=error_responses(validation=False)
     )
     def list_pipelines() -> Any:
         return listing

@@ -112,7 +112,10 @@ class CallbackDeliverer:
         self.metrics = metrics
         quiet_http_logs()
         self.client = httpx.Client(
-            timeout=timeout_s, follow_redirects=False, trust_env=False, transport=GuardedTransport(_guard(allow_private))
+            timeout=timeout_s,
+            follow_redirects=False,
+            trust_env=False,
+            transport=GuardedTransport(_guard(allow_private)),
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -159,8 +162,14 @@ class CallbackDeliverer:
             seen = signal.generation("callback")
             try:
                 if self.deliver_once() is None and not self._stop.is_set():
-                    idle_wait(signal, "callback", seen, due_at=self.store.next_delivery_due_at(),
-                              now=self.store.clock(), poll_s=self.poll_s)
+                    idle_wait(
+                        signal,
+                        "callback",
+                        seen,
+                        due_at=self.store.next_delivery_due_at(),
+                        now=self.store.clock(),
+                        poll_s=self.poll_s,
+                    )
             except Exception:  # keep delivering; the database may be briefly unavailable
                 log.exception("callback deliverer")
                 self._stop.wait(self.poll_s)

@@ -94,8 +94,11 @@ class EmbeddedJobs:
         self.storage: Storage = js.storage()
         fault = faults_from_env()  # the crash tests' fault points (FRAMESERVE_JOBS_FAULT); None otherwise
         self.router = create_router(
-            self.store, storage=self.storage, callbacks_allow_private=js.callbacks_allow_private,
-            max_attempts=js.max_attempts, pipelines=self.pipelines,
+            self.store,
+            storage=self.storage,
+            callbacks_allow_private=js.callbacks_allow_private,
+            max_attempts=js.max_attempts,
+            pipelines=self.pipelines,
             max_job_timeout_s=js.job_timeout_cap_s,
         )
         from frameserve.pipeline import DecodePool
@@ -113,29 +116,49 @@ class EmbeddedJobs:
             process: ProcessFn
             if js.isolate_pipelines:  # pipeline code never runs in the process that serves inference
                 self.isolated = process = IsolatedPipeline(
-                    settings, service, pipelines=self.pipelines, fault=fault,
+                    settings,
+                    service,
+                    pipelines=self.pipelines,
+                    fault=fault,
                     memory_limit_bytes=None if js.job_memory_limit_mb is None else js.job_memory_limit_mb << 20,
                     prestart=True,
                 )
             else:
                 self.decode_pool = DecodePool(1)
-                process = pipeline_process(settings, service, fault, decode_pool=self.decode_pool, pipelines=self.pipelines)
+                process = pipeline_process(
+                    settings, service, fault, decode_pool=self.decode_pool, pipelines=self.pipelines
+                )
             self.worker = Worker(
-                self.store, self.storage, process,
-                lease_s=js.lease_s, poll_s=poll_s, scratch_root=settings.home / "tmp",
-                metrics=self.metrics, listen=False, job_timeout_s=js.job_timeout_s,
+                self.store,
+                self.storage,
+                process,
+                lease_s=js.lease_s,
+                poll_s=poll_s,
+                scratch_root=settings.home / "tmp",
+                metrics=self.metrics,
+                listen=False,
+                job_timeout_s=js.job_timeout_s,
                 max_job_timeout_s=js.job_timeout_cap_s,
             )
             self.worker.fault = fault
         self.deliverer = CallbackDeliverer(
-            self.store, secret=js.webhook_secret, allow_private=js.callbacks_allow_private,
-            lease_s=js.lease_s, poll_s=poll_s, metrics=self.metrics,
+            self.store,
+            secret=js.webhook_secret,
+            allow_private=js.callbacks_allow_private,
+            lease_s=js.lease_s,
+            poll_s=poll_s,
+            metrics=self.metrics,
         )
         self.deliverer.fault = fault
         self.pruner = (
-            Pruner(self.store, retention, interval_s=retention_interval_s,
-                   counter=self.metrics.pruned if self.metrics is not None else None)
-            if retention else None
+            Pruner(
+                self.store,
+                retention,
+                interval_s=retention_interval_s,
+                counter=self.metrics.pruned if self.metrics is not None else None,
+            )
+            if retention
+            else None
         )
         self._started = False
 

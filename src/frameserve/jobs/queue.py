@@ -100,10 +100,13 @@ class QueueStats:
     def to_dict(self) -> dict[str, Any]:
         """As JSON (``frameserve jobs stats --json``); priorities become string keys."""
         return {
-            "by_state": dict(self.by_state), "pending": self.pending, "active": self.active,
+            "by_state": dict(self.by_state),
+            "pending": self.pending,
+            "active": self.active,
             "pending_by_priority": {str(k): v for k, v in sorted(self.pending_by_priority.items())},
             "oldest_pending_age_s": round(self.oldest_pending_age_s, 3),
-            "callback_outbox_depth": self.callback_outbox_depth, "at": self.at,
+            "callback_outbox_depth": self.callback_outbox_depth,
+            "at": self.at,
             "by_tenant": {t: dict(c) for t, c in sorted(self.by_tenant.items())},
         }
 
@@ -163,22 +166,33 @@ class QueueMixin:
         cd = callback_deliveries.c
         with self._tx(write=False) as conn:
             by_state = _by_state(conn)
-            by_priority = {int(p): int(n) for p, n in conn.execute(
-                sa.select(jobs.c.priority, sa.func.count()).where(due).group_by(jobs.c.priority))}
+            by_priority = {
+                int(p): int(n)
+                for p, n in conn.execute(
+                    sa.select(jobs.c.priority, sa.func.count()).where(due).group_by(jobs.c.priority)
+                )
+            }
             oldest = conn.execute(sa.select(sa.func.min(jobs.c.run_at)).where(due)).scalar()
             outbox = conn.execute(
-                sa.select(sa.func.count()).select_from(callback_deliveries).where(cd.state.in_(("pending", "delivering")))
+                sa.select(sa.func.count())
+                .select_from(callback_deliveries)
+                .where(cd.state.in_(("pending", "delivering")))
             ).scalar_one()
             by_tenant: dict[str, dict[str, int]] = {}
             for owner, state, n in conn.execute(  # the (state, owner) index alone
                 sa.select(jobs.c.owner, jobs.c.state, sa.func.count())
-                .where(jobs.c.state.in_(("queued", "running"))).group_by(jobs.c.owner, jobs.c.state)
+                .where(jobs.c.state.in_(("queued", "running")))
+                .group_by(jobs.c.owner, jobs.c.state)
             ):
                 by_tenant.setdefault(str(owner), {"queued": 0, "running": 0})[str(state)] = int(n)
         pending = sum(by_priority.values())
         return QueueStats(
-            by_state=by_state, pending=pending, active=pending + by_state["running"],
+            by_state=by_state,
+            pending=pending,
+            active=pending + by_state["running"],
             pending_by_priority=by_priority,
             oldest_pending_age_s=max(0.0, now - float(oldest)) if oldest is not None else 0.0,
-            callback_outbox_depth=int(outbox), at=now, by_tenant=by_tenant,
+            callback_outbox_depth=int(outbox),
+            at=now,
+            by_tenant=by_tenant,
         )

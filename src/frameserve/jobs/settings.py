@@ -119,8 +119,10 @@ class JobsSettings:
         if not self.job_timeout_s > 0:
             raise ValueError(f"job_timeout_s must be > 0, got {self.job_timeout_s}")
         if self.max_job_timeout_s is not None and not self.job_timeout_s <= self.max_job_timeout_s:
-            raise ValueError(f"job_timeout_s ({self.job_timeout_s:g}) must be <= max_job_timeout_s "
-                             f"({self.max_job_timeout_s:g}): the default deadline is within the cap")
+            raise ValueError(
+                f"job_timeout_s ({self.job_timeout_s:g}) must be <= max_job_timeout_s "
+                f"({self.max_job_timeout_s:g}): the default deadline is within the cap"
+            )
         if self.job_memory_limit_mb is not None and self.job_memory_limit_mb < 64:
             raise ValueError(f"job_memory_limit_mb must be >= 64, got {self.job_memory_limit_mb}")
 
@@ -135,10 +137,14 @@ class JobsSettings:
         """The :class:`Storage` these settings describe (roots, S3 endpoint and buckets, the
         source guard and limits): the one every part of a process uses."""
         return Storage(
-            file_roots=self.file_roots, s3_endpoint_url=self.s3_endpoint_url,
-            sources_allow_private=self.sources_allow_private, s3_allow_buckets=self.s3_allow_buckets,
-            max_source_bytes=self.max_source_bytes, source_timeout_s=self.source_timeout_s,
-            http_timeout_s=self.source_idle_timeout_s, shared_file_root=self.shared_file_root,
+            file_roots=self.file_roots,
+            s3_endpoint_url=self.s3_endpoint_url,
+            sources_allow_private=self.sources_allow_private,
+            s3_allow_buckets=self.s3_allow_buckets,
+            max_source_bytes=self.max_source_bytes,
+            source_timeout_s=self.source_timeout_s,
+            http_timeout_s=self.source_idle_timeout_s,
+            shared_file_root=self.shared_file_root,
             implicit_file_roots=None if self.implicit_file_root is None else (self.implicit_file_root,),
         )
 
@@ -218,7 +224,9 @@ class JobsSettings:
             roots = [Path(r).expanduser() for r in env["FRAMESERVE_FILE_ROOTS"].split(os.pathsep) if r]
         else:
             roots = [settings.home / "storage" / "{tenant}"] if tenants else [settings.home / "storage"]
-        implicit = settings.home / "storage" if tenants and not (file_roots or env.get("FRAMESERVE_FILE_ROOTS")) else None
+        implicit = (
+            settings.home / "storage" if tenants and not (file_roots or env.get("FRAMESERVE_FILE_ROOTS")) else None
+        )
         buckets = list(s3_allow_buckets or []) or [
             b.strip() for b in env.get("FRAMESERVE_S3_ALLOW_BUCKETS", "").split(",") if b.strip()
         ]
@@ -245,29 +253,38 @@ class JobsSettings:
             ),
             s3_allow_buckets=tuple(dict.fromkeys(buckets)),
             max_source_bytes=int(
-                max_source_bytes if max_source_bytes is not None
+                max_source_bytes
+                if max_source_bytes is not None
                 else env.get("FRAMESERVE_MAX_SOURCE_BYTES") or DEFAULT_MAX_SOURCE_BYTES
             ),
             source_timeout_s=float(
                 source_timeout_s if source_timeout_s is not None else env.get("FRAMESERVE_SOURCE_TIMEOUT_S") or 1800.0
             ),
             source_idle_timeout_s=float(
-                source_idle_timeout_s if source_idle_timeout_s is not None
+                source_idle_timeout_s
+                if source_idle_timeout_s is not None
                 else env.get("FRAMESERVE_SOURCE_IDLE_TIMEOUT_S") or 30.0
             ),
             job_timeout_s=float(
                 job_timeout_s if job_timeout_s is not None else env.get("FRAMESERVE_JOB_TIMEOUT_S") or 14400.0
             ),
             job_memory_limit_mb=(
-                job_memory_limit_mb if job_memory_limit_mb is not None
-                else int(env["FRAMESERVE_JOB_MEMORY_LIMIT_MB"]) if env.get("FRAMESERVE_JOB_MEMORY_LIMIT_MB") else None
+                job_memory_limit_mb
+                if job_memory_limit_mb is not None
+                else int(env["FRAMESERVE_JOB_MEMORY_LIMIT_MB"])
+                if env.get("FRAMESERVE_JOB_MEMORY_LIMIT_MB")
+                else None
             ),
             max_job_timeout_s=(
-                max_job_timeout_s if max_job_timeout_s is not None
-                else float(env["FRAMESERVE_MAX_JOB_TIMEOUT_S"]) if env.get("FRAMESERVE_MAX_JOB_TIMEOUT_S") else None
+                max_job_timeout_s
+                if max_job_timeout_s is not None
+                else float(env["FRAMESERVE_MAX_JOB_TIMEOUT_S"])
+                if env.get("FRAMESERVE_MAX_JOB_TIMEOUT_S")
+                else None
             ),
             isolate_pipelines=(
-                isolate_pipelines if isolate_pipelines is not None
+                isolate_pipelines
+                if isolate_pipelines is not None
                 else env.get("FRAMESERVE_ISOLATE_PIPELINES", "1").strip().lower() not in ("0", "false", "no", "off")
             ),
         )

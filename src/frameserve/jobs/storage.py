@@ -157,8 +157,9 @@ class BucketRule:
         bucket, _, rest = text.partition("/")
         what = "--s3-allow-bucket"
         if not bucket or "{" in bucket or "}" in bucket or "@" in bucket:
-            raise InvalidInputError(f"{what} {text[:200]!r}: expected BUCKET or BUCKET/PREFIX ({TENANT_PLACEHOLDER} "
-                                    "only in the prefix)")
+            raise InvalidInputError(
+                f"{what} {text[:200]!r}: expected BUCKET or BUCKET/PREFIX ({TENANT_PLACEHOLDER} only in the prefix)"
+            )
         rest = rest.rstrip("/")
         segments = tuple(rest.split("/")) if rest else ()
         if any(seg in ("", ".", "..") for seg in segments):
@@ -290,8 +291,10 @@ class Storage:
         kept = [x for x in self.shared() if x.startswith("s3://") == s3]
         if not tenant or self.shared_file_root or not kept:
             return ""
-        return (f"; roots without {TENANT_PLACEHOLDER} ({', '.join(kept)}) are shared between tenants only with "
-                "--shared-file-root")
+        return (
+            f"; roots without {TENANT_PLACEHOLDER} ({', '.join(kept)}) are shared between tenants only with "
+            "--shared-file-root"
+        )
 
     def _local(self, uri: str, tenant: str, what: str) -> Path:
         parts = urlsplit(uri)
@@ -326,21 +329,26 @@ class Storage:
             key_text = key_text.rstrip("/")  # a prefix: <target>/<name> is written
         key = tuple(key_text.split("/")) if key_text else ()
         if any(seg in ("", ".", "..") for seg in key) or (not target and not key):
-            raise SourceError(f"{what} {_show(uri)!r}: an S3 key has no empty, '.' or '..' segments"
-                              + ("" if target else " and names an object"))
+            raise SourceError(
+                f"{what} {_show(uri)!r}: an S3 key has no empty, '.' or '..' segments"
+                + ("" if target else " and names an object")
+            )
         rules = self.rules_for(tenant)
         if any(rule.admits(bucket, key, target=target) for rule in rules):
             return
         if not rules:
             raise SourceError(
-                f"{what} {_show(uri)!r}: no bucket is allowed" + (f" to tenant {tenant!r}" if tenant else "")
+                f"{what} {_show(uri)!r}: no bucket is allowed"
+                + (f" to tenant {tenant!r}" if tenant else "")
                 + "; allow one with --s3-allow-bucket BUCKET[/PREFIX] (env FRAMESERVE_S3_ALLOW_BUCKETS)"
                 + self._withheld(tenant, s3=True)
             )
         allowed = ", ".join(f"s3://{rule}" for rule in rules)
         raise SourceError(
-            f"{what} {_show(uri)!r} is not under " + (f"tenant {tenant!r}'s" if tenant else "the")
-            + f" allowed buckets and prefixes ({allowed}); see --s3-allow-bucket" + self._withheld(tenant, s3=True)
+            f"{what} {_show(uri)!r} is not under "
+            + (f"tenant {tenant!r}'s" if tenant else "the")
+            + f" allowed buckets and prefixes ({allowed}); see --s3-allow-bucket"
+            + self._withheld(tenant, s3=True)
         )
 
     def _scheme(self, uri: str, accepted: tuple[str, ...], what: str) -> str:
@@ -396,8 +404,15 @@ class Storage:
     # ------------------------------------------------------------ download
 
     def download(
-        self, uri: str, dest: Path, *, tenant: str, on_chunk: ChunkHook | None = None,
-        cancel: threading.Event | None = None, max_bytes: int | None = None, max_bytes_flag: str = "--max-source-bytes",
+        self,
+        uri: str,
+        dest: Path,
+        *,
+        tenant: str,
+        on_chunk: ChunkHook | None = None,
+        cancel: threading.Event | None = None,
+        max_bytes: int | None = None,
+        max_bytes_flag: str = "--max-source-bytes",
     ) -> Path:
         """Fetch ``uri`` to ``dest`` (or return the resolved local path of a ``file://`` source),
         checked again against ``tenant``'s roots and bucket entries.
@@ -427,7 +442,9 @@ class Storage:
                 raise SourceError(f"source {_show(uri)!r} does not exist")
             size = path.stat().st_size
             if size > limit:
-                raise SourceTooLargeError(f"source {_show(uri)!r} is {size} bytes, over the limit of {limit} bytes ({flag})")
+                raise SourceTooLargeError(
+                    f"source {_show(uri)!r} is {size} bytes, over the limit of {limit} bytes ({flag})"
+                )
             if on_chunk is not None:
                 on_chunk(size)
             return path
@@ -445,7 +462,9 @@ class Storage:
             with fs.open(uri, "rb") as src, open(dest, "wb") as out:
                 size = getattr(src, "size", None)
                 if isinstance(size, int) and size > limit:
-                    raise SourceTooLargeError(f"source {_show(uri)!r} is {size} bytes, over the limit of {limit} bytes ({flag})")
+                    raise SourceTooLargeError(
+                        f"source {_show(uri)!r} is {size} bytes, over the limit of {limit} bytes ({flag})"
+                    )
                 done = 0
                 while chunk := src.read(1 << 20):
                     out.write(chunk)
@@ -493,13 +512,18 @@ class Storage:
                 return None
             if why[0] == "cancelled":
                 return StorageError(f"download of {shown!r} cancelled")
-            return SourceError(f"source {shown!r} did not download within {self.source_timeout_s:g} s (--source-timeout-s)")
+            return SourceError(
+                f"source {shown!r} did not download within {self.source_timeout_s:g} s (--source-timeout-s)"
+            )
 
         watcher = threading.Thread(target=watch, name="frameserve-download-watch", daemon=True)
         watcher.start()
         try:
             with httpx.Client(
-                transport=transport, timeout=httpx.Timeout(self.http_timeout_s), follow_redirects=False, trust_env=False,
+                transport=transport,
+                timeout=httpx.Timeout(self.http_timeout_s),
+                follow_redirects=False,
+                trust_env=False,
                 headers={"accept-encoding": "identity"},
             ) as client:
                 url = httpx.URL(uri)
@@ -513,13 +537,16 @@ class Storage:
                             return dest
                     url = nxt.url
                     if url.scheme not in ("http", "https"):
-                        raise SourceError(f"source {shown!r} redirects to a {url.scheme[:20]!r} URL; only http(s) is followed")
+                        raise SourceError(
+                            f"source {shown!r} redirects to a {url.scheme[:20]!r} URL; only http(s) is followed"
+                        )
                 raise SourceError(f"source {shown!r}: more than {self.max_redirects} redirects")
         except AddressRefusedError:
             raise
         except httpx.TimeoutException as exc:
-            raise stopped() or StorageError(f"source {shown!r}: timed out ({exc.__class__.__name__}, "
-                                            f"no byte for {self.http_timeout_s:g} s)") from exc
+            raise stopped() or StorageError(
+                f"source {shown!r}: timed out ({exc.__class__.__name__}, no byte for {self.http_timeout_s:g} s)"
+            ) from exc
         except httpx.UnsupportedProtocol as exc:
             raise SourceError(f"source {shown!r} leads to an unsupported URL: {exc}") from exc
         except httpx.TransportError as exc:
@@ -531,7 +558,9 @@ class Storage:
             watcher.join()
 
     @staticmethod
-    def _write_body(resp: httpx.Response, dest: Path, shown: str, on_chunk: ChunkHook | None, limit: int, flag: str) -> None:
+    def _write_body(
+        resp: httpx.Response, dest: Path, shown: str, on_chunk: ChunkHook | None, limit: int, flag: str
+    ) -> None:
         if resp.status_code in (408, 429) or resp.status_code >= 500:
             raise StorageError(f"source {shown!r}: HTTP {resp.status_code}")
         if resp.status_code >= 400:
@@ -614,7 +643,9 @@ class Storage:
                 try:
                     fs.copy(key, f"{base}/{name}")
                 except FileNotFoundError as exc:  # our own object, just written, is gone: not the client's fault
-                    raise StorageError(f"target {_show(target)!r}: the temporary object vanished before its move: {exc}") from exc
+                    raise StorageError(
+                        f"target {_show(target)!r}: the temporary object vanished before its move: {exc}"
+                    ) from exc
                 fs.rm(key)
                 out[name] = f"{base}/{name}"
         except (PermissionError, FileNotFoundError) as exc:

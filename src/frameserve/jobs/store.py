@@ -91,8 +91,12 @@ def _finish_statement(*, fenced: bool) -> sa.Update:
         jobs.update()
         .where(where)
         .values(
-            state=sa.bindparam("p_state"), lease_owner=None, lease_expires_at=None, finished_at=now,
-            updated_at=now, result=sa.bindparam("p_result", type_=sa.Text()),
+            state=sa.bindparam("p_state"),
+            lease_owner=None,
+            lease_expires_at=None,
+            finished_at=now,
+            updated_at=now,
+            result=sa.bindparam("p_result", type_=sa.Text()),
             error=sa.bindparam("p_error", type_=sa.Text()),
             progress=sa.func.coalesce(sa.bindparam("p_progress", type_=sa.Double()), jobs.c.progress),
             timings=sa.func.coalesce(sa.bindparam("p_timings", type_=sa.Text()), jobs.c.timings),
@@ -238,8 +242,9 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
                     digest = spec.request_hash()
                     if idempotency_key is not None:
                         row = conn.execute(
-                            sa.select(jobs.c.id, jobs.c.request_hash)
-                            .where(jobs.c.owner == spec.owner, jobs.c.idempotency_key == idempotency_key)
+                            sa.select(jobs.c.id, jobs.c.request_hash).where(
+                                jobs.c.owner == spec.owner, jobs.c.idempotency_key == idempotency_key
+                            )
                         ).first()
                         if row is not None:
                             if row[1] is not None and row[1] != digest:
@@ -254,20 +259,45 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
                     job_id = _new_id()
                     conn.execute(
                         jobs.insert().values(
-                            id=job_id, idempotency_key=idempotency_key, owner=spec.owner, request_hash=digest,
-                            state="queued", phase=None,
-                            progress=0.0, source=spec.source, target=spec.target, pipeline=spec.pipeline,
-                            params=json.dumps(dict(spec.params)), callback_url=spec.callback_url,
-                            priority=int(spec.priority), attempt=0, max_attempts=int(spec.max_attempts),
-                            token=0, lease_owner=None, lease_expires_at=None, cancel_requested=False,
-                            run_at=run_at, created_at=now, started_at=None, finished_at=None, updated_at=now,
-                            timings="{}", result=None, error=None,
+                            id=job_id,
+                            idempotency_key=idempotency_key,
+                            owner=spec.owner,
+                            request_hash=digest,
+                            state="queued",
+                            phase=None,
+                            progress=0.0,
+                            source=spec.source,
+                            target=spec.target,
+                            pipeline=spec.pipeline,
+                            params=json.dumps(dict(spec.params)),
+                            callback_url=spec.callback_url,
+                            priority=int(spec.priority),
+                            attempt=0,
+                            max_attempts=int(spec.max_attempts),
+                            token=0,
+                            lease_owner=None,
+                            lease_expires_at=None,
+                            cancel_requested=False,
+                            run_at=run_at,
+                            created_at=now,
+                            started_at=None,
+                            finished_at=None,
+                            updated_at=now,
+                            timings="{}",
+                            result=None,
+                            error=None,
                             backoff=json.dumps(dict(spec.backoff)) if spec.backoff else None,
                             timeout_s=None if spec.timeout_s is None else float(spec.timeout_s),
                         )
                     )
-                    self._event(conn, job_id, "submitted", now, priority=int(spec.priority),
-                                **({"run_at": iso(run_at)} if spec.run_at is not None else {}))
+                    self._event(
+                        conn,
+                        job_id,
+                        "submitted",
+                        now,
+                        priority=int(spec.priority),
+                        **({"run_at": iso(run_at)} if spec.run_at is not None else {}),
+                    )
                     notify(conn, "job", run_at)
                     return self._load(conn, job_id), True
             except sa.exc.IntegrityError:
@@ -319,12 +349,12 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
             job = self._load(conn, job_id, owner)
             now = self.clock()
             if job.state == "queued":
-                self._finish(conn, job, "cancelled", now, error={"code": "cancelled", "message": "cancelled by request"})
+                self._finish(
+                    conn, job, "cancelled", now, error={"code": "cancelled", "message": "cancelled by request"}
+                )
             elif job.state == "running":
                 if not job.cancel_requested:
-                    conn.execute(
-                        jobs.update().where(jobs.c.id == job_id).values(cancel_requested=True, updated_at=now)
-                    )
+                    conn.execute(jobs.update().where(jobs.c.id == job_id).values(cancel_requested=True, updated_at=now))
                     self._event(conn, job_id, "cancel_requested", now)
             elif job.state != "cancelled":
                 raise JobStateError(f"job {job_id} already {job.state}; it cannot be cancelled")
@@ -379,7 +409,12 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
         return cancel
 
     def _extend(
-        self, conn: sa.Connection, lease: Lease, *, lease_s: float, phase: Phase | None = None,
+        self,
+        conn: sa.Connection,
+        lease: Lease,
+        *,
+        lease_s: float,
+        phase: Phase | None = None,
         progress: float | None = None,
     ) -> bool:
         now = self.clock()
@@ -388,7 +423,9 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
             values["phase"] = phase
         if progress is not None:
             values["progress"] = min(1.0, max(0.0, float(progress)))
-        row = conn.execute(jobs.update().where(self._fenced(lease)).values(**values).returning(jobs.c.cancel_requested)).first()
+        row = conn.execute(
+            jobs.update().where(self._fenced(lease)).values(**values).returning(jobs.c.cancel_requested)
+        ).first()
         if row is None:
             raise LeaseLostError(f"lease on job {lease.job.id} (token {lease.token}) is lost")
         return bool(row[0])
@@ -418,7 +455,9 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
     def cancelled(self, lease: Lease) -> Job:
         """The worker stopped a job whose cancellation it saw: mark it cancelled, queue the callback."""
         with self._tx() as conn:
-            return self._finish(conn, lease, "cancelled", self.clock(), error={"code": "cancelled", "message": "cancelled by request"})
+            return self._finish(
+                conn, lease, "cancelled", self.clock(), error={"code": "cancelled", "message": "cancelled by request"}
+            )
 
     def release(self, lease: Lease) -> Job:
         """Give an unfinished job back (worker shutting down): queued again at once, the attempt
@@ -427,9 +466,16 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
             job = self._check(conn, lease)
             now = self.clock()
             conn.execute(
-                jobs.update().where(jobs.c.id == job.id).values(
-                    state="queued", phase=None, attempt=jobs.c.attempt - 1, lease_owner=None,
-                    lease_expires_at=None, run_at=now, updated_at=now,
+                jobs.update()
+                .where(jobs.c.id == job.id)
+                .values(
+                    state="queued",
+                    phase=None,
+                    attempt=jobs.c.attempt - 1,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    run_at=now,
+                    updated_at=now,
                 )
             )
             self._event(conn, job.id, "released", now, worker=lease.owner, token=lease.token)
@@ -442,22 +488,30 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
         now = self.clock()
         done: list[tuple[str, str]] = []
         with self._tx() as conn:
-            rows = conn.execute(
-                sa.select(jobs)
-                .where(jobs.c.state == "running", jobs.c.lease_expires_at < now)
-                .order_by(jobs.c.lease_expires_at)
-                .limit(limit)
-                .with_for_update(skip_locked=True)
-            ).mappings().all()
+            rows = (
+                conn.execute(
+                    sa.select(jobs)
+                    .where(jobs.c.state == "running", jobs.c.lease_expires_at < now)
+                    .order_by(jobs.c.lease_expires_at)
+                    .limit(limit)
+                    .with_for_update(skip_locked=True)
+                )
+                .mappings()
+                .all()
+            )
             for row in rows:
                 job = Job.from_row(row)
                 self._event(conn, job.id, "lease_expired", now, worker=job.lease_owner, token=job.token)
                 err = {
-                    "code": "lease_lost", "message": f"worker {job.lease_owner} stopped renewing its lease",
-                    "retryable": True, "attempt": job.attempt,
+                    "code": "lease_lost",
+                    "message": f"worker {job.lease_owner} stopped renewing its lease",
+                    "retryable": True,
+                    "attempt": job.attempt,
                 }
                 if job.cancel_requested:
-                    self._finish(conn, job, "cancelled", now, error={"code": "cancelled", "message": "cancelled by request"})
+                    self._finish(
+                        conn, job, "cancelled", now, error={"code": "cancelled", "message": "cancelled by request"}
+                    )
                     done.append((job.id, "cancelled"))
                 elif job.attempt < job.max_attempts:
                     self._requeue(conn, job, now, err)
@@ -476,9 +530,16 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
     def _requeue(self, conn: sa.Connection, job: Job, now: float, err: dict[str, Any]) -> None:
         delay = self.retry.for_job(job.backoff).delay_s(job.attempt, self.rng)
         conn.execute(
-            jobs.update().where(jobs.c.id == job.id).values(
-                state="queued", phase=None, lease_owner=None, lease_expires_at=None,
-                run_at=now + delay, updated_at=now, error=json.dumps(err),
+            jobs.update()
+            .where(jobs.c.id == job.id)
+            .values(
+                state="queued",
+                phase=None,
+                lease_owner=None,
+                lease_expires_at=None,
+                run_at=now + delay,
+                updated_at=now,
+                error=json.dumps(err),
             )
         )
         self._event(conn, job.id, "retry_scheduled", now, delay_s=round(delay, 3), error=err)
@@ -498,7 +559,9 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
         """Move a job to a final state (fenced when given a :class:`Lease`), write its event and,
         when it has a callback URL, its outbox row (same transaction). Returns the updated job."""
         params: dict[str, Any] = {
-            "p_id": job.job.id if isinstance(job, Lease) else job.id, "p_state": state, "p_now": now,
+            "p_id": job.job.id if isinstance(job, Lease) else job.id,
+            "p_state": state,
+            "p_now": now,
             "p_result": json.dumps(result) if result is not None else None,
             "p_error": json.dumps(error) if error is not None else None,
             "p_progress": 1.0 if state == "succeeded" else None,
@@ -517,16 +580,24 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
         self._event(conn, done.id, state, now, **({"error": error} if error and state != "succeeded" else {}))
         if done.callback_url:
             payload = json.dumps(
-                {"type": f"job.{state}", "timestamp": iso(now), "data": done.to_resource()},
-                separators=(",", ":"),
+                {"type": f"job.{state}", "timestamp": iso(now), "data": done.to_resource()}, separators=(",", ":")
             )
             conn.execute(
                 callback_deliveries.insert().values(
-                    id="msg_" + secrets.token_hex(16), job_id=done.id, type=f"job.{state}", url=done.callback_url,
-                    payload=payload, state="pending", attempts=0, next_attempt_at=now + self.callback_schedule_s[0],
-                    lease_expires_at=None, last_status=None, last_error=None, created_at=now, delivered_at=None,
+                    id="msg_" + secrets.token_hex(16),
+                    job_id=done.id,
+                    type=f"job.{state}",
+                    url=done.callback_url,
+                    payload=payload,
+                    state="pending",
+                    attempts=0,
+                    next_attempt_at=now + self.callback_schedule_s[0],
+                    lease_expires_at=None,
+                    last_status=None,
+                    last_error=None,
+                    created_at=now,
+                    delivered_at=None,
                 )
             )
             notify(conn, "callback", now + self.callback_schedule_s[0])
         return done
-

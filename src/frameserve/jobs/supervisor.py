@@ -169,7 +169,9 @@ class ScalingRule:
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_workers <= self.max_workers or self.max_workers < 1:
-            raise InvalidInputError(f"autoscale range {self.min_workers}:{self.max_workers}: need 0 <= MIN <= MAX, MAX >= 1")
+            raise InvalidInputError(
+                f"autoscale range {self.min_workers}:{self.max_workers}: need 0 <= MIN <= MAX, MAX >= 1"
+            )
         if self.cooldown_s < 0 or not self.target_pending_per_worker > 0:
             raise InvalidInputError("cooldown_s must be >= 0 and target_pending_per_worker > 0")
 
@@ -192,8 +194,9 @@ class Scaler:
         wall: epoch seconds (the schedule windows).
     """
 
-    def __init__(self, rule: ScalingRule, *, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, rule: ScalingRule, *, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time
+    ) -> None:
         self.rule = rule
         self.clock = clock
         self.wall = wall
@@ -226,8 +229,9 @@ class Scaler:
 def write_status(path: Path, *, busy: bool, worker_id: str, claimed: int) -> None:
     """Write a child's status file atomically: ``{"pid", "worker_id", "busy", "claimed", "at"}``."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "worker_id": worker_id, "busy": busy, "claimed": claimed,
-                               "at": time.time()}))
+    tmp.write_text(
+        json.dumps({"pid": os.getpid(), "worker_id": worker_id, "busy": busy, "claimed": claimed, "at": time.time()})
+    )
     os.replace(tmp, path)
 
 
@@ -290,9 +294,18 @@ class Supervisor:
     """
 
     def __init__(
-        self, store: JobStore, rule: ScalingRule, command: Sequence[str], *, env: Mapping[str, str],
-        status_dir: Path, poll_s: float = 1.0, grace_s: float = 30.0, listen: bool = True,
-        clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+        self,
+        store: JobStore,
+        rule: ScalingRule,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        status_dir: Path,
+        poll_s: float = 1.0,
+        grace_s: float = 30.0,
+        listen: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.rule = rule
@@ -350,8 +363,13 @@ class Supervisor:
             if not self._drain_one():
                 self.scaler.defer()
         if self.workers != current:
-            log.info("autoscale: %d → %d workers (active jobs %d, schedule floor %d)", current, self.workers,
-                     self.active_jobs, self.rule.floor(time.time()))
+            log.info(
+                "autoscale: %d → %d workers (active jobs %d, schedule floor %d)",
+                current,
+                self.workers,
+                self.active_jobs,
+                self.rule.floor(time.time()),
+            )
 
     def _spawn(self) -> None:
         self._serial += 1
@@ -389,10 +407,14 @@ class Supervisor:
             self.counters.died += 1
             quick = time.monotonic() - c.started_at < 10.0
             self._quick_deaths = self._quick_deaths + 1 if quick else 0
-            delay = min(30.0, 0.5 * 2 ** self._quick_deaths) if quick else 0.0
+            delay = min(30.0, 0.5 * 2**self._quick_deaths) if quick else 0.0
             self._spawn_after = time.monotonic() + delay
-            log.warning("autoscale: worker pid %d exited with %s; replacing it%s", c.proc.pid, code,
-                        f" in {delay:.1f} s" if delay else "")
+            log.warning(
+                "autoscale: worker pid %d exited with %s; replacing it%s",
+                c.proc.pid,
+                code,
+                f" in {delay:.1f} s" if delay else "",
+            )
 
     def shutdown(self) -> None:
         """SIGTERM every child (each drains within its ``--grace-s``), wait ``grace_s`` + 10 s,

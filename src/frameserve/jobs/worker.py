@@ -253,8 +253,10 @@ class Worker:
         if self.listener is not None:
             self.listener.start()
         for name, target in (
-            ("heartbeat", self._heartbeat_loop), ("fetch", self._fetch_loop),
-            ("process", self._process_loop), ("upload", self._upload_loop),
+            ("heartbeat", self._heartbeat_loop),
+            ("fetch", self._fetch_loop),
+            ("process", self._process_loop),
+            ("upload", self._upload_loop),
         ):
             t = threading.Thread(target=target, name=f"frameserve-worker-{name}", daemon=True)
             t.start()
@@ -361,8 +363,14 @@ class Worker:
         """Write the job's live progress (and extend its lease); sets ``cancel`` when requested.
         Raises :class:`LeaseLostError`."""
         values = a.live()
-        if self.store.report_progress(a.lease, lease_s=self.lease_s, progress=values[0], frames_done=values[1],
-                                      frames_expected=values[2], fps=values[3]):
+        if self.store.report_progress(
+            a.lease,
+            lease_s=self.lease_s,
+            progress=values[0],
+            frames_done=values[1],
+            frames_expected=values[2],
+            fps=values[3],
+        ):
             a.cancel.set()
         a.written, a.written_at = values[:3], time.monotonic()
 
@@ -495,8 +503,16 @@ class Worker:
                 if lease is None:
                     self._slot.release()
                     if not self._stopping.is_set():  # set before stop()'s wake-up: checked after `seen`
-                        idle_wait(signal, "job", seen, due_at=due_at, now=self.store.clock(), poll_s=self.poll_s,
-                                  safety_poll_s=self.safety_poll_s, cap_s=next_rescue - time.monotonic())
+                        idle_wait(
+                            signal,
+                            "job",
+                            seen,
+                            due_at=due_at,
+                            now=self.store.clock(),
+                            poll_s=self.poll_s,
+                            safety_poll_s=self.safety_poll_s,
+                            cap_s=next_rescue - time.monotonic(),
+                        )
                     continue
                 self.claimed += 1
                 a = self._register(lease)
@@ -537,8 +553,9 @@ class Worker:
         job = a.lease.job
         # the rules may have changed since submit: both ends are checked against the owner's storage now
         self.storage.check_target(job.target, tenant=job.owner)
-        item.video = self.storage.download(job.source, item.workdir / "source", tenant=job.owner, on_chunk=on_chunk,
-                                           cancel=a.cancel)
+        item.video = self.storage.download(
+            job.source, item.workdir / "source", tenant=job.owner, on_chunk=on_chunk, cancel=a.cancel
+        )
         self._end_phase(a, "download")
 
     def _process_loop(self) -> None:
@@ -590,7 +607,8 @@ class Worker:
             if deadline is not None and time.monotonic() > deadline:
                 raise JobTimeoutError(
                     f"the process phase ran past the job's deadline of {limit:g} s ({why}) after {done or 0} "
-                    + (f"of {expected} " if expected else "") + "frames; the pipeline was stopped",
+                    + (f"of {expected} " if expected else "")
+                    + "frames; the pipeline was stopped",
                     phase="process",
                 )
 
@@ -610,8 +628,9 @@ class Worker:
                 self._phase(a, "upload")
                 assert item.files is not None and item.result is not None
                 # a retry (token > 1) first removes what a killed attempt left under temporary keys
-                outputs = self.storage.upload(item.files, a.lease.job.target, tenant=a.lease.job.owner,
-                                              sweep=a.lease.token > 1)
+                outputs = self.storage.upload(
+                    item.files, a.lease.job.target, tenant=a.lease.job.owner, sweep=a.lease.token > 1
+                )
                 self._end_phase(a, "upload")
                 if self.fault is not None:
                     self.fault("after_upload")

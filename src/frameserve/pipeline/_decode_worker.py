@@ -41,8 +41,17 @@ from frameserve.pipeline.loader import PipelineDef, instantiate
 from frameserve.video import StreamInfo, VideoSource
 
 __all__ = [
-    "DecodeJob", "Done", "Failed", "FrameMsg", "Frames", "Info", "NeedRing", "Ring", "RingMsg",
-    "decode_main", "error_from_message",
+    "DecodeJob",
+    "Done",
+    "Failed",
+    "FrameMsg",
+    "Frames",
+    "Info",
+    "NeedRing",
+    "Ring",
+    "RingMsg",
+    "decode_main",
+    "error_from_message",
 ]
 
 _GROUP_S = 0.005
@@ -158,7 +167,8 @@ class Ring:
             offset += arr.nbytes
         self.rgb = (
             np.ndarray((n_slots, *layout.rgb), dtype=np.uint8, buffer=shm.buf, offset=offset)
-            if layout.rgb is not None else None
+            if layout.rgb is not None
+            else None
         )
 
     def release_views(self) -> None:
@@ -223,10 +233,17 @@ def _run(job: DecodeJob, parent_pid: int, ctl_q: Any, out_q: Any) -> None:
     origin = job.trace_origin or 0.0
 
     def event(name: str, t0: float, t1: float) -> None:
-        events.append({
-            "name": name, "cat": "stage", "ph": "X", "ts": round((t0 - origin) * 1e6, 3),
-            "dur": round(max(0.0, t1 - t0) * 1e6, 3), "pid": pid, "tid": tid,
-        })
+        events.append(
+            {
+                "name": name,
+                "cat": "stage",
+                "ph": "X",
+                "ts": round((t0 - origin) * 1e6, 3),
+                "dur": round(max(0.0, t1 - t0) * 1e6, 3),
+                "pid": pid,
+                "tid": tid,
+            }
+        )
 
     pipeline = instantiate(job.pipeline.load_class(), params=job.params, model_inputs=job.model_inputs)
     source = VideoSource(job.uri, sampling=job.sampling, threads=job.threads)
@@ -239,8 +256,11 @@ def _run(job: DecodeJob, parent_pid: int, ctl_q: Any, out_q: Any) -> None:
     # converting or preprocessing in this thread was spent decoding (and, a little, messaging).
     decode_cpu = max(0.0, total_cpu - src.convert_cpu_s - stats["preprocess_cpu_s"])
     stats.update(
-        decode_s=src.decode_s, decode_cpu_s=decode_cpu, convert_s=src.convert_s,
-        convert_cpu_s=src.convert_cpu_s, frames_decoded=src.frames_decoded,
+        decode_s=src.decode_s,
+        decode_cpu_s=decode_cpu,
+        convert_s=src.convert_s,
+        convert_cpu_s=src.convert_cpu_s,
+        frames_decoded=src.frames_decoded,
         wall_s=time.perf_counter() - w_start,
     )
     names = {(pid, None): f"decode process {job.worker_id}", (pid, tid): "decode → convert → preprocess"}
@@ -248,7 +268,7 @@ def _run(job: DecodeJob, parent_pid: int, ctl_q: Any, out_q: Any) -> None:
 
 
 def _loop(
-    job: DecodeJob, pipeline: Any, parent_pid: int, source: VideoSource, ctl_q: Any, out_q: Any, event: Any,
+    job: DecodeJob, pipeline: Any, parent_pid: int, source: VideoSource, ctl_q: Any, out_q: Any, event: Any
 ) -> dict[str, Any]:
     pre_s = pre_cpu = wait_s = 0.0
     pending: list[FrameMsg] = []

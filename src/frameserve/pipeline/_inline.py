@@ -23,8 +23,15 @@ __all__ = ["run_inline"]
 
 
 def run_inline(
-    frames: Iterable[Frame], *, pipeline: Pipeline, process: ProcessStage, output: OutputStage,
-    batch_size: int, timing: Timing, stats: Callable[[], Any] | None = None, first_alone: bool = False,
+    frames: Iterable[Frame],
+    *,
+    pipeline: Pipeline,
+    process: ProcessStage,
+    output: OutputStage,
+    batch_size: int,
+    timing: Timing,
+    stats: Callable[[], Any] | None = None,
+    first_alone: bool = False,
 ) -> None:
     """Run ``frames`` through preprocess → process → output, in this thread.
 
@@ -68,7 +75,7 @@ def run_inline(
             flush()  # new shapes: a new batch, as the decode-process executor does
             current = layout
         info = FrameInfo(
-            frame.index, frame.pts_s, frame.is_keyframe, frame.width, frame.height, frame.rgb if wants_rgb else None,
+            frame.index, frame.pts_s, frame.is_keyframe, frame.width, frame.height, frame.rgb if wants_rgb else None
         )
         items.append(BatchItem(inputs, info))
         if len(items) == batch_size or (first_alone and output.count == 0):

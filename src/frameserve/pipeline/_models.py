@@ -25,7 +25,11 @@ def repository_for(settings: Settings) -> Any:
 
 
 def prepare_models(
-    service: InferenceService, cls: type[Pipeline], settings: Settings, backend: str | None, *,
+    service: InferenceService,
+    cls: type[Pipeline],
+    settings: Settings,
+    backend: str | None,
+    *,
     one_instance: bool = False,
 ) -> dict[str, str]:
     """Make every model the pipeline names ready; returns role → served model name.
@@ -64,7 +68,9 @@ def prepare_models(
             config["backend"] = backend
         configs[name] = (asset_name, config)
     counts = {
-        name: sum(int(g.get("count", 1)) for g in _groups(cfg) if g.get("kind", "KIND_AUTO") in ("KIND_CPU", "KIND_AUTO"))
+        name: sum(
+            int(g.get("count", 1)) for g in _groups(cfg) if g.get("kind", "KIND_AUTO") in ("KIND_CPU", "KIND_AUTO")
+        )
         for name, (_, cfg) in configs.items()
     }
     # one batch calls its models one after another, and the runner keeps as many batches in

@@ -71,7 +71,6 @@ SHM_PREFIX = OWN_SEGMENT_PREFIX
 frameserve's own prefix, which clients may not register as a shared-memory region."""
 
 
-
 class DecodeProcess:
     """One spawned decode process and its two queues; runs one job at a time, reusable.
 
@@ -85,8 +84,10 @@ class DecodeProcess:
         self.ctl_q: Any = ctx.Queue()
         self.out_q: Any = ctx.Queue()
         self.proc = ctx.Process(
-            target=decode_main, args=(os.getpid(), self.ctl_q, self.out_q),
-            name=f"frameserve-decode-{worker_id}", daemon=True,
+            target=decode_main,
+            args=(os.getpid(), self.ctl_q, self.out_q),
+            name=f"frameserve-decode-{worker_id}",
+            daemon=True,
         )
         try:
             # the child inherits a blocked SIGINT, so a Ctrl-C while it is still importing does
@@ -165,8 +166,14 @@ class DecodePool:
 
 
 def run_parallel(
-    *, process: DecodeProcess, job: DecodeJob, stage: ProcessStage, timing: Timing,
-    make_output: Callable[[StreamInfo], OutputStage], batch_size: int, in_flight: int = 1,
+    *,
+    process: DecodeProcess,
+    job: DecodeJob,
+    stage: ProcessStage,
+    timing: Timing,
+    make_output: Callable[[StreamInfo], OutputStage],
+    batch_size: int,
+    in_flight: int = 1,
 ) -> tuple[StreamInfo, OutputStage, list[str], dict[str, Any]]:
     """Run one video: decode and ``preprocess`` in ``process``, ``process`` and output here.
 
@@ -199,8 +206,15 @@ def run_parallel(
         assert isinstance(msg, Info), type(msg).__name__
         output = make_output(msg.stream)
         executor = _Executor(
-            uri=job.uri, stage=stage, timing=timing, output=output, batch_size=batch_size,
-            ctl_q=ctl_q, out_q=out_q, proc=proc, in_flight=max(1, in_flight),
+            uri=job.uri,
+            stage=stage,
+            timing=timing,
+            output=output,
+            batch_size=batch_size,
+            ctl_q=ctl_q,
+            out_q=out_q,
+            proc=proc,
+            in_flight=max(1, in_flight),
         )
         warnings, stats = executor.run()
         return msg.stream, output, warnings, stats
@@ -213,6 +227,7 @@ def run_parallel(
     finally:
         if executor is not None:
             executor.free()
+
 
 @contextlib.contextmanager
 def _main_module_hidden() -> Iterator[None]:
@@ -305,7 +320,6 @@ def _free_ring(shm: SharedMemory | None) -> None:
         pass
 
 
-
 class _Executor:
     """The inference process's side of a parallel run::
 
@@ -326,8 +340,17 @@ class _Executor:
     """
 
     def __init__(
-        self, *, uri: str, stage: ProcessStage, timing: Timing, output: OutputStage,
-        batch_size: int, ctl_q: Any, out_q: Any, proc: Any, in_flight: int,
+        self,
+        *,
+        uri: str,
+        stage: ProcessStage,
+        timing: Timing,
+        output: OutputStage,
+        batch_size: int,
+        ctl_q: Any,
+        out_q: Any,
+        proc: Any,
+        in_flight: int,
     ) -> None:
         self.uri, self.stage, self.timing, self.output = uri, stage, timing, output
         self.batch_size, self.in_flight = batch_size, in_flight
@@ -349,7 +372,9 @@ class _Executor:
         if timing.trace is not None:
             timing.trace.name_process("inference process")
             timing.trace.name_thread("decode messages → batches")
-        out_thread = threading.Thread(target=self._guard, args=(self._output_thread,), name="frameserve-output", daemon=True)
+        out_thread = threading.Thread(
+            target=self._guard, args=(self._output_thread,), name="frameserve-output", daemon=True
+        )
         out_thread.start()
         try:
             warnings, stats = self._collect()
@@ -465,7 +490,8 @@ class _Executor:
         self._drop_ring()
         n_slots = (self.in_flight + 4) * self.batch_size
         shm = SharedMemory(
-            name=f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(4)}", create=True,
+            name=f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(4)}",
+            create=True,
             size=max(1, n_slots * layout.slot_bytes),
         )
         mark_own(shm.name)  # never registrable as a client region, whatever it is renamed to

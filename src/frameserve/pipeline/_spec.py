@@ -90,20 +90,36 @@ class RunSpec:
                 raise PipelineSpecError(f"params must be a mapping of name -> value, got {type(self.params).__name__}")
             object.__setattr__(self, "params", dict(self.params))
         if self.backend is not None and self.backend not in RUN_BACKENDS:
-            raise PipelineSpecError(f"backend {self.backend!r} unknown; accepted: {', '.join(RUN_BACKENDS)} (or None: each model's own)")
-        for name, low, what in (("batch", 1, ""), ("threads", 1, ""), ("decode_workers", 0, " (0 = single process)"),
-                                ("decode_threads", 0, " (0 = automatic)")):
+            raise PipelineSpecError(
+                f"backend {self.backend!r} unknown; accepted: {', '.join(RUN_BACKENDS)} (or None: each model's own)"
+            )
+        for name, low, what in (
+            ("batch", 1, ""),
+            ("threads", 1, ""),
+            ("decode_workers", 0, " (0 = single process)"),
+            ("decode_threads", 0, " (0 = automatic)"),
+        ):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise PipelineSpecError(f"{name} must be an integer >= {low}{what}, got {value!r}")
         sampling = Sampling.parse(self.sampling) if self.sampling is not None else None
         if self.max_duration_s is not None:
             if not self.short:
-                raise PipelineSpecError("max_duration_s is checked in the short-video mode only; pass short=True or leave it out")
-            if isinstance(self.max_duration_s, bool) or not isinstance(self.max_duration_s, (int, float)) or not self.max_duration_s > 0:
-                raise PipelineSpecError(f"max_duration_s must be a number of seconds > 0 or None, got {self.max_duration_s!r}")
+                raise PipelineSpecError(
+                    "max_duration_s is checked in the short-video mode only; pass short=True or leave it out"
+                )
+            if (
+                isinstance(self.max_duration_s, bool)
+                or not isinstance(self.max_duration_s, (int, float))
+                or not self.max_duration_s > 0
+            ):
+                raise PipelineSpecError(
+                    f"max_duration_s must be a number of seconds > 0 or None, got {self.max_duration_s!r}"
+                )
         if self.short and sampling is not None and sampling.kind != "keyframes":
-            raise PipelineSpecError(f"the short-video mode reads key frames only; --sampling {self.sampling!r} cannot be used with it")
+            raise PipelineSpecError(
+                f"the short-video mode reads key frames only; --sampling {self.sampling!r} cannot be used with it"
+            )
         if self.short and self.video_out is not None:
             raise PipelineSpecError("the short-video mode writes no video; leave out --video-out or --short")
 
@@ -116,12 +132,16 @@ class RunSpec:
         """
         if spec is not None:
             if options:
-                raise PipelineSpecError(f"pass the options in the spec or as keywords, not both (got spec and {', '.join(sorted(options))})")
+                raise PipelineSpecError(
+                    f"pass the options in the spec or as keywords, not both (got spec and {', '.join(sorted(options))})"
+                )
             if not isinstance(spec, RunSpec):
                 raise PipelineSpecError(f"spec must be a RunSpec, got {type(spec).__name__}")
             return spec
         fields = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(options) - set(fields))
         if unknown:
-            raise PipelineSpecError(f"unknown run option {', '.join(map(repr, unknown))}; accepted: {', '.join(fields)}")
+            raise PipelineSpecError(
+                f"unknown run option {', '.join(map(repr, unknown))}; accepted: {', '.join(fields)}"
+            )
         return cls(**options)

@@ -234,7 +234,11 @@ class ProcessStage:
         """
         if not batch:
             return []
-        frames = f"frames {batch[0].frame.index}-{batch[-1].frame.index}" if len(batch) > 1 else f"frame {batch[0].frame.index}"
+        frames = (
+            f"frames {batch[0].frame.index}-{batch[-1].frame.index}"
+            if len(batch) > 1
+            else f"frame {batch[0].frame.index}"
+        )
         t0, c0 = time.perf_counter(), time.thread_time()
         self.meter.take()
         try:
@@ -279,9 +283,17 @@ class OutputStage:
     """
 
     def __init__(
-        self, *, pipeline: Pipeline, info: StreamInfo | None, header: dict[str, Any], timing: Timing,
-        out: str | os.PathLike[str] | None, keep_frames: bool, video_out: str | os.PathLike[str] | None,
-        progress: ProgressFn | None, expected: int | None,
+        self,
+        *,
+        pipeline: Pipeline,
+        info: StreamInfo | None,
+        header: dict[str, Any],
+        timing: Timing,
+        out: str | os.PathLike[str] | None,
+        keep_frames: bool,
+        video_out: str | os.PathLike[str] | None,
+        progress: ProgressFn | None,
+        expected: int | None,
     ) -> None:
         self.pipeline = pipeline
         try:
@@ -367,8 +379,13 @@ class OutputStage:
                 raise hook_error(pipe, "encoding", exc) from None
             assert self.video_out is not None, "render() runs only with a video out"
             self._writer = VideoWriter(
-                self.video_out, img.shape[1], img.shape[0], fps=self.info.fps, time_base=self.info.time_base,
-                audio_from=self.info.uri if self.info.has_audio else None, **options,
+                self.video_out,
+                img.shape[1],
+                img.shape[0],
+                fps=self.info.fps,
+                time_base=self.info.time_base,
+                audio_from=self.info.uri if self.info.has_audio else None,
+                **options,
             )
         self._writer.write(np.ascontiguousarray(img), frame.pts_s)
 

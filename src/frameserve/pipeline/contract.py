@@ -154,7 +154,9 @@ class Batch(list[BatchItem]):
     dimension, without a copy where the frames lie next to each other in shared memory.
     """
 
-    def __init__(self, items: Sequence[BatchItem] = (), stacked: Mapping[str, np.ndarray[Any, Any]] | None = None) -> None:
+    def __init__(
+        self, items: Sequence[BatchItem] = (), stacked: Mapping[str, np.ndarray[Any, Any]] | None = None
+    ) -> None:
         super().__init__(items)
         self._stacked = dict(stacked or {})
 
@@ -296,10 +298,7 @@ class ModelHandle:
         """Outputs of a zero-item batch: the model's output shapes with 0 rows (variable
         dimensions are 0 too)."""
         cfg = self._service.model_config(self.name)
-        return {
-            t.name: np.zeros((0, *(max(d, 0) for d in t.dims)), dtype=t.datatype.to_numpy())
-            for t in cfg.outputs
-        }
+        return {t.name: np.zeros((0, *(max(d, 0) for d in t.dims)), dtype=t.datatype.to_numpy()) for t in cfg.outputs}
 
     def __repr__(self) -> str:
         return f"ModelHandle(role={self.role!r}, model={self.name!r}, inputs={list(self.inputs)})"
@@ -385,10 +384,7 @@ class Pipeline:
             return results
         keys = list(batch[0].inputs) if batch else []
         outputs = handle.infer({k: batch.stacked(k) for k in keys})
-        return [
-            self.postprocess(item.frame, {k: v[i] for k, v in outputs.items()})
-            for i, item in enumerate(batch)
-        ]
+        return [self.postprocess(item.frame, {k: v[i] for k, v in outputs.items()}) for i, item in enumerate(batch)]
 
     def postprocess(self, frame: FrameInfo, outputs: dict[str, np.ndarray[Any, Any]]) -> Any:
         """One frame's model outputs (batch dimension removed) → its result (dict or
@@ -448,4 +444,6 @@ def to_jsonable(value: Any, *, where: str) -> Any:
         return out
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v, where=where) for v in value]
-    raise PipelineSpecError(f"{where}: a {type(value).__name__} cannot be written as JSON; use numbers, strings, lists and dicts")
+    raise PipelineSpecError(
+        f"{where}: a {type(value).__name__} cannot be written as JSON; use numbers, strings, lists and dicts"
+    )

@@ -183,7 +183,9 @@ def load_pipeline(ref: str | os.PathLike[str] | PipelineDef) -> PipelineDef:
         if path.suffix == ".py":
             d = PipelineDef("python", str(path), class_name or None, origin=text)
         else:
-            d = PipelineDef("yaml", str(path), data=_parse_yaml(path.read_text(encoding="utf-8"), str(path)), origin=str(path))
+            d = PipelineDef(
+                "yaml", str(path), data=_parse_yaml(path.read_text(encoding="utf-8"), str(path)), origin=str(path)
+            )
     d.load_class()
     return d
 
@@ -246,8 +248,7 @@ def _class_from_file(path: Path, class_name: str | None, origin: str) -> type[Pi
             )
         return cls
     own = [
-        v for v in vars(module).values()
-        if isinstance(v, type) and issubclass(v, Pipeline) and v.__module__ == mod_name
+        v for v in vars(module).values() if isinstance(v, type) and issubclass(v, Pipeline) and v.__module__ == mod_name
     ]
     if len(own) != 1:
         found = ", ".join(c.__name__ for c in own) or "none"
@@ -280,7 +281,9 @@ def _class_from_yaml(data: Mapping[str, Any], origin: str) -> type[Pipeline]:
         raise PipelineSpecError(f"{origin}: unknown key(s) {unknown}; accepted: {sorted(_YAML_KEYS)}")
     kind = str(data.pop("type", "detector"))
     if kind not in TYPES:
-        raise PipelineSpecError(f"{origin}: type {kind!r} is not a built-in pipeline class; accepted: {', '.join(sorted(TYPES))}")
+        raise PipelineSpecError(
+            f"{origin}: type {kind!r} is not a built-in pipeline class; accepted: {', '.join(sorted(TYPES))}"
+        )
     base = _import_class(TYPES[kind], origin)
     if "name" not in data:
         raise PipelineSpecError(f"{origin}: missing required key 'name'")
@@ -290,7 +293,9 @@ def _class_from_yaml(data: Mapping[str, Any], origin: str) -> type[Pipeline]:
     convert = getattr(base, "from_legacy_yaml", None)
     if legacy:
         if convert is None:
-            raise PipelineSpecError(f"{origin}: key(s) {sorted(legacy)} are not accepted for type {kind!r}; accepted: {sorted(_YAML_KEYS)}")
+            raise PipelineSpecError(
+                f"{origin}: key(s) {sorted(legacy)} are not accepted for type {kind!r}; accepted: {sorted(_YAML_KEYS)}"
+            )
         extra = convert(legacy, origin)
         for key in ("models", "model_assets"):
             if key in extra:
@@ -310,7 +315,9 @@ def _class_from_yaml(data: Mapping[str, Any], origin: str) -> type[Pipeline]:
         if key in data:
             value = data[key]
             if not isinstance(value, Mapping):
-                raise PipelineSpecError(f"{origin}: {key} must be a mapping of role -> value, got {type(value).__name__}")
+                raise PipelineSpecError(
+                    f"{origin}: {key} must be a mapping of role -> value, got {type(value).__name__}"
+                )
             attrs[key] = {**attrs.get(key, {}), **{str(k): v for k, v in value.items()}}
     cls = type(str(attrs["name"]).replace("-", "_") or kind, (base,), attrs)
     return cls
@@ -332,12 +339,16 @@ def merge_params(
         if rest:
             if not isinstance(out.get(head), Mapping):
                 if strict:
-                    raise PipelineSpecError(f"{origin}: param {key!r}: {head!r} is not a mapping parameter; accepted: {', '.join(sorted(out)) or 'none'}")
+                    raise PipelineSpecError(
+                        f"{origin}: param {key!r}: {head!r} is not a mapping parameter; accepted: {', '.join(sorted(out)) or 'none'}"
+                    )
                 out[head] = {}
             out[head] = merge_params(out[head], {rest: value}, origin=f"{origin}: {head}", strict=strict)
             continue
         if strict and key not in out:
-            raise PipelineSpecError(f"{origin}: unknown param {shown(key)}; accepted: {', '.join(sorted(out)) or 'none'}")
+            raise PipelineSpecError(
+                f"{origin}: unknown param {shown(key)}; accepted: {', '.join(sorted(out)) or 'none'}"
+            )
         if isinstance(out.get(key), Mapping) and isinstance(value, Mapping):
             out[key] = merge_params(out[key], value, origin=f"{origin}: {key}", strict=False)
         elif isinstance(out.get(key), Mapping) and value is not None:
@@ -425,7 +436,9 @@ def near_hooks(cls: type[Pipeline]) -> list[str]:
                 continue
             close = difflib.get_close_matches(name, _HOOKS, n=1, cutoff=0.75)
             if close:
-                out.append(f"pipeline {cls.name!r}: method {name}() is not a hook and is never called; did you mean {close[0]}()?")
+                out.append(
+                    f"pipeline {cls.name!r}: method {name}() is not a hook and is never called; did you mean {close[0]}()?"
+                )
     return out
 
 
@@ -443,7 +456,9 @@ def check_class(cls: type[Pipeline], origin: str) -> None:
         if not callable(getattr(cls, hook, None)):
             raise PipelineHookError(f"{where}: {hook} must be a method")
     if cls.preprocess is Pipeline.preprocess:
-        raise PipelineHookError(f"{where}: hook preprocess is missing; define preprocess(self, frame) -> dict[str, np.ndarray]")
+        raise PipelineHookError(
+            f"{where}: hook preprocess is missing; define preprocess(self, frame) -> dict[str, np.ndarray]"
+        )
     if cls.process is Pipeline.process and cls.postprocess is Pipeline.postprocess:
         raise PipelineHookError(
             f"{where}: define process(self, batch, models) -> list, or postprocess(self, frame, outputs) "
@@ -453,7 +468,9 @@ def check_class(cls: type[Pipeline], origin: str) -> None:
         raise PipelineHookError(f"{where}: class attribute name must be a non-empty str")
     for attr in ("models", "model_config", "params"):
         if not isinstance(getattr(cls, attr), Mapping):
-            raise PipelineHookError(f"{where}: class attribute {attr} must be a dict, got {type(getattr(cls, attr)).__name__}")
+            raise PipelineHookError(
+                f"{where}: class attribute {attr} must be a dict, got {type(getattr(cls, attr)).__name__}"
+            )
     for role, model in cls.models.items():
         if not isinstance(role, str) or not isinstance(model, str) or not model:
             raise PipelineHookError(f"{where}: models must map role (str) -> model name (str); got {role!r}: {model!r}")
@@ -464,7 +481,9 @@ def check_class(cls: type[Pipeline], origin: str) -> None:
 
 
 def instantiate(
-    cls: type[Pipeline], *, params: Mapping[str, Any] | None = None,
+    cls: type[Pipeline],
+    *,
+    params: Mapping[str, Any] | None = None,
     model_inputs: Mapping[str, Mapping[str, ModelInput]] | None = None,
 ) -> Pipeline:
     """Make an instance as every process does: no arguments, then ``params`` (the class's

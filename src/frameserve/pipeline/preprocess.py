@@ -108,9 +108,7 @@ class PreprocessSpec:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(data) - known)
         if unknown:
-            raise PipelineSpecError(
-                f"unknown preprocess option(s) {unknown}; accepted: {sorted(known)}"
-            )
+            raise PipelineSpecError(f"unknown preprocess option(s) {unknown}; accepted: {sorted(known)}")
         if "scale" in data and isinstance(data["scale"], str):
             data["scale"] = _parse_fraction(data["scale"])
         return cls(**data)
@@ -207,21 +205,15 @@ def _geometry(rgb: np.ndarray[Any, Any], spec: PreprocessSpec) -> tuple[np.ndarr
     if spec.resize == "stretch":
         img = cv2.resize(rgb, (tw, th), interpolation=interp)
     elif spec.resize == "pad_square":
-        square = cv2.copyMakeBorder(
-            rgb, top, side - h - top, left, side - w - left, cv2.BORDER_CONSTANT, value=pad
-        )
+        square = cv2.copyMakeBorder(rgb, top, side - h - top, left, side - w - left, cv2.BORDER_CONSTANT, value=pad)
         img = cv2.resize(square, (tw, th), interpolation=interp) if (side, side) != (tw, th) else square
     else:  # letterbox: resize first keeping aspect ratio, then pad (Ultralytics LetterBox).
         resized = cv2.resize(rgb, (nw, nh), interpolation=interp) if (nw, nh) != (w, h) else rgb
-        img = cv2.copyMakeBorder(
-            resized, top, th - nh - top, left, tw - nw - left, cv2.BORDER_CONSTANT, value=pad
-        )
+        img = cv2.copyMakeBorder(resized, top, th - nh - top, left, tw - nw - left, cv2.BORDER_CONSTANT, value=pad)
     return img, transform_for(w, h, spec)
 
 
-def preprocess_into(
-    rgb: np.ndarray[Any, Any], spec: PreprocessSpec, out: np.ndarray[Any, Any]
-) -> Transform:
+def preprocess_into(rgb: np.ndarray[Any, Any], spec: PreprocessSpec, out: np.ndarray[Any, Any]) -> Transform:
     """Preprocess one frame into ``out`` (a preallocated slot of a batch array).
 
     Args:
@@ -242,9 +234,7 @@ def preprocess_into(
             has the wrong shape.
     """
     if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
-        raise PipelineSpecError(
-            f"preprocess expects an RGB uint8 (H, W, 3) frame, got {rgb.dtype} {rgb.shape}"
-        )
+        raise PipelineSpecError(f"preprocess expects an RGB uint8 (H, W, 3) frame, got {rgb.dtype} {rgb.shape}")
     if rgb.shape[0] < 1 or rgb.shape[1] < 1:
         raise PipelineSpecError(
             f"preprocess expects a frame of at least 1x1 pixels, got an empty {rgb.shape[1]}x{rgb.shape[0]} "

@@ -51,7 +51,9 @@ class PipelineRegistry:
         if self.folder is None:
             return
         if not self.folder.is_dir():
-            raise PipelineSpecError(f"--pipelines {os.fspath(self.folder)!r} is not a directory; expected a folder of pipeline .py / .yaml files")
+            raise PipelineSpecError(
+                f"--pipelines {os.fspath(self.folder)!r} is not a directory; expected a folder of pipeline .py / .yaml files"
+            )
         for path in sorted(self.folder.iterdir()):
             if path.suffix not in PIPELINE_SUFFIXES or path.name.startswith(("_", ".")) or not path.is_file():
                 continue

@@ -84,7 +84,9 @@ class RunResult(dict[str, Any]):
         video_out_path: the encoded video, or ``None``.
     """
 
-    def __init__(self, data: Mapping[str, Any], *, results_path: Path | None = None, video_out_path: Path | None = None) -> None:
+    def __init__(
+        self, data: Mapping[str, Any], *, results_path: Path | None = None, video_out_path: Path | None = None
+    ) -> None:
         super().__init__(data)
         self.results_path = results_path
         self.video_out_path = video_out_path
@@ -182,7 +184,9 @@ def run(
                 proc.close()
 
 
-def _resolve(pipeline: str | os.PathLike[str] | PipelineDef, spec: RunSpec) -> tuple[PipelineDef, type[Pipeline], dict[str, Any]]:
+def _resolve(
+    pipeline: str | os.PathLike[str] | PipelineDef, spec: RunSpec
+) -> tuple[PipelineDef, type[Pipeline], dict[str, Any]]:
     """The pipeline's definition, class and merged params (checked before anything loads)."""
     pdef = load_pipeline(pipeline)
     cls = pdef.load_class()
@@ -190,7 +194,9 @@ def _resolve(pipeline: str | os.PathLike[str] | PipelineDef, spec: RunSpec) -> t
     return pdef, cls, merged
 
 
-def _capped_batch(cls: type[Pipeline], batch_size: int, inputs: Mapping[str, Mapping[str, Any]], notes: list[str]) -> int:
+def _capped_batch(
+    cls: type[Pipeline], batch_size: int, inputs: Mapping[str, Mapping[str, Any]], notes: list[str]
+) -> int:
     """A one-model pipeline's batch is capped at its model's ``max_batch_size`` (1 for a model
     that does not batch), with a note; a pipeline of several models batches as it asks (its
     handles split larger calls)."""
@@ -224,11 +230,20 @@ class _Loaded:
 
 
 def _load(
-    pdef: PipelineDef, cls: type[Pipeline], merged: dict[str, Any], spec: RunSpec, service: InferenceService,
-    settings: Settings, *, timing: Timing, one_instance: bool,
+    pdef: PipelineDef,
+    cls: type[Pipeline],
+    merged: dict[str, Any],
+    spec: RunSpec,
+    service: InferenceService,
+    settings: Settings,
+    *,
+    timing: Timing,
+    one_instance: bool,
 ) -> _Loaded:
     """Load the models, make the pipeline (params checked) and call its ``setup`` (timed on ``timing``)."""
-    sampling = Sampling.parse("keyframes" if spec.short else (spec.sampling if spec.sampling is not None else cls.sampling))
+    sampling = Sampling.parse(
+        "keyframes" if spec.short else (spec.sampling if spec.sampling is not None else cls.sampling)
+    )
     notes = near_hooks(cls)
     roles = prepare_models(service, cls, settings, spec.backend, one_instance=one_instance)
     inputs = model_inputs(service, roles)
@@ -243,7 +258,13 @@ class _Run:
     process, this thread, or the key-frame reader (``spec.short``), and returns its result."""
 
     def __init__(
-        self, loaded: _Loaded, spec: RunSpec, *, uri: str, timing: Timing, progress: ProgressFn | None,
+        self,
+        loaded: _Loaded,
+        spec: RunSpec,
+        *,
+        uri: str,
+        timing: Timing,
+        progress: ProgressFn | None,
         on_frame: FrameCallback | None = None,
     ) -> None:
         self.loaded, self.spec, self.uri, self.timing = loaded, spec, uri, timing
@@ -269,8 +290,14 @@ class _Run:
         if self.on_frame is not None:
             progress = self._frames_to(self.on_frame, progress)
         output = OutputStage(
-            pipeline=self.pipeline, info=info, header=header, timing=self.timing, out=self.spec.out,
-            keep_frames=self.spec.keep_frames, video_out=self.spec.video_out, progress=progress,
+            pipeline=self.pipeline,
+            info=info,
+            header=header,
+            timing=self.timing,
+            out=self.spec.out,
+            keep_frames=self.spec.keep_frames,
+            video_out=self.spec.video_out,
+            progress=progress,
             expected=info.frame_count if info is not None and loaded.sampling.kind == "all" else None,
         )
         self._results = output.results
@@ -281,7 +308,7 @@ class _Run:
         reported = [0]
 
         def progress(done: int, expected: int | None) -> None:
-            for res in self._results[reported[0]:]:
+            for res in self._results[reported[0] :]:
                 on_frame(self.uri, res)
             reported[0] = len(self._results)
             if then is not None:
@@ -307,14 +334,23 @@ class _Run:
         try:
             if proc is not None:
                 job = DecodeJob(
-                    uri=self.uri, sampling=str(sampling), threads=spec.decode_threads, pipeline=self.loaded.pdef,
-                    params=self.loaded.params, model_inputs=self.pipeline.model_inputs,
+                    uri=self.uri,
+                    sampling=str(sampling),
+                    threads=spec.decode_threads,
+                    pipeline=self.loaded.pdef,
+                    params=self.loaded.params,
+                    model_inputs=self.pipeline.model_inputs,
                     wants_rgb=spec.video_out is not None or bool(self.pipeline.needs_rgb),
                     trace_origin=timing.trace.origin if timing.trace is not None else None,
                 )
                 info, output, src_warnings, _ = run_parallel(
-                    process=proc, job=job, stage=self.stage, timing=timing,
-                    make_output=self._output, batch_size=self.loaded.batch_size, in_flight=self._in_flight(),
+                    process=proc,
+                    job=job,
+                    stage=self.stage,
+                    timing=timing,
+                    make_output=self._output,
+                    batch_size=self.loaded.batch_size,
+                    in_flight=self._in_flight(),
                 )
                 warnings = list(src_warnings)
             elif spec.short:
@@ -347,7 +383,8 @@ class _Run:
                 output.abort()
             raise
         return RunResult(
-            data, results_path=Path(spec.out) if spec.out is not None else None,
+            data,
+            results_path=Path(spec.out) if spec.out is not None else None,
             video_out_path=Path(spec.video_out) if spec.video_out is not None else None,
         )
 
@@ -356,8 +393,13 @@ class _Run:
             output = self._output(source.info)
             try:
                 run_inline(
-                    source, pipeline=self.pipeline, process=self.stage, output=output,
-                    batch_size=self.loaded.batch_size, timing=self.timing, stats=lambda: source.stats,
+                    source,
+                    pipeline=self.pipeline,
+                    process=self.stage,
+                    output=output,
+                    batch_size=self.loaded.batch_size,
+                    timing=self.timing,
+                    stats=lambda: source.stats,
                 )
             except BaseException:
                 output.abort()
@@ -370,20 +412,30 @@ class _Run:
     def _short(self) -> OutputStage:
         marks: dict[str, float] = {}
         spec = self.spec
-        with KeyframeReader(self.uri, max_duration_s=spec.max_duration_s, max_duration_flag=spec.max_duration_flag) as reader:
+        with KeyframeReader(
+            self.uri, max_duration_s=spec.max_duration_s, max_duration_flag=spec.max_duration_flag
+        ) as reader:
             output = self._output(None)
             try:
                 run_inline(
-                    timed_frames(reader, self.timing, marks, time.perf_counter()), pipeline=self.pipeline,
-                    process=self.stage, output=output, batch_size=self.loaded.batch_size, timing=self.timing,
+                    timed_frames(reader, self.timing, marks, time.perf_counter()),
+                    pipeline=self.pipeline,
+                    process=self.stage,
+                    output=output,
+                    batch_size=self.loaded.batch_size,
+                    timing=self.timing,
                     first_alone=True,
                 )
             except BaseException:
                 output.abort()
                 raise
             output.header["source"] = {
-                "uri": self.uri, "codec": reader.codec, "width": int(marks.get("width", reader.width)),
-                "height": int(marks.get("height", reader.height)), "fps": reader.fps, "open_s": round(reader.open_s, 6),
+                "uri": self.uri,
+                "codec": reader.codec,
+                "width": int(marks.get("width", reader.width)),
+                "height": int(marks.get("height", reader.height)),
+                "fps": reader.fps,
+                "open_s": round(reader.open_s, 6),
             }
         return output
 
@@ -419,22 +471,34 @@ class ShortVideoRunner:
     """
 
     def __init__(
-        self, pipeline: str | os.PathLike[str] | PipelineDef = "nudenet", *, settings: Settings | None = None,
-        service: InferenceService | None = None, backend: RunBackend | None = None, threads: int | None = None,
-        workers: int | None = None, params: Mapping[str, Any] | None = None,
+        self,
+        pipeline: str | os.PathLike[str] | PipelineDef = "nudenet",
+        *,
+        settings: Settings | None = None,
+        service: InferenceService | None = None,
+        backend: RunBackend | None = None,
+        threads: int | None = None,
+        workers: int | None = None,
+        params: Mapping[str, Any] | None = None,
     ) -> None:
         self.spec = RunSpec(short=True, params=params, backend=backend, threads=threads)
         self.settings = settings or Settings.from_env(threads=threads)
         pdef, cls, merged = _resolve(pipeline, self.spec)
         self._own_service = service is None
-        self.service = service or InferenceService(repository_for(self.settings), threads=threads or self.settings.threads)
+        self.service = service or InferenceService(
+            repository_for(self.settings), threads=threads or self.settings.threads
+        )
         try:
-            self._loaded = _load(pdef, cls, merged, self.spec, self.service, self.settings, timing=Timing(), one_instance=False)
+            self._loaded = _load(
+                pdef, cls, merged, self.spec, self.service, self.settings, timing=Timing(), one_instance=False
+            )
         except BaseException:
             if self._own_service:
                 self.service.close()
             raise
-        self._pool = ThreadPoolExecutor(max_workers=workers or min(4, cpu_count()), thread_name_prefix="frameserve-short")
+        self._pool = ThreadPoolExecutor(
+            max_workers=workers or min(4, cpu_count()), thread_name_prefix="frameserve-short"
+        )
 
     def submit(self, video: str | os.PathLike[str], *, on_frame: FrameCallback | None = None) -> Future[RunResult]:
         """Queue one file; the future's result is its :class:`RunResult` (or its error).
@@ -442,7 +506,7 @@ class ShortVideoRunner:
         return self._pool.submit(self._process, str(video), on_frame)
 
     def run_many(
-        self, videos: Iterable[str | os.PathLike[str]], *, on_frame: FrameCallback | None = None,
+        self, videos: Iterable[str | os.PathLike[str]], *, on_frame: FrameCallback | None = None
     ) -> Iterator[tuple[str, RunResult | FrameserveError]]:
         """Process files concurrently and yield ``(video, result)`` for each as soon as it is
         complete (completion order); a file that fails with a frameserve error yields that

@@ -80,7 +80,11 @@ class KeyframeReader:
     """
 
     def __init__(
-        self, uri: str | os.PathLike[str], *, fast_open: bool = True, max_duration_s: float | None = None,
+        self,
+        uri: str | os.PathLike[str],
+        *,
+        fast_open: bool = True,
+        max_duration_s: float | None = None,
         max_duration_flag: str | None = None,
     ) -> None:
         if max_duration_s is not None and not max_duration_s > 0:
@@ -91,8 +95,10 @@ class KeyframeReader:
         self._max_duration_flag = max_duration_flag
         self._container = _open(self.uri, fast_open)
         try:
-            stream = next((s for s in self._container.streams.video
-                           if not s.disposition & av.stream.Disposition.attached_pic), None)
+            stream = next(
+                (s for s in self._container.streams.video if not s.disposition & av.stream.Disposition.attached_pic),
+                None,
+            )
             if fast_open and (stream is None or not stream.codec_context.width):
                 # a format whose streams are only known after probing (MPEG-TS...): probe normally
                 self._container.close()
@@ -162,7 +168,9 @@ class KeyframeReader:
             return
         flag = f" ({self._max_duration_flag})" if self._max_duration_flag else ""
         declared = declared_duration_s(self._container, self._stream)
-        says = f"the container declares {declared:.3f} s" if declared is not None else "the container declares no duration"
+        says = (
+            f"the container declares {declared:.3f} s" if declared is not None else "the container declares no duration"
+        )
         raise PayloadTooLargeError(
             f"{self.uri!r} runs past the limit of {limit:g} s{flag}: a frame at {elapsed_s:.3f} s after the first "
             f"({says})"

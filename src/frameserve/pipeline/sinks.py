@@ -15,13 +15,22 @@ import numpy as np
 from frameserve.errors import InvalidInputError
 from frameserve.pipeline.postprocess import Detection
 
-__all__ = [
-    "check_output_path","ResultsWriter", "StreamedFrames", "draw_detections", "write_json"]
+__all__ = ["check_output_path", "ResultsWriter", "StreamedFrames", "draw_detections", "write_json"]
 
 # A fixed palette (RGB) so a label keeps its colour from frame to frame.
 _PALETTE = [
-    (230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
-    (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128), (220, 190, 255),
+    (230, 25, 75),
+    (60, 180, 75),
+    (255, 225, 25),
+    (0, 130, 200),
+    (245, 130, 48),
+    (145, 30, 180),
+    (70, 240, 240),
+    (240, 50, 230),
+    (210, 245, 60),
+    (250, 190, 212),
+    (0, 128, 128),
+    (220, 190, 255),
 ]
 
 
@@ -87,7 +96,9 @@ def draw_detections(
     scale = max(0.3, min(img.shape[:2]) / 720)
     for det in detections:
         label, score, box = (
-            (det["label"], float(det["score"]), det["box"]) if isinstance(det, Mapping) else (det.label, det.score, det.box)
+            (det["label"], float(det["score"]), det["box"])
+            if isinstance(det, Mapping)
+            else (det.label, det.score, det.box)
         )
         colour = _PALETTE[(labels.index(label) if label in labels else sum(map(ord, label))) % len(_PALETTE)]
         x1, y1, x2, y2 = (int(round(v)) for v in box)

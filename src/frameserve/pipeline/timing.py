@@ -40,11 +40,7 @@ __all__ = ["STAGES", "StageTimes", "Timing", "Trace"]
 STAGES = ("decode", "convert", "preprocess", "infer", "postprocess", "encode")
 """The stages every timing table lists, in pipeline order."""
 
-_LANES = {
-    "decode": ("decode", "convert", "preprocess"),
-    "inference": ("infer",),
-    "output": ("postprocess", "encode"),
-}
+_LANES = {"decode": ("decode", "convert", "preprocess"), "inference": ("infer",), "output": ("postprocess", "encode")}
 
 
 @dataclass
@@ -86,13 +82,22 @@ class Trace:
         self._lock = threading.Lock()
 
     def complete(
-        self, name: str, start: float, end: float, *, pid: int | None = None, tid: int | None = None,
+        self,
+        name: str,
+        start: float,
+        end: float,
+        *,
+        pid: int | None = None,
+        tid: int | None = None,
         args: dict[str, Any] | None = None,
     ) -> None:
         """Add an ``X`` event from ``start`` to ``end`` (``perf_counter`` seconds)."""
         ev: dict[str, Any] = {
-            "name": name, "cat": "stage", "ph": "X",
-            "ts": round((start - self.origin) * 1e6, 3), "dur": round(max(0.0, end - start) * 1e6, 3),
+            "name": name,
+            "cat": "stage",
+            "ph": "X",
+            "ts": round((start - self.origin) * 1e6, 3),
+            "dur": round(max(0.0, end - start) * 1e6, 3),
             "pid": os.getpid() if pid is None else pid,
             "tid": threading.get_native_id() if tid is None else tid,
         }

@@ -39,8 +39,10 @@ LOG_FORMATS = ("default", "ISO8601")
 
 _DEFAULT_LINE = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _BOOLS = ("log_info", "log_warning", "log_error")
-_ACCEPTED = "log_file (string, read-only), log_info, log_warning, log_error (booleans), " \
-            "log_verbose_level (unsigned integer), log_format (default or ISO8601)"
+_ACCEPTED = (
+    "log_file (string, read-only), log_info, log_warning, log_error (booleans), "
+    "log_verbose_level (unsigned integer), log_format (default or ISO8601)"
+)
 
 
 class _Iso8601(logging.Formatter):
@@ -66,7 +68,9 @@ class LogSettings(logging.Filter):
         self._log_file = log_file
         level = logging.getLogger().getEffectiveLevel()  # --log-level's, as the starting settings
         self._values: dict[str, Any] = {
-            "log_info": level <= logging.INFO, "log_warning": level <= logging.WARNING, "log_error": True,
+            "log_info": level <= logging.INFO,
+            "log_warning": level <= logging.WARNING,
+            "log_error": True,
             "log_verbose_level": (1 if level <= logging.DEBUG else 0) if verbose is None else int(verbose),
             "log_format": "default",
         }
@@ -132,13 +136,15 @@ class LogSettings(logging.Filter):
                 new[name] = value
             elif name == "log_verbose_level":
                 if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32:
-                    raise InvalidInputError(f"log setting 'log_verbose_level' must be an unsigned 32-bit integer, "
-                                            f"got {_kind(value)}")
+                    raise InvalidInputError(
+                        f"log setting 'log_verbose_level' must be an unsigned 32-bit integer, got {_kind(value)}"
+                    )
                 new[name] = value
             elif name == "log_format":
                 if value not in LOG_FORMATS:
-                    raise InvalidInputError(f"invalid argument for log_format, got: {str(value)[:64]!r}; "
-                                            f"accepted: {', '.join(LOG_FORMATS)}")
+                    raise InvalidInputError(
+                        f"invalid argument for log_format, got: {str(value)[:64]!r}; accepted: {', '.join(LOG_FORMATS)}"
+                    )
                 new[name] = value
             else:
                 raise InvalidInputError(f"unknown log setting {str(name)[:64]!r}; accepted: {_ACCEPTED}")

@@ -17,12 +17,7 @@ from frameserve.repository._ensemble import EnsembleScheduling, EnsembleStep, ch
 from frameserve.repository._inputs import check_inputs
 from frameserve.repository._override import config_override
 from frameserve.repository._policy import VersionPolicy
-from frameserve.repository._repository import (
-    MAX_MODEL_NAME_BYTES,
-    MODEL_FILENAMES,
-    ModelRepository,
-    check_model_name,
-)
+from frameserve.repository._repository import MAX_MODEL_NAME_BYTES, MODEL_FILENAMES, ModelRepository, check_model_name
 from frameserve.repository._schema import config_schema, validate_config
 from frameserve.repository._sequence import (
     CONTROL_KINDS,

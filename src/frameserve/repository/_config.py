@@ -26,13 +26,23 @@ from frameserve.repository._schema import validate_config
 from frameserve.repository._sequence import SequenceBatching, parse_sequence_batching
 from frameserve.types import DataType, TensorSpec
 
-__all__ = ["BACKENDS", "ENSEMBLE", "PRECISIONS", "InstanceGroup", "ModelConfig", "RateLimiterSpec", "check_model_filename", "parse_config"]
+__all__ = [
+    "BACKENDS",
+    "ENSEMBLE",
+    "PRECISIONS",
+    "InstanceGroup",
+    "ModelConfig",
+    "RateLimiterSpec",
+    "check_model_filename",
+    "parse_config",
+]
 
 BACKENDS: tuple[str, ...] = ("onnxruntime", "openvino", "torch", "python")
 """Backend names a config may give (Triton's ``pytorch`` is read as ``torch``)."""
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8")
 """Values of ``parameters.precision``."""
+
 
 def check_model_filename(value: object, where: str = "model config") -> None:
     """Refuse a ``default_model_filename`` that is not a bare file name of the version folder.
@@ -100,8 +110,10 @@ class RateLimiterSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Triton's JSON form."""
-        return {"resources": [{"name": n, "global": g, "count": c} for n, c, g in self.resources],
-                "priority": self.priority}
+        return {
+            "resources": [{"name": n, "global": g, "count": c} for n, c, g in self.resources],
+            "priority": self.priority,
+        }
 
     @classmethod
     def from_dict(cls, data: Any) -> RateLimiterSpec:
@@ -111,12 +123,16 @@ class RateLimiterSpec:
             ModelConfigError: not of that shape.
         """
         try:
-            resources = tuple((str(r["name"]), int(r.get("count", 0)), bool(r.get("global", False)))
-                              for r in data.get("resources") or ())
+            resources = tuple(
+                (str(r["name"]), int(r.get("count", 0)), bool(r.get("global", False)))
+                for r in data.get("resources") or ()
+            )
             return cls(resources, int(data.get("priority", 0)))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise ModelConfigError(f"instance_group.rate_limiter: {type(exc).__name__}: {exc}; expected "
-                                   "{resources: [{name, count, global}], priority}") from None
+            raise ModelConfigError(
+                f"instance_group.rate_limiter: {type(exc).__name__}: {exc}; expected "
+                "{resources: [{name, count, global}], priority}"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -265,7 +281,9 @@ class ModelConfig:
     def _check_ensemble(self) -> None:
         where = f"ensemble {self.name!r}"
         if self.ensemble_scheduling is None or self.backend != ENSEMBLE:
-            raise ModelConfigError(f"{where}: an ensemble has platform \"ensemble\" and ensemble_scheduling with its steps")
+            raise ModelConfigError(
+                f'{where}: an ensemble has platform "ensemble" and ensemble_scheduling with its steps'
+            )
         if self.instance_group:
             raise ModelConfigError(f"{where}: an ensemble has no instance_group (its steps' models have their own)")
         if self.dynamic_batching is not None:
@@ -408,11 +426,7 @@ def _spec(item: Mapping[str, Any], where: str) -> TensorSpec:
 
 
 def parse_config(
-    data: Mapping[str, Any] | None,
-    *,
-    default_name: str,
-    source: str = "config",
-    default_backend: str | None = None,
+    data: Mapping[str, Any] | None, *, default_name: str, source: str = "config", default_backend: str | None = None
 ) -> ModelConfig:
     """Build a :class:`ModelConfig` from config.yaml's mapping (Triton field names).
 

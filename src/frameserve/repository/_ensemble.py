@@ -205,7 +205,7 @@ def _check_acyclic(where: str, steps: Sequence[EnsembleStep], producer: Mapping[
     while True:
         nxt = min(after[path[-1]] - done)
         if nxt in path:
-            loop = path[path.index(nxt):] + [nxt]
+            loop = path[path.index(nxt) :] + [nxt]
             break
         path.append(nxt)
     loop.reverse()  # producer before consumer

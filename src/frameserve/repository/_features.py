@@ -45,7 +45,9 @@ def check_bare_filename(value: object, where: str) -> str:
             ``\\``, ``:`` or NUL; the message echoes nothing of the value.
     """
     if not is_bare_filename(value):
-        raise ModelConfigError(f"{where} must be a bare file name (at most 255 bytes; no '/', '\\', ':', NUL, '.' or '..')")
+        raise ModelConfigError(
+            f"{where} must be a bare file name (at most 255 bytes; no '/', '\\', ':', NUL, '.' or '..')"
+        )
     return str(value)
 
 
@@ -132,7 +134,9 @@ class WarmupSample:
 
 def _warmup_input(raw: Any, where: str) -> WarmupInput:
     if not isinstance(raw, Mapping):
-        raise ModelConfigError(f"{where} must be a mapping {{data_type, dims, zero_data | random_data | input_data_file}}")
+        raise ModelConfigError(
+            f"{where} must be a mapping {{data_type, dims, zero_data | random_data | input_data_file}}"
+        )
     try:
         datatype = DataType.parse(raw.get("data_type", ""))
     except TensorError as exc:
@@ -176,8 +180,12 @@ def parse_warmup(raw: Any, source: str) -> tuple[WarmupSample, ...]:
         inputs = item.get("inputs") or {}
         if not isinstance(inputs, Mapping):
             raise ModelConfigError(f"{where}: inputs must map input names to inputs")
-        out.append(WarmupSample(
-            name=name, batch_size=batch_size, count=count,
-            inputs={str(k): _warmup_input(v, f"{where} input {str(k)[:64]!r}") for k, v in inputs.items()},
-        ))
+        out.append(
+            WarmupSample(
+                name=name,
+                batch_size=batch_size,
+                count=count,
+                inputs={str(k): _warmup_input(v, f"{where} input {str(k)[:64]!r}") for k, v in inputs.items()},
+            )
+        )
     return tuple(out)

@@ -33,9 +33,7 @@ def _fits(spec: Any, value: np.ndarray[Any, Any], mbs: int) -> bool:
     return ok and bool(spec.matches(value.shape, mbs))
 
 
-def check_inputs(
-    cfg: ModelConfig, inputs: Mapping[str, Any]
-) -> tuple[dict[str, np.ndarray[Any, Any]] | None, int]:
+def check_inputs(cfg: ModelConfig, inputs: Mapping[str, Any]) -> tuple[dict[str, np.ndarray[Any, Any]] | None, int]:
     """``(arrays, batch_size)``: ``arrays`` is ``None`` when ``inputs`` can be queued as
     they are, else the inputs in the model's order, each C-contiguous (BYTES as given).
 
@@ -59,8 +57,7 @@ def check_inputs(
         value = inputs[spec.name]
         if not isinstance(value, np.ndarray):
             raise TensorError(
-                f"input {spec.name!r}: a {type(value).__name__} given, a numpy array of "
-                f"{spec.datatype.value} expected"
+                f"input {spec.name!r}: a {type(value).__name__} given, a numpy array of {spec.datatype.value} expected"
             )
         if not _fits(spec, value, mbs):
             spec.check(value, mbs)  # raises with what was given and what is expected

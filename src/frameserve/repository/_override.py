@@ -51,7 +51,9 @@ def config_override(model: str, parameters: Mapping[str, Any]) -> dict[str, Any]
     if isinstance(value, bytes):
         value = value.decode("utf-8", errors="replace")
     if not isinstance(value, str):
-        raise poll_failed(model, f"parameter 'config' must be a string holding a JSON model config, got {type(value).__name__}")
+        raise poll_failed(
+            model, f"parameter 'config' must be a string holding a JSON model config, got {type(value).__name__}"
+        )
     from frameserve.repository._pbtxt import json_to_dict
 
     try:

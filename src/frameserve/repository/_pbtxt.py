@@ -105,8 +105,11 @@ def _warmup(sample: dict[str, Any]) -> dict[str, Any]:
         entry = {k: v for k, v in item.items() if k != "dims"}
         entry["dims"] = [_int(d) for d in item.get("dims", [])]
         inputs[name] = entry
-    out: dict[str, Any] = {"batch_size": _int(sample.get("batch_size", 0)), "inputs": inputs,
-                           "count": _int(sample.get("count", 0))}
+    out: dict[str, Any] = {
+        "batch_size": _int(sample.get("batch_size", 0)),
+        "inputs": inputs,
+        "count": _int(sample.get("count", 0)),
+    }
     if sample.get("name"):
         out["name"] = sample["name"]
     return out
@@ -147,13 +150,17 @@ def _ensemble(raw: dict[str, Any], source: str, dropped: list[str]) -> dict[str,
     steps = []
     for i, step in enumerate(raw.get("step", [])):
         if step.get("model_namespace"):
-            raise ModelConfigError(f"{source}: ensemble_scheduling.step[{i}]: model_namespace is not supported by frameserve")
-        steps.append({
-            "model_name": step.get("model_name", ""),
-            "model_version": _int(step.get("model_version", 0)),
-            "input_map": dict(step.get("input_map", {})),
-            "output_map": dict(step.get("output_map", {})),
-        })
+            raise ModelConfigError(
+                f"{source}: ensemble_scheduling.step[{i}]: model_namespace is not supported by frameserve"
+            )
+        steps.append(
+            {
+                "model_name": step.get("model_name", ""),
+                "model_version": _int(step.get("model_version", 0)),
+                "input_map": dict(step.get("input_map", {})),
+                "output_map": dict(step.get("output_map", {})),
+            }
+        )
     if "max_inflight_requests" in raw:
         dropped.append("ensemble_scheduling.max_inflight_requests")
     return {"step": steps}
@@ -268,8 +275,14 @@ def message_to_dict(message: Any, *, source: str) -> tuple[dict[str, Any], list[
             if group.get("rate_limiter"):  # kept: serve --rate-limit execution_count uses it
                 limiter = group["rate_limiter"]
                 entry["rate_limiter"] = {
-                    "resources": [{"name": r.get("name", ""), "count": _int(r.get("count", 0)),
-                                   "global": bool(r.get("global", False))} for r in limiter.get("resources", ())],
+                    "resources": [
+                        {
+                            "name": r.get("name", ""),
+                            "count": _int(r.get("count", 0)),
+                            "global": bool(r.get("global", False)),
+                        }
+                        for r in limiter.get("resources", ())
+                    ],
                     "priority": _int(limiter.get("priority", 0)),
                 }
             dropped += [f"instance_group[{i}].{k}" for k in _GROUP_DROPPED if k in group]

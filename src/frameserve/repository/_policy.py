@@ -37,9 +37,7 @@ class VersionPolicy:
 
     def __post_init__(self) -> None:
         if self.kind not in ("latest", "all", "specific"):
-            raise ModelConfigError(
-                f"version policy {self.kind!r} unknown; supported values are latest, all, specific"
-            )
+            raise ModelConfigError(f"version policy {self.kind!r} unknown; supported values are latest, all, specific")
         if self.kind == "latest" and self.num_versions < 1:
             raise ModelConfigError(f"version_policy.latest.num_versions must be >= 1, got {self.num_versions}")
         if self.kind == "specific" and not self.versions:
@@ -64,9 +62,7 @@ class VersionPolicy:
         if not data:
             return cls()
         if len(data) != 1:
-            raise ModelConfigError(
-                f"version_policy must have exactly one of latest, all, specific; got {sorted(data)}"
-            )
+            raise ModelConfigError(f"version_policy must have exactly one of latest, all, specific; got {sorted(data)}")
         ((kind, body),) = data.items()
         body = body or {}
         if kind == "latest":

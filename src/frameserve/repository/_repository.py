@@ -20,17 +20,8 @@ from typing import Any
 
 import yaml
 
-from frameserve.errors import (
-    InvalidModelNameError,
-    ModelConfigError,
-    ModelNotFoundError,
-    unknown_model,
-)
-from frameserve.repository._config import (
-    ModelConfig,
-    check_model_filename,
-    parse_config,
-)
+from frameserve.errors import InvalidModelNameError, ModelConfigError, ModelNotFoundError, unknown_model
+from frameserve.repository._config import ModelConfig, check_model_filename, parse_config
 
 __all__ = ["MAX_MODEL_NAME_BYTES", "MODEL_FILENAMES", "ModelRepository", "check_model_name"]
 
@@ -87,11 +78,7 @@ class ModelRepository:
 
     def models(self) -> list[str]:
         """Names of the model folders, sorted (hidden folders and ``__pycache__`` left out)."""
-        return sorted(
-            p.name
-            for p in self.root.iterdir()
-            if p.is_dir() and not p.name.startswith((".", "_"))
-        )
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
 
     def model_dir(self, name: str) -> Path:
         """The folder of model ``name``.

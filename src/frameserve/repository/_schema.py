@@ -72,9 +72,7 @@ def validate_config(data: Any, *, source: str) -> None:
         ModelConfigError: naming ``source``, each bad field's path and what is accepted there.
     """
     if not isinstance(data, Mapping):
-        raise ModelConfigError(
-            f"{source}: a model config must be a mapping of fields, got {type(data).__name__}"
-        )
+        raise ModelConfigError(f"{source}: a model config must be a mapping of fields, got {type(data).__name__}")
     errors = sorted(_validator().iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     if not errors:
         return

@@ -157,9 +157,13 @@ def _control(item: Any, where: str) -> SequenceControl:
         raise ModelConfigError(f"{where}: a control input needs a name")
     controls = entry.get("control") or []
     if not isinstance(controls, list) or len(controls) != 1:
-        raise ModelConfigError(f"{where} ({name!r}): give exactly one control, got {len(controls) if isinstance(controls, list) else controls!r}")
+        raise ModelConfigError(
+            f"{where} ({name!r}): give exactly one control, got {len(controls) if isinstance(controls, list) else controls!r}"
+        )
     ctl = _section(controls[0], f"{where}.control[0]")
-    _unknown(ctl, ("kind", "int32_false_true", "fp32_false_true", "bool_false_true", "data_type"), f"{where}.control[0]")
+    _unknown(
+        ctl, ("kind", "int32_false_true", "fp32_false_true", "bool_false_true", "data_type"), f"{where}.control[0]"
+    )
     kind = ctl.get("kind", "CONTROL_SEQUENCE_START")
     if kind not in CONTROL_KINDS:
         raise ModelConfigError(f"{where} ({name!r}): kind {kind!r} unknown; accepted: {', '.join(CONTROL_KINDS)}")
@@ -187,8 +191,11 @@ def _control(item: Any, where: str) -> SequenceControl:
 
 def _state(item: Any, where: str) -> SequenceState:
     entry = _section(item, where)
-    _unknown(entry, ("input_name", "output_name", "data_type", "dims", "initial_state",
-                     "use_same_buffer_for_input_output"), where)
+    _unknown(
+        entry,
+        ("input_name", "output_name", "data_type", "dims", "initial_state", "use_same_buffer_for_input_output"),
+        where,
+    )
     names = [entry.get("input_name"), entry.get("output_name")]
     if not all(isinstance(n, str) and n for n in names):
         raise ModelConfigError(f"{where}: a state needs input_name and output_name")
@@ -210,13 +217,17 @@ def _state(item: Any, where: str) -> SequenceState:
         if init.get("data_file"):
             init_file = str(init["data_file"])
             if "/" in init_file or "\\" in init_file or init_file in (".", ".."):
-                raise ModelConfigError(f"{where}.initial_state.data_file {init_file!r} must be a file name in initial_state/")
+                raise ModelConfigError(
+                    f"{where}.initial_state.data_file {init_file!r} must be a file name in initial_state/"
+                )
         elif not init.get("zero_data"):
             raise ModelConfigError(f"{where}.initial_state: give zero_data: true or a data_file")
     return SequenceState(str(names[0]), str(names[1]), dt, dims, init_dims, init_file)
 
 
-def parse_sequence_batching(data: Mapping[str, Any] | None, *, where: str = "sequence_batching") -> SequenceBatching | None:
+def parse_sequence_batching(
+    data: Mapping[str, Any] | None, *, where: str = "sequence_batching"
+) -> SequenceBatching | None:
     """Read a ``sequence_batching`` mapping (config.yaml's form; config.pbtxt is mapped to it).
 
     Returns:
@@ -232,17 +243,24 @@ def parse_sequence_batching(data: Mapping[str, Any] | None, *, where: str = "seq
     _unknown(data, ("max_sequence_idle_microseconds", "direct", "oldest", "control_input", "state"), where)
     if "direct" in data and "oldest" in data:
         raise ModelConfigError(f"{where}: give the direct or the oldest strategy, not both")
-    idle = _int(data.get("max_sequence_idle_microseconds", 0), f"{where}.max_sequence_idle_microseconds") or DEFAULT_IDLE_US
+    idle = (
+        _int(data.get("max_sequence_idle_microseconds", 0), f"{where}.max_sequence_idle_microseconds")
+        or DEFAULT_IDLE_US
+    )
     strategy, candidates, delay = "direct", 0, 0
     preferred: tuple[int, ...] = ()
     if "oldest" in data:
         old = _section(data["oldest"], f"{where}.oldest")
-        _unknown(old, ("max_candidate_sequences", "preferred_batch_size", "max_queue_delay_microseconds"), f"{where}.oldest")
+        _unknown(
+            old, ("max_candidate_sequences", "preferred_batch_size", "max_queue_delay_microseconds"), f"{where}.oldest"
+        )
         strategy = "oldest"
         candidates = _int(old.get("max_candidate_sequences", 0), f"{where}.oldest.max_candidate_sequences")
         if candidates < 1:
             raise ModelConfigError(f"{where}.oldest.max_candidate_sequences must be >= 1")
-        preferred = tuple(_int(p, f"{where}.oldest.preferred_batch_size", minimum=1) for p in old.get("preferred_batch_size") or ())
+        preferred = tuple(
+            _int(p, f"{where}.oldest.preferred_batch_size", minimum=1) for p in old.get("preferred_batch_size") or ()
+        )
         delay = _int(old.get("max_queue_delay_microseconds", 0), f"{where}.oldest.max_queue_delay_microseconds")
     else:
         direct = _section(data.get("direct"), f"{where}.direct")

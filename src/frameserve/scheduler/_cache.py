@@ -126,7 +126,11 @@ class ResponseCache:
             put(array.dtype.str.encode())
             put(repr(tuple(array.shape)).encode())
             put(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)  # 1-D: len() is the byte count
-        put(repr([(o.name, sorted((str(k), repr(v)) for k, v in o.parameters.items())) for o in request.outputs]).encode())
+        put(
+            repr(
+                [(o.name, sorted((str(k), repr(v)) for k, v in o.parameters.items())) for o in request.outputs]
+            ).encode()
+        )
         put(repr(sorted((str(k), repr(v)) for k, v in params.items())).encode())
         return h.digest()
 

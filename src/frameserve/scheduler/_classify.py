@@ -20,10 +20,20 @@ from frameserve.types import DataType
 
 __all__ = ["CLASSIFIABLE", "check_classification", "classify", "classify_outputs", "read_labels"]
 
-CLASSIFIABLE: frozenset[DataType] = frozenset({
-    DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64, DataType.INT8, DataType.INT16,
-    DataType.INT32, DataType.INT64, DataType.FP32, DataType.FP64,
-})
+CLASSIFIABLE: frozenset[DataType] = frozenset(
+    {
+        DataType.UINT8,
+        DataType.UINT16,
+        DataType.UINT32,
+        DataType.UINT64,
+        DataType.INT8,
+        DataType.INT16,
+        DataType.INT32,
+        DataType.INT64,
+        DataType.FP32,
+        DataType.FP64,
+    }
+)
 """The datatypes an output must have to be classified (Triton's list; FP16, BF16, BOOL and BYTES
 are refused)."""
 
@@ -98,8 +108,11 @@ def classify(
 
 
 def classify_outputs(
-    outputs: Mapping[str, np.ndarray[Any, Any]], counts: Mapping[str, int],
-    labels: Mapping[str, Sequence[str]], *, batching: bool,
+    outputs: Mapping[str, np.ndarray[Any, Any]],
+    counts: Mapping[str, int],
+    labels: Mapping[str, Sequence[str]],
+    *,
+    batching: bool,
 ) -> dict[str, np.ndarray[Any, Any]]:
     """``outputs`` with each output named in ``counts`` replaced by :func:`classify` of it."""
     out = dict(outputs)

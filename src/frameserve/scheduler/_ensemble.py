@@ -182,14 +182,20 @@ def check_ensemble_steps(config: ModelConfig, step_config: StepConfigFn) -> None
         names = [s.name for s in cfg.inputs]
         for key in step.input_map:
             if key not in names:
-                raise ModelConfigError(f"{where}: input_map names input {key!r}, which the model lacks; its inputs: {names}")
+                raise ModelConfigError(
+                    f"{where}: input_map names input {key!r}, which the model lacks; its inputs: {names}"
+                )
         unmapped = [n for n in names if n not in step.input_map]
         if unmapped:
-            raise ModelConfigError(f"{where}: model input(s) {unmapped} are not mapped to any ensemble tensor (input_map)")
+            raise ModelConfigError(
+                f"{where}: model input(s) {unmapped} are not mapped to any ensemble tensor (input_map)"
+            )
         outs = [s.name for s in cfg.outputs]
         for key, tensor in step.output_map.items():
             if key not in outs:
-                raise ModelConfigError(f"{where}: output_map names output {key!r}, which the model lacks; its outputs: {outs}")
+                raise ModelConfigError(
+                    f"{where}: output_map names output {key!r}, which the model lacks; its outputs: {outs}"
+                )
             note(tensor, cfg.output(key), step_mbs, f"output {key!r} of step {i} ({step.model_name!r})")
     for i, (step, cfg) in enumerate(zip(steps, loaded, strict=True)):
         for key, tensor in step.input_map.items():
@@ -212,9 +218,26 @@ class _Run:
     (the :class:`~frameserve.request.StatsSink` its step requests carry)."""
 
     __slots__ = (
-        "arrival_ns", "batch_size", "blocking", "chained", "deferred", "dispatch", "failed", "future", "here",
-        "input_ns", "infer_ns", "left", "lock", "output_ns", "pending", "queue_ns", "remaining", "request",
-        "tensors", "wake",
+        "arrival_ns",
+        "batch_size",
+        "blocking",
+        "chained",
+        "deferred",
+        "dispatch",
+        "failed",
+        "future",
+        "here",
+        "input_ns",
+        "infer_ns",
+        "left",
+        "lock",
+        "output_ns",
+        "pending",
+        "queue_ns",
+        "remaining",
+        "request",
+        "tensors",
+        "wake",
     )
 
     def __init__(self, request: InferRequest, batch_size: int, needs: list[int], arrival_ns: int) -> None:
@@ -238,7 +261,9 @@ class _Run:
         self.blocking = False  # that thread waits in enqueue for the answer, starting every step
         self.deferred: list[int] = []  # steps made ready for that thread to start
 
-    def add_step_times(self, *, queue_ns: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int) -> None:
+    def add_step_times(
+        self, *, queue_ns: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
+    ) -> None:
         """A step request's times (its scheduler calls this): the compute times add up."""
         with self.lock:
             self.input_ns += compute_input_ns
@@ -330,7 +355,9 @@ class EnsembleScheduler:
         """None: an ensemble opens no session."""
         return []
 
-    def enqueue(self, requests: Sequence[tuple[InferRequest, int]], *, dispatch: Dispatch = QUEUED) -> list[Future[Outputs]]:
+    def enqueue(
+        self, requests: Sequence[tuple[InferRequest, int]], *, dispatch: Dispatch = QUEUED
+    ) -> list[Future[Outputs]]:
         """Start checked ensemble requests ``(request, batch size)``, in order (each step's own
         scheduler batches the steps of concurrent requests): the steps whose inputs are all
         ensemble inputs are sent at once, the others as their inputs arrive.
@@ -497,7 +524,11 @@ class EnsembleScheduler:
         self.stats.record_batch(batch_size=run.batch_size, request_ns=[request_ns], queue_ns=[run.queue_ns], **times)
         if self.metrics is not None:
             self.metrics.record_batch(
-                self.name, self.version, batch_size=run.batch_size, request_ns=[request_ns], queue_ns=[run.queue_ns],
+                self.name,
+                self.version,
+                batch_size=run.batch_size,
+                request_ns=[request_ns],
+                queue_ns=[run.queue_ns],
                 **times,
             )
         _settle(run.future, result, None)

@@ -173,7 +173,9 @@ def plan_instances(
         except ValueError:
             explicit = 0
         if explicit < 1:
-            raise ModelConfigError(f"model {config.name!r}: parameters.threads is {params['threads']!r}; give an integer >= 1")
+            raise ModelConfigError(
+                f"model {config.name!r}: parameters.threads is {params['threads']!r}; give an integer >= 1"
+            )
     if explicit is not None and explicit < 1:
         raise ModelConfigError(f"model {config.name!r}: threads must be >= 1, got {explicit}")
     cpu_sets: list[frozenset[int]] = []
@@ -238,6 +240,9 @@ def plan_instances(
         n = explicit if explicit is not None else (len(pinned) if pinned is not None else auto)
         idx = counters.get(gname, 0)
         counters[gname] = idx + 1
-        out.append(InstanceSpec(index=idx, kind=kind, threads=n, cpu_set=pinned, gpu=gpu, group=gname,
-                                rate_limit=limits.get(gname)))
+        out.append(
+            InstanceSpec(
+                index=idx, kind=kind, threads=n, cpu_set=pinned, gpu=gpu, group=gname, rate_limit=limits.get(gname)
+            )
+        )
     return out

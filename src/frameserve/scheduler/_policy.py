@@ -118,7 +118,9 @@ class BatchingPolicy:
             )
 
     @classmethod
-    def from_config(cls, config: ModelConfig, *, default_max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE) -> BatchingPolicy:
+    def from_config(
+        cls, config: ModelConfig, *, default_max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE
+    ) -> BatchingPolicy:
         """Read ``config.dynamic_batching`` (``None`` = requests run one by one, with the default
         queue policy).
 
@@ -129,10 +131,7 @@ class BatchingPolicy:
         mbs = int(config.max_batch_size or 0)
         db = config.dynamic_batching
         if db is None:
-            return cls(
-                max_batch_size=mbs,
-                default_queue_policy=QueuePolicy(max_queue_size=default_max_queue_size),
-            )
+            return cls(max_batch_size=mbs, default_queue_policy=QueuePolicy(max_queue_size=default_max_queue_size))
         levels = int(db.get("priority_levels", 0))
         per_level = {
             int(k): QueuePolicy.from_dict(v, default_max_queue_size=default_max_queue_size)

@@ -71,8 +71,14 @@ class ResponsePath:
 
     @classmethod
     def open(
-        cls, config: ModelConfig, version: int, stats: ModelStats, model_dir: Path | None, *,
-        cache: ResponseCache | None, metrics: Metrics,
+        cls,
+        config: ModelConfig,
+        version: int,
+        stats: ModelStats,
+        model_dir: Path | None,
+        *,
+        cache: ResponseCache | None,
+        metrics: Metrics,
     ) -> ResponsePath:
         """The path of a version being loaded: its labels read from ``model_dir`` (the model's
         folder) for each ``label_filename``.
@@ -111,7 +117,8 @@ class ResponsePath:
         return False
 
     def submit(
-        self, requests: Sequence[tuple[InferRequest, int]],
+        self,
+        requests: Sequence[tuple[InferRequest, int]],
         enqueue: Callable[[Sequence[tuple[InferRequest, int]]], list[Future[Outputs]]],
     ) -> list[Future[Outputs]]:
         """Answer requests ``(request, batch size)`` (checked already) that arrived together:
@@ -155,8 +162,9 @@ class ResponsePath:
     ) -> Future[Outputs]:
         """A future of ``future``'s result classified and cached as ``request`` asks."""
         key, lookup_ns, _ = plan
-        counts = {o.name: int(o.parameters["classification"]) for o in request.outputs
-                  if o.parameters.get("classification")}
+        counts = {
+            o.name: int(o.parameters["classification"]) for o in request.outputs if o.parameters.get("classification")
+        }
         if not counts and key is None:
             return future
         answer: Future[Outputs] = Future()

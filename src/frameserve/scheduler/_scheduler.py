@@ -159,7 +159,10 @@ class Scheduler:
         self._instances = [_Instance(spec) for spec in instances]
         for inst in self._instances:
             inst.thread = threading.Thread(
-                target=self._instance_main, args=(inst,), name=f"fs-{self.name}-v{version}-{inst.spec.name}", daemon=True
+                target=self._instance_main,
+                args=(inst,),
+                name=f"fs-{self.name}-v{version}-{inst.spec.name}",
+                daemon=True,
             )
             inst.thread.start()
         for inst in self._instances:
@@ -184,8 +187,9 @@ class Scheduler:
             try:
                 for inst in self._instances:
                     if inst.spec.rate_limit is not None:
-                        inst.rate_slot = rate_limiter.register(f"{self.name}/{inst.spec.name}", inst.spec.rate_limit,
-                                                               inst.spec.gpu)
+                        inst.rate_slot = rate_limiter.register(
+                            f"{self.name}/{inst.spec.name}", inst.spec.rate_limit, inst.spec.gpu
+                        )
                         self._limited = True
             except BaseException:
                 self._unregister()
@@ -196,7 +200,9 @@ class Scheduler:
         self._idle: list[_Instance] = list(self._instances)
         if metrics is not None:
             metrics.register_model(self.name, version)
-        self._batcher = threading.Thread(target=self._batcher_main, name=f"fs-{self.name}-v{version}-batcher", daemon=True)
+        self._batcher = threading.Thread(
+            target=self._batcher_main, name=f"fs-{self.name}-v{version}-batcher", daemon=True
+        )
         self._batcher.start()
 
     # -- public ------------------------------------------------------------------------------
@@ -217,7 +223,9 @@ class Scheduler:
         with self._cond:
             return len(self._queue)
 
-    def enqueue(self, requests: Sequence[tuple[InferRequest, int]], *, dispatch: Dispatch = QUEUED) -> list[Future[Outputs]]:
+    def enqueue(
+        self, requests: Sequence[tuple[InferRequest, int]], *, dispatch: Dispatch = QUEUED
+    ) -> list[Future[Outputs]]:
         """Queue checked requests that arrived together (one, or an event loop's requests of one
         iteration), then send at once the batches the batching rule forms of them while an
         instance is idle: several batch with each other; a lone one with nothing else queued
@@ -413,7 +421,9 @@ class Scheduler:
                     inst.slot.put(None)
                 return
 
-    def _hand_over(self, target: _Instance, batch: list[QueuedRequest], *, counted: bool = False, here: bool = False) -> None:
+    def _hand_over(
+        self, target: _Instance, batch: list[QueuedRequest], *, counted: bool = False, here: bool = False
+    ) -> None:
         """Give a formed batch to an idle instance (outside the lock), or run it on this thread
         with that instance's session (``here``)."""
         running = self._start(batch, counted=counted)
@@ -483,7 +493,9 @@ class Scheduler:
             except Exception:  # pragma: no cover - closing must not hide the real outcome
                 log.exception("model %r: closing a session failed", self.name)
 
-    def _run_batch(self, inst: _Instance, batch: list[QueuedRequest], *, chain: bool = False) -> list[QueuedRequest] | None:
+    def _run_batch(
+        self, inst: _Instance, batch: list[QueuedRequest], *, chain: bool = False
+    ) -> list[QueuedRequest] | None:
         """Run ``batch`` on ``inst``'s session, then release ``inst``; with ``chain`` (on the
         instance's own thread) return the next batch it should run instead, if any."""
         try:
@@ -536,7 +548,9 @@ class Scheduler:
                         f"model {self.name!r} version {self.version}: run_requests returned {len(raw)} results "
                         f"for {len(batch)} requests"
                     )
-                outcomes = [o if isinstance(o, BaseException) else self._pick(r, o) for r, o in zip(batch, raw, strict=True)]
+                outcomes = [
+                    o if isinstance(o, BaseException) else self._pick(r, o) for r, o in zip(batch, raw, strict=True)
+                ]
             else:
                 if len(batch) == 1:
                     inputs = batch[0].inputs
@@ -560,8 +574,10 @@ class Scheduler:
         ok: list[tuple[QueuedRequest, Outputs]] = []
         for r, outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                error = outcome if isinstance(outcome, FrameserveError) else InferenceError(
-                    f"model {self.name!r} version {self.version}: {outcome}"
+                error = (
+                    outcome
+                    if isinstance(outcome, FrameserveError)
+                    else InferenceError(f"model {self.name!r} version {self.version}: {outcome}")
                 )
                 self._fail(r, error, "BACKEND")
             else:
@@ -571,13 +587,23 @@ class Scheduler:
         queue_ns = [r.dispatch_ns - r.arrival_ns for r, _ in ok]
         # the batch's execution and its answered requests, each recorded under one lock
         self.stats.record_batch(
-            batch_size=total, request_ns=request_ns, queue_ns=queue_ns,
-            compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns,
+            batch_size=total,
+            request_ns=request_ns,
+            queue_ns=queue_ns,
+            compute_input_ns=input_ns,
+            compute_infer_ns=infer_ns,
+            compute_output_ns=output_ns,
         )
         if self.metrics is not None:
             self.metrics.record_batch(
-                self.name, self.version, batch_size=total, request_ns=request_ns, queue_ns=queue_ns,
-                compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns,
+                self.name,
+                self.version,
+                batch_size=total,
+                request_ns=request_ns,
+                queue_ns=queue_ns,
+                compute_input_ns=input_ns,
+                compute_infer_ns=infer_ns,
+                compute_output_ns=output_ns,
             )
         for r, outcome in ok:
             trace = r.request.trace
@@ -587,7 +613,9 @@ class Scheduler:
             if sink is not None:  # an ensemble's step: its times count for the ensemble too
                 sink.add_step_times(
                     queue_ns=r.dispatch_ns - r.arrival_ns,
-                    compute_input_ns=input_ns, compute_infer_ns=infer_ns, compute_output_ns=output_ns,
+                    compute_input_ns=input_ns,
+                    compute_infer_ns=infer_ns,
+                    compute_output_ns=output_ns,
                 )
             self._deliver(r, outcome, None)
 
@@ -608,7 +636,9 @@ class Scheduler:
             wanted = self._outputs
         missing = [n for n in wanted if n not in out]
         if missing:
-            return InferenceError(f"model {self.name!r} version {self.version}: backend returned no output {shown_names(missing)}")
+            return InferenceError(
+                f"model {self.name!r} version {self.version}: backend returned no output {shown_names(missing)}"
+            )
         return {n: out[n] for n in wanted}
 
     def _split(self, batch: list[QueuedRequest], out: Outputs, total: int) -> list[Outputs | BaseException]:
@@ -654,4 +684,6 @@ class Scheduler:
             self._fail(r, exc, "BACKEND")
 
     def __repr__(self) -> str:
-        return f"Scheduler({self.name!r}, version={self.version}, instances={len(self._instances)}, policy={self.policy})"
+        return (
+            f"Scheduler({self.name!r}, version={self.version}, instances={len(self._instances)}, policy={self.policy})"
+        )

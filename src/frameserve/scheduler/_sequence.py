@@ -188,8 +188,17 @@ class SequenceScheduler(Scheduler):
         self._n_pending = 0
         self._delay_ns = seq.max_queue_delay_us * 1000
         self._idle_ns = seq.max_sequence_idle_us * 1000
-        super().__init__(config, version, instances, load, clock=clock, stats=stats, metrics=metrics,
-                         max_queue_size=max_queue_size, rate_limiter=rate_limiter)
+        super().__init__(
+            config,
+            version,
+            instances,
+            load,
+            clock=clock,
+            stats=stats,
+            metrics=metrics,
+            max_queue_size=max_queue_size,
+            rate_limiter=rate_limiter,
+        )
         if seq.strategy == "direct" and (self.config.max_batch_size or 0) != (config.max_batch_size or 0):
             n_slots = max(1, self.config.max_batch_size or 0)  # completed from the model: resize the idle lanes
             with self._cond:
@@ -210,7 +219,9 @@ class SequenceScheduler(Scheduler):
         with self._cond:
             return len(self._seqs)
 
-    def enqueue(self, requests: Sequence[tuple[InferRequest, int]], *, dispatch: Dispatch = QUEUED) -> list[Future[dict[str, Array]]]:
+    def enqueue(
+        self, requests: Sequence[tuple[InferRequest, int]], *, dispatch: Dispatch = QUEUED
+    ) -> list[Future[dict[str, Array]]]:
         """Queue requests of sequences (see :meth:`Scheduler.enqueue`); a batch an idle
         instance can run at once is formed here and handed to it (or, as ``dispatch`` allows,
         run on this thread with its session), else the batcher decides.
@@ -291,7 +302,9 @@ class SequenceScheduler(Scheduler):
     def _admit(self, request: InferRequest, batch_size: int, now: int) -> _SeqRequest:
         sid = request.sequence_id
         if sid in (0, ""):
-            raise InvalidInputError(f"inference request to model '{self.name}' must specify a non-zero or non-empty correlation ID")
+            raise InvalidInputError(
+                f"inference request to model '{self.name}' must specify a non-zero or non-empty correlation ID"
+            )
         key = (request.tenant, sid)  # one tenant's id never reaches another's sequence
         seq = self._seqs.get(key)
         if not request.sequence_start and (seq is None or not seq.open):
@@ -460,7 +473,9 @@ class SequenceScheduler(Scheduler):
                     events = [w for w in wakes if w is not None]
                     self.clock.wait(self._cond, min(events) - now if events else None)
             for r in refused:
-                self._fail(r, SchedulerStoppedError(f"model {self.name!r} version {self.version} was unloaded"), "OTHER")
+                self._fail(
+                    r, SchedulerStoppedError(f"model {self.name!r} version {self.version} was unloaded"), "OTHER"
+                )
             for lane, batch in handoffs:
                 running = self._start(batch, counted=True)
                 if running:

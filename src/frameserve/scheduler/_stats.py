@@ -11,7 +11,16 @@ from typing import Any
 
 __all__ = ["ModelStats"]
 
-_REQUEST_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
+_REQUEST_KEYS = (
+    "success",
+    "fail",
+    "queue",
+    "compute_input",
+    "compute_infer",
+    "compute_output",
+    "cache_hit",
+    "cache_miss",
+)
 _BATCH_KEYS = ("compute_input", "compute_infer", "compute_output")
 
 
@@ -53,12 +62,18 @@ class ModelStats:
         self._execution_count = 0
         self._last_inference_ms = 0
 
-    def record_execution(self, *, batch_size: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int) -> None:
+    def record_execution(
+        self, *, batch_size: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
+    ) -> None:
         """One batch of ``batch_size`` inferences ran (successfully or not): :meth:`record_batch`
         with no answered requests."""
         self.record_batch(
-            batch_size=batch_size, request_ns=(), queue_ns=(),
-            compute_input_ns=compute_input_ns, compute_infer_ns=compute_infer_ns, compute_output_ns=compute_output_ns,
+            batch_size=batch_size,
+            request_ns=(),
+            queue_ns=(),
+            compute_input_ns=compute_input_ns,
+            compute_infer_ns=compute_infer_ns,
+            compute_output_ns=compute_output_ns,
         )
 
     def record_batch(
@@ -93,8 +108,11 @@ class ModelStats:
     ) -> None:
         """One request answered with outputs (durations in ns)."""
         self.record_successes(
-            [request_ns], [queue_ns],
-            compute_input_ns=compute_input_ns, compute_infer_ns=compute_infer_ns, compute_output_ns=compute_output_ns,
+            [request_ns],
+            [queue_ns],
+            compute_input_ns=compute_input_ns,
+            compute_infer_ns=compute_infer_ns,
+            compute_output_ns=compute_output_ns,
         )
 
     def record_successes(
@@ -113,7 +131,11 @@ class ModelStats:
             self._record_successes(request_ns, queue_ns, compute_input_ns, compute_infer_ns, compute_output_ns)
 
     def _record_successes(
-        self, request_ns: Sequence[int], queue_ns: Sequence[int], compute_input_ns: int, compute_infer_ns: int,
+        self,
+        request_ns: Sequence[int],
+        queue_ns: Sequence[int],
+        compute_input_ns: int,
+        compute_infer_ns: int,
         compute_output_ns: int,
     ) -> None:
         """Under ``self._lock``: requests of one batch answered with outputs."""
@@ -124,7 +146,9 @@ class ModelStats:
             d.count += n
             d.ns += sum(max(0, int(v)) for v in values)
         for key, ns in (
-            ("compute_input", compute_input_ns), ("compute_infer", compute_infer_ns), ("compute_output", compute_output_ns)
+            ("compute_input", compute_input_ns),
+            ("compute_infer", compute_infer_ns),
+            ("compute_output", compute_output_ns),
         ):
             d = req[key]
             d.count += n

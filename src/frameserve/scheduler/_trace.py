@@ -46,7 +46,15 @@ from typing import Any
 from frameserve.errors import InvalidInputError, TensorError, UnsupportedSettingError
 from frameserve.types import DataType
 
-__all__ = ["MAX_TRACED_ELEMENTS", "TRACE_LEVELS", "TRACE_MODES", "RequestTrace", "TraceConfig", "Tracer", "parse_trace_config"]
+__all__ = [
+    "MAX_TRACED_ELEMENTS",
+    "TRACE_LEVELS",
+    "TRACE_MODES",
+    "RequestTrace",
+    "TraceConfig",
+    "Tracer",
+    "parse_trace_config",
+]
 
 TRACE_LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 """Triton's trace levels."""
@@ -58,8 +66,10 @@ MAX_TRACED_ELEMENTS = 1 << 16
 a trace holds its arrays until the writer thread has written them, and the writer's queue is
 bounded in traces, so this bounds the memory tracing can hold."""
 _SETTINGS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_mode")
-_ACCEPTED = ("trace_level (a list of OFF, TIMESTAMPS, TENSORS), trace_rate, trace_count, log_frequency "
-             "(strings of integers), trace_file, trace_mode (read-only); null resets one")
+_ACCEPTED = (
+    "trace_level (a list of OFF, TIMESTAMPS, TENSORS), trace_rate, trace_count, log_frequency "
+    "(strings of integers), trace_file, trace_mode (read-only); null resets one"
+)
 _BSP = ("bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size")
 
 
@@ -96,8 +106,14 @@ class TraceConfig:
 
     def wire(self) -> dict[str, Any]:
         """The six settings in Triton's JSON form (every value a string, the level a list)."""
-        return {"trace_level": list(self.level), "trace_rate": str(self.rate), "trace_count": str(self.count),
-                "log_frequency": str(self.log_frequency), "trace_file": self.file, "trace_mode": self.mode}
+        return {
+            "trace_level": list(self.level),
+            "trace_rate": str(self.rate),
+            "trace_count": str(self.count),
+            "log_frequency": str(self.log_frequency),
+            "trace_file": self.file,
+            "trace_mode": self.mode,
+        }
 
 
 def _int(name: str, text: str, low: int) -> int:
@@ -155,16 +171,19 @@ def parse_trace_config(items: Sequence[str]) -> TraceConfig:
                     raise InvalidInputError(f"--trace-config mode={value!r}; accepted: {', '.join(TRACE_MODES)}")
                 config = replace(config, mode=value)
             else:
-                raise InvalidInputError(f"--trace-config {item!r}: unknown global setting {name!r}; accepted: rate, "
-                                        "level, count, mode (and triton,... or opentelemetry,... settings)")
+                raise InvalidInputError(
+                    f"--trace-config {item!r}: unknown global setting {name!r}; accepted: rate, "
+                    "level, count, mode (and triton,... or opentelemetry,... settings)"
+                )
         elif scope == "triton":
             if name == "file":
                 config = replace(config, file=value)
             elif name == "log_frequency":
                 config = replace(config, log_frequency=_int("log_frequency", value, 0))
             else:
-                raise InvalidInputError(f"--trace-config {item!r}: unknown triton setting {name!r}; accepted: file, "
-                                        "log-frequency")
+                raise InvalidInputError(
+                    f"--trace-config {item!r}: unknown triton setting {name!r}; accepted: file, log-frequency"
+                )
         elif scope == "opentelemetry":
             if name == "url":
                 config = replace(config, url=value if "://" in value else f"http://{value}")
@@ -178,10 +197,14 @@ def parse_trace_config(items: Sequence[str]) -> TraceConfig:
             elif name in _BSP:
                 bsp[name] = _int(name, value, 1)
             else:
-                raise InvalidInputError(f"--trace-config {item!r}: unknown opentelemetry setting {name!r}; accepted: "
-                                        f"url, resource, {', '.join(_BSP)}")
+                raise InvalidInputError(
+                    f"--trace-config {item!r}: unknown opentelemetry setting {name!r}; accepted: "
+                    f"url, resource, {', '.join(_BSP)}"
+                )
         else:
-            raise InvalidInputError(f"--trace-config {item!r}: unknown mode {scope!r}; accepted: {', '.join(TRACE_MODES)}")
+            raise InvalidInputError(
+                f"--trace-config {item!r}: unknown mode {scope!r}; accepted: {', '.join(TRACE_MODES)}"
+            )
     if levels:
         config = replace(config, level=_levels(levels))
     if resource:
@@ -206,11 +229,29 @@ class RequestTrace:
             outputs}`` (name -> array) as they become known; ``None`` otherwise.
     """
 
-    __slots__ = ("_done", "id", "log_frequency", "model_name", "model_version", "request_id", "stamps", "tensors",
-                 "traceparent")
+    __slots__ = (
+        "_done",
+        "id",
+        "log_frequency",
+        "model_name",
+        "model_version",
+        "request_id",
+        "stamps",
+        "tensors",
+        "traceparent",
+    )
 
-    def __init__(self, trace_id: int, model_name: str, model_version: int, request_id: str, *, traceparent: str = "",
-                 log_frequency: int = 0, done: Callable[[RequestTrace], None] | None = None) -> None:
+    def __init__(
+        self,
+        trace_id: int,
+        model_name: str,
+        model_version: int,
+        request_id: str,
+        *,
+        traceparent: str = "",
+        log_frequency: int = 0,
+        done: Callable[[RequestTrace], None] | None = None,
+    ) -> None:
         self.id = trace_id
         self.model_name = model_name
         self.model_version = model_version
@@ -225,10 +266,17 @@ class RequestTrace:
         """Add timestamp ``name`` at ``ns``."""
         self.stamps.append((name, ns))
 
-    def computed(self, queue_start_ns: int, start_ns: int, input_end_ns: int, output_start_ns: int, end_ns: int) -> None:
+    def computed(
+        self, queue_start_ns: int, start_ns: int, input_end_ns: int, output_start_ns: int, end_ns: int
+    ) -> None:
         """The scheduler's times of the request: queued at ``queue_start_ns``, its batch's run."""
-        self.stamps += [("QUEUE_START", queue_start_ns), ("COMPUTE_START", start_ns), ("COMPUTE_INPUT_END", input_end_ns),
-                        ("COMPUTE_OUTPUT_START", output_start_ns), ("COMPUTE_END", end_ns)]
+        self.stamps += [
+            ("QUEUE_START", queue_start_ns),
+            ("COMPUTE_START", start_ns),
+            ("COMPUTE_INPUT_END", input_end_ns),
+            ("COMPUTE_OUTPUT_START", output_start_ns),
+            ("COMPUTE_END", end_ns),
+        ]
 
     def finish(self, ns: int, outputs: Mapping[str, Any] | None = None) -> None:
         """The answer is complete at ``ns`` (with ``outputs``, name -> array, when it succeeded):
@@ -259,7 +307,9 @@ class RequestTrace:
         return f"RequestTrace(id={self.id}, model={self.model_name!r}, stamps={len(self.stamps)})"
 
 
-def _tensor_entries(trace_id: int, activity: str, tensors: Mapping[str, Mapping[str, Any]], total: int) -> list[dict[str, Any]]:
+def _tensor_entries(
+    trace_id: int, activity: str, tensors: Mapping[str, Mapping[str, Any]], total: int
+) -> list[dict[str, Any]]:
     """Triton's TENSORS entries of one activity: ``{"id", "activity", "tensor": {"name", "data"
     (the elements comma-separated, floats as C's ``%g``), "shape" ("1,5"), "dtype"}}``."""
     out = []
@@ -269,8 +319,13 @@ def _tensor_entries(trace_id: int, activity: str, tensors: Mapping[str, Mapping[
         except (AttributeError, TensorError):
             continue
         data = "" if total > MAX_TRACED_ELEMENTS else _data(array, dtype)
-        out.append({"id": trace_id, "activity": activity, "tensor": {
-            "name": name, "data": data, "shape": ",".join(str(d) for d in array.shape), "dtype": dtype}})
+        out.append(
+            {
+                "id": trace_id,
+                "activity": activity,
+                "tensor": {"name": name, "data": data, "shape": ",".join(str(d) for d in array.shape), "dtype": dtype},
+            }
+        )
     return out
 
 
@@ -310,8 +365,12 @@ class Tracer:
         self.config = config
         self.sink = sink
         self._lock = threading.Lock()
-        self._start = {"trace_level": config.level, "trace_rate": config.rate, "trace_count": config.count,
-                       "log_frequency": config.log_frequency}
+        self._start = {
+            "trace_level": config.level,
+            "trace_rate": config.rate,
+            "trace_count": config.count,
+            "log_frequency": config.log_frequency,
+        }
         self._global = _Scope(dict(self._start))
         self._models: dict[str, _Scope] = {}
         self._ids = itertools.count(1)
@@ -344,20 +403,33 @@ class Tracer:
         with self._lock:
             values = self._effective(model)
             owner = self._count_owner(model)
-            head = {"trace_level": list(values["trace_level"]), "trace_rate": str(values["trace_rate"]),
-                    "trace_count": str(owner.remaining)}
+            head = {
+                "trace_level": list(values["trace_level"]),
+                "trace_rate": str(values["trace_rate"]),
+                "trace_count": str(owner.remaining),
+            }
             if self.mode == "opentelemetry":
                 # the url and resource as given, as Triton shows them (it repeats "resource"; JSON keeps the last)
-                return {**head, "trace_mode": self.mode, **dict(self.config.given),
-                        **{k: str(v) for k, v in self._bsp().items()}}
-            return {**head, "log_frequency": str(values["log_frequency"]), "trace_file": self.config.file,
-                    "trace_mode": self.mode}
+                return {
+                    **head,
+                    "trace_mode": self.mode,
+                    **dict(self.config.given),
+                    **{k: str(v) for k, v in self._bsp().items()},
+                }
+            return {
+                **head,
+                "log_frequency": str(values["log_frequency"]),
+                "trace_file": self.config.file,
+                "trace_mode": self.mode,
+            }
 
     def _bsp(self) -> dict[str, int]:
         bsp = self.config.bsp
-        return {"bsp_max_export_batch_size": bsp.get("bsp_max_export_batch_size", 512),
-                "bsp_schedule_delay": bsp.get("bsp_schedule_delay", 5000),
-                "bsp_max_queue_size": bsp.get("bsp_max_queue_size", 2048)}
+        return {
+            "bsp_max_export_batch_size": bsp.get("bsp_max_export_batch_size", 512),
+            "bsp_schedule_delay": bsp.get("bsp_schedule_delay", 5000),
+            "bsp_max_queue_size": bsp.get("bsp_max_queue_size", 2048),
+        }
 
     def _count_owner(self, model: str | None) -> _Scope:
         scope = self._models.get(model) if model is not None else None
@@ -394,13 +466,15 @@ class Tracer:
                 raise InvalidInputError("trace setting 'log_frequency' applies to trace mode triton only")
             elif name == "trace_level":
                 if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
-                    raise InvalidInputError("trace setting 'trace_level' must be a list of strings "
-                                            f"({', '.join(TRACE_LEVELS)}) or null")
+                    raise InvalidInputError(
+                        f"trace setting 'trace_level' must be a list of strings ({', '.join(TRACE_LEVELS)}) or null"
+                    )
                 new[name] = None if value is None else _levels(value)
             elif name in ("trace_rate", "trace_count", "log_frequency"):
                 if value is not None and not isinstance(value, str):
-                    raise InvalidInputError(f"trace setting {name!r} must be a string of an integer or null, "
-                                            f"got {type(value).__name__}")
+                    raise InvalidInputError(
+                        f"trace setting {name!r} must be a string of an integer or null, got {type(value).__name__}"
+                    )
                 new[name] = None if value is None else _int(name, value, -1 if name == "trace_count" else 0)
             else:
                 raise InvalidInputError(f"unknown trace setting {str(name)[:64]!r}; accepted: {_ACCEPTED}")
@@ -449,8 +523,15 @@ class Tracer:
                     owner.remaining -= 1
             trace_id = next(self._ids)
             frequency = int(values["log_frequency"])
-        trace = RequestTrace(trace_id, model, version, request_id, traceparent=traceparent if forced else "",
-                             log_frequency=frequency, done=self.sink)
+        trace = RequestTrace(
+            trace_id,
+            model,
+            version,
+            request_id,
+            traceparent=traceparent if forced else "",
+            log_frequency=frequency,
+            done=self.sink,
+        )
         if "TENSORS" in values["trace_level"] and self.mode == "triton":
             trace.tensors = {}
         return trace

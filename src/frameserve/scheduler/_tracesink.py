@@ -98,7 +98,9 @@ class TraceFileWriter(_QueuedSink):
         self.path = Path(path)
         folder = self.path.parent
         if not folder.is_dir() or not os.access(folder, os.W_OK) or self.path.is_dir():
-            raise ValueError(f"trace file {str(path)!r}: its folder must exist and be writable, and it must not be a folder")
+            raise ValueError(
+                f"trace file {str(path)!r}: its folder must exist and be writable, and it must not be a folder"
+            )
         self._stream: Any = None
         self._batch: list[dict[str, Any]] = []
         self._batch_traces = 0
@@ -161,15 +163,19 @@ class OtlpSink(_QueuedSink):
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
         except ImportError as exc:
-            raise ModuleNotFoundError(f"--trace-config mode=opentelemetry needs the OpenTelemetry SDK: "
-                                      f"pip install 'frameserve[trace]' ({exc})") from None
+            raise ModuleNotFoundError(
+                f"--trace-config mode=opentelemetry needs the OpenTelemetry SDK: "
+                f"pip install 'frameserve[trace]' ({exc})"
+            ) from None
         self._provider = TracerProvider(resource=Resource.create(dict(config.resource)))
-        self._provider.add_span_processor(BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=config.url),
-            max_queue_size=config.bsp.get("bsp_max_queue_size", 2048),
-            schedule_delay_millis=config.bsp.get("bsp_schedule_delay", 5000),
-            max_export_batch_size=config.bsp.get("bsp_max_export_batch_size", 512),
-        ))
+        self._provider.add_span_processor(
+            BatchSpanProcessor(
+                OTLPSpanExporter(endpoint=config.url),
+                max_queue_size=config.bsp.get("bsp_max_queue_size", 2048),
+                schedule_delay_millis=config.bsp.get("bsp_schedule_delay", 5000),
+                max_export_batch_size=config.bsp.get("bsp_max_export_batch_size", 512),
+            )
+        )
         self._tracer = self._provider.get_tracer("frameserve")
         self._offset_ns = time.time_ns() - time.monotonic_ns()
         super().__init__("fs-trace-otlp", max_pending)
@@ -181,8 +187,12 @@ class OtlpSink(_QueuedSink):
         match = _TRACEPARENT.match(traceparent)
         if match is None or match.group(1) == "ff" or set(match.group(2)) == {"0"} or set(match.group(3)) == {"0"}:
             return None
-        parent = SpanContext(int(match.group(2), 16), int(match.group(3), 16), is_remote=True,
-                             trace_flags=TraceFlags(int(match.group(4), 16)))
+        parent = SpanContext(
+            int(match.group(2), 16),
+            int(match.group(3), 16),
+            is_remote=True,
+            trace_flags=TraceFlags(int(match.group(4), 16)),
+        )
         return trace.set_span_in_context(NonRecordingSpan(parent))
 
     def _write(self, trace: RequestTrace) -> None:
@@ -192,21 +202,33 @@ class OtlpSink(_QueuedSink):
         stamps = {name: ns + self._offset_ns for name, ns in trace.stamps}
         start = stamps.get("REQUEST_START", min(stamps.values()))
         end = stamps.get("REQUEST_END", max(stamps.values()))
-        root = self._tracer.start_span("InferRequest", context=self._context(trace.traceparent) if trace.traceparent
-                                       else None, kind=server, start_time=start)
+        root = self._tracer.start_span(
+            "InferRequest",
+            context=self._context(trace.traceparent) if trace.traceparent else None,
+            kind=server,
+            start_time=start,
+        )
         if "INFER_RESPONSE_COMPLETE" in stamps:
             root.add_event("INFER_RESPONSE_COMPLETE", timestamp=stamps["INFER_RESPONSE_COMPLETE"])
-        model = self._tracer.start_span(trace.model_name, context=otel.set_span_in_context(root), kind=server,
-                                        start_time=start)
-        model.set_attributes({"triton.model_name": trace.model_name, "triton.model_version": trace.model_version,
-                              "triton.trace_id": trace.id, "triton.trace_parent_id": 0,
-                              "triton.request_id": trace.request_id})
+        model = self._tracer.start_span(
+            trace.model_name, context=otel.set_span_in_context(root), kind=server, start_time=start
+        )
+        model.set_attributes(
+            {
+                "triton.model_name": trace.model_name,
+                "triton.model_version": trace.model_version,
+                "triton.trace_id": trace.id,
+                "triton.trace_parent_id": 0,
+                "triton.request_id": trace.request_id,
+            }
+        )
         for name in ("REQUEST_START", "QUEUE_START"):
             if name in stamps:
                 model.add_event(name, timestamp=stamps[name])
         if "COMPUTE_START" in stamps:
-            compute = self._tracer.start_span("compute", context=otel.set_span_in_context(model), kind=server,
-                                              start_time=stamps["COMPUTE_START"])
+            compute = self._tracer.start_span(
+                "compute", context=otel.set_span_in_context(model), kind=server, start_time=stamps["COMPUTE_START"]
+            )
             for name in ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"):
                 compute.add_event(name, timestamp=stamps[name])
             compute.end(end_time=stamps["COMPUTE_END"])

@@ -36,7 +36,9 @@ def _strings(raw: bytes, count: int, where: str) -> np.ndarray[Any, Any]:
     return out
 
 
-def _data(spec: WarmupInput, shape: tuple[int, ...], model_dir: Path | None, rng: np.random.Generator, where: str) -> np.ndarray[Any, Any]:
+def _data(
+    spec: WarmupInput, shape: tuple[int, ...], model_dir: Path | None, rng: np.random.Generator, where: str
+) -> np.ndarray[Any, Any]:
     count = int(np.prod(shape, dtype=np.int64))
     dt = spec.datatype
     if spec.data == "input_data_file":
@@ -54,7 +56,9 @@ def _data(spec: WarmupInput, shape: tuple[int, ...], model_dir: Path | None, rng
         np_dtype = dt.to_numpy().newbyteorder("<")
         need = count * np_dtype.itemsize
         if len(raw) != need:
-            raise ModelConfigError(f"{where}: warmup/{spec.data_file} holds {len(raw)} bytes; shape {list(shape)} of {dt.value} needs {need}")
+            raise ModelConfigError(
+                f"{where}: warmup/{spec.data_file} holds {len(raw)} bytes; shape {list(shape)} of {dt.value} needs {need}"
+            )
         return np.frombuffer(raw, dtype=np_dtype).astype(dt.to_numpy()).reshape(shape)
     if dt is DataType.BYTES:
         return np.full(shape, b"", dtype=object)
@@ -68,7 +72,9 @@ def _data(spec: WarmupInput, shape: tuple[int, ...], model_dir: Path | None, rng
     return rng.integers(0, 10, size=shape).astype(np_dtype)
 
 
-def warmup_inputs(config: ModelConfig, sample: WarmupSample, model_dir: Path | None, *, seed: int = 0) -> dict[str, np.ndarray[Any, Any]]:
+def warmup_inputs(
+    config: ModelConfig, sample: WarmupSample, model_dir: Path | None, *, seed: int = 0
+) -> dict[str, np.ndarray[Any, Any]]:
     """The batch one run of ``sample`` feeds the model: every model input, shaped
     ``[batch_size, *dims]`` when the model batches, else ``dims``; checked against the config.
 
@@ -85,7 +91,9 @@ def warmup_inputs(config: ModelConfig, sample: WarmupSample, model_dir: Path | N
     unknown = sorted(set(sample.inputs) - set(names))
     missing = [n for n in names if n not in sample.inputs]
     if unknown or missing:
-        raise ModelConfigError(f"{where}: inputs must be the model's inputs {names}; missing {missing}, unknown {unknown[:5]}")
+        raise ModelConfigError(
+            f"{where}: inputs must be the model's inputs {names}; missing {missing}, unknown {unknown[:5]}"
+        )
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray[Any, Any]] = {}
     for spec in config.inputs:
@@ -118,7 +126,9 @@ def run_warmup(session: Session, model_dir: Path | None) -> None:
             try:
                 session.run(inputs)
             except FrameserveError as exc:
-                raise ModelConfigError(f"model {config.name!r} warmup sample {sample.name!r} failed: {exc.message}") from None
+                raise ModelConfigError(
+                    f"model {config.name!r} warmup sample {sample.name!r} failed: {exc.message}"
+                ) from None
             except Exception as exc:  # a backend's own error type
                 raise ModelConfigError(
                     f"model {config.name!r} warmup sample {sample.name!r} failed: {type(exc).__name__}: {exc}"

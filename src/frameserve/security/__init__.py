@@ -11,20 +11,10 @@ gRPC interceptor, the job API and the CLI all use it.
 from __future__ import annotations
 
 from frameserve.security.auth import cross_site_refusal, grpc_roles, http_roles
-from frameserve.security.guard import (
-    AddressGuard,
-    GuardedTransport,
-    address_refusal,
-    embedded_ipv4,
-)
+from frameserve.security.guard import AddressGuard, GuardedTransport, address_refusal, embedded_ipv4
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.quotas import DEFAULT_QUOTA, ConcurrencyGate, Quotas, RateGate, TenantQuota
-from frameserve.security.redact import (
-    REDACTED,
-    quiet_http_logs,
-    redact_text,
-    redact_uri,
-)
+from frameserve.security.redact import REDACTED, quiet_http_logs, redact_text, redact_uri
 from frameserve.security.tokens import (
     IMPLICIT_OWNER,
     MIN_TOKEN_CHARS,

@@ -47,11 +47,7 @@ import functools
 import ipaddress
 from urllib.parse import urlsplit
 
-from frameserve.errors import (
-    FrameserveError,
-    PermissionDeniedError,
-    UnsupportedMediaTypeError,
-)
+from frameserve.errors import FrameserveError, PermissionDeniedError, UnsupportedMediaTypeError
 
 __all__ = [
     "ADMIN",
@@ -79,14 +75,22 @@ SAFELISTED_CONTENT_TYPES = frozenset({"text/plain", "application/x-www-form-urle
 
 _HEALTH_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics"})
 _GRPC_SERVICE = "/inference.GRPCInferenceService/"
-_GRPC_HEALTH = frozenset({
-    _GRPC_SERVICE + "ServerLive", _GRPC_SERVICE + "ServerReady",
-    "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
-})
-_GRPC_ADMIN = frozenset({
-    _GRPC_SERVICE + "RepositoryModelLoad", _GRPC_SERVICE + "RepositoryModelUnload",
-    _GRPC_SERVICE + "TraceSetting", _GRPC_SERVICE + "LogSettings",
-})
+_GRPC_HEALTH = frozenset(
+    {
+        _GRPC_SERVICE + "ServerLive",
+        _GRPC_SERVICE + "ServerReady",
+        "/grpc.health.v1.Health/Check",
+        "/grpc.health.v1.Health/Watch",
+    }
+)
+_GRPC_ADMIN = frozenset(
+    {
+        _GRPC_SERVICE + "RepositoryModelLoad",
+        _GRPC_SERVICE + "RepositoryModelUnload",
+        _GRPC_SERVICE + "TraceSetting",
+        _GRPC_SERVICE + "LogSettings",
+    }
+)
 _NOT_JSON_PREFIXES = ("/v1/analyze", "/console")
 _FORM_TYPE = "application/x-www-form-urlencoded"
 _FORM_TYPE_PREFIXES = ("/v2/systemsharedmemory/", "/v2/cudasharedmemory/")
@@ -100,8 +104,12 @@ def http_roles(method: str, path: str, *, auth_health: bool = False) -> frozense
     if path.startswith("/v2"):
         if path in _HEALTH_PATHS:
             return ANY_TOKEN if auth_health else None
-        if path.startswith("/v2/repository/models/") and path.endswith(("/load", "/unload")) or path == "/v2/logging" \
-                or path.endswith("/trace/setting"):
+        if (
+            path.startswith("/v2/repository/models/")
+            and path.endswith(("/load", "/unload"))
+            or path == "/v2/logging"
+            or path.endswith("/trace/setting")
+        ):
             return ADMIN
         return INFER
     if path == "/metrics":

@@ -65,8 +65,12 @@ def _v4_refusal(ip: ipaddress.IPv4Address) -> str | None:
     if any(ip in net for net in _NOT_GLOBAL_V4):
         return "not globally routable"
     for what, flag in (
-        ("unspecified", ip.is_unspecified), ("loopback", ip.is_loopback), ("link-local", ip.is_link_local),
-        ("multicast", ip.is_multicast), ("private", ip.is_private), ("reserved", ip.is_reserved),
+        ("unspecified", ip.is_unspecified),
+        ("loopback", ip.is_loopback),
+        ("link-local", ip.is_link_local),
+        ("multicast", ip.is_multicast),
+        ("private", ip.is_private),
+        ("reserved", ip.is_reserved),
     ):
         if flag:
             return what
@@ -94,8 +98,12 @@ def address_refusal(ip: IPAddress) -> str | None:
     if any(ip in net for net in _NOT_GLOBAL_V6):
         return "not globally routable"
     for what, flag in (
-        ("unspecified", ip.is_unspecified), ("loopback", ip.is_loopback), ("link-local", ip.is_link_local),
-        ("multicast", ip.is_multicast), ("private", ip.is_private), ("site-local", ip.is_site_local),
+        ("unspecified", ip.is_unspecified),
+        ("loopback", ip.is_loopback),
+        ("link-local", ip.is_link_local),
+        ("multicast", ip.is_multicast),
+        ("private", ip.is_private),
+        ("site-local", ip.is_site_local),
     ):
         if flag:
             return what
@@ -147,7 +155,9 @@ class AddressGuard:
             parts = urlsplit(url)  # ValueError: a bad IPv6 literal ("http://[::1")
             port = parts.port
         except ValueError:
-            raise AddressRefusedError(f"{self.what} {label!r} is not a valid URL (its host or port does not parse)") from None
+            raise AddressRefusedError(
+                f"{self.what} {label!r} is not a valid URL (its host or port does not parse)"
+            ) from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise AddressRefusedError(f"{self.what} {label!r} must be an http:// or https:// URL with a host")
         return self.resolve(parts.hostname, port or (443 if parts.scheme == "https" else 80), label)
@@ -172,7 +182,9 @@ class AddressGuard:
             try:
                 ip = ipaddress.ip_address(text)
             except ValueError:
-                raise AddressRefusedError(f"{self.what} host {host!r} resolved to {text!r}, not an IP address") from None
+                raise AddressRefusedError(
+                    f"{self.what} host {host!r} resolved to {text!r}, not an IP address"
+                ) from None
             if not self.allow_private:
                 why = address_refusal(ip)
                 if why is not None:
@@ -221,7 +233,11 @@ class _GuardedBackend(httpcore.NetworkBackend):
         self.inner = httpcore.SyncBackend()
 
     def connect_tcp(
-        self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
         if self.streams.aborted:
@@ -269,7 +285,9 @@ class GuardedTransport(httpx.HTTPTransport):
         self._streams = _Streams()
         self._pool = httpcore.ConnectionPool(  # the parent's pool, with the guarded backend
             ssl_context=ssl_context,
-            max_connections=10, max_keepalive_connections=5, keepalive_expiry=5.0,
+            max_connections=10,
+            max_keepalive_connections=5,
+            keepalive_expiry=5.0,
             network_backend=_GuardedBackend(guard, self._streams),
         )
 

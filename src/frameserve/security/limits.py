@@ -80,8 +80,13 @@ class TensorLimits:
 
     def __post_init__(self) -> None:
         for name in (
-            "max_tensor_elements", "max_bytes_elements", "max_bytes_data_bytes", "max_json_bytes", "max_inputs",
-            "max_outputs", "max_parameters",
+            "max_tensor_elements",
+            "max_bytes_elements",
+            "max_bytes_data_bytes",
+            "max_json_bytes",
+            "max_inputs",
+            "max_outputs",
+            "max_parameters",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -203,8 +208,10 @@ class HttpDeadlines:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
         if self.max_header_bytes < 1024 or self.body_min_rate < 1:
-            raise ValueError(f"max_header_bytes must be >= 1024 and body_min_rate >= 1, got "
-                             f"{self.max_header_bytes!r}, {self.body_min_rate!r}")
+            raise ValueError(
+                f"max_header_bytes must be >= 1024 and body_min_rate >= 1, got "
+                f"{self.max_header_bytes!r}, {self.body_min_rate!r}"
+            )
 
 
 DEFAULT_DEADLINES = HttpDeadlines()

@@ -156,8 +156,15 @@ class Quotas:
         def part(q: TenantQuota) -> TenantQuota:
             def div(v: int | None) -> int | None:
                 return None if v is None else max(1, math.ceil(v / n))
-            return replace(q, infer_rate=div(q.infer_rate), infer_burst=div(q.infer_burst),
-                           infer_concurrency=div(q.infer_concurrency), connections=div(q.connections), streams=div(q.streams))
+
+            return replace(
+                q,
+                infer_rate=div(q.infer_rate),
+                infer_burst=div(q.infer_burst),
+                infer_concurrency=div(q.infer_concurrency),
+                connections=div(q.connections),
+                streams=div(q.streams),
+            )
 
         return Quotas(default=part(self.default), tenants={t: part(q) for t, q in self.tenants.items()})
 
@@ -170,8 +177,9 @@ class Quotas:
     def limits_requests(self) -> bool:
         """Whether any row limits ``infer_rate`` or ``infer_concurrency`` (what each inference
         request is checked against; ``streams`` alone is checked once per stream)."""
-        return any(q.infer_rate is not None or q.infer_concurrency is not None
-                   for q in (self.default, *self.tenants.values()))
+        return any(
+            q.infer_rate is not None or q.infer_concurrency is not None for q in (self.default, *self.tenants.values())
+        )
 
     @classmethod
     def from_mapping(cls, raw: Any, *, where: str = "quotas") -> Quotas:
@@ -364,8 +372,11 @@ class RateGate:
                 bucket = self._buckets.get(tenant, False)
                 if bucket is False:
                     quota = self._quotas.for_tenant(tenant)
-                    bucket = (None if quota.infer_rate is None
-                              else TokenBucket(quota.infer_rate, quota.burst or 1, clock=self._clock))
+                    bucket = (
+                        None
+                        if quota.infer_rate is None
+                        else TokenBucket(quota.infer_rate, quota.burst or 1, clock=self._clock)
+                    )
                     self._buckets[tenant] = bucket
         return bucket if isinstance(bucket, TokenBucket) else None
 

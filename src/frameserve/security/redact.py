@@ -25,11 +25,29 @@ __all__ = ["REDACTED", "SHOWN_PARAMETERS", "quiet_http_logs", "redact_text", "re
 REDACTED = "REDACTED"
 """What a parameter's value becomes."""
 
-SHOWN_PARAMETERS = frozenset({
-    "format", "width", "height", "size", "quality", "lang", "page", "start", "end", "t",
-    "response-content-type", "x-amz-algorithm", "x-amz-date", "x-amz-expires", "x-amz-signedheaders",
-    "x-goog-algorithm", "x-goog-date", "x-goog-expires", "x-goog-signedheaders",
-})
+SHOWN_PARAMETERS = frozenset(
+    {
+        "format",
+        "width",
+        "height",
+        "size",
+        "quality",
+        "lang",
+        "page",
+        "start",
+        "end",
+        "t",
+        "response-content-type",
+        "x-amz-algorithm",
+        "x-amz-date",
+        "x-amz-expires",
+        "x-amz-signedheaders",
+        "x-goog-algorithm",
+        "x-goog-date",
+        "x-goog-expires",
+        "x-goog-signedheaders",
+    }
+)
 """The parameter names (compared case-insensitively) whose values are shown; every other value
 is :data:`REDACTED`."""
 

@@ -33,21 +33,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from frameserve.errors import (
-    InvalidInputError,
-    PermissionDeniedError,
-    UnauthenticatedError,
-)
+from frameserve.errors import InvalidInputError, PermissionDeniedError, UnauthenticatedError
 
-__all__ = [
-    "IMPLICIT_OWNER",
-    "MIN_TOKEN_CHARS",
-    "ROLES",
-    "Principal",
-    "TokenTable",
-    "bearer_token",
-    "is_tenant_name",
-]
+__all__ = ["IMPLICIT_OWNER", "MIN_TOKEN_CHARS", "ROLES", "Principal", "TokenTable", "bearer_token", "is_tenant_name"]
 
 ROLES: tuple[str, ...] = ("admin", "infer", "jobs")
 """The roles a token may carry; ``admin`` may do everything."""
@@ -186,10 +174,14 @@ class TokenTable:
             roles = frozenset(r for r in roles_text.split(","))
             unknown = sorted(roles - set(ROLES))
             if unknown:
-                raise InvalidInputError(f"{where}: unknown role(s) {', '.join(map(repr, unknown))}; accepted: {', '.join(ROLES)}")
+                raise InvalidInputError(
+                    f"{where}: unknown role(s) {', '.join(map(repr, unknown))}; accepted: {', '.join(ROLES)}"
+                )
             name = fields[2] if len(fields) == 3 else hashlib.sha256(token.encode()).hexdigest()[:8]
             if not _NAME.fullmatch(name):
-                raise InvalidInputError(f"{where}: a name is 1 to 64 letters, digits and ._@- (starting with a letter or digit)")
+                raise InvalidInputError(
+                    f"{where}: a name is 1 to 64 letters, digits and ._@- (starting with a letter or digit)"
+                )
             if token in tokens:
                 raise InvalidInputError(f"{where}: this token is already given on an earlier line")
             tokens[token] = Principal(name, roles)

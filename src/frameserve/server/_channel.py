@@ -318,13 +318,47 @@ class Grpc:
 
 
 Message: TypeAlias = (
-    Hello | Models | Done | Error | HttpStart | HttpBody | GrpcDone | GrpcError | Stop
-    | Up | Ack | Infer | Free | Fail | Http | HttpWindow | HttpCancel | Grpc | GrpcPart
+    Hello
+    | Models
+    | Done
+    | Error
+    | HttpStart
+    | HttpBody
+    | GrpcDone
+    | GrpcError
+    | Stop
+    | Up
+    | Ack
+    | Infer
+    | Free
+    | Fail
+    | Http
+    | HttpWindow
+    | HttpCancel
+    | Grpc
+    | GrpcPart
 )
 
 _KINDS: tuple[type[Any], ...] = (
-    Hello, Models, Done, Error, HttpStart, HttpBody, GrpcDone, GrpcError, Stop,
-    Up, Ack, Infer, Free, Fail, Http, HttpWindow, HttpCancel, Grpc, GrpcPart,
+    Hello,
+    Models,
+    Done,
+    Error,
+    HttpStart,
+    HttpBody,
+    GrpcDone,
+    GrpcError,
+    Stop,
+    Up,
+    Ack,
+    Infer,
+    Free,
+    Fail,
+    Http,
+    HttpWindow,
+    HttpCancel,
+    Grpc,
+    GrpcPart,
 )
 
 STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"

@@ -303,10 +303,24 @@ class OwnerChannel(asyncio.Protocol):
         future: Future[Outputs] = Future()
         frees, self._frees = self._frees, []
         message = ch.Infer(
-            rid, request.model_name, request.model_version, specs, outputs, dict(request.parameters),
-            request.priority, request.timeout_us, request.id, request.binary_data_output, in_regions, out_regions, frees,
-            request.tenant or (use.tenant if use is not None else ""), request.traceparent,
-            request.sequence_id, request.sequence_start, request.sequence_end,
+            rid,
+            request.model_name,
+            request.model_version,
+            specs,
+            outputs,
+            dict(request.parameters),
+            request.priority,
+            request.timeout_us,
+            request.id,
+            request.binary_data_output,
+            in_regions,
+            out_regions,
+            frees,
+            request.tenant or (use.tenant if use is not None else ""),
+            request.traceparent,
+            request.sequence_id,
+            request.sequence_start,
+            request.sequence_end,
         )
         try:
             self.send(message)
@@ -425,8 +439,6 @@ def _set(future: Future[_T], result: _T, exc: BaseException | None) -> bool:
     return True
 
 
-
-
 class HttpForwarder:
     """The ASGI application of every HTTP request a front end does not serve itself: read the
     body (up to ``max_body_bytes``, or the lower cap of the first ``route_body_bytes`` prefix
@@ -434,7 +446,17 @@ class HttpForwarder:
     stay streamed). The gate in front of it has authenticated the request: an unauthenticated
     one costs only its headers."""
 
-    _SCOPE_KEYS = ("method", "path", "raw_path", "query_string", "root_path", "scheme", "http_version", "client", "server")
+    _SCOPE_KEYS = (
+        "method",
+        "path",
+        "raw_path",
+        "query_string",
+        "root_path",
+        "scheme",
+        "http_version",
+        "client",
+        "server",
+    )
 
     def __init__(
         self, channel: OwnerChannel, max_body_bytes: int, route_body_bytes: tuple[tuple[str, int], ...] = ()
@@ -458,8 +480,13 @@ class HttpForwarder:
             body = await self._body(scope, receive)
         except PayloadTooLargeError as exc:
             error = codec.error_body(exc.message)
-            await send({"type": "http.response.start", "status": exc.http_status,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(error)).encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": exc.http_status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(error)).encode())],
+                }
+            )
             await send({"type": "http.response.body", "body": error})
             return
         except ClientDisconnect:
@@ -500,7 +527,9 @@ class HttpForwarder:
         from frameserve.protocol.http._infer import asgi_body_reader
 
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        read = asgi_body_reader(receive, None if declared is None else declared.decode("latin-1"), self.limit_for(scope["path"]))
+        read = asgi_body_reader(
+            receive, None if declared is None else declared.decode("latin-1"), self.limit_for(scope["path"])
+        )
         return await read()
 
 
@@ -510,7 +539,9 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def _first(queue: asyncio.Queue[ch.HttpStart | ch.HttpBody], gone: asyncio.Task[None]) -> ch.HttpStart | ch.HttpBody | None:
+async def _first(
+    queue: asyncio.Queue[ch.HttpStart | ch.HttpBody], gone: asyncio.Task[None]
+) -> ch.HttpStart | ch.HttpBody | None:
     """The next message of ``queue``, or ``None`` once ``gone`` is done (the client left)."""
     if gone.done():
         return None
@@ -586,21 +617,37 @@ async def _serve(config: FrontendConfig, sock: socket.socket, block: ch.SharedBl
         # every request is gated here, before its body is read (the owner checks it again)
         forwarder = HttpForwarder(channel, config.max_body_bytes, config.route_body_bytes)
         app = InferFirst(forwarder, gate=gate, fast=fast, takes=channel.knows)
-        uv = uvicorn.Server(uvicorn_config(
-            app, host=host, port=port, graceful_timeout_s=config.graceful_timeout_s,
-            tls_cert_file=config.tls_cert_file, tls_key_file=config.tls_key_file,
-            deadlines=config.deadlines, connections=None if config.quotas is None else connection_gate(config.quotas),
-        ))
+        uv = uvicorn.Server(
+            uvicorn_config(
+                app,
+                host=host,
+                port=port,
+                graceful_timeout_s=config.graceful_timeout_s,
+                tls_cert_file=config.tls_cert_file,
+                tls_key_file=config.tls_key_file,
+                deadlines=config.deadlines,
+                connections=None if config.quotas is None else connection_gate(config.quotas),
+            )
+        )
         tasks.append(asyncio.create_task(uv.serve(sockets=[listen_reuseport(host, port)])))
     if config.grpc is not None:
         from frameserve.protocol.grpc._frontend import create_frontend_server
 
         host, port = config.grpc
         grpc_server, _ = create_frontend_server(
-            channel, channel.knows, channel.forward_grpc, f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
-            max_message_bytes=config.max_body_bytes, tokens=config.tokens, auth_health=config.auth_health,
-            tls=config.tls, limits=config.limits, shared_memory=regions, infer_gate=infer_gate,
-            deadlines=config.deadlines, forward_stream=channel.forward_grpc_stream,
+            channel,
+            channel.knows,
+            channel.forward_grpc,
+            f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+            max_message_bytes=config.max_body_bytes,
+            tokens=config.tokens,
+            auth_health=config.auth_health,
+            tls=config.tls,
+            limits=config.limits,
+            shared_memory=regions,
+            infer_gate=infer_gate,
+            deadlines=config.deadlines,
+            forward_stream=channel.forward_grpc_stream,
         )
         await grpc_server.start()
     while uv is not None and not uv.started:
@@ -634,8 +681,11 @@ def main(argv: list[str] | None = None) -> int:
     block_fd = int(args[1])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner stops its front ends itself
     config = _read_hello(sock)
-    logging.basicConfig(level=config.log_level, stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s %(name)s[front end {config.index}]: %(message)s")
+    logging.basicConfig(
+        level=config.log_level,
+        stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s %(name)s[front end {config.index}]: %(message)s",
+    )
     block = ch.SharedBlock(fd=block_fd)
     sock.setblocking(False)
     try:

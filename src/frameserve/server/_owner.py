@@ -49,9 +49,9 @@ log = logging.getLogger("frameserve.server")
 _RECV_BYTES = 1 << 16  # one receive: every message the front end sent meanwhile, up to this much
 
 _MODEL_CHANGES = re.compile(r"/v2/repository/models/[^/]+/(load|unload)")
-_GRPC_MODEL_CHANGES = frozenset({
-    "/inference.GRPCInferenceService/RepositoryModelLoad", "/inference.GRPCInferenceService/RepositoryModelUnload",
-})
+_GRPC_MODEL_CHANGES = frozenset(
+    {"/inference.GRPCInferenceService/RepositoryModelLoad", "/inference.GRPCInferenceService/RepositoryModelUnload"}
+)
 
 
 class FrontendLink:
@@ -269,16 +269,26 @@ class FrontendLink:
                 use.release()
             raise
         request = InferRequest(
-            model_name=message.model, inputs=inputs, model_version=message.version,
-            outputs=tuple(RequestedOutput(n, b, p) for n, b, p in message.outputs), parameters=message.parameters,
-            priority=message.priority, timeout_us=message.timeout_us, id=message.request_id,
-            binary_data_output=message.binary_output, traceparent=message.traceparent,
-            sequence_id=message.sequence_id, sequence_start=message.sequence_start, sequence_end=message.sequence_end,
+            model_name=message.model,
+            inputs=inputs,
+            model_version=message.version,
+            outputs=tuple(RequestedOutput(n, b, p) for n, b, p in message.outputs),
+            parameters=message.parameters,
+            priority=message.priority,
+            timeout_us=message.timeout_us,
+            id=message.request_id,
+            binary_data_output=message.binary_output,
+            traceparent=message.traceparent,
+            sequence_id=message.sequence_id,
+            sequence_start=message.sequence_start,
+            sequence_end=message.sequence_end,
             tenant=message.tenant,
         )
         return message.rid, message.model, message.version, request, use
 
-    def _answer(self, rid: int, model: str, version: int | None, future: Future[Any], use: SharedMemoryUse | None) -> None:
+    def _answer(
+        self, rid: int, model: str, version: int | None, future: Future[Any], use: SharedMemoryUse | None
+    ) -> None:
         try:
             try:
                 outputs = future.result()
@@ -323,6 +333,7 @@ class FrontendLink:
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, **fields, "state": {}}
         stream = _Stream()
         self._streams[rid] = stream
+
         async def gone() -> Message:
             await stream.gone.wait()
             return {"type": "http.disconnect"}
@@ -359,11 +370,21 @@ class FrontendLink:
             await self.http_app(scope, receive, send)
         except Exception:
             if not stream.cancelled:
-                log.exception("front end %d: %s %s failed in the owner", self.index, fields.get("method"), fields.get("path"))
+                log.exception(
+                    "front end %d: %s %s failed in the owner", self.index, fields.get("method"), fields.get("path")
+                )
             if not started and not stream.cancelled:
                 error = b'{"error": "internal error"}'
-                await send({"type": "http.response.start", "status": 500,
-                            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(error)).encode())]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 500,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(error)).encode()),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": error})
             elif not ended and not stream.cancelled:  # a stream cut short: end it, its client waits
                 self.send(ch.HttpBody(rid, b"", False))

@@ -48,11 +48,7 @@ from frameserve.config import pinned_cpus
 from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.protocol import MODEL_CONTROL_MODES
 from frameserve.protocol._logsettings import LogSettings
-from frameserve.protocol.http import (
-    DEFAULT_MAX_BODY_BYTES,
-    create_app,
-    create_metrics_app,
-)
+from frameserve.protocol.http import DEFAULT_MAX_BODY_BYTES, create_app, create_metrics_app
 from frameserve.security.auth import is_loopback
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 from frameserve.security.quotas import InferGate, Quotas, connection_gate
@@ -201,12 +197,18 @@ class ServerOptions:
         if self.startup_models and self.model_control_mode != "explicit":
             raise InvalidInputError("models to load at start (--load-model) need model control mode 'explicit'")
         if "*" in self.startup_models and len(self.startup_models) > 1:
-            raise InvalidInputError("--load-model '*' loads every model and must be the only --load-model (as in Triton)")
+            raise InvalidInputError(
+                "--load-model '*' loads every model and must be the only --load-model (as in Triton)"
+            )
         if not self.repository_poll_s > 0:
             raise InvalidInputError(f"repository_poll_s must be > 0 seconds, got {self.repository_poll_s}")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise InvalidInputError("TLS needs both a certificate (--tls-cert) and its private key (--tls-key)")
-        for name, port in (("http_port", self.http_port), ("grpc_port", self.grpc_port), ("metrics_port", self.metrics_port)):
+        for name, port in (
+            ("http_port", self.http_port),
+            ("grpc_port", self.grpc_port),
+            ("metrics_port", self.metrics_port),
+        ):
             if port is not None and not 0 <= port <= 65535:
                 raise FrameserveError(f"{name} must be 0..65535, got {port}")
         if self.max_body_bytes < 1:
@@ -290,8 +292,9 @@ class Server:
         self._watcher: RepositoryWatcher | None = None
         self._poll_lock = threading.Lock()
         self._tls: tuple[bytes, bytes] | None = None
-        self.shared_memory = (SharedMemoryRegistry(key_prefix=self.options.client_shm_prefix)
-                              if self.options.allow_client_shm else None)
+        self.shared_memory = (
+            SharedMemoryRegistry(key_prefix=self.options.client_shm_prefix) if self.options.allow_client_shm else None
+        )
         """The client shared-memory regions both transports serve (``None``: not allowed)."""
         self.failure: str | None = None
         """Why the server stopped by itself (front ends that keep dying), or ``None``."""
@@ -481,27 +484,41 @@ class Server:
         http_app = None
         if "http" in self._sockets or "http" in self._reserved:  # served here, or for the front ends
             http_app = create_app(
-                self.service, max_body_bytes=opts.max_body_bytes, ready_check=lambda: self.ready,
-                routers=opts.http_routers, model_control_mode=opts.model_control_mode,
-                tokens=opts.tokens, auth_health=opts.auth_health, limits=opts.limits,
+                self.service,
+                max_body_bytes=opts.max_body_bytes,
+                ready_check=lambda: self.ready,
+                routers=opts.http_routers,
+                model_control_mode=opts.model_control_mode,
+                tokens=opts.tokens,
+                auth_health=opts.auth_health,
+                limits=opts.limits,
                 loopback_hosts_only=opts.tokens is None and is_loopback(opts.host_for("http")),
-                shared_memory=self.shared_memory, infer_gate=InferGate.of(opts.quotas), log_settings=opts.log_settings,
+                shared_memory=self.shared_memory,
+                infer_gate=InferGate.of(opts.quotas),
+                log_settings=opts.log_settings,
                 console_sessions=opts.console_sessions,
             )
         if "http" in self._sockets:
             apps["http"] = http_app
         if "metrics" in self._sockets:
             apps["metrics"] = create_metrics_app(
-                self.service, tokens=opts.tokens, auth_health=opts.auth_health,
+                self.service,
+                tokens=opts.tokens,
+                auth_health=opts.auth_health,
                 loopback_hosts_only=opts.tokens is None and is_loopback(opts.host_for("metrics")),
             )
         tasks: list[asyncio.Task[None]] = []
         connections = connection_gate(opts.quotas)  # one count over this process's listeners
         for kind, app in apps.items():
             config = uvicorn_config(
-                app, host=opts.host_for(kind), port=self._ports[kind], graceful_timeout_s=opts.graceful_timeout_s,
-                tls_cert_file=opts.tls_cert_file, tls_key_file=opts.tls_key_file,
-                deadlines=opts.http_deadlines, connections=connections,
+                app,
+                host=opts.host_for(kind),
+                port=self._ports[kind],
+                graceful_timeout_s=opts.graceful_timeout_s,
+                tls_cert_file=opts.tls_cert_file,
+                tls_key_file=opts.tls_key_file,
+                deadlines=opts.http_deadlines,
+                connections=connections,
             )
             server = uvicorn.Server(config)
             self._uvicorn.append(server)
@@ -541,8 +558,12 @@ class Server:
         servicer = health = None
         if "grpc" in self._reserved:
             servicer = GrpcInferenceServicer(
-                self.service, model_control_mode=opts.model_control_mode, limits=opts.limits,
-                shared_memory=self.shared_memory, tokens=opts.tokens, infer_gate=InferGate.of(opts.quotas),
+                self.service,
+                model_control_mode=opts.model_control_mode,
+                limits=opts.limits,
+                shared_memory=self.shared_memory,
+                tokens=opts.tokens,
+                infer_gate=InferGate.of(opts.quotas),
                 log_settings=opts.log_settings,
             )
             health = HealthServicer(servicer)
@@ -553,12 +574,19 @@ class Server:
                 index=i,
                 http=(opts.host_for("http"), self._ports["http"]) if i < n_http else None,
                 grpc=(opts.host_for("grpc"), self._ports["grpc"]) if i < n_grpc else None,
-                max_body_bytes=opts.max_body_bytes, limits=opts.limits, tokens=opts.tokens, auth_health=opts.auth_health,
+                max_body_bytes=opts.max_body_bytes,
+                limits=opts.limits,
+                tokens=opts.tokens,
+                auth_health=opts.auth_health,
                 loopback_hosts_only=opts.tokens is None and is_loopback(opts.host_for("http")),
-                tls_cert_file=opts.tls_cert_file, tls_key_file=opts.tls_key_file, tls=self._tls,
-                allow_client_shm=opts.allow_client_shm, graceful_timeout_s=opts.graceful_timeout_s,
+                tls_cert_file=opts.tls_cert_file,
+                tls_key_file=opts.tls_key_file,
+                tls=self._tls,
+                allow_client_shm=opts.allow_client_shm,
+                graceful_timeout_s=opts.graceful_timeout_s,
                 log_level=logging.getLogger().getEffectiveLevel(),
-                quotas=opts.quotas.share(opts.workers), deadlines=opts.http_deadlines,
+                quotas=opts.quotas.share(opts.workers),
+                deadlines=opts.http_deadlines,
                 route_body_bytes=opts.route_body_bytes,
             )
             for i in range(opts.workers)
@@ -571,9 +599,17 @@ class Server:
             loop.call_soon_threadsafe(event.set)
 
         self._pool = FrontendPool(
-            self.service, configs, arena_bytes=opts.frontend_shm_bytes, on_fatal=fatal,
-            link_options={"shared_memory": self.shared_memory, "loop": loop, "http_app": http_app,
-                          "grpc_servicer": servicer, "grpc_health": health},
+            self.service,
+            configs,
+            arena_bytes=opts.frontend_shm_bytes,
+            on_fatal=fatal,
+            link_options={
+                "shared_memory": self.shared_memory,
+                "loop": loop,
+                "http_app": http_app,
+                "grpc_servicer": servicer,
+                "grpc_health": health,
+            },
         )
         try:
             await asyncio.to_thread(self._pool.start)
@@ -594,10 +630,18 @@ class Server:
         )
 
         server = create_server(
-            self.service, address, model_control_mode=opts.model_control_mode, tokens=opts.tokens,
-            auth_health=opts.auth_health, tls=self._tls, limits=opts.limits,
-            max_message_bytes=opts.max_body_bytes, shared_memory=self.shared_memory,
-            cpus=_grpc_cpus(opts.grpc_cpus), infer_gate=InferGate.of(opts.quotas), deadlines=opts.http_deadlines,
+            self.service,
+            address,
+            model_control_mode=opts.model_control_mode,
+            tokens=opts.tokens,
+            auth_health=opts.auth_health,
+            tls=self._tls,
+            limits=opts.limits,
+            max_message_bytes=opts.max_body_bytes,
+            shared_memory=self.shared_memory,
+            cpus=_grpc_cpus(opts.grpc_cpus),
+            infer_gate=InferGate.of(opts.quotas),
+            deadlines=opts.http_deadlines,
             log_settings=opts.log_settings,
         )
         server.start()

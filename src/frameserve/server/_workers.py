@@ -109,8 +109,9 @@ class FrontendPool:
     def pids(self) -> list[int | None]:
         """The process id of each front end that listens now (``None`` for one being replaced)."""
         return [
-            slot.proc.pid if slot.proc is not None and slot.link is not None and slot.link.up.is_set()
-            and slot.proc.poll() is None else None
+            slot.proc.pid
+            if slot.proc is not None and slot.link is not None and slot.link.up.is_set() and slot.proc.poll() is None
+            else None
             for slot in self._slots
         ]
 
@@ -181,7 +182,9 @@ class FrontendPool:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "frameserve.server._frontend_main", str(child_end.fileno()), str(block.fd)],
-                pass_fds=(child_end.fileno(), block.fd), stdin=subprocess.DEVNULL, start_new_session=True,
+                pass_fds=(child_end.fileno(), block.fd),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         except BaseException:
             owner_end.close()
@@ -195,14 +198,17 @@ class FrontendPool:
             models = ch.Models(self._generation, self._models)
         link.start(ch.Hello(config))
         link.send(models)
-        threading.Thread(target=self._watch, args=(slot, proc, link), name=f"frameserve-frontend-watch-{slot.index}",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._watch, args=(slot, proc, link), name=f"frameserve-frontend-watch-{slot.index}", daemon=True
+        ).start()
 
     def _watch(self, slot: _Slot, proc: subprocess.Popen[bytes], link: FrontendLink) -> None:
         deadline = time.monotonic() + UP_TIMEOUT_S
         while not link.up.wait(0.1) and proc.poll() is None:
             if time.monotonic() > deadline:
-                log.error("front end %d (pid %d) did not listen within %s s; killing it", slot.index, proc.pid, UP_TIMEOUT_S)
+                log.error(
+                    "front end %d (pid %d) did not listen within %s s; killing it", slot.index, proc.pid, UP_TIMEOUT_S
+                )
                 proc.kill()
                 break
         code = proc.wait()
@@ -215,13 +221,17 @@ class FrontendPool:
             fatal = slot.quick_deaths >= MAX_QUICK_DEATHS
         how = f"signal {-code}" if code < 0 else f"exit code {code}"
         if fatal:
-            reason = (f"front end {slot.index} died {slot.quick_deaths} times in a row within {QUICK_DEATH_S:.0f} s "
-                      f"of its start (last: {how})")
+            reason = (
+                f"front end {slot.index} died {slot.quick_deaths} times in a row within {QUICK_DEATH_S:.0f} s "
+                f"of its start (last: {how})"
+            )
             log.critical("%s; stopping the server", reason)
             self.on_fatal(reason)
             return
-        log.error("front end %d (pid %d) ended with %s after %.1f s; starting a new one", slot.index, proc.pid, how, lived)
-        time.sleep(min(1.0, 0.1 * 2 ** slot.quick_deaths))
+        log.error(
+            "front end %d (pid %d) ended with %s after %.1f s; starting a new one", slot.index, proc.pid, how, lived
+        )
+        time.sleep(min(1.0, 0.1 * 2**slot.quick_deaths))
         with self._lock:
             if self._stopping:
                 return

@@ -52,7 +52,13 @@ from frameserve.scheduler import (
 
 __all__ = ["ModelTable"]
 
-_SUFFIX_BACKEND: dict[str, str] = {".onnx": "onnxruntime", ".xml": "openvino", ".pt": "torch", ".pt2": "torch", ".py": "python"}
+_SUFFIX_BACKEND: dict[str, str] = {
+    ".onnx": "onnxruntime",
+    ".xml": "openvino",
+    ".pt": "torch",
+    ".pt2": "torch",
+    ".py": "python",
+}
 
 
 @dataclass
@@ -103,13 +109,16 @@ class ModelTable:
     _closed: bool
 
     if TYPE_CHECKING:  # the request half, defined by InferenceService
+
         def _submit(self, request: InferRequest, dispatch: Dispatch) -> Future[dict[str, np.ndarray[Any, Any]]]: ...
 
         def run(self, request: InferRequest) -> dict[str, np.ndarray[Any, Any]]: ...
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def load(self, name: str, version: int | None = None, *, config_override: dict[str, Any] | None = None) -> list[int]:
+    def load(
+        self, name: str, version: int | None = None, *, config_override: dict[str, Any] | None = None
+    ) -> list[int]:
         """Load (or reload) a model from the repository.
 
         Args:
@@ -193,12 +202,7 @@ class ModelTable:
         return out
 
     def _load(
-        self,
-        name: str,
-        version: int | None,
-        *,
-        config_override: dict[str, Any] | None,
-        plan: tuple[int, int] | None,
+        self, name: str, version: int | None, *, config_override: dict[str, Any] | None, plan: tuple[int, int] | None
     ) -> list[int]:
         repo = self._require_repository(name)
         config = repo.config(name, override=config_override)
@@ -213,17 +217,29 @@ class ModelTable:
             versions = [int(version)]
         BatchingPolicy.from_config(config)  # a bad dynamic_batching fails before any session opens
         if config.ensemble_scheduling is not None:  # Triton loads an ensemble's step models with it
-            load_ensemble_steps(config, config_of=lambda n: self.model_config(n) if self.is_ready(n) else repo.config(n),
-                                is_ready=self.is_ready, load=lambda n: self._load(n, None, config_override=None, plan=None))
+            load_ensemble_steps(
+                config,
+                config_of=lambda n: self.model_config(n) if self.is_ready(n) else repo.config(n),
+                is_ready=self.is_ready,
+                load=lambda n: self._load(n, None, config_override=None, plan=None),
+            )
         with self._load_lock:
             specs = self._plan(name, config, versions, replacing=None if version is None else versions, plan=plan)
             loaded: dict[int, _Loaded] = {}
             try:
                 for v in versions:
                     if config.ensemble_scheduling is not None:
-                        ens = EnsembleScheduler(config, v, self._submit, self.model_config, clock=self.clock, metrics=self.metrics)
-                        loaded[v] = _Loaded(v, ens, repo.model_dir(name) / str(v), ResponsePath.open(
-                            config, v, ens.stats, repo.model_dir(name), cache=self.cache, metrics=self.metrics))
+                        ens = EnsembleScheduler(
+                            config, v, self._submit, self.model_config, clock=self.clock, metrics=self.metrics
+                        )
+                        loaded[v] = _Loaded(
+                            v,
+                            ens,
+                            repo.model_dir(name) / str(v),
+                            ResponsePath.open(
+                                config, v, ens.stats, repo.model_dir(name), cache=self.cache, metrics=self.metrics
+                            ),
+                        )
                         continue
                     try:
                         path = repo.model_file(name, v, config=config)
@@ -263,7 +279,9 @@ class ModelTable:
         budget taken from the CPUs the other loaded versions leave free."""
         if plan is not None:
             free, sharing = plan
-            return plan_instances(config, threads=self.threads, free_cpus=free, instances_sharing=sharing, **_gpus(config))
+            return plan_instances(
+                config, threads=self.threads, free_cpus=free, instances_sharing=sharing, **_gpus(config)
+            )
         with self._lock:
             used = 0
             for n, entries in self._models.items():
@@ -275,7 +293,11 @@ class ModelTable:
         probe = plan_instances(config, threads=self.threads, free_cpus=free, **_gpus(config))
         unpinned = sum(1 for s in probe if s.cpu_set is None)
         return plan_instances(
-            config, threads=self.threads, free_cpus=free, instances_sharing=max(1, unpinned * len(versions)), **_gpus(config)
+            config,
+            threads=self.threads,
+            free_cpus=free,
+            instances_sharing=max(1, unpinned * len(versions)),
+            **_gpus(config),
         )
 
     def _start(
@@ -300,9 +322,17 @@ class ModelTable:
 
         scheduler: Scheduler
         if config.sequence is not None:  # a stateful model: the sequence batcher
-            scheduler = SequenceScheduler(config, version, specs, open_session, clock=self.clock, metrics=self.metrics,
-                                          max_queue_size=self.max_queue_size, model_dir=model_dir or path.parent,
-                                          rate_limiter=self.rate_limiter)
+            scheduler = SequenceScheduler(
+                config,
+                version,
+                specs,
+                open_session,
+                clock=self.clock,
+                metrics=self.metrics,
+                max_queue_size=self.max_queue_size,
+                model_dir=model_dir or path.parent,
+                rate_limiter=self.rate_limiter,
+            )
         else:
             scheduler = Scheduler(
                 config,
@@ -315,8 +345,14 @@ class ModelTable:
                 max_queue_size=self.max_queue_size,
             )
         try:
-            respond = ResponsePath.open(scheduler.config, version, scheduler.stats, model_dir or path.parent,
-                                        cache=self.cache, metrics=self.metrics)
+            respond = ResponsePath.open(
+                scheduler.config,
+                version,
+                scheduler.stats,
+                model_dir or path.parent,
+                cache=self.cache,
+                metrics=self.metrics,
+            )
         except BaseException:
             scheduler.stop(drain=False)
             raise

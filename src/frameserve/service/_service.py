@@ -56,6 +56,7 @@ EXTENSIONS: tuple[str, ...] = (
 """Triton protocol extensions the service implements on every transport (``/v2`` and gRPC
 ``ServerMetadata`` list them, with the ones a transport adds: see :meth:`InferenceService.server_metadata`)."""
 
+
 def failure_reason(exc: BaseException) -> str:
     """Triton's ``nv_inference_request_failure`` reason for an error: ``REJECTED`` (invalid
     input, a full queue), ``BACKEND`` (the model run failed) or ``OTHER``."""
@@ -358,7 +359,9 @@ class InferenceService(ModelTable):
             trace.tensors["TENSOR_QUEUE_INPUT"] = request.inputs
         request = dataclasses.replace(request, trace=trace)
         try:
-            future = entry.respond.submit(((request, size),), functools.partial(entry.scheduler.enqueue, dispatch=dispatch))[0]
+            future = entry.respond.submit(
+                ((request, size),), functools.partial(entry.scheduler.enqueue, dispatch=dispatch)
+            )[0]
         except BaseException:
             trace.finish(time.monotonic_ns())
             raise
@@ -399,7 +402,9 @@ class InferenceService(ModelTable):
             group[2].append(checked)
         for entry, where, checked_requests in groups.values():
             try:
-                futures = entry.respond.submit(checked_requests, functools.partial(entry.scheduler.enqueue, dispatch=dispatch))
+                futures = entry.respond.submit(
+                    checked_requests, functools.partial(entry.scheduler.enqueue, dispatch=dispatch)
+                )
             except SchedulerStoppedError:  # reloaded or unloaded meanwhile: one by one, as submit does
                 futures = []
                 for i in where:

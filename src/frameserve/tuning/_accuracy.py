@@ -160,7 +160,9 @@ class GateResult:
                 f"top-1 agreement {self.matched}/{self.frames} ({self.matched_share:.1%}), "
                 f"max score change {self.max_score_change:.4f}"
             )
-        return f"{'passed' if self.passed else 'refused'}: {text}" + ("" if self.passed else f" ({'; '.join(self.reasons)})")
+        return f"{'passed' if self.passed else 'refused'}: {text}" + (
+            "" if self.passed else f" ({'; '.join(self.reasons)})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON."""
@@ -179,7 +181,9 @@ class GateResult:
             "reasons": list(self.reasons),
             "examples": list(self.examples),
             "strict_matched": self.strict_matched,
-            "threshold": None if self.threshold is None else {"pipeline": self.threshold[0], "candidate": self.threshold[1]},
+            "threshold": None
+            if self.threshold is None
+            else {"pipeline": self.threshold[0], "candidate": self.threshold[1]},
             "psnr_db": None if self.psnr_db is None or math.isinf(self.psnr_db) else self.psnr_db,
             "top_k_share": self.top_k_share,
             "metrics": list(self.metrics),
@@ -309,18 +313,34 @@ def _compare_detections(
     box_err = sum(errors) / len(errors) if errors else None
     reasons = []
     if drop > limits.max_drop:
-        reasons.append(f"{total - matched} of {total} reference detections unmatched ({drop:.1%} > {limits.max_drop:.1%})")
+        reasons.append(
+            f"{total - matched} of {total} reference detections unmatched ({drop:.1%} > {limits.max_drop:.1%})"
+        )
     if box_err is not None and box_err > limits.max_box_error_px:
         reasons.append(f"mean box error {box_err:.2f} px > {limits.max_box_error_px:g} px")
     if score_change > limits.max_detection_score_change:
-        reasons.append(f"a matched detection's score moved by {score_change:.3f} > {limits.max_detection_score_change:g}")
+        reasons.append(
+            f"a matched detection's score moved by {score_change:.3f} > {limits.max_detection_score_change:g}"
+        )
     return GateResult(
-        "detections", len(reference), total, matched, drop, box_err, score_change, made, limits,
-        not reasons, tuple(reasons), tuple(examples),
+        "detections",
+        len(reference),
+        total,
+        matched,
+        drop,
+        box_err,
+        score_change,
+        made,
+        limits,
+        not reasons,
+        tuple(reasons),
+        tuple(examples),
     )
 
 
-def _compare_scores(reference: Sequence[Mapping[str, Any]], candidate: Sequence[Mapping[str, Any]], limits: GateLimits) -> GateResult:
+def _compare_scores(
+    reference: Sequence[Mapping[str, Any]], candidate: Sequence[Mapping[str, Any]], limits: GateLimits
+) -> GateResult:
     agree = 0
     change = 0.0
     for ref, cand in zip(reference, candidate, strict=True):

@@ -28,6 +28,7 @@ __all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "CalibrationFrames", "calibration
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v", ".ts")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
+
 @dataclass(frozen=True)
 class CalibrationFrames:
     """Preprocessed frames for calibration and for the gate.
@@ -91,7 +92,9 @@ def _sources(source: Path) -> list[Path]:
     if source.is_file():
         return [source]
     if source.is_dir():
-        found = sorted(p for p in source.iterdir() if p.is_file() and p.suffix.lower() in (*VIDEO_SUFFIXES, *IMAGE_SUFFIXES))
+        found = sorted(
+            p for p in source.iterdir() if p.is_file() and p.suffix.lower() in (*VIDEO_SUFFIXES, *IMAGE_SUFFIXES)
+        )
         if found:
             return found
         raise InvalidInputError(
@@ -162,13 +165,24 @@ def calibration_frames(
         for frame in frames:
             out = inst.preprocess(frame)
             inputs.append({k: np.array(v, copy=True) for k, v in out.items()})
-            infos.append(FrameInfo(frame.index, frame.pts_s, frame.is_keyframe, frame.width, frame.height,
-                                   frame.rgb if cls.needs_rgb else None))
+            infos.append(
+                FrameInfo(
+                    frame.index,
+                    frame.pts_s,
+                    frame.is_keyframe,
+                    frame.width,
+                    frame.height,
+                    frame.rgb if cls.needs_rgb else None,
+                )
+            )
     cpu_s = time.process_time() - cpu0
     if len(inputs) < 2:
-        raise InvalidInputError(f"--calibration {source}: {len(inputs)} frame(s); calibration and the gate need at least 2")
-    return CalibrationFrames(pdef, role, tuple(inputs), tuple(infos), tuple(p.name for p in files), cpu_s / len(inputs), fps)
-
+        raise InvalidInputError(
+            f"--calibration {source}: {len(inputs)} frame(s); calibration and the gate need at least 2"
+        )
+    return CalibrationFrames(
+        pdef, role, tuple(inputs), tuple(infos), tuple(p.name for p in files), cpu_s / len(inputs), fps
+    )
 
 
 def gate_config(config: Mapping[str, Any], threads: int) -> dict[str, Any]:

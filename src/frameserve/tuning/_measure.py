@@ -215,8 +215,18 @@ class Measurement:
         """Plain JSON (``nan`` latencies as ``None``)."""
         out: dict[str, Any] = {}
         for key in (
-            "batch", "concurrency", "requests", "duration_s", "throughput", "p50_ms", "p90_ms", "p99_ms",
-            "mean_ms", "cpu_s_per_infer", "windows", "stable",
+            "batch",
+            "concurrency",
+            "requests",
+            "duration_s",
+            "throughput",
+            "p50_ms",
+            "p90_ms",
+            "p99_ms",
+            "mean_ms",
+            "cpu_s_per_infer",
+            "windows",
+            "stable",
         ):
             value = getattr(self, key)
             out[key] = None if isinstance(value, float) and math.isnan(value) else value

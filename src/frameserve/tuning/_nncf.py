@@ -89,7 +89,8 @@ def quantized_ops(model: onnx.ModelProto) -> set[str]:
     of a QDQ model; the Q/DQ nodes themselves excluded)."""
     dq = {out for n in model.graph.node if n.op_type == "DequantizeLinear" for out in n.output}
     return {
-        n.name for n in model.graph.node
+        n.name
+        for n in model.graph.node
         if n.op_type not in ("QuantizeLinear", "DequantizeLinear") and any(i in dq for i in n.input)
     }
 
@@ -116,7 +117,9 @@ def quantize_nncf(
         import onnx
         from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParameters
     except ImportError as exc:
-        raise BackendUnavailableError(f"int8 through NNCF needs nncf and onnx: pip install 'frameserve[tune]' ({exc})") from None
+        raise BackendUnavailableError(
+            f"int8 through NNCF needs nncf and onnx: pip install 'frameserve[tune]' ({exc})"
+        ) from None
 
     nncf.set_log_level(logging.ERROR)
     t0 = time.perf_counter()
@@ -127,7 +130,9 @@ def quantize_nncf(
     except ModelConfigError as exc:
         raise ModelConfigError(f"{model_path.name}: {exc.message}") from None
     if not plan.per_channel:
-        raise ModelConfigError(f"{model_path.name}: NNCF quantizes per channel, which opset {plan.source_opset} lacks ({plan.note})")
+        raise ModelConfigError(
+            f"{model_path.name}: NNCF quantizes per channel, which opset {plan.source_opset} lacks ({plan.note})"
+        )
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{i}"
@@ -141,6 +146,7 @@ def quantize_nncf(
         if restorer is None:
             quantized = nncf.quantize(model, cal, **common)
         else:
+
             def validation_fn(candidate: onnx.ModelProto, items: Iterable[Any]) -> tuple[float, list[float]]:
                 with tempfile.TemporaryDirectory(prefix="frameserve-nncf-") as tmp:
                     path = Path(tmp) / "candidate.onnx"
@@ -149,9 +155,14 @@ def quantize_nncf(
 
             val = nncf.Dataset(list(restorer.items), restorer.feed)
             quantized = nncf.quantize_with_accuracy_control(
-                model, cal, val, validation_fn, max_drop=restorer.max_drop, drop_type=nncf.DropType.ABSOLUTE,
+                model,
+                cal,
+                val,
+                validation_fn,
+                max_drop=restorer.max_drop,
+                drop_type=nncf.DropType.ABSOLUTE,
                 advanced_accuracy_restorer_parameters=AdvancedAccuracyRestorerParameters(
-                    max_num_iterations=restorer.max_iterations, ranking_subset_size=len(restorer.items),
+                    max_num_iterations=restorer.max_iterations, ranking_subset_size=len(restorer.items)
                 ),
                 **common,
             )

@@ -90,13 +90,25 @@ def qdq_ready(model: onnx.ModelProto, *, per_channel: bool) -> tuple[onnx.ModelP
     except Exception as exc:  # the converter lacks an adapter for some operator
         why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         if per_channel:
-            return model, OpsetPlan(source, max(source, 11), False, False,
-                                    f"opset {source} < {PER_CHANNEL_OPSET} and onnx.version_converter failed ({why}): "
-                                    f"weights quantized per tensor")
-        raise ModelConfigError(f"opset {source} has no QuantizeLinear and onnx.version_converter cannot convert it: {why}") from None
-    return converted, OpsetPlan(source, target, per_channel, True,
-                                f"opset {source} converted to {target} (onnx.version_converter) for "
-                                f"{'per-channel' if per_channel else 'per-tensor'} QDQ")
+            return model, OpsetPlan(
+                source,
+                max(source, 11),
+                False,
+                False,
+                f"opset {source} < {PER_CHANNEL_OPSET} and onnx.version_converter failed ({why}): "
+                f"weights quantized per tensor",
+            )
+        raise ModelConfigError(
+            f"opset {source} has no QuantizeLinear and onnx.version_converter cannot convert it: {why}"
+        ) from None
+    return converted, OpsetPlan(
+        source,
+        target,
+        per_channel,
+        True,
+        f"opset {source} converted to {target} (onnx.version_converter) for "
+        f"{'per-channel' if per_channel else 'per-tensor'} QDQ",
+    )
 
 
 def check_quantized(path: Path) -> tuple[list[str], list[str]]:
@@ -127,7 +139,9 @@ def check_quantized(path: Path) -> tuple[list[str], list[str]]:
         options.intra_op_num_threads = 1
         ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
-        raise ModelConfigError(f"{path.name}: onnxruntime cannot load the quantized model: {_first_line(exc)}") from None
+        raise ModelConfigError(
+            f"{path.name}: onnxruntime cannot load the quantized model: {_first_line(exc)}"
+        ) from None
     passed.append("onnxruntime")
     try:
         import openvino as ov

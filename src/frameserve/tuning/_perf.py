@@ -21,6 +21,7 @@ from frameserve.tuning._targets import ServerTarget, ServiceTarget, layout_overr
 
 __all__ = ["perf"]
 
+
 def _note(m: Measurement | None, *, oversubscribed: str = "") -> str:
     parts = []
     if m is not None and not m.stable:
@@ -107,16 +108,37 @@ def perf(
         require_matplotlib()
     if servers:
         result = _perf_server(
-            url, grpc, model=model, version=version, batches=batches, concurrencies=concurrencies,
-            instances=instances, threads=threads, shapes=shapes, settings=settings, server_pid=server_pid,
-            profile=profile, progress=progress, machine=machine,
+            url,
+            grpc,
+            model=model,
+            version=version,
+            batches=batches,
+            concurrencies=concurrencies,
+            instances=instances,
+            threads=threads,
+            shapes=shapes,
+            settings=settings,
+            server_pid=server_pid,
+            profile=profile,
+            progress=progress,
+            machine=machine,
         )
     else:
         assert source is not None
         result = _perf_in_process(
-            Path(source), model=model, version=version, batches=batches, concurrencies=concurrencies,
-            instances=instances, threads=threads, shapes=shapes, settings=settings, server_pid=server_pid,
-            profile=profile, progress=progress, machine=machine,
+            Path(source),
+            model=model,
+            version=version,
+            batches=batches,
+            concurrencies=concurrencies,
+            instances=instances,
+            threads=threads,
+            shapes=shapes,
+            settings=settings,
+            server_pid=server_pid,
+            profile=profile,
+            progress=progress,
+            machine=machine,
         )
     if out is not None:
         write_perf_report(result, Path(out))
@@ -124,10 +146,21 @@ def perf(
 
 
 def _perf_server(
-    url: str | None, grpc: str | None, *, model: str | None, version: int | None, batches: Sequence[int],
-    concurrencies: Sequence[int], instances: Sequence[int], threads: Sequence[int] | None,
-    shapes: Mapping[str, tuple[int, ...]] | None, settings: MeasureSettings, server_pid: int | None,
-    profile: bool, progress: Progress | None, machine: SystemInfo,
+    url: str | None,
+    grpc: str | None,
+    *,
+    model: str | None,
+    version: int | None,
+    batches: Sequence[int],
+    concurrencies: Sequence[int],
+    instances: Sequence[int],
+    threads: Sequence[int] | None,
+    shapes: Mapping[str, tuple[int, ...]] | None,
+    settings: MeasureSettings,
+    server_pid: int | None,
+    profile: bool,
+    progress: Progress | None,
+    machine: SystemInfo,
 ) -> PerfResult:
     if not model:
         raise InvalidInputError("against a server, name the model with --model")
@@ -138,9 +171,15 @@ def _perf_server(
     protocol: Literal["http", "grpc"] = "http" if url else "grpc"
     address = str(url or grpc)
     target = ServerTarget(
-        address, protocol=protocol, model=model, version=None if version is None else str(version), server_pid=server_pid
+        address,
+        protocol=protocol,
+        model=model,
+        version=None if version is None else str(version),
+        server_pid=server_pid,
     )
-    inputs = {b: make_inputs(target.inputs, max_batch_size=target.max_batch_size, batch=b, shapes=shapes) for b in batches}
+    inputs = {
+        b: make_inputs(target.inputs, max_batch_size=target.max_batch_size, batch=b, shapes=shapes) for b in batches
+    }
     configs = list(itertools.product(batches, concurrencies))
     rows: list[PerfRow] = []
     for b, c in configs:
@@ -152,8 +191,14 @@ def _perf_server(
 
 
 def _one(
-    target: LoadTarget, inputs: Inputs, n_inst: int | None, n_threads: int | None, batch: int, conc: int,
-    settings: MeasureSettings, oversubscribed: str,
+    target: LoadTarget,
+    inputs: Inputs,
+    n_inst: int | None,
+    n_threads: int | None,
+    batch: int,
+    conc: int,
+    settings: MeasureSettings,
+    oversubscribed: str,
 ) -> PerfRow:
     try:
         m = measure(target, inputs, batch=batch, concurrency=conc, settings=settings)
@@ -167,9 +212,19 @@ def _one(
 
 
 def _perf_in_process(
-    source: Path, *, model: str | None, version: int | None, batches: Sequence[int], concurrencies: Sequence[int],
-    instances: Sequence[int], threads: Sequence[int] | None, shapes: Mapping[str, tuple[int, ...]] | None,
-    settings: MeasureSettings, server_pid: int | None, profile: bool, progress: Progress | None,
+    source: Path,
+    *,
+    model: str | None,
+    version: int | None,
+    batches: Sequence[int],
+    concurrencies: Sequence[int],
+    instances: Sequence[int],
+    threads: Sequence[int] | None,
+    shapes: Mapping[str, tuple[int, ...]] | None,
+    settings: MeasureSettings,
+    server_pid: int | None,
+    profile: bool,
+    progress: Progress | None,
     machine: SystemInfo,
 ) -> PerfResult:
     if server_pid is not None:
@@ -214,8 +269,13 @@ def _perf_in_process(
             if profile and prof is None:
                 with tempfile.TemporaryDirectory(prefix="frameserve-profile-") as tmp:
                     prof = profile_model(
-                        config, path, inputs[batches[0]], batch=batches[0], threads=pairs[0][1],
-                        duration_s=settings.window_s, work_dir=Path(tmp),
+                        config,
+                        path,
+                        inputs[batches[0]],
+                        batch=batches[0],
+                        threads=pairs[0][1],
+                        duration_s=settings.window_s,
+                        work_dir=Path(tmp),
                     )
     finally:
         service.close()

@@ -19,8 +19,22 @@ __all__ = ["ROW_FIELDS", "Mode", "PerfResult", "PerfRow"]
 Mode = Literal["in-process", "http", "grpc"]
 
 ROW_FIELDS: tuple[str, ...] = (
-    "instances", "threads", "batch", "concurrency", "throughput", "p50_ms", "p90_ms", "p99_ms", "mean_ms",
-    "cpu_s_per_infer", "requests", "duration_s", "windows", "stable", "note", "error",
+    "instances",
+    "threads",
+    "batch",
+    "concurrency",
+    "throughput",
+    "p50_ms",
+    "p90_ms",
+    "p99_ms",
+    "mean_ms",
+    "cpu_s_per_infer",
+    "requests",
+    "duration_s",
+    "windows",
+    "stable",
+    "note",
+    "error",
 )
 """The columns of ``perf.csv``, in order: throughput in inferences (samples) per second, latencies
 in milliseconds, CPU seconds per inference (empty = unknown)."""
@@ -52,8 +66,12 @@ class PerfRow:
         """One flat row with the :data:`ROW_FIELDS` keys (figures ``None`` for a failed row)."""
         figures = self.measurement.to_dict() if self.measurement is not None else {}
         row: dict[str, Any] = {
-            "instances": self.instances, "threads": self.threads, "batch": self.batch,
-            "concurrency": self.concurrency, "note": self.note, "error": self.error,
+            "instances": self.instances,
+            "threads": self.threads,
+            "batch": self.batch,
+            "concurrency": self.concurrency,
+            "note": self.note,
+            "error": self.error,
         }
         for key in ROW_FIELDS:
             row.setdefault(key, figures.get(key))

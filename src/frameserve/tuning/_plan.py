@@ -45,7 +45,9 @@ def load_tune_json(source: Path | str | Mapping[str, Any]) -> dict[str, Any]:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise InvalidInputError(f"--tune {source}: no tune.json there (the --out folder of frameserve tune)") from None
+            raise InvalidInputError(
+                f"--tune {source}: no tune.json there (the --out folder of frameserve tune)"
+            ) from None
         except (OSError, ValueError) as exc:
             raise InvalidInputError(f"--tune {source}: cannot read tune.json: {exc}") from None
     if not isinstance(data, dict) or "trials" not in data or "machine" not in data:
@@ -84,9 +86,13 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON."""
         return {
-            "model": self.model, "qps": self.qps, "p99_ms": self.p99_ms, "headroom": self.headroom,
+            "model": self.model,
+            "qps": self.qps,
+            "p99_ms": self.p99_ms,
+            "headroom": self.headroom,
             "online": {"node": dict(self.node), "nodes": self.nodes, "utilisation": self.utilisation},
-            "video": dict(self.video), "notes": list(self.notes),
+            "video": dict(self.video),
+            "notes": list(self.notes),
         }
 
     def lines(self) -> list[str]:
@@ -101,7 +107,11 @@ class Plan:
         v = self.video
         out.append(
             f"video jobs: {v['cpu_s_per_frame'] * 1e3:.3g} CPU ms per frame ({v['inference_cpu_s_per_frame'] * 1e3:.3g} inference"
-            + (f" + {v['decode_cpu_s_per_frame'] * 1e3:.3g} decode/preprocess" if v["decode_cpu_s_per_frame"] is not None else "")
+            + (
+                f" + {v['decode_cpu_s_per_frame'] * 1e3:.3g} decode/preprocess"
+                if v["decode_cpu_s_per_frame"] is not None
+                else ""
+            )
             + f"): {v['frames_per_s_per_core']:.4g} frames/s per core, {v['frames_per_s_per_node']:.4g} per node, "
             f"{v['video_hours_per_hour_per_node']:.3g} video-hours per hour per node at {v['fps']:g} fps"
         )
@@ -129,9 +139,13 @@ def _operating_points(data: Mapping[str, Any]) -> dict[tuple[str, int], dict[str
         use = repeats or rows
         cpu = [r["cpu_s_per_infer"] for r in use if r.get("cpu_s_per_infer") is not None]
         out[key] = {
-            "config": key[0], "concurrency": key[1], "throughput": _med([r["throughput"] for r in use]),
-            "p99_ms": _med([r["p99_ms"] for r in use]), "cpu_s_per_infer": _med(cpu) if cpu else None,
-            "instances": use[0]["instances"], "threads": use[0]["threads"],
+            "config": key[0],
+            "concurrency": key[1],
+            "throughput": _med([r["throughput"] for r in use]),
+            "p99_ms": _med([r["p99_ms"] for r in use]),
+            "cpu_s_per_infer": _med(cpu) if cpu else None,
+            "instances": use[0]["instances"],
+            "threads": use[0]["threads"],
             "source": f"median of {len(use)} {'repeats' if repeats else 'trials'}",
         }
     return out
@@ -183,8 +197,10 @@ def plan(
         node = max(mine, key=lambda p: p["throughput"])
     else:
         node = max(meeting, key=lambda p: p["throughput"])
-        notes.append(f"the tuned config does not meet p99 <= {p99_ms:g} ms here; planned with {node['config']} "
-                     f"(tune again with --p99-ms {p99_ms:g} to deploy it)")
+        notes.append(
+            f"the tuned config does not meet p99 <= {p99_ms:g} ms here; planned with {node['config']} "
+            f"(tune again with --p99-ms {p99_ms:g} to deploy it)"
+        )
     node = {**node, "cpus": cpus}
     nodes = max(1, math.ceil(qps * (1.0 + headroom) / node["throughput"]))
     utilisation = qps / (nodes * node["throughput"])
@@ -204,9 +220,17 @@ def plan(
     per_node = per_core * cpus
     vh_node = per_node / fps_used
     video: dict[str, Any] = {
-        "config": fastest["config"], "inference_cpu_s_per_frame": cpu_inf, "decode_cpu_s_per_frame": decode,
-        "cpu_s_per_frame": per_frame, "frames_per_s_per_core": per_core, "frames_per_s_per_node": per_node,
-        "fps": fps_used, "video_hours_per_hour_per_node": vh_node, "video_hours_per_hour": video_hours_per_hour,
-        "nodes": None if video_hours_per_hour is None else max(1, math.ceil(video_hours_per_hour * (1.0 + headroom) / vh_node)),
+        "config": fastest["config"],
+        "inference_cpu_s_per_frame": cpu_inf,
+        "decode_cpu_s_per_frame": decode,
+        "cpu_s_per_frame": per_frame,
+        "frames_per_s_per_core": per_core,
+        "frames_per_s_per_node": per_node,
+        "fps": fps_used,
+        "video_hours_per_hour_per_node": vh_node,
+        "video_hours_per_hour": video_hours_per_hour,
+        "nodes": None
+        if video_hours_per_hour is None
+        else max(1, math.ceil(video_hours_per_hour * (1.0 + headroom) / vh_node)),
     }
     return Plan(str(data.get("model")), qps, p99_ms, headroom, node, nodes, utilisation, video, tuple(notes))

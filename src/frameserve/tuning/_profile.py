@@ -126,7 +126,9 @@ class Profile:
 
 
 def _sorted_ops(acc: Mapping[tuple[str, str, str], list[float]]) -> tuple[OpTime, ...]:
-    ops = [OpTime(op_type, node, len(durs), sum(durs) / 1e3, exec_type) for (op_type, node, exec_type), durs in acc.items()]
+    ops = [
+        OpTime(op_type, node, len(durs), sum(durs) / 1e3, exec_type) for (op_type, node, exec_type), durs in acc.items()
+    ]
     return tuple(sorted(ops, key=lambda o: (-o.total_ms, o.node)))
 
 
@@ -181,15 +183,31 @@ def openvino_trace(
             dur = float(c.get("real_time_us", 0.0))
             key = (str(c.get("op_type", "?")), str(c.get("node", "?")), str(c.get("exec_type", "")))
             acc.setdefault(key, []).append(dur)
-            trace.append({
-                "name": key[1], "cat": "Node", "ph": "X", "ts": cursor, "dur": dur, "pid": pid, "tid": 0,
-                "args": {"op_type": key[0], "exec_type": key[2], "cpu_time_us": c.get("cpu_time_us"), "run": i},
-            })
+            trace.append(
+                {
+                    "name": key[1],
+                    "cat": "Node",
+                    "ph": "X",
+                    "ts": cursor,
+                    "dur": dur,
+                    "pid": pid,
+                    "tid": 0,
+                    "args": {"op_type": key[0], "exec_type": key[2], "cpu_time_us": c.get("cpu_time_us"), "run": i},
+                }
+            )
             cursor += dur
-        trace.append({
-            "name": "model_run", "cat": "Session", "ph": "X", "ts": float(start_us), "dur": cursor - float(start_us),
-            "pid": pid, "tid": 1, "args": {"run": i},
-        })
+        trace.append(
+            {
+                "name": "model_run",
+                "cat": "Session",
+                "ph": "X",
+                "ts": float(start_us),
+                "dur": cursor - float(start_us),
+                "pid": pid,
+                "tid": 1,
+                "args": {"run": i},
+            }
+        )
     return _sorted_ops(acc), tuple(trace)
 
 
@@ -223,9 +241,7 @@ def profile_model(
     if not duration_s > 0:
         raise InvalidInputError(f"duration_s must be > 0, got {duration_s}")
     if config.backend not in ("onnxruntime", "openvino"):
-        raise BackendUnavailableError(
-            f"--profile works with backends onnxruntime and openvino, not {config.backend!r}"
-        )
+        raise BackendUnavailableError(f"--profile works with backends onnxruntime and openvino, not {config.backend!r}")
     session: Any = load_session(config, model_path, threads=threads, profile_dir=work_dir)
     try:
         session.run(inputs)  # warm-up, left out below

@@ -124,7 +124,8 @@ def float_head_nodes(model: onnx.ModelProto) -> list[str]:
     learned = [n for n in nodes if n.op_type == "Conv" and not is_dfl(n)]
     downstream = {n.name: after(n) for n in learned}
     last = [
-        n for n in learned
+        n
+        for n in learned
         if not any(by_name[d].op_type == "Conv" and not is_dfl(by_name[d]) for d in downstream[n.name])
     ]
     tail: set[str] = set()
@@ -183,12 +184,23 @@ class QuantizeSettings:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (the float nodes counted, the first 20 named)."""
         return {
-            "format": self.format, "activations": self.activations, "weights": self.weights,
-            "per_channel": self.per_channel, "reduce_range": self.reduce_range, "method": self.method,
-            "float_nodes": len(self.float_nodes), "float_nodes_first": list(self.float_nodes[:20]),
-            "calibration_frames": self.calibration_frames, "seconds": round(self.seconds, 2),
-            "engine": self.engine, "accuracy_control": self.accuracy_control, "reverted": list(self.reverted),
-            "opset": self.opset, "source_opset": self.source_opset, "checked": list(self.checked), "notes": list(self.notes),
+            "format": self.format,
+            "activations": self.activations,
+            "weights": self.weights,
+            "per_channel": self.per_channel,
+            "reduce_range": self.reduce_range,
+            "method": self.method,
+            "float_nodes": len(self.float_nodes),
+            "float_nodes_first": list(self.float_nodes[:20]),
+            "calibration_frames": self.calibration_frames,
+            "seconds": round(self.seconds, 2),
+            "engine": self.engine,
+            "accuracy_control": self.accuracy_control,
+            "reverted": list(self.reverted),
+            "opset": self.opset,
+            "source_opset": self.source_opset,
+            "checked": list(self.checked),
+            "notes": list(self.notes),
         }
 
     def describe(self) -> str:
@@ -238,7 +250,9 @@ def quantize_onnx(
         except ModelConfigError as exc:
             raise ModelConfigError(f"{model_path.name}: {exc.message}") from None
         except Exception as exc:
-            raise ModelConfigError(f"{model_path.name}: not an ONNX model onnx reads: {type(exc).__name__}: {exc}") from None
+            raise ModelConfigError(
+                f"{model_path.name}: not an ONNX model onnx reads: {type(exc).__name__}: {exc}"
+            ) from None
         src = Path(tmp) / "source.onnx"
         onnx.save(source, str(src))
         pre = Path(tmp) / "pre.onnx"
@@ -258,19 +272,31 @@ def quantize_onnx(
                 item = next(self._it, None)
                 return None if item is None else batch_of_one(item)
 
-        methods = {"minmax": q.CalibrationMethod.MinMax, "percentile": q.CalibrationMethod.Percentile,
-                   "entropy": q.CalibrationMethod.Entropy}
+        methods = {
+            "minmax": q.CalibrationMethod.MinMax,
+            "percentile": q.CalibrationMethod.Percentile,
+            "entropy": q.CalibrationMethod.Entropy,
+        }
         notes = [plan.note] if plan.note else []
         channel_wise = plan.per_channel
         while True:
             try:
                 q.quantize_static(
-                    str(pre), str(out_path), Reader(), quant_format=q.QuantFormat.QDQ,
-                    activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8, per_channel=channel_wise,
-                    reduce_range=reduce_range, nodes_to_exclude=excluded, calibrate_method=methods[method],
+                    str(pre),
+                    str(out_path),
+                    Reader(),
+                    quant_format=q.QuantFormat.QDQ,
+                    activation_type=q.QuantType.QUInt8,
+                    weight_type=q.QuantType.QInt8,
+                    per_channel=channel_wise,
+                    reduce_range=reduce_range,
+                    nodes_to_exclude=excluded,
+                    calibrate_method=methods[method],
                 )
             except Exception as exc:
-                raise ModelConfigError(f"{model_path.name}: onnxruntime cannot quantize it: {type(exc).__name__}: {exc}") from None
+                raise ModelConfigError(
+                    f"{model_path.name}: onnxruntime cannot quantize it: {type(exc).__name__}: {exc}"
+                ) from None
             try:
                 loaders, refusals = check_quantized(out_path)
                 notes += refusals
@@ -280,16 +306,31 @@ def quantize_onnx(
                     raise
                 notes.append(f"per-channel int8 refused by a loader ({exc.message}); quantized again per tensor")
                 channel_wise = False
-    return QuantizeSettings("QDQ", "uint8", "int8", channel_wise, reduce_range, method, tuple(excluded),
-                            len(calibration), time.perf_counter() - t0, opset=plan.opset,
-                            source_opset=plan.source_opset, checked=tuple(loaders), notes=tuple(notes))
+    return QuantizeSettings(
+        "QDQ",
+        "uint8",
+        "int8",
+        channel_wise,
+        reduce_range,
+        method,
+        tuple(excluded),
+        len(calibration),
+        time.perf_counter() - t0,
+        opset=plan.opset,
+        source_opset=plan.source_opset,
+        checked=tuple(loaders),
+        notes=tuple(notes),
+    )
 
 
 # -- the gate ----------------------------------------------------------------------------------
 
 
 def _results(
-    service: InferenceService, name: str, frames: CalibrationFrames, positions: Sequence[int],
+    service: InferenceService,
+    name: str,
+    frames: CalibrationFrames,
+    positions: Sequence[int],
     params: Mapping[str, Any] | None = None,
 ) -> list[Any]:
     assert frames.pipeline is not None
@@ -358,7 +399,11 @@ def next_version(repo: ModelRepository, name: str) -> int:
 
 
 def write_model_folder(
-    repo: ModelRepository, name: str, out_dir: Path, config: Mapping[str, Any], *,
+    repo: ModelRepository,
+    name: str,
+    out_dir: Path,
+    config: Mapping[str, Any],
+    *,
     new_version: tuple[int, Path] | None = None,
 ) -> Path:
     """Write ``out_dir/<name>/``: every version folder of the source model copied, ``config``
@@ -418,10 +463,16 @@ class QuantizeResult:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON."""
         return {
-            "model": self.model, "source_version": self.source_version, "version": self.version,
-            "passed": self.passed, "gate": self.gate.to_dict(), "settings": self.settings.to_dict(),
-            "calibration": dict(self.frames), "out": None if self.out is None else str(self.out),
-            "int8_accelerated": self.machine.int8_accelerated, "notes": list(self.notes),
+            "model": self.model,
+            "source_version": self.source_version,
+            "version": self.version,
+            "passed": self.passed,
+            "gate": self.gate.to_dict(),
+            "settings": self.settings.to_dict(),
+            "calibration": dict(self.frames),
+            "out": None if self.out is None else str(self.out),
+            "int8_accelerated": self.machine.int8_accelerated,
+            "notes": list(self.notes),
             "machine": {"cpu_model": self.machine.cpu_model, "notes": list(self.machine.notes)},
         }
 
@@ -489,7 +540,10 @@ def quantize(
     target = model_file(Path(model_dir))
     repo, name, version, path = target.repo, target.name, target.version, target.path
     raw = {k: v for k, v in repo.raw_config(name).items() if k not in ("name", "version_policy")}
-    reference = Variant({**raw, "backend": "onnxruntime", "parameters": {**dict(raw.get("parameters") or {}), "precision": "fp32"}}, path)
+    reference = Variant(
+        {**raw, "backend": "onnxruntime", "parameters": {**dict(raw.get("parameters") or {}), "precision": "fp32"}},
+        path,
+    )
     if isinstance(calibration, CalibrationFrames):
         frames = calibration
     else:
@@ -497,36 +551,58 @@ def quantize(
         if pipeline is None:
             frames = tensor_frames(calibration, completed, model=name, max_frames=max_frames)
         else:
-            frames = calibration_frames(calibration, pipeline, completed, model=name, params=params, max_frames=max_frames)
+            frames = calibration_frames(
+                calibration, pipeline, completed, model=name, params=params, max_frames=max_frames
+            )
     if reduce_range is None:
         reduce_range = not machine.int8_accelerated
     tmp = tempfile.TemporaryDirectory(prefix="frameserve-int8-") if work_dir is None else None
     try:
         where = Path(tmp.name) if tmp is not None else Path(work_dir or ".")
         int8 = where / f"{name}.int8.onnx"
-        candidate = Variant({**reference.config, "parameters": {**reference.config["parameters"], "precision": "int8"}}, int8)
+        candidate = Variant(
+            {**reference.config, "parameters": {**reference.config["parameters"], "precision": "int8"}}, int8
+        )
         if engine not in ("auto", "nncf", "onnxruntime"):
             raise InvalidInputError(f"engine {engine!r}; accepted: auto, nncf, onnxruntime")
-        notes = [] if machine.int8_accelerated else ["int8: no VNNI on this CPU, expect small gains (weights at 7 bits)"]
+        notes = (
+            [] if machine.int8_accelerated else ["int8: no VNNI on this CPU, expect small gains (weights at 7 bits)"]
+        )
         if engine != "nncf":
-            settings = quantize_onnx(path, int8, frames.calibration, keep_head_float=keep_head_float,
-                                     per_channel=per_channel, reduce_range=reduce_range, method=method)
+            settings = quantize_onnx(
+                path,
+                int8,
+                frames.calibration,
+                keep_head_float=keep_head_float,
+                per_channel=per_channel,
+                reduce_range=reduce_range,
+                method=method,
+            )
             verdict = gate(reference, candidate, frames, limits=limits, threads=machine.cpu_budget)
         if engine == "nncf" or (engine == "auto" and not verdict.passed and nncf_available()):
             if engine == "auto":
                 notes.append(f"onnxruntime's QDQ refused ({verdict.summary()}); NNCF tried next")
             try:
                 settings, verdict = _quantize_with_nncf(
-                    path, int8, reference, candidate, frames, limits=limits, keep_head_float=keep_head_float,
-                    accuracy_control=accuracy_control, threads=machine.cpu_budget,
+                    path,
+                    int8,
+                    reference,
+                    candidate,
+                    frames,
+                    limits=limits,
+                    keep_head_float=keep_head_float,
+                    accuracy_control=accuracy_control,
+                    threads=machine.cpu_budget,
                 )
             except ModelConfigError as exc:
                 if engine == "nncf":
                     raise
                 notes.append(f"NNCF failed, onnxruntime's refused model kept as the verdict: {exc.message}")
                 return _result(repo, name, raw, version, settings, verdict, frames, None, int8, machine, notes)
-            notes.append("NNCF's QDQ quantizes only the convolutions' inputs: onnxruntime dequantizes between them, "
-                         "so it may run no faster than fp32 there; `frameserve tune` measures it")
+            notes.append(
+                "NNCF's QDQ quantizes only the convolutions' inputs: onnxruntime dequantizes between them, "
+                "so it may run no faster than fp32 there; `frameserve tune` measures it"
+            )
         return _result(repo, name, raw, version, settings, verdict, frames, out, int8, machine, notes)
     finally:
         if tmp is not None:
@@ -534,26 +610,53 @@ def quantize(
 
 
 def _result(
-    repo: ModelRepository, name: str, raw: Mapping[str, Any], version: int, settings: QuantizeSettings,
-    verdict: GateResult, frames: CalibrationFrames, out: Path | str | None, int8: Path, machine: SystemInfo,
+    repo: ModelRepository,
+    name: str,
+    raw: Mapping[str, Any],
+    version: int,
+    settings: QuantizeSettings,
+    verdict: GateResult,
+    frames: CalibrationFrames,
+    out: Path | str | None,
+    int8: Path,
+    machine: SystemInfo,
     notes: list[str],
 ) -> QuantizeResult:
     """The result, the model folder written to ``out`` when the gate passed."""
     number = next_version(repo, name)
     written: Path | None = None
     if verdict.passed and out is not None:
-        new_config = {**raw, "parameters": {**dict(raw.get("parameters") or {}), "precision": "int8"},
-                      "version_policy": {"specific": {"versions": [number]}}}
+        new_config = {
+            **raw,
+            "parameters": {**dict(raw.get("parameters") or {}), "precision": "int8"},
+            "version_policy": {"specific": {"versions": [number]}},
+        }
         written = write_model_folder(repo, name, Path(out), new_config, new_version=(number, int8))
     return QuantizeResult(
-        name, version, number, settings, verdict, frames.to_dict(), written,
-        None if written is None else written / str(number) / "model.onnx", machine, (*settings.notes, *notes),
+        name,
+        version,
+        number,
+        settings,
+        verdict,
+        frames.to_dict(),
+        written,
+        None if written is None else written / str(number) / "model.onnx",
+        machine,
+        (*settings.notes, *notes),
     )
 
 
 def _quantize_with_nncf(
-    path: Path, int8: Path, reference: Variant, candidate: Variant, frames: CalibrationFrames, *,
-    limits: GateLimits, keep_head_float: bool, accuracy_control: bool, threads: int,
+    path: Path,
+    int8: Path,
+    reference: Variant,
+    candidate: Variant,
+    frames: CalibrationFrames,
+    *,
+    limits: GateLimits,
+    keep_head_float: bool,
+    accuracy_control: bool,
+    threads: int,
 ) -> tuple[QuantizeSettings, GateResult]:
     """NNCF's int8, gated; when refused (and the head is kept in float), NNCF's accuracy control
     with the gate's metric, gated again."""
@@ -562,21 +665,43 @@ def _quantize_with_nncf(
     excluded = float_head_nodes(_named(onnx.load(str(path)))) if keep_head_float else []
     plain = quantize_nncf(path, int8, frames.calibration, float_nodes=excluded)
     loaders, refusals = check_quantized(int8)
-    settings = QuantizeSettings("QDQ", "8-bit asymmetric", "int8 symmetric", True, False,
-                                "NNCF MIXED preset + fast bias correction", tuple(excluded),
-                                len(frames.calibration), plain.seconds, engine="nncf", checked=tuple(loaders),
-                                notes=tuple(refusals))
+    settings = QuantizeSettings(
+        "QDQ",
+        "8-bit asymmetric",
+        "int8 symmetric",
+        True,
+        False,
+        "NNCF MIXED preset + fast bias correction",
+        tuple(excluded),
+        len(frames.calibration),
+        plain.seconds,
+        engine="nncf",
+        checked=tuple(loaders),
+        notes=tuple(refusals),
+    )
     verdict = gate(reference, candidate, frames, limits=limits, threads=threads)
     if verdict.passed or not (accuracy_control and keep_head_float and frames.pipeline is not None):
         return settings, verdict
     with _GateMetric(reference, frames, limits, threads) as metric:
-        restored = quantize_nncf(path, int8, frames.calibration, float_nodes=excluded, restorer=Restorer(
-            items=list(frames.held_apart), feed=lambda p: batch_of_one(frames.inputs[p]),
-            validate=metric, max_drop=limits.max_drop,
-        ))
+        restored = quantize_nncf(
+            path,
+            int8,
+            frames.calibration,
+            float_nodes=excluded,
+            restorer=Restorer(
+                items=list(frames.held_apart),
+                feed=lambda p: batch_of_one(frames.inputs[p]),
+                validate=metric,
+                max_drop=limits.max_drop,
+            ),
+        )
     check_quantized(int8)
-    settings = dataclasses.replace(settings, seconds=plain.seconds + restored.seconds, accuracy_control=True,
-                                   reverted=tuple(sorted(plain.ops - restored.ops)))
+    settings = dataclasses.replace(
+        settings,
+        seconds=plain.seconds + restored.seconds,
+        accuracy_control=True,
+        reverted=tuple(sorted(plain.ops - restored.ops)),
+    )
     return settings, gate(reference, candidate, frames, limits=limits, threads=threads)
 
 

@@ -37,7 +37,12 @@ __all__ = [
 ]
 
 PERF_FILES: tuple[str, ...] = (
-    "perf.csv", "perf.json", "throughput_vs_p99.png", "vs_batch.png", "vs_concurrency.png", "report.html",
+    "perf.csv",
+    "perf.json",
+    "throughput_vs_p99.png",
+    "vs_batch.png",
+    "vs_concurrency.png",
+    "report.html",
 )
 """What :func:`write_perf_report` writes (plus ``profile_ops.csv`` and ``profile_trace.json`` with a profile)."""
 
@@ -54,9 +59,7 @@ def require_matplotlib() -> Any:  # Any: the matplotlib.pyplot module
         matplotlib.use("Agg", force=True)
         import matplotlib.pyplot as plt
     except ImportError:
-        raise BackendUnavailableError(
-            "plots need matplotlib: pip install 'frameserve[tune]' (or matplotlib)"
-        ) from None
+        raise BackendUnavailableError("plots need matplotlib: pip install 'frameserve[tune]' (or matplotlib)") from None
     return plt
 
 
@@ -119,13 +122,7 @@ def _save(plt: Any, fig: Any, path: Path) -> Path:  # Any: matplotlib.pyplot and
     return path
 
 
-def line_plot(
-    path: Path,
-    panels: Sequence[tuple[str, str, str, Series]],
-    *,
-    title: str,
-    log_x: bool = False,
-) -> Path:
+def line_plot(path: Path, panels: Sequence[tuple[str, str, str, Series]], *, title: str, log_x: bool = False) -> Path:
     """One PNG with a panel per ``(x label, y label, panel title, series)``, side by side; each
     series a line with markers. ``log_x`` draws x on a log2 scale (batch sizes, concurrency)."""
     plt = require_matplotlib()
@@ -190,8 +187,13 @@ def bar_plot(path: Path, panels: Sequence[tuple[str, str, Mapping[str, float]]],
         values = [bars[k] if bars[k] is not None and math.isfinite(bars[k]) else 0.0 for k in labels]
         rects = ax.bar(labels, values, color=["#8c8c8c", "#2b7bba", "#e6862c", "#4daf4a"][: len(labels)])
         for rect, v in zip(rects, values, strict=True):
-            ax.annotate(f"{v:.4g}", (rect.get_x() + rect.get_width() / 2, rect.get_height()),
-                        ha="center", va="bottom", fontsize="small")
+            ax.annotate(
+                f"{v:.4g}",
+                (rect.get_x() + rect.get_width() / 2, rect.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize="small",
+            )
         ax.set_ylabel(ylabel)
         ax.set_title(panel_title)
         ax.grid(True, axis="y", alpha=0.3)
@@ -202,11 +204,12 @@ def bar_plot(path: Path, panels: Sequence[tuple[str, str, Mapping[str, float]]],
 def html_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, caption: str = "", css_class: str = "") -> str:
     """An HTML table; every cell is escaped; numbers are right-aligned (4 significant digits,
     whole numbers from 1000 up), text left-aligned."""
+
     def td(v: object) -> str:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             return f"<td>{html.escape(_cell(v))}</td>"
-        text = _cell(v) if isinstance(v, int) or not math.isfinite(v) else (
-            f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+        text = (
+            _cell(v) if isinstance(v, int) or not math.isfinite(v) else (f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}")
         )
         return f'<td class="n">{html.escape(text)}</td>'
 
@@ -247,8 +250,10 @@ def machine_section(machine: Mapping[str, Any]) -> str:
     """The report's machine table and notes, from ``SystemInfo.to_dict()``."""
     facts = [
         ("CPU", machine.get("cpu_model")),
-        ("logical CPUs / physical cores / sockets",
-         f"{machine.get('logical_cpus')} / {machine.get('physical_cores')} / {machine.get('sockets')}"),
+        (
+            "logical CPUs / physical cores / sockets",
+            f"{machine.get('logical_cpus')} / {machine.get('physical_cores')} / {machine.get('sockets')}",
+        ),
         ("NUMA nodes", len(machine.get("numa_nodes") or [])),
         ("L1d / L2 / L3", " / ".join(_size(machine.get(k)) for k in ("l1d_bytes", "l2_bytes", "l3_bytes"))),
         ("ISA", " ".join(k for k, v in (machine.get("isa") or {}).items() if v) or "none of note"),
@@ -298,57 +303,96 @@ def write_perf_report(result: PerfResult, out: Path) -> dict[str, Path]:
     ok = [r for r in rows if r.get("throughput") is not None]
     files["throughput_vs_p99.png"] = line_plot(
         out / "throughput_vs_p99.png",
-        [("p99 latency (ms)", "throughput (inferences/s)", "each line: concurrency rising",
-          _series(ok, lambda r: _label(r, "instances", "threads", "batch"), "p99_ms", "throughput"))],
+        [
+            (
+                "p99 latency (ms)",
+                "throughput (inferences/s)",
+                "each line: concurrency rising",
+                _series(ok, lambda r: _label(r, "instances", "threads", "batch"), "p99_ms", "throughput"),
+            )
+        ],
         title=f"{result.model}: throughput vs p99 latency",
     )
     # one panel pair per swept axis, a line per setting of the other three
     for axis, other, xlabel in (("batch", "concurrency", "batch size"), ("concurrency", "batch", "concurrency")):
+
         def line_of(r: Mapping[str, Any], other: str = other) -> str:
             return _label(r, "instances", "threads", other)
 
         name = f"vs_{axis}.png"
         files[name] = line_plot(
             out / name,
-            [(xlabel, "throughput (inferences/s)", "throughput", _series(ok, line_of, axis, "throughput")),
-             (xlabel, "p99 latency (ms)", "p99 latency", _series(ok, line_of, axis, "p99_ms"))],
-            title=f"{result.model}: by {xlabel}", log_x=True,
+            [
+                (xlabel, "throughput (inferences/s)", "throughput", _series(ok, line_of, axis, "throughput")),
+                (xlabel, "p99 latency (ms)", "p99 latency", _series(ok, line_of, axis, "p99_ms")),
+            ],
+            title=f"{result.model}: by {xlabel}",
+            log_x=True,
         )
     sections: list[tuple[str, str]] = []
     run_facts = [
         ("model", f"{result.model}" + (f" version {result.version}" if result.version is not None else "")),
-        ("mode", result.mode), ("target", result.target),
-        ("backend", data["session"].get("backend")), ("precision", data["session"].get("precision")),
+        ("mode", result.mode),
+        ("target", result.target),
+        ("backend", data["session"].get("backend")),
+        ("precision", data["session"].get("precision")),
         ("window / warm-up", f"{result.settings.window_s:g} s / {result.settings.warmup_s:g} s"),
         ("stability", f"{result.settings.stability * 100:g} % (at most {result.settings.max_windows} windows)"),
     ]
     sections.append(("Run", html_table(("what", "value"), run_facts, css_class="run")))
-    sections.append((
-        "Results",
-        html_table(ROW_FIELDS, ([r[k] for k in ROW_FIELDS] for r in rows), css_class="results",
-                   caption="throughput in inferences/s; latency in ms; CPU seconds per inference"),
-    ))
-    for name, alt in (("throughput_vs_p99.png", "throughput vs p99 latency"), ("vs_batch.png", "by batch size"),
-                      ("vs_concurrency.png", "by concurrency")):
+    sections.append(
+        (
+            "Results",
+            html_table(
+                ROW_FIELDS,
+                ([r[k] for k in ROW_FIELDS] for r in rows),
+                css_class="results",
+                caption="throughput in inferences/s; latency in ms; CPU seconds per inference",
+            ),
+        )
+    )
+    for name, alt in (
+        ("throughput_vs_p99.png", "throughput vs p99 latency"),
+        ("vs_batch.png", "by batch size"),
+        ("vs_concurrency.png", "by concurrency"),
+    ):
         sections.append((alt, f'<img alt="{html.escape(alt)}" src="{png_data_uri(files[name])}">'))
     if result.profile is not None:
         prof = result.profile
         files["profile_ops.csv"] = write_csv(
-            out / "profile_ops.csv", ("op_type", "node", "exec_type", "calls", "total_ms", "mean_ms", "share"), prof.rows()
+            out / "profile_ops.csv",
+            ("op_type", "node", "exec_type", "calls", "total_ms", "mean_ms", "share"),
+            prof.rows(),
         )
         files["profile_trace.json"] = write_json(out / "profile_trace.json", list(prof.trace))
         types = prof.by_op_type()
-        sections.append((
-            f"Operators ({prof.backend}, {prof.runs} runs, batch {prof.batch}, {prof.threads} threads)",
-            html_table(("op type", "nodes", "calls", "total ms", "share"),
-                       ([t["op_type"], t["nodes"], t["calls"], t["total_ms"], f"{t['share']:.1%}"] for t in types),
-                       css_class="op-types")
-            + html_table(("op type", "node", "exec type", "calls", "total ms", "mean ms", "share"),
-                         ([o["op_type"], o["node"], o["exec_type"], o["calls"], o["total_ms"], o["mean_ms"], f"{o['share']:.1%}"]
-                          for o in prof.rows()[:30]),
-                         caption="the 30 slowest nodes (all of them in profile_ops.csv; timeline in profile_trace.json)",
-                         css_class="ops"),
-        ))
+        sections.append(
+            (
+                f"Operators ({prof.backend}, {prof.runs} runs, batch {prof.batch}, {prof.threads} threads)",
+                html_table(
+                    ("op type", "nodes", "calls", "total ms", "share"),
+                    ([t["op_type"], t["nodes"], t["calls"], t["total_ms"], f"{t['share']:.1%}"] for t in types),
+                    css_class="op-types",
+                )
+                + html_table(
+                    ("op type", "node", "exec type", "calls", "total ms", "mean ms", "share"),
+                    (
+                        [
+                            o["op_type"],
+                            o["node"],
+                            o["exec_type"],
+                            o["calls"],
+                            o["total_ms"],
+                            o["mean_ms"],
+                            f"{o['share']:.1%}",
+                        ]
+                        for o in prof.rows()[:30]
+                    ),
+                    caption="the 30 slowest nodes (all of them in profile_ops.csv; timeline in profile_trace.json)",
+                    css_class="ops",
+                ),
+            )
+        )
     sections.append(("Machine", machine_section(data["machine"])))
     page = html_page(f"frameserve perf: {result.model}", sections)
     report = out / "report.html"

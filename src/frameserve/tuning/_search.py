@@ -95,7 +95,12 @@ class Objective:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON."""
-        return {"kind": self.kind, "p99_ms": self.p99_ms, "min_throughput": self.min_throughput, "text": self.describe()}
+        return {
+            "kind": self.kind,
+            "p99_ms": self.p99_ms,
+            "min_throughput": self.min_throughput,
+            "text": self.describe(),
+        }
 
 
 Phase = Literal["default", "search", "backoff", "repeat", "exhaustive", "gate"]
@@ -135,11 +140,41 @@ class Trial:
 
 
 TRIAL_FIELDS: tuple[str, ...] = (
-    "trial", "phase", "status", "config", "backend", "precision", "instances", "threads", "pin", "max_batch_size",
-    "dynamic_batching", "preferred_batch_size", "max_queue_delay_us", "ort_allow_spinning",
-    "ort_graph_optimization_level", "ort_execution_mode", "performance_hint", "num_streams", "concurrency",
-    "throughput", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "cpu_s_per_infer", "requests", "windows", "stable",
-    "window_s", "feasible", "score", "repeat", "repeats", "elapsed_s", "error",
+    "trial",
+    "phase",
+    "status",
+    "config",
+    "backend",
+    "precision",
+    "instances",
+    "threads",
+    "pin",
+    "max_batch_size",
+    "dynamic_batching",
+    "preferred_batch_size",
+    "max_queue_delay_us",
+    "ort_allow_spinning",
+    "ort_graph_optimization_level",
+    "ort_execution_mode",
+    "performance_hint",
+    "num_streams",
+    "concurrency",
+    "throughput",
+    "p50_ms",
+    "p90_ms",
+    "p99_ms",
+    "mean_ms",
+    "cpu_s_per_infer",
+    "requests",
+    "windows",
+    "stable",
+    "window_s",
+    "feasible",
+    "score",
+    "repeat",
+    "repeats",
+    "elapsed_s",
+    "error",
 )
 """The columns of ``trials.csv``: every parameter, the figures (throughput in inferences/s,
 latencies in ms, CPU seconds per inference), ``status`` (``measured``, or ``refused`` with the
@@ -160,12 +195,31 @@ def trial_rows(trials: Sequence[Trial]) -> list[dict[str, Any]]:
         seen[t.candidate] = n + 1
         m = t.measurement.to_dict() if t.measurement is not None else {}
         row: dict[str, Any] = {
-            "trial": t.index, "phase": t.phase, "status": "measured" if t.measurement is not None else "refused",
-            "config": t.candidate.key, **t.candidate.params(),
-            "concurrency": t.concurrency, "window_s": t.window_s, "feasible": t.feasible, "score": t.score,
-            "repeat": n, "repeats": total[t.candidate], "elapsed_s": round(t.elapsed_s, 3), "error": t.error,
+            "trial": t.index,
+            "phase": t.phase,
+            "status": "measured" if t.measurement is not None else "refused",
+            "config": t.candidate.key,
+            **t.candidate.params(),
+            "concurrency": t.concurrency,
+            "window_s": t.window_s,
+            "feasible": t.feasible,
+            "score": t.score,
+            "repeat": n,
+            "repeats": total[t.candidate],
+            "elapsed_s": round(t.elapsed_s, 3),
+            "error": t.error,
         }
-        for key in ("throughput", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "cpu_s_per_infer", "requests", "windows", "stable"):
+        for key in (
+            "throughput",
+            "p50_ms",
+            "p90_ms",
+            "p99_ms",
+            "mean_ms",
+            "cpu_s_per_infer",
+            "requests",
+            "windows",
+            "stable",
+        ):
             row[key] = m.get(key)
         rows.append({k: row.get(k) for k in TRIAL_FIELDS})
     return rows
@@ -230,9 +284,14 @@ class Finalist:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON."""
         return {
-            "config": self.candidate.key, **self.candidate.params(), "concurrency": self.concurrency,
-            "scores": list(self.scores), "median_score": self.median_score, "median": dict(self.median),
-            "feasible": self.feasible, "spread": self.spread,
+            "config": self.candidate.key,
+            **self.candidate.params(),
+            "concurrency": self.concurrency,
+            "scores": list(self.scores),
+            "median_score": self.median_score,
+            "median": dict(self.median),
+            "feasible": self.feasible,
+            "spread": self.spread,
         }
 
 
@@ -276,12 +335,18 @@ class SearchResult:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (the trials as rows)."""
         return {
-            "method": self.method, "stopped_by": self.stopped_by, "interrupted": self.interrupted,
-            "trials": len(self.trials), "elapsed_s": round(self.elapsed_s, 2),
-            "baseline": self.baseline.key, "winner": None if self.winner is None else self.winner.key,
+            "method": self.method,
+            "stopped_by": self.stopped_by,
+            "interrupted": self.interrupted,
+            "trials": len(self.trials),
+            "elapsed_s": round(self.elapsed_s, 2),
+            "baseline": self.baseline.key,
+            "winner": None if self.winner is None else self.winner.key,
             "winner_concurrency": self.winner_concurrency,
-            "finalists": [f.to_dict() for f in self.finalists], "confidence": dict(self.confidence),
-            "notes": list(self.notes), "moves": [dict(m) for m in self.moves],
+            "finalists": [f.to_dict() for f in self.finalists],
+            "confidence": dict(self.confidence),
+            "notes": list(self.notes),
+            "moves": [dict(m) for m in self.moves],
         }
 
 
@@ -315,8 +380,14 @@ class Search:
     """
 
     def __init__(
-        self, space: SearchSpace, objective: Objective, run_trial: RunTrial, budget: Budget, *,
-        progress: Progress | None = None, clock: Callable[[], float] = time.monotonic,
+        self,
+        space: SearchSpace,
+        objective: Objective,
+        run_trial: RunTrial,
+        budget: Budget,
+        *,
+        progress: Progress | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.space, self.objective, self._run, self.budget = space, objective, run_trial, budget
         self._progress, self._clock = progress, clock
@@ -346,7 +417,9 @@ class Search:
         ratio = self.budget.repeat_settings.window_s / max(self.budget.settings.window_s, 1e-9)
         return self.budget.repeat_trials * mean * max(1.0, ratio)
 
-    def _trial(self, c: Candidate, conc: int, phase: Phase, settings: MeasureSettings, *, reserve: bool = True) -> Trial:
+    def _trial(
+        self, c: Candidate, conc: int, phase: Phase, settings: MeasureSettings, *, reserve: bool = True
+    ) -> Trial:
         if phase not in ("repeat", "default"):  # the default is always measured: it is what a winner must beat
             if len(self.trials) >= self.budget.max_trials - (self.budget.repeat_trials if reserve else 0):
                 raise _Stop("trial budget")
@@ -376,8 +449,13 @@ class Search:
             mine.append(t)
             best_feasible = max((b.score or -math.inf for b in self._best.values() if b.feasible), default=-math.inf)
             backoffs = 0
-            while (t.measurement is not None and not t.feasible and conc > 1 and backoffs < 3
-                   and (t.score or 0.0) > best_feasible):
+            while (
+                t.measurement is not None
+                and not t.feasible
+                and conc > 1
+                and backoffs < 3
+                and (t.score or 0.0) > best_feasible
+            ):
                 conc, backoffs = max(1, conc // 2), backoffs + 1
                 t = self._trial(c, conc, "backoff", settings)
                 mine.append(t)
@@ -483,10 +561,14 @@ class Search:
         return incumbent
 
     def _move(self, dim: str, old: Trial, new: Trial) -> None:
-        self.moves.append({
-            "dimension": dim, "from": old.candidate.key, "to": new.candidate.key,
-            "gain": (new.score or 0.0) / old.score - 1.0 if old.score and new.feasible == old.feasible else None,
-        })
+        self.moves.append(
+            {
+                "dimension": dim,
+                "from": old.candidate.key,
+                "to": new.candidate.key,
+                "gain": (new.score or 0.0) / old.score - 1.0 if old.score and new.feasible == old.feasible else None,
+            }
+        )
 
     def _gains(self, new: Trial, old: Trial) -> bool:
         a, b = self._key(new), self._key(old)
@@ -504,7 +586,7 @@ class Search:
     def _repeat(self, baseline: Candidate) -> list[Finalist]:
         leaders = self._leaders(baseline)
         for r in range(self.budget.rounds):
-            order = leaders[r % len(leaders):] + leaders[: r % len(leaders)] if leaders else []
+            order = leaders[r % len(leaders) :] + leaders[: r % len(leaders)] if leaders else []
             for t in order:  # interleaved: each round visits every leader once, in a rotated order
                 self._trial(t.candidate, t.concurrency, "repeat", self.budget.repeat_settings)
         return self._finalists_from(self._repeat_trials(), baseline)
@@ -526,10 +608,13 @@ class Search:
             }
             cpu = [m.cpu_s_per_infer for m in ms if m.cpu_s_per_infer is not None]
             med["cpu_s_per_infer"] = _median(cpu) if cpu else None
-            feasible = self.objective.kind == "throughput" and (
-                self.objective.p99_ms is None or (med["p99_ms"] or math.inf) <= self.objective.p99_ms
-            ) or self.objective.kind == "latency" and (
-                self.objective.min_throughput is None or (med["throughput"] or 0.0) >= self.objective.min_throughput
+            feasible = (
+                self.objective.kind == "throughput"
+                and (self.objective.p99_ms is None or (med["p99_ms"] or math.inf) <= self.objective.p99_ms)
+                or self.objective.kind == "latency"
+                and (
+                    self.objective.min_throughput is None or (med["throughput"] or 0.0) >= self.objective.min_throughput
+                )
             )
             median_score = _median(list(scores))
             spread = (max(scores) - min(scores)) / max(abs(median_score), 1e-12) if len(scores) > 1 else 0.0
@@ -537,7 +622,9 @@ class Search:
         out.sort(key=lambda f: (f.feasible, f.median_score), reverse=True)
         return _default_unless_beaten(out, baseline, self.budget.min_gain)
 
-    def _result(self, method: str, baseline: Candidate, finalists: list[Finalist], stopped: str, interrupted: bool) -> SearchResult:
+    def _result(
+        self, method: str, baseline: Candidate, finalists: list[Finalist], stopped: str, interrupted: bool
+    ) -> SearchResult:
         winner: Candidate | None
         conc = 1
         if finalists:
@@ -549,8 +636,20 @@ class Search:
         notes = []
         if winner is not None and not any(t.feasible for t in self.trials):
             notes.append(f"no configuration met the objective ({self.objective.describe()}); the closest was chosen")
-        return SearchResult(method, tuple(self.trials), baseline, winner, tuple(finalists), _confidence(finalists),
-                            stopped, interrupted, conc, self._clock() - self._t0, tuple(notes), tuple(self.moves))
+        return SearchResult(
+            method,
+            tuple(self.trials),
+            baseline,
+            winner,
+            tuple(finalists),
+            _confidence(finalists),
+            stopped,
+            interrupted,
+            conc,
+            self._clock() - self._t0,
+            tuple(notes),
+            tuple(self.moves),
+        )
 
 
 def _default_unless_beaten(finalists: list[Finalist], baseline: Candidate, min_gain: float) -> list[Finalist]:
@@ -585,22 +684,32 @@ def _confidence(finalists: Sequence[Finalist]) -> dict[str, Any]:
     """How sure the choice is: the leader's margin over the runner-up against the spread of
     their repeats (the noise)."""
     if len(finalists) < 2:
-        return {"level": "none", "margin": None, "noise": None,
-                "text": "not enough repeated finalists to compare (stopped early)"}
+        return {
+            "level": "none",
+            "margin": None,
+            "noise": None,
+            "text": "not enough repeated finalists to compare (stopped early)",
+        }
     lead, second = finalists[0], finalists[1]
     margin = (lead.median_score - second.median_score) / max(abs(second.median_score), 1e-12)
     noise = max(lead.spread, second.spread)
     if lead.feasible != second.feasible:
-        return {"level": "high", "margin": None, "noise": noise,
-                "text": "the leader meets the objective's bound in its repeats and the runner-up does not"}
+        return {
+            "level": "high",
+            "margin": None,
+            "noise": noise,
+            "text": "the leader meets the objective's bound in its repeats and the runner-up does not",
+        }
     if margin >= 2 * noise:
         level = "high"
     elif margin >= noise:
         level = "medium"
     else:
         level = "low"
-    text = (f"leader ahead of the runner-up by {margin:.1%}; repeats spread {noise:.1%} "
-            f"({len(lead.scores)} repeats each, interleaved)")
+    text = (
+        f"leader ahead of the runner-up by {margin:.1%}; repeats spread {noise:.1%} "
+        f"({len(lead.scores)} repeats each, interleaved)"
+    )
     if level == "low":
         text += ": within the noise, the top configurations are equivalent on this machine"
     return {"level": level, "margin": margin, "noise": noise, "text": text}

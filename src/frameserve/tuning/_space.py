@@ -92,7 +92,8 @@ class Batching:
         out: dict[str, Any] = {"max_batch_size": self.max_batch_size}
         if self.dynamic:
             out["dynamic_batching"] = {
-                "preferred_batch_size": [self.preferred], "max_queue_delay_microseconds": self.queue_delay_us,
+                "preferred_batch_size": [self.preferred],
+                "max_queue_delay_microseconds": self.queue_delay_us,
             }
         return out
 
@@ -106,8 +107,13 @@ class Options:
     @property
     def label(self) -> str:
         """``spin=0 graph=all mode=sequential`` / ``hint=LATENCY streams=1``."""
-        short = {"ort_allow_spinning": "spin", "ort_graph_optimization_level": "graph", "ort_execution_mode": "mode",
-                 "performance_hint": "hint", "num_streams": "streams"}
+        short = {
+            "ort_allow_spinning": "spin",
+            "ort_graph_optimization_level": "graph",
+            "ort_execution_mode": "mode",
+            "performance_hint": "hint",
+            "num_streams": "streams",
+        }
         return " ".join(f"{short.get(k, k)}={v}" for k, v in self.values) or "-"
 
     def as_dict(self) -> dict[str, str]:
@@ -164,23 +170,31 @@ class Candidate:
         """Every parameter as a flat row (CSV / JSON)."""
         opts = self.options.as_dict()
         return {
-            "backend": self.engine.backend, "precision": self.engine.precision,
-            "instances": self.layout.instances, "threads": self.layout.threads, "pin": self.layout.pin,
-            "max_batch_size": self.batching.max_batch_size, "dynamic_batching": self.batching.dynamic,
+            "backend": self.engine.backend,
+            "precision": self.engine.precision,
+            "instances": self.layout.instances,
+            "threads": self.layout.threads,
+            "pin": self.layout.pin,
+            "max_batch_size": self.batching.max_batch_size,
+            "dynamic_batching": self.batching.dynamic,
             "preferred_batch_size": self.batching.preferred if self.batching.dynamic else None,
             "max_queue_delay_us": self.batching.queue_delay_us if self.batching.dynamic else None,
             "ort_allow_spinning": opts.get("ort_allow_spinning"),
             "ort_graph_optimization_level": opts.get("ort_graph_optimization_level"),
             "ort_execution_mode": opts.get("ort_execution_mode"),
-            "performance_hint": opts.get("performance_hint"), "num_streams": opts.get("num_streams"),
+            "performance_hint": opts.get("performance_hint"),
+            "num_streams": opts.get("num_streams"),
         }
 
     def config(self, base: Mapping[str, Any]) -> dict[str, Any]:
         """config.yaml's fields for this candidate: ``base`` (the model's own config.yaml,
         without its batching, instances and tuned parameters) with the candidate's."""
-        out = {k: v for k, v in base.items() if k not in ("name", "dynamic_batching", "instance_group", "backend", "platform")}
-        params = {k: str(v) for k, v in dict(base.get("parameters") or {}).items()
-                  if k not in _TUNED_PARAMETERS}
+        out = {
+            k: v
+            for k, v in base.items()
+            if k not in ("name", "dynamic_batching", "instance_group", "backend", "platform")
+        }
+        params = {k: str(v) for k, v in dict(base.get("parameters") or {}).items() if k not in _TUNED_PARAMETERS}
         params.update(self.options.as_dict())
         params["precision"] = self.engine.precision
         params["threads"] = str(self.layout.threads)
@@ -193,10 +207,20 @@ class Candidate:
         return out
 
 
-_TUNED_PARAMETERS = frozenset({
-    "precision", "threads", "pin", "cpu_set", "ort_allow_spinning", "ort_graph_optimization_level",
-    "ort_execution_mode", "ort_inter_op_threads", "performance_hint", "num_streams",
-})
+_TUNED_PARAMETERS = frozenset(
+    {
+        "precision",
+        "threads",
+        "pin",
+        "cpu_set",
+        "ort_allow_spinning",
+        "ort_graph_optimization_level",
+        "ort_execution_mode",
+        "ort_inter_op_threads",
+        "performance_hint",
+        "num_streams",
+    }
+)
 """config.yaml parameters the space sets: a base config's values for them are replaced."""
 
 
@@ -210,20 +234,39 @@ class Reduction:
 
 
 REDUCTIONS: tuple[Reduction, ...] = (
-    Reduction("ort graph level extended", "ORT_ENABLE_ALL (the default) adds layout transforms to extended; rarely slower",
-              lambda c, _: c.options.as_dict().get("ort_graph_optimization_level") == "extended"),
-    Reduction("ort parallel execution", "a CNN has few independent branches for an inter-op pool to run at once",
-              lambda c, _: c.options.as_dict().get("ort_execution_mode") == "parallel"),
-    Reduction("queue delays below the largest batch", "under load batches fill without waiting; the delay matters at the largest size",
-              lambda c, sizes: c.batching.dynamic and c.batching.queue_delay_us > 0 and c.batching.preferred != max(sizes, default=0)),
-    Reduction("openvino THROUGHPUT hint", "an instance runs one batch at a time, so streams beyond one leave its threads idle",
-              lambda c, _: c.options.as_dict().get("performance_hint") == "THROUGHPUT"),
-    Reduction("pinning", "pinned and unpinned layouts differ little on an idle machine",
-              lambda c, _: c.layout.pin),
-    Reduction("batch size 2", "the smallest batch gains least over no batching",
-              lambda c, _: c.batching.dynamic and c.batching.preferred == 2),
-    Reduction("ort spinning on", "spinning threads burn the CPU other instances need",
-              lambda c, _: c.options.as_dict().get("ort_allow_spinning") == "1" and c.layout.threads > 1),
+    Reduction(
+        "ort graph level extended",
+        "ORT_ENABLE_ALL (the default) adds layout transforms to extended; rarely slower",
+        lambda c, _: c.options.as_dict().get("ort_graph_optimization_level") == "extended",
+    ),
+    Reduction(
+        "ort parallel execution",
+        "a CNN has few independent branches for an inter-op pool to run at once",
+        lambda c, _: c.options.as_dict().get("ort_execution_mode") == "parallel",
+    ),
+    Reduction(
+        "queue delays below the largest batch",
+        "under load batches fill without waiting; the delay matters at the largest size",
+        lambda c, sizes: (
+            c.batching.dynamic and c.batching.queue_delay_us > 0 and c.batching.preferred != max(sizes, default=0)
+        ),
+    ),
+    Reduction(
+        "openvino THROUGHPUT hint",
+        "an instance runs one batch at a time, so streams beyond one leave its threads idle",
+        lambda c, _: c.options.as_dict().get("performance_hint") == "THROUGHPUT",
+    ),
+    Reduction("pinning", "pinned and unpinned layouts differ little on an idle machine", lambda c, _: c.layout.pin),
+    Reduction(
+        "batch size 2",
+        "the smallest batch gains least over no batching",
+        lambda c, _: c.batching.dynamic and c.batching.preferred == 2,
+    ),
+    Reduction(
+        "ort spinning on",
+        "spinning threads burn the CPU other instances need",
+        lambda c, _: c.options.as_dict().get("ort_allow_spinning") == "1" and c.layout.threads > 1,
+    ),
 )
 """Applied in this order, each only while the space is still larger than its limit."""
 
@@ -339,7 +382,9 @@ def build_space(
         precisions = ["fp32"]
         if backend == "openvino":
             if not machine.bf16_native:
-                skipped.append("bf16: this CPU has no native bf16 (avx512_bf16 / amx_bf16): OpenVINO would run it as f32")
+                skipped.append(
+                    "bf16: this CPU has no native bf16 (avx512_bf16 / amx_bf16): OpenVINO would run it as f32"
+                )
             elif bf16:
                 precisions.append("bf16")
         if int8:
@@ -352,7 +397,9 @@ def build_space(
         layouts.append(Layout(i, t))
         if i >= 2:
             layouts.append(Layout(i, t, pin=True))
-    pruned.append(f"layouts: instances x threads <= the CPU budget ({budget}) and >= half of it; pinning only with 2+ instances")
+    pruned.append(
+        f"layouts: instances x threads <= the CPU budget ({budget}) and >= half of it; pinning only with 2+ instances"
+    )
     batchings = [Batching(False, max_batch_size)]
     sizes = [b for b in (2, 4, 8) if b <= max_batch_size]
     for b, d in itertools.product(sizes, (0, 2000)):
@@ -364,21 +411,25 @@ def build_space(
             _options(ort_allow_spinning=s, ort_graph_optimization_level=g, ort_execution_mode=m)
             for s, g, m in itertools.product(("1", "0"), ("all", "extended"), ("sequential", "parallel"))
         ),
-        "openvino": (_options(performance_hint="LATENCY", num_streams="1"), _options(performance_hint="THROUGHPUT", num_streams="AUTO")),
+        "openvino": (
+            _options(performance_hint="LATENCY", num_streams="1"),
+            _options(performance_hint="THROUGHPUT", num_streams="AUTO"),
+        ),
     }
     options = {k: v for k, v in options.items() if k in backends}
-    every = [
-        Candidate(e, lay, b, o)
-        for e in engines for lay in layouts for b in batchings for o in options[e.backend]
-    ]
+    every = [Candidate(e, lay, b, o) for e in engines for lay in layouts for b in batchings for o in options[e.backend]]
 
     def one_thread_moot(c: Candidate) -> bool:
         opts = c.options.as_dict()
-        return c.layout.threads == 1 and (opts.get("ort_allow_spinning") == "0" or opts.get("ort_execution_mode") == "parallel")
+        return c.layout.threads == 1 and (
+            opts.get("ort_allow_spinning") == "0" or opts.get("ort_execution_mode") == "parallel"
+        )
 
     kept = [c for c in every if not one_thread_moot(c)]
     if len(kept) < len(every):
-        pruned.append("onnxruntime with 1 thread per instance: spinning and parallel execution left at their defaults (no pool)")
+        pruned.append(
+            "onnxruntime with 1 thread per instance: spinning and parallel execution left at their defaults (no pool)"
+        )
     product = len(kept)
     for rule in REDUCTIONS:
         if len(kept) <= max_configs:
@@ -394,9 +445,16 @@ def build_space(
     final = sorted(set(kept))
     used = {c.engine for c in final}, {c.layout for c in final}, {c.batching for c in final}
     used_options: dict[str, tuple[Options, ...]] = {
-        k: tuple(o for o in v if any(c.options == o and c.engine.backend == k for c in final)) for k, v in options.items()
+        k: tuple(o for o in v if any(c.options == o and c.engine.backend == k for c in final))
+        for k, v in options.items()
     }
     return SearchSpace(
-        tuple(final), tuple(e for e in engines if e in used[0]), tuple(lay for lay in layouts if lay in used[1]),
-        tuple(b for b in batchings if b in used[2]), used_options, tuple(pruned), tuple(skipped), product,
+        tuple(final),
+        tuple(e for e in engines if e in used[0]),
+        tuple(lay for lay in layouts if lay in used[1]),
+        tuple(b for b in batchings if b in used[2]),
+        used_options,
+        tuple(pruned),
+        tuple(skipped),
+        product,
     )

@@ -52,10 +52,22 @@ __all__ = [
 ]
 
 ISA_FLAGS: tuple[str, ...] = (
-    "avx2", "fma", "f16c",
-    "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
-    "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
-    "asimddp", "i8mm", "bf16",  # Arm (the ``Features`` line): dot product, int8 matrix multiply, bf16
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "amx_fp16",
+    "asimddp",
+    "i8mm",
+    "bf16",  # Arm (the ``Features`` line): dot product, int8 matrix multiply, bf16
 )
 """The instruction-set flags that decide how fast inference kernels run, by their Linux
 ``/proc/cpuinfo`` names (arch/x86/include/asm/cpufeatures.h; Arm: arch/arm64/kernel/cpuinfo.c).
@@ -261,6 +273,7 @@ class SystemInfo:
     @property
     def notes(self) -> tuple[str, ...]:
         """What follows for inference on this machine, one line each (``"bf16: ..."``, ...)."""
+
         def present(names: tuple[str, ...]) -> str:
             return ", ".join(f for f in names if f in self.flags)
 
@@ -278,13 +291,13 @@ class SystemInfo:
         else:
             out.append("int8: no VNNI, expect small gains")
         if self.bf16_native:
-            out.append(
-                f"bf16: native ({present(_BF16)}); OpenVINO runs bf16 here unless told f32"
-            )
+            out.append(f"bf16: native ({present(_BF16)}); OpenVINO runs bf16 here unless told f32")
         else:
             out.append("bf16: not available, runs as f32")
         out.append(
-            f"fp16: native ({present(_FP16)})" if self.fp16_native else "fp16: no native arithmetic (OpenVINO runs f16 as f32)"
+            f"fp16: native ({present(_FP16)})"
+            if self.fp16_native
+            else "fp16: no native arithmetic (OpenVINO runs f16 as f32)"
         )
         quota = self.cgroup.cpu_quota_cpus
         quota_s = "none" if quota is None else f"{quota:g} CPUs"

@@ -123,7 +123,9 @@ def make_inputs(
     shapes = dict(shapes or {})
     unknown = sorted(set(shapes) - {s.name for s in specs})
     if unknown:
-        raise InvalidInputError(f"--shape names no input of the model: {', '.join(unknown)}; inputs: {', '.join(s.name for s in specs)}")
+        raise InvalidInputError(
+            f"--shape names no input of the model: {', '.join(unknown)}; inputs: {', '.join(s.name for s in specs)}"
+        )
     if max_batch_size == 0 and batch != 1:
         raise InvalidInputError(f"the model does not batch (max_batch_size 0): use batch 1, not {batch}")
     if max_batch_size > 0 and batch > max_batch_size:
@@ -313,7 +315,9 @@ class _ClientWorker:
         self._key: int | None = None
         self._inputs: list[Any] = []
         self._outputs = [
-            mod.InferRequestedOutput(name, binary_data=True) if target.protocol == "http" else mod.InferRequestedOutput(name)
+            mod.InferRequestedOutput(name, binary_data=True)
+            if target.protocol == "http"
+            else mod.InferRequestedOutput(name)
             for name in target.output_names
         ]
 
@@ -379,7 +383,9 @@ class ServerTarget:
         self.timeout_s = timeout_s
         host, ssl = _address(address, protocol)
         if protocol == "http":
-            client = self._client.InferenceServerClient(host, ssl=ssl, connection_timeout=timeout_s, network_timeout=timeout_s)
+            client = self._client.InferenceServerClient(
+                host, ssl=ssl, connection_timeout=timeout_s, network_timeout=timeout_s
+            )
         else:
             client = self._client.InferenceServerClient(host, ssl=ssl)
         try:

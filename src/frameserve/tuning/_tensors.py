@@ -77,7 +77,9 @@ def _image_layout(spec: TensorSpec, batched: bool) -> tuple[str, int, int, int] 
     return layout, (3 if c == -1 else c), h, w
 
 
-def _read_images(paths: Sequence[Path], spec: TensorSpec, name: str, batched: bool) -> list[dict[str, np.ndarray[Any, Any]]]:
+def _read_images(
+    paths: Sequence[Path], spec: TensorSpec, name: str, batched: bool
+) -> list[dict[str, np.ndarray[Any, Any]]]:
     import cv2
 
     found = _image_layout(spec, batched)
@@ -88,7 +90,9 @@ def _read_images(paths: Sequence[Path], spec: TensorSpec, name: str, batched: bo
         )
     layout, channels, h, w = found
     if channels not in (1, 3):
-        raise InvalidInputError(f"--calibration images have 1 or 3 channels; input {spec.name!r} takes {channels}: give .npy tensors")
+        raise InvalidInputError(
+            f"--calibration images have 1 or 3 channels; input {spec.name!r} takes {channels}: give .npy tensors"
+        )
     samples = []
     for path in paths:
         bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
@@ -112,24 +116,34 @@ def _split(array: np.ndarray[Any, Any], rank: int, what: str) -> list[np.ndarray
         return [array]
     if array.ndim == rank + 1:
         return list(array)
-    raise InvalidInputError(f"--calibration {what}: shape {list(array.shape)}, expected {rank} dims per sample "
-                            f"or ({rank} + 1) with samples first")
+    raise InvalidInputError(
+        f"--calibration {what}: shape {list(array.shape)}, expected {rank} dims per sample "
+        f"or ({rank} + 1) with samples first"
+    )
 
 
-def _check(sample: Mapping[str, np.ndarray[Any, Any]], inputs: Sequence[Any], what: str, batched: bool) -> dict[str, np.ndarray[Any, Any]]:
+def _check(
+    sample: Mapping[str, np.ndarray[Any, Any]], inputs: Sequence[Any], what: str, batched: bool
+) -> dict[str, np.ndarray[Any, Any]]:
     out = {}
     for spec in inputs:
         if spec.name not in sample:
-            raise InvalidInputError(f"--calibration {what}: no tensor for input {spec.name!r} (it has {sorted(sample)})")
+            raise InvalidInputError(
+                f"--calibration {what}: no tensor for input {spec.name!r} (it has {sorted(sample)})"
+            )
         x = np.asarray(sample[spec.name])
         dims = list(sample_dims(spec, batched))
         if x.ndim != len(dims) or any(d > 0 and d != s for d, s in zip(dims, x.shape, strict=True)):
-            raise InvalidInputError(f"--calibration {what}: input {spec.name!r} takes {dims} per sample, got {list(x.shape)}")
+            raise InvalidInputError(
+                f"--calibration {what}: input {spec.name!r} takes {dims} per sample, got {list(x.shape)}"
+            )
         out[spec.name] = np.ascontiguousarray(x.astype(spec.datatype.to_numpy(), copy=False))
     return out
 
 
-def tensor_frames(source: Path | str, model_config: ModelConfig, *, model: str, max_frames: int = 200) -> CalibrationFrames:
+def tensor_frames(
+    source: Path | str, model_config: ModelConfig, *, model: str, max_frames: int = 200
+) -> CalibrationFrames:
     """Calibration and gate samples from tensors or images, without a pipeline (see the module
     docstring for what fits).
 
@@ -164,25 +178,37 @@ def tensor_frames(source: Path | str, model_config: ModelConfig, *, model: str, 
     if kinds & {".npz"}:
         for f in (p for p in files if p.suffix.lower() == ".npz"):
             with np.load(f) as data:
-                arrays = {s.name: _split(data[s.name], rank[s.name], f"{f.name}[{s.name}]") for s in inputs if s.name in data}
+                arrays = {
+                    s.name: _split(data[s.name], rank[s.name], f"{f.name}[{s.name}]") for s in inputs if s.name in data
+                }
             missing = [s.name for s in inputs if s.name not in arrays]
             if missing:
-                raise InvalidInputError(f"--calibration {f.name}: no array for input(s) {missing} (model {model!r} takes "
-                                        f"{[s.name for s in inputs]})")
+                raise InvalidInputError(
+                    f"--calibration {f.name}: no array for input(s) {missing} (model {model!r} takes "
+                    f"{[s.name for s in inputs]})"
+                )
             n = min(len(v) for v in arrays.values())
             samples += [_check({k: v[i] for k, v in arrays.items()}, inputs, f.name, batched) for i in range(n)]
     elif kinds & {".npy"}:
         if len(inputs) != 1:
-            raise InvalidInputError(f"--calibration .npy feeds a one-input model; {model!r} takes {[s.name for s in inputs]}: "
-                                    f"give an .npz with one (N, ...) array per input name")
+            raise InvalidInputError(
+                f"--calibration .npy feeds a one-input model; {model!r} takes {[s.name for s in inputs]}: "
+                f"give an .npz with one (N, ...) array per input name"
+            )
         for f in (p for p in files if p.suffix.lower() == ".npy"):
-            samples += [_check({inputs[0].name: x}, inputs, f.name, batched)
-                        for x in _split(np.load(f), rank[inputs[0].name], f.name)]
+            samples += [
+                _check({inputs[0].name: x}, inputs, f.name, batched)
+                for x in _split(np.load(f), rank[inputs[0].name], f.name)
+            ]
     elif kinds & set(IMAGE_SUFFIXES):
         if len(inputs) != 1:
-            raise InvalidInputError(f"--calibration images feed a one-input model; {model!r} takes {[s.name for s in inputs]}: "
-                                    f"give an .npz with one (N, ...) array per input name")
-        samples = _read_images([p for p in files if p.suffix.lower() in IMAGE_SUFFIXES][:max_frames], inputs[0], model, batched)
+            raise InvalidInputError(
+                f"--calibration images feed a one-input model; {model!r} takes {[s.name for s in inputs]}: "
+                f"give an .npz with one (N, ...) array per input name"
+            )
+        samples = _read_images(
+            [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES][:max_frames], inputs[0], model, batched
+        )
     else:
         raise InvalidInputError(
             f"--calibration {path}: without --pipeline, calibration takes .npy / .npz tensors or images "
@@ -190,7 +216,9 @@ def tensor_frames(source: Path | str, model_config: ModelConfig, *, model: str, 
         )
     samples = samples[:max_frames]
     if len(samples) < 2:
-        raise InvalidInputError(f"--calibration {path}: {len(samples)} sample(s); calibration and the gate need at least 2")
+        raise InvalidInputError(
+            f"--calibration {path}: {len(samples)} sample(s); calibration and the gate need at least 2"
+        )
     cpu = (time.process_time() - t0) / len(samples)
     infos = tuple(FrameInfo(i, 0.0, True, 0, 0, None) for i in range(len(samples)))
     return CalibrationFrames(None, model, tuple(samples), infos, tuple(p.name for p in files), cpu, None)
@@ -285,17 +313,23 @@ def compare_tensors(
             in_k = int(sum(int(t) in row for t, row in zip(top1, top_ref, strict=True)))
             moved = float(np.abs(p - q).max())
             agree, total, top_k_agree, change = agree + same, total + len(p), top_k_agree + in_k, max(change, moved)
-            metrics.append(f"{name} {list(ref.shape[1:])}: classification ({'probabilities' if as_is else 'logits, soft-maxed'}), "
-                           f"top-1 agreement {same}/{len(p)}, top-{k} agreement {in_k}/{len(p)}, max score change {moved:.4f}")
+            metrics.append(
+                f"{name} {list(ref.shape[1:])}: classification ({'probabilities' if as_is else 'logits, soft-maxed'}), "
+                f"top-1 agreement {same}/{len(p)}, top-{k} agreement {in_k}/{len(p)}, max score change {moved:.4f}"
+            )
             if 1 - same / len(p) > limits.max_drop:
-                reasons.append(f"{name}: top-1 changed on {len(p) - same} of {len(p)} samples "
-                               f"({1 - same / len(p):.1%} > {limits.max_drop:.1%})")
+                reasons.append(
+                    f"{name}: top-1 changed on {len(p) - same} of {len(p)} samples "
+                    f"({1 - same / len(p):.1%} > {limits.max_drop:.1%})"
+                )
             if moved > limits.max_class_score_change:
                 reasons.append(f"{name}: a class score moved by {moved:.4f} > {limits.max_class_score_change:g}")
         else:
             value = psnr_db(ref, cand)
             worst_psnr = value if worst_psnr is None else min(worst_psnr, value)
-            metrics.append(f"{name} {list(ref.shape[1:])}: {'image-to-image' if kind == 'image' else 'values'}, PSNR {value:.1f} dB")
+            metrics.append(
+                f"{name} {list(ref.shape[1:])}: {'image-to-image' if kind == 'image' else 'values'}, PSNR {value:.1f} dB"
+            )
             if value < limits.min_psnr_db:
                 reasons.append(f"{name}: PSNR {value:.1f} dB < {limits.min_psnr_db:g} dB")
     n = len(reference)
@@ -303,12 +337,26 @@ def compare_tensors(
         agree = total = n if not reasons else 0
     drop = 1.0 - agree / total if total else 1.0
     return GateResult(
-        "tensors", n, total, agree, drop, None, change, n, limits, not reasons, tuple(reasons),
-        psnr_db=worst_psnr, top_k_share=(top_k_agree / total) if total and top_k_agree else None, metrics=tuple(metrics),
+        "tensors",
+        n,
+        total,
+        agree,
+        drop,
+        None,
+        change,
+        n,
+        limits,
+        not reasons,
+        tuple(reasons),
+        psnr_db=worst_psnr,
+        top_k_share=(top_k_agree / total) if total and top_k_agree else None,
+        metrics=tuple(metrics),
     )
 
 
-def tensor_gate(reference: Variant, candidate: Variant, frames: CalibrationFrames, *, limits: GateLimits, threads: int) -> GateResult:
+def tensor_gate(
+    reference: Variant, candidate: Variant, frames: CalibrationFrames, *, limits: GateLimits, threads: int
+) -> GateResult:
     """Run both variants (:class:`~frameserve.tuning._accuracy.Variant`) on the held-apart
     samples of ``frames`` (one sample per request, through one in-process
     :class:`~frameserve.service.InferenceService`) and :func:`compare_tensors` their outputs.

@@ -29,12 +29,7 @@ from frameserve.service import InferenceService
 from frameserve.tuning._accuracy import GateLimits, GateResult, Variant
 from frameserve.tuning._calibration import CalibrationFrames, calibration_frames
 from frameserve.tuning._measure import Measurement, MeasureSettings, measure
-from frameserve.tuning._quantize import (
-    QuantizeResult,
-    gate,
-    next_version,
-    quantize,
-)
+from frameserve.tuning._quantize import QuantizeResult, gate, next_version, quantize
 from frameserve.tuning._search import Budget, Objective, Phase, Progress, Search, Trial
 from frameserve.tuning._space import (
     Batching,
@@ -88,7 +83,11 @@ def _baseline(raw: Mapping[str, Any], completed: ModelConfig, machine: SystemInf
     params = {k: str(v) for k, v in dict(raw.get("parameters") or {}).items()}
     backend = str(completed.backend)
     instances = sum(int(g.get("count", 1)) for g in (raw.get("instance_group") or [{}]))
-    threads = int(params["threads"]) if params.get("threads", "").isdigit() else max(1, machine.cpu_budget // max(1, instances))
+    threads = (
+        int(params["threads"])
+        if params.get("threads", "").isdigit()
+        else max(1, machine.cpu_budget // max(1, instances))
+    )
     db = raw.get("dynamic_batching")
     mbs = int(completed.max_batch_size or 0)
     if db is not None and mbs > 0:
@@ -98,16 +97,24 @@ def _baseline(raw: Mapping[str, Any], completed: ModelConfig, machine: SystemInf
         batching = Batching(False, mbs)
     opts = default_options(backend).as_dict()
     opts.update({k: v for k, v in params.items() if k in opts})
-    return Candidate(Engine(backend, str(completed.precision)), Layout(instances, threads, params.get("pin") == "per_instance"),
-                     batching, Options(tuple(sorted(opts.items()))))
+    return Candidate(
+        Engine(backend, str(completed.precision)),
+        Layout(instances, threads, params.get("pin") == "per_instance"),
+        batching,
+        Options(tuple(sorted(opts.items()))),
+    )
 
 
 def _start(space: SearchSpace, baseline: Candidate, machine: SystemInfo) -> Candidate:
     if baseline in space:
         return baseline
     mbs = space.batchings[0].max_batch_size if space.batchings else 0
-    guess = Candidate(Engine("onnxruntime", "fp32"), Layout(1, machine.cpu_budget), Batching(False, mbs),
-                      default_options("onnxruntime"))
+    guess = Candidate(
+        Engine("onnxruntime", "fp32"),
+        Layout(1, machine.cpu_budget),
+        Batching(False, mbs),
+        default_options("onnxruntime"),
+    )
     return guess if guess in space else space.candidates[0]
 
 
@@ -172,7 +179,9 @@ def tune(
         raise InvalidInputError("--video needs --pipeline: its preprocess makes the model's inputs")
     out_dir = Path(out) if out is not None else None
     if out_dir is not None and out_dir.exists() and any(out_dir.iterdir()):
-        raise InvalidInputError(f"--out {out_dir} is not empty; tune writes a repository there: give a new or empty folder")
+        raise InvalidInputError(
+            f"--out {out_dir} is not empty; tune writes a repository there: give a new or empty folder"
+        )
     machine = machine or system_info()
     stage = on_stage or (lambda _line: None)
     target = model_file(Path(model_dir))
@@ -193,8 +202,9 @@ def tune(
             base = _base_config(raw, completed, shapes)  # checks --shape before any work
             if shapes:  # calibration, gate and measured inputs take the fixed dims too
                 fixed = {e["name"]: tuple(e["dims"]) for e in base["input"]}
-                completed = dataclasses.replace(completed, inputs=tuple(
-                    dataclasses.replace(s, dims=fixed[s.name]) for s in completed.inputs))
+                completed = dataclasses.replace(
+                    completed, inputs=tuple(dataclasses.replace(s, dims=fixed[s.name]) for s in completed.inputs)
+                )
             notes: list[str] = []
             not_tried: list[str] = []
             frames: CalibrationFrames | None = None
@@ -208,9 +218,22 @@ def tune(
             refused: list[Trial] = []
             if calibration is not None:
                 frames, int8, bf16_gate = _precisions(
-                    Path(model_dir), name, raw, path, completed, calibration=calibration, pipeline=pipeline, params=params,
-                    max_drop=max_drop, tmp=tmp, machine=machine, found=found, stage=stage, not_tried=not_tried,
-                    refused=refused, baseline=_baseline(raw, completed, machine),
+                    Path(model_dir),
+                    name,
+                    raw,
+                    path,
+                    completed,
+                    calibration=calibration,
+                    pipeline=pipeline,
+                    params=params,
+                    max_drop=max_drop,
+                    tmp=tmp,
+                    machine=machine,
+                    found=found,
+                    stage=stage,
+                    not_tried=not_tried,
+                    refused=refused,
+                    baseline=_baseline(raw, completed, machine),
                 )
                 if int8 is not None and int8.passed:
                     (staging / str(int8_version)).mkdir()
@@ -221,8 +244,13 @@ def tune(
                 if machine.bf16_native and "openvino" in found:
                     not_tried.append("bf16 not tried: no --calibration (the accuracy gate needs the pipeline's frames)")
             space = build_space(
-                machine, max_batch_size=int(completed.max_batch_size or 0), backends=found,
-                int8=int8 is not None and int8.passed, bf16=bf16_ok, not_tried=not_tried, max_configs=max_configs,
+                machine,
+                max_batch_size=int(completed.max_batch_size or 0),
+                backends=found,
+                int8=int8 is not None and int8.passed,
+                bf16=bf16_ok,
+                not_tried=not_tried,
+                max_configs=max_configs,
             )
             baseline = _baseline(raw, completed, machine)
             searched = max_trials or max(12 + 12, len(space) // 3)
@@ -230,12 +258,14 @@ def tune(
             short, long = _settings_for(time_budget_s, searched)  # an exhaustive sweep: the same windows
             budget = Budget(budget_trials, math.inf if exhaustive else time_budget_s, short, long)
             inputs = _inputs(completed, shapes, frames)
-            runner = _Runner(service, staging, name, base, raw, baseline, inputs,
-                             {"int8": int8_version}, version)
-            stage(f"searching {len(space)} configurations ({'every one' if exhaustive else f'at most {budget_trials} trials'}, "
-                  f"{time_budget_s:g} s budget)")
-            result = Search(space, goal, runner, budget, progress=progress).run(baseline, _start(space, baseline, machine),
-                                                                               exhaustive=exhaustive)
+            runner = _Runner(service, staging, name, base, raw, baseline, inputs, {"int8": int8_version}, version)
+            stage(
+                f"searching {len(space)} configurations ({'every one' if exhaustive else f'at most {budget_trials} trials'}, "
+                f"{time_budget_s:g} s budget)"
+            )
+            result = Search(space, goal, runner, budget, progress=progress).run(
+                baseline, _start(space, baseline, machine), exhaustive=exhaustive
+            )
             winner = result.winner
             winner_version = int8_version if winner is not None and winner.engine.precision == "int8" else version
             winner_config = None
@@ -247,15 +277,33 @@ def tune(
             if video is not None and pipeline is not None and winner is not None and not result.interrupted:
                 stage(f"video: co-tuning decode workers, decoder threads and batch on {video}")
                 try:
-                    video_result = _cotune(service, staging, name, winner, winner_config or {}, video, pipeline, params, machine)
+                    video_result = _cotune(
+                        service, staging, name, winner, winner_config or {}, video, pipeline, params, machine
+                    )
                 except FrameserveError as exc:
                     notes.append(f"video co-tuning failed: {exc.message}")
         finally:
             service.close()
         tuned = TuneResult(
-            name, version, goal, space, result, machine, raw, winner_config, winner_version, int8, bf16_gate,
-            None if frames is None else frames.to_dict(), short, long, out_dir, time.monotonic() - started,
-            tuple(notes + list(result.notes)), video_result, tuple(refused),
+            name,
+            version,
+            goal,
+            space,
+            result,
+            machine,
+            raw,
+            winner_config,
+            winner_version,
+            int8,
+            bf16_gate,
+            None if frames is None else frames.to_dict(),
+            short,
+            long,
+            out_dir,
+            time.monotonic() - started,
+            tuple(notes + list(result.notes)),
+            video_result,
+            tuple(refused),
         )
         if out_dir is not None:
             from frameserve.tuning._tune_report import write_tune_outputs
@@ -266,13 +314,28 @@ def tune(
 
 
 def _precisions(
-    model_dir: Path, name: str, raw: Mapping[str, Any], path: Path, completed: ModelConfig, *, calibration: Path | str,
-    pipeline: str | Path | None, params: Mapping[str, Any] | None, max_drop: float, tmp: Path, machine: SystemInfo,
-    found: tuple[str, ...], stage: Callable[[str], None], not_tried: list[str], refused: list[Trial], baseline: Candidate,
+    model_dir: Path,
+    name: str,
+    raw: Mapping[str, Any],
+    path: Path,
+    completed: ModelConfig,
+    *,
+    calibration: Path | str,
+    pipeline: str | Path | None,
+    params: Mapping[str, Any] | None,
+    max_drop: float,
+    tmp: Path,
+    machine: SystemInfo,
+    found: tuple[str, ...],
+    stage: Callable[[str], None],
+    not_tried: list[str],
+    refused: list[Trial],
+    baseline: Candidate,
 ) -> tuple[CalibrationFrames | None, QuantizeResult | None, GateResult | None]:
     """Calibration frames, the int8 model and its gate, the bf16 gate: each step that fails (a
     calibration the model cannot take, a quantization that raises, a gate that refuses) is a
     line of ``not_tried`` and a refused trial, and tuning goes on in fp32."""
+
     def refuse(precision: str, backend: str, reason: str) -> None:
         not_tried.append(f"{precision}: {reason}")
         cand = dataclasses.replace(baseline, engine=Engine(backend, precision))
@@ -314,8 +377,15 @@ def _precisions(
 
 
 def _cotune(
-    service: InferenceService, staging: Path, name: str, winner: Candidate, winner_config: Mapping[str, Any],
-    video: Path | str, pipeline: str | Path, params: Mapping[str, Any] | None, machine: SystemInfo,
+    service: InferenceService,
+    staging: Path,
+    name: str,
+    winner: Candidate,
+    winner_config: Mapping[str, Any],
+    video: Path | str,
+    pipeline: str | Path,
+    params: Mapping[str, Any] | None,
+    machine: SystemInfo,
 ) -> dict[str, Any]:
     """Serve the winner and co-tune the pipeline's decoding on ``video`` (see ``_video_tune``)."""
     from frameserve.pipeline.loader import load_pipeline
@@ -327,7 +397,9 @@ def _cotune(
         service.unload(name)
     service.load(name)
     model = next(iter(cls.models.values())) if len(cls.models) == 1 else name
-    if model != name and service.repository is not None:  # the pipeline names it otherwise: serve the winner as that too
+    if (
+        model != name and service.repository is not None
+    ):  # the pipeline names it otherwise: serve the winner as that too
         version = int(winner_config["version_policy"]["specific"]["versions"][0])
         path = service.repository.model_file(name, version, config=service.model_config(name))
         service.register(model, path, config={k: v for k, v in winner_config.items() if k != "version_policy"})
@@ -335,7 +407,9 @@ def _cotune(
     return cotune_video(service, video, pipeline, cpus=machine.cpu_budget, batches=batches, params=params)
 
 
-def _base_config(raw: Mapping[str, Any], completed: ModelConfig, shapes: Mapping[str, tuple[int, ...]] | None) -> dict[str, Any]:
+def _base_config(
+    raw: Mapping[str, Any], completed: ModelConfig, shapes: Mapping[str, tuple[int, ...]] | None
+) -> dict[str, Any]:
     """The config every candidate starts from: the model's own, with the ``--shape`` dims fixed
     in its ``input`` entries (dims as config.yaml declares them, see :func:`config_dims`; the
     entries' other fields, ``format`` included, kept)."""
@@ -344,8 +418,10 @@ def _base_config(raw: Mapping[str, Any], completed: ModelConfig, shapes: Mapping
         mbs = int(completed.max_batch_size or 0)
         unknown = sorted(set(shapes) - {s.name for s in completed.inputs})
         if unknown:
-            raise InvalidInputError(f"--shape names no input of the model: {', '.join(unknown)}; "
-                                    f"inputs: {', '.join(s.name for s in completed.inputs)}")
+            raise InvalidInputError(
+                f"--shape names no input of the model: {', '.join(unknown)}; "
+                f"inputs: {', '.join(s.name for s in completed.inputs)}"
+            )
         declared = {str(e.get("name")): dict(e) for e in raw.get("input") or () if isinstance(e, Mapping)}
         entries = []
         for spec in completed.inputs:
@@ -364,13 +440,18 @@ def _config_type(dt: DataType) -> str:
     return "TYPE_STRING" if dt is DataType.BYTES else f"TYPE_{dt.value}"
 
 
-def _inputs(completed: ModelConfig, shapes: Mapping[str, tuple[int, ...]] | None, frames: CalibrationFrames | None) -> dict[str, np.ndarray[Any, Any]]:
+def _inputs(
+    completed: ModelConfig, shapes: Mapping[str, tuple[int, ...]] | None, frames: CalibrationFrames | None
+) -> dict[str, np.ndarray[Any, Any]]:
     """One request of one sample: a real calibration frame when there is one, else random."""
     mbs = int(completed.max_batch_size or 0)
     if frames is not None and frames.inputs:
         first = frames.inputs[0]
         ranks = {t.name: len(t.dims) for t in completed.inputs}
-        return {k: np.ascontiguousarray(v[None] if mbs > 0 or v.ndim < ranks.get(k, v.ndim) else v) for k, v in first.items()}
+        return {
+            k: np.ascontiguousarray(v[None] if mbs > 0 or v.ndim < ranks.get(k, v.ndim) else v)
+            for k, v in first.items()
+        }
     return make_inputs(completed.inputs, max_batch_size=mbs, batch=1, shapes=shapes)
 
 
@@ -378,14 +459,26 @@ class _Runner:
     """Loads each candidate in the service from the staging repository and measures it."""
 
     def __init__(
-        self, service: InferenceService, staging: Path, name: str, base: Mapping[str, Any], raw: Mapping[str, Any],
-        baseline: Candidate, inputs: Mapping[str, np.ndarray[Any, Any]], versions: Mapping[str, int], fp32_version: int,
+        self,
+        service: InferenceService,
+        staging: Path,
+        name: str,
+        base: Mapping[str, Any],
+        raw: Mapping[str, Any],
+        baseline: Candidate,
+        inputs: Mapping[str, np.ndarray[Any, Any]],
+        versions: Mapping[str, int],
+        fp32_version: int,
     ) -> None:
         self.service, self.staging, self.name, self.base, self.raw = service, staging, name, base, raw
         self.baseline, self.inputs, self.versions, self.fp32_version = baseline, inputs, versions, fp32_version
 
-    def __call__(self, c: Candidate, conc: int, phase: Phase, settings: MeasureSettings) -> tuple[Measurement | None, str | None]:
-        config = dict(self.base) if c == self.baseline else c.config(self.base)  # the default: the model's own config (--shape dims fixed)
+    def __call__(
+        self, c: Candidate, conc: int, phase: Phase, settings: MeasureSettings
+    ) -> tuple[Measurement | None, str | None]:
+        config = (
+            dict(self.base) if c == self.baseline else c.config(self.base)
+        )  # the default: the model's own config (--shape dims fixed)
         version = self.versions.get(c.engine.precision, self.fp32_version)
         config.pop("version_policy", None)
         (self.staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")

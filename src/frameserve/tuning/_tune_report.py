@@ -34,7 +34,9 @@ __all__ = ["write_tune_outputs"]
 _FIGURES = ("throughput", "p50_ms", "p90_ms", "p99_ms", "cpu_s_per_infer")
 
 
-def write_tune_outputs(result: TuneResult, repo: ModelRepository, out: Path, *, int8_file: Path | None) -> dict[str, Path]:
+def write_tune_outputs(
+    result: TuneResult, repo: ModelRepository, out: Path, *, int8_file: Path | None
+) -> dict[str, Path]:
     """Write a :class:`~frameserve.tuning.TuneResult` into ``out`` (created if missing).
 
     Returns name -> path for ``<model>``, ``trials.csv``, ``tune.json`` and ``report.html``.
@@ -45,11 +47,15 @@ def write_tune_outputs(result: TuneResult, repo: ModelRepository, out: Path, *, 
     """
     require_matplotlib()
     out.mkdir(parents=True, exist_ok=True)
-    config = dict(result.winner_config) if result.winner_config is not None else {
-        **dict(result.baseline_config), "version_policy": {"specific": {"versions": [result.version]}},
-    }
+    config = (
+        dict(result.winner_config)
+        if result.winner_config is not None
+        else {**dict(result.baseline_config), "version_policy": {"specific": {"versions": [result.version]}}}
+    )
     new_version = (result.winner_version, int8_file) if int8_file is not None else None
-    files: dict[str, Path] = {result.model: write_model_folder(repo, result.model, out, config, new_version=new_version)}
+    files: dict[str, Path] = {
+        result.model: write_model_folder(repo, result.model, out, config, new_version=new_version)
+    }
     data = result.to_dict()
     files["trials.csv"] = write_csv(out / "trials.csv", TRIAL_FIELDS, data["trials"])
     files["tune.json"] = write_json(out / "tune.json", data)
@@ -74,12 +80,19 @@ def _plots(result: TuneResult, data: Mapping[str, Any], tmp: Path) -> list[tuple
     comp = data["comparison"]
     out: list[tuple[str, str]] = []
     d, b = comp.get("default", {}), comp.get("best", {})
-    bars = bar_plot(tmp / "default_vs_best.png", [
-        ("inferences/s", "throughput", {"default": _num(d.get("throughput")), "best": _num(b.get("throughput"))}),
-        ("ms", "p99 latency", {"default": _num(d.get("p99_ms")), "best": _num(b.get("p99_ms"))}),
-        ("CPU ms per inference", "CPU per inference",
-         {"default": _num(d.get("cpu_s_per_infer")) * 1e3, "best": _num(b.get("cpu_s_per_infer")) * 1e3}),
-    ], title=f"{result.model}: default config vs the tuned one")
+    bars = bar_plot(
+        tmp / "default_vs_best.png",
+        [
+            ("inferences/s", "throughput", {"default": _num(d.get("throughput")), "best": _num(b.get("throughput"))}),
+            ("ms", "p99 latency", {"default": _num(d.get("p99_ms")), "best": _num(b.get("p99_ms"))}),
+            (
+                "CPU ms per inference",
+                "CPU per inference",
+                {"default": _num(d.get("cpu_s_per_infer")) * 1e3, "best": _num(b.get("cpu_s_per_infer")) * 1e3},
+            ),
+        ],
+        title=f"{result.model}: default config vs the tuned one",
+    )
     out.append(("Default vs best", _img("default vs best", bars)))
     series: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
@@ -90,8 +103,12 @@ def _plots(result: TuneResult, data: Mapping[str, Any], tmp: Path) -> list[tuple
             marked[label] = (_num(side["p99_ms"]), _num(side["throughput"]))
     goal = result.objective
     scatter = scatter_plot(
-        tmp / "trials.png", series, xlabel="p99 latency (ms)", ylabel="throughput (inferences/s)",
-        title="every trial: throughput vs p99", marked=marked,
+        tmp / "trials.png",
+        series,
+        xlabel="p99 latency (ms)",
+        ylabel="throughput (inferences/s)",
+        title="every trial: throughput vs p99",
+        marked=marked,
         vline=(f"p99 bound {goal.p99_ms:g} ms", goal.p99_ms) if goal.p99_ms else None,
     )
     out.append(("Every trial", _img("throughput vs p99 of every trial", scatter)))
@@ -101,14 +118,23 @@ def _plots(result: TuneResult, data: Mapping[str, Any], tmp: Path) -> list[tuple
         best = max(best, y)
         best_so_far.append((x, best))
     ylabel = "throughput (inferences/s)" if goal.kind == "throughput" else "-p99 (ms), higher is better"
-    progress = line_plot(tmp / "progress.png", [("trial", ylabel, "score per trial and best so far",
-                                                 {"trial": scores, "best so far": best_so_far})],
-                         title="search progress")
+    progress = line_plot(
+        tmp / "progress.png",
+        [("trial", ylabel, "score per trial and best so far", {"trial": scores, "best so far": best_so_far})],
+        title="search progress",
+    )
     out.append(("Search progress", _img("search progress", progress)))
     fin = data["search"]["finalists"]
-    rep_series = {f"#{i + 1} {f['config'][:48]}": [(float(i + 1), float(s)) for s in f["scores"]] for i, f in enumerate(fin)}
-    repeats = scatter_plot(tmp / "repeats.png", rep_series, xlabel="finalist", ylabel=ylabel,
-                           title="the finalists' interleaved repeats (longer windows)")
+    rep_series = {
+        f"#{i + 1} {f['config'][:48]}": [(float(i + 1), float(s)) for s in f["scores"]] for i, f in enumerate(fin)
+    }
+    repeats = scatter_plot(
+        tmp / "repeats.png",
+        rep_series,
+        xlabel="finalist",
+        ylabel=ylabel,
+        title="the finalists' interleaved repeats (longer windows)",
+    )
     out.append(("Finalists' repeats", _img("finalists' repeats", repeats)))
     return out
 
@@ -122,9 +148,22 @@ def _side_by_side(data: Mapping[str, Any]) -> str:
         return next((r for r in trials if r["config"] == key), {})
 
     pd, pb = params_of(d.get("config")), params_of(b.get("config"))
-    keys = ("backend", "precision", "instances", "threads", "pin", "max_batch_size", "dynamic_batching",
-            "preferred_batch_size", "max_queue_delay_us", "ort_allow_spinning", "ort_graph_optimization_level",
-            "ort_execution_mode", "performance_hint", "num_streams")
+    keys = (
+        "backend",
+        "precision",
+        "instances",
+        "threads",
+        "pin",
+        "max_batch_size",
+        "dynamic_batching",
+        "preferred_batch_size",
+        "max_queue_delay_us",
+        "ort_allow_spinning",
+        "ort_graph_optimization_level",
+        "ort_execution_mode",
+        "performance_hint",
+        "num_streams",
+    )
     rows: list[list[Any]] = [[k, pd.get(k), pb.get(k), ""] for k in keys]
     rows.append(["concurrency", d.get("concurrency"), b.get("concurrency"), ""])
     ratio = comp.get("ratio_best_over_default", {})
@@ -132,7 +171,9 @@ def _side_by_side(data: Mapping[str, Any]) -> str:
         rows.append([key, d.get(key), b.get(key), f"{ratio[key]:.3g}x" if key in ratio else ""])
     rows.append(["measured from", d.get("source"), b.get("source"), ""])
     rows.append(["repeats", d.get("repeats"), b.get("repeats"), ""])
-    return html_table(("", "default (the model folder's config)", "tuned", "tuned / default"), rows, css_class="side-by-side")
+    return html_table(
+        ("", "default (the model folder's config)", "tuned", "tuned / default"), rows, css_class="side-by-side"
+    )
 
 
 def _top(data: Mapping[str, Any]) -> str:
@@ -146,15 +187,38 @@ def _top(data: Mapping[str, Any]) -> str:
     ranked = sorted(best.values(), key=lambda r: (r["feasible"], r["score"]), reverse=True)[:10]
     top = html_table(
         ("config", "conc", "infer/s", "p50 ms", "p90 ms", "p99 ms", "CPU ms/infer", "meets bound"),
-        ([r["config"], r["concurrency"], r["throughput"], r["p50_ms"], r["p90_ms"], r["p99_ms"],
-          None if r["cpu_s_per_infer"] is None else r["cpu_s_per_infer"] * 1e3, r["feasible"]] for r in ranked),
-        caption="the 10 best configurations by their best short-window trial", css_class="top",
+        (
+            [
+                r["config"],
+                r["concurrency"],
+                r["throughput"],
+                r["p50_ms"],
+                r["p90_ms"],
+                r["p99_ms"],
+                None if r["cpu_s_per_infer"] is None else r["cpu_s_per_infer"] * 1e3,
+                r["feasible"],
+            ]
+            for r in ranked
+        ),
+        caption="the 10 best configurations by their best short-window trial",
+        css_class="top",
     )
     fin = data["search"]["finalists"]
     finals = html_table(
         ("#", "config", "conc", "repeats", "median infer/s", "median p99 ms", "spread", "meets bound"),
-        ([i + 1, f["config"], f["concurrency"], len(f["scores"]), f["median"].get("throughput"), f["median"].get("p99_ms"),
-          f"{f['spread']:.1%}", f["feasible"]] for i, f in enumerate(fin)),
+        (
+            [
+                i + 1,
+                f["config"],
+                f["concurrency"],
+                len(f["scores"]),
+                f["median"].get("throughput"),
+                f["median"].get("p99_ms"),
+                f"{f['spread']:.1%}",
+                f["feasible"],
+            ]
+            for i, f in enumerate(fin)
+        ),
         caption="finalists, measured again with longer windows, interleaved; the winner is the best median",
         css_class="finalists",
     )
@@ -172,9 +236,11 @@ def _space(data: Mapping[str, Any]) -> str:
     ]
     rules = "".join(f"<li>{html.escape(p)}</li>" for p in sp["pruned"])
     skipped = "".join(f"<li>{html.escape(p)}</li>" for p in sp["not_tried"]) or "<li>nothing</li>"
-    return (html_table(("dimension", "values"), rows, css_class="space")
-            + f"<p>Pruning rules applied:</p><ul class=\"notes\">{rules}</ul>"
-            + f"<p>Not tried:</p><ul class=\"notes\">{skipped}</ul>")
+    return (
+        html_table(("dimension", "values"), rows, css_class="space")
+        + f'<p>Pruning rules applied:</p><ul class="notes">{rules}</ul>'
+        + f'<p>Not tried:</p><ul class="notes">{skipped}</ul>'
+    )
 
 
 def _gates(data: Mapping[str, Any]) -> str:
@@ -183,7 +249,9 @@ def _gates(data: Mapping[str, Any]) -> str:
         q = data["int8"]
         rows.append(("int8 (onnxruntime static QDQ)", q["gate"]["summary"]))
         rows.append(("int8 gate metric", q["gate"]["metric"]))
-        rows.append(("int8 settings", ", ".join(f"{k} {v}" for k, v in q["settings"].items() if k != "float_nodes_first")))
+        rows.append(
+            ("int8 settings", ", ".join(f"{k} {v}" for k, v in q["settings"].items() if k != "float_nodes_first"))
+        )
     else:
         refusal = next((r["error"] for r in data["trials"] if r["phase"] == "gate" and r["precision"] == "int8"), None)
         rows.append(("int8", refusal or "not tried: no --calibration"))
@@ -194,8 +262,10 @@ def _gates(data: Mapping[str, Any]) -> str:
 
 def _video(video: Mapping[str, Any]) -> str:
     best = video.get("best") or {}
-    head = (f"<p>{html.escape(str(video['pipeline']))} on {html.escape(Path(str(video['video'])).name)}: best "
-            f"{best.get('frames_per_s', 0):.1f} frames/s end to end with <code>{html.escape(str(best.get('command', '-')))}</code></p>")
+    head = (
+        f"<p>{html.escape(str(video['pipeline']))} on {html.escape(Path(str(video['video'])).name)}: best "
+        f"{best.get('frames_per_s', 0):.1f} frames/s end to end with <code>{html.escape(str(best.get('command', '-')))}</code></p>"
+    )
     cols = ("phase", "decode_workers", "decode_threads", "batch", "frames", "wall_s", "frames_per_s", "error")
     return head + html_table(cols, ([r.get(k) for k in cols] for r in video["trials"]), css_class="video")
 
@@ -210,14 +280,26 @@ def _report(result: TuneResult, data: Mapping[str, Any], tmp: Path) -> str:
         ("winner", search["winner"] or "none (nothing measured)"),
         ("throughput tuned / default", f"{ratio['throughput']:.3g}x" if "throughput" in ratio else "n/a"),
         ("confidence", f"{search['confidence']['level']}: {search['confidence']['text']}"),
-        ("search", f"{search['method']}: {search['trials']} trials over a space of {data['space']['size']}, "
-                   f"stopped by {search['stopped_by']}" + (" (Ctrl-C: what was measured is kept)" if search["interrupted"] else "")),
-        ("windows", f"{data['settings']['window_s']:.3g} s searching, {data['repeat_settings']['window_s']:.3g} s for the repeats"),
+        (
+            "search",
+            f"{search['method']}: {search['trials']} trials over a space of {data['space']['size']}, "
+            f"stopped by {search['stopped_by']}"
+            + (" (Ctrl-C: what was measured is kept)" if search["interrupted"] else ""),
+        ),
+        (
+            "windows",
+            f"{data['settings']['window_s']:.3g} s searching, {data['repeat_settings']['window_s']:.3g} s for the repeats",
+        ),
         ("elapsed", f"{data['elapsed_s']:.1f} s"),
         *[("note", n) for n in data["notes"]],
-        *[(f"move ({m['dimension']})", f"{m['from']}  ->  {m['to']}"
-           + (f"  ({m['gain']:+.1%} in the search's short windows)" if m["gain"] is not None else ""))
-          for m in search["moves"]],
+        *[
+            (
+                f"move ({m['dimension']})",
+                f"{m['from']}  ->  {m['to']}"
+                + (f"  ({m['gain']:+.1%} in the search's short windows)" if m["gain"] is not None else ""),
+            )
+            for m in search["moves"]
+        ],
     ]
     sections = [
         ("Summary", html_table(("what", "value"), summary, css_class="summary")),
@@ -231,8 +313,31 @@ def _report(result: TuneResult, data: Mapping[str, Any], tmp: Path) -> str:
     sections.append(("The search space", _space(data)))
     sections.append(("Machine", machine_section(data["machine"])))
     rows = trial_rows(result.all_trials)
-    cols = ("trial", "phase", "status", "config", "concurrency", "throughput", "p50_ms", "p90_ms", "p99_ms", "cpu_s_per_infer",
-            "stable", "feasible", "repeat", "error")
-    sections.append(("Every trial", html_table(cols, ([r[k] for k in cols] for r in rows), css_class="trials",
-                                               caption="throughput in inferences/s; latency in ms; CPU seconds per inference")))
+    cols = (
+        "trial",
+        "phase",
+        "status",
+        "config",
+        "concurrency",
+        "throughput",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "cpu_s_per_infer",
+        "stable",
+        "feasible",
+        "repeat",
+        "error",
+    )
+    sections.append(
+        (
+            "Every trial",
+            html_table(
+                cols,
+                ([r[k] for k in cols] for r in rows),
+                css_class="trials",
+                caption="throughput in inferences/s; latency in ms; CPU seconds per inference",
+            ),
+        )
+    )
     return html_page(f"frameserve tune: {result.model}", sections)

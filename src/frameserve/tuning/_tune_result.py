@@ -83,15 +83,24 @@ class TuneResult:
         for label, cand in (("default", self.search.baseline), ("best", self.search.winner)):
             fin = self.search.finalist(cand)
             if fin is not None:
-                sides[label] = {"config": cand.key if cand else None, "source": "repeats", "concurrency": fin.concurrency,
-                                **fin.median, "repeats": len(fin.scores)}
+                sides[label] = {
+                    "config": cand.key if cand else None,
+                    "source": "repeats",
+                    "concurrency": fin.concurrency,
+                    **fin.median,
+                    "repeats": len(fin.scores),
+                }
                 continue
             trials = [t for t in self.search.trials if t.candidate == cand and t.measurement is not None]
             best = max(trials, key=lambda t: t.score or -math.inf, default=None)
             m = best.measurement.to_dict() if best is not None and best.measurement is not None else {}
-            sides[label] = {"config": cand.key if cand else None, "source": "search", "concurrency": best.concurrency if best else None,
-                            **{k: m.get(k) for k in ("throughput", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "cpu_s_per_infer")},
-                            "repeats": 0}
+            sides[label] = {
+                "config": cand.key if cand else None,
+                "source": "search",
+                "concurrency": best.concurrency if best else None,
+                **{k: m.get(k) for k in ("throughput", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "cpu_s_per_infer")},
+                "repeats": 0,
+            }
         d, b = sides.get("default", {}), sides.get("best", {})
         ratio: dict[str, float] = {}
         for key in ("throughput", "p99_ms", "cpu_s_per_infer"):
@@ -102,20 +111,31 @@ class TuneResult:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON: the run, the machine, the space, every trial, the winner."""
         return {
-            "model": self.model, "version": self.version, "objective": self.objective.to_dict(),
-            "machine": self.machine.to_dict(), "space": self.space.to_dict(), "search": self.search.to_dict(),
-            "settings": self.settings.to_dict(), "repeat_settings": self.repeat_settings.to_dict(),
+            "model": self.model,
+            "version": self.version,
+            "objective": self.objective.to_dict(),
+            "machine": self.machine.to_dict(),
+            "space": self.space.to_dict(),
+            "search": self.search.to_dict(),
+            "settings": self.settings.to_dict(),
+            "repeat_settings": self.repeat_settings.to_dict(),
             "trials": trial_rows(self.all_trials),
-            "winner": None if self.search.winner is None else {
-                "config": self.search.winner.key, **self.search.winner.params(), "version": self.winner_version,
-                "concurrency": self.search.winner_concurrency, "config_yaml": dict(self.winner_config or {}),
+            "winner": None
+            if self.search.winner is None
+            else {
+                "config": self.search.winner.key,
+                **self.search.winner.params(),
+                "version": self.winner_version,
+                "concurrency": self.search.winner_concurrency,
+                "config_yaml": dict(self.winner_config or {}),
             },
             "default": {"config": self.search.baseline.key, "config_yaml": dict(self.baseline_config)},
             "comparison": self.comparison(),
             "int8": None if self.int8 is None else self.int8.to_dict(),
             "bf16_gate": None if self.bf16_gate is None else self.bf16_gate.to_dict(),
             "calibration": None if self.calibration is None else dict(self.calibration),
-            "elapsed_s": round(self.elapsed_s, 2), "notes": list(self.notes),
+            "elapsed_s": round(self.elapsed_s, 2),
+            "notes": list(self.notes),
             "out": None if self.out is None else str(self.out),
             "video": None if self.video is None else dict(self.video),
         }

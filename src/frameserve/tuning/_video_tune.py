@@ -69,8 +69,14 @@ def cotune_video(
         t0 = time.monotonic()
         try:
             with tempfile.TemporaryDirectory(prefix="frameserve-cotune-") as tmp:
-                spec = RunSpec(params=params, decode_workers=w, decode_threads=t, batch=b, keep_frames=False,
-                               out=Path(tmp) / "results.json")
+                spec = RunSpec(
+                    params=params,
+                    decode_workers=w,
+                    decode_threads=t,
+                    batch=b,
+                    keep_frames=False,
+                    out=Path(tmp) / "results.json",
+                )
                 result = run(video, pipeline, spec, service=service)
             row.update(frames=int(result["frames_processed"]), wall_s=float(result["wall_s"]), error=None)
             row["frames_per_s"] = row["frames"] / row["wall_s"] if row["wall_s"] > 0 else 0.0
@@ -87,15 +93,25 @@ def cotune_video(
     leaders = sorted(ok, key=lambda r: r["frames_per_s"], reverse=True)[:2]
     keys = [(r["decode_workers"], r["decode_threads"], r["batch"]) for r in leaders]
     for i in range(repeats):
-        for k in (keys if i % 2 == 0 else keys[::-1]):
+        for k in keys if i % 2 == 0 else keys[::-1]:
             one(*k, "repeat")
     best = None
     medians = []
     for k in keys:
-        values = [r["frames_per_s"] for r in trials if (r["decode_workers"], r["decode_threads"], r["batch"]) == k and r["frames_per_s"]]
+        values = [
+            r["frames_per_s"]
+            for r in trials
+            if (r["decode_workers"], r["decode_threads"], r["batch"]) == k and r["frames_per_s"]
+        ]
         medians.append((statistics.median(values), k, len(values)))
     if medians:
         fps, (w, t, b), n = max(medians)
-        best = {"decode_workers": w, "decode_threads": t, "batch": b, "frames_per_s": fps, "runs": n,
-                "command": f"frameserve run VIDEO --pipeline {pipeline} --decode-workers {w} --decode-threads {t} --batch {b}"}
+        best = {
+            "decode_workers": w,
+            "decode_threads": t,
+            "batch": b,
+            "frames_per_s": fps,
+            "runs": n,
+            "command": f"frameserve run VIDEO --pipeline {pipeline} --decode-workers {w} --decode-threads {t} --batch {b}",
+        }
     return {"video": str(video), "pipeline": str(pipeline), "trials": trials, "best": best}

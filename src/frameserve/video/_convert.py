@@ -59,8 +59,7 @@ class RgbConverter:
             out = self._graph.vpull()
         except (av.error.FFmpegError, BlockingIOError) as exc:
             raise VideoError(
-                f"cannot convert a {frame.width}x{frame.height} {frame.format.name} frame to "
-                f"{self.out_format}: {exc}"
+                f"cannot convert a {frame.width}x{frame.height} {frame.format.name} frame to {self.out_format}: {exc}"
             ) from exc
         finally:
             frame.pts = pts

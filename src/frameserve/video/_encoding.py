@@ -87,8 +87,14 @@ def pick_pixel_format(codec: av.codec.Codec, pixel_format: str | None, lossless:
 
 
 def encoder_options(
-    codec: str, *, crf: int | None, qp: int | None, preset: str | None, lossless: bool,
-    no_bframes: bool, extra: Mapping[str, str] | None,
+    codec: str,
+    *,
+    crf: int | None,
+    qp: int | None,
+    preset: str | None,
+    lossless: bool,
+    no_bframes: bool,
+    extra: Mapping[str, str] | None,
 ) -> dict[str, str]:
     """The FFmpeg encoder options (``AVCodecContext`` / private options) for one stream.
 
@@ -148,7 +154,9 @@ def rgb_frame(rgb: np.ndarray[Any, Any], pixel_format: str) -> av.VideoFrame:
     """
     layout = _PACKED.get(pixel_format)
     if layout is None:
-        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24" if pixel_format != "gbrp" else "gbrp")
+        frame = av.VideoFrame.from_ndarray(
+            np.ascontiguousarray(rgb), format="rgb24" if pixel_format != "gbrp" else "gbrp"
+        )
         # PyAV's from_ndarray("gbrp") takes the channels in R, G, B order and fills the G, B, R planes
         return frame if pixel_format == "gbrp" else frame.reformat(format=pixel_format, threads=1)
     bpp, (r, g, b), extra, fill = layout

@@ -22,15 +22,41 @@ import av.container
 from frameserve.errors import VideoError
 
 __all__ = [
-    "MULTI_FILE_DEMUXERS", "declared_duration_s", "describe_streams", "local_input_options", "open_input", "resolve_uri",
+    "MULTI_FILE_DEMUXERS",
+    "declared_duration_s",
+    "describe_streams",
+    "local_input_options",
+    "open_input",
+    "resolve_uri",
 ]
 
 _ACCEPTED = "a path or file:// URI of a video FFmpeg can read (mp4, mkv, webm, mov, avi, ...)"
 
-MULTI_FILE_DEMUXERS = frozenset({
-    "hls", "dash", "imf", "concat", "image2", "sdp", "rtsp", "rtp", "sap", "lavfi", "vobsub", "avisynth",
-    "vapoursynth", "alsa", "fbdev", "kmsgrab", "oss", "x11grab", "video4linux2,v4l2", "pulse", "jack",
-})
+MULTI_FILE_DEMUXERS = frozenset(
+    {
+        "hls",
+        "dash",
+        "imf",
+        "concat",
+        "image2",
+        "sdp",
+        "rtsp",
+        "rtp",
+        "sap",
+        "lavfi",
+        "vobsub",
+        "avisynth",
+        "vapoursynth",
+        "alsa",
+        "fbdev",
+        "kmsgrab",
+        "oss",
+        "x11grab",
+        "video4linux2,v4l2",
+        "pulse",
+        "jack",
+    }
+)
 """FFmpeg demuxers (names as ``av.formats_available`` has them) that read files or URLs other than
 the one opened, or devices: never used for a local file."""
 
@@ -104,9 +130,7 @@ def open_input(uri: str | os.PathLike[str], **av_options: Any) -> av.container.I
                 f"not a readable video: {target!r} (FFmpeg: {reason}): a local file is read alone; a format that "
                 "reads other files or URLs (HLS playlist, concat list, image sequence, SDP) is refused"
             ) from exc
-        raise VideoError(
-            f"not a readable video: {target!r} (FFmpeg: {reason}); expected {_ACCEPTED}"
-        ) from exc
+        raise VideoError(f"not a readable video: {target!r} (FFmpeg: {reason}); expected {_ACCEPTED}") from exc
     except OSError as exc:  # permission denied and the like
         raise VideoError(f"cannot open video {target!r}: {exc}") from exc
 

@@ -74,9 +74,7 @@ class Sampling:
                 or not math.isfinite(self.rate)
                 or self.rate <= 0
             ):
-                raise PipelineSpecError(
-                    f"sampling 'fps' needs a finite rate > 0 frames per second, got {self.rate!r}"
-                )
+                raise PipelineSpecError(f"sampling 'fps' needs a finite rate > 0 frames per second, got {self.rate!r}")
             object.__setattr__(self, "rate", float(self.rate))
         elif self.rate is not None:
             raise PipelineSpecError(f"sampling {self.kind!r} takes no rate (got {self.rate!r})")
@@ -96,7 +94,7 @@ class Sampling:
                 listed = ", ".join(repr(float(t)) for t in negative)
                 raise PipelineSpecError(
                     f"sampling 'timestamps' got negative time(s) {listed}; times are seconds >= 0 on "
-                    "the stream's pts clock (e.g. \"timestamps:0,0.5,2\")"
+                    'the stream\'s pts clock (e.g. "timestamps:0,0.5,2")'
                 )
             object.__setattr__(self, "times", tuple(float(t) for t in times))
         elif self.times is not None:

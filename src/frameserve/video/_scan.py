@@ -44,7 +44,9 @@ class Unwrap:
     """
 
     def __init__(self, container_format: str, time_base: Fraction) -> None:
-        self.enabled = any(name in _WRAP_FORMATS for name in container_format.split(",")) and time_base == Fraction(1, 90000)
+        self.enabled = any(name in _WRAP_FORMATS for name in container_format.split(",")) and time_base == Fraction(
+            1, 90000
+        )
         self.offset = 0
         self._last: int | None = None
 
@@ -99,14 +101,14 @@ def scan_packets(uri: str | os.PathLike[str], stream_index: int | None = None) -
         if stream_index is None:
             stream = pick_video_stream(container)
             if stream is None:
-                raise VideoError(
-                    f"no video stream in {os.fspath(uri)!r}: streams found: {describe_streams(container)}"
-                )
+                raise VideoError(f"no video stream in {os.fspath(uri)!r}: streams found: {describe_streams(container)}")
         else:
             chosen = container.streams[stream_index]
             if not isinstance(chosen, VideoStream):
-                raise VideoError(f"stream {stream_index} of {os.fspath(uri)!r} is {chosen.type}, not video: "
-                                 f"streams found: {describe_streams(container)}")
+                raise VideoError(
+                    f"stream {stream_index} of {os.fspath(uri)!r} is {chosen.type}, not video: "
+                    f"streams found: {describe_streams(container)}"
+                )
             stream = chosen
         tb = Fraction(stream.time_base or Fraction(1, 1))
         scan = PacketScan(time_base=tb)

@@ -130,9 +130,13 @@ class VideoSource:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
             raise PipelineSpecError(f"decode threads must be an integer >= 0 (0 = auto), got {threads!r}")
         if bit_depth not in (8, 16) or isinstance(bit_depth, bool):
-            raise PipelineSpecError(f"bit_depth {bit_depth!r} is not supported; accepted: 8 (uint8 rgb24), 16 (uint16 rgb48le)")
+            raise PipelineSpecError(
+                f"bit_depth {bit_depth!r} is not supported; accepted: 8 (uint8 rgb24), 16 (uint16 rgb48le)"
+            )
         for name, value in (("start_s", start_s), ("end_s", end_s)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            ):
                 raise PipelineSpecError(f"{name} must be a finite number of seconds or None, got {value!r}")
         if start_s is not None and end_s is not None and end_s <= start_s:
             raise PipelineSpecError(f"empty range: end_s ({end_s}) must be after start_s ({start_s})")
@@ -487,7 +491,9 @@ class VideoSource:
     def _damage_text(self) -> str:
         parts = []
         if self._corrupt_packets:
-            parts.append(f"{self._corrupt_packets} packet(s) cut short or flagged corrupt by the demuxer (truncated file?)")
+            parts.append(
+                f"{self._corrupt_packets} packet(s) cut short or flagged corrupt by the demuxer (truncated file?)"
+            )
         if self._decode_errors:
             parts.append(f"{self._decode_errors} packet(s) the decoder rejected (FFmpeg: {self._first_decode_error})")
         if self._corrupt_frames:
@@ -572,11 +578,7 @@ def _truncated_ts(uri: str, container_format: str) -> str | None:
 
 
 def _build_info(
-    uri: str,
-    container: av.container.InputContainer,
-    stream: VideoStream,
-    first: VideoFrame,
-    orientation: Orientation,
+    uri: str, container: av.container.InputContainer, stream: VideoStream, first: VideoFrame, orientation: Orientation
 ) -> StreamInfo:
     tb = stream.time_base or Fraction(1, 1)
     width, height = first.width, first.height

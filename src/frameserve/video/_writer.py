@@ -143,7 +143,7 @@ class VideoWriter:
         self.path = os.fspath(path)
         self.width, self.height = int(width), int(height)
         self.pixel_format = self.check_options(
-            codec=codec, crf=crf, qp=qp, preset=preset, pixel_format=pixel_format, lossless=lossless, options=options,
+            codec=codec, crf=crf, qp=qp, preset=preset, pixel_format=pixel_format, lossless=lossless, options=options
         )
         step_w, step_h = coded_step(self.pixel_format)
         self.coded_size = (-(-self.width // step_w) * step_w, -(-self.height // step_h) * step_h)
@@ -173,9 +173,7 @@ class VideoWriter:
         except (av.error.FFmpegError, ValueError) as exc:
             self._container.close()
             self._container = None
-            raise VideoError(
-                f"cannot encode with codec {codec!r}: {exc}; try 'libx264' or 'mpeg4'"
-            ) from exc
+            raise VideoError(f"cannot encode with codec {codec!r}: {exc}; try 'libx264' or 'mpeg4'") from exc
         if not isinstance(added, VideoStream):
             self._container.close()
             self._container = None
@@ -196,8 +194,13 @@ class VideoWriter:
         try:
             # AVI and friends store no pts: B-frame reordering would scramble the timing
             opts = encoder_options(
-                codec, crf=crf, qp=qp, preset=preset, lossless=bool(lossless),
-                no_bframes=self._container.format.name in _NO_REORDER_FORMATS, extra=options,
+                codec,
+                crf=crf,
+                qp=qp,
+                preset=preset,
+                lossless=bool(lossless),
+                no_bframes=self._container.format.name in _NO_REORDER_FORMATS,
+                extra=options,
             )
         except VideoError:
             self._container.close()
@@ -215,8 +218,14 @@ class VideoWriter:
 
     @staticmethod
     def check_options(
-        *, codec: str = "libx264", crf: int | None = None, qp: int | None = None, preset: str | None = None,
-        pixel_format: str | None = None, lossless: bool = False, options: Mapping[str, str] | None = None,
+        *,
+        codec: str = "libx264",
+        crf: int | None = None,
+        qp: int | None = None,
+        preset: str | None = None,
+        pixel_format: str | None = None,
+        lossless: bool = False,
+        options: Mapping[str, str] | None = None,
     ) -> str:
         """Check encoder options as :class:`VideoWriter` takes them, without opening a file
         (what a container accepts is only known when it is written).
@@ -335,9 +344,7 @@ class VideoWriter:
         try:
             packets = self._stream.encode(frame)
         except av.error.FFmpegError as exc:
-            raise VideoError(
-                f"encoding {self.path!r} with {self._stream.codec_context.name} failed: {exc}"
-            ) from exc
+            raise VideoError(f"encoding {self.path!r} with {self._stream.codec_context.name} failed: {exc}") from exc
         limit = _MAX_REORDER_S / self.time_base
         for packet in packets:
             if packet.pts is not None and packet.dts is not None and abs(packet.dts - packet.pts) > limit:

@@ -32,14 +32,52 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 
-_CORE_POD = ["affinity", "containers[]", "initContainers[]", "volumes[]", "tolerations[]", "imagePullSecrets[]",
-             "resourceClaims[]", "topologySpreadConstraints[]", "securityContext", "dnsConfig", "hostAliases[]",
-             "os", "overhead", "readinessGates[]", "schedulingGates[]", "workerSpec", "resources"]
-_CORE_CONTAINER = ["env[]", "envFrom[]", "lifecycle", "livenessProbe", "readinessProbe", "startupProbe", "ports[]",
-                   "resources", "securityContext", "volumeMounts[]", "volumeDevices[]", "resizePolicy[]",
-                   "restartPolicyRules[]"]
-_FRAMEWORKS = ["sklearn", "xgboost", "tensorflow", "pytorch", "triton", "onnx", "pmml", "lightgbm", "paddle",
-               "huggingface"]
+_CORE_POD = [
+    "affinity",
+    "containers[]",
+    "initContainers[]",
+    "volumes[]",
+    "tolerations[]",
+    "imagePullSecrets[]",
+    "resourceClaims[]",
+    "topologySpreadConstraints[]",
+    "securityContext",
+    "dnsConfig",
+    "hostAliases[]",
+    "os",
+    "overhead",
+    "readinessGates[]",
+    "schedulingGates[]",
+    "workerSpec",
+    "resources",
+]
+_CORE_CONTAINER = [
+    "env[]",
+    "envFrom[]",
+    "lifecycle",
+    "livenessProbe",
+    "readinessProbe",
+    "startupProbe",
+    "ports[]",
+    "resources",
+    "securityContext",
+    "volumeMounts[]",
+    "volumeDevices[]",
+    "resizePolicy[]",
+    "restartPolicyRules[]",
+]
+_FRAMEWORKS = [
+    "sklearn",
+    "xgboost",
+    "tensorflow",
+    "pytorch",
+    "triton",
+    "onnx",
+    "pmml",
+    "lightgbm",
+    "paddle",
+    "huggingface",
+]
 
 STUBS: dict[str, list[str]] = {
     "ScaledJob": ["spec.jobTargetRef.template"],
@@ -61,12 +99,16 @@ TIGHTEN: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 CRDS = {
-    "keda": [("config/crd/bases/keda.sh_scaledobjects.yaml", "v1alpha1"),
-             ("config/crd/bases/keda.sh_scaledjobs.yaml", "v1alpha1"),
-             ("config/crd/bases/keda.sh_triggerauthentications.yaml", "v1alpha1")],
-    "kserve": [("config/crd/full/serving.kserve.io_servingruntimes.yaml", "v1alpha1"),
-               ("config/crd/full/serving.kserve.io_clusterservingruntimes.yaml", "v1alpha1"),
-               ("config/crd/full/serving.kserve.io_inferenceservices.yaml", "v1beta1")],
+    "keda": [
+        ("config/crd/bases/keda.sh_scaledobjects.yaml", "v1alpha1"),
+        ("config/crd/bases/keda.sh_scaledjobs.yaml", "v1alpha1"),
+        ("config/crd/bases/keda.sh_triggerauthentications.yaml", "v1alpha1"),
+    ],
+    "kserve": [
+        ("config/crd/full/serving.kserve.io_servingruntimes.yaml", "v1alpha1"),
+        ("config/crd/full/serving.kserve.io_clusterservingruntimes.yaml", "v1alpha1"),
+        ("config/crd/full/serving.kserve.io_inferenceservices.yaml", "v1beta1"),
+    ],
 }
 
 
@@ -94,8 +136,7 @@ def convert(s: Any) -> Any:
             out[k] = v
     if s.get("nullable") and isinstance(out.get("type"), str):
         out["type"] = [out["type"], "null"]
-    if ("properties" in out and "additionalProperties" not in out
-            and not s.get("x-kubernetes-preserve-unknown-fields")):
+    if "properties" in out and "additionalProperties" not in out and not s.get("x-kubernetes-preserve-unknown-fields"):
         out["additionalProperties"] = False
     if "exclusiveMinimum" in out and isinstance(out["exclusiveMinimum"], (int, float)):
         out.pop("minimum", None)
@@ -146,8 +187,9 @@ def _read(repo: Path, rel: str) -> str:
     """A file of a checkout, or of HEAD in a bare clone."""
     if (repo / rel).exists():
         return (repo / rel).read_text()
-    return subprocess.run(["git", "--git-dir", str(repo), "show", f"HEAD:{rel}"], capture_output=True, text=True,
-                          check=True).stdout
+    return subprocess.run(
+        ["git", "--git-dir", str(repo), "show", f"HEAD:{rel}"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def derive(crd_text: str, crd_name: str, version: str, source: str) -> tuple[str, dict[str, Any]]:
@@ -170,7 +212,7 @@ def derive(crd_text: str, crd_name: str, version: str, source: str) -> tuple[str
     doc = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$comment": f"Derived by derive.py from {source} ({crd_name}, CRD version {version}); "
-                    "descriptions dropped, objects closed, embedded core types stubbed.",
+        "descriptions dropped, objects closed, embedded core types stubbed.",
         "title": f"{kind} {group}/{version}",
         **schema,
     }

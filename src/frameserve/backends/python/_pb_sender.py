@@ -118,7 +118,9 @@ class ResponseStream:
                 self._emit(None, error, final)
                 return
             wanted = self._requested
-            outputs = {t.name(): t.as_numpy() for t in response.output_tensors() if wanted is None or t.name() in wanted}
+            outputs = {
+                t.name(): t.as_numpy() for t in response.output_tensors() if wanted is None or t.name() in wanted
+            }
             self._emit(outputs, None, final)
 
     def fail(self, error: TritonError) -> None:
@@ -183,8 +185,11 @@ class BlsResponses:
         capacity: responses held unread at most.
     """
 
-    def __init__(self, convert: Callable[[dict[str, np.ndarray[Any, Any]] | None, BaseException | None], Any],
-                 capacity: int = 1024) -> None:
+    def __init__(
+        self,
+        convert: Callable[[dict[str, np.ndarray[Any, Any]] | None, BaseException | None], Any],
+        capacity: int = 1024,
+    ) -> None:
         self._convert = convert
         self._capacity = capacity
         self._cond = threading.Condition()

@@ -223,9 +223,7 @@ class Tensor:
 
     def __init__(self, name: str, numpy_array: np.ndarray[Any, Any], *args: Any, **kwargs: Any) -> None:
         if not isinstance(numpy_array, np.ndarray):
-            raise TritonModelException(
-                f"Tensor {name!r}: a numpy array is needed, got {type(numpy_array).__name__}"
-            )
+            raise TritonModelException(f"Tensor {name!r}: a numpy array is needed, got {type(numpy_array).__name__}")
         if numpy_array.dtype.kind in ("U", "V"):
             raise TritonModelException(
                 f"Tensor {name!r}: dtype {numpy_array.dtype} is not supported; use np.object_ arrays of bytes"

@@ -114,8 +114,9 @@ class ResponsePump:
         on_bytes: told the tensor bytes of each response read.
     """
 
-    def __init__(self, chan: Any, sentinel: Any, streams: StreamTable, name: str,
-                 on_bytes: Callable[[int], None]) -> None:
+    def __init__(
+        self, chan: Any, sentinel: Any, streams: StreamTable, name: str, on_bytes: Callable[[int], None]
+    ) -> None:
         self._chan = chan
         self._sentinel = sentinel
         self._streams = streams

@@ -65,7 +65,9 @@ def pack_tensors(tensors: Mapping[str, np.ndarray[Any, Any]]) -> tuple[shared_me
     return shm, descs
 
 
-def unpack_tensors(shm: shared_memory.SharedMemory | None, descs: Sequence[Desc], *, copy: bool) -> dict[str, np.ndarray[Any, Any]]:
+def unpack_tensors(
+    shm: shared_memory.SharedMemory | None, descs: Sequence[Desc], *, copy: bool
+) -> dict[str, np.ndarray[Any, Any]]:
     """The tensors ``descs`` describe in ``shm``: views into the block (``copy=False``; the
     caller keeps the block open while they live) or arrays of their own. BYTES tensors are
     always their own ``object`` arrays."""

@@ -344,7 +344,11 @@ class ModelHost:
         if responses is None:  # answered through the requests' senders, one response each
             return [_sent_response(i, p.sent_responses()) for i, p in enumerate(pb_requests)]
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
-            got = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) else repr(type(responses).__name__)
+            got = (
+                f"{len(responses)} responses"
+                if isinstance(responses, (list, tuple))
+                else repr(type(responses).__name__)
+            )
             raise BatchFailure(f"execute must return one InferenceResponse per request ({len(requests)}), got {got}")
         out: list[dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError] = []
         for i, resp in enumerate(responses):
@@ -361,11 +365,15 @@ class ModelHost:
         self, requests: Sequence[InferRequest], output_names: Sequence[str], emits: Sequence[pb_utils.Emit]
     ) -> list[dict[str, np.ndarray[Any, Any]] | pb_utils.TritonError]:
         """:meth:`execute` of a decoupled model (``emits`` given)."""
-        streams = [pb_utils.ResponseStream(e, decoupled=True, requested=r.output_names)
-                   for r, e in zip(requests, emits, strict=True)]
+        streams = [
+            pb_utils.ResponseStream(e, decoupled=True, requested=r.output_names)
+            for r, e in zip(requests, emits, strict=True)
+        ]
         try:
             try:
-                pb_requests = [pb_utils.wrap_request(r, output_names, st) for r, st in zip(requests, streams, strict=True)]
+                pb_requests = [
+                    pb_utils.wrap_request(r, output_names, st) for r, st in zip(requests, streams, strict=True)
+                ]
             except pb_utils.TritonModelException as exc:
                 raise BatchFailure(f"execute got an input it cannot take: {exc}") from exc
             try:

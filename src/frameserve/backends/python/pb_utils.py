@@ -60,12 +60,8 @@ from frameserve.backends.python._pb_sender import (
     BlsResponses,
     InferenceResponseSender,
 )
-from frameserve.backends.python._pb_sender import (
-    Emit as Emit,
-)
-from frameserve.backends.python._pb_sender import (
-    ResponseStream as ResponseStream,
-)
+from frameserve.backends.python._pb_sender import Emit as Emit
+from frameserve.backends.python._pb_sender import ResponseStream as ResponseStream
 from frameserve.backends.python._pb_tensor import (
     TRITON_STRING_TO_NUMPY,
     Tensor,
@@ -77,12 +73,8 @@ from frameserve.backends.python._pb_tensor import (
     triton_string_to_numpy,
     triton_to_numpy_type,
 )
-from frameserve.backends.python._pb_tensor import (
-    from_exception as from_exception,
-)
-from frameserve.backends.python._pb_tensor import (
-    to_frameserve_error as to_frameserve_error,
-)
+from frameserve.backends.python._pb_tensor import from_exception as from_exception
+from frameserve.backends.python._pb_tensor import to_frameserve_error as to_frameserve_error
 from frameserve.errors import DecoupledModelError
 from frameserve.request import InferRequest, RequestedOutput
 
@@ -237,7 +229,9 @@ class InferenceRequest:
             outputs=tuple(RequestedOutput(n) for n in names),
             parameters=dict(parameters or {}),
             id=str(request_id),
-            sequence_id=correlation_id, sequence_start=bool(int(flags) & 1), sequence_end=bool(int(flags) & 2),
+            sequence_id=correlation_id,
+            sequence_start=bool(int(flags) & 1),
+            sequence_end=bool(int(flags) & 2),
         )
         self._inputs = tensors
         self._outputs = names
@@ -299,8 +293,9 @@ class InferenceRequest:
         stream = self._stream
         if stream is None and self._answers:  # a model that is not decoupled: one response
             sent = self._sent = []
-            stream = self._stream = ResponseStream(lambda o, e, f: sent.append((o, e, f)), decoupled=False,
-                                                   requested=self._request.output_names)
+            stream = self._stream = ResponseStream(
+                lambda o, e, f: sent.append((o, e, f)), decoupled=False, requested=self._request.output_names
+            )
         if stream is None:
             raise TritonModelException("get_response_sender() is available only on the requests execute receives")
         sender: InferenceResponseSender = stream.sender()
@@ -337,7 +332,9 @@ class InferenceRequest:
 
         async def run() -> Any:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(None, functools.partial(self._exec_stream if decoupled else self._run, infer))
+            return await loop.run_in_executor(
+                None, functools.partial(self._exec_stream if decoupled else self._run, infer)
+            )
 
         return run()
 
@@ -379,15 +376,19 @@ class InferenceRequest:
 
 def _bls_error(exc: BaseException, model: str) -> TritonError:
     if isinstance(exc, DecoupledModelError):
-        return TritonError(f"model {model!r} is decoupled: call it with exec(decoupled=True) (BLS calls to a "
-                           "decoupled model run with parameters.isolation in_process)", TritonError.UNSUPPORTED)
+        return TritonError(
+            f"model {model!r} is decoupled: call it with exec(decoupled=True) (BLS calls to a "
+            "decoupled model run with parameters.isolation in_process)",
+            TritonError.UNSUPPORTED,
+        )
     if isinstance(exc, TritonError):
         return exc
     return from_exception(exc)
 
 
-def _bls_response(outputs: dict[str, np.ndarray[Any, Any]] | None, error: BaseException | TritonError | None,
-                  model: str = "") -> InferenceResponse:
+def _bls_response(
+    outputs: dict[str, np.ndarray[Any, Any]] | None, error: BaseException | TritonError | None, model: str = ""
+) -> InferenceResponse:
     """One response of :class:`BlsResponses` (an end without a response: an empty one)."""
     if error is not None:
         return InferenceResponse(error=_bls_error(error, model))  # type: ignore[arg-type]
@@ -505,8 +506,7 @@ class ModelConfig:
         current = int(self._config.get("max_batch_size") or 0)
         if current not in (0, value):
             raise ValueError(
-                f"configuration specified max_batch_size {current}, but auto_complete_config "
-                f"specified {value}"
+                f"configuration specified max_batch_size {current}, but auto_complete_config specified {value}"
             )
         self._config["max_batch_size"] = value
 

@@ -70,7 +70,6 @@ _START_TIMEOUT_S = 120.0
 _FINALIZE_TIMEOUT_S = 10.0
 
 
-
 def _has_array(obj: Any) -> bool:
     if isinstance(obj, np.ndarray):
         return True
@@ -93,7 +92,9 @@ class _Channel:
 
     def send(self, msg: tuple[Any, ...]) -> None:
         if _has_array(msg):
-            raise InferenceError("internal: a numpy array was about to cross the pipe; tensors go through shared memory")
+            raise InferenceError(
+                "internal: a numpy array was about to cross the pipe; tensors go through shared memory"
+            )
         data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
         with self._send_lock:
             self.messages += 1
@@ -125,8 +126,14 @@ def worker_main(conn: multiprocessing.connection.Connection, model_file: str, mo
 
     def bls(request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
         shm, descs = pack_tensors(request.inputs)
-        parts = (request.model_name, request.model_version, request.output_names, dict(request.parameters), request.id,
-                 (request.sequence_id, request.sequence_start, request.sequence_end))
+        parts = (
+            request.model_name,
+            request.model_version,
+            request.output_names,
+            dict(request.parameters),
+            request.id,
+            (request.sequence_id, request.sequence_start, request.sequence_end),
+        )
         try:
             # The server unlinks the result block when it gets our next message, so copy it
             # out before another thread may send one.
@@ -368,13 +375,16 @@ class PythonProcessSession:
             raise ModelConfigError(f"model {self._name!r}: the worker process did not start: {exc}") from None
         if reply[0] != "ready":
             self._stop()
-            raise ModelConfigError(reply[2] if reply[0] == "error" else f"model {self._name!r}: bad worker reply {reply[0]!r}")
+            raise ModelConfigError(
+                reply[2] if reply[0] == "error" else f"model {self._name!r}: bad worker reply {reply[0]!r}"
+            )
 
     def _start_pump(self) -> None:
         """A decoupled model: from now on one thread reads the pipe (responses come any time)."""
         if self.config.decoupled and self._chan is not None and self._proc is not None:
-            self._pump = ResponsePump(self._chan, self._proc.sentinel, self._streams,
-                                      f"fs-python-{self._name}-responses", self._count_bytes)
+            self._pump = ResponsePump(
+                self._chan, self._proc.sentinel, self._streams, f"fs-python-{self._name}-responses", self._count_bytes
+            )
 
     def _count_bytes(self, n: int) -> None:
         self._stats["shm_bytes"] += n
@@ -543,15 +553,18 @@ class PythonProcessSession:
                 index, name = d[0].split("/", 1)
                 by_request[int(index)].append((name, *d[1:]))
             self._stats["shm_bytes"] += sum(d[5] for d in descs)
-            payload = [(by_request[i], r.output_names, dict(r.parameters), r.id, r.sequence_id) for i, r in enumerate(reqs)]
+            payload = [
+                (by_request[i], r.output_names, dict(r.parameters), r.id, r.sequence_id) for i, r in enumerate(reqs)
+            ]
             if block is not None:
                 block.close()
                 self._pending_unlink.append(block.name)
             decoupled = self.config.decoupled
             tokens = [self._streams.open(stream_emit(self.config, r)) for r in reqs] if decoupled else None
             try:
-                reply = self._call(("execute", block.name if block else None, payload, [s.name for s in self.outputs],
-                                    tokens))
+                reply = self._call(
+                    ("execute", block.name if block else None, payload, [s.name for s in self.outputs], tokens)
+                )
             except _WorkerDied as exc:
                 if tokens:
                     self._streams.drop(tokens)  # the pump ended those that reached the worker

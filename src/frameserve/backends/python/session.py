@@ -149,4 +149,3 @@ def load_python_session(
 
         return PythonProcessSession(config, model_file, threads=threads, context=context)
     return PythonSession(config, model_file, threads=threads, context=context)
-

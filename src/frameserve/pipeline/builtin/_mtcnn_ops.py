@@ -176,9 +176,11 @@ def bbreg(boundingbox: Array, reg: Array) -> Array:
     bb = boundingbox.copy()
     w = bb[:, 2] - bb[:, 0] + 1
     h = bb[:, 3] - bb[:, 1] + 1
-    bb[:, 0:4] = np.transpose(np.vstack([
-        bb[:, 0] + reg[:, 0] * w, bb[:, 1] + reg[:, 1] * h, bb[:, 2] + reg[:, 2] * w, bb[:, 3] + reg[:, 3] * h,
-    ]))
+    bb[:, 0:4] = np.transpose(
+        np.vstack(
+            [bb[:, 0] + reg[:, 0] * w, bb[:, 1] + reg[:, 1] * h, bb[:, 2] + reg[:, 2] * w, bb[:, 3] + reg[:, 3] * h]
+        )
+    )
     return bb
 
 
@@ -249,10 +251,17 @@ def stage1_finish(candidates: list[Array]) -> Array:
     total = total[nms(total, 0.7, "Union")]
     regw = total[:, 2] - total[:, 0]
     regh = total[:, 3] - total[:, 1]
-    boxes = np.transpose(np.vstack([
-        total[:, 0] + total[:, 5] * regw, total[:, 1] + total[:, 6] * regh,
-        total[:, 2] + total[:, 7] * regw, total[:, 3] + total[:, 8] * regh, total[:, 4],
-    ]))
+    boxes = np.transpose(
+        np.vstack(
+            [
+                total[:, 0] + total[:, 5] * regw,
+                total[:, 1] + total[:, 6] * regh,
+                total[:, 2] + total[:, 7] * regw,
+                total[:, 3] + total[:, 8] * regh,
+                total[:, 4],
+            ]
+        )
+    )
     boxes = rerec(boxes)
     boxes[:, 0:4] = np.fix(boxes[:, 0:4]).astype(np.int32)
     return boxes
@@ -305,9 +314,11 @@ def faces_of(boxes: Array, landmarks: Array) -> list[dict[str, Any]]:
     out = []
     for b, pts in zip(boxes, landmarks, strict=True):
         box = [max(0.0, float(b[0])), max(0.0, float(b[1])), float(b[2]), float(b[3])]
-        out.append({
-            "box": [round(v, 3) for v in box],
-            "score": round(float(b[4]), 6),
-            "landmarks": [[round(float(x), 3), round(float(y), 3)] for x, y in pts],
-        })
+        out.append(
+            {
+                "box": [round(v, 3) for v in box],
+                "score": round(float(b[4]), 6),
+                "landmarks": [[round(float(x), 3), round(float(y), 3)] for x, y in pts],
+            }
+        )
     return out

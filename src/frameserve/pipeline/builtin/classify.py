@@ -86,8 +86,15 @@ class ClassAggregator:
     """
 
     def __init__(
-        self, *, threshold: float, top_k: int = 5, positive: Sequence[str] = (), labels: Sequence[str] = (),
-        min_frames_over: int = 1, bins: int = 1000, value_range: tuple[float, float] = (0.0, 1.0),
+        self,
+        *,
+        threshold: float,
+        top_k: int = 5,
+        positive: Sequence[str] = (),
+        labels: Sequence[str] = (),
+        min_frames_over: int = 1,
+        bins: int = 1000,
+        value_range: tuple[float, float] = (0.0, 1.0),
     ) -> None:
         if int(top_k) < 0:
             raise PipelineSpecError(f"top_k must be >= 0, got {top_k!r}")
@@ -192,7 +199,9 @@ class ClassAggregator:
             label = max(hits, key=lambda p: stats[p].max)
             st = stats[label]
             return {
-                "label": label, "flagged": True, "score": round(st.max, 6),
+                "label": label,
+                "flagged": True,
+                "score": round(st.max, 6),
                 "reason": f"{label}: {st.frames_over} frame(s) at or over {self.threshold:g} (max {st.max:.4f})",
                 **base,
             }
@@ -231,16 +240,18 @@ class Classifier(Pipeline):
     name = "classifier"
     models = MappingProxyType({"cls": "opennsfw"})
     batch = 8
-    params = MappingProxyType({
-        "preprocess": {"size": [224, 224], "resize": "stretch"},
-        "output": None,
-        "softmax": False,
-        "labels": [],
-        "threshold": 0.5,
-        "top_k": 5,
-        "positive": [],
-        "min_frames_over": 1,
-    })
+    params = MappingProxyType(
+        {
+            "preprocess": {"size": [224, 224], "resize": "stretch"},
+            "output": None,
+            "softmax": False,
+            "labels": [],
+            "threshold": 0.5,
+            "top_k": 5,
+            "positive": [],
+            "min_frames_over": 1,
+        }
+    )
 
     def check(self) -> None:
         """Check the params once: the preprocessing recipe, ``softmax``, ``labels``, ``output``
@@ -252,16 +263,24 @@ class Classifier(Pipeline):
         p = self.params
         self.check_preprocess()
         if not isinstance(p.get("softmax", False), bool):
-            raise PipelineSpecError(f"pipeline {self.name!r}: params.softmax must be true or false, got {p.get('softmax')!r}")
+            raise PipelineSpecError(
+                f"pipeline {self.name!r}: params.softmax must be true or false, got {p.get('softmax')!r}"
+            )
         labels = p.get("labels") or []
         if not isinstance(labels, (list, tuple)) or len(set(map(str, labels))) != len(labels):
-            raise PipelineSpecError(f"pipeline {self.name!r}: params.labels must be a list of distinct class names, got {labels!r}")
+            raise PipelineSpecError(
+                f"pipeline {self.name!r}: params.labels must be a list of distinct class names, got {labels!r}"
+            )
         if p.get("output") is not None and not isinstance(p.get("output"), str):
-            raise PipelineSpecError(f"pipeline {self.name!r}: params.output must be a model output name, got {p.get('output')!r}")
+            raise PipelineSpecError(
+                f"pipeline {self.name!r}: params.output must be a model output name, got {p.get('output')!r}"
+            )
         try:
             self.aggregator()
         except (TypeError, ValueError) as exc:
-            raise PipelineSpecError(f"pipeline {self.name!r}: threshold, top_k and min_frames_over must be numbers ({exc})") from None
+            raise PipelineSpecError(
+                f"pipeline {self.name!r}: threshold, top_k and min_frames_over must be numbers ({exc})"
+            ) from None
 
     def check_preprocess(self) -> None:
         """Check the preprocessing parameters (here: ``params["preprocess"]``)."""
@@ -330,7 +349,9 @@ class Classifier(Pipeline):
         """
         key = self.params.get("output") or (handle.output_names[0] if handle.output_names else next(iter(outputs)))
         if key not in outputs:
-            raise PipelineSpecError(f"pipeline {self.name!r}: params.output {key!r} is not an output; accepted: {', '.join(outputs)}")
+            raise PipelineSpecError(
+                f"pipeline {self.name!r}: params.output {key!r} is not an output; accepted: {', '.join(outputs)}"
+            )
         arr = np.asarray(outputs[key])
         arr = arr.reshape(arr.shape[0], -1)
         if self.params.get("softmax"):
@@ -349,7 +370,9 @@ class Classifier(Pipeline):
         """The per-class summary and verdict (see :class:`ClassAggregator`)."""
         p = self.params
         return ClassAggregator(
-            threshold=float(p.get("threshold", 0.5)), top_k=int(p.get("top_k", 5)),
-            positive=[str(v) for v in (p.get("positive") or [])], labels=[str(v) for v in (p.get("labels") or [])],
+            threshold=float(p.get("threshold", 0.5)),
+            top_k=int(p.get("top_k", 5)),
+            positive=[str(v) for v in (p.get("positive") or [])],
+            labels=[str(v) for v in (p.get("labels") or [])],
             min_frames_over=int(p.get("min_frames_over", 1)),
         )

@@ -29,6 +29,7 @@ from frameserve.video import Frame
 
 __all__ = ["Detector", "SummaryAggregator"]
 
+
 class SummaryAggregator:
     """Aggregator of per-frame ``detections`` into the per-label summary of
     :class:`~frameserve.pipeline.aggregate.Summary` (constant memory per label and segment)."""
@@ -55,11 +56,9 @@ class Detector(Pipeline):
     name = "detector"
     models = MappingProxyType({"det": "nudenet"})
     batch = 8
-    params = MappingProxyType({
-        "preprocess": {},
-        "postprocess": {"labels": []},
-        "aggregate": {"segment_gap_s": 1.0, "min_score": None},
-    })
+    params = MappingProxyType(
+        {"preprocess": {}, "postprocess": {"labels": []}, "aggregate": {"segment_gap_s": 1.0, "min_score": None}}
+    )
 
     @classmethod
     def from_legacy_yaml(cls, legacy: Mapping[str, Any], origin: str) -> dict[str, Any]:
@@ -133,7 +132,9 @@ class Detector(Pipeline):
         agg = dict(self.params.get("aggregate") or {})
         unknown = sorted(set(agg) - {"segment_gap_s", "min_score"})
         if unknown:
-            raise PipelineSpecError(f"pipeline {self.name!r}: unknown aggregate option(s) {unknown}; accepted: min_score, segment_gap_s")
+            raise PipelineSpecError(
+                f"pipeline {self.name!r}: unknown aggregate option(s) {unknown}; accepted: min_score, segment_gap_s"
+            )
         min_score = agg.get("min_score")
         return SummaryAggregator(
             min_score=float(min_score) if min_score is not None else self.decoder.score_threshold,
@@ -144,4 +145,3 @@ class Detector(Pipeline):
         """The source frame with boxes and labels drawn."""
         assert frame.rgb is not None
         return draw_detections(frame.rgb, result.get("detections", ()), self.decoder.labels)
-

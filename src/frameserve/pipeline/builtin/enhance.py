@@ -78,22 +78,24 @@ class Enhance(Pipeline):
     name = "enhance"
     models = MappingProxyType({"model": "enhance"})
     batch = 4
-    params = MappingProxyType({
-        "input": None,
-        "output": None,
-        "layout": None,
-        "channels": "rgb",
-        "input_scale": 1 / 255,
-        "output_scale": 255.0,
-        "size": None,
-        "interpolation": "linear",
-        "codec": "libx264",
-        "crf": None,
-        "qp": None,
-        "preset": None,
-        "pixel_format": None,
-        "lossless": False,
-    })
+    params = MappingProxyType(
+        {
+            "input": None,
+            "output": None,
+            "layout": None,
+            "channels": "rgb",
+            "input_scale": 1 / 255,
+            "output_scale": 255.0,
+            "size": None,
+            "interpolation": "linear",
+            "codec": "libx264",
+            "crf": None,
+            "qp": None,
+            "preset": None,
+            "pixel_format": None,
+            "lossless": False,
+        }
+    )
 
     def _fail(self, message: str) -> PipelineSpecError:
         return PipelineSpecError(f"pipeline {self.name!r}: {message}")
@@ -134,25 +136,35 @@ class Enhance(Pipeline):
         name = p.get("input")
         if name is None:
             if len(inputs) != 1:
-                raise self._fail(f"model {self.models.get('model')!r} has inputs {sorted(inputs)}; set params.input to one")
+                raise self._fail(
+                    f"model {self.models.get('model')!r} has inputs {sorted(inputs)}; set params.input to one"
+                )
             (inp,) = inputs.values()
         elif str(name) in inputs:
             inp = inputs[str(name)]
         else:
-            raise self._fail(f"params.input {name!r} is not an input of model {self.models.get('model')!r} (it has {sorted(inputs)})")
+            raise self._fail(
+                f"params.input {name!r} is not an input of model {self.models.get('model')!r} (it has {sorted(inputs)})"
+            )
         shape = inp.shape
         lead: tuple[int, ...] = ()
         if inp.max_batch_size <= 0 and len(shape) == 4:
             shape, lead = shape[1:], (1,)
         if len(shape) != 3:
-            raise self._fail(f"model input {inp.name!r} has shape {list(inp.shape)}; an image input is [C, H, W] or [H, W, C] per frame")
+            raise self._fail(
+                f"model input {inp.name!r} has shape {list(inp.shape)}; an image input is [C, H, W] or [H, W, C] per frame"
+            )
         layout = p.get("layout") or inp.layout or _layout_of(shape)
         if layout is None:
-            raise self._fail(f"cannot tell the layout of input {inp.name!r} {list(inp.shape)}; set params.layout to NCHW or NHWC")
+            raise self._fail(
+                f"cannot tell the layout of input {inp.name!r} {list(inp.shape)}; set params.layout to NCHW or NHWC"
+            )
         _check(self, "layout", layout, _LAYOUTS)
         c, h, w = (shape[0], shape[1], shape[2]) if layout == "NCHW" else (shape[2], shape[0], shape[1])
         if c not in (3, -1):
-            raise self._fail(f"model input {inp.name!r} {list(inp.shape)} ({layout}) has {c} channels; an image model takes 3")
+            raise self._fail(
+                f"model input {inp.name!r} {list(inp.shape)} ({layout}) has {c} channels; an image model takes 3"
+            )
         size = _size(self, p.get("size"))
         fixed = (w, h) if w > 0 and h > 0 else None
         if size is None and (w > 0) != (h > 0):
@@ -162,7 +174,9 @@ class Enhance(Pipeline):
             raise self._fail(f"params.size {list(size)} but model input {inp.name!r} takes {takes} (W x H)")
         dtype = np.dtype(inp.dtype)
         if dtype.kind not in "fu" or (dtype.kind == "u" and float(p.get("input_scale", 1)) != 1.0):
-            raise self._fail(f"model input {inp.name!r} is {dtype}; accepted: a float input, or uint8 with input_scale 1")
+            raise self._fail(
+                f"model input {inp.name!r} is {dtype}; accepted: a float input, or uint8 with input_scale 1"
+            )
         return _ModelIO(inp.name, dtype, str(layout), lead, size or fixed)
 
     def setup(self, models: Mapping[str, ModelHandle]) -> None:
@@ -170,7 +184,9 @@ class Enhance(Pipeline):
         out = self.params.get("output")
         names = models["model"].output_names
         if out is not None and str(out) not in names:
-            raise PipelineSpecError(f"params.output {out!r} is not an output of model {models['model'].name!r} (it has {list(names)})")
+            raise PipelineSpecError(
+                f"params.output {out!r} is not an output of model {models['model'].name!r} (it has {list(names)})"
+            )
 
     def preprocess(self, frame: Frame) -> dict[str, np.ndarray[Any, Any]]:
         """The frame as the model's input: resized (if a size applies), channel order, scale,
@@ -197,10 +213,12 @@ class Enhance(Pipeline):
             y = handle.infer({io.input: batch.stacked(io.input)})[out_name]
             per_frame = [y[i] for i in range(len(batch))]
         elif handle.max_batch_size > 0:  # the video changed size inside this batch
-            per_frame = [handle.infer({io.input: np.asarray(item.inputs[io.input])[None]})[out_name][0] for item in batch]
+            per_frame = [
+                handle.infer({io.input: np.asarray(item.inputs[io.input])[None]})[out_name][0] for item in batch
+            ]
         else:
             per_frame = [handle.infer({io.input: np.asarray(item.inputs[io.input])})[out_name] for item in batch]
-            per_frame = [y.reshape(y.shape[len(io.lead):]) if y.ndim == 3 + len(io.lead) else y for y in per_frame]
+            per_frame = [y.reshape(y.shape[len(io.lead) :]) if y.ndim == 3 + len(io.lead) else y for y in per_frame]
         results = []
         for item, y in zip(batch, per_frame, strict=True):
             img = self._to_image(y, item.frame.index)
@@ -235,15 +253,19 @@ class Enhance(Pipeline):
         p = self.params
         codec, lossless = p.get("codec"), p.get("lossless")
         if not isinstance(codec, str) or not codec:
-            raise self._fail(f"params.codec must be an encoder name (libx264, libx265, libx264rgb, ffv1), got {codec!r}")
+            raise self._fail(
+                f"params.codec must be an encoder name (libx264, libx265, libx264rgb, ffv1), got {codec!r}"
+            )
         if not isinstance(lossless, bool):
             raise self._fail(f"params.lossless must be true or false, got {lossless!r}")
         if lossless and codec == "libx264":
             codec = "libx264rgb"
         opts: dict[str, Any] = {"codec": codec, "lossless": lossless}
         kinds: tuple[tuple[str, Any, str], ...] = (
-            ("crf", (int, float), "a number (23 is x264's default)"), ("qp", int, "an integer (0: lossless)"),
-            ("preset", str, "an x264/x265 preset name"), ("pixel_format", str, "an FFmpeg pixel format name"),
+            ("crf", (int, float), "a number (23 is x264's default)"),
+            ("qp", int, "an integer (0: lossless)"),
+            ("preset", str, "an x264/x265 preset name"),
+            ("pixel_format", str, "an FFmpeg pixel format name"),
         )
         for key, kind, what in kinds:
             value = p.get(key)
@@ -272,9 +294,9 @@ def _size(pipe: Enhance, value: Any) -> tuple[int, int] | None:
     if value is None:
         return None
     if (
-        not isinstance(value, (list, tuple)) or len(value) != 2
+        not isinstance(value, (list, tuple))
+        or len(value) != 2
         or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
     ):
         raise pipe._fail(f"params.size must be [W, H] (positive integers) or null, got {value!r}")
     return int(value[0]), int(value[1])
-

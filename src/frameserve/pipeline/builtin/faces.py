@@ -141,9 +141,12 @@ class FacesSummary:
     def result(self) -> dict[str, Any]:
         """The summary dict."""
         return {
-            "frames_total": self.frames_total, "frames_with_faces": self.frames_with_faces,
-            "max_faces": self.max_faces, "max_score": self.max_score,
-            "first_s": self.first_s, "last_s": self.last_s,
+            "frames_total": self.frames_total,
+            "frames_with_faces": self.frames_with_faces,
+            "max_faces": self.max_faces,
+            "max_score": self.max_score,
+            "first_s": self.first_s,
+            "last_s": self.last_s,
         }
 
 
@@ -152,11 +155,14 @@ class Faces(Pipeline):
 
     name = "faces"
     models = MappingProxyType({"pnet": "mtcnn-pnet", "rnet": "mtcnn-rnet", "onet": "mtcnn-onet"})
-    model_config = MappingProxyType({
-        # as nudenet.yaml: onnxruntime's threads sleep between operators instead of spinning,
-        # since the decode process (the pyramid's resizes) shares the cores.
-        role: {"parameters": {"ort_allow_spinning": "0"}} for role in ("pnet", "rnet", "onet")
-    })
+    model_config = MappingProxyType(
+        {
+            # as nudenet.yaml: onnxruntime's threads sleep between operators instead of spinning,
+            # since the decode process (the pyramid's resizes) shares the cores.
+            role: {"parameters": {"ort_allow_spinning": "0"}}
+            for role in ("pnet", "rnet", "onet")
+        }
+    )
     batch = 8
     needs_rgb = True
     params = MappingProxyType({"min_face_size": 20, "steps_threshold": [0.6, 0.7, 0.7], "scale_factor": 0.709})
@@ -204,7 +210,9 @@ class Faces(Pipeline):
         cut = [_crops(item.frame, b, 24) for item, b in zip(batch, boxes, strict=True)]
         out = _infer_split(models["rnet"], cut)
         boxes = [
-            np.empty((0, 5)) if c is None or b.shape[0] == 0 else ops.stage2_finish(b, o[_RNET_OUT["reg"]], o[_RNET_OUT["prob"]], t_r)
+            np.empty((0, 5))
+            if c is None or b.shape[0] == 0
+            else ops.stage2_finish(b, o[_RNET_OUT["reg"]], o[_RNET_OUT["prob"]], t_r)
             for b, c, o in zip(boxes, cut, out, strict=True)
         ]
         # stage 3: O-Net on every survivor of the batch
@@ -231,7 +239,11 @@ class Faces(Pipeline):
         result: list[np.ndarray[Any, Any]] = [np.empty((0, 5))] * len(batch)
         for (width, height), idx in groups.items():
             levels = self.mtcnn.levels(width, height)
-            packed = batch.stacked(PYRAMID_KEY) if len(groups) == 1 else np.stack([batch[i].inputs[PYRAMID_KEY] for i in idx])
+            packed = (
+                batch.stacked(PYRAMID_KEY)
+                if len(groups) == 1
+                else np.stack([batch[i].inputs[PYRAMID_KEY] for i in idx])
+            )
             want = max(1, sum(lv.size for lv in levels))
             if packed.shape != (len(idx), want):
                 raise PipelineSpecError(
@@ -257,7 +269,9 @@ class Faces(Pipeline):
         """The source frame with each face's box, score and 5 landmarks drawn."""
         assert frame.rgb is not None
         faces = result.get("faces") or ()
-        img = draw_detections(frame.rgb, [{"label": "face", "score": f["score"], "box": f["box"]} for f in faces], ("face",))
+        img = draw_detections(
+            frame.rgb, [{"label": "face", "score": f["score"], "box": f["box"]} for f in faces], ("face",)
+        )
         radius = max(1, round(min(img.shape[:2]) / 180))
         for f in faces:
             for x, y in f["landmarks"]:
@@ -274,7 +288,9 @@ def _crops(frame: FrameInfo, boxes: np.ndarray[Any, Any], size: int) -> np.ndarr
     return ops.crops(frame.rgb, boxes, size)
 
 
-def _infer_split(handle: ModelHandle, per_frame: list[np.ndarray[Any, Any] | None]) -> list[dict[str, np.ndarray[Any, Any]]]:
+def _infer_split(
+    handle: ModelHandle, per_frame: list[np.ndarray[Any, Any] | None]
+) -> list[dict[str, np.ndarray[Any, Any]]]:
     """One call of ``handle`` on every frame's crops joined; its outputs split back per frame
     (a frame with ``None`` or no crops gets empty outputs)."""
     (input_name,) = handle.inputs

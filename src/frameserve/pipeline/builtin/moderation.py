@@ -106,9 +106,13 @@ class FusionRule:
     def __post_init__(self) -> None:
         object.__setattr__(self, "det_labels", tuple(str(v) for v in self.det_labels))
         if float(self.w_cls) < 0 or float(self.w_det) < 0 or float(self.w_cls) + float(self.w_det) <= 0:
-            raise PipelineSpecError(f"fusion weights must be >= 0 and not both 0, got w_cls={self.w_cls}, w_det={self.w_det}")
+            raise PipelineSpecError(
+                f"fusion weights must be >= 0 and not both 0, got w_cls={self.w_cls}, w_det={self.w_det}"
+            )
         if self.cls_stat not in _STATS:
-            raise PipelineSpecError(f"fusion.cls_stat {self.cls_stat!r} is not supported; accepted: {', '.join(_STATS)}")
+            raise PipelineSpecError(
+                f"fusion.cls_stat {self.cls_stat!r} is not supported; accepted: {', '.join(_STATS)}"
+            )
         if not 0.0 <= float(self.threshold) <= 1.0:
             raise PipelineSpecError(f"fusion.threshold must be in [0, 1], got {self.threshold!r}")
 
@@ -130,7 +134,9 @@ class FusionRule:
             f"over {', '.join(self.det_labels)})) / {self.w_cls + self.w_det:g}; flagged when score >= {self.threshold:g}"
         )
 
-    def __call__(self, labels: Mapping[str, Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    def __call__(
+        self, labels: Mapping[str, Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]]
+    ) -> dict[str, Any]:
         """The fused verdict from the detector summary's ``labels`` and the classifier's ``classes``."""
         s_cls = float((classes.get(self.cls_label) or {}).get(self.cls_stat) or 0.0)
         hits = {lab: float(labels[lab]["max_score"]) for lab in self.det_labels if lab in labels}
@@ -150,8 +156,18 @@ class FusionRule:
                 f"({self.cls_label}.{self.cls_stat} {s_cls:.4f}, {det_text})"
             ),
             "components": {
-                "classifier": {"label": self.cls_label, "stat": self.cls_stat, "value": round(s_cls, 6), "weight": float(self.w_cls)},
-                "detector": {"labels": list(self.det_labels), "label": det_label, "value": round(s_det, 6), "weight": float(self.w_det)},
+                "classifier": {
+                    "label": self.cls_label,
+                    "stat": self.cls_stat,
+                    "value": round(s_cls, 6),
+                    "weight": float(self.w_cls),
+                },
+                "detector": {
+                    "labels": list(self.det_labels),
+                    "label": det_label,
+                    "value": round(s_det, 6),
+                    "weight": float(self.w_det),
+                },
             },
         }
 
@@ -184,8 +200,8 @@ class ModerationAggregator:
 def _sub_batch(batch: Batch, prefix: str) -> Batch:
     """The frames of ``batch`` with only the ``prefix``-ed keys, the prefix removed."""
     keys = [k for k in (batch[0].inputs if batch else ()) if k.startswith(prefix)]
-    items = [BatchItem(inputs={k[len(prefix):]: it.inputs[k] for k in keys}, frame=it.frame) for it in batch]
-    return Batch(items, stacked={k[len(prefix):]: batch.stacked(k) for k in keys} if batch else None)
+    items = [BatchItem(inputs={k[len(prefix) :]: it.inputs[k] for k in keys}, frame=it.frame) for it in batch]
+    return Batch(items, stacked={k[len(prefix) :]: batch.stacked(k) for k in keys} if batch else None)
 
 
 class Moderation(Pipeline):
@@ -194,17 +210,25 @@ class Moderation(Pipeline):
     name = "moderation"
     description = "Content moderation: nudenet detections + open_nsfw scores, fused into one verdict"
     models = MappingProxyType({"det": "nudenet", "cls": "opennsfw"})
-    model_config = MappingProxyType({"det": dict(_NUDENET.get("model_config", {}).get("det") or {}), **Nsfw.model_config})
+    model_config = MappingProxyType(
+        {"det": dict(_NUDENET.get("model_config", {}).get("det") or {}), **Nsfw.model_config}
+    )
     batch = 8
-    params = MappingProxyType({
-        "detector": dict(_NUDENET["params"]),
-        "classifier": dict(Nsfw.params),
-        "fusion": {
-            "w_cls": 0.5, "w_det": 0.5, "cls_label": "nsfw", "cls_stat": "p90",
-            "det_labels": list(EXPOSED_LABELS), "threshold": 0.5,
-        },
-        "ocr": False,
-    })
+    params = MappingProxyType(
+        {
+            "detector": dict(_NUDENET["params"]),
+            "classifier": dict(Nsfw.params),
+            "fusion": {
+                "w_cls": 0.5,
+                "w_det": 0.5,
+                "cls_label": "nsfw",
+                "cls_stat": "p90",
+                "det_labels": list(EXPOSED_LABELS),
+                "threshold": 0.5,
+            },
+            "ocr": False,
+        }
+    )
 
     def _check(self) -> None:
         if self.params.get("ocr"):
@@ -271,4 +295,3 @@ class Moderation(Pipeline):
     def render(self, frame: FrameInfo, result: Mapping[str, Any]) -> np.ndarray[Any, Any] | None:
         """The detector's picture (boxes and labels)."""
         return self.detector.render(frame, result)
-

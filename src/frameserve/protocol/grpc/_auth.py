@@ -58,7 +58,9 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             (``None``: not here).
     """
 
-    def __init__(self, tokens: TokenTable | None, *, auth_health: bool = False, infer_gate: InferGate | None = None) -> None:
+    def __init__(
+        self, tokens: TokenTable | None, *, auth_health: bool = False, infer_gate: InferGate | None = None
+    ) -> None:
         self.tokens = tokens
         self.auth_health = auth_health
         self.infer_gate = infer_gate
@@ -76,7 +78,9 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 class ThreadedTokenInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     """:class:`TokenInterceptor` for the thread-pool server (``grpc.server``)."""
 
-    def __init__(self, tokens: TokenTable | None, *, auth_health: bool = False, infer_gate: InferGate | None = None) -> None:
+    def __init__(
+        self, tokens: TokenTable | None, *, auth_health: bool = False, infer_gate: InferGate | None = None
+    ) -> None:
         self.tokens = tokens
         self.auth_health = auth_health
         self.infer_gate = infer_gate

@@ -68,7 +68,9 @@ def parse_version(version: str) -> int | None:
             "version should be an integral value > 0"
         )
     if number < 0:
-        raise InvalidInputError(f"invalid model version specified {shown(version)} , version should be an integral value > 0")
+        raise InvalidInputError(
+            f"invalid model version specified {shown(version)} , version should be an integral value > 0"
+        )
     return number
 
 
@@ -152,7 +154,9 @@ def decode_infer_request(
             raise TensorError(f"input {shown(name)}: unknown datatype {shown(tensor.datatype)}; accepted: {_ACCEPTED}")
         shape = list(tensor.shape)
         if len(shape) > _MAX_DIMS:
-            raise TensorError(f"input {shown(name)}: shape has {len(shape)} dimensions, at most {_MAX_DIMS} are supported")
+            raise TensorError(
+                f"input {shown(name)}: shape has {len(shape)} dimensions, at most {_MAX_DIMS} are supported"
+            )
         if any(d < 0 for d in shape):
             raise TensorError(f"input {shown(name)}: shape {shape} has a negative dimension")
         count = limits.check_shape("input", shape, name=name)
@@ -177,7 +181,9 @@ def decode_infer_request(
         if name in inputs:
             raise TensorError(f"input {shown(name)} is given twice")
         if location is not None:
-            inputs[name] = _decode_tensor(tensor, name, datatype, shape, count, None, limits, budget, location, shared_memory)
+            inputs[name] = _decode_tensor(
+                tensor, name, datatype, shape, count, None, limits, budget, location, shared_memory
+            )
             continue
         if raw and _has_typed(tensor):
             raise mixed_contents(name, request.model_name)
@@ -290,7 +296,9 @@ def _decode_tensor(
     return _from_contents(name, datatype, shape, count, tensor.contents)
 
 
-def _from_raw(name: str, datatype: DataType, shape: list[int], count: int, raw: bytes | memoryview) -> np.ndarray[Any, Any]:
+def _from_raw(
+    name: str, datatype: DataType, shape: list[int], count: int, raw: bytes | memoryview
+) -> np.ndarray[Any, Any]:
     if datatype is DataType.BYTES:
         return decode_bytes_elements(raw, count, where=f"input {shown(name)}").reshape(shape)
     item = datatype.size_bytes
@@ -312,9 +320,7 @@ def _from_contents(
 ) -> np.ndarray[Any, Any]:
     field_name = _CONTENTS_FIELD.get(datatype)
     if field_name is None:
-        raise TensorError(
-            f"input {shown(name)}: {datatype.value} has no typed contents; send it in raw_input_contents"
-        )
+        raise TensorError(f"input {shown(name)}: {datatype.value} has no typed contents; send it in raw_input_contents")
     values = getattr(contents, field_name)
     if len(values) != count:
         others = [f for f in _ALL_CONTENTS_FIELDS if f != field_name and len(getattr(contents, f))]

@@ -80,8 +80,9 @@ class _Context:
 def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
     return pb.ModelStreamInferResponse(
         error_message=message,
-        infer_response=pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version,
-                                             id=request.id),
+        infer_response=pb.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version, id=request.id
+        ),
     )
 
 
@@ -137,9 +138,15 @@ class _FrontServicer:
     """The front end's handlers (see the module docstring)."""
 
     def __init__(
-        self, core: InferCore, knows: Callable[[str, str], bool], forward: Forward, limits: TensorLimits,
-        shared_memory: RegionSource | None, tokens: TokenTable | None = None,
-        infer_gate: InferGate | None = None, forward_stream: ForwardStream | None = None,
+        self,
+        core: InferCore,
+        knows: Callable[[str, str], bool],
+        forward: Forward,
+        limits: TensorLimits,
+        shared_memory: RegionSource | None,
+        tokens: TokenTable | None = None,
+        infer_gate: InferGate | None = None,
+        forward_stream: ForwardStream | None = None,
     ) -> None:
         self.forward_stream = forward_stream
         self.tokens = tokens
@@ -168,8 +175,14 @@ class _FrontServicer:
                 if not self.knows(request.model_name, request.model_version):
                     return await self.forward(_MODEL_INFER, data)
                 return await infer(
-                    self.core, request, self.limits, self.shared_memory, raw_contents=raws,
-                    encode=encode_infer_response_bytes, tenant=tenant, traceparent=traceparent_of(self.core, context),
+                    self.core,
+                    request,
+                    self.limits,
+                    self.shared_memory,
+                    raw_contents=raws,
+                    encode=encode_infer_response_bytes,
+                    tenant=tenant,
+                    traceparent=traceparent_of(self.core, context),
                 )
         except RpcStatus as exc:
             await context.abort(grpc.StatusCode[exc.code], exc.details)
@@ -199,8 +212,13 @@ class _FrontServicer:
                 if self.knows(request.model_name, request.model_version):
                     with self._admitted(tenant):
                         response = await infer(
-                            self.core, request, self.limits, self.shared_memory, encode=encode_infer_response,
-                            tenant=tenant, traceparent=traceparent,
+                            self.core,
+                            request,
+                            self.limits,
+                            self.shared_memory,
+                            encode=encode_infer_response,
+                            tenant=tenant,
+                            traceparent=traceparent,
                         )
                 else:
                     response = pb.ModelInferResponse.FromString(
@@ -214,7 +232,9 @@ class _FrontServicer:
                     async for data in self.forward_stream(request.SerializeToString()):
                         yield pb.ModelStreamInferResponse.FromString(data)
                 except Exception as failed:  # noqa: BLE001 - reported in the stream
-                    yield _stream_error(request, failed.details if isinstance(failed, RpcStatus) else status_of(failed)[1])
+                    yield _stream_error(
+                        request, failed.details if isinstance(failed, RpcStatus) else status_of(failed)[1]
+                    )
                 continue
             except Exception as exc:  # noqa: BLE001 - reported in the stream, as the servicer does
                 message = exc.details if isinstance(exc, RpcStatus) else status_of(exc)[1]
@@ -308,20 +328,24 @@ def create_frontend_server(
     Raises:
         RuntimeError: the address cannot be bound.
     """
-    interceptors = ([TokenInterceptor(tokens, auth_health=auth_health, infer_gate=infer_gate)]
-                    if tokens is not None or infer_gate is not None else [])
+    interceptors = (
+        [TokenInterceptor(tokens, auth_health=auth_health, infer_gate=infer_gate)]
+        if tokens is not None or infer_gate is not None
+        else []
+    )
     server = grpc.aio.server(
-        interceptors=interceptors,
-        options=server_options(max_message_bytes, deadlines, reuseport=True),
+        interceptors=interceptors, options=server_options(max_message_bytes, deadlines, reuseport=True)
     )
     front = _FrontServicer(core, knows, forward, limits, shared_memory, tokens, infer_gate, forward_stream)
     inference = method_handlers(
-        SERVICE_NAME, _HandOn(front, SERVICE_NAME), raw_all=True,
-        raw={"ModelInfer": front.ModelInferRaw}, streaming={"ModelStreamInfer": front.ModelStreamInfer},
+        SERVICE_NAME,
+        _HandOn(front, SERVICE_NAME),
+        raw_all=True,
+        raw={"ModelInfer": front.ModelInferRaw},
+        streaming={"ModelStreamInfer": front.ModelStreamInfer},
     )
     health = method_handlers(
-        "grpc.health.v1.Health", _HandOn(front, "grpc.health.v1.Health"), raw_all=True,
-        streaming={"Watch": front.Watch},
+        "grpc.health.v1.Health", _HandOn(front, "grpc.health.v1.Health"), raw_all=True, streaming={"Watch": front.Watch}
     )
     server.add_generic_rpc_handlers((inference, health))
     if tls is not None:

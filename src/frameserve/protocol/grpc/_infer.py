@@ -40,7 +40,11 @@ thread; requests with BYTES inputs and responses with BYTES outputs too."""
 
 _SPLIT_BYTES = 64 << 10  # requests larger than this have their raw contents taken off the wire
 _RAW_INPUT_FIELD = 7  # ModelInferRequest.raw_input_contents
-_PARAMETERS_FIELD, _INPUTS_FIELD, _OUTPUTS_FIELD = 4, 5, 6  # ModelInferRequest.parameters (map entries), inputs, outputs
+_PARAMETERS_FIELD, _INPUTS_FIELD, _OUTPUTS_FIELD = (
+    4,
+    5,
+    6,
+)  # ModelInferRequest.parameters (map entries), inputs, outputs
 _MAX_OTHER_FIELDS = 64
 """The most top-level fields of a ``ModelInferRequest`` besides parameters, inputs, outputs and raw
 contents that :func:`parse_infer_request` walks (protobuf allows a field to repeat, last one wins)."""
@@ -115,7 +119,11 @@ def parse_infer_request(
     pos = last = others = 0
     end = len(data)
     counts = {_PARAMETERS_FIELD: 0, _INPUTS_FIELD: 0, _OUTPUTS_FIELD: 0}
-    caps = {_PARAMETERS_FIELD: limits.max_parameters, _INPUTS_FIELD: limits.max_inputs, _OUTPUTS_FIELD: limits.max_outputs}
+    caps = {
+        _PARAMETERS_FIELD: limits.max_parameters,
+        _INPUTS_FIELD: limits.max_inputs,
+        _OUTPUTS_FIELD: limits.max_outputs,
+    }
     while pos < end:
         start = pos
         key = data[pos]  # one-byte keys and sizes (every field here, most sizes) skip _varint's call
@@ -149,7 +157,9 @@ def parse_infer_request(
                 counts[field] += 1
                 if counts[field] > caps[field]:
                     limits.check_counts(
-                        inputs=counts[_INPUTS_FIELD], outputs=counts[_OUTPUTS_FIELD], parameters=counts[_PARAMETERS_FIELD]
+                        inputs=counts[_INPUTS_FIELD],
+                        outputs=counts[_OUTPUTS_FIELD],
+                        parameters=counts[_PARAMETERS_FIELD],
                     )
             else:
                 others += 1
@@ -219,7 +229,13 @@ async def infer(
     try:
         if _costly(request):  # many BYTES elements or typed values: off the event loop, one at a time per tenant
             call = await LANES.run(
-                tenant, decode_infer_request, request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant
+                tenant,
+                decode_infer_request,
+                request,
+                limits,
+                shared_memory=shm,
+                raw_contents=raw_contents,
+                tenant=tenant,
             )
         else:
             call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant)

@@ -154,8 +154,11 @@ def create_server(
         raise ValueError(f"max_message_bytes must be >= 1, got {max_message_bytes}")
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    interceptors = ([ThreadedTokenInterceptor(tokens, auth_health=auth_health, infer_gate=infer_gate)]
-                    if tokens is not None or infer_gate is not None else [])
+    interceptors = (
+        [ThreadedTokenInterceptor(tokens, auth_health=auth_health, infer_gate=infer_gate)]
+        if tokens is not None or infer_gate is not None
+        else []
+    )
     server = grpc.server(
         ThreadPoolExecutor(max_workers=threads, thread_name_prefix="frameserve-grpc"),
         interceptors=interceptors,
@@ -163,15 +166,22 @@ def create_server(
         options=server_options(max_message_bytes, deadlines, reuseport=False),
     )
     servicer = GrpcInferenceServicer(
-        service, model_control_mode=model_control_mode, limits=limits, shared_memory=shared_memory, tokens=tokens,
-        infer_gate=infer_gate, log_settings=log_settings,
+        service,
+        model_control_mode=model_control_mode,
+        limits=limits,
+        shared_memory=shared_memory,
+        tokens=tokens,
+        infer_gate=infer_gate,
+        log_settings=log_settings,
     )
     loop = asyncio.new_event_loop()
     handlers = threaded_handlers(servicer, HealthServicer(servicer), loop)
-    server.add_generic_rpc_handlers((
-        method_handlers(SERVICE_NAME, handlers, raw={"ModelInfer": handlers.ModelInferRaw}),
-        method_handlers("grpc.health.v1.Health", handlers),
-    ))
+    server.add_generic_rpc_handlers(
+        (
+            method_handlers(SERVICE_NAME, handlers, raw={"ModelInfer": handlers.ModelInferRaw}),
+            method_handlers("grpc.health.v1.Health", handlers),
+        )
+    )
     if tls is not None:
         port = server.add_secure_port(address, grpc.ssl_server_credentials([tls]))
     else:
@@ -184,8 +194,12 @@ SERVICE_NAME = "inference.GRPCInferenceService"
 
 
 def method_handlers(
-    service_name: str, servicer: Any, *, raw: Mapping[str, Callable[..., Any]] | None = None,
-    raw_all: bool = False, streaming: Mapping[str, Callable[..., Any]] | None = None,
+    service_name: str,
+    servicer: Any,
+    *,
+    raw: Mapping[str, Callable[..., Any]] | None = None,
+    raw_all: bool = False,
+    streaming: Mapping[str, Callable[..., Any]] | None = None,
 ) -> grpc.GenericRpcHandler:
     """The handlers of every RPC of ``service_name`` (from the compiled descriptors; the method
     of ``servicer`` with the RPC's name serves it), as one generic handler.
@@ -216,7 +230,9 @@ def method_handlers(
             make = grpc.stream_unary_rpc_method_handler
         else:
             make = grpc.unary_unary_rpc_method_handler
-        handlers[name] = make(fn, request_deserializer=request.FromString, response_serializer=response.SerializeToString)
+        handlers[name] = make(
+            fn, request_deserializer=request.FromString, response_serializer=response.SerializeToString
+        )
     return grpc.method_handlers_generic_handler(service_name, handlers)
 
 

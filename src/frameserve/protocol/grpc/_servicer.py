@@ -143,7 +143,9 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return self.service.is_server_ready()
 
     @_handled
-    async def ServerLive(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self.server_live())
 
     @_handled
@@ -153,7 +155,9 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.server_ready())
 
     @_handled
-    async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelReadyResponse:
         version = parse_version(request.version)  # a bad one is INVALID_ARGUMENT, as Triton answers
         return pb.ModelReadyResponse(ready=self.service.is_ready(request.name, version))
 
@@ -163,9 +167,13 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerMetadataResponse:
-        meta = self.service.server_metadata((*((SHM_EXTENSION,) if self.shared_memory is not None else ()),
-                                             *(("logging",) if self.log_settings is not None else ()),
-                                             *(("trace",) if getattr(self.service, "tracer", None) is not None else ())))
+        meta = self.service.server_metadata(
+            (
+                *((SHM_EXTENSION,) if self.shared_memory is not None else ()),
+                *(("logging",) if self.log_settings is not None else ()),
+                *(("trace",) if getattr(self.service, "tracer", None) is not None else ()),
+            )
+        )
         return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"], extensions=meta["extensions"])
 
     @_handled
@@ -182,7 +190,9 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     @_handled
-    async def ModelConfig(self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext) -> pb.ModelConfigResponse:
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelConfigResponse:
         config = self.service.model_config(request.name, parse_version(request.version))
         return pb.ModelConfigResponse(config=config_message(config.to_dict()))
 
@@ -191,11 +201,20 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         tenant = self.tenant_of(context)
         with self.admitted(tenant):
-            return await infer(self.core, request, self.limits, self.shared_memory,
-                               encode=encode_infer_response, tenant=tenant, traceparent=traceparent_of(self.core, context))
+            return await infer(
+                self.core,
+                request,
+                self.limits,
+                self.shared_memory,
+                encode=encode_infer_response,
+                tenant=tenant,
+                traceparent=traceparent_of(self.core, context),
+            )
 
     @_handled
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
         return await self._infer(request, context)
 
     @_handled
@@ -207,8 +226,14 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         with self.admitted(tenant):
             request, raws = parse_infer_request(data, self.limits)
             return await infer(
-                self.core, request, self.limits, self.shared_memory, raw_contents=raws,
-                encode=encode_infer_response_bytes, tenant=tenant, traceparent=traceparent_of(self.core, context),
+                self.core,
+                request,
+                self.limits,
+                self.shared_memory,
+                raw_contents=raws,
+                encode=encode_infer_response_bytes,
+                tenant=tenant,
+                traceparent=traceparent_of(self.core, context),
             )
 
     async def ModelStreamInfer(
@@ -233,9 +258,14 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             tenant = self.tenant_of(context)
             try:
                 with self.admitted(tenant):  # every response of the request (decoupled: many)
-                    async for response in stream_answers_async(self.core, request, self.limits, self.shared_memory,
-                                                               tenant=tenant,
-                                                               traceparent=traceparent_of(self.core, context)):
+                    async for response in stream_answers_async(
+                        self.core,
+                        request,
+                        self.limits,
+                        self.shared_memory,
+                        tenant=tenant,
+                        traceparent=traceparent_of(self.core, context),
+                    ):
                         yield response
             except Exception as exc:  # noqa: BLE001 - reported in the stream
                 _, message = status_of(exc)
@@ -318,10 +348,16 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.SystemSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
     ) -> pb.SystemSharedMemoryRegisterResponse:
         registry = self._registry()
-        await asyncio.to_thread(functools.partial(
-            registry.register, request.name, request.key, request.offset, request.byte_size,
-            tenant=self.principal(context).name,
-        ))
+        await asyncio.to_thread(
+            functools.partial(
+                registry.register,
+                request.name,
+                request.key,
+                request.offset,
+                request.byte_size,
+                tenant=self.principal(context).name,
+            )
+        )
         return pb.SystemSharedMemoryRegisterResponse()
 
     @_handled
@@ -330,9 +366,9 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.SystemSharedMemoryUnregisterResponse:
         registry = self._registry()
         who = self.principal(context)
-        await asyncio.to_thread(functools.partial(
-            registry.unregister, request.name, tenant=who.name, everyone=who.is_admin
-        ))
+        await asyncio.to_thread(
+            functools.partial(registry.unregister, request.name, tenant=who.name, everyone=who.is_admin)
+        )
         return pb.SystemSharedMemoryUnregisterResponse()
 
     # CUDA shared memory: nothing is ever registered (registration is refused, UNIMPLEMENTED), so
@@ -364,13 +400,19 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- logging extension -------------------------------------------------------------------
 
-    async def LogSettings(self, request: pb.LogSettingsRequest, context: grpc.aio.ServicerContext) -> pb.LogSettingsResponse:
+    async def LogSettings(
+        self, request: pb.LogSettingsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LogSettingsResponse:
         if self.log_settings is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "LogSettings: log settings are not served by this server")
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED, "LogSettings: log settings are not served by this server"
+            )
         return await self._log_settings(request, context)
 
     @_handled
-    async def _log_settings(self, request: pb.LogSettingsRequest, context: grpc.aio.ServicerContext) -> pb.LogSettingsResponse:
+    async def _log_settings(
+        self, request: pb.LogSettingsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LogSettingsResponse:
         assert self.log_settings is not None
         changes = {}
         for name, value in request.settings.items():
@@ -390,13 +432,19 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- trace extension ---------------------------------------------------------------------
 
-    async def TraceSetting(self, request: pb.TraceSettingRequest, context: grpc.aio.ServicerContext) -> pb.TraceSettingResponse:
+    async def TraceSetting(
+        self, request: pb.TraceSettingRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TraceSettingResponse:
         if getattr(self.service, "tracer", None) is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "TraceSetting: trace settings are not served by this server")
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED, "TraceSetting: trace settings are not served by this server"
+            )
         return await self._trace_setting(request, context)
 
     @_handled
-    async def _trace_setting(self, request: pb.TraceSettingRequest, context: grpc.aio.ServicerContext) -> pb.TraceSettingResponse:
+    async def _trace_setting(
+        self, request: pb.TraceSettingRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TraceSettingResponse:
         tracer = self.service.tracer
         assert tracer is not None
         model = request.model_name or None
@@ -429,5 +477,7 @@ def config_message(config: dict[str, Any]) -> mc.ModelConfig:
     try:
         json_format.ParseDict(config, message, ignore_unknown_fields=True)
     except json_format.ParseError as exc:
-        raise FrameserveError(f"model config of {config.get('name')!r} does not fit Triton's ModelConfig: {exc}") from None
+        raise FrameserveError(
+            f"model config of {config.get('name')!r} does not fit Triton's ModelConfig: {exc}"
+        ) from None
     return message

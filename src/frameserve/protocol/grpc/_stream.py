@@ -89,8 +89,13 @@ def _wants_empty_final(call: InferRequest) -> bool:
 
 
 async def stream_answers_async(
-    core: InferCore, request: pb.ModelInferRequest, limits: TensorLimits, shared_memory: RegionSource | None,
-    *, tenant: str = "", traceparent: str = "",
+    core: InferCore,
+    request: pb.ModelInferRequest,
+    limits: TensorLimits,
+    shared_memory: RegionSource | None,
+    *,
+    tenant: str = "",
+    traceparent: str = "",
 ) -> AsyncIterator[pb.ModelStreamInferResponse]:
     """Every stream message of one request, for the ``grpc.aio`` servicer (which answers a
     stream's requests one after another), decoding a costly request and encoding large outputs
@@ -113,7 +118,9 @@ async def stream_answers_async(
         while True:
             item = await sink.get()
             outputs = item.outputs or {}
-            if sum(a.size for a in outputs.values()) > OFFLOAD_ELEMENTS or any(a.dtype == object for a in outputs.values()):
+            if sum(a.size for a in outputs.values()) > OFFLOAD_ELEMENTS or any(
+                a.dtype == object for a in outputs.values()
+            ):
                 message = await asyncio.to_thread(_message, call, item, version, shm, empty_final)
             else:
                 message = _message(call, item, version, shm, empty_final)
@@ -206,15 +213,22 @@ class _Tagged:
 def _refusal(request: pb.ModelInferRequest, exc: BaseException) -> pb.ModelStreamInferResponse:
     return pb.ModelStreamInferResponse(
         error_message=_error_text(exc) if not isinstance(exc, DecoupledModelError) else exc.GRPC_MESSAGE,
-        infer_response=pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version,
-                                             id=request.id),
+        infer_response=pb.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version, id=request.id
+        ),
     )
 
 
 def stream_all(
-    core: InferCore, requests: Iterator[pb.ModelInferRequest], limits: TensorLimits,
-    shared_memory: RegionSource | None, working: threading.Semaphore, context: grpc.ServicerContext, *,
-    tenant: str = "", gate: InferGate | None = None,
+    core: InferCore,
+    requests: Iterator[pb.ModelInferRequest],
+    limits: TensorLimits,
+    shared_memory: RegionSource | None,
+    working: threading.Semaphore,
+    context: grpc.ServicerContext,
+    *,
+    tenant: str = "",
+    gate: InferGate | None = None,
 ) -> Iterator[pb.ModelStreamInferResponse]:
     """Every message of one ``ModelStreamInfer`` call on the threaded server, the stream's
     requests run at once (see the module docstring). A request refused before it runs (it does
@@ -317,9 +331,10 @@ def stream_all(
                 with working:
                     message = _message(state.call, response, state.version, state.shm, state.empty_final)
             except Exception as exc:  # noqa: BLE001 - an output that cannot be encoded: this response's error
-                message = pb.ModelStreamInferResponse(error_message=_error_text(exc),
-                                                      infer_response=pb.ModelInferResponse(
-                                                          model_name=state.call.model_name, id=state.call.id))
+                message = pb.ModelStreamInferResponse(
+                    error_message=_error_text(exc),
+                    infer_response=pb.ModelInferResponse(model_name=state.call.model_name, id=state.call.id),
+                )
             if response.final:
                 finish(state)
                 trim_after_request(state.call, state.shm)

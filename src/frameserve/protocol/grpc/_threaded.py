@@ -112,9 +112,16 @@ def _abort(context: grpc.ServicerContext, exc: BaseException, what: str) -> None
 
 
 def infer_blocking(
-    core: InferCore, request: pb.ModelInferRequest, limits: TensorLimits, shared_memory: RegionSource | None,
-    working: threading.Semaphore, context: grpc.ServicerContext, *, raw_contents: Any = None,
-    encode: Any = encode_infer_response, tenant: str = "",
+    core: InferCore,
+    request: pb.ModelInferRequest,
+    limits: TensorLimits,
+    shared_memory: RegionSource | None,
+    working: threading.Semaphore,
+    context: grpc.ServicerContext,
+    *,
+    raw_contents: Any = None,
+    encode: Any = encode_infer_response,
+    tenant: str = "",
 ) -> Any:
     """:func:`frameserve.protocol.grpc._infer.infer` on a pool thread (``tenant``: whose client
     shared-memory regions the request may name): decode and submit (a fast
@@ -168,8 +175,17 @@ class _Handlers:
             tenant = s.tenant_of(context)
             with s.admitted(tenant):
                 request, raws = parse_infer_request(data, s.limits)
-                out: bytes = infer_blocking(s.core, request, s.limits, s.shared_memory, self.working, context,
-                                            raw_contents=raws, encode=encode_infer_response_bytes, tenant=tenant)
+                out: bytes = infer_blocking(
+                    s.core,
+                    request,
+                    s.limits,
+                    s.shared_memory,
+                    self.working,
+                    context,
+                    raw_contents=raws,
+                    encode=encode_infer_response_bytes,
+                    tenant=tenant,
+                )
             return out
         except Exception as exc:  # noqa: BLE001 - every error becomes a status
             _abort(context, exc, "ModelInfer")
@@ -192,10 +208,13 @@ class _Handlers:
     ) -> Iterator[pb.ModelStreamInferResponse]:
         s = self.servicer
         # the stream's requests run at once and their responses interleave, as in Triton
-        yield from stream_all(s.core, requests, s.limits, s.shared_memory, self.working, context,
-                              tenant=tenant, gate=s.request_gate)
+        yield from stream_all(
+            s.core, requests, s.limits, s.shared_memory, self.working, context, tenant=tenant, gate=s.request_gate
+        )
 
-    def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> health_pb2.HealthCheckResponse:
+    def Check(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext
+    ) -> health_pb2.HealthCheckResponse:
         status = self.health.status(request.service)
         if status is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
@@ -205,8 +224,10 @@ class _Handlers:
         self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext
     ) -> Iterator[health_pb2.HealthCheckResponse]:
         if not self.watching.acquire(blocking=False):  # each Watch holds a pool thread while it lasts
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"{WATCH_STREAMS} health Watch streams are open already; poll with Check instead")
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{WATCH_STREAMS} health Watch streams are open already; poll with Check instead",
+            )
         try:
             yield from self._watch(request, context)
         finally:
@@ -230,7 +251,9 @@ class _Handlers:
 
         def call(request: Any, context: grpc.ServicerContext) -> Any:
             try:
-                return asyncio.run_coroutine_threadsafe(method(request, _LoopContext(context.invocation_metadata())), self.loop).result()
+                return asyncio.run_coroutine_threadsafe(
+                    method(request, _LoopContext(context.invocation_metadata())), self.loop
+                ).result()
             except Exception as exc:  # noqa: BLE001 - every error becomes a status
                 _abort(context, exc, name)
                 raise AssertionError("unreachable") from None

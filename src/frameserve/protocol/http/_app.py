@@ -49,10 +49,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from frameserve._json import json_object
-from frameserve.errors import (
-    FrameserveError,
-    InvalidInputError,
-)
+from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
 from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.http import codec
@@ -94,7 +91,9 @@ def _json(obj: Any, status: int = 200) -> Response:
 
 
 def _error(exc: FrameserveError) -> Response:
-    return Response(codec.error_body(exc.message), status_code=exc.http_status, media_type=_JSON, headers=exc.http_headers)
+    return Response(
+        codec.error_body(exc.message), status_code=exc.http_status, media_type=_JSON, headers=exc.http_headers
+    )
 
 
 _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
@@ -114,7 +113,9 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 async def _optional_json(request: Request, limit: int) -> dict[str, Any]:
     """A small JSON object body, ``{}`` when empty."""
-    body = codec.decode_content(await _read_body(request, limit), request.headers.get("content-encoding"), max_bytes=limit)
+    body = codec.decode_content(
+        await _read_body(request, limit), request.headers.get("content-encoding"), max_bytes=limit
+    )
     if not body.strip():
         return {}
     return json_object(body)
@@ -172,17 +173,22 @@ def create_app(
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
 
-    extensions = (*HTTP_EXTENSIONS, *((SHM_EXTENSION,) if shared_memory is not None else ()),
-                  *(("logging",) if log_settings is not None else ()),
-                  *(("trace",) if getattr(service, "tracer", None) is not None else ()))
+    extensions = (
+        *HTTP_EXTENSIONS,
+        *((SHM_EXTENSION,) if shared_memory is not None else ()),
+        *(("logging",) if log_settings is not None else ()),
+        *(("trace",) if getattr(service, "tracer", None) is not None else ()),
+    )
+
     def is_ready() -> bool:
         return (ready_check is None or ready_check()) and service.is_server_ready()
 
     app = _V2App(title="frameserve", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     add_docs_routes(app, path="/docs", openapi_url="/openapi.json", static_prefix="/docs/static/")  # no CDN
     app.state.max_body_bytes = max_body_bytes
-    app.gate = HttpGate(tokens, auth_health=auth_health, loopback_hosts_only=loopback_hosts_only,
-                        sessions=console_sessions)
+    app.gate = HttpGate(
+        tokens, auth_health=auth_health, loopback_hosts_only=loopback_hosts_only, sessions=console_sessions
+    )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -193,8 +199,15 @@ def create_app(
             message = f"method {request.method} not allowed on {request.url.path}"
             # Allow lists every method some route of the path takes (RFC 9110 section 15.5.6), not
             # only the first route's (GET and POST /v1/jobs are two routes)
-            path = {"type": "http", "path": request.scope["path"], "root_path": request.scope.get("root_path", ""), "headers": []}
-            allowed = [m for m in _METHODS if any(r.matches({**path, "method": m})[0] is Match.FULL for r in app.router.routes)]
+            path = {
+                "type": "http",
+                "path": request.scope["path"],
+                "root_path": request.scope.get("root_path", ""),
+                "headers": [],
+            }
+            allowed = [
+                m for m in _METHODS if any(r.matches({**path, "method": m})[0] is Match.FULL for r in app.router.routes)
+            ]
             if allowed:
                 return Response(codec.error_body(message), 405, media_type=_JSON, headers={"Allow": ", ".join(allowed)})
         return Response(codec.error_body(message), status_code=exc.status_code, media_type=_JSON, headers=exc.headers)
@@ -208,7 +221,9 @@ def create_app(
                     return _error(exc)
                 except Exception as exc:  # a bug must not take the server down; say what it was
                     log.exception("%s %s failed", request.method, request.url.path)
-                    return Response(codec.error_body(f"internal error: {type(exc).__name__}: {exc}"), 500, media_type=_JSON)
+                    return Response(
+                        codec.error_body(f"internal error: {type(exc).__name__}: {exc}"), 500, media_type=_JSON
+                    )
 
             app.add_route(path, endpoint, methods=[method], include_in_schema=False)
             return fn
@@ -223,9 +238,15 @@ def create_app(
         p = request.path_params
         headers = InferHeaders.of(request.scope["headers"])
         status, raw_headers, parts = await _infer(
-            client, p["model"], p.get("version"), headers,
-            lambda: read_limited(request.stream(), headers.content_length, max_body_bytes), max_body_bytes, limits,
-            shared_memory, tenant=principal_of(request.scope).name,
+            client,
+            p["model"],
+            p.get("version"),
+            headers,
+            lambda: read_limited(request.stream(), headers.content_length, max_body_bytes),
+            max_body_bytes,
+            limits,
+            shared_memory,
+            tenant=principal_of(request.scope).name,
         )
         response = Response(b"".join(parts), status)
         response.raw_headers = [*raw_headers, (b"content-length", str(len(response.body)).encode())]
@@ -249,7 +270,9 @@ def create_app(
     async def ready(request: Request) -> Response:
         if is_ready():
             return _json({"ready": True})
-        return _json({"error": "the server is not ready (models are loading or it is shutting down)", "ready": False}, 503)
+        return _json(
+            {"error": "the server is not ready (models are loading or it is shutting down)", "ready": False}, 503
+        )
 
     @route("/v2", "GET")
     async def server_metadata(request: Request) -> Response:
@@ -391,7 +414,10 @@ class _V2App(FastAPI):
 
 
 def create_metrics_app(
-    service: InferenceService, *, tokens: TokenTable | None = None, auth_health: bool = False,
+    service: InferenceService,
+    *,
+    tokens: TokenTable | None = None,
+    auth_health: bool = False,
     loopback_hosts_only: bool = False,
 ) -> FastAPI:
     """The metrics port's application: ``GET /metrics`` in Prometheus text format from
@@ -402,7 +428,9 @@ def create_metrics_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        return Response(codec.error_body(f"no route {request.method} {request.url.path}"), exc.status_code, media_type=_JSON)
+        return Response(
+            codec.error_body(f"no route {request.method} {request.url.path}"), exc.status_code, media_type=_JSON
+        )
 
     async def metrics(request: Request) -> Response:
         return Response(await asyncio.to_thread(_metrics_text, service), 200, media_type=_PROMETHEUS_TEXT)

@@ -32,12 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from frameserve.errors import (
-    FrameserveError,
-    PermissionDeniedError,
-    QuotaExceededError,
-    UnauthenticatedError,
-)
+from frameserve.errors import FrameserveError, PermissionDeniedError, QuotaExceededError, UnauthenticatedError
 from frameserve.protocol.http import codec
 from frameserve.security.auth import STATE_CHANGING_METHODS, cross_site_refusal, host_refusal, http_roles
 from frameserve.security.sessions import CSRF_HEADER, SessionTable, cookie_value
@@ -50,8 +45,9 @@ CONNECTION_KEY = "frameserve.connection"
 (``scope["extensions"]``): an object with ``tenant`` (whom it is counted for, or ``None``) and
 ``claim(tenant)`` (raising :class:`~frameserve.errors.QuotaExceededError`),
 :class:`frameserve.protocol.http._wire.Connection`."""
-_WANTED = frozenset({b"authorization", b"origin", b"sec-fetch-site", b"content-type", b"host", b"cookie",
-                     CSRF_HEADER.encode()})
+_WANTED = frozenset(
+    {b"authorization", b"origin", b"sec-fetch-site", b"content-type", b"host", b"cookie", CSRF_HEADER.encode()}
+)
 _CONSOLE_OPEN = ("/console/login", "/console/static/")
 """Console paths open without a session (the login page and the files it needs)."""
 _REALM = 'Bearer realm="frameserve"'
@@ -82,7 +78,11 @@ class HttpGate:
     """
 
     def __init__(
-        self, tokens: TokenTable | None = None, *, auth_health: bool = False, loopback_hosts_only: bool = False,
+        self,
+        tokens: TokenTable | None = None,
+        *,
+        auth_health: bool = False,
+        loopback_hosts_only: bool = False,
         sessions: SessionTable | None = None,
     ) -> None:
         self.tokens = tokens
@@ -99,8 +99,12 @@ class HttpGate:
         method: str = scope["method"]
         path: str = scope["path"]
         refusal = cross_site_refusal(
-            method, path, host=found.get(b"host"), origin=found.get(b"origin"),
-            fetch_site=found.get(b"sec-fetch-site"), content_type=found.get(b"content-type"),
+            method,
+            path,
+            host=found.get(b"host"),
+            origin=found.get(b"origin"),
+            fetch_site=found.get(b"sec-fetch-site"),
+            content_type=found.get(b"content-type"),
         )
         if refusal is None and self.loopback_hosts_only:
             refusal = host_refusal(found.get(b"host"))
@@ -129,8 +133,11 @@ class HttpGate:
         state["principal"] = principal
         extensions = scope.get("extensions")
         connection = extensions.get(CONNECTION_KEY) if extensions else None
-        if (connection is not None and connection.tenant != principal.name  # counted already: nothing to do
-                and http_roles(method, path, auth_health=False) is not None):
+        if (
+            connection is not None
+            and connection.tenant != principal.name  # counted already: nothing to do
+            and http_roles(method, path, auth_health=False) is not None
+        ):
             try:
                 connection.claim(str(principal.name))
             except QuotaExceededError as exc:
@@ -163,14 +170,20 @@ class HttpGate:
             if method in ("GET", "HEAD"):
                 await _redirect(send, "/console/login")
             else:
-                await _refuse(send, UnauthenticatedError("log in to the console first (/console/login): no live session"))
+                await _refuse(
+                    send, UnauthenticatedError("log in to the console first (/console/login): no live session")
+                )
             return False
         state["console_session"] = session
         if method in STATE_CHANGING_METHODS:
             sent = found.get(CSRF_HEADER.encode())
             if sent is not None and not session.csrf_ok(sent):
-                await _refuse(send, PermissionDeniedError(
-                    "CSRF check failed: the X-CSRF-Token header is not this session's token; reload the page"))
+                await _refuse(
+                    send,
+                    PermissionDeniedError(
+                        "CSRF check failed: the X-CSRF-Token header is not this session's token; reload the page"
+                    ),
+                )
                 return False
             state["csrf_ok"] = sent is not None
         return session.principal

@@ -23,12 +23,17 @@ from fastapi.responses import HTMLResponse, Response
 __all__ = ["DOCS_CSP", "INIT_JS", "SWAGGER_FILES", "add_docs_routes", "docs_page", "swagger_file"]
 
 SWAGGER_FILES: dict[str, str] = {
-    "swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "LICENSE": "text/plain; charset=utf-8",
-    "favicon-32x32.png": "image/png", "docs-init.js": "text/javascript",
+    "swagger-ui-bundle.js": "text/javascript",
+    "swagger-ui.css": "text/css",
+    "LICENSE": "text/plain; charset=utf-8",
+    "favicon-32x32.png": "image/png",
+    "docs-init.js": "text/javascript",
 }
 """The files served next to the page, by name (a fixed list: the network never picks a path)."""
-DOCS_CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-            "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+DOCS_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
 """The page's Content-Security-Policy: this server only. Inline styles are allowed: Swagger UI's
 React components set ``style`` attributes (no script can be injected through them)."""
 INIT_JS = b"""// Swagger UI start-up (no inline script: see frameserve.protocol.http._docs)
@@ -54,8 +59,9 @@ def swagger_file(name: str) -> Response:
     if body is None:
         body = INIT_JS if name == "docs-init.js" else (resources.files("swagger_ui") / "static" / name).read_bytes()
         _cache[name] = body
-    return Response(body, media_type=media, headers={"Cache-Control": "public, max-age=3600",
-                                                     "X-Content-Type-Options": "nosniff"})
+    return Response(
+        body, media_type=media, headers={"Cache-Control": "public, max-age=3600", "X-Content-Type-Options": "nosniff"}
+    )
 
 
 def docs_page(openapi_url: str, static_prefix: str, title: str, back: str = "") -> HTMLResponse:
@@ -73,12 +79,26 @@ def docs_page(openapi_url: str, static_prefix: str, title: str, back: str = "") 
         f'<script src="{s}swagger-ui-bundle.js"></script><script src="{s}docs-init.js"></script>'
         "</body></html>"
     )
-    return HTMLResponse(page, headers={"Content-Security-Policy": DOCS_CSP, "X-Content-Type-Options": "nosniff",
-                                       "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"})
+    return HTMLResponse(
+        page,
+        headers={
+            "Content-Security-Policy": DOCS_CSP,
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer",
+            "Cache-Control": "no-store",
+        },
+    )
 
 
-def add_docs_routes(target: FastAPI | APIRouter, *, path: str, openapi_url: str, static_prefix: str,
-                    title: str = "frameserve API", back: str = "") -> None:
+def add_docs_routes(
+    target: FastAPI | APIRouter,
+    *,
+    path: str,
+    openapi_url: str,
+    static_prefix: str,
+    title: str = "frameserve API",
+    back: str = "",
+) -> None:
     """Add ``GET path`` (the page) and ``GET {static_prefix}{name}`` (:data:`SWAGGER_FILES`) to
     ``target``, both out of the OpenAPI document."""
 

@@ -58,8 +58,16 @@ NOT_ONE_RESPONSE = (
 _OFFLOAD_BYTES = 1 << 20
 _OFFLOAD_VALUES = 1 << 14  # JSON with more values than this (each a Python object) is decoded off the loop
 _JSON = "application/json"
-_INTS = {DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64,
-         DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64}
+_INTS = {
+    DataType.INT8,
+    DataType.INT16,
+    DataType.INT32,
+    DataType.INT64,
+    DataType.UINT8,
+    DataType.UINT16,
+    DataType.UINT32,
+    DataType.UINT64,
+}
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -135,8 +143,10 @@ def generate_request(
         elif _scalar(value):
             params[key] = value
         else:
-            raise InvalidInputError(f"generate request key {shown(key)} is not an input of model {shown(name)} "
-                                    "and not a string, number or boolean parameter")
+            raise InvalidInputError(
+                f"generate request key {shown(key)} is not an input of model {shown(name)} "
+                "and not a string, number or boolean parameter"
+            )
     limits.check_counts(inputs=len(inputs), parameters=len(params))
     return InferRequest(model_name=name, inputs=inputs, model_version=version, parameters=params)
 
@@ -161,7 +171,11 @@ def response_json(name: str, version: str, outputs: Mapping[str, np.ndarray[Any,
 
 async def _encode(name: str, version: str, item: StreamedResponse) -> bytes:
     if item.error is not None:
-        message = item.error.message if isinstance(item.error, FrameserveError) else f"{type(item.error).__name__}: {item.error}"
+        message = (
+            item.error.message
+            if isinstance(item.error, FrameserveError)
+            else f"{type(item.error).__name__}: {item.error}"
+        )
         return codec.error_body(message)
     outputs = item.outputs or {}
     if _costly(outputs):
@@ -205,8 +219,9 @@ def generate_routes(
         else:
             body = codec.decode_content(raw, encoding, max_bytes=max_body_bytes)
         if len(body) > limits.max_json_bytes:
-            raise PayloadTooLargeError(f"the generate request is {len(body)} bytes of JSON, over the limit of "
-                                       f"{limits.max_json_bytes}")
+            raise PayloadTooLargeError(
+                f"the generate request is {len(body)} bytes of JSON, over the limit of {limits.max_json_bytes}"
+            )
 
         def decode() -> InferRequest:
             try:

@@ -188,7 +188,9 @@ async def infer(
         )
     shm = shared_memory.use(tenant)
     try:
-        return await _infer_with(core, batcher, name, raw_version, headers, read_body, max_body_bytes, limits, shm, tenant)
+        return await _infer_with(
+            core, batcher, name, raw_version, headers, read_body, max_body_bytes, limits, shm, tenant
+        )
     finally:
         shm.release()
 
@@ -219,13 +221,22 @@ async def _infer_with(
         header_length = codec.parse_header_length(headers.header_length, len(body))
         if _costly(body, header_length):
             decode = functools.partial(
-                codec.decode_request, model_name=name, model_version=version, limits=limits, shared_memory=shm,
+                codec.decode_request,
+                model_name=name,
+                model_version=version,
+                limits=limits,
+                shared_memory=shm,
                 tenant=tenant,
             )
             req = await LANES.run(tenant, decode, body, header_length)  # one at a time per tenant
         else:
             req = codec.decode_request(
-                body, header_length, model_name=name, model_version=version, limits=limits, shared_memory=shm,
+                body,
+                header_length,
+                model_name=name,
+                model_version=version,
+                limits=limits,
+                shared_memory=shm,
                 tenant=tenant,
             )
     except (ModelNotFoundError, ModelNotReadyError) as exc:  # no such model (version): nothing to count
@@ -248,8 +259,14 @@ async def _infer_with(
         core.record_failure(name, model_version, err)
         return _error_answer(err)
     encode = functools.partial(
-        codec.encode_response_parts, model_name=name, model_version=model_version, outputs=outputs,
-        request_id=req.id, requested=req.outputs, binary_output=req.binary_data_output, shared_memory=shm,
+        codec.encode_response_parts,
+        model_name=name,
+        model_version=model_version,
+        outputs=outputs,
+        request_id=req.id,
+        requested=req.outputs,
+        binary_output=req.binary_data_output,
+        shared_memory=shm,
     )
     try:
         if sum(a.nbytes for a in outputs.values()) > _OFFLOAD_BYTES or any(
@@ -356,9 +373,16 @@ class InferFastPath:
             headers = InferHeaders.of(scope["headers"])
             try:
                 status, out_headers, parts = await infer(
-                    self.core, match.group(1), match.group(2), headers,
+                    self.core,
+                    match.group(1),
+                    match.group(2),
+                    headers,
                     asgi_body_reader(receive, headers.content_length, self.max_body_bytes),
-                    self.max_body_bytes, self.limits, self.shared_memory, self.batcher, tenant,
+                    self.max_body_bytes,
+                    self.limits,
+                    self.shared_memory,
+                    self.batcher,
+                    tenant,
                 )
             except ClientDisconnect:
                 return
@@ -370,7 +394,6 @@ class InferFastPath:
         finally:
             if gate is not None:
                 gate.leave(tenant)
-
 
 
 async def send_answer(send: Any, status: int, headers: list[tuple[bytes, bytes]], parts: list[bytes]) -> None:

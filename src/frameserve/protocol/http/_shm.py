@@ -39,7 +39,6 @@ _JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-
 def shared_memory_routes(
     registry: SharedMemoryRegistry | None, read_json: Callable[[Request], Awaitable[dict[str, Any]]]
 ) -> list[tuple[str, str, Handler]]:

@@ -59,8 +59,6 @@ LINGER_BYTES = 256 << 10
 closed, bytes (256 KiB: nginx's ``lingering_close`` reads for a time, this for a size)."""
 
 
-
-
 class Connection:
     """One HTTP connection as the gate sees it: counted against the ``connections`` quota of
     the tenant that last used it, until it closes. Used on the event loop's thread."""
@@ -144,7 +142,9 @@ class _Guarded(HttpToolsProtocol):
                 self._body_start = now - (self._body_bytes / self.deadlines.body_min_rate)
                 self._set_deadline(now + self.deadlines.body_timeout_s)
                 return
-            deadline = self._body_start + self.deadlines.body_timeout_s + self._body_bytes / self.deadlines.body_min_rate
+            deadline = (
+                self._body_start + self.deadlines.body_timeout_s + self._body_bytes / self.deadlines.body_min_rate
+            )
         if now < deadline:  # moved since the timer was set, or extended by the body's bytes
             self._timer = self.loop.call_at(deadline, self._expired)
             self._timer_at = deadline
@@ -269,9 +269,15 @@ def _protocol(deadlines: HttpDeadlines, connections: ConcurrencyGate | None) -> 
 
 
 def uvicorn_config(
-    app: Any, *, host: str, port: int, graceful_timeout_s: float | None,
-    tls_cert_file: str | Path | None = None, tls_key_file: str | Path | None = None,
-    deadlines: HttpDeadlines = DEFAULT_DEADLINES, connections: ConcurrencyGate | None = None,
+    app: Any,
+    *,
+    host: str,
+    port: int,
+    graceful_timeout_s: float | None,
+    tls_cert_file: str | Path | None = None,
+    tls_key_file: str | Path | None = None,
+    deadlines: HttpDeadlines = DEFAULT_DEADLINES,
+    connections: ConcurrencyGate | None = None,
 ) -> uvicorn.Config:
     """The configuration of one HTTP listener: uvicorn's httptools protocol (``uvicorn[standard]``
     installs httptools) with the connection deadlines of the module docstring, no lifespan, no
@@ -288,13 +294,20 @@ def uvicorn_config(
             not counted.
     """
     return uvicorn.Config(
-        app, host=host, port=port, lifespan="off", log_config=None,
-        log_level="warning", access_log=False,
+        app,
+        host=host,
+        port=port,
+        lifespan="off",
+        log_config=None,
+        log_level="warning",
+        access_log=False,
         # typed int by uvicorn, used as an asyncio.timeout delay (which takes a float)
         timeout_graceful_shutdown=graceful_timeout_s,  # type: ignore[arg-type]
-        server_header=False, date_header=False,
+        server_header=False,
+        date_header=False,
         timeout_keep_alive=deadlines.keep_alive_timeout_s,  # type: ignore[arg-type]
-        ws="none", http=_protocol(deadlines, connections),
+        ws="none",
+        http=_protocol(deadlines, connections),
         ssl_certfile=None if tls_cert_file is None else str(tls_cert_file),
         ssl_keyfile=None if tls_key_file is None else str(tls_key_file),
     )

@@ -104,8 +104,13 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
 
 def _kind(value: Any) -> str:
     return {
-        dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
-        float: "a number", type(None): "null",
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
     }.get(type(value), type(value).__name__)
 
 
@@ -237,7 +242,9 @@ def decode_request(
         limits.check_bytes_elements(
             "request", sum(n for n, head in zip(counts, heads, strict=True) if head[1] is DataType.BYTES)
         )
-        limits.check_bytes_data("request", sum(size or 0 for _, datatype, _, size, _ in heads if datatype is DataType.BYTES))
+        limits.check_bytes_data(
+            "request", sum(size or 0 for _, datatype, _, size, _ in heads if datatype is DataType.BYTES)
+        )
     for item, (name, datatype, shape, size, tensor_params) in zip(raw_inputs, heads, strict=True):
         if name in inputs:
             raise InvalidInputError(f"input {shown(name)} is given twice")
@@ -267,9 +274,19 @@ def decode_request(
 
     outputs = _requested_outputs(doc.get("outputs"), shared_memory)
     return InferRequest(
-        model_name=model_name, inputs=inputs, model_version=model_version, outputs=outputs, parameters=params,
-        priority=priority, timeout_us=timeout_us, id=req_id, binary_data_output=binary_output,
-        sequence_id=sequence[0], sequence_start=sequence[1], sequence_end=sequence[2], tenant=tenant,
+        model_name=model_name,
+        inputs=inputs,
+        model_version=model_version,
+        outputs=outputs,
+        parameters=params,
+        priority=priority,
+        timeout_us=timeout_us,
+        id=req_id,
+        binary_data_output=binary_output,
+        sequence_id=sequence[0],
+        sequence_start=sequence[1],
+        sequence_end=sequence[2],
+        tenant=tenant,
     )
 
 
@@ -305,9 +322,7 @@ def _check_counts(doc: dict[str, Any], limits: TensorLimits) -> None:
 _DATATYPES: dict[str, DataType] = {m.value: m for m in DataType}
 
 
-def _input_head(
-    item: Any, index: int
-) -> tuple[str, DataType, tuple[int, ...], int | None, dict[str, Any]]:
+def _input_head(item: Any, index: int) -> tuple[str, DataType, tuple[int, ...], int | None, dict[str, Any]]:
     """``(name, datatype, shape, binary_data_size or None, parameters)`` of one request input."""
     if type(item) is not dict:
         raise InvalidInputError(f"inputs[{index}] must be a JSON object, got {_kind(item)}")
@@ -322,7 +337,11 @@ def _input_head(
         accepted = ", ".join(m.value for m in DataType)
         raise TensorError(f"input {shown(name)}: unknown datatype {shown(raw_dt)}; accepted: {accepted}")
     raw_shape = item.get("shape")
-    if type(raw_shape) is not list or len(raw_shape) > _MAX_RANK or not all(type(d) is int and d >= 0 for d in raw_shape):
+    if (
+        type(raw_shape) is not list
+        or len(raw_shape) > _MAX_RANK
+        or not all(type(d) is int and d >= 0 for d in raw_shape)
+    ):
         raise TensorError(
             f"input {shown(name)}: 'shape' must be an array of at most {_MAX_RANK} non-negative integers, got "
             f"{str(raw_shape)[:80]}"
@@ -339,8 +358,13 @@ def _input_head(
 
 
 def _shm_input(
-    use: SharedMemoryUse | None, item: dict[str, Any], name: str, datatype: DataType, shape: tuple[int, ...],
-    size: int | None, location: ShmLocation,
+    use: SharedMemoryUse | None,
+    item: dict[str, Any],
+    name: str,
+    datatype: DataType,
+    shape: tuple[int, ...],
+    size: int | None,
+    location: ShmLocation,
 ) -> np.ndarray[Any, Any]:
     if size is not None or "data" in item:
         raise InvalidInputError(
@@ -521,8 +545,14 @@ def encode_response(
         SharedMemoryError: an output region smaller than its output.
     """
     header, chunks = encode_response_parts(
-        model_name=model_name, model_version=model_version, outputs=outputs, request_id=request_id,
-        requested=requested, binary_output=binary_output, parameters=parameters, shared_memory=shared_memory,
+        model_name=model_name,
+        model_version=model_version,
+        outputs=outputs,
+        request_id=request_id,
+        requested=requested,
+        binary_output=binary_output,
+        parameters=parameters,
+        shared_memory=shared_memory,
     )
     if not chunks:
         return header, None

@@ -21,9 +21,7 @@ class TritonPythonModel:
             model_name_string = model_name.as_numpy()[0]
 
             infer_request = pb_utils.InferenceRequest(
-                model_name=model_name_string,
-                requested_output_names=["OUTPUT0", "OUTPUT1"],
-                inputs=[in_0, in_1],
+                model_name=model_name_string, requested_output_names=["OUTPUT0", "OUTPUT1"], inputs=[in_0, in_1]
             )
             # Blocks until the called model has answered.
             infer_response = infer_request.exec()

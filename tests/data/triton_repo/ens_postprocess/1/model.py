@@ -16,5 +16,7 @@ class TritonPythonModel:
             best, second = logits[rows, order[:, 0]], logits[rows, order[:, 1]]
             label = NAMES[order[:, 0]].reshape(-1, 1)
             margin = (best - second).reshape(-1, 1).astype(np.float32)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("LABEL", label), pb_utils.Tensor("MARGIN", margin)]))
+            responses.append(
+                pb_utils.InferenceResponse([pb_utils.Tensor("LABEL", label), pb_utils.Tensor("MARGIN", margin)])
+            )
         return responses
