@@ -6,7 +6,15 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["IsolatePipelines", "JobMemoryLimit", "JobTimeout", "MaxJobTimeout"]
+__all__ = [
+    "IsolatePipelines",
+    "JobMemoryLimit",
+    "JobTimeout",
+    "MaxJobTimeout",
+    "MaxSourceBytes",
+    "SourceIdleTimeout",
+    "SourceTimeout",
+]
 
 JobTimeout = Annotated[
     float | None,
@@ -40,6 +48,33 @@ IsolatePipelines = Annotated[
     typer.Option(
         "--isolate-pipelines/--no-isolate-pipelines",
         help="Run job pipelines in a child process, so a crash or a hang ends the job, not this process (env FRAMESERVE_ISOLATE_PIPELINES=0 turns it off; default on).",
+        show_default=False,
+    ),
+]
+MaxSourceBytes = Annotated[
+    int | None,
+    typer.Option(
+        "--max-source-bytes",
+        min=1,
+        help="Largest job source downloaded, bytes (env FRAMESERVE_MAX_SOURCE_BYTES; default 2 GiB).",
+        show_default=False,
+    ),
+]
+SourceTimeout = Annotated[
+    float | None,
+    typer.Option(
+        "--source-timeout-s",
+        min=0.001,
+        help="Longest download of a job source in all, seconds (env FRAMESERVE_SOURCE_TIMEOUT_S; default 1800).",
+        show_default=False,
+    ),
+]
+SourceIdleTimeout = Annotated[
+    float | None,
+    typer.Option(
+        "--source-idle-timeout-s",
+        min=0.001,
+        help="Longest wait for a source's next byte, seconds (env FRAMESERVE_SOURCE_IDLE_TIMEOUT_S; default 30).",
         show_default=False,
     ),
 ]

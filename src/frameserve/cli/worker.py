@@ -28,12 +28,20 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from frameserve.cli._common import exit_on_error
-from frameserve.cli._job_flags import IsolatePipelines, JobMemoryLimit, JobTimeout, MaxJobTimeout
+from frameserve.cli._job_flags import (
+    IsolatePipelines,
+    JobMemoryLimit,
+    JobTimeout,
+    MaxJobTimeout,
+    MaxSourceBytes,
+    SourceIdleTimeout,
+    SourceTimeout,
+)
 from frameserve.cli._retention import (
     RetentionCancelled,
     RetentionDays,
@@ -42,6 +50,38 @@ from frameserve.cli._retention import (
     RetentionSucceeded,
 )
 from frameserve.cli._retention import policy as retention_policy
+from frameserve.cli._worker_options import (
+    Autoscale,
+    Callbacks,
+    CallbacksAllowPrivate,
+    CallbackTimeoutS,
+    CooldownS,
+    Db,
+    ExportQueueMetrics,
+    FileRoot,
+    GraceS,
+    LeaseS,
+    Listen,
+    ListenDb,
+    MaxIdleS,
+    MaxJobs,
+    MetricsAddress,
+    MetricsPort,
+    ModelRepository,
+    PipelinesFolder,
+    PollS,
+    QuotasFile,
+    S3AllowBucket,
+    S3EndpointUrl,
+    Schedule,
+    SharedFileRoot,
+    SourcesAllowPrivate,
+    StatusFile,
+    Storage,
+    TargetPendingPerWorker,
+    Threads,
+    WebhookSecret,
+)
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -58,241 +98,48 @@ log = logging.getLogger("frameserve.jobs.worker")
 
 
 def worker_command(
-    db: Annotated[
-        str | None,
-        typer.Option(
-            "--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME)."
-        ),
-    ] = None,
-    storage: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--storage",
-            help="Storage: a folder or file:// URI adds a file root; an http(s):// URL is the S3-compatible endpoint for s3://.",
-        ),
-    ] = None,
-    file_root: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--file-root",
-            help="Folder allowed for file:// sources and targets (repeatable); {tenant} in it (a whole segment: /data/{tenant}) confines each job to its owner's folder, 'default' for the implicit owner (env FRAMESERVE_FILE_ROOTS; default $FRAMESERVE_HOME/storage for the implicit owner, $FRAMESERVE_HOME/storage/{tenant} for named tenants).",
-        ),
-    ] = None,
+    db: Db = None,
+    storage: Storage = None,
+    file_root: FileRoot = None,
     job_timeout_s: JobTimeout = None,
     max_job_timeout_s: MaxJobTimeout = None,
     job_memory_limit_mb: JobMemoryLimit = None,
     isolate_pipelines: IsolatePipelines = None,
-    shared_file_root: Annotated[
-        bool | None,
-        typer.Option(
-            "--shared-file-root/--no-shared-file-root",
-            help="Let jobs of named tenants use the file roots and S3 entries without {tenant} (serve's flag; without it such jobs fail) (env FRAMESERVE_SHARED_FILE_ROOT=1).",
-            show_default=False,
-        ),
-    ] = None,
-    s3_endpoint_url: Annotated[
-        str | None,
-        typer.Option("--s3-endpoint-url", help="S3-compatible endpoint (env FRAMESERVE_S3_ENDPOINT_URL; default AWS)."),
-    ] = None,
-    webhook_secret: Annotated[
-        str | None,
-        typer.Option("--webhook-secret", help="Standard Webhooks secret, whsec_... (env FRAMESERVE_WEBHOOK_SECRET)."),
-    ] = None,
-    callbacks_allow_private: Annotated[
-        bool | None,
-        typer.Option(
-            "--callbacks-allow-private/--callbacks-public-only",
-            help="Allow callbacks to private/loopback addresses (env FRAMESERVE_CALLBACKS_ALLOW_PRIVATE=1).",
-        ),
-    ] = None,
-    lease_s: Annotated[
-        float | None,
-        typer.Option("--lease-s", min=0.1, help="Job lease, seconds (env FRAMESERVE_LEASE_S; default 30)."),
-    ] = None,
-    callbacks: Annotated[
-        bool, typer.Option("--callbacks/--no-callbacks", help="Also deliver callbacks from the outbox.")
-    ] = True,
-    poll_s: Annotated[
-        float,
-        typer.Option(
-            "--poll-s",
-            min=0.01,
-            help="Idle wait between claims when no wake-up can be heard (--no-listen, or LISTEN through a transaction-mode pooler), seconds.",
-        ),
-    ] = 0.05,
-    listen: Annotated[
-        bool,
-        typer.Option(
-            "--listen/--no-listen",
-            help="Wake on new jobs: LISTEN/NOTIFY on PostgreSQL (needs a direct connection, not a transaction-mode pooler; checked at start, polling otherwise), a watch of the database file on SQLite; a 5 s safety poll stays on. --no-listen polls every --poll-s.",
-        ),
-    ] = True,
-    listen_db: Annotated[
-        str | None,
-        typer.Option(
-            "--listen-db",
-            envvar="FRAMESERVE_LISTEN_DB",
-            help="PostgreSQL URL to LISTEN on when --db goes through a transaction-mode pooler (a direct connection to the same database) (env FRAMESERVE_LISTEN_DB).",
-            show_default=False,
-        ),
-    ] = None,
-    grace_s: Annotated[
-        float,
-        typer.Option(
-            "--grace-s",
-            min=0,
-            help="On SIGTERM: how long the current job gets to finish, seconds; past it the job goes back to the queue (attempt not counted) and the worker exits.",
-        ),
-    ] = 30.0,
-    max_jobs: Annotated[
-        int | None,
-        typer.Option(
-            "--max-jobs",
-            min=1,
-            help="Exit after claiming this many jobs (a KEDA ScaledJob's pod runs one: --max-jobs 1).",
-            show_default=False,
-        ),
-    ] = None,
-    max_idle_s: Annotated[
-        float | None,
-        typer.Option(
-            "--max-idle-s",
-            min=0.1,
-            help="Exit (code 0) after this many seconds without a job: a ScaledJob pod whose job another worker took does not wait forever.",
-            show_default=False,
-        ),
-    ] = None,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            "--metrics-port",
-            min=0,
-            max=65535,
-            help="Serve Prometheus /metrics on this port (0 = any free port; the port is printed): job counters, phase histograms, callback outcomes.",
-            show_default=False,
-        ),
-    ] = None,
-    metrics_address: Annotated[
-        str,
-        typer.Option(
-            "--metrics-address", help="Address the metrics listener binds (0.0.0.0 for Prometheus in a cluster)."
-        ),
-    ] = "127.0.0.1",
-    export_queue_metrics: Annotated[
-        bool,
-        typer.Option(
-            "--export-queue-metrics",
-            help="Also export the database-wide queue gauges (jobs by state, pending by priority, oldest pending age, callback outbox depth). Give it to ONE exporter per database (serve exports them by default: then not here).",
-        ),
-    ] = False,
-    autoscale: Annotated[
-        str | None,
-        typer.Option(
-            "--autoscale",
-            metavar="MIN:MAX",
-            help="Run a supervisor of MIN..MAX worker processes scaled on the jobs queued and running.",
-            show_default=False,
-        ),
-    ] = None,
-    cooldown_s: Annotated[
-        float,
-        typer.Option(
-            "--cooldown-s",
-            min=0,
-            help="With --autoscale: low load must last this long before each step down (one worker), seconds.",
-        ),
-    ] = 60.0,
-    target_pending_per_worker: Annotated[
-        float,
-        typer.Option(
-            "--target-pending-per-worker",
-            min=0.001,
-            help="With --autoscale: active (queued and due, plus running) jobs per worker aimed at.",
-        ),
-    ] = 1.0,
-    schedule: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--schedule",
-            metavar="'START_CRON END_CRON N [TZ]'",
-            help="With --autoscale: at least N workers from each START_CRON until the next END_CRON, in the IANA time zone TZ (default UTC), as KEDA's cron trigger; repeatable; the larger of floor and load wins.",
-            show_default=False,
-        ),
-    ] = None,
-    callback_timeout_s: Annotated[
-        float, typer.Option("--callback-timeout-s", min=0.1, help="Timeout of one callback request, seconds.")
-    ] = 10.0,
-    model_repository: Annotated[
-        Path | None, typer.Option("--model-repository", help="Model repository (default: $FRAMESERVE_HOME/models).")
-    ] = None,
-    threads: Annotated[int | None, typer.Option(min=1, help="Inference threads (default: all CPUs).")] = None,
-    pipelines: Annotated[
-        Path | None,
-        typer.Option(
-            "--pipelines",
-            help="Folder of the operator's pipelines (*.py, *.yaml) jobs may name beside the built-ins; each is checked at start.",
-        ),
-    ] = None,
-    sources_allow_private: Annotated[
-        bool | None,
-        typer.Option(
-            "--sources-allow-private/--no-sources-allow-private",
-            help="Let http(s) job sources reach loopback, private and link-local addresses (env FRAMESERVE_SOURCES_ALLOW_PRIVATE=1; default refused).",
-            show_default=False,
-        ),
-    ] = None,
-    s3_allow_bucket: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--s3-allow-bucket",
-            help="BUCKET or BUCKET/PREFIX s3:// job sources and targets may name (keys under the prefix; {tenant} in the prefix: the job owner's); repeatable (env FRAMESERVE_S3_ALLOW_BUCKETS, comma-separated; default none).",
-        ),
-    ] = None,
-    max_source_bytes: Annotated[
-        int | None,
-        typer.Option(
-            "--max-source-bytes",
-            min=1,
-            help="Largest job source downloaded, bytes (env FRAMESERVE_MAX_SOURCE_BYTES; default 2 GiB).",
-            show_default=False,
-        ),
-    ] = None,
-    source_timeout_s: Annotated[
-        float | None,
-        typer.Option(
-            "--source-timeout-s",
-            min=0.001,
-            help="Longest download of a job source in all, seconds (env FRAMESERVE_SOURCE_TIMEOUT_S; default 1800).",
-            show_default=False,
-        ),
-    ] = None,
-    source_idle_timeout_s: Annotated[
-        float | None,
-        typer.Option(
-            "--source-idle-timeout-s",
-            min=0.001,
-            help="Longest wait for a source's next byte, seconds (env FRAMESERVE_SOURCE_IDLE_TIMEOUT_S; default 30).",
-            show_default=False,
-        ),
-    ] = None,
-    quotas: Annotated[
-        Path | None,
-        typer.Option(
-            "--quotas",
-            help="Per-tenant limits, YAML (serve's --quotas file): this worker passes by a tenant at its running_jobs; without it no tenant is limited (the claim is fair across tenants either way).",
-        ),
-    ] = None,
+    shared_file_root: SharedFileRoot = None,
+    s3_endpoint_url: S3EndpointUrl = None,
+    webhook_secret: WebhookSecret = None,
+    callbacks_allow_private: CallbacksAllowPrivate = None,
+    lease_s: LeaseS = None,
+    callbacks: Callbacks = True,
+    poll_s: PollS = 0.05,
+    listen: Listen = True,
+    listen_db: ListenDb = None,
+    grace_s: GraceS = 30.0,
+    max_jobs: MaxJobs = None,
+    max_idle_s: MaxIdleS = None,
+    metrics_port: MetricsPort = None,
+    metrics_address: MetricsAddress = "127.0.0.1",
+    export_queue_metrics: ExportQueueMetrics = False,
+    autoscale: Autoscale = None,
+    cooldown_s: CooldownS = 60.0,
+    target_pending_per_worker: TargetPendingPerWorker = 1.0,
+    schedule: Schedule = None,
+    callback_timeout_s: CallbackTimeoutS = 10.0,
+    model_repository: ModelRepository = None,
+    threads: Threads = None,
+    pipelines: PipelinesFolder = None,
+    sources_allow_private: SourcesAllowPrivate = None,
+    s3_allow_bucket: S3AllowBucket = None,
+    max_source_bytes: MaxSourceBytes = None,
+    source_timeout_s: SourceTimeout = None,
+    source_idle_timeout_s: SourceIdleTimeout = None,
+    quotas: QuotasFile = None,
     retention_days: RetentionDays = None,
     retention_days_succeeded: RetentionSucceeded = None,
     retention_days_failed: RetentionFailed = None,
     retention_days_cancelled: RetentionCancelled = None,
     retention_interval_s: RetentionInterval = 300.0,
-    status_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--status-file", hidden=True, help="Write busy/idle here on each change (the supervisor's children)."
-        ),
-    ] = None,
+    status_file: StatusFile = None,
 ) -> None:
     """Claim jobs, download, run the pipeline, upload the outputs, and call back; or, with --autoscale, supervise such workers."""
     from frameserve.config import Settings
