@@ -28,8 +28,9 @@ from frameserve.repository import ModelRepository
 from frameserve.service import InferenceService
 from frameserve.tuning._accuracy import GateLimits, GateResult, Variant
 from frameserve.tuning._calibration import CalibrationFrames, calibration_frames
+from frameserve.tuning._gate import gate
 from frameserve.tuning._measure import Measurement, MeasureSettings, measure
-from frameserve.tuning._quantize import QuantizeResult, gate, next_version, quantize
+from frameserve.tuning._quantize import QuantizeResult, next_version, quantize
 from frameserve.tuning._search import Budget, Objective, Phase, Progress, Search, Trial
 from frameserve.tuning._space import (
     Batching,

@@ -33,14 +33,14 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import orjson
 
-from frameserve.errors import InvalidInputError, PayloadTooLargeError, TensorError, shown
+from frameserve.errors import InvalidInputError, TensorError, shown
+from frameserve.protocol.http._encoding import decode_content, encode_content
 from frameserve.request import InferRequest, RequestedOutput, pop_sequence_parameters
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.shm import SHM_PARAMETERS, SharedMemoryUse, ShmLocation, client_shm_disabled, shm_location
@@ -625,78 +625,3 @@ def _to_binary(datatype: DataType, arr: np.ndarray[Any, Any]) -> bytes:
 def error_body(message: str) -> bytes:
     """The JSON error body every failing route answers with: ``{"error": message}``."""
     return orjson.dumps({"error": message})
-
-
-# -- content encoding ---------------------------------------------------------------------------
-
-
-def decode_content(body: bytes, encoding: str | None, *, max_bytes: int) -> bytes:
-    """Undo a request's ``Content-Encoding`` (``gzip``, ``deflate`` or ``identity``).
-
-    Args:
-        body: the body as received.
-        encoding: the ``Content-Encoding`` header value, or ``None``.
-        max_bytes: the largest decompressed body accepted.
-
-    Raises:
-        InvalidInputError: an unsupported encoding, or data that does not decompress.
-        PayloadTooLargeError: the decompressed body would exceed ``max_bytes``.
-    """
-    enc = (encoding or "identity").strip().lower()
-    if enc in ("", "identity"):
-        return body
-    if enc in ("gzip", "x-gzip"):
-        candidates = [zlib.MAX_WBITS | 16]
-    elif enc == "deflate":  # HTTP's "deflate" is zlib-wrapped; some clients send raw deflate
-        candidates = [zlib.MAX_WBITS, -zlib.MAX_WBITS]
-    else:
-        raise InvalidInputError(f"Content-Encoding {encoding!r} is not supported; accepted: gzip, deflate, identity")
-    last = ""
-    for wbits in candidates:
-        d = zlib.decompressobj(wbits)
-        try:
-            out = d.decompress(body, max_bytes + 1)
-        except zlib.error as exc:
-            last = str(exc)
-            continue
-        if len(out) > max_bytes or d.unconsumed_tail:
-            raise PayloadTooLargeError(f"the decompressed request body exceeds the limit of {max_bytes} bytes")
-        if not d.eof:
-            last = "compressed data is truncated"
-            continue
-        return out
-    raise InvalidInputError(f"the request body is not valid {enc} data: {last}")
-
-
-def encode_content(body: bytes, accept_encoding: str | None) -> tuple[bytes, str | None]:
-    """Compress a response body for the client's ``Accept-Encoding``, if it asks for gzip or deflate.
-
-    Returns:
-        ``(body, encoding)``; ``encoding`` is ``None`` when the body is sent as is.
-    """
-    if not accept_encoding:
-        return body, None
-    accepted = _accepted_encodings(accept_encoding)
-    if "gzip" in accepted:
-        c = zlib.compressobj(6, zlib.DEFLATED, zlib.MAX_WBITS | 16)
-        return c.compress(body) + c.flush(), "gzip"
-    if "deflate" in accepted:
-        return zlib.compress(body), "deflate"
-    return body, None
-
-
-def _accepted_encodings(header: str) -> list[str]:
-    out: list[str] = []
-    for part in header.split(","):
-        token, _, rest = part.strip().partition(";")
-        q = 1.0
-        for p in rest.split(";"):
-            key, _, val = p.strip().partition("=")
-            if key == "q":
-                try:
-                    q = float(val)
-                except ValueError:
-                    q = 0.0
-        if q > 0:
-            out.append(token.strip().lower())
-    return out
