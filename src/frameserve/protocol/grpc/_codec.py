@@ -276,9 +276,8 @@ def _decode_tensor(
     shared_memory: SharedMemoryUse | None = None,
 ) -> np.ndarray[Any, Any]:
     """One input from its fields as :func:`decode_infer_request` read and checked them."""
-    has_typed = _has_typed(tensor)
     if location is not None:
-        if has_typed:
+        if _has_typed(tensor):
             raise InvalidInputError(f"input {shown(name)}: unexpected 'contents' given with a shared memory region")
         if shared_memory is None:
             raise client_shm_disabled()

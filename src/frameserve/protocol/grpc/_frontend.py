@@ -31,7 +31,7 @@ from frameserve.protocol.grpc._auth import TokenInterceptor, principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response
 from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request, traceparent_of
 from frameserve.protocol.grpc._server import SERVICE_NAME, message_classes, method_handlers, server_options
-from frameserve.protocol.grpc._servicer import status_of
+from frameserve.protocol.grpc._servicer import NOTHING, status_of
 from frameserve.protocol.grpc._stream import FINAL_PARAMETER
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 from frameserve.security.quotas import InferGate
@@ -165,7 +165,7 @@ class _FrontServicer:
 
     def _admitted(self, tenant: str) -> contextlib.AbstractContextManager[None]:
         gate = self._request_gate
-        return gate.held(tenant) if gate is not None else contextlib.nullcontext()
+        return gate.held(tenant) if gate is not None else NOTHING
 
     async def ModelInferRaw(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:

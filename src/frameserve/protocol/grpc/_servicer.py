@@ -35,7 +35,11 @@ from frameserve.service import InferenceService
 from frameserve.shm import EXTENSION as SHM_EXTENSION
 from frameserve.shm import SharedMemoryRegistry, client_shm_disabled, cuda_shm_unsupported
 
-__all__ = ["GrpcInferenceServicer", "config_message"]
+__all__ = ["NOTHING", "GrpcInferenceServicer", "config_message"]
+
+NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
+"""A context manager that holds nothing (stateless, so one serves every call): what a call
+holds where no quota or lane applies, without making one per call."""
 
 _log = logging.getLogger(__name__)
 
@@ -119,18 +123,18 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def tenant_of(self, context: Any) -> str:
         """The tenant of a call: whose shared-memory regions it may name, whose inference quotas
         it counts against, whose sequences it may continue (the same name as over HTTP)."""
-        return self.principal(context).name
+        return principal_of(self.tokens, context).name
 
     def admitted(self, tenant: str) -> contextlib.AbstractContextManager[None]:
         """Holds one of ``tenant``'s inference quotas while a call runs (raises
         :class:`~frameserve.errors.QuotaExceededError`, ``RESOURCE_EXHAUSTED``, over them)."""
         gate = self.request_gate
-        return gate.held(tenant) if gate is not None else contextlib.nullcontext()
+        return gate.held(tenant) if gate is not None else NOTHING
 
     def streaming(self, tenant: str) -> contextlib.AbstractContextManager[None]:
         """Holds one of ``tenant``'s ``streams`` while a ``ModelStreamInfer`` stream is open
         (raises :class:`~frameserve.errors.QuotaExceededError` at the limit)."""
-        return self.infer_gate.stream(tenant) if self.infer_gate is not None else contextlib.nullcontext()
+        return self.infer_gate.stream(tenant) if self.infer_gate is not None else NOTHING
 
     # -- health ------------------------------------------------------------------------------
 

@@ -55,7 +55,7 @@ from frameserve.protocol.grpc._infer import (
     trim_after_request,
     version_used,
 )
-from frameserve.protocol.grpc._servicer import GrpcInferenceServicer, status_of
+from frameserve.protocol.grpc._servicer import NOTHING, GrpcInferenceServicer, status_of
 from frameserve.protocol.grpc._stream import stream_all
 from frameserve.security.limits import TensorLimits
 
@@ -136,7 +136,7 @@ def infer_blocking(
     shm = shared_memory.use(tenant) if shared_memory is not None else None
     try:
         # a costly decode waits for the tenant's lane before it takes a working slot
-        with LANES.blocking(tenant) if _costly(request) else contextlib.nullcontext(), working:
+        with LANES.blocking(tenant) if _costly(request) else NOTHING, working:
             call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant)
             parent = traceparent_of(core, context)
             if parent:
