@@ -23,10 +23,10 @@ request answered before its body was read (a refusal on the headers: 401, 413, 4
 :data:`LINGER_BYTES` more of its body read and dropped (so a client still sending reads its
 answer rather than a reset: nginx's lingering close), then its connection is closed, instead of
 reading what it declared (up to ``--max-body-bytes``). When what is left of the declared body
-(or a chunked one) is more than :data:`LINGER_BYTES`, the connection is done: what comes is
+is more than :data:`LINGER_BYTES`, the connection is done: what comes is
 dropped unparsed (no HTTP parser, no handler) and the connection closes once
 :data:`LINGER_BYTES` have come, so an anonymous 64 MiB POST costs its headers, its answer and at
-most 256 KiB of reads; a smaller rest is parsed to its end and the connection kept alive.
+most 1 MiB of reads; a smaller rest is parsed to its end and the connection kept alive.
 
 Connections per tenant: with a :class:`~frameserve.security.quotas.ConcurrencyGate` over the
 ``connections`` quota, the HTTP gate asks each connection, once it knows the request's tenant,
@@ -54,9 +54,10 @@ from frameserve.security.quotas import ConcurrencyGate
 
 __all__ = ["LINGER_BYTES", "Connection", "uvicorn_config"]
 
-LINGER_BYTES = 256 << 10
+LINGER_BYTES = 1 << 20
 """How much more of a refused request's body is read and dropped before the connection is
-closed, bytes (256 KiB: nginx's ``lingering_close`` reads for a time, this for a size)."""
+closed, bytes (1 MiB: nginx's ``lingering_close`` reads for a time, this for a size; a client that
+sends a little more than ``--max-body-bytes`` still reads its 413 rather than a reset)."""
 
 
 class Connection:
@@ -228,7 +229,11 @@ class _Guarded(HttpToolsProtocol):
             self._linger = LINGER_BYTES
             declared = self._content_length()
             rest = None if declared is None else declared - self._body_bytes
-            self._draining = rest is None or rest > LINGER_BYTES
+            # Dropped unparsed only when the declared rest is known to outrun the linger (the
+            # connection closes once LINGER_BYTES have come, the client still sending); a chunked
+            # rest is parsed, so that its end is seen and the connection kept, or closed past
+            # LINGER_BYTES by on_body.
+            self._draining = rest is not None and rest > LINGER_BYTES
         super().on_response_complete()
 
     def data_received(self, data: bytes) -> None:
