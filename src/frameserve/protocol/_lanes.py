@@ -28,6 +28,8 @@ from typing import Any, TypeVar
 __all__ = ["LANES", "TenantLanes"]
 
 _R = TypeVar("_R")
+_K = TypeVar("_K")
+_L = TypeVar("_L")
 
 
 class TenantLanes:
@@ -47,37 +49,39 @@ class TenantLanes:
         leaves it once ``fn`` has returned (the thread cannot be stopped).
         """
         key = (id(asyncio.get_running_loop()), tenant)
-        with self._mutex:
-            lock, users = self._async.get(key) or (asyncio.Lock(), 0)
-            self._async[key] = (lock, users + 1)
+        lock = self._join(self._async, key, asyncio.Lock)
         try:
             async with lock:
                 return await _shielded(asyncio.to_thread(fn, *args, **kwargs))
         finally:
-            with self._mutex:
-                lock, users = self._async[key]
-                if users > 1:
-                    self._async[key] = (lock, users - 1)
-                else:
-                    del self._async[key]
+            self._leave(self._async, key)
 
     @contextmanager
     def blocking(self, tenant: str) -> Iterator[None]:
         """Hold ``tenant``'s lane on this thread (waiting for it) for the ``with`` block: the
         thread-pool servers' form of :meth:`run`."""
-        with self._mutex:
-            lock, users = self._threads.get(tenant) or (threading.Lock(), 0)
-            self._threads[tenant] = (lock, users + 1)
+        lock = self._join(self._threads, tenant, threading.Lock)
         try:
             with lock:
                 yield
         finally:
-            with self._mutex:
-                lock, users = self._threads[tenant]
-                if users > 1:
-                    self._threads[tenant] = (lock, users - 1)
-                else:
-                    del self._threads[tenant]
+            self._leave(self._threads, tenant)
+
+    def _join(self, table: dict[_K, tuple[_L, int]], key: _K, make: Callable[[], _L]) -> _L:
+        """``key``'s lock in ``table`` (made on first use), counted as used once more."""
+        with self._mutex:
+            lock, users = table.get(key) or (make(), 0)
+            table[key] = (lock, users + 1)
+        return lock
+
+    def _leave(self, table: dict[_K, tuple[_L, int]], key: _K) -> None:
+        """One use of ``key``'s lock ended; the last one drops it from ``table``."""
+        with self._mutex:
+            lock, users = table[key]
+            if users > 1:
+                table[key] = (lock, users - 1)
+            else:
+                del table[key]
 
     def waiting(self, tenant: str) -> int:
         """How many of ``tenant``'s calls hold or wait for a lane now (both kinds, every loop)."""
