@@ -249,21 +249,21 @@ class TokenBucket:
 
     def take(self) -> float:
         """Take one token: 0.0 when taken, else the seconds until one will be there (> 0)."""
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.rate_per_s)
-            self._at = now
-            if self._tokens >= 1.0 - 1e-9:  # float sums of refills land a hair under a whole token
-                self._tokens = max(0.0, self._tokens - 1.0)
-                return 0.0
-            return (1.0 - self._tokens) / self.rate_per_s
+        return self._wait(take=True)
 
     def wait_s(self) -> float:
         """What :meth:`take` would answer, without taking: 0.0 when a token is there, else the
         seconds until one will be."""
+        return self._wait(take=False)
+
+    def _wait(self, *, take: bool) -> float:
         with self._lock:
-            tokens = min(float(self.burst), self._tokens + (self._clock() - self._at) * self.rate_per_s)
-            return 0.0 if tokens >= 1.0 - 1e-9 else (1.0 - tokens) / self.rate_per_s
+            now = self._clock()
+            tokens = min(float(self.burst), self._tokens + (now - self._at) * self.rate_per_s)
+            ready = tokens >= 1.0 - 1e-9  # float sums of refills land a hair under a whole token
+            if take:  # the refill is kept, and the token taken when there is one
+                self._tokens, self._at = max(0.0, tokens - 1.0) if ready else tokens, now
+            return 0.0 if ready else (1.0 - tokens) / self.rate_per_s
 
 
 class ConcurrencyGate:
@@ -350,18 +350,20 @@ class RateGate:
             QuotaExceededError: the tenant's bucket is empty (``limit`` ``infer_rate``, with the
                 seconds until the next token as ``retry_after_s``).
         """
-        bucket = self._bucket(tenant)
-        if bucket is None:  # no infer_rate for this tenant
-            return
-        wait_s = bucket.take()
-        if wait_s > 0.0:
-            raise QuotaExceededError.of(tenant, "infer_rate", int(bucket.rate_per_s), retry_after_s=wait_s)
+        error = self._answer(tenant, take=True)
+        if error is not None:
+            raise error
 
     def refusal(self, tenant: str) -> QuotaExceededError | None:
         """What :meth:`take` would raise now (``None``: a token is there), taking nothing."""
+        return self._answer(tenant, take=False)
+
+    def _answer(self, tenant: str, *, take: bool) -> QuotaExceededError | None:
         bucket = self._bucket(tenant)
-        wait_s = 0.0 if bucket is None else bucket.wait_s()
-        if bucket is None or wait_s <= 0.0:
+        if bucket is None:  # no infer_rate for this tenant
+            return None
+        wait_s = bucket.take() if take else bucket.wait_s()
+        if wait_s <= 0.0:
             return None
         return QuotaExceededError.of(tenant, "infer_rate", int(bucket.rate_per_s), retry_after_s=wait_s)
 
