@@ -29,6 +29,7 @@ from frameserve.tuning._measure import Measurement, MeasureSettings
 from frameserve.tuning._space import DIMENSIONS, Candidate, SearchSpace
 
 __all__ = [
+    "CONFIG_FIELDS",
     "TRIAL_FIELDS",
     "Budget",
     "Finalist",
@@ -139,11 +140,7 @@ class Trial:
     score: float | None = None
 
 
-TRIAL_FIELDS: tuple[str, ...] = (
-    "trial",
-    "phase",
-    "status",
-    "config",
+CONFIG_FIELDS: tuple[str, ...] = (
     "backend",
     "precision",
     "instances",
@@ -158,6 +155,15 @@ TRIAL_FIELDS: tuple[str, ...] = (
     "ort_execution_mode",
     "performance_hint",
     "num_streams",
+)
+"""A trial's configuration, as the columns of ``trials.csv`` and the report's comparison name it."""
+
+TRIAL_FIELDS: tuple[str, ...] = (
+    "trial",
+    "phase",
+    "status",
+    "config",
+    *CONFIG_FIELDS,
     "concurrency",
     "throughput",
     "p50_ms",

@@ -26,7 +26,7 @@ from frameserve.tuning._report import (
     write_csv,
     write_json,
 )
-from frameserve.tuning._search import TRIAL_FIELDS, trial_rows
+from frameserve.tuning._search import CONFIG_FIELDS, TRIAL_FIELDS, trial_rows
 from frameserve.tuning._tune_result import TuneResult
 
 __all__ = ["write_tune_outputs"]
@@ -148,23 +148,7 @@ def _side_by_side(data: Mapping[str, Any]) -> str:
         return next((r for r in trials if r["config"] == key), {})
 
     pd, pb = params_of(d.get("config")), params_of(b.get("config"))
-    keys = (
-        "backend",
-        "precision",
-        "instances",
-        "threads",
-        "pin",
-        "max_batch_size",
-        "dynamic_batching",
-        "preferred_batch_size",
-        "max_queue_delay_us",
-        "ort_allow_spinning",
-        "ort_graph_optimization_level",
-        "ort_execution_mode",
-        "performance_hint",
-        "num_streams",
-    )
-    rows: list[list[Any]] = [[k, pd.get(k), pb.get(k), ""] for k in keys]
+    rows: list[list[Any]] = [[k, pd.get(k), pb.get(k), ""] for k in CONFIG_FIELDS]
     rows.append(["concurrency", d.get("concurrency"), b.get("concurrency"), ""])
     ratio = comp.get("ratio_best_over_default", {})
     for key in _FIGURES:
