@@ -27,19 +27,18 @@ import argparse
 import gzip
 import os
 import random
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from _cpu import cpu_model  # noqa: E402
+from _serving import ServeProcess  # noqa: E402
 
 from frameserve.pipeline.aggregate import Summary  # noqa: E402
 from frameserve.pipeline.sinks import ResultsWriter  # noqa: E402
@@ -98,51 +97,6 @@ def synthesise(path: Path, frames: int, seed: int = 24) -> int:
     return path.stat().st_size
 
 
-def _serve(home: Path) -> tuple[subprocess.Popen[str], str]:
-    repo = home / "models"
-    repo.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "FRAMESERVE_HOME": str(home)}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "frameserve",
-            "serve",
-            "--model-repository",
-            str(repo),
-            "--host",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--threads",
-            "1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
-    assert proc.stdout is not None
-    port = None
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:
-        m = re.match(r"^HTTP listening on .+:(\d+)$", line.strip())
-        if m:
-            port = int(m.group(1))
-        if line.startswith("ready:") or time.monotonic() > deadline:
-            break
-    if port is None:
-        proc.kill()
-        raise SystemExit("serve did not start")
-    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()  # keep the pipe drained
-    return proc, f"http://127.0.0.1:{port}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frames", type=int, default=14_400)
@@ -173,8 +127,11 @@ def main() -> None:
             f"server side, in process: parse the file {statistics.median(parse_s) * 1000:.0f} ms (once per job, cached), "
             f"decimate to 1248 columns {statistics.median(dec_s) * 1000:.1f} ms (per request); medians of 3"
         )
-        proc, base = _serve(Path(tmp) / "home")
-        try:
+        home = Path(tmp) / "home"
+        (home / "models").mkdir(parents=True)
+        with ServeProcess(home / "models", home) as srv:
+            srv.wait_ready(120)
+            base = f"http://127.0.0.1:{srv.ports['HTTP']}"
             up = httpx.post(
                 f"{base}/console/api/results",
                 content=results.read_bytes(),
@@ -210,9 +167,7 @@ def main() -> None:
                     )
                     ctx.close()
                 browser.close()
-        finally:
-            proc.terminate()
-            proc.wait(30)
+            srv.stop()
     med = statistics.median(opens[1:] or opens)
     print(
         f"viewer open time: first (a fresh server: its first page, scripts uncached) {opens[0]:.3f} s, median of the rest {med:.3f} s "
