@@ -359,7 +359,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 request.key,
                 request.offset,
                 request.byte_size,
-                tenant=self.principal(context).name,
+                tenant=self.tenant_of(context),
             )
         )
         return pb.SystemSharedMemoryRegisterResponse()
