@@ -427,13 +427,14 @@ def _flatten(data: Any) -> list[Any]:
     if not isinstance(data, list):
         return [data]
     level: list[Any] = data
-    while level and set(map(type, level)) == {list}:
+    kinds = set(map(type, level))
+    while kinds == {list}:
         level = list(itertools.chain.from_iterable(level))
-    if list not in set(map(type, level)):
+        kinds = set(map(type, level))
+    if list not in kinds:
         return level
-    data = level
     out: list[Any] = []
-    stack = [iter(data)]
+    stack = [iter(level)]
     while stack:
         for item in stack[-1]:
             if isinstance(item, list):
