@@ -19,6 +19,7 @@ excluded). ``--parts serving,video`` picks the groups.
   .venv/bin/python bench/checkouts.py --base /work/wt-base            # 5 pairs
   .venv/bin/python bench/checkouts.py --base /work/wt-base --pairs 10 --interval-ms 1000
   .venv/bin/python bench/checkouts.py --base /work/wt-base --video-seconds 30 --parts video
+  .venv/bin/python bench/checkouts.py --base /work/wt-base --parts serving --only HTTP
 
 A shared or busy machine widens the spreads: read a ratio together with its spread.
 """
@@ -154,6 +155,9 @@ def main() -> None:
         help="also (e2e) frameserve run nudenet over a 720p video this long (0 = skip)",
     )
     ap.add_argument("--parts", default="serving,video", help="serving, video or both (default both)")
+    ap.add_argument(
+        "--only", action="append", help="serving figures whose label holds this text (repeatable; default all)"
+    )
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     plan = Plan(
@@ -171,26 +175,31 @@ def main() -> None:
         raise SystemExit(f"--base {args.base}: no src/frameserve there")
     print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs)")
     ratios: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}  # per figure: new / base server CPU per inference, per pair
     rates: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="frameserve-checkouts-") as tmp:
         work = Path(tmp)
         if "serving" in parts:
-            _serving_figures(sources, plan, args.pairs, work, ratios, rates)
+            figures = [f for f in FIGURES if not args.only or any(o in f[0] for o in args.only)]
+            _serving_figures(sources, plan, args.pairs, work, ratios, rates, figures, cpu)
         if "video" in parts and args.video_seconds > 0:
             label = f"(e2e) frameserve run nudenet, {args.video_seconds:g} s 720p"
             ratios[label], fps = _video_figure(sources, args.video_seconds, args.pairs, work)
             for who in ("new", "base"):
                 rates[(label, who)] = fps[who]
-    print(f"\n{'figure':<42} {'new/base':>9} {'spread':>7} {'new /s':>8} {'base /s':>8}")
+    print(f"\n{'figure':<42} {'new/base':>9} {'spread':>7} {'new /s':>8} {'base /s':>8} {'CPU/inf n/b':>12}")
     for label, r in ratios.items():
+        c = f"{median(cpu[label]):>12.3f}" if cpu.get(label) else f"{'':>12}"
         print(
             f"{label:<42} {median(r):>9.3f} {spread(r):>7.1%} {median(rates[(label, 'new')]):>8.1f} "
-            f"{median(rates[(label, 'base')]):>8.1f}"
+            f"{median(rates[(label, 'base')]):>8.1f} {c}"
         )
     print(
         f"\n{args.pairs} interleaved pairs per figure; perf_analyzer windows of {args.interval_ms} ms; "
         "ratio = median over pairs of new / base throughput (inferences/s; frames/s for e2e); "
-        "spread = (max - min) / median of those ratios."
+        "spread = (max - min) / median of those ratios; CPU/inf n/b = median over pairs of new / base server CPU "
+        "seconds (the serve process and its children) per inference (the server's statistics), less sensitive "
+        "than throughput to other work on the machine."
     )
 
 
@@ -201,13 +210,17 @@ def _serving_figures(
     work: Path,
     ratios: dict[str, list[float]],
     rates: dict[tuple[str, str], list[float]],
+    figures: list[tuple[str, str, str, str, int]],
+    cpu: dict[str, list[float]],
 ) -> None:
-    """Parts b and d2: both checkouts served side by side, perf_analyzer pairs interleaved."""
+    """Parts b and d2 (``figures``: rows of :data:`FIGURES`): both checkouts served side by
+    side, perf_analyzer pairs interleaved."""
     repo = add_sub_repository(work / "repo")
     for name in ENSEMBLE_MODELS:
         shutil.copytree(TRITON_EXAMPLES / name, repo / name)
-    for label, *_ in FIGURES:
+    for label, *_ in figures:
         ratios[label] = []
+        cpu[label] = []
     with contextlib.ExitStack() as stack:
         servers = {
             (who, kind): stack.enter_context(
@@ -219,13 +232,23 @@ def _serving_figures(
         for (who, kind), srv in servers.items():
             _check(f"{who} {kind}", srv)
         for i in range(pairs):
-            for label, kind, model, protocol, c in FIGURES:
+            for label, kind, model, protocol, c in figures:
                 order = ["new", "base"] if i % 2 == 0 else ["base", "new"]
-                got = {who: perf_analyzer(plan, model, protocol, servers[(who, kind)].ports, c) for who in order}
+                got = {
+                    who: perf_analyzer(
+                        plan, model, protocol, servers[(who, kind)].ports, c, pid=servers[(who, kind)].proc.pid
+                    )
+                    for who in order
+                }
                 for who in order:
                     rates.setdefault((label, who), []).append(got[who].throughput)
                 ratios[label].append(got["new"].throughput / got["base"].throughput)
-                log(f"  pair {i + 1} {label}: new {got['new'].throughput:.0f}/s, base {got['base'].throughput:.0f}/s")
+                cpu[label].append(got["new"].server_cpu_s_per_inf / got["base"].server_cpu_s_per_inf)
+                log(
+                    f"  pair {i + 1} {label}: new {got['new'].throughput:.0f}/s, base {got['base'].throughput:.0f}/s; "
+                    f"server CPU/inference new {got['new'].server_cpu_s_per_inf * 1e6:.0f} µs, "
+                    f"base {got['base'].server_cpu_s_per_inf * 1e6:.0f} µs"
+                )
         for (who, kind), srv in servers.items():
             _check(f"{who} {kind}", srv)
 

@@ -34,9 +34,12 @@ to be counted for it (:class:`Connection`, put in the scope under :data:`CONNECT
 tenant at its limit gets 429 and the connection is closed; a connection is counted until it
 closes, for the last tenant that used it.
 
-Measured and not kept: sending a response's head in the same write as its body (a transport
-that holds the head for the body's write) gave no gain on add_sub at concurrency 8 and cost 5 %
-at concurrency 1 (perf_analyzer, 4 interleaved pairs), so uvicorn's two writes stay.
+One write per response: uvicorn writes a response's head as soon as the application sends
+``http.response.start`` and its body on ``http.response.body``: two ``send`` system calls and two
+segments for every small answer. A request's :class:`_OneWrite` holds a head that declares a
+``Content-Length`` and writes it together with the body's first part (``writelines``: one
+``send``); a chunked head (streams, Server-Sent Events), ``100 Continue`` and the answer to a
+``HEAD`` request (which has no body write) go out at once, as before.
 """
 
 from __future__ import annotations
@@ -87,6 +90,40 @@ class Connection:
         if self.tenant is not None:
             self._gate.release(self.tenant)
             self.tenant = None
+
+
+class _OneWrite:
+    """The transport as one request's ``RequestResponseCycle`` sees it (it calls ``write``,
+    ``close`` and ``is_closing``): a response head with a ``Content-Length`` is held until the
+    body's first part and both go out in one ``writelines`` (see the module docstring).
+
+    Not for ``HEAD`` requests: uvicorn writes no body for them, so a held head would never go."""
+
+    __slots__ = ("_head", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._head: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.writelines((head, data))
+        elif data.startswith(b"HTTP/1.1 ") and _CONTENT_LENGTH in data and data.endswith(b"\r\n\r\n"):
+            self._head = data
+        else:
+            self._transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def close(self) -> None:
+        self._head = None  # a head whose body never came: the connection ends without it
+        self._transport.close()
+
+
+_CONTENT_LENGTH = b"\r\ncontent-length: "  # as uvicorn writes the header (names lower-cased by the ASGI app)
 
 
 class _Guarded(HttpToolsProtocol):
@@ -208,6 +245,9 @@ class _Guarded(HttpToolsProtocol):
         self._body_start = now = self.loop.time()
         self._set_deadline(now + self.deadlines.body_timeout_s)
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope and self.scope["method"] != "HEAD":
+            cycle.transport = _OneWrite(self.transport)  # type: ignore[assignment]
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
