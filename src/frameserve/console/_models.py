@@ -323,13 +323,10 @@ def router(console: Console) -> APIRouter:
     first_us = service.metrics.buckets_us[0]
 
     def refused(request: Request, viewer: Viewer) -> Response | None:
-        if viewer.may("infer"):
-            return None
-        return console.page(
+        return console.refused(
             request,
-            "error.html",
-            403,
-            title="Not allowed",
+            viewer,
+            "infer",
             page="models",
             message="The Models page needs a token with the infer (or admin) role.",
         )
@@ -433,15 +430,15 @@ def router(console: Console) -> APIRouter:
         )
 
     async def control(name: str, request: Request, viewer: Viewer, action: str) -> Response:
-        if not viewer.may("admin"):
-            return console.page(
-                request,
-                "error.html",
-                403,
-                title="Not allowed",
-                page="models",
-                message="Loading and unloading models needs a token with the admin role.",
-            )
+        no = console.refused(
+            request,
+            viewer,
+            "admin",
+            page="models",
+            message="Loading and unloading models needs a token with the admin role.",
+        )
+        if no is not None:
+            return no
         if not explicit:
             return console.page(
                 request,
