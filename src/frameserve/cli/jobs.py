@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from frameserve.cli._common import exit_on_error
+from frameserve.cli._flags import Db as DbOpt
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -25,13 +26,6 @@ jobs_app = typer.Typer(
     help="Submit, list, inspect, watch, cancel, retry, delete and purge video jobs in the job database.",
     no_args_is_help=True,
 )
-
-DbOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME)."
-    ),
-]
 
 
 def _store(
