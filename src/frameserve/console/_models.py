@@ -331,6 +331,20 @@ def router(console: Console) -> APIRouter:
             message="The Models page needs a token with the infer (or admin) role.",
         )
 
+    def shown(request: Request, viewer: Viewer, template: str, win: int, **ctx: Any) -> Response:
+        """``template`` with what both model pages show: the window (``win`` minutes) and its
+        choices, whether ``viewer`` gets the load/unload buttons, the control mode."""
+        return console.page(
+            request,
+            template,
+            page="models",
+            window=win,
+            windows=WINDOWS_MIN,
+            can_control=explicit and viewer.may("admin"),
+            mode=console.model_control_mode,
+            **ctx,
+        )
+
     def minutes(window: int) -> int:
         return window if window in WINDOWS_MIN else 5
 
@@ -356,19 +370,7 @@ def router(console: Console) -> APIRouter:
 
         rows = await asyncio.to_thread(gather)
         note = {"loaded": f"Loaded {model}.", "unloaded": f"Unloaded {model}."}.get(done, "")
-        return console.page(
-            request,
-            "models.html",
-            page="models",
-            title="Models",
-            models=rows,
-            window=win,
-            windows=WINDOWS_MIN,
-            can_control=explicit and viewer.may("admin"),
-            mode=console.model_control_mode,
-            note=note,
-            error="",
-        )
+        return shown(request, viewer, "models.html", win, title="Models", models=rows, note=note, error="")
 
     @r.get("/{name}")
     async def model_page(
@@ -416,18 +418,7 @@ def router(console: Console) -> APIRouter:
                 page="models",
                 message=f"no model {name[:_MAX_NAME]!r} in this server's repository",
             )
-        return console.page(
-            request,
-            "model.html",
-            page="models",
-            title=f"Model {name}",
-            m=found,
-            window=win,
-            windows=WINDOWS_MIN,
-            can_control=explicit and viewer.may("admin"),
-            mode=console.model_control_mode,
-            durations=DURATIONS,
-        )
+        return shown(request, viewer, "model.html", win, title=f"Model {name}", m=found, durations=DURATIONS)
 
     async def control(name: str, request: Request, viewer: Viewer, action: str) -> Response:
         no = console.refused(
