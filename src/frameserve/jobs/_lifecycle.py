@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,6 +35,7 @@ import sqlalchemy as sa
 
 from frameserve.jobs._claim import check_queued
 from frameserve.jobs._errors import IdempotencyConflictError, JobStateError
+from frameserve.jobs._host import StoreHost
 from frameserve.jobs._records import Job
 from frameserve.jobs._schema import (
     callback_deliveries,
@@ -81,16 +81,11 @@ class MaintenanceLease:
     lease_s: float
 
 
-class LifecycleMixin:
+class LifecycleMixin(StoreHost):
     """Retry, delete and purge (see the module docstring); mixed into :class:`JobStore`."""
 
     if TYPE_CHECKING:
-        clock: Callable[[], float]
         quotas: Quotas | None
-
-        def _tx(self, *, write: bool = True) -> AbstractContextManager[sa.Connection]: ...
-        def _load(self, conn: sa.Connection, job_id: str, owner: str | None = None) -> Job: ...
-        def _event(self, conn: sa.Connection, job_id: str, type_: str, now: float, **data: object) -> None: ...
 
     @staticmethod
     def _not_deleting(now: float) -> sa.ColumnElement[bool]:
