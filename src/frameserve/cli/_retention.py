@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,41 +20,22 @@ __all__ = [
 
 _HELP = "Remove {what} jobs (with their events and callback rows; outputs stay) that finished more than N days ago, in batches of 500, one process at a time (a lease in the database){extra}."
 
-RetentionDays = Annotated[
-    float | None,
-    typer.Option(
-        "--retention-days",
-        min=0,
-        help=_HELP.format(what="finished", extra="; default: kept for ever"),
-        show_default=False,
-    ),
-]
+
+def _days(flag: str, what: str, extra: str) -> Any:
+    """The ``typer.Option`` of one ``--retention-days*`` flag: N days, >= 0, no default shown."""
+    return typer.Option(flag, min=0, help=_HELP.format(what=what, extra=extra), show_default=False)
+
+
+RetentionDays = Annotated[float | None, _days("--retention-days", "finished", "; default: kept for ever")]
 RetentionSucceeded = Annotated[
-    float | None,
-    typer.Option(
-        "--retention-days-succeeded",
-        min=0,
-        help=_HELP.format(what="succeeded", extra=" (overrides --retention-days)"),
-        show_default=False,
-    ),
+    float | None, _days("--retention-days-succeeded", "succeeded", " (overrides --retention-days)")
 ]
 RetentionFailed = Annotated[
     float | None,
-    typer.Option(
-        "--retention-days-failed",
-        min=0,
-        help=_HELP.format(what="failed", extra=" (overrides --retention-days: keep failed jobs longer)"),
-        show_default=False,
-    ),
+    _days("--retention-days-failed", "failed", " (overrides --retention-days: keep failed jobs longer)"),
 ]
 RetentionCancelled = Annotated[
-    float | None,
-    typer.Option(
-        "--retention-days-cancelled",
-        min=0,
-        help=_HELP.format(what="cancelled", extra=" (overrides --retention-days)"),
-        show_default=False,
-    ),
+    float | None, _days("--retention-days-cancelled", "cancelled", " (overrides --retention-days)")
 ]
 RetentionInterval = Annotated[
     float,

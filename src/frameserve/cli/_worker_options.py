@@ -1,6 +1,7 @@
 """The flags of ``frameserve worker`` (:mod:`frameserve.cli.worker`), one typer ``Annotated`` type
 each: its flag names, help text and bounds. The defaults stay in ``worker_command``'s signature, the
-flags both commands share in :mod:`frameserve.cli._job_flags` and :mod:`frameserve.cli._retention`."""
+flags both commands share in :mod:`frameserve.cli._job_flags` and :mod:`frameserve.cli._retention`, those
+other commands share word for word in :mod:`frameserve.cli._flags`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ __all__ = [
     "Callbacks",
     "CallbacksAllowPrivate",
     "CooldownS",
-    "Db",
     "ExportQueueMetrics",
     "FileRoot",
     "GraceS",
@@ -26,7 +26,6 @@ __all__ = [
     "MaxJobs",
     "MetricsAddress",
     "MetricsPort",
-    "ModelRepository",
     "PipelinesFolder",
     "PollS",
     "QuotasFile",
@@ -38,16 +37,9 @@ __all__ = [
     "StatusFile",
     "Storage",
     "TargetPendingPerWorker",
-    "Threads",
     "WebhookSecret",
 ]
 
-Db = Annotated[
-    str | None,
-    typer.Option(
-        "--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME)."
-    ),
-]
 Storage = Annotated[
     list[str] | None,
     typer.Option(
@@ -198,10 +190,6 @@ Schedule = Annotated[
 CallbackTimeoutS = Annotated[
     float, typer.Option("--callback-timeout-s", min=0.1, help="Timeout of one callback request, seconds.")
 ]
-ModelRepository = Annotated[
-    Path | None, typer.Option("--model-repository", help="Model repository (default: $FRAMESERVE_HOME/models).")
-]
-Threads = Annotated[int | None, typer.Option(min=1, help="Inference threads (default: all CPUs).")]
 PipelinesFolder = Annotated[
     Path | None,
     typer.Option(

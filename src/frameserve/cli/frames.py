@@ -31,6 +31,7 @@ import typer
 from rich.text import Text
 
 from frameserve.cli._common import err_console, exit_on_error
+from frameserve.cli._flags import Sampling, Video
 
 if TYPE_CHECKING:
     import numpy as np
@@ -188,7 +189,7 @@ def _remove_earlier_run(out: Path, names: list[str]) -> None:
 
 
 def frames_command(
-    video: Annotated[str, typer.Argument(help="Video path or URI (asset://NAME for a sample video).")],
+    video: Video,
     pipeline: Annotated[
         str,
         typer.Option(
@@ -198,9 +199,7 @@ def frames_command(
         ),
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the tensors and index.json.")],
-    sampling: Annotated[
-        str | None, typer.Option(help="all | every:N | fps:R | keyframes | timestamps:T1,T2 (default: the pipeline's).")
-    ] = None,
+    sampling: Sampling = None,
     file_format: Annotated[
         str, typer.Option("--format", help="npy (the model's tensor) | png (the resized uint8 picture).")
     ] = "npy",

@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from frameserve.cli._common import exit_on_error
+from frameserve.cli._flags import Db as DbOpt
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from frameserve.jobs import Job, JobStore
     from frameserve.jobs.settings import JobsSettings
 
@@ -23,13 +26,6 @@ jobs_app = typer.Typer(
     help="Submit, list, inspect, watch, cancel, retry, delete and purge video jobs in the job database.",
     no_args_is_help=True,
 )
-
-DbOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--db", help="Job database, a SQLAlchemy URL (env FRAMESERVE_DB; default sqlite under $FRAMESERVE_HOME)."
-    ),
-]
 
 
 def _store(
@@ -58,6 +54,14 @@ def _store(
 
 def _print(obj: object) -> None:
     typer.echo(json.dumps(obj, indent=2))
+
+
+def _print_job(db: str | None, act: Callable[[JobStore], Job]) -> None:
+    """Open the store of ``--db``, print the job ``act`` answers with, close the store."""
+    with exit_on_error():
+        store, _ = _store(db)
+        _print(act(store).to_resource())
+        store.close()
 
 
 @jobs_app.command("submit")
@@ -203,10 +207,7 @@ def submit(
 @jobs_app.command("get")
 def get(job_id: str, db: DbOpt = None) -> None:
     """Print one job."""
-    with exit_on_error():
-        store, _ = _store(db)
-        _print(store.get(job_id).to_resource())
-        store.close()
+    _print_job(db, lambda store: store.get(job_id))
 
 
 @jobs_app.command("list")
@@ -229,10 +230,7 @@ def list_jobs(
 @jobs_app.command("cancel")
 def cancel(job_id: str, db: DbOpt = None) -> None:
     """Cancel a job (a running one at its worker's next heartbeat)."""
-    with exit_on_error():
-        store, _ = _store(db)
-        _print(store.cancel(job_id).to_resource())
-        store.close()
+    _print_job(db, lambda store: store.cancel(job_id))
 
 
 @jobs_app.command("retry")

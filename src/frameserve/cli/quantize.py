@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from frameserve.cli._common import err_console, exit_on_error
+from frameserve.cli._flags import PipelineParam
 from frameserve.errors import InvalidInputError
 
 __all__ = ["quantize_command", "register"]
@@ -55,9 +56,7 @@ def quantize_command(
     max_box_error_px: Annotated[
         float, typer.Option("--max-box-error-px", help="Largest mean box error over matched detections, source pixels.")
     ] = 2.0,
-    param: Annotated[
-        list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable).")
-    ] = None,
+    param: PipelineParam = None,
     max_frames: Annotated[
         int, typer.Option("--max-frames", min=2, help="Frames read at most (half calibrate, half check).")
     ] = 200,

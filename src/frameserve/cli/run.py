@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from frameserve.cli._common import exit_on_error
+from frameserve.cli._flags import ModelRepository, Sampling, Threads, Video
 from frameserve.pipeline.timing import STAGES
 
 __all__ = ["print_summary", "print_timing", "register", "run_command"]
@@ -21,7 +22,7 @@ console = Console(stderr=True)
 
 
 def run_command(
-    video: Annotated[str, typer.Argument(help="Video path or URI (asset://NAME for a sample video).")],
+    video: Video,
     pipeline: Annotated[
         str,
         typer.Option(
@@ -45,14 +46,12 @@ def run_command(
             help="Encode a video of the pipeline's rendered frames here (boxes drawn, an enhanced picture...), source timing and audio kept.",
         ),
     ] = None,
-    sampling: Annotated[
-        str | None, typer.Option(help="all | every:N | fps:R | keyframes | timestamps:T1,T2 (default: the pipeline's).")
-    ] = None,
+    sampling: Sampling = None,
     batch: Annotated[int | None, typer.Option(min=1, help="Frames per inference batch.")] = None,
     backend: Annotated[
         str | None, typer.Option(help="onnxruntime | openvino | torch for every model (default: each model's own).")
     ] = None,
-    threads: Annotated[int | None, typer.Option(min=1, help="Inference threads (default: all CPUs).")] = None,
+    threads: Threads = None,
     decode_workers: Annotated[
         int | None,
         typer.Option(
@@ -67,9 +66,7 @@ def run_command(
     trace: Annotated[
         Path | None, typer.Option("--trace", help="Write a Chrome-trace / Perfetto timeline of the stages (JSON) here.")
     ] = None,
-    model_repository: Annotated[
-        Path | None, typer.Option("--model-repository", help="Model repository (default: $FRAMESERVE_HOME/models).")
-    ] = None,
+    model_repository: ModelRepository = None,
     short: Annotated[
         bool,
         typer.Option(

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from frameserve.cli._common import err_console, exit_on_error
+from frameserve.cli._flags import PipelineParam
 from frameserve.errors import InvalidInputError
 
 __all__ = ["parse_duration", "register", "tune_command"]
@@ -83,9 +84,7 @@ def tune_command(
             help="The pipeline whose preprocess makes the model's inputs from frames (built-in name, .yaml or .py).",
         ),
     ] = None,
-    param: Annotated[
-        list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable).")
-    ] = None,
+    param: PipelineParam = None,
     shape: Annotated[
         list[str] | None,
         typer.Option(

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from frameserve.cli._common import exit_on_error
+from frameserve.cli._flags import Db, ModelRepository, Threads
 from frameserve.cli._job_flags import (
     IsolatePipelines,
     JobMemoryLimit,
@@ -56,7 +57,6 @@ from frameserve.cli._worker_options import (
     CallbacksAllowPrivate,
     CallbackTimeoutS,
     CooldownS,
-    Db,
     ExportQueueMetrics,
     FileRoot,
     GraceS,
@@ -67,7 +67,6 @@ from frameserve.cli._worker_options import (
     MaxJobs,
     MetricsAddress,
     MetricsPort,
-    ModelRepository,
     PipelinesFolder,
     PollS,
     QuotasFile,
@@ -79,7 +78,6 @@ from frameserve.cli._worker_options import (
     StatusFile,
     Storage,
     TargetPendingPerWorker,
-    Threads,
     WebhookSecret,
 )
 

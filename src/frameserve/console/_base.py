@@ -149,6 +149,13 @@ class Console:
             session_cookie(response, new, self.sessions.ttl_s)
         return response
 
+    def refused(self, request: Request, viewer: Viewer, role: str, *, page: str, message: str) -> Response | None:
+        """The 403 "Not allowed" page (``message`` on it, the menu on ``page``) when ``viewer``
+        lacks ``role``; ``None`` when it may go on."""
+        if viewer.may(role):
+            return None
+        return self.page(request, "error.html", 403, title="Not allowed", page=page, message=message)
+
     def static(self, name: str) -> Response:
         """One file of :data:`STATIC` (404 for any other name)."""
         media = STATIC.get(name)

@@ -12,10 +12,12 @@ page) and sends only the jobs that changed; the browser never polls.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import mimetypes
 import tempfile
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -95,6 +97,29 @@ def timeline_of(events: list[dict[str, Any]], resource: dict[str, Any]) -> list[
     return out
 
 
+@dataclass(frozen=True)
+class _Filters:
+    """The Jobs page's filters (its query parameters; ``""`` = not filtered): a state, a pipeline,
+    a tenant (an admin's view), a window of creation times (ISO 8601)."""
+
+    state: str
+    pipeline: str
+    tenant: str
+    since: str
+    until: str
+
+
+def _filters(
+    state: str = Query("", pattern="^(|queued|running|succeeded|failed|cancelled)$"),
+    pipeline: str = Query("", max_length=128),
+    tenant: str = Query("", max_length=128),
+    since: str = Query("", max_length=40),
+    until: str = Query("", max_length=40),
+) -> _Filters:
+    """FastAPI dependency: the request's :class:`_Filters` (422 for a value past its bounds)."""
+    return _Filters(state, pipeline, tenant, since, until)
+
+
 def _filtered(jobs: list[dict[str, Any]], pipeline: str, since: str, until: str) -> list[dict[str, Any]]:
     lo, hi = _epoch(since) if since else None, _epoch(until) if until else None
     out = []
@@ -122,31 +147,17 @@ def router(console: Console) -> APIRouter:
             return tenant or None
         return viewer.access.owner
 
-    def listed(viewer: Viewer, state: str, pipeline: str, tenant: str, since: str, until: str) -> list[dict[str, Any]]:
-        found, _ = store.list_jobs(state=parse_state(state), limit=_LIST_LIMIT, owner=scope(viewer, tenant))
-        return _filtered([j.to_resource() for j in found], pipeline, since, until)
-
-    filters = {
-        "state": Query("", pattern="^(|queued|running|succeeded|failed|cancelled)$"),
-        "pipeline": Query("", max_length=128),
-        "tenant": Query("", max_length=128),
-        "since": Query("", max_length=40),
-        "until": Query("", max_length=40),
-    }
+    def listed(viewer: Viewer, f: _Filters) -> list[dict[str, Any]]:
+        found, _ = store.list_jobs(state=parse_state(f.state), limit=_LIST_LIMIT, owner=scope(viewer, f.tenant))
+        return _filtered([j.to_resource() for j in found], f.pipeline, f.since, f.until)
 
     @r.get("/console/jobs")
     async def jobs_page(
-        request: Request,
-        viewer: Viewer = Depends(viewer_of),
-        state: str = filters["state"],
-        pipeline: str = filters["pipeline"],
-        tenant: str = filters["tenant"],
-        since: str = filters["since"],
-        until: str = filters["until"],
+        request: Request, viewer: Viewer = Depends(viewer_of), f: _Filters = Depends(_filters)
     ) -> Response:
         if store is None:
             return console.page(request, "jobs.html", page="jobs", title="Jobs", jobs=None, viewer=viewer)
-        rows = [row_of(j) for j in await asyncio.to_thread(listed, viewer, state, pipeline, tenant, since, until)]
+        rows = [row_of(j) for j in await asyncio.to_thread(listed, viewer, f)]
         names = sorted(console.extra.get("pipelines", ()))
         return console.page(
             request,
@@ -157,19 +168,13 @@ def router(console: Console) -> APIRouter:
             viewer=viewer,
             states=STATES,
             pipelines=names,
-            f={"state": state, "pipeline": pipeline, "tenant": tenant, "since": since, "until": until},
+            f=dataclasses.asdict(f),
             query=request.url.query,
         )
 
     @r.get("/console/jobs/stream")
     async def jobs_stream(
-        request: Request,
-        viewer: Viewer = Depends(viewer_of),
-        state: str = filters["state"],
-        pipeline: str = filters["pipeline"],
-        tenant: str = filters["tenant"],
-        since: str = filters["since"],
-        until: str = filters["until"],
+        request: Request, viewer: Viewer = Depends(viewer_of), f: _Filters = Depends(_filters)
     ) -> Response:
         if store is None:
             raise HTTPException(404, "this server runs no job service (--no-jobs)")
@@ -181,9 +186,7 @@ def router(console: Console) -> APIRouter:
             deadline = loop.time() + _STREAM_MAX_S
             quiet = 0
             while loop.time() < deadline and not await request.is_disconnected():
-                rows = [
-                    row_of(j) for j in await asyncio.to_thread(listed, viewer, state, pipeline, tenant, since, until)
-                ]
+                rows = [row_of(j) for j in await asyncio.to_thread(listed, viewer, f)]
                 changed = []
                 for row in rows:
                     text = json.dumps(row, sort_keys=True)

@@ -323,15 +323,26 @@ def router(console: Console) -> APIRouter:
     first_us = service.metrics.buckets_us[0]
 
     def refused(request: Request, viewer: Viewer) -> Response | None:
-        if viewer.may("infer"):
-            return None
-        return console.page(
+        return console.refused(
             request,
-            "error.html",
-            403,
-            title="Not allowed",
+            viewer,
+            "infer",
             page="models",
             message="The Models page needs a token with the infer (or admin) role.",
+        )
+
+    def shown(request: Request, viewer: Viewer, template: str, win: int, **ctx: Any) -> Response:
+        """``template`` with what both model pages show: the window (``win`` minutes) and its
+        choices, whether ``viewer`` gets the load/unload buttons, the control mode."""
+        return console.page(
+            request,
+            template,
+            page="models",
+            window=win,
+            windows=WINDOWS_MIN,
+            can_control=explicit and viewer.may("admin"),
+            mode=console.model_control_mode,
+            **ctx,
         )
 
     def minutes(window: int) -> int:
@@ -359,19 +370,7 @@ def router(console: Console) -> APIRouter:
 
         rows = await asyncio.to_thread(gather)
         note = {"loaded": f"Loaded {model}.", "unloaded": f"Unloaded {model}."}.get(done, "")
-        return console.page(
-            request,
-            "models.html",
-            page="models",
-            title="Models",
-            models=rows,
-            window=win,
-            windows=WINDOWS_MIN,
-            can_control=explicit and viewer.may("admin"),
-            mode=console.model_control_mode,
-            note=note,
-            error="",
-        )
+        return shown(request, viewer, "models.html", win, title="Models", models=rows, note=note, error="")
 
     @r.get("/{name}")
     async def model_page(
@@ -419,29 +418,18 @@ def router(console: Console) -> APIRouter:
                 page="models",
                 message=f"no model {name[:_MAX_NAME]!r} in this server's repository",
             )
-        return console.page(
-            request,
-            "model.html",
-            page="models",
-            title=f"Model {name}",
-            m=found,
-            window=win,
-            windows=WINDOWS_MIN,
-            can_control=explicit and viewer.may("admin"),
-            mode=console.model_control_mode,
-            durations=DURATIONS,
-        )
+        return shown(request, viewer, "model.html", win, title=f"Model {name}", m=found, durations=DURATIONS)
 
     async def control(name: str, request: Request, viewer: Viewer, action: str) -> Response:
-        if not viewer.may("admin"):
-            return console.page(
-                request,
-                "error.html",
-                403,
-                title="Not allowed",
-                page="models",
-                message="Loading and unloading models needs a token with the admin role.",
-            )
+        no = console.refused(
+            request,
+            viewer,
+            "admin",
+            page="models",
+            message="Loading and unloading models needs a token with the admin role.",
+        )
+        if no is not None:
+            return no
         if not explicit:
             return console.page(
                 request,

@@ -148,13 +148,10 @@ def router(console: Console) -> APIRouter:
     id_q = Query(..., alias="id", min_length=1, max_length=1024)
 
     def refused(request: Request, viewer: Viewer) -> Response | None:
-        if viewer.may("infer"):
-            return None
-        return console.page(
+        return console.refused(
             request,
-            "error.html",
-            403,
-            title="Not allowed",
+            viewer,
+            "infer",
             page="reports",
             message="The Reports page needs a token with the infer (or admin) role.",
         )

@@ -67,6 +67,10 @@ def create_viewer_pages(data: ViewerData, pipelines: PipelineRegistry) -> APIRou
         html = env.get_template(name).render(csrf_token=csrf, **ctx)
         return HTMLResponse(html, status, headers=_HEADERS)
 
+    def failed(exc: FrameserveError, request: Request) -> HTMLResponse:
+        """The results page's error page: ``exc``'s message, with its HTTP status."""
+        return page("viewer_error.html", status_for(exc.code)[0], title="Results", message=exc.message, request=request)
+
     @router.get("/viewer/static/{name}")
     async def static_file(name: str) -> Response:
         if name not in _STATIC:
@@ -88,9 +92,7 @@ def create_viewer_pages(data: ViewerData, pipelines: PipelineRegistry) -> APIRou
         try:
             job = await asyncio.to_thread(data.job, job_id, access)
         except FrameserveError as exc:
-            return page(
-                "viewer_error.html", status_for(exc.code)[0], title="Results", message=exc.message, request=request
-            )
+            return failed(exc, request)
         return page(
             "viewer.html",
             title=f"Results of job {job.id} ({job.pipeline})",
@@ -106,9 +108,7 @@ def create_viewer_pages(data: ViewerData, pipelines: PipelineRegistry) -> APIRou
         try:
             _, tl, _ = data.upload(uid, access)
         except FrameserveError as exc:
-            return page(
-                "viewer_error.html", status_for(exc.code)[0], title="Results", message=exc.message, request=request
-            )
+            return failed(exc, request)
         return page(
             "viewer.html",
             title=f"Results file ({tl.meta.get('pipeline') or 'unknown pipeline'}, {tl.meta['frames']} frames)",

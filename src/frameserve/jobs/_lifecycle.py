@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,8 +35,16 @@ import sqlalchemy as sa
 
 from frameserve.jobs._claim import check_queued
 from frameserve.jobs._errors import IdempotencyConflictError, JobStateError
+from frameserve.jobs._host import StoreHost
 from frameserve.jobs._records import Job
-from frameserve.jobs._schema import callback_deliveries, job_events, jobs, maintenance_leases, retry_keys
+from frameserve.jobs._schema import (
+    callback_deliveries,
+    fresh_run,
+    job_events,
+    jobs,
+    maintenance_leases,
+    retry_keys,
+)
 from frameserve.jobs._wake import notify
 
 if TYPE_CHECKING:
@@ -74,16 +81,11 @@ class MaintenanceLease:
     lease_s: float
 
 
-class LifecycleMixin:
+class LifecycleMixin(StoreHost):
     """Retry, delete and purge (see the module docstring); mixed into :class:`JobStore`."""
 
     if TYPE_CHECKING:
-        clock: Callable[[], float]
         quotas: Quotas | None
-
-        def _tx(self, *, write: bool = True) -> AbstractContextManager[sa.Connection]: ...
-        def _load(self, conn: sa.Connection, job_id: str, owner: str | None = None) -> Job: ...
-        def _event(self, conn: sa.Connection, job_id: str, type_: str, now: float, **data: object) -> None: ...
 
     @staticmethod
     def _not_deleting(now: float) -> sa.ColumnElement[bool]:
@@ -152,25 +154,7 @@ class LifecycleMixin:
         n = conn.execute(
             jobs.update()
             .where(jobs.c.id == job_id, jobs.c.state == job.state, jobs.c.token == job.token, self._not_deleting(now))
-            .values(
-                state="queued",
-                phase=None,
-                progress=0.0,
-                frames_done=None,
-                frames_expected=None,
-                fps=None,
-                attempt=0,
-                cancel_requested=False,
-                lease_owner=None,
-                lease_expires_at=None,
-                run_at=now,
-                started_at=None,
-                finished_at=None,
-                updated_at=now,
-                result=None,
-                error=None,
-                timings="{}",
-            )
+            .values(**fresh_run(run_at=now, now=now), frames_done=None, frames_expected=None, fps=None)
         ).rowcount
         if n != 1:
             raise JobStateError(f"job {job_id} changed while it was being retried; look at it again")

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from frameserve.jobs._errors import LeaseLostError
+from frameserve.jobs._host import StoreHost
 from frameserve.jobs._records import Job, Lease, iso
 from frameserve.jobs._schema import job_events, jobs
 from frameserve.jobs._wake import notify
@@ -35,14 +34,11 @@ running job's progress is written about once a second (at most 1/0.95 writes per
 _LOCK = threading.Lock()
 
 
-class LiveMixin:
+class LiveMixin(StoreHost):
     """Events and live progress (see the module docstring); mixed into :class:`JobStore`."""
 
     if TYPE_CHECKING:
-        clock: Callable[[], float]
 
-        def _tx(self, *, write: bool = True) -> AbstractContextManager[sa.Connection]: ...
-        def _load(self, conn: sa.Connection, job_id: str, owner: str | None = None) -> Job: ...
         def _fenced(self, lease: Lease) -> sa.ColumnElement[bool]: ...
 
     progress_writes: int = 0

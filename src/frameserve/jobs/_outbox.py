@@ -6,13 +6,13 @@ claimed again once its lease lapses."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from frameserve.jobs._host import StoreHost
 from frameserve.jobs._schema import callback_deliveries
 
 __all__ = ["Delivery", "OutboxMixin"]
@@ -41,15 +41,11 @@ class Delivery:
     created_at: float
 
 
-class OutboxMixin:
+class OutboxMixin(StoreHost):
     """The callback outbox (see the module docstring); mixed into :class:`JobStore`."""
 
     if TYPE_CHECKING:
-        clock: Callable[[], float]
         callback_schedule_s: Sequence[float]
-
-        def _tx(self, *, write: bool = True) -> AbstractContextManager[sa.Connection]: ...
-        def _event(self, conn: sa.Connection, job_id: str, type_: str, now: float, **data: object) -> None: ...
 
     def claim_delivery(self, *, lease_s: float) -> Delivery | None:
         """Claim the next due callback delivery (pending and due, or in flight with an expired

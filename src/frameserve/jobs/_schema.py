@@ -8,9 +8,21 @@ submitted a job (``""``: the implicit owner); an ``Idempotency-Key`` is unique p
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 
-__all__ = ["callback_deliveries", "job_events", "jobs", "maintenance_leases", "metadata", "retry_keys", "tenant_claims"]
+__all__ = [
+    "callback_deliveries",
+    "fresh_run",
+    "job_events",
+    "jobs",
+    "maintenance_leases",
+    "metadata",
+    "queued_again",
+    "retry_keys",
+    "tenant_claims",
+]
 
 metadata = sa.MetaData()
 
@@ -117,3 +129,32 @@ maintenance_leases = sa.Table(
     sa.Column("expires_at", sa.Double(), nullable=False),
 )
 """Singleton tasks' leases (``retention``): holder, expiry, fencing token (:mod:`frameserve.jobs._retention`)."""
+
+
+def queued_again(*, run_at: float, now: float) -> dict[str, Any]:
+    """The ``jobs`` columns of a job put (back) in the queue, claimable from ``run_at``: no phase,
+    no lease (times in seconds since the epoch, ``now`` the store's clock)."""
+    return {
+        "state": "queued",
+        "phase": None,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "run_at": run_at,
+        "updated_at": now,
+    }
+
+
+def fresh_run(*, run_at: float, now: float) -> dict[str, Any]:
+    """:func:`queued_again`, and every trace of an earlier run cleared: a job as submitted (attempt
+    0, no progress, no cancellation asked, no start or finish time, result, error or timings)."""
+    return {
+        **queued_again(run_at=run_at, now=now),
+        "progress": 0.0,
+        "attempt": 0,
+        "cancel_requested": False,
+        "started_at": None,
+        "finished_at": None,
+        "result": None,
+        "error": None,
+        "timings": "{}",
+    }

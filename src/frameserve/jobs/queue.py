@@ -25,13 +25,12 @@ for (``store.next_job_due_at()``, ``store.next_delivery_due_at()``). How that id
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 
+from frameserve.jobs._host import StoreHost
 from frameserve.jobs._records import STATES, State
 from frameserve.jobs._schema import callback_deliveries, jobs
 
@@ -118,14 +117,9 @@ def _by_state(conn: sa.Connection) -> dict[State, int]:
     return out
 
 
-class QueueMixin:
+class QueueMixin(StoreHost):
     """The queue's counts and due times, each one query of the store (see the module
     docstring); mixed into :class:`~frameserve.jobs.store.JobStore`."""
-
-    if TYPE_CHECKING:
-        clock: Callable[[], float]
-
-        def _tx(self, *, write: bool = True) -> AbstractContextManager[sa.Connection]: ...
 
     def counts(self) -> dict[State, int]:
         """Jobs per state (every state present, zero where none)."""

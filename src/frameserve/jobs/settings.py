@@ -35,9 +35,10 @@ with tokens, and every ``worker``: ``tenants=True``).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from frameserve.config import Settings
 from frameserve.jobs.storage import DEFAULT_MAX_SOURCE_BYTES, Storage
@@ -51,6 +52,23 @@ processing per attempt), seconds."""
 
 def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _given(value: Any, env: Mapping[str, str], name: str, default: Any = None) -> Any:
+    """``value`` when given (not ``None``), else the environment's ``name`` when set and not
+    empty (a string), else ``default``: an argument wins over the environment, which wins over
+    the default."""
+    return value if value is not None else env.get(name) or default
+
+
+def _switch(value: bool | None, env: Mapping[str, str], name: str) -> bool:
+    """``value`` when given, else whether the environment's ``name`` says yes (``1``, ``true`` ...)."""
+    return value if value is not None else _flag(env.get(name))
+
+
+def _optional(value: str | float | None, cast: Callable[[Any], Any]) -> Any:
+    """``cast(value)``, or ``None`` for ``None``."""
+    return None if value is None else cast(value)
 
 
 @dataclass(frozen=True)
@@ -234,54 +252,22 @@ class JobsSettings:
             db_url=db_url or env.get("FRAMESERVE_DB") or f"sqlite:///{settings.home / 'jobs.db'}",
             file_roots=tuple(roots),
             implicit_file_root=implicit,
-            shared_file_root=(
-                shared_file_root if shared_file_root is not None else _flag(env.get("FRAMESERVE_SHARED_FILE_ROOT"))
-            ),
+            shared_file_root=_switch(shared_file_root, env, "FRAMESERVE_SHARED_FILE_ROOT"),
             s3_endpoint_url=s3_endpoint_url or env.get("FRAMESERVE_S3_ENDPOINT_URL") or None,
             webhook_secret=webhook_secret or env.get("FRAMESERVE_WEBHOOK_SECRET") or None,
-            callbacks_allow_private=(
-                callbacks_allow_private
-                if callbacks_allow_private is not None
-                else _flag(env.get("FRAMESERVE_CALLBACKS_ALLOW_PRIVATE"))
-            ),
-            lease_s=float(lease_s if lease_s is not None else env.get("FRAMESERVE_LEASE_S") or 30.0),
-            max_attempts=int(max_attempts if max_attempts is not None else env.get("FRAMESERVE_MAX_ATTEMPTS") or 5),
-            sources_allow_private=(
-                sources_allow_private
-                if sources_allow_private is not None
-                else _flag(env.get("FRAMESERVE_SOURCES_ALLOW_PRIVATE"))
-            ),
+            callbacks_allow_private=_switch(callbacks_allow_private, env, "FRAMESERVE_CALLBACKS_ALLOW_PRIVATE"),
+            lease_s=float(_given(lease_s, env, "FRAMESERVE_LEASE_S", 30.0)),
+            max_attempts=int(_given(max_attempts, env, "FRAMESERVE_MAX_ATTEMPTS", 5)),
+            sources_allow_private=_switch(sources_allow_private, env, "FRAMESERVE_SOURCES_ALLOW_PRIVATE"),
             s3_allow_buckets=tuple(dict.fromkeys(buckets)),
             max_source_bytes=int(
-                max_source_bytes
-                if max_source_bytes is not None
-                else env.get("FRAMESERVE_MAX_SOURCE_BYTES") or DEFAULT_MAX_SOURCE_BYTES
+                _given(max_source_bytes, env, "FRAMESERVE_MAX_SOURCE_BYTES", DEFAULT_MAX_SOURCE_BYTES)
             ),
-            source_timeout_s=float(
-                source_timeout_s if source_timeout_s is not None else env.get("FRAMESERVE_SOURCE_TIMEOUT_S") or 1800.0
-            ),
-            source_idle_timeout_s=float(
-                source_idle_timeout_s
-                if source_idle_timeout_s is not None
-                else env.get("FRAMESERVE_SOURCE_IDLE_TIMEOUT_S") or 30.0
-            ),
-            job_timeout_s=float(
-                job_timeout_s if job_timeout_s is not None else env.get("FRAMESERVE_JOB_TIMEOUT_S") or 14400.0
-            ),
-            job_memory_limit_mb=(
-                job_memory_limit_mb
-                if job_memory_limit_mb is not None
-                else int(env["FRAMESERVE_JOB_MEMORY_LIMIT_MB"])
-                if env.get("FRAMESERVE_JOB_MEMORY_LIMIT_MB")
-                else None
-            ),
-            max_job_timeout_s=(
-                max_job_timeout_s
-                if max_job_timeout_s is not None
-                else float(env["FRAMESERVE_MAX_JOB_TIMEOUT_S"])
-                if env.get("FRAMESERVE_MAX_JOB_TIMEOUT_S")
-                else None
-            ),
+            source_timeout_s=float(_given(source_timeout_s, env, "FRAMESERVE_SOURCE_TIMEOUT_S", 1800.0)),
+            source_idle_timeout_s=float(_given(source_idle_timeout_s, env, "FRAMESERVE_SOURCE_IDLE_TIMEOUT_S", 30.0)),
+            job_timeout_s=float(_given(job_timeout_s, env, "FRAMESERVE_JOB_TIMEOUT_S", 14400.0)),
+            job_memory_limit_mb=_optional(_given(job_memory_limit_mb, env, "FRAMESERVE_JOB_MEMORY_LIMIT_MB"), int),
+            max_job_timeout_s=_optional(_given(max_job_timeout_s, env, "FRAMESERVE_MAX_JOB_TIMEOUT_S"), float),
             isolate_pipelines=(
                 isolate_pipelines
                 if isolate_pipelines is not None

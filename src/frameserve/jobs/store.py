@@ -54,7 +54,7 @@ from frameserve.jobs._live import LiveMixin
 from frameserve.jobs._outbox import Delivery, OutboxMixin
 from frameserve.jobs._policy import RetryPolicy
 from frameserve.jobs._records import STATES, TERMINAL, Job, JobSpec, Lease, Phase, State, iso, parse_state
-from frameserve.jobs._schema import callback_deliveries, job_events, jobs
+from frameserve.jobs._schema import callback_deliveries, fresh_run, job_events, jobs, queued_again
 from frameserve.jobs._wake import Signal, notify, take_wakes
 from frameserve.jobs.queue import QueueMixin
 from frameserve.security.quotas import Quotas
@@ -263,29 +263,16 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
                             idempotency_key=idempotency_key,
                             owner=spec.owner,
                             request_hash=digest,
-                            state="queued",
-                            phase=None,
-                            progress=0.0,
+                            **fresh_run(run_at=run_at, now=now),
                             source=spec.source,
                             target=spec.target,
                             pipeline=spec.pipeline,
                             params=json.dumps(dict(spec.params)),
                             callback_url=spec.callback_url,
                             priority=int(spec.priority),
-                            attempt=0,
                             max_attempts=int(spec.max_attempts),
                             token=0,
-                            lease_owner=None,
-                            lease_expires_at=None,
-                            cancel_requested=False,
-                            run_at=run_at,
                             created_at=now,
-                            started_at=None,
-                            finished_at=None,
-                            updated_at=now,
-                            timings="{}",
-                            result=None,
-                            error=None,
                             backoff=json.dumps(dict(spec.backoff)) if spec.backoff else None,
                             timeout_s=None if spec.timeout_s is None else float(spec.timeout_s),
                         )
@@ -468,15 +455,7 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
             conn.execute(
                 jobs.update()
                 .where(jobs.c.id == job.id)
-                .values(
-                    state="queued",
-                    phase=None,
-                    attempt=jobs.c.attempt - 1,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    run_at=now,
-                    updated_at=now,
-                )
+                .values(**queued_again(run_at=now, now=now), attempt=jobs.c.attempt - 1)
             )
             self._event(conn, job.id, "released", now, worker=lease.owner, token=lease.token)
             notify(conn, "job", now)
@@ -532,15 +511,7 @@ class JobStore(LifecycleMixin, LiveMixin, OutboxMixin, QueueMixin):
         conn.execute(
             jobs.update()
             .where(jobs.c.id == job.id)
-            .values(
-                state="queued",
-                phase=None,
-                lease_owner=None,
-                lease_expires_at=None,
-                run_at=now + delay,
-                updated_at=now,
-                error=json.dumps(err),
-            )
+            .values(**queued_again(run_at=now + delay, now=now), error=json.dumps(err))
         )
         self._event(conn, job.id, "retry_scheduled", now, delay_s=round(delay, 3), error=err)
         notify(conn, "job", now + delay)

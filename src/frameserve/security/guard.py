@@ -25,7 +25,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -61,8 +61,12 @@ def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     return None
 
 
-def _v4_refusal(ip: ipaddress.IPv4Address) -> str | None:
-    if any(ip in net for net in _NOT_GLOBAL_V4):
+def _flagged(
+    ip: IPAddress, not_global: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network], last: tuple[str, bool]
+) -> str | None:
+    """The checks both address families share, in order: a block of ``not_global``, then the
+    ``ipaddress`` flags (``last``: the family's own final one); the first reason, or ``None``."""
+    if any(ip in net for net in not_global):
         return "not globally routable"
     for what, flag in (
         ("unspecified", ip.is_unspecified),
@@ -70,10 +74,17 @@ def _v4_refusal(ip: ipaddress.IPv4Address) -> str | None:
         ("link-local", ip.is_link_local),
         ("multicast", ip.is_multicast),
         ("private", ip.is_private),
-        ("reserved", ip.is_reserved),
+        last,
     ):
         if flag:
             return what
+    return None
+
+
+def _v4_refusal(ip: ipaddress.IPv4Address) -> str | None:
+    why = _flagged(ip, _NOT_GLOBAL_V4, ("reserved", ip.is_reserved))
+    if why is not None:
+        return why
     return None if ip.is_global else "not globally routable"
 
 
@@ -95,18 +106,9 @@ def address_refusal(ip: IPAddress) -> str | None:
             return None  # the IPv4 address is what is reached
         if ip in _COMPAT:
             return "reserved (IPv4-compatible IPv6 address)"
-    if any(ip in net for net in _NOT_GLOBAL_V6):
-        return "not globally routable"
-    for what, flag in (
-        ("unspecified", ip.is_unspecified),
-        ("loopback", ip.is_loopback),
-        ("link-local", ip.is_link_local),
-        ("multicast", ip.is_multicast),
-        ("private", ip.is_private),
-        ("site-local", ip.is_site_local),
-    ):
-        if flag:
-            return what
+    why = _flagged(ip, _NOT_GLOBAL_V6, ("site-local", ip.is_site_local))
+    if why is not None:
+        return why
     if ip.is_reserved and inner is None:
         return "reserved"
     return None if ip.is_global else "not globally routable"

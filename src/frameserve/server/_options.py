@@ -16,6 +16,7 @@ from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.protocol import MODEL_CONTROL_MODES
 from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.http import DEFAULT_MAX_BODY_BYTES
+from frameserve.security.auth import is_loopback
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 from frameserve.security.quotas import Quotas
 from frameserve.security.tokens import TokenTable
@@ -137,6 +138,12 @@ class ServerOptions:
         """The address the ``http``, ``grpc`` or ``metrics`` listener binds."""
         own = {"http": self.http_host, "grpc": self.grpc_host, "metrics": self.metrics_host}[kind]
         return self.host if own is None else own
+
+    def loopback_hosts_only(self, kind: str) -> bool:
+        """Whether the ``kind`` listener (``http``, ``grpc``, ``metrics``) answers only requests
+        whose Host names a loopback address: a server without tokens bound to loopback (DNS
+        rebinding)."""
+        return self.tokens is None and is_loopback(self.host_for(kind))
 
     @property
     def tls(self) -> bool:

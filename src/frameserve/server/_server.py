@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Any
 
 from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.protocol.http import create_app, create_metrics_app
-from frameserve.security.auth import is_loopback
 from frameserve.security.quotas import InferGate, connection_gate
 from frameserve.server._frontend import FrontendConfig
 from frameserve.server._options import ServerOptions, grpc_cpus
@@ -320,7 +319,7 @@ class Server:
                 tokens=opts.tokens,
                 auth_health=opts.auth_health,
                 limits=opts.limits,
-                loopback_hosts_only=opts.tokens is None and is_loopback(opts.host_for("http")),
+                loopback_hosts_only=opts.loopback_hosts_only("http"),
                 shared_memory=self.shared_memory,
                 infer_gate=InferGate.of(opts.quotas),
                 log_settings=opts.log_settings,
@@ -333,7 +332,7 @@ class Server:
                 self.service,
                 tokens=opts.tokens,
                 auth_health=opts.auth_health,
-                loopback_hosts_only=opts.tokens is None and is_loopback(opts.host_for("metrics")),
+                loopback_hosts_only=opts.loopback_hosts_only("metrics"),
             )
         tasks: list[asyncio.Task[None]] = []
         connections = connection_gate(opts.quotas)  # one count over this process's listeners
@@ -406,7 +405,7 @@ class Server:
                 limits=opts.limits,
                 tokens=opts.tokens,
                 auth_health=opts.auth_health,
-                loopback_hosts_only=opts.tokens is None and is_loopback(opts.host_for("http")),
+                loopback_hosts_only=opts.loopback_hosts_only("http"),
                 tls_cert_file=opts.tls_cert_file,
                 tls_key_file=opts.tls_key_file,
                 tls=self._tls,

@@ -9,8 +9,9 @@ half of it that changes what is loaded, the other half runs requests on it.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -320,30 +321,19 @@ class ModelTable:
                 raise
             return session
 
-        scheduler: Scheduler
+        make: Callable[..., Scheduler] = Scheduler
         if config.sequence is not None:  # a stateful model: the sequence batcher
-            scheduler = SequenceScheduler(
-                config,
-                version,
-                specs,
-                open_session,
-                clock=self.clock,
-                metrics=self.metrics,
-                max_queue_size=self.max_queue_size,
-                model_dir=model_dir or path.parent,
-                rate_limiter=self.rate_limiter,
-            )
-        else:
-            scheduler = Scheduler(
-                config,
-                version,
-                specs,
-                open_session,
-                clock=self.clock,
-                metrics=self.metrics,
-                rate_limiter=self.rate_limiter,
-                max_queue_size=self.max_queue_size,
-            )
+            make = functools.partial(SequenceScheduler, model_dir=model_dir or path.parent)
+        scheduler = make(
+            config,
+            version,
+            specs,
+            open_session,
+            clock=self.clock,
+            metrics=self.metrics,
+            max_queue_size=self.max_queue_size,
+            rate_limiter=self.rate_limiter,
+        )
         try:
             respond = ResponsePath.open(
                 scheduler.config,

@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 import numpy as np
@@ -20,6 +20,7 @@ import numpy as np
 from frameserve.errors import FrameserveError, InferenceError, InvalidInputError
 
 __all__ = [
+    "FIGURES",
     "LoadTarget",
     "MeasureSettings",
     "Measurement",
@@ -32,6 +33,11 @@ __all__ = [
 ]
 
 Inputs = Mapping[str, np.ndarray[Any, Any]]
+
+FIGURES: tuple[str, ...] = ("throughput", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "cpu_s_per_infer")
+"""The figures of a :class:`Measurement` every table of the tuning layer shows, in this order
+(``perf.csv``'s and ``trials.csv``'s columns): throughput in inferences/s, latencies in ms, CPU
+seconds per inference."""
 
 
 @dataclass(frozen=True)
@@ -214,22 +220,9 @@ class Measurement:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (``nan`` latencies as ``None``)."""
         out: dict[str, Any] = {}
-        for key in (
-            "batch",
-            "concurrency",
-            "requests",
-            "duration_s",
-            "throughput",
-            "p50_ms",
-            "p90_ms",
-            "p99_ms",
-            "mean_ms",
-            "cpu_s_per_infer",
-            "windows",
-            "stable",
-        ):
-            value = getattr(self, key)
-            out[key] = None if isinstance(value, float) and math.isnan(value) else value
+        for f in fields(self):  # in declaration order
+            value = getattr(self, f.name)
+            out[f.name] = None if isinstance(value, float) and math.isnan(value) else value
         return out
 
 

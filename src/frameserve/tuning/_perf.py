@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,6 +34,25 @@ def _note(m: Measurement | None, *, oversubscribed: str = "") -> str:
 
 Progress = Callable[[int, int, PerfRow], None]
 """``progress(done, total, row)``: called after each configuration."""
+
+
+@dataclass(frozen=True)
+class _Sweep:
+    """What :func:`perf` was asked to sweep and how (its arguments of the same names), for
+    either way of running it."""
+
+    model: str | None
+    version: int | None
+    batches: Sequence[int]
+    concurrencies: Sequence[int]
+    instances: Sequence[int]
+    threads: Sequence[int] | None
+    shapes: Mapping[str, tuple[int, ...]] | None
+    settings: MeasureSettings
+    server_pid: int | None
+    profile: bool
+    progress: Progress | None
+    machine: SystemInfo
 
 
 def perf(
@@ -106,67 +126,38 @@ def perf(
         raise InvalidInputError("give a model folder / repository, or one server (--url or --grpc), not both")
     if out is not None:
         require_matplotlib()
+    sweep = _Sweep(
+        model=model,
+        version=version,
+        batches=batches,
+        concurrencies=concurrencies,
+        instances=instances,
+        threads=threads,
+        shapes=shapes,
+        settings=settings,
+        server_pid=server_pid,
+        profile=profile,
+        progress=progress,
+        machine=machine,
+    )
     if servers:
-        result = _perf_server(
-            url,
-            grpc,
-            model=model,
-            version=version,
-            batches=batches,
-            concurrencies=concurrencies,
-            instances=instances,
-            threads=threads,
-            shapes=shapes,
-            settings=settings,
-            server_pid=server_pid,
-            profile=profile,
-            progress=progress,
-            machine=machine,
-        )
+        result = _perf_server(url, grpc, sweep)
     else:
         assert source is not None
-        result = _perf_in_process(
-            Path(source),
-            model=model,
-            version=version,
-            batches=batches,
-            concurrencies=concurrencies,
-            instances=instances,
-            threads=threads,
-            shapes=shapes,
-            settings=settings,
-            server_pid=server_pid,
-            profile=profile,
-            progress=progress,
-            machine=machine,
-        )
+        result = _perf_in_process(Path(source), sweep)
     if out is not None:
         write_perf_report(result, Path(out))
     return result
 
 
-def _perf_server(
-    url: str | None,
-    grpc: str | None,
-    *,
-    model: str | None,
-    version: int | None,
-    batches: Sequence[int],
-    concurrencies: Sequence[int],
-    instances: Sequence[int],
-    threads: Sequence[int] | None,
-    shapes: Mapping[str, tuple[int, ...]] | None,
-    settings: MeasureSettings,
-    server_pid: int | None,
-    profile: bool,
-    progress: Progress | None,
-    machine: SystemInfo,
-) -> PerfResult:
+def _perf_server(url: str | None, grpc: str | None, sweep: _Sweep) -> PerfResult:
+    model, version, batches, concurrencies = sweep.model, sweep.version, sweep.batches, sweep.concurrencies
+    settings, progress = sweep.settings, sweep.progress
     if not model:
         raise InvalidInputError("against a server, name the model with --model")
-    if profile:
+    if sweep.profile:
         raise InvalidInputError("--profile runs the model in process; give a model folder instead of a server")
-    if threads is not None or list(instances) != [1]:
+    if sweep.threads is not None or list(sweep.instances) != [1]:
         raise InvalidInputError("--instances and --threads are set by the server's config; they apply in process only")
     protocol: Literal["http", "grpc"] = "http" if url else "grpc"
     address = str(url or grpc)
@@ -175,10 +166,11 @@ def _perf_server(
         protocol=protocol,
         model=model,
         version=None if version is None else str(version),
-        server_pid=server_pid,
+        server_pid=sweep.server_pid,
     )
     inputs = {
-        b: make_inputs(target.inputs, max_batch_size=target.max_batch_size, batch=b, shapes=shapes) for b in batches
+        b: make_inputs(target.inputs, max_batch_size=target.max_batch_size, batch=b, shapes=sweep.shapes)
+        for b in batches
     }
     configs = list(itertools.product(batches, concurrencies))
     rows: list[PerfRow] = []
@@ -187,7 +179,7 @@ def _perf_server(
         rows.append(row)
         if progress:
             progress(len(rows), len(configs), row)
-    return PerfResult(model, version, protocol, address, settings, machine, target.info, tuple(rows))
+    return PerfResult(model, version, protocol, address, settings, sweep.machine, target.info, tuple(rows))
 
 
 def _one(
@@ -211,29 +203,16 @@ def _one(
     return PerfRow(n_inst, n_threads, batch, conc, m, note=_note(m, oversubscribed=oversubscribed))
 
 
-def _perf_in_process(
-    source: Path,
-    *,
-    model: str | None,
-    version: int | None,
-    batches: Sequence[int],
-    concurrencies: Sequence[int],
-    instances: Sequence[int],
-    threads: Sequence[int] | None,
-    shapes: Mapping[str, tuple[int, ...]] | None,
-    settings: MeasureSettings,
-    server_pid: int | None,
-    profile: bool,
-    progress: Progress | None,
-    machine: SystemInfo,
-) -> PerfResult:
-    if server_pid is not None:
+def _perf_in_process(source: Path, sweep: _Sweep) -> PerfResult:
+    batches, concurrencies, shapes = sweep.batches, sweep.concurrencies, sweep.shapes
+    settings, progress, machine = sweep.settings, sweep.progress, sweep.machine
+    if sweep.server_pid is not None:
         raise InvalidInputError("--server-pid is for a server (--url / --grpc); in process perf measures itself")
-    found = model_file(source, model, version)
+    found = model_file(source, sweep.model, sweep.version)
     repo, name, config, version, path = found.repo, found.name, found.config, found.version, found.path
     raw = {k: v for k, v in repo.raw_config(name).items() if k != "name"}
     budget = machine.cpu_budget
-    pairs = [(i, t) for i in instances for t in (threads or [max(1, budget // i)])]
+    pairs = [(i, t) for i in sweep.instances for t in (sweep.threads or [max(1, budget // i)])]
     total = len(pairs) * len(batches) * len(concurrencies)
     rows: list[PerfRow] = []
     info: dict[str, Any] = {}
@@ -266,7 +245,7 @@ def _perf_in_process(
                 rows.append(row)
                 if progress:
                     progress(len(rows), total, row)
-            if profile and prof is None:
+            if sweep.profile and prof is None:
                 with tempfile.TemporaryDirectory(prefix="frameserve-profile-") as tmp:
                     prof = profile_model(
                         config,

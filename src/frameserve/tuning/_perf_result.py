@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from frameserve.tuning._measure import Measurement, MeasureSettings
+from frameserve.tuning._measure import FIGURES, Measurement, MeasureSettings
 from frameserve.tuning._profile import Profile
 from frameserve.tuning._sysinfo import SystemInfo
 
@@ -23,12 +23,7 @@ ROW_FIELDS: tuple[str, ...] = (
     "threads",
     "batch",
     "concurrency",
-    "throughput",
-    "p50_ms",
-    "p90_ms",
-    "p99_ms",
-    "mean_ms",
-    "cpu_s_per_infer",
+    *FIGURES,
     "requests",
     "duration_s",
     "windows",

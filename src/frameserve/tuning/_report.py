@@ -24,6 +24,7 @@ from frameserve.tuning._perf_result import ROW_FIELDS, PerfResult
 __all__ = [
     "PERF_FILES",
     "bar_plot",
+    "figures_table",
     "html_page",
     "html_table",
     "line_plot",
@@ -220,6 +221,17 @@ def html_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, caption
     return f"<table{cls}>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def figures_table(columns: Sequence[str], rows: Iterable[Mapping[str, Any]], *, css_class: str) -> str:
+    """:func:`html_table` of ``rows`` (flat dicts with the :data:`~frameserve.tuning._measure.FIGURES`
+    among their keys) in ``columns``, captioned with the figures' units."""
+    return html_table(
+        columns,
+        ([r[k] for k in columns] for r in rows),
+        css_class=css_class,
+        caption="throughput in inferences/s; latency in ms; CPU seconds per inference",
+    )
+
+
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}
@@ -340,17 +352,7 @@ def write_perf_report(result: PerfResult, out: Path) -> dict[str, Path]:
         ("stability", f"{result.settings.stability * 100:g} % (at most {result.settings.max_windows} windows)"),
     ]
     sections.append(("Run", html_table(("what", "value"), run_facts, css_class="run")))
-    sections.append(
-        (
-            "Results",
-            html_table(
-                ROW_FIELDS,
-                ([r[k] for k in ROW_FIELDS] for r in rows),
-                css_class="results",
-                caption="throughput in inferences/s; latency in ms; CPU seconds per inference",
-            ),
-        )
-    )
+    sections.append(("Results", figures_table(ROW_FIELDS, rows, css_class="results")))
     for name, alt in (
         ("throughput_vs_p99.png", "throughput vs p99 latency"),
         ("vs_batch.png", "by batch size"),

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from frameserve.errors import InvalidInputError
 from frameserve.tuning._finalists import Finalist, confidence, default_unless_beaten, median
-from frameserve.tuning._measure import Measurement, MeasureSettings
+from frameserve.tuning._measure import FIGURES, Measurement, MeasureSettings
 from frameserve.tuning._space import DIMENSIONS, Candidate, SearchSpace
 
 __all__ = [
@@ -158,6 +158,9 @@ CONFIG_FIELDS: tuple[str, ...] = (
 )
 """A trial's configuration, as the columns of ``trials.csv`` and the report's comparison name it."""
 
+_MEASURED_TOO = ("requests", "windows", "stable")
+"""The measurement's other columns in ``trials.csv``, after :data:`FIGURES`."""
+
 TRIAL_FIELDS: tuple[str, ...] = (
     "trial",
     "phase",
@@ -165,15 +168,8 @@ TRIAL_FIELDS: tuple[str, ...] = (
     "config",
     *CONFIG_FIELDS,
     "concurrency",
-    "throughput",
-    "p50_ms",
-    "p90_ms",
-    "p99_ms",
-    "mean_ms",
-    "cpu_s_per_infer",
-    "requests",
-    "windows",
-    "stable",
+    *FIGURES,
+    *_MEASURED_TOO,
     "window_s",
     "feasible",
     "score",
@@ -215,17 +211,7 @@ def trial_rows(trials: Sequence[Trial]) -> list[dict[str, Any]]:
             "elapsed_s": round(t.elapsed_s, 3),
             "error": t.error,
         }
-        for key in (
-            "throughput",
-            "p50_ms",
-            "p90_ms",
-            "p99_ms",
-            "mean_ms",
-            "cpu_s_per_infer",
-            "requests",
-            "windows",
-            "stable",
-        ):
+        for key in (*FIGURES, *_MEASURED_TOO):
             row[key] = m.get(key)
         rows.append({k: row.get(k) for k in TRIAL_FIELDS})
     return rows

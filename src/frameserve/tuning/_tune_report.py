@@ -16,6 +16,7 @@ from frameserve.repository import ModelRepository
 from frameserve.tuning._quantize import write_model_folder
 from frameserve.tuning._report import (
     bar_plot,
+    figures_table,
     html_page,
     html_table,
     line_plot,
@@ -313,15 +314,5 @@ def _report(result: TuneResult, data: Mapping[str, Any], tmp: Path) -> str:
         "repeat",
         "error",
     )
-    sections.append(
-        (
-            "Every trial",
-            html_table(
-                cols,
-                ([r[k] for k in cols] for r in rows),
-                css_class="trials",
-                caption="throughput in inferences/s; latency in ms; CPU seconds per inference",
-            ),
-        )
-    )
+    sections.append(("Every trial", figures_table(cols, rows, css_class="trials")))
     return html_page(f"frameserve tune: {result.model}", sections)

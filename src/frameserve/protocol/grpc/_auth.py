@@ -46,7 +46,18 @@ def principal_of(tokens: TokenTable | None, context: Any) -> Principal:
     return Principal("", frozenset())
 
 
-class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class _Checks:
+    """What both interceptors check calls against (their arguments, see :class:`TokenInterceptor`)."""
+
+    def __init__(
+        self, tokens: TokenTable | None, *, auth_health: bool = False, infer_gate: InferGate | None = None
+    ) -> None:
+        self.tokens = tokens
+        self.auth_health = auth_health
+        self.infer_gate = infer_gate
+
+
+class TokenInterceptor(_Checks, grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Checks each call's bearer token against ``tokens`` (see the module docstring).
 
     Args:
@@ -58,13 +69,6 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             (``None``: not here).
     """
 
-    def __init__(
-        self, tokens: TokenTable | None, *, auth_health: bool = False, infer_gate: InferGate | None = None
-    ) -> None:
-        self.tokens = tokens
-        self.auth_health = auth_health
-        self.infer_gate = infer_gate
-
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -75,15 +79,8 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return handler if refusal is None else _refusing(handler, *refusal)
 
 
-class ThreadedTokenInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+class ThreadedTokenInterceptor(_Checks, grpc.ServerInterceptor):  # type: ignore[misc]
     """:class:`TokenInterceptor` for the thread-pool server (``grpc.server``)."""
-
-    def __init__(
-        self, tokens: TokenTable | None, *, auth_health: bool = False, infer_gate: InferGate | None = None
-    ) -> None:
-        self.tokens = tokens
-        self.auth_health = auth_health
-        self.infer_gate = infer_gate
 
     def intercept_service(
         self,

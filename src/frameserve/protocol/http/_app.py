@@ -38,7 +38,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from fastapi import FastAPI
@@ -84,6 +84,14 @@ _JSON = "application/json"
 _PROMETHEUS_TEXT = CONTENT_TYPE_LATEST
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+class _Settings(Protocol):
+    """Run-time settings served on a GET/POST pair (Triton's logging and trace settings)."""
+
+    def current(self) -> dict[str, Any]: ...
+
+    def update(self, changes: object) -> dict[str, Any]: ...
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -346,28 +354,25 @@ def create_app(
     for path, method, handler in shared_memory_routes(shared_memory, lambda r: _optional_json(r, max_body_bytes)):
         route(path, method)(handler)
 
-    if log_settings is not None:
-        settings = log_settings
+    def settings_routes(path: str, settings: _Settings) -> None:
+        """GET ``path``: the settings as they are; POST: change them (a JSON object), answer them."""
 
-        @route("/v2/logging", "GET")
-        async def get_logging(request: Request) -> Response:
+        async def get_settings(request: Request) -> Response:
             return _json(settings.current())
 
-        @route("/v2/logging", "POST")
-        async def set_logging(request: Request) -> Response:
+        async def set_settings(request: Request) -> Response:
             return _json(settings.update(await _optional_json(request, max_body_bytes)))
+
+        route(path, "GET")(get_settings)
+        route(path, "POST")(set_settings)
+
+    if log_settings is not None:
+        settings_routes("/v2/logging", log_settings)
 
     tracer = getattr(service, "tracer", None)
     if tracer is not None:  # Triton's trace extension (frameserve.scheduler._trace)
         trace_settings = tracer
-
-        @route("/v2/trace/setting", "GET")
-        async def get_trace(request: Request) -> Response:
-            return _json(trace_settings.current())
-
-        @route("/v2/trace/setting", "POST")
-        async def set_trace(request: Request) -> Response:
-            return _json(trace_settings.update(await _optional_json(request, max_body_bytes)))
+        settings_routes("/v2/trace/setting", trace_settings)
 
         @route("/v2/models/{model}/trace/setting", "GET")
         async def get_model_trace(request: Request) -> Response:

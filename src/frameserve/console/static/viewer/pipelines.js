@@ -15,44 +15,40 @@
   }
   window.frameserveUploadResults = uploadResults;
 
-  var openForm = document.getElementById("open-results");
-  if (openForm) {
-    openForm.addEventListener("submit", async function (ev) {
+  // a form with one file input: submit checks that a file was chosen, runs run(file, status) and
+  // shows what failed, prefixed with `failed`, in the status line
+  function onFileForm(formId, statusId, fileId, missing, failed, run) {
+    var form = document.getElementById(formId);
+    if (!form) return;
+    form.addEventListener("submit", async function (ev) {
       ev.preventDefault();
-      var status = document.getElementById("open-status");
-      var file = document.getElementById("results-file").files[0];
-      if (!file) { status.textContent = "Choose a results file first."; return; }
-      status.textContent = "Uploading " + file.name + "…";
-      try {
-        var doc = await uploadResults(file);
-        status.textContent = "Opened: " + doc.frames + " frames.";
-        location.assign(doc.url);
-      } catch (e) { status.textContent = "Refused: " + e.message; status.classList.add("error"); }
+      var status = document.getElementById(statusId);
+      var file = document.getElementById(fileId).files[0];
+      if (!file) { status.textContent = missing; return; }
+      try { await run(file, status); } catch (e) { status.textContent = failed + e.message; status.classList.add("error"); }
     });
   }
 
-  var tryForm = document.getElementById("try-form");
-  if (tryForm) {
-    tryForm.addEventListener("submit", async function (ev) {
-      ev.preventDefault();
-      var status = document.getElementById("try-status");
-      var file = document.getElementById("try-file").files[0];
-      var params = document.getElementById("try-params").value.trim();
-      if (!file) { status.textContent = "Choose a clip first."; return; }
-      if (params) { try { JSON.parse(params); } catch (e) { status.textContent = "Parameters are not JSON: " + e.message; return; } }
-      var form = new FormData();
-      form.append("file", file);
-      form.append("pipeline", document.getElementById("try-pipeline").value);
-      if (params) form.append("params", params);
-      status.textContent = "Analyzing " + file.name + "…";
-      try {
-        var r = await fetch("/v1/analyze", { method: "POST", body: form, headers: csrfHeaders(), credentials: "same-origin" });
-        var text = await r.text();
-        if (!r.ok) { var err = {}; try { err = JSON.parse(text); } catch (e) { /* not JSON */ } throw new Error(err.error || ("HTTP " + r.status)); }
-        status.textContent = "Analyzed; opening the viewer…";
-        var doc = await uploadResults(text);
-        location.assign(doc.url);
-      } catch (e) { status.textContent = "Failed: " + e.message; status.classList.add("error"); }
-    });
-  }
+  onFileForm("open-results", "open-status", "results-file", "Choose a results file first.", "Refused: ", async function (file, status) {
+    status.textContent = "Uploading " + file.name + "…";
+    var doc = await uploadResults(file);
+    status.textContent = "Opened: " + doc.frames + " frames.";
+    location.assign(doc.url);
+  });
+
+  onFileForm("try-form", "try-status", "try-file", "Choose a clip first.", "Failed: ", async function (file, status) {
+    var params = document.getElementById("try-params").value.trim();
+    if (params) { try { JSON.parse(params); } catch (e) { status.textContent = "Parameters are not JSON: " + e.message; return; } }
+    var form = new FormData();
+    form.append("file", file);
+    form.append("pipeline", document.getElementById("try-pipeline").value);
+    if (params) form.append("params", params);
+    status.textContent = "Analyzing " + file.name + "…";
+    var r = await fetch("/v1/analyze", { method: "POST", body: form, headers: csrfHeaders(), credentials: "same-origin" });
+    var text = await r.text();
+    if (!r.ok) { var err = {}; try { err = JSON.parse(text); } catch (e) { /* not JSON */ } throw new Error(err.error || ("HTTP " + r.status)); }
+    status.textContent = "Analyzed; opening the viewer…";
+    var doc = await uploadResults(text);
+    location.assign(doc.url);
+  });
 })();
