@@ -123,7 +123,7 @@ class _OneWrite:
         self._transport.close()
 
 
-_CONTENT_LENGTH = b"\r\ncontent-length: "  # as uvicorn writes the header (names lower-cased by the ASGI app)
+_CONTENT_LENGTH = b"\r\ncontent-length: "  # as uvicorn writes the header (it lower-cases names, joins with ": ")
 
 
 class _Guarded(HttpToolsProtocol):
