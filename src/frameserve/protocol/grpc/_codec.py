@@ -244,13 +244,13 @@ def check_counts(request: pb.ModelInferRequest, limits: TensorLimits) -> None:
     Raises:
         TensorError: a count over its cap (:meth:`TensorLimits.check_counts`).
     """
+    if request.ByteSize() // 2 <= min(limits.max_inputs, limits.max_outputs, limits.max_parameters):
+        # Every input, output and map entry takes at least two bytes of the message (its tag and
+        # its length), so a message this small cannot hold too many of any: one size computed
+        # in C instead of the counts and a map wrapper made for each tensor.
+        return
     inputs, outputs = request.inputs, request.outputs
     limits.check_counts(inputs=len(inputs), outputs=len(outputs), parameters=len(request.parameters))
-    if request.ByteSize() // 2 <= limits.max_parameters:
-        # Every map entry takes at least two bytes of the message (its tag and its length), so a
-        # message this small cannot hold too many: one size computed in C instead of a map
-        # wrapper made for each tensor.
-        return
     n = len(request.parameters)
     for tensors in (inputs, outputs):
         for tensor in tensors:

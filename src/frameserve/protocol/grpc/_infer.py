@@ -54,17 +54,19 @@ _RAW_OUTPUT_KEY = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_content
 _OFFLOAD_TENSORS = 64  # requests with more inputs and outputs than this: the per-tensor work adds up
 
 
-def _costly(request: pb.ModelInferRequest) -> bool:
+def _costly(request: pb.ModelInferRequest, raw_contents: Sequence[bytes | memoryview] | None = None) -> bool:
     """Whether decoding ``request`` takes long enough to stall the event loop, judged by the work
     it makes: BYTES inputs (a Python object per element), typed ``contents`` of more than
     :data:`OFFLOAD_ELEMENTS` elements over all inputs, or more than 64 inputs and outputs (each
-    checked and converted on its own); raw fixed-size tensors are zero-copy views and cost
-    nothing per element."""
-    if len(request.inputs) + len(request.outputs) > _OFFLOAD_TENSORS:
+    checked and converted on its own); raw fixed-size tensors (in the message or taken off the
+    wire: ``raw_contents``, :func:`parse_infer_request`) are zero-copy views and cost nothing per
+    element."""
+    inputs = request.inputs
+    if len(inputs) + len(request.outputs) > _OFFLOAD_TENSORS:
         return True
-    raw = bool(request.raw_input_contents)
+    raw = bool(raw_contents) or bool(request.raw_input_contents)
     total = 0
-    for tensor in request.inputs:
+    for tensor in inputs:
         if tensor.datatype == "BYTES":  # its size is not known without copying it out of the message
             return True
         if raw:
@@ -227,7 +229,9 @@ async def infer(
     """
     shm = shared_memory.use(tenant) if shared_memory is not None else None
     try:
-        if _costly(request):  # many BYTES elements or typed values: off the event loop, one at a time per tenant
+        if _costly(
+            request, raw_contents
+        ):  # many BYTES elements or typed values: off the event loop, one at a time per tenant
             call = await LANES.run(
                 tenant,
                 decode_infer_request,

@@ -136,7 +136,7 @@ def infer_blocking(
     shm = shared_memory.use(tenant) if shared_memory is not None else None
     try:
         # a costly decode waits for the tenant's lane before it takes a working slot
-        with LANES.blocking(tenant) if _costly(request) else NOTHING, working:
+        with LANES.blocking(tenant) if _costly(request, raw_contents) else NOTHING, working:
             call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant)
             parent = traceparent_of(core, context)
             if parent:

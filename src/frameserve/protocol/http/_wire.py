@@ -326,8 +326,10 @@ def uvicorn_config(
 ) -> uvicorn.Config:
     """The configuration of one HTTP listener: uvicorn's httptools protocol (``uvicorn[standard]``
     installs httptools) with the connection deadlines of the module docstring, no lifespan, no
-    access log, no ``server``/``date`` headers, no WebSockets, and TLS when ``tls_cert_file``
-    and ``tls_key_file`` (PEM paths) are given.
+    access log, no ``server``/``date`` headers, no WebSockets, no ``X-Forwarded-*`` rewriting
+    of the client's address and scheme (uvicorn's ``proxy_headers``: nothing here reads either,
+    and a header a client sends is not a fact to trust), and TLS when ``tls_cert_file`` and
+    ``tls_key_file`` (PEM paths) are given.
 
     Args:
         app: the ASGI application.
@@ -352,6 +354,7 @@ def uvicorn_config(
         date_header=False,
         timeout_keep_alive=deadlines.keep_alive_timeout_s,  # type: ignore[arg-type]
         ws="none",
+        proxy_headers=False,
         http=_protocol(deadlines, connections),
         ssl_certfile=None if tls_cert_file is None else str(tls_cert_file),
         ssl_keyfile=None if tls_key_file is None else str(tls_key_file),

@@ -30,7 +30,6 @@ by :func:`encode_response` and answered with ``name``, ``datatype`` and ``shape`
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Mapping
@@ -290,14 +289,21 @@ def decode_request(
     )
 
 
-@functools.lru_cache(maxsize=8)
 def _counts_fit(limits: TensorLimits) -> int:
     """The longest JSON header whose counts cannot be over ``limits``' caps, bytes: in JSON each
     input or output takes at least 3 bytes (``{}`` and a comma) and each parameter at least 4
     (``"":0``), so a header of ``n`` bytes holds at most ``(n + 1) // 3`` tensors in a list and
     ``n // 4`` parameters. Below it :func:`_check_counts` cannot refuse anything and is skipped
     (every ordinary request: a few hundred bytes against the default 3,071)."""
-    return min(3 * min(limits.max_inputs, limits.max_outputs) - 1, 4 * limits.max_parameters + 3)
+    global _LAST_FIT
+    last, fit = _LAST_FIT
+    if last is not limits:  # the server's one TensorLimits: computed once (no hash of it per request)
+        fit = min(3 * min(limits.max_inputs, limits.max_outputs) - 1, 4 * limits.max_parameters + 3)
+        _LAST_FIT = (limits, fit)
+    return fit
+
+
+_LAST_FIT: tuple[TensorLimits | None, int] = (None, 0)
 
 
 def _check_counts(doc: dict[str, Any], limits: TensorLimits) -> None:
