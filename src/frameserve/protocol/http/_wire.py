@@ -153,7 +153,9 @@ class _Guarded(HttpToolsProtocol):
     # when it fires it re-arms itself for the deadline then in force (none: it lapses). A
     # kept-alive connection's requests thus schedule and cancel no timer in the steady state.
     def _set_deadline(self, at: float) -> None:
-        """The current phase ends at ``at`` (loop time)."""
+        """The current phase ends at ``at`` (loop time). The per-request callbacks test the
+        timer first and only store ``_deadline`` when the timer in force fires before ``at``
+        (one call fewer on every kept-alive request)."""
         self._deadline = at
         timer = self._timer
         if timer is None or at < self._timer_at:
@@ -207,7 +209,11 @@ class _Guarded(HttpToolsProtocol):
         self._seen = self._chunk  # the request began in this data: its head has at most this much of it
         self._in_body = False
         if self._deadline is None:  # a kept-alive connection's next request: its head's deadline starts
-            self._set_deadline(self.loop.time() + self.deadlines.header_timeout_s)
+            at = self.loop.time() + self.deadlines.header_timeout_s
+            if self._timer is None or at < self._timer_at:
+                self._set_deadline(at)
+            else:  # the timer in force fires before it and re-arms (no call: every request comes here)
+                self._deadline = at
         if self._counted is not None:
             self.scope["extensions"] = {CONNECTION_KEY: self._counted}  # type: ignore[dict-item]
 
@@ -236,14 +242,18 @@ class _Guarded(HttpToolsProtocol):
         return None
 
     def on_headers_complete(self) -> None:
-        if self._head_over():
+        if self._seen > self._max_head and self._head_over():
             import httptools
 
             raise httptools.HttpParserError("request head too large")  # answered 431 by data_received
         self._in_body = True
         self._body_bytes = 0
         self._body_start = now = self.loop.time()
-        self._set_deadline(now + self.deadlines.body_timeout_s)
+        at = now + self.deadlines.body_timeout_s
+        if self._timer is None or at < self._timer_at:
+            self._set_deadline(at)
+        else:  # as in on_message_begin
+            self._deadline = at
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope and self.scope["method"] != "HEAD":
@@ -291,7 +301,9 @@ class _Guarded(HttpToolsProtocol):
         try:
             super().data_received(data)
         finally:
-            if self._head_bytes > self._max_head or (not self._in_body and self._head_over()):
+            if self._head_bytes > self._max_head or (
+                not self._in_body and self._seen > self._max_head and self._head_over()
+            ):
                 if not self.transport.is_closing():
                     self._too_large()
 
