@@ -21,7 +21,14 @@ excluded). ``--parts serving,video`` picks the groups.
   .venv/bin/python bench/checkouts.py --base /work/wt-base --video-seconds 30 --parts video
   .venv/bin/python bench/checkouts.py --base /work/wt-base --parts serving --only HTTP
 
-A shared or busy machine widens the spreads: read a ratio together with its spread.
+A shared or busy machine widens the spreads: read a ratio together with its spread. With
+``--together`` each pair's two measurements run at the same time instead of one after the other
+(two perf_analyzers, or two ``frameserve run``, started together): both checkouts then meet the
+same background load, which on a shared machine drifts from one minute to the next, and the one
+that spends less CPU per inference gets more of the CPUs they share. Its ratios compare the two
+under equal contention; absolute rates are lower than when each runs alone.
+
+  .venv/bin/python bench/checkouts.py --base /work/wt-base --together --pairs 5
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from _cpu import cpu_model
@@ -100,8 +109,18 @@ def _video_fps(src: Path, video: Path, out: Path) -> float:
     return float(doc["frames_processed"]) / float(doc["wall_s"])
 
 
+def _measure_pair(order: list[str], measure: Callable[[str], Any], together: bool) -> dict[str, Any]:
+    """``measure(who)`` for both checkouts: one after the other in ``order``, or (``together``)
+    at the same time, each on its own thread."""
+    if not together:
+        return {who: measure(who) for who in order}
+    with ThreadPoolExecutor(max_workers=len(order)) as pool:
+        futures = {who: pool.submit(measure, who) for who in order}
+        return {who: f.result() for who, f in futures.items()}
+
+
 def _video_figure(
-    sources: dict[str, Path], seconds: float, pairs: int, work: Path
+    sources: dict[str, Path], seconds: float, pairs: int, work: Path, together: bool
 ) -> tuple[list[float], dict[str, list[float]]]:
     """(e2e): interleaved runs of both checkouts' CLI over the long video; ratios new / base
     and each side's frames/s."""
@@ -118,7 +137,7 @@ def _video_figure(
     fps: dict[str, list[float]] = {"new": [], "base": []}
     for i in range(pairs):
         order = ["new", "base"] if i % 2 == 0 else ["base", "new"]
-        got = {who: _video_fps(sources[who], video, work / f"run-{who}.json") for who in order}
+        got = _measure_pair(order, lambda who: _video_fps(sources[who], video, work / f"run-{who}.json"), together)
         for who in order:
             fps[who].append(got[who])
         ratios.append(got["new"] / got["base"])
@@ -156,6 +175,9 @@ def main() -> None:
     )
     ap.add_argument("--parts", default="serving,video", help="serving, video or both (default both)")
     ap.add_argument(
+        "--together", action="store_true", help="run each pair's two measurements at the same time (see above)"
+    )
+    ap.add_argument(
         "--only", action="append", help="serving figures whose label holds this text (repeatable; default all)"
     )
     args = ap.parse_args()
@@ -181,10 +203,10 @@ def main() -> None:
         work = Path(tmp)
         if "serving" in parts:
             figures = [f for f in FIGURES if not args.only or any(o in f[0] for o in args.only)]
-            _serving_figures(sources, plan, args.pairs, work, ratios, rates, figures, cpu)
+            _serving_figures(sources, plan, args.pairs, work, ratios, rates, figures, cpu, args.together)
         if "video" in parts and args.video_seconds > 0:
             label = f"(e2e) frameserve run nudenet, {args.video_seconds:g} s 720p"
-            ratios[label], fps = _video_figure(sources, args.video_seconds, args.pairs, work)
+            ratios[label], fps = _video_figure(sources, args.video_seconds, args.pairs, work, args.together)
             for who in ("new", "base"):
                 rates[(label, who)] = fps[who]
     print(f"\n{'figure':<42} {'new/base':>9} {'spread':>7} {'new /s':>8} {'base /s':>8} {'CPU/inf n/b':>12}")
@@ -195,7 +217,7 @@ def main() -> None:
             f"{median(rates[(label, 'base')]):>8.1f} {c}"
         )
     print(
-        f"\n{args.pairs} interleaved pairs per figure; perf_analyzer windows of {args.interval_ms} ms; "
+        f"\n{args.pairs} {'simultaneous' if args.together else 'interleaved'} pairs per figure; perf_analyzer windows of {args.interval_ms} ms; "
         "ratio = median over pairs of new / base throughput (inferences/s; frames/s for e2e); "
         "spread = (max - min) / median of those ratios; CPU/inf n/b = median over pairs of new / base server CPU "
         "seconds (the serve process and its children) per inference (the server's statistics), less sensitive "
@@ -212,6 +234,7 @@ def _serving_figures(
     rates: dict[tuple[str, str], list[float]],
     figures: list[tuple[str, str, str, str, int]],
     cpu: dict[str, list[float]],
+    together: bool,
 ) -> None:
     """Parts b and d2 (``figures``: rows of :data:`FIGURES`): both checkouts served side by
     side, perf_analyzer pairs interleaved."""
@@ -234,12 +257,13 @@ def _serving_figures(
         for i in range(pairs):
             for label, kind, model, protocol, c in figures:
                 order = ["new", "base"] if i % 2 == 0 else ["base", "new"]
-                got = {
-                    who: perf_analyzer(
+                got = _measure_pair(
+                    order,
+                    lambda who, kind=kind, model=model, protocol=protocol, c=c: perf_analyzer(  # type: ignore[misc]
                         plan, model, protocol, servers[(who, kind)].ports, c, pid=servers[(who, kind)].proc.pid
-                    )
-                    for who in order
-                }
+                    ),
+                    together,
+                )
                 for who in order:
                     rates.setdefault((label, who), []).append(got[who].throughput)
                 ratios[label].append(got["new"].throughput / got["base"].throughput)
