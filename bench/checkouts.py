@@ -22,11 +22,14 @@ excluded). ``--parts serving,video`` picks the groups.
   .venv/bin/python bench/checkouts.py --base /work/wt-base --parts serving --only HTTP
 
 A shared or busy machine widens the spreads: read a ratio together with its spread. With
-``--together`` each pair's two measurements run at the same time instead of one after the other
-(two perf_analyzers, or two ``frameserve run``, started together): both checkouts then meet the
-same background load, which on a shared machine drifts from one minute to the next, and the one
-that spends less CPU per inference gets more of the CPUs they share. Its ratios compare the two
-under equal contention; absolute rates are lower than when each runs alone.
+``--together`` each pair's two measurements run at the same time instead of one after the other:
+two perf_analyzers started together, each loading its checkout's server for ``--together-s``
+seconds plus a start and an end margin, and both servers' inference counts and CPU read at the
+same two instants inside that time (so both rates cover the same seconds); for (e2e) two
+``frameserve run`` started together. Both checkouts then meet the same background load, which on
+a shared machine drifts from one minute to the next, and the one that spends less CPU per
+inference gets more of the CPUs they share. Its ratios compare the two under equal contention;
+absolute rates are lower than when each runs alone.
 
   .venv/bin/python bench/checkouts.py --base /work/wt-base --together --pairs 5
 """
@@ -41,17 +44,22 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _cpu import cpu_model
 from _serving_common import (
+    PA_SCRIPT,
     REPO,
     TRITON_EXAMPLES,
     Plan,
+    _cpu_s,
+    _inference_count,
     add_sub_repository,
     check_add_sub,
     infer,
@@ -119,6 +127,53 @@ def _measure_pair(order: list[str], measure: Callable[[str], Any], together: boo
         return {who: f.result() for who, f in futures.items()}
 
 
+@dataclass(frozen=True)
+class _Rate:
+    """One checkout's figure in a ``--together`` pair: inferences/s and the server's CPU seconds
+    per inference over the common interval."""
+
+    throughput: float
+    server_cpu_s_per_inf: float
+
+
+def _together(
+    servers: dict[str, ServeProcess], model: str, protocol: str, concurrency: int, seconds: float
+) -> dict[str, _Rate]:
+    """Both servers loaded at once by their own perf_analyzer; each one's rate and CPU per
+    inference between the same two instants (after a 3 s start, before either client ends)."""
+    procs = {}
+    for who, srv in servers.items():
+        port = srv.ports["HTTP" if protocol == "http" else "gRPC"]
+        procs[who] = subprocess.Popen(
+            ["bash", str(PA_SCRIPT), "-m", model, "-i", protocol, "-u", f"127.0.0.1:{port}"]
+            + ["--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-mode", "time_windows"]
+            + ["--measurement-interval", str(int((seconds + 6) * 1000)), "--stability-percentage", "1000"]
+            + ["--max-trials", "1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        time.sleep(3.0)
+        start = {
+            who: (_inference_count(srv.ports["HTTP"], model), _cpu_s(srv.proc.pid)) for who, srv in servers.items()
+        }
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        end = {who: (_inference_count(srv.ports["HTTP"], model), _cpu_s(srv.proc.pid)) for who, srv in servers.items()}
+        elapsed = time.monotonic() - t0
+    finally:
+        for proc in procs.values():
+            proc.wait(timeout=seconds + 120)
+    out = {}
+    for who in servers:
+        n = end[who][0] - start[who][0]
+        if n <= 0:
+            raise SystemExit(f"--together: {who}'s server answered no {model} request over {protocol}")
+        out[who] = _Rate(n / elapsed, (end[who][1] - start[who][1]) / n)
+    return out
+
+
 def _video_figure(
     sources: dict[str, Path], seconds: float, pairs: int, work: Path, together: bool
 ) -> tuple[list[float], dict[str, list[float]]]:
@@ -178,6 +233,9 @@ def main() -> None:
         "--together", action="store_true", help="run each pair's two measurements at the same time (see above)"
     )
     ap.add_argument(
+        "--together-s", type=float, default=8.0, help="with --together: the common interval per figure, seconds"
+    )
+    ap.add_argument(
         "--only", action="append", help="serving figures whose label holds this text (repeatable; default all)"
     )
     args = ap.parse_args()
@@ -203,7 +261,9 @@ def main() -> None:
         work = Path(tmp)
         if "serving" in parts:
             figures = [f for f in FIGURES if not args.only or any(o in f[0] for o in args.only)]
-            _serving_figures(sources, plan, args.pairs, work, ratios, rates, figures, cpu, args.together)
+            _serving_figures(
+                sources, plan, args.pairs, work, ratios, rates, figures, cpu, args.together_s if args.together else 0.0
+            )
         if "video" in parts and args.video_seconds > 0:
             label = f"(e2e) frameserve run nudenet, {args.video_seconds:g} s 720p"
             ratios[label], fps = _video_figure(sources, args.video_seconds, args.pairs, work, args.together)
@@ -217,8 +277,13 @@ def main() -> None:
             f"{median(rates[(label, 'base')]):>8.1f} {c}"
         )
     print(
-        f"\n{args.pairs} {'simultaneous' if args.together else 'interleaved'} pairs per figure; perf_analyzer windows of {args.interval_ms} ms; "
-        "ratio = median over pairs of new / base throughput (inferences/s; frames/s for e2e); "
+        f"\n{args.pairs} {'simultaneous' if args.together else 'interleaved'} pairs per figure; "
+        + (
+            f"both servers' counts over the same {args.together_s:g} s; "
+            if args.together
+            else f"perf_analyzer windows of {args.interval_ms} ms; "
+        )
+        + "ratio = median over pairs of new / base throughput (inferences/s; frames/s for e2e); "
         "spread = (max - min) / median of those ratios; CPU/inf n/b = median over pairs of new / base server CPU "
         "seconds (the serve process and its children) per inference (the server's statistics), less sensitive "
         "than throughput to other work on the machine."
@@ -234,7 +299,7 @@ def _serving_figures(
     rates: dict[tuple[str, str], list[float]],
     figures: list[tuple[str, str, str, str, int]],
     cpu: dict[str, list[float]],
-    together: bool,
+    together_s: float,
 ) -> None:
     """Parts b and d2 (``figures``: rows of :data:`FIGURES`): both checkouts served side by
     side, perf_analyzer pairs interleaved."""
@@ -257,13 +322,16 @@ def _serving_figures(
         for i in range(pairs):
             for label, kind, model, protocol, c in figures:
                 order = ["new", "base"] if i % 2 == 0 else ["base", "new"]
-                got = _measure_pair(
-                    order,
-                    lambda who, kind=kind, model=model, protocol=protocol, c=c: perf_analyzer(  # type: ignore[misc]
-                        plan, model, protocol, servers[(who, kind)].ports, c, pid=servers[(who, kind)].proc.pid
-                    ),
-                    together,
-                )
+                got: dict[str, Any]
+                if together_s:
+                    got = _together({who: servers[(who, kind)] for who in order}, model, protocol, c, together_s)
+                else:
+                    got = {
+                        who: perf_analyzer(
+                            plan, model, protocol, servers[(who, kind)].ports, c, pid=servers[(who, kind)].proc.pid
+                        )
+                        for who in order
+                    }
                 for who in order:
                     rates.setdefault((label, who), []).append(got[who].throughput)
                 ratios[label].append(got["new"].throughput / got["base"].throughput)
