@@ -207,7 +207,7 @@ class InferRequest:
             raise TensorError(f"priority {self.priority} given; 1 is the highest level, 0 the model's default")
         if self.timeout_us < 0:
             raise TensorError(f"timeout {self.timeout_us} given; a timeout is >= 0 microseconds (0 = none)")
-        if not isinstance(self.inputs, Mapping):
+        if type(self.inputs) is not dict and not isinstance(self.inputs, Mapping):  # dict: no ABC check
             raise TensorError(f"a request's inputs map names to arrays; got {type(self.inputs).__name__}")
         if isinstance(self.sequence_id, int) and not 0 <= self.sequence_id < 1 << 64:
             raise TensorError(

@@ -185,7 +185,7 @@ def decode_infer_request(
                 tensor, name, datatype, shape, count, None, limits, budget, location, shared_memory
             )
             continue
-        if raw and _has_typed(tensor):
+        if raw and tensor.HasField("contents") and _has_typed(tensor):
             raise mixed_contents(name, request.model_name)
         inputs[name] = _decode_tensor(tensor, name, datatype, shape, count, raw[j] if raw else None, limits, budget)
         j += 1
