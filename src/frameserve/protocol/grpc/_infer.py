@@ -229,9 +229,8 @@ async def infer(
     """
     shm = shared_memory.use(tenant) if shared_memory is not None else None
     try:
-        if _costly(
-            request, raw_contents
-        ):  # many BYTES elements or typed values: off the event loop, one at a time per tenant
+        # many BYTES elements or typed values: off the event loop, one at a time per tenant
+        if _costly(request, raw_contents):
             call = await LANES.run(
                 tenant,
                 decode_infer_request,
