@@ -22,6 +22,7 @@ import pytest
 from _serving import make_repository
 from _wait import wait_for
 
+from frameserve.protocol.http._wire import LINGER_BYTES
 from frameserve.repository import ModelRepository
 from frameserve.security import TokenTable
 from frameserve.security.limits import HttpDeadlines
@@ -399,3 +400,25 @@ def test_a_small_body_sent_after_an_early_answer_keeps_the_connection(server: Se
         assert _get(conn, A).status == 200  # the same connection, still open
     finally:
         conn.close()
+
+
+def test_an_answer_before_a_large_body_says_the_connection_closes(server: Server) -> None:
+    """401 on the headers of a request that declares more body than the server lingers for:
+    the answer says ``connection: close`` (the server closes once LINGER_BYTES have come), so a
+    client with a connection pool does not send its next request on that connection."""
+    with socket.create_connection(("127.0.0.1", server.http_port)) as sock:
+        sock.sendall(
+            (
+                "POST /v2/models/add/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {LINGER_BYTES + (1 << 20)}\r\n\r\n"
+            ).encode()
+        )
+        sock.settimeout(WAIT_S)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            part = sock.recv(65536)
+            assert part, f"closed before the answer's head: {head!r}"
+            head += part
+    lines = head.split(b"\r\n\r\n")[0].lower().split(b"\r\n")
+    assert lines[0].startswith(b"http/1.1 401"), head[:300]
+    assert b"connection: close" in lines, lines

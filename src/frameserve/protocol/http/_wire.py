@@ -95,14 +95,19 @@ class Connection:
 class _OneWrite:
     """The transport as one request's ``RequestResponseCycle`` sees it (it calls ``write``,
     ``close`` and ``is_closing``): a response head with a ``Content-Length`` is held until the
-    body's first part and both go out in one ``writelines`` (see the module docstring).
+    body's first part and both go out in one ``writelines`` (see the module docstring). A head
+    sent while more than :data:`LINGER_BYTES` of the request's declared body are still to come
+    says ``connection: close`` (the connection will close once those have come: RFC 9112
+    section 9.6, a server that closes after a response says so in it, so that the client does
+    not send its next request on it).
 
     Not for ``HEAD`` requests: uvicorn writes no body for them, so a held head would never go."""
 
-    __slots__ = ("_head", "_transport")
+    __slots__ = ("_head", "_protocol", "_transport")
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: asyncio.Transport, protocol: _Guarded) -> None:
         self._transport = transport
+        self._protocol = protocol
         self._head: bytes | None = None
 
     def write(self, data: bytes) -> None:
@@ -111,6 +116,8 @@ class _OneWrite:
             self._head = None
             self._transport.writelines((head, data))
         elif data.startswith(b"HTTP/1.1 ") and _CONTENT_LENGTH in data and data.endswith(b"\r\n\r\n"):
+            if self._protocol.closes_after_answer() and _CONNECTION_CLOSE not in data:
+                data = data[:-2] + _CONNECTION_CLOSE + b"\r\n\r\n"
             self._head = data
         else:
             self._transport.write(data)
@@ -124,6 +131,7 @@ class _OneWrite:
 
 
 _CONTENT_LENGTH = b"\r\ncontent-length: "  # as uvicorn writes the header (it lower-cases names, joins with ": ")
+_CONNECTION_CLOSE = b"connection: close"
 
 
 class _Guarded(HttpToolsProtocol):
@@ -241,6 +249,15 @@ class _Guarded(HttpToolsProtocol):
                 return int(value) if value.isdigit() else None
         return None
 
+    def closes_after_answer(self) -> bool:
+        """Whether an answer sent now leaves more than :data:`LINGER_BYTES` of the request's
+        declared body unread, so that the connection closes after it (:meth:`on_response_complete`
+        drops that rest unparsed); a body already read, or one of unknown length, keeps it."""
+        if not self._in_body:
+            return False
+        declared = self._content_length()
+        return declared is not None and declared - self._body_bytes > LINGER_BYTES
+
     def on_headers_complete(self) -> None:
         if self._seen > self._max_head and self._head_over():
             import httptools
@@ -257,7 +274,7 @@ class _Guarded(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope and self.scope["method"] != "HEAD":
-            cycle.transport = _OneWrite(self.transport)  # type: ignore[assignment]
+            cycle.transport = _OneWrite(self.transport, self)  # type: ignore[assignment]
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -277,13 +294,11 @@ class _Guarded(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         if self._in_body:  # answered before its body was read (401, 413, 429...): linger a little
             self._linger = LINGER_BYTES
-            declared = self._content_length()
-            rest = None if declared is None else declared - self._body_bytes
             # Dropped unparsed only when the declared rest is known to outrun the linger (the
-            # connection closes once LINGER_BYTES have come, the client still sending); a chunked
-            # rest is parsed, so that its end is seen and the connection kept, or closed past
-            # LINGER_BYTES by on_body.
-            self._draining = rest is not None and rest > LINGER_BYTES
+            # connection closes once LINGER_BYTES have come, the client still sending; the
+            # answer said so when it was sent); a chunked rest is parsed, so that its end is seen
+            # and the connection kept, or closed past LINGER_BYTES by on_body.
+            self._draining = self.closes_after_answer()
         super().on_response_complete()
 
     def data_received(self, data: bytes) -> None:
