@@ -6,6 +6,7 @@ stream, process isolation is refused at load; HTTP ``generate``/``generate_strea
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import signal
@@ -159,10 +160,15 @@ def test_process_isolation_streams_from_the_worker_and_survives_its_death(tmp_pa
     with InferenceService(ModelRepository(_repo(tmp_path, isolation="process"))) as svc:
         svc.load("count")
         sinks = [ThreadSink() for _ in range(3)]
+        futures = []
         for n, sink in zip((3, 0, -1), sinks, strict=True):
-            future = svc.submit(InferRequest("count", _n(n), responses=sink))
+            futures.append(svc.submit(InferRequest("count", _n(n), responses=sink)))
             if n >= 0:
-                assert future.result(60) == {}
+                assert futures[-1].result(60) == {}
+        # the failing request's execute has returned too (its final response can come first): a
+        # kill while it is still running would fail it, not the next request
+        done, _ = concurrent.futures.wait(futures, timeout=60)
+        assert len(done) == len(futures)
         got = [_drain(s) for s in sinks]
         assert [
             (
