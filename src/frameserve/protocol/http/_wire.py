@@ -161,9 +161,7 @@ class _Guarded(HttpToolsProtocol):
     # when it fires it re-arms itself for the deadline then in force (none: it lapses). A
     # kept-alive connection's requests thus schedule and cancel no timer in the steady state.
     def _set_deadline(self, at: float) -> None:
-        """The current phase ends at ``at`` (loop time). The per-request callbacks test the
-        timer first and only store ``_deadline`` when the timer in force fires before ``at``
-        (one call fewer on every kept-alive request)."""
+        """The current phase ends at ``at`` (loop time)."""
         self._deadline = at
         timer = self._timer
         if timer is None or at < self._timer_at:
@@ -217,11 +215,7 @@ class _Guarded(HttpToolsProtocol):
         self._seen = self._chunk  # the request began in this data: its head has at most this much of it
         self._in_body = False
         if self._deadline is None:  # a kept-alive connection's next request: its head's deadline starts
-            at = self.loop.time() + self.deadlines.header_timeout_s
-            if self._timer is None or at < self._timer_at:
-                self._set_deadline(at)
-            else:  # the timer in force fires before it and re-arms (no call: every request comes here)
-                self._deadline = at
+            self._set_deadline(self.loop.time() + self.deadlines.header_timeout_s)
         if self._counted is not None:
             self.scope["extensions"] = {CONNECTION_KEY: self._counted}  # type: ignore[dict-item]
 
@@ -266,11 +260,7 @@ class _Guarded(HttpToolsProtocol):
         self._in_body = True
         self._body_bytes = 0
         self._body_start = now = self.loop.time()
-        at = now + self.deadlines.body_timeout_s
-        if self._timer is None or at < self._timer_at:
-            self._set_deadline(at)
-        else:  # as in on_message_begin
-            self._deadline = at
+        self._set_deadline(now + self.deadlines.body_timeout_s)
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope and self.scope["method"] != "HEAD":
