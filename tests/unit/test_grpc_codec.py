@@ -336,22 +336,20 @@ def test_grpc_raw_contents_taken_off_the_wire_stay_on_the_loop() -> None:
     """A large raw FP32 tensor whose bytes :func:`parse_infer_request` took off the wire (the
     message itself then has no raw contents) is a zero-copy view: not costly. A BYTES input is,
     raw or not, and the same tensor sent as typed contents is."""
-
-    from frameserve._proto import grpc_service_pb2 as pb_
     from frameserve.protocol.grpc._infer import OFFLOAD_ELEMENTS, _costly, parse_infer_request
     from frameserve.security.limits import TensorLimits
 
     n = OFFLOAD_ELEMENTS * 4
-    big = pb_.ModelInferRequest(model_name="m", raw_input_contents=[np.zeros(n, np.float32).tobytes()])
+    big = pb.ModelInferRequest(model_name="m", raw_input_contents=[np.zeros(n, np.float32).tobytes()])
     big.inputs.add(name="a", datatype="FP32").shape.extend([1, n])
     request, raws = parse_infer_request(big.SerializeToString(), TensorLimits())
     assert raws and not request.raw_input_contents  # taken off the wire (over 64 KiB)
     assert not _costly(request, raws)
     assert not _costly(big)
-    text = pb_.ModelInferRequest(model_name="m", raw_input_contents=[b"\1\0\0\0x"])
+    text = pb.ModelInferRequest(model_name="m", raw_input_contents=[b"\1\0\0\0x"])
     text.inputs.add(name="t", datatype="BYTES").shape.extend([1])
     assert _costly(text) and _costly(text, [b"\1\0\0\0x"])
-    typed = pb_.ModelInferRequest(model_name="m")
+    typed = pb.ModelInferRequest(model_name="m")
     t = typed.inputs.add(name="a", datatype="FP32")
     t.shape.extend([1, n])
     t.contents.fp32_contents.extend([0.0] * n)
