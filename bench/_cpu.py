@@ -22,9 +22,11 @@ def cpu_model() -> str:
     return "unknown"
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds so far of this process and its children (the decode process), all threads."""
-    procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
+def tree_cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) so far of process ``pid`` (``None``: this one) and its
+    children (a decode process, a server's front ends, Triton's Python stubs), all threads."""
+    root = psutil.Process(pid)
+    procs = [root, *root.children(recursive=True)]
     total = 0.0
     for p in procs:
         try:

@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 import numpy as np
 import onnxruntime as ort
-import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from _cpu import tree_cpu_s  # noqa: E402
 from _serving import ADD_SUB_CONFIG, TRITON_EXAMPLES, add_sub_repository  # noqa: E402,F401  (re-exported for bench parts)
 
 from frameserve import assets  # noqa: E402
@@ -100,23 +100,29 @@ class PAResult:
     client_cpu_s_per_inf: float = float("nan")  # perf_analyzer's own CPU; nan when no pid was given
 
 
-def _inference_count(port: int, model: str) -> int:
+def inference_count(port: int, model: str) -> int:
+    """The ``inference_count`` of every version of ``model`` on the server at HTTP ``port`` (its
+    statistics extension)."""
     r = httpx.get(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=10)
     r.raise_for_status()
     return sum(int(s["inference_count"]) for s in r.json()["model_stats"])
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and its children (Triton's Python stubs are children)."""
-    p = psutil.Process(pid)
-    total = 0.0
-    for proc in [p, *p.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
+def pa_command(model: str, protocol: str, port: int, concurrency: int) -> list[str]:
+    """The start of every perf_analyzer command line here: ``model`` over ``protocol`` (``http``
+    or ``grpc``) at ``127.0.0.1:port``, ``concurrency`` requests in flight."""
+    return [
+        "bash",
+        str(PA_SCRIPT),
+        "-m",
+        model,
+        "-i",
+        protocol,
+        "-u",
+        f"127.0.0.1:{port}",
+        "--concurrency-range",
+        f"{concurrency}:{concurrency}",
+    ]
 
 
 def perf_analyzer(
@@ -140,16 +146,7 @@ def perf_analyzer(
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "pa.csv"
         args = [
-            "bash",
-            str(PA_SCRIPT),
-            "-m",
-            model,
-            "-i",
-            protocol,
-            "-u",
-            f"127.0.0.1:{port}",
-            "--concurrency-range",
-            f"{concurrency}:{concurrency}",
+            *pa_command(model, protocol, port, concurrency),
             "--measurement-interval",
             str(plan.interval_ms),
             "--max-trials",
@@ -168,15 +165,15 @@ def perf_analyzer(
             if stability
             else (["--stability-percentage", "1000"],)
         ):
-            cpu0 = _cpu_s(pid) if pid else 0.0
-            n0 = _inference_count(ports["HTTP"], model) if pid else 0
+            cpu0 = tree_cpu_s(pid) if pid else 0.0
+            n0 = inference_count(ports["HTTP"], model) if pid else 0
             client0 = _children_cpu_s()
             proc = subprocess.run(
                 args + criterion, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
             )
             client1 = _children_cpu_s()
-            cpu1 = _cpu_s(pid) if pid else 0.0
-            n1 = _inference_count(ports["HTTP"], model) if pid else 0
+            cpu1 = tree_cpu_s(pid) if pid else 0.0
+            n1 = inference_count(ports["HTTP"], model) if pid else 0
             out = proc.stdout + proc.stderr
             if report.exists() and proc.returncode == 0:
                 break

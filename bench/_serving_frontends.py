@@ -21,9 +21,9 @@ from _serving_common import (
     Plan,
     Row,
     Rows,
-    _inference_count,
     add_sub_repository,
     check_add_sub,
+    inference_count,
     log,
     median,
     perf_analyzer,
@@ -41,9 +41,9 @@ def _split_run(plan: Plan, srv: ServeProcess) -> tuple[PAResult, float, list[flo
         t = p.cpu_times()
         return t.user + t.system
 
-    o0, f0, n0 = cpu(owner), [cpu(p) for p in front], _inference_count(srv.ports["HTTP"], "add_sub")
+    o0, f0, n0 = cpu(owner), [cpu(p) for p in front], inference_count(srv.ports["HTTP"], "add_sub")
     result = perf_analyzer(plan, "add_sub", "http", srv.ports, CONCURRENCY)
-    o1, f1, n1 = cpu(owner), [cpu(p) for p in front], _inference_count(srv.ports["HTTP"], "add_sub")
+    o1, f1, n1 = cpu(owner), [cpu(p) for p in front], inference_count(srv.ports["HTTP"], "add_sub")
     n = max(1, n1 - n0)
     return result, (o1 - o0) / n, [(b - a) / n for a, b in zip(f0, f1, strict=True)]
 

@@ -52,19 +52,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _cpu import cpu_model
+from _cpu import cpu_model, tree_cpu_s
 from _serving_common import (
-    PA_SCRIPT,
     REPO,
     TRITON_EXAMPLES,
     Plan,
-    _cpu_s,
-    _inference_count,
     add_sub_repository,
     check_add_sub,
     infer,
+    inference_count,
     log,
     median,
+    pa_command,
     perf_analyzer,
     spread,
 )
@@ -145,10 +144,9 @@ def _together(
     for who, srv in servers.items():
         port = srv.ports["HTTP" if protocol == "http" else "gRPC"]
         procs[who] = subprocess.Popen(
-            ["bash", str(PA_SCRIPT), "-m", model, "-i", protocol, "-u", f"127.0.0.1:{port}"]
-            + ["--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-mode", "time_windows"]
-            + ["--measurement-interval", str(int((seconds + 6) * 1000)), "--stability-percentage", "1000"]
-            + ["--max-trials", "1"],
+            pa_command(model, protocol, port, concurrency)
+            + ["--measurement-mode", "time_windows", "--measurement-interval", str(int((seconds + 6) * 1000))]
+            + ["--stability-percentage", "1000", "--max-trials", "1"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
@@ -156,11 +154,13 @@ def _together(
     try:
         time.sleep(3.0)
         start = {
-            who: (_inference_count(srv.ports["HTTP"], model), _cpu_s(srv.proc.pid)) for who, srv in servers.items()
+            who: (inference_count(srv.ports["HTTP"], model), tree_cpu_s(srv.proc.pid)) for who, srv in servers.items()
         }
         t0 = time.monotonic()
         time.sleep(seconds)
-        end = {who: (_inference_count(srv.ports["HTTP"], model), _cpu_s(srv.proc.pid)) for who, srv in servers.items()}
+        end = {
+            who: (inference_count(srv.ports["HTTP"], model), tree_cpu_s(srv.proc.pid)) for who, srv in servers.items()
+        }
         elapsed = time.monotonic() - t0
     finally:
         for proc in procs.values():
@@ -177,8 +177,8 @@ def _together(
 def _video_figure(
     sources: dict[str, Path], seconds: float, pairs: int, work: Path, together: bool
 ) -> tuple[list[float], dict[str, list[float]]]:
-    """(e2e): interleaved runs of both checkouts' CLI over the long video; ratios new / base
-    and each side's frames/s."""
+    """(e2e): runs of both checkouts' CLI over the long video, interleaved or (``together``) at
+    the same time; ratios new / base and each side's frames/s."""
     from video_pipeline import make_long_video
 
     from frameserve import assets
@@ -302,7 +302,8 @@ def _serving_figures(
     together_s: float,
 ) -> None:
     """Parts b and d2 (``figures``: rows of :data:`FIGURES`): both checkouts served side by
-    side, perf_analyzer pairs interleaved."""
+    side, perf_analyzer pairs interleaved, or with ``together_s`` > 0 run at the same time and
+    read over a common ``together_s`` seconds (:func:`_together`)."""
     repo = add_sub_repository(work / "repo")
     for name in ENSEMBLE_MODELS:
         shutil.copytree(TRITON_EXAMPLES / name, repo / name)
