@@ -354,3 +354,53 @@ def test_grpc_raw_contents_taken_off_the_wire_stay_on_the_loop() -> None:
     t.shape.extend([1, n])
     t.contents.fp32_contents.extend([0.0] * n)
     assert _costly(typed)
+
+
+def test_grpc_costly_judged_from_the_serialized_message_agrees_with_the_parsed_one() -> None:
+    """With the serialized message given (``ModelInferRaw``), a small one is searched for the
+    datatype text instead of reading each input: the verdict is the same as from the parsed
+    message, for BYTES inputs (raw or typed, among other inputs), many tensors, and plain ones;
+    a message too large to search is judged from its parsed form."""
+    from frameserve.protocol.grpc._infer import _SMALL_MESSAGE_BYTES, _costly, parse_infer_request
+    from frameserve.security.limits import TensorLimits
+
+    def request(datatypes: list[str], outputs: int = 1, raw: bool = True) -> pb.ModelInferRequest:
+        r = pb.ModelInferRequest(model_name="m")
+        for i, dt in enumerate(datatypes):
+            t = r.inputs.add(name=f"in{i}", datatype=dt)
+            t.shape.extend([1, 2])
+            if raw:
+                r.raw_input_contents.append(b"\1\0\0\0x\1\0\0\0y" if dt == "BYTES" else b"\0" * 8)
+            elif dt == "BYTES":
+                t.contents.bytes_contents.extend([b"x", b"y"])
+            else:
+                t.contents.fp32_contents.extend([0.0, 0.0])
+        for i in range(outputs):
+            r.outputs.add(name=f"out{i}")
+        return r
+
+    cases = [
+        (request(["FP32", "FP32"]), False),
+        (request(["FP32", "BYTES"]), True),
+        (request(["BYTES"], raw=False), True),
+        (request(["FP32"], raw=False), False),
+        (request(["FP32"] * 40, outputs=30), True),  # more than 64 tensors
+    ]
+    limits = TensorLimits()
+    for message, costly in cases:
+        data = message.SerializeToString()
+        assert len(data) <= _SMALL_MESSAGE_BYTES
+        parsed, raws = parse_infer_request(data, limits)
+        assert _costly(parsed, raws) is costly
+        assert _costly(parsed, raws, data=data) is costly
+    # a name that spells BYTES only makes the full check run: still not costly
+    named = request(["FP32"])
+    named.inputs[0].name = "BYTES"
+    data = named.SerializeToString()
+    assert not _costly(*parse_infer_request(data, limits), data=data)
+    # over the searched size the parsed form decides (here: a BYTES input)
+    large = request(["BYTES"])
+    large.raw_input_contents[0] = b"\x00\x08\x00\x00" + b"z" * 2048 + b"\x00\x08\x00\x00" + b"z" * 2048
+    data = large.SerializeToString()
+    assert len(data) > _SMALL_MESSAGE_BYTES
+    assert _costly(*parse_infer_request(data, limits), data=data)

@@ -54,16 +54,34 @@ _RAW_OUTPUT_KEY = bytes([(6 << 3) | 2])  # ModelInferResponse.raw_output_content
 _OFFLOAD_TENSORS = 64  # requests with more inputs and outputs than this: the per-tensor work adds up
 
 
-def _costly(request: pb.ModelInferRequest, raw_contents: Sequence[bytes | memoryview] | None = None) -> bool:
+_SMALL_MESSAGE_BYTES = 4096
+"""A serialized request at most this long is searched for ``b"BYTES"`` by :func:`_costly` (one
+search in C over a few KiB, where reading each input's datatype builds a Python object per input)."""
+
+
+def _costly(
+    request: pb.ModelInferRequest,
+    raw_contents: Sequence[bytes | memoryview] | None = None,
+    *,
+    data: bytes | None = None,
+) -> bool:
     """Whether decoding ``request`` takes long enough to stall the event loop, judged by the work
     it makes: BYTES inputs (a Python object per element), typed ``contents`` of more than
     :data:`OFFLOAD_ELEMENTS` elements over all inputs, or more than 64 inputs and outputs (each
     checked and converted on its own); raw fixed-size tensors (in the message or taken off the
     wire: ``raw_contents``, :func:`parse_infer_request`) are zero-copy views and cost nothing per
-    element."""
+    element.
+
+    ``data``, when given, is the serialized ``request`` (``ModelInferRaw``). One of at most
+    :data:`_SMALL_MESSAGE_BYTES` bytes without the text ``BYTES`` has no BYTES input (a datatype is
+    stored as its text) and no more typed elements than it has bytes (each takes one at least;
+    decoding checks the contents' length against the shape before it converts any), so only its
+    tensor count is left to judge."""
     inputs = request.inputs
     if len(inputs) + len(request.outputs) > _OFFLOAD_TENSORS:
         return True
+    if data is not None and len(data) <= _SMALL_MESSAGE_BYTES and b"BYTES" not in data:
+        return False
     raw = bool(raw_contents) or bool(request.raw_input_contents)
     total = 0
     for tensor in inputs:
