@@ -13,7 +13,7 @@ import functools
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,21 +64,22 @@ _SUFFIX_BACKEND: dict[str, str] = {
 
 @dataclass
 class _Loaded:
-    """One loaded version of a model."""
+    """One loaded version of a model (``config``: its scheduler's, read once per request path
+    as a plain attribute)."""
 
     version: int
     scheduler: Scheduler | EnsembleScheduler
     model_path: Path
     respond: ResponsePath
+    config: ModelConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.config = self.scheduler.config
 
     @property
     def session(self) -> Session:
         """The first instance's session."""
         return self.scheduler.sessions[0]
-
-    @property
-    def config(self) -> ModelConfig:
-        return self.scheduler.config
 
     @property
     def threads(self) -> int:

@@ -25,7 +25,7 @@ from frameserve.security.auth import grpc_roles
 from frameserve.security.quotas import InferGate
 from frameserve.security.tokens import IMPLICIT_OWNER, Principal, TokenTable, bearer_token
 
-__all__ = ["ThreadedTokenInterceptor", "TokenInterceptor", "principal_of"]
+__all__ = ["ThreadedTokenInterceptor", "TokenInterceptor", "interceptors", "principal_of"]
 
 _GATED = frozenset({"/inference.GRPCInferenceService/ModelInfer"})
 """The RPCs whose inference quotas are checked on the metadata (a stream's are per message)."""
@@ -90,6 +90,21 @@ class ThreadedTokenInterceptor(_Checks, grpc.ServerInterceptor):  # type: ignore
         refusal = _refusal(self.tokens, self.auth_health, handler_call_details, self.infer_gate)
         handler = continuation(handler_call_details)
         return handler if refusal is None else _refusing_sync(handler, *refusal)
+
+
+def interceptors(
+    tokens: TokenTable | None, *, auth_health: bool, infer_gate: InferGate | None, threaded: bool
+) -> list[Any]:
+    """The interceptors a server needs: one :class:`ThreadedTokenInterceptor` (``threaded``:
+    for ``grpc.server``) or :class:`TokenInterceptor` (``grpc.aio``) when it has tokens or
+    ``infer_gate`` limits requests, else none. An interceptor is Python that runs for every call
+    even when it refuses nothing, and the built-in quotas limit only ``streams``, which the
+    ``ModelStreamInfer`` handler holds itself."""
+    gate = InferGate.per_request(infer_gate)
+    if tokens is None and gate is None:
+        return []
+    kind = ThreadedTokenInterceptor if threaded else TokenInterceptor
+    return [kind(tokens, auth_health=auth_health, infer_gate=gate)]
 
 
 def _refusal(

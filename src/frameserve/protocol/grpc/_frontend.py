@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import DecoupledModelError, QuotaExceededError
 from frameserve.protocol._core import InferCore, RegionSource
-from frameserve.protocol.grpc._auth import TokenInterceptor, principal_of
+from frameserve.protocol.grpc._auth import interceptors, principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response
 from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request, traceparent_of
 from frameserve.protocol.grpc._server import SERVICE_NAME, message_classes, method_handlers, server_options
@@ -328,13 +328,9 @@ def create_frontend_server(
     Raises:
         RuntimeError: the address cannot be bound.
     """
-    interceptors = (
-        [TokenInterceptor(tokens, auth_health=auth_health, infer_gate=infer_gate)]
-        if tokens is not None or infer_gate is not None
-        else []
-    )
     server = grpc.aio.server(
-        interceptors=interceptors, options=server_options(max_message_bytes, deadlines, reuseport=True)
+        interceptors=interceptors(tokens, auth_health=auth_health, infer_gate=infer_gate, threaded=False),
+        options=server_options(max_message_bytes, deadlines, reuseport=True),
     )
     front = _FrontServicer(core, knows, forward, limits, shared_memory, tokens, infer_gate, forward_stream)
     inference = method_handlers(

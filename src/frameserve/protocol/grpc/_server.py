@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.protocol._logsettings import LogSettings
-from frameserve.protocol.grpc._auth import ThreadedTokenInterceptor
+from frameserve.protocol.grpc._auth import interceptors
 from frameserve.protocol.grpc._servicer import GrpcInferenceServicer
 from frameserve.protocol.grpc._threaded import DEFAULT_THREADS, ThreadedGrpcServer, threaded_handlers
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
@@ -154,14 +154,9 @@ def create_server(
         raise ValueError(f"max_message_bytes must be >= 1, got {max_message_bytes}")
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    interceptors = (
-        [ThreadedTokenInterceptor(tokens, auth_health=auth_health, infer_gate=infer_gate)]
-        if tokens is not None or infer_gate is not None
-        else []
-    )
     server = grpc.server(
         ThreadPoolExecutor(max_workers=threads, thread_name_prefix="frameserve-grpc"),
-        interceptors=interceptors,
+        interceptors=interceptors(tokens, auth_health=auth_health, infer_gate=infer_gate, threaded=True),
         # no SO_REUSEPORT: a second server on a taken port fails instead of sharing it
         options=server_options(max_message_bytes, deadlines, reuseport=False),
     )

@@ -38,7 +38,7 @@ import grpc
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import DecoupledModelError, FrameserveError
 from frameserve.protocol._core import InferCore, RegionSource
-from frameserve.protocol._lanes import LANES
+from frameserve.protocol._lanes import LANES, WorkSlots
 from frameserve.protocol._stream import MAX_PENDING, LoopSink, StreamedResponse, route_answer
 from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_response
 from frameserve.protocol.grpc._infer import OFFLOAD_ELEMENTS, _costly, traceparent_of, trim_after_request, version_used
@@ -224,7 +224,7 @@ def stream_all(
     requests: Iterator[pb.ModelInferRequest],
     limits: TensorLimits,
     shared_memory: RegionSource | None,
-    working: threading.Semaphore,
+    working: WorkSlots,
     context: grpc.ServicerContext,
     *,
     tenant: str = "",

@@ -46,7 +46,7 @@ from grpc_health.v1 import health_pb2
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import FrameserveError
 from frameserve.protocol._core import InferCore, RegionSource
-from frameserve.protocol._lanes import LANES
+from frameserve.protocol._lanes import LANES, WorkSlots
 from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_response
 from frameserve.protocol.grpc._infer import (
     _costly,
@@ -119,7 +119,7 @@ def infer_blocking(
     request: pb.ModelInferRequest,
     limits: TensorLimits,
     shared_memory: RegionSource | None,
-    working: threading.Semaphore,
+    working: WorkSlots,
     context: grpc.ServicerContext,
     *,
     raw_contents: Any = None,
@@ -167,7 +167,7 @@ def _start(
     request: pb.ModelInferRequest,
     limits: TensorLimits,
     shm: SharedMemoryUse | None,
-    working: threading.Semaphore,
+    working: WorkSlots,
     context: grpc.ServicerContext,
     raw_contents: Any,
     tenant: str,
@@ -188,7 +188,7 @@ class _Handlers:
         self.servicer = servicer
         self.health = health
         self.loop = loop
-        self.working = threading.BoundedSemaphore(WORKING_THREADS)
+        self.working = WorkSlots(WORKING_THREADS)
         self.watching = threading.BoundedSemaphore(WATCH_STREAMS)
 
     def ModelInferRaw(self, data: bytes, context: grpc.ServicerContext) -> bytes:
