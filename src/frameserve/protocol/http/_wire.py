@@ -134,11 +134,17 @@ _CONTENT_LENGTH = b"\r\ncontent-length: "  # as uvicorn writes the header (it lo
 _CONNECTION_CLOSE = b"connection: close"
 
 
+_Base = HttpToolsProtocol
+"""What :class:`_Guarded` extends; its per-request callbacks call this class's directly (a
+``super()`` call builds a proxy object on every call, several times per request)."""
+
+
 class _Guarded(HttpToolsProtocol):
     """uvicorn's httptools protocol with the deadlines and the connection count."""
 
     deadlines: HttpDeadlines = DEFAULT_DEADLINES
     connection_gate: ConcurrencyGate | None = None
+    _one_write: _OneWrite  # set by connection_made
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -200,6 +206,7 @@ class _Guarded(HttpToolsProtocol):
     # -- connection
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._one_write = _OneWrite(transport, self)  # every response's transport on this connection
         self._set_deadline(self.loop.time() + self.deadlines.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -210,7 +217,7 @@ class _Guarded(HttpToolsProtocol):
 
     # -- parser callbacks
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        _Base.on_message_begin(self)
         self._head_bytes = 0
         self._seen = self._chunk  # the request began in this data: its head has at most this much of it
         self._in_body = False
@@ -261,10 +268,10 @@ class _Guarded(HttpToolsProtocol):
         self._body_bytes = 0
         self._body_start = now = self.loop.time()
         self._set_deadline(now + self.deadlines.body_timeout_s)
-        super().on_headers_complete()
+        _Base.on_headers_complete(self)
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope and self.scope["method"] != "HEAD":
-            cycle.transport = _OneWrite(self.transport, self)  # type: ignore[assignment]
+            cycle.transport = self._one_write  # type: ignore[assignment]
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -273,13 +280,13 @@ class _Guarded(HttpToolsProtocol):
             if self._linger < 0 and not self.transport.is_closing():
                 self.transport.close()  # more than LINGER_BYTES of a body nobody reads: stop here
                 return
-        super().on_body(body)
+        _Base.on_body(self, body)
 
     def on_message_complete(self) -> None:
         self._in_body = False
         self._linger = None
         self._deadline = None  # until the next request's first byte (the timer lapses, or is reused)
-        super().on_message_complete()
+        _Base.on_message_complete(self)
 
     def on_response_complete(self) -> None:
         if self._in_body:  # answered before its body was read (401, 413, 429...): linger a little
@@ -289,7 +296,7 @@ class _Guarded(HttpToolsProtocol):
             # answer said so when it was sent); a chunked rest is parsed, so that its end is seen
             # and the connection kept, or closed past LINGER_BYTES by on_body.
             self._draining = self.closes_after_answer()
-        super().on_response_complete()
+        _Base.on_response_complete(self)
 
     def data_received(self, data: bytes) -> None:
         if self._draining:  # a refused request's body, more than we linger for: dropped unparsed
@@ -304,7 +311,7 @@ class _Guarded(HttpToolsProtocol):
         if not self._in_body:  # a head in progress (or the next request's first bytes)
             self._seen += self._chunk
         try:
-            super().data_received(data)
+            _Base.data_received(self, data)
         finally:
             if self._head_bytes > self._max_head or (
                 not self._in_body and self._seen > self._max_head and self._head_over()
