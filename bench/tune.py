@@ -202,7 +202,7 @@ def main() -> None:
     if args.corpus:
         from _tune_corpus import run_corpus
 
-        args.budget_s = float(args.budget) if args.budget else (20.0 if args.quick else 30.0)
+        args.budget_s = float(args.budget) if args.budget else (20.0 if args.quick else 120.0)
         args.max_configs = 18 if args.quick else 60
         args.rounds = args.rounds or (2 if args.quick else 3)
         if args.quick and args.window_s == 1.0:

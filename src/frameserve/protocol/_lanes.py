@@ -39,9 +39,9 @@ class WorkSlots:
     ``with slots:`` waits for a free slot, without the interpreter's lock, and gives it back).
 
     Taken twice per gRPC inference (decode and submit, then encode), so it is built on
-    ``queue.SimpleQueue``, whose ``get`` and ``put`` are C calls: ``threading.BoundedSemaphore``
-    is Python over a ``Condition`` (0.87 against 0.14 µs per ``with`` on this project's 2-CPU
-    AMD EPYC, timeit, one thread). Waiters are woken in no promised order, as with a semaphore.
+    ``queue.SimpleQueue``, whose ``get`` and ``put`` are C calls, where ``threading.BoundedSemaphore``
+    is Python over a ``Condition`` (the figure: bench/README.md, "Figures behind design choices").
+    Waiters are woken in no promised order, as with a semaphore.
 
     Raises:
         ValueError: ``n < 1``.
