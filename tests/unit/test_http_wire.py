@@ -111,3 +111,52 @@ def test_a_small_refused_body_is_parsed_and_the_connection_kept() -> None:
         protocol.connection_lost(None)
 
     asyncio.run(main())
+
+
+async def _ok_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Reads the whole body, then answers 200 with it (a Content-Length head, then one body part)."""
+    body = b""
+    while True:
+        event = await receive()
+        body += event.get("body", b"")
+        if not event.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def test_each_answer_on_a_kept_alive_connection_leaves_in_one_write() -> None:
+    """A response with a Content-Length goes out as one write, head and body together, for every
+    request of a kept-alive connection (the held head is never carried to the next response), and
+    the connection stays open."""
+
+    async def main() -> None:
+        config = uvicorn_config(_ok_app, host="127.0.0.1", port=0, graceful_timeout_s=None)
+        config.load()
+        protocol = config.http_protocol_class(
+            config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop()
+        )
+        transport = _Transport()
+        writes: list[bytes] = []
+        plain_write = transport.write
+
+        def counted(data: bytes | bytearray | memoryview) -> None:
+            writes.append(bytes(data))
+            plain_write(data)
+
+        transport.write = counted  # type: ignore[method-assign]
+        protocol.connection_made(transport)
+        for body in (b"first", b"second!", b"3"):
+            before = len(writes)
+            protocol.data_received(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await transport.until(lambda before=before: len(writes) > before)
+            for _ in range(20):  # let the handler's task finish (a second write would come now)
+                await asyncio.sleep(0)
+            assert len(writes) == before + 1, writes[before:]
+            answer = writes[-1]
+            assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"\r\n\r\n" + body)
+            assert b"content-length: %d" % len(body) in answer.lower()
+        assert not transport.closed
+        protocol.connection_lost(None)
+
+    asyncio.run(main())

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
-from frameserve.protocol._lanes import TenantLanes
+import pytest
+
+from frameserve.protocol._lanes import TenantLanes, WorkSlots
 
 WAIT_S = 60.0
 
@@ -98,3 +101,39 @@ def test_blocking_lanes_serialize_a_tenants_threads() -> None:
     t1.join(WAIT_S)
     t2.join(WAIT_S)
     assert order == ["first", "b", "first done", "second"]
+
+
+def test_work_slots_hold_at_most_n_and_hand_a_freed_slot_on() -> None:
+    """``WorkSlots(2)``: two holders at once; a third waits (without a slot) until one gives its
+    slot back, then takes it; fewer than one slot is refused."""
+    with pytest.raises(ValueError, match="at least one slot"):
+        WorkSlots(0)
+    slots = WorkSlots(2)
+    release = threading.Event()
+    inside: list[int] = []
+    lock = threading.Lock()
+    most = [0]
+
+    def hold(i: int) -> None:
+        with slots:
+            with lock:
+                inside.append(i)
+                most[0] = max(most[0], len(inside))
+            release.wait(30)
+            with lock:
+                inside.remove(i)
+
+    threads = [threading.Thread(target=hold, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(inside) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # a third holder, were it let in, would be inside by now
+    assert len(inside) == 2
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert most[0] == 2 and inside == []
+    with slots, slots:  # both slots came back
+        pass
