@@ -133,3 +133,21 @@ def test_a_call_over_its_infer_rate_is_refused_before_the_message_is_read(server
     exc = _held_back_call(server.port, GOOD)  # the one token is spent
     assert exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, exc
     assert "infer_rate" in (exc.details() or "")
+
+
+def test_interceptors_only_where_a_call_can_be_refused() -> None:
+    """A server gets a token interceptor (of its kind) when it has tokens or quotas that limit
+    requests; with neither, or with quotas that limit only ``streams`` (held by the stream
+    handler itself), it gets none: an interceptor is Python run on every call."""
+    from frameserve.protocol.grpc._auth import interceptors
+
+    streams_only = InferGate.of(Quotas.from_mapping({"default": {"streams": 2}}))
+    limiting = InferGate.of(Quotas.from_mapping({"tenants": {"a": {"infer_rate": 5}}}))
+    assert streams_only is not None and not streams_only.limits_requests
+    for threaded, kind in ((True, ThreadedTokenInterceptor), (False, TokenInterceptor)):
+        assert interceptors(None, auth_health=False, infer_gate=None, threaded=threaded) == []
+        assert interceptors(None, auth_health=False, infer_gate=streams_only, threaded=threaded) == []
+        (with_tokens,) = interceptors(_tokens(), auth_health=True, infer_gate=streams_only, threaded=threaded)
+        assert type(with_tokens) is kind and with_tokens.infer_gate is None and with_tokens.auth_health
+        (with_quota,) = interceptors(None, auth_health=False, infer_gate=limiting, threaded=threaded)
+        assert type(with_quota) is kind and with_quota.infer_gate is limiting and with_quota.tokens is None
