@@ -37,7 +37,6 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future
 from typing import Any
 
 import grpc
@@ -56,11 +55,9 @@ from frameserve.protocol.grpc._infer import (
     trim_after_request,
     version_used,
 )
-from frameserve.protocol.grpc._servicer import GrpcInferenceServicer, status_of
+from frameserve.protocol.grpc._servicer import NOTHING, GrpcInferenceServicer, status_of
 from frameserve.protocol.grpc._stream import stream_all
-from frameserve.request import InferRequest
 from frameserve.security.limits import TensorLimits
-from frameserve.shm import SharedMemoryUse
 
 __all__ = ["DEFAULT_THREADS", "WORKING_THREADS", "ThreadedGrpcServer", "threaded_handlers"]
 
@@ -140,11 +137,13 @@ def infer_blocking(
     """
     shm = shared_memory.use(tenant) if shared_memory is not None else None
     try:
-        if _costly(request, raw_contents, data=data):
-            with LANES.blocking(tenant):  # a costly decode waits for its tenant's lane before it takes a working slot
-                call, future = _start(core, request, limits, shm, working, context, raw_contents, tenant)
-        else:
-            call, future = _start(core, request, limits, shm, working, context, raw_contents, tenant)
+        # a costly decode waits for the tenant's lane before it takes a working slot
+        with LANES.blocking(tenant) if _costly(request, raw_contents, data=data) else NOTHING, working:
+            call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant)
+            parent = traceparent_of(core, context)
+            if parent:
+                call = dataclasses.replace(call, traceparent=parent)
+            future = core.submit(call)
         while True:
             try:
                 outputs = future.result(timeout=_POLL_S)
@@ -162,25 +161,6 @@ def infer_blocking(
     return response
 
 
-def _start(
-    core: InferCore,
-    request: pb.ModelInferRequest,
-    limits: TensorLimits,
-    shm: SharedMemoryUse | None,
-    working: WorkSlots,
-    context: grpc.ServicerContext,
-    raw_contents: Any,
-    tenant: str,
-) -> tuple[InferRequest, Future[Any]]:
-    """Decode and submit under a working slot (:func:`infer_blocking`): the decoded request and its future."""
-    with working:
-        call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant)
-        parent = traceparent_of(core, context)
-        if parent:
-            call = dataclasses.replace(call, traceparent=parent)
-        return call, core.submit(call)
-
-
 class _Handlers:
     """What :func:`~frameserve.protocol.grpc._server.method_handlers` serves on the pool."""
 
@@ -195,30 +175,24 @@ class _Handlers:
         s = self.servicer
         try:
             tenant = s.tenant_of(context)
-            if s.request_gate is None:  # no inference quotas: nothing to hold
-                return self._infer_raw(data, context, tenant)
-            with s.request_gate.held(tenant):
-                return self._infer_raw(data, context, tenant)
+            with s.admitted(tenant):
+                request, raws = parse_infer_request(data, s.limits)
+                out: bytes = infer_blocking(
+                    s.core,
+                    request,
+                    s.limits,
+                    s.shared_memory,
+                    self.working,
+                    context,
+                    raw_contents=raws,
+                    encode=encode_infer_response_bytes,
+                    tenant=tenant,
+                    data=data,
+                )
+            return out
         except Exception as exc:  # noqa: BLE001 - every error becomes a status
             _abort(context, exc, "ModelInfer")
             raise AssertionError("unreachable") from None
-
-    def _infer_raw(self, data: bytes, context: grpc.ServicerContext, tenant: str) -> bytes:
-        s = self.servicer
-        request, raws = parse_infer_request(data, s.limits)
-        out: bytes = infer_blocking(
-            s.core,
-            request,
-            s.limits,
-            s.shared_memory,
-            self.working,
-            context,
-            raw_contents=raws,
-            encode=encode_infer_response_bytes,
-            tenant=tenant,
-            data=data,
-        )
-        return out
 
     def ModelStreamInfer(
         self, requests: Iterator[pb.ModelInferRequest], context: grpc.ServicerContext

@@ -139,7 +139,7 @@ _Base = HttpToolsProtocol
 ``super()`` call builds a proxy object on every call, several times per request)."""
 
 
-class _Guarded(HttpToolsProtocol):
+class _Guarded(_Base):
     """uvicorn's httptools protocol with the deadlines and the connection count."""
 
     deadlines: HttpDeadlines = DEFAULT_DEADLINES
