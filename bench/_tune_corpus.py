@@ -2,8 +2,9 @@
 the torch models and the built-in assets), calibrated without a pipeline (images, or the .npz of
 the two-input model).
 
-Per model: tuned / default throughput, both served by ``frameserve serve`` (the default
-repository: the model folder as it is; the tuned one: tune's ``--out``) and measured by ``perf``
+Per model: tuned / default throughput, both served by ``frameserve serve`` with its own
+defaults, no ``--threads`` (the default repository: the model folder as it is, so its instances
+share the CPUs as a user's would; the tuned one: tune's ``--out``) and measured by ``perf``
 over HTTP, batch 1, each side's best over concurrencies 1, 4 and the two operating points tune
 compared them at (the default's and the winner's saturating concurrency: tune's objective is
 throughput under load, so a batching winner is measured where its batches fill), interleaved
@@ -142,8 +143,8 @@ def run_corpus(args: argparse.Namespace, log: Any) -> None:
         d: list[float] = []
         t: list[float] = []
         with (
-            ServeProcess(folder.parent, work / "home" / name / "a", "--no-jobs") as a,
-            ServeProcess(out, work / "home" / name / "b", "--no-jobs") as b,
+            ServeProcess(folder.parent, work / "home" / name / "a", "--no-jobs", threads=None) as a,
+            ServeProcess(out, work / "home" / name / "b", "--no-jobs", threads=None) as b,
         ):
             a.wait_ready(120)
             b.wait_ready(120)

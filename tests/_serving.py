@@ -106,7 +106,9 @@ _LISTEN = re.compile(r"^(HTTP|gRPC|metrics) listening on (.+):(\d+)$")
 class ServeProcess:
     """``frameserve serve`` on free ports in a subprocess; parses the listening lines."""
 
-    def __init__(self, repository: Path, home: Path, *extra: str) -> None:
+    def __init__(self, repository: Path, home: Path, *extra: str, threads: int | None = 1) -> None:
+        """``threads``: ``--threads`` (intra-op threads per instance); ``None``: serve's own
+        default (the CPUs shared among all instances), as a user gets it."""
         env = {**os.environ, "FRAMESERVE_HOME": str(home)}
         self.proc = subprocess.Popen(
             [
@@ -122,8 +124,7 @@ class ServeProcess:
                 "0",
                 "--metrics-port",
                 "0",
-                "--threads",
-                "1",
+                *(() if threads is None else ("--threads", str(threads))),
                 *extra,
             ],
             stdout=subprocess.PIPE,

@@ -70,6 +70,11 @@ def test_tune_writes_exactly_the_four_outputs(tuned: tuple[Path, Path, Any]) -> 
     assert config == winner["config_yaml"] and config["version_policy"] == {"specific": {"versions": [1]}}
     assert config["input"] == [{"name": "images", "data_type": "TYPE_FP32", "dims": [3, 16, 16]}]  # --shape fixed it
     assert "ratio_best_over_default" in data["comparison"]
+    # the leaders and the default chose the winner served over HTTP by a serve child, as users get them
+    assert data["finalists"] == "served"
+    repeats = [r for r in data["trials"] if r["phase"] == "repeat"]
+    assert repeats and all(r["status"] == "measured" for r in repeats), repeats
+    assert data["comparison"]["default"]["source"] == "repeats"
 
 
 def test_the_tuned_folder_serves_unchanged_and_answers_as_the_model(

@@ -114,6 +114,15 @@ def tune_command(
         int | None,
         typer.Option("--max-trials", min=14, help="Trials at most (default: a third of the space, repeats included)."),
     ] = None,
+    finalists: Annotated[
+        str,
+        typer.Option(
+            "--finalists",
+            help="Where the leaders and the default are measured again to choose the winner: served "
+            "(by frameserve serve in a child process, over HTTP, as users get them) or in-process "
+            "(no transport; faster, but a candidate that starves the transport can win).",
+        ),
+    ] = "served",
 ) -> None:
     """Tune a model for this machine and write a model folder that serves the winner."""
     from frameserve.pipeline.loader import parse_param
@@ -164,6 +173,7 @@ def tune_command(
                 backends=tuple(backend) if backend else None,
                 max_configs=max_configs,
                 max_trials=max_trials,
+                finalists=finalists,
                 max_drop=max_drop,
                 video=video,
                 progress=on_trial,

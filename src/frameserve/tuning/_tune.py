@@ -7,7 +7,9 @@ quantize to int8 and gate it, and gate bf16 (OpenVINO) where the CPU has it
 measure candidates through the server's own batcher and instances in this process
 (:class:`~frameserve.tuning.ServiceTarget`, one :class:`~frameserve.service.InferenceService`,
 the model loaded from a staging repository whose config.yaml is each candidate's); search
-(:class:`~frameserve.tuning._search.Search`); write ``--out``.
+(:class:`~frameserve.tuning._search.Search`), whose finalists and the default are measured again
+served, over HTTP, by ``frameserve serve`` in a child process (:mod:`frameserve.tuning._served`:
+in process a candidate does not pay for the transport, served it does); write ``--out``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from frameserve.tuning._gate import gate
 from frameserve.tuning._measure import Measurement, MeasureSettings, measure
 from frameserve.tuning._quantize import QuantizeResult, next_version, quantize
 from frameserve.tuning._search import Budget, Objective, Phase, Progress, Search, Trial
+from frameserve.tuning._served import ServedRepository, served_available
 from frameserve.tuning._space import (
     Batching,
     Candidate,
@@ -43,7 +46,7 @@ from frameserve.tuning._space import (
     default_options,
 )
 from frameserve.tuning._sysinfo import SystemInfo, system_info
-from frameserve.tuning._targets import ServiceTarget, config_dims, make_inputs, model_file
+from frameserve.tuning._targets import ServerTarget, ServiceTarget, config_dims, make_inputs, model_file
 from frameserve.tuning._tensors import tensor_frames
 from frameserve.tuning._tune_result import TuneResult
 from frameserve.types import DataType
@@ -136,6 +139,7 @@ def tune(
     max_trials: int | None = None,
     max_drop: float = 0.01,
     exhaustive: bool = False,
+    finalists: str = "served",
     video: Path | str | None = None,
     progress: Progress | None = None,
     on_stage: Callable[[str], None] | None = None,
@@ -162,6 +166,10 @@ def tune(
         max_trials: trials at most (default: a third of the space, at least 12 plus the repeats).
         max_drop: the accuracy gate's ``max_drop``.
         exhaustive: measure every candidate (the benchmark's reference), then repeat the leaders.
+        finalists: where the leaders' repeats and the default's (which choose the winner) are
+            measured: ``served`` (default: by ``frameserve serve`` in a child process, over HTTP,
+            as users get them; in process when tritonclient is missing or the child cannot
+            start, said in the notes) or ``in-process`` (the search's own path, no transport).
         video: with ``pipeline``, co-tune the pipeline's decode workers, decoder threads and batch
             with the winner, end to end on this video (``tune.json``'s ``video``).
         progress: ``progress(done, planned, trial)`` after each trial.
@@ -176,6 +184,8 @@ def tune(
     goal = Objective(objective, p99_ms, min_throughput)  # type: ignore[arg-type]
     if not time_budget_s > 0:
         raise InvalidInputError(f"--time-budget must be > 0 seconds, got {time_budget_s}")
+    if finalists not in ("served", "in-process"):
+        raise InvalidInputError(f"--finalists {finalists!r}; accepted: served, in-process")
     if video is not None and pipeline is None:
         raise InvalidInputError("--video needs --pipeline: its preprocess makes the model's inputs")
     out_dir = Path(out) if out is not None else None
@@ -259,14 +269,29 @@ def tune(
             short, long = _settings_for(time_budget_s, searched)  # an exhaustive sweep: the same windows
             budget = Budget(budget_trials, math.inf if exhaustive else time_budget_s, short, long)
             inputs = _inputs(completed, shapes, frames)
-            runner = _Runner(service, staging, name, base, raw, baseline, inputs, {"int8": int8_version}, version)
+            runner = _Runner(
+                service,
+                staging,
+                name,
+                base,
+                raw,
+                baseline,
+                inputs,
+                {"int8": int8_version},
+                version,
+                tmp / "serve-home" if finalists == "served" else None,
+            )
             stage(
                 f"searching {len(space)} configurations ({'every one' if exhaustive else f'at most {budget_trials} trials'}, "
                 f"{time_budget_s:g} s budget)"
             )
-            result = Search(space, goal, runner, budget, progress=progress).run(
-                baseline, _start(space, baseline, machine), exhaustive=exhaustive
-            )
+            try:
+                result = Search(space, goal, runner, budget, progress=progress).run(
+                    baseline, _start(space, baseline, machine), exhaustive=exhaustive
+                )
+            finally:
+                runner.close()
+            notes.extend(runner.notes)
             winner = result.winner
             winner_version = int8_version if winner is not None and winner.engine.precision == "int8" else version
             winner_config = None
@@ -305,6 +330,7 @@ def tune(
             tuple(notes + list(result.notes)),
             video_result,
             tuple(refused),
+            "served" if runner.served_once else "in-process",
         )
         if out_dir is not None:
             from frameserve.tuning._tune_report import write_tune_outputs
@@ -457,7 +483,9 @@ def _inputs(
 
 
 class _Runner:
-    """Loads each candidate in the service from the staging repository and measures it."""
+    """Loads each candidate from the staging repository and measures it: in the in-process
+    service, or, for the finalists' repeats with ``serve_home``, served over HTTP by a
+    ``frameserve serve`` child (:mod:`frameserve.tuning._served`)."""
 
     def __init__(
         self,
@@ -470,9 +498,14 @@ class _Runner:
         inputs: Mapping[str, np.ndarray[Any, Any]],
         versions: Mapping[str, int],
         fp32_version: int,
+        serve_home: Path | None,
     ) -> None:
         self.service, self.staging, self.name, self.base, self.raw = service, staging, name, base, raw
         self.baseline, self.inputs, self.versions, self.fp32_version = baseline, inputs, versions, fp32_version
+        self.serve_home = serve_home
+        self.served: ServedRepository | None = None
+        self.served_once = False  # a repeat was measured served
+        self.notes: list[str] = []
 
     def __call__(
         self, c: Candidate, conc: int, phase: Phase, settings: MeasureSettings
@@ -482,14 +515,47 @@ class _Runner:
         )  # the default: the model's own config (--shape dims fixed)
         version = self.versions.get(c.engine.precision, self.fp32_version)
         config.pop("version_policy", None)
+        served = self._served() if phase == "repeat" else None
+        if served is not None:  # the served child loads the version its config names
+            config["version_policy"] = {"specific": {"versions": [version]}}
         (self.staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         try:
             if self.service.is_ready(self.name):
                 self.service.unload(self.name)
-            self.service.load(self.name, version)
-            target = ServiceTarget(self.service, self.name, version)
+            target: ServiceTarget | ServerTarget
+            if served is not None:
+                self.served_once = True
+                served.load(self.name)
+                target = served.target(self.name, version)
+            else:
+                self.service.load(self.name, version)
+                target = ServiceTarget(self.service, self.name, version)
             return measure(target, self.inputs, batch=1, concurrency=conc, settings=settings), None
         except FrameserveError as exc:
             return None, exc.message
         except Exception as exc:  # a backend's own error: the candidate is refused, the search goes on
             return None, f"{type(exc).__name__}: {exc}"
+
+    def _served(self) -> ServedRepository | None:
+        """The served child for the finalists, started at the first one (``None``: measured in
+        process, because ``serve_home`` is ``None`` or the child could not start: said in
+        :attr:`notes`)."""
+        if self.serve_home is None:
+            return None
+        if self.served is None:
+            why = served_available()
+            try:
+                if why is None:
+                    self.served = ServedRepository(self.staging.parent, self.serve_home)
+            except FrameserveError as exc:
+                why = exc.message
+            if self.served is None:
+                self.notes.append(f"finalists measured in process, not served: {why}")
+                self.serve_home = None
+        return self.served
+
+    def close(self) -> None:
+        """Stop the served child, if one was started."""
+        if self.served is not None:
+            self.served.close()
+            self.served = None

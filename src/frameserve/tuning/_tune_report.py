@@ -28,7 +28,7 @@ from frameserve.tuning._report import (
     write_json,
 )
 from frameserve.tuning._search import CONFIG_FIELDS, TRIAL_FIELDS, trial_rows
-from frameserve.tuning._tune_result import TuneResult
+from frameserve.tuning._tune_result import FINALISTS_MEASURED, TuneResult
 
 __all__ = ["write_tune_outputs"]
 
@@ -275,6 +275,7 @@ def _report(result: TuneResult, data: Mapping[str, Any], tmp: Path) -> str:
             "windows",
             f"{data['settings']['window_s']:.3g} s searching, {data['repeat_settings']['window_s']:.3g} s for the repeats",
         ),
+        ("finalists measured", FINALISTS_MEASURED[data["finalists"]]),
         ("elapsed", f"{data['elapsed_s']:.1f} s"),
         *[("note", n) for n in data["notes"]],
         *[

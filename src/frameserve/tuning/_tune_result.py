@@ -19,7 +19,15 @@ from frameserve.tuning._search import Objective, SearchResult, Trial, trial_rows
 from frameserve.tuning._space import SearchSpace
 from frameserve.tuning._sysinfo import SystemInfo
 
-__all__ = ["TuneResult"]
+__all__ = ["FINALISTS_MEASURED", "TuneResult"]
+
+FINALISTS_MEASURED: dict[str, str] = {
+    "served": "served: frameserve serve in a child process, over HTTP, through Triton's client "
+    "(the server's CPU counted), as users get them",
+    "in-process": "in process: the service's batcher and instances, no transport (as in the search)",
+}
+"""Where the finalists' repeats and the default's (which choose the winner) were measured
+(``tune.json``'s ``finalists``), and what that means."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,8 @@ class TuneResult:
         elapsed_s: wall seconds of the whole run.
         notes: what to know when reading it.
         video: the video co-tuning (``--video``): its trials and the best decode settings.
+        finalists: where the repeats were measured: ``served`` or ``in-process``
+            (:data:`FINALISTS_MEASURED`; ``served`` falls back to ``in-process`` with a note).
         refused: candidates refused before the search measured them (an int8 model that could
             not be built or that the accuracy gate refused, a bf16 one the gate refused), as
             trials of phase ``gate`` with the reason in ``error``; they are rows of
@@ -69,6 +79,7 @@ class TuneResult:
     notes: tuple[str, ...] = field(default=())
     video: Mapping[str, Any] | None = None
     refused: tuple[Trial, ...] = field(default=())
+    finalists: str = "in-process"
 
     @property
     def all_trials(self) -> tuple[Trial, ...]:
@@ -119,6 +130,7 @@ class TuneResult:
             "search": self.search.to_dict(),
             "settings": self.settings.to_dict(),
             "repeat_settings": self.repeat_settings.to_dict(),
+            "finalists": self.finalists,
             "trials": trial_rows(self.all_trials),
             "winner": None
             if self.search.winner is None

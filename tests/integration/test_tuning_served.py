@@ -1,0 +1,65 @@
+"""``tune``'s served finalists (``frameserve.tuning._served``): a real ``frameserve serve`` child
+over a staging repository, each config.yaml loaded as it is on disk, measured over HTTP with
+the child's CPU counted; a refused config is a clear error and the child serves on; the child
+is gone after ``close``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from _models import conv_model
+
+from frameserve.errors import InferenceError, ModelConfigError
+from frameserve.tuning import MeasureSettings, measure
+from frameserve.tuning._served import ServedRepository, served_available
+
+pytestmark = pytest.mark.skipif(served_available() is not None, reason=str(served_available()))
+
+SETTINGS = MeasureSettings(window_s=0.3, warmup_s=0.1, max_windows=2)
+INPUTS = {"images": np.zeros((1, 3, 8, 8), np.float32)}
+
+
+def _config(repo: Path, **fields: object) -> None:
+    base = {
+        "backend": "onnxruntime",
+        "max_batch_size": 4,
+        "input": [{"name": "images", "data_type": "TYPE_FP32", "dims": [3, 8, 8]}],
+        "output": [{"name": "features", "data_type": "TYPE_FP32", "dims": [4, 8, 8]}],
+    }
+    (repo / "conv" / "config.yaml").write_text(yaml.safe_dump({**base, **fields}), encoding="utf-8")
+
+
+def test_each_config_on_disk_is_served_and_measured_over_http(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    conv_model(repo / "conv" / "1" / "model.onnx")
+    _config(repo, instance_group=[{"count": 1, "kind": "KIND_CPU"}])
+    with ServedRepository(repo, tmp_path / "home") as served:
+        assert served.url.startswith("http://127.0.0.1:") and served.proc.poll() is None
+        served.load("conv")
+        target = served.target("conv", 1)
+        assert target.info["instance_group"][0]["count"] == 1 and target.server_pid == served.pid
+        m = measure(target, INPUTS, batch=1, concurrency=2, settings=SETTINGS)
+        assert m.requests > 0 and m.throughput > 0
+        assert m.cpu_s_per_infer is not None and m.cpu_s_per_infer > 0  # the child's CPU, not this process's
+
+        _config(repo, instance_group=[{"count": 2, "kind": "KIND_CPU"}])  # the next candidate
+        served.load("conv")
+        assert served.target("conv", 1).info["instance_group"][0]["count"] == 2
+
+        _config(repo, max_batch_size=-3)  # refused by the server: a clear error, the child serves on
+        with pytest.raises(ModelConfigError, match="max_batch_size"):
+            served.load("conv")
+        _config(repo)
+        served.load("conv")
+        assert measure(served.target("conv", 1), INPUTS, batch=1, concurrency=1, settings=SETTINGS).requests > 0
+    assert served.proc.poll() is not None  # stopped with the context
+
+
+def test_a_child_that_cannot_start_says_why(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-repository"
+    with pytest.raises(InferenceError, match="exited with code") as info:
+        ServedRepository(missing, tmp_path / "home")
+    assert "no-such-repository" in str(info.value)
