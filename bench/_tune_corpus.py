@@ -8,11 +8,13 @@ share the CPUs as a user's would; the tuned one: tune's ``--out``) and measured 
 over HTTP, batch 1, each side's best over concurrencies 1, 4 and the two operating points tune
 compared them at (the default's and the winner's saturating concurrency: tune's objective is
 throughput under load, so a batching winner is measured where its batches fill), interleaved
-rounds, medians (goal: median >= 1.3x, none below 1.0x); the int8 gate's verdict with its metric. On three models, tune's best / an exhaustive
-sweep's best (each run's own best median; goal >= 0.95 using <= 1/3 of the sweep's trials).
-Where tune keeps the default (no candidate beat it in its interleaved repeats), the two servers
-run the same configuration: the ratio is 1 by construction, and the measured one is printed
-beside it as what it is, the machine's noise.
+rounds, medians (goal: median >= 1.3x, none below 1.0x); the int8 gate's verdict with its metric.
+On three models, tune's winner / an exhaustive sweep's winner (goal >= 0.95 using <= 1/3 of the
+sweep's trials), both served the same way in the same interleaved rounds (a third server: two
+runs minutes apart each measure their own medians under a different load, so their bests are
+not comparable). Where two servers run the same configuration (tune kept the default, or found
+the sweep's winner), their ratio is 1 by construction, and the measured one is printed beside it
+as what it is, the machine's noise.
 The CPU model and its ISA flags are printed first.
 """
 
@@ -55,10 +57,37 @@ def _best_served(url: str, name: str, settings: Any, concurrencies: list[int]) -
     return max((r.measurement.throughput for r in res.rows if r.measurement is not None), default=0.0)
 
 
+def _served_rounds(
+    repos: dict[str, Path], home: Path, name: str, settings: Any, concurrencies: list[int], rounds: int
+) -> dict[str, list[float]]:
+    """Each repository served by its own ``frameserve serve`` (serve's own defaults), all up at
+    once, measured by ``perf`` over HTTP in interleaved rounds, the order rotating so that no
+    side always runs first: each side's best throughput per round."""
+    from contextlib import ExitStack
+
+    from _serving import ServeProcess
+
+    got: dict[str, list[float]] = {label: [] for label in repos}
+    with ExitStack() as stack:
+        servers = {
+            label: stack.enter_context(ServeProcess(repo, home / label, "--no-jobs", threads=None))
+            for label, repo in repos.items()
+        }
+        for server in servers.values():
+            server.wait_ready(120)
+        labels = list(servers)
+        for r in range(rounds):
+            for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
+                url = f"http://127.0.0.1:{servers[label].ports['HTTP']}"
+                got[label].append(_best_served(url, name, settings, concurrencies))
+        for server in servers.values():
+            server.stop()
+    return got
+
+
 def run_corpus(args: argparse.Namespace, log: Any) -> None:
     """Run the corpus benchmark and print its table (see the module docstring)."""
     from _cpu import cpu_model
-    from _serving import ServeProcess
 
     from frameserve import assets
     from frameserve.assets import builtin_model
@@ -95,6 +124,7 @@ def run_corpus(args: argparse.Namespace, log: Any) -> None:
                     time_budget_s=args.budget_s,
                     calibration=cal,
                     shapes=SHAPES.get(name),
+                    out=work / "exhaustive" / name,
                     max_configs=args.max_configs,
                     exhaustive=True,
                 )
@@ -119,9 +149,6 @@ def run_corpus(args: argparse.Namespace, log: Any) -> None:
             rows.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
             continue
         if max_trials is not None:
-            best_t = result.comparison().get("best", {}).get("throughput")
-            best_e = e.comparison().get("best", {}).get("throughput")
-            row["vs_exhaustive"] = best_t / best_e if best_t and best_e else math.nan
             row["trial_share"] = len(result.search.trials) / max(1, len(e.search.trials))
         gate = result.int8.gate if result.int8 is not None else None
         refusal = next((t.error for t in result.refused if t.candidate.engine.precision == "int8"), None)
@@ -137,24 +164,21 @@ def run_corpus(args: argparse.Namespace, log: Any) -> None:
         )
         # the operating points tune compared the two at (each one's saturating concurrency), and 1 and 4
         comp = result.comparison()
-        concs = sorted({1, 4, *(int(comp.get(k, {}).get("concurrency") or 1) for k in ("default", "best"))})
+        points = [comp.get(k, {}).get("concurrency") for k in ("default", "best")]
+        if max_trials is not None:
+            points.append(e.comparison().get("best", {}).get("concurrency"))
+        concs = sorted({1, 4, *(int(c or 1) for c in points)})
         row["concurrencies"] = concs
-        log(f"   served: default vs tuned, perf over HTTP at concurrency {concs}, {args.rounds} interleaved round(s)")
-        d: list[float] = []
-        t: list[float] = []
-        with (
-            ServeProcess(folder.parent, work / "home" / name / "a", "--no-jobs", threads=None) as a,
-            ServeProcess(out, work / "home" / name / "b", "--no-jobs", threads=None) as b,
-        ):
-            a.wait_ready(120)
-            b.wait_ready(120)
-            for r in range(args.rounds):  # A B, then B A: neither side always runs first
-                order = [(a, d), (b, t)] if r % 2 == 0 else [(b, t), (a, d)]
-                for server, into in order:
-                    into.append(_best_served(f"http://127.0.0.1:{server.ports['HTTP']}", name, settings, concs))
-            a.stop()
-            b.stop()
-        row["default_per_s"], row["tuned_per_s"] = statistics.median(d), statistics.median(t)
+        repos = {"default": folder.parent, "tuned": out}
+        if max_trials is not None:
+            repos["exhaustive"] = work / "exhaustive" / name
+        log(f"   served: {', '.join(repos)}, perf over HTTP at concurrency {concs}, {args.rounds} interleaved round(s)")
+        got = _served_rounds(repos, work / "home" / name, name, settings, concs, args.rounds)
+        row["default_per_s"], row["tuned_per_s"] = statistics.median(got["default"]), statistics.median(got["tuned"])
+        if max_trials is not None:
+            row["vs_exhaustive"] = row["tuned_per_s"] / statistics.median(got["exhaustive"])
+            if e.search.winner == result.search.winner:  # one configuration twice: 1 by construction
+                row["vs_exhaustive_measured"], row["vs_exhaustive"] = row["vs_exhaustive"], 1.0
         row["served_ratio"] = row["tuned_per_s"] / row["default_per_s"] if row["default_per_s"] > 0 else math.nan
         if row["winner"] == "default":
             # tune kept the default: both servers run the same configuration, so their ratio is
@@ -185,6 +209,8 @@ def _table(rows: list[dict[str, Any]]) -> None:
             continue
         ratios.append(r["served_ratio"])
         ex = f"{r['vs_exhaustive']:.2f}" if "vs_exhaustive" in r else "-"
+        if "vs_exhaustive_measured" in r:
+            ex += f" (same config; measured {r['vs_exhaustive_measured']:.2f})"
         share = f"{r['trial_share']:.2f}" if "trial_share" in r else "-"
         served = f"{r['served_ratio']:.2f}" + (
             f" (same config; measured {r['measured_ratio']:.2f})" if "measured_ratio" in r else ""
