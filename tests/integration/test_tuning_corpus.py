@@ -1,7 +1,8 @@
 """``quantize`` and ``tune`` on the model corpus (tests/data/corpus.py, issue 26): every torch
 model and every built-in one quantizes to a file that passes onnx.checker and loads in
 onnxruntime (opsets below 13 converted), keeps its dynamic dims, and is gated with the metric of
-its kind; ``tune`` completes on each with a tiny budget; a model that breaks when batched is
+its kind; ``tune`` completes on each with a tiny budget (its int8 candidate searched or refused
+with the gate's reason, its finalists measured served); a model that breaks when batched is
 tuned to the end with its failing candidates as refused rows (exit 0), and ``perf`` likewise.
 Nothing here asserts on a measured time or rate."""
 
@@ -170,7 +171,42 @@ def test_tune_completes_on_every_torch_model(
         max_configs=8,
         out=tmp_path / "out",
     )
-    data = json.loads((tmp_path / "out" / "tune.json").read_text())
+    _check_tuned(result, tmp_path / "out", name)
+
+
+BUILTIN_SHAPES: dict[str, dict[str, tuple[int, ...]]] = {
+    "nudenet": {"images": (3, 320, 320)},
+    "ppocr-det": {"x": (3, 64, 64)},
+    "ppocr-cls": {"x": (3, 48, 192)},
+    "ppocr-rec": {"x": (3, 48, 64)},
+    "mtcnn-pnet": {"input_1": (24, 32, 3)},
+}
+"""Dims for the built-ins' variable input dims (small where the model allows, so that a tiny
+budget still measures)."""
+
+
+@pytest.mark.parametrize("name", corpus.BUILTIN_MODELS)
+def test_tune_completes_on_every_builtin_model(real_asset, images: Path, tmp_path: Path, name: str) -> None:  # type: ignore[no-untyped-def]
+    from frameserve.assets import builtin_model
+
+    folder = corpus.builtin_folder(name, tmp_path / "models", real_asset(builtin_model(name).asset))
+    result = tune(
+        folder,
+        time_budget_s=1.0,
+        calibration=images,
+        shapes=BUILTIN_SHAPES.get(name),
+        max_trials=14,
+        max_configs=8,
+        out=tmp_path / "out",
+    )
+    _check_tuned(result, tmp_path / "out", name)
+
+
+def _check_tuned(result: Any, out: Path, name: str) -> None:
+    """The tune ran to its end: a winner, written as it was chosen; the default measured; the
+    int8 candidate searched (the gate passed it) or a refused row that says why; a row has an
+    error exactly when it was not measured; the finalists chosen served."""
+    data = json.loads((out / "tune.json").read_text())
     assert result.search.winner is not None and data["winner"]["config"] == result.search.winner.key
     assert data["trials"][0]["phase"] == "default" and data["trials"][0]["status"] == "measured"
     int8_rows = [r for r in data["trials"] if r["precision"] == "int8"]
@@ -180,8 +216,9 @@ def test_tune_completes_on_every_torch_model(
         assert any(r["status"] == "refused" and r["phase"] == "gate" and r["error"] for r in int8_rows), int8_rows
     for row in data["trials"]:
         assert (row["status"] == "measured") == (row["error"] is None), row
-    config = yaml.safe_load((tmp_path / "out" / name / "config.yaml").read_text())
+    config = yaml.safe_load((out / name / "config.yaml").read_text())
     assert config == data["winner"]["config_yaml"]
+    assert data["finalists"] == "served", data["notes"]
 
 
 def _batch_one_only(path: Path) -> Path:
