@@ -96,7 +96,9 @@ def run_corpus(args: argparse.Namespace, log: Any) -> None:
 
     machine = system_info()
     print(f"CPU: {cpu_model()}, {machine.cpu_budget} CPUs budget; ISA: {' '.join(sorted(machine.flags))}", flush=True)
-    work = Path(tempfile.mkdtemp(prefix="frameserve-bench-corpus-"))
+    work = args.keep or Path(tempfile.mkdtemp(prefix="frameserve-bench-corpus-"))
+    work.mkdir(parents=True, exist_ok=True)
+    log(f"work folder (models, tune outputs, exhaustive sweeps; kept): {work}")
     images = corpus.calibration_images(work / "images")
     npz = corpus.calibration_npz(work / "two.npz")
     wanted = set(args.models.split(",")) if args.models else None

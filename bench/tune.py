@@ -192,7 +192,12 @@ def main() -> None:
     ap.add_argument("--budget", default=None, help="tune's measuring budget, seconds (default 480; quick 40)")
     ap.add_argument("--p99-ms", type=float, default=100.0, help="the p99 bound of tune and of the served comparison")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per comparison (default 3; quick 1)")
-    ap.add_argument("--keep", type=Path, default=None, help="keep the work folder here (tune outputs, reports)")
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="keep the work folder here (tune outputs, reports); --corpus: work in it",
+    )
     ap.add_argument("--int8-only", action="store_true", help="only the last figure: quantize, then int8 alone / fp32")
     ap.add_argument("--corpus", action="store_true", help="tune every corpus model (bench/_tune_corpus.py)")
     ap.add_argument("--models", default=None, help="--corpus: only these models (comma-separated)")
