@@ -14,9 +14,12 @@ from _models import conv_model
 
 from frameserve.errors import InferenceError, ModelConfigError
 from frameserve.tuning import MeasureSettings, measure
-from frameserve.tuning._served import ServedRepository, served_available
+from frameserve.tuning._served import ServedRepository
 
-pytestmark = pytest.mark.skipif(served_available() is not None, reason=str(served_available()))
+# the served model is measured through Triton's HTTP client, an extra ('frameserve[tune]')
+pytest.importorskip(
+    "tritonclient.http", reason="tune's served finalists need tritonclient[http]: pip install 'frameserve[tune]'"
+)
 
 SETTINGS = MeasureSettings(window_s=0.3, warmup_s=0.1, max_windows=2)
 INPUTS = {"images": np.zeros((1, 3, 8, 8), np.float32)}

@@ -27,21 +27,11 @@ from pathlib import Path
 from types import TracebackType
 
 from frameserve.errors import InferenceError, ModelConfigError
-from frameserve.tuning._targets import ServerTarget
+from frameserve.tuning._targets import ServerTarget, _tritonclient
 
-__all__ = ["ServedRepository", "served_available"]
+__all__ = ["ServedRepository"]
 
 _LISTENING = re.compile(r"^HTTP listening on (\S+):(\d+)$", re.MULTILINE)
-
-
-def served_available() -> str | None:
-    """``None`` when the finalists can be measured served (Triton's HTTP client is installed),
-    else why not (a sentence naming the package)."""
-    try:
-        import tritonclient.http  # noqa: F401
-    except ImportError as exc:
-        return f"tritonclient[http] is not installed ({exc}): pip install 'frameserve[tune]'"
-    return None
 
 
 class ServedRepository:
@@ -54,6 +44,8 @@ class ServedRepository:
         load_timeout_s: seconds one load or unload request may take.
 
     Raises:
+        BackendUnavailableError: Triton's HTTP client (``tritonclient[http]``), which measures
+            the served model, is not installed; checked before the child starts.
         InferenceError: the child exits or does not say ``ready:`` in time (the error quotes
             the end of its output).
 
@@ -63,6 +55,7 @@ class ServedRepository:
     def __init__(
         self, repository: Path, home: Path, *, start_timeout_s: float = 120.0, load_timeout_s: float = 600.0
     ) -> None:
+        _tritonclient("http")
         self.load_timeout_s = load_timeout_s
         home.mkdir(parents=True, exist_ok=True)
         self._log_path = home / "serve.log"
@@ -152,15 +145,11 @@ class ServedRepository:
         self._post(f"/v2/repository/models/{model}/load")
 
     def target(self, model: str, version: int) -> ServerTarget:
-        """The loaded ``model`` version as a load target over HTTP, the child's CPU counted.
-
-        Raises:
-            BackendUnavailableError: tritonclient is not installed.
-        """
+        """The loaded ``model`` version as a load target over HTTP, the child's CPU counted."""
         return ServerTarget(self.url, protocol="http", model=model, version=str(version), server_pid=self.pid)
 
     def close(self) -> None:
-        """Stop the child (SIGTERM; SIGKILL after 30 s) and close its log."""
+        """Stop the child (SIGTERM; SIGKILL after 30 s) and close its log; again: nothing."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

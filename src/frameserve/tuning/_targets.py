@@ -287,7 +287,7 @@ def _tritonclient(protocol: Transport) -> Any:  # Any: tritonclient.http or .grp
             import tritonclient.grpc as client
     except ImportError as exc:
         raise BackendUnavailableError(
-            f"perf against a server over {protocol} needs Triton's client: pip install 'tritonclient[{protocol}]' "
+            f"measuring a model served over {protocol} (perf --url, tune's finalists) needs Triton's client: pip install 'tritonclient[{protocol}]' "
             f"(or 'frameserve[tune]'); import failed: {exc}"
         ) from None
     return client

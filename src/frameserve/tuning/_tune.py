@@ -34,7 +34,7 @@ from frameserve.tuning._gate import gate
 from frameserve.tuning._measure import Measurement, MeasureSettings, measure
 from frameserve.tuning._quantize import QuantizeResult, next_version, quantize
 from frameserve.tuning._search import Budget, Objective, Phase, Progress, Search, Trial
-from frameserve.tuning._served import ServedRepository, served_available
+from frameserve.tuning._served import ServedRepository
 from frameserve.tuning._space import (
     Batching,
     Candidate,
@@ -48,7 +48,7 @@ from frameserve.tuning._space import (
 from frameserve.tuning._sysinfo import SystemInfo, system_info
 from frameserve.tuning._targets import ServerTarget, ServiceTarget, config_dims, make_inputs, model_file
 from frameserve.tuning._tensors import tensor_frames
-from frameserve.tuning._tune_result import TuneResult
+from frameserve.tuning._tune_result import FINALISTS_MEASURED, TuneResult
 from frameserve.types import DataType
 
 if TYPE_CHECKING:
@@ -184,8 +184,8 @@ def tune(
     goal = Objective(objective, p99_ms, min_throughput)  # type: ignore[arg-type]
     if not time_budget_s > 0:
         raise InvalidInputError(f"--time-budget must be > 0 seconds, got {time_budget_s}")
-    if finalists not in ("served", "in-process"):
-        raise InvalidInputError(f"--finalists {finalists!r}; accepted: served, in-process")
+    if finalists not in FINALISTS_MEASURED:
+        raise InvalidInputError(f"--finalists {finalists!r}; accepted: {', '.join(FINALISTS_MEASURED)}")
     if video is not None and pipeline is None:
         raise InvalidInputError("--video needs --pipeline: its preprocess makes the model's inputs")
     out_dir = Path(out) if out is not None else None
@@ -330,7 +330,7 @@ def tune(
             tuple(notes + list(result.notes)),
             video_result,
             tuple(refused),
-            "served" if runner.served_once else "in-process",
+            "served" if runner.served is not None else "in-process",
         )
         if out_dir is not None:
             from frameserve.tuning._tune_report import write_tune_outputs
@@ -503,8 +503,7 @@ class _Runner:
         self.service, self.staging, self.name, self.base, self.raw = service, staging, name, base, raw
         self.baseline, self.inputs, self.versions, self.fp32_version = baseline, inputs, versions, fp32_version
         self.serve_home = serve_home
-        self.served: ServedRepository | None = None
-        self.served_once = False  # a repeat was measured served
+        self.served: ServedRepository | None = None  # started at the first repeat, kept after close()
         self.notes: list[str] = []
 
     def __call__(
@@ -524,7 +523,6 @@ class _Runner:
                 self.service.unload(self.name)
             target: ServiceTarget | ServerTarget
             if served is not None:
-                self.served_once = True
                 served.load(self.name)
                 target = served.target(self.name, version)
             else:
@@ -540,22 +538,15 @@ class _Runner:
         """The served child for the finalists, started at the first one (``None``: measured in
         process, because ``serve_home`` is ``None`` or the child could not start: said in
         :attr:`notes`)."""
-        if self.serve_home is None:
-            return None
-        if self.served is None:
-            why = served_available()
+        if self.served is None and self.serve_home is not None:
             try:
-                if why is None:
-                    self.served = ServedRepository(self.staging.parent, self.serve_home)
-            except FrameserveError as exc:
-                why = exc.message
-            if self.served is None:
-                self.notes.append(f"finalists measured in process, not served: {why}")
-                self.serve_home = None
+                self.served = ServedRepository(self.staging.parent, self.serve_home)
+            except FrameserveError as exc:  # no tritonclient, or the child did not start
+                self.notes.append(f"finalists measured in process, not served: {exc.message}")
+                self.serve_home = None  # not tried again
         return self.served
 
     def close(self) -> None:
         """Stop the served child, if one was started."""
         if self.served is not None:
             self.served.close()
-            self.served = None
