@@ -11,6 +11,24 @@ ROOT = Path(__file__).resolve().parent.parent
 _MARKS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The CPU and the native libraries the run used: a failure that only one machine shows
+    (an instruction set, a library release) is told apart by these lines."""
+    from importlib import metadata
+
+    from frameserve.tuning._sysinfo import system_info
+
+    info = system_info()
+    versions = []
+    for dist in ("onnxruntime", "openvino", "nncf", "torch", "numpy", "grpcio", "tritonclient"):
+        try:
+            versions.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{dist} absent")
+    flags = " ".join(sorted(info.flags))
+    return [f"cpu: {info.cpu_model}, {info.cpu_budget} of {info.logical_cpus} CPUs; isa: {flags}", ", ".join(versions)]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test by its folder (tests/unit → unit, ...)."""
     for item in items:
