@@ -29,6 +29,18 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"cpu: {info.cpu_model}, {info.cpu_budget} of {info.logical_cpus} CPUs; isa: {flags}", ", ".join(versions)]
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How many files the test process holds open at the end, against its limit: a leak (a
+    client's per-thread loop, a socket never closed) shows here long before it fails a test on
+    a machine whose limit is 1,024."""
+    import resource
+
+    fd_dir = Path("/proc/self/fd")
+    if fd_dir.is_dir():
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        terminalreporter.write_line(f"open files at the end: {len(list(fd_dir.iterdir()))} (limit {soft})")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test by its folder (tests/unit → unit, ...)."""
     for item in items:

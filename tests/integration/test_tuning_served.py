@@ -5,6 +5,8 @@ is gone after ``close``."""
 
 from __future__ import annotations
 
+import gc
+import os
 from pathlib import Path
 
 import numpy as np
@@ -66,3 +68,26 @@ def test_a_child_that_cannot_start_says_why(tmp_path: Path) -> None:
     with pytest.raises(InferenceError, match="exited with code") as info:
         ServedRepository(missing, tmp_path / "home")
     assert "no-such-repository" in str(info.value)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files in /proc/self/fd (Linux)")
+def test_measuring_over_http_leaves_no_file_open(tmp_path: Path) -> None:
+    """Each measurement's worker threads used Triton's HTTP client, whose gevent gave each thread
+    a hub with a libev loop (an epoll and an eventfd): left to the garbage collector they stayed
+    open, two per thread, until a tune's suite hit the open-files limit (1,024 on many machines)."""
+    repo = tmp_path / "repo"
+    conv_model(repo / "conv" / "1" / "model.onnx")
+    _config(repo)
+    with ServedRepository(repo, tmp_path / "home") as served:
+        served.load("conv")
+        target = served.target("conv", 1)
+        measure(target, INPUTS, batch=1, concurrency=3, settings=SETTINGS)  # the client's own first-use files
+        before = _open_fds()
+        for _ in range(5):
+            measure(target, INPUTS, batch=1, concurrency=3, settings=SETTINGS)
+        gc.collect()
+        assert _open_fds() <= before, (before, _open_fds(), sorted(os.listdir("/proc/self/fd")))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -342,7 +343,28 @@ class _ClientWorker:
             raise InferenceError(f"model {self._t.model!r} at {self._t.address}: {exc}") from None
 
     def close(self) -> None:
+        """Close the client; over HTTP, also this thread's gevent hub (see :func:`_drop_gevent_hub`)."""
         self._client.close()
+        if self._t.protocol == "http":
+            _drop_gevent_hub()
+
+
+def _drop_gevent_hub() -> None:
+    """Destroy the calling thread's gevent hub, and its loop, unless this is the main thread.
+
+    tritonclient's HTTP client runs on gevent (geventhttpclient), and gevent gives each native
+    thread that uses it a hub of its own. gevent's ``Hub.destroy`` docs: whoever uses the gevent
+    API from several native threads *should* destroy each thread's hub before dropping it, ideally
+    in that thread. A measurement's worker threads end here, so their hubs are destroyed here and
+    not left for the garbage collector of whichever thread runs next (libev watchers freed after
+    their loop)."""
+    if threading.current_thread() is threading.main_thread():
+        return
+    try:
+        import gevent
+    except ImportError:  # pragma: no cover - tritonclient[http] depends on gevent
+        return
+    gevent.get_hub().destroy(destroy_loop=True)
 
 
 class ServerTarget:
