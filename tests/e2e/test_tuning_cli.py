@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import secrets
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,29 @@ def test_perf_against_a_running_server_over_http_and_grpc(tmp_path: Path, cli) -
         assert srv.stop() == 0
     gone = cli("perf", "--url", http_url, "--model", "add", *TINY, timeout=60)
     assert gone.returncode == 2 and "no v2 server answers at" in gone.stderr
+
+
+def test_perf_against_a_server_with_tokens_sends_its_token(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    """``perf --url/--grpc --token`` measures a server that asks for bearer tokens; without the
+    token it stops with the server's refusal, not a measurement of error answers."""
+    repo = make_repository(tmp_path / "repo")
+    token = secrets.token_urlsafe(32)
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(f"{token} infer perf-team\n", encoding="utf-8")
+    tokens.chmod(0o600)
+    with ServeProcess(repo, tmp_path / "home", "--auth-token-file", str(tokens)) as srv:
+        srv.wait_ready()
+        http_url = f"http://127.0.0.1:{srv.ports['HTTP']}"
+        refused = cli("perf", "--url", http_url, "--model", "add", *TINY, timeout=60)
+        assert refused.returncode == 2 and "no ready model 'add'" in refused.stderr, refused.stderr[-2000:]
+        assert token not in refused.stderr + refused.stdout
+        _, http = _perf_server(cli, srv, tmp_path / "http", "--url", http_url, "--token", token)
+        assert http["mode"] == "http" and all(r["throughput"] > 0 and r["error"] is None for r in http["rows"])
+        _, grpc = _perf_server(
+            cli, srv, tmp_path / "grpc", "--grpc", f"127.0.0.1:{srv.ports['gRPC']}", "--token", token
+        )
+        assert grpc["mode"] == "grpc" and all(r["throughput"] > 0 and r["error"] is None for r in grpc["rows"])
+        assert token not in json.dumps(http) + json.dumps(grpc)
 
 
 # -- the report in a real browser (tests/_browser.py) ----------------------------------------------

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gc
 import os
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +16,10 @@ import pytest
 import yaml
 from _models import conv_model
 
-from frameserve.errors import InferenceError, ModelConfigError
+from frameserve.errors import InferenceError, ModelConfigError, ModelNotFoundError
 from frameserve.tuning import MeasureSettings, measure
 from frameserve.tuning._served import ServedRepository
+from frameserve.tuning._targets import ServerTarget
 
 # the served model is measured through Triton's HTTP client, an extra ('frameserve[tune]')
 pytest.importorskip(
@@ -91,3 +94,25 @@ def test_measuring_over_http_leaves_no_file_open(tmp_path: Path) -> None:
             measure(target, INPUTS, batch=1, concurrency=3, settings=SETTINGS)
         gc.collect()
         assert _open_fds() <= before, (before, _open_fds(), sorted(os.listdir("/proc/self/fd")))
+
+
+def test_the_child_answers_its_own_token_only(tmp_path: Path) -> None:
+    """Another local user cannot load, unload or call the child's models while a tune runs: it asks
+    for a bearer token that only this process knows; ``ServerTarget`` sends it on every call."""
+    repo = tmp_path / "repo"
+    conv_model(repo / "conv" / "1" / "model.onnx")
+    _config(repo)
+    with ServedRepository(repo, tmp_path / "home") as served:
+        served.load("conv")
+        assert (tmp_path / "home" / "tokens.txt").stat().st_mode & 0o077 == 0  # this user's only
+        for path, body in (("/v2/repository/models/conv/unload", b"{}"), ("/v2/models/conv/infer", b"{}")):
+            request = urllib.request.Request(
+                f"{served.url}{path}", data=body, method="POST", headers={"Content-Type": "application/json"}
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=30)
+            assert refused.value.code == 401, (path, refused.value.code)
+        assert measure(served.target("conv", 1), INPUTS, batch=1, concurrency=1, settings=SETTINGS).requests > 0
+        with pytest.raises(ModelNotFoundError, match="conv") as info:  # a wrong token: the server's words
+            ServerTarget(served.url, protocol="http", model="conv", token="not-the-token-" + "x" * 30)
+        assert "401" in str(info.value) or "token" in str(info.value).lower(), str(info.value)

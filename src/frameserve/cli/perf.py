@@ -82,6 +82,14 @@ def perf_command(
             "--server-pid", help="The server's process id on this machine, to measure its CPU seconds per inference."
         ),
     ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            help="Bearer token of a server with --auth-token-file (env FRAMESERVE_TOKEN).",
+            envvar="FRAMESERVE_TOKEN",
+        ),
+    ] = None,
     batch: Annotated[
         str, typer.Option("--batch", "-b", help="Batch sizes (samples per request), comma-separated.")
     ] = "1",
@@ -170,6 +178,7 @@ def perf_command(
             shapes=shapes,
             settings=settings,
             server_pid=server_pid,
+            token=token,
             profile=profile,
             out=out,
             progress=progress,

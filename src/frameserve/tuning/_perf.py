@@ -69,6 +69,7 @@ def perf(
     shapes: Mapping[str, tuple[int, ...]] | None = None,
     settings: MeasureSettings | None = None,
     server_pid: int | None = None,
+    token: str | None = None,
     profile: bool = False,
     out: Path | None = None,
     progress: Progress | None = None,
@@ -97,6 +98,7 @@ def perf(
         shapes: dims for inputs with variable dims (see :func:`make_inputs`).
         settings: windows and stability.
         server_pid: the server's process id (server mode).
+        token: a bearer token for a server with ``--auth-token-file`` (server mode; unused in process).
         profile: also profile per operator (in process: onnxruntime / openvino), one session with
             the first ``threads`` value at the first batch size, for one window.
         out: when given, write ``perf.csv``, ``perf.json``, the plots and ``report.html`` here
@@ -141,7 +143,7 @@ def perf(
         machine=machine,
     )
     if servers:
-        result = _perf_server(url, grpc, sweep)
+        result = _perf_server(url, grpc, token, sweep)
     else:
         assert source is not None
         result = _perf_in_process(Path(source), sweep)
@@ -150,7 +152,7 @@ def perf(
     return result
 
 
-def _perf_server(url: str | None, grpc: str | None, sweep: _Sweep) -> PerfResult:
+def _perf_server(url: str | None, grpc: str | None, token: str | None, sweep: _Sweep) -> PerfResult:
     model, version, batches, concurrencies = sweep.model, sweep.version, sweep.batches, sweep.concurrencies
     settings, progress = sweep.settings, sweep.progress
     if not model:
@@ -167,6 +169,7 @@ def _perf_server(url: str | None, grpc: str | None, sweep: _Sweep) -> PerfResult
         model=model,
         version=None if version is None else str(version),
         server_pid=sweep.server_pid,
+        token=token,
     )
     inputs = {
         b: make_inputs(target.inputs, max_batch_size=target.max_batch_size, batch=b, shapes=sweep.shapes)

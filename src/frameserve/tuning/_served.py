@@ -11,12 +11,16 @@ Triton's client (:class:`~frameserve.tuning.ServerTarget`), its process's CPU co
 The child binds loopback on a free port, serves HTTP only (no gRPC, metrics, jobs or console),
 with explicit model control: each candidate's config.yaml is written to the staging repository,
 then the model is unloaded and loaded over the v2 repository API (which reads config.yaml again).
+It asks for a bearer token of its own (a fresh ``secrets.token_urlsafe(32)`` in a tokens file
+only this user can read): another local user cannot load, unload or call its models while a
+tune runs.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -58,6 +62,11 @@ class ServedRepository:
         _tritonclient("http")
         self.load_timeout_s = load_timeout_s
         home.mkdir(parents=True, exist_ok=True)
+        self._token = secrets.token_urlsafe(32)
+        tokens = home / "tokens.txt"
+        tokens.touch(mode=0o600)
+        tokens.chmod(0o600)
+        tokens.write_text(f"{self._token} admin tune\n", encoding="utf-8")
         self._log_path = home / "serve.log"
         self._log = self._log_path.open("wb")
         command = [
@@ -77,6 +86,8 @@ class ServedRepository:
             "--no-console",
             "--model-control-mode",
             "explicit",
+            "--auth-token-file",
+            str(tokens),
             "--log-level",
             "warning",
         ]
@@ -125,6 +136,7 @@ class ServedRepository:
     def _post(self, path: str) -> None:
         request = urllib.request.Request(f"{self.url}{path}", data=b"{}", method="POST")
         request.add_header("Content-Type", "application/json")
+        request.add_header("Authorization", f"Bearer {self._token}")
         try:
             with urllib.request.urlopen(request, timeout=self.load_timeout_s) as answer:
                 answer.read()
@@ -146,7 +158,9 @@ class ServedRepository:
 
     def target(self, model: str, version: int) -> ServerTarget:
         """The loaded ``model`` version as a load target over HTTP, the child's CPU counted."""
-        return ServerTarget(self.url, protocol="http", model=model, version=str(version), server_pid=self.pid)
+        return ServerTarget(
+            self.url, protocol="http", model=model, version=str(version), server_pid=self.pid, token=self._token
+        )
 
     def close(self) -> None:
         """Stop the child (SIGTERM; SIGKILL after 30 s) and close its log; again: nothing."""

@@ -334,7 +334,11 @@ class _ClientWorker:
                     item.set_data_from_numpy(arr)
                 self._inputs.append(item)
             self._key = id(inputs)
-        kwargs: dict[str, Any] = {"model_version": self._t.version or "", "outputs": self._outputs}
+        kwargs: dict[str, Any] = {
+            "model_version": self._t.version or "",
+            "outputs": self._outputs,
+            "headers": self._t.headers,
+        }
         if self._t.protocol == "grpc":
             kwargs["client_timeout"] = self._t.timeout_s
         try:
@@ -379,6 +383,8 @@ class ServerTarget:
         server_pid: the server's process id on this machine: its CPU seconds (with its
             children's) are measured; ``None`` = unknown.
         timeout_s: per-request timeout.
+        token: a bearer token for a server with ``--auth-token-file`` (sent as
+            ``Authorization: Bearer ...`` on every call; never in a message); ``None``: none.
 
     Raises:
         BackendUnavailableError: tritonclient is not installed (names the package).
@@ -395,6 +401,7 @@ class ServerTarget:
         version: str | None = None,
         server_pid: int | None = None,
         timeout_s: float = 60.0,
+        token: str | None = None,
     ) -> None:
         if protocol not in ("http", "grpc"):
             raise InvalidInputError(f"protocol {protocol!r}; accepted: http, grpc")
@@ -403,6 +410,9 @@ class ServerTarget:
         self.version = version or ""
         self.server_pid = server_pid
         self.timeout_s = timeout_s
+        self.headers: dict[str, str] | None = (
+            {"authorization": f"Bearer {token}"} if token else None
+        )  # gRPC metadata keys are lowercase
         host, ssl = _address(address, protocol)
         if protocol == "http":
             client = self._client.InferenceServerClient(
@@ -411,21 +421,27 @@ class ServerTarget:
         else:
             client = self._client.InferenceServerClient(host, ssl=ssl)
         try:
+            headers = self.headers
             try:
-                live = client.is_server_live()
+                live = client.is_server_live(headers=headers)
             except Exception as exc:
                 raise InvalidInputError(f"no v2 server answers at {address} ({protocol}): {exc}") from None
             if not live:
                 raise InvalidInputError(f"the server at {address} is not live")
+            as_json = {} if protocol == "http" else {"as_json": True}
             try:
-                ready = client.is_model_ready(model, self.version)
+                ready = client.is_model_ready(model, self.version, headers=headers)
             except Exception:
                 ready = False
-            if not ready:
-                raise ModelNotFoundError(f"the server at {address} has no ready model {model!r}")
-            as_json = {} if protocol == "http" else {"as_json": True}
-            meta = client.get_model_metadata(model, self.version, **as_json)
-            config = client.get_model_config(model, self.version, **as_json)
+            if not ready:  # the server's own words where it has some (a refused token, an unknown model)
+                try:
+                    client.get_model_metadata(model, self.version, headers=headers, **as_json)
+                    why = "it is not ready"
+                except Exception as exc:
+                    why = str(exc)
+                raise ModelNotFoundError(f"the server at {address} has no ready model {model!r}: {why}")
+            meta = client.get_model_metadata(model, self.version, headers=headers, **as_json)
+            config = client.get_model_config(model, self.version, headers=headers, **as_json)
         except FrameserveError:
             raise
         except Exception as exc:
