@@ -90,6 +90,7 @@ __all__ = [
     "JobStateError",
     "JobTimeoutError",
     "LeaseLostError",
+    "LimitExceededError",
     "ModelConfigError",
     "ModelControlDisabledError",
     "ModelNotFoundError",
@@ -225,6 +226,14 @@ class TensorError(InvalidInputError):
     """A tensor does not match its spec (name, datatype, shape)."""
 
     code = "invalid_tensor"
+
+
+class LimitExceededError(TensorError):
+    """A request is over one of the server's caps on tensors (their count, elements or bytes:
+    :class:`~frameserve.security.limits.TensorLimits`). Answered with the statuses of any
+    ``invalid_tensor`` error (400, ``INVALID_ARGUMENT``), and late (:mod:`frameserve.security.tarpit`)."""
+
+    code = "limit_exceeded"
 
 
 class NotFoundError(FrameserveError):
@@ -585,6 +594,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "invalid_pipeline": (400, "INVALID_ARGUMENT"),
     "pipeline_failed": (422, "INVALID_ARGUMENT"),
     "invalid_tensor": (400, "INVALID_ARGUMENT"),
+    "limit_exceeded": (400, "INVALID_ARGUMENT"),
     "not_found": (404, "NOT_FOUND"),
     "model_not_found": (404, "NOT_FOUND"),
     "invalid_model_name": (400, "INVALID_ARGUMENT"),

@@ -313,6 +313,23 @@ KeepAliveTimeoutS = Annotated[
         help="Longest idle time of a kept-alive HTTP connection, seconds (also gRPC's max connection idle).",
     ),
 ]
+RefusalDelayMs = Annotated[
+    float,
+    typer.Option(
+        "--refusal-delay-ms",
+        min=0.0,
+        max=10000.0,
+        help="How long the answer to a refused token, tenant quota or size cap waits, ms (a tarpit: a client refused again and again gets a few answers a second; 0: none waits).",
+    ),
+]
+RefusalMaxHeld = Annotated[
+    int,
+    typer.Option(
+        "--refusal-max-held",
+        min=0,
+        help="Most refusals' answers waiting at once per process (beyond: answered at once).",
+    ),
+]
 MaxTensorElements = Annotated[
     int,
     typer.Option(

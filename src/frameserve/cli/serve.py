@@ -110,6 +110,8 @@ from frameserve.cli._serve_options import (
     QuotasFile,
     RateLimit,
     RateLimitResource,
+    RefusalDelayMs,
+    RefusalMaxHeld,
     ReportsFolder,
     RepositoryPollSecs,
     S3AllowBucket,
@@ -127,6 +129,7 @@ from frameserve.cli._serve_options import (
     WebhookSecret,
 )
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
+from frameserve.security.tarpit import DEFAULT_REFUSAL_DELAY_S, DEFAULT_REFUSAL_MAX_HELD
 
 if TYPE_CHECKING:
     from frameserve.scheduler import RateLimiter, ResponseCache, Tracer
@@ -250,6 +253,8 @@ def serve_command(
     body_timeout_s: BodyTimeoutS = DEFAULT_DEADLINES.body_timeout_s,
     body_min_rate: BodyMinRate = DEFAULT_DEADLINES.body_min_rate,
     keep_alive_timeout_s: KeepAliveTimeoutS = DEFAULT_DEADLINES.keep_alive_timeout_s,
+    refusal_delay_ms: RefusalDelayMs = DEFAULT_REFUSAL_DELAY_S * 1000.0,
+    refusal_max_held: RefusalMaxHeld = DEFAULT_REFUSAL_MAX_HELD,
     max_tensor_elements: MaxTensorElements = DEFAULT_LIMITS.max_tensor_elements,
     max_bytes_elements: MaxBytesElements = DEFAULT_LIMITS.max_bytes_elements,
     max_bytes_data_bytes: MaxBytesDataBytes = DEFAULT_LIMITS.max_bytes_data_bytes,
@@ -358,6 +363,8 @@ def serve_command(
             ),
             # a front end reads at most this much of a clip before the owner's route sees it
             route_body_bytes=(("/v1/analyze", analyze_max_bytes + _MULTIPART_SLACK_BYTES),),
+            refusal_delay_s=refusal_delay_ms / 1000.0,
+            refusal_max_held=refusal_max_held,
         )
         check_startup_models(options.startup_models, repository.models())
         check_exposure(options, allow_unauthenticated=allow_unauthenticated)

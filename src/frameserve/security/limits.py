@@ -28,7 +28,8 @@ choices", with the command that measures each; they vary by machine, the reasons
   inputs (recommenders) and for every tensor in shared memory (three parameters each), and bound
   a request's per-tensor work to milliseconds.
 
-A request over a cap is refused with :class:`~frameserve.errors.TensorError` (400) or, for the JSON
+A request over a cap is refused with :class:`~frameserve.errors.LimitExceededError` (a
+:class:`~frameserve.errors.TensorError`: 400, answered late, :mod:`frameserve.security.tarpit`) or, for the JSON
 size, :class:`~frameserve.errors.PayloadTooLargeError` (413), naming the cap and its ``serve`` flag.
 """
 
@@ -37,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from frameserve.errors import PayloadTooLargeError, TensorError, shown
+from frameserve.errors import LimitExceededError, PayloadTooLargeError, shown
 
 __all__ = ["DEFAULT_DEADLINES", "DEFAULT_LIMITS", "HttpDeadlines", "TensorLimits"]
 
@@ -98,7 +99,7 @@ class TensorLimits:
         the shape is of; they are formatted only on refusal.
 
         Raises:
-            TensorError: a dimension or the product of the non-zero dimensions is over
+            LimitExceededError: a dimension or the product of the non-zero dimensions is over
                 ``max_tensor_elements``.
         """
         cap = self.max_tensor_elements
@@ -111,7 +112,7 @@ class TensorLimits:
         if nonzero > cap:
             if name is not None:
                 where = f"{where} {shown(name)}"
-            raise TensorError(
+            raise LimitExceededError(
                 f"{where}: shape {list(shape)[:8]}{'...' if len(shape) > 8 else ''} declares more than "
                 f"{cap} elements, the server's cap (serve --max-tensor-elements)"
             )
@@ -121,7 +122,7 @@ class TensorLimits:
         """Refuse a request whose BYTES inputs add up to more than ``max_bytes_elements`` elements.
 
         Raises:
-            TensorError: ``count`` is over the cap.
+            LimitExceededError: ``count`` is over the cap.
         """
         _check_cap(where, count, "BYTES elements", self.max_bytes_elements, "--max-bytes-elements")
 
@@ -129,7 +130,7 @@ class TensorLimits:
         """Refuse a request whose BYTES inputs carry more than ``max_bytes_data_bytes`` bytes.
 
         Raises:
-            TensorError: ``size_bytes`` is over the cap.
+            LimitExceededError: ``size_bytes`` is over the cap.
         """
         _check_cap(where, size_bytes, "bytes of BYTES data", self.max_bytes_data_bytes, "--max-bytes-data-bytes")
 
@@ -139,7 +140,7 @@ class TensorLimits:
         is already over its cap (a counter stops at the first one over).
 
         Raises:
-            TensorError: a count is over its cap (the message names the cap and its flag, never
+            LimitExceededError: a count is over its cap (the message names the cap and its flag, never
                 the request's names).
         """
         if inputs <= self.max_inputs and outputs <= self.max_outputs and parameters <= self.max_parameters:
@@ -150,7 +151,7 @@ class TensorLimits:
             (parameters, self.max_parameters, "parameters (its own, its inputs' and its outputs')", "--max-parameters"),
         ):
             if count > cap:
-                raise TensorError(f"this request has more than {cap} {what}, the server's cap (serve {flag})")
+                raise LimitExceededError(f"this request has more than {cap} {what}, the server's cap (serve {flag})")
 
     def check_json(self, size_bytes: int) -> None:
         """Refuse a JSON document longer than ``max_json_bytes`` before it is parsed.
@@ -172,10 +173,12 @@ DEFAULT_LIMITS = TensorLimits()
 
 
 def _check_cap(where: str, got: int, what: str, cap: int, flag: str) -> None:
-    """Raise ``TensorError`` ("``<where>: <got> <what> in this request, over the server's cap of
+    """Raise ``LimitExceededError`` ("``<where>: <got> <what> in this request, over the server's cap of
     <cap> (serve <flag>)``") when ``got`` is over ``cap``."""
     if got > cap:
-        raise TensorError(f"{where}: {got} {what} in this request, over the server's cap of {cap} (serve {flag})")
+        raise LimitExceededError(
+            f"{where}: {got} {what} in this request, over the server's cap of {cap} (serve {flag})"
+        )
 
 
 @dataclass(frozen=True)

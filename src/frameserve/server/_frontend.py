@@ -43,6 +43,7 @@ from frameserve.protocol._core import Outputs
 from frameserve.request import InferRequest
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 from frameserve.security.quotas import InferGate, Quotas, connection_gate
+from frameserve.security.tarpit import DEFAULT_REFUSAL_DELAY_S, DEFAULT_REFUSAL_MAX_HELD, TARPIT
 from frameserve.security.tokens import TokenTable
 from frameserve.server import _channel as ch
 from frameserve.shm import SharedMemoryUse, ShmLocation, client_shm_disabled
@@ -73,8 +74,8 @@ class FrontendConfig:
         allow_client_shm: whether tensors in client shared-memory regions are served.
         quotas: this front end's part of the tenants' quotas (``Quotas.share`` over the front
             ends: connections spread over them, each counts its own), ``None``: none.
-        deadlines, route_body_bytes: as :class:`~frameserve.server.ServerOptions`
-            (``http_deadlines``, ``route_body_bytes``).
+        deadlines, route_body_bytes, refusal_delay_s, refusal_max_held: as
+            :class:`~frameserve.server.ServerOptions` (``deadlines``: ``http_deadlines``).
         graceful_timeout_s: how long in-flight requests get when it stops.
         log_level: the ``logging`` level.
     """
@@ -96,6 +97,8 @@ class FrontendConfig:
     route_body_bytes: tuple[tuple[str, int], ...] = ()
     graceful_timeout_s: float | None = 30.0
     log_level: int = logging.WARNING
+    refusal_delay_s: float = DEFAULT_REFUSAL_DELAY_S
+    refusal_max_held: int = DEFAULT_REFUSAL_MAX_HELD
 
 
 _USE: contextvars.ContextVar[DeferredUse | None] = contextvars.ContextVar("frameserve_frontend_use", default=None)
@@ -602,6 +605,7 @@ async def _serve(config: FrontendConfig, sock: socket.socket, block: ch.SharedBl
     from frameserve.protocol.http._infer import InferFastPath, InferFirst
     from frameserve.protocol.http._wire import uvicorn_config
 
+    TARPIT.configure(config.refusal_delay_s, config.refusal_max_held)
     loop = asyncio.get_running_loop()
     channel = OwnerChannel(block)
     await loop.connect_accepted_socket(lambda: channel, sock=sock)

@@ -19,6 +19,7 @@ from frameserve.protocol.http import DEFAULT_MAX_BODY_BYTES
 from frameserve.security.auth import is_loopback
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 from frameserve.security.quotas import Quotas
+from frameserve.security.tarpit import DEFAULT_REFUSAL_DELAY_S, DEFAULT_REFUSAL_MAX_HELD, Tarpit
 from frameserve.security.tokens import TokenTable
 from frameserve.server._channel import DEFAULT_ARENA_BYTES
 from frameserve.shm import DEFAULT_CLIENT_PREFIX
@@ -94,6 +95,9 @@ class ServerOptions:
             (``http_workers`` above 1) reads for a request under that prefix before it hands
             the request on, when lower than ``max_body_bytes`` (``/v1/analyze``: its
             ``--analyze-max-bytes``); the owner's route enforces its own cap again.
+        refusal_delay_s, refusal_max_held: how long the answer to a refused token, quota or
+            cap waits, and how many wait at once per process (``serve --refusal-delay-ms``,
+            ``--refusal-max-held``; :mod:`frameserve.security.tarpit`; 0 s: none waits).
     """
 
     host: str = "127.0.0.1"
@@ -126,6 +130,8 @@ class ServerOptions:
     quotas: Quotas = DEFAULT_QUOTAS
     http_deadlines: HttpDeadlines = DEFAULT_DEADLINES
     route_body_bytes: tuple[tuple[str, int], ...] = ()
+    refusal_delay_s: float = DEFAULT_REFUSAL_DELAY_S
+    refusal_max_held: int = DEFAULT_REFUSAL_MAX_HELD
 
     @property
     def workers(self) -> int:
@@ -181,6 +187,10 @@ class ServerOptions:
         if self.workers and not sys.platform.startswith("linux"):
             raise InvalidInputError("--http-workers/--grpc-workers above 1 need Linux (SO_REUSEPORT, memfd_create)")
         grpc_cpus(self.grpc_cpus)  # raises InvalidInputError for a bad --grpc-cpus
+        try:
+            Tarpit(self.refusal_delay_s, self.refusal_max_held)
+        except ValueError as exc:
+            raise InvalidInputError(f"{exc} (serve --refusal-delay-ms, --refusal-max-held)") from None
         if self.frontend_shm_bytes < 1 << 20:
             raise InvalidInputError(f"frontend_shm_bytes must be >= 1 MiB, got {self.frontend_shm_bytes}")
 

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from frameserve.errors import FrameserveError, InvalidInputError
 from frameserve.protocol.http import create_app, create_metrics_app
 from frameserve.security.quotas import InferGate, connection_gate
+from frameserve.security.tarpit import TARPIT
 from frameserve.server._frontend import FrontendConfig
 from frameserve.server._options import ServerOptions, grpc_cpus
 from frameserve.server._poll import PollChanges, RepositoryWatcher
@@ -201,6 +202,7 @@ class Server:
         if self._thread is not None:
             raise RuntimeError("the server was already started")
         opts = self.options
+        TARPIT.configure(opts.refusal_delay_s, opts.refusal_max_held)  # the process's (one server a process)
         if opts.tls_cert_file is not None and opts.tls_key_file is not None:
             self._tls = _read_tls(opts.tls_cert_file, opts.tls_key_file)
         if opts.model_control_mode == "poll" and opts.load_models:
@@ -415,6 +417,8 @@ class Server:
                 quotas=opts.quotas.share(opts.workers),
                 deadlines=opts.http_deadlines,
                 route_body_bytes=opts.route_body_bytes,
+                refusal_delay_s=opts.refusal_delay_s,
+                refusal_max_held=opts.refusal_max_held,
             )
             for i in range(opts.workers)
         ]

@@ -8,7 +8,7 @@ its ``infer_rate`` or at its ``infer_concurrency`` is refused here too, ``RESOUR
 (:meth:`InferGate.refusal`: from the metadata alone; a call admitted here is still counted by
 the servicer).
 
-A refused call's request message is never read: its handler takes the requests as a stream it
+A refusal is answered late (:mod:`frameserve.security.tarpit`). A refused call's request message is never read: its handler takes the requests as a stream it
 does not iterate (the same on the wire as a unary call), so gRPC does not receive the message,
 let alone copy or deserialize it; a 7 MB request with a bad token costs its metadata.
 """
@@ -23,6 +23,7 @@ import grpc
 from frameserve.errors import FrameserveError
 from frameserve.security.auth import grpc_roles
 from frameserve.security.quotas import InferGate
+from frameserve.security.tarpit import TARPIT
 from frameserve.security.tokens import IMPLICIT_OWNER, Principal, TokenTable, bearer_token
 
 __all__ = ["ThreadedTokenInterceptor", "TokenInterceptor", "interceptors", "principal_of"]
@@ -147,6 +148,7 @@ def _refusing(handler: grpc.RpcMethodHandler | None, code: grpc.StatusCode, mess
     """A handler of the same kind as ``handler`` that aborts with ``code``."""
 
     async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
+        await TARPIT.wait()  # a refused token or quota is answered late (frameserve.security.tarpit)
         await context.abort(code, message)
 
     return _same_kind(handler, deny)
@@ -156,6 +158,7 @@ def _refusing_sync(handler: grpc.RpcMethodHandler | None, code: grpc.StatusCode,
     """:func:`_refusing` for the thread-pool server."""
 
     def deny(request: Any, context: grpc.ServicerContext) -> None:
+        TARPIT.wait_blocking()
         context.abort(code, message)
 
     return _same_kind(handler, deny)

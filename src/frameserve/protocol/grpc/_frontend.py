@@ -35,6 +35,7 @@ from frameserve.protocol.grpc._servicer import NOTHING, status_of
 from frameserve.protocol.grpc._stream import FINAL_PARAMETER
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 from frameserve.security.quotas import InferGate
+from frameserve.security.tarpit import TARPIT
 from frameserve.security.tokens import TokenTable
 
 __all__ = ["ForwardStream", "RpcStatus", "call_stream", "call_unary", "create_frontend_server"]
@@ -188,6 +189,7 @@ class _FrontServicer:
             await context.abort(grpc.StatusCode[exc.code], exc.details)
         except Exception as exc:  # noqa: BLE001 - every error becomes a status
             code, message = status_of(exc)
+            await TARPIT.hold(exc)  # over a cap or a quota: answered late (frameserve.security.tarpit)
             await context.abort(code, message)
         raise AssertionError("unreachable")  # context.abort always raises
 

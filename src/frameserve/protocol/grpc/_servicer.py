@@ -30,6 +30,7 @@ from frameserve.protocol.grpc._stream import stream_answers_async
 from frameserve.repository import config_override
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.quotas import InferGate
+from frameserve.security.tarpit import TARPIT
 from frameserve.security.tokens import Principal, TokenTable
 from frameserve.service import InferenceService
 from frameserve.shm import EXTENSION as SHM_EXTENSION
@@ -68,6 +69,7 @@ def _handled(
             code, message = status_of(exc)
             if code is grpc.StatusCode.INTERNAL:
                 _log.warning("%s failed: %s", method.__name__, message, exc_info=not isinstance(exc, FrameserveError))
+            await TARPIT.hold(exc)  # over a cap or a quota: answered late (frameserve.security.tarpit)
             await context.abort(code, message)
             raise AssertionError("unreachable") from None  # context.abort always raises
 

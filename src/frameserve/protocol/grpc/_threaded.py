@@ -58,6 +58,7 @@ from frameserve.protocol.grpc._infer import (
 from frameserve.protocol.grpc._servicer import NOTHING, GrpcInferenceServicer, status_of
 from frameserve.protocol.grpc._stream import stream_all
 from frameserve.security.limits import TensorLimits
+from frameserve.security.tarpit import TARPIT
 
 __all__ = ["DEFAULT_THREADS", "WORKING_THREADS", "ThreadedGrpcServer", "threaded_handlers"]
 
@@ -108,6 +109,7 @@ def _abort(context: grpc.ServicerContext, exc: BaseException, what: str) -> None
     code, message = status_of(exc)
     if code is grpc.StatusCode.INTERNAL:
         log.warning("%s failed: %s", what, message, exc_info=not isinstance(exc, FrameserveError))
+    TARPIT.hold_blocking(exc)  # over a cap or a quota: answered late (frameserve.security.tarpit)
     context.abort(code, message)
 
 

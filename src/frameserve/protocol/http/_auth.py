@@ -36,6 +36,7 @@ from frameserve.errors import FrameserveError, PermissionDeniedError, QuotaExcee
 from frameserve.protocol.http import codec
 from frameserve.security.auth import STATE_CHANGING_METHODS, cross_site_refusal, host_refusal, http_roles
 from frameserve.security.sessions import CSRF_HEADER, SessionTable, cookie_value
+from frameserve.security.tarpit import TARPIT
 from frameserve.security.tokens import IMPLICIT_OWNER, Principal, TokenTable
 
 __all__ = ["CONNECTION_KEY", "HttpGate", "principal_of"]
@@ -196,6 +197,7 @@ async def _redirect(send: Any, location: str) -> None:
 
 
 async def _refuse(send: Any, exc: FrameserveError, *, bad_token: bool = False, close: bool = False) -> None:
+    await TARPIT.hold(exc)  # a refused token or quota is answered late (frameserve.security.tarpit)
     body = codec.error_body(exc.message)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in exc.http_headers.items()]

@@ -39,6 +39,7 @@ from frameserve.protocol.http._auth import HttpGate, principal_of
 from frameserve.request import TRACEPARENT_CHARS
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.security.quotas import InferGate
+from frameserve.security.tarpit import TARPIT
 from frameserve.shm import SharedMemoryUse
 
 __all__ = ["INFER_PATH", "InferFastPath", "InferHeaders", "infer", "read_limited", "version_of"]
@@ -243,6 +244,7 @@ async def _infer_with(
         return _error_answer(exc)
     except FrameserveError as exc:
         core.record_failure(name, model_version, exc)
+        await TARPIT.hold(exc)  # over a cap: answered late (frameserve.security.tarpit)
         return _error_answer(exc)
     if headers.traceparent is not None and len(headers.traceparent) == TRACEPARENT_CHARS:
         req = dataclasses.replace(req, traceparent=headers.traceparent)
@@ -367,6 +369,7 @@ class InferFastPath:
             try:
                 gate.enter(tenant)
             except QuotaExceededError as exc:  # refused on the headers: the body is never read
+                await TARPIT.wait()  # answered late (frameserve.security.tarpit)
                 await send_answer(send, *_error_answer(exc))
                 return
         try:
