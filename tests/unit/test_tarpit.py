@@ -19,8 +19,8 @@ from frameserve.errors import (
     TensorError,
     UnauthenticatedError,
 )
-from frameserve.security.limits import DEFAULT_LIMITS
 from frameserve.security import tarpit as tarpit_module
+from frameserve.security.limits import DEFAULT_LIMITS
 from frameserve.security.tarpit import BLOCKING_MAX_HELD, Tarpit, refused_late
 
 QUOTA = QuotaExceededError("t", tenant="a", limit="infer_rate", value=1, retry_after_s=1.0)
