@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from frameserve._realtime import drop_realtime
 
 ROOT = Path(__file__).resolve().parent.parent
 _MARKS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
@@ -47,6 +50,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
         if parts and parts[0] in _MARKS:
             item.add_marker(_MARKS[parts[0]])
+
+
+@pytest.fixture(autouse=True)
+def _no_realtime_threads() -> Iterator[None]:
+    """A test must not leave a thread of the test process at a real-time priority: every thread
+    started after it would inherit it and starve the rest of the run on a machine with few cores
+    (frameserve._realtime). Such threads are put back, and the test errors."""
+    yield
+    left = drop_realtime()
+    assert not left, f"{left} thread(s) of the test process were left at SCHED_FIFO/SCHED_RR (put back now)"
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import numpy as np
 from av.stream import Stream
 from av.video.stream import VideoStream
 
+from frameserve._realtime import drop_realtime
 from frameserve.errors import VideoError
 
 from ._encoding import coded_step, encoder_options, pick_pixel_format, rgb_frame
@@ -336,6 +337,8 @@ class VideoWriter:
         frame.pts = pts
         frame.time_base = self.time_base
         self._mux(self._encode(frame))
+        if not self.frames_written:  # the encoder opened on this frame: no real-time threads
+            drop_realtime()
         self._last_pts = pts
         self.frames_written += 1
         self._copy_audio(pts * self.time_base)
@@ -377,6 +380,7 @@ class VideoWriter:
             self._close_audio()
             self._container = None
             container.close()
+            drop_realtime()  # libsvtav1 as root: see frameserve._realtime
 
     def __enter__(self) -> VideoWriter:
         return self
