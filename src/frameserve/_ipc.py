@@ -13,8 +13,12 @@ Used by the ``serve --http-workers N`` front ends and their model-owning process
   :data:`INLINE_MAX_BYTES` (and any that finds its arena full) travel inside the message instead.
 - Tensor *specs*: ``(name, datatype, shape, data)`` where ``data`` is ``bytes`` (inline), an
   ``(offset, size_bytes)`` pair in the sender's arena, or ``None`` for an output the owner wrote
-  into a client's shared-memory region. Datatypes are the v2 names; BYTES tensors travel in their
-  wire form (:func:`~frameserve.types.encode_bytes_elements`).
+  into a client's shared-memory region. Datatypes are the v2 names; a BYTES tensor travels as
+  the pickle of a plain ``list`` of its ``bytes`` elements in C order (:func:`_bytes_list`),
+  read back by an unpickler that refuses every global (:class:`_PlainUnpickler`: lists and bytes
+  only, nothing a sender could make it call). Pickle builds and splits the elements in C; the
+  length-prefixed wire form (:func:`~frameserve.types.encode_bytes_elements`) is split by a
+  Python loop, many times slower for many small elements.
 - :func:`picklable_error`: an exception as it can cross.
 
 A base layer: it imports only :mod:`frameserve.errors` and :mod:`frameserve.types`.
@@ -23,6 +27,7 @@ A base layer: it imports only :mod:`frameserve.errors` and :mod:`frameserve.type
 from __future__ import annotations
 
 import collections
+import io
 import mmap
 import os
 import pickle
@@ -32,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from frameserve.errors import FrameserveError, InferenceError
-from frameserve.types import DataType, decode_bytes_elements, encode_bytes_elements
+from frameserve.errors import FrameserveError, InferenceError, TensorError
+from frameserve.types import DataType
 
 __all__ = [
     "DEFAULT_ARENA_BYTES",
@@ -206,6 +211,24 @@ class Arena:
 _NUMPY: dict[str, np.dtype[Any]] = {}
 
 
+def _bytes_list(array: np.ndarray[Any, Any]) -> list[bytes]:
+    """A BYTES tensor's elements as a list of ``bytes`` in C order, each converted as
+    :func:`~frameserve.types.encode_bytes_elements` converts it (``str`` as UTF-8, other
+    buffers copied, anything else ``str(element)`` in UTF-8)."""
+    items: list[Any] = array.reshape(-1).tolist()
+    if set(map(type, items)) <= {bytes}:  # the usual case, checked in C
+        return items
+    return [bytes(e) if isinstance(e, bytes | bytearray | memoryview) else str(e).encode("utf-8") for e in items]
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Reads plain values only: any global (a class, a function) is refused, so a frame's
+    bytes can build lists, bytes and strings but never call anything."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"a channel frame may not name {module}.{name}")
+
+
 def _dtype(datatype: str) -> np.dtype[Any]:
     got = _NUMPY.get(datatype)
     if got is None:
@@ -240,7 +263,7 @@ def pack_tensors(
             specs.append((name, datatype.value, shape, None))
             continue
         if datatype is DataType.BYTES:
-            raw: Any = encode_bytes_elements(array)
+            raw: Any = pickle.dumps(_bytes_list(array), protocol=5)
             size = len(raw)
         else:
             if not array.flags.c_contiguous or not array.dtype.isnative:
@@ -278,7 +301,12 @@ def unpack_tensors(specs: Iterable[tuple[Any, ...]], block: SharedBlock | None) 
         else:
             raw = data
         if datatype == "BYTES":
-            out[name] = decode_bytes_elements(raw, count).reshape(shape)
+            items = _PlainUnpickler(io.BytesIO(raw)).load()
+            if type(items) is not list or len(items) != count:
+                raise TensorError(f"BYTES tensor {name!r}: the channel carried no list of {count} elements")
+            array = np.empty(count, dtype=object)
+            array[:] = items
+            out[name] = array.reshape(shape)
             continue
         array = np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
         if array.flags.writeable:

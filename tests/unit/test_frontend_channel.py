@@ -6,6 +6,8 @@ byte-identical to protobuf's own serialization."""
 
 from __future__ import annotations
 
+import os
+import pickle
 import sys
 
 import numpy as np
@@ -161,6 +163,29 @@ def test_tensors_round_trip_inline_and_through_shared_memory() -> None:
         assert sender.used_bytes == 0
     finally:
         block.close()
+
+
+def test_bytes_tensors_cross_as_plain_lists_and_a_frame_naming_a_global_is_refused() -> None:
+    block = ch.SharedBlock(1 << 20)
+    try:
+        sender = ch.Arena(*block.request_half)
+        mixed = np.array([["t\u00e9", b"raw"], [bytearray(b"ba"), 7]], dtype=object)  # as the wire form converts them
+        many = np.empty(20000, dtype=object)
+        many[:] = [b"x" * (i % 3) for i in range(20000)]  # over the inline size: through the arena
+        specs, taken = ch.pack_tensors({"mixed": mixed, "many": many}, block, sender)
+        got = ch.unpack_tensors(specs, block)
+        assert got["mixed"].tolist() == [["t\u00e9".encode(), b"raw"], [b"ba", b"7"]]
+        assert got["many"].dtype == object and got["many"].tolist() == many.tolist()
+        assert {type(e) for e in got["many"]} == {bytes}
+        for offset in taken:
+            sender.free(offset)
+    finally:
+        block.close()
+    evil = pickle.dumps(os.system)  # a frame that names a callable: never called, refused
+    with pytest.raises(pickle.UnpicklingError, match="may not name"):
+        ch.unpack_tensors([("text", "BYTES", (1,), evil)], None)
+    with pytest.raises(FrameserveError, match="no list of 2"):
+        ch.unpack_tensors([("text", "BYTES", (2,), pickle.dumps([b"a"]))], None)
 
 
 def _request(x: np.ndarray) -> bytes:
