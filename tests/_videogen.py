@@ -18,7 +18,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from frameserve._realtime import drop_realtime
+from frameserve.video._realtime import drop_realtime
 
 BITS = 8
 """Strips in the bar code: frame indices 0..255 can be drawn."""
@@ -194,7 +194,7 @@ def make_video(
             aframe.pts = 0
             out.mux(astream.encode(aframe))
             out.mux(astream.encode())
-    drop_realtime()  # libsvtav1 run as root makes this thread SCHED_FIFO 99 (frameserve._realtime)
+    drop_realtime()  # libsvtav1 run as root makes this thread SCHED_FIFO 99 (frameserve.video._realtime)
     return MadeVideo(path=path, pts=pts, time_base=tb, size=(width, height))
 
 

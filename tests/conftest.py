@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from frameserve._realtime import drop_realtime
+from frameserve.video._realtime import drop_realtime
 
 ROOT = Path(__file__).resolve().parent.parent
 _MARKS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _no_realtime_threads() -> Iterator[None]:
     """A test must not leave a thread of the test process at a real-time priority: every thread
     started after it would inherit it and starve the rest of the run on a machine with few cores
-    (frameserve._realtime). Such threads are put back, and the test errors."""
+    (frameserve.video._realtime). Such threads are put back, and the test errors."""
     yield
     left = drop_realtime()
     assert not left, f"{left} thread(s) of the test process were left at SCHED_FIFO/SCHED_RR (put back now)"

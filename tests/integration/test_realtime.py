@@ -1,4 +1,4 @@
-"""No thread of frameserve stays at a real-time priority (frameserve._realtime): libsvtav1, run as
+"""No thread of frameserve stays at a real-time priority (frameserve.video._realtime): libsvtav1, run as
 root, moves the thread that opens it and its own threads to SCHED_FIFO 99; VideoWriter puts them
 back. Meaningful where the tests run as root (CI): elsewhere nothing is raised to begin with."""
 
@@ -12,8 +12,8 @@ import av
 import numpy as np
 import pytest
 
-from frameserve._realtime import drop_realtime, realtime_threads
 from frameserve.video import VideoWriter
+from frameserve.video._realtime import drop_realtime, realtime_threads
 
 
 def _in_thread(fn):  # type: ignore[no-untyped-def]

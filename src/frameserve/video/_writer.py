@@ -13,8 +13,8 @@ import numpy as np
 from av.stream import Stream
 from av.video.stream import VideoStream
 
-from frameserve._realtime import drop_realtime
 from frameserve.errors import VideoError
+from frameserve.video._realtime import drop_realtime
 
 from ._encoding import coded_step, encoder_options, pick_pixel_format, rgb_frame
 from ._open import open_input
@@ -380,7 +380,7 @@ class VideoWriter:
             self._close_audio()
             self._container = None
             container.close()
-            drop_realtime()  # libsvtav1 as root: see frameserve._realtime
+            drop_realtime()  # libsvtav1 as root: see frameserve.video._realtime
 
     def __enter__(self) -> VideoWriter:
         return self
