@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from frameserve.repository import InputSignature
 from frameserve.request import InferRequest
 from frameserve.scheduler import failed_future
 from frameserve.shm import SharedMemoryUse
@@ -33,6 +34,16 @@ class InferCore(Protocol):
 
     def version_for(self, name: str, version: int | None = None) -> int:
         """The version a request for ``name`` runs on (``None``: the highest loaded).
+
+        Raises:
+            ModelNotFoundError, ModelNotReadyError: no such model or version loaded.
+        """
+        ...
+
+    def input_signature(self, name: str, version: int | None = None) -> InputSignature | None:
+        """What ``name``'s inputs are checked against once submitted, for a request whose data
+        is costly to convert to be refused on its declared datatypes and shapes first;
+        ``None`` when the core does not know it (the request is checked when submitted).
 
         Raises:
             ModelNotFoundError, ModelNotReadyError: no such model or version loaded.

@@ -14,7 +14,7 @@ from frameserve.repository._config import (
     parse_config,
 )
 from frameserve.repository._ensemble import EnsembleScheduling, EnsembleStep, check_ensemble_graph
-from frameserve.repository._inputs import check_inputs
+from frameserve.repository._inputs import InputSignature, check_inputs
 from frameserve.repository._override import config_override
 from frameserve.repository._policy import VersionPolicy
 from frameserve.repository._repository import MAX_MODEL_NAME_BYTES, MODEL_FILENAMES, ModelRepository, check_model_name
@@ -36,6 +36,7 @@ __all__ = [
     "PRECISIONS",
     "EnsembleScheduling",
     "EnsembleStep",
+    "InputSignature",
     "InstanceGroup",
     "ModelConfig",
     "ModelRepository",

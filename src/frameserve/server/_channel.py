@@ -20,7 +20,7 @@ Messages (frozen dataclasses; ``rid`` is the front end's number for one request)
     Hello(config)          its configuration,      Up(pid)               it listens
                            the first message       Ack(generation)       it applied Models
     Models(generation,     the loaded versions     Infer(rid, ...)       an inference request
-           models)         (acknowledged)                                (tensor specs, regions,
+      models, signatures)  and their inputs                              (tensor specs, regions,
     Done(rid, outputs)     Infer's answer                                arena blocks to free)
     Error(rid, error)      Infer's error           Free(offsets)         response-arena blocks
     HttpStart(rid,         a handed-on HTTP                              it is done with
@@ -62,7 +62,7 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeAlias
 
 from frameserve._ipc import (
@@ -75,6 +75,7 @@ from frameserve._ipc import (
     unpack_tensors,
 )
 from frameserve.errors import FrameserveError
+from frameserve.repository import InputSignature
 
 __all__ = [
     "DEFAULT_ARENA_BYTES",
@@ -135,10 +136,13 @@ class Hello:
 
 @dataclass(frozen=True, slots=True)
 class Models:
-    """The loaded versions, ``{name: versions}``, numbered by ``generation`` (answered by Ack)."""
+    """The loaded versions, ``{name: versions}``, numbered by ``generation`` (answered by Ack),
+    and each version's inputs, ``{(name, version): signature}`` (a request the model would
+    refuse is refused in the front end before its data is converted)."""
 
     generation: int
     models: dict[str, tuple[int, ...]]
+    signatures: dict[tuple[str, int], InputSignature] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,12 +40,14 @@ import numpy as np
 
 from frameserve.errors import ModelNotReadyError, PayloadTooLargeError, unavailable_model, unknown_model
 from frameserve.protocol._core import Outputs
+from frameserve.repository import InputSignature
 from frameserve.request import InferRequest
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
 from frameserve.security.quotas import InferGate, Quotas, connection_gate
 from frameserve.security.tarpit import DEFAULT_REFUSAL_DELAY_S, DEFAULT_REFUSAL_MAX_HELD, TARPIT
 from frameserve.security.tokens import TokenTable
 from frameserve.server import _channel as ch
+from frameserve.server._ports import listen_reuseport
 from frameserve.shm import SharedMemoryUse, ShmLocation, client_shm_disabled
 from frameserve.types import DataType
 
@@ -192,6 +194,7 @@ class OwnerChannel(asyncio.Protocol):
         self.block = block
         self.arena = ch.Arena(*block.request_half)
         self.models: dict[str, tuple[int, ...]] = {}
+        self.signatures: dict[tuple[str, int], InputSignature] = {}
         self.stop_grace: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
         self._reader = ch.FrameReader()
         self._transport: asyncio.Transport | None = None
@@ -262,8 +265,8 @@ class OwnerChannel(asyncio.Protocol):
 
                     self._free_request(pending)
                     _set(pending.future, None, RpcStatus(code, details))
-            case ch.Models(generation, models):
-                self.models = models
+            case ch.Models(generation, models, signatures):
+                self.models, self.signatures = models, signatures
                 self.send(ch.Ack(generation))
             case ch.Stop(grace_s):
                 if not self.stop_grace.done():
@@ -292,6 +295,11 @@ class OwnerChannel(asyncio.Protocol):
         if version not in versions:
             raise unknown_model(name, version, hint=f"loaded versions: {sorted(versions)}")
         return version
+
+    def input_signature(self, name: str, version: int | None = None) -> InputSignature | None:
+        """The inputs of ``name`` (that version; ``None``: the highest loaded), as the owner last
+        published them; ``None`` when it has not (the owner checks the request)."""
+        return self.signatures.get((name, self.version_for(name, version)))
 
     def submit(self, request: InferRequest) -> Future[Outputs]:
         """Send ``request`` to the owner (which decides where it runs); the future completes
@@ -556,36 +564,6 @@ async def _first(
         return getter.result()
     getter.cancel()
     return None
-
-
-def bind_reuseport(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` with ``SO_REUSEPORT`` (port 0: any free one), not yet
-    listening: the owner's reservation of a port and each front end's listener are such sockets."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if host == "::" else 1)
-        sock.bind((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def listen_reuseport(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` sharing the port (``SO_REUSEPORT``) with the
-    owner's reservation and the other front ends."""
-    sock = bind_reuseport(host, port)
-    try:
-        sock.listen(2048)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _read_hello(sock: socket.socket) -> FrontendConfig:

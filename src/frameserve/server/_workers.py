@@ -31,9 +31,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from frameserve.repository import InputSignature
 from frameserve.server import _channel as ch
-from frameserve.server._frontend import FrontendConfig, bind_reuseport
+from frameserve.server._frontend import FrontendConfig
 from frameserve.server._owner import FrontendLink
+from frameserve.server._ports import bind_reuseport
 from frameserve.service import InferenceService
 
 __all__ = ["MAX_QUICK_DEATHS", "QUICK_DEATH_S", "FrontendPool", "reserve_port"]
@@ -99,7 +101,7 @@ class FrontendPool:
         self._slots = [_Slot(i) for i in range(len(configs))]
         self._lock = threading.Lock()
         self._generation = 0
-        self._models: dict[str, tuple[int, ...]] = {}
+        self._models = ch.Models(0, {})
         self._stopping = False
         self._publish_lock = threading.Lock()
 
@@ -140,9 +142,8 @@ class FrontendPool:
             with self._lock:
                 self._generation += 1
                 generation = self._generation
-                self._models = _loaded(self.service)
+                message = self._models = _loaded(generation, self.service)
                 links = [s.link for s in self._slots if s.link is not None]
-                message = ch.Models(generation, self._models)
             for link in links:
                 link.send(message)
             for link in links:
@@ -195,7 +196,7 @@ class FrontendPool:
         link = FrontendLink(slot.index, owner_end, block, self.service, publish=self.publish, **self.link_options)
         with self._lock:
             slot.proc, slot.link, slot.started = proc, link, time.monotonic()
-            models = ch.Models(self._generation, self._models)
+            models = self._models
         link.start(ch.Hello(config))
         link.send(models)
         threading.Thread(
@@ -242,12 +243,17 @@ class FrontendPool:
             self.on_fatal(f"front end {slot.index} cannot be restarted: {exc}")
 
 
-def _loaded(service: InferenceService) -> dict[str, tuple[int, ...]]:
-    """``{model: loaded versions}`` of ``service`` now."""
+def _loaded(generation: int, service: InferenceService) -> ch.Models:
+    """The :class:`~frameserve.server._channel.Models` message of ``service`` now: ``{model:
+    loaded versions}`` and each version's input signature."""
     out: dict[str, tuple[int, ...]] = {}
+    signatures: dict[tuple[str, int], InputSignature] = {}
     for name in service.model_names():
         try:
-            out[name] = tuple(int(v) for v in service.metadata(name)["versions"])
+            versions = tuple(int(v) for v in service.metadata(name)["versions"])
+            for version in versions:
+                signatures[(name, version)] = service.input_signature(name, version)
         except Exception:  # unloaded meanwhile
             continue
-    return out
+        out[name] = versions
+    return ch.Models(generation, out, signatures)

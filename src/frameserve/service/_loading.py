@@ -33,7 +33,7 @@ from frameserve.errors import (
     unknown_model,
 )
 from frameserve.metrics import Metrics
-from frameserve.repository import ModelConfig, ModelRepository, parse_config
+from frameserve.repository import InputSignature, ModelConfig, ModelRepository, parse_config
 from frameserve.request import InferRequest
 from frameserve.scheduler import (
     BatchingPolicy,
@@ -440,6 +440,15 @@ class ModelTable:
             ModelNotFoundError: unknown model or version. ModelNotReadyError: not loaded.
         """
         return self._entry(name, version).version
+
+    def input_signature(self, name: str, version: int | None = None) -> InputSignature:
+        """What a request's inputs are checked against (:class:`~frameserve.repository.InputSignature`),
+        for a transport to refuse declared shapes before it converts their data.
+
+        Raises:
+            ModelNotFoundError: unknown model or version. ModelNotReadyError: not loaded.
+        """
+        return InputSignature.of(self._entry(name, version).config)
 
     def model_config(self, name: str, version: int | None = None) -> ModelConfig:
         """The loaded version's config, completed from its model file (``.to_dict()`` gives

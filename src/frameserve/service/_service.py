@@ -25,7 +25,7 @@ from frameserve.errors import (
     TensorError,
 )
 from frameserve.metrics import Metrics
-from frameserve.repository import ModelRepository, check_inputs
+from frameserve.repository import InputSignature, ModelRepository, check_inputs
 from frameserve.request import InferRequest, RequestedOutput
 from frameserve.scheduler import (
     BLOCKING,
@@ -525,6 +525,10 @@ class InferClient:
     def version_for(self, name: str, version: int | None = None) -> int:
         """:meth:`InferenceService.version_for`."""
         return self.service.version_for(name, version)
+
+    def input_signature(self, name: str, version: int | None = None) -> InputSignature:
+        """:meth:`InferenceService.input_signature`."""
+        return self.service.input_signature(name, version)
 
     def submit(self, request: InferRequest) -> Future[dict[str, np.ndarray[Any, Any]]]:
         """:meth:`InferenceService.submit` under this client's policy (a batch formed at once

@@ -12,8 +12,8 @@ Outputs are always answered in ``raw_output_contents`` (what tritonclient reads)
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from frameserve.request import InferRequest, RequestedOutput, pop_sequence_param
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.shm import SHM_PARAMETERS, SharedMemoryUse, ShmLocation, client_shm_disabled, shm_location
 from frameserve.types import DataType, check_integer_range, decode_bytes_elements, encode_bytes_elements
+
+if TYPE_CHECKING:
+    from frameserve.repository import InputSignature
 
 __all__ = ["check_counts", "decode_infer_request", "encode_infer_response", "parameter_value", "parse_version"]
 
@@ -96,6 +99,7 @@ def decode_infer_request(
     shared_memory: SharedMemoryUse | None = None,
     raw_contents: Sequence[bytes | memoryview] | None = None,
     tenant: str = "",
+    signature_of: Callable[[str, int | None], InputSignature | None] | None = None,
 ) -> InferRequest:
     """Decode a ModelInferRequest into an :class:`~frameserve.request.InferRequest`.
 
@@ -117,6 +121,11 @@ def decode_infer_request(
 
     ``tenant`` is the request's tenant (:attr:`~frameserve.request.InferRequest.tenant`).
 
+    ``signature_of(model, version)``, when given, names the model's inputs
+    (:meth:`~frameserve.protocol._core.InferCore.input_signature`): the declared names,
+    datatypes and shapes are then checked against them before any tensor is built, so a request
+    the model would refuse costs no conversion (what the service checks, with its message).
+
     ``shared_memory`` is this request's use of the server's shared-memory regions: inputs with
     ``shared_memory_region`` parameters are read from their region (zero-copy views; they take no
     ``raw_input_contents`` entry, as in Triton) and outputs with them are noted in it
@@ -127,7 +136,8 @@ def decode_infer_request(
         TensorError: a tensor's datatype, shape, byte size, element count or BYTES framing is
             wrong (the message names the tensor, what was given and what was expected), or a
             shape, the BYTES element count, or the count of inputs, outputs or parameters is
-            over a cap of ``limits``.
+            over a cap of ``limits``; with ``signature_of``, inputs the model does not take.
+        ModelNotFoundError, ModelNotReadyError: with ``signature_of``, no such model loaded.
         InvalidInputError: a malformed request otherwise (raw and typed contents mixed, raw entry
             count not the input count, bad version, bad parameter, unsupported feature).
         SharedMemoryError, SharedMemoryNotFoundError: a tensor's shared-memory parameters or
@@ -174,6 +184,9 @@ def decode_infer_request(
             "it needs one entry per such input, in the order of inputs"
         )
     limits.check_bytes_elements("request", bytes_elements)
+    signature = signature_of(request.model_name, version) if signature_of is not None else None
+    if signature is not None:
+        signature.check((name, datatype, tuple(shape)) for _, name, datatype, shape, _, _ in heads)
     inputs: dict[str, np.ndarray[Any, Any]] = {}
     budget = [limits.max_bytes_data_bytes]  # BYTES data left for this request's inputs
     j = 0  # the next raw_input_contents entry

@@ -257,6 +257,7 @@ async def infer(
                 shared_memory=shm,
                 raw_contents=raw_contents,
                 tenant=tenant,
+                signature_of=core.input_signature,  # refused before its tensors are built
             )
         else:
             call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant)

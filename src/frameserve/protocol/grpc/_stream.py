@@ -108,7 +108,15 @@ async def stream_answers_async(
     sink = LoopSink()
     try:
         if _costly(request):
-            call = await LANES.run(tenant, decode_infer_request, request, limits, shared_memory=shm, tenant=tenant)
+            call = await LANES.run(
+                tenant,
+                decode_infer_request,
+                request,
+                limits,
+                shared_memory=shm,
+                tenant=tenant,
+                signature_of=core.input_signature,  # refused before its tensors are built
+            )
         else:
             call = decode_infer_request(request, limits, shared_memory=shm, tenant=tenant)
         call = dataclasses.replace(call, responses=sink, traceparent=traceparent or call.traceparent)
@@ -266,7 +274,13 @@ def stream_all(
                 gate.enter(tenant)
                 admitted = True
             with working:
-                call = decode_infer_request(request, limits, shared_memory=shm, tenant=tenant)
+                call = decode_infer_request(
+                    request,
+                    limits,
+                    shared_memory=shm,
+                    tenant=tenant,
+                    signature_of=core.input_signature if _costly(request) else None,  # refused before it is built
+                )
                 state = _Open(call, shm, version_used(core, call))  # before a fast model answers here
                 sink = _Tagged(merged, state)
                 state.call = call = dataclasses.replace(call, responses=sink, traceparent=parent or call.traceparent)

@@ -140,8 +140,16 @@ def infer_blocking(
     shm = shared_memory.use(tenant) if shared_memory is not None else None
     try:
         # a costly decode waits for the tenant's lane before it takes a working slot
-        with LANES.blocking(tenant) if _costly(request, raw_contents, data=data) else NOTHING, working:
-            call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant)
+        costly = _costly(request, raw_contents, data=data)
+        with LANES.blocking(tenant) if costly else NOTHING, working:
+            call = decode_infer_request(
+                request,
+                limits,
+                shared_memory=shm,
+                raw_contents=raw_contents,
+                tenant=tenant,
+                signature_of=core.input_signature if costly else None,  # refused before its tensors are built
+            )
             parent = traceparent_of(core, context)
             if parent:
                 call = dataclasses.replace(call, traceparent=parent)

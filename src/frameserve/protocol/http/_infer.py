@@ -228,6 +228,7 @@ async def _infer_with(
                 limits=limits,
                 shared_memory=shm,
                 tenant=tenant,
+                signature=core.input_signature(name, version),  # refused before its data is converted
             )
             req = await LANES.run(tenant, decode, body, header_length)  # one at a time per tenant
         else:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -44,6 +44,9 @@ from frameserve.request import InferRequest, RequestedOutput, pop_sequence_param
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.shm import SHM_PARAMETERS, SharedMemoryUse, ShmLocation, client_shm_disabled, shm_location
 from frameserve.types import DataType, check_integer_range, decode_bytes_elements, encode_bytes_elements
+
+if TYPE_CHECKING:
+    from frameserve.repository import InputSignature
 
 __all__ = [
     "HEADER_LENGTH",
@@ -162,6 +165,7 @@ def decode_request(
     limits: TensorLimits = DEFAULT_LIMITS,
     shared_memory: SharedMemoryUse | None = None,
     tenant: str = "",
+    signature: InputSignature | None = None,
 ) -> InferRequest:
     """Decode an inference request body.
 
@@ -180,6 +184,9 @@ def decode_request(
             noted in it (:mod:`frameserve.shm`); ``None``: the server takes none (such a
             tensor is refused). The caller releases it once the response is encoded.
         tenant: the request's tenant (:attr:`~frameserve.request.InferRequest.tenant`).
+        signature: the model's inputs: with it, the declared names, datatypes and shapes are
+            checked against the model (:class:`~frameserve.repository.InputSignature`) before
+            any data is converted, so a request the model would refuse costs no conversion.
 
     Returns:
         The request; binary inputs are zero-copy read-only views of ``body``; ``priority``,
@@ -191,7 +198,7 @@ def decode_request(
             from what the inputs declare.
         TensorError: an input whose data does not fit its shape and datatype, or a shape,
             BYTES element count, or count of inputs, outputs or parameters over a cap of
-            ``limits``.
+            ``limits``; with ``signature``, inputs the model does not take.
         PayloadTooLargeError: the JSON is longer than ``limits.max_json_bytes``.
         SharedMemoryError, SharedMemoryNotFoundError: a tensor's shared-memory parameters or
             place are refused (:class:`~frameserve.shm.SharedMemoryUse`).
@@ -244,6 +251,8 @@ def decode_request(
         limits.check_bytes_data(
             "request", sum(size or 0 for _, datatype, _, size, _ in heads if datatype is DataType.BYTES)
         )
+    if signature is not None:
+        signature.check(head[:3] for head in heads)
     for item, (name, datatype, shape, size, tensor_params) in zip(raw_inputs, heads, strict=True):
         if name in inputs:
             raise InvalidInputError(f"input {shown(name)} is given twice")
