@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["Db", "ModelRepository", "PipelineParam", "Sampling", "Threads", "Video"]
+__all__ = ["Db", "ModelRepository", "PipelineParam", "Sampling", "Threads", "Token", "Video"]
 
 Db = Annotated[
     str | None,
@@ -26,4 +26,13 @@ Sampling = Annotated[
 ]
 PipelineParam = Annotated[
     list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable).")
+]
+Token = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        help="Bearer token of a server with --auth-token-file (env FRAMESERVE_TOKEN).",
+        envvar="FRAMESERVE_TOKEN",
+        show_default=False,
+    ),
 ]

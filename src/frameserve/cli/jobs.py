@@ -13,6 +13,7 @@ import typer
 
 from frameserve.cli._common import exit_on_error
 from frameserve.cli._flags import Db as DbOpt
+from frameserve.cli._flags import Token
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -348,15 +349,7 @@ def watch(
     url: Annotated[
         str, typer.Option("--url", help="The server's HTTP endpoint (env FRAMESERVE_URL).", envvar="FRAMESERVE_URL")
     ] = "http://127.0.0.1:8000",
-    token: Annotated[
-        str | None,
-        typer.Option(
-            "--token",
-            help="Bearer token of a server with --auth-token-file (env FRAMESERVE_TOKEN).",
-            envvar="FRAMESERVE_TOKEN",
-            show_default=False,
-        ),
-    ] = None,
+    token: Token = None,
     give_up_s: Annotated[
         float,
         typer.Option("--give-up-s", min=0, help="Stop reconnecting after this long without a connection, seconds."),

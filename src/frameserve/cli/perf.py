@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from frameserve.cli._common import err_console, exit_on_error
+from frameserve.cli._flags import Token
 from frameserve.errors import InvalidInputError
 
 __all__ = ["parse_int_list", "parse_percent", "perf_command", "register"]
@@ -82,14 +83,7 @@ def perf_command(
             "--server-pid", help="The server's process id on this machine, to measure its CPU seconds per inference."
         ),
     ] = None,
-    token: Annotated[
-        str | None,
-        typer.Option(
-            "--token",
-            help="Bearer token of a server with --auth-token-file (env FRAMESERVE_TOKEN).",
-            envvar="FRAMESERVE_TOKEN",
-        ),
-    ] = None,
+    token: Token = None,
     batch: Annotated[
         str, typer.Option("--batch", "-b", help="Batch sizes (samples per request), comma-separated.")
     ] = "1",

@@ -247,20 +247,7 @@ async def infer(
     """
     shm = shared_memory.use(tenant) if shared_memory is not None else None
     try:
-        # many BYTES elements or typed values: off the event loop, one at a time per tenant
-        if _costly(request, raw_contents):
-            call = await LANES.run(
-                tenant,
-                decode_infer_request,
-                request,
-                limits,
-                shared_memory=shm,
-                raw_contents=raw_contents,
-                tenant=tenant,
-                signature_of=core.input_signature,  # refused before its tensors are built
-            )
-        else:
-            call = decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant)
+        call = await decoded(core, request, limits, shm, tenant, raw_contents)
         if traceparent:
             call = dataclasses.replace(call, traceparent=traceparent)
         outputs = await outputs_of(core.submit(call))
@@ -274,6 +261,36 @@ async def infer(
             shm.release()
     trim_after_request(call, shm)
     return response
+
+
+async def decoded(
+    core: InferCore,
+    request: pb.ModelInferRequest,
+    limits: TensorLimits,
+    shm: SharedMemoryUse | None,
+    tenant: str,
+    raw_contents: Sequence[bytes | memoryview] | None = None,
+) -> InferRequest:
+    """``request`` decoded (:func:`~frameserve.protocol.grpc._codec.decode_infer_request`) from
+    the event loop: a costly one (:func:`_costly`: many BYTES elements or typed values) on a pool
+    thread, one at a time per tenant, its declared shapes checked against the model first
+    (:meth:`~frameserve.protocol._core.InferCore.input_signature`); a cheap one here.
+
+    Raises:
+        FrameserveError: what decoding (or the model's signature) refuses.
+    """
+    if _costly(request, raw_contents):
+        return await LANES.run(
+            tenant,
+            decode_infer_request,
+            request,
+            limits,
+            shared_memory=shm,
+            raw_contents=raw_contents,
+            tenant=tenant,
+            signature_of=core.input_signature,  # refused before its tensors are built
+        )
+    return decode_infer_request(request, limits, shared_memory=shm, raw_contents=raw_contents, tenant=tenant)
 
 
 def traceparent_of(core: InferCore, context: Any) -> str:

@@ -38,10 +38,17 @@ import grpc
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.errors import DecoupledModelError, FrameserveError
 from frameserve.protocol._core import InferCore, RegionSource
-from frameserve.protocol._lanes import LANES, WorkSlots
+from frameserve.protocol._lanes import WorkSlots
 from frameserve.protocol._stream import MAX_PENDING, LoopSink, StreamedResponse, route_answer
 from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_response
-from frameserve.protocol.grpc._infer import OFFLOAD_ELEMENTS, _costly, traceparent_of, trim_after_request, version_used
+from frameserve.protocol.grpc._infer import (
+    OFFLOAD_ELEMENTS,
+    _costly,
+    decoded,
+    traceparent_of,
+    trim_after_request,
+    version_used,
+)
 from frameserve.request import InferRequest
 from frameserve.security.limits import TensorLimits
 from frameserve.security.quotas import InferGate
@@ -107,18 +114,7 @@ async def stream_answers_async(
     shm = shared_memory.use(tenant) if shared_memory is not None else None
     sink = LoopSink()
     try:
-        if _costly(request):
-            call = await LANES.run(
-                tenant,
-                decode_infer_request,
-                request,
-                limits,
-                shared_memory=shm,
-                tenant=tenant,
-                signature_of=core.input_signature,  # refused before its tensors are built
-            )
-        else:
-            call = decode_infer_request(request, limits, shared_memory=shm, tenant=tenant)
+        call = await decoded(core, request, limits, shm, tenant)
         call = dataclasses.replace(call, responses=sink, traceparent=traceparent or call.traceparent)
         route_answer(core.submit(call), sink)
         version = version_used(core, call)
