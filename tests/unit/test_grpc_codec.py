@@ -404,3 +404,30 @@ def test_grpc_costly_judged_from_the_serialized_message_agrees_with_the_parsed_o
     data = large.SerializeToString()
     assert len(data) > _SMALL_MESSAGE_BYTES
     assert _costly(*parse_infer_request(data, limits), data=data)
+
+
+def test_counts_are_capped_on_a_parsed_message_of_any_size() -> None:
+    """A parsed message (a stream's) is counted against the caps whatever its size: 300,000
+    inputs, many outputs, per-tensor parameters over the cap on a few tensors; a message within
+    every cap passes."""
+    from frameserve.errors import LimitExceededError
+    from frameserve.protocol.grpc._codec import check_counts
+    from frameserve.security import TensorLimits
+
+    limits = TensorLimits(max_inputs=1024, max_outputs=4, max_parameters=6)
+    many = pb.ModelInferRequest(model_name="m")
+    for i in range(300_000):
+        many.inputs.add(name=f"i{i}", datatype="FP32", shape=[1])
+    outputs = pb.ModelInferRequest(model_name="m")
+    for i in range(5):
+        outputs.outputs.add(name=f"o{i}")
+    params = pb.ModelInferRequest(model_name="m")
+    tensor = params.inputs.add(name="x", datatype="FP32", shape=[1])
+    for i in range(7):
+        tensor.parameters[f"p{i}"].int64_param = i
+    for message, words in ((many, "1024 inputs"), (outputs, "4 requested outputs"), (params, "6 parameters")):
+        with pytest.raises(LimitExceededError, match=words):
+            check_counts(message, limits)
+    fits = pb.ModelInferRequest(model_name="m")
+    fits.inputs.add(name="x", datatype="FP32", shape=[1]).parameters["p"].int64_param = 1
+    check_counts(fits, limits)
