@@ -181,3 +181,64 @@ def test_an_error_never_grows_with_the_request(default_server: ServeProcess) -> 
         r.status_code,
         r.text[:300],
     )
+
+
+def _stream_answers(port: int, payloads: list[bytes]) -> list[Any]:
+    """``ModelStreamInfer`` on one stream: each serialized request sent after the previous one is
+    answered; the answers, in order."""
+    sent: queue.Queue[bytes | None] = queue.Queue()
+
+    def feed() -> Iterator[bytes]:
+        while (item := sent.get(timeout=120)) is not None:
+            yield item
+
+    answers = []
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 1 << 30)]) as ch:
+        call = ch.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=lambda b: b,
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )
+        stream = call(feed(), timeout=120)
+        for payload in payloads:
+            sent.put(payload)
+            answers.append(next(stream))
+        sent.put(None)
+        assert list(stream) == []
+    return answers
+
+
+def _large(model: str, names: tuple[str, ...], rows: int, width: int) -> bytes:
+    """A request of FP32 ``[rows, width]`` raw inputs ``names`` (1.0 everywhere), id ``big``."""
+    req = pb.ModelInferRequest(model_name=model, id="big")
+    for name in names:
+        req.inputs.add(name=name, datatype="FP32", shape=[rows, width])
+        req.raw_input_contents.append(np.ones((rows, width), np.float32).tobytes())
+    return req.SerializeToString()
+
+
+@pytest.mark.parametrize("server", ["default_server", "capped"])
+def test_a_large_stream_message_over_a_cap_is_refused_as_it_is_read_and_the_stream_goes_on(
+    request: pytest.FixtureRequest, server: str
+) -> None:
+    """A ``ModelStreamInfer`` message is read as a ``ModelInfer`` is: a large one walked with its
+    counts capped (300,000 inputs refused at the cap, not parsed whole by protobuf first, which
+    held the GIL for 14 ms), its refusal answered in the stream with the request's model and id,
+    and the stream goes on; a large request within the caps is answered (its raw contents
+    kept), in one process and in front ends."""
+    serve: ServeProcess = request.getfixturevalue(server)
+    over = pb.ModelInferRequest(model_name="add", id="many")
+    for i in range(300_000):
+        over.inputs.add(name=f"input_{i:06d}", datatype="FP32", shape=[1])
+    cap = 4 if server == "capped" else 1024
+    rows = 80  # 80 KiB of raw contents: over the size from which a message is walked
+    payloads = [over.SerializeToString(), _large("slow", ("x",), rows, 256), _large("add", tuple("abcde"), 8, 1024)]
+    refused, answered, five = _stream_answers(serve.ports["gRPC"], payloads)
+    assert f"more than {cap} inputs" in refused.error_message, refused.error_message
+    assert (refused.infer_response.model_name, refused.infer_response.id) == ("add", "many")
+    assert answered.error_message == "", answered.error_message
+    (y,) = answered.infer_response.raw_output_contents
+    assert len(y) == rows * 256 * 4 and answered.infer_response.id == "big"
+    expected = f"more than {cap} inputs" if server == "capped" else "inputs ['a', 'b', 'c', 'd', 'e'] given"
+    assert expected in five.error_message, five.error_message  # five large inputs: walked, then refused
+    assert five.infer_response.id == "big"

@@ -431,3 +431,34 @@ def test_counts_are_capped_on_a_parsed_message_of_any_size() -> None:
     fits = pb.ModelInferRequest(model_name="m")
     fits.inputs.add(name="x", datatype="FP32", shape=[1]).parameters["p"].int64_param = 1
     check_counts(fits, limits)
+
+
+def test_stream_messages_are_read_with_their_counts_capped_and_a_refusal_is_answered_in_place() -> None:
+    """``ModelStreamInfer``'s deserializer: a large message is walked as ``ModelInfer``'s are (a
+    refusal comes back as a :class:`RefusedMessage` with the message's model, version and id,
+    which the stream answers in its place); what it accepts equals protobuf's own parse."""
+    from frameserve.errors import LimitExceededError
+    from frameserve.protocol.grpc._infer import RefusedMessage, stream_message
+    from frameserve.security import TensorLimits
+
+    limits = TensorLimits(max_inputs=1024)
+    many = pb.ModelInferRequest(model_name="add", model_version="2", id="many")
+    for i in range(300_000):
+        many.inputs.add(name=f"i{i}", datatype="FP32", shape=[1])
+    refused = stream_message(many.SerializeToString(), limits)
+    assert isinstance(refused, RefusedMessage) and isinstance(refused.error, LimitExceededError)
+    assert "more than 1024 inputs" in str(refused.error)
+    assert (refused.model_name, refused.model_version, refused.id) == ("add", "2", "many")
+
+    large = pb.ModelInferRequest(model_name="add", id="big")
+    large.inputs.add(name="x", datatype="FP32", shape=[80, 256])
+    large.raw_input_contents.append(np.arange(80 * 256, dtype=np.float32).tobytes())
+    small = pb.ModelInferRequest(model_name="add", id="small")
+    small.inputs.add(name="x", datatype="FP32", shape=[1]).contents.fp32_contents.append(1.0)
+    for message in (large, small):
+        data = message.SerializeToString()
+        assert stream_message(data, limits) == pb.ModelInferRequest.FromString(data)
+
+    garbage = stream_message(b"\x0a\x03add" + b"\xff" * (70 << 10), limits)
+    assert isinstance(garbage, RefusedMessage) and isinstance(garbage.error, InvalidInputError)
+    assert garbage.model_name == "add"

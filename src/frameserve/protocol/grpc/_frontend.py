@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -29,7 +30,14 @@ from frameserve.errors import DecoupledModelError, QuotaExceededError
 from frameserve.protocol._core import InferCore, RegionSource
 from frameserve.protocol.grpc._auth import interceptors, principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response
-from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request, traceparent_of
+from frameserve.protocol.grpc._infer import (
+    RefusedMessage,
+    encode_infer_response_bytes,
+    infer,
+    parse_infer_request,
+    stream_message,
+    traceparent_of,
+)
 from frameserve.protocol.grpc._server import SERVICE_NAME, message_classes, method_handlers, server_options
 from frameserve.protocol.grpc._servicer import NOTHING, status_of
 from frameserve.protocol.grpc._stream import FINAL_PARAMETER
@@ -78,7 +86,7 @@ class _Context:
         return self._metadata
 
 
-def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+def _stream_error(request: pb.ModelInferRequest | RefusedMessage, message: str) -> pb.ModelStreamInferResponse:
     return pb.ModelStreamInferResponse(
         error_message=message,
         infer_response=pb.ModelInferResponse(
@@ -194,7 +202,7 @@ class _FrontServicer:
         raise AssertionError("unreachable")  # context.abort always raises
 
     async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest | RefusedMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         tenant = self._tenant(context)
         with contextlib.ExitStack() as held:
@@ -207,9 +215,12 @@ class _FrontServicer:
                 yield response
 
     async def _answers(
-        self, request_iterator: AsyncIterator[pb.ModelInferRequest], tenant: str, traceparent: str = ""
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest | RefusedMessage], tenant: str, traceparent: str = ""
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         async for request in request_iterator:
+            if isinstance(request, RefusedMessage):  # refused as it was read: answered in the stream
+                yield _stream_error(request, status_of(request.error)[1])
+                continue
             try:
                 if self.knows(request.model_name, request.model_version):
                     with self._admitted(tenant):
@@ -341,6 +352,7 @@ def create_frontend_server(
         raw_all=True,
         raw={"ModelInfer": front.ModelInferRaw},
         streaming={"ModelStreamInfer": front.ModelStreamInfer},
+        deserializers={"ModelStreamInfer": functools.partial(stream_message, limits=limits)},
     )
     health = method_handlers(
         "grpc.health.v1.Health", _HandOn(front, "grpc.health.v1.Health"), raw_all=True, streaming={"Watch": front.Watch}

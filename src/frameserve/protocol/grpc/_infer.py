@@ -30,7 +30,15 @@ from frameserve.request import TRACEPARENT_CHARS, InferRequest
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
 from frameserve.shm import SharedMemoryUse
 
-__all__ = ["encode_infer_response_bytes", "infer", "parse_infer_request", "traceparent_of", "version_used"]
+__all__ = [
+    "RefusedMessage",
+    "encode_infer_response_bytes",
+    "infer",
+    "parse_infer_request",
+    "stream_message",
+    "traceparent_of",
+    "version_used",
+]
 
 _R = TypeVar("_R")
 
@@ -198,6 +206,54 @@ def parse_infer_request(
         return pb.ModelInferRequest.FromString(b"".join(rest)), raws
     except DecodeError as exc:
         raise InvalidInputError(f"malformed ModelInferRequest: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class RefusedMessage:
+    """A ``ModelStreamInfer`` message refused as it was read (:func:`stream_message`): the stream
+    answers ``error`` in its place and goes on. ``model_name``, ``model_version`` and ``id`` are
+    the message's own, for the answer (empty when the message has none)."""
+
+    error: FrameserveError
+    model_name: str = ""
+    model_version: str = ""
+    id: str = ""
+
+
+def stream_message(data: bytes, limits: TensorLimits = DEFAULT_LIMITS) -> pb.ModelInferRequest | RefusedMessage:
+    """The deserializer of ``ModelStreamInfer`` messages: the message, read as
+    :func:`parse_infer_request` reads a ``ModelInfer`` (a large one walked with its counts
+    capped as they come, so a message of 300,000 inputs is refused at the 1,025th instead of
+    being parsed whole by protobuf first), its raw contents back in it; or, refused, a
+    :class:`RefusedMessage` the stream answers in its place (a deserializer that raises would
+    end the whole stream)."""
+    try:
+        request, raws = parse_infer_request(data, limits)
+    except FrameserveError as exc:
+        return RefusedMessage(exc, *_names(data))
+    if raws is not None:
+        request.raw_input_contents.extend(bytes(r) for r in raws)
+    return request
+
+
+def _names(data: bytes) -> tuple[str, str, str]:
+    """``(model_name, model_version, id)`` of a serialized ``ModelInferRequest``, read from its
+    first top-level fields (protobuf writes fields in number order, these three first); empty
+    where missing or unreadable."""
+    found = ["", "", ""]
+    pos, end = 0, len(data)
+    try:
+        while pos < end:
+            key, pos = _varint(data, pos)
+            field, wire = key >> 3, key & 7
+            if wire != 2 or not 1 <= field <= 3:
+                break
+            size, pos = _varint(data, pos)
+            found[field - 1] = data[pos : pos + min(size, 1024)].decode("utf-8", "replace")
+            pos += size
+    except (IndexError, ValueError, InvalidInputError):
+        pass
+    return found[0], found[1], found[2]
 
 
 def _size_prefix(n: int) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from frameserve._proto import grpc_service_pb2 as pb
 from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.grpc._auth import interceptors
+from frameserve.protocol.grpc._infer import stream_message
 from frameserve.protocol.grpc._servicer import GrpcInferenceServicer
 from frameserve.protocol.grpc._threaded import DEFAULT_THREADS, ThreadedGrpcServer, threaded_handlers
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
@@ -173,7 +175,12 @@ def create_server(
     handlers = threaded_handlers(servicer, HealthServicer(servicer), loop)
     server.add_generic_rpc_handlers(
         (
-            method_handlers(SERVICE_NAME, handlers, raw={"ModelInfer": handlers.ModelInferRaw}),
+            method_handlers(
+                SERVICE_NAME,
+                handlers,
+                raw={"ModelInfer": handlers.ModelInferRaw},
+                deserializers={"ModelStreamInfer": functools.partial(stream_message, limits=limits)},
+            ),
             method_handlers("grpc.health.v1.Health", handlers),
         )
     )
@@ -195,6 +202,7 @@ def method_handlers(
     raw: Mapping[str, Callable[..., Any]] | None = None,
     raw_all: bool = False,
     streaming: Mapping[str, Callable[..., Any]] | None = None,
+    deserializers: Mapping[str, Callable[[bytes], Any]] | None = None,
 ) -> grpc.GenericRpcHandler:
     """The handlers of every RPC of ``service_name`` (from the compiled descriptors; the method
     of ``servicer`` with the RPC's name serves it), as one generic handler.
@@ -204,6 +212,8 @@ def method_handlers(
             deserializer, no serializer).
         raw_all: every unary RPC bytes in and out (a front end that hands them on).
         streaming: streaming RPCs served by the given callables instead (messages in and out).
+        deserializers: RPCs whose request messages the given callables read from their bytes
+            instead of protobuf (``ModelStreamInfer``: :func:`~frameserve.protocol.grpc._infer.stream_message`).
     """
     service = _DESCRIPTORS[service_name]
     handlers: dict[str, grpc.RpcMethodHandler] = {}
@@ -226,7 +236,9 @@ def method_handlers(
         else:
             make = grpc.unary_unary_rpc_method_handler
         handlers[name] = make(
-            fn, request_deserializer=request.FromString, response_serializer=response.SerializeToString
+            fn,
+            request_deserializer=(deserializers or {}).get(name, request.FromString),
+            response_serializer=response.SerializeToString,
         )
     return grpc.method_handlers_generic_handler(service_name, handlers)
 

@@ -25,7 +25,13 @@ from frameserve.protocol import RUN_HERE_UNDER_US, check_model_control
 from frameserve.protocol._logsettings import LogSettings
 from frameserve.protocol.grpc._auth import principal_of
 from frameserve.protocol.grpc._codec import encode_infer_response, parameter_value, parse_version
-from frameserve.protocol.grpc._infer import encode_infer_response_bytes, infer, parse_infer_request, traceparent_of
+from frameserve.protocol.grpc._infer import (
+    RefusedMessage,
+    encode_infer_response_bytes,
+    infer,
+    parse_infer_request,
+    traceparent_of,
+)
 from frameserve.protocol.grpc._stream import stream_answers_async
 from frameserve.repository import config_override
 from frameserve.security.limits import DEFAULT_LIMITS, TensorLimits
@@ -243,7 +249,7 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             )
 
     async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest | RefusedMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Answers each streamed request in turn with every response of its model (one; a
         decoupled model's zero or more, see :mod:`~frameserve.protocol.grpc._stream`), or its
@@ -258,11 +264,13 @@ class GrpcInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 yield response
 
     async def _answers(
-        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest | RefusedMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         async for request in request_iterator:
             tenant = self.tenant_of(context)
             try:
+                if isinstance(request, RefusedMessage):  # refused as it was read: answered here
+                    raise request.error
                 with self.admitted(tenant):  # every response of the request (decoupled: many)
                     async for response in stream_answers_async(
                         self.core,

@@ -43,6 +43,7 @@ from frameserve.protocol._stream import MAX_PENDING, LoopSink, StreamedResponse,
 from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_response
 from frameserve.protocol.grpc._infer import (
     OFFLOAD_ELEMENTS,
+    RefusedMessage,
     _costly,
     decoded,
     traceparent_of,
@@ -214,7 +215,7 @@ class _Tagged:
             self._merged.put((self._state, StreamedResponse(outputs, error, final)))
 
 
-def _refusal(request: pb.ModelInferRequest, exc: BaseException) -> pb.ModelStreamInferResponse:
+def _refusal(request: pb.ModelInferRequest | RefusedMessage, exc: BaseException) -> pb.ModelStreamInferResponse:
     return pb.ModelStreamInferResponse(
         error_message=_error_text(exc) if not isinstance(exc, DecoupledModelError) else exc.GRPC_MESSAGE,
         infer_response=pb.ModelInferResponse(
@@ -225,7 +226,7 @@ def _refusal(request: pb.ModelInferRequest, exc: BaseException) -> pb.ModelStrea
 
 def stream_all(
     core: InferCore,
-    requests: Iterator[pb.ModelInferRequest],
+    requests: Iterator[pb.ModelInferRequest | RefusedMessage],
     limits: TensorLimits,
     shared_memory: RegionSource | None,
     working: WorkSlots,
@@ -261,11 +262,13 @@ def stream_all(
             state.shm.release()
         slots.release()
 
-    def submit(request: pb.ModelInferRequest) -> None:
+    def submit(request: pb.ModelInferRequest | RefusedMessage) -> None:
         assert merged is not None
         shm = shared_memory.use(tenant) if shared_memory is not None else None
         admitted = False
         try:
+            if isinstance(request, RefusedMessage):  # refused as it was read: answered here
+                raise request.error
             if gate is not None:
                 gate.enter(tenant)
                 admitted = True

@@ -48,6 +48,7 @@ from frameserve.protocol._core import InferCore, RegionSource
 from frameserve.protocol._lanes import LANES, WorkSlots
 from frameserve.protocol.grpc._codec import decode_infer_request, encode_infer_response
 from frameserve.protocol.grpc._infer import (
+    RefusedMessage,
     _costly,
     encode_infer_response_bytes,
     parse_infer_request,
@@ -205,7 +206,7 @@ class _Handlers:
             raise AssertionError("unreachable") from None
 
     def ModelStreamInfer(
-        self, requests: Iterator[pb.ModelInferRequest], context: grpc.ServicerContext
+        self, requests: Iterator[pb.ModelInferRequest | RefusedMessage], context: grpc.ServicerContext
     ) -> Iterator[pb.ModelStreamInferResponse]:
         s = self.servicer
         tenant = s.tenant_of(context)
@@ -217,7 +218,7 @@ class _Handlers:
             yield from self._answers(requests, context, tenant)
 
     def _answers(
-        self, requests: Iterator[pb.ModelInferRequest], context: grpc.ServicerContext, tenant: str
+        self, requests: Iterator[pb.ModelInferRequest | RefusedMessage], context: grpc.ServicerContext, tenant: str
     ) -> Iterator[pb.ModelStreamInferResponse]:
         s = self.servicer
         # the stream's requests run at once and their responses interleave, as in Triton
