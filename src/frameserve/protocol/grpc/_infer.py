@@ -137,10 +137,33 @@ def parse_infer_request(
         TensorError: a count over its cap (:meth:`TensorLimits.check_counts`).
     """
     if len(data) <= _SPLIT_BYTES:
-        try:
-            return pb.ModelInferRequest.FromString(data), None
-        except DecodeError as exc:
-            raise InvalidInputError(f"malformed ModelInferRequest: {exc}") from None
+        return _parsed(data), None
+    rest, raws = _walk(data, limits)
+    return _parsed(b"".join(rest)), raws
+
+
+def _parsed(data: bytes) -> pb.ModelInferRequest:
+    """``data`` parsed by protobuf.
+
+    Raises:
+        InvalidInputError: not a well-formed ModelInferRequest.
+    """
+    try:
+        request: pb.ModelInferRequest = pb.ModelInferRequest.FromString(data)
+        return request
+    except DecodeError as exc:
+        raise InvalidInputError(f"malformed ModelInferRequest: {exc}") from None
+
+
+def _walk(data: bytes, limits: TensorLimits) -> tuple[list[memoryview], list[memoryview]]:
+    """The top-level fields of a serialized ``ModelInferRequest`` walked in Python, counted
+    against ``limits`` as they come (:func:`parse_infer_request`): ``(rest, raws)``, the views of
+    ``data`` around its ``raw_input_contents`` entries and those entries.
+
+    Raises:
+        InvalidInputError: a malformed field, or too many other fields.
+        TensorError: a count over its cap.
+    """
     view = memoryview(data)
     rest: list[memoryview] = []
     raws: list[memoryview] = []
@@ -202,10 +225,7 @@ def parse_infer_request(
                 "inputs, outputs and raw_input_contents (model_name, model_version and id come once each)"
             )
     rest.append(view[last:])
-    try:
-        return pb.ModelInferRequest.FromString(b"".join(rest)), raws
-    except DecodeError as exc:
-        raise InvalidInputError(f"malformed ModelInferRequest: {exc}") from None
+    return rest, raws
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,19 +241,17 @@ class RefusedMessage:
 
 
 def stream_message(data: bytes, limits: TensorLimits = DEFAULT_LIMITS) -> pb.ModelInferRequest | RefusedMessage:
-    """The deserializer of ``ModelStreamInfer`` messages: the message, read as
-    :func:`parse_infer_request` reads a ``ModelInfer`` (a large one walked with its counts
-    capped as they come, so a message of 300,000 inputs is refused at the 1,025th instead of
-    being parsed whole by protobuf first), its raw contents back in it; or, refused, a
-    :class:`RefusedMessage` the stream answers in its place (a deserializer that raises would
-    end the whole stream)."""
+    """The deserializer of ``ModelStreamInfer`` messages: the message, a large one first walked
+    with its counts capped as :func:`parse_infer_request` walks a ``ModelInfer`` (a message of
+    300,000 inputs is refused at the 1,025th instead of being parsed whole by protobuf), then
+    parsed by protobuf as it came; or, refused, a :class:`RefusedMessage` the stream answers in
+    its place (a deserializer that raises would end the whole stream)."""
     try:
-        request, raws = parse_infer_request(data, limits)
+        if len(data) > _SPLIT_BYTES:
+            _walk(data, limits)
+        return _parsed(data)
     except FrameserveError as exc:
         return RefusedMessage(exc, *_names(data))
-    if raws is not None:
-        request.raw_input_contents.extend(bytes(r) for r in raws)
-    return request
 
 
 def _names(data: bytes) -> tuple[str, str, str]:
@@ -251,7 +269,7 @@ def _names(data: bytes) -> tuple[str, str, str]:
             size, pos = _varint(data, pos)
             found[field - 1] = data[pos : pos + min(size, 1024)].decode("utf-8", "replace")
             pos += size
-    except (IndexError, ValueError, InvalidInputError):
+    except InvalidInputError:  # a varint past the end: what was read so far
         pass
     return found[0], found[1], found[2]
 
