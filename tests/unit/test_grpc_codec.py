@@ -459,6 +459,10 @@ def test_stream_messages_are_read_with_their_counts_capped_and_a_refusal_is_answ
         data = message.SerializeToString()
         assert stream_message(data, limits) == pb.ModelInferRequest.FromString(data)
 
+    repeated = stream_message(b"\x0a\x01a" * 1_000_000, limits)  # its name a million times: read once
+    assert isinstance(repeated, RefusedMessage) and repeated.model_name == "a"
+    assert "top-level fields" in str(repeated.error)
+
     garbage = stream_message(b"\x0a\x03add" + b"\xff" * (70 << 10), limits)
     assert isinstance(garbage, RefusedMessage) and isinstance(garbage.error, InvalidInputError)
     assert garbage.model_name == "add"

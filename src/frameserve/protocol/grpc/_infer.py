@@ -261,7 +261,9 @@ def _names(data: bytes) -> tuple[str, str, str]:
     found = ["", "", ""]
     pos, end = 0, len(data)
     try:
-        while pos < end:
+        for _ in range(len(found)):  # each once (a message repeating them is read no further)
+            if pos >= end:
+                break
             key, pos = _varint(data, pos)
             field, wire = key >> 3, key & 7
             if wire != 2 or not 1 <= field <= 3:
