@@ -101,7 +101,7 @@ class FrontendPool:
         self._slots = [_Slot(i) for i in range(len(configs))]
         self._lock = threading.Lock()
         self._generation = 0
-        self._models = ch.Models(0, {})
+        self._models = ch.Models(0, {}, {})
         self._stopping = False
         self._publish_lock = threading.Lock()
 
