@@ -364,3 +364,77 @@ def test_tokens_are_checked_by_the_front_ends(repo: Path) -> None:
                 client.close()
     finally:
         srv.stop(timeout_s=30)
+
+
+def _probe(port: int, path: str) -> tuple[int, dict[str, object]]:
+    """``GET path`` on a new connection (the kernel picks the front end): status and JSON."""
+    import httpx
+
+    r = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=60)
+    return r.status_code, r.json()
+
+
+def test_front_ends_answer_health_probes_while_the_owner_is_held(repo: Path) -> None:
+    """A probe is answered by the front end that took it: with the owner's event loop held (a
+    handed-on request could not be answered), every probe on a new connection still is, and
+    metadata, which the owner answers, waits until it is let go."""
+    service = InferenceService(ModelRepository(repo), threads=1)
+    srv = Server(service, _options(grpc_port=None, metrics_port=None))
+    srv.start()
+    held, release = threading.Event(), threading.Event()
+    try:
+        assert srv.wait_ready(120)
+        assert srv._loop is not None
+
+        def hold() -> None:
+            held.set()
+            release.wait(120)  # longer than a probe waits (60 s)
+
+        srv._loop.call_soon_threadsafe(hold)
+        assert held.wait(30)
+        port = srv.http_port
+        assert port is not None
+        for _ in range(CONNECTIONS):
+            assert _probe(port, "/v2/health/live") == (200, {"live": True})
+            assert _probe(port, "/v2/health/ready") == (200, {"ready": True})
+        assert not release.is_set()  # every answer above came while the owner was held
+        metadata: list[int] = []
+        waiter = threading.Thread(target=lambda: metadata.append(_probe(port, "/v2")[0]))
+        waiter.start()
+        waiter.join(0.5)
+        assert not metadata  # the owner's answer waits for the owner
+        release.set()
+        waiter.join(60)
+        assert metadata == [200]
+    finally:
+        release.set()
+        srv.stop(timeout_s=30)
+
+
+def test_front_ends_say_what_the_owner_says_about_readiness(repo: Path, tmp_path: Path) -> None:
+    """Strict readiness with a model that failed to load: every front end says live but not
+    ready, with the single-process server's status and body (a server that loaded everything
+    is ready on every front end: the test above)."""
+    import shutil
+
+    broken = tmp_path / "repo"
+    shutil.copytree(repo, broken)
+    (broken / "unloadable" / "1").mkdir(parents=True)
+    (broken / "unloadable" / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    answers: dict[int, list[tuple[int, dict[str, object]]]] = {}
+    for workers in (1, 2):
+        service = InferenceService(ModelRepository(broken), threads=1)
+        srv = Server(service, _options(grpc_port=None, metrics_port=None, http_workers=workers, grpc_workers=1))
+        srv.start()
+        try:
+            assert not srv.wait_ready(120)
+            port = srv.http_port
+            assert port is not None
+            answers[workers] = [_probe(port, p) for p in ("/v2/health/live", "/v2/health/ready")]
+            for _ in range(CONNECTIONS if workers else 0):
+                assert [_probe(port, p) for p in ("/v2/health/live", "/v2/health/ready")] == answers[workers]
+        finally:
+            srv.stop(timeout_s=30)
+    assert answers[2] == answers[1]
+    assert answers[2][0] == (200, {"live": True})
+    assert answers[2][1][0] == 503 and answers[2][1][1]["ready"] is False and "not ready" in str(answers[2][1][1])

@@ -60,7 +60,7 @@ def test_every_message_kind_round_trips_typed() -> None:
         ch.Done(7, [("y", "INT64", (1,), b"\x01" * 8)]),
         ch.Error(7, ValueError("bad")),
         ch.Up(12),
-        ch.Models(3, {"m": (1, 2)}, {}),
+        ch.Models(3, {"m": (1, 2)}, {}, True),
         ch.Ack(3),
         ch.Free([64]),
         ch.Fail("m", "", ValueError("x")),

@@ -21,8 +21,9 @@ dataclass's cost; ``rid`` is the front end's number for one request)::
     Hello(config)          its configuration,      Up(pid)               it listens
                            the first message       Ack(generation)       it applied Models
     Models(generation,     the loaded versions     Infer(rid, ...)       an inference request
-      models, signatures)  and their inputs                              (tensor specs, regions,
-    Done(rid, outputs)     Infer's answer                                arena blocks to free)
+      models, signatures,  and their inputs,                             (tensor specs, regions,
+      ready)               whether it is ready                           arena blocks to free)
+    Done(rid, outputs)     Infer's answer
     Error(rid, error)      Infer's error           Free(offsets)         response-arena blocks
     HttpStart(rid,         a handed-on HTTP                              it is done with
       status, headers)     request's answer:       Fail(model, version,  count a request it
@@ -133,12 +134,14 @@ class Hello(NamedTuple):
 
 class Models(NamedTuple):
     """The loaded versions, ``{name: versions}``, numbered by ``generation`` (answered by Ack),
-    and each version's inputs, ``{(name, version): signature}`` (a request the model would
-    refuse is refused in the front end before its data is converted)."""
+    each version's inputs, ``{(name, version): signature}`` (a request the model would refuse
+    is refused in the front end before its data is converted), and whether the server is
+    ready (the front end answers ``/v2/health/ready`` with it until the next Models or Stop)."""
 
     generation: int
     models: dict[str, tuple[int, ...]]
     signatures: dict[tuple[str, int], InputSignature]
+    ready: bool
 
 
 class Done(NamedTuple):

@@ -5,13 +5,14 @@
 It binds the server's HTTP and/or gRPC port beside the other front ends (``SO_REUSEPORT``: the
 kernel spreads connections over them), decodes and encodes inference requests itself, and hands
 each one to the model-owning process over its channel (:mod:`frameserve.server._channel`), so
-one batcher per model sees the requests of every front end. Everything else (health, metadata,
-statistics, repository, shared-memory registration, ``/v1/...``, ``/metrics`` on the HTTP
-port), and inference for a model this front end does not know to be loaded, goes whole to the
-owner, whose own application answers it exactly as a single-process server does.
+one batcher per model sees the requests of every front end. It answers the HTTP health probes
+itself. Everything else (metadata, statistics, repository, shared-memory registration,
+``/v1/...``, ``/metrics`` on the HTTP port), and inference for a model this front end does not
+know to be loaded, goes whole to the owner, whose own application answers it exactly as a
+single-process server does.
 
-The owner publishes which model versions are loaded (:data:`~frameserve.server._channel.MODELS`,
-acknowledged before a load or unload is answered); client shared-memory regions live in the
+The owner publishes which model versions are loaded and whether the server is ready
+(:class:`~frameserve.server._channel.Models`, acknowledged before a load or unload is answered); client shared-memory regions live in the
 owner only: an input or output in a region is decoded here as its place, and the owner reads
 and writes the region itself (:class:`DeferredRegions`).
 
@@ -40,6 +41,7 @@ import numpy as np
 
 from frameserve.errors import ModelNotReadyError, PayloadTooLargeError, unavailable_model, unknown_model
 from frameserve.protocol._core import Outputs
+from frameserve.protocol.http._health import health_answer
 from frameserve.repository import InputSignature
 from frameserve.request import InferRequest
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
@@ -195,6 +197,7 @@ class OwnerChannel(asyncio.Protocol):
         self.arena = ch.Arena(*block.request_half)
         self.models: dict[str, tuple[int, ...]] = {}
         self.signatures: dict[tuple[str, int], InputSignature] = {}
+        self.ready = False  # as the owner last published it (Models); false once told to stop
         self.stop_grace: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
         self._reader = ch.FrameReader()
         self._transport: asyncio.Transport | None = None
@@ -218,12 +221,18 @@ class OwnerChannel(asyncio.Protocol):
                 log.exception("front end: handling %s from the owner failed", type(message).__name__)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.ready = False
         if not self.stop_grace.done():
             self.stop_grace.set_exception(ConnectionError("the model-owning process is gone"))
         for pending in self._pending.values():
             if not pending.future.done():
                 pending.future.set_exception(ModelNotReadyError("the model-owning process is gone"))
         self._pending.clear()
+
+    @property
+    def live(self) -> bool:
+        """Whether the owner is still there (the channel is open)."""
+        return self._transport is not None and not self._transport.is_closing()
 
     def send(self, message: ch.Message) -> None:
         """Send one message (buffered by the transport; never blocks)."""
@@ -265,10 +274,12 @@ class OwnerChannel(asyncio.Protocol):
 
                     self._free_request(pending)
                     _set(pending.future, None, RpcStatus(code, details))
-            case ch.Models(generation, models, signatures):
+            case ch.Models(generation, models, signatures, ready):
                 self.models, self.signatures = models, signatures
+                self.ready = ready and not self.stop_grace.done()
                 self.send(ch.Ack(generation))
             case ch.Stop(grace_s):
+                self.ready = False
                 if not self.stop_grace.done():
                     self.stop_grace.set_result(grace_s)
             case _:
@@ -487,18 +498,15 @@ class HttpForwarder:
 
         from frameserve.protocol.http import codec
 
+        if scope["method"] == "GET":  # probes are answered here: they never wait on the owner
+            answer = health_answer(scope["path"], live=self.channel.live, ready=self.channel.ready)
+            if answer is not None:
+                await _send_json(send, *answer)
+                return
         try:
             body = await self._body(scope, receive)
         except PayloadTooLargeError as exc:
-            error = codec.error_body(exc.message)
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": exc.http_status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(error)).encode())],
-                }
-            )
-            await send({"type": "http.response.body", "body": error})
+            await _send_json(send, exc.http_status, codec.error_body(exc.message))
             return
         except ClientDisconnect:
             return
@@ -542,6 +550,13 @@ class HttpForwarder:
             receive, None if declared is None else declared.decode("latin-1"), self.limit_for(scope["path"])
         )
         return await read()
+
+
+async def _send_json(send: Send, status: int, body: bytes) -> None:
+    """Answer with ``status`` and the JSON ``body``."""
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _disconnected(receive: Receive) -> None:

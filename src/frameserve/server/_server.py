@@ -115,6 +115,7 @@ class Server:
         self._ready = threading.Event()
         self._done = threading.Event()
         self._stopping = False
+        self._loading_over = False
         self._error: BaseException | None = None
         self._uvicorn: list[Any] = []
         self._watcher: RepositoryWatcher | None = None
@@ -160,9 +161,13 @@ class Server:
     @property
     def ready(self) -> bool:
         """Loading is over, the server is not stopping, and the service says it is ready."""
-        if not self._ready.is_set() or self._stopping:
-            return False
-        return self.service.is_server_ready()
+        return self._ready.is_set() and self._ready_now()
+
+    def _ready_now(self) -> bool:
+        """Start-up loading is over, the server is not stopping, and the service is ready (what
+        :meth:`publish <frameserve.server._workers.FrontendPool.publish>` tells the front ends
+        before :attr:`ready` itself turns true)."""
+        return self._loading_over and not self._stopping and self.service.is_server_ready()
 
     def listening_lines(self) -> list[str]:
         """One line per listener, ``"<kind> listening on <host>:<port>"`` (kind: HTTP, gRPC,
@@ -434,6 +439,7 @@ class Server:
             configs,
             arena_bytes=opts.frontend_shm_bytes,
             on_fatal=fatal,
+            ready_of=self._ready_now,
             link_options={
                 "shared_memory": self.shared_memory,
                 "loop": loop,
@@ -500,7 +506,8 @@ class Server:
         except Exception:
             log.exception("loading the models failed")
         finally:
-            if self._pool is not None:  # the front ends serve what loaded
+            self._loading_over = True
+            if self._pool is not None:  # the front ends serve what loaded, and say they are ready
                 self._pool.publish()
             self._ready.set()
 

@@ -82,6 +82,8 @@ class FrontendPool:
             (``shared_memory``, ``loop``, ``http_app``, ``grpc_servicer``, ``grpc_health``).
         arena_bytes: shared memory per front end.
         on_fatal: called with the reason when front ends keep dying.
+        ready_of: whether the server is ready now (published with the models; a front end
+            answers ``/v2/health/ready`` with it).
     """
 
     def __init__(
@@ -92,8 +94,10 @@ class FrontendPool:
         link_options: dict[str, Any],
         arena_bytes: int = ch.DEFAULT_ARENA_BYTES,
         on_fatal: Callable[[str], None] = lambda reason: None,
+        ready_of: Callable[[], bool] = lambda: False,
     ) -> None:
         self.service = service
+        self.ready_of = ready_of
         self.configs = configs
         self.link_options = link_options
         self.arena_bytes = arena_bytes
@@ -101,7 +105,7 @@ class FrontendPool:
         self._slots = [_Slot(i) for i in range(len(configs))]
         self._lock = threading.Lock()
         self._generation = 0
-        self._models = ch.Models(0, {}, {})
+        self._models = ch.Models(0, {}, {}, False)
         self._stopping = False
         self._publish_lock = threading.Lock()
 
@@ -136,13 +140,14 @@ class FrontendPool:
                     raise RuntimeError(f"front end {slot.index} did not listen within {timeout_s} s")
 
     def publish(self) -> None:
-        """Tell every front end which model versions are loaded now, and wait until each has
-        it (so a load or unload is answered only once every front end acts on it)."""
+        """Tell every front end which model versions are loaded now and whether the server is
+        ready, and wait until each has it (so a load or unload is answered only once every
+        front end acts on it)."""
         with self._publish_lock:
             with self._lock:
                 self._generation += 1
                 generation = self._generation
-                message = self._models = _loaded(generation, self.service)
+                message = self._models = _loaded(generation, self.service, self.ready_of())
                 links = [s.link for s in self._slots if s.link is not None]
             for link in links:
                 link.send(message)
@@ -243,9 +248,9 @@ class FrontendPool:
             self.on_fatal(f"front end {slot.index} cannot be restarted: {exc}")
 
 
-def _loaded(generation: int, service: InferenceService) -> ch.Models:
+def _loaded(generation: int, service: InferenceService, ready: bool) -> ch.Models:
     """The :class:`~frameserve.server._channel.Models` message of ``service`` now: ``{model:
-    loaded versions}`` and each version's input signature."""
+    loaded versions}``, each version's input signature, and ``ready``."""
     out: dict[str, tuple[int, ...]] = {}
     signatures: dict[tuple[str, int], InputSignature] = {}
     for name in service.model_names():
@@ -256,4 +261,4 @@ def _loaded(generation: int, service: InferenceService) -> ch.Models:
         except Exception:  # unloaded meanwhile
             continue
         out[name] = versions
-    return ch.Models(generation, out, signatures)
+    return ch.Models(generation, out, signatures, ready)

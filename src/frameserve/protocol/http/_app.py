@@ -56,6 +56,7 @@ from frameserve.protocol.http import codec
 from frameserve.protocol.http._auth import HttpGate, principal_of
 from frameserve.protocol.http._docs import add_docs_routes
 from frameserve.protocol.http._generate import generate_routes
+from frameserve.protocol.http._health import LIVE_PATH, READY_PATH, health_answer
 from frameserve.protocol.http._infer import InferFastPath, InferFirst, InferHeaders, read_limited
 from frameserve.protocol.http._infer import infer as _infer
 from frameserve.protocol.http._infer import version_of as _version
@@ -268,19 +269,18 @@ def create_app(
 
     # -- health and metadata -----------------------------------------------------------------
 
-    @route("/v2/health/live", "GET")
-    async def live(request: Request) -> Response:
-        if service.is_server_live():
-            return _json({"live": True})
-        return _json({"error": "the server is not live", "live": False}, 503)
+    def _health(path: str) -> Response:
+        answer = health_answer(path, live=service.is_server_live(), ready=path == READY_PATH and is_ready())
+        assert answer is not None  # one of the two health paths
+        return Response(answer[1], status_code=answer[0], media_type=_JSON)
 
-    @route("/v2/health/ready", "GET")
+    @route(LIVE_PATH, "GET")
+    async def live(request: Request) -> Response:
+        return _health(LIVE_PATH)
+
+    @route(READY_PATH, "GET")
     async def ready(request: Request) -> Response:
-        if is_ready():
-            return _json({"ready": True})
-        return _json(
-            {"error": "the server is not ready (models are loading or it is shutting down)", "ready": False}, 503
-        )
+        return _health(READY_PATH)
 
     @route("/v2", "GET")
     async def server_metadata(request: Request) -> Response:
