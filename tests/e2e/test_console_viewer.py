@@ -145,6 +145,9 @@ def test_viewer_shows_the_highest_score_frame_with_its_box_and_follows_the_video
             b.page.wait_for_function("() => document.querySelector('#frame').dataset.pts !== undefined", timeout=30_000)
             shown = float(b.page.get_attribute("#frame", "data-pts"))
             assert shown == pytest.approx(best[1], abs=1e-3)
+            # the timeline was fetched once: the chart does not reload the range it shows
+            timelines = [u for u in b.requests if "/timeline" in u]
+            assert len(timelines) == 1, timelines
             boxes = [
                 list(map(float, s.split(",")))
                 for s in b.page.eval_on_selector_all("#boxes .box", "els => els.map(e => e.dataset.box)")

@@ -133,8 +133,12 @@
     if (key !== "x" || settingScale) return;
     var mn = u.scales.x.min, mx = u.scales.x.max;
     if (mn == null || mx == null) return;
+    var lo = Math.max(full[0], mn), hi = Math.min(full[1], mx), eps = (full[1] - full[0]) * 1e-9;
+    // uPlot reports the range load() just set after load() returns: the view shown already, not
+    // a zoom (reloading it would rebuild the chart, which reports it again, every 120 ms)
+    if (view && Math.abs(lo - view[0]) <= eps && Math.abs(hi - view[1]) <= eps) return;
     clearTimeout(scaleTimer);
-    scaleTimer = setTimeout(function () { load([Math.max(full[0], mn), Math.min(full[1], mx)]); }, 120);
+    scaleTimer = setTimeout(function () { load([lo, hi]); }, 120);
   }
 
   async function load(range) {
