@@ -39,9 +39,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from frameserve.errors import ModelNotReadyError, PayloadTooLargeError, unavailable_model, unknown_model
+from frameserve.errors import ModelNotReadyError, unavailable_model, unknown_model
 from frameserve.protocol._core import Outputs
-from frameserve.protocol.http._health import health_answer
 from frameserve.repository import InputSignature
 from frameserve.request import InferRequest
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
@@ -49,12 +48,13 @@ from frameserve.security.quotas import InferGate, Quotas, connection_gate
 from frameserve.security.tarpit import DEFAULT_REFUSAL_DELAY_S, DEFAULT_REFUSAL_MAX_HELD, TARPIT
 from frameserve.security.tokens import TokenTable
 from frameserve.server import _channel as ch
+from frameserve.server._forward import HttpForwarder
 from frameserve.server._ports import listen_reuseport
 from frameserve.shm import SharedMemoryUse, ShmLocation, client_shm_disabled
 from frameserve.types import DataType
 
 if TYPE_CHECKING:
-    from starlette.types import Receive, Scope, Send
+    pass
 
 _T = TypeVar("_T")
 
@@ -453,7 +453,7 @@ class OwnerChannel(asyncio.Protocol):
     def open_stream(self) -> tuple[int, asyncio.Queue[ch.HttpStart | ch.HttpBody]]:
         """An id and the queue the owner's answer to a handed-on HTTP request arrives in (its
         length is bounded by the owner: :data:`~frameserve.server._channel.STREAM_WINDOW_BYTES`
-        of body ahead of what :meth:`~HttpForwarder` relayed)."""
+        of body ahead of what :class:`~frameserve.server._forward.HttpForwarder` relayed)."""
         rid = next(self._ids)
         queue: asyncio.Queue[ch.HttpStart | ch.HttpBody] = asyncio.Queue()
         self._streams[rid] = queue
@@ -472,126 +472,6 @@ def _set(future: Future[_T], result: _T, exc: BaseException | None) -> bool:
     except InvalidStateError:  # cancelled by the caller meanwhile
         return False
     return True
-
-
-class HttpForwarder:
-    """The ASGI application of every HTTP request a front end does not serve itself: read the
-    body (up to ``max_body_bytes``, or the lower cap of the first ``route_body_bytes`` prefix
-    the path starts with), hand the request to the owner, relay its answer (streamed bodies
-    stay streamed). The gate in front of it has authenticated the request: an unauthenticated
-    one costs only its headers."""
-
-    _SCOPE_KEYS = (
-        "method",
-        "path",
-        "raw_path",
-        "query_string",
-        "root_path",
-        "scheme",
-        "http_version",
-        "client",
-        "server",
-    )
-
-    def __init__(
-        self, channel: OwnerChannel, max_body_bytes: int, route_body_bytes: tuple[tuple[str, int], ...] = ()
-    ) -> None:
-        self.channel = channel
-        self.max_body_bytes = max_body_bytes
-        self.route_body_bytes = tuple((p, min(n, max_body_bytes)) for p, n in route_body_bytes)
-
-    def limit_for(self, path: str) -> int:
-        """The largest body read for a request to ``path``, bytes."""
-        return next((n for prefix, n in self.route_body_bytes if path.startswith(prefix)), self.max_body_bytes)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return  # lifespan is off; websockets are not served
-        from starlette.requests import ClientDisconnect
-
-        from frameserve.protocol.http import codec
-
-        if scope["method"] == "GET":  # probes are answered here: they never wait on the owner
-            answer = health_answer(scope["path"], live=self.channel.live, ready=self.channel.ready)
-            if answer is not None:
-                await _send_json(send, *answer)
-                return
-        try:
-            body = await self._body(scope, receive)
-        except PayloadTooLargeError as exc:
-            await _send_json(send, exc.http_status, codec.error_body(exc.message))
-            return
-        except ClientDisconnect:
-            return
-        fields = {k: scope.get(k) for k in self._SCOPE_KEYS}
-        fields["headers"] = list(scope["headers"])
-        rid, queue = self.channel.open_stream()
-        specs, taken = ch.pack_tensors({"body": np.frombuffer(body, np.uint8)}, self.channel.block, self.channel.arena)
-        gone: asyncio.Task[None] | None = None  # watches the client once the answer streams
-        complete = False
-        try:
-            self.channel.send(ch.Http(rid, fields, specs))
-            while True:
-                message = await queue.get() if gone is None else await _first(queue, gone)
-                if message is None:  # the client went away: the owner stops streaming (finally)
-                    return
-                if isinstance(message, ch.HttpStart):
-                    await send({"type": "http.response.start", "status": message.status, "headers": message.headers})
-                    continue
-                await send({"type": "http.response.body", "body": message.body, "more_body": message.more_body})
-                if not message.more_body:
-                    complete = True
-                    return
-                self.channel.send(ch.HttpWindow(rid, len(message.body)))
-                if gone is None:
-                    gone = asyncio.ensure_future(_disconnected(receive))
-        finally:
-            if gone is not None:
-                gone.cancel()
-            if not complete:  # the client left, or this task was cancelled: the owner stops too
-                with contextlib.suppress(ModelNotReadyError):
-                    self.channel.send(ch.HttpCancel(rid))
-            self.channel.close_stream(rid)
-            for offset in taken:
-                self.channel.arena.free(offset)
-
-    async def _body(self, scope: Scope, receive: Receive) -> bytes:
-        from frameserve.protocol.http._infer import asgi_body_reader
-
-        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        read = asgi_body_reader(
-            receive, None if declared is None else declared.decode("latin-1"), self.limit_for(scope["path"])
-        )
-        return await read()
-
-
-async def _send_json(send: Send, status: int, body: bytes) -> None:
-    """Answer with ``status`` and the JSON ``body``."""
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Return once the ASGI server says the client went away."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _first(
-    queue: asyncio.Queue[ch.HttpStart | ch.HttpBody], gone: asyncio.Task[None]
-) -> ch.HttpStart | ch.HttpBody | None:
-    """The next message of ``queue``, or ``None`` once ``gone`` is done (the client left)."""
-    if gone.done():
-        return None
-    if not queue.empty():
-        return queue.get_nowait()
-    getter = asyncio.ensure_future(queue.get())
-    await asyncio.wait((getter, gone), return_when=asyncio.FIRST_COMPLETED)
-    if getter.done():
-        return getter.result()
-    getter.cancel()
-    return None
 
 
 def _read_hello(sock: socket.socket) -> FrontendConfig:
