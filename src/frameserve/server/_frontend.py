@@ -12,9 +12,10 @@ know to be loaded, goes whole to the owner, whose own application answers it exa
 single-process server does.
 
 The owner publishes which model versions are loaded and whether the server is ready
-(:class:`~frameserve.server._channel.Models`, acknowledged before a load or unload is answered); client shared-memory regions live in the
-owner only: an input or output in a region is decoded here as its place, and the owner reads
-and writes the region itself (:class:`DeferredRegions`).
+(:class:`~frameserve.server._channel.Models`, acknowledged before a load or unload is
+answered); client shared-memory regions live in the owner only: an input or output in a region
+is decoded here as its place, and the owner reads and writes the region itself
+(:class:`DeferredRegions`).
 
 The process ends when the owner says so (:data:`~frameserve.server._channel.STOP`: in-flight
 requests finish first), when its channel closes (the owner is gone: at once), or on SIGTERM.
@@ -35,7 +36,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -52,9 +53,6 @@ from frameserve.server._forward import HttpForwarder
 from frameserve.server._ports import listen_reuseport
 from frameserve.shm import SharedMemoryUse, ShmLocation, client_shm_disabled
 from frameserve.types import DataType
-
-if TYPE_CHECKING:
-    pass
 
 _T = TypeVar("_T")
 
@@ -245,7 +243,7 @@ class OwnerChannel(asyncio.Protocol):
         Raises:
             ModelNotReadyError: the channel is closed (the owner is gone).
         """
-        if self._transport is None or self._transport.is_closing():
+        if not self.live:
             raise ModelNotReadyError("the model-owning process is gone")
         self._out.append(ch.frame(message))
         if not self._flush_scheduled:
@@ -409,8 +407,9 @@ class OwnerChannel(asyncio.Protocol):
             frees, self._frees = self._frees, []
             self._out.append(ch.frame(ch.Free(frees)))
         out, self._out = self._out, []
-        if out and self._transport is not None and not self._transport.is_closing():
-            self._transport.writelines(out)  # else the owner is gone: nothing to tell it
+        if out and self.live:  # else the owner is gone: nothing to tell it
+            assert self._transport is not None
+            self._transport.writelines(out)
 
     # -- handing requests on -----------------------------------------------------------------
 

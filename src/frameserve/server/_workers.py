@@ -81,9 +81,9 @@ class FrontendPool:
         link_options: passed to each :class:`~frameserve.server._owner.FrontendLink`
             (``shared_memory``, ``loop``, ``http_app``, ``grpc_servicer``, ``grpc_health``).
         arena_bytes: shared memory per front end.
-        on_fatal: called with the reason when front ends keep dying.
         ready_of: whether the server is ready now (published with the models; a front end
             answers ``/v2/health/ready`` with it).
+        on_fatal: called with the reason when front ends keep dying.
     """
 
     def __init__(
@@ -93,8 +93,8 @@ class FrontendPool:
         *,
         link_options: dict[str, Any],
         arena_bytes: int = ch.DEFAULT_ARENA_BYTES,
+        ready_of: Callable[[], bool],
         on_fatal: Callable[[str], None] = lambda reason: None,
-        ready_of: Callable[[], bool] = lambda: False,
     ) -> None:
         self.service = service
         self.ready_of = ready_of
