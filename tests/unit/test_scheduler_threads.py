@@ -103,10 +103,18 @@ def _submit(sched: Scheduler, clock: FakeClock, req: tuple[InferRequest, int]) -
     """Enqueue ``(request, batch size)`` and wait until the batcher has reacted and sleeps
     again (unless enqueue handed the request to an idle instance itself, which leaves the
     batcher asleep); the request's future. Queued, the request is still pending, or the
-    batcher has left its wait to take it (it leaves before it takes it)."""
+    batcher has left its wait to take it (it leaves before it takes it).
+
+    A request queued while every instance is busy does not wake the batcher (the instance
+    takes it when its batch ends): ``advance(0)`` makes the batcher look anyway, at the same
+    time, so the test knows it has seen the request before it goes on."""
     before = clock.waits
     future = sched.enqueue([req])[0]
-    if sched.pending_count > 0 or clock.waits > before or clock.blocked == 0:
+    if sched.pending_count > 0:
+        before = clock.waits
+        clock.advance(0)
+        clock.wait_blocked(after=before)
+    elif clock.waits > before or clock.blocked == 0:
         clock.wait_blocked(after=before)
     return future
 

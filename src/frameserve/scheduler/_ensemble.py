@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import CancelledError, Future, InvalidStateError
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,7 +42,7 @@ from frameserve.scheduler._clock import Clock, MonotonicClock
 from frameserve.scheduler._dispatch import QUEUED, Dispatch
 from frameserve.scheduler._instances import InstanceSpec
 from frameserve.scheduler._policy import BatchingPolicy
-from frameserve.scheduler._request import failed_future
+from frameserve.scheduler._request import failed_future, settle
 from frameserve.scheduler._stats import ModelStats
 from frameserve.types import TensorSpec
 
@@ -269,16 +269,6 @@ class _Run:
             self.input_ns += compute_input_ns
             self.infer_ns += compute_infer_ns
             self.output_ns += compute_output_ns
-
-
-def _settle(future: Future[Outputs], result: Outputs | None, exc: BaseException | None) -> None:
-    try:
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
-    except InvalidStateError:  # pragma: no cover - the future is ours and marked running
-        pass
 
 
 class EnsembleScheduler:
@@ -531,7 +521,7 @@ class EnsembleScheduler:
                 queue_ns=[run.queue_ns],
                 **times,
             )
-        _settle(run.future, result, None)
+        settle(run.future, result, None)
         self._done(run)
 
     def _fail(self, run: _Run, i: int, exc: BaseException) -> None:
@@ -546,7 +536,7 @@ class EnsembleScheduler:
         self.stats.record_failure(request_ns=self.clock.now_ns() - run.arrival_ns)
         if self.metrics is not None:
             self.metrics.record_failure(self.name, self.version, "OTHER")  # Triton 2.51's reason for an ensemble
-        _settle(run.future, None, self._step_error(i, exc))
+        settle(run.future, None, self._step_error(i, exc))
         self._done(run)
 
     def _step_error(self, i: int, exc: BaseException) -> FrameserveError:

@@ -3,14 +3,17 @@ plus the scheduler's own bookkeeping (future, times, queue level, order)."""
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+import threading
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 import numpy as np
 
 from frameserve.request import InferRequest
 
-__all__ = ["QueuedRequest", "failed_future"]
+__all__ = ["QueuedRequest", "Sequencer", "failed_future", "settle"]
+
+Outputs = dict[str, np.ndarray[Any, Any]]
 
 
 def failed_future(exc: BaseException) -> Future[dict[str, np.ndarray[Any, Any]]]:
@@ -90,3 +93,41 @@ class QueuedRequest:
 
     def __repr__(self) -> str:
         return f"QueuedRequest({self.request!r}, batch_size={self.batch_size}, seq={self.seq})"
+
+
+class Sequencer:
+    """Delivers outcomes in arrival order (``preserve_ordering``): a request's future completes
+    once every request that arrived before it has (:attr:`QueuedRequest.seq` is the order)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = 0
+        self._done: dict[int, tuple[QueuedRequest, Outputs | None, BaseException | None]] = {}
+
+    def complete(self, req: QueuedRequest, result: Outputs | None, exc: BaseException | None) -> None:
+        ready: list[tuple[QueuedRequest, Outputs | None, BaseException | None]] = []
+        with self._lock:
+            self._done[req.seq] = (req, result, exc)
+            while self._next in self._done:
+                ready.append(self._done.pop(self._next))
+                self._next += 1
+        for r, res, err in ready:
+            settle(r.future, res, err)
+
+    def skip(self, req: QueuedRequest) -> None:
+        """An error answered out of order: later requests need not wait for it."""
+        self.complete(req, None, None)
+
+
+def settle(fut: Future[Outputs], result: Outputs | None, exc: BaseException | None) -> None:
+    """Complete ``fut`` with ``exc`` or else ``result`` (neither: leave it); a future its caller
+    cancelled meanwhile stays cancelled."""
+    if result is None and exc is None:
+        return
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]
+    except InvalidStateError:  # cancelled by the caller meanwhile
+        pass

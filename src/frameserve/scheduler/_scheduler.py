@@ -18,7 +18,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -42,49 +42,17 @@ from frameserve.scheduler._instances import InstanceSpec
 from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE, BatchingPolicy
 from frameserve.scheduler._queue import BatchQueue
 from frameserve.scheduler._ratelimit import RateLimiter, RateSlot
-from frameserve.scheduler._request import QueuedRequest
+from frameserve.scheduler._request import QueuedRequest, Sequencer, settle
 from frameserve.scheduler._stats import ModelStats
 
 __all__ = ["BatchOutputError", "Scheduler", "SchedulerStoppedError"]
 
 log = logging.getLogger(__name__)
 
+_NEVER = 1 << 63
+"""The batcher's wake time (clock ns) while it waits only to be notified."""
+
 Outputs = dict[str, np.ndarray[Any, Any]]
-
-
-class _Sequencer:
-    """Delivers outcomes in arrival order (``preserve_ordering``)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._next = 0
-        self._done: dict[int, tuple[QueuedRequest, Outputs | None, BaseException | None]] = {}
-
-    def complete(self, req: QueuedRequest, result: Outputs | None, exc: BaseException | None) -> None:
-        ready: list[tuple[QueuedRequest, Outputs | None, BaseException | None]] = []
-        with self._lock:
-            self._done[req.seq] = (req, result, exc)
-            while self._next in self._done:
-                ready.append(self._done.pop(self._next))
-                self._next += 1
-        for r, res, err in ready:
-            _settle(r.future, res, err)
-
-    def skip(self, req: QueuedRequest) -> None:
-        """An error answered out of order: later requests need not wait for it."""
-        self.complete(req, None, None)
-
-
-def _settle(fut: Future[Outputs], result: Outputs | None, exc: BaseException | None) -> None:
-    if result is None and exc is None:
-        return
-    try:
-        if exc is not None:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(result)  # type: ignore[arg-type]
-    except InvalidStateError:  # cancelled by the caller meanwhile
-        pass
 
 
 class _Instance:
@@ -151,9 +119,10 @@ class Scheduler:
         self._outputs = tuple(s.name for s in config.outputs)
         self._load = load
         self._cond = threading.Condition()
+        self._batcher_due: int | None = None  # while the batcher waits: when it wakes (clock ns)
         self._accepting = True
         self._stopping = False
-        self._sequencer = _Sequencer() if self.policy.preserve_ordering else None
+        self._sequencer = Sequencer() if self.policy.preserve_ordering else None
         self._chained = 0  # batches an instance formed itself after its previous one (tests read it)
         self._exec_avg_ns: float | None = None  # moving average of a batch's execution time
         self._instances = [_Instance(spec) for spec in instances]
@@ -269,15 +238,15 @@ class Scheduler:
             here = dispatch.runs_here(self._exec_avg_ns)
         for q, full in refused:  # never queued: counted as a lone refusal is, no place in any order
             self._count_rejected()
-            _settle(q.future, None, full)
+            settle(q.future, None, full)
         # At most one batch per request given: requests other threads queue meanwhile never
         # keep this caller running theirs.
         for _ in range(len(queued) - len(refused)):
             with self._cond:
                 batch = self._batch_now() if self._idle else []
                 if not batch:
-                    if len(self._queue):
-                        self._cond.notify_all()  # the batcher decides (delay, deadlines, busy instances)
+                    if len(self._queue):  # the batcher decides (delay, deadlines)
+                        self._wake_batcher(self._queued_due_ns(self.clock.now_ns()))
                     break
                 target = self._idle.pop()
             self._hand_over(target, batch, here=here and target.spec.cpu_set is None)
@@ -302,7 +271,7 @@ class Scheduler:
                     raise
                 if self.metrics is not None:
                     self.metrics.add_pending(self.name, self.version, 1)
-                self._cond.notify_all()  # the batcher decides (delay, deadlines)
+                self._wake_batcher(self._queued_due_ns(queued.arrival_ns))  # the batcher decides (delay, deadlines)
         if target is not None:
             here = target.spec.cpu_set is None and dispatch.runs_here(self._exec_avg_ns)
             self._hand_over(target, [queued], counted=True, here=here)
@@ -398,7 +367,7 @@ class Scheduler:
                         break
                     deadline = self._queue.next_deadline_ns()
                     events = [t for t in (wake_ns, deadline) if t is not None]
-                    self.clock.wait(self._cond, min(events) - now if events else None)
+                    self._batcher_wait(now, min(events) if events else None)
             if self.metrics is not None and (expired or batch):
                 self.metrics.add_pending(self.name, self.version, -(len(expired) + len(batch)))
             for r in expired:
@@ -420,6 +389,34 @@ class Scheduler:
                 for inst in self._instances:
                     inst.slot.put(None)
                 return
+
+    def _batcher_wait(self, now: int, until_ns: int | None) -> None:
+        """Under the lock, on the batcher's thread: wait until ``until_ns`` (clock ns; ``None``:
+        until notified), noting when for :meth:`_wake_batcher`."""
+        self._batcher_due = _NEVER if until_ns is None else until_ns
+        try:
+            self.clock.wait(self._cond, None if until_ns is None else until_ns - now)
+        finally:
+            self._batcher_due = None
+
+    def _wake_batcher(self, at_ns: int | None) -> None:
+        """Under the lock: notify the batcher if it waits past ``at_ns`` (clock ns), when
+        something is due that only it does (a delay to wait out for an idle instance, a queued
+        deadline); ``None``: nothing is.
+
+        A batcher that is not waiting re-checks everything before it does, and one that waits
+        until earlier wakes in time anyway: notifying either would cost a thread switch and a
+        hand-over of the interpreter's lock for nothing (one per request under load, where a
+        busy instance takes its next batch itself)."""
+        if at_ns is not None and self._batcher_due is not None and at_ns < self._batcher_due:
+            self._cond.notify_all()
+
+    def _queued_due_ns(self, now: int) -> int | None:
+        """Under the lock, after requests were queued: when the batcher has to look at them
+        (now while an instance is idle or the scheduler stops; else the nearest queued deadline)."""
+        if self._idle or self._stopping:
+            return now
+        return self._queue.next_deadline_ns()
 
     def _hand_over(
         self, target: _Instance, batch: list[QueuedRequest], *, counted: bool = False, here: bool = False
@@ -667,7 +664,7 @@ class Scheduler:
         if self._sequencer is not None:
             self._sequencer.complete(r, result, exc)
         else:
-            _settle(r.future, result, exc)
+            settle(r.future, result, exc)
 
     def _fail(self, r: QueuedRequest, exc: BaseException | None, reason: str) -> None:
         """Count a failed request and answer it at once (errors are not held for ordering)."""
@@ -677,7 +674,7 @@ class Scheduler:
         if self._sequencer is not None:
             self._sequencer.skip(r)
         if exc is not None:
-            _settle(r.future, None, exc)
+            settle(r.future, None, exc)
 
     def _fail_batch(self, batch: list[QueuedRequest], exc: FrameserveError) -> None:
         for r in batch:

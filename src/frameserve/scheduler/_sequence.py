@@ -259,9 +259,9 @@ class SequenceScheduler(Scheduler):
                 if batch:
                     formed.append((lane, batch))
                 elif wake is not None:
-                    self._cond.notify_all()  # the batcher waits out the delay
-            if not formed:
-                self._cond.notify_all()
+                    self._wake_batcher(wake)  # it waits out the delay
+            # a request for a busy lane, or a backlogged sequence, waits for that lane's batch to
+            # end: the instance (_next_batch) or _release forms what comes next, not the batcher
             here = dispatch.runs_here(self._exec_avg_ns)
         for future, error in refused:
             self._count_rejected()
@@ -435,6 +435,8 @@ class SequenceScheduler(Scheduler):
             seq.last_ns = now
             if seq.ending and not seq.pending:
                 self._forget(seq)
+            elif not seq.pending:
+                self._wake_batcher(now + self._idle_ns)  # to release it if it stays idle
         lane.running = []
         self._place()
 
@@ -471,7 +473,7 @@ class SequenceScheduler(Scheduler):
                         done = True
                         break
                     events = [w for w in wakes if w is not None]
-                    self.clock.wait(self._cond, min(events) - now if events else None)
+                    self._batcher_wait(now, min(events) if events else None)
             for r in refused:
                 self._fail(
                     r, SchedulerStoppedError(f"model {self.name!r} version {self.version} was unloaded"), "OTHER"
@@ -494,7 +496,8 @@ class SequenceScheduler(Scheduler):
         with self._cond:
             self._finish(lane, self.clock.now_ns())
             lane.idle = True
-            self._cond.notify_all()
+            if self._stopping or any(s is not None and s.pending for s in lane.slots):
+                self._cond.notify_all()  # the batcher forms the lane's next batch
 
     def _next_batch(self, inst: _Instance) -> list[QueuedRequest] | None:
         """After a batch on ``inst``'s thread: free its sequences, then its next batch if one
@@ -504,11 +507,14 @@ class SequenceScheduler(Scheduler):
             with self._cond:
                 now = self.clock.now_ns()
                 self._finish(lane, now)
-                batch, _ = self._form(lane, now)
+                batch, wake = self._form(lane, now)
                 self._chained += bool(batch)
                 if not batch:
                     lane.idle = True
-                    self._cond.notify_all()
+                    if self._stopping:
+                        self._cond.notify_all()
+                    elif wake is not None:
+                        self._wake_batcher(wake)  # it waits out the delay
                     return None
             running = self._start(batch, counted=True)
             if running:
