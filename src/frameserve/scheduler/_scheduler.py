@@ -8,7 +8,9 @@ long batch (Triton looks only when it forms the next batch; server issue 5783). 
 formed only when an instance is idle, so requests that arrive while all are busy batch
 together. An instance that finishes a batch forms its next one itself when the rule sends one
 at once and no queued deadline has passed (one thread switch fewer per batch under load);
-otherwise it goes idle and the batcher decides.
+otherwise it goes idle and the batcher decides. For the same reason a request queued while every
+instance is busy does not wake the batcher unless its deadline comes before the batcher's next
+wake-up (:meth:`Scheduler._wake_batcher`): under load that was one wake-up per request.
 """
 
 from __future__ import annotations
