@@ -21,10 +21,10 @@ import numpy as np
 from frameserve._lru import ByteLRU
 from frameserve.errors import ModelConfigError
 from frameserve.request import InferRequest
+from frameserve.scheduler._request import Outputs
 
 __all__ = ["ResponseCache", "parse_cache_config"]
 
-Outputs = dict[str, np.ndarray[Any, Any]]
 _ENTRY_OVERHEAD_BYTES = 256  # the key, the dict and the arrays' headers, roughly
 
 

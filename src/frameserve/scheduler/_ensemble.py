@@ -42,7 +42,7 @@ from frameserve.scheduler._clock import Clock, MonotonicClock
 from frameserve.scheduler._dispatch import QUEUED, Dispatch
 from frameserve.scheduler._instances import InstanceSpec
 from frameserve.scheduler._policy import BatchingPolicy
-from frameserve.scheduler._request import failed_future, settle
+from frameserve.scheduler._request import Outputs, failed_future, settle
 from frameserve.scheduler._stats import ModelStats
 from frameserve.types import TensorSpec
 
@@ -50,7 +50,6 @@ __all__ = ["MAX_CHAINED_STEPS", "EnsembleScheduler", "SubmitFn", "check_ensemble
 
 log = logging.getLogger(__name__)
 
-Outputs = dict[str, np.ndarray[Any, Any]]
 StepConfigFn = Callable[[str, int | None], ModelConfig]
 """``(model name, version or None for the newest loaded) -> its loaded config``; raises a
 :class:`~frameserve.errors.FrameserveError` when it is not loaded."""

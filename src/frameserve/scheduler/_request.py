@@ -11,15 +11,16 @@ import numpy as np
 
 from frameserve.request import InferRequest
 
-__all__ = ["QueuedRequest", "Sequencer", "failed_future", "settle"]
+__all__ = ["Outputs", "QueuedRequest", "Sequencer", "failed_future", "settle"]
 
 Outputs = dict[str, np.ndarray[Any, Any]]
+"""A request's outputs by name (the scheduler's one spelling of it)."""
 
 
-def failed_future(exc: BaseException) -> Future[dict[str, np.ndarray[Any, Any]]]:
+def failed_future(exc: BaseException) -> Future[Outputs]:
     """A request's future already completed with ``exc``: the answer to a request refused
     among others that go on (several submitted together)."""
-    future: Future[dict[str, np.ndarray[Any, Any]]] = Future()
+    future: Future[Outputs] = Future()
     future.set_exception(exc)
     return future
 

@@ -11,9 +11,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from frameserve.errors import FrameserveError, InferenceError, ModelConfigError
 from frameserve.metrics import Metrics
@@ -21,13 +18,12 @@ from frameserve.repository import ModelConfig
 from frameserve.request import InferRequest
 from frameserve.scheduler._cache import ResponseCache
 from frameserve.scheduler._classify import check_classification, classify_outputs, read_labels
+from frameserve.scheduler._request import Outputs
 from frameserve.scheduler._stats import ModelStats
 
 __all__ = ["ResponsePath"]
 
 log = logging.getLogger(__name__)
-
-Outputs = dict[str, np.ndarray[Any, Any]]
 
 
 def _done(result: Outputs) -> Future[Outputs]:

@@ -21,7 +21,6 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any
 
 import numpy as np
 
@@ -44,7 +43,7 @@ from frameserve.scheduler._instances import InstanceSpec
 from frameserve.scheduler._policy import DEFAULT_MAX_QUEUE_SIZE, BatchingPolicy
 from frameserve.scheduler._queue import BatchQueue
 from frameserve.scheduler._ratelimit import RateLimiter, RateSlot
-from frameserve.scheduler._request import QueuedRequest, Sequencer, settle
+from frameserve.scheduler._request import Outputs, QueuedRequest, Sequencer, settle
 from frameserve.scheduler._stats import ModelStats
 
 __all__ = ["BatchOutputError", "Scheduler", "SchedulerStoppedError"]
@@ -53,8 +52,6 @@ log = logging.getLogger(__name__)
 
 _NEVER = 1 << 63
 """The batcher's wake time (clock ns) while it waits only to be notified."""
-
-Outputs = dict[str, np.ndarray[Any, Any]]
 
 
 class _Instance:
@@ -248,7 +245,7 @@ class Scheduler:
                 batch = self._batch_now() if self._idle else []
                 if not batch:
                     if len(self._queue):  # the batcher decides (delay, deadlines)
-                        self._wake_batcher(self._queued_due_ns(self.clock.now_ns()))
+                        self._wake_batcher(self._queued_due_ns(self.clock.now_ns(), queued))
                     break
                 target = self._idle.pop()
             self._hand_over(target, batch, here=here and target.spec.cpu_set is None)
@@ -273,7 +270,7 @@ class Scheduler:
                     raise
                 if self.metrics is not None:
                     self.metrics.add_pending(self.name, self.version, 1)
-                self._wake_batcher(self._queued_due_ns(queued.arrival_ns))  # the batcher decides (delay, deadlines)
+                self._wake_batcher(self._queued_due_ns(queued.arrival_ns, (queued,)))  # the batcher decides
         if target is not None:
             here = target.spec.cpu_set is None and dispatch.runs_here(self._exec_avg_ns)
             self._hand_over(target, [queued], counted=True, here=here)
@@ -413,12 +410,13 @@ class Scheduler:
         if at_ns is not None and self._batcher_due is not None and at_ns < self._batcher_due:
             self._cond.notify_all()
 
-    def _queued_due_ns(self, now: int) -> int | None:
-        """Under the lock, after requests were queued: when the batcher has to look at them
-        (now while an instance is idle or the scheduler stops; else the nearest queued deadline)."""
+    def _queued_due_ns(self, now: int, queued: Sequence[QueuedRequest]) -> int | None:
+        """Under the lock, after ``queued`` were queued: when the batcher has to look at them
+        (now while an instance is idle or the scheduler stops; else the earliest of their
+        deadlines: the batcher's own wake-up already covers those queued before them)."""
         if self._idle or self._stopping:
             return now
-        return self._queue.next_deadline_ns()
+        return min((q.deadline_ns for q in queued if q.deadline_ns is not None), default=None)
 
     def _hand_over(
         self, target: _Instance, batch: list[QueuedRequest], *, counted: bool = False, here: bool = False

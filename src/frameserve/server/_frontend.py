@@ -246,9 +246,7 @@ class OwnerChannel(asyncio.Protocol):
         if not self.live:
             raise ModelNotReadyError("the model-owning process is gone")
         self._out.append(ch.frame(message))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        self._schedule_flush()
 
     def _dispatch(self, message: ch.Message) -> None:
         match message:
@@ -396,6 +394,10 @@ class OwnerChannel(asyncio.Protocol):
         """Response-arena blocks this front end is done with (sent with the next request, or
         at the end of this loop iteration)."""
         self._frees += offsets
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        """:meth:`_flush` once, at the end of this loop iteration."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
