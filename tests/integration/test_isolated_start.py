@@ -61,3 +61,23 @@ def test_a_cancel_stops_the_wait(service: InferenceService, tmp_path: Path) -> N
         assert iso._child is not None and iso._child.alive  # the child stays for the next job
     finally:
         iso.close()
+
+
+def test_the_child_leaves_no_file_behind(service: InferenceService, tmp_path: Path) -> None:
+    """faulthandler's crash file has no name: a parent killed with SIGKILL (no close, no atexit)
+    leaves nothing in the temporary folder, and the child's descriptor is that nameless file."""
+    import tempfile
+
+    temp = Path(tempfile.gettempdir())
+    before = set(temp.iterdir())
+    iso = IsolatedPipeline(Settings.from_env({"FRAMESERVE_HOME": str(tmp_path)}), service)
+    try:
+        assert iso.wait_ready() is True
+        child = iso._child
+        assert child is not None
+        added = [p.name for p in set(temp.iterdir()) - before if p.name.startswith("frameserve-")]
+        assert added == [], f"the pipeline's child named files in {temp}: {added}"
+        opened = [f.path for f in psutil.Process(child.proc.pid).open_files()]
+        assert not any(Path(f).parent == temp and Path(f).exists() for f in opened), opened
+    finally:
+        iso.close()

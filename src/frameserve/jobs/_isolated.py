@@ -39,7 +39,7 @@ whether the child is alive. On a raise it kills the child (``SIGKILL``: a hook t
 returns cannot delay it) and re-raises; a dead child becomes
 :class:`~frameserve.errors.WorkerCrashedError` naming the signal or exit code, the frames done,
 and the innermost Python frames of the crash (from :mod:`faulthandler`, which the child writes
-to a file on a fatal signal).
+on a fatal signal to an anonymous file, one with no name to leave behind).
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ _CALLS = frozenset({"is_ready", "load", "register", "model_config", "session_inf
 """The service methods a child may call besides ``submit`` (what pipelines and the runner use)."""
 
 _TRACE_LINES = 6  # innermost Python frames of a crash named in its message
+_TRACE_BYTES = 1 << 20  # of the crash file read for them (faulthandler writes every thread's stack)
 _BLOCK_BYTES = 64 << 20  # the shared block per child (both halves): a few batches of 640x640 frames
 
 
@@ -104,11 +105,12 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _crash_trace(path: Path) -> str:
-    """The innermost Python frames faulthandler wrote for the thread that crashed, or ``""``."""
+def _crash_trace(fd: int) -> str:
+    """The innermost Python frames faulthandler wrote for the thread that crashed, or ``""``;
+    ``fd``: the child's crash file (read from offset 0, at most ``_TRACE_BYTES``)."""
     try:
-        text = path.read_text(errors="replace")
-    except OSError:
+        text = os.pread(fd, _TRACE_BYTES, 0).decode(errors="replace")
+    except (OSError, ValueError):
         return ""
     lines = text.splitlines()
     start = next(
@@ -164,9 +166,9 @@ class _Child:
         ctx = mp.get_context("spawn")
         self.service = service
         self.busy = False  # a job sent and not yet answered
-        fd, crash = tempfile.mkstemp(prefix="frameserve-pipeline-crash-", suffix=".txt")
-        os.close(fd)
-        self.crash_file = Path(crash)
+        # faulthandler's file: anonymous (no name, so nothing is left behind when this process
+        # is killed), its descriptor sent to the child before anything else (child_main).
+        self.crash_file = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         mine: Pipe
         theirs: Pipe
         mine, theirs = ctx.Pipe(duplex=True)
@@ -192,7 +194,6 @@ class _Child:
                 getattr(service, "threads", None),
                 None if root is None else str(root),
                 memory_limit_bytes,
-                crash,
                 self.counters,
                 warm,
             ),
@@ -205,6 +206,7 @@ class _Child:
         self.conn = mine
         from multiprocessing.reduction import send_handle
 
+        send_handle(mine, self.crash_file.fileno(), self.proc.pid)
         send_handle(mine, self.block.fd, self.proc.pid)
         self._send_lock = threading.Lock()
         self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -355,7 +357,7 @@ class _Child:
         how = _describe_exit(self.proc.exitcode)
         done = done or 0
         where = f" after {done} of {expected} frames" if expected else f" after {done} frames"
-        trace = _crash_trace(self.crash_file)
+        trace = _crash_trace(self.crash_file.fileno())
         return WorkerCrashedError(
             f"the pipeline's process {how}{where}" + (f"; innermost Python frames: {trace}" if trace else ""),
             detail={"exitcode": self.proc.exitcode, "frames_done": done},
@@ -385,7 +387,7 @@ class _Child:
             pass
         self._calls.shutdown(wait=False, cancel_futures=True)
         self.block.close()  # unmapped once the last view of a request still running is dropped
-        self.crash_file.unlink(missing_ok=True)
+        self.crash_file.close()
 
 
 class IsolatedPipeline:

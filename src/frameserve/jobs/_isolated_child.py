@@ -169,29 +169,28 @@ def child_main(
     threads: int | None,
     repository_root: str | None,
     memory_limit_bytes: int | None,
-    crash_file: str,
     counters: Counters,
     warm: bool = False,
 ) -> None:
     """The child process: run each job the parent sends, until ``("stop",)`` or the pipe closes;
     ``counters`` is the shared ``[frames done, frames expected]`` (``-1``: none); ``warm``: start
-    the decode process now, before the first job (a job child; a short-clip child never uses it)."""
+    the decode process now, before the first job (a job child; a short-clip child never uses it).
+    The parent sends two descriptors first: the crash file (faulthandler's, held open until the
+    process ends), then the shared block."""
     import faulthandler
+    from multiprocessing.reduction import recv_handle
 
     if memory_limit_bytes is not None:
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
-    crash = open(crash_file, "w")  # noqa: SIM115 - held open for faulthandler until the process ends
-    faulthandler.enable(file=crash, all_threads=True)
+    faulthandler.enable(file=recv_handle(conn), all_threads=True)  # the crash file's descriptor
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this process stops
-    from multiprocessing.reduction import recv_handle
-
     from frameserve.jobs._pipeline import pipeline_process
     from frameserve.pipeline import DecodePool
     from frameserve.pipeline.registry import PipelineRegistry
 
-    block = SharedBlock(fd=recv_handle(conn))  # first message: the shared block's descriptor
+    block = SharedBlock(fd=recv_handle(conn))  # the shared block's descriptor
     remote = RemoteService(conn, threads, repository_root, block)
     service = cast("InferenceService", remote)  # the stand-in: the calls the runner makes, answered by the parent
     pool = DecodePool(1)
