@@ -374,12 +374,41 @@ def _probe(port: int, path: str) -> tuple[int, dict[str, object]]:
     return r.status_code, r.json()
 
 
+def _grpc_health(port: int) -> tuple[bool, bool, int, int]:
+    """gRPC ``ServerLive``, ``ServerReady``, and ``grpc.health.v1`` ``Check`` of ``""`` and of
+    ``inference.GRPCInferenceService``, on a connection of its own (a local subchannel pool: the
+    kernel picks the front end for it)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from frameserve._proto import grpc_service_pb2 as pb
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+
+        def unary(name: str, request: object, response: object) -> object:
+            call = channel.unary_unary(
+                f"/inference.GRPCInferenceService/{name}",
+                request_serializer=type(request).SerializeToString,
+                response_deserializer=response.FromString,  # type: ignore[attr-defined]
+            )
+            return call(request, timeout=60)
+
+        live = unary("ServerLive", pb.ServerLiveRequest(), pb.ServerLiveResponse).live  # type: ignore[attr-defined]
+        ready = unary("ServerReady", pb.ServerReadyRequest(), pb.ServerReadyResponse).ready  # type: ignore[attr-defined]
+        stub = health_pb2_grpc.HealthStub(channel)
+        server, service = (
+            stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=60).status
+            for name in ("", "inference.GRPCInferenceService")
+        )
+    return live, ready, server, service
+
+
 def test_front_ends_answer_health_probes_while_the_owner_is_held(repo: Path) -> None:
     """A probe is answered by the front end that took it: with the owner's event loop held (a
-    handed-on request could not be answered), every probe on a new connection still is, and
-    metadata, which the owner answers, waits until it is let go."""
+    handed-on request could not be answered), every probe on a new connection still is (HTTP
+    and gRPC), and metadata, which the owner answers, waits until it is let go."""
     service = InferenceService(ModelRepository(repo), threads=1)
-    srv = Server(service, _options(grpc_port=None, metrics_port=None))
+    srv = Server(service, _options(metrics_port=None))
     srv.start()
     held, release = threading.Event(), threading.Event()
     try:
@@ -394,9 +423,19 @@ def test_front_ends_answer_health_probes_while_the_owner_is_held(repo: Path) -> 
         assert held.wait(30)
         port = srv.http_port
         assert port is not None
+        assert srv.grpc_port is not None
+        serving = 1  # grpc.health.v1 HealthCheckResponse.SERVING
         for _ in range(CONNECTIONS):
             assert _probe(port, "/v2/health/live") == (200, {"live": True})
             assert _probe(port, "/v2/health/ready") == (200, {"ready": True})
+            assert _grpc_health(srv.grpc_port) == (True, True, serving, serving)
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        with grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}") as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=60)
+            assert next(watch).status == serving  # a Watch of the server, too
+            watch.cancel()
         assert not release.is_set()  # every answer above came while the owner was held
         metadata: list[int] = []
         waiter = threading.Thread(target=lambda: metadata.append(_probe(port, "/v2")[0]))
@@ -413,7 +452,7 @@ def test_front_ends_answer_health_probes_while_the_owner_is_held(repo: Path) -> 
 
 def test_front_ends_say_what_the_owner_says_about_readiness(repo: Path, tmp_path: Path) -> None:
     """Strict readiness with a model that failed to load: every front end says live but not
-    ready, with the single-process server's status and body (a server that loaded everything
+    ready (HTTP and gRPC), with the single-process server's status and body (a server that loaded everything
     is ready on every front end: the test above)."""
     import shutil
 
@@ -422,19 +461,23 @@ def test_front_ends_say_what_the_owner_says_about_readiness(repo: Path, tmp_path
     (broken / "unloadable" / "1").mkdir(parents=True)
     (broken / "unloadable" / "1" / "model.onnx").write_bytes(b"not an onnx model")
     answers: dict[int, list[tuple[int, dict[str, object]]]] = {}
+    grpc_answers: dict[int, tuple[bool, bool, int, int]] = {}
     for workers in (1, 2):
         service = InferenceService(ModelRepository(broken), threads=1)
-        srv = Server(service, _options(grpc_port=None, metrics_port=None, http_workers=workers, grpc_workers=1))
+        srv = Server(service, _options(metrics_port=None, http_workers=workers, grpc_workers=workers))
         srv.start()
         try:
             assert not srv.wait_ready(120)
             port = srv.http_port
-            assert port is not None
+            assert port is not None and srv.grpc_port is not None
             answers[workers] = [_probe(port, p) for p in ("/v2/health/live", "/v2/health/ready")]
+            grpc_answers[workers] = _grpc_health(srv.grpc_port)
             for _ in range(CONNECTIONS if workers else 0):
                 assert [_probe(port, p) for p in ("/v2/health/live", "/v2/health/ready")] == answers[workers]
+                assert _grpc_health(srv.grpc_port) == grpc_answers[workers]
         finally:
             srv.stop(timeout_s=30)
     assert answers[2] == answers[1]
+    assert grpc_answers[2] == grpc_answers[1] == (True, False, 2, 2)  # live; not ready; NOT_SERVING
     assert answers[2][0] == (200, {"live": True})
     assert answers[2][1][0] == 503 and answers[2][1][1]["ready"] is False and "not ready" in str(answers[2][1][1])

@@ -5,8 +5,9 @@
 It binds the server's HTTP and/or gRPC port beside the other front ends (``SO_REUSEPORT``: the
 kernel spreads connections over them), decodes and encodes inference requests itself, and hands
 each one to the model-owning process over its channel (:mod:`frameserve.server._channel`), so
-one batcher per model sees the requests of every front end. It answers the HTTP health probes
-itself. Everything else (metadata, statistics, repository, shared-memory registration,
+one batcher per model sees the requests of every front end. It answers the server's health
+probes itself (HTTP ``/v2/health/*``; gRPC ``ServerLive``, ``ServerReady`` and the server's
+``grpc.health.v1`` status). Everything else (metadata, statistics, repository, shared-memory registration,
 ``/v1/...``, ``/metrics`` on the HTTP port), and inference for a model this front end does not
 know to be loaded, goes whole to the owner, whose own application answers it exactly as a
 single-process server does.
@@ -539,6 +540,7 @@ async def _serve(config: FrontendConfig, sock: socket.socket, block: ch.SharedBl
             infer_gate=infer_gate,
             deadlines=config.deadlines,
             forward_stream=channel.forward_grpc_stream,
+            health=lambda: (channel.live, channel.ready),  # probes never wait on the owner
         )
         await grpc_server.start()
     while uv is not None and not uv.started:

@@ -9,9 +9,15 @@ over the front end's :class:`~frameserve.protocol._core.InferCore`); every other
 inference for a model it does not know of, is handed whole (method and serialized request) to
 the owner, whose servicer answers it (:func:`call_unary`) with the exact answer a single-process
 server gives. A stream's request for a decoupled model (the owner refuses it as a one-answer
-call) is handed on too, and its responses come back one by one (:func:`call_stream`). ``Health.Watch`` asks the owner's ``Check`` once a second. Tokens are checked here
-(the same :class:`~frameserve.protocol.grpc._auth.TokenInterceptor`); the owner trusts its
-front ends.
+call) is handed on too, and its responses come back one by one (:func:`call_stream`).
+
+The server's health is answered here, from the readiness the owner last published (as the HTTP
+front end answers ``/v2/health/*``), so a probe never waits on the model-owning process:
+``ServerLive``, ``ServerReady``, and ``Health.Check`` / ``Health.Watch`` of the whole server
+(service ``""`` or ``inference.GRPCInferenceService``). A model's health (its name as the
+service) is the owner's: ``Check`` is handed on, and ``Watch`` asks it once a second. Tokens
+are checked here (the same :class:`~frameserve.protocol.grpc._auth.TokenInterceptor`); the
+owner trusts its front ends.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 
 from frameserve._proto import grpc_service_pb2 as pb
@@ -60,6 +67,9 @@ caller's ``authorization`` metadata) to the owner; returns the serialized respon
 _MODEL_INFER = f"/{SERVICE_NAME}/ModelInfer"
 _HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 _WATCH_INTERVAL_S = 1.0
+_SERVER_WIDE = ("", SERVICE_NAME)  # Health service names that mean the whole server (HealthServicer)
+_SERVING: int = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class RpcStatus(Exception):
@@ -156,7 +166,9 @@ class _FrontServicer:
         tokens: TokenTable | None = None,
         infer_gate: InferGate | None = None,
         forward_stream: ForwardStream | None = None,
+        health: Callable[[], tuple[bool, bool]] | None = None,
     ) -> None:
+        self.health = health
         self.forward_stream = forward_stream
         self.tokens = tokens
         self.infer_gate = infer_gate
@@ -261,14 +273,51 @@ class _FrontServicer:
             response.parameters[FINAL_PARAMETER].bool_param = True  # its one answer, as Triton marks it
             yield pb.ModelStreamInferResponse(infer_response=response)
 
+    def _server_status(self) -> int:
+        """The whole server's health status here (``health`` given): SERVING while the owner is
+        there and ready."""
+        assert self.health is not None
+        live, ready = self.health()
+        return _SERVING if live and ready else _NOT_SERVING
+
+    async def ServerLive(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Answered here: live while the owner is there (the HTTP front end's ``/v2/health/live``)."""
+        assert self.health is not None
+        answer: bytes = pb.ServerLiveResponse(live=self.health()[0]).SerializeToString()
+        return answer
+
+    async def ServerReady(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Answered here, from the readiness the owner last published."""
+        assert self.health is not None
+        live, ready = self.health()
+        answer: bytes = pb.ServerReadyResponse(ready=live and ready).SerializeToString()
+        return answer
+
+    async def Check(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """The whole server's status here; a model's from the owner."""
+        try:
+            request = health_pb2.HealthCheckRequest.FromString(data)
+        except DecodeError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the HealthCheckRequest cannot be parsed")
+            raise AssertionError("unreachable") from None
+        if request.service in _SERVER_WIDE:
+            answer: bytes = health_pb2.HealthCheckResponse(status=self._server_status()).SerializeToString()
+            return answer
+        return await self.handed_on(_HEALTH_CHECK)(data, context)
+
     async def Watch(
         self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
         last: int | None = -1
         data = request.SerializeToString()
+        here = self.health is not None and request.service in _SERVER_WIDE
         while True:
             try:
-                status: int = health_pb2.HealthCheckResponse.FromString(await self.forward(_HEALTH_CHECK, data)).status
+                status: int = (
+                    self._server_status()
+                    if here
+                    else health_pb2.HealthCheckResponse.FromString(await self.forward(_HEALTH_CHECK, data)).status
+                )
             except RpcStatus:
                 status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
             if status != last:
@@ -319,6 +368,7 @@ def create_frontend_server(
     infer_gate: InferGate | None = None,
     deadlines: HttpDeadlines = DEFAULT_DEADLINES,
     forward_stream: ForwardStream | None = None,
+    health: Callable[[], tuple[bool, bool]] | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A front end's gRPC server (not started) on ``address``, sharing the port with the other
     front ends (``grpc.so_reuseport``); returns it and the bound port.
@@ -337,6 +387,8 @@ def create_frontend_server(
             (:func:`~frameserve.protocol.grpc._server.server_options`).
         forward_stream: hands a stream's request for a decoupled model to the owner
             (:data:`ForwardStream`); ``None``: such requests are answered with the refusal.
+        health: ``(live, ready)`` as the owner last published them: the server's health is
+            answered from it here (see the module docstring); ``None``: handed on too.
 
     Raises:
         RuntimeError: the address cannot be bound.
@@ -345,19 +397,26 @@ def create_frontend_server(
         interceptors=interceptors(tokens, auth_health=auth_health, infer_gate=infer_gate, threaded=False),
         options=server_options(max_message_bytes, deadlines, reuseport=True),
     )
-    front = _FrontServicer(core, knows, forward, limits, shared_memory, tokens, infer_gate, forward_stream)
+    front = _FrontServicer(core, knows, forward, limits, shared_memory, tokens, infer_gate, forward_stream, health)
+    here: dict[str, Callable[..., Any]] = {"ModelInfer": front.ModelInferRaw}
+    if health is not None:
+        here |= {"ServerLive": front.ServerLive, "ServerReady": front.ServerReady}
     inference = method_handlers(
         SERVICE_NAME,
         _HandOn(front, SERVICE_NAME),
         raw_all=True,
-        raw={"ModelInfer": front.ModelInferRaw},
+        raw=here,
         streaming={"ModelStreamInfer": front.ModelStreamInfer},
         deserializers={"ModelStreamInfer": functools.partial(stream_message, limits=limits)},
     )
-    health = method_handlers(
-        "grpc.health.v1.Health", _HandOn(front, "grpc.health.v1.Health"), raw_all=True, streaming={"Watch": front.Watch}
+    checks = method_handlers(
+        "grpc.health.v1.Health",
+        _HandOn(front, "grpc.health.v1.Health"),
+        raw_all=True,
+        raw={"Check": front.Check} if health is not None else None,
+        streaming={"Watch": front.Watch},
     )
-    server.add_generic_rpc_handlers((inference, health))
+    server.add_generic_rpc_handlers((inference, checks))
     if tls is not None:
         port = server.add_secure_port(address, grpc.ssl_server_credentials([tls]))
     else:
