@@ -45,7 +45,13 @@ from frameserve.protocol.grpc._infer import (
     stream_message,
     traceparent_of,
 )
-from frameserve.protocol.grpc._server import SERVICE_NAME, message_classes, method_handlers, server_options
+from frameserve.protocol.grpc._server import (
+    SERVER_WIDE,
+    SERVICE_NAME,
+    message_classes,
+    method_handlers,
+    server_options,
+)
 from frameserve.protocol.grpc._servicer import NOTHING, status_of
 from frameserve.protocol.grpc._stream import FINAL_PARAMETER
 from frameserve.security.limits import DEFAULT_DEADLINES, DEFAULT_LIMITS, HttpDeadlines, TensorLimits
@@ -67,7 +73,6 @@ caller's ``authorization`` metadata) to the owner; returns the serialized respon
 _MODEL_INFER = f"/{SERVICE_NAME}/ModelInfer"
 _HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 _WATCH_INTERVAL_S = 1.0
-_SERVER_WIDE = ("", SERVICE_NAME)  # Health service names that mean the whole server (HealthServicer)
 _SERVING: int = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -300,7 +305,7 @@ class _FrontServicer:
         except DecodeError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the HealthCheckRequest cannot be parsed")
             raise AssertionError("unreachable") from None
-        if request.service in _SERVER_WIDE:
+        if request.service in SERVER_WIDE:
             answer: bytes = health_pb2.HealthCheckResponse(status=self._server_status()).SerializeToString()
             return answer
         return await self.handed_on(_HEALTH_CHECK)(data, context)
@@ -310,7 +315,7 @@ class _FrontServicer:
     ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
         last: int | None = -1
         data = request.SerializeToString()
-        here = self.health is not None and request.service in _SERVER_WIDE
+        here = self.health is not None and request.service in SERVER_WIDE
         while True:
             try:
                 status: int = (

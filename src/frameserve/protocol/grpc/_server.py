@@ -57,7 +57,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]  # g
 
     def status(self, service: str) -> int | None:
         """The health status for ``service``, or ``None`` if the name is unknown."""
-        if service in ("", "inference.GRPCInferenceService"):
+        if service in SERVER_WIDE:
             return _SERVING if self._inference.server_ready() else _NOT_SERVING
         svc = self._inference.service
         if svc.is_ready(service):
@@ -192,6 +192,8 @@ def create_server(
 
 
 SERVICE_NAME = "inference.GRPCInferenceService"
+SERVER_WIDE = ("", SERVICE_NAME)
+"""``grpc.health.v1`` service names that mean the whole server (:class:`HealthServicer`)."""
 """The full name of the inference service (``grpc_service.proto``)."""
 
 
