@@ -57,7 +57,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from frameserve._ipc import Arena, SharedBlock, pack_tensors, picklable_error, unpack_tensors
 from frameserve.config import Settings
@@ -105,12 +105,12 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _crash_trace(fd: int) -> str:
+def _crash_trace(file: IO[bytes]) -> str:
     """The innermost Python frames faulthandler wrote for the thread that crashed, or ``""``;
-    ``fd``: the child's crash file (read from offset 0, at most ``_TRACE_BYTES``)."""
+    ``file``: the child's crash file (read from offset 0, at most ``_TRACE_BYTES``; closed: ``""``)."""
     try:
-        text = os.pread(fd, _TRACE_BYTES, 0).decode(errors="replace")
-    except (OSError, ValueError):
+        text = os.pread(file.fileno(), _TRACE_BYTES, 0).decode(errors="replace")
+    except (OSError, ValueError):  # ValueError: the file is closed
         return ""
     lines = text.splitlines()
     start = next(
@@ -357,7 +357,7 @@ class _Child:
         how = _describe_exit(self.proc.exitcode)
         done = done or 0
         where = f" after {done} of {expected} frames" if expected else f" after {done} frames"
-        trace = _crash_trace(self.crash_file.fileno())
+        trace = _crash_trace(self.crash_file)
         return WorkerCrashedError(
             f"the pipeline's process {how}{where}" + (f"; innermost Python frames: {trace}" if trace else ""),
             detail={"exitcode": self.proc.exitcode, "frames_done": done},

@@ -278,12 +278,15 @@ class _FrontServicer:
             response.parameters[FINAL_PARAMETER].bool_param = True  # its one answer, as Triton marks it
             yield pb.ModelStreamInferResponse(infer_response=response)
 
-    def _server_status(self) -> int:
-        """The whole server's health status here (``health`` given): SERVING while the owner is
-        there and ready."""
+    def _server_ready(self) -> bool:
+        """Whether the server is ready, here (``health`` given): the owner is there and ready."""
         assert self.health is not None
         live, ready = self.health()
-        return _SERVING if live and ready else _NOT_SERVING
+        return live and ready
+
+    def _server_status(self) -> int:
+        """The whole server's ``grpc.health.v1`` status here."""
+        return _SERVING if self._server_ready() else _NOT_SERVING
 
     async def ServerLive(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Answered here: live while the owner is there (the HTTP front end's ``/v2/health/live``)."""
@@ -293,9 +296,7 @@ class _FrontServicer:
 
     async def ServerReady(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Answered here, from the readiness the owner last published."""
-        assert self.health is not None
-        live, ready = self.health()
-        answer: bytes = pb.ServerReadyResponse(ready=live and ready).SerializeToString()
+        answer: bytes = pb.ServerReadyResponse(ready=self._server_ready()).SerializeToString()
         return answer
 
     async def Check(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:

@@ -192,9 +192,10 @@ def create_server(
 
 
 SERVICE_NAME = "inference.GRPCInferenceService"
+"""The full name of the inference service (``grpc_service.proto``)."""
+
 SERVER_WIDE = ("", SERVICE_NAME)
 """``grpc.health.v1`` service names that mean the whole server (:class:`HealthServicer`)."""
-"""The full name of the inference service (``grpc_service.proto``)."""
 
 
 def method_handlers(
