@@ -37,8 +37,9 @@ Where it runs, set by ``parameters.isolation`` in the model's config:
 Modules: :mod:`~frameserve.backends.python.pb_utils` (Triton's ``triton_python_backend_utils``),
 :mod:`~frameserve.backends.python.host` (what both sessions share: loading ``model.py``, calling
 its hooks, checking what it returns), ``session`` and ``process``. BLS calls reach the server only
-through the ``infer`` of the :class:`~frameserve.backends.BackendContext` given at load time;
-nothing here imports the service.
+through the ``infer`` of the :class:`~frameserve.backends.BackendContext` given at load time, as
+the tenant of the requests they are made for (:mod:`~frameserve.backends.python._bls`); nothing
+here imports the service.
 """
 
 from __future__ import annotations

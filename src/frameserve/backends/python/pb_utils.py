@@ -269,7 +269,9 @@ class InferenceRequest:
         return -1 if version is None else version
 
     def flags(self) -> int:
-        """Request flags."""
+        """Request flags: for a request ``execute`` receives, :data:`TRITONSERVER_REQUEST_FLAG_SEQUENCE_START`
+        and ``_END`` as its sequence starts or ends (Triton's ``TRITONBACKEND_RequestFlags``), so
+        a BLS call can pass them on; for a BLS request, the ``flags`` it was made with."""
         return self._flags
 
     def timeout(self) -> int:
@@ -413,7 +415,10 @@ def wrap_request(
     names = request.output_names
     wrapped._outputs = list(names) if names is not None else list(output_names)
     wrapped._correlation_id = request.sequence_id
-    wrapped._flags = 0
+    # Triton's received requests report the sequence flags (TRITONBACKEND_RequestFlags)
+    wrapped._flags = (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if request.sequence_start else 0) | (
+        TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if request.sequence_end else 0
+    )
     wrapped._timeout = 0
     wrapped._stream = stream
     wrapped._sent = None

@@ -47,6 +47,7 @@ import numpy as np
 
 from frameserve.backends.base import BackendContext
 from frameserve.backends.python import pb_utils
+from frameserve.backends.python._bls import BlsCaller
 from frameserve.backends.python._process_stream import DIED, ResponsePump, StreamTable, worker_emit
 from frameserve.backends.python._shm_tensors import Desc, open_block, pack_tensors, unlink_block, unpack_tensors
 from frameserve.backends.python.host import (
@@ -188,7 +189,7 @@ def worker_main(conn: multiprocessing.connection.Connection, model_file: str, mo
 def _execute(
     host: ModelHost,
     block_name: str | None,
-    requests: Sequence[tuple[list[Desc], tuple[str, ...] | None, dict[str, Any], str, int | str]],
+    requests: Sequence[tuple[list[Desc], tuple[str, ...] | None, dict[str, Any], str, tuple[int | str, bool, bool]]],
     output_names: Sequence[str],
     leaked: list[shared_memory.SharedMemory],
     tokens: Sequence[int] | None = None,
@@ -204,9 +205,11 @@ def _execute(
                 outputs=tuple(RequestedOutput(n) for n in outputs or ()),
                 parameters=params,
                 id=rid,
-                sequence_id=sid,
+                sequence_id=sequence[0],
+                sequence_start=sequence[1],
+                sequence_end=sequence[2],
             )
-            for descs, outputs, params, rid, sid in requests
+            for descs, outputs, params, rid, sequence in requests
         ]
         emits = None if tokens is None else [worker_emit(chan, t) for t in tokens]
         try:
@@ -300,6 +303,7 @@ class PythonProcessSession:
         self._model_file = Path(model_file)
         self._threads = threads
         self._context = context
+        self._bls = BlsCaller(context.infer) if context.infer is not None else None  # BLS runs as the batch's tenant
         self._lock = threading.Lock()
         self._name = config.name
         self._proc: Any = None
@@ -484,7 +488,7 @@ class PythonProcessSession:
         _, (model, version, outputs, parameters, request_id, sequence), block_name, descs = msg
         self._stats["bls_calls"] += 1
         inputs = self._take_tensors(block_name, descs)
-        infer = self._context.infer
+        infer = self._bls
         try:
             if infer is None:
                 raise pb_utils.TritonModelException(
@@ -554,13 +558,23 @@ class PythonProcessSession:
                 by_request[int(index)].append((name, *d[1:]))
             self._stats["shm_bytes"] += sum(d[5] for d in descs)
             payload = [
-                (by_request[i], r.output_names, dict(r.parameters), r.id, r.sequence_id) for i, r in enumerate(reqs)
+                (
+                    by_request[i],
+                    r.output_names,
+                    dict(r.parameters),
+                    r.id,
+                    (r.sequence_id, r.sequence_start, r.sequence_end),
+                )
+                for i, r in enumerate(reqs)
             ]
             if block is not None:
                 block.close()
                 self._pending_unlink.append(block.name)
             decoupled = self.config.decoupled
             tokens = [self._streams.open(stream_emit(self.config, r)) for r in reqs] if decoupled else None
+            bls = self._bls
+            if bls is not None:
+                bls.batch = reqs
             try:
                 reply = self._call(
                     ("execute", block.name if block else None, payload, [s.name for s in self.outputs], tokens)
@@ -572,6 +586,9 @@ class PythonProcessSession:
                     f"model {self._name!r}: the Python model's worker process died while executing "
                     f"({exc}); the next request restarts it"
                 ) from None
+            finally:
+                if bls is not None:
+                    bls.batch = ()
         if reply[0] == "batch_error":  # a decoupled model's open requests were ended with it
             raise InferenceError(f"model {self._name!r}: {reply[1]}")
         if decoupled:  # the responses come through the pump
