@@ -35,9 +35,11 @@ def test_key_covers_bytes_shape_dtype_outputs_and_parameters() -> None:
         _req(x.view(np.int32)),
         _req(x, outputs=(RequestedOutput("y", None, {"classification": 2}),)),
         _req(x, parameters={"k": 1}),
+        _req(x, tenant="bob"),  # one tenant never hits what another's request left (a timing side channel)
     ]
     keys = {ResponseCache.key(r, 1) for r in variants} | {ResponseCache.key(_req(x), 2)}
-    assert base not in keys and len(keys) == 6
+    assert base not in keys and len(keys) == 7
+    assert ResponseCache.key(_req(x, tenant="bob"), 1) == ResponseCache.key(_req(x.copy(), tenant="bob"), 1)
 
 
 def test_bytes_inputs_and_sequences_are_not_cached() -> None:

@@ -4,10 +4,16 @@ config has ``response_cache { enable: true }``.
 
 A request's key is a BLAKE2b-256 digest of everything that decides its answer: the model's name
 and version, each input's name, datatype, shape and full bytes (inputs in name order), the
-outputs asked for with their parameters (e.g. ``classification``), and the request's free
-parameters; each field is length-prefixed, so two different requests never feed the hash the
-same bytes and a client cannot make two requests collide short of breaking BLAKE2b. Requests
-with a BYTES input, or that belong to a sequence (``sequence_id``), are not cached, as in Triton.
+outputs asked for with their parameters (e.g. ``classification``), the request's free
+parameters, and its tenant; each field is length-prefixed, so two different requests never feed
+the hash the same bytes and a client cannot make two requests collide short of breaking BLAKE2b.
+Requests with a BYTES input, or that belong to a sequence (``sequence_id``), are not cached, as
+in Triton.
+
+The tenant is part of the key because a hit is answered much sooner than a miss: a result one
+tenant's request left behind, answering another tenant's request, would tell the second tenant
+what the first one asked (a cache timing side channel). Each tenant hits only its own results;
+without tokens there is one tenant and the cache behaves as Triton's.
 """
 
 from __future__ import annotations
@@ -102,8 +108,8 @@ class ResponseCache:
 
     @staticmethod
     def key(request: InferRequest, version: int) -> bytes | None:
-        """The request's key (32 bytes), or ``None`` when it must not be cached (a BYTES input,
-        a ``sequence_id``).
+        """The request's key (32 bytes; one tenant's key never equals another's), or ``None``
+        when it must not be cached (a BYTES input, a ``sequence_id``).
 
         ``request`` must be checked already (its inputs contiguous, as the service queues them).
         """
@@ -132,6 +138,7 @@ class ResponseCache:
             ).encode()
         )
         put(repr(sorted((str(k), repr(v)) for k, v in params.items())).encode())
+        put(request.tenant.encode("utf-8", "surrogatepass"))
         return h.digest()
 
     def lookup(self, key: bytes) -> Outputs | None:
