@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from _python_models import RUNNING_SUM
 from _serving import ServeProcess
 
 with warnings.catch_warnings():
@@ -29,17 +30,6 @@ pytestmark = pytest.mark.e2e
 TOKENS = {name: f"{name}-token-0123456789abcdefghijklmnopqrstuv" for name in ("team-a", "team-b")}
 MODEL = "summer"
 PROTOCOLS = ("http", "grpc", "stream")
-SUMMER = """
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            total = pb_utils.get_input_tensor_by_name(r, "STATE_IN").as_numpy() + pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", total), pb_utils.Tensor("STATE_OUT", total)]))
-        return out
-"""
 CONFIG = {
     "backend": "python",
     "max_batch_size": 4,
@@ -68,7 +58,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     root = tmp_path_factory.mktemp("seq_tenants")
     (root / "models" / MODEL / "1").mkdir(parents=True)
     (root / "models" / MODEL / "config.yaml").write_text(yaml.safe_dump(CONFIG))
-    (root / "models" / MODEL / "1" / "model.py").write_text(SUMMER)
+    (root / "models" / MODEL / "1" / "model.py").write_text(RUNNING_SUM)
     tokens = root / "tokens"
     tokens.write_text("".join(f"{t} infer {name}\n" for name, t in TOKENS.items()))
     tokens.chmod(0o600)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import yaml
+from _python_models import RUNNING_SUM
 
 from frameserve.errors import InvalidInputError
 from frameserve.repository import ModelRepository
@@ -18,18 +19,6 @@ from frameserve.request import InferRequest
 from frameserve.service import InferenceService
 
 pytestmark = pytest.mark.integration
-
-SUM_MODEL = """
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            total = pb_utils.get_input_tensor_by_name(r, "STATE_IN").as_numpy() + pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", total), pb_utils.Tensor("STATE_OUT", total)]))
-        return out
-"""
 
 FORWARD_MODEL = """
 import numpy as np
@@ -56,7 +45,7 @@ _INT = {"data_type": "TYPE_INT32", "dims": [1]}
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferenceService]:
     root = tmp_path_factory.mktemp("bls_tenants")
     (root / "running_sum" / "1").mkdir(parents=True)
-    (root / "running_sum" / "1" / "model.py").write_text(SUM_MODEL)
+    (root / "running_sum" / "1" / "model.py").write_text(RUNNING_SUM)
     (root / "running_sum" / "config.yaml").write_text(
         yaml.safe_dump(
             {

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import yaml
 from _models import _save
+from _python_models import RUNNING_SUM
 from onnx import TensorProto, helper
 
 from frameserve.errors import InvalidInputError
@@ -58,19 +59,6 @@ def _config(initial: dict[str, object], strategy: dict[str, object]) -> dict[str
         },
     }
 
-
-PY_STATE_MODEL = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            total = pb_utils.get_input_tensor_by_name(r, "STATE_IN").as_numpy() + pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", total), pb_utils.Tensor("STATE_OUT", total)]))
-        return out
-"""
 
 BLS_MODEL = """
 import numpy as np
@@ -135,7 +123,7 @@ def service(tmp_path: Path) -> InferenceService:
         )
     )
     (tmp_path / "py_state" / "1").mkdir(parents=True)
-    (tmp_path / "py_state" / "1" / "model.py").write_text(PY_STATE_MODEL)
+    (tmp_path / "py_state" / "1" / "model.py").write_text(RUNNING_SUM)
     (tmp_path / "py_state" / "config.yaml").write_text(
         yaml.safe_dump({**_config({"zero_data": True}, {}), "backend": "python"})
     )
