@@ -22,6 +22,7 @@ from frameserve.types import DataType
 
 __all__ = [
     "MAX_SEQUENCE_ID_CHARS",
+    "SEVERAL_TENANTS",
     "TRACEPARENT_CHARS",
     "InferRequest",
     "RequestTraceSink",
@@ -30,6 +31,13 @@ __all__ = [
     "StatsSink",
     "pop_sequence_parameters",
 ]
+
+SEVERAL_TENANTS = "(several tenants)"
+"""The tenant of a request made for several tenants at once: a Python model's BLS call without a
+``correlation_id`` while its batch holds requests of several tenants
+(:mod:`frameserve.backends.python._bls`). No token can be named so (a name holds no space). Such a
+request is never cached (:class:`~frameserve.scheduler.ResponseCache`): its result may come from any
+of those tenants' data."""
 
 TRACEPARENT_CHARS = 55
 """Length of a W3C ``traceparent`` of version 00 (``00-<32 hex>-<16 hex>-<2 hex>``); the

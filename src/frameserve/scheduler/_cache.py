@@ -13,7 +13,8 @@ in Triton.
 The tenant is part of the key because a hit is answered much sooner than a miss: a result one
 tenant's request left behind, answering another tenant's request, would tell the second tenant
 what the first one asked (a cache timing side channel). Each tenant hits only its own results;
-without tokens there is one tenant and the cache behaves as Triton's.
+without tokens there is one tenant and the cache behaves as Triton's. A request made for several
+tenants at once (:data:`~frameserve.request.SEVERAL_TENANTS`) is not cached.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 
 from frameserve._lru import ByteLRU
 from frameserve.errors import ModelConfigError
-from frameserve.request import InferRequest
+from frameserve.request import SEVERAL_TENANTS, InferRequest
 from frameserve.scheduler._request import Outputs
 
 __all__ = ["ResponseCache", "parse_cache_config"]
@@ -109,12 +110,15 @@ class ResponseCache:
     @staticmethod
     def key(request: InferRequest, version: int) -> bytes | None:
         """The request's key (32 bytes; one tenant's key never equals another's), or ``None``
-        when it must not be cached (a BYTES input, a ``sequence_id``).
+        when it must not be cached (a BYTES input, a ``sequence_id``, the tenant
+        :data:`~frameserve.request.SEVERAL_TENANTS`).
 
         ``request`` must be checked already (its inputs contiguous, as the service queues them).
         """
         params = request.parameters
         if request.sequence_id not in (0, "") or params.get("sequence_id") not in (None, 0, ""):
+            return None
+        if request.tenant == SEVERAL_TENANTS:  # made from several tenants' data (a BLS call): nobody's to hit
             return None
         h = hashlib.blake2b(digest_size=32, person=b"frameserve-rc1")
 

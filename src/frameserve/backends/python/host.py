@@ -293,13 +293,17 @@ class ModelHost:
                 f"model {self.model_name!r}: initialize failed: {type(exc).__name__}: {exc}"
             ) from exc
 
-    def _call_execute(self, pb_requests: list[pb_utils.InferenceRequest]) -> Any:  # Any: what user code returned
+    def _call_execute(
+        self, pb_requests: list[pb_utils.InferenceRequest], requests: Sequence[InferRequest]
+    ) -> Any:  # Any: what user code returned
         """The model's ``execute(requests)`` under this instance's bounds (an ``async def``
-        execute run to its end): what it returned.
+        execute run to its end), BLS calls made in it being ``requests``' (:func:`pb_utils.executing`):
+        what it returned.
 
         Raises:
             BatchFailure: ``execute`` raised (its type and message named).
         """
+        batch = pb_utils.executing(requests)
         try:
             with self._bound():
                 responses = self.instance.execute(pb_requests)
@@ -307,6 +311,8 @@ class ModelHost:
                     responses = _run_coroutine(responses)
         except Exception as exc:
             raise BatchFailure(f"execute raised {type(exc).__name__}: {exc}") from exc
+        finally:
+            pb_utils.executed(batch)
         return responses
 
     def execute(
@@ -340,7 +346,7 @@ class ModelHost:
             pb_requests = [pb_utils.wrap_request(r, output_names) for r in requests]
         except pb_utils.TritonModelException as exc:
             raise BatchFailure(f"execute got an input it cannot take: {exc}") from exc
-        responses = self._call_execute(pb_requests)
+        responses = self._call_execute(pb_requests, requests)
         if responses is None:  # answered through the requests' senders, one response each
             return [_sent_response(i, p.sent_responses()) for i, p in enumerate(pb_requests)]
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
@@ -377,7 +383,7 @@ class ModelHost:
             except pb_utils.TritonModelException as exc:
                 raise BatchFailure(f"execute got an input it cannot take: {exc}") from exc
             try:
-                responses = self._call_execute(pb_requests)
+                responses = self._call_execute(pb_requests, requests)
             finally:
                 del pb_requests
             if responses is not None:

@@ -49,12 +49,14 @@ import dataclasses
 import functools
 import json
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from frameserve.backends.python._bls import bls_tenant, owned_id, plain_id
 from frameserve.backends.python._pb_sender import (
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     BlsResponses,
@@ -75,7 +77,7 @@ from frameserve.backends.python._pb_tensor import (
 )
 from frameserve.backends.python._pb_tensor import from_exception as from_exception
 from frameserve.backends.python._pb_tensor import to_frameserve_error as to_frameserve_error
-from frameserve.errors import DecoupledModelError
+from frameserve.errors import DecoupledModelError, InvalidInputError
 from frameserve.request import InferRequest, RequestedOutput
 
 __all__ = [
@@ -128,6 +130,8 @@ Infer = Callable[[InferRequest], dict[str, np.ndarray[Any, Any]]]
 # Set by the python backend around initialize/execute/finalize (see bind()).
 _INFER: contextvars.ContextVar[Infer | None] = contextvars.ContextVar("frameserve_pb_utils_infer", default=None)
 _MODEL_DIR: contextvars.ContextVar[str | None] = contextvars.ContextVar("frameserve_pb_utils_model_dir", default=None)
+# Set by the python backend around execute: the requests it was given (whose a BLS call is, _bls.py).
+_BATCH: contextvars.ContextVar[Sequence[InferRequest]] = contextvars.ContextVar("frameserve_pb_utils_batch", default=())
 
 
 # -- requests and responses ----------------------------------------------------------------
@@ -222,6 +226,11 @@ class InferenceRequest:
             parameters = json.loads(parameters) if parameters else {}
         names = [str(n) for n in (requested_output_names or [])]
         version = int(model_version)
+        self._refusal: TritonError | None = None
+        try:  # whose call this is (frameserve.backends.python._bls)
+            tenant = bls_tenant(_BATCH.get(), correlation_id)
+        except InvalidInputError as exc:
+            tenant, self._refusal = "", TritonError(str(exc), TritonError.INVALID_ARG)
         self._request = InferRequest(
             model_name=str(model_name.decode() if isinstance(model_name, bytes) else model_name),
             inputs={t.name(): t.as_numpy() for t in tensors},
@@ -229,9 +238,10 @@ class InferenceRequest:
             outputs=tuple(RequestedOutput(n) for n in names),
             parameters=dict(parameters or {}),
             id=str(request_id),
-            sequence_id=correlation_id,
+            sequence_id=plain_id(correlation_id),
             sequence_start=bool(int(flags) & 1),
             sequence_end=bool(int(flags) & 2),
+            tenant=tenant,
         )
         self._inputs = tensors
         self._outputs = names
@@ -335,14 +345,14 @@ class InferenceRequest:
         async def run() -> Any:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(
-                None, functools.partial(self._exec_stream if decoupled else self._run, infer)
+                None, functools.partial(_awaited, self._exec_stream if decoupled else self._run, infer)
             )
 
         return run()
 
     def _exec_stream(self, infer: Infer | None) -> BlsResponses:
         responses = BlsResponses(functools.partial(_bls_response, model=self._request.model_name))
-        if infer is None or not self._request.model_name:
+        if infer is None or not self._request.model_name or self._refusal is not None:
             responses.send(None, self._run(infer).error(), True)  # type: ignore[arg-type]
             return responses
         try:
@@ -355,6 +365,8 @@ class InferenceRequest:
         return responses
 
     def _run(self, infer: Infer | None) -> InferenceResponse:
+        if self._refusal is not None:
+            return InferenceResponse(error=self._refusal)
         if infer is None:
             return InferenceResponse(
                 error=TritonError(
@@ -414,7 +426,9 @@ def wrap_request(
     wrapped._inputs = [Tensor(n, a) for n, a in request.inputs.items()]
     names = request.output_names
     wrapped._outputs = list(names) if names is not None else list(output_names)
-    wrapped._correlation_id = request.sequence_id
+    wrapped._correlation_id = owned_id(
+        request.sequence_id, request.tenant
+    )  # marked: a BLS call passing it is that tenant's
     # Triton's received requests report the sequence flags (TRITONBACKEND_RequestFlags)
     wrapped._flags = (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if request.sequence_start else 0) | (
         TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if request.sequence_end else 0
@@ -423,6 +437,7 @@ def wrap_request(
     wrapped._stream = stream
     wrapped._sent = None
     wrapped._answers = True
+    wrapped._refusal = None
     return wrapped
 
 
@@ -607,6 +622,36 @@ def bind(infer: Infer | None, model_dir: Path | str) -> tuple[Any, Any]:
     """:func:`bound`'s entry without a context manager (the per-request path); give what it
     returns to :func:`unbind`. For the python backend, not for models."""
     return _INFER.set(infer), _MODEL_DIR.set(str(model_dir))
+
+
+_AWAITED = threading.local()  # .on: this thread runs an async_exec call that execute awaits
+
+
+def _awaited(call: Callable[[Infer | None], Any], infer: Infer | None) -> Any:
+    _AWAITED.on = True
+    try:
+        return call(infer)
+    finally:
+        _AWAITED.on = False
+
+
+def in_awaited_call() -> bool:
+    """Whether this thread runs a BLS call of :meth:`InferenceRequest.async_exec` (one that
+    ``execute`` awaits, so it ends before ``execute`` does). For the python backend, not for
+    models."""
+    return bool(getattr(_AWAITED, "on", False))
+
+
+def executing(requests: Sequence[InferRequest]) -> Any:
+    """``execute`` runs ``requests`` (in this context): BLS calls made here are theirs
+    (:mod:`frameserve.backends.python._bls`). Give what it returns to :func:`executed`. For the
+    python backend, not for models."""
+    return _BATCH.set(requests)
+
+
+def executed(token: Any) -> None:
+    """Undo :func:`executing`."""
+    _BATCH.reset(token)
 
 
 def unbind(tokens: tuple[Any, Any]) -> None:

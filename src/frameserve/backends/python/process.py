@@ -47,7 +47,7 @@ import numpy as np
 
 from frameserve.backends.base import BackendContext
 from frameserve.backends.python import pb_utils
-from frameserve.backends.python._bls import BlsCaller
+from frameserve.backends.python._bls import check_claimed
 from frameserve.backends.python._process_stream import DIED, ResponsePump, StreamTable, worker_emit
 from frameserve.backends.python._shm_tensors import Desc, open_block, pack_tensors, unlink_block, unpack_tensors
 from frameserve.backends.python.host import (
@@ -124,8 +124,18 @@ def worker_main(conn: multiprocessing.connection.Connection, model_file: str, mo
     chan = _Channel(conn)
     bls_lock = threading.Lock()
     leaked: list[shared_memory.SharedMemory] = []
+    hooks = threading.main_thread()  # runs this loop, and in it initialize, execute and finalize
 
     def bls(request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
+        # Only from a hook, or from an async_exec call that execute awaits: then this loop is in
+        # the hook and not reading the pipe (a thread of the model's own may outlive execute, and
+        # this loop would read the answer as its next message).
+        if threading.current_thread() is not hooks and not pb_utils.in_awaited_call():
+            raise pb_utils.TritonModelException(
+                "a model in a worker process (isolation: process) makes BLS calls from initialize, execute or "
+                "finalize (or an async_exec call they await), not from a thread of its own; serve it in process "
+                "(isolation: in_process) for that"
+            )
         shm, descs = pack_tensors(request.inputs)
         parts = (
             request.model_name,
@@ -134,6 +144,7 @@ def worker_main(conn: multiprocessing.connection.Connection, model_file: str, mo
             dict(request.parameters),
             request.id,
             (request.sequence_id, request.sequence_start, request.sequence_end),
+            request.tenant,  # checked by the server against the batch it sent (_bls.check_claimed)
         )
         try:
             # The server unlinks the result block when it gets our next message, so copy it
@@ -189,7 +200,9 @@ def worker_main(conn: multiprocessing.connection.Connection, model_file: str, mo
 def _execute(
     host: ModelHost,
     block_name: str | None,
-    requests: Sequence[tuple[list[Desc], tuple[str, ...] | None, dict[str, Any], str, tuple[int | str, bool, bool]]],
+    requests: Sequence[
+        tuple[list[Desc], tuple[str, ...] | None, dict[str, Any], str, tuple[int | str, bool, bool], str]
+    ],
     output_names: Sequence[str],
     leaked: list[shared_memory.SharedMemory],
     tokens: Sequence[int] | None = None,
@@ -208,8 +221,9 @@ def _execute(
                 sequence_id=sequence[0],
                 sequence_start=sequence[1],
                 sequence_end=sequence[2],
+                tenant=tenant,
             )
-            for descs, outputs, params, rid, sequence in requests
+            for descs, outputs, params, rid, sequence, tenant in requests
         ]
         emits = None if tokens is None else [worker_emit(chan, t) for t in tokens]
         try:
@@ -303,7 +317,7 @@ class PythonProcessSession:
         self._model_file = Path(model_file)
         self._threads = threads
         self._context = context
-        self._bls = BlsCaller(context.infer) if context.infer is not None else None  # BLS runs as the batch's tenant
+        self._batch: Sequence[InferRequest] = ()  # the requests the worker executes now (whose its BLS calls may be)
         self._lock = threading.Lock()
         self._name = config.name
         self._proc: Any = None
@@ -485,15 +499,16 @@ class PythonProcessSession:
 
     def _serve_bls(self, msg: tuple[Any, ...]) -> None:
         assert self._chan is not None
-        _, (model, version, outputs, parameters, request_id, sequence), block_name, descs = msg
+        _, (model, version, outputs, parameters, request_id, sequence, tenant), block_name, descs = msg
         self._stats["bls_calls"] += 1
         inputs = self._take_tensors(block_name, descs)
-        infer = self._bls
+        infer = self._context.infer
         try:
             if infer is None:
                 raise pb_utils.TritonModelException(
                     "BLS needs the server's infer (BackendContext.infer); this session has none"
                 )
+            check_claimed(self._batch, tenant)
             result = infer(
                 InferRequest(
                     model_name=model,
@@ -505,6 +520,7 @@ class PythonProcessSession:
                     sequence_id=sequence[0],
                     sequence_start=sequence[1],
                     sequence_end=sequence[2],
+                    tenant=tenant,
                 )
             )
         except Exception as exc:
@@ -564,6 +580,7 @@ class PythonProcessSession:
                     dict(r.parameters),
                     r.id,
                     (r.sequence_id, r.sequence_start, r.sequence_end),
+                    r.tenant,
                 )
                 for i, r in enumerate(reqs)
             ]
@@ -572,9 +589,7 @@ class PythonProcessSession:
                 self._pending_unlink.append(block.name)
             decoupled = self.config.decoupled
             tokens = [self._streams.open(stream_emit(self.config, r)) for r in reqs] if decoupled else None
-            bls = self._bls
-            if bls is not None:
-                bls.batch = reqs
+            self._batch = reqs
             try:
                 reply = self._call(
                     ("execute", block.name if block else None, payload, [s.name for s in self.outputs], tokens)
@@ -587,8 +602,7 @@ class PythonProcessSession:
                     f"({exc}); the next request restarts it"
                 ) from None
             finally:
-                if bls is not None:
-                    bls.batch = ()
+                self._batch = ()
         if reply[0] == "batch_error":  # a decoupled model's open requests were ended with it
             raise InferenceError(f"model {self._name!r}: {reply[1]}")
         if decoupled:  # the responses come through the pump

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from frameserve.backends.base import BackendContext, Session
-from frameserve.backends.python._bls import BlsCaller
 from frameserve.backends.python.host import (
     BatchFailure,
     ModelHost,
@@ -56,8 +55,7 @@ class PythonSession:
 
     def __init__(self, config: ModelConfig, model_file: Path, *, threads: int, context: BackendContext) -> None:
         self._lock = threading.Lock()
-        self._bls = BlsCaller(context.infer) if context.infer is not None else None  # BLS runs as the batch's tenant
-        self._host = ModelHost(model_file, config.name, self._bls)
+        self._host = ModelHost(model_file, config.name, context.infer)
         completed = self._host.auto_complete(config.to_dict())
         self.config: ModelConfig = complete_python_config(config, completed)
         self.inputs: tuple[TensorSpec, ...] = self.config.inputs
@@ -110,17 +108,11 @@ class PythonSession:
         if self._closed:
             raise InferenceError(f"model {self.config.name!r}: the session is closed")
         emits = [stream_emit(self.config, r) for r in reqs] if self.config.decoupled else None
-        bls = self._bls
         with self._lock:
-            if bls is not None:
-                bls.batch = reqs
             try:
                 raw = self._host.execute(reqs, self._output_names, emits)
             except BatchFailure as exc:
                 raise InferenceError(f"model {self.config.name!r}: {exc}") from exc.__cause__
-            finally:
-                if bls is not None:
-                    bls.batch = ()
         if emits is not None:  # a decoupled model: the responses went to each request's sink
             return [{} for _ in reqs]
         return finish_results(self.config, reqs, raw)
