@@ -20,7 +20,7 @@ from _python_models import RUNNING_SUM
 from frameserve.errors import InvalidInputError
 from frameserve.protocol._stream import ThreadSink
 from frameserve.repository import ModelRepository
-from frameserve.request import InferRequest
+from frameserve.request import SEVERAL_TENANTS, InferRequest
 from frameserve.scheduler import ResponseCache
 from frameserve.service import InferenceService
 
@@ -284,3 +284,17 @@ def test_a_call_made_for_several_tenants_is_never_cached(service: InferenceServi
     pair(("erin", 42), ("erin", 43))
     hits, misses = cache()
     assert (hits - start[0], misses - start[1]) == (2, 2)
+
+
+def test_a_request_made_for_several_tenants_opens_no_sequence(service: InferenceService) -> None:
+    """What a call made for several tenants (or a call the called model makes in its turn)
+    would carry in a sequence could be any of their data: the sequence batcher refuses it."""
+    x = {"INPUT": np.ones((1, 1), np.int32)}
+    with pytest.raises(InvalidInputError, match="made for several tenants' requests at once"):
+        service.run(InferRequest("running_sum", x, sequence_id=42, sequence_start=True, tenant=SEVERAL_TENANTS))
+    assert (
+        service.run(InferRequest("running_sum", x, sequence_id=42, sequence_start=True, tenant="alice"))[
+            "OUTPUT"
+        ].item()
+        == 1
+    )

@@ -43,7 +43,7 @@ from frameserve.backends import Session
 from frameserve.errors import InvalidInputError, ModelConfigError, ResourceExhaustedError, SchedulerStoppedError
 from frameserve.metrics import Metrics
 from frameserve.repository import ModelConfig, SequenceBatching, SequenceState
-from frameserve.request import InferRequest
+from frameserve.request import SEVERAL_TENANTS, InferRequest
 from frameserve.scheduler._clock import Clock
 from frameserve.scheduler._dispatch import QUEUED, Dispatch
 from frameserve.scheduler._instances import InstanceSpec
@@ -304,6 +304,13 @@ class SequenceScheduler(Scheduler):
         if sid in (0, ""):
             raise InvalidInputError(
                 f"inference request to model '{self.name}' must specify a non-zero or non-empty correlation ID"
+            )
+        if request.tenant == SEVERAL_TENANTS:  # whose state it would carry cannot be told
+            raise InvalidInputError(
+                f"inference request for sequence {sid} to model '{self.name}' was made for several tenants' "
+                "requests at once (a BLS call without a correlation_id in a batch of several tenants, or a call "
+                "made from one); a sequence belongs to one tenant: pass the correlation_id() of the request "
+                "the call is made for"
             )
         key = (request.tenant, sid)  # one tenant's id never reaches another's sequence
         seq = self._seqs.get(key)

@@ -21,13 +21,17 @@ sequence in the called model, and one tenant's state would reach the other. So a
     (:class:`~frameserve.errors.InvalidInputError`, as the call's error response): nobody can
     tell whose sequence it continues, so nothing runs;
   - a call without one runs as :data:`~frameserve.request.SEVERAL_TENANTS`, which is never
-    cached: its result may come from any of those tenants' data.
+    cached (its result may come from any of those tenants' data) and never part of a sequence
+    (the sequence batcher refuses it); so are the calls the called model makes in its turn.
 
 - Outside a batch (``initialize``, ``finalize``): as no tenant (``""``).
 
 A model in a worker process (``isolation: process``) works this out in the worker, from the
 tenants the server sent with the batch, and the server checks what the worker claims
-(:func:`check_claimed`): the worker cannot run a call as a tenant that is not in the batch.
+(:func:`check_claimed`): a tenant of the batch being executed. This keeps a model's mistakes
+from reaching a tenant it was not given; it is not a security boundary against the model's own
+code, which is the operator's (a worker process contains the model's crashes; the server still
+reads what the worker sends with ``pickle``).
 """
 
 from __future__ import annotations

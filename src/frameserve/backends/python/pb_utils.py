@@ -426,9 +426,8 @@ def wrap_request(
     wrapped._inputs = [Tensor(n, a) for n, a in request.inputs.items()]
     names = request.output_names
     wrapped._outputs = list(names) if names is not None else list(output_names)
-    wrapped._correlation_id = owned_id(
-        request.sequence_id, request.tenant
-    )  # marked: a BLS call passing it is that tenant's
+    # marked with its tenant: a BLS call that passes it on is that tenant's (_bls.py)
+    wrapped._correlation_id = owned_id(request.sequence_id, request.tenant)
     # Triton's received requests report the sequence flags (TRITONBACKEND_RequestFlags)
     wrapped._flags = (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if request.sequence_start else 0) | (
         TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if request.sequence_end else 0
