@@ -70,8 +70,8 @@ from _serving_common import (
 
 sys.path.insert(0, str(REPO / "tests"))
 from _serving import ServeProcess  # noqa: E402
+from _serving_ensembles import ENSEMBLE_MODELS  # noqa: E402
 
-ENSEMBLE_MODELS = ("ensemble_pipeline", "ens_preprocess", "ens_classifier", "ens_postprocess")
 FIGURES = (
     ("(b) add_sub HTTP c=1", "single", "add_sub", "http", 1),
     ("(b) add_sub HTTP c=8", "single", "add_sub", "http", 8),
