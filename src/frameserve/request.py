@@ -36,7 +36,7 @@ SEVERAL_TENANTS = "(several tenants)"
 """The tenant of a request made for several tenants at once: a Python model's BLS call without a
 ``correlation_id`` while its batch holds requests of several tenants
 (:mod:`frameserve.backends.python._bls`), and the calls made from such a call. No token can be
-named so (a name holds no space). Such a request is never cached
+named so (a token's name is letters, digits and ``._@-``). Such a request is never cached
 (:class:`~frameserve.scheduler.ResponseCache`): its result may come from any of those tenants'
 data; and it cannot be part of a sequence (the sequence batcher refuses it): whose state the
 sequence would carry cannot be told."""

@@ -9,8 +9,8 @@ one batcher per model sees the requests of every front end. It answers the serve
 probes itself (HTTP ``/v2/health/*``; gRPC ``ServerLive``, ``ServerReady`` and the server's
 ``grpc.health.v1`` status). Everything else (a model's health, metadata, statistics,
 repository, shared-memory registration, ``/v1/...``, ``/metrics`` on the HTTP port), and
-inference for a model this front end does not know to be loaded, goes whole to the owner, whose own application answers it exactly as a
-single-process server does.
+inference for a model this front end does not know to be loaded, goes whole to the owner, whose
+own application answers it exactly as a single-process server does.
 
 The owner publishes which model versions are loaded and whether the server is ready
 (:class:`~frameserve.server._channel.Models`, acknowledged before a load or unload is
